@@ -1,0 +1,3 @@
+"""mhnotebook: the notebook side (sessions, magics, widgets). Under construction."""
+
+__all__: list[str] = []

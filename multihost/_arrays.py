@@ -1,0 +1,229 @@
+"""Host-local data <-> global `jax.Array` (SPEC §2, the two conversion rows).
+
+Built on public JAX only: `Mesh.local_mesh`, `NamedSharding`,
+`Sharding.devices_indices_map`, `jax.device_put` and
+`jax.make_array_from_single_device_arrays` (which adopts the per-device
+buffers it is given, so an input already laid out like the target is never
+copied).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from multihost import _sequence
+
+_NONE_PSPEC = ('`None` is not a valid input to the pspecs argument. Please use '
+               'jax.sharding.PartitionSpec() if you wanted to replicate your input.')
+
+
+def _is_spec_leaf(x: Any) -> bool:
+    return x is None or isinstance(x, P)
+
+
+def _flat_specs(what: str, tree: Any, pspecs: Any) -> list[Any]:
+    """One pspec per leaf of ``tree``; ``pspecs`` may be any pytree prefix of it."""
+    if pspecs is None:
+        raise ValueError(_NONE_PSPEC)
+    spec_leaves, spec_def = jax.tree.flatten(pspecs, is_leaf=_is_spec_leaf)
+    try:
+        subtrees = spec_def.flatten_up_to(tree)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f'{what} must be a PartitionSpec or a pytree of PartitionSpecs that '
+            f'is a prefix of the inputs; got pspecs {pspecs!r} for inputs with '
+            f'structure {jax.tree.structure(tree)}: {exc}') from None
+    out: list[Any] = []
+    for spec, sub in zip(spec_leaves, subtrees):
+        if spec is None:
+            raise ValueError(_NONE_PSPEC)
+        if not isinstance(spec, P):
+            raise TypeError(f'{what} leaves must be jax.sharding.PartitionSpec, '
+                            f'got {type(spec).__name__}: {spec!r}')
+        out.extend([spec] * len(jax.tree.leaves(sub)))
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _check_contiguous(mesh: Mesh) -> None:
+    """Every process's devices must form a sub-box (sub-cube) of ``mesh``."""
+    procs = np.vectorize(lambda d: d.process_index, otypes=[int])(mesh.devices)
+    if not (procs == jax.process_index()).any():
+        raise ValueError(
+            f'global_mesh {dict(mesh.shape)} holds none of process '
+            f'{jax.process_index()}\'s devices; every process that calls this '
+            'function must own part of the mesh.')
+    for p in np.unique(procs):
+        where = np.argwhere(procs == p)
+        lo, hi = where.min(axis=0), where.max(axis=0) + 1
+        if math.prod((hi - lo).tolist()) != len(where):
+            box = ', '.join(f'{ax}[{a}:{b}]' for ax, a, b in
+                            zip(mesh.axis_names, lo.tolist(), hi.tolist()))
+            raise ValueError(
+                f'global_mesh is not contiguous: process {int(p)}\'s '
+                f'{len(where)} devices do not form a sub-cube of the mesh '
+                f'{dict(mesh.shape)} (they are spread over {box}, which holds '
+                f'{math.prod((hi - lo).tolist())} devices). '
+                'host_local_array_to_global_array and '
+                'global_array_to_host_local_array need every host\'s devices to '
+                'be one contiguous block of the mesh. Reorder the mesh devices '
+                '(e.g. jax.make_mesh or np.array(jax.devices()).reshape(...) '
+                'keeps each process contiguous), or build the global array '
+                'directly with jax.make_array_from_callback or '
+                'jax.make_array_from_single_device_arrays.')
+
+
+def _axes(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def _factors(mesh: Mesh, spec: P, ndim: int) -> list[int]:
+    """Per dimension: how many hosts' blocks the global dimension is made of."""
+    if len(spec) > ndim:
+        raise ValueError(f'PartitionSpec {spec} has {len(spec)} entries but the '
+                         f'array has only {ndim} dimension(s).')
+    local = mesh.local_mesh.shape
+    out = []
+    for d in range(ndim):
+        entry = spec[d] if d < len(spec) else None
+        f = 1
+        for ax in _axes(entry):
+            if ax not in mesh.shape:
+                raise ValueError(f'PartitionSpec {spec} names axis {ax!r}, which '
+                                 f'is not in the mesh axes {mesh.axis_names}.')
+            f *= mesh.shape[ax] // local[ax]
+        out.append(f)
+    return out
+
+
+def _is_key(x: Any) -> bool:
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _is_float0(x: Any) -> bool:
+    return getattr(x, 'dtype', None) == jax.dtypes.float0
+
+
+def _local_to_global(x: Any, mesh: Mesh, spec: P) -> Any:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return x  # already global
+    if _is_key(x):
+        data = _local_to_global(jax.random.key_data(x), mesh, spec)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    if _is_float0(x):
+        x = np.zeros(x.shape, dtype=bool)
+    if not hasattr(x, 'shape'):
+        x = np.asarray(x)
+    _check_contiguous(mesh)
+    local_sharding = NamedSharding(mesh.local_mesh, spec)
+    global_shape = tuple(n * f for n, f in zip(x.shape, _factors(mesh, spec, x.ndim)))
+    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(local_sharding, x.ndim):
+        bufs = [s.data for s in x.addressable_shards]  # zero copy
+    else:
+        index = local_sharding.devices_indices_map(x.shape)
+        host = np.asarray(x)
+        bufs = jax.device_put([host[i] for i in index.values()], list(index.keys()))
+    return jax.make_array_from_single_device_arrays(
+        global_shape, NamedSharding(mesh, spec), bufs)
+
+
+def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh,
+                                     pspecs: Any) -> Any:
+    """Converts host-local values to globally sharded `jax.Array`s.
+
+    Each host passes its own local data (which may differ between hosts); the
+    result is a global array sharded by ``NamedSharding(global_mesh, pspec)``
+    in which every device holds its host's slice. Along dimensions sharded
+    over mesh axes that span hosts, the global size is the local size times
+    the number of hosts' blocks; with ``PartitionSpec()`` the value is
+    replicated and the global shape equals the local one (hosts passing
+    *different* data for a replicated spec is undefined behaviour that JAX
+    never reports; `multihost.check_replicas` detects it).
+
+    Args:
+      local_inputs: a pytree of host-local values (numpy, `jax.Array`, PRNG key
+        arrays, float0 arrays). A non-fully-addressable `jax.Array` is already
+        global and is returned as is.
+      global_mesh: a `jax.sharding.Mesh`. It *must* be contiguous: each host's
+        devices form a sub-cube of the mesh.
+      pspecs: a `PartitionSpec`, or a pytree of them that is a prefix of
+        ``local_inputs``.
+
+    Returns:
+      A pytree of global `jax.Array`s.
+
+    Raises:
+      ValueError: ``pspecs`` is None (or holds None); the mesh is not
+        contiguous; a pspec does not fit its array.
+    """
+    specs = _flat_specs('input pspecs', local_inputs, pspecs)
+    leaves, treedef = jax.tree.flatten(local_inputs)
+    return jax.tree.unflatten(
+        treedef, [_local_to_global(x, global_mesh, s) for x, s in zip(leaves, specs)])
+
+
+def _global_to_local(x: Any, mesh: Mesh, spec: P) -> Any:
+    if isinstance(x, jax.Array) and x.is_fully_addressable:
+        return x  # already host-local
+    if _is_key(x):
+        data = _global_to_local(jax.random.key_data(x), mesh, spec)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    if _is_float0(x):
+        x = np.zeros(x.shape, dtype=bool)
+    if not hasattr(x, 'shape'):
+        x = np.asarray(x)
+    _check_contiguous(mesh)
+    global_sharding = NamedSharding(mesh, spec)
+    local_sharding = NamedSharding(mesh.local_mesh, spec)
+    local_shape = tuple(n // f for n, f in zip(x.shape, _factors(mesh, spec, x.ndim)))
+    if isinstance(x, jax.Array):
+        if not x.sharding.is_equivalent_to(global_sharding, x.ndim):
+            if _sequence.checking_enabled():
+                _sequence.enter('global_array_to_host_local_array', 'reshard',
+                                tree_digest=_sequence.digest((x.shape, str(x.dtype), spec)))
+            x = jax.device_put(x, global_sharding)
+        bufs = [s.data for s in x.addressable_shards]  # zero copy
+    else:
+        # A numpy value stands for the whole global array: keep this host's part.
+        index = global_sharding.addressable_devices_indices_map(x.shape)
+        bufs = jax.device_put([x[i] for i in index.values()], list(index.keys()))
+    return jax.make_array_from_single_device_arrays(local_shape, local_sharding, bufs)
+
+
+def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh,
+                                     pspecs: Any) -> Any:
+    """Converts global `jax.Array`s to this host's local part.
+
+    The inverse of `host_local_array_to_global_array`: each host keeps the
+    data on its own devices, as an array sharded by
+    ``NamedSharding(global_mesh.local_mesh, pspec)``. No data is copied when
+    the input is already sharded by ``NamedSharding(global_mesh, pspec)``.
+
+    Args:
+      global_inputs: a pytree of global `jax.Array`s. A fully-addressable
+        (host-local) array is returned as is.
+      global_mesh: a contiguous `jax.sharding.Mesh` (each host's devices form
+        a sub-cube).
+      pspecs: a `PartitionSpec`, or a pytree of them that is a prefix of
+        ``global_inputs``.
+
+    Returns:
+      A pytree of host-local `jax.Array`s.
+
+    Raises:
+      ValueError: ``pspecs`` is None (or holds None); the mesh is not
+        contiguous; a pspec does not fit its array.
+    """
+    specs = _flat_specs('output pspecs', global_inputs, pspecs)
+    leaves, treedef = jax.tree.flatten(global_inputs)
+    return jax.tree.unflatten(
+        treedef, [_global_to_local(x, global_mesh, s) for x, s in zip(leaves, specs)])

@@ -1,0 +1,104 @@
+"""Exceptions raised by `multihost`.
+
+The hierarchy::
+
+    Exception
+    ├── MultihostError                      base of everything `multihost` adds
+    │   ├── CollectiveMismatchError         hosts called different collectives
+    │   │   │   (also an AssertionError)    at the same point in their sequence
+    │   │   └── BarrierMismatchError        hosts passed different barrier names
+    │   ├── HostMismatchError               `assert_equal`: values differ
+    │   │       (also an AssertionError)
+    │   └── BarrierTimeoutError             a host did not arrive in time
+    │           (also a TimeoutError)
+    └── ProcessFailureError                 `live_devices`: a process died or
+                                            restarted (same as JAX's)
+
+`CollectiveMismatchError` and `HostMismatchError` subclass `AssertionError`
+so code written against `jax.experimental.multihost_utils` (which raises
+`AssertionError` for both situations) keeps working unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class MultihostError(Exception):
+    """Base class of the errors `multihost` adds beyond JAX's."""
+
+
+class CollectiveMismatchError(MultihostError, AssertionError):
+    """Hosts reached the same point of their collective sequence with different calls.
+
+    Raised on every host, before anyone enters a device collective that would
+    otherwise hang or crash inside XLA.
+
+    Attributes:
+        seq: the position in the collective sequence where the hosts differ.
+        calls: process index -> the `CollectiveRecord` that host made there.
+    """
+
+    def __init__(self, message: str, *, seq: int, calls: Mapping[int, Any]):
+        super().__init__(message)
+        self.seq = seq
+        self.calls = dict(calls)
+
+
+class BarrierMismatchError(CollectiveMismatchError):
+    """Hosts passed different names to the same barrier.
+
+    Attributes:
+        names: process index -> the barrier name that host passed.
+    """
+
+    def __init__(self, message: str, *, seq: int, calls: Mapping[int, Any],
+                 names: Mapping[int, str]):
+        super().__init__(message, seq=seq, calls=calls)
+        self.names = dict(names)
+
+
+class HostMismatchError(MultihostError, AssertionError):
+    """`assert_equal` found hosts holding different values.
+
+    Attributes:
+        diff: the `TreeDiff` describing every differing leaf.
+    """
+
+    def __init__(self, message: str, *, diff: Any):
+        super().__init__(message)
+        self.diff = diff
+
+
+class BarrierTimeoutError(MultihostError, TimeoutError):
+    """Some hosts did not reach a barrier or collective within the timeout.
+
+    Attributes:
+        name: the barrier (or collective) name this host waited at.
+        timeout: the timeout in seconds.
+        missing: sorted process indices that did not arrive.
+        positions: process index -> the last `CollectiveRecord` that host
+            reached (its kind, name, sequence number and call site), for every
+            host that published one.
+    """
+
+    def __init__(self, message: str, *, name: str, timeout: float,
+                 missing: Sequence[int], positions: Mapping[int, Any]):
+        super().__init__(message)
+        self.name = name
+        self.timeout = timeout
+        self.missing = sorted(missing)
+        self.positions = dict(positions)
+
+
+class ProcessFailureError(Exception):
+    """Raised by `live_devices` when one or more processes have failed.
+
+    Attributes:
+        failed_devices: the set of devices whose processes died or restarted.
+    """
+
+    def __init__(self, failed_devices: set[Any]):
+        self.failed_devices = failed_devices
+        super().__init__(f'Devices failed: {failed_devices}')

@@ -1,0 +1,61 @@
+"""The one place where `multihost` reaches into JAX internals (`jax._src`).
+
+JAX has public APIs for everything array-related that `multihost` needs
+(`jax.make_array_from_single_device_arrays`, `NamedSharding`, `jax.jit(...,
+out_shardings=...)`). It has none for the distributed runtime's
+coordination-service client (key-value store, `wait_at_barrier`, live nodes)
+or for the preemption sync manager. Every such use lives in this module, each
+commented with what it touches and why, so a JAX upgrade that moves these
+internals breaks exactly one file.
+
+Verified against jax 0.10.2 and jax 0.12.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# INTERNAL: `jax._src.distributed.global_state` is the process-wide state that
+# `jax.distributed.initialize` fills in. Its `.client` (a
+# `DistributedRuntimeClient`) and `.preemption_sync_manager` are not exported
+# by any public module.
+from jax._src import distributed as _distributed
+
+
+def client() -> Any | None:
+    """The coordination-service client, or None when JAX is not distributed.
+
+    INTERNAL: `global_state.client` — the C++ `DistributedRuntimeClient`
+    (methods used by `multihost`: `key_value_set`, `key_value_try_get`,
+    `blocking_key_value_get`, `key_value_dir_get`, `key_value_delete`,
+    `wait_at_barrier`, `get_live_nodes`).
+    """
+    return _distributed.global_state.client
+
+
+def preemption_sync_manager() -> Any | None:
+    """The preemption sync manager, or None when the service is off.
+
+    INTERNAL: `global_state.preemption_sync_manager` — created by
+    `jax.distributed.initialize` when `jax_enable_preemption_service` is on;
+    its `reached_sync_point(step_id)` runs the agreement protocol.
+    """
+    return _distributed.global_state.preemption_sync_manager
+
+
+def coordinator_address() -> str | None:
+    """The coordinator address `jax.distributed.initialize` connected to.
+
+    INTERNAL: `global_state.coordinator_address`; used only in messages.
+    """
+    return _distributed.global_state.coordinator_address
+
+
+def device_assignment(sharding: Any) -> list[Any]:
+    """The ordered device list of a sharding that is not a `NamedSharding`.
+
+    INTERNAL: `Sharding._device_assignment` — public shardings expose only the
+    unordered `device_set`; a replicated sharding built on these devices must
+    keep their order for `jax.jit` to accept it next to the input.
+    """
+    return list(sharding._device_assignment)
