@@ -1,3 +1,9 @@
-"""mhnotebook: the notebook side (sessions, magics, widgets). Under construction."""
+"""mhnotebook: debug multi-host JAX programs from a notebook.
 
-__all__: list[str] = []
+Sessions (`start_local`, `connect`) drive one JAX process per ipyparallel
+engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
+"""
+
+from mhnotebook._session import HostInfo, HostsError, Session, SessionError, connect, start_local
+
+__all__ = ['HostInfo', 'HostsError', 'Session', 'SessionError', 'connect', 'start_local']

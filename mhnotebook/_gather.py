@@ -1,0 +1,179 @@
+"""Fast gather of engine values into the notebook: each block travels once.
+
+Two transports:
+
+* ``shm`` (every engine on this machine): round 1 asks each host for the
+  value's structure and the blocks it owns (replica 0 of each distinct shard);
+  the notebook lays the result out in one file under ``/dev/shm``; round 2 has
+  every host write its blocks straight into their places in that file, which
+  the notebook maps as the result. The file is unlinked at once; the memory
+  lives as long as the returned arrays.
+* ``zmq`` (engines elsewhere): one round; each host sends its blocks as
+  zero-copy ipyparallel buffers and the notebook copies each into place.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import uuid
+from typing import Any
+
+import numpy as np
+
+from mhnotebook._session import HostsError, Session, SessionError
+
+_SHM_DIR = '/dev/shm'
+_ANSI = re.compile(r'\x1b\[[0-9;]*m')
+_PROGRESS_BYTES = 64 << 20
+
+
+def _check_name(name: str) -> None:
+    parts = name.split('.') if isinstance(name, str) else []
+    if not parts or not all(p.isidentifier() for p in parts):
+        raise ValueError(f'{name!r} is not a variable name; pass e.g. "x" or "state.params".')
+
+
+def _plan(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per leaf: result shape and dtype, checked to agree across hosts."""
+    first = metas[0]
+    n = len(metas)
+    for m in metas[1:]:
+        if m['paths'] != first['paths']:
+            raise SessionError(
+                f'hosts hold differently structured values: process 0 has leaves '
+                f'{first["paths"][:8]}, process {m["process"]} has {m["paths"][:8]}. '
+                'Compare them with %mh_diff.')
+    plan = []
+    for i, path in enumerate(first['paths']):
+        leaf = [m['leaves'][i] for m in metas]
+        kinds = {lm['kind'] for lm in leaf}
+        shapes = {lm['shape'] for lm in leaf}
+        dtypes = {lm['dtype'] for lm in leaf}
+        if len(kinds) > 1 or len(dtypes) > 1 or len(shapes) > 1:
+            per = {p: (lm['kind'], lm['shape'], lm['dtype']) for p, lm in enumerate(leaf)}
+            raise SessionError(f'leaf {path} differs between hosts (kind, shape, dtype): {per}. '
+                               'Compare them with %mh_diff.')
+        kind, shape, dtype = kinds.pop(), shapes.pop(), dtypes.pop()
+        if kind == 'global':
+            covered = sum(math.prod(b - a for a, b in idx) for lm in leaf for idx in lm['blocks'])
+            if covered != math.prod(shape):
+                raise SessionError(f'leaf {path}: the hosts\' replica-0 blocks cover {covered} of '
+                                   f'{math.prod(shape)} elements; cannot assemble it.')
+            out_shape = tuple(shape)
+        else:
+            out_shape = (n, *shape)
+        plan.append(dict(path=path, kind=kind, shape=out_shape, dtype=np.dtype(dtype)))
+    return plan
+
+
+def _unflatten(skeleton: Any, leaves: list[Any]) -> Any:
+    import jax
+
+    return jax.tree.map(lambda i: leaves[i], skeleton)
+
+
+class _Bar:
+    def __init__(self, total_bytes: int, hosts: int, enabled: bool | None):
+        self.widget = None
+        if enabled is None:
+            enabled = total_bytes >= _PROGRESS_BYTES
+        if not enabled:
+            return
+        try:
+            import ipywidgets as w
+            from IPython import get_ipython
+            from IPython.display import display
+
+            if get_ipython() is None or not hasattr(get_ipython(), 'kernel'):
+                return
+            self.widget = w.IntProgress(min=0, max=hosts,
+                                        description=f'{total_bytes / 2**20:.0f} MiB')
+            self.widget.add_class('mh-gather-progress')
+            display(self.widget)
+        except ImportError:
+            pass
+
+    def step(self, _p: int) -> None:
+        if self.widget is not None:
+            self.widget.value += 1
+
+    def close(self) -> None:
+        if self.widget is not None:
+            self.widget.close()
+
+
+def _shm_available(session: Session) -> bool:
+    from multihost.engine import machine_id
+
+    here = machine_id()
+    return os.path.isdir(_SHM_DIR) and all(h.machine == here for h in session.hosts)
+
+
+def allgather(session: Session, name: str, *, timeout: float, transport: str,
+              progress: bool | None) -> Any:
+    _check_name(name)
+    if transport not in ('auto', 'shm', 'zmq'):
+        raise ValueError(f"transport must be 'auto', 'shm' or 'zmq', got {transport!r}")
+    if transport == 'auto':
+        transport = 'shm' if _shm_available(session) else 'zmq'
+    elif transport == 'shm' and not _shm_available(session):
+        raise SessionError("transport='shm' needs every engine on this machine and /dev/shm; "
+                           "use transport='zmq'.")
+    try:
+        if transport == 'shm':
+            return _gather_shm(session, name, timeout, progress)
+        return _gather_zmq(session, name, timeout, progress)
+    except HostsError as exc:
+        # A GatherError is the same on every host: show it once, without the remote traceback.
+        texts = [_ANSI.sub('', t) for t in exc.errors.values()]
+        if texts and 'GatherError' in texts[0]:
+            msg = texts[0].strip().splitlines()[-1].split('GatherError: ', 1)[-1]
+            raise SessionError(f'cannot gather {name!r}: {msg}') from None
+        raise
+
+
+def _gather_shm(session: Session, name: str, timeout: float, progress: bool | None) -> Any:
+    metas = session.call('multihost.engine.gather_meta', name, namespace=True, timeout=timeout)
+    plan = _plan(metas)
+    layout, offset = [], 0
+    for leaf in plan:
+        offset = -(-offset // 64) * 64  # 64-byte aligned leaves
+        layout.append((offset, leaf['shape'], leaf['dtype'].str))
+        offset += math.prod(leaf['shape']) * leaf['dtype'].itemsize
+    total = max(offset, 1)
+    fd, path = tempfile.mkstemp(prefix=f'mhnb-{uuid.uuid4().hex[:8]}-', dir=_SHM_DIR)
+    bar = _Bar(total, session.num_hosts, progress)
+    try:
+        os.ftruncate(fd, total)
+        session.call('multihost.engine.gather_write', name, path, layout, namespace=True,
+                     timeout=timeout, on_done=bar.step)
+        mm = np.memmap(path, dtype=np.uint8, mode='r+', shape=(total,))
+    finally:
+        os.close(fd)
+        os.unlink(path)  # the mapping keeps the memory alive
+        bar.close()
+    base = mm.view(np.ndarray)
+    leaves = [np.ndarray(shape, dtype=np.dtype(dt), buffer=base, offset=off)
+              for off, shape, dt in layout]
+    return _unflatten(metas[0]['skeleton'], leaves)
+
+
+def _gather_zmq(session: Session, name: str, timeout: float, progress: bool | None) -> Any:
+    parts = session.call('multihost.engine.gather_local', name, namespace=True, timeout=timeout)
+    plan = _plan(parts)
+    leaves = []
+    for i, leaf in enumerate(plan):
+        out = np.empty(leaf['shape'], leaf['dtype'])
+        for part in parts:
+            meta, blocks = part['leaves'][i], part['data'][i]
+            if leaf['kind'] == 'global':
+                for idx, block in zip(meta['blocks'], blocks):
+                    out[tuple(slice(a, b) for a, b in idx)] = block.reshape(
+                        [b - a for a, b in idx])
+            else:
+                out[part['process']] = blocks[0].reshape(meta['shape'])
+        leaves.append(out)
+    return _unflatten(parts[0]['skeleton'], leaves)

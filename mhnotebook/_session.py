@@ -1,0 +1,547 @@
+"""Cluster sessions: one ipyparallel engine per host, one JAX process per engine.
+
+A `Session` talks to engines only through ipyparallel. What runs on an engine
+lives in `multihost.engine` (installed there); the notebook ships a
+two-line trampoline that imports and calls it, so nothing typed by the user is
+evaluated except the code of a ``%%mh`` cell.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ['HostInfo', 'HostsError', 'Session', 'SessionError', 'connect', 'start_local']
+
+log = logging.getLogger('mhnotebook')
+
+
+class SessionError(RuntimeError):
+    """A session could not start, connect, or reach its engines (the message says what to do)."""
+
+
+class HostsError(RuntimeError):
+    """Code failed on one or more hosts.
+
+    Attributes:
+        errors: process index -> that host's error text (with its traceback).
+    """
+
+    def __init__(self, message: str, errors: dict[int, str]):
+        super().__init__(message)
+        self.errors = errors
+
+
+@dataclasses.dataclass(frozen=True)
+class HostInfo:
+    """One host of the session.
+
+    Attributes:
+        process_index: the JAX process index the engine reported.
+        engine_id: the ipyparallel engine id (not necessarily equal to the above).
+        hostname: the engine's host name.
+        address: the engine's address as other hosts reach it.
+        machine: an id equal for engines on the same machine.
+        pid: the engine's OS process id.
+        local_devices: ids of the JAX devices this host owns.
+    """
+
+    process_index: int
+    engine_id: int
+    hostname: str
+    address: str
+    machine: str
+    pid: int
+    local_devices: tuple[int, ...]
+
+
+# -- the trampolines shipped to engines ------------------------------------------
+# They only import an installed function on the engine and call it; `_call_ns`
+# passes the engine's user namespace (where %%mh cells define variables).
+
+
+def _call(qualname: str, *args: Any, **kwargs: Any) -> Any:
+    import importlib
+
+    module, _, attr = qualname.rpartition('.')
+    return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+
+def _call_ns(qualname: str, *args: Any, **kwargs: Any) -> Any:
+    import importlib
+
+    from IPython import get_ipython
+
+    module, _, attr = qualname.rpartition('.')
+    namespace = get_ipython().user_ns  # the engine's user namespace
+    return getattr(importlib.import_module(module), attr)(namespace, *args, **kwargs)
+
+
+_live_sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _track(session: Session) -> None:
+    # Registered after ipyparallel is imported, so it runs before ipyparallel's
+    # own exit hook (atexit is LIFO) and can kill engines JAX keeps alive.
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_stop_all)
+        _atexit_registered = True
+    _live_sessions.add(session)
+
+
+def _stop_all() -> None:
+    for session in list(_live_sessions):
+        try:
+            session.stop()
+        except Exception:  # interpreter is exiting; best effort
+            pass
+
+
+def _render_remote_error(err: BaseException) -> str:
+    tb = getattr(err, 'traceback', None)
+    if tb:
+        return str(tb)
+    return f'{type(err).__name__}: {err}'
+
+
+class Session:
+    """A set of hosts (ipyparallel engines) that each run one JAX process.
+
+    Create one with `start_local` (simulated hosts on this machine) or
+    `connect` (an existing ipyparallel cluster anywhere). Use it as a context
+    manager or call `stop()`; sessions still running at interpreter exit are
+    stopped.
+
+    Attributes:
+        client: the ipyparallel `Client`.
+        engine_ids: engine ids ordered by `jax.process_index()` (as reported
+            by the engines; never assumed equal to engine ids).
+        hosts: `HostInfo` per process index.
+    """
+
+    def __init__(self, client: Any, hosts: Sequence[HostInfo], *, cluster: Any = None,
+                 start_options: dict[str, Any] | None = None):
+        self.client = client
+        self.hosts: tuple[HostInfo, ...] = tuple(sorted(hosts, key=lambda h: h.process_index))
+        self.engine_ids: list[int] = [h.engine_id for h in self.hosts]
+        self._cluster = cluster
+        self._start_options = start_options
+        self._stopped = False
+        self._lock = threading.Lock()
+        _track(self)
+
+    # -- basics ----------------------------------------------------------------
+    @property
+    def num_hosts(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped
+
+    def __repr__(self) -> str:
+        state = 'stopped' if self._stopped else f'{self.num_hosts} hosts'
+        kind = 'local' if self._cluster is not None else 'connected'
+        return f'<mhnotebook.Session {kind}, {state}, engines {self.engine_ids}>'
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _check(self) -> None:
+        if self._stopped:
+            raise SessionError('this session is stopped; start a new one with '
+                               'mhnotebook.start_local(...) or %mh_cluster start.')
+
+    # -- calling engines -------------------------------------------------------
+    def call(self, qualname: str, *args: Any, namespace: bool = False,
+             timeout: float = 60.0, processes: Sequence[int] | None = None,
+             on_done: Callable[[int], None] | None = None, **kwargs: Any) -> list[Any]:
+        """Calls installed function ``qualname`` on every host; results by process index.
+
+        Args:
+            qualname: dotted name of a function importable on the engines.
+            namespace: pass the engine's user namespace as the first argument.
+            timeout: seconds to wait for every host.
+            processes: only these process indices (default: all).
+            on_done: called with each process index as its host finishes.
+
+        Raises:
+            HostsError: the function raised on some hosts (all their tracebacks).
+            SessionError: some host did not answer within ``timeout``.
+        """
+        self._check()
+        procs = list(range(self.num_hosts)) if processes is None else list(processes)
+        tramp = _call_ns if namespace else _call
+        pending = {p: self.client[self.engine_ids[p]].apply_async(tramp, qualname, *args,
+                                                                  **kwargs) for p in procs}
+        return self._wait(pending, timeout, qualname, on_done)
+
+    def _wait(self, pending: dict[int, Any], timeout: float, what: str,
+              on_done: Callable[[int], None] | None = None) -> list[Any]:
+        results: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        left = dict(pending)
+        while left:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            for p, ar in list(left.items()):
+                if ar.ready():
+                    del left[p]
+                    try:
+                        results[p] = ar.get(0)
+                    except Exception as exc:
+                        errors[p] = _render_remote_error(exc)
+                    if on_done is not None:
+                        on_done(p)
+            if left:
+                next(iter(left.values())).wait(min(0.05, max(remaining, 0)))
+        if left:
+            raise SessionError(
+                f'{what}: host(s) {sorted(left)} did not answer within {timeout:g} s. '
+                'They may be stuck in a collective: look with session.where() '
+                '(%mh_where), or restart with session.restart() (%mh_cluster restart).')
+        if errors:
+            first = min(errors)
+            raise HostsError(
+                f'{what} failed on host(s) {sorted(errors)}; host {first}:\n{errors[first]}',
+                errors)
+        return [results[p] for p in sorted(results)]
+
+    def execute(self, code: str, *, timeout: float | None = None,
+                echo: bool = True) -> dict[int, str]:
+        """Runs ``code`` on every host (the way a ``%%mh`` cell does).
+
+        Args:
+            code: Python source run in each engine's namespace.
+            timeout: seconds to wait (None: wait until done).
+            echo: print each host's output, labelled by process index.
+
+        Returns:
+            Process index -> that host's stdout.
+
+        Raises:
+            HostsError: the code raised on some hosts; ``.errors`` holds each
+                host's traceback.
+            SessionError: not finished within ``timeout`` (the code keeps
+                running on the engines).
+        """
+        self._check()
+        pending = {p: self.client[e].execute(code, silent=False, block=False)
+                   for p, e in enumerate(self.engine_ids)}
+        try:
+            self._wait(pending, float('inf') if timeout is None else timeout, 'execute')
+        finally:
+            outputs = {p: ''.join(getattr(ar, 'stdout', '') or '') for p, ar in pending.items()}
+            if echo:
+                for p, text in outputs.items():
+                    if text:
+                        print(f'[host {p}] ' + text.rstrip('\n').replace('\n', f'\n[host {p}] '))
+        return outputs
+
+    def push(self, values: dict[str, Any], *, per_host: bool = False) -> None:
+        """Sets variables on every host (``per_host``: each value is a list indexed by process)."""
+        self._check()
+        for p, e in enumerate(self.engine_ids):
+            ns = {k: (v[p] if per_host else v) for k, v in values.items()}
+            self.client[e].push(ns, block=True)
+
+    # -- gather ----------------------------------------------------------------
+    def allgather(self, name: str, *, timeout: float = 600.0, transport: str = 'auto',
+                  progress: bool | None = None) -> Any:
+        """The global value of engine variable ``name``, as numpy, in this process.
+
+        Global `jax.Array`s (any sharding, any rank) come back whole; host-local
+        arrays and scalars are stacked along a new axis 0, one row per process
+        (like `multihost.process_allgather`); pytrees keep their structure.
+        Each block travels once: only replica 0 of every distinct shard is
+        sent, by the host that owns it, straight into its place.
+
+        Args:
+            name: a variable on the engines (``x`` or dotted ``state.params``).
+            timeout: seconds to wait for every host.
+            transport: ``'shm'`` (engines write into shared memory; only when
+                every engine runs on this machine), ``'zmq'`` (blocks travel as
+                zero-copy messages), or ``'auto'``.
+            progress: show a progress bar (default: for gathers over 64 MiB).
+
+        Raises:
+            multihost.engine.GatherError (through HostsError): unknown name or a
+                value that cannot be gathered.
+        """
+        from mhnotebook import _gather
+
+        self._check()
+        return _gather.allgather(self, name, timeout=timeout, transport=transport,
+                                 progress=progress)
+
+    # -- lifecycle -------------------------------------------------------------
+    def status(self) -> dict[int, dict[str, Any]]:
+        """Per process index: engine id, host, and whether the engine is busy (queue status)."""
+        self._check()
+        queue = self.client.queue_status(targets=self.engine_ids)
+        out = {}
+        for h in self.hosts:
+            q = queue.get(h.engine_id, {})
+            out[h.process_index] = dict(engine_id=h.engine_id, hostname=h.hostname,
+                                        pid=h.pid, busy=bool(q.get('tasks', 0) or q.get('queue', 0)),
+                                        queued=q.get('queue', 0))
+        return out
+
+    def stop(self) -> None:
+        """Stops the session: closes the client, and stops the cluster if this session started it.
+
+        Idempotent.
+        """
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        _live_sessions.discard(self)
+        try:
+            self.client.close()
+        except Exception:
+            pass
+        if self._cluster is not None:
+            try:
+                # JAX's preemption service catches SIGTERM (a preemption notice),
+                # so engines of a local cluster are killed outright.
+                self._cluster.signal_engines_sync(signal.SIGKILL)
+            except Exception:
+                pass
+            try:
+                self._cluster.stop_cluster_sync()
+            except Exception as exc:
+                log.warning('stopping the local cluster failed: %s', exc)
+
+    def restart(self, *, timeout: float = 180.0) -> Session:
+        """Replaces every engine by a fresh one (JAX cannot re-initialize in place).
+
+        Only for sessions made by `start_local`; for a connected cluster,
+        restart its engines with your launcher and `connect` again.
+        """
+        if self._start_options is None:
+            raise SessionError('restart() works for sessions made by start_local; for a '
+                               'connected cluster restart the engines with its launcher '
+                               'and call mhnotebook.connect(...) again.')
+        self.stop()
+        fresh = start_local(**{**self._start_options, 'timeout': timeout})
+        _live_sessions.discard(fresh)
+        self.__dict__.update({k: v for k, v in fresh.__dict__.items()})
+        self._stopped = False
+        _live_sessions.add(self)
+        return self
+
+
+# -- construction ----------------------------------------------------------------
+
+
+class _Progress:
+    """A one-line progress display: a widget in a notebook, a line on a terminal."""
+
+    def __init__(self, enabled: bool, label: str):
+        self.enabled = enabled
+        self.handle = None
+        self.last = label
+        if enabled:
+            try:
+                from IPython import get_ipython
+                from IPython.display import display
+
+                if get_ipython() is not None:
+                    self.handle = display({'text/plain': label}, raw=True, display_id=True)
+            except ImportError:
+                pass
+            if self.handle is None:
+                print(label, file=sys.stderr, flush=True)
+
+    def update(self, text: str) -> None:
+        if not self.enabled or text == self.last:
+            return
+        self.last = text
+        if self.handle is not None:
+            self.handle.update({'text/plain': text}, raw=True)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+
+def _hosts_from_infos(infos: dict[int, dict[str, Any]]) -> list[HostInfo]:
+    return [HostInfo(process_index=i['process_index'], engine_id=e, hostname=i['hostname'],
+                     address=i['address'], machine=i['machine'], pid=i['pid'],
+                     local_devices=tuple(i.get('local_devices', ())))
+            for e, i in infos.items()]
+
+
+def _initialize(client: Any, engine_ids: list[int], coordinator: str, devices: int | None,
+                platform: str | None, timeout: float,
+                progress: _Progress) -> dict[int, dict[str, Any]]:
+    n = len(engine_ids)
+    pending = {}
+    for pid, e in enumerate(engine_ids):
+        pending[e] = client[e].apply_async(
+            _call, 'multihost.engine.initialize', coordinator, n, pid, devices,
+            platform=platform, initialization_timeout=int(max(timeout, 10)))
+    infos: dict[int, dict[str, Any]] = {}
+    errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    while len(infos) + len(errors) < n and time.monotonic() < deadline:
+        for e, ar in pending.items():
+            if e in infos or e in errors or not ar.ready():
+                continue
+            try:
+                infos[e] = ar.get(0)
+            except Exception as exc:
+                errors[e] = _render_remote_error(exc)
+        progress.update(f'mhnotebook: JAX initialized on {len(infos)}/{n} hosts')
+        time.sleep(0.05)
+    if errors or len(infos) < n:
+        missing = sorted(set(engine_ids) - set(infos) - set(errors))
+        detail = ''.join(f'\n--- engine {e} ---\n{t}' for e, t in errors.items())
+        raise SessionError(
+            f'jax.distributed.initialize failed (coordinator {coordinator}): '
+            f'engines {sorted(errors)} raised, engines {missing} did not finish within '
+            f'{timeout:g} s.{detail}\nCheck that every engine can reach the coordinator '
+            'address (pass coordinator="host:port" to choose it).')
+    return infos
+
+
+def start_local(n: int = 4, devices_per_host: int = 2, *, timeout: float = 180.0,
+                progress: bool = True, **cluster_options: Any) -> Session:
+    """Starts ``n`` local ipyparallel engines, each a JAX process with CPU devices.
+
+    Each engine sets ``jax_num_cpu_devices`` and joins ``jax.distributed`` on
+    a free loopback port (a local simulated cluster is the only place that
+    uses 127.0.0.1).
+
+    Args:
+        n: number of simulated hosts (engines).
+        devices_per_host: CPU devices per host.
+        timeout: seconds for the engines to come up and initialize JAX.
+        progress: show progress while starting.
+        **cluster_options: passed to `ipyparallel.Cluster`.
+
+    Raises:
+        SessionError: an engine did not come up in time (nothing is left running).
+    """
+    import ipyparallel as ipp
+
+    from multihost.local import free_port
+
+    if n < 1 or devices_per_host < 1:
+        raise ValueError(f'need n >= 1 and devices_per_host >= 1, got n={n}, '
+                         f'devices_per_host={devices_per_host}')
+    show = _Progress(progress, f'mhnotebook: starting {n} engines x {devices_per_host} CPU devices ...')
+    t0 = time.monotonic()
+    cluster_options.setdefault('log_level', logging.WARNING)
+    cluster = ipp.Cluster(n=n, **cluster_options)
+    try:
+        cluster.start_cluster_sync()
+        client = cluster.connect_client_sync()
+        try:
+            client.wait_for_engines(n, timeout=timeout)
+        except TimeoutError:
+            raise SessionError(f'only {len(client.ids)} of {n} engines came up within '
+                               f'{timeout:g} s; see the engine logs in '
+                               f'{cluster.profile_dir}/log') from None
+        engine_ids = sorted(client.ids)[:n]
+        show.update(f'mhnotebook: {n} engines up in {time.monotonic() - t0:.1f} s; '
+                    'initializing JAX ...')
+        left = max(10.0, timeout - (time.monotonic() - t0))
+        infos = _initialize(client, engine_ids, f'127.0.0.1:{free_port()}', devices_per_host,
+                            'cpu', left, show)
+    except BaseException:
+        try:
+            cluster.stop_cluster_sync()
+        except Exception:
+            pass
+        raise
+    session = Session(client, _hosts_from_infos(infos), cluster=cluster,
+                      start_options=dict(n=n, devices_per_host=devices_per_host,
+                                         progress=progress, **cluster_options))
+    show.update(f'mhnotebook: {n} hosts x {devices_per_host} devices ready in '
+                f'{time.monotonic() - t0:.1f} s (engines {session.engine_ids})')
+    return session
+
+
+def connect(url_file: str | None = None, *, profile: str | None = None,
+            cluster_id: str | None = None, n: int | None = None,
+            coordinator: str | None = None, devices_per_host: int | None = None,
+            platform: str | None = None, timeout: float = 120.0,
+            progress: bool = True) -> Session:
+    """Attaches to an existing ipyparallel cluster, started by any launcher (ssh, mpi, slurm...).
+
+    If JAX is not distributed on the engines yet, initializes it: engine ids
+    in ascending order become process indices, and the coordinator runs on
+    the first engine's host (on a port free there) unless ``coordinator`` is
+    given.
+
+    Args:
+        url_file: the client connection file (``ipcontroller-client.json``).
+        profile: ipython profile name (alternative to ``url_file``).
+        cluster_id: cluster id within the profile.
+        n: wait until this many engines are registered.
+        coordinator: ``host:port`` for `jax.distributed.initialize`.
+        devices_per_host: CPU devices to simulate per engine (testing only).
+        platform: force a JAX platform on the engines (e.g. ``'cpu'``).
+        timeout: seconds to wait for engines and initialization.
+        progress: show progress while connecting.
+
+    Raises:
+        SessionError: no engines, a mix of initialized and uninitialized
+            engines, or initialization failed.
+    """
+    import ipyparallel as ipp
+
+    show = _Progress(progress, 'mhnotebook: connecting to the ipyparallel cluster ...')
+    kwargs = {k: v for k, v in dict(url_file=url_file, profile=profile,
+                                    cluster_id=cluster_id).items() if v is not None}
+    client = ipp.Client(timeout=timeout, **kwargs)
+    try:
+        if n is not None:
+            client.wait_for_engines(n, timeout=timeout)
+        engine_ids = sorted(client.ids)
+        if not engine_ids:
+            raise SessionError('the cluster has no engines; start some (ipcluster engines '
+                               '-n N) or pass n=N to wait for them.')
+        infos = dict(zip(engine_ids, client[engine_ids].apply_sync(_call, 'multihost.engine.engine_info')))
+        ready = [e for e, i in infos.items() if i['initialized']]
+        if ready and len(ready) != len(engine_ids):
+            raise SessionError(f'JAX is distributed on engines {ready} but not on '
+                               f'{sorted(set(engine_ids) - set(ready))}; restart the engines.')
+        if not ready:
+            if coordinator is None:
+                first = engine_ids[0]
+                port = client[first].apply_sync(_call, 'multihost.engine.free_port')
+                coordinator = f'{infos[first]["address"]}:{port}'
+            infos = _initialize(client, engine_ids, coordinator, devices_per_host, platform,
+                                timeout, show)
+        counts = {i['process_count'] for i in infos.values()}
+        if counts != {len(engine_ids)}:
+            raise SessionError(f'engines report process_count {sorted(counts)} but the cluster '
+                               f'has {len(engine_ids)} engines; one engine per JAX process '
+                               'is required.')
+    except BaseException:
+        client.close()
+        raise
+    session = Session(client, _hosts_from_infos(infos))
+    show.update(f'mhnotebook: connected to {session.num_hosts} hosts (engines '
+                f'{session.engine_ids})')
+    return session

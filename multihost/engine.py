@@ -1,0 +1,263 @@
+"""What the notebook side calls on each engine (one engine = one host = one JAX process).
+
+`mhnotebook` ships a tiny trampoline over ipyparallel that imports this
+module on the engine and calls one of these functions, so the real code is
+installed, versioned and tested here rather than pickled from the notebook.
+Everything returns plain, picklable data (numpy arrays, dicts, tuples).
+
+Gathering a value into the notebook never runs a collective: every global
+array's shards are exported once (only replica 0 of each distinct block, by
+its owner) and the notebook puts each block in its place. On the notebook's
+own machine the engines write straight into a shared-memory file the
+notebook maps; elsewhere the shards travel as zero-copy zmq buffers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    'GatherError',
+    'engine_info',
+    'gather_local',
+    'gather_meta',
+    'gather_write',
+    'initialize',
+    'lookup',
+    'machine_id',
+]
+
+
+class GatherError(ValueError):
+    """A value cannot be gathered into the notebook (the message says why and what to do)."""
+
+
+def machine_id() -> str:
+    """An id equal on processes of the same machine (boot id + hostname)."""
+    try:
+        with open('/proc/sys/kernel/random/boot_id') as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = hex(uuid.getnode())
+    return f'{socket.gethostname()}/{boot}'
+
+
+def _host_address() -> str:
+    """This host's address as other hosts should reach it (not loopback when avoidable)."""
+    name = socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET)
+        addrs = [i[4][0] for i in infos if not i[4][0].startswith('127.')]
+        if addrs:
+            return addrs[0]
+    except OSError:
+        pass
+    # Fall back to the address of the default route's interface.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(('10.255.255.255', 1))
+            return s.getsockname()[0]
+        except OSError:
+            return name
+
+
+def engine_info() -> dict[str, Any]:
+    """Where this engine runs and whether JAX is distributed here yet."""
+    import sys
+
+    info: dict[str, Any] = dict(pid=os.getpid(), hostname=socket.gethostname(),
+                                address=_host_address(), machine=machine_id(),
+                                python=sys.version.split()[0], initialized=False)
+    if 'jax' in sys.modules:
+        from multihost import _jax_adapter
+
+        if _jax_adapter.client() is not None:
+            import jax
+
+            info.update(initialized=True, process_index=jax.process_index(),
+                        process_count=jax.process_count(),
+                        local_devices=[d.id for d in jax.local_devices()],
+                        jax=jax.__version__, backend=jax.default_backend())
+    return info
+
+
+def free_port() -> int:
+    """A TCP port free on this host (for the coordinator, when this is process 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(('', 0))
+        return s.getsockname()[1]
+
+
+def initialize(coordinator: str, num_processes: int, process_id: int,
+               cpu_devices: int | None = None, *, platform: str | None = None,
+               initialization_timeout: int = 120,
+               heartbeat_timeout: int | None = None) -> dict[str, Any]:
+    """Configures JAX on this engine and joins the distributed runtime.
+
+    Args:
+        coordinator: ``host:port`` of process 0's coordination service.
+        num_processes: total number of JAX processes.
+        process_id: this engine's JAX process index.
+        cpu_devices: number of CPU devices to simulate (None: leave as is).
+        platform: e.g. ``'cpu'`` to force the CPU backend.
+        initialization_timeout: seconds to wait for every process to connect.
+        heartbeat_timeout: seconds before a silent process is declared dead.
+
+    Returns:
+        `engine_info()` after initialization.
+    """
+    import jax
+
+    if platform:
+        jax.config.update('jax_platforms', platform)
+    if cpu_devices:
+        jax.config.update('jax_num_cpu_devices', int(cpu_devices))
+    kwargs: dict[str, Any] = dict(coordinator_address=coordinator,
+                                  num_processes=num_processes, process_id=process_id,
+                                  initialization_timeout=initialization_timeout)
+    if heartbeat_timeout:
+        kwargs['heartbeat_timeout_seconds'] = heartbeat_timeout
+    jax.distributed.initialize(**kwargs)
+    return engine_info()
+
+
+def lookup(namespace: dict[str, Any], name: str) -> Any:
+    """``namespace[name]``, following dotted attributes (``state.params``); never evaluates code."""
+    head, *rest = name.split('.')
+    if not all(p.isidentifier() for p in [head, *rest]):
+        raise GatherError(f'{name!r} is not a variable name (expected e.g. x or state.params).')
+    if head not in namespace:
+        raise GatherError(f'name {head!r} is not defined on this engine. Define it in a '
+                          '%%mh cell first (every host runs the cell).')
+    obj = namespace[head]
+    for i, attr in enumerate(rest):
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError:
+            where = '.'.join([head, *rest[:i]])
+            raise GatherError(f'{where} has no attribute {attr!r}') from None
+    return obj
+
+
+def _leaf_meta(path: str, x: Any) -> dict[str, Any]:
+    """Shape/dtype and this host's replica-0 blocks of one leaf."""
+    import jax
+
+    if isinstance(x, jax.Array):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            raise GatherError(f'leaf {path} is a PRNG key array; gather '
+                              'jax.random.key_data(...) of it instead.')
+        if not x.is_fully_addressable:
+            blocks = []
+            for s in x.addressable_shards:
+                if s.replica_id == 0:
+                    idx = tuple((sl.start or 0, x.shape[d] if sl.stop is None else sl.stop)
+                                for d, sl in enumerate(s.index))
+                    blocks.append(idx)
+            return dict(kind='global', shape=tuple(x.shape), dtype=str(np.dtype(x.dtype)),
+                        blocks=blocks)
+        arr = x
+    else:
+        arr = x
+    try:
+        a = np.asarray(arr)
+    except Exception as exc:
+        raise GatherError(f'leaf {path} of type {type(x).__name__} cannot be converted '
+                          f'to a numpy array ({exc}).') from None
+    if a.dtype == object:
+        raise GatherError(f'leaf {path} of type {type(x).__name__} is not numeric data; '
+                          'only arrays, scalars and pytrees of them can be gathered.')
+    return dict(kind='local', shape=tuple(a.shape), dtype=str(a.dtype))
+
+
+def _flatten(value: Any) -> tuple[list[Any], Any, list[str]]:
+    import jax
+
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(value)
+    paths = [jax.tree_util.keystr(p) or '<root>' for p, _ in paths_leaves]
+    leaves = [leaf for _, leaf in paths_leaves]
+    skeleton = jax.tree.unflatten(treedef, list(range(len(leaves))))
+    return leaves, skeleton, paths
+
+
+def gather_meta(namespace: dict[str, Any], name: str) -> dict[str, Any]:
+    """Round 1 of a shared-memory gather: the structure and this host's blocks."""
+    import jax
+
+    leaves, skeleton, paths = _flatten(lookup(namespace, name))
+    return dict(process=jax.process_index(), process_count=jax.process_count(),
+                skeleton=skeleton, paths=paths,
+                leaves=[_leaf_meta(p, x) for p, x in zip(paths, leaves)])
+
+
+def _block_data(x: Any, idx: tuple[tuple[int, int], ...]) -> np.ndarray:
+    for s in x.addressable_shards:
+        if s.replica_id == 0:
+            got = tuple((sl.start or 0, x.shape[d] if sl.stop is None else sl.stop)
+                        for d, sl in enumerate(s.index))
+            if got == tuple(idx):
+                return np.asarray(s.data)
+    raise GatherError(f'block {idx} is not held here')  # cannot happen: plan came from us
+
+
+def gather_write(namespace: dict[str, Any], name: str, path: str,
+                 layout: list[tuple[int, tuple[int, ...], str]]) -> int:
+    """Round 2 of a shared-memory gather: write this host's blocks into the notebook's file.
+
+    Args:
+        namespace: the engine's user namespace.
+        name: the variable to gather.
+        path: the shared-memory file the notebook created (same machine).
+        layout: per leaf ``(byte offset, result shape, dtype)`` in the file.
+
+    Returns:
+        The number of bytes written.
+    """
+    import jax
+
+    leaves, _, paths = _flatten(lookup(namespace, name))
+    pid = jax.process_index()
+    written = 0
+    mm = np.memmap(path, dtype=np.uint8, mode='r+')
+    try:
+        for x, (offset, shape, dtype), p in zip(leaves, layout, paths):
+            meta = _leaf_meta(p, x)
+            dt = np.dtype(dtype)
+            out = np.ndarray(shape, dtype=dt, buffer=mm, offset=offset)
+            if meta['kind'] == 'global':
+                for idx in meta['blocks']:
+                    block = _block_data(x, idx)
+                    out[tuple(slice(a, b) for a, b in idx)] = block
+                    written += block.nbytes
+            else:
+                a = np.asarray(x)
+                out[pid] = a
+                written += a.nbytes
+        mm.flush()
+    finally:
+        del mm
+    return written
+
+
+def gather_local(namespace: dict[str, Any], name: str) -> dict[str, Any]:
+    """One-round gather for remote engines: the structure plus this host's blocks as arrays."""
+    import jax
+
+    leaves, skeleton, paths = _flatten(lookup(namespace, name))
+    metas, data = [], []
+    for p, x in zip(paths, leaves):
+        meta = _leaf_meta(p, x)
+        metas.append(meta)
+        if meta['kind'] == 'global':
+            blocks = [_block_data(x, idx) for idx in meta['blocks']]
+        else:
+            blocks = [np.asarray(x)]
+        # 1-D contiguous buffers travel as zero-copy zmq frames; the notebook reshapes.
+        data.append([np.ascontiguousarray(b).reshape(-1) for b in blocks])
+    return dict(process=jax.process_index(), process_count=jax.process_count(),
+                skeleton=skeleton, paths=paths, leaves=metas, data=data)
