@@ -7,3 +7,9 @@ engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
 from mhnotebook._session import HostInfo, HostsError, Session, SessionError, connect, start_local
 
 __all__ = ['HostInfo', 'HostsError', 'Session', 'SessionError', 'connect', 'start_local']
+
+
+def load_ipython_extension(ipython):  # noqa: D103 - IPython's extension hook
+    from mhnotebook._magics import load_ipython_extension as load
+
+    load(ipython)

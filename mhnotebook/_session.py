@@ -23,13 +23,28 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ['HostInfo', 'HostsError', 'Session', 'SessionError', 'connect', 'start_local']
+__all__ = ['HostInfo', 'HostsError', 'Session', 'SessionError', 'SessionTimeout', 'connect',
+           'start_local']
 
 log = logging.getLogger('mhnotebook')
 
 
 class SessionError(RuntimeError):
     """A session could not start, connect, or reach its engines (the message says what to do)."""
+
+
+class SessionTimeout(SessionError):
+    """Hosts did not finish in time; the work keeps running on them.
+
+    Attributes:
+        pending: process indices still running.
+        finished: process indices that finished.
+    """
+
+    def __init__(self, message: str, pending: list[int], finished: list[int]):
+        super().__init__(message)
+        self.pending = pending
+        self.finished = finished
 
 
 class HostsError(RuntimeError):
@@ -194,12 +209,20 @@ class Session:
         return self._wait(pending, timeout, qualname, on_done)
 
     def _wait(self, pending: dict[int, Any], timeout: float, what: str,
-              on_done: Callable[[int], None] | None = None) -> list[Any]:
+              on_done: Callable[[int], None] | None = None,
+              on_tick: Callable[[dict[int, str], float], None] | None = None) -> list[Any]:
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         left = dict(pending)
+        next_tick = start
         while left:
+            if on_tick is not None and time.monotonic() >= next_tick:
+                state = {p: ('error' if p in errors else 'done' if p not in left else 'running')
+                         for p in pending}
+                on_tick(state, time.monotonic() - start)
+                next_tick += 0.5
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -214,11 +237,16 @@ class Session:
                         on_done(p)
             if left:
                 next(iter(left.values())).wait(min(0.05, max(remaining, 0)))
+        if on_tick is not None:
+            state = {p: ('error' if p in errors else 'done' if p not in left else 'running')
+                     for p in pending}
+            on_tick(state, time.monotonic() - start)
         if left:
-            raise SessionError(
+            raise SessionTimeout(
                 f'{what}: host(s) {sorted(left)} did not answer within {timeout:g} s. '
                 'They may be stuck in a collective: look with session.where() '
-                '(%mh_where), or restart with session.restart() (%mh_cluster restart).')
+                '(%mh_where), or restart with session.restart() (%mh_cluster restart).',
+                pending=sorted(left), finished=sorted(set(pending) - set(left)))
         if errors:
             first = min(errors)
             raise HostsError(
@@ -226,14 +254,17 @@ class Session:
                 errors)
         return [results[p] for p in sorted(results)]
 
-    def execute(self, code: str, *, timeout: float | None = None,
-                echo: bool = True) -> dict[int, str]:
+    def execute(self, code: str, *, timeout: float | None = None, echo: bool = True,
+                on_status: Callable[[dict[int, str], float], None] | None = None
+                ) -> dict[int, str]:
         """Runs ``code`` on every host (the way a ``%%mh`` cell does).
 
         Args:
             code: Python source run in each engine's namespace.
             timeout: seconds to wait (None: wait until done).
             echo: print each host's output, labelled by process index.
+            on_status: called about twice a second with (process index ->
+                'running' | 'done' | 'error', seconds elapsed).
 
         Returns:
             Process index -> that host's stdout.
@@ -241,16 +272,18 @@ class Session:
         Raises:
             HostsError: the code raised on some hosts; ``.errors`` holds each
                 host's traceback.
-            SessionError: not finished within ``timeout`` (the code keeps
+            SessionTimeout: not finished within ``timeout`` (the code keeps
                 running on the engines).
         """
         self._check()
         pending = {p: self.client[e].execute(code, silent=False, block=False)
                    for p, e in enumerate(self.engine_ids)}
         try:
-            self._wait(pending, float('inf') if timeout is None else timeout, 'execute')
+            self._wait(pending, float('inf') if timeout is None else timeout, 'execute',
+                       on_tick=on_status)
         finally:
-            outputs = {p: ''.join(getattr(ar, 'stdout', '') or '') for p, ar in pending.items()}
+            outputs = {p: ''.join(getattr(ar, 'stdout', '') or '') for p, ar in pending.items()
+                       if ar.ready()}
             if echo:
                 for p, text in outputs.items():
                     if text:
@@ -292,6 +325,16 @@ class Session:
         self._check()
         return _gather.allgather(self, name, timeout=timeout, transport=transport,
                                  progress=progress)
+
+    def barrier(self, name: str, *, timeout: float | None = None) -> dict[int, dict[str, Any]]:
+        """Runs a `multihost.barrier` on every host; per process index what happened.
+
+        Each result has ``ok``, ``elapsed`` (seconds) and, on failure, ``error``
+        and ``message`` (plus ``missing`` or ``names``).
+        """
+        wait = 60.0 + (timeout if timeout is not None else 600.0)
+        results = self.call('multihost.engine.barrier', name, timeout, timeout=wait)
+        return dict(enumerate(results))
 
     # -- lifecycle -------------------------------------------------------------
     def status(self) -> dict[int, dict[str, Any]]:

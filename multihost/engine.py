@@ -261,3 +261,24 @@ def gather_local(namespace: dict[str, Any], name: str) -> dict[str, Any]:
         data.append([np.ascontiguousarray(b).reshape(-1) for b in blocks])
     return dict(process=jax.process_index(), process_count=jax.process_count(),
                 skeleton=skeleton, paths=paths, leaves=metas, data=data)
+
+
+def barrier(name: str, timeout: float | None = None) -> dict[str, Any]:
+    """Runs `multihost.barrier` here and reports how it went (never raises its errors)."""
+    import time
+
+    import multihost
+
+    t0 = time.perf_counter()
+    try:
+        multihost.barrier(name, timeout=timeout)
+    except multihost.BarrierTimeoutError as exc:
+        return dict(ok=False, error='BarrierTimeoutError', message=str(exc),
+                    missing=exc.missing, elapsed=time.perf_counter() - t0)
+    except multihost.BarrierMismatchError as exc:
+        return dict(ok=False, error='BarrierMismatchError', message=str(exc), names=exc.names,
+                    elapsed=time.perf_counter() - t0)
+    except multihost.CollectiveMismatchError as exc:
+        return dict(ok=False, error='CollectiveMismatchError', message=str(exc),
+                    elapsed=time.perf_counter() - t0)
+    return dict(ok=True, elapsed=time.perf_counter() - t0)
