@@ -1,0 +1,156 @@
+"""The notebook side against a real local ipyparallel cluster (4 engines x 2 CPU devices).
+
+Sessions, fast gather exactness for every layout the issue lists, errors,
+magics through a real IPython shell, connect() to a cluster started elsewhere
+with engine ids that differ from process indices, and restart/stop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mhnotebook
+from mhnotebook import HostsError, SessionError
+
+pytestmark = pytest.mark.cluster
+
+SETUP = '''
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
+flat = Mesh(np.array(jax.devices()), ('d',))
+def make(shape, spec, m=mesh):
+    v = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    return jax.make_array_from_callback(shape, NamedSharding(m, spec), lambda i: v[i])
+a_x = make((16, 6), P('x'))
+a_xy = make((8, 6), P('x', 'y'))
+a_none_y = make((8, 6), P(None, 'y'))
+a_rep = make((8, 6), P())
+a_1d = make((32,), P('d'), flat)
+a_3d = make((8, 4, 6), P('x', None, 'y'))
+a_0d = make((), P())
+loc = np.arange(6).reshape(2, 3) * (jax.process_index() + 1)
+scalar = jax.process_index() * 1.5
+tree = {'w': a_xy, 'stats': (loc, scalar), 'u8': np.full(3, jax.process_index(), np.uint8)}
+'''
+
+GLOBALS = {'a_x': (16, 6), 'a_xy': (8, 6), 'a_none_y': (8, 6), 'a_rep': (8, 6), 'a_1d': (32,),
+           'a_3d': (8, 4, 6), 'a_0d': ()}
+
+
+@pytest.fixture(scope='module')
+def session():
+    s = mhnotebook.start_local(4, 2, progress=False)
+    try:
+        s.execute(SETUP, timeout=120, echo=False)
+        yield s
+    finally:
+        s.stop()
+
+
+def test_engine_ids_ordered_by_reported_process_index(session):
+    """engine_ids[p] is the engine whose JAX process index is p."""
+    got = session.call('multihost.engine.engine_info')
+    assert [info['process_index'] for info in got] == [0, 1, 2, 3]
+    assert [h.process_index for h in session.hosts] == [0, 1, 2, 3]
+    assert sorted(session.engine_ids) == sorted(session.client.ids)
+
+
+@pytest.mark.parametrize('transport', ['shm', 'zmq'])
+@pytest.mark.parametrize('name', sorted(GLOBALS))
+def test_gather_global_arrays_exact(session, name, transport):
+    """Every layout (P('x'), P('x','y'), P(None,'y'), P(), 1-D, 3-D, 0-D) gathers to the exact global value."""
+    shape = GLOBALS[name]
+    out = session.allgather(name, transport=transport)
+    assert isinstance(out, np.ndarray) and out.shape == shape and out.dtype == np.float32
+    np.testing.assert_array_equal(out, np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape))
+
+
+@pytest.mark.parametrize('transport', ['shm', 'zmq'])
+def test_gather_host_local_and_pytree(session, transport):
+    """Host-local leaves stack by process index; pytrees keep their structure and dtypes."""
+    out = session.allgather('tree', transport=transport)
+    assert set(out) == {'w', 'stats', 'u8'}
+    np.testing.assert_array_equal(out['w'], np.arange(48, dtype=np.float32).reshape(8, 6))
+    loc, scalar = out['stats']
+    np.testing.assert_array_equal(loc, np.stack([np.arange(6).reshape(2, 3) * (p + 1) for p in range(4)]))
+    np.testing.assert_array_equal(scalar, np.arange(4) * 1.5)
+    assert out['u8'].dtype == np.uint8 and out['u8'].shape == (4, 3)
+    np.testing.assert_array_equal(out['u8'][:, 0], np.arange(4))
+
+
+def test_gather_sends_each_block_once(session):
+    """Only replica 0 of each block is exported: a replicated array is sent by exactly one host."""
+    metas = session.call('multihost.engine.gather_meta', 'a_rep', namespace=True)
+    blocks = [b for m in metas for b in m['leaves'][0]['blocks']]
+    assert blocks == [((0, 8), (0, 6))]
+    metas = session.call('multihost.engine.gather_meta', 'a_none_y', namespace=True)
+    assert sum(len(m['leaves'][0]['blocks']) for m in metas) == 2  # two column blocks, 8 devices
+
+
+def test_gather_errors_are_clear(session):
+    """Unknown names, non-names and non-numeric values give errors that say what to do."""
+    with pytest.raises(SessionError, match="name 'nope' is not defined on this engine"):
+        session.allgather('nope')
+    with pytest.raises(ValueError, match='is not a variable name'):
+        session.allgather('x[0]; import os')
+    session.execute('obj = object()', echo=False)
+    with pytest.raises(SessionError, match='not numeric data'):
+        session.allgather('obj')
+    with pytest.raises(SessionError, match='has no attribute'):
+        session.allgather('mesh.nothing_here')
+
+
+def test_execute_reports_every_failing_host(session, capsys):
+    """A cell failing on some hosts raises HostsError with each failing host's traceback."""
+    with pytest.raises(HostsError) as info:
+        session.execute('if jax.process_index() in (1, 3): raise RuntimeError(f"bad {jax.process_index()}")',
+                        echo=False)
+    assert sorted(info.value.errors) == [1, 3]
+    assert 'bad 3' in info.value.errors[3]
+    out = session.execute('print("p", jax.process_index())')
+    assert out[2].strip() == 'p 2'
+    assert '[host 2] p 2' in capsys.readouterr().out
+
+
+def test_barrier_through_session(session):
+    """Session.barrier runs a timed barrier on every host and reports per host."""
+    results = session.barrier('nb-barrier', timeout=30)
+    assert sorted(results) == [0, 1, 2, 3] and all(r['ok'] for r in results.values())
+
+
+def test_magics_in_a_real_shell(session):
+    """%mh runs cells on every host, %mh_allgather stores the value, mistakes raise UsageError."""
+    from IPython.core.error import UsageError
+    from IPython.testing.globalipapp import start_ipython
+    from IPython.utils.capture import capture_output
+
+    ip = start_ipython()
+    ip.run_line_magic('load_ext', 'mhnotebook')
+    magics = ip.magics_manager.registry['MultihostMagics']
+    magics.session = None
+    with pytest.raises(UsageError, match='no cluster yet'):
+        ip.run_line_magic('mh_allgather', 'x')
+    magics.session = session
+    with capture_output() as cap:
+        ip.run_cell_magic('mh', '--timeout 60', 'z = np.arange(3) * jax.process_index()\nprint("ok")')
+    assert '[host 3] ok' in cap.stdout
+    with capture_output() as cap:
+        ip.run_line_magic('mh_allgather', 'z -o zz')
+    np.testing.assert_array_equal(ip.user_ns['zz'], np.arange(3)[None] * np.arange(4)[:, None])
+    assert 'zz = z gathered from 4 hosts' in cap.stdout
+    with capture_output() as cap:
+        ip.run_line_magic('mh_allgather', 'a_xy')
+    assert ip.user_ns['a_xy'].shape == (8, 6)
+    for bad in ['1x', 'z -o 2y', 'z; import os']:
+        with pytest.raises(UsageError):
+            ip.run_line_magic('mh_allgather', bad)
+    with capture_output() as cap:
+        ip.run_line_magic('mh_barrier', 'from-magic --timeout 20')
+    assert cap.stdout.count("passed 'from-magic'") == 4
+    with capture_output() as cap:
+        ip.run_cell_magic('mh', '', 'raise ValueError("only on host " + str(jax.process_index()))')
+    assert 'only on host 2' in cap.stdout
+    assert 'mh_allgather' in (ip.find_line_magic('mh_allgather').__doc__ or '')
+    magics.session = None
