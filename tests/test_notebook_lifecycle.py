@@ -1,0 +1,76 @@
+"""Session lifecycle on real ipyparallel clusters: connect() to a cluster started by
+someone else (engine ids != process indices), restart, stop, and start failures."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import mhnotebook
+from mhnotebook import SessionError
+
+pytestmark = pytest.mark.cluster
+
+
+
+def test_connect_discovers_process_order_and_gathers():
+    """connect() to a cluster whose JAX processes were numbered in reverse engine order."""
+    import ipyparallel as ipp
+
+    from multihost.local import free_port
+
+    cluster = ipp.Cluster(n=3, log_level=logging.WARNING)
+    client = cluster.start_and_connect_sync()
+    try:
+        client.wait_for_engines(3, timeout=120)
+        ids = sorted(client.ids)
+        port = free_port()
+        from mhnotebook._session import _call
+
+        pending = [client[e].apply_async(_call, 'multihost.engine.initialize', f'127.0.0.1:{port}',
+                                         3, 2 - i, 2, platform='cpu') for i, e in enumerate(ids)]
+        for ar in pending:
+            ar.get(timeout=120)
+        session = mhnotebook.connect(cluster_id=cluster.cluster_id, profile='default', progress=False,
+                                     timeout=60)
+        try:
+            assert session.engine_ids == list(reversed(ids))
+            session.execute('import jax, numpy as np\nv = np.full(2, jax.process_index())', echo=False)
+            out = session.allgather('v')
+            np.testing.assert_array_equal(out, [[0, 0], [1, 1], [2, 2]])
+        finally:
+            session.stop()
+        assert not session.running
+        # The cluster belongs to whoever started it: a connected session leaves it running.
+        assert len(client.ids) == 3
+    finally:
+        client.close()
+        cluster.signal_engines_sync(9)
+        cluster.stop_cluster_sync()
+
+
+def test_restart_and_stop_are_safe():
+    """restart() gives fresh engines with JAX initialized; stop() is idempotent; a stopped session says so."""
+    session = mhnotebook.start_local(2, 1, progress=False)
+    try:
+        old_pids = {h.pid for h in session.hosts}
+        session.execute('x = 41', echo=False)
+        session.restart()
+        assert {h.pid for h in session.hosts}.isdisjoint(old_pids)
+        with pytest.raises(SessionError, match="name 'x' is not defined"):
+            session.allgather('x')
+        session.execute('import jax\nx = jax.process_index() + 1', echo=False)
+        np.testing.assert_array_equal(session.allgather('x'), [1, 2])
+    finally:
+        session.stop()
+        session.stop()
+    with pytest.raises(SessionError, match='this session is stopped'):
+        session.allgather('x')
+
+
+def test_start_local_rejects_bad_sizes():
+    """Bad sizes fail at once with the expected form, before starting anything."""
+    with pytest.raises(ValueError, match='n >= 1'):
+        mhnotebook.start_local(0, 2)
