@@ -28,6 +28,7 @@ from mhnotebook._session import HostsError, Session, SessionError
 _SHM_DIR = '/dev/shm'
 _ANSI = re.compile(r'\x1b\[[0-9;]*m')
 _PROGRESS_BYTES = 64 << 20
+_INLINE_BYTES = 1 << 20  # per host: below this, one round trip over zmq
 
 
 def _check_name(name: str) -> None:
@@ -117,14 +118,16 @@ def allgather(session: Session, name: str, *, timeout: float, transport: str,
     _check_name(name)
     if transport not in ('auto', 'shm', 'zmq'):
         raise ValueError(f"transport must be 'auto', 'shm' or 'zmq', got {transport!r}")
+    inline = 0  # an explicit 'shm' always writes through shared memory
     if transport == 'auto':
         transport = 'shm' if _shm_available(session) else 'zmq'
+        inline = _INLINE_BYTES
     elif transport == 'shm' and not _shm_available(session):
         raise SessionError("transport='shm' needs every engine on this machine and /dev/shm; "
                            "use transport='zmq'.")
     try:
         if transport == 'shm':
-            return _gather_shm(session, name, timeout, progress)
+            return _gather_shm(session, name, timeout, progress, inline)
         return _gather_zmq(session, name, timeout, progress)
     except HostsError as exc:
         # A GatherError is the same on every host: show it once, without the remote traceback.
@@ -135,9 +138,13 @@ def allgather(session: Session, name: str, *, timeout: float, transport: str,
         raise
 
 
-def _gather_shm(session: Session, name: str, timeout: float, progress: bool | None) -> Any:
-    metas = session.call('multihost.engine.gather_meta', name, namespace=True, timeout=timeout)
+def _gather_shm(session: Session, name: str, timeout: float, progress: bool | None,
+                inline: int) -> Any:
+    metas = session.call('multihost.engine.gather_meta', name, inline, namespace=True,
+                         timeout=timeout)
     plan = _plan(metas)
+    if all('data' in m for m in metas):  # small: the data came with the structure
+        return _assemble(plan, metas)
     layout, offset = [], 0
     for leaf in plan:
         offset = -(-offset // 64) * 64  # 64-byte aligned leaves
@@ -163,7 +170,11 @@ def _gather_shm(session: Session, name: str, timeout: float, progress: bool | No
 
 def _gather_zmq(session: Session, name: str, timeout: float, progress: bool | None) -> Any:
     parts = session.call('multihost.engine.gather_local', name, namespace=True, timeout=timeout)
-    plan = _plan(parts)
+    return _assemble(_plan(parts), parts)
+
+
+def _assemble(plan: list[dict[str, Any]], parts: list[dict[str, Any]]) -> Any:
+    """Copies every host's flat blocks into freshly allocated results."""
     leaves = []
     for i, leaf in enumerate(plan):
         out = np.empty(leaf['shape'], leaf['dtype'])

@@ -14,6 +14,7 @@ notebook maps; elsewhere the shards travel as zero-copy zmq buffers.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -185,14 +186,42 @@ def _flatten(value: Any) -> tuple[list[Any], Any, list[str]]:
     return leaves, skeleton, paths
 
 
-def gather_meta(namespace: dict[str, Any], name: str) -> dict[str, Any]:
-    """Round 1 of a shared-memory gather: the structure and this host's blocks."""
+def gather_meta(namespace: dict[str, Any], name: str, inline_limit: int = 0) -> dict[str, Any]:
+    """Round 1 of a gather: the structure and this host's blocks.
+
+    When this host's blocks total at most ``inline_limit`` bytes, their data
+    rides along (``'data'``: per leaf a list of flat arrays) so a small gather
+    takes one round trip.
+    """
     import jax
 
     leaves, skeleton, paths = _flatten(lookup(namespace, name))
-    return dict(process=jax.process_index(), process_count=jax.process_count(),
-                skeleton=skeleton, paths=paths,
-                leaves=[_leaf_meta(p, x) for p, x in zip(paths, leaves)])
+    metas = [_leaf_meta(p, x) for p, x in zip(paths, leaves)]
+    out = dict(process=jax.process_index(), process_count=jax.process_count(),
+               skeleton=skeleton, paths=paths, leaves=metas)
+    if inline_limit > 0:
+        total = 0
+        for x, meta in zip(leaves, metas):
+            if meta['kind'] == 'global':
+                total += sum(math.prod(b - a for a, b in idx) for idx in meta['blocks']) * (
+                    np.dtype(meta['dtype']).itemsize)
+            else:
+                total += math.prod(meta['shape']) * np.dtype(meta['dtype']).itemsize
+        if total <= inline_limit:
+            out['data'] = _export_blocks(leaves, metas)
+    return out
+
+
+def _export_blocks(leaves: list[Any], metas: list[dict[str, Any]]) -> list[list[np.ndarray]]:
+    data = []
+    for x, meta in zip(leaves, metas):
+        if meta['kind'] == 'global':
+            blocks = [_block_data(x, idx) for idx in meta['blocks']]
+        else:
+            blocks = [np.asarray(x)]
+        # 1-D contiguous buffers travel as zero-copy zmq frames; the notebook reshapes.
+        data.append([np.ascontiguousarray(b).reshape(-1) for b in blocks])
+    return data
 
 
 def _block_data(x: Any, idx: tuple[tuple[int, int], ...]) -> np.ndarray:
@@ -249,18 +278,9 @@ def gather_local(namespace: dict[str, Any], name: str) -> dict[str, Any]:
     import jax
 
     leaves, skeleton, paths = _flatten(lookup(namespace, name))
-    metas, data = [], []
-    for p, x in zip(paths, leaves):
-        meta = _leaf_meta(p, x)
-        metas.append(meta)
-        if meta['kind'] == 'global':
-            blocks = [_block_data(x, idx) for idx in meta['blocks']]
-        else:
-            blocks = [np.asarray(x)]
-        # 1-D contiguous buffers travel as zero-copy zmq frames; the notebook reshapes.
-        data.append([np.ascontiguousarray(b).reshape(-1) for b in blocks])
+    metas = [_leaf_meta(p, x) for p, x in zip(paths, leaves)]
     return dict(process=jax.process_index(), process_count=jax.process_count(),
-                skeleton=skeleton, paths=paths, leaves=metas, data=data)
+                skeleton=skeleton, paths=paths, leaves=metas, data=_export_blocks(leaves, metas))
 
 
 def barrier(name: str, timeout: float | None = None) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def test_engine_ids_ordered_by_reported_process_index(session):
     assert sorted(session.engine_ids) == sorted(session.client.ids)
 
 
-@pytest.mark.parametrize('transport', ['shm', 'zmq'])
+@pytest.mark.parametrize('transport', ['shm', 'zmq', 'auto'])
 @pytest.mark.parametrize('name', sorted(GLOBALS))
 def test_gather_global_arrays_exact(session, name, transport):
     """Every layout (P('x'), P('x','y'), P(None,'y'), P(), 1-D, 3-D, 0-D) gathers to the exact global value."""
