@@ -126,14 +126,29 @@ def _local_to_global(x: Any, mesh: Mesh, spec: P) -> Any:
     _check_contiguous(mesh)
     local_sharding = NamedSharding(mesh.local_mesh, spec)
     global_shape = tuple(n * f for n, f in zip(x.shape, _factors(mesh, spec, x.ndim)))
+    global_sharding = NamedSharding(mesh, spec)
     if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(local_sharding, x.ndim):
         bufs = [s.data for s in x.addressable_shards]  # zero copy
-    else:
-        index = local_sharding.devices_indices_map(x.shape)
-        host = np.asarray(x)
-        bufs = jax.device_put([host[i] for i in index.values()], list(index.keys()))
-    return jax.make_array_from_single_device_arrays(
-        global_shape, NamedSharding(mesh, spec), bufs)
+        return jax.make_array_from_single_device_arrays(global_shape, global_sharding, bufs)
+    # The host's devices form a box of the mesh (checked above), so its local
+    # data is the global array's block starting at `offset`: every device's
+    # global index, shifted by it, indexes the local data. The callback form
+    # puts all local pieces in one batched transfer.
+    host = np.asarray(x)
+    offset = _host_offset(global_sharding, global_shape)
+
+    def local_piece(index: tuple[slice, ...]) -> np.ndarray:
+        return host[tuple(slice((s.start or 0) - o, None if s.stop is None else s.stop - o)
+                          for s, o in zip(index, offset))]
+
+    return jax.make_array_from_callback(global_shape, global_sharding, local_piece)
+
+
+@functools.lru_cache(maxsize=256)
+def _host_offset(sharding: NamedSharding, global_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Where this host's block starts in the global array, per dimension."""
+    starts = sharding.addressable_devices_indices_map(global_shape).values()
+    return tuple(min(idx[d].start or 0 for idx in starts) for d in range(len(global_shape)))
 
 
 def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh,

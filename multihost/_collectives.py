@@ -13,7 +13,6 @@ compiles once.
 from __future__ import annotations
 
 import functools
-import zlib
 from typing import Any
 
 import jax
@@ -22,7 +21,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from multihost import _jax_adapter, _sequence
+from multihost import _jax_adapter, _sequence, _treediff
+from multihost._errors import HostMismatchError
 
 _PROCESS_AXIS = 'processes'
 
@@ -86,10 +86,54 @@ def _replicated_like(x: jax.Array) -> NamedSharding:
 
 
 def _gather_global(x: jax.Array) -> np.ndarray:
+    """General path: XLA replicates the array over all its devices."""
     sharding = _replicated_like(x)
     with jax.set_mesh(sharding.mesh):
         out = _gather_fn(sharding)(x)
     return np.asarray(out.addressable_data(0))
+
+
+Box = tuple[tuple[int, int], ...]
+
+
+def _norm(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
+    return tuple((s.start or 0, n if s.stop is None else s.stop) for s, n in zip(index, shape))
+
+
+@functools.lru_cache(maxsize=256)
+def _process_boxes(sharding: Any, shape: tuple[int, ...], n: int) -> tuple[Box, ...] | None:
+    """Per process, the box of the global array its devices hold, when every
+    process's shards tile one box and all boxes have the same shape; else None."""
+    per_process: dict[int, set[Box]] = {}
+    for device, index in sharding.devices_indices_map(shape).items():
+        per_process.setdefault(device.process_index, set()).add(_norm(index, shape))
+    boxes = []
+    for p in range(n):
+        blocks = per_process.get(p)
+        if not blocks:
+            return None
+        box = tuple((min(b[d][0] for b in blocks), max(b[d][1] for b in blocks))
+                    for d in range(len(shape)))
+        volume = sum(np.prod([hi - lo for lo, hi in b], dtype=np.int64) for b in blocks)
+        if volume != np.prod([hi - lo for lo, hi in box], dtype=np.int64):
+            return None
+        boxes.append(box)
+    if len({tuple(hi - lo for lo, hi in b) for b in boxes}) != 1:
+        return None
+    return tuple(boxes)
+
+
+def _host_block(x: jax.Array, box: Box) -> np.ndarray:
+    """This host's box of ``x``, assembled from its addressable shards (one replica each)."""
+    out = np.empty([hi - lo for lo, hi in box], dtype=x.dtype)
+    seen = set()
+    for shard in x.addressable_shards:
+        idx = _norm(shard.index, x.shape)
+        if idx in seen:
+            continue
+        seen.add(idx)
+        out[tuple(slice(a - lo, b - lo) for (a, b), (lo, _) in zip(idx, box))] = shard.data
+    return out
 
 
 def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
@@ -131,21 +175,41 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
     if _sequence.checking_enabled():
         _sequence.enter('process_allgather', f'tiled={tiled}',
                         tree_digest=_tree_digest('allgather', treedef, leaves, tiled))
-    local_idx = [i for i, x in enumerate(leaves) if not _is_global(x)]
-    host_arrays = []
-    for i in local_idx:
-        a = np.asarray(leaves[i])
-        if a.ndim == 0 or not tiled:
-            a = np.expand_dims(a, 0)
-        host_arrays.append(a)
+    n, pid = jax.process_count(), jax.process_index()
     outs: list[Any] = [None] * len(leaves)
+    stacked_idx, host_arrays, boxes_of = [], [], {}
+    for i, x in enumerate(leaves):
+        if not _is_global(x):
+            a = np.asarray(x)
+            if a.ndim == 0 or not tiled:
+                a = np.expand_dims(a, 0)
+        else:
+            boxes = _process_boxes(x.sharding, tuple(x.shape), n)
+            if boxes is None:
+                continue  # general path below
+            if all(b == tuple((0, d) for d in x.shape) for b in boxes):
+                outs[i] = _host_block(x, boxes[pid])  # every host holds all of it
+                continue
+            # Hosts hold equal boxes: gather one block per host (1/D of XLA's
+            # replicate-everywhere traffic) and place them.
+            boxes_of[i] = boxes
+            a = _host_block(x, boxes[pid])[None]
+        stacked_idx.append(i)
+        host_arrays.append(a)
     if host_arrays:
-        mesh = _process_mesh(jax.process_count())
+        mesh = _process_mesh(n)
         replicated = NamedSharding(mesh, P())
         with jax.set_mesh(mesh):
             gathered = _gather_fn(replicated)(_stack_on_processes(host_arrays))
-        for i, g in zip(local_idx, gathered):
-            outs[i] = np.asarray(g.addressable_data(0))
+        for i, g in zip(stacked_idx, gathered):
+            g = np.asarray(g.addressable_data(0))
+            if i in boxes_of:
+                x = leaves[i]
+                full = np.empty(x.shape, dtype=g.dtype)
+                for p, box in enumerate(boxes_of[i]):
+                    full[tuple(slice(lo, hi) for lo, hi in box)] = g[p]
+                g = full
+            outs[i] = g
     for i, x in enumerate(leaves):
         if outs[i] is None:
             outs[i] = _gather_global(x)
@@ -220,41 +284,30 @@ def barrier(name: str, *, timeout: float | None = None) -> None:
     _sequence.enter('barrier', name, timeout=timeout)
 
 
-def _leaf_bytes(x: Any) -> np.ndarray:
-    if _is_global(x):
-        return np.asarray(x.addressable_data(0))
-    return np.asarray(x)
-
-
-def _crc(a: np.ndarray) -> int:
-    a = np.ascontiguousarray(a)
-    return zlib.crc32(a.view(np.uint8).reshape(-1).data) if a.size else 0
-
-
-def assert_equal(in_tree: Any, fail_message: str = '') -> None:
+def assert_equal(in_tree: Any, fail_message: str = '', *,
+                 timeout: float | None = None) -> None:
     """Verifies that all the hosts have the same tree of values.
+
+    Unlike JAX's (which gathers every host's whole tree to every host), the
+    hosts compare per-leaf fingerprints and move only the leaves that differ
+    (see `multihost.tree_diff`). Values compare bitwise (NaN equals the same
+    NaN; ``-0.0`` differs from ``0.0``).
 
     Args:
       in_tree: pytree of arrays. Global arrays are compared by their first
         addressable shard (as JAX does).
       fail_message: start of the error message.
+      timeout: seconds to wait for every host; default ``MULTIHOST_TIMEOUT``
+        or `multihost.DEFAULT_TIMEOUT`.
 
     Raises:
-      AssertionError: on every host, when any host's values differ.
+      HostMismatchError: (an ``AssertionError``) on every host, when any
+        host's tree differs. The message starts with ``fail_message`` and lists
+        each differing leaf path with its odd hosts out (at most 10 leaves);
+        ``.diff`` holds the full `TreeDiff`.
     """
-    leaves, treedef = jax.tree.flatten(in_tree)
     if jax.process_count() == 1:
         return
-    arrays = [_leaf_bytes(x) for x in leaves]
-    structure = repr((str(treedef), [(a.shape, str(a.dtype)) for a in arrays]))
-    values = 0
-    for a in arrays:
-        values = zlib.crc32(_crc(a).to_bytes(4, 'little'), values)
-    fingerprint = np.array([zlib.crc32(structure.encode()), values], dtype=np.uint32)
-    prints = process_allgather(fingerprint)  # (num_processes, 2)
-    if (prints == prints[0]).all():
-        return
-    bad_hosts = sorted({int(p) for p in np.nonzero((prints != prints[0]).any(axis=1))[0]})
-    raise AssertionError(
-        f'{fail_message}. Expected: values equal to process 0 on every host; '
-        f'got different values on process(es) {bad_hosts}.')
+    diff = _treediff.diff_as('assert_equal', in_tree, timeout)
+    if not diff.ok:
+        raise HostMismatchError(f'{fail_message}. {diff.summary(max_leaves=10)}', diff=diff)

@@ -1,0 +1,814 @@
+"""Where every shard of an array lives, and whether its replicas agree.
+
+Two entry points:
+
+* `describe_layout` (local, no communication, any host): a `Layout` listing
+  *every* shard of the global array (not just this host's) with its index,
+  device, process, replica id and size, plus the mesh and partition spec.
+* `check_replicas` (collective): digests every replica of every replicated
+  block on the host that holds it, exchanges the digests through the
+  coordination service and returns a `ReplicaReport` naming the blocks,
+  devices and hosts whose replicas disagree. Replicas that differ are
+  undefined behaviour that JAX never reports, e.g.
+  ``host_local_array_to_global_array(x, mesh, P())`` with a different ``x``
+  on one host.
+
+The model (`ShardInfo`, `LayoutBlock`, `Layout`, `ReplicaDigest`, `ReplicaGroup`,
+`ReplicaReport`) is plain, picklable data: frozen dataclasses of ints, strings
+and tuples. The notebook receives it from the engines and draws it; tests and
+views build it by hand (`Layout(...)` or `Layout.from_placements(...)`)
+without any device.
+
+Indices are normalized to concrete ``(start, stop)`` pairs per dimension, in
+global coordinates (a 0-d array has the empty index ``()``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from multihost import _jax_adapter, _sequence
+from multihost._errors import BarrierTimeoutError
+
+#: A normalized index: one ``(start, stop)`` pair per dimension.
+Index = tuple[tuple[int, int], ...]
+#: What `Layout.from_placements` accepts per dimension: a pair or a slice.
+IndexLike = Sequence[tuple[int, int] | slice]
+
+_MAX_TEXT_BLOCKS = 16
+
+
+# -- formatting helpers ---------------------------------------------------------------
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``'1.5 KiB'``: sizes in the model's text summaries."""
+    if n < 1024:
+        return f'{n} B'
+    value = float(n)
+    for unit in ('KiB', 'MiB', 'GiB', 'TiB', 'PiB'):
+        value /= 1024.0
+        if value < 1024 or unit == 'PiB':
+            return f'{value:.3g} {unit}'
+    raise AssertionError('unreachable')
+
+
+def format_index(index: Index) -> str:
+    """``((0, 2), (0, 6))`` -> ``'[0:2, 0:6]'`` (``'[]'`` for a 0-d array)."""
+    return '[' + ', '.join(f'{a}:{b}' for a, b in index) + ']'
+
+
+def _format_spec(spec: Any) -> str:
+    """A `PartitionSpec` as ``P('host', None)``, independent of JAX's repr."""
+
+    def entry(e: Any) -> str:
+        if e is None:
+            return 'None'
+        if isinstance(e, (tuple, list)):
+            return '(' + ', '.join(repr(a) for a in e) + ')'
+        return repr(e)
+
+    return 'P(' + ', '.join(entry(e) for e in tuple(spec)) + ')'
+
+
+# -- the model ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """One shard of an array: one device's copy of one block.
+
+    Attributes:
+        index: the block this shard holds, as ``(start, stop)`` per dimension
+            in global coordinates (``()`` for a 0-d array).
+        device_id: ``jax.Device.id`` of the device holding it; None for a value
+            in host memory (a numpy array described by `describe_layout`).
+        process_index: the process (host) that owns the device.
+        replica_id: 0 for the first device holding this index, 1 for the next,
+            and so on, in the sharding's device order (the same numbering as
+            ``jax.Shard.replica_id``).
+        nbytes: bytes of this shard (block size times item size).
+    """
+
+    index: Index
+    device_id: int | None
+    process_index: int
+    replica_id: int
+    nbytes: int
+
+    def __post_init__(self) -> None:
+        try:
+            index = tuple((int(a), int(b)) for a, b in self.index)
+        except (TypeError, ValueError):
+            raise TypeError(
+                'ShardInfo.index must be a sequence of (start, stop) pairs, one per '
+                f'dimension; got {self.index!r}') from None
+        for a, b in index:
+            if not 0 <= a <= b:
+                raise ValueError(f'ShardInfo.index has an invalid range {a}:{b} in {index}')
+        object.__setattr__(self, 'index', index)
+        if self.device_id is not None:
+            object.__setattr__(self, 'device_id', int(self.device_id))
+        for name in ('process_index', 'replica_id', 'nbytes'):
+            object.__setattr__(self, name, int(getattr(self, name)))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shard's shape (``stop - start`` per dimension)."""
+        return tuple(b - a for a, b in self.index)
+
+    @property
+    def is_primary(self) -> bool:
+        """Whether this is replica 0 of its block (the copy to read, e.g. for a gather)."""
+        return self.replica_id == 0
+
+    def describe(self) -> str:
+        """``'device 3 (process 1) [0:2, 0:6] replica 1, 48 B'``."""
+        where = ('host memory' if self.device_id is None else f'device {self.device_id}')
+        return (f'{where} (process {self.process_index}) {format_index(self.index)} '
+                f'replica {self.replica_id}, {format_bytes(self.nbytes)}')
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutBlock:
+    """One distinct index of an array, with every shard (replica) that holds it.
+
+    Attributes:
+        index: ``(start, stop)`` per dimension, as in `ShardInfo.index`.
+        shards: the replicas holding this block, in replica-id order.
+    """
+
+    index: Index
+    shards: tuple[ShardInfo, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The block's shape."""
+        return tuple(b - a for a, b in self.index)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one copy of the block."""
+        return self.shards[0].nbytes if self.shards else 0
+
+    @property
+    def replica_count(self) -> int:
+        """How many devices hold this block."""
+        return len(self.shards)
+
+    @property
+    def device_ids(self) -> tuple[int | None, ...]:
+        """Devices holding the block, in replica-id order."""
+        return tuple(s.device_id for s in self.shards)
+
+    @property
+    def process_indices(self) -> tuple[int, ...]:
+        """Sorted distinct processes holding the block."""
+        return tuple(sorted({s.process_index for s in self.shards}))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How an array is laid out over devices and hosts: every shard, everywhere.
+
+    Build one with `describe_layout` (from an array), `Layout.from_placements`
+    (from hand-written placements, computing replica ids and sizes), or the
+    constructor (from `ShardInfo` objects).
+
+    Attributes:
+        shape: the global shape.
+        dtype: the dtype's name (``'float32'``, ``'bfloat16'``, ``'key<fry>'``).
+        shards: *all* shards of the global array (on every host, not only the
+            addressable ones), in the sharding's device order.
+        itemsize: bytes per element; default: ``np.dtype(dtype).itemsize``
+            (required for dtypes numpy does not know, such as PRNG keys).
+        mesh_axes: ``(name, size)`` per mesh axis, for a `NamedSharding`;
+            ``()`` otherwise.
+        mesh_device_ids: the mesh's device ids in row-major mesh order (the
+            mesh's shape is given by ``mesh_axes``); ``()`` without a mesh.
+        spec: the partition spec as text (``"P('host', None)"``); ``''``
+            without a `NamedSharding`.
+        sharding: the sharding's kind: its class name (``'NamedSharding'``,
+            ``'SingleDeviceSharding'``, ...), or ``'numpy'`` for a host value.
+        num_processes: how many processes the job has; default: one more than
+            the highest process index in ``shards``.
+        platform: the devices' platform (``'cpu'``, ``'gpu'``, ``'tpu'``), or
+            ``'host'`` for a numpy value; ``''`` if unknown.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    shards: tuple[ShardInfo, ...]
+    itemsize: int = None  # type: ignore[assignment]  # filled in by __post_init__
+    mesh_axes: tuple[tuple[str, int], ...] = ()
+    mesh_device_ids: tuple[int, ...] = ()
+    spec: str = ''
+    sharding: str = ''
+    num_processes: int = None  # type: ignore[assignment]  # filled in by __post_init__
+    platform: str = ''
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, 'shape', tuple(int(n) for n in self.shape))
+        set_(self, 'dtype', str(self.dtype))
+        shards = tuple(self.shards)
+        for s in shards:
+            if not isinstance(s, ShardInfo):
+                raise TypeError(f'Layout.shards must hold ShardInfo objects, got '
+                                f'{type(s).__name__}: {s!r}')
+            if len(s.index) != len(self.shape):
+                raise ValueError(
+                    f'shard index {format_index(s.index)} has {len(s.index)} '
+                    f'dimension(s) but the array shape {self.shape} has {len(self.shape)}')
+            for (_, b), n in zip(s.index, self.shape):
+                if b > n:
+                    raise ValueError(f'shard index {format_index(s.index)} is out of '
+                                     f'bounds for shape {self.shape}')
+        set_(self, 'shards', shards)
+        if self.itemsize is None:
+            try:
+                itemsize = np.dtype(self.dtype).itemsize
+            except TypeError:
+                raise TypeError(f'numpy does not know dtype {self.dtype!r}: pass '
+                                'Layout(..., itemsize=<bytes per element>)') from None
+            set_(self, 'itemsize', int(itemsize))
+        else:
+            set_(self, 'itemsize', int(self.itemsize))
+        set_(self, 'mesh_axes', tuple((str(a), int(n)) for a, n in self.mesh_axes))
+        set_(self, 'mesh_device_ids', tuple(int(d) for d in self.mesh_device_ids))
+        if self.num_processes is None:
+            set_(self, 'num_processes',
+                 max((s.process_index for s in shards), default=0) + 1)
+        else:
+            set_(self, 'num_processes', int(self.num_processes))
+
+    @classmethod
+    def from_placements(cls, shape: Sequence[int], dtype: Any,
+                        placements: Iterable[tuple[IndexLike, int | None, int]],
+                        **kwargs: Any) -> Layout:
+        """A layout from ``(index, device_id, process_index)`` placements.
+
+        Replica ids are numbered per distinct index in the order given (as JAX
+        numbers them in device order) and shard sizes follow from the index
+        and the item size. Handy for synthetic layouts::
+
+            Layout.from_placements((4, 2), 'float32', [
+                ([(0, 2), (0, 2)], 0, 0), ([(0, 2), (0, 2)], 1, 0),
+                ([(2, 4), (0, 2)], 2, 1), ([(2, 4), (0, 2)], 3, 1)])
+
+        Args:
+            shape: the global shape.
+            dtype: a dtype or its name.
+            placements: per shard, its index (``(start, stop)`` pairs or slices
+                per dimension, as ``Sharding.devices_indices_map`` returns),
+                device id and process index.
+            **kwargs: the other `Layout` fields (``itemsize``, ``mesh_axes``,
+                ``spec``, ``num_processes``...).
+        """
+        shape = tuple(int(n) for n in shape)
+        itemsize = kwargs.get('itemsize')
+        if itemsize is None:
+            try:
+                itemsize = np.dtype(dtype).itemsize
+            except TypeError:
+                itemsize = getattr(dtype, 'itemsize', None)
+            if itemsize is None:
+                raise TypeError(f'numpy does not know dtype {dtype!r}: pass itemsize=')
+            kwargs['itemsize'] = itemsize
+        counts: collections.Counter[Index] = collections.Counter()
+        shards = []
+        for index, device_id, process_index in placements:
+            idx = normalize_index(index, shape)
+            shards.append(ShardInfo(index=idx, device_id=device_id,
+                                    process_index=process_index, replica_id=counts[idx],
+                                    nbytes=math.prod(b - a for a, b in idx) * int(itemsize)))
+            counts[idx] += 1
+        return cls(shape=shape, dtype=str(dtype), shards=tuple(shards), **kwargs)
+
+    # -- sizes --
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements of the global array."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one copy of the global array."""
+        return self.size * self.itemsize
+
+    @property
+    def stored_nbytes(self) -> int:
+        """Bytes held by all devices together (replicas counted every time)."""
+        return sum(s.nbytes for s in self.shards)
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        """Mesh axis name -> size (empty without a mesh)."""
+        return dict(self.mesh_axes)
+
+    @property
+    def processes(self) -> tuple[int, ...]:
+        """Sorted distinct processes that hold at least one shard."""
+        return tuple(sorted({s.process_index for s in self.shards}))
+
+    @property
+    def device_ids(self) -> tuple[int | None, ...]:
+        """Devices holding a shard, in shard order."""
+        return tuple(s.device_id for s in self.shards)
+
+    def bytes_per_host(self) -> dict[int, int]:
+        """Process index -> bytes its devices hold (replicas included).
+
+        Every process of the job appears, with 0 when it holds nothing.
+        """
+        out = dict.fromkeys(range(self.num_processes), 0)
+        for s in self.shards:
+            out[s.process_index] = out.get(s.process_index, 0) + s.nbytes
+        return out
+
+    def bytes_per_device(self) -> dict[int | None, int]:
+        """Device id -> bytes it holds."""
+        out: dict[int | None, int] = {}
+        for s in self.shards:
+            out[s.device_id] = out.get(s.device_id, 0) + s.nbytes
+        return out
+
+    def shards_on(self, process_index: int) -> tuple[ShardInfo, ...]:
+        """The shards held by one process, in shard order."""
+        return tuple(s for s in self.shards if s.process_index == process_index)
+
+    # -- blocks and replicas --
+
+    def blocks(self) -> tuple[LayoutBlock, ...]:
+        """Distinct indices, in row-major order of their start, each with its replicas."""
+        groups: dict[Index, list[ShardInfo]] = {}
+        for s in self.shards:
+            groups.setdefault(s.index, []).append(s)
+        return tuple(LayoutBlock(index=idx, shards=tuple(sorted(g, key=lambda s: s.replica_id)))
+                     for idx, g in sorted(groups.items()))
+
+    def replica_counts(self) -> dict[Index, int]:
+        """Distinct index -> how many devices hold it."""
+        return dict(collections.Counter(s.index for s in self.shards))
+
+    @property
+    def is_fully_replicated(self) -> bool:
+        """Whether every shard holds the whole array."""
+        whole = tuple((0, n) for n in self.shape)
+        return bool(self.shards) and all(s.index == whole for s in self.shards)
+
+    def covers_exactly(self) -> bool:
+        """Whether the distinct blocks tile the array: no element missing, none in two blocks."""
+        indices = sorted({s.index for s in self.shards})
+        if not indices:
+            return self.size == 0
+        # Cut every dimension at every block edge; count how many blocks cover each cell.
+        cuts = [sorted({0, n, *(idx[d][0] for idx in indices), *(idx[d][1] for idx in indices)})
+                for d, n in enumerate(self.shape)]
+        cover = np.zeros(tuple(len(c) - 1 for c in cuts), dtype=np.int64)
+        for idx in indices:
+            cell = tuple(slice(int(np.searchsorted(c, a)), int(np.searchsorted(c, b)))
+                         for c, (a, b) in zip(cuts, idx))
+            cover[cell] += 1
+        return bool((cover == 1).all())
+
+    # -- text --
+
+    def headline(self) -> str:
+        """One line: ``float32[8, 6] (192 B), NamedSharding P('x') on mesh (x=8)``."""
+        shape = ', '.join(map(str, self.shape))
+        text = f'{self.dtype}[{shape}] ({format_bytes(self.nbytes)})'
+        if self.sharding:
+            text += f', {self.sharding}'
+        if self.spec:
+            text += f' {self.spec}'
+        if self.mesh_axes:
+            text += ' on mesh (' + ', '.join(f'{a}={n}' for a, n in self.mesh_axes) + ')'
+        return text
+
+    def __str__(self) -> str:
+        blocks = self.blocks()
+        counts = sorted({b.replica_count for b in blocks})
+        if not counts:
+            replicas = '0'
+        elif len(counts) == 1:
+            replicas = str(counts[0])
+        else:
+            replicas = f'{counts[0]}..{counts[-1]}'
+        lines = [
+            self.headline(),
+            f'  {len(self.shards)} shard(s) on {len(set(self.device_ids))} device(s) of '
+            f'{len(self.processes)}/{self.num_processes} process(es); {len(blocks)} '
+            f'distinct block(s), {replicas} replica(s) each',
+        ]
+        for b in blocks[:_MAX_TEXT_BLOCKS]:
+            devices = ', '.join('host' if d is None else str(d) for d in b.device_ids)
+            procs = ', '.join(map(str, b.process_indices))
+            lines.append(f'  {format_index(b.index)} {format_bytes(b.nbytes)} '
+                         f'x{b.replica_count}: device(s) {devices} on process(es) {procs}')
+        if len(blocks) > _MAX_TEXT_BLOCKS:
+            lines.append(f'  ... {len(blocks) - _MAX_TEXT_BLOCKS} more block(s)')
+        lines.append('  bytes per host: ' + ', '.join(
+            f'{p}: {format_bytes(n)}' for p, n in self.bytes_per_host().items()))
+        return '\n'.join(lines)
+
+
+def normalize_index(index: IndexLike, shape: Sequence[int]) -> Index:
+    """Slices or pairs per dimension -> concrete ``(start, stop)`` pairs.
+
+    Raises:
+        ValueError: wrong number of dimensions, or a slice with a step.
+    """
+    index = tuple(index)
+    if len(index) != len(shape):
+        raise ValueError(f'index {index!r} has {len(index)} entries for an array of '
+                         f'shape {tuple(shape)}')
+    out = []
+    for entry, n in zip(index, shape):
+        if isinstance(entry, slice):
+            start, stop, step = entry.indices(int(n))
+            if step != 1:
+                raise ValueError(f'strided shard index {entry} is not supported')
+            out.append((start, max(start, stop)))
+        else:
+            a, b = entry
+            out.append((int(a), int(b)))
+    return tuple(out)
+
+
+# -- describe_layout --------------------------------------------------------------------
+
+
+def _is_jax_array(x: Any) -> bool:
+    import jax
+
+    return isinstance(x, jax.Array)
+
+
+def _itemsize(dtype: Any) -> int:
+    size = getattr(dtype, 'itemsize', None)
+    return int(size) if size is not None else int(np.dtype(dtype).itemsize)
+
+
+def describe_layout(arr: Any) -> Layout:
+    """Describes where every shard of ``arr`` lives. Local: no communication.
+
+    Works on any host for a global (non-fully-addressable) or host-local
+    `jax.Array` of any rank and any sharding: the layout lists the shards of
+    *every* device, computed from the sharding alone. Every host describing
+    the same global array gets an equal `Layout`.
+
+    Args:
+        arr: a `jax.Array`; or a numpy array (or numpy/Python scalar), which
+            is described as a single shard in this process's host memory
+            (``device_id`` None, ``sharding`` ``'numpy'``).
+
+    Returns:
+        A `Layout`.
+
+    Raises:
+        TypeError: ``arr`` is neither a `jax.Array` nor a numpy value (a
+            pytree, for instance: map over its leaves instead).
+    """
+    import jax
+    from jax.sharding import NamedSharding
+
+    if _is_jax_array(arr):
+        sharding = arr.sharding
+        shape = tuple(arr.shape)
+        index_map = sharding.devices_indices_map(shape)
+        placements = [(idx, d.id, d.process_index) for d, idx in index_map.items()]
+        fields: dict[str, Any] = dict(sharding=type(sharding).__name__,
+                                      num_processes=jax.process_count(),
+                                      itemsize=_itemsize(arr.dtype))
+        first = next(iter(index_map), None)
+        fields['platform'] = str(getattr(first, 'platform', ''))
+        if isinstance(sharding, NamedSharding):
+            mesh = sharding.mesh
+            fields['mesh_axes'] = tuple((str(a), int(n)) for a, n in mesh.shape.items())
+            devices = getattr(mesh, 'devices', None)  # an AbstractMesh has none
+            if devices is not None:
+                fields['mesh_device_ids'] = tuple(int(d.id) for d in np.asarray(devices).flat)
+            fields['spec'] = _format_spec(sharding.spec)
+        return Layout.from_placements(shape, str(arr.dtype), placements, **fields)
+    if isinstance(arr, (np.ndarray, np.generic, bool, int, float, complex)):
+        value = np.asarray(arr)
+        whole = tuple((0, n) for n in value.shape)
+        return Layout.from_placements(
+            value.shape, str(value.dtype), [(whole, None, jax.process_index())],
+            sharding='numpy', num_processes=jax.process_count(), platform='host',
+            itemsize=value.dtype.itemsize)
+    raise TypeError(
+        'describe_layout expects a jax.Array or a numpy array, got '
+        f'{type(arr).__module__}.{type(arr).__qualname__}'
+        + ('; for a pytree, map over its leaves: jax.tree.map(multihost.describe_layout, tree)'
+           if isinstance(arr, (list, tuple, dict)) else ''))
+
+
+# -- check_replicas ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaDigest:
+    """The digest of one replica of a block, computed by the host holding it.
+
+    Attributes:
+        device_id: the device holding the replica.
+        process_index: the process owning the device.
+        replica_id: the replica's id (see `ShardInfo.replica_id`).
+        digest: hex BLAKE2b-64 digest of the replica's bytes.
+    """
+
+    device_id: int | None
+    process_index: int
+    replica_id: int
+    digest: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaGroup:
+    """Every replica of one replicated block, with its digest.
+
+    Attributes:
+        index: the block's ``(start, stop)`` per dimension.
+        replicas: one `ReplicaDigest` per device holding the block, in
+            replica-id order.
+    """
+
+    index: Index
+    replicas: tuple[ReplicaDigest, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every replica has the same bytes."""
+        return len({r.digest for r in self.replicas}) <= 1
+
+    @property
+    def digests(self) -> dict[str, tuple[int | None, ...]]:
+        """Digest -> devices holding it, most common digest first."""
+        by: dict[str, list[int | None]] = {}
+        for r in self.replicas:
+            by.setdefault(r.digest, []).append(r.device_id)
+        return {d: tuple(by[d]) for d in self._ranked()}
+
+    def _ranked(self) -> list[str]:
+        """Distinct digests, most replicas first; ties: lowest replica id first."""
+        count = collections.Counter(r.digest for r in self.replicas)
+        first = {}
+        for r in self.replicas:
+            first.setdefault(r.digest, r.replica_id)
+        return sorted(count, key=lambda d: (-count[d], first[d]))
+
+    @property
+    def majority(self) -> str:
+        """The digest most replicas hold (on a tie: the one of the lowest replica id)."""
+        ranked = self._ranked()
+        return ranked[0] if ranked else ''
+
+    @property
+    def tied(self) -> bool:
+        """Whether no digest has a strict majority of the most common ones (1 vs 1...)."""
+        count = collections.Counter(r.digest for r in self.replicas)
+        top = count.most_common(2)
+        return len(top) == 2 and top[0][1] == top[1][1]
+
+    @property
+    def odd(self) -> tuple[ReplicaDigest, ...]:
+        """The replicas whose digest differs from the majority."""
+        m = self.majority
+        return tuple(r for r in self.replicas if r.digest != m)
+
+    @property
+    def odd_devices(self) -> tuple[int | None, ...]:
+        """Devices holding a replica that differs from the majority."""
+        return tuple(r.device_id for r in self.odd)
+
+    @property
+    def odd_processes(self) -> tuple[int, ...]:
+        """Sorted processes holding a replica that differs from the majority."""
+        return tuple(sorted({r.process_index for r in self.odd}))
+
+    def describe(self) -> str:
+        """Which devices/hosts hold which digest, e.g. for an error message."""
+        parts = []
+        procs = {r.device_id: r.process_index for r in self.replicas}
+        for digest, devices in self.digests.items():
+            where = ', '.join(f'{d} (process {procs[d]})' for d in devices)
+            tag = ' (majority)' if digest == self.majority and not self.tied else ''
+            parts.append(f'{digest}{tag} on device(s) {where}')
+        return f'{format_index(self.index)}: ' + '; '.join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaReport:
+    """Whether the replicas of every replicated block of an array hold the same bytes.
+
+    Every host of a `check_replicas` call gets an equal report.
+
+    Attributes:
+        layout: the array's `Layout`.
+        groups: one `ReplicaGroup` per block held by more than one device, in
+            the order of `Layout.blocks`. Blocks held once have nothing to
+            compare and are not digested.
+    """
+
+    layout: Layout
+    groups: tuple[ReplicaGroup, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every replicated block's replicas agree."""
+        return all(g.ok for g in self.groups)
+
+    @property
+    def mismatches(self) -> tuple[ReplicaGroup, ...]:
+        """The groups whose replicas disagree."""
+        return tuple(g for g in self.groups if not g.ok)
+
+    @property
+    def odd_devices(self) -> tuple[int | None, ...]:
+        """Devices holding a replica that differs from its block's majority, sorted."""
+        return tuple(sorted({d for g in self.mismatches for d in g.odd_devices},
+                            key=lambda d: -1 if d is None else d))
+
+    @property
+    def odd_processes(self) -> tuple[int, ...]:
+        """Processes holding a replica that differs from its block's majority, sorted."""
+        return tuple(sorted({p for g in self.mismatches for p in g.odd_processes}))
+
+    def __str__(self) -> str:
+        head = self.layout.headline()
+        if not self.groups:
+            return f'{head}: no block is replicated, nothing to compare'
+        if self.ok:
+            n = sum(len(g.replicas) for g in self.groups)
+            return (f'{head}: replicas agree ({len(self.groups)} replicated block(s), '
+                    f'{n} replica(s))')
+        bad = self.mismatches
+        lines = [f'{head}: replicas DIFFER in {len(bad)} of {len(self.groups)} replicated '
+                 f'block(s); odd process(es) {list(self.odd_processes)}, odd device(s) '
+                 f'{list(self.odd_devices)}']
+        lines += [f'  {g.describe()}' for g in bad[:_MAX_TEXT_BLOCKS]]
+        if len(bad) > _MAX_TEXT_BLOCKS:
+            lines.append(f'  ... {len(bad) - _MAX_TEXT_BLOCKS} more block(s)')
+        return '\n'.join(lines)
+
+
+def _digest_bytes(data: Any) -> str:
+    import jax
+
+    if jax.dtypes.issubdtype(data.dtype, jax.dtypes.prng_key):
+        data = jax.random.key_data(data)
+    a = np.ascontiguousarray(np.asarray(data))
+    # Compare bits, not values: replicas must be bitwise copies (NaN == NaN, -0.0 != 0.0).
+    return hashlib.blake2b(a.reshape(-1).view(np.uint8), digest_size=8).hexdigest()
+
+
+def _local_digests(arr: Any, layout: Layout) -> dict[int, str]:
+    """Device id -> digest, for this host's shards of replicated blocks."""
+    counts = layout.replica_counts()
+    # By device, not by `shard.index`: a PRNG key array's shards report the
+    # index of the underlying key data, one dimension longer than the array.
+    index_of = {s.device_id: s.index for s in layout.shards}
+    out = {}
+    for shard in arr.addressable_shards:
+        device_id = int(shard.device.id)
+        if counts[index_of[device_id]] > 1:
+            out[device_id] = _digest_bytes(shard.data)
+    return out
+
+
+def _report(layout: Layout, digests: dict[int, str]) -> ReplicaReport:
+    groups = []
+    for block in layout.blocks():
+        if block.replica_count < 2:
+            continue
+        replicas = []
+        for s in block.shards:
+            if s.device_id not in digests:
+                raise RuntimeError(
+                    f'check_replicas: no digest arrived for device {s.device_id} '
+                    f'(process {s.process_index}), which holds {format_index(s.index)}')
+            replicas.append(ReplicaDigest(device_id=s.device_id,
+                                          process_index=s.process_index,
+                                          replica_id=s.replica_id,
+                                          digest=digests[s.device_id]))
+        groups.append(ReplicaGroup(index=block.index, replicas=tuple(replicas)))
+    return ReplicaReport(layout=layout, groups=tuple(groups))
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return 'deadline_exceeded' in text or 'timed out' in text or 'timeout' in text
+
+
+def _published(client: Any, directory: str) -> dict[int, dict[int, str]]:
+    out = {}
+    for key, value in client.key_value_dir_get(directory):
+        pid = int(key.rstrip('/').rsplit('/', 1)[-1])
+        out[pid] = {int(d): h for d, h in json.loads(value).items()}
+    return out
+
+
+def _wait(client: Any, barrier: str, directory: str, seq: int, timeout: float,
+          stage: str) -> None:
+    import jax
+
+    try:
+        client.wait_at_barrier(barrier, max(1, int(timeout * 1000)))
+    except Exception as exc:  # XlaRuntimeError; its type moved between JAX versions
+        if not _is_timeout(exc):
+            raise
+        try:
+            arrived = set(_published(client, directory))
+            where = _sequence.positions(client)
+        except Exception:  # the coordinator itself may be gone
+            arrived, where = {jax.process_index()}, {}
+        missing = ([p for p in range(jax.process_count()) if p not in arrived]
+                   if stage == 'exchange' else [])
+        raise BarrierTimeoutError(
+            f'timed out after {timeout:g} s in check_replicas [#{seq}] ({stage}): '
+            + (f'process(es) {missing} did not publish their digests. ' if missing else
+               'every host published its digests, but not all reached the barrier in time '
+               '(this host may have arrived after the others gave up). ')
+            + 'Look at its stack (multihost.dump_stacks) or raise the timeout '
+            '(timeout=..., or MULTIHOST_TIMEOUT).',
+            name=f'check_replicas #{seq}', timeout=timeout, missing=missing,
+            positions=where) from exc
+
+
+def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
+    """Checks that every replica of every block of ``arr`` holds the same bytes.
+
+    Collective for a global (non-fully-addressable) array: every host must
+    call it, with the same array. Each host digests the replicas it holds
+    (BLAKE2b-64 of the raw bytes; blocks held by a single device are skipped)
+    and publishes the digests through the coordination service; every host
+    then builds the same report. A host-local (fully addressable) array is
+    checked locally, without communication.
+
+    Replicas that differ are undefined behaviour that JAX never reports, e.g.
+    ``host_local_array_to_global_array(x, mesh, P())`` with a different ``x``
+    on some host: computations then silently read whichever copy is local.
+
+    Args:
+        arr: a `jax.Array`.
+        timeout: seconds to wait for every host; default ``MULTIHOST_TIMEOUT``
+            or `multihost.DEFAULT_TIMEOUT`.
+
+    Returns:
+        A `ReplicaReport`; ``.ok`` is False when some replicas differ, and
+        ``.mismatches`` / ``.odd_processes`` / ``.odd_devices`` say where.
+
+    Raises:
+        TypeError: ``arr`` is not a `jax.Array`.
+        CollectiveMismatchError: hosts passed arrays of different shape, dtype
+            or sharding (or called a different collective).
+        BarrierTimeoutError: some host did not take part within ``timeout``.
+    """
+    import jax
+
+    if not _is_jax_array(arr):
+        raise TypeError(
+            'check_replicas expects a jax.Array, got '
+            f'{type(arr).__module__}.{type(arr).__qualname__}; to compare host-local '
+            'values across hosts use multihost.assert_equal')
+    layout = describe_layout(arr)
+    if jax.process_count() == 1 or arr.is_fully_addressable:
+        return _report(layout, _local_digests(arr, layout))
+
+    signature = (layout.shape, layout.dtype, layout.sharding, layout.spec, layout.mesh_axes,
+                 tuple((s.index, s.device_id) for s in layout.shards))
+    timeout = _sequence.default_timeout() if timeout is None else float(timeout)
+    rec = _sequence.enter('check_replicas', '',
+                          tree_digest=_sequence.digest(('check_replicas', signature)),
+                          timeout=timeout)
+    client = _jax_adapter.client()
+    seq, pid = rec.seq, jax.process_index()
+    directory = f'mh/cr/{seq}/'
+    # Publish this host's digests; wait until every host has published.
+    client.key_value_set(f'{directory}{pid}', json.dumps(_local_digests(arr, layout)),
+                         allow_overwrite=True)
+    _wait(client, f'mh/cr/{seq}', directory, seq, timeout, 'exchange')
+    digests: dict[int, str] = {}
+    for part in _published(client, directory).values():
+        digests.update(part)
+    # Everyone has read every digest once all pass this barrier: then clean up.
+    _wait(client, f'mh/cr/{seq}/done', directory, seq, timeout, 'cleanup')
+    if pid == 0:
+        client.key_value_delete(directory)
+    return _report(layout, digests)

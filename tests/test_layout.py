@@ -1,0 +1,287 @@
+"""The layout model, single-process: synthetic Layouts built by hand, and
+`describe_layout` / `check_replicas` on this process's 4 CPU devices."""
+
+from __future__ import annotations
+
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import multihost
+from multihost import Layout, LayoutBlock, ReplicaDigest, ReplicaGroup, ReplicaReport, ShardInfo
+
+
+def _mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ('a', 'b'))
+
+
+def _rows_layout() -> Layout:
+    """(4, 2) float32 over 2 hosts x 2 devices: rows split by host, replicated within."""
+    return Layout.from_placements((4, 2), 'float32', [
+        ([(0, 2), (0, 2)], 0, 0), ([(0, 2), (0, 2)], 1, 0),
+        ([(2, 4), (0, 2)], 2, 1), ([(2, 4), (0, 2)], 3, 1),
+    ], mesh_axes=(('host', 2), ('dev', 2)), spec="P('host', None)")
+
+
+# -- synthetic layouts ------------------------------------------------------------------
+
+
+def test_from_placements_numbers_replicas_and_sizes():
+    """Replica ids count up per distinct index in placement order; sizes follow index x itemsize."""
+    layout = _rows_layout()
+    assert [s.replica_id for s in layout.shards] == [0, 1, 0, 1]
+    assert [s.nbytes for s in layout.shards] == [16] * 4
+    assert layout.shards[2].index == ((2, 4), (0, 2)) and layout.shards[2].shape == (2, 2)
+    assert layout.itemsize == 4 and layout.nbytes == 32 and layout.stored_nbytes == 64
+    assert layout.num_processes == 2 and layout.processes == (0, 1)
+    assert layout.mesh_shape == {'host': 2, 'dev': 2}
+
+
+def test_from_placements_accepts_slices():
+    """Slices (as devices_indices_map returns them) normalize to (start, stop) pairs."""
+    layout = Layout.from_placements((6, 3), 'int8', [
+        ((slice(None), slice(0, 2)), 5, 0), ((slice(0, 6), slice(2, None)), 6, 0)])
+    assert [s.index for s in layout.shards] == [((0, 6), (0, 2)), ((0, 6), (2, 3))]
+    assert [s.nbytes for s in layout.shards] == [12, 6]
+    assert layout.covers_exactly()
+
+
+def test_bytes_per_host_counts_replicas_and_idle_hosts():
+    """Every process appears in bytes_per_host, replicas counted, idle hosts with 0."""
+    layout = Layout.from_placements((8,), 'float64', [
+        ([(0, 8)], 0, 0), ([(0, 8)], 1, 0), ([(0, 8)], 4, 2)], num_processes=4)
+    assert layout.bytes_per_host() == {0: 128, 1: 0, 2: 64, 3: 0}
+    assert layout.bytes_per_device() == {0: 64, 1: 64, 4: 64}
+    assert layout.shards_on(0) == layout.shards[:2] and layout.shards_on(1) == ()
+    assert layout.is_fully_replicated
+
+
+def test_blocks_and_replica_counts():
+    """blocks() lists each distinct index once, in row-major order, with its replicas."""
+    layout = Layout.from_placements((4, 4), 'float32', [
+        ([(2, 4), (0, 4)], 7, 3), ([(0, 2), (0, 4)], 1, 0),
+        ([(2, 4), (0, 4)], 6, 3), ([(2, 4), (0, 4)], 2, 1)])
+    blocks = layout.blocks()
+    assert all(isinstance(b, LayoutBlock) for b in blocks)
+    assert [b.index for b in blocks] == [((0, 2), (0, 4)), ((2, 4), (0, 4))]
+    assert [b.replica_count for b in blocks] == [1, 3]
+    assert blocks[1].device_ids == (7, 6, 2) and blocks[1].process_indices == (1, 3)
+    assert blocks[1].nbytes == 32 and blocks[1].shape == (2, 4)
+    assert layout.replica_counts() == {((2, 4), (0, 4)): 3, ((0, 2), (0, 4)): 1}
+    assert not layout.is_fully_replicated
+
+
+def test_zero_d_layout():
+    """A 0-d array has one block with the empty index; sizes are one item."""
+    layout = Layout.from_placements((), 'int32', [((), 0, 0), ((), 1, 1)])
+    assert layout.ndim == 0 and layout.size == 1 and layout.nbytes == 4
+    assert [s.index for s in layout.shards] == [(), ()]
+    assert [s.replica_id for s in layout.shards] == [0, 1]
+    assert layout.bytes_per_host() == {0: 4, 1: 4}
+    assert layout.covers_exactly() and layout.is_fully_replicated
+    assert '[]' in str(layout)
+
+
+def test_covers_exactly_detects_gaps_and_overlaps_1d_and_3d():
+    """covers_exactly is True for a tiling, False with a gap or an overlap (1-d and 3-d)."""
+    ok1 = Layout.from_placements((10,), 'uint8', [([(0, 4)], 0, 0), ([(4, 10)], 1, 0)])
+    gap1 = Layout.from_placements((10,), 'uint8', [([(0, 4)], 0, 0), ([(5, 10)], 1, 0)])
+    over1 = Layout.from_placements((10,), 'uint8', [([(0, 5)], 0, 0), ([(4, 10)], 1, 0)])
+    assert ok1.covers_exactly() and not gap1.covers_exactly() and not over1.covers_exactly()
+
+    def cube(blocks):
+        return Layout.from_placements((2, 4, 6), 'float32',
+                                      [(idx, d, d // 2) for d, idx in enumerate(blocks)])
+
+    tiles = [[(0, 2), (a, a + 2), (b, b + 3)] for a in (0, 2) for b in (0, 3)]
+    assert cube(tiles).covers_exactly()
+    assert not cube(tiles[:-1]).covers_exactly()  # a missing corner
+    assert not cube(tiles + [[(0, 2), (1, 3), (0, 3)]]).covers_exactly()  # an overlap
+    assert cube(tiles).shards[3].nbytes == 2 * 2 * 3 * 4
+
+
+def test_constructor_normalizes_and_validates():
+    """The constructor turns lists into tuples and rejects shards that do not fit the shape."""
+    shard = ShardInfo(index=[[0, 2], [1, 3]], device_id=np.int64(3), process_index=1,
+                      replica_id=0, nbytes=8)
+    assert shard.index == ((0, 2), (1, 3)) and type(shard.device_id) is int
+    layout = Layout(shape=[2, 3], dtype=np.dtype('int16'), shards=[shard])
+    assert layout.shape == (2, 3) and layout.dtype == 'int16' and layout.itemsize == 2
+    assert layout.num_processes == 2 and isinstance(layout.shards, tuple)
+    with pytest.raises(ValueError, match='dimension'):
+        Layout(shape=(2,), dtype='int16', shards=[shard])
+    with pytest.raises(ValueError, match='out of bounds'):
+        Layout(shape=(2, 2), dtype='int16', shards=[shard])
+    with pytest.raises(ValueError, match='invalid range'):
+        ShardInfo(index=[(3, 1)], device_id=0, process_index=0, replica_id=0, nbytes=0)
+    with pytest.raises(TypeError, match='itemsize'):
+        Layout(shape=(2, 3), dtype='key<fry>', shards=[shard])
+    assert Layout(shape=(2, 3), dtype='key<fry>', shards=[shard], itemsize=8).nbytes == 48
+
+
+def test_layout_pickles_and_compares_equal():
+    """A Layout survives pickling (it travels over ipyparallel) and compares by value."""
+    layout = _rows_layout()
+    again = pickle.loads(pickle.dumps(layout))
+    assert again == layout and hash(again) == hash(layout)
+    assert again != Layout.from_placements((4, 2), 'float32', [([(0, 4), (0, 2)], 0, 0)])
+
+
+def test_text_summary_names_blocks_devices_and_bytes():
+    """str(layout) gives the headline, each block with its devices, and bytes per host."""
+    text = str(_rows_layout())
+    assert text.splitlines()[0] == "float32[4, 2] (32 B) P('host', None) on mesh (host=2, dev=2)"
+    assert '[2:4, 0:2] 16 B x2: device(s) 2, 3 on process(es) 1' in text
+    assert 'bytes per host: 0: 32 B, 1: 32 B' in text
+    many = Layout.from_placements((100,), 'float32', [([(i, i + 1)], i, 0) for i in range(100)])
+    assert '... 84 more block(s)' in str(many)
+
+
+# -- describe_layout on this process's devices ------------------------------------------------
+
+
+def test_describe_layout_matches_jax_shards():
+    """Indices, devices and replica ids agree with jax.Array.addressable_shards."""
+    mesh = _mesh()
+    arr = jax.device_put(np.arange(24.0, dtype=np.float32).reshape(4, 6),
+                         NamedSharding(mesh, P(None, 'b')))
+    layout = multihost.describe_layout(arr)
+    by_device = {s.device_id: s for s in layout.shards}
+    assert len(layout.shards) == 4
+    for shard in arr.addressable_shards:
+        info = by_device[shard.device.id]
+        assert info.index == tuple(sl.indices(n)[:2] for sl, n in zip(shard.index, arr.shape))
+        assert info.replica_id == shard.replica_id
+        assert info.nbytes == shard.data.nbytes
+        assert info.process_index == 0
+    assert layout.mesh_axes == (('a', 2), ('b', 2))
+    assert layout.mesh_device_ids == tuple(d.id for d in mesh.devices.flat)
+    assert layout.spec == "P(None, 'b')" and layout.sharding == 'NamedSharding'
+    assert layout.platform == 'cpu' and layout.dtype == 'float32'
+    assert layout.bytes_per_host() == {0: 192} and layout.covers_exactly()
+
+
+def test_describe_layout_0d_and_3d_and_single_device():
+    """A 0-d jax scalar (SingleDeviceSharding) and a 3-d array over two mesh axes."""
+    scalar = multihost.describe_layout(jnp.float32(2.5))
+    assert scalar.shape == () and scalar.sharding == 'SingleDeviceSharding'
+    assert [(s.index, s.nbytes) for s in scalar.shards] == [((), 4)]
+    assert scalar.mesh_axes == () and scalar.spec == ''
+    cube = jax.device_put(np.zeros((2, 4, 6), np.int16), NamedSharding(_mesh(), P('b', None, 'a')))
+    layout = multihost.describe_layout(cube)
+    assert sorted(s.index for s in layout.shards) == [
+        ((0, 1), (0, 4), (0, 3)), ((0, 1), (0, 4), (3, 6)),
+        ((1, 2), (0, 4), (0, 3)), ((1, 2), (0, 4), (3, 6))]
+    assert all(s.nbytes == 1 * 4 * 3 * 2 for s in layout.shards)
+    assert layout.covers_exactly() and layout.spec == "P('b', None, 'a')"
+
+
+def test_describe_layout_prng_keys_and_bfloat16():
+    """Dtypes numpy does not know keep their jax name and item size."""
+    keys = jax.random.split(jax.random.key(0), 4)
+    layout = multihost.describe_layout(keys)
+    assert layout.dtype == str(keys.dtype) and layout.nbytes == keys.nbytes
+    half = multihost.describe_layout(jnp.ones((3,), jnp.bfloat16))
+    assert half.dtype == 'bfloat16' and half.nbytes == 6
+
+
+def test_describe_layout_numpy_and_bad_types():
+    """A numpy value is one host-memory shard; anything else is a TypeError naming its type."""
+    layout = multihost.describe_layout(np.zeros((3, 2), np.float64))
+    assert layout.sharding == 'numpy' and layout.platform == 'host'
+    (shard,) = layout.shards
+    assert (shard.index, shard.device_id, shard.nbytes) == (((0, 3), (0, 2)), None, 48)
+    assert multihost.describe_layout(np.float32(1)).shape == ()
+    with pytest.raises(TypeError, match=r'builtins\.list.*jax\.tree\.map'):
+        multihost.describe_layout([np.zeros(2)])
+    with pytest.raises(TypeError, match='builtins.str'):
+        multihost.describe_layout('x')
+
+
+# -- check_replicas in one process ------------------------------------------------------------
+
+
+def _replicated_with(values: list[float]) -> jax.Array:
+    """A P() array over the 2x2 mesh whose device k holds values[k] (replicas may differ)."""
+    sharding = NamedSharding(_mesh(), P())
+    bufs = [jax.device_put(np.full((3,), v, np.float32), d)
+            for d, v in zip(_mesh().devices.flat, values)]
+    return jax.make_array_from_single_device_arrays((3,), sharding, bufs)
+
+
+def test_check_replicas_ok_when_replicas_agree():
+    """Equal replicas: ok, one group per replicated block, no odd devices."""
+    report = multihost.check_replicas(_replicated_with([1.0] * 4))
+    assert report.ok and report.mismatches == () and report.odd_devices == ()
+    assert len(report.groups) == 1 and len(report.groups[0].replicas) == 4
+    assert 'replicas agree' in str(report)
+
+
+def test_check_replicas_names_the_odd_device():
+    """One device's copy differs: not ok, that device (and its process) is named."""
+    bad = _replicated_with([1.0, 1.0, 7.0, 1.0])
+    odd_device = _mesh().devices.flat[2].id
+    report = multihost.check_replicas(bad)
+    assert not report.ok
+    assert report.odd_devices == (odd_device,) and report.odd_processes == (0,)
+    (group,) = report.mismatches
+    assert not group.tied and len(group.digests) == 2
+    assert list(group.digests.values())[1] == (odd_device,)
+    assert 'DIFFER' in str(report) and f'device(s) {odd_device} (process 0)' in str(report)
+
+
+def test_check_replicas_tie_goes_to_replica_0():
+    """Two replicas that differ: a tie; replica 1 is reported as the odd one."""
+    sharding = NamedSharding(_mesh(), P('a'))
+    index = sharding.addressable_devices_indices_map((4,))
+    value = np.arange(4, dtype=np.int32)
+    devices = list(index)
+    odd = [d for d in devices if index[d] == (slice(2, 4, None),)][1]
+    bufs = [jax.device_put(value[index[d]] + (1 if d == odd else 0), d) for d in devices]
+    arr = jax.make_array_from_single_device_arrays((4,), sharding, bufs)
+    report = multihost.check_replicas(arr)
+    (group,) = report.mismatches
+    assert group.index == ((2, 4),) and group.tied and group.odd_devices == (odd.id,)
+    assert len(report.groups) == 2 and report.groups[0].ok
+
+
+def test_check_replicas_compares_bits():
+    """NaN replicas with the same bits agree; 0.0 and -0.0 do not."""
+    assert multihost.check_replicas(_replicated_with([np.nan] * 4)).ok
+    assert not multihost.check_replicas(_replicated_with([0.0, -0.0, 0.0, 0.0])).ok
+
+
+def test_check_replicas_without_replicas_and_bad_type():
+    """A fully sharded array has nothing to compare; numpy input is a TypeError."""
+    arr = jax.device_put(np.zeros((4, 4)), NamedSharding(_mesh(), P('a', 'b')))
+    report = multihost.check_replicas(arr)
+    assert report.ok and report.groups == () and 'nothing to compare' in str(report)
+    with pytest.raises(TypeError, match='numpy.ndarray.*assert_equal'):
+        multihost.check_replicas(np.zeros(3))
+
+
+def test_synthetic_replica_report():
+    """A ReplicaReport built by hand (as view tests do) computes majority and odd hosts."""
+    layout = Layout.from_placements((2,), 'float32', [([(0, 2)], d, d // 2) for d in range(6)])
+    digests = ['aa', 'aa', 'aa', 'aa', 'bb', 'bb']
+    group = ReplicaGroup(index=((0, 2),), replicas=tuple(
+        ReplicaDigest(device_id=d, process_index=d // 2, replica_id=d, digest=h)
+        for d, h in enumerate(digests)))
+    report = ReplicaReport(layout=layout, groups=(group,))
+    assert not report.ok and group.majority == 'aa' and not group.tied
+    assert report.odd_processes == (2,) and report.odd_devices == (4, 5)
+    assert group.digests == {'aa': (0, 1, 2, 3), 'bb': (4, 5)}
+    assert pickle.loads(pickle.dumps(report)) == report
+
+
+def test_public_surface_exports_the_layout_model():
+    """The layout API is exported from multihost and listed in __all__."""
+    names = ['describe_layout', 'check_replicas', 'Layout', 'LayoutBlock', 'ShardInfo',
+             'ReplicaReport', 'ReplicaGroup', 'ReplicaDigest']
+    for name in names:
+        assert name in multihost.__all__ and hasattr(multihost, name), name
