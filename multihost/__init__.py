@@ -25,28 +25,78 @@ from multihost._errors import (
     HostMismatchError,
     MultihostError,
     ProcessFailureError,
+    StepTimeoutError,
 )
+from multihost._control import ControlClient, serve_control
+from multihost._debugd import (
+    DEFAULT_STEP_TIMEOUT,
+    dump_stacks,
+    release,
+    release_all,
+    set_stepping,
+    start_debug_daemon,
+    step_table,
+    stepping_enabled,
+)
+from multihost._debugmodel import HostStacks, Step, StepTable, ThreadStack
 from multihost._fault import live_devices, reached_preemption_sync_point
+from multihost._layout import (
+    Layout,
+    LayoutBlock,
+    ReplicaDigest,
+    ReplicaGroup,
+    ReplicaReport,
+    ShardInfo,
+    check_replicas,
+    describe_layout,
+)
 from multihost._sequence import DEFAULT_TIMEOUT, CollectiveRecord
+from multihost._treediff import LeafDiff, TreeDiff, tree_diff
 
 __version__ = '0.1.0'
 
 __all__ = [
+    'DEFAULT_STEP_TIMEOUT',
     'DEFAULT_TIMEOUT',
     'BarrierMismatchError',
     'BarrierTimeoutError',
     'CollectiveMismatchError',
     'CollectiveRecord',
+    'ControlClient',
     'HostMismatchError',
+    'HostStacks',
+    'Layout',
+    'LayoutBlock',
+    'LeafDiff',
     'MultihostError',
     'ProcessFailureError',
+    'ReplicaDigest',
+    'ReplicaGroup',
+    'ReplicaReport',
+    'ShardInfo',
+    'Step',
+    'StepTable',
+    'StepTimeoutError',
+    'ThreadStack',
+    'TreeDiff',
     'assert_equal',
     'barrier',
     'broadcast_one_to_all',
+    'check_replicas',
+    'describe_layout',
+    'dump_stacks',
     'global_array_to_host_local_array',
     'host_local_array_to_global_array',
     'live_devices',
     'process_allgather',
     'reached_preemption_sync_point',
+    'release',
+    'release_all',
+    'serve_control',
+    'set_stepping',
+    'start_debug_daemon',
+    'step_table',
+    'stepping_enabled',
     'sync_global_devices',
+    'tree_diff',
 ]

@@ -9,8 +9,10 @@ The hierarchy::
     │   │   └── BarrierMismatchError        hosts passed different barrier names
     │   ├── HostMismatchError               `assert_equal`: values differ
     │   │       (also an AssertionError)
-    │   └── BarrierTimeoutError             a host did not arrive in time
-    │           (also a TimeoutError)
+    │   ├── BarrierTimeoutError             a host did not arrive in time
+    │   │       (also a TimeoutError)
+    │   └── StepTimeoutError                stepping: a step was not released
+    │           (also a TimeoutError)       in time
     └── ProcessFailureError                 `live_devices`: a process died or
                                             restarted (same as JAX's)
 
@@ -90,6 +92,20 @@ class BarrierTimeoutError(MultihostError, TimeoutError):
         self.timeout = timeout
         self.missing = sorted(missing)
         self.positions = dict(positions)
+
+
+class StepTimeoutError(MultihostError, TimeoutError):
+    """Stepping is on and a step was not released within ``MULTIHOST_STEP_TIMEOUT``.
+
+    Attributes:
+        seq: the step (position in the collective sequence) the host waited at.
+        timeout: the timeout in seconds.
+    """
+
+    def __init__(self, message: str, *, seq: int, timeout: float):
+        super().__init__(message)
+        self.seq = seq
+        self.timeout = timeout
 
 
 class ProcessFailureError(Exception):

@@ -16,9 +16,10 @@ runtime's key-value store, reached through `_jax_adapter`):
 2. ``wait_at_barrier('mh/b/<k>', timeout)``;
 3. ``dir_get mh/seq/<k>/`` and compare every host's (kind, name, digest).
 
-Three RPCs to the coordinator; no device work. On timeout the hosts read
-``mh/seq/`` to tell who is missing and where each host last was. Process 0
-deletes ``mh/seq/<k-1>/`` once barrier ``k`` has passed (everyone has read it).
+Three RPCs to the coordinator; no device work. With barrier stepping on
+(`_debugd`), the host waits between 1 and 2 until step ``k`` is released.
+On timeout the hosts read ``mh/seq/`` to tell who is missing and where each
+host last was. Process 0 deletes ``mh/seq/<k-1>/`` once barrier ``k`` has passed (everyone has read it).
 """
 
 from __future__ import annotations
@@ -219,8 +220,15 @@ def enter(kind: str, name: str = '', *, tree_digest: str = '',
     if client is None or jax.process_count() == 1:
         return rec
     timeout = default_timeout() if timeout is None else float(timeout)
-    # 1. publish
+    # The debug thread (stacks, stepping) listens from here on; cheap once
+    # started. Imported here: `_debugd` builds on this module.
+    from multihost import _debugd
+
+    _debugd.ensure_started(client)
+    # 1. publish (this is also the host's arrival in the step table)
     client.key_value_set(_key('seq', seq, pid), rec.to_json(), allow_overwrite=True)
+    # 1b. step gate: with stepping on, wait until step `seq` is released.
+    _debugd.gate(client, rec)
     # 2. wait for everyone (coordination-service barrier: it can time out)
     try:
         client.wait_at_barrier(_key('b', seq), max(1, int(timeout * 1000)))

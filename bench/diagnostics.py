@@ -1,0 +1,249 @@
+"""Diagnostics benchmark: what `multihost`'s debugging features cost, side by side.
+
+Usage::
+
+    python bench/diagnostics.py [--reps N] [--jax-reps M] [--only SECTION ...]
+
+Method
+------
+One `LocalCluster` of 4 real JAX processes x 2 CPU devices runs every section.
+A section is a function ``section_<name>(cluster, args) -> list[Row]`` listed
+in `SECTIONS`; it runs one worker function in every process (``cluster.run``)
+and turns the per-process timings into rows. To add a section (barrier
+latency, sequence-check overhead, ...), write such a function and add it to
+`SECTIONS`; `main` prints every row in one table.
+
+Inside a worker, each repetition starts at a coordination-service barrier
+(not timed), so every process starts together; the worker records its own
+seconds per repetition. Per repetition the parent takes the max over
+processes (a multi-host program waits for its slowest host), then the median
+over repetitions. Each side is warmed up once first (compilation excluded).
+
+The machine is small and shared (4 processes on 2 cores here): absolute times
+are noisy; read the ratios of sides measured in the same run.
+
+Sections
+--------
+``assert_equal``: a 1,000-leaf, 31.25 MiB float32 tree, equal on every host:
+``multihost.assert_equal`` (fingerprints through the coordination service)
+vs ``jax.experimental.multihost_utils.assert_equal`` (gathers every host's
+whole tree to every host). JAX's takes ~20 s per call here, so it runs
+``--jax-reps`` repetitions (default 3) and ours ``--reps`` (default 7). An
+extra row times ours when one 32 KiB leaf differs on one host (it then also
+moves that leaf and raises `HostMismatchError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils as jax_mhu
+
+import multihost
+from multihost import _jax_adapter
+from multihost.local import LocalCluster
+
+NUM_PROCESSES = 4
+DEVICES_PER_PROCESS = 2
+BARRIER_TIMEOUT_MS = 300_000
+SECTION_TIMEOUT_S = 1800.0
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+@dataclasses.dataclass
+class Row:
+    """One line of the report: a case timed on our side and, optionally, a reference side.
+
+    ``ours_ms`` / ``ref_ms`` are medians over repetitions of the slowest
+    process; ``ref_ms`` is None for cases without a reference.
+    """
+
+    section: str
+    case: str
+    ours_ms: float
+    ref_ms: float | None = None
+    ours_reps: int = 0
+    ref_reps: int = 0
+    note: str = ''
+
+    @property
+    def speedup(self) -> float | None:
+        """Reference time / ours (> 1: ours is faster)."""
+        return None if self.ref_ms is None else self.ref_ms / self.ours_ms
+
+
+# -- worker-side helpers ------------------------------------------------------------
+
+_barrier_ids = itertools.count()  # same sequence in every process: unique barrier names
+
+
+def _start_together() -> None:
+    """Coordination-service barrier: every process leaves it at (about) the same time."""
+    _jax_adapter.client().wait_at_barrier(f'bench/diag/{next(_barrier_ids)}',
+                                          BARRIER_TIMEOUT_MS)
+
+
+def _time_reps(fn: Callable[[], Any], reps: int) -> list[float]:
+    """Seconds per call of ``fn``, one per repetition, each started together."""
+    out = []
+    for _ in range(reps):
+        _start_together()
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _slowest_median_ms(per_process: list[list[float]]) -> float:
+    """Per repetition the max over processes, then the median over repetitions (ms)."""
+    reps = len(per_process[0])
+    return statistics.median(max(p[r] for p in per_process) for r in range(reps)) * 1e3
+
+
+# -- section: assert_equal -------------------------------------------------------------
+
+ASSERT_EQUAL_LEAVES = 1000
+ASSERT_EQUAL_LEAF_ELEMENTS = 8192  # float32: 32 KiB per leaf, 31.25 MiB in all
+_LEAF_SHAPES = [(8192,), (8, 1024), (16, 512), (4, 2048)]
+
+
+def _big_tree() -> dict[str, Any]:
+    """1,000 float32 leaves of 32 KiB (shapes vary), nested two levels; same on every host."""
+    rng = np.random.default_rng(1234)
+    tree: dict[str, Any] = {}
+    for i in range(ASSERT_EQUAL_LEAVES):
+        shape = _LEAF_SHAPES[i % len(_LEAF_SHAPES)]
+        block = tree.setdefault(f'block_{i // 50:02d}', {})
+        block[f'param_{i % 50:02d}'] = rng.standard_normal(shape, dtype=np.float32)
+    return tree
+
+
+def _run_assert_equal(reps: int, jax_reps: int) -> dict[str, Any]:
+    """In every process: time ours (equal, then one leaf differing) and JAX's (equal)."""
+    tree = _big_tree()
+    nbytes = sum(x.nbytes for x in jax.tree.leaves(tree))
+
+    def ours() -> None:
+        multihost.assert_equal(tree, 'bench')
+
+    def theirs() -> None:
+        jax_mhu.assert_equal(tree, 'bench')
+
+    odd_tree = jax.tree.map(lambda x: x, tree)  # new containers, same leaves
+    if jax.process_index() == NUM_PROCESSES - 1:
+        leaf = odd_tree['block_07']['param_13'].copy()
+        leaf.reshape(-1)[100] += 1.0
+        odd_tree['block_07']['param_13'] = leaf
+
+    def ours_differing() -> None:
+        try:
+            multihost.assert_equal(odd_tree, 'bench')
+        except multihost.HostMismatchError as exc:
+            assert [leaf.path for leaf in exc.diff.leaves] == ["['block_07']['param_13']"]
+        else:
+            raise AssertionError('assert_equal passed on differing trees')
+
+    ours()  # warm-up (and a check that equal trees pass)
+    ours_differing()  # warm-up (compiles the broadcast of the differing leaf)
+    theirs()  # warm-up (JAX compiles its gathers)
+    ours_s, diff_s = [], []
+    for _ in range(reps):  # interleaved, so drift in machine load hits both alike
+        ours_s += _time_reps(ours, 1)
+        diff_s += _time_reps(ours_differing, 1)
+    jax_s = _time_reps(theirs, jax_reps)
+    return {'ours': ours_s, 'ours_differing': diff_s, 'jax': jax_s, 'nbytes': nbytes}
+
+
+def section_assert_equal(cluster: LocalCluster, args: argparse.Namespace) -> list[Row]:
+    """assert_equal on a 1,000-leaf ~32 MiB tree: ours vs JAX's."""
+    jax_reps = min(args.jax_reps, args.reps)
+    per = cluster.run(_run_assert_equal, args.reps, jax_reps, timeout=SECTION_TIMEOUT_S)
+    mib = per[0]['nbytes'] / MIB
+    case = f'{ASSERT_EQUAL_LEAVES} leaves, {mib:.2f} MiB f32'
+    return [
+        Row('assert_equal', f'{case}, equal', _slowest_median_ms([p['ours'] for p in per]),
+            _slowest_median_ms([p['jax'] for p in per]), args.reps, jax_reps,
+            note=f'JAX: {jax_reps} reps (slow: one call takes seconds)'),
+        Row('assert_equal', f'{case}, 1 leaf differs on 1 host (ours raises)',
+            _slowest_median_ms([p['ours_differing'] for p in per]), None, args.reps),
+    ]
+
+
+# id -> section. Runs in this order; add new sections here.
+SECTIONS: dict[str, Callable[[LocalCluster, argparse.Namespace], list[Row]]] = {
+    'assert_equal': section_assert_equal,
+}
+
+
+# -- parent side -----------------------------------------------------------------------
+
+
+def _environment() -> dict[str, Any]:
+    import jaxlib
+
+    return {
+        'python': sys.version.split()[0], 'jax': jax.__version__,
+        'jaxlib': jaxlib.__version__, 'numpy': np.__version__,
+        'multihost': multihost.__version__, 'platform': platform.platform(),
+        'cpus': os.cpu_count(), 'processes': NUM_PROCESSES,
+        'devices_per_process': DEVICES_PER_PROCESS,
+        'MULTIHOST_CHECK': os.environ.get('MULTIHOST_CHECK', '1 (default)'),
+    }
+
+
+def _print_table(rows: list[Row]) -> None:
+    head = ('section', 'case', 'ours ms', 'ref ms', 'speedup', 'note')
+    cells = [(r.section, r.case, f'{r.ours_ms:.1f}',
+              '-' if r.ref_ms is None else f'{r.ref_ms:.1f}',
+              '-' if r.speedup is None else f'{r.speedup:.0f}x', r.note) for r in rows]
+    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
+    for c in [head, tuple('-' * w for w in widths), *cells]:
+        print('  '.join(v.rjust(w) if 2 <= i <= 4 else v.ljust(w)
+                        for i, (v, w) in enumerate(zip(c, widths))).rstrip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--reps', type=int, default=7,
+                        help='timed repetitions of our side (default 7)')
+    parser.add_argument('--jax-reps', type=int, default=3,
+                        help="timed repetitions of JAX's slow side (default 3, at most --reps)")
+    parser.add_argument('--only', nargs='+', choices=sorted(SECTIONS), metavar='SECTION',
+                        help=f'run only these sections (of: {", ".join(SECTIONS)})')
+    args = parser.parse_args(argv)
+    if args.reps < 1 or args.jax_reps < 1:
+        parser.error('--reps and --jax-reps must be >= 1')
+
+    env = _environment()
+    print('environment: ' + ', '.join(f'{k}={v}' for k, v in env.items()))
+    print('method: per rep the slowest process, then the median over reps; each side '
+          'warmed up once; speedup = ref / ours', flush=True)
+    t_start = time.perf_counter()
+    rows: list[Row] = []
+    with LocalCluster(NUM_PROCESSES, DEVICES_PER_PROCESS) as cluster:
+        print(f'cluster up in {time.perf_counter() - t_start:.1f} s', flush=True)
+        for name in args.only or SECTIONS:
+            t0 = time.perf_counter()
+            rows += SECTIONS[name](cluster, args)
+            print(f'section {name}: {time.perf_counter() - t0:.1f} s', flush=True)
+    print()
+    _print_table(rows)
+    print(f'\ntotal {time.perf_counter() - t_start:.1f} s')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""The debugging model: plain data that the engines send and the notebook draws.
+
+Two pictures, both frozen dataclasses of plain, picklable data (strings,
+numbers, tuples and `CollectiveRecord`), so a view is a pure function of them
+and can be tested with synthetic values, no cluster needed:
+
+* `StepTable`: host x step. For each collective step still visible in the
+  coordination service, what every host published there (kind, name, digest,
+  call site) or that it has not arrived; whether the step was released,
+  passed, or is divergent (hosts about to call different things).
+* `HostStacks`: where one host is: its Python threads' stacks, the collective
+  its main thread is in (or last entered) and the step gate it waits at.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import time as _time
+from collections.abc import Iterable
+from typing import Any
+
+from multihost._sequence import CollectiveRecord
+
+#: One stack frame: (file name, line number, function name, source line).
+Frame = tuple[str, int, str, str]
+
+
+def _signature(rec: CollectiveRecord) -> tuple[str, str, str]:
+    return (rec.kind, rec.name, rec.digest)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One collective step (one sequence number) seen across every host.
+
+    Attributes:
+        seq: the step's position in the collective sequence.
+        records: indexed by process: the record that host published at this
+            step, or None if it has not arrived.
+        released: the step was released (stepping); hosts that arrive pass the
+            gate at once.
+        passed: every host got through this step's barrier (some host has
+            already published a later step).
+    """
+
+    seq: int
+    records: tuple[CollectiveRecord | None, ...]
+    released: bool = False
+    passed: bool = False
+
+    @property
+    def arrived(self) -> tuple[int, ...]:
+        """Processes that published a record at this step."""
+        return tuple(p for p, r in enumerate(self.records) if r is not None)
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        """Processes that have not arrived at this step."""
+        return tuple(p for p, r in enumerate(self.records) if r is None)
+
+    @property
+    def complete(self) -> bool:
+        """Every host has arrived."""
+        return all(r is not None for r in self.records)
+
+    @property
+    def divergent(self) -> bool:
+        """Hosts that arrived are about to call different collectives (kind, name or digest)."""
+        return len({_signature(r) for r in self.records if r is not None}) > 1
+
+    @property
+    def majority(self) -> CollectiveRecord | None:
+        """A record of the most common (kind, name, digest) among arrived hosts (lowest process wins ties)."""
+        arrived = [r for r in self.records if r is not None]
+        if not arrived:
+            return None
+        counts = collections.Counter(_signature(r) for r in arrived)
+        best = max(counts.values())
+        return next(r for r in arrived if counts[_signature(r)] == best)
+
+    @property
+    def odd_hosts(self) -> tuple[int, ...]:
+        """Arrived processes whose call differs from the majority's (empty unless divergent)."""
+        ref = self.majority
+        if ref is None:
+            return ()
+        return tuple(p for p, r in enumerate(self.records)
+                     if r is not None and _signature(r) != _signature(ref))
+
+    @property
+    def status(self) -> str:
+        """``'passed'``, ``'released'`` (hosts go through as they arrive) or ``'held'``."""
+        if self.passed:
+            return 'passed'
+        return 'released' if self.released else 'held'
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTable:
+    """Host x step: what every host published at the steps still in flight.
+
+    The coordination service keeps the records of the current step and of the
+    one before it (process 0 deletes older ones), so a table shows the step
+    the hosts are at, and any divergence there *before* the hosts are released
+    into a barrier that would fail or a device collective that would hang.
+    A notebook that wants a longer history polls and merges tables.
+
+    Attributes:
+        process_count: number of hosts.
+        stepping: whether stepping is switched on (cluster-wide setting).
+        steps: the visible steps, oldest first.
+        positions: indexed by process: the latest step that host published,
+            or None.
+        released: every released step number, also steps no host has
+            reached yet (released ahead).
+        time: when the table was read (``time.time()``).
+    """
+
+    process_count: int
+    stepping: bool
+    steps: tuple[Step, ...]
+    positions: tuple[int | None, ...]
+    released: tuple[int, ...] = ()
+    time: float = 0.0
+
+    @classmethod
+    def build(cls, records: Iterable[CollectiveRecord], released: Iterable[int],
+              process_count: int, stepping: bool, time: float | None = None) -> StepTable:
+        """Builds a table from published records and released step numbers (pure)."""
+        by_seq: dict[int, list[CollectiveRecord | None]] = {}
+        positions: list[int | None] = [None] * process_count
+        for rec in records:
+            if not 0 <= rec.process < process_count:
+                continue
+            by_seq.setdefault(rec.seq, [None] * process_count)[rec.process] = rec
+            if positions[rec.process] is None or rec.seq > positions[rec.process]:
+                positions[rec.process] = rec.seq
+        released = set(released)
+        latest = max((p for p in positions if p is not None), default=None)
+        steps = tuple(
+            Step(seq=k, records=tuple(recs), released=k in released,
+                 passed=latest is not None and latest > k)
+            for k, recs in sorted(by_seq.items()))
+        return cls(process_count=process_count, stepping=bool(stepping), steps=steps,
+                   positions=tuple(positions), released=tuple(sorted(released)),
+                   time=_time.time() if time is None else time)
+
+    def step(self, seq: int) -> Step | None:
+        """The step with sequence number ``seq``, if visible."""
+        return next((s for s in self.steps if s.seq == seq), None)
+
+    @property
+    def pending(self) -> Step | None:
+        """The first step not passed and not released that some host arrived at."""
+        return next((s for s in self.steps
+                     if not s.passed and not s.released and s.arrived), None)
+
+    @property
+    def next_release(self) -> int:
+        """The step number `multihost.release` releases first.
+
+        The pending step if there is one; otherwise the step after the
+        furthest any host has published or any release reached (so repeated
+        releases run ahead of the hosts, one step each).
+        """
+        pending = self.pending
+        if pending is not None:
+            return pending.seq
+        reached = [p for p in self.positions if p is not None] + list(self.released)
+        return max(reached) + 1 if reached else 0
+
+    @property
+    def divergent(self) -> tuple[Step, ...]:
+        """The visible steps where hosts disagree."""
+        return tuple(s for s in self.steps if s.divergent)
+
+    def format(self) -> str:
+        """A plain-text grid: one row per host, one column per step."""
+        head = (f'stepping {"on" if self.stepping else "off"}, '
+                f'{self.process_count} host(s)')
+        if not self.steps:
+            return head + ', no collective in flight'
+        cols = []
+        for s in self.steps:
+            mark = ' DIVERGENT' if s.divergent else ''
+            cols.append([f'#{s.seq} {s.status}{mark}'] + [
+                ('-- not arrived --' if r is None else
+                 (f'{r.kind}({r.name!r})' if r.name else r.kind) + f' @ {_short(r.site)}')
+                + (' <-- differs' if p in s.odd_hosts else '')
+                for p, r in enumerate(s.records)])
+        rows = [['host'] + [f'p{p}' for p in range(self.process_count)]]
+        widths = [max(len(x) for x in rows[0])] + [max(len(x) for x in c) for c in cols]
+        lines = [head]
+        for i in range(self.process_count + 1):
+            cells = [rows[0][i]] + [c[i] for c in cols]
+            lines.append('  '.join(x.ljust(w) for x, w in zip(cells, widths)).rstrip())
+        return '\n'.join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _short(site: str) -> str:
+    """``/long/path/train.py:42`` -> ``train.py:42``."""
+    return site.rsplit('/', 1)[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadStack:
+    """One Python thread's stack.
+
+    Attributes:
+        name: the thread's name (``threading``), or ``'<unknown>'``.
+        ident: the thread's identifier.
+        main: whether it is the main thread.
+        daemon: whether it is a daemon thread.
+        frames: outermost first, as (file, line, function, source line).
+    """
+
+    name: str
+    ident: int
+    main: bool
+    daemon: bool
+    frames: tuple[Frame, ...]
+
+    @property
+    def stack(self) -> str:
+        """The stack formatted like a traceback."""
+        out = []
+        for filename, lineno, func, line in self.frames:
+            out.append(f'  File "{filename}", line {lineno}, in {func}\n')
+            if line:
+                out.append(f'    {line}\n')
+        return ''.join(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostStacks:
+    """Where one host is: its threads' stacks and the collective it is in.
+
+    Attributes:
+        process: the host's process index.
+        answered: whether the host's debug thread answered in time. When
+            False, ``threads`` is empty, ``error`` says why, and ``current``
+            is the last collective the host published to the coordination
+            service (if any).
+        hostname: the machine's name.
+        os_pid: the operating-system process id.
+        current: the collective the main thread is in, or last entered.
+        gate: the step whose release the host is waiting for (stepping), or None.
+        stepping: whether stepping is on in that process.
+        where: the main thread's innermost frame outside multihost/jax,
+            ``file:line in function``.
+        threads: every Python thread's stack (the debug thread itself excluded).
+        time: when the stacks were taken (``time.time()``).
+        error: why there is no answer (empty when ``answered``).
+    """
+
+    process: int
+    answered: bool
+    hostname: str = ''
+    os_pid: int = 0
+    current: CollectiveRecord | None = None
+    gate: int | None = None
+    stepping: bool = False
+    where: str = ''
+    threads: tuple[ThreadStack, ...] = ()
+    time: float = 0.0
+    error: str = ''
+
+    @property
+    def main_thread(self) -> ThreadStack | None:
+        """The main thread's stack, if it was taken."""
+        return next((t for t in self.threads if t.main), None)
+
+    def format(self) -> str:
+        """Plain text: a header naming the collective, then every thread's stack."""
+        head = f'process {self.process}'
+        if self.hostname:
+            head += f' ({self.hostname}, pid {self.os_pid})'
+        if self.current is not None:
+            head += f': {self.current.describe()}'
+        if self.gate is not None:
+            head += f', waiting for release of step #{self.gate}'
+        if not self.answered:
+            return f'{head}\n  no answer: {self.error}'
+        parts = [head, f'  where: {self.where}' if self.where else '']
+        for t in self.threads:
+            parts.append(f'Thread {t.name!r}{" (main)" if t.main else ""}:\n{t.stack}')
+        return '\n'.join(p for p in parts if p)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        return json.dumps(d, separators=(',', ':'))
+
+    @classmethod
+    def from_json(cls, text: str) -> HostStacks:
+        d: dict[str, Any] = json.loads(text)
+        if d.get('current') is not None:
+            d['current'] = CollectiveRecord(**d['current'])
+        d['threads'] = tuple(
+            ThreadStack(**{**t, 'frames': tuple(tuple(f) for f in t['frames'])})
+            for t in d.get('threads', ()))
+        return cls(**d)

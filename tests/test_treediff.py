@@ -1,0 +1,449 @@
+"""`multihost.tree_diff` and `assert_equal` on 4 real JAX processes x 2 CPU devices.
+
+Each ``multiprocess`` test body runs in every process; a body passes only if
+it passes in all four. Unmarked tests run in the pytest process: the
+single-process fast path and the model (`TreeDiff`, `LeafDiff`) on synthetic
+data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import multihost
+from multihost import _jax_adapter, _treediff
+from multihost._treediff import LeafDiff, TreeDiff
+
+MP_CLUSTER = dict(n=4, devices_per_process=2)
+multiprocess = pytest.mark.multiprocess
+
+
+def _host_mesh() -> Mesh:
+    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
+    return Mesh(devices, ('host', 'dev'))
+
+
+@contextlib.contextmanager
+def _patched(name: str, value):
+    """Sets ``_treediff.<name>`` for the block (multiprocess bodies get no fixtures)."""
+    old = getattr(_treediff, name)
+    setattr(_treediff, name, value)
+    try:
+        yield
+    finally:
+        setattr(_treediff, name, old)
+
+
+def _recording_broadcasts(sizes: list[int]):
+    real = _treediff._broadcast_bytes
+    return _patched('_broadcast_bytes', lambda buf, n, src: sizes.append(n) or real(buf, n, src))
+
+
+def _base_tree() -> dict:
+    return {
+        'w': np.arange(20, dtype=np.float32).reshape(4, 5),
+        'b': np.zeros(3, np.int32),
+        'nested': {'j': jnp.ones((2, 2)), 'bf': jnp.arange(4, dtype=jnp.bfloat16)},
+        'scalar': 7,
+        'big': np.arange(1000, dtype=np.float64),
+    }
+
+
+# -- equal trees -------------------------------------------------------------------
+
+
+@multiprocess
+def test_equal_trees_are_ok_on_every_host():
+    """Equal trees (numpy, jax, bf16, scalars, PRNG keys, global arrays) give ok on every host."""
+    glob = jax.make_array_from_callback((4, 2), NamedSharding(_host_mesh(), P()),
+                                        lambda i: np.ones((4, 2))[i])
+    tree = {**_base_tree(), 'key': jax.random.key(3), 'g': glob,
+            'nan': np.array([np.nan, 1.0])}
+    diff = multihost.tree_diff(tree)
+    assert isinstance(diff, TreeDiff)
+    assert diff.ok and diff.leaves == () and diff.odd_hosts == ()
+    assert diff.num_hosts == 4 and diff.num_leaves == len(jax.tree.leaves(tree))
+    multihost.assert_equal(tree, 'must pass')
+
+
+@multiprocess
+def test_equal_trees_move_no_leaf_data():
+    """Equal trees: only fingerprints travel; no leaf bytes are broadcast."""
+    calls: list[int] = []
+    with _recording_broadcasts(calls):
+        assert multihost.tree_diff(_base_tree()).ok
+    assert calls == []
+
+
+@multiprocess
+def test_equal_trees_exchange_only_a_digest_per_host():
+    """Equal trees: each host publishes one short digest, never its per-leaf list."""
+    assert multihost.tree_diff(_base_tree()).ok
+    seq = multihost._sequence.history()[-1].seq
+    client = _jax_adapter.client()
+    heads = client.key_value_dir_get(f'mh/td/{seq}/head/')
+    assert len(heads) == 4 and all(len(value) == 32 for _, value in heads)
+    assert client.key_value_dir_get(f'mh/td/{seq}/fp/') == []
+
+
+# -- value differences ---------------------------------------------------------------
+
+
+@multiprocess
+def test_one_leaf_differs_on_one_host():
+    """Host 2 changes two elements of 'w': exactly that leaf, odd host 2, exact numbers."""
+    pid = jax.process_index()
+    tree = _base_tree()
+    if pid == 2:
+        tree['w'][1, 3] += 2.5
+        tree['w'][3, 0] -= 1.0
+    diff = multihost.tree_diff(tree)
+    assert not diff.ok
+    assert [leaf.path for leaf in diff.leaves] == ["['w']"]
+    leaf = diff["['w']"]
+    assert leaf.kind == 'value'
+    assert leaf.odd_hosts == (2,) and leaf.majority_hosts == (0, 1, 3)
+    assert leaf.reference_host == 0
+    assert leaf.num_different == {2: 2}
+    assert leaf.max_abs_diff == {2: 2.5}
+    assert leaf.first_index == {2: (1, 3)}
+    assert leaf.shapes == {h: (4, 5) for h in range(4)}
+    assert leaf.dtypes == {h: 'float32' for h in range(4)}
+    assert len({leaf.digests[h] for h in (0, 1, 3)}) == 1 and leaf.digests[2] != leaf.digests[0]
+    # Small leaf: every host's value is kept, read-only.
+    assert sorted(leaf.values) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(leaf.values[pid], tree['w'])
+    np.testing.assert_array_equal(leaf.values[0], _base_tree()['w'])
+    assert not leaf.values[2].flags.writeable
+
+
+@multiprocess
+def test_two_hosts_differ_from_majority():
+    """Hosts 1 and 3 differ (each its own way): both are odd, each with its own summary."""
+    pid = jax.process_index()
+    tree = _base_tree()
+    if pid == 1:
+        tree['big'][10] = -5.0          # was 10: diff 15
+    if pid == 3:
+        tree['big'][500:510] += 0.25    # 10 elements
+        tree['big'][999] = 1e6          # diff 1e6 - 999
+    diff = multihost.tree_diff(tree)
+    assert [leaf.path for leaf in diff.leaves] == ["['big']"]
+    leaf = diff.leaves[0]
+    assert leaf.odd_hosts == (1, 3) and leaf.majority_hosts == (0, 2)
+    assert leaf.num_different == {1: 1, 3: 11}
+    assert leaf.first_index == {1: (10,), 3: (500,)}
+    assert leaf.max_abs_diff == {1: 15.0, 3: 1e6 - 999}
+    assert leaf.values == {}  # 1000 elements: summary only
+    assert diff.odd_hosts == (1, 3)
+
+
+@multiprocess
+def test_tie_goes_to_group_with_lowest_host():
+    """Two against two: the group holding process 0 is the majority."""
+    pid = jax.process_index()
+    tree = {'x': np.full(3, 1 if pid in (2, 3) else 0, np.int8)}
+    leaf = multihost.tree_diff(tree).leaves[0]
+    assert leaf.majority_hosts == (0, 1) and leaf.odd_hosts == (2, 3)
+    assert leaf.num_different == {2: 3, 3: 3} and leaf.max_abs_diff == {2: 1.0, 3: 1.0}
+
+
+@multiprocess
+def test_odd_host_can_be_process_0():
+    """Process 0 is the odd one out when the other three agree."""
+    pid = jax.process_index()
+    leaf = multihost.tree_diff({'x': np.float32(pid == 0)}).leaves[0]
+    assert leaf.odd_hosts == (0,) and leaf.majority_hosts == (1, 2, 3)
+    assert leaf.reference_host == 1
+    assert leaf.first_index == {0: ()} and leaf.num_different == {0: 1}
+
+
+@multiprocess
+def test_bitwise_float_semantics():
+    """Same NaN everywhere is equal; -0.0 vs 0.0 differs (max abs diff 0); NaN vs 1 gives NaN."""
+    pid = jax.process_index()
+    tree = {'same_nan': np.array([np.nan, 2.0]),
+            'zero': np.array([0.0, -0.0 if pid == 1 else 0.0]),
+            'nan_vs_1': np.array([np.nan if pid == 2 else 1.0, 3.0])}
+    diff = multihost.tree_diff(tree)
+    assert [leaf.path for leaf in diff.leaves] == ["['nan_vs_1']", "['zero']"]
+    zero = diff["['zero']"]
+    assert zero.odd_hosts == (1,) and zero.num_different == {1: 1}
+    assert zero.max_abs_diff == {1: 0.0} and zero.first_index == {1: (1,)}
+    nan = diff["['nan_vs_1']"]
+    assert nan.odd_hosts == (2,) and math.isnan(nan.max_abs_diff[2])
+
+
+@multiprocess
+def test_large_leaves_compare_in_chunks():
+    """Comparison and broadcast chunking give the same counts as one piece."""
+    pid = jax.process_index()
+    x = np.arange(3000, dtype=np.int32)
+    if pid == 3:
+        x[[5, 6, 1500, 2999]] += np.array([1, -2, 3, -40], np.int32)
+    sizes: list[int] = []
+    with _patched('_COMPARE_CHUNK', 7), _patched('_BROADCAST_CHUNK', 1000), \
+            _recording_broadcasts(sizes):
+        leaf = multihost.tree_diff({'x': x, 'y': np.ones(10)}).leaves[0]
+    assert sizes == [12000]
+    assert leaf.odd_hosts == (3,)
+    assert leaf.num_different == {3: 4}
+    assert leaf.first_index == {3: (5,)}
+    assert leaf.max_abs_diff == {3: 40.0}
+
+
+@multiprocess
+def test_only_differing_leaves_are_broadcast():
+    """Of a 1 MB tree, only the one differing 4 KB leaf's bytes travel."""
+    pid = jax.process_index()
+    tree = {f'l{i:03d}': np.full(1024, i, np.float32) for i in range(256)}
+    if pid == 1:
+        tree['l100'] = tree['l100'] + 1
+    sizes: list[int] = []
+    with _recording_broadcasts(sizes):
+        diff = multihost.tree_diff(tree)
+    assert [leaf.path for leaf in diff.leaves] == ["['l100']"]
+    assert sizes == [4096]
+
+
+# -- structure, shape and dtype differences ----------------------------------------
+
+
+@multiprocess
+def test_extra_and_missing_leaves_are_reported():
+    """An extra key on host 1 and a leaf missing on host 3 are reported, not raised."""
+    pid = jax.process_index()
+    tree = _base_tree()
+    if pid == 1:
+        tree['extra'] = np.arange(3)
+    if pid == 3:
+        del tree['b']
+    diff = multihost.tree_diff(tree)
+    assert [leaf.path for leaf in diff.leaves] == ["['b']", "['extra']"]  # tree order
+    b, extra = diff.leaves
+    assert b.kind == 'structure' and b.odd_hosts == (3,) and b.majority_hosts == (0, 1, 2)
+    assert b.shapes == {0: (3,), 1: (3,), 2: (3,), 3: None} and b.dtypes[3] is None
+    assert extra.kind == 'structure' and extra.odd_hosts == (1,)
+    assert extra.majority_hosts == (0, 2, 3)  # "missing" is the majority here
+    assert extra.shapes == {0: None, 1: (3,), 2: None, 3: None}
+    np.testing.assert_array_equal(extra.values[1], np.arange(3))
+    assert diff.num_leaves == len(jax.tree.leaves(_base_tree())) + 1
+    # The collective sequence stays aligned afterwards.
+    multihost.sync_global_devices('after structure diff')
+
+
+@multiprocess
+def test_shape_and_dtype_differences_are_reported():
+    """A leaf with another shape on host 0 and one with another dtype on host 3."""
+    pid = jax.process_index()
+    tree = _base_tree()
+    if pid == 0:
+        tree['b'] = np.zeros(4, np.int32)
+    if pid == 3:
+        tree['w'] = tree['w'].astype(np.float64)
+    diff = multihost.tree_diff(tree)
+    assert [leaf.path for leaf in diff.leaves] == ["['b']", "['w']"]
+    b, w = diff.leaves
+    assert b.kind == 'shape' and b.odd_hosts == (0,) and b.shapes[0] == (4,)
+    assert b.shapes[1] == (3,) and b.num_different == {}
+    assert w.kind == 'dtype' and w.odd_hosts == (3,)
+    assert w.dtypes == {0: 'float32', 1: 'float32', 2: 'float32', 3: 'float64'}
+    assert w.max_abs_diff == {}
+    assert 'int32[4] on process 0' in b.describe()
+
+
+# -- global arrays ---------------------------------------------------------------------
+
+
+@multiprocess
+def test_global_array_compares_addressable_data():
+    """A replicated global array holding other data on host 1 (undefined behaviour) is found."""
+    pid = jax.process_index()
+    value = np.arange(8.0).reshape(4, 2) + (100 if pid == 1 else 0)
+    glob = jax.make_array_from_callback((4, 2), NamedSharding(_host_mesh(), P()),
+                                        lambda i: value[i])
+    assert not glob.is_fully_addressable
+    diff = multihost.tree_diff({'g': glob})
+    leaf = diff.leaves[0]
+    assert leaf.path == "['g']" and leaf.odd_hosts == (1,)
+    assert leaf.num_different == {1: 8} and leaf.max_abs_diff == {1: 100.0}
+    assert leaf.shapes[1] == (4, 2)
+
+
+@multiprocess
+def test_prng_keys_compare_by_key_data():
+    """A PRNG key that differs on one host is reported with its key dtype."""
+    pid = jax.process_index()
+    diff = multihost.tree_diff({'k': jax.random.key(9 if pid == 2 else 0)})
+    leaf = diff.leaves[0]
+    assert leaf.odd_hosts == (2,) and leaf.dtypes[2].startswith('key<')
+
+
+# -- assert_equal ------------------------------------------------------------------------
+
+
+@multiprocess
+def test_assert_equal_raises_host_mismatch_on_every_host():
+    """One host differs: every host raises HostMismatchError naming leaf path and odd host."""
+    pid = jax.process_index()
+    tree = {'w': np.arange(5) + (pid == 3), 'b': np.zeros(2)}
+    with pytest.raises(multihost.HostMismatchError) as info:
+        multihost.assert_equal(tree, fail_message='weights diverged')
+    err = info.value
+    assert isinstance(err, AssertionError)
+    text = str(err)
+    assert text.startswith('weights diverged')
+    assert "['w']" in text and 'process 3' in text and "['b']" not in text
+    assert isinstance(err.diff, TreeDiff) and err.diff.odd_hosts == (3,)
+    assert [leaf.path for leaf in err.diff.leaves] == ["['w']"]
+
+
+@multiprocess
+def test_assert_equal_message_is_bounded_for_huge_diffs():
+    """1000 leaves differ on every host: the message stays short, .diff has them all."""
+    pid = jax.process_index()
+    tree = {f'layer_{i:04d}': np.full(8, pid, np.float32) for i in range(1000)}
+    with pytest.raises(multihost.HostMismatchError) as info:
+        multihost.assert_equal(tree, 'everything diverged')
+    text = str(info.value)
+    assert text.startswith('everything diverged')
+    assert len(text) < 3000, len(text)
+    assert '... and 990 more' in text and text.count('\n') <= 12
+    assert len(info.value.diff.leaves) == 1000
+    assert info.value.diff.leaves[0].odd_hosts == (1, 2, 3)
+
+
+@multiprocess
+def test_assert_equal_structure_difference_raises_not_crashes():
+    """A structure difference makes assert_equal raise HostMismatchError on every host."""
+    tree = {'a': np.ones(2)}
+    if jax.process_index() == 0:
+        tree['only_on_0'] = np.ones(1)
+    with pytest.raises(multihost.HostMismatchError, match=r"\['only_on_0'\]"):
+        multihost.assert_equal(tree, 'structure')
+
+
+# -- agreement across hosts and key-value hygiene -----------------------------------------
+
+
+def _diff_with_differences():
+    pid = jax.process_index()
+    tree = _base_tree()
+    tree['w'][0, pid] = 50.0 * pid
+    if pid == 2:
+        tree['extra'] = np.ones(2, np.uint8)
+    tree['big'][pid * 7] = np.nan
+    return multihost.tree_diff(tree)
+
+
+def test_every_host_gets_an_identical_tree_diff(mp_cluster):
+    """Each process returns its TreeDiff; all four are equal (and picklable, JSON-able)."""
+    diffs = mp_cluster.run(_diff_with_differences)
+    assert len(diffs) == 4 and all(isinstance(d, TreeDiff) for d in diffs)
+    assert all(d == diffs[0] for d in diffs[1:])
+    assert [pickle.dumps(d.to_dict()) for d in diffs[1:]] == [pickle.dumps(diffs[0].to_dict())] * 3
+    d = diffs[0]
+    assert [leaf.path for leaf in d.leaves] == ["['big']", "['w']", "['extra']"]
+    assert d["['w']"].odd_hosts == (1, 2, 3)  # every host differs from process 0's value
+    json.dumps(d.to_dict())
+
+
+def _kv_dirs_after_two_diffs():
+    multihost.tree_diff({'x': np.ones(3) * (jax.process_index() == 1)})
+    multihost.tree_diff({'x': np.ones(3) * (jax.process_index() == 1)})
+    multihost.sync_global_devices('after diffs')
+    entries = _jax_adapter.client().key_value_dir_get('mh/td/')
+    return sorted({key.split('/')[2] for key, _ in entries})
+
+
+def test_only_the_latest_diff_stays_in_the_key_value_store(mp_cluster):
+    """After two tree diffs, the first one's keys are gone from the coordination service."""
+    seqs = mp_cluster.run(_kv_dirs_after_two_diffs)
+    assert len(seqs[0]) == 1, seqs[0]
+    assert all(s == seqs[0] for s in seqs)
+
+
+# -- single process ------------------------------------------------------------------------
+
+
+def test_single_process_tree_diff_is_ok_without_communication(monkeypatch):
+    """One process: tree_diff returns ok at once (no sequence entry, no key-value store)."""
+    monkeypatch.setattr(_treediff._sequence, 'enter', lambda *a, **k: pytest.fail('entered'))
+    diff = multihost.tree_diff({'a': np.ones(3), 'b': [1, 2.0]})
+    assert diff.ok and diff.num_hosts == 1 and diff.num_leaves == 3
+    assert multihost.assert_equal({'a': np.array([np.nan])}, 'x') is None
+
+
+def _leaf(path: str, odd=(3,), **kw) -> LeafDiff:
+    hosts = range(4)
+    base = dict(path=path, kind='value', odd_hosts=tuple(odd),
+                majority_hosts=tuple(h for h in hosts if h not in odd),
+                shapes={h: (2,) for h in hosts}, dtypes={h: 'float32' for h in hosts},
+                digests={h: 'ab' * 8 for h in hosts},
+                num_different={h: 1 for h in odd}, max_abs_diff={h: 0.5 for h in odd},
+                first_index={h: (1,) for h in odd},
+                values={h: np.array([1.0, float(h)], np.float32) for h in hosts})
+    base.update(kw)
+    return LeafDiff(**base)
+
+
+def test_summary_is_bounded_and_names_paths_and_hosts():
+    """The report lists at most max_leaves leaves with their odd hosts, the rest as a count."""
+    diff = TreeDiff(leaves=tuple(_leaf(f"['p{i}']" + 'x' * 500) for i in range(1000)),
+                    num_hosts=4, num_leaves=2000)
+    text = diff.summary(max_leaves=10)
+    assert text.count('\n') == 11 and len(text) < 3000
+    assert "['p0']" in text and "['p9']" in text and "['p10']" not in text
+    assert 'process 3' in text and '... and 990 more' in text
+    assert str(diff) == diff.summary()
+    assert not diff.ok and 'ok=False' in repr(diff)
+    assert TreeDiff((), 4, 5).summary() == 'All 4 hosts hold the same tree (5 leaves).'
+
+
+def test_host_lists_are_compressed_and_bounded():
+    """Host lists print as ranges and are cut after a few ranges."""
+    assert _treediff._fmt_hosts([3]) == 'process 3'
+    assert _treediff._fmt_hosts([0, 1, 2, 5]) == 'processes 0-2, 5'
+    text = _treediff._fmt_hosts(list(range(0, 400, 2)))
+    assert text.endswith('(200 in all)') and len(text) < 80
+
+
+def test_leaf_diff_equality_is_exact_and_survives_pickle():
+    """LeafDiffs compare by value (arrays by bytes, NaN == NaN) and round-trip through pickle."""
+    a = _leaf("['w']", max_abs_diff={3: math.nan})
+    b = pickle.loads(pickle.dumps(a))
+    assert a == b
+    assert a != _leaf("['w']", max_abs_diff={3: 1.0})
+    assert a != _leaf("['w']", values={})
+    assert json.loads(json.dumps(a.to_dict()))['max_abs_diff'] == {'3': 'nan'}
+
+
+def test_compare_is_bitwise_with_first_index_and_max():
+    """_compare counts bitwise-different elements, the first index and the max abs diff."""
+    own = np.array([[0.0, -0.0], [np.nan, 4.0]], np.float32)
+    ref = np.array([[0.0, 0.0], [np.nan, 1.0]], np.float32)
+    assert _treediff._compare(own, ref) == (2, (0, 1), 3.0)
+    bf16 = jnp.bfloat16
+    assert _treediff._compare(np.array([1, 2], bf16), np.array([1, 3], bf16)) == (1, (1,), 1.0)
+    assert _treediff._compare(np.array(['a', 'b']), np.array(['a', 'c']))[:2] == (1, (1,))
+    assert math.isnan(_treediff._compare(np.array(['a', 'b']), np.array(['a', 'c']))[2])
+
+
+def test_digest_changes_with_any_bit():
+    """Equal bytes give equal digests; one flipped bit changes the digest."""
+    a = np.random.default_rng(0).standard_normal(10_000).astype(np.float32)
+    b = a.copy()
+    assert _treediff._digest(a) == _treediff._digest(b)
+    b.view(np.uint8)[12345] ^= 1
+    assert _treediff._digest(a) != _treediff._digest(b)
+    assert len(_treediff._digest(a)) == 16
