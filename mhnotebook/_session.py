@@ -12,6 +12,7 @@ import atexit
 import dataclasses
 import logging
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -157,6 +158,9 @@ class Session:
         self._start_options = start_options
         self._stopped = False
         self._lock = threading.Lock()
+        self._control: Any = None
+        self._control_address: tuple[str, int] | None = None
+        self._control_key = secrets.token_bytes(16)
         _track(self)
 
     # -- basics ----------------------------------------------------------------
@@ -336,6 +340,66 @@ class Session:
         results = self.call('multihost.engine.barrier', name, timeout, timeout=wait)
         return dict(enumerate(results))
 
+    # -- diagnostics -----------------------------------------------------------
+    def layout(self, name: str, *, check: bool = True, timeout: float = 120.0) -> tuple[Any, Any]:
+        """(`multihost.Layout`, `multihost.ReplicaReport` or None) of engine array ``name``.
+
+        ``check`` digests every replica on every host (a collective) so
+        replicas that disagree are flagged.
+        """
+        results = self.call('multihost.engine.layout', name, check, namespace=True,
+                            timeout=timeout)
+        return results[0]
+
+    def diff(self, name: str, *, timeout: float = 120.0) -> Any:
+        """`multihost.TreeDiff` of engine value ``name`` across hosts (what differs, where)."""
+        results = self.call('multihost.engine.diff', name, timeout, namespace=True,
+                            timeout=timeout + 10)
+        return results[0]
+
+    @property
+    def control(self) -> Any:
+        """A `multihost.ControlClient` to process 0's control endpoint (started on demand).
+
+        It answers while every engine's main thread is busy, e.g. stuck in a
+        collective: stacks, the step table, stepping on/off, releases.
+        """
+        self._check()
+        if self._control is None:
+            from multihost import ControlClient
+
+            if self._control_address is None:
+                _, port = self.call('multihost.engine.serve_control', self._control_key,
+                                    processes=[0])[0]
+                self._control_address = (self.hosts[0].address, port)
+            self._control = ControlClient(self._control_address, self._control_key,
+                                          timeout=15.0)
+        return self._control
+
+    def where(self, *, timeout: float = 10.0) -> dict[int, Any]:
+        """Per process index: its Python stacks and current collective (`multihost.HostStacks`).
+
+        Works while the engines are busy or hung (through the control endpoint).
+        Start it with `control` before running code that might hang.
+        """
+        return self.control.stacks(timeout=timeout)
+
+    def step_table(self) -> Any:
+        """The host x step table of the step gate (`multihost.StepTable`)."""
+        return self.control.step_table()
+
+    def set_stepping(self, on: bool) -> None:
+        """Turns the step gate on (every host pauses before each collective) or off."""
+        self.control.set_stepping(on)
+
+    def release(self, steps: int = 1) -> tuple[int, ...]:
+        """Releases the next ``steps`` gated collectives."""
+        return self.control.release(steps)
+
+    def release_all(self) -> tuple[int, ...]:
+        """Turns stepping off and releases every waiting collective."""
+        return self.control.release_all()
+
     # -- lifecycle -------------------------------------------------------------
     def status(self) -> dict[int, dict[str, Any]]:
         """Per process index: engine id, host, and whether the engine is busy (queue status)."""
@@ -359,6 +423,9 @@ class Session:
                 return
             self._stopped = True
         _live_sessions.discard(self)
+        if self._control is not None:
+            self._control.close()
+            self._control = None
         try:
             self.client.close()
         except Exception:
@@ -466,6 +533,15 @@ def _initialize(client: Any, engine_ids: list[int], coordinator: str, devices: i
     return infos
 
 
+def _start_control(session: Session) -> None:
+    # Up front: once a cell hangs, engine 0 can no longer be asked to start it.
+    try:
+        session.control  # noqa: B018 - starts the endpoint and connects
+    except Exception:
+        session.stop()
+        raise
+
+
 def start_local(n: int = 4, devices_per_host: int = 2, *, timeout: float = 180.0,
                 progress: bool = True, **cluster_options: Any) -> Session:
     """Starts ``n`` local ipyparallel engines, each a JAX process with CPU devices.
@@ -519,6 +595,7 @@ def start_local(n: int = 4, devices_per_host: int = 2, *, timeout: float = 180.0
     session = Session(client, _hosts_from_infos(infos), cluster=cluster,
                       start_options=dict(n=n, devices_per_host=devices_per_host,
                                          progress=progress, **cluster_options))
+    _start_control(session)
     show.update(f'mhnotebook: {n} hosts x {devices_per_host} devices ready in '
                 f'{time.monotonic() - t0:.1f} s (engines {session.engine_ids})')
     return session
@@ -585,6 +662,7 @@ def connect(url_file: str | None = None, *, profile: str | None = None,
         client.close()
         raise
     session = Session(client, _hosts_from_infos(infos))
+    _start_control(session)
     show.update(f'mhnotebook: connected to {session.num_hosts} hosts (engines '
                 f'{session.engine_ids})')
     return session

@@ -302,3 +302,37 @@ def barrier(name: str, timeout: float | None = None) -> dict[str, Any]:
         return dict(ok=False, error='CollectiveMismatchError', message=str(exc),
                     elapsed=time.perf_counter() - t0)
     return dict(ok=True, elapsed=time.perf_counter() - t0)
+
+
+def serve_control(authkey: bytes) -> tuple[str, int]:
+    """Starts this process's control endpoint (stacks and stepping while the main thread is busy)."""
+    import multihost
+
+    return multihost.serve_control(authkey)
+
+
+def layout(namespace: dict[str, Any], name: str, check: bool = True) -> tuple[Any, Any]:
+    """The `Layout` of array ``name`` and, with ``check``, its `ReplicaReport` (a collective)."""
+    import jax
+
+    import multihost
+
+    value = lookup(namespace, name)
+    if not isinstance(value, (jax.Array, np.ndarray)):
+        leaves = jax.tree_util.tree_flatten_with_path(value)[0]
+        paths = [jax.tree_util.keystr(p) for p, _ in leaves[:5]]
+        raise GatherError(f'{name} is a {type(value).__name__}, not an array; pass one leaf, '
+                          f'e.g. {name}{paths[0] if paths else ""}' if paths else
+                          f'{name} is a {type(value).__name__}, not an array.')
+    described = multihost.describe_layout(value)
+    report = None
+    if check and isinstance(value, jax.Array):
+        report = multihost.check_replicas(value)
+    return described, report
+
+
+def diff(namespace: dict[str, Any], name: str, timeout: float | None = None) -> Any:
+    """`multihost.tree_diff` of ``name`` (a collective: every host must call it)."""
+    import multihost
+
+    return multihost.tree_diff(lookup(namespace, name), timeout=timeout)
