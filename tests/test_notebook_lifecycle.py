@@ -74,3 +74,32 @@ def test_start_local_rejects_bad_sizes():
     """Bad sizes fail at once with the expected form, before starting anything."""
     with pytest.raises(ValueError, match='n >= 1'):
         mhnotebook.start_local(0, 2)
+
+
+def _engine_processes() -> set[int]:
+    import os
+
+    pids = set()
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            try:
+                with open(f'/proc/{entry}/cmdline', 'rb') as f:
+                    cmd = f.read().replace(b'\0', b' ')
+            except OSError:
+                continue
+            if b'ipyparallel.engine' in cmd or b'ipyparallel.controller' in cmd:
+                pids.add(int(entry))
+    return pids
+
+
+def test_start_timeout_is_clear_and_leaves_nothing_running():
+    """Engines that cannot come up in time: SessionError saying so, and no engine or controller left."""
+    import time
+
+    before = _engine_processes()
+    with pytest.raises(SessionError, match=r'engines came up within'):
+        mhnotebook.start_local(2, 1, timeout=0.05, progress=False)
+    deadline = time.monotonic() + 30
+    while _engine_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not (_engine_processes() - before)
