@@ -92,8 +92,7 @@ _barrier_ids = itertools.count()  # same sequence in every process: unique barri
 
 def _start_together() -> None:
     """Coordination-service barrier: every process leaves it at (about) the same time."""
-    _jax_adapter.client().wait_at_barrier(f'bench/diag/{next(_barrier_ids)}',
-                                          BARRIER_TIMEOUT_MS)
+    _jax_adapter.client().wait_at_barrier(f'bench/diag/{next(_barrier_ids)}', BARRIER_TIMEOUT_MS)
 
 
 def _time_reps(fn: Callable[[], Any], reps: int) -> list[float]:
@@ -174,11 +173,22 @@ def section_assert_equal(cluster: LocalCluster, args: argparse.Namespace) -> lis
     mib = per[0]['nbytes'] / MIB
     case = f'{ASSERT_EQUAL_LEAVES} leaves, {mib:.2f} MiB f32'
     return [
-        Row('assert_equal', f'{case}, equal', _slowest_median_ms([p['ours'] for p in per]),
-            _slowest_median_ms([p['jax'] for p in per]), args.reps, jax_reps,
-            note=f'JAX: {jax_reps} reps (slow: one call takes seconds)'),
-        Row('assert_equal', f'{case}, 1 leaf differs on 1 host (ours raises)',
-            _slowest_median_ms([p['ours_differing'] for p in per]), None, args.reps),
+        Row(
+            'assert_equal',
+            f'{case}, equal',
+            _slowest_median_ms([p['ours'] for p in per]),
+            _slowest_median_ms([p['jax'] for p in per]),
+            args.reps,
+            jax_reps,
+            note=f'JAX: {jax_reps} reps (slow: one call takes seconds)',
+        ),
+        Row(
+            'assert_equal',
+            f'{case}, 1 leaf differs on 1 host (ours raises)',
+            _slowest_median_ms([p['ours_differing'] for p in per]),
+            None,
+            args.reps,
+        ),
     ]
 
 
@@ -195,10 +205,14 @@ def _environment() -> dict[str, Any]:
     import jaxlib
 
     return {
-        'python': sys.version.split()[0], 'jax': jax.__version__,
-        'jaxlib': jaxlib.__version__, 'numpy': np.__version__,
-        'multihost': multihost.__version__, 'platform': platform.platform(),
-        'cpus': os.cpu_count(), 'processes': NUM_PROCESSES,
+        'python': sys.version.split()[0],
+        'jax': jax.__version__,
+        'jaxlib': jaxlib.__version__,
+        'numpy': np.__version__,
+        'multihost': multihost.__version__,
+        'platform': platform.platform(),
+        'cpus': os.cpu_count(),
+        'processes': NUM_PROCESSES,
         'devices_per_process': DEVICES_PER_PROCESS,
         'MULTIHOST_CHECK': os.environ.get('MULTIHOST_CHECK', '1 (default)'),
     }
@@ -206,31 +220,55 @@ def _environment() -> dict[str, Any]:
 
 def _print_table(rows: list[Row]) -> None:
     head = ('section', 'case', 'ours ms', 'ref ms', 'speedup', 'note')
-    cells = [(r.section, r.case, f'{r.ours_ms:.1f}',
-              '-' if r.ref_ms is None else f'{r.ref_ms:.1f}',
-              '-' if r.speedup is None else f'{r.speedup:.0f}x', r.note) for r in rows]
+    cells = [
+        (
+            r.section,
+            r.case,
+            f'{r.ours_ms:.1f}',
+            '-' if r.ref_ms is None else f'{r.ref_ms:.1f}',
+            '-' if r.speedup is None else f'{r.speedup:.0f}x',
+            r.note,
+        )
+        for r in rows
+    ]
     widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
     for c in [head, tuple('-' * w for w in widths), *cells]:
-        print('  '.join(v.rjust(w) if 2 <= i <= 4 else v.ljust(w)
-                        for i, (v, w) in enumerate(zip(c, widths))).rstrip())
+        print(
+            '  '.join(
+                v.rjust(w) if 2 <= i <= 4 else v.ljust(w) for i, (v, w) in enumerate(zip(c, widths))
+            ).rstrip()
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--reps', type=int, default=7,
-                        help='timed repetitions of our side (default 7)')
-    parser.add_argument('--jax-reps', type=int, default=3,
-                        help="timed repetitions of JAX's slow side (default 3, at most --reps)")
-    parser.add_argument('--only', nargs='+', choices=sorted(SECTIONS), metavar='SECTION',
-                        help=f'run only these sections (of: {", ".join(SECTIONS)})')
+    parser.add_argument(
+        '--reps', type=int, default=7, help='timed repetitions of our side (default 7)'
+    )
+    parser.add_argument(
+        '--jax-reps',
+        type=int,
+        default=3,
+        help="timed repetitions of JAX's slow side (default 3, at most --reps)",
+    )
+    parser.add_argument(
+        '--only',
+        nargs='+',
+        choices=sorted(SECTIONS),
+        metavar='SECTION',
+        help=f'run only these sections (of: {", ".join(SECTIONS)})',
+    )
     args = parser.parse_args(argv)
     if args.reps < 1 or args.jax_reps < 1:
         parser.error('--reps and --jax-reps must be >= 1')
 
     env = _environment()
     print('environment: ' + ', '.join(f'{k}={v}' for k, v in env.items()))
-    print('method: per rep the slowest process, then the median over reps; each side '
-          'warmed up once; speedup = ref / ours', flush=True)
+    print(
+        'method: per rep the slowest process, then the median over reps; each side '
+        'warmed up once; speedup = ref / ours',
+        flush=True,
+    )
     t_start = time.perf_counter()
     rows: list[Row] = []
     with LocalCluster(NUM_PROCESSES, DEVICES_PER_PROCESS) as cluster:

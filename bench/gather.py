@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-SETUP = '''
+SETUP = """
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax.experimental import multihost_utils as jmu
@@ -33,7 +33,7 @@ rows = {rows}
 big = jax.make_array_from_callback((rows, 1024), NamedSharding(mesh, P('x')),
         lambda i: np.arange(rows * 1024, dtype=np.float32).reshape(rows, 1024)[i])
 small = np.arange(16, dtype=np.float32) + jax.process_index()
-'''
+"""
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -74,13 +74,19 @@ def bench_gather(session, reps: int, mib: int) -> None:
             times[key].append(time.perf_counter() - t0)
             del out
     m = {k: _median_ms(v) for k, v in times.items()}
-    print(f'\n1. gather a {mib} MiB float32 array sharded P("x") over 4 hosts x 2 devices '
-          f'(median of {reps})')
+    print(
+        f'\n1. gather a {mib} MiB float32 array sharded P("x") over 4 hosts x 2 devices '
+        f'(median of {reps})'
+    )
     print(f'   Session.allgather            {m["ours"]:9.1f} ms')
-    print(f'   (a) process_allgather + pull {m["jax+pull"]:9.1f} ms   '
-          f'speedup {m["jax+pull"] / m["ours"]:6.1f}x   (goal >= 10x)')
-    print(f'   (b) np.copyto {mib} MiB        {m["copyto"]:9.1f} ms   '
-          f'ours/(b) {m["ours"] / m["copyto"]:6.2f}x   (goal <= 5x)')
+    print(
+        f'   (a) process_allgather + pull {m["jax+pull"]:9.1f} ms   '
+        f'speedup {m["jax+pull"] / m["ours"]:6.1f}x   (goal >= 10x)'
+    )
+    print(
+        f'   (b) np.copyto {mib} MiB        {m["copyto"]:9.1f} ms   '
+        f'ours/(b) {m["ours"] / m["copyto"]:6.2f}x   (goal <= 5x)'
+    )
 
 
 def bench_small_round_trip(session, reps: int) -> None:
@@ -103,8 +109,9 @@ def bench_small_round_trip(session, reps: int) -> None:
     m = {k: _median_ms(v) for k, v in times.items()}
     print(f'\n3. small round trip (16 floats per host, median of {reps * 3})')
     print(f'   %mh_allgather small {m["mh"]:8.1f} ms')
-    print(f'   %px small           {m["px"]:8.1f} ms   ratio {m["mh"] / m["px"]:5.2f}x   '
-          '(goal <= 2x)')
+    print(
+        f'   %px small           {m["px"]:8.1f} ms   ratio {m["mh"] / m["px"]:5.2f}x   (goal <= 2x)'
+    )
 
 
 def _bare_start(n: int, d: int) -> float:
@@ -118,8 +125,12 @@ def _bare_start(n: int, d: int) -> float:
     client = cluster.start_and_connect_sync()
     client.wait_for_engines(n, timeout=300)
     port = free_port()
-    ars = [client[e].apply_async(_call, 'multihost.engine.initialize', f'127.0.0.1:{port}', n,
-                                 i, d, platform='cpu') for i, e in enumerate(sorted(client.ids))]
+    ars = [
+        client[e].apply_async(
+            _call, 'multihost.engine.initialize', f'127.0.0.1:{port}', n, i, d, platform='cpu'
+        )
+        for i, e in enumerate(sorted(client.ids))
+    ]
     for ar in ars:
         ar.get(timeout=300)
     elapsed = time.perf_counter() - t0
@@ -142,8 +153,10 @@ def bench_startup(reps: int) -> None:
     m = {k: statistics.median(v) for k, v in times.items()}
     print(f'\n2. startup, 4 hosts x 2 devices (median of {reps})')
     print(f'   mhnotebook.start_local(4, 2)           {m["ours"]:6.2f} s')
-    print(f'   ipyparallel.Cluster(n=4) + JAX init    {m["bare"]:6.2f} s   '
-          f'ratio {m["ours"] / m["bare"]:5.2f}x   (goal <= 1.2x)')
+    print(
+        f'   ipyparallel.Cluster(n=4) + JAX init    {m["bare"]:6.2f} s   '
+        f'ratio {m["ours"] / m["bare"]:5.2f}x   (goal <= 1.2x)'
+    )
 
 
 def main() -> None:

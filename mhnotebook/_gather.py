@@ -46,7 +46,8 @@ def _plan(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise SessionError(
                 f'hosts hold differently structured values: process 0 has leaves '
                 f'{first["paths"][:8]}, process {m["process"]} has {m["paths"][:8]}. '
-                'Compare them with %mh_diff.')
+                'Compare them with %mh_diff.'
+            )
     plan = []
     for i, path in enumerate(first['paths']):
         leaf = [m['leaves'][i] for m in metas]
@@ -55,14 +56,18 @@ def _plan(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
         dtypes = {lm['dtype'] for lm in leaf}
         if len(kinds) > 1 or len(dtypes) > 1 or len(shapes) > 1:
             per = {p: (lm['kind'], lm['shape'], lm['dtype']) for p, lm in enumerate(leaf)}
-            raise SessionError(f'leaf {path} differs between hosts (kind, shape, dtype): {per}. '
-                               'Compare them with %mh_diff.')
+            raise SessionError(
+                f'leaf {path} differs between hosts (kind, shape, dtype): {per}. '
+                'Compare them with %mh_diff.'
+            )
         kind, shape, dtype = kinds.pop(), shapes.pop(), dtypes.pop()
         if kind == 'global':
             covered = sum(math.prod(b - a for a, b in idx) for lm in leaf for idx in lm['blocks'])
             if covered != math.prod(shape):
-                raise SessionError(f'leaf {path}: the hosts\' replica-0 blocks cover {covered} of '
-                                   f'{math.prod(shape)} elements; cannot assemble it.')
+                raise SessionError(
+                    f"leaf {path}: the hosts' replica-0 blocks cover {covered} of "
+                    f'{math.prod(shape)} elements; cannot assemble it.'
+                )
             out_shape = tuple(shape)
         else:
             out_shape = (n, *shape)
@@ -90,8 +95,9 @@ class _Bar:
 
             if get_ipython() is None or not hasattr(get_ipython(), 'kernel'):
                 return
-            self.widget = w.IntProgress(min=0, max=hosts,
-                                        description=f'{total_bytes / 2**20:.0f} MiB')
+            self.widget = w.IntProgress(
+                min=0, max=hosts, description=f'{total_bytes / 2**20:.0f} MiB'
+            )
             self.widget.add_class('mh-gather-progress')
             display(self.widget)
         except ImportError:
@@ -113,8 +119,9 @@ def _shm_available(session: Session) -> bool:
     return os.path.isdir(_SHM_DIR) and all(h.machine == here for h in session.hosts)
 
 
-def allgather(session: Session, name: str, *, timeout: float, transport: str,
-              progress: bool | None) -> Any:
+def allgather(
+    session: Session, name: str, *, timeout: float, transport: str, progress: bool | None
+) -> Any:
     _check_name(name)
     if transport not in ('auto', 'shm', 'zmq'):
         raise ValueError(f"transport must be 'auto', 'shm' or 'zmq', got {transport!r}")
@@ -123,8 +130,9 @@ def allgather(session: Session, name: str, *, timeout: float, transport: str,
         transport = 'shm' if _shm_available(session) else 'zmq'
         inline = _INLINE_BYTES
     elif transport == 'shm' and not _shm_available(session):
-        raise SessionError("transport='shm' needs every engine on this machine and /dev/shm; "
-                           "use transport='zmq'.")
+        raise SessionError(
+            "transport='shm' needs every engine on this machine and /dev/shm; use transport='zmq'."
+        )
     try:
         if transport == 'shm':
             return _gather_shm(session, name, timeout, progress, inline)
@@ -138,10 +146,12 @@ def allgather(session: Session, name: str, *, timeout: float, transport: str,
         raise
 
 
-def _gather_shm(session: Session, name: str, timeout: float, progress: bool | None,
-                inline: int) -> Any:
-    metas = session.call('multihost.engine.gather_meta', name, inline, namespace=True,
-                         timeout=timeout)
+def _gather_shm(
+    session: Session, name: str, timeout: float, progress: bool | None, inline: int
+) -> Any:
+    metas = session.call(
+        'multihost.engine.gather_meta', name, inline, namespace=True, timeout=timeout
+    )
     plan = _plan(metas)
     if all('data' in m for m in metas):  # small: the data came with the structure
         return _assemble(plan, metas)
@@ -155,16 +165,24 @@ def _gather_shm(session: Session, name: str, timeout: float, progress: bool | No
     bar = _Bar(total, session.num_hosts, progress)
     try:
         os.ftruncate(fd, total)
-        session.call('multihost.engine.gather_write', name, path, layout, namespace=True,
-                     timeout=timeout, on_done=bar.step)
+        session.call(
+            'multihost.engine.gather_write',
+            name,
+            path,
+            layout,
+            namespace=True,
+            timeout=timeout,
+            on_done=bar.step,
+        )
         mm = np.memmap(path, dtype=np.uint8, mode='r+', shape=(total,))
     finally:
         os.close(fd)
         os.unlink(path)  # the mapping keeps the memory alive
         bar.close()
     base = mm.view(np.ndarray)
-    leaves = [np.ndarray(shape, dtype=np.dtype(dt), buffer=base, offset=off)
-              for off, shape, dt in layout]
+    leaves = [
+        np.ndarray(shape, dtype=np.dtype(dt), buffer=base, offset=off) for off, shape, dt in layout
+    ]
     return _unflatten(metas[0]['skeleton'], leaves)
 
 
@@ -182,8 +200,7 @@ def _assemble(plan: list[dict[str, Any]], parts: list[dict[str, Any]]) -> Any:
             meta, blocks = part['leaves'][i], part['data'][i]
             if leaf['kind'] == 'global':
                 for idx, block in zip(meta['blocks'], blocks):
-                    out[tuple(slice(a, b) for a, b in idx)] = block.reshape(
-                        [b - a for a, b in idx])
+                    out[tuple(slice(a, b) for a, b in idx)] = block.reshape([b - a for a, b in idx])
             else:
                 out[part['process']] = blocks[0].reshape(meta['shape'])
         leaves.append(out)

@@ -20,8 +20,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from mhnotebook._session import HostsError, Session, SessionError, SessionTimeout
 
-NO_SESSION = ('no cluster yet: start one with  %mh_cluster start -n 4 -d 2  (simulated local '
-              'hosts) or  %mh_cluster connect --profile NAME  (an existing ipyparallel cluster).')
+NO_SESSION = (
+    'no cluster yet: start one with  %mh_cluster start -n 4 -d 2  (simulated local '
+    'hosts) or  %mh_cluster connect --profile NAME  (an existing ipyparallel cluster).'
+)
 BAD_NAME = '{!r} is not a variable name; use e.g. x or state.params.'
 
 
@@ -81,18 +83,27 @@ class MultihostMagics(Magics):
 
     # -- %mh_cluster -----------------------------------------------------------
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument('action', choices=['start', 'connect', 'status', 'restart', 'stop'],
-                              help='what to do with the cluster')
-    @magic_arguments.argument('-n', type=int, default=4,
-                              help='start: number of simulated hosts; connect: wait for N engines')
-    @magic_arguments.argument('-d', '--devices', type=int, default=2,
-                              help='start: CPU devices per host')
+    @magic_arguments.argument(
+        'action',
+        choices=['start', 'connect', 'status', 'restart', 'stop'],
+        help='what to do with the cluster',
+    )
+    @magic_arguments.argument(
+        '-n',
+        type=int,
+        default=4,
+        help='start: number of simulated hosts; connect: wait for N engines',
+    )
+    @magic_arguments.argument(
+        '-d', '--devices', type=int, default=2, help='start: CPU devices per host'
+    )
     @magic_arguments.argument('--profile', help='connect: ipython profile of the cluster')
     @magic_arguments.argument('--cluster-id', help='connect: cluster id within the profile')
     @magic_arguments.argument('--url-file', help='connect: ipcontroller-client.json path')
     @magic_arguments.argument('--coordinator', help='connect: host:port for jax.distributed')
-    @magic_arguments.argument('--timeout', type=float, default=180.0,
-                              help='seconds to wait for engines')
+    @magic_arguments.argument(
+        '--timeout', type=float, default=180.0, help='seconds to wait for engines'
+    )
     @line_magic
     def mh_cluster(self, line: str) -> Any:
         """Start, connect to, inspect, restart or stop the session's cluster.
@@ -106,8 +117,10 @@ class MultihostMagics(Magics):
 
         if args.action == 'start':
             if self.session is not None and self.session.running:
-                raise UsageError('a cluster is already running: %mh_cluster stop it first, '
-                                 'or %mh_cluster restart.')
+                raise UsageError(
+                    'a cluster is already running: %mh_cluster stop it first, '
+                    'or %mh_cluster restart.'
+                )
             if args.n < 1 or args.devices < 1:
                 raise UsageError('-n and -d must be at least 1, e.g. %mh_cluster start -n 4 -d 2')
             self.session = _session.start_local(args.n, args.devices, timeout=args.timeout)
@@ -117,19 +130,27 @@ class MultihostMagics(Magics):
                 raise UsageError('a cluster is already running: %mh_cluster stop it first.')
             try:
                 self.session = _session.connect(
-                    args.url_file, profile=args.profile, cluster_id=args.cluster_id,
+                    args.url_file,
+                    profile=args.profile,
+                    cluster_id=args.cluster_id,
                     n=args.n if '-n' in shlex.split(line) else None,
-                    coordinator=args.coordinator, timeout=args.timeout)
+                    coordinator=args.coordinator,
+                    timeout=args.timeout,
+                )
             except (OSError, TimeoutError) as exc:
-                raise UsageError(f'cannot connect: {exc}. Pass --profile, --cluster-id or '
-                                 '--url-file of a running ipyparallel cluster.') from None
+                raise UsageError(
+                    f'cannot connect: {exc}. Pass --profile, --cluster-id or '
+                    '--url-file of a running ipyparallel cluster.'
+                ) from None
             return None
         session = self._session()
         if args.action == 'status':
             for p, st in session.status().items():
                 state = 'busy' if st['busy'] else 'idle'
-                print(f'host {p}: engine {st["engine_id"]} on {st["hostname"]} '
-                      f'(pid {st["pid"]}), {state}')
+                print(
+                    f'host {p}: engine {st["engine_id"]} on {st["hostname"]} '
+                    f'(pid {st["pid"]}), {state}'
+                )
         elif args.action == 'restart':
             session.restart(timeout=args.timeout)
         elif args.action == 'stop':
@@ -138,8 +159,9 @@ class MultihostMagics(Magics):
 
     # -- %%mh ----------------------------------------------------------------------
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument('--timeout', type=float, default=None,
-                              help='seconds to wait; then show where every host is')
+    @magic_arguments.argument(
+        '--timeout', type=float, default=None, help='seconds to wait; then show where every host is'
+    )
     @cell_magic
     def mh(self, line: str, cell: str) -> None:
         """Run the cell on every host; output is labelled by process index.
@@ -154,8 +176,10 @@ class MultihostMagics(Magics):
         try:
             session.execute(cell, timeout=args.timeout, on_status=status)
         except SessionTimeout as exc:
-            print(f'%%mh: hosts {exc.pending} still running after {args.timeout:g} s '
-                  f'(finished: {exc.finished}). Where they are:')
+            print(
+                f'%%mh: hosts {exc.pending} still running after {args.timeout:g} s '
+                f'(finished: {exc.finished}). Where they are:'
+            )
             self._show_where(session)
         except KeyboardInterrupt:
             print('%%mh: interrupted; the cell keeps running on the hosts. Where they are:')
@@ -175,9 +199,15 @@ class MultihostMagics(Magics):
     # -- %mh_allgather -------------------------------------------------------------
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('name', help='engine variable (x or state.params)')
-    @magic_arguments.argument('-o', '--out', help='notebook variable to store it in (default: NAME)')
-    @magic_arguments.argument('--transport', choices=['auto', 'shm', 'zmq'], default='auto',
-                              help='shm: engines on this machine write into shared memory')
+    @magic_arguments.argument(
+        '-o', '--out', help='notebook variable to store it in (default: NAME)'
+    )
+    @magic_arguments.argument(
+        '--transport',
+        choices=['auto', 'shm', 'zmq'],
+        default='auto',
+        help='shm: engines on this machine write into shared memory',
+    )
     @line_magic
     def mh_allgather(self, line: str) -> None:
         """Bring the global value of an engine variable into the notebook as numpy.
@@ -217,8 +247,12 @@ class MultihostMagics(Magics):
 
 def _magic_docs() -> str:
     parts = []
-    for name, kind in [('mh_cluster', '%'), ('mh', '%%'), ('mh_allgather', '%'),
-                       ('mh_barrier', '%')]:
+    for name, kind in [
+        ('mh_cluster', '%'),
+        ('mh', '%%'),
+        ('mh_allgather', '%'),
+        ('mh_barrier', '%'),
+    ]:
         doc = (getattr(MultihostMagics, name).__doc__ or '').strip()
         parts.append(f'``{kind}{name}``\n\n    ' + doc.replace('\n', '\n    '))
     return '\n\n'.join(parts)

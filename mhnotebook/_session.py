@@ -11,21 +11,24 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
-import os
 import secrets
 import signal
 import sys
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
-__all__ = ['HostInfo', 'HostsError', 'Session', 'SessionError', 'SessionTimeout', 'connect',
-           'start_local']
+__all__ = [
+    'HostInfo',
+    'HostsError',
+    'Session',
+    'SessionError',
+    'SessionTimeout',
+    'connect',
+    'start_local',
+]
 
 log = logging.getLogger('mhnotebook')
 
@@ -149,8 +152,14 @@ class Session:
         hosts: `HostInfo` per process index.
     """
 
-    def __init__(self, client: Any, hosts: Sequence[HostInfo], *, cluster: Any = None,
-                 start_options: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        client: Any,
+        hosts: Sequence[HostInfo],
+        *,
+        cluster: Any = None,
+        start_options: dict[str, Any] | None = None,
+    ):
         self.client = client
         self.hosts: tuple[HostInfo, ...] = tuple(sorted(hosts, key=lambda h: h.process_index))
         self.engine_ids: list[int] = [h.engine_id for h in self.hosts]
@@ -185,13 +194,22 @@ class Session:
 
     def _check(self) -> None:
         if self._stopped:
-            raise SessionError('this session is stopped; start a new one with '
-                               'mhnotebook.start_local(...) or %mh_cluster start.')
+            raise SessionError(
+                'this session is stopped; start a new one with '
+                'mhnotebook.start_local(...) or %mh_cluster start.'
+            )
 
     # -- calling engines -------------------------------------------------------
-    def call(self, qualname: str, *args: Any, namespace: bool = False,
-             timeout: float = 60.0, processes: Sequence[int] | None = None,
-             on_done: Callable[[int], None] | None = None, **kwargs: Any) -> list[Any]:
+    def call(
+        self,
+        qualname: str,
+        *args: Any,
+        namespace: bool = False,
+        timeout: float = 60.0,
+        processes: Sequence[int] | None = None,
+        on_done: Callable[[int], None] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
         """Calls installed function ``qualname`` on every host; results by process index.
 
         Args:
@@ -208,13 +226,20 @@ class Session:
         self._check()
         procs = list(range(self.num_hosts)) if processes is None else list(processes)
         tramp = _call_ns if namespace else _call
-        pending = {p: self.client[self.engine_ids[p]].apply_async(tramp, qualname, *args,
-                                                                  **kwargs) for p in procs}
+        pending = {
+            p: self.client[self.engine_ids[p]].apply_async(tramp, qualname, *args, **kwargs)
+            for p in procs
+        }
         return self._wait(pending, timeout, qualname, on_done)
 
-    def _wait(self, pending: dict[int, Any], timeout: float, what: str,
-              on_done: Callable[[int], None] | None = None,
-              on_tick: Callable[[dict[int, str], float], None] | None = None) -> list[Any]:
+    def _wait(
+        self,
+        pending: dict[int, Any],
+        timeout: float,
+        what: str,
+        on_done: Callable[[int], None] | None = None,
+        on_tick: Callable[[dict[int, str], float], None] | None = None,
+    ) -> list[Any]:
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
         start = time.monotonic()
@@ -223,8 +248,10 @@ class Session:
         next_tick = start
         while left:
             if on_tick is not None and time.monotonic() >= next_tick:
-                state = {p: ('error' if p in errors else 'done' if p not in left else 'running')
-                         for p in pending}
+                state = {
+                    p: ('error' if p in errors else 'done' if p not in left else 'running')
+                    for p in pending
+                }
                 on_tick(state, time.monotonic() - start)
                 next_tick += 0.5
             remaining = deadline - time.monotonic()
@@ -242,25 +269,34 @@ class Session:
             if left:
                 next(iter(left.values())).wait(min(0.05, max(remaining, 0)))
         if on_tick is not None:
-            state = {p: ('error' if p in errors else 'done' if p not in left else 'running')
-                     for p in pending}
+            state = {
+                p: ('error' if p in errors else 'done' if p not in left else 'running')
+                for p in pending
+            }
             on_tick(state, time.monotonic() - start)
         if left:
             raise SessionTimeout(
                 f'{what}: host(s) {sorted(left)} did not answer within {timeout:g} s. '
                 'They may be stuck in a collective: look with session.where() '
                 '(%mh_where), or restart with session.restart() (%mh_cluster restart).',
-                pending=sorted(left), finished=sorted(set(pending) - set(left)))
+                pending=sorted(left),
+                finished=sorted(set(pending) - set(left)),
+            )
         if errors:
             first = min(errors)
             raise HostsError(
-                f'{what} failed on host(s) {sorted(errors)}; host {first}:\n{errors[first]}',
-                errors)
+                f'{what} failed on host(s) {sorted(errors)}; host {first}:\n{errors[first]}', errors
+            )
         return [results[p] for p in sorted(results)]
 
-    def execute(self, code: str, *, timeout: float | None = None, echo: bool = True,
-                on_status: Callable[[dict[int, str], float], None] | None = None
-                ) -> dict[int, str]:
+    def execute(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        echo: bool = True,
+        on_status: Callable[[dict[int, str], float], None] | None = None,
+    ) -> dict[int, str]:
         """Runs ``code`` on every host (the way a ``%%mh`` cell does).
 
         Args:
@@ -280,14 +316,20 @@ class Session:
                 running on the engines).
         """
         self._check()
-        pending = {p: self.client[e].execute(code, silent=False, block=False)
-                   for p, e in enumerate(self.engine_ids)}
+        pending = {
+            p: self.client[e].execute(code, silent=False, block=False)
+            for p, e in enumerate(self.engine_ids)
+        }
         try:
-            self._wait(pending, float('inf') if timeout is None else timeout, 'execute',
-                       on_tick=on_status)
+            self._wait(
+                pending, float('inf') if timeout is None else timeout, 'execute', on_tick=on_status
+            )
         finally:
-            outputs = {p: ''.join(getattr(ar, 'stdout', '') or '') for p, ar in pending.items()
-                       if ar.ready()}
+            outputs = {
+                p: ''.join(getattr(ar, 'stdout', '') or '')
+                for p, ar in pending.items()
+                if ar.ready()
+            }
             if echo:
                 for p, text in outputs.items():
                     if text:
@@ -302,8 +344,14 @@ class Session:
             self.client[e].push(ns, block=True)
 
     # -- gather ----------------------------------------------------------------
-    def allgather(self, name: str, *, timeout: float = 600.0, transport: str = 'auto',
-                  progress: bool | None = None) -> Any:
+    def allgather(
+        self,
+        name: str,
+        *,
+        timeout: float = 600.0,
+        transport: str = 'auto',
+        progress: bool | None = None,
+    ) -> Any:
         """The global value of engine variable ``name``, as numpy, in this process.
 
         Global `jax.Array`s (any sharding, any rank) come back whole; host-local
@@ -327,8 +375,9 @@ class Session:
         from mhnotebook import _gather
 
         self._check()
-        return _gather.allgather(self, name, timeout=timeout, transport=transport,
-                                 progress=progress)
+        return _gather.allgather(
+            self, name, timeout=timeout, transport=transport, progress=progress
+        )
 
     def barrier(self, name: str, *, timeout: float | None = None) -> dict[int, dict[str, Any]]:
         """Runs a `multihost.barrier` on every host; per process index what happened.
@@ -347,14 +396,14 @@ class Session:
         ``check`` digests every replica on every host (a collective) so
         replicas that disagree are flagged.
         """
-        results = self.call('multihost.engine.layout', name, check, namespace=True,
-                            timeout=timeout)
+        results = self.call('multihost.engine.layout', name, check, namespace=True, timeout=timeout)
         return results[0]
 
     def diff(self, name: str, *, timeout: float = 120.0) -> Any:
         """`multihost.TreeDiff` of engine value ``name`` across hosts (what differs, where)."""
-        results = self.call('multihost.engine.diff', name, timeout, namespace=True,
-                            timeout=timeout + 10)
+        results = self.call(
+            'multihost.engine.diff', name, timeout, namespace=True, timeout=timeout + 10
+        )
         return results[0]
 
     @property
@@ -369,11 +418,11 @@ class Session:
             from multihost import ControlClient
 
             if self._control_address is None:
-                _, port = self.call('multihost.engine.serve_control', self._control_key,
-                                    processes=[0])[0]
+                _, port = self.call(
+                    'multihost.engine.serve_control', self._control_key, processes=[0]
+                )[0]
                 self._control_address = (self.hosts[0].address, port)
-            self._control = ControlClient(self._control_address, self._control_key,
-                                          timeout=15.0)
+            self._control = ControlClient(self._control_address, self._control_key, timeout=15.0)
         return self._control
 
     def where(self, *, timeout: float = 10.0) -> dict[int, Any]:
@@ -408,9 +457,13 @@ class Session:
         out = {}
         for h in self.hosts:
             q = queue.get(h.engine_id, {})
-            out[h.process_index] = dict(engine_id=h.engine_id, hostname=h.hostname,
-                                        pid=h.pid, busy=bool(q.get('tasks', 0) or q.get('queue', 0)),
-                                        queued=q.get('queue', 0))
+            out[h.process_index] = dict(
+                engine_id=h.engine_id,
+                hostname=h.hostname,
+                pid=h.pid,
+                busy=bool(q.get('tasks', 0) or q.get('queue', 0)),
+                queued=q.get('queue', 0),
+            )
         return out
 
     def stop(self) -> None:
@@ -449,9 +502,11 @@ class Session:
         restart its engines with your launcher and `connect` again.
         """
         if self._start_options is None:
-            raise SessionError('restart() works for sessions made by start_local; for a '
-                               'connected cluster restart the engines with its launcher '
-                               'and call mhnotebook.connect(...) again.')
+            raise SessionError(
+                'restart() works for sessions made by start_local; for a '
+                'connected cluster restart the engines with its launcher '
+                'and call mhnotebook.connect(...) again.'
+            )
         self.stop()
         fresh = start_local(**{**self._start_options, 'timeout': timeout})
         _live_sessions.discard(fresh)
@@ -494,21 +549,42 @@ class _Progress:
 
 
 def _hosts_from_infos(infos: dict[int, dict[str, Any]]) -> list[HostInfo]:
-    return [HostInfo(process_index=i['process_index'], engine_id=e, hostname=i['hostname'],
-                     address=i['address'], machine=i['machine'], pid=i['pid'],
-                     local_devices=tuple(i.get('local_devices', ())))
-            for e, i in infos.items()]
+    return [
+        HostInfo(
+            process_index=i['process_index'],
+            engine_id=e,
+            hostname=i['hostname'],
+            address=i['address'],
+            machine=i['machine'],
+            pid=i['pid'],
+            local_devices=tuple(i.get('local_devices', ())),
+        )
+        for e, i in infos.items()
+    ]
 
 
-def _initialize(client: Any, engine_ids: list[int], coordinator: str, devices: int | None,
-                platform: str | None, timeout: float,
-                progress: _Progress) -> dict[int, dict[str, Any]]:
+def _initialize(
+    client: Any,
+    engine_ids: list[int],
+    coordinator: str,
+    devices: int | None,
+    platform: str | None,
+    timeout: float,
+    progress: _Progress,
+) -> dict[int, dict[str, Any]]:
     n = len(engine_ids)
     pending = {}
     for pid, e in enumerate(engine_ids):
         pending[e] = client[e].apply_async(
-            _call, 'multihost.engine.initialize', coordinator, n, pid, devices,
-            platform=platform, initialization_timeout=int(max(timeout, 10)))
+            _call,
+            'multihost.engine.initialize',
+            coordinator,
+            n,
+            pid,
+            devices,
+            platform=platform,
+            initialization_timeout=int(max(timeout, 10)),
+        )
     infos: dict[int, dict[str, Any]] = {}
     errors: dict[int, str] = {}
     deadline = time.monotonic() + timeout
@@ -529,7 +605,8 @@ def _initialize(client: Any, engine_ids: list[int], coordinator: str, devices: i
             f'jax.distributed.initialize failed (coordinator {coordinator}): '
             f'engines {sorted(errors)} raised, engines {missing} did not finish within '
             f'{timeout:g} s.{detail}\nCheck that every engine can reach the coordinator '
-            'address (pass coordinator="host:port" to choose it).')
+            'address (pass coordinator="host:port" to choose it).'
+        )
     return infos
 
 
@@ -542,8 +619,14 @@ def _start_control(session: Session) -> None:
         raise
 
 
-def start_local(n: int = 4, devices_per_host: int = 2, *, timeout: float = 180.0,
-                progress: bool = True, **cluster_options: Any) -> Session:
+def start_local(
+    n: int = 4,
+    devices_per_host: int = 2,
+    *,
+    timeout: float = 180.0,
+    progress: bool = True,
+    **cluster_options: Any,
+) -> Session:
     """Starts ``n`` local ipyparallel engines, each a JAX process with CPU devices.
 
     Each engine sets ``jax_num_cpu_devices`` and joins ``jax.distributed`` on
@@ -565,9 +648,12 @@ def start_local(n: int = 4, devices_per_host: int = 2, *, timeout: float = 180.0
     from multihost.local import free_port
 
     if n < 1 or devices_per_host < 1:
-        raise ValueError(f'need n >= 1 and devices_per_host >= 1, got n={n}, '
-                         f'devices_per_host={devices_per_host}')
-    show = _Progress(progress, f'mhnotebook: starting {n} engines x {devices_per_host} CPU devices ...')
+        raise ValueError(
+            f'need n >= 1 and devices_per_host >= 1, got n={n}, devices_per_host={devices_per_host}'
+        )
+    show = _Progress(
+        progress, f'mhnotebook: starting {n} engines x {devices_per_host} CPU devices ...'
+    )
     t0 = time.monotonic()
     cluster_options.setdefault('log_level', logging.WARNING)
     cluster = ipp.Cluster(n=n, **cluster_options)
@@ -577,35 +663,53 @@ def start_local(n: int = 4, devices_per_host: int = 2, *, timeout: float = 180.0
         try:
             client.wait_for_engines(n, timeout=timeout)
         except TimeoutError:
-            raise SessionError(f'only {len(client.ids)} of {n} engines came up within '
-                               f'{timeout:g} s; see the engine logs in '
-                               f'{cluster.profile_dir}/log') from None
+            raise SessionError(
+                f'only {len(client.ids)} of {n} engines came up within '
+                f'{timeout:g} s; see the engine logs in '
+                f'{cluster.profile_dir}/log'
+            ) from None
         engine_ids = sorted(client.ids)[:n]
-        show.update(f'mhnotebook: {n} engines up in {time.monotonic() - t0:.1f} s; '
-                    'initializing JAX ...')
+        show.update(
+            f'mhnotebook: {n} engines up in {time.monotonic() - t0:.1f} s; initializing JAX ...'
+        )
         left = max(10.0, timeout - (time.monotonic() - t0))
-        infos = _initialize(client, engine_ids, f'127.0.0.1:{free_port()}', devices_per_host,
-                            'cpu', left, show)
+        infos = _initialize(
+            client, engine_ids, f'127.0.0.1:{free_port()}', devices_per_host, 'cpu', left, show
+        )
     except BaseException:
         try:
             cluster.stop_cluster_sync()
         except Exception:
             pass
         raise
-    session = Session(client, _hosts_from_infos(infos), cluster=cluster,
-                      start_options=dict(n=n, devices_per_host=devices_per_host,
-                                         progress=progress, **cluster_options))
+    session = Session(
+        client,
+        _hosts_from_infos(infos),
+        cluster=cluster,
+        start_options=dict(
+            n=n, devices_per_host=devices_per_host, progress=progress, **cluster_options
+        ),
+    )
     _start_control(session)
-    show.update(f'mhnotebook: {n} hosts x {devices_per_host} devices ready in '
-                f'{time.monotonic() - t0:.1f} s (engines {session.engine_ids})')
+    show.update(
+        f'mhnotebook: {n} hosts x {devices_per_host} devices ready in '
+        f'{time.monotonic() - t0:.1f} s (engines {session.engine_ids})'
+    )
     return session
 
 
-def connect(url_file: str | None = None, *, profile: str | None = None,
-            cluster_id: str | None = None, n: int | None = None,
-            coordinator: str | None = None, devices_per_host: int | None = None,
-            platform: str | None = None, timeout: float = 120.0,
-            progress: bool = True) -> Session:
+def connect(
+    url_file: str | None = None,
+    *,
+    profile: str | None = None,
+    cluster_id: str | None = None,
+    n: int | None = None,
+    coordinator: str | None = None,
+    devices_per_host: int | None = None,
+    platform: str | None = None,
+    timeout: float = 120.0,
+    progress: bool = True,
+) -> Session:
     """Attaches to an existing ipyparallel cluster, started by any launcher (ssh, mpi, slurm...).
 
     If JAX is not distributed on the engines yet, initializes it: engine ids
@@ -631,38 +735,51 @@ def connect(url_file: str | None = None, *, profile: str | None = None,
     import ipyparallel as ipp
 
     show = _Progress(progress, 'mhnotebook: connecting to the ipyparallel cluster ...')
-    kwargs = {k: v for k, v in dict(url_file=url_file, profile=profile,
-                                    cluster_id=cluster_id).items() if v is not None}
+    kwargs = {
+        k: v
+        for k, v in dict(url_file=url_file, profile=profile, cluster_id=cluster_id).items()
+        if v is not None
+    }
     client = ipp.Client(timeout=timeout, **kwargs)
     try:
         if n is not None:
             client.wait_for_engines(n, timeout=timeout)
         engine_ids = sorted(client.ids)
         if not engine_ids:
-            raise SessionError('the cluster has no engines; start some (ipcluster engines '
-                               '-n N) or pass n=N to wait for them.')
-        infos = dict(zip(engine_ids, client[engine_ids].apply_sync(_call, 'multihost.engine.engine_info')))
+            raise SessionError(
+                'the cluster has no engines; start some (ipcluster engines '
+                '-n N) or pass n=N to wait for them.'
+            )
+        infos = dict(
+            zip(engine_ids, client[engine_ids].apply_sync(_call, 'multihost.engine.engine_info'))
+        )
         ready = [e for e, i in infos.items() if i['initialized']]
         if ready and len(ready) != len(engine_ids):
-            raise SessionError(f'JAX is distributed on engines {ready} but not on '
-                               f'{sorted(set(engine_ids) - set(ready))}; restart the engines.')
+            raise SessionError(
+                f'JAX is distributed on engines {ready} but not on '
+                f'{sorted(set(engine_ids) - set(ready))}; restart the engines.'
+            )
         if not ready:
             if coordinator is None:
                 first = engine_ids[0]
                 port = client[first].apply_sync(_call, 'multihost.engine.free_port')
                 coordinator = f'{infos[first]["address"]}:{port}'
-            infos = _initialize(client, engine_ids, coordinator, devices_per_host, platform,
-                                timeout, show)
+            infos = _initialize(
+                client, engine_ids, coordinator, devices_per_host, platform, timeout, show
+            )
         counts = {i['process_count'] for i in infos.values()}
         if counts != {len(engine_ids)}:
-            raise SessionError(f'engines report process_count {sorted(counts)} but the cluster '
-                               f'has {len(engine_ids)} engines; one engine per JAX process '
-                               'is required.')
+            raise SessionError(
+                f'engines report process_count {sorted(counts)} but the cluster '
+                f'has {len(engine_ids)} engines; one engine per JAX process '
+                'is required.'
+            )
     except BaseException:
         client.close()
         raise
     session = Session(client, _hosts_from_infos(infos))
     _start_control(session)
-    show.update(f'mhnotebook: connected to {session.num_hosts} hosts (engines '
-                f'{session.engine_ids})')
+    show.update(
+        f'mhnotebook: connected to {session.num_hosts} hosts (engines {session.engine_ids})'
+    )
     return session

@@ -30,14 +30,23 @@ def demo_body() -> list[str]:
     lines = []
 
     def show(name: str, value: object) -> None:
-        text = np.array2string(np.asarray(value), threshold=16) if not isinstance(value, str) else value
+        text = (
+            np.array2string(np.asarray(value), threshold=16)
+            if not isinstance(value, str)
+            else value
+        )
         lines.append(f'{name:<34} {text}')
 
-    show('broadcast_one_to_all(arange(4)+4*p)', multihost.broadcast_one_to_all(np.arange(4) + 4 * pid))
+    show(
+        'broadcast_one_to_all(arange(4)+4*p)',
+        multihost.broadcast_one_to_all(np.arange(4) + 4 * pid),
+    )
     multihost.sync_global_devices('demo')
     show('sync_global_devices("demo")', 'passed')
     show('process_allgather(p)', multihost.process_allgather(np.int32(pid)))
-    show('process_allgather([p,p], tiled)', multihost.process_allgather(np.full(2, pid), tiled=True))
+    show(
+        'process_allgather([p,p], tiled)', multihost.process_allgather(np.full(2, pid), tiled=True)
+    )
     multihost.assert_equal(np.arange(3), 'all hosts hold arange(3)')
     show('assert_equal(arange(3))', 'passed')
     local = np.arange(4.0) + 10 * pid

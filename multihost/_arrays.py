@@ -20,8 +20,10 @@ from jax.sharding import PartitionSpec as P
 
 from multihost import _sequence
 
-_NONE_PSPEC = ('`None` is not a valid input to the pspecs argument. Please use '
-               'jax.sharding.PartitionSpec() if you wanted to replicate your input.')
+_NONE_PSPEC = (
+    '`None` is not a valid input to the pspecs argument. Please use '
+    'jax.sharding.PartitionSpec() if you wanted to replicate your input.'
+)
 
 
 def _is_spec_leaf(x: Any) -> bool:
@@ -39,14 +41,17 @@ def _flat_specs(what: str, tree: Any, pspecs: Any) -> list[Any]:
         raise ValueError(
             f'{what} must be a PartitionSpec or a pytree of PartitionSpecs that '
             f'is a prefix of the inputs; got pspecs {pspecs!r} for inputs with '
-            f'structure {jax.tree.structure(tree)}: {exc}') from None
+            f'structure {jax.tree.structure(tree)}: {exc}'
+        ) from None
     out: list[Any] = []
     for spec, sub in zip(spec_leaves, subtrees):
         if spec is None:
             raise ValueError(_NONE_PSPEC)
         if not isinstance(spec, P):
-            raise TypeError(f'{what} leaves must be jax.sharding.PartitionSpec, '
-                            f'got {type(spec).__name__}: {spec!r}')
+            raise TypeError(
+                f'{what} leaves must be jax.sharding.PartitionSpec, '
+                f'got {type(spec).__name__}: {spec!r}'
+            )
         out.extend([spec] * len(jax.tree.leaves(sub)))
     return out
 
@@ -58,26 +63,29 @@ def _check_contiguous(mesh: Mesh) -> None:
     if not (procs == jax.process_index()).any():
         raise ValueError(
             f'global_mesh {dict(mesh.shape)} holds none of process '
-            f'{jax.process_index()}\'s devices; every process that calls this '
-            'function must own part of the mesh.')
+            f"{jax.process_index()}'s devices; every process that calls this "
+            'function must own part of the mesh.'
+        )
     for p in np.unique(procs):
         where = np.argwhere(procs == p)
         lo, hi = where.min(axis=0), where.max(axis=0) + 1
         if math.prod((hi - lo).tolist()) != len(where):
-            box = ', '.join(f'{ax}[{a}:{b}]' for ax, a, b in
-                            zip(mesh.axis_names, lo.tolist(), hi.tolist()))
+            box = ', '.join(
+                f'{ax}[{a}:{b}]' for ax, a, b in zip(mesh.axis_names, lo.tolist(), hi.tolist())
+            )
             raise ValueError(
-                f'global_mesh is not contiguous: process {int(p)}\'s '
+                f"global_mesh is not contiguous: process {int(p)}'s "
                 f'{len(where)} devices do not form a sub-cube of the mesh '
                 f'{dict(mesh.shape)} (they are spread over {box}, which holds '
                 f'{math.prod((hi - lo).tolist())} devices). '
                 'host_local_array_to_global_array and '
-                'global_array_to_host_local_array need every host\'s devices to '
+                "global_array_to_host_local_array need every host's devices to "
                 'be one contiguous block of the mesh. Reorder the mesh devices '
                 '(e.g. jax.make_mesh or np.array(jax.devices()).reshape(...) '
                 'keeps each process contiguous), or build the global array '
                 'directly with jax.make_array_from_callback or '
-                'jax.make_array_from_single_device_arrays.')
+                'jax.make_array_from_single_device_arrays.'
+            )
 
 
 def _axes(entry: Any) -> tuple[str, ...]:
@@ -89,8 +97,10 @@ def _axes(entry: Any) -> tuple[str, ...]:
 def _factors(mesh: Mesh, spec: P, ndim: int) -> list[int]:
     """Per dimension: how many hosts' blocks the global dimension is made of."""
     if len(spec) > ndim:
-        raise ValueError(f'PartitionSpec {spec} has {len(spec)} entries but the '
-                         f'array has only {ndim} dimension(s).')
+        raise ValueError(
+            f'PartitionSpec {spec} has {len(spec)} entries but the '
+            f'array has only {ndim} dimension(s).'
+        )
     local = mesh.local_mesh.shape
     out = []
     for d in range(ndim):
@@ -98,8 +108,10 @@ def _factors(mesh: Mesh, spec: P, ndim: int) -> list[int]:
         f = 1
         for ax in _axes(entry):
             if ax not in mesh.shape:
-                raise ValueError(f'PartitionSpec {spec} names axis {ax!r}, which '
-                                 f'is not in the mesh axes {mesh.axis_names}.')
+                raise ValueError(
+                    f'PartitionSpec {spec} names axis {ax!r}, which '
+                    f'is not in the mesh axes {mesh.axis_names}.'
+                )
             f *= mesh.shape[ax] // local[ax]
         out.append(f)
     return out
@@ -138,8 +150,12 @@ def _local_to_global(x: Any, mesh: Mesh, spec: P) -> Any:
     offset = _host_offset(global_sharding, global_shape)
 
     def local_piece(index: tuple[slice, ...]) -> np.ndarray:
-        return host[tuple(slice((s.start or 0) - o, None if s.stop is None else s.stop - o)
-                          for s, o in zip(index, offset))]
+        return host[
+            tuple(
+                slice((s.start or 0) - o, None if s.stop is None else s.stop - o)
+                for s, o in zip(index, offset)
+            )
+        ]
 
     return jax.make_array_from_callback(global_shape, global_sharding, local_piece)
 
@@ -151,8 +167,7 @@ def _host_offset(sharding: NamedSharding, global_shape: tuple[int, ...]) -> tupl
     return tuple(min(idx[d].start or 0 for idx in starts) for d in range(len(global_shape)))
 
 
-def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh,
-                                     pspecs: Any) -> Any:
+def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh, pspecs: Any) -> Any:
     """Converts host-local values to globally sharded `jax.Array`s.
 
     Each host passes its own local data (which may differ between hosts); the
@@ -183,7 +198,8 @@ def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh,
     specs = _flat_specs('input pspecs', local_inputs, pspecs)
     leaves, treedef = jax.tree.flatten(local_inputs)
     return jax.tree.unflatten(
-        treedef, [_local_to_global(x, global_mesh, s) for x, s in zip(leaves, specs)])
+        treedef, [_local_to_global(x, global_mesh, s) for x, s in zip(leaves, specs)]
+    )
 
 
 def _global_to_local(x: Any, mesh: Mesh, spec: P) -> Any:
@@ -203,8 +219,11 @@ def _global_to_local(x: Any, mesh: Mesh, spec: P) -> Any:
     if isinstance(x, jax.Array):
         if not x.sharding.is_equivalent_to(global_sharding, x.ndim):
             if _sequence.checking_enabled():
-                _sequence.enter('global_array_to_host_local_array', 'reshard',
-                                tree_digest=_sequence.digest((x.shape, str(x.dtype), spec)))
+                _sequence.enter(
+                    'global_array_to_host_local_array',
+                    'reshard',
+                    tree_digest=_sequence.digest((x.shape, str(x.dtype), spec)),
+                )
             x = jax.device_put(x, global_sharding)
         bufs = [s.data for s in x.addressable_shards]  # zero copy
     else:
@@ -214,8 +233,7 @@ def _global_to_local(x: Any, mesh: Mesh, spec: P) -> Any:
     return jax.make_array_from_single_device_arrays(local_shape, local_sharding, bufs)
 
 
-def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh,
-                                     pspecs: Any) -> Any:
+def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh, pspecs: Any) -> Any:
     """Converts global `jax.Array`s to this host's local part.
 
     The inverse of `host_local_array_to_global_array`: each host keeps the
@@ -241,4 +259,5 @@ def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh,
     specs = _flat_specs('output pspecs', global_inputs, pspecs)
     leaves, treedef = jax.tree.flatten(global_inputs)
     return jax.tree.unflatten(
-        treedef, [_global_to_local(x, global_mesh, s) for x, s in zip(leaves, specs)])
+        treedef, [_global_to_local(x, global_mesh, s) for x, s in zip(leaves, specs)]
+    )

@@ -27,7 +27,7 @@ from multihost._errors import HostMismatchError
 _PROCESS_AXIS = 'processes'
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _process_mesh(process_count: int) -> Mesh:
     """A 1-D mesh holding the first local device of every process, in process order."""
     devices = [jax.local_devices(process_index=p)[0] for p in range(process_count)]
@@ -44,12 +44,12 @@ def _sum_over_processes(xs):
 
 # Module-level jit objects with fixed out_shardings: built once per mesh so
 # repeated calls with the same avals hit the compile cache.
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gather_fn(sharding: NamedSharding):
     return jax.jit(_identity, out_shardings=sharding)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sum_fn(sharding: NamedSharding):
     return jax.jit(_sum_over_processes, out_shardings=sharding)
 
@@ -59,8 +59,7 @@ def _is_global(x: Any) -> bool:
 
 
 def _tree_digest(kind: str, treedef: Any, leaves: list[Any], extra: Any = None) -> str:
-    sig = [(tuple(np.shape(x)), str(getattr(x, 'dtype', type(x).__name__)))
-           for x in leaves]
+    sig = [(tuple(np.shape(x)), str(getattr(x, 'dtype', type(x).__name__))) for x in leaves]
     return _sequence.digest((kind, str(treedef), sig, extra))
 
 
@@ -72,8 +71,7 @@ def _stack_on_processes(host_arrays: list[np.ndarray]) -> list[jax.Array]:
     n = jax.process_count()
     bufs = jax.device_put(host_arrays, device)
     return [
-        jax.make_array_from_single_device_arrays((n * b.shape[0], *b.shape[1:]),
-                                                 sharding, [b])
+        jax.make_array_from_single_device_arrays((n * b.shape[0], *b.shape[1:]), sharding, [b])
         for b in bufs
     ]
 
@@ -112,8 +110,9 @@ def _process_boxes(sharding: Any, shape: tuple[int, ...], n: int) -> tuple[Box, 
         blocks = per_process.get(p)
         if not blocks:
             return None
-        box = tuple((min(b[d][0] for b in blocks), max(b[d][1] for b in blocks))
-                    for d in range(len(shape)))
+        box = tuple(
+            (min(b[d][0] for b in blocks), max(b[d][1] for b in blocks)) for d in range(len(shape))
+        )
         volume = sum(np.prod([hi - lo for lo, hi in b], dtype=np.int64) for b in blocks)
         if volume != np.prod([hi - lo for lo, hi in box], dtype=np.int64):
             return None
@@ -163,8 +162,8 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
     for x in leaves:
         if _is_global(x) and not tiled:
             raise ValueError(
-                'Gathering global non-fully-addressable arrays only supports'
-                ' tiled=True')
+                'Gathering global non-fully-addressable arrays only supports tiled=True'
+            )
     if jax.process_count() == 1:
         outs = []
         for x in leaves:
@@ -173,8 +172,11 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
         return jax.tree.unflatten(treedef, outs)
 
     if _sequence.checking_enabled():
-        _sequence.enter('process_allgather', f'tiled={tiled}',
-                        tree_digest=_tree_digest('allgather', treedef, leaves, tiled))
+        _sequence.enter(
+            'process_allgather',
+            f'tiled={tiled}',
+            tree_digest=_tree_digest('allgather', treedef, leaves, tiled),
+        )
     n, pid = jax.process_count(), jax.process_index()
     outs: list[Any] = [None] * len(leaves)
     stacked_idx, host_arrays, boxes_of = [], [], {}
@@ -239,8 +241,9 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
     if is_source is None:
         is_source = jax.process_index() == 0
     if _sequence.checking_enabled():
-        _sequence.enter('broadcast_one_to_all', '',
-                        tree_digest=_tree_digest('broadcast', treedef, leaves))
+        _sequence.enter(
+            'broadcast_one_to_all', '', tree_digest=_tree_digest('broadcast', treedef, leaves)
+        )
     host_arrays = []
     for x in leaves:
         a = np.asarray(x)
@@ -251,8 +254,7 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
     replicated = NamedSharding(mesh, P())
     with jax.set_mesh(mesh):
         summed = _sum_fn(replicated)(_stack_on_processes(host_arrays))
-    return jax.tree.unflatten(
-        treedef, [np.asarray(s.addressable_data(0)) for s in summed])
+    return jax.tree.unflatten(treedef, [np.asarray(s.addressable_data(0)) for s in summed])
 
 
 def sync_global_devices(name: str, *, timeout: float | None = None) -> None:
@@ -273,8 +275,12 @@ def sync_global_devices(name: str, *, timeout: float | None = None) -> None:
     """
     if not isinstance(name, str):
         raise TypeError(f'sync_global_devices name must be a str, got {type(name).__name__}')
-    _sequence.enter('barrier', name, timeout=timeout,
-                    mismatch_prefix=f"sync_global_devices name mismatch ('{name}')")
+    _sequence.enter(
+        'barrier',
+        name,
+        timeout=timeout,
+        mismatch_prefix=f"sync_global_devices name mismatch ('{name}')",
+    )
 
 
 def barrier(name: str, *, timeout: float | None = None) -> None:
@@ -284,8 +290,7 @@ def barrier(name: str, *, timeout: float | None = None) -> None:
     _sequence.enter('barrier', name, timeout=timeout)
 
 
-def assert_equal(in_tree: Any, fail_message: str = '', *,
-                 timeout: float | None = None) -> None:
+def assert_equal(in_tree: Any, fail_message: str = '', *, timeout: float | None = None) -> None:
     """Verifies that all the hosts have the same tree of values.
 
     Unlike JAX's (which gathers every host's whole tree to every host), the

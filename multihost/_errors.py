@@ -55,8 +55,9 @@ class BarrierMismatchError(CollectiveMismatchError):
         names: process index -> the barrier name that host passed.
     """
 
-    def __init__(self, message: str, *, seq: int, calls: Mapping[int, Any],
-                 names: Mapping[int, str]):
+    def __init__(
+        self, message: str, *, seq: int, calls: Mapping[int, Any], names: Mapping[int, str]
+    ):
         super().__init__(message, seq=seq, calls=calls)
         self.names = dict(names)
 
@@ -85,8 +86,15 @@ class BarrierTimeoutError(MultihostError, TimeoutError):
             host that published one.
     """
 
-    def __init__(self, message: str, *, name: str, timeout: float,
-                 missing: Sequence[int], positions: Mapping[int, Any]):
+    def __init__(
+        self,
+        message: str,
+        *,
+        name: str,
+        timeout: float,
+        missing: Sequence[int],
+        positions: Mapping[int, Any],
+    ):
         super().__init__(message)
         self.name = name
         self.timeout = timeout

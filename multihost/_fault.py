@@ -38,8 +38,9 @@ def reached_preemption_sync_point(step_id: int) -> bool:
     manager = _jax_adapter.preemption_sync_manager()
     if manager is None:
         raise RuntimeError(
-            "Preemption sync manager has not been initialized. Make sure the"
-            " 'jax_enable_preemption_service' config is enabled.")
+            'Preemption sync manager has not been initialized. Make sure the'
+            " 'jax_enable_preemption_service' config is enabled."
+        )
     return manager.reached_sync_point(step_id)
 
 
@@ -53,11 +54,11 @@ def _live(client: Any, devices: Sequence[Any]) -> dict[Any, int]:
     if jax.process_index() not in processes:
         raise ValueError(
             'Provided devices do not have any local devices. live_devices needs '
-            f'at least one of process {jax.process_index()}\'s devices, e.g. '
-            'live_devices(jax.devices()).')
+            f"at least one of process {jax.process_index()}'s devices, e.g. "
+            'live_devices(jax.devices()).'
+        )
     incarnations = client.get_live_nodes(processes)
-    return {d: incarnations[d.process_index] for d in devices
-            if d.process_index in incarnations}
+    return {d: incarnations[d.process_index] for d in devices if d.process_index in incarnations}
 
 
 class _LiveDevices:

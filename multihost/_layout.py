@@ -110,7 +110,8 @@ class ShardInfo:
         except (TypeError, ValueError):
             raise TypeError(
                 'ShardInfo.index must be a sequence of (start, stop) pairs, one per '
-                f'dimension; got {self.index!r}') from None
+                f'dimension; got {self.index!r}'
+            ) from None
         for a, b in index:
             if not 0 <= a <= b:
                 raise ValueError(f'ShardInfo.index has an invalid range {a}:{b} in {index}')
@@ -132,9 +133,11 @@ class ShardInfo:
 
     def describe(self) -> str:
         """``'device 3 (process 1) [0:2, 0:6] replica 1, 48 B'``."""
-        where = ('host memory' if self.device_id is None else f'device {self.device_id}')
-        return (f'{where} (process {self.process_index}) {format_index(self.index)} '
-                f'replica {self.replica_id}, {format_bytes(self.nbytes)}')
+        where = 'host memory' if self.device_id is None else f'device {self.device_id}'
+        return (
+            f'{where} (process {self.process_index}) {format_index(self.index)} '
+            f'replica {self.replica_id}, {format_bytes(self.nbytes)}'
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,38 +225,47 @@ class Layout:
         shards = tuple(self.shards)
         for s in shards:
             if not isinstance(s, ShardInfo):
-                raise TypeError(f'Layout.shards must hold ShardInfo objects, got '
-                                f'{type(s).__name__}: {s!r}')
+                raise TypeError(
+                    f'Layout.shards must hold ShardInfo objects, got {type(s).__name__}: {s!r}'
+                )
             if len(s.index) != len(self.shape):
                 raise ValueError(
                     f'shard index {format_index(s.index)} has {len(s.index)} '
-                    f'dimension(s) but the array shape {self.shape} has {len(self.shape)}')
+                    f'dimension(s) but the array shape {self.shape} has {len(self.shape)}'
+                )
             for (_, b), n in zip(s.index, self.shape):
                 if b > n:
-                    raise ValueError(f'shard index {format_index(s.index)} is out of '
-                                     f'bounds for shape {self.shape}')
+                    raise ValueError(
+                        f'shard index {format_index(s.index)} is out of '
+                        f'bounds for shape {self.shape}'
+                    )
         set_(self, 'shards', shards)
         if self.itemsize is None:
             try:
                 itemsize = np.dtype(self.dtype).itemsize
             except TypeError:
-                raise TypeError(f'numpy does not know dtype {self.dtype!r}: pass '
-                                'Layout(..., itemsize=<bytes per element>)') from None
+                raise TypeError(
+                    f'numpy does not know dtype {self.dtype!r}: pass '
+                    'Layout(..., itemsize=<bytes per element>)'
+                ) from None
             set_(self, 'itemsize', int(itemsize))
         else:
             set_(self, 'itemsize', int(self.itemsize))
         set_(self, 'mesh_axes', tuple((str(a), int(n)) for a, n in self.mesh_axes))
         set_(self, 'mesh_device_ids', tuple(int(d) for d in self.mesh_device_ids))
         if self.num_processes is None:
-            set_(self, 'num_processes',
-                 max((s.process_index for s in shards), default=0) + 1)
+            set_(self, 'num_processes', max((s.process_index for s in shards), default=0) + 1)
         else:
             set_(self, 'num_processes', int(self.num_processes))
 
     @classmethod
-    def from_placements(cls, shape: Sequence[int], dtype: Any,
-                        placements: Iterable[tuple[IndexLike, int | None, int]],
-                        **kwargs: Any) -> Layout:
+    def from_placements(
+        cls,
+        shape: Sequence[int],
+        dtype: Any,
+        placements: Iterable[tuple[IndexLike, int | None, int]],
+        **kwargs: Any,
+    ) -> Layout:
         """A layout from ``(index, device_id, process_index)`` placements.
 
         Replica ids are numbered per distinct index in the order given (as JAX
@@ -287,9 +299,15 @@ class Layout:
         shards = []
         for index, device_id, process_index in placements:
             idx = normalize_index(index, shape)
-            shards.append(ShardInfo(index=idx, device_id=device_id,
-                                    process_index=process_index, replica_id=counts[idx],
-                                    nbytes=math.prod(b - a for a, b in idx) * int(itemsize)))
+            shards.append(
+                ShardInfo(
+                    index=idx,
+                    device_id=device_id,
+                    process_index=process_index,
+                    replica_id=counts[idx],
+                    nbytes=math.prod(b - a for a, b in idx) * int(itemsize),
+                )
+            )
             counts[idx] += 1
         return cls(shape=shape, dtype=str(dtype), shards=tuple(shards), **kwargs)
 
@@ -358,8 +376,10 @@ class Layout:
         groups: dict[Index, list[ShardInfo]] = {}
         for s in self.shards:
             groups.setdefault(s.index, []).append(s)
-        return tuple(LayoutBlock(index=idx, shards=tuple(sorted(g, key=lambda s: s.replica_id)))
-                     for idx, g in sorted(groups.items()))
+        return tuple(
+            LayoutBlock(index=idx, shards=tuple(sorted(g, key=lambda s: s.replica_id)))
+            for idx, g in sorted(groups.items())
+        )
 
     def replica_counts(self) -> dict[Index, int]:
         """Distinct index -> how many devices hold it."""
@@ -377,12 +397,16 @@ class Layout:
         if not indices:
             return self.size == 0
         # Cut every dimension at every block edge; count how many blocks cover each cell.
-        cuts = [sorted({0, n, *(idx[d][0] for idx in indices), *(idx[d][1] for idx in indices)})
-                for d, n in enumerate(self.shape)]
+        cuts = [
+            sorted({0, n, *(idx[d][0] for idx in indices), *(idx[d][1] for idx in indices)})
+            for d, n in enumerate(self.shape)
+        ]
         cover = np.zeros(tuple(len(c) - 1 for c in cuts), dtype=np.int64)
         for idx in indices:
-            cell = tuple(slice(int(np.searchsorted(c, a)), int(np.searchsorted(c, b)))
-                         for c, (a, b) in zip(cuts, idx))
+            cell = tuple(
+                slice(int(np.searchsorted(c, a)), int(np.searchsorted(c, b)))
+                for c, (a, b) in zip(cuts, idx)
+            )
             cover[cell] += 1
         return bool((cover == 1).all())
 
@@ -418,12 +442,16 @@ class Layout:
         for b in blocks[:_MAX_TEXT_BLOCKS]:
             devices = ', '.join('host' if d is None else str(d) for d in b.device_ids)
             procs = ', '.join(map(str, b.process_indices))
-            lines.append(f'  {format_index(b.index)} {format_bytes(b.nbytes)} '
-                         f'x{b.replica_count}: device(s) {devices} on process(es) {procs}')
+            lines.append(
+                f'  {format_index(b.index)} {format_bytes(b.nbytes)} '
+                f'x{b.replica_count}: device(s) {devices} on process(es) {procs}'
+            )
         if len(blocks) > _MAX_TEXT_BLOCKS:
             lines.append(f'  ... {len(blocks) - _MAX_TEXT_BLOCKS} more block(s)')
-        lines.append('  bytes per host: ' + ', '.join(
-            f'{p}: {format_bytes(n)}' for p, n in self.bytes_per_host().items()))
+        lines.append(
+            '  bytes per host: '
+            + ', '.join(f'{p}: {format_bytes(n)}' for p, n in self.bytes_per_host().items())
+        )
         return '\n'.join(lines)
 
 
@@ -435,8 +463,9 @@ def normalize_index(index: IndexLike, shape: Sequence[int]) -> Index:
     """
     index = tuple(index)
     if len(index) != len(shape):
-        raise ValueError(f'index {index!r} has {len(index)} entries for an array of '
-                         f'shape {tuple(shape)}')
+        raise ValueError(
+            f'index {index!r} has {len(index)} entries for an array of shape {tuple(shape)}'
+        )
     out = []
     for entry, n in zip(index, shape):
         if isinstance(entry, slice):
@@ -492,9 +521,11 @@ def describe_layout(arr: Any) -> Layout:
         shape = tuple(arr.shape)
         index_map = sharding.devices_indices_map(shape)
         placements = [(idx, d.id, d.process_index) for d, idx in index_map.items()]
-        fields: dict[str, Any] = dict(sharding=type(sharding).__name__,
-                                      num_processes=jax.process_count(),
-                                      itemsize=_itemsize(arr.dtype))
+        fields: dict[str, Any] = dict(
+            sharding=type(sharding).__name__,
+            num_processes=jax.process_count(),
+            itemsize=_itemsize(arr.dtype),
+        )
         first = next(iter(index_map), None)
         fields['platform'] = str(getattr(first, 'platform', ''))
         if isinstance(sharding, NamedSharding):
@@ -509,14 +540,23 @@ def describe_layout(arr: Any) -> Layout:
         value = np.asarray(arr)
         whole = tuple((0, n) for n in value.shape)
         return Layout.from_placements(
-            value.shape, str(value.dtype), [(whole, None, jax.process_index())],
-            sharding='numpy', num_processes=jax.process_count(), platform='host',
-            itemsize=value.dtype.itemsize)
+            value.shape,
+            str(value.dtype),
+            [(whole, None, jax.process_index())],
+            sharding='numpy',
+            num_processes=jax.process_count(),
+            platform='host',
+            itemsize=value.dtype.itemsize,
+        )
     raise TypeError(
         'describe_layout expects a jax.Array or a numpy array, got '
         f'{type(arr).__module__}.{type(arr).__qualname__}'
-        + ('; for a pytree, map over its leaves: jax.tree.map(multihost.describe_layout, tree)'
-           if isinstance(arr, (list, tuple, dict)) else ''))
+        + (
+            '; for a pytree, map over its leaves: jax.tree.map(multihost.describe_layout, tree)'
+            if isinstance(arr, (list, tuple, dict))
+            else ''
+        )
+    )
 
 
 # -- check_replicas ---------------------------------------------------------------------
@@ -642,8 +682,12 @@ class ReplicaReport:
     @property
     def odd_devices(self) -> tuple[int | None, ...]:
         """Devices holding a replica that differs from its block's majority, sorted."""
-        return tuple(sorted({d for g in self.mismatches for d in g.odd_devices},
-                            key=lambda d: -1 if d is None else d))
+        return tuple(
+            sorted(
+                {d for g in self.mismatches for d in g.odd_devices},
+                key=lambda d: -1 if d is None else d,
+            )
+        )
 
     @property
     def odd_processes(self) -> tuple[int, ...]:
@@ -656,12 +700,15 @@ class ReplicaReport:
             return f'{head}: no block is replicated, nothing to compare'
         if self.ok:
             n = sum(len(g.replicas) for g in self.groups)
-            return (f'{head}: replicas agree ({len(self.groups)} replicated block(s), '
-                    f'{n} replica(s))')
+            return (
+                f'{head}: replicas agree ({len(self.groups)} replicated block(s), {n} replica(s))'
+            )
         bad = self.mismatches
-        lines = [f'{head}: replicas DIFFER in {len(bad)} of {len(self.groups)} replicated '
-                 f'block(s); odd process(es) {list(self.odd_processes)}, odd device(s) '
-                 f'{list(self.odd_devices)}']
+        lines = [
+            f'{head}: replicas DIFFER in {len(bad)} of {len(self.groups)} replicated '
+            f'block(s); odd process(es) {list(self.odd_processes)}, odd device(s) '
+            f'{list(self.odd_devices)}'
+        ]
         lines += [f'  {g.describe()}' for g in bad[:_MAX_TEXT_BLOCKS]]
         if len(bad) > _MAX_TEXT_BLOCKS:
             lines.append(f'  ... {len(bad) - _MAX_TEXT_BLOCKS} more block(s)')
@@ -702,11 +749,16 @@ def _report(layout: Layout, digests: dict[int, str]) -> ReplicaReport:
             if s.device_id not in digests:
                 raise RuntimeError(
                     f'check_replicas: no digest arrived for device {s.device_id} '
-                    f'(process {s.process_index}), which holds {format_index(s.index)}')
-            replicas.append(ReplicaDigest(device_id=s.device_id,
-                                          process_index=s.process_index,
-                                          replica_id=s.replica_id,
-                                          digest=digests[s.device_id]))
+                    f'(process {s.process_index}), which holds {format_index(s.index)}'
+                )
+            replicas.append(
+                ReplicaDigest(
+                    device_id=s.device_id,
+                    process_index=s.process_index,
+                    replica_id=s.replica_id,
+                    digest=digests[s.device_id],
+                )
+            )
         groups.append(ReplicaGroup(index=block.index, replicas=tuple(replicas)))
     return ReplicaReport(layout=layout, groups=tuple(groups))
 
@@ -724,8 +776,7 @@ def _published(client: Any, directory: str) -> dict[int, dict[int, str]]:
     return out
 
 
-def _wait(client: Any, barrier: str, directory: str, seq: int, timeout: float,
-          stage: str) -> None:
+def _wait(client: Any, barrier: str, directory: str, seq: int, timeout: float, stage: str) -> None:
     import jax
 
     try:
@@ -738,17 +789,26 @@ def _wait(client: Any, barrier: str, directory: str, seq: int, timeout: float,
             where = _sequence.positions(client)
         except Exception:  # the coordinator itself may be gone
             arrived, where = {jax.process_index()}, {}
-        missing = ([p for p in range(jax.process_count()) if p not in arrived]
-                   if stage == 'exchange' else [])
+        missing = (
+            [p for p in range(jax.process_count()) if p not in arrived]
+            if stage == 'exchange'
+            else []
+        )
         raise BarrierTimeoutError(
             f'timed out after {timeout:g} s in check_replicas [#{seq}] ({stage}): '
-            + (f'process(es) {missing} did not publish their digests. ' if missing else
-               'every host published its digests, but not all reached the barrier in time '
-               '(this host may have arrived after the others gave up). ')
+            + (
+                f'process(es) {missing} did not publish their digests. '
+                if missing
+                else 'every host published its digests, but not all reached the barrier in time '
+                '(this host may have arrived after the others gave up). '
+            )
             + 'Look at its stack (multihost.dump_stacks) or raise the timeout '
             '(timeout=..., or MULTIHOST_TIMEOUT).',
-            name=f'check_replicas #{seq}', timeout=timeout, missing=missing,
-            positions=where) from exc
+            name=f'check_replicas #{seq}',
+            timeout=timeout,
+            missing=missing,
+            positions=where,
+        ) from exc
 
 
 def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
@@ -786,23 +846,34 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
         raise TypeError(
             'check_replicas expects a jax.Array, got '
             f'{type(arr).__module__}.{type(arr).__qualname__}; to compare host-local '
-            'values across hosts use multihost.assert_equal')
+            'values across hosts use multihost.assert_equal'
+        )
     layout = describe_layout(arr)
     if jax.process_count() == 1 or arr.is_fully_addressable:
         return _report(layout, _local_digests(arr, layout))
 
-    signature = (layout.shape, layout.dtype, layout.sharding, layout.spec, layout.mesh_axes,
-                 tuple((s.index, s.device_id) for s in layout.shards))
+    signature = (
+        layout.shape,
+        layout.dtype,
+        layout.sharding,
+        layout.spec,
+        layout.mesh_axes,
+        tuple((s.index, s.device_id) for s in layout.shards),
+    )
     timeout = _sequence.default_timeout() if timeout is None else float(timeout)
-    rec = _sequence.enter('check_replicas', '',
-                          tree_digest=_sequence.digest(('check_replicas', signature)),
-                          timeout=timeout)
+    rec = _sequence.enter(
+        'check_replicas',
+        '',
+        tree_digest=_sequence.digest(('check_replicas', signature)),
+        timeout=timeout,
+    )
     client = _jax_adapter.client()
     seq, pid = rec.seq, jax.process_index()
     directory = f'mh/cr/{seq}/'
     # Publish this host's digests; wait until every host has published.
-    client.key_value_set(f'{directory}{pid}', json.dumps(_local_digests(arr, layout)),
-                         allow_overwrite=True)
+    client.key_value_set(
+        f'{directory}{pid}', json.dumps(_local_digests(arr, layout)), allow_overwrite=True
+    )
     _wait(client, f'mh/cr/{seq}', directory, seq, timeout, 'exchange')
     digests: dict[int, str] = {}
     for part in _published(client, directory).values():

@@ -195,8 +195,10 @@ class LeafDiff:
             groups: dict[tuple[Any, Any], list[int]] = {}
             for h in sorted(self.shapes):
                 groups.setdefault((self.shapes[h], self.dtypes[h]), []).append(h)
-            parts = [f'{_fmt_sig(*sig)} on {_fmt_hosts(hosts)}'
-                     for sig, hosts in sorted(groups.items(), key=lambda g: g[1][0])]
+            parts = [
+                f'{_fmt_sig(*sig)} on {_fmt_hosts(hosts)}'
+                for sig, hosts in sorted(groups.items(), key=lambda g: g[1][0])
+            ]
             if len(parts) > 4:
                 parts = parts[:4] + [f'... ({len(groups)} variants)']
             return f'{head}: ' + '; '.join(parts)
@@ -207,7 +209,8 @@ class LeafDiff:
                 shown.append(
                     f'{who}{self.num_different[h]} of {math.prod(self.shapes[h] or ())} '
                     f'elements differ, max abs diff {self.max_abs_diff[h]:.6g}, first at '
-                    f'index {self.first_index[h]}')
+                    f'index {self.first_index[h]}'
+                )
             else:
                 shown.append(f'{who}bytes differ')
         if len(self.odd_hosts) > 3:
@@ -264,34 +267,46 @@ class TreeDiff:
     def summary(self, max_leaves: int = 10) -> str:
         """A bounded human report: a headline, then at most ``max_leaves`` leaf lines."""
         if self.ok:
-            return (f'All {self.num_hosts} hosts hold the same tree '
-                    f'({self.num_leaves} leaves).')
-        lines = [f'{len(self.leaves)} of {self.num_leaves} leaves differ across '
-                 f'{self.num_hosts} hosts; odd hosts: {_fmt_hosts(self.odd_hosts)}.']
+            return f'All {self.num_hosts} hosts hold the same tree ({self.num_leaves} leaves).'
+        lines = [
+            f'{len(self.leaves)} of {self.num_leaves} leaves differ across '
+            f'{self.num_hosts} hosts; odd hosts: {_fmt_hosts(self.odd_hosts)}.'
+        ]
         lines += ['  ' + leaf.describe() for leaf in self.leaves[:max_leaves]]
         if len(self.leaves) > max_leaves:
-            lines.append(f'  ... and {len(self.leaves) - max_leaves} more differing '
-                         'leaves (all of them are in the TreeDiff).')
+            lines.append(
+                f'  ... and {len(self.leaves) - max_leaves} more differing '
+                'leaves (all of them are in the TreeDiff).'
+            )
         return '\n'.join(lines)
 
     def __str__(self) -> str:
         return self.summary()
 
     def __repr__(self) -> str:
-        return (f'TreeDiff(ok={self.ok}, differing={len(self.leaves)}, '
-                f'num_leaves={self.num_leaves}, num_hosts={self.num_hosts}, '
-                f'odd_hosts={list(self.odd_hosts)})')
+        return (
+            f'TreeDiff(ok={self.ok}, differing={len(self.leaves)}, '
+            f'num_leaves={self.num_leaves}, num_hosts={self.num_hosts}, '
+            f'odd_hosts={list(self.odd_hosts)})'
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able plain data (for the notebook side)."""
-        return {'ok': self.ok, 'num_hosts': self.num_hosts, 'num_leaves': self.num_leaves,
-                'leaves': [leaf.to_dict() for leaf in self.leaves]}
+        return {
+            'ok': self.ok,
+            'num_hosts': self.num_hosts,
+            'num_leaves': self.num_leaves,
+            'leaves': [leaf.to_dict() for leaf in self.leaves],
+        }
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TreeDiff):
             return NotImplemented
         return (self.num_hosts, self.num_leaves, self.leaves) == (
-            other.num_hosts, other.num_leaves, other.leaves)
+            other.num_hosts,
+            other.num_leaves,
+            other.leaves,
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -427,9 +442,9 @@ def _broadcast_bytes(buf: np.ndarray | None, nbytes: int, source: bool) -> np.nd
         padded = max(4096, 1 << (size - 1).bit_length())
         words = np.zeros(padded // 4, np.uint32)
         if source:
-            words.view(np.uint8)[:size] = buf[start:start + size]
+            words.view(np.uint8)[:size] = buf[start : start + size]
         got = broadcast_one_to_all(words, is_source=source)
-        out[start:start + size] = np.asarray(got).view(np.uint8)[:size]
+        out[start : start + size] = np.asarray(got).view(np.uint8)[:size]
     return out
 
 
@@ -440,12 +455,16 @@ _last_dir: list[str] = []  # this process's previous tree-diff key directory
 
 def _is_timeout(exc: BaseException) -> bool:
     text = str(exc)
-    return 'DEADLINE_EXCEEDED' in text or 'timed out' in text.lower() or (
-        'Barrier' in text and 'timeout' in text.lower())
+    return (
+        'DEADLINE_EXCEEDED' in text
+        or 'timed out' in text.lower()
+        or ('Barrier' in text and 'timeout' in text.lower())
+    )
 
 
-def _wait(client: Any, barrier: str, directory: str, timeout: float,
-          rec: _sequence.CollectiveRecord) -> None:
+def _wait(
+    client: Any, barrier: str, directory: str, timeout: float, rec: _sequence.CollectiveRecord
+) -> None:
     """Coordination barrier; on timeout, names the hosts that did not publish."""
     try:
         client.wait_at_barrier(barrier, max(1, int(timeout * 1000)))
@@ -453,8 +472,10 @@ def _wait(client: Any, barrier: str, directory: str, timeout: float,
         if not _is_timeout(exc):
             raise
         try:
-            arrived = {int(k.rstrip('/').rsplit('/', 1)[-1])
-                       for k, _ in client.key_value_dir_get(directory)}
+            arrived = {
+                int(k.rstrip('/').rsplit('/', 1)[-1])
+                for k, _ in client.key_value_dir_get(directory)
+            }
             where = _sequence.positions(client)
         except Exception:  # the coordinator itself may be gone
             arrived, where = set(), {}
@@ -462,12 +483,16 @@ def _wait(client: Any, barrier: str, directory: str, timeout: float,
         raise BarrierTimeoutError(
             f'timed out after {timeout:g} s in {rec.describe()} (at {barrier}): '
             f'process(es) {missing} did not arrive.',
-            name=barrier, timeout=timeout, missing=missing, positions=where,
+            name=barrier,
+            timeout=timeout,
+            missing=missing,
+            positions=where,
         ) from exc
 
 
-def _exchange(client: Any, directory: str, text: str, timeout: float,
-              rec: _sequence.CollectiveRecord) -> dict[int, str]:
+def _exchange(
+    client: Any, directory: str, text: str, timeout: float, rec: _sequence.CollectiveRecord
+) -> dict[int, str]:
     """Publish ``text`` under ``directory``, barrier, read every host's text."""
     pid = jax.process_index()
     client.key_value_set(f'{directory}/{pid}', text, allow_overwrite=True)
@@ -519,8 +544,9 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
     for path, (_, leaf) in zip(paths, flat):
         a, dtype_name = _leaf_data(leaf)
         data[path] = a
-        mine.append([path, list(a.shape), dtype_name, _digest(a), int(a.nbytes),
-                     int(_comparable(a))])
+        mine.append(
+            [path, list(a.shape), dtype_name, _digest(a), int(a.nbytes), int(_comparable(a))]
+        )
 
     # The tree digest is '' on purpose: differing trees are this collective's
     # subject, not a sequence mismatch.
@@ -544,13 +570,16 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
     hosts = sorted(heads)
     if len(set(heads.values())) == 1:
         return TreeDiff(leaves=(), num_hosts=len(hosts), num_leaves=len(mine))
-    prints = {h: json.loads(text) for h, text in
-              _exchange(client, f'{base}/fp', blob, timeout, rec).items()}
+    prints = {
+        h: json.loads(text)
+        for h, text in _exchange(client, f'{base}/fp', blob, timeout, rec).items()
+    }
 
     # Same inputs on every host from here on, so the same verdict everywhere.
     by_host: dict[int, dict[str, _Print]] = {
         h: {e[0]: _Print(tuple(e[1]), e[2], e[3], e[4], bool(e[5])) for e in prints[h]}
-        for h in hosts}
+        for h in hosts
+    }
     order: list[str] = []
     seen: set[str] = set()
     for h in hosts:
@@ -562,8 +591,7 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
     pending = []  # (path, sigs, majority, odd, kind)
     for path in order:
         sigs = {h: by_host[h].get(path) for h in hosts}
-        keys = {h: None if s is None else (s.shape, s.dtype, s.digest)
-                for h, s in sigs.items()}
+        keys = {h: None if s is None else (s.shape, s.dtype, s.digest) for h, s in sigs.items()}
         if len(set(keys.values())) == 1 and keys[hosts[0]] is not None:
             continue
         groups: dict[Any, list[int]] = {}
@@ -591,8 +619,11 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
         ref = sigs[majority[0]]
         if ref is None or not ref.comparable or ref.nbytes == 0:
             continue
-        peers = tuple(h for h in odd if sigs[h] is not None
-                      and (sigs[h].shape, sigs[h].dtype) == (ref.shape, ref.dtype))
+        peers = tuple(
+            h
+            for h in odd
+            if sigs[h] is not None and (sigs[h].shape, sigs[h].dtype) == (ref.shape, ref.dtype)
+        )
         if peers:
             compared[path] = peers
             to_compare.setdefault(majority[0], []).append(path)
@@ -609,29 +640,39 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
         for path, size in zip(group, sizes):
             if pid in compared[path]:
                 own = data[path]
-                ref = got[offset:offset + size].view(own.dtype).reshape(own.shape)
+                ref = got[offset : offset + size].view(own.dtype).reshape(own.shape)
                 summary[str(index[path])] = list(_compare(own, ref))
             offset += size
-    small = {str(index[path]): _encode_array(data[path])
-             for path, sigs, *_ in pending
-             if path in data and sigs[pid].comparable and data[path].size <= SMALL_LEAF}
+    small = {
+        str(index[path]): _encode_array(data[path])
+        for path, sigs, *_ in pending
+        if path in data and sigs[pid].comparable and data[path].size <= SMALL_LEAF
+    }
     report = json.dumps({'c': summary, 'v': small}, separators=(',', ':'))
-    reports = {h: json.loads(text) for h, text in
-               _exchange(client, f'{base}/sum', report, timeout, rec).items()}
+    reports = {
+        h: json.loads(text)
+        for h, text in _exchange(client, f'{base}/sum', report, timeout, rec).items()
+    }
 
     leaves = []
     for path, sigs, majority, odd, what in pending:
         i = str(index[path])
         stats = {h: reports[h]['c'][i] for h in hosts if i in reports[h]['c']}
-        leaves.append(LeafDiff(
-            path=path, kind=what, odd_hosts=odd, majority_hosts=majority,
-            shapes={h: None if s is None else s.shape for h, s in sigs.items()},
-            dtypes={h: None if s is None else s.dtype for h, s in sigs.items()},
-            digests={h: None if s is None else s.digest for h, s in sigs.items()},
-            num_different={h: int(s[0]) for h, s in stats.items()},
-            first_index={h: tuple(s[1]) for h, s in stats.items()},
-            max_abs_diff={h: float(s[2]) for h, s in stats.items()},
-            values={h: _decode_array(reports[h]['v'][i]) for h in hosts
-                    if i in reports[h]['v']},
-        ))
+        leaves.append(
+            LeafDiff(
+                path=path,
+                kind=what,
+                odd_hosts=odd,
+                majority_hosts=majority,
+                shapes={h: None if s is None else s.shape for h, s in sigs.items()},
+                dtypes={h: None if s is None else s.dtype for h, s in sigs.items()},
+                digests={h: None if s is None else s.digest for h, s in sigs.items()},
+                num_different={h: int(s[0]) for h, s in stats.items()},
+                first_index={h: tuple(s[1]) for h, s in stats.items()},
+                max_abs_diff={h: float(s[2]) for h, s in stats.items()},
+                values={
+                    h: _decode_array(reports[h]['v'][i]) for h in hosts if i in reports[h]['v']
+                },
+            )
+        )
     return TreeDiff(leaves=tuple(leaves), num_hosts=len(hosts), num_leaves=len(order))

@@ -71,19 +71,28 @@ def engine_info() -> dict[str, Any]:
     """Where this engine runs and whether JAX is distributed here yet."""
     import sys
 
-    info: dict[str, Any] = dict(pid=os.getpid(), hostname=socket.gethostname(),
-                                address=_host_address(), machine=machine_id(),
-                                python=sys.version.split()[0], initialized=False)
+    info: dict[str, Any] = dict(
+        pid=os.getpid(),
+        hostname=socket.gethostname(),
+        address=_host_address(),
+        machine=machine_id(),
+        python=sys.version.split()[0],
+        initialized=False,
+    )
     if 'jax' in sys.modules:
         from multihost import _jax_adapter
 
         if _jax_adapter.client() is not None:
             import jax
 
-            info.update(initialized=True, process_index=jax.process_index(),
-                        process_count=jax.process_count(),
-                        local_devices=[d.id for d in jax.local_devices()],
-                        jax=jax.__version__, backend=jax.default_backend())
+            info.update(
+                initialized=True,
+                process_index=jax.process_index(),
+                process_count=jax.process_count(),
+                local_devices=[d.id for d in jax.local_devices()],
+                jax=jax.__version__,
+                backend=jax.default_backend(),
+            )
     return info
 
 
@@ -94,10 +103,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def initialize(coordinator: str, num_processes: int, process_id: int,
-               cpu_devices: int | None = None, *, platform: str | None = None,
-               initialization_timeout: int = 120,
-               heartbeat_timeout: int | None = None) -> dict[str, Any]:
+def initialize(
+    coordinator: str,
+    num_processes: int,
+    process_id: int,
+    cpu_devices: int | None = None,
+    *,
+    platform: str | None = None,
+    initialization_timeout: int = 120,
+    heartbeat_timeout: int | None = None,
+) -> dict[str, Any]:
     """Configures JAX on this engine and joins the distributed runtime.
 
     Args:
@@ -118,9 +133,12 @@ def initialize(coordinator: str, num_processes: int, process_id: int,
         jax.config.update('jax_platforms', platform)
     if cpu_devices:
         jax.config.update('jax_num_cpu_devices', int(cpu_devices))
-    kwargs: dict[str, Any] = dict(coordinator_address=coordinator,
-                                  num_processes=num_processes, process_id=process_id,
-                                  initialization_timeout=initialization_timeout)
+    kwargs: dict[str, Any] = dict(
+        coordinator_address=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=initialization_timeout,
+    )
     if heartbeat_timeout:
         kwargs['heartbeat_timeout_seconds'] = heartbeat_timeout
     jax.distributed.initialize(**kwargs)
@@ -133,8 +151,10 @@ def lookup(namespace: dict[str, Any], name: str) -> Any:
     if not all(p.isidentifier() for p in [head, *rest]):
         raise GatherError(f'{name!r} is not a variable name (expected e.g. x or state.params).')
     if head not in namespace:
-        raise GatherError(f'name {head!r} is not defined on this engine. Define it in a '
-                          '%%mh cell first (every host runs the cell).')
+        raise GatherError(
+            f'name {head!r} is not defined on this engine. Define it in a '
+            '%%mh cell first (every host runs the cell).'
+        )
     obj = namespace[head]
     for i, attr in enumerate(rest):
         try:
@@ -151,28 +171,35 @@ def _leaf_meta(path: str, x: Any) -> dict[str, Any]:
 
     if isinstance(x, jax.Array):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            raise GatherError(f'leaf {path} is a PRNG key array; gather '
-                              'jax.random.key_data(...) of it instead.')
+            raise GatherError(
+                f'leaf {path} is a PRNG key array; gather jax.random.key_data(...) of it instead.'
+            )
         if not x.is_fully_addressable:
             blocks = []
             for s in x.addressable_shards:
                 if s.replica_id == 0:
-                    idx = tuple((sl.start or 0, x.shape[d] if sl.stop is None else sl.stop)
-                                for d, sl in enumerate(s.index))
+                    idx = tuple(
+                        (sl.start or 0, x.shape[d] if sl.stop is None else sl.stop)
+                        for d, sl in enumerate(s.index)
+                    )
                     blocks.append(idx)
-            return dict(kind='global', shape=tuple(x.shape), dtype=str(np.dtype(x.dtype)),
-                        blocks=blocks)
+            return dict(
+                kind='global', shape=tuple(x.shape), dtype=str(np.dtype(x.dtype)), blocks=blocks
+            )
         arr = x
     else:
         arr = x
     try:
         a = np.asarray(arr)
     except Exception as exc:
-        raise GatherError(f'leaf {path} of type {type(x).__name__} cannot be converted '
-                          f'to a numpy array ({exc}).') from None
+        raise GatherError(
+            f'leaf {path} of type {type(x).__name__} cannot be converted to a numpy array ({exc}).'
+        ) from None
     if a.dtype == object:
-        raise GatherError(f'leaf {path} of type {type(x).__name__} is not numeric data; '
-                          'only arrays, scalars and pytrees of them can be gathered.')
+        raise GatherError(
+            f'leaf {path} of type {type(x).__name__} is not numeric data; '
+            'only arrays, scalars and pytrees of them can be gathered.'
+        )
     return dict(kind='local', shape=tuple(a.shape), dtype=str(a.dtype))
 
 
@@ -197,14 +224,20 @@ def gather_meta(namespace: dict[str, Any], name: str, inline_limit: int = 0) -> 
 
     leaves, skeleton, paths = _flatten(lookup(namespace, name))
     metas = [_leaf_meta(p, x) for p, x in zip(paths, leaves)]
-    out = dict(process=jax.process_index(), process_count=jax.process_count(),
-               skeleton=skeleton, paths=paths, leaves=metas)
+    out = dict(
+        process=jax.process_index(),
+        process_count=jax.process_count(),
+        skeleton=skeleton,
+        paths=paths,
+        leaves=metas,
+    )
     if inline_limit > 0:
         total = 0
-        for x, meta in zip(leaves, metas):
+        for meta in metas:
             if meta['kind'] == 'global':
                 total += sum(math.prod(b - a for a, b in idx) for idx in meta['blocks']) * (
-                    np.dtype(meta['dtype']).itemsize)
+                    np.dtype(meta['dtype']).itemsize
+                )
             else:
                 total += math.prod(meta['shape']) * np.dtype(meta['dtype']).itemsize
         if total <= inline_limit:
@@ -227,15 +260,18 @@ def _export_blocks(leaves: list[Any], metas: list[dict[str, Any]]) -> list[list[
 def _block_data(x: Any, idx: tuple[tuple[int, int], ...]) -> np.ndarray:
     for s in x.addressable_shards:
         if s.replica_id == 0:
-            got = tuple((sl.start or 0, x.shape[d] if sl.stop is None else sl.stop)
-                        for d, sl in enumerate(s.index))
+            got = tuple(
+                (sl.start or 0, x.shape[d] if sl.stop is None else sl.stop)
+                for d, sl in enumerate(s.index)
+            )
             if got == tuple(idx):
                 return np.asarray(s.data)
     raise GatherError(f'block {idx} is not held here')  # cannot happen: plan came from us
 
 
-def gather_write(namespace: dict[str, Any], name: str, path: str,
-                 layout: list[tuple[int, tuple[int, ...], str]]) -> int:
+def gather_write(
+    namespace: dict[str, Any], name: str, path: str, layout: list[tuple[int, tuple[int, ...], str]]
+) -> int:
     """Round 2 of a shared-memory gather: write this host's blocks into the notebook's file.
 
     Args:
@@ -279,8 +315,14 @@ def gather_local(namespace: dict[str, Any], name: str) -> dict[str, Any]:
 
     leaves, skeleton, paths = _flatten(lookup(namespace, name))
     metas = [_leaf_meta(p, x) for p, x in zip(paths, leaves)]
-    return dict(process=jax.process_index(), process_count=jax.process_count(),
-                skeleton=skeleton, paths=paths, leaves=metas, data=_export_blocks(leaves, metas))
+    return dict(
+        process=jax.process_index(),
+        process_count=jax.process_count(),
+        skeleton=skeleton,
+        paths=paths,
+        leaves=metas,
+        data=_export_blocks(leaves, metas),
+    )
 
 
 def barrier(name: str, timeout: float | None = None) -> dict[str, Any]:
@@ -293,19 +335,33 @@ def barrier(name: str, timeout: float | None = None) -> dict[str, Any]:
     try:
         multihost.barrier(name, timeout=timeout)
     except multihost.BarrierTimeoutError as exc:
-        return dict(ok=False, error='BarrierTimeoutError', message=str(exc),
-                    missing=exc.missing, elapsed=time.perf_counter() - t0)
+        return dict(
+            ok=False,
+            error='BarrierTimeoutError',
+            message=str(exc),
+            missing=exc.missing,
+            elapsed=time.perf_counter() - t0,
+        )
     except multihost.BarrierMismatchError as exc:
-        return dict(ok=False, error='BarrierMismatchError', message=str(exc), names=exc.names,
-                    elapsed=time.perf_counter() - t0)
+        return dict(
+            ok=False,
+            error='BarrierMismatchError',
+            message=str(exc),
+            names=exc.names,
+            elapsed=time.perf_counter() - t0,
+        )
     except multihost.CollectiveMismatchError as exc:
-        return dict(ok=False, error='CollectiveMismatchError', message=str(exc),
-                    elapsed=time.perf_counter() - t0)
+        return dict(
+            ok=False,
+            error='CollectiveMismatchError',
+            message=str(exc),
+            elapsed=time.perf_counter() - t0,
+        )
     return dict(ok=True, elapsed=time.perf_counter() - t0)
 
 
 def serve_control(authkey: bytes) -> tuple[str, int]:
-    """Starts this process's control endpoint (stacks and stepping while the main thread is busy)."""
+    """Starts this process's control endpoint (answers while the main thread is busy)."""
     import multihost
 
     return multihost.serve_control(authkey)
@@ -321,9 +377,12 @@ def layout(namespace: dict[str, Any], name: str, check: bool = True) -> tuple[An
     if not isinstance(value, (jax.Array, np.ndarray)):
         leaves = jax.tree_util.tree_flatten_with_path(value)[0]
         paths = [jax.tree_util.keystr(p) for p, _ in leaves[:5]]
-        raise GatherError(f'{name} is a {type(value).__name__}, not an array; pass one leaf, '
-                          f'e.g. {name}{paths[0] if paths else ""}' if paths else
-                          f'{name} is a {type(value).__name__}, not an array.')
+        raise GatherError(
+            f'{name} is a {type(value).__name__}, not an array; pass one leaf, '
+            f'e.g. {name}{paths[0] if paths else ""}'
+            if paths
+            else f'{name} is a {type(value).__name__}, not an array.'
+        )
     described = multihost.describe_layout(value)
     report = None
     if check and isinstance(value, jax.Array):

@@ -43,8 +43,9 @@ class ClusterError(RuntimeError):
         logs: process index -> the tail of that process's log.
     """
 
-    def __init__(self, message: str, *, errors: dict[int, str],
-                 missing: list[int], logs: dict[int, str]):
+    def __init__(
+        self, message: str, *, errors: dict[int, str], missing: list[int], logs: dict[int, str]
+    ):
         super().__init__(message)
         self.errors = errors
         self.missing = missing
@@ -88,13 +89,22 @@ class LocalCluster:
             results = cluster.run(my_module.body)   # one result per process
     """
 
-    def __init__(self, n: int = 4, devices_per_process: int = 2, *,
-                 recoverable: bool = False, preemption_service: bool = True,
-                 heartbeat_timeout: int = 100, start_timeout: float = 180.0,
-                 env: dict[str, str] | None = None, log_dir: str | None = None):
+    def __init__(
+        self,
+        n: int = 4,
+        devices_per_process: int = 2,
+        *,
+        recoverable: bool = False,
+        preemption_service: bool = True,
+        heartbeat_timeout: int = 100,
+        start_timeout: float = 180.0,
+        env: dict[str, str] | None = None,
+        log_dir: str | None = None,
+    ):
         if n < 1 or devices_per_process < 1:
-            raise ValueError(f'need n >= 1 and devices_per_process >= 1, got {n}, '
-                             f'{devices_per_process}')
+            raise ValueError(
+                f'need n >= 1 and devices_per_process >= 1, got {n}, {devices_per_process}'
+            )
         self.n = n
         self.devices_per_process = devices_per_process
         self.recoverable = recoverable
@@ -112,8 +122,11 @@ class LocalCluster:
     @property
     def alive(self) -> bool:
         """True while every process is running and usable."""
-        return (bool(self._workers) and not self.broken
-                and all(w.proc.poll() is None for w in self._workers))
+        return (
+            bool(self._workers)
+            and not self.broken
+            and all(w.proc.poll() is None for w in self._workers)
+        )
 
     def start(self) -> LocalCluster:
         """Starts the processes and waits until all have initialized JAX."""
@@ -126,15 +139,30 @@ class LocalCluster:
         env = {**os.environ, **self.env, 'PYTHONUNBUFFERED': '1'}
         for i in range(self.n):
             log_path = os.path.join(self.log_dir, f'process-{i}.log')
-            cmd = [sys.executable, '-m', 'multihost.local', '--worker',
-                   f'{host}:{port}', authkey.hex(), str(i), str(self.n),
-                   str(self.devices_per_process), coordinator,
-                   str(int(self.recoverable)), str(int(self.preemption_service)),
-                   str(self.heartbeat_timeout)]
+            cmd = [
+                sys.executable,
+                '-m',
+                'multihost.local',
+                '--worker',
+                f'{host}:{port}',
+                authkey.hex(),
+                str(i),
+                str(self.n),
+                str(self.devices_per_process),
+                coordinator,
+                str(int(self.recoverable)),
+                str(int(self.preemption_service)),
+                str(self.heartbeat_timeout),
+            ]
             with open(log_path, 'wb') as log:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env,
-                                        start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
             self._workers.append(_Worker(i, proc, log_path))
         try:
             self._accept_all(authkey)
@@ -162,11 +190,17 @@ class LocalCluster:
             dead = [w.index for w in self._workers if w.proc.poll() is not None]
             if dead or time.monotonic() > deadline:
                 self._listener.close()
-                why = (f'process(es) {dead} exited' if dead else
-                       f'not every process connected within {self.start_timeout:g} s')
-                raise ClusterError(f'LocalCluster failed to start: {why}.\n'
-                                   + self._format_logs(), errors={},
-                                   missing=dead, logs=self.logs())
+                why = (
+                    f'process(es) {dead} exited'
+                    if dead
+                    else f'not every process connected within {self.start_timeout:g} s'
+                )
+                raise ClusterError(
+                    f'LocalCluster failed to start: {why}.\n' + self._format_logs(),
+                    errors={},
+                    missing=dead,
+                    logs=self.logs(),
+                )
         for conn in conns:
             index = conn.recv()
             self._workers[index].conn = conn
@@ -198,9 +232,15 @@ class LocalCluster:
         self.stop()
 
     # -- running functions ---------------------------------------------------
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 120.0,
-            expect_exit: Iterable[int] = (), bracket: bool = True,
-            **kwargs: Any) -> list[Any]:
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout: float = 120.0,
+        expect_exit: Iterable[int] = (),
+        bracket: bool = True,
+        **kwargs: Any,
+    ) -> list[Any]:
         """Runs ``fn(*args, **kwargs)`` in every process at once.
 
         ``fn`` must be a module-level function (the workers import its file).
@@ -222,22 +262,24 @@ class LocalCluster:
                 False) unless every process answered.
         """
         if not self.alive:
-            raise RuntimeError('LocalCluster is not running (start() it, or it was '
-                               'stopped after an earlier failure).')
+            raise RuntimeError(
+                'LocalCluster is not running (start() it, or it was '
+                'stopped after an earlier failure).'
+            )
         self._runs += 1
         path = os.path.abspath(fn.__code__.co_filename)
         msg = ('run', self._runs, path, fn.__qualname__, args, kwargs, bracket, timeout)
         expect = set(expect_exit)
         for w in self._workers:
             w.conn.send(msg)
-        results = self._collect(lambda w: w.index not in expect, timeout,
-                                fn.__qualname__)
+        results = self._collect(lambda w: w.index not in expect, timeout, fn.__qualname__)
         if expect:
             self.broken = True  # processes died on purpose: restart before reuse
         return results
 
-    def _collect(self, awaited: Callable[[_Worker], bool], timeout: float,
-                 what: str, expect: str = 'ok') -> list[Any]:
+    def _collect(
+        self, awaited: Callable[[_Worker], bool], timeout: float, what: str, expect: str = 'ok'
+    ) -> list[Any]:
         pending = {w.conn: w for w in self._workers if awaited(w)}
         results: list[Any] = [None] * self.n
         errors: dict[int, str] = {}
@@ -253,8 +295,7 @@ class LocalCluster:
                 try:
                     kind, payload = conn.recv()
                 except (EOFError, OSError):
-                    errors[w.index] = (f'process {w.index} died (exit code '
-                                       f'{w.proc.poll()})')
+                    errors[w.index] = f'process {w.index} died (exit code {w.proc.poll()})'
                     continue
                 if kind == expect:
                     results[w.index] = payload
@@ -263,8 +304,7 @@ class LocalCluster:
             for conn, w in list(pending.items()):
                 if w.proc.poll() is not None and not conn.poll():
                     pending.pop(conn)
-                    errors[w.index] = (f'process {w.index} died (exit code '
-                                       f'{w.proc.returncode})')
+                    errors[w.index] = f'process {w.index} died (exit code {w.proc.returncode})'
         if not errors and not pending:
             return results
         missing = sorted(w.index for w in pending.values())
@@ -276,8 +316,10 @@ class LocalCluster:
         if errors:
             parts.append(f'process(es) {sorted(errors)} failed')
         if missing:
-            parts.append((' and ' if errors else '') +
-                         f'process(es) {missing} did not answer within {timeout:g} s')
+            parts.append(
+                (' and ' if errors else '')
+                + f'process(es) {missing} did not answer within {timeout:g} s'
+            )
         text = ''.join(parts) + '.\n'
         for i, tb in sorted(errors.items()):
             text += f'\n--- process {i} error ---\n{tb}'
@@ -315,8 +357,9 @@ class LocalCluster:
 
     def _format_logs(self, logs: dict[int, str] | None = None) -> str:
         logs = self.logs() if logs is None else logs
-        return ''.join(f'\n===== log of process {i} =====\n{text}'
-                       for i, text in sorted(logs.items()))
+        return ''.join(
+            f'\n===== log of process {i} =====\n{text}' for i, text in sorted(logs.items())
+        )
 
 
 # -- worker side -------------------------------------------------------------
@@ -343,8 +386,7 @@ def _resolve(path: str, qualname: str) -> Callable[..., Any]:
 
 
 def _worker_main(argv: list[str]) -> None:
-    (address, authkey, index, n, devices, coordinator, recoverable, preemption,
-     heartbeat) = argv
+    (address, authkey, index, n, devices, coordinator, recoverable, preemption, heartbeat) = argv
     index, n, devices = int(index), int(n), int(devices)
     import faulthandler
 
@@ -359,12 +401,18 @@ def _worker_main(argv: list[str]) -> None:
         jax.config.update('jax_num_cpu_devices', devices)
         jax.config.update('jax_enable_recoverability', bool(int(recoverable)))
         jax.config.update('jax_enable_preemption_service', bool(int(preemption)))
-        jax.distributed.initialize(coordinator_address=coordinator,
-                                   num_processes=n, process_id=index,
-                                   heartbeat_timeout_seconds=int(heartbeat),
-                                   initialization_timeout=120)
-        info = {'process_index': jax.process_index(),
-                'devices': [d.id for d in jax.local_devices()], 'pid': os.getpid()}
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=n,
+            process_id=index,
+            heartbeat_timeout_seconds=int(heartbeat),
+            initialization_timeout=120,
+        )
+        info = {
+            'process_index': jax.process_index(),
+            'devices': [d.id for d in jax.local_devices()],
+            'pid': os.getpid(),
+        }
     except BaseException:
         conn.send(('error', traceback.format_exc()))
         raise

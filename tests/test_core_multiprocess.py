@@ -201,7 +201,9 @@ def test_allgather_ignores_user_mesh_context():
 def test_assert_equal_passes_on_equal_trees():
     """Equal trees (numpy, jax, scalars, global arrays) pass on every host."""
     mesh = _host_mesh()
-    glob = jax.make_array_from_callback((4, 2), NamedSharding(mesh, P()), lambda i: np.ones((4, 2))[i])
+    glob = jax.make_array_from_callback(
+        (4, 2), NamedSharding(mesh, P()), lambda i: np.ones((4, 2))[i]
+    )
     multihost_utils.assert_equal({'a': np.arange(5), 'b': jnp.ones(3), 'c': 7, 'g': glob})
 
 
@@ -238,7 +240,9 @@ def test_local_to_global_locally_replicated_host_pattern():
     for shard in arr.addressable_shards:
         np.testing.assert_array_equal(np.asarray(shard.data), local)
     full = multihost_utils.process_allgather(arr, tiled=True)
-    np.testing.assert_array_equal(full, np.concatenate([np.arange(8).reshape(4, 2) * (i + 1) for i in range(n)]))
+    np.testing.assert_array_equal(
+        full, np.concatenate([np.arange(8).reshape(4, 2) * (i + 1) for i in range(n)])
+    )
 
 
 @multiprocess
@@ -251,7 +255,9 @@ def test_local_to_global_two_axes_and_replicated():
     assert {s.data.shape for s in arr.addressable_shards} == {(4, 3)}
     rep = multihost_utils.host_local_array_to_global_array(np.arange(3.0), mesh, P())
     assert rep.shape == (3,) and rep.sharding.is_fully_replicated
-    np.testing.assert_array_equal(multihost_utils.process_allgather(rep, tiled=True), np.arange(3.0))
+    np.testing.assert_array_equal(
+        multihost_utils.process_allgather(rep, tiled=True), np.arange(3.0)
+    )
 
 
 @multiprocess
@@ -293,9 +299,12 @@ def test_local_to_global_pytree_of_pspecs_and_prefix():
     """Pspecs can be a pytree matching the inputs, or a prefix of them."""
     mesh, n = _host_mesh(), jax.process_count()
     out = multihost_utils.host_local_array_to_global_array(
-        {'a': np.zeros((2, 2)), 'b': np.zeros(3)}, mesh, {'a': P('host'), 'b': P()})
+        {'a': np.zeros((2, 2)), 'b': np.zeros(3)}, mesh, {'a': P('host'), 'b': P()}
+    )
     assert out['a'].shape == (2 * n, 2) and out['b'].shape == (3,)
-    out = multihost_utils.host_local_array_to_global_array((np.zeros(2), np.zeros(4)), mesh, P('host'))
+    out = multihost_utils.host_local_array_to_global_array(
+        (np.zeros(2), np.zeros(4)), mesh, P('host')
+    )
     assert [o.shape for o in out] == [(2 * n,), (4 * n,)]
 
 
@@ -325,7 +334,8 @@ def test_round_trip_local_global_local():
     g2 = multihost_utils.host_local_array_to_global_array(back, mesh, P('host', 'dev'))
     np.testing.assert_array_equal(
         multihost_utils.process_allgather(g2, tiled=True),
-        multihost_utils.process_allgather(g, tiled=True))
+        multihost_utils.process_allgather(g, tiled=True),
+    )
 
 
 @multiprocess
@@ -353,7 +363,7 @@ def test_global_to_local_shape_and_data():
     local = multihost_utils.global_array_to_host_local_array(g, mesh, P('x'))
     assert local.shape == (2, 2) and local.is_fully_addressable
     pid = jax.process_index()
-    np.testing.assert_array_equal(np.asarray(local), value[2 * pid:2 * pid + 2])
+    np.testing.assert_array_equal(np.asarray(local), value[2 * pid : 2 * pid + 2])
 
 
 @multiprocess
@@ -367,7 +377,13 @@ def test_global_to_local_fully_addressable_returned_as_is():
 def test_global_to_local_zero_copy():
     """Already sharded like the target: the local array reuses the device buffers."""
     mesh = _host_mesh()
-    g = multihost_utils.host_local_array_to_global_array(np.arange(8.0), mesh, P('host', ))
+    g = multihost_utils.host_local_array_to_global_array(
+        np.arange(8.0),
+        mesh,
+        P(
+            'host',
+        ),
+    )
     before = {s.device.id: s.data.unsafe_buffer_pointer() for s in g.addressable_shards}
     local = multihost_utils.global_array_to_host_local_array(g, mesh, P('host'))
     after = {s.device.id: s.data.unsafe_buffer_pointer() for s in local.addressable_shards}
@@ -385,19 +401,29 @@ def test_live_devices_yields_every_device():
 
 
 def test_drop_in_surface_matches_jax():
-    """Every public name of jax.experimental.multihost_utils exists here with a compatible signature."""
+    """Every public name of JAX's multihost_utils exists here, with a compatible signature."""
     import inspect
 
     from jax.experimental import multihost_utils as jmu
 
-    names = ['broadcast_one_to_all', 'sync_global_devices', 'process_allgather', 'assert_equal',
-             'host_local_array_to_global_array', 'global_array_to_host_local_array',
-             'reached_preemption_sync_point', 'live_devices', 'ProcessFailureError']
+    names = [
+        'broadcast_one_to_all',
+        'sync_global_devices',
+        'process_allgather',
+        'assert_equal',
+        'host_local_array_to_global_array',
+        'global_array_to_host_local_array',
+        'reached_preemption_sync_point',
+        'live_devices',
+        'ProcessFailureError',
+    ]
     for name in names:
         ours, theirs = getattr(multihost, name), getattr(jmu, name)
         if inspect.isfunction(theirs):
             p_ours = list(inspect.signature(ours).parameters.values())
             p_theirs = list(inspect.signature(theirs).parameters.values())
-            assert [p.name for p in p_ours[:len(p_theirs)]] == [p.name for p in p_theirs], name
-            for p in p_ours[len(p_theirs):]:
-                assert p.kind == p.KEYWORD_ONLY, f'{name}: extra argument {p.name} must be keyword-only'
+            assert [p.name for p in p_ours[: len(p_theirs)]] == [p.name for p in p_theirs], name
+            for p in p_ours[len(p_theirs) :]:
+                assert p.kind == p.KEYWORD_ONLY, (
+                    f'{name}: extra argument {p.name} must be keyword-only'
+                )

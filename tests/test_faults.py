@@ -26,8 +26,7 @@ import multihost
 from multihost.local import LocalCluster
 
 HEARTBEAT_TIMEOUT = 5
-MP_CLUSTER = dict(n=4, devices_per_process=1, recoverable=True,
-                  heartbeat_timeout=HEARTBEAT_TIMEOUT)
+MP_CLUSTER = dict(n=4, devices_per_process=1, recoverable=True, heartbeat_timeout=HEARTBEAT_TIMEOUT)
 
 # -- bodies run in every process (module level: the workers import this file) --
 
@@ -40,8 +39,7 @@ def _all_device_ids_twice() -> tuple[list[int], list[int], list[int]]:
     return [d.id for d in first], [d.id for d in second], sorted(d.id for d in jax.devices())
 
 
-def _train_until_preemption_sync(signal_step: int, delays: list[float],
-                                 steps_after: int) -> dict:
+def _train_until_preemption_sync(signal_step: int, delays: list[float], steps_after: int) -> dict:
     """Calls reached_preemption_sync_point at every step; process 1 SIGTERMs itself.
 
     Returns this process's [(step, result, monotonic time after the call)] and,
@@ -97,8 +95,12 @@ def _die_inside_live_devices(victim: int, wait: float) -> dict:
     # Survivors live on: the next block yields only the live devices.
     with multihost.live_devices(jax.devices()) as after:
         after_ids = [d.id for d in after]
-    return dict(entered=entered_ids, failed=failed, after=after_ids,
-                victim_devices=[d.id for d in jax.devices() if d.process_index == victim])
+    return dict(
+        entered=entered_ids,
+        failed=failed,
+        after=after_ids,
+        victim_devices=[d.id for d in jax.devices() if d.process_index == victim],
+    )
 
 
 # -- tests ----------------------------------------------------------------------
@@ -128,8 +130,9 @@ def test_preemption_sigterm_agrees_on_one_step(mp_cluster):
     """Real SIGTERM to process 1: all return True once, at one step past all pre-signal steps."""
     signal_step, steps_after = 20, 5
     delays = [0.01, 0.015, 0.02, 0.03]
-    results = mp_cluster.run(_train_until_preemption_sync, signal_step, delays, steps_after,
-                             timeout=150)
+    results = mp_cluster.run(
+        _train_until_preemption_sync, signal_step, delays, steps_after, timeout=150
+    )
     sender = results[1]
     assert sender['sent_at_step'] == signal_step
     t_signal = sender['sent_at_time']
@@ -144,8 +147,7 @@ def test_preemption_sigterm_agrees_on_one_step(mp_cluster):
         assert len(trues) == 1, f'process {i} returned True at steps {trues} (want exactly one)'
         assert steps[-1] == trues[0] + steps_after, f'process {i} stopped early: {steps[-1]}'
         sync_steps.append(trues[0])
-        reported_before_signal.append(
-            max((s for s, _, t in records if t < t_signal), default=-1))
+        reported_before_signal.append(max((s for s, _, t in records if t < t_signal), default=-1))
 
     # Precondition: the hosts really were at different steps when the signal was sent.
     assert len(set(reported_before_signal)) > 1, reported_before_signal

@@ -22,10 +22,18 @@ def _mesh() -> Mesh:
 
 def _rows_layout() -> Layout:
     """(4, 2) float32 over 2 hosts x 2 devices: rows split by host, replicated within."""
-    return Layout.from_placements((4, 2), 'float32', [
-        ([(0, 2), (0, 2)], 0, 0), ([(0, 2), (0, 2)], 1, 0),
-        ([(2, 4), (0, 2)], 2, 1), ([(2, 4), (0, 2)], 3, 1),
-    ], mesh_axes=(('host', 2), ('dev', 2)), spec="P('host', None)")
+    return Layout.from_placements(
+        (4, 2),
+        'float32',
+        [
+            ([(0, 2), (0, 2)], 0, 0),
+            ([(0, 2), (0, 2)], 1, 0),
+            ([(2, 4), (0, 2)], 2, 1),
+            ([(2, 4), (0, 2)], 3, 1),
+        ],
+        mesh_axes=(('host', 2), ('dev', 2)),
+        spec="P('host', None)",
+    )
 
 
 # -- synthetic layouts ------------------------------------------------------------------
@@ -44,8 +52,9 @@ def test_from_placements_numbers_replicas_and_sizes():
 
 def test_from_placements_accepts_slices():
     """Slices (as devices_indices_map returns them) normalize to (start, stop) pairs."""
-    layout = Layout.from_placements((6, 3), 'int8', [
-        ((slice(None), slice(0, 2)), 5, 0), ((slice(0, 6), slice(2, None)), 6, 0)])
+    layout = Layout.from_placements(
+        (6, 3), 'int8', [((slice(None), slice(0, 2)), 5, 0), ((slice(0, 6), slice(2, None)), 6, 0)]
+    )
     assert [s.index for s in layout.shards] == [((0, 6), (0, 2)), ((0, 6), (2, 3))]
     assert [s.nbytes for s in layout.shards] == [12, 6]
     assert layout.covers_exactly()
@@ -53,8 +62,9 @@ def test_from_placements_accepts_slices():
 
 def test_bytes_per_host_counts_replicas_and_idle_hosts():
     """Every process appears in bytes_per_host, replicas counted, idle hosts with 0."""
-    layout = Layout.from_placements((8,), 'float64', [
-        ([(0, 8)], 0, 0), ([(0, 8)], 1, 0), ([(0, 8)], 4, 2)], num_processes=4)
+    layout = Layout.from_placements(
+        (8,), 'float64', [([(0, 8)], 0, 0), ([(0, 8)], 1, 0), ([(0, 8)], 4, 2)], num_processes=4
+    )
     assert layout.bytes_per_host() == {0: 128, 1: 0, 2: 64, 3: 0}
     assert layout.bytes_per_device() == {0: 64, 1: 64, 4: 64}
     assert layout.shards_on(0) == layout.shards[:2] and layout.shards_on(1) == ()
@@ -63,9 +73,16 @@ def test_bytes_per_host_counts_replicas_and_idle_hosts():
 
 def test_blocks_and_replica_counts():
     """blocks() lists each distinct index once, in row-major order, with its replicas."""
-    layout = Layout.from_placements((4, 4), 'float32', [
-        ([(2, 4), (0, 4)], 7, 3), ([(0, 2), (0, 4)], 1, 0),
-        ([(2, 4), (0, 4)], 6, 3), ([(2, 4), (0, 4)], 2, 1)])
+    layout = Layout.from_placements(
+        (4, 4),
+        'float32',
+        [
+            ([(2, 4), (0, 4)], 7, 3),
+            ([(0, 2), (0, 4)], 1, 0),
+            ([(2, 4), (0, 4)], 6, 3),
+            ([(2, 4), (0, 4)], 2, 1),
+        ],
+    )
     blocks = layout.blocks()
     assert all(isinstance(b, LayoutBlock) for b in blocks)
     assert [b.index for b in blocks] == [((0, 2), (0, 4)), ((2, 4), (0, 4))]
@@ -95,8 +112,9 @@ def test_covers_exactly_detects_gaps_and_overlaps_1d_and_3d():
     assert ok1.covers_exactly() and not gap1.covers_exactly() and not over1.covers_exactly()
 
     def cube(blocks):
-        return Layout.from_placements((2, 4, 6), 'float32',
-                                      [(idx, d, d // 2) for d, idx in enumerate(blocks)])
+        return Layout.from_placements(
+            (2, 4, 6), 'float32', [(idx, d, d // 2) for d, idx in enumerate(blocks)]
+        )
 
     tiles = [[(0, 2), (a, a + 2), (b, b + 3)] for a in (0, 2) for b in (0, 3)]
     assert cube(tiles).covers_exactly()
@@ -107,8 +125,9 @@ def test_covers_exactly_detects_gaps_and_overlaps_1d_and_3d():
 
 def test_constructor_normalizes_and_validates():
     """The constructor turns lists into tuples and rejects shards that do not fit the shape."""
-    shard = ShardInfo(index=[[0, 2], [1, 3]], device_id=np.int64(3), process_index=1,
-                      replica_id=0, nbytes=8)
+    shard = ShardInfo(
+        index=[[0, 2], [1, 3]], device_id=np.int64(3), process_index=1, replica_id=0, nbytes=8
+    )
     assert shard.index == ((0, 2), (1, 3)) and type(shard.device_id) is int
     layout = Layout(shape=[2, 3], dtype=np.dtype('int16'), shards=[shard])
     assert layout.shape == (2, 3) and layout.dtype == 'int16' and layout.itemsize == 2
@@ -148,8 +167,9 @@ def test_text_summary_names_blocks_devices_and_bytes():
 def test_describe_layout_matches_jax_shards():
     """Indices, devices and replica ids agree with jax.Array.addressable_shards."""
     mesh = _mesh()
-    arr = jax.device_put(np.arange(24.0, dtype=np.float32).reshape(4, 6),
-                         NamedSharding(mesh, P(None, 'b')))
+    arr = jax.device_put(
+        np.arange(24.0, dtype=np.float32).reshape(4, 6), NamedSharding(mesh, P(None, 'b'))
+    )
     layout = multihost.describe_layout(arr)
     by_device = {s.device_id: s for s in layout.shards}
     assert len(layout.shards) == 4
@@ -175,8 +195,11 @@ def test_describe_layout_0d_and_3d_and_single_device():
     cube = jax.device_put(np.zeros((2, 4, 6), np.int16), NamedSharding(_mesh(), P('b', None, 'a')))
     layout = multihost.describe_layout(cube)
     assert sorted(s.index for s in layout.shards) == [
-        ((0, 1), (0, 4), (0, 3)), ((0, 1), (0, 4), (3, 6)),
-        ((1, 2), (0, 4), (0, 3)), ((1, 2), (0, 4), (3, 6))]
+        ((0, 1), (0, 4), (0, 3)),
+        ((0, 1), (0, 4), (3, 6)),
+        ((1, 2), (0, 4), (0, 3)),
+        ((1, 2), (0, 4), (3, 6)),
+    ]
     assert all(s.nbytes == 1 * 4 * 3 * 2 for s in layout.shards)
     assert layout.covers_exactly() and layout.spec == "P('b', None, 'a')"
 
@@ -209,8 +232,10 @@ def test_describe_layout_numpy_and_bad_types():
 def _replicated_with(values: list[float]) -> jax.Array:
     """A P() array over the 2x2 mesh whose device k holds values[k] (replicas may differ)."""
     sharding = NamedSharding(_mesh(), P())
-    bufs = [jax.device_put(np.full((3,), v, np.float32), d)
-            for d, v in zip(_mesh().devices.flat, values)]
+    bufs = [
+        jax.device_put(np.full((3,), v, np.float32), d)
+        for d, v in zip(_mesh().devices.flat, values)
+    ]
     return jax.make_array_from_single_device_arrays((3,), sharding, bufs)
 
 
@@ -269,9 +294,13 @@ def test_synthetic_replica_report():
     """A ReplicaReport built by hand (as view tests do) computes majority and odd hosts."""
     layout = Layout.from_placements((2,), 'float32', [([(0, 2)], d, d // 2) for d in range(6)])
     digests = ['aa', 'aa', 'aa', 'aa', 'bb', 'bb']
-    group = ReplicaGroup(index=((0, 2),), replicas=tuple(
-        ReplicaDigest(device_id=d, process_index=d // 2, replica_id=d, digest=h)
-        for d, h in enumerate(digests)))
+    group = ReplicaGroup(
+        index=((0, 2),),
+        replicas=tuple(
+            ReplicaDigest(device_id=d, process_index=d // 2, replica_id=d, digest=h)
+            for d, h in enumerate(digests)
+        ),
+    )
     report = ReplicaReport(layout=layout, groups=(group,))
     assert not report.ok and group.majority == 'aa' and not group.tied
     assert report.odd_processes == (2,) and report.odd_devices == (4, 5)
@@ -281,7 +310,15 @@ def test_synthetic_replica_report():
 
 def test_public_surface_exports_the_layout_model():
     """The layout API is exported from multihost and listed in __all__."""
-    names = ['describe_layout', 'check_replicas', 'Layout', 'LayoutBlock', 'ShardInfo',
-             'ReplicaReport', 'ReplicaGroup', 'ReplicaDigest']
+    names = [
+        'describe_layout',
+        'check_replicas',
+        'Layout',
+        'LayoutBlock',
+        'ShardInfo',
+        'ReplicaReport',
+        'ReplicaGroup',
+        'ReplicaDigest',
+    ]
     for name in names:
         assert name in multihost.__all__ and hasattr(multihost, name), name

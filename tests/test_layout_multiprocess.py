@@ -39,8 +39,7 @@ def _flat_mesh() -> Mesh:
 
 
 def _global(value: np.ndarray, mesh: Mesh, spec: P) -> jax.Array:
-    return jax.make_array_from_callback(value.shape, NamedSharding(mesh, spec),
-                                        lambda i: value[i])
+    return jax.make_array_from_callback(value.shape, NamedSharding(mesh, spec), lambda i: value[i])
 
 
 def _arrays() -> dict[str, jax.Array]:
@@ -139,8 +138,9 @@ def test_layout_places_blocks_on_the_right_hosts(mp_cluster):
 @multiprocess
 def test_describe_layout_of_host_local_array_names_this_host():
     """A fully addressable array on a multi-process job: shards on this host only."""
-    local = jax.device_put(np.zeros((4, 2), np.float32),
-                           NamedSharding(_host_mesh().local_mesh, P('dev')))
+    local = jax.device_put(
+        np.zeros((4, 2), np.float32), NamedSharding(_host_mesh().local_mesh, P('dev'))
+    )
     layout = multihost.describe_layout(local)
     assert layout.num_processes == N_HOSTS
     assert layout.processes == (jax.process_index(),)
@@ -199,13 +199,15 @@ def test_check_replicas_names_the_odd_host(mp_cluster):
     assert 'DIFFER' in str(report) and f'odd process(es) [{ODD_HOST}]' in str(report)
 
 
-def _from_device_data(shape: tuple[int, ...], mesh: Mesh, spec: P, value: np.ndarray,
-                      odd_device: int | None) -> jax.Array:
+def _from_device_data(
+    shape: tuple[int, ...], mesh: Mesh, spec: P, value: np.ndarray, odd_device: int | None
+) -> jax.Array:
     """A global array whose device ``odd_device`` holds value + 1 instead of its slice."""
     sharding = NamedSharding(mesh, spec)
     index = sharding.addressable_devices_indices_map(shape)
-    bufs = [jax.device_put(value[i] + (1 if d.id == odd_device else 0), d)
-            for d, i in index.items()]
+    bufs = [
+        jax.device_put(value[i] + (1 if d.id == odd_device else 0), d) for d, i in index.items()
+    ]
     return jax.make_array_from_single_device_arrays(shape, sharding, bufs)
 
 
@@ -218,12 +220,16 @@ def check_device_level_disagreement() -> dict:
     across = devices[3, 0].id  # one of the eight replicas of a P() array
     return {
         'per_host_ok': multihost.check_replicas(
-            _from_device_data((8, 3), mesh, P('host', None), value, None)),
+            _from_device_data((8, 3), mesh, P('host', None), value, None)
+        ),
         'within': multihost.check_replicas(
-            _from_device_data((8, 3), mesh, P('host', None), value, within)),
+            _from_device_data((8, 3), mesh, P('host', None), value, within)
+        ),
         'across': multihost.check_replicas(
-            _from_device_data((3,), _flat_mesh(), P(), value[0], across)),
-        'within_id': within, 'across_id': across,
+            _from_device_data((3,), _flat_mesh(), P(), value[0], across)
+        ),
+        'within_id': within,
+        'across_id': across,
     }
 
 
@@ -273,8 +279,10 @@ def test_check_replicas_of_host_local_array_needs_no_other_host():
     """A fully addressable array is checked locally: one host alone can call it."""
     if jax.process_index() == 0:
         sharding = NamedSharding(_host_mesh().local_mesh, P())
-        bufs = [jax.device_put(np.full(2, float(k)), d)
-                for k, d in enumerate(sharding.addressable_devices)]
+        bufs = [
+            jax.device_put(np.full(2, float(k)), d)
+            for k, d in enumerate(sharding.addressable_devices)
+        ]
         arr = jax.make_array_from_single_device_arrays((2,), sharding, bufs)
         report = multihost.check_replicas(arr, timeout=5)
         assert not report.ok and report.odd_processes == (0,)
@@ -291,6 +299,7 @@ def check_with_a_slow_host() -> tuple[list[int], str]:
     arr = multihost.host_local_array_to_global_array(np.zeros(3, np.float32), _host_mesh(), P())
     original = _layout._local_digests
     if jax.process_index() == SLOW_HOST:
+
         def slow(*args):
             time.sleep(3.5)
             return original(*args)

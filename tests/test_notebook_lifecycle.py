@@ -14,7 +14,6 @@ from mhnotebook import SessionError
 pytestmark = pytest.mark.cluster
 
 
-
 def test_connect_discovers_process_order_and_gathers():
     """connect() to a cluster whose JAX processes were numbered in reverse engine order."""
     import ipyparallel as ipp
@@ -29,15 +28,28 @@ def test_connect_discovers_process_order_and_gathers():
         port = free_port()
         from mhnotebook._session import _call
 
-        pending = [client[e].apply_async(_call, 'multihost.engine.initialize', f'127.0.0.1:{port}',
-                                         3, 2 - i, 2, platform='cpu') for i, e in enumerate(ids)]
+        pending = [
+            client[e].apply_async(
+                _call,
+                'multihost.engine.initialize',
+                f'127.0.0.1:{port}',
+                3,
+                2 - i,
+                2,
+                platform='cpu',
+            )
+            for i, e in enumerate(ids)
+        ]
         for ar in pending:
             ar.get(timeout=120)
-        session = mhnotebook.connect(cluster_id=cluster.cluster_id, profile='default', progress=False,
-                                     timeout=60)
+        session = mhnotebook.connect(
+            cluster_id=cluster.cluster_id, profile='default', progress=False, timeout=60
+        )
         try:
             assert session.engine_ids == list(reversed(ids))
-            session.execute('import jax, numpy as np\nv = np.full(2, jax.process_index())', echo=False)
+            session.execute(
+                'import jax, numpy as np\nv = np.full(2, jax.process_index())', echo=False
+            )
             out = session.allgather('v')
             np.testing.assert_array_equal(out, [[0, 0], [1, 1], [2, 2]])
         finally:
@@ -52,7 +64,7 @@ def test_connect_discovers_process_order_and_gathers():
 
 
 def test_restart_and_stop_are_safe():
-    """restart() gives fresh engines with JAX initialized; stop() is idempotent; a stopped session says so."""
+    """restart() gives fresh initialized engines; stop() is idempotent; stopped says so."""
     session = mhnotebook.start_local(2, 1, progress=False)
     try:
         old_pids = {h.pid for h in session.hosts}
@@ -93,7 +105,7 @@ def _engine_processes() -> set[int]:
 
 
 def test_start_timeout_is_clear_and_leaves_nothing_running():
-    """Engines that cannot come up in time: SessionError saying so, and no engine or controller left."""
+    """Engines not up in time: a SessionError saying so; no engine or controller left."""
     import time
 
     before = _engine_processes()

@@ -15,7 +15,7 @@ from mhnotebook import HostsError, SessionError
 
 pytestmark = pytest.mark.cluster
 
-SETUP = '''
+SETUP = """
 import jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
@@ -33,10 +33,17 @@ a_0d = make((), P())
 loc = np.arange(6).reshape(2, 3) * (jax.process_index() + 1)
 scalar = jax.process_index() * 1.5
 tree = {'w': a_xy, 'stats': (loc, scalar), 'u8': np.full(3, jax.process_index(), np.uint8)}
-'''
+"""
 
-GLOBALS = {'a_x': (16, 6), 'a_xy': (8, 6), 'a_none_y': (8, 6), 'a_rep': (8, 6), 'a_1d': (32,),
-           'a_3d': (8, 4, 6), 'a_0d': ()}
+GLOBALS = {
+    'a_x': (16, 6),
+    'a_xy': (8, 6),
+    'a_none_y': (8, 6),
+    'a_rep': (8, 6),
+    'a_1d': (32,),
+    'a_3d': (8, 4, 6),
+    'a_0d': (),
+}
 
 
 @pytest.fixture(scope='module')
@@ -60,11 +67,13 @@ def test_engine_ids_ordered_by_reported_process_index(session):
 @pytest.mark.parametrize('transport', ['shm', 'zmq', 'auto'])
 @pytest.mark.parametrize('name', sorted(GLOBALS))
 def test_gather_global_arrays_exact(session, name, transport):
-    """Every layout (P('x'), P('x','y'), P(None,'y'), P(), 1-D, 3-D, 0-D) gathers to the exact global value."""
+    """P('x'), P('x','y'), P(None,'y'), P(), 1-D, 3-D and 0-D gather to the exact value."""
     shape = GLOBALS[name]
     out = session.allgather(name, transport=transport)
     assert isinstance(out, np.ndarray) and out.shape == shape and out.dtype == np.float32
-    np.testing.assert_array_equal(out, np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape))
+    np.testing.assert_array_equal(
+        out, np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    )
 
 
 @pytest.mark.parametrize('transport', ['shm', 'zmq'])
@@ -74,7 +83,9 @@ def test_gather_host_local_and_pytree(session, transport):
     assert set(out) == {'w', 'stats', 'u8'}
     np.testing.assert_array_equal(out['w'], np.arange(48, dtype=np.float32).reshape(8, 6))
     loc, scalar = out['stats']
-    np.testing.assert_array_equal(loc, np.stack([np.arange(6).reshape(2, 3) * (p + 1) for p in range(4)]))
+    np.testing.assert_array_equal(
+        loc, np.stack([np.arange(6).reshape(2, 3) * (p + 1) for p in range(4)])
+    )
     np.testing.assert_array_equal(scalar, np.arange(4) * 1.5)
     assert out['u8'].dtype == np.uint8 and out['u8'].shape == (4, 3)
     np.testing.assert_array_equal(out['u8'][:, 0], np.arange(4))
@@ -105,8 +116,10 @@ def test_gather_errors_are_clear(session):
 def test_execute_reports_every_failing_host(session, capsys):
     """A cell failing on some hosts raises HostsError with each failing host's traceback."""
     with pytest.raises(HostsError) as info:
-        session.execute('if jax.process_index() in (1, 3): raise RuntimeError(f"bad {jax.process_index()}")',
-                        echo=False)
+        session.execute(
+            'if jax.process_index() in (1, 3): raise RuntimeError(f"bad {jax.process_index()}")',
+            echo=False,
+        )
     assert sorted(info.value.errors) == [1, 3]
     assert 'bad 3' in info.value.errors[3]
     out = session.execute('print("p", jax.process_index())')
@@ -134,7 +147,9 @@ def test_magics_in_a_real_shell(session):
         ip.run_line_magic('mh_allgather', 'x')
     magics.session = session
     with capture_output() as cap:
-        ip.run_cell_magic('mh', '--timeout 60', 'z = np.arange(3) * jax.process_index()\nprint("ok")')
+        ip.run_cell_magic(
+            'mh', '--timeout 60', 'z = np.arange(3) * jax.process_index()\nprint("ok")'
+        )
     assert '[host 3] ok' in cap.stdout
     with capture_output() as cap:
         ip.run_line_magic('mh_allgather', 'z -o zz')

@@ -30,14 +30,18 @@ def _skip_barrier_body(timeout: float):
     try:
         multihost.barrier('sync-a', timeout=timeout)
     except multihost.BarrierTimeoutError as exc:
-        return dict(elapsed=time.monotonic() - t0, missing=exc.missing,
-                    positions={p: (r.kind, r.name, r.site) for p, r in exc.positions.items()},
-                    message=str(exc), is_timeout=isinstance(exc, TimeoutError))
+        return dict(
+            elapsed=time.monotonic() - t0,
+            missing=exc.missing,
+            positions={p: (r.kind, r.name, r.site) for p, r in exc.positions.items()},
+            message=str(exc),
+            is_timeout=isinstance(exc, TimeoutError),
+        )
     return dict(elapsed=time.monotonic() - t0, missing=None)
 
 
 def test_skipped_barrier_times_out_naming_missing_host(mp_cluster):
-    """Every waiting host raises BarrierTimeoutError within timeout + 1 s, naming host 2 and where it was."""
+    """Waiting hosts raise BarrierTimeoutError in timeout + 1 s naming host 2 and its place."""
     timeout = 3.0
     results = mp_cluster.run(_skip_barrier_body, timeout, timeout=60, bracket=False)
     mp_cluster.get().broken = True  # host 2 is now behind by one collective: restart
@@ -93,7 +97,9 @@ def test_different_collective_raises_on_every_host():
 def test_shapes_differ_raises_before_device_collective():
     """Host 3 gathers a different shape: every host raises instead of crashing in XLA."""
     n = 5 if jax.process_index() == 3 else 4
-    with pytest.raises(multihost.CollectiveMismatchError, match='different structure, shapes or dtypes'):
+    with pytest.raises(
+        multihost.CollectiveMismatchError, match='different structure, shapes or dtypes'
+    ):
         multihost.process_allgather(np.zeros(n, np.float32))
     with pytest.raises(multihost.CollectiveMismatchError):
         dtype = np.int32 if jax.process_index() == 0 else np.float32
@@ -112,7 +118,10 @@ def test_sequence_numbers_agree_and_history_is_recorded():
     multihost.broadcast_one_to_all(np.zeros(2))
     recent = _sequence.history()[-3:]
     assert [(r.kind, r.name) for r in recent] == [
-        ('barrier', 'h1'), ('process_allgather', 'tiled=False'), ('broadcast_one_to_all', '')]
+        ('barrier', 'h1'),
+        ('process_allgather', 'tiled=False'),
+        ('broadcast_one_to_all', ''),
+    ]
     seqs = multihost.process_allgather(np.array([r.seq for r in recent]))
     assert (seqs == seqs[0]).all()
 

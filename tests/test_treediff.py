@@ -65,10 +65,10 @@ def _base_tree() -> dict:
 @multiprocess
 def test_equal_trees_are_ok_on_every_host():
     """Equal trees (numpy, jax, bf16, scalars, PRNG keys, global arrays) give ok on every host."""
-    glob = jax.make_array_from_callback((4, 2), NamedSharding(_host_mesh(), P()),
-                                        lambda i: np.ones((4, 2))[i])
-    tree = {**_base_tree(), 'key': jax.random.key(3), 'g': glob,
-            'nan': np.array([np.nan, 1.0])}
+    glob = jax.make_array_from_callback(
+        (4, 2), NamedSharding(_host_mesh(), P()), lambda i: np.ones((4, 2))[i]
+    )
+    tree = {**_base_tree(), 'key': jax.random.key(3), 'g': glob, 'nan': np.array([np.nan, 1.0])}
     diff = multihost.tree_diff(tree)
     assert isinstance(diff, TreeDiff)
     assert diff.ok and diff.leaves == () and diff.odd_hosts == ()
@@ -133,10 +133,10 @@ def test_two_hosts_differ_from_majority():
     pid = jax.process_index()
     tree = _base_tree()
     if pid == 1:
-        tree['big'][10] = -5.0          # was 10: diff 15
+        tree['big'][10] = -5.0  # was 10: diff 15
     if pid == 3:
-        tree['big'][500:510] += 0.25    # 10 elements
-        tree['big'][999] = 1e6          # diff 1e6 - 999
+        tree['big'][500:510] += 0.25  # 10 elements
+        tree['big'][999] = 1e6  # diff 1e6 - 999
     diff = multihost.tree_diff(tree)
     assert [leaf.path for leaf in diff.leaves] == ["['big']"]
     leaf = diff.leaves[0]
@@ -172,9 +172,11 @@ def test_odd_host_can_be_process_0():
 def test_bitwise_float_semantics():
     """Same NaN everywhere is equal; -0.0 vs 0.0 differs (max abs diff 0); NaN vs 1 gives NaN."""
     pid = jax.process_index()
-    tree = {'same_nan': np.array([np.nan, 2.0]),
-            'zero': np.array([0.0, -0.0 if pid == 1 else 0.0]),
-            'nan_vs_1': np.array([np.nan if pid == 2 else 1.0, 3.0])}
+    tree = {
+        'same_nan': np.array([np.nan, 2.0]),
+        'zero': np.array([0.0, -0.0 if pid == 1 else 0.0]),
+        'nan_vs_1': np.array([np.nan if pid == 2 else 1.0, 3.0]),
+    }
     diff = multihost.tree_diff(tree)
     assert [leaf.path for leaf in diff.leaves] == ["['nan_vs_1']", "['zero']"]
     zero = diff["['zero']"]
@@ -192,8 +194,11 @@ def test_large_leaves_compare_in_chunks():
     if pid == 3:
         x[[5, 6, 1500, 2999]] += np.array([1, -2, 3, -40], np.int32)
     sizes: list[int] = []
-    with _patched('_COMPARE_CHUNK', 7), _patched('_BROADCAST_CHUNK', 1000), \
-            _recording_broadcasts(sizes):
+    with (
+        _patched('_COMPARE_CHUNK', 7),
+        _patched('_BROADCAST_CHUNK', 1000),
+        _recording_broadcasts(sizes),
+    ):
         leaf = multihost.tree_diff({'x': x, 'y': np.ones(10)}).leaves[0]
     assert sizes == [12000]
     assert leaf.odd_hosts == (3,)
@@ -270,8 +275,9 @@ def test_global_array_compares_addressable_data():
     """A replicated global array holding other data on host 1 (undefined behaviour) is found."""
     pid = jax.process_index()
     value = np.arange(8.0).reshape(4, 2) + (100 if pid == 1 else 0)
-    glob = jax.make_array_from_callback((4, 2), NamedSharding(_host_mesh(), P()),
-                                        lambda i: value[i])
+    glob = jax.make_array_from_callback(
+        (4, 2), NamedSharding(_host_mesh(), P()), lambda i: value[i]
+    )
     assert not glob.is_fully_addressable
     diff = multihost.tree_diff({'g': glob})
     leaf = diff.leaves[0]
@@ -386,21 +392,30 @@ def test_single_process_tree_diff_is_ok_without_communication(monkeypatch):
 
 def _leaf(path: str, odd=(3,), **kw) -> LeafDiff:
     hosts = range(4)
-    base = dict(path=path, kind='value', odd_hosts=tuple(odd),
-                majority_hosts=tuple(h for h in hosts if h not in odd),
-                shapes={h: (2,) for h in hosts}, dtypes={h: 'float32' for h in hosts},
-                digests={h: 'ab' * 8 for h in hosts},
-                num_different={h: 1 for h in odd}, max_abs_diff={h: 0.5 for h in odd},
-                first_index={h: (1,) for h in odd},
-                values={h: np.array([1.0, float(h)], np.float32) for h in hosts})
+    base = dict(
+        path=path,
+        kind='value',
+        odd_hosts=tuple(odd),
+        majority_hosts=tuple(h for h in hosts if h not in odd),
+        shapes={h: (2,) for h in hosts},
+        dtypes={h: 'float32' for h in hosts},
+        digests={h: 'ab' * 8 for h in hosts},
+        num_different={h: 1 for h in odd},
+        max_abs_diff={h: 0.5 for h in odd},
+        first_index={h: (1,) for h in odd},
+        values={h: np.array([1.0, float(h)], np.float32) for h in hosts},
+    )
     base.update(kw)
     return LeafDiff(**base)
 
 
 def test_summary_is_bounded_and_names_paths_and_hosts():
     """The report lists at most max_leaves leaves with their odd hosts, the rest as a count."""
-    diff = TreeDiff(leaves=tuple(_leaf(f"['p{i}']" + 'x' * 500) for i in range(1000)),
-                    num_hosts=4, num_leaves=2000)
+    diff = TreeDiff(
+        leaves=tuple(_leaf(f"['p{i}']" + 'x' * 500) for i in range(1000)),
+        num_hosts=4,
+        num_leaves=2000,
+    )
     text = diff.summary(max_leaves=10)
     assert text.count('\n') == 11 and len(text) < 3000
     assert "['p0']" in text and "['p9']" in text and "['p10']" not in text
