@@ -10,6 +10,7 @@ Nothing typed by the user is evaluated, except the code of a ``%%mh`` cell
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -24,6 +25,7 @@ NO_SESSION = (
     'no cluster yet: start one with  %mh_cluster start -n 4 -d 2  (simulated local '
     'hosts) or  %mh_cluster connect --profile NAME  (an existing ipyparallel cluster).'
 )
+_ANSI = re.compile(r'\x1b\[[0-9;]*m')
 BAD_NAME = '{!r} is not a variable name; use e.g. x or state.params.'
 
 
@@ -75,6 +77,8 @@ class MultihostMagics(Magics):
     def __init__(self, shell: Any):
         super().__init__(shell)
         self.session: Session | None = None
+        self.stepping = False
+        self.background: dict[int, Any] | None = None
 
     def _session(self) -> Session:
         if self.session is None or not self.session.running:
@@ -162,6 +166,9 @@ class MultihostMagics(Magics):
     @magic_arguments.argument(
         '--timeout', type=float, default=None, help='seconds to wait; then show where every host is'
     )
+    @magic_arguments.argument(
+        '--bg', action='store_true', help='return at once; collect the output with %%mh_wait'
+    )
     @cell_magic
     def mh(self, line: str, cell: str) -> None:
         """Run the cell on every host; output is labelled by process index.
@@ -172,28 +179,49 @@ class MultihostMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.mh, line)
         session = self._session()
+        if self.stepping or args.bg:
+            # The kernel must stay free so the stepper's buttons can release steps.
+            self.background = session.execute_async(cell)
+            print('%%mh: running in the background (stepping is on); release steps with the '
+                  'stepper, then collect the output with %mh_wait.')
+            return
         status = _LiveStatus()
         try:
             session.execute(cell, timeout=args.timeout, on_status=status)
         except SessionTimeout as exc:
-            print(
-                f'%%mh: hosts {exc.pending} still running after {args.timeout:g} s '
-                f'(finished: {exc.finished}). Where they are:'
-            )
+            print(f'%%mh: hosts {exc.pending} still running after {args.timeout:g} s '
+                  f'(finished: {exc.finished}). Where they are:')
             self._show_where(session)
         except KeyboardInterrupt:
             print('%%mh: interrupted; the cell keeps running on the hosts. Where they are:')
             self._show_where(session)
         except HostsError as exc:
-            for p, text in sorted(exc.errors.items()):
-                print(f'--- host {p} ---\n{text}')
+            _print_errors(exc)
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument('--timeout', type=float, default=None, help='seconds to wait')
+    @line_magic
+    def mh_wait(self, line: str) -> None:
+        """Wait for the ``%%mh`` cell running in the background and print its output."""
+        args = magic_arguments.parse_argstring(self.mh_wait, line)
+        session = self._session()
+        if self.background is None:
+            raise UsageError('no %%mh cell is running in the background.')
+        try:
+            session.wait_outputs(self.background, timeout=args.timeout)
+        except SessionTimeout as exc:
+            print(f'%mh_wait: hosts {exc.pending} still running; see %mh_where or the stepper.')
+            return
+        except HostsError as exc:
+            _print_errors(exc)
+        self.background = None
 
     def _show_where(self, session: Session) -> None:
         from IPython.display import display
 
         try:
             display(session.where_view())
-        except (SessionError, AttributeError) as exc:
+        except (SessionError, OSError, RuntimeError) as exc:
             print(f'(could not collect stacks: {exc})')
 
     # -- %mh_allgather -------------------------------------------------------------
@@ -243,6 +271,99 @@ class MultihostMagics(Magics):
                 print(f'host {p}: passed {args.name!r} in {r["elapsed"] * 1e3:.1f} ms')
             else:
                 print(f'host {p}: {r["error"]}: {r["message"].splitlines()[0]}')
+
+
+    # -- views -----------------------------------------------------------------------
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument('name', help='engine array variable')
+    @magic_arguments.argument('--axes', help='the two displayed axes, e.g. 0,2')
+    @magic_arguments.argument('--no-values', action='store_true',
+                              help='do not gather the values (selecting a block shows no data)')
+    @line_magic
+    def mh_layout(self, line: str) -> Any:
+        """Show how an engine array is laid out: blocks coloured by host, labelled by device.
+
+        Replicas are digested on every host; blocks whose replicas disagree
+        are flagged. ``--axes 0,2`` picks the displayed axes of a rank >= 3 array.
+        """
+        args = magic_arguments.parse_argstring(self.mh_layout, line)
+        name = _valid_name(args.name)
+        axes = None
+        if args.axes:
+            try:
+                axes = tuple(int(a) for a in args.axes.split(','))
+            except ValueError:
+                raise UsageError(f'--axes takes two integers like 0,1; got {args.axes!r}') from None
+        session = self._session()
+        try:
+            return session.layout_view(name, values=not args.no_values, axes=axes)
+        except (SessionError, HostsError) as exc:
+            raise UsageError(_first_line_error(exc)) from None
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument('name', help='engine variable (any pytree)')
+    @line_magic
+    def mh_diff(self, line: str) -> Any:
+        """Compare an engine value across hosts: which leaves differ, where, by how much."""
+        args = magic_arguments.parse_argstring(self.mh_diff, line)
+        name = _valid_name(args.name)
+        session = self._session()
+        try:
+            return session.diff_view(name)
+        except (SessionError, HostsError) as exc:
+            raise UsageError(_first_line_error(exc)) from None
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument('action', nargs='?', default='show',
+                              choices=['on', 'off', 'show', 'step', 'continue'],
+                              help='on: pause every host before each collective; step: release '
+                                   'one; continue: release all and turn stepping off')
+    @magic_arguments.argument('count', nargs='?', type=int, default=1,
+                              help='step: how many collectives to release')
+    @line_magic
+    def mh_step(self, line: str) -> Any:
+        """Step through barriers and collectives: a host x step grid with Step/Continue/Stop.
+
+        ``%mh_step on`` makes every host pause before each collective; the next
+        ``%%mh`` cell then runs in the background while the stepper shows
+        who arrived where (divergence is highlighted before it deadlocks).
+        """
+        args = magic_arguments.parse_argstring(self.mh_step, line)
+        session = self._session()
+        if args.action == 'on':
+            session.set_stepping(True)
+            self.stepping = True
+        elif args.action == 'off':
+            session.set_stepping(False)
+            self.stepping = False
+        elif args.action == 'step':
+            if args.count < 1:
+                raise UsageError('step releases at least one collective: %mh_step step 1')
+            session.release(args.count)
+        elif args.action == 'continue':
+            session.release_all()
+            self.stepping = False
+        return session.stepper_view()
+
+    @line_magic
+    def mh_where(self, line: str) -> Any:
+        """Show where every host is: its current collective and Python stacks (works while busy)."""
+        if line.strip():
+            raise UsageError('%mh_where takes no arguments.')
+        return self._session().where_view()
+
+
+def _first_line_error(exc: BaseException) -> str:
+    if isinstance(exc, HostsError):
+        text = _ANSI.sub('', next(iter(exc.errors.values())))
+        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else str(exc)
+    return str(exc)
+
+
+def _print_errors(exc: HostsError) -> None:
+    for p, text in sorted(exc.errors.items()):
+        print(f'--- host {p} ---\n{text}')
 
 
 def _magic_docs() -> str:

@@ -130,6 +130,12 @@ def _stop_all() -> None:
             pass
 
 
+def _echo(outputs: dict[int, str]) -> None:
+    for p, text in sorted(outputs.items()):
+        if text:
+            print(f'[host {p}] ' + text.rstrip('\n').replace('\n', f'\n[host {p}] '))
+
+
 def _render_remote_error(err: BaseException) -> str:
     tb = getattr(err, 'traceback', None)
     if tb:
@@ -316,25 +322,8 @@ class Session:
                 running on the engines).
         """
         self._check()
-        pending = {
-            p: self.client[e].execute(code, silent=False, block=False)
-            for p, e in enumerate(self.engine_ids)
-        }
-        try:
-            self._wait(
-                pending, float('inf') if timeout is None else timeout, 'execute', on_tick=on_status
-            )
-        finally:
-            outputs = {
-                p: ''.join(getattr(ar, 'stdout', '') or '')
-                for p, ar in pending.items()
-                if ar.ready()
-            }
-            if echo:
-                for p, text in outputs.items():
-                    if text:
-                        print(f'[host {p}] ' + text.rstrip('\n').replace('\n', f'\n[host {p}] '))
-        return outputs
+        return self.wait_outputs(self.execute_async(code), timeout=timeout, echo=echo,
+                                 on_status=on_status)
 
     def push(self, values: dict[str, Any], *, per_host: bool = False) -> None:
         """Sets variables on every host (``per_host``: each value is a list indexed by process)."""
@@ -448,6 +437,77 @@ class Session:
     def release_all(self) -> tuple[int, ...]:
         """Turns stepping off and releases every waiting collective."""
         return self.control.release_all()
+
+    def execute_async(self, code: str) -> dict[int, Any]:
+        """Starts ``code`` on every host and returns at once: process index -> AsyncResult.
+
+        Used while stepping, so the notebook stays free to release steps.
+        Collect with `wait_outputs`.
+        """
+        self._check()
+        return {p: self.client[e].execute(code, silent=False, block=False)
+                for p, e in enumerate(self.engine_ids)}
+
+    def wait_outputs(self, pending: dict[int, Any], *, timeout: float | None = None,
+                     echo: bool = True,
+                     on_status: Callable[[dict[int, str], float], None] | None = None
+                     ) -> dict[int, str]:
+        """Waits for `execute_async` results; like `execute` from there on."""
+        try:
+            self._wait(pending, float('inf') if timeout is None else timeout, 'execute',
+                       on_tick=on_status)
+        finally:
+            outputs = {p: ''.join(getattr(ar, 'stdout', '') or '') for p, ar in pending.items()
+                       if ar.ready()}
+            if echo:
+                _echo(outputs)
+        return outputs
+
+    # -- views -------------------------------------------------------------------
+    def layout_view(self, name: str, *, values: bool = True, axes: Any = None) -> Any:
+        """A `LayoutView` of engine array ``name``: blocks by host, replicas checked.
+
+        ``values`` also gathers the array so selecting a block shows its values.
+        """
+        from mhnotebook.widgets import LayoutView
+
+        layout, report = self.layout(name)
+        data = None
+        if values and layout.nbytes <= (256 << 20):
+            data = self.allgather(name)
+        return LayoutView(layout, report, data, axes=axes)
+
+    def diff_view(self, name: str) -> Any:
+        """A `TreeDiffView` of engine value ``name`` across hosts."""
+        from mhnotebook.widgets import TreeDiffView
+
+        return TreeDiffView(self.diff(name))
+
+    def where_view(self, *, timeout: float = 10.0) -> Any:
+        """A refreshable `WhereView`: every host's current collective and stacks."""
+        from mhnotebook.widgets import WhereView
+
+        return WhereView(self.where(timeout=timeout),
+                         on_refresh=lambda: self.where(timeout=timeout))
+
+    def stepper_view(self) -> Any:
+        """A `StepperView` wired to this session: Step, Continue (release all), Stop."""
+        from mhnotebook.widgets import StepperView
+
+        def step() -> Any:
+            self.release(1)
+            return self.step_table()
+
+        def cont() -> Any:
+            self.release_all()
+            return self.step_table()
+
+        def stop() -> Any:
+            self.set_stepping(False)
+            return self.step_table()
+
+        return StepperView(self.step_table(), on_step=step, on_continue=cont, on_stop=stop,
+                           on_refresh=self.step_table)
 
     # -- lifecycle -------------------------------------------------------------
     def status(self) -> dict[int, dict[str, Any]]:
@@ -613,6 +673,9 @@ def _initialize(
 def _start_control(session: Session) -> None:
     # Up front: once a cell hangs, engine 0 can no longer be asked to start it.
     try:
+        # Every host's debug thread, so stacks and stepping reach hosts that
+        # have not entered a collective yet.
+        session.call('multihost.start_debug_daemon')
         session.control  # noqa: B018 - starts the endpoint and connects
     except Exception:
         session.stop()

@@ -136,10 +136,10 @@ def test_barrier_through_session(session):
 def test_magics_in_a_real_shell(session):
     """%mh runs cells on every host, %mh_allgather stores the value, mistakes raise UsageError."""
     from IPython.core.error import UsageError
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing.globalipapp import get_ipython, start_ipython
     from IPython.utils.capture import capture_output
 
-    ip = start_ipython()
+    ip = start_ipython() or get_ipython()
     ip.run_line_magic('load_ext', 'mhnotebook')
     magics = ip.magics_manager.registry['MultihostMagics']
     magics.session = None
@@ -168,4 +168,101 @@ def test_magics_in_a_real_shell(session):
         ip.run_cell_magic('mh', '', 'raise ValueError("only on host " + str(jax.process_index()))')
     assert 'only on host 2' in cap.stdout
     assert 'mh_allgather' in (ip.find_line_magic('mh_allgather').__doc__ or '')
+    magics.session = None
+
+
+def _shell(session):
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+
+    ip = start_ipython() or get_ipython()  # one real shell per test process
+    ip.run_line_magic('load_ext', 'mhnotebook')
+    magics = ip.magics_manager.registry['MultihostMagics']
+    magics.session, magics.stepping, magics.background = session, False, None
+    return ip, magics
+
+
+def test_layout_and_diff_magics_return_views(session):
+    """%mh_layout flags a replicated array whose hosts disagree; %mh_diff names the odd host."""
+    from IPython.core.error import UsageError
+
+    from mhnotebook.widgets import LayoutView, TreeDiffView
+
+    ip, magics = _shell(session)
+    session.execute(
+        'import multihost\n'
+        'bad = multihost.host_local_array_to_global_array(\n'
+        '    np.arange(4.0) + (jax.process_index() == 2), mesh, P())\n'
+        'params = {"w": np.ones(3) * (1 + (jax.process_index() == 1)), "b": np.zeros(2)}',
+        echo=False,
+    )
+    view = ip.run_line_magic('mh_layout', 'a_xy')
+    assert isinstance(view, LayoutView) and view.report.ok
+    assert view.layout.shape == (8, 6) and len(view.layout.shards) == 8
+    view = ip.run_line_magic('mh_layout', 'bad --no-values')
+    assert not view.report.ok and view.report.odd_processes == (2,)
+    view = ip.run_line_magic('mh_layout', 'a_3d --axes 0,2')
+    assert view.grid.axes == (0, 2)
+    diff = ip.run_line_magic('mh_diff', 'params')
+    assert isinstance(diff, TreeDiffView)
+    assert [leaf.path for leaf in diff.diff.leaves] == ["['w']"]
+    assert diff.diff.leaves[0].odd_hosts == (1,)
+    with pytest.raises(UsageError, match='not an array'):
+        ip.run_line_magic('mh_layout', 'params')
+    with pytest.raises(UsageError, match='--axes'):
+        ip.run_line_magic('mh_layout', 'a_3d --axes x,y')
+    magics.session = None
+
+
+def test_stuck_cell_shows_where_every_host_is(session):
+    """%%mh --timeout on a hung barrier returns control and shows each host's collective and stack."""
+    from IPython.utils.capture import capture_output
+
+    from mhnotebook.widgets import WhereView
+
+    ip, magics = _shell(session)
+    code = 'import time\nif jax.process_index() == 3:\n    time.sleep(6)\nmultihost.barrier("late")\n'
+    with capture_output() as cap:
+        ip.run_cell_magic('mh', '--timeout 2', code)
+    assert 'still running after 2 s' in cap.stdout
+    views = [o for o in cap.outputs if 'text/plain' in o.data]
+    assert views, 'no where view displayed'
+    stacks = session.where()
+    assert stacks[0].current.name == 'late' and stacks[0].current.kind == 'barrier'
+    assert stacks[3].current is None or stacks[3].current.name != 'late'
+    assert 'sleep' in stacks[3].format() or 'line 3' in stacks[3].format()
+    view = ip.run_line_magic('mh_where', '')
+    assert isinstance(view, WhereView)
+    session.wait_outputs(session.execute_async('pass'), timeout=60, echo=False)
+    magics.session = None
+
+
+def test_stepping_from_the_notebook(session):
+    """%mh_step on: hosts pause before each barrier; %mh_step step releases them one at a time."""
+    import time
+
+    from IPython.utils.capture import capture_output
+
+    ip, magics = _shell(session)
+    ip.run_line_magic('mh_step', 'on')
+    with capture_output() as cap:
+        ip.run_cell_magic('mh', '', 'multihost.barrier("s1")\nmultihost.barrier("s2")\nprint("done")')
+    assert 'running in the background' in cap.stdout
+
+    def wait_for(name):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            step = session.step_table().pending
+            if step is not None and step.complete and step.majority.name == name:
+                return step
+            time.sleep(0.2)
+        raise AssertionError(f'hosts never all arrived at {name}: {session.step_table()}')
+
+    wait_for('s1')
+    ip.run_line_magic('mh_step', 'step')
+    wait_for('s2')
+    view = ip.run_line_magic('mh_step', 'continue')
+    assert not magics.stepping and not view.table.stepping
+    with capture_output() as cap:
+        ip.run_line_magic('mh_wait', '--timeout 60')
+    assert cap.stdout.count('done') == 4
     magics.session = None

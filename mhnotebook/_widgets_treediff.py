@@ -1,0 +1,267 @@
+"""The tree-diff view: which leaves differ on which hosts, and by how much.
+
+A table of differing leaves x hosts (odd hosts highlighted, a numeric
+summary per leaf), then one expandable section per leaf with every host's
+shape, dtype, digest, difference statistics and, for small leaves, values.
+The HTML is built by pure functions of the `multihost.TreeDiff` model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+
+from mhnotebook._widgets_common import (
+    CSS,
+    View,
+    add_classes,
+    banner,
+    close_widgets,
+    esc,
+    fmt_hosts,
+    pre,
+)
+from multihost import LeafDiff, TreeDiff
+
+#: Differing leaves listed in the table and the expandable sections.
+MAX_ROWS = 100
+#: More hosts than this: only the odd and reference hosts get a column.
+MAX_HOST_COLUMNS = 16
+#: Majority hosts listed in a leaf's details besides the reference host.
+MAX_DETAIL_MAJORITY = 3
+#: Elements of a value printed in full (``np.array2string`` threshold).
+VALUES_THRESHOLD = 64
+
+
+def _sig(shape: tuple[int, ...] | None, dtype: str | None) -> str:
+    return 'missing' if shape is None else f'{dtype}[{",".join(map(str, shape))}]'
+
+
+def _num(x: float) -> str:
+    return 'nan' if math.isnan(x) else f'{x:.3g}'
+
+
+def _all_hosts(diff: TreeDiff) -> list[int]:
+    hosts = {h for leaf in diff.leaves for h in leaf.shapes}
+    return sorted(hosts) if hosts else list(range(diff.num_hosts))
+
+
+def host_columns(diff: TreeDiff, leaves: tuple[LeafDiff, ...]) -> tuple[list[int], bool]:
+    """The hosts that get a column, and whether an "other hosts" column follows.
+
+    Every host when there are at most `MAX_HOST_COLUMNS`; otherwise the odd
+    hosts of the listed leaves and their reference hosts (bounded).
+    """
+    hosts = _all_hosts(diff)
+    if len(hosts) <= MAX_HOST_COLUMNS:
+        return hosts, False
+    odd = sorted({h for leaf in leaves for h in leaf.odd_hosts})
+    refs = sorted({leaf.reference_host for leaf in leaves} - set(odd))
+    chosen = sorted((odd + refs)[:MAX_HOST_COLUMNS])
+    return chosen, len(chosen) < len(hosts)
+
+
+def leaf_summary(leaf: LeafDiff) -> str:
+    """The numeric summary of one leaf: counts, max abs diff, first index; or the variants."""
+    if leaf.kind != 'value':
+        groups: dict[str, list[int]] = {}
+        for h in sorted(leaf.shapes):
+            groups.setdefault(_sig(leaf.shapes[h], leaf.dtypes.get(h)), []).append(h)
+        parts = [f'{sig} on {fmt_hosts(hosts)}'
+                 for sig, hosts in sorted(groups.items(), key=lambda g: g[1][0])]
+        return '; '.join(parts[:4]) + (f'; ... ({len(parts)} variants)' if len(parts) > 4 else '')
+    stats = [h for h in leaf.odd_hosts if h in leaf.num_different]
+    if not stats:
+        return f'bytes differ on {fmt_hosts(leaf.odd_hosts)}'
+    total = sum(leaf.num_different[h] for h in stats)
+    diffs = [leaf.max_abs_diff[h] for h in stats]
+    worst = math.nan if any(math.isnan(d) for d in diffs) else max(diffs)
+    first = stats[0]
+    size = math.prod(leaf.shapes[first] or ())
+    return (f'{total} element(s) differ ({leaf.num_different[first]} of {size} on process '
+            f'{first}), max |diff| {_num(worst)}, first at {leaf.first_index[first]}')
+
+
+def _cell(leaf: LeafDiff, host: int) -> tuple[str, str]:
+    """(text, title) of one leaf x host cell."""
+    if leaf.kind != 'value':
+        return _sig(leaf.shapes.get(host), leaf.dtypes.get(host)), ''
+    if host not in leaf.odd_hosts:
+        return ('reference' if host == leaf.reference_host else '='), 'same as the majority'
+    if host not in leaf.num_different:
+        return 'bytes differ', ''
+    return (f'{leaf.num_different[host]} differ, max |diff| {_num(leaf.max_abs_diff[host])}',
+            f'first difference at index {leaf.first_index[host]}')
+
+
+def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
+    """The table of differing leaves x hosts; cells of odd hosts have class ``mh-odd-host``.
+
+    Every cell has ``mh-host-<p>``, every row ``mh-leaf`` and a ``data-path``.
+    """
+    if diff.ok:
+        return ''
+    leaves = diff.leaves[:max_rows]
+    hosts, others = host_columns(diff, leaves)
+    odd_any = set(diff.odd_hosts)
+    head = ['<th>#</th><th>leaf</th><th>kind</th>']
+    for h in hosts:
+        cls = f'mh-host-{h}' + (' mh-odd-host' if h in odd_any else '')
+        head.append(f'<th class="{cls}" data-host="{h}">host {h}</th>')
+    if others:
+        head.append('<th class="mh-other-hosts">other hosts</th>')
+    head.append('<th>summary</th>')
+    rows = []
+    for i, leaf in enumerate(leaves):
+        cells = [f'<td>{i}</td><td><code>{esc(leaf.path)}</code></td><td>{esc(leaf.kind)}</td>']
+        for h in hosts:
+            text, title = _cell(leaf, h)
+            cls = f'mh-host-{h}' + (' mh-odd-host' if h in leaf.odd_hosts else '')
+            cells.append(f'<td class="{cls}" data-host="{h}" title="{esc(title)}">'
+                         f'{esc(text)}</td>')
+        if others:
+            rest = [h for h in leaf.odd_hosts if h not in hosts]
+            cells.append('<td class="mh-other-hosts">'
+                         + (esc(f'also odd: {fmt_hosts(rest)}') if rest else 'same as majority')
+                         + '</td>')
+        cells.append(f'<td>{esc(leaf_summary(leaf))}</td>')
+        rows.append(f'<tr class="mh-leaf" data-path="{esc(leaf.path)}">{"".join(cells)}</tr>')
+    more = ''
+    if len(diff.leaves) > max_rows:
+        more = (f'<div>... and {len(diff.leaves) - max_rows} more differing leaves (all of '
+                'them are in the TreeDiff: view.diff.leaves).</div>')
+    return (f'{CSS}<div class="mh-scroll"><table class="mh-table mh-treediff-grid">'
+            f'<tr>{"".join(head)}</tr>{"".join(rows)}</table></div>{more}')
+
+
+def _values_text(value: np.ndarray) -> str:
+    return np.array2string(np.asarray(value), threshold=VALUES_THRESHOLD, edgeitems=3,
+                           max_line_width=100)
+
+
+def leaf_detail_html(leaf: LeafDiff) -> str:
+    """Every host's shape, dtype, digest, difference statistics and values for one leaf.
+
+    Odd hosts are listed in full; of the majority, the reference host and a
+    few others (the rest hold the same bytes).
+    """
+    majority = [h for h in sorted(leaf.shapes) if h not in leaf.odd_hosts]
+    shown_majority = [leaf.reference_host] + [h for h in majority if h != leaf.reference_host][
+        :MAX_DETAIL_MAJORITY]
+    hosts = sorted(set(leaf.odd_hosts) | (set(shown_majority) & set(leaf.shapes)))
+    rows = []
+    for h in hosts:
+        odd = h in leaf.odd_hosts
+        role = 'odd' if odd else ('reference' if h == leaf.reference_host else 'majority')
+        if h in leaf.values:
+            value = pre(_values_text(leaf.values[h]))
+        elif leaf.shapes.get(h) is None:
+            value = '(missing)'
+        else:
+            value = '(not kept: more than 64 elements)'
+        stats = (f'<td>{leaf.num_different[h]}</td><td>{_num(leaf.max_abs_diff[h])}</td>'
+                 f'<td>{leaf.first_index[h]}</td>' if h in leaf.num_different else
+                 '<td></td><td></td><td></td>')
+        cls = f'mh-host-{h}' + (' mh-odd-host' if odd else '')
+        rows.append(
+            f'<tr class="{cls}" data-host="{h}"><td class="{cls}">{h}</td><td>{role}</td>'
+            f'<td>{esc(leaf.shapes.get(h))}</td><td>{esc(leaf.dtypes.get(h))}</td>'
+            f'<td><code>{esc(leaf.digests.get(h))}</code></td>{stats}<td>{value}</td></tr>')
+    hidden = len(majority) - len([h for h in shown_majority if h in leaf.shapes])
+    more = (f'<div>... {hidden} more majority host(s) hold the reference bytes.</div>'
+            if hidden > 0 else '')
+    return (f'{CSS}<div class="mh-leaf-detail"><div>{esc(leaf.describe())}</div>'
+            '<table class="mh-table"><tr><th>host</th><th>role</th><th>shape</th>'
+            '<th>dtype</th><th>digest</th><th>differing</th><th>max |diff|</th>'
+            f'<th>first index</th><th>value</th></tr>{"".join(rows)}</table>{more}</div>')
+
+
+def summary_html(diff: TreeDiff) -> str:
+    """The headline: agreement, or how many leaves differ and the odd hosts."""
+    if diff.ok:
+        return CSS + banner(f'all {diff.num_hosts} hosts agree on {diff.num_leaves} leaves',
+                            'mh-ok')
+    return CSS + banner(
+        f'<b>{len(diff.leaves)} of {diff.num_leaves} leaves differ</b> across '
+        f'{diff.num_hosts} hosts; odd hosts: <span class="mh-odd-host">'
+        f'{esc(fmt_hosts(diff.odd_hosts))}</span>', 'mh-flagged')
+
+
+class TreeDiffView(View):
+    """A `multihost.TreeDiff` as a table of differing leaves x hosts, with details per leaf.
+
+    Args:
+        diff: a `multihost.TreeDiff` (``multihost.tree_diff(tree)`` on the hosts).
+        max_rows: differing leaves listed (the rest are counted).
+
+    Stable CSS classes: ``mh-treediff`` (the view), ``mh-treediff-summary``,
+    ``mh-treediff-table`` (cells ``mh-host-<p>``, odd ones ``mh-odd-host``),
+    ``mh-treediff-details`` (an accordion, one section per leaf),
+    ``mh-treediff-detail`` (a section's content, filled when expanded).
+    """
+
+    def __init__(self, diff: TreeDiff, *, max_rows: int = MAX_ROWS):
+        self.max_rows = int(max_rows)
+        self._summary = add_classes(widgets.HTML(), 'mh-treediff-summary')
+        self._table = add_classes(widgets.HTML(), 'mh-treediff-table')
+        self._details = add_classes(widgets.Accordion(), 'mh-treediff-details')
+        self._details.observe(self._on_expand, 'selected_index')
+        self.widget = add_classes(widgets.VBox([self._summary, self._table, self._details]),
+                                  'mh-treediff')
+        self.update(diff)
+
+    @property
+    def diff(self) -> TreeDiff:
+        """The tree diff shown."""
+        return self._diff
+
+    def text(self) -> str:
+        """The diff's own summary (`TreeDiff.summary`)."""
+        return self._diff.summary()
+
+    def update(self, diff: TreeDiff) -> None:
+        """Shows another tree diff."""
+        if not isinstance(diff, TreeDiff):
+            raise TypeError('TreeDiffView expects a multihost.TreeDiff '
+                            '(multihost.tree_diff(tree) on every host), got '
+                            f'{type(diff).__module__}.{type(diff).__qualname__}')
+        self._diff = diff
+        self._shown = diff.leaves[:self.max_rows]
+        self._summary.value = summary_html(diff)
+        self._table.value = diff_table_html(diff, self.max_rows)
+        old = self._details.children
+        self._details.selected_index = None
+        self._details.children = [add_classes(widgets.HTML(), 'mh-treediff-detail')
+                                  for _ in self._shown]
+        self._details.titles = tuple(
+            f'{leaf.path}  [{leaf.kind}]  odd: {fmt_hosts(leaf.odd_hosts)}'
+            for leaf in self._shown)
+        self._details.layout.display = 'none' if diff.ok else 'flex'
+        close_widgets(old)
+
+    def expand(self, path: str | None) -> None:
+        """Expands one leaf's section (None collapses).
+
+        Raises:
+            KeyError: no listed differing leaf has this path.
+        """
+        if path is None:
+            self._details.selected_index = None
+            return
+        for i, leaf in enumerate(self._shown):
+            if leaf.path == path:
+                self._details.selected_index = i
+                return
+        raise KeyError(f'{path!r} is not a listed differing leaf; differing: '
+                       + ', '.join(leaf.path for leaf in self._shown[:8]))
+
+    def _on_expand(self, change: dict[str, Any]) -> None:
+        i = change['new']
+        if i is None or i >= len(self._shown):
+            return
+        child = self._details.children[i]
+        if not child.value:  # filled lazily: only the sections someone opens
+            child.value = leaf_detail_html(self._shown[i])

@@ -1,0 +1,45 @@
+"""Notebook views of the debugging model: layouts, tree diffs, the stepper, stacks.
+
+Each view is a pure function of a `multihost` model (frozen dataclasses the
+engines send), rendered with ipywidgets (and matplotlib for the layout
+picture). Views never talk to the cluster: actions are callables the caller
+injects, and ``update(model)`` shows a new model. Each shows its model's own
+text where widgets cannot render (a terminal, a log)::
+
+    from mhnotebook.widgets import LayoutView, TreeDiffView, StepperView, WhereView
+
+    LayoutView(multihost.describe_layout(x), values=gathered)
+    TreeDiffView(multihost.tree_diff(params))
+    StepperView(table, on_step=session.release, on_refresh=session.step_table)
+    WhereView(stacks, on_refresh=session.where)
+
+`layout_grid` and `render_layout_png` are the layout view's pure parts, for
+pictures outside a widget. Every widget part carries a stable CSS class
+(``mh-layout``, ``mh-layout-block``, ``mh-host-<p>``, ``mh-treediff``,
+``mh-odd-host``, ``mh-stepper``, ``mh-step-button``, ``mh-where``...; each
+view's docstring lists them).
+"""
+
+from mhnotebook._widgets_common import host_color
+from mhnotebook._widgets_layout import (
+    GridBlock,
+    LayoutGrid,
+    LayoutView,
+    layout_grid,
+    render_layout_png,
+)
+from mhnotebook._widgets_stepper import StepperView
+from mhnotebook._widgets_treediff import TreeDiffView
+from mhnotebook._widgets_where import WhereView
+
+__all__ = [
+    'GridBlock',
+    'LayoutGrid',
+    'LayoutView',
+    'StepperView',
+    'TreeDiffView',
+    'WhereView',
+    'host_color',
+    'layout_grid',
+    'render_layout_png',
+]
