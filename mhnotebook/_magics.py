@@ -182,15 +182,19 @@ class MultihostMagics(Magics):
         if self.stepping or args.bg:
             # The kernel must stay free so the stepper's buttons can release steps.
             self.background = session.execute_async(cell)
-            print('%%mh: running in the background (stepping is on); release steps with the '
-                  'stepper, then collect the output with %mh_wait.')
+            print(
+                '%%mh: running in the background (stepping is on); release steps with the '
+                'stepper, then collect the output with %mh_wait.'
+            )
             return
         status = _LiveStatus()
         try:
             session.execute(cell, timeout=args.timeout, on_status=status)
         except SessionTimeout as exc:
-            print(f'%%mh: hosts {exc.pending} still running after {args.timeout:g} s '
-                  f'(finished: {exc.finished}). Where they are:')
+            print(
+                f'%%mh: hosts {exc.pending} still running after {args.timeout:g} s '
+                f'(finished: {exc.finished}). Where they are:'
+            )
             self._show_where(session)
         except KeyboardInterrupt:
             print('%%mh: interrupted; the cell keeps running on the hosts. Where they are:')
@@ -272,13 +276,15 @@ class MultihostMagics(Magics):
             else:
                 print(f'host {p}: {r["error"]}: {r["message"].splitlines()[0]}')
 
-
     # -- views -----------------------------------------------------------------------
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('name', help='engine array variable')
     @magic_arguments.argument('--axes', help='the two displayed axes, e.g. 0,2')
-    @magic_arguments.argument('--no-values', action='store_true',
-                              help='do not gather the values (selecting a block shows no data)')
+    @magic_arguments.argument(
+        '--no-values',
+        action='store_true',
+        help='do not gather the values (selecting a block shows no data)',
+    )
     @line_magic
     def mh_layout(self, line: str) -> Any:
         """Show how an engine array is laid out: blocks coloured by host, labelled by device.
@@ -314,12 +320,17 @@ class MultihostMagics(Magics):
             raise UsageError(_first_line_error(exc)) from None
 
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument('action', nargs='?', default='show',
-                              choices=['on', 'off', 'show', 'step', 'continue'],
-                              help='on: pause every host before each collective; step: release '
-                                   'one; continue: release all and turn stepping off')
-    @magic_arguments.argument('count', nargs='?', type=int, default=1,
-                              help='step: how many collectives to release')
+    @magic_arguments.argument(
+        'action',
+        nargs='?',
+        default='show',
+        choices=['on', 'off', 'show', 'step', 'continue'],
+        help='on: pause every host before each collective; step: release '
+        'one; continue: release all and turn stepping off',
+    )
+    @magic_arguments.argument(
+        'count', nargs='?', type=int, default=1, help='step: how many collectives to release'
+    )
     @line_magic
     def mh_step(self, line: str) -> Any:
         """Step through barriers and collectives: a host x step grid with Step/Continue/Stop.

@@ -322,8 +322,9 @@ class Session:
                 running on the engines).
         """
         self._check()
-        return self.wait_outputs(self.execute_async(code), timeout=timeout, echo=echo,
-                                 on_status=on_status)
+        return self.wait_outputs(
+            self.execute_async(code), timeout=timeout, echo=echo, on_status=on_status
+        )
 
     def push(self, values: dict[str, Any], *, per_host: bool = False) -> None:
         """Sets variables on every host (``per_host``: each value is a list indexed by process)."""
@@ -445,20 +446,30 @@ class Session:
         Collect with `wait_outputs`.
         """
         self._check()
-        return {p: self.client[e].execute(code, silent=False, block=False)
-                for p, e in enumerate(self.engine_ids)}
+        return {
+            p: self.client[e].execute(code, silent=False, block=False)
+            for p, e in enumerate(self.engine_ids)
+        }
 
-    def wait_outputs(self, pending: dict[int, Any], *, timeout: float | None = None,
-                     echo: bool = True,
-                     on_status: Callable[[dict[int, str], float], None] | None = None
-                     ) -> dict[int, str]:
+    def wait_outputs(
+        self,
+        pending: dict[int, Any],
+        *,
+        timeout: float | None = None,
+        echo: bool = True,
+        on_status: Callable[[dict[int, str], float], None] | None = None,
+    ) -> dict[int, str]:
         """Waits for `execute_async` results; like `execute` from there on."""
         try:
-            self._wait(pending, float('inf') if timeout is None else timeout, 'execute',
-                       on_tick=on_status)
+            self._wait(
+                pending, float('inf') if timeout is None else timeout, 'execute', on_tick=on_status
+            )
         finally:
-            outputs = {p: ''.join(getattr(ar, 'stdout', '') or '') for p, ar in pending.items()
-                       if ar.ready()}
+            outputs = {
+                p: ''.join(getattr(ar, 'stdout', '') or '')
+                for p, ar in pending.items()
+                if ar.ready()
+            }
             if echo:
                 _echo(outputs)
         return outputs
@@ -487,8 +498,9 @@ class Session:
         """A refreshable `WhereView`: every host's current collective and stacks."""
         from mhnotebook.widgets import WhereView
 
-        return WhereView(self.where(timeout=timeout),
-                         on_refresh=lambda: self.where(timeout=timeout))
+        return WhereView(
+            self.where(timeout=timeout), on_refresh=lambda: self.where(timeout=timeout)
+        )
 
     def stepper_view(self) -> Any:
         """A `StepperView` wired to this session: Step, Continue (release all), Stop."""
@@ -506,8 +518,13 @@ class Session:
             self.set_stepping(False)
             return self.step_table()
 
-        return StepperView(self.step_table(), on_step=step, on_continue=cont, on_stop=stop,
-                           on_refresh=self.step_table)
+        return StepperView(
+            self.step_table(),
+            on_step=step,
+            on_continue=cont,
+            on_stop=stop,
+            on_refresh=self.step_table,
+        )
 
     # -- lifecycle -------------------------------------------------------------
     def status(self) -> dict[int, dict[str, Any]]:

@@ -16,10 +16,26 @@ from typing import Any
 #: the saturated colours and the next ten their light twins. Hosts beyond 20
 #: reuse colours (``host % 20``); the label and the legend name the host.
 PALETTE = (
-    '#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd',
-    '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf',
-    '#aec7e8', '#ffbb78', '#98df8a', '#ff9896', '#c5b0d5',
-    '#c49c94', '#f7b6d2', '#c7c7c7', '#dbdb8d', '#9edae5',
+    '#1f77b4',
+    '#ff7f0e',
+    '#2ca02c',
+    '#d62728',
+    '#9467bd',
+    '#8c564b',
+    '#e377c2',
+    '#7f7f7f',
+    '#bcbd22',
+    '#17becf',
+    '#aec7e8',
+    '#ffbb78',
+    '#98df8a',
+    '#ff9896',
+    '#c5b0d5',
+    '#c49c94',
+    '#f7b6d2',
+    '#c7c7c7',
+    '#dbdb8d',
+    '#9edae5',
 )
 
 #: Host lists in headers are cut after this many ranges.
@@ -33,7 +49,7 @@ def host_color(process: int) -> str:
 
 def text_color(fill: str) -> str:
     """Black or white, whichever reads better on ``fill`` (``'#rrggbb'``)."""
-    r, g, b = (int(fill[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    r, g, b = (int(fill[i : i + 2], 16) / 255 for i in (1, 3, 5))
     luminance = 0.299 * r + 0.587 * g + 0.114 * b
     return '#000000' if luminance > 0.55 else '#ffffff'
 
@@ -64,9 +80,11 @@ def fmt_hosts(hosts: Iterable[int]) -> str:
 
 def swatch(process: int) -> str:
     """A small coloured square for a host, as HTML."""
-    return (f'<span class="mh-swatch" style="display:inline-block;width:0.9em;height:0.9em;'
-            f'vertical-align:middle;border:1px solid #0003;background:{host_color(process)}">'
-            '</span>')
+    return (
+        f'<span class="mh-swatch" style="display:inline-block;width:0.9em;height:0.9em;'
+        f'vertical-align:middle;border:1px solid #0003;background:{host_color(process)}">'
+        '</span>'
+    )
 
 
 #: Shared CSS for the HTML tables of the views. Class names are the public,
@@ -157,8 +175,7 @@ def add_classes(widget: Any, *classes: str) -> Any:
     return widget
 
 
-def run_action(fn: Callable[[], Any], what: str,
-               report: Callable[[str], None]) -> tuple[bool, Any]:
+def run_action(fn: Callable[[], Any], what: str, report: Callable[[str], None]) -> tuple[bool, Any]:
     """Calls an injected callback; an exception becomes a message instead of vanishing.
 
     Button callbacks run in the kernel's comm handler, where a traceback

@@ -148,8 +148,11 @@ class LayoutGrid:
     def slice_text(self) -> str:
         """The slice shown, numpy style: ``'[:, :, 3]'`` (``'[]'`` for a 0-d array)."""
         fixed = dict(self.fixed)
-        return '[' + ', '.join(str(fixed[d]) if d in fixed else ':'
-                               for d in range(self.layout.ndim)) + ']'
+        return (
+            '['
+            + ', '.join(str(fixed[d]) if d in fixed else ':' for d in range(self.layout.ndim))
+            + ']'
+        )
 
     def describe(self) -> str:
         """The displayed axes and the slice: ``'rows dim 0, columns dim 2, [:, 3, :]'``."""
@@ -160,24 +163,31 @@ class LayoutGrid:
         return f'rows dim {self.axes[0]}, columns dim {self.axes[1]}, {self.slice_text()}'
 
 
-def _split(layout: Layout | ReplicaReport,
-           report: ReplicaReport | None) -> tuple[Layout, ReplicaReport | None]:
+def _split(
+    layout: Layout | ReplicaReport, report: ReplicaReport | None
+) -> tuple[Layout, ReplicaReport | None]:
     """Accepts a `ReplicaReport` in place of the layout (its layout and itself)."""
     if isinstance(layout, ReplicaReport):
         if report is not None and report is not layout:
             raise ValueError('pass the ReplicaReport once: as the layout or as report=')
         layout, report = layout.layout, layout
     if not isinstance(layout, Layout):
-        raise TypeError('expected a multihost.Layout (multihost.describe_layout(x)) or a '
-                        'multihost.ReplicaReport (multihost.check_replicas(x)), got '
-                        f'{type(layout).__module__}.{type(layout).__qualname__}')
+        raise TypeError(
+            'expected a multihost.Layout (multihost.describe_layout(x)) or a '
+            'multihost.ReplicaReport (multihost.check_replicas(x)), got '
+            f'{type(layout).__module__}.{type(layout).__qualname__}'
+        )
     if report is not None:
         if not isinstance(report, ReplicaReport):
-            raise TypeError('report must be a multihost.ReplicaReport, got '
-                            f'{type(report).__module__}.{type(report).__qualname__}')
+            raise TypeError(
+                'report must be a multihost.ReplicaReport, got '
+                f'{type(report).__module__}.{type(report).__qualname__}'
+            )
         if report.layout.shape != layout.shape:
-            raise ValueError(f'the report describes an array of shape {report.layout.shape}, '
-                             f'the layout one of shape {layout.shape}')
+            raise ValueError(
+                f'the report describes an array of shape {report.layout.shape}, '
+                f'the layout one of shape {layout.shape}'
+            )
     return layout, report
 
 
@@ -203,9 +213,12 @@ def _normalize_axes(axes: int | Sequence[int] | None, ndim: int) -> tuple[int, .
     return axes
 
 
-def layout_grid(layout: Layout | ReplicaReport, axes: int | Sequence[int] | None = None,
-                fixed: Mapping[int, int] | None = None,
-                report: ReplicaReport | None = None) -> LayoutGrid:
+def layout_grid(
+    layout: Layout | ReplicaReport,
+    axes: int | Sequence[int] | None = None,
+    fixed: Mapping[int, int] | None = None,
+    report: ReplicaReport | None = None,
+) -> LayoutGrid:
     """The blocks of ``layout`` visible in one 2-D view. Pure: no widgets, no devices.
 
     Args:
@@ -238,8 +251,10 @@ def layout_grid(layout: Layout | ReplicaReport, axes: int | Sequence[int] | None
         if d in axes:
             raise ValueError(f'axis {d} is displayed; it cannot also be fixed at {p}')
         if not 0 <= p < max(layout.shape[d], 1):
-            raise ValueError(f'position {p} is outside axis {d} of size {layout.shape[d]} '
-                             f'(valid: 0..{max(layout.shape[d] - 1, 0)})')
+            raise ValueError(
+                f'position {p} is outside axis {d} of size {layout.shape[d]} '
+                f'(valid: 0..{max(layout.shape[d] - 1, 0)})'
+            )
         positions[d] = p
     fixed_t = tuple((d, positions.get(d, 0)) for d in range(ndim) if d not in axes)
 
@@ -248,8 +263,9 @@ def layout_grid(layout: Layout | ReplicaReport, axes: int | Sequence[int] | None
         bad = {g.index: g for g in report.mismatches}
     blocks = []
     for block in layout.blocks():
-        if not all(layout.shape[d] == 0 or block.index[d][0] <= p < block.index[d][1]
-                   for d, p in fixed_t):
+        if not all(
+            layout.shape[d] == 0 or block.index[d][0] <= p < block.index[d][1] for d, p in fixed_t
+        ):
             continue
         if ndim == 0:
             rows, cols = (0, 1), (0, 1)
@@ -258,9 +274,16 @@ def layout_grid(layout: Layout | ReplicaReport, axes: int | Sequence[int] | None
         else:
             rows, cols = block.index[axes[0]], block.index[axes[1]]
         group = bad.get(block.index)
-        blocks.append(GridBlock(block=block, rows=rows, cols=cols,
-                                hosts=block.process_indices, flagged=group is not None,
-                                odd_devices=group.odd_devices if group else ()))
+        blocks.append(
+            GridBlock(
+                block=block,
+                rows=rows,
+                cols=cols,
+                hosts=block.process_indices,
+                flagged=group is not None,
+                odd_devices=group.odd_devices if group else (),
+            )
+        )
     blocks.sort(key=lambda b: (b.rows, b.cols))
     if ndim == 0:
         extent = (1, 1)
@@ -270,15 +293,24 @@ def layout_grid(layout: Layout | ReplicaReport, axes: int | Sequence[int] | None
         extent = (layout.shape[axes[0]], layout.shape[axes[1]])
     row_cuts = tuple(sorted({0, extent[0], *(v for b in blocks for v in b.rows)}))
     col_cuts = tuple(sorted({0, extent[1], *(v for b in blocks for v in b.cols)}))
-    return LayoutGrid(layout=layout, axes=axes, fixed=fixed_t, blocks=tuple(blocks),
-                      extent=extent, row_cuts=row_cuts, col_cuts=col_cuts, report=report)
+    return LayoutGrid(
+        layout=layout,
+        axes=axes,
+        fixed=fixed_t,
+        blocks=tuple(blocks),
+        extent=extent,
+        row_cuts=row_cuts,
+        col_cuts=col_cuts,
+        report=report,
+    )
 
 
 # -- the picture ------------------------------------------------------------------------
 
 
-def render_layout_png(grid: LayoutGrid | Layout | ReplicaReport, *,
-                      selected: Index | None = None, width: int = 640) -> bytes:
+def render_layout_png(
+    grid: LayoutGrid | Layout | ReplicaReport, *, selected: Index | None = None, width: int = 640
+) -> bytes:
     """Draws a layout grid as a PNG: blocks coloured by host, labelled with device ids.
 
     A block held by several hosts is striped in their colours; a block whose
@@ -336,16 +368,31 @@ def render_layout_png(grid: LayoutGrid | Layout | ReplicaReport, *,
             flagged.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
     ax.add_collection(PatchCollection(fills, facecolors=fill_colors, edgecolors='none'))
     thin = len(grid.blocks) > 64
-    ax.add_collection(PatchCollection(outlines, facecolors='none', edgecolors='white',
-                                      linewidths=0.5 if thin else 1.5))
+    ax.add_collection(
+        PatchCollection(
+            outlines, facecolors='none', edgecolors='white', linewidths=0.5 if thin else 1.5
+        )
+    )
     if flagged:
-        ax.add_collection(PatchCollection(flagged, facecolors='none', edgecolors='black',
-                                          hatch='x', linewidths=2.0))
+        ax.add_collection(
+            PatchCollection(
+                flagged, facecolors='none', edgecolors='black', hatch='x', linewidths=2.0
+            )
+        )
     chosen = grid.find(selected) if selected is not None else None
     if chosen is not None:
         (y0, y1), (x0, x1) = chosen.rows, chosen.cols
-        ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, facecolor='none',
-                               edgecolor='black', linewidth=3.0, linestyle='--'))
+        ax.add_patch(
+            Rectangle(
+                (x0, y0),
+                x1 - x0,
+                y1 - y0,
+                facecolor='none',
+                edgecolor='black',
+                linewidth=3.0,
+                linestyle='--',
+            )
+        )
 
     if len(grid.blocks) <= MAX_LABELS:
         px_x = plot_w * dpi / max(ncols, 1)
@@ -356,24 +403,41 @@ def render_layout_png(grid: LayoutGrid | Layout | ReplicaReport, *,
             mark = '! ' if b.flagged else ''
             copies = [f'x{b.replica_count}'] if b.replica_count > 1 else []
             # The most informative label that fits: 'dev 0,1' + 'x2', then '0,1'.
-            for lines in ([f'{mark}dev {b.label}'] + copies, [mark + b.label] + copies,
-                          [mark + b.label]):
-                if (w_px >= 6.2 * max(len(s) for s in lines) + 4
-                        and h_px >= 12 * len(lines) + 2):
+            for lines in (
+                [f'{mark}dev {b.label}'] + copies,
+                [mark + b.label] + copies,
+                [mark + b.label],
+            ):
+                if w_px >= 6.2 * max(len(s) for s in lines) + 4 and h_px >= 12 * len(lines) + 2:
                     # On hatching or stripes of several colours, a light box keeps it legible.
                     boxed = b.flagged or len(b.hosts) > 1
-                    ax.text((b.cols[0] + b.cols[1]) / 2, (b.rows[0] + b.rows[1]) / 2,
-                            '\n'.join(lines), ha='center', va='center', fontsize=8,
-                            linespacing=1.1,
-                            color='#000000' if boxed else text_color(
-                                host_color(b.hosts[0] if b.hosts else 0)),
-                            bbox=dict(facecolor='white', alpha=0.85, edgecolor='none',
-                                      pad=1.5) if boxed else None)
+                    ax.text(
+                        (b.cols[0] + b.cols[1]) / 2,
+                        (b.rows[0] + b.rows[1]) / 2,
+                        '\n'.join(lines),
+                        ha='center',
+                        va='center',
+                        fontsize=8,
+                        linespacing=1.1,
+                        color='#000000'
+                        if boxed
+                        else text_color(host_color(b.hosts[0] if b.hosts else 0)),
+                        bbox=dict(facecolor='white', alpha=0.85, edgecolor='none', pad=1.5)
+                        if boxed
+                        else None,
+                    )
                     break
 
     if nrows == 0 or ncols == 0:
-        ax.text(0.5, 0.5, f'empty array, shape {grid.layout.shape}', transform=ax.transAxes,
-                ha='center', va='center', fontsize=9)
+        ax.text(
+            0.5,
+            0.5,
+            f'empty array, shape {grid.layout.shape}',
+            transform=ax.transAxes,
+            ha='center',
+            va='center',
+            fontsize=9,
+        )
     ax.tick_params(labelsize=7, length=2)
     if ndim == 0:
         ax.set_xticks([])
@@ -381,8 +445,9 @@ def render_layout_png(grid: LayoutGrid | Layout | ReplicaReport, *,
     else:
         if len(grid.col_cuts) <= 17:
             ax.set_xticks(grid.col_cuts)
-        ax.set_xlabel(f'dim {grid.axes[-1]} (size {grid.layout.shape[grid.axes[-1]]})',
-                      fontsize=8, labelpad=1)
+        ax.set_xlabel(
+            f'dim {grid.axes[-1]} (size {grid.layout.shape[grid.axes[-1]]})', fontsize=8, labelpad=1
+        )
         if ndim == 1:
             ax.set_yticks([])
         else:
@@ -405,33 +470,44 @@ def legend_html(layout: Layout, max_hosts: int = MAX_LEGEND) -> str:
         shards[s.process_index] = shards.get(s.process_index, 0) + 1
     rows = []
     for p in sorted(per_host)[:max_hosts]:
-        rows.append(f'<tr class="mh-legend-host mh-host-{p}"><td>{swatch(p)} host {p}</td>'
-                    f'<td>{format_bytes(per_host[p])}</td><td>{shards.get(p, 0)}</td></tr>')
+        rows.append(
+            f'<tr class="mh-legend-host mh-host-{p}"><td>{swatch(p)} host {p}</td>'
+            f'<td>{format_bytes(per_host[p])}</td><td>{shards.get(p, 0)}</td></tr>'
+        )
     if len(per_host) > max_hosts:
         rest = sorted(per_host)[max_hosts:]
         sizes = [per_host[p] for p in rest]
-        rows.append(f'<tr><td colspan="3">... {len(rest)} more hosts, '
-                    f'{format_bytes(min(sizes))} to {format_bytes(max(sizes))} each</td></tr>')
+        rows.append(
+            f'<tr><td colspan="3">... {len(rest)} more hosts, '
+            f'{format_bytes(min(sizes))} to {format_bytes(max(sizes))} each</td></tr>'
+        )
     ratio = layout.stored_nbytes / layout.nbytes if layout.nbytes else 0
-    foot = (f'{format_bytes(layout.stored_nbytes)} stored for {format_bytes(layout.nbytes)} '
-            f'of data (x{ratio:.3g})')
+    foot = (
+        f'{format_bytes(layout.stored_nbytes)} stored for {format_bytes(layout.nbytes)} '
+        f'of data (x{ratio:.3g})'
+    )
     if layout.num_processes > len(PALETTE):
         foot += f'; colours repeat every {len(PALETTE)} hosts'
-    return (f'{CSS}<table class="mh-table mh-legend"><tr><th>host</th><th>bytes</th>'
-            f'<th>shards</th></tr>{"".join(rows)}</table><div class="mh-legend-foot">'
-            f'{esc(foot)}</div>')
+    return (
+        f'{CSS}<table class="mh-table mh-legend"><tr><th>host</th><th>bytes</th>'
+        f'<th>shards</th></tr>{"".join(rows)}</table><div class="mh-legend-foot">'
+        f'{esc(foot)}</div>'
+    )
 
 
 def header_html(layout: Layout, report: ReplicaReport | None) -> str:
     """The headline, block and replica counts, and the replica verdict."""
     blocks = layout.blocks()
     counts = sorted({b.replica_count for b in blocks})
-    replicas = (str(counts[0]) if len(counts) == 1 else
-                f'{counts[0]} to {counts[-1]}' if counts else '0')
-    text = (f'<b>{esc(layout.headline())}</b><br>{len(layout.shards)} shard(s) on '
-            f'{len(set(layout.device_ids))} device(s) of {len(layout.processes)}/'
-            f'{layout.num_processes} host(s); {len(blocks)} distinct block(s), '
-            f'{replicas} replica(s) each')
+    replicas = (
+        str(counts[0]) if len(counts) == 1 else f'{counts[0]} to {counts[-1]}' if counts else '0'
+    )
+    text = (
+        f'<b>{esc(layout.headline())}</b><br>{len(layout.shards)} shard(s) on '
+        f'{len(set(layout.device_ids))} device(s) of {len(layout.processes)}/'
+        f'{layout.num_processes} host(s); {len(blocks)} distinct block(s), '
+        f'{replicas} replica(s) each'
+    )
     if report is None:
         return CSS + text
     if not report.groups:
@@ -444,12 +520,17 @@ def header_html(layout: Layout, report: ReplicaReport | None) -> str:
             f'<b>replicas DIFFER</b> in {len(bad)} of {len(report.groups)} replicated block(s) '
             f'(undefined behaviour): odd {esc(fmt_hosts(report.odd_processes))}, odd device(s) '
             f'{esc(", ".join(map(str, report.odd_devices)))}; flagged blocks are hatched',
-            'mh-flagged')
+            'mh-flagged',
+        )
     return CSS + text + verdict
 
 
-def block_info_html(layout: Layout, index: Index, report: ReplicaReport | None = None,
-                    values: np.ndarray | None = None) -> str:
+def block_info_html(
+    layout: Layout,
+    index: Index,
+    report: ReplicaReport | None = None,
+    values: np.ndarray | None = None,
+) -> str:
     """A block's shard info (index, devices, processes, replica ids, bytes) and values."""
     block = next((b for b in layout.blocks() if b.index == index), None)
     if block is None:
@@ -464,22 +545,29 @@ def block_info_html(layout: Layout, index: Index, report: ReplicaReport | None =
         cls = ' class="mh-odd-host"' if s.device_id in odd else ''
         device = 'host memory' if s.device_id is None else s.device_id
         digest = esc(digests.get(s.device_id, '')) + (' (differs)' if s.device_id in odd else '')
-        rows.append(f'<tr{cls}><td>{s.replica_id}</td><td>{device}</td>'
-                    f'<td>{swatch(s.process_index)} {s.process_index}</td>'
-                    f'<td>{format_bytes(s.nbytes)}</td>'
-                    + (f'<td>{digest}</td>' if group else '') + '</tr>')
-    head = ('<tr><th>replica</th><th>device</th><th>process</th><th>bytes</th>'
-            + ('<th>digest</th>' if group else '') + '</tr>')
-    parts = [f'<b>block {esc(format_index(index))}</b> shape {block.shape}, '
-             f'{format_bytes(block.nbytes)} per copy, {block.replica_count} replica(s) on '
-             f'{esc(fmt_hosts(block.process_indices))}',
-             f'<table class="mh-table mh-shards">{head}{"".join(rows)}</table>']
+        rows.append(
+            f'<tr{cls}><td>{s.replica_id}</td><td>{device}</td>'
+            f'<td>{swatch(s.process_index)} {s.process_index}</td>'
+            f'<td>{format_bytes(s.nbytes)}</td>' + (f'<td>{digest}</td>' if group else '') + '</tr>'
+        )
+    head = (
+        '<tr><th>replica</th><th>device</th><th>process</th><th>bytes</th>'
+        + ('<th>digest</th>' if group else '')
+        + '</tr>'
+    )
+    parts = [
+        f'<b>block {esc(format_index(index))}</b> shape {block.shape}, '
+        f'{format_bytes(block.nbytes)} per copy, {block.replica_count} replica(s) on '
+        f'{esc(fmt_hosts(block.process_indices))}',
+        f'<table class="mh-table mh-shards">{head}{"".join(rows)}</table>',
+    ]
     if group is not None and not group.ok:
         parts.insert(1, banner(f'replicas differ: {esc(group.describe())}', 'mh-flagged'))
     if values is not None:
         part = values[tuple(slice(a, b) for a, b in index)]
-        text = np.array2string(np.asarray(part), threshold=VALUES_THRESHOLD, edgeitems=3,
-                               max_line_width=100)
+        text = np.array2string(
+            np.asarray(part), threshold=VALUES_THRESHOLD, edgeitems=3, max_line_width=100
+        )
         parts.append(f'values (of the gathered array, shape {np.shape(part)}):' + pre(text))
     return CSS + '<div class="mh-block-info">' + ''.join(parts) + '</div>'
 
@@ -514,8 +602,14 @@ class LayoutView(View):
     ``mh-flagged``, ``mh-selected``), ``mh-layout-info``.
     """
 
-    def __init__(self, layout: Layout | ReplicaReport, report: ReplicaReport | None = None,
-                 values: Any = None, *, axes: Sequence[int] | None = None):
+    def __init__(
+        self,
+        layout: Layout | ReplicaReport,
+        report: ReplicaReport | None = None,
+        values: Any = None,
+        *,
+        axes: Sequence[int] | None = None,
+    ):
         self._busy = False
         self._selected: Index | None = None
         self._sliders: list[widgets.IntSlider] = []
@@ -537,12 +631,23 @@ class LayoutView(View):
         self._select.observe(self._on_select, 'value')
         self._blocks = add_classes(widgets.GridBox(), 'mh-layout-blocks')
         self._info = add_classes(widgets.HTML(_HINT), 'mh-layout-info')
-        controls = add_classes(widgets.HBox([self._rows, self._cols, self._slider_box]),
-                        'mh-layout-controls')
+        controls = add_classes(
+            widgets.HBox([self._rows, self._cols, self._slider_box]), 'mh-layout-controls'
+        )
         controls.layout.flex_flow = 'row wrap'
-        self.widget = add_classes(widgets.VBox([
-            self._header, controls, widgets.HBox([self._image, self._legend]),
-            self._select, self._blocks, self._info]), 'mh-layout')
+        self.widget = add_classes(
+            widgets.VBox(
+                [
+                    self._header,
+                    controls,
+                    widgets.HBox([self._image, self._legend]),
+                    self._select,
+                    self._blocks,
+                    self._info,
+                ]
+            ),
+            'mh-layout',
+        )
         self.update(layout, report, values, axes=axes)
 
     # -- public --
@@ -573,8 +678,14 @@ class LayoutView(View):
             return str(self._layout)
         return f'{self._layout}\n{self._report}'
 
-    def update(self, layout: Layout | ReplicaReport, report: ReplicaReport | None = None,
-               values: Any = None, *, axes: Sequence[int] | None = None) -> None:
+    def update(
+        self,
+        layout: Layout | ReplicaReport,
+        report: ReplicaReport | None = None,
+        values: Any = None,
+        *,
+        axes: Sequence[int] | None = None,
+    ) -> None:
         """Shows another layout (or the same one with a new report or values).
 
         The displayed axes and slider positions are kept when the shape is
@@ -584,25 +695,34 @@ class LayoutView(View):
         if values is not None:
             values = np.asarray(values)
             if values.shape != layout.shape:
-                raise ValueError(f'values has shape {values.shape} but the layout describes an '
-                                 f'array of shape {layout.shape}')
+                raise ValueError(
+                    f'values has shape {values.shape} but the layout describes an '
+                    f'array of shape {layout.shape}'
+                )
         same = self._layout is not None and self._layout.shape == layout.shape
         positions = [s.value for s in self._sliders] if same else [0] * layout.ndim
         if axes is None:
             axes = self._grid.axes if same else None
         axes = _normalize_axes(axes, layout.ndim)
         self._layout, self._report, self._values = layout, report, values
-        if self._selected is not None and all(b.index != self._selected
-                                              for b in layout.blocks()):
+        if self._selected is not None and all(b.index != self._selected for b in layout.blocks()):
             self._selected = None
         with self._hold():
             close_widgets(self._sliders)
             self._sliders = []
             for d, n in enumerate(layout.shape):
-                s = add_classes(widgets.IntSlider(value=min(positions[d], max(n - 1, 0)), min=0,
-                                           max=max(n - 1, 0), description=f'dim {d}',
-                                           continuous_update=False, disabled=n <= 1),
-                         'mh-layout-slider', f'mh-layout-slider-{d}')
+                s = add_classes(
+                    widgets.IntSlider(
+                        value=min(positions[d], max(n - 1, 0)),
+                        min=0,
+                        max=max(n - 1, 0),
+                        description=f'dim {d}',
+                        continuous_update=False,
+                        disabled=n <= 1,
+                    ),
+                    'mh-layout-slider',
+                    f'mh-layout-slider-{d}',
+                )
                 s.style.description_width = '3.5em'
                 s.observe(self._on_slider, 'value')
                 self._sliders.append(s)
@@ -631,12 +751,14 @@ class LayoutView(View):
         try:
             index = tuple((int(a), int(b)) for a, b in index)
         except (TypeError, ValueError):
-            raise TypeError('select expects a block index, ((start, stop), ...) per '
-                            f'dimension, got {index!r}') from None
+            raise TypeError(
+                f'select expects a block index, ((start, stop), ...) per dimension, got {index!r}'
+            ) from None
         if all(b.index != index for b in self._layout.blocks()):
-            raise ValueError(f'the layout has no block {format_index(index)}; its blocks start '
-                             'at ' + ', '.join(format_index(b.index)
-                                               for b in self._layout.blocks()[:6]))
+            raise ValueError(
+                f'the layout has no block {format_index(index)}; its blocks start '
+                'at ' + ', '.join(format_index(b.index) for b in self._layout.blocks()[:6])
+            )
         self._selected = index
         moved = False
         with self._hold():
@@ -701,28 +823,39 @@ class LayoutView(View):
         self._buttons = {}
         with self._hold():
             self._select.options = [
-                (f'{format_index(b.index)}  devices {b.label}  on '
-                 f'{fmt_hosts(b.hosts)}{"  (replicas differ)" if b.flagged else ""}', b.index)
-                for b in grid.blocks]
+                (
+                    f'{format_index(b.index)}  devices {b.label}  on '
+                    f'{fmt_hosts(b.hosts)}{"  (replicas differ)" if b.flagged else ""}',
+                    b.index,
+                )
+                for b in grid.blocks
+            ]
         if len(grid.blocks) > MAX_BUTTONS:
             self._blocks.children = []
             self._blocks.layout.display = 'none'
             return
         self._blocks.layout.display = 'grid'
         self._blocks.layout.grid_template_columns = (
-            f'repeat({max(len(grid.col_cuts) - 1, 1)}, minmax(3em, auto))')
+            f'repeat({max(len(grid.col_cuts) - 1, 1)}, minmax(3em, auto))'
+        )
         self._blocks.layout.grid_gap = '2px'
         rows, cols = grid.row_cuts, grid.col_cuts
         for b in grid.blocks:
             color = host_color(b.hosts[0] if b.hosts else 0)
             button = widgets.Button(
                 description=('⚠ ' if b.flagged else '') + b.label,
-                tooltip=(f'{format_index(b.index)}: devices {b.label} on {fmt_hosts(b.hosts)}, '
-                         f'x{b.replica_count}' + (', replicas differ' if b.flagged else '')),
+                tooltip=(
+                    f'{format_index(b.index)}: devices {b.label} on {fmt_hosts(b.hosts)}, '
+                    f'x{b.replica_count}' + (', replicas differ' if b.flagged else '')
+                ),
                 layout=widgets.Layout(
-                    width='auto', height='auto', min_height='28px',
+                    width='auto',
+                    height='auto',
+                    min_height='28px',
                     grid_row=f'{rows.index(b.rows[0]) + 1} / {rows.index(b.rows[1]) + 1}',
-                    grid_column=f'{cols.index(b.cols[0]) + 1} / {cols.index(b.cols[1]) + 1}'))
+                    grid_column=f'{cols.index(b.cols[0]) + 1} / {cols.index(b.cols[1]) + 1}',
+                ),
+            )
             button.style.button_color = color
             button.style.text_color = text_color(color)
             add_classes(button, 'mh-layout-block', *(f'mh-host-{h}' for h in b.hosts))
@@ -748,5 +881,6 @@ class LayoutView(View):
         if self._selected is None:
             self._info.value = _HINT
         else:
-            self._info.value = block_info_html(self._layout, self._selected, self._report,
-                                               self._values)
+            self._info.value = block_info_html(
+                self._layout, self._selected, self._report, self._values
+            )

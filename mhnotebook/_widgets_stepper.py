@@ -75,9 +75,14 @@ def host_groups(table: StepTable) -> list[tuple[int, ...]]:
     groups: dict[Any, list[int]] = {}
     for p in range(n):
         key = (table.positions[p] if p < len(table.positions) else None,) + tuple(
-            (cell_state(s, p), None if s.records[p] is None else
-             (s.records[p].kind, s.records[p].name, s.records[p].digest, s.records[p].site))
-            for s in table.steps)
+            (
+                cell_state(s, p),
+                None
+                if s.records[p] is None
+                else (s.records[p].kind, s.records[p].name, s.records[p].digest, s.records[p].site),
+            )
+            for s in table.steps
+        )
         groups.setdefault(key, []).append(p)
     return [tuple(g) for g in groups.values()]
 
@@ -93,9 +98,12 @@ def divergence_html(step: Step) -> str:
     odd = '; '.join(
         f'<b class="mh-odd-host">{esc(fmt_hosts(hosts))}</b> '
         f'call{"s" if len(hosts) == 1 else ""} <code>{esc(call)}</code> at {esc(site)}'
-        for (call, site), hosts in by_call.items())
-    return (f'<b>Divergence at step #{step.seq}:</b> {odd}, while {esc(fmt_hosts(majority))} '
-            f'call <code>{esc(_call(ref))}</code> at {esc(_short(ref.site))}.')
+        for (call, site), hosts in by_call.items()
+    )
+    return (
+        f'<b>Divergence at step #{step.seq}:</b> {odd}, while {esc(fmt_hosts(majority))} '
+        f'call <code>{esc(_call(ref))}</code> at {esc(_short(ref.site))}.'
+    )
 
 
 def banner_html(table: StepTable) -> str:
@@ -106,8 +114,10 @@ def banner_html(table: StepTable) -> str:
     parts = [divergence_html(s) for s in steps[:MAX_BANNER_STEPS]]
     if len(steps) > MAX_BANNER_STEPS:
         parts.append(f'... and {len(steps) - MAX_BANNER_STEPS} more divergent steps.')
-    parts.append('These hosts are about to call different collectives: releasing the step '
-                 'fails it on every host. Look at the odd hosts\' code paths (Where).')
+    parts.append(
+        'These hosts are about to call different collectives: releasing the step '
+        "fails it on every host. Look at the odd hosts' code paths (Where)."
+    )
     return CSS + banner('<br>'.join(parts), 'mh-divergent')
 
 
@@ -118,8 +128,10 @@ def status_html(table: StepTable) -> str:
     current = table.pending or next((s for s in table.steps if not s.passed), None)
     if current is not None:
         ref = current.majority
-        text = (f'step #{current.seq} <code>{esc(_call(ref) if ref else "?")}</code> is '
-                f'{current.status}: {len(current.arrived)}/{table.process_count} hosts arrived')
+        text = (
+            f'step #{current.seq} <code>{esc(_call(ref) if ref else "?")}</code> is '
+            f'{current.status}: {len(current.arrived)}/{table.process_count} hosts arrived'
+        )
         if current.waiting:
             text += f', {esc(fmt_hosts(current.waiting))} waiting for its release'
         if current.missing:
@@ -128,8 +140,11 @@ def status_html(table: StepTable) -> str:
         text = f'no step held; Step releases #{table.next_release} ahead of the hosts'
     else:
         text = 'no collective in flight'
-    return CSS + (f'<div class="mh-stepper-state">{head}: {text}'
-                  + (f' <span class="mh-time">(as of {when})</span>' if when else '') + '</div>')
+    return CSS + (
+        f'<div class="mh-stepper-state">{head}: {text}'
+        + (f' <span class="mh-time">(as of {when})</span>' if when else '')
+        + '</div>'
+    )
 
 
 def grid_html(table: StepTable) -> str:
@@ -142,8 +157,7 @@ def grid_html(table: StepTable) -> str:
         odd = any(p in s.odd_hosts for s in table.steps for p in g)
         cls = f'mh-host-{g[0]}' + (' mh-odd-host' if odd else '')
         name = f'host {g[0]}' if len(g) == 1 else f'{fmt_hosts(g)} ({len(g)} hosts)'
-        head.append(f'<th class="{cls}" data-hosts="{",".join(map(str, g[:64]))}">'
-                    f'{esc(name)}</th>')
+        head.append(f'<th class="{cls}" data-hosts="{",".join(map(str, g[:64]))}">{esc(name)}</th>')
     position = ['<td>at step</td>']
     for g in groups:
         pos = table.positions[g[0]] if g[0] < len(table.positions) else None
@@ -164,12 +178,16 @@ def grid_html(table: StepTable) -> str:
                 if state == 'waiting':
                     text += '<br><small>waiting for release</small>'
                 title = esc(rec.describe())
-            cells.append(f'<td class="mh-cell mh-{state} mh-host-{p}" data-host="{p}" '
-                         f'data-state="{state}" title="{title}">{text}</td>')
+            cells.append(
+                f'<td class="mh-cell mh-{state} mh-host-{p}" data-host="{p}" '
+                f'data-state="{state}" title="{title}">{text}</td>'
+            )
         cls = f'mh-step mh-step-{s.status}' + (' mh-divergent' if s.divergent else '')
         rows.append(f'<tr class="{cls}" data-seq="{s.seq}">{"".join(cells)}</tr>')
-    return (f'{CSS}<div class="mh-scroll"><table class="mh-table mh-stepper-table">'
-            f'{"".join(rows)}</table></div>')
+    return (
+        f'{CSS}<div class="mh-scroll"><table class="mh-table mh-stepper-table">'
+        f'{"".join(rows)}</table></div>'
+    )
 
 
 Action = Callable[[], Any]
@@ -199,30 +217,52 @@ class StepperView(View):
     ``mh-stop-button``, ``mh-refresh-button``.
     """
 
-    def __init__(self, table: StepTable, *, on_step: Action | None = None,
-                 on_continue: Action | None = None, on_stop: Action | None = None,
-                 on_refresh: Callable[[], StepTable] | None = None):
+    def __init__(
+        self,
+        table: StepTable,
+        *,
+        on_step: Action | None = None,
+        on_continue: Action | None = None,
+        on_stop: Action | None = None,
+        on_refresh: Callable[[], StepTable] | None = None,
+    ):
         self._on_step, self._on_continue, self._on_stop = on_step, on_continue, on_stop
         self._on_refresh = on_refresh
         self._banner = add_classes(widgets.HTML(), 'mh-stepper-banner')
         self._status = add_classes(widgets.HTML(), 'mh-stepper-status')
         self._message = add_classes(widgets.HTML(), 'mh-stepper-message')
         self._grid = add_classes(widgets.HTML(), 'mh-stepper-grid')
-        self._step_button = self._button('Step', 'mh-step-button', on_step,
-                                        lambda: self._act(self._on_step, 'Step'))
-        self._continue_button = self._button('Continue', 'mh-continue-button', on_continue,
-                                            lambda: self._act(self._on_continue, 'Continue'),
-                                            'release every step: let the hosts run on')
-        self._stop_button = self._button('Stop', 'mh-stop-button', on_stop,
-                                        lambda: self._act(self._on_stop, 'Stop'),
-                                        'stop the program on every host', style='danger')
-        self._refresh_button = self._button('Refresh', 'mh-refresh-button', on_refresh,
-                                           self.refresh, 'read the table again')
-        buttons = add_classes(widgets.HBox([self._step_button, self._continue_button,
-                                            self._stop_button, self._refresh_button]),
-                              'mh-stepper-buttons')
-        self.widget = add_classes(widgets.VBox([self._banner, buttons, self._status,
-                                                self._message, self._grid]), 'mh-stepper')
+        self._step_button = self._button(
+            'Step', 'mh-step-button', on_step, lambda: self._act(self._on_step, 'Step')
+        )
+        self._continue_button = self._button(
+            'Continue',
+            'mh-continue-button',
+            on_continue,
+            lambda: self._act(self._on_continue, 'Continue'),
+            'release every step: let the hosts run on',
+        )
+        self._stop_button = self._button(
+            'Stop',
+            'mh-stop-button',
+            on_stop,
+            lambda: self._act(self._on_stop, 'Stop'),
+            'stop the program on every host',
+            style='danger',
+        )
+        self._refresh_button = self._button(
+            'Refresh', 'mh-refresh-button', on_refresh, self.refresh, 'read the table again'
+        )
+        buttons = add_classes(
+            widgets.HBox(
+                [self._step_button, self._continue_button, self._stop_button, self._refresh_button]
+            ),
+            'mh-stepper-buttons',
+        )
+        self.widget = add_classes(
+            widgets.VBox([self._banner, buttons, self._status, self._message, self._grid]),
+            'mh-stepper',
+        )
         self.update(table)
 
     @property
@@ -237,8 +277,10 @@ class StepperView(View):
     def update(self, table: StepTable) -> None:
         """Shows another step table."""
         if not isinstance(table, StepTable):
-            raise TypeError('StepperView expects a multihost.StepTable (multihost.step_table()), '
-                            f'got {type(table).__module__}.{type(table).__qualname__}')
+            raise TypeError(
+                'StepperView expects a multihost.StepTable (multihost.step_table()), '
+                f'got {type(table).__module__}.{type(table).__qualname__}'
+            )
         self._table = table
         self._banner.value = banner_html(table)
         self._status.value = status_html(table)
@@ -253,8 +295,10 @@ class StepperView(View):
         if not ok:
             return
         if not isinstance(table, StepTable):
-            self._error(f'Refresh: on_refresh returned {type(table).__name__}, expected a '
-                        'multihost.StepTable')
+            self._error(
+                f'Refresh: on_refresh returned {type(table).__name__}, expected a '
+                'multihost.StepTable'
+            )
             return
         self._message.value = ''
         self.update(table)
@@ -275,10 +319,20 @@ class StepperView(View):
         self._message.value = CSS + banner(esc(text), 'mh-error')
 
     @staticmethod
-    def _button(label: str, cls: str, callback: Any, handler: Callable[[], None],
-                tooltip: str = '', style: str = '') -> widgets.Button:
-        button = add_classes(widgets.Button(description=label, tooltip=tooltip,
-                                            button_style=style, disabled=callback is None),
-                             cls, 'mh-button')
+    def _button(
+        label: str,
+        cls: str,
+        callback: Any,
+        handler: Callable[[], None],
+        tooltip: str = '',
+        style: str = '',
+    ) -> widgets.Button:
+        button = add_classes(
+            widgets.Button(
+                description=label, tooltip=tooltip, button_style=style, disabled=callback is None
+            ),
+            cls,
+            'mh-button',
+        )
         button.on_click(lambda _b: handler())
         return button

@@ -70,8 +70,10 @@ def leaf_summary(leaf: LeafDiff) -> str:
         groups: dict[str, list[int]] = {}
         for h in sorted(leaf.shapes):
             groups.setdefault(_sig(leaf.shapes[h], leaf.dtypes.get(h)), []).append(h)
-        parts = [f'{sig} on {fmt_hosts(hosts)}'
-                 for sig, hosts in sorted(groups.items(), key=lambda g: g[1][0])]
+        parts = [
+            f'{sig} on {fmt_hosts(hosts)}'
+            for sig, hosts in sorted(groups.items(), key=lambda g: g[1][0])
+        ]
         return '; '.join(parts[:4]) + (f'; ... ({len(parts)} variants)' if len(parts) > 4 else '')
     stats = [h for h in leaf.odd_hosts if h in leaf.num_different]
     if not stats:
@@ -81,8 +83,10 @@ def leaf_summary(leaf: LeafDiff) -> str:
     worst = math.nan if any(math.isnan(d) for d in diffs) else max(diffs)
     first = stats[0]
     size = math.prod(leaf.shapes[first] or ())
-    return (f'{total} element(s) differ ({leaf.num_different[first]} of {size} on process '
-            f'{first}), max |diff| {_num(worst)}, first at {leaf.first_index[first]}')
+    return (
+        f'{total} element(s) differ ({leaf.num_different[first]} of {size} on process '
+        f'{first}), max |diff| {_num(worst)}, first at {leaf.first_index[first]}'
+    )
 
 
 def _cell(leaf: LeafDiff, host: int) -> tuple[str, str]:
@@ -93,8 +97,10 @@ def _cell(leaf: LeafDiff, host: int) -> tuple[str, str]:
         return ('reference' if host == leaf.reference_host else '='), 'same as the majority'
     if host not in leaf.num_different:
         return 'bytes differ', ''
-    return (f'{leaf.num_different[host]} differ, max |diff| {_num(leaf.max_abs_diff[host])}',
-            f'first difference at index {leaf.first_index[host]}')
+    return (
+        f'{leaf.num_different[host]} differ, max |diff| {_num(leaf.max_abs_diff[host])}',
+        f'first difference at index {leaf.first_index[host]}',
+    )
 
 
 def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
@@ -120,26 +126,32 @@ def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
         for h in hosts:
             text, title = _cell(leaf, h)
             cls = f'mh-host-{h}' + (' mh-odd-host' if h in leaf.odd_hosts else '')
-            cells.append(f'<td class="{cls}" data-host="{h}" title="{esc(title)}">'
-                         f'{esc(text)}</td>')
+            cells.append(f'<td class="{cls}" data-host="{h}" title="{esc(title)}">{esc(text)}</td>')
         if others:
             rest = [h for h in leaf.odd_hosts if h not in hosts]
-            cells.append('<td class="mh-other-hosts">'
-                         + (esc(f'also odd: {fmt_hosts(rest)}') if rest else 'same as majority')
-                         + '</td>')
+            cells.append(
+                '<td class="mh-other-hosts">'
+                + (esc(f'also odd: {fmt_hosts(rest)}') if rest else 'same as majority')
+                + '</td>'
+            )
         cells.append(f'<td>{esc(leaf_summary(leaf))}</td>')
         rows.append(f'<tr class="mh-leaf" data-path="{esc(leaf.path)}">{"".join(cells)}</tr>')
     more = ''
     if len(diff.leaves) > max_rows:
-        more = (f'<div>... and {len(diff.leaves) - max_rows} more differing leaves (all of '
-                'them are in the TreeDiff: view.diff.leaves).</div>')
-    return (f'{CSS}<div class="mh-scroll"><table class="mh-table mh-treediff-grid">'
-            f'<tr>{"".join(head)}</tr>{"".join(rows)}</table></div>{more}')
+        more = (
+            f'<div>... and {len(diff.leaves) - max_rows} more differing leaves (all of '
+            'them are in the TreeDiff: view.diff.leaves).</div>'
+        )
+    return (
+        f'{CSS}<div class="mh-scroll"><table class="mh-table mh-treediff-grid">'
+        f'<tr>{"".join(head)}</tr>{"".join(rows)}</table></div>{more}'
+    )
 
 
 def _values_text(value: np.ndarray) -> str:
-    return np.array2string(np.asarray(value), threshold=VALUES_THRESHOLD, edgeitems=3,
-                           max_line_width=100)
+    return np.array2string(
+        np.asarray(value), threshold=VALUES_THRESHOLD, edgeitems=3, max_line_width=100
+    )
 
 
 def leaf_detail_html(leaf: LeafDiff) -> str:
@@ -150,7 +162,8 @@ def leaf_detail_html(leaf: LeafDiff) -> str:
     """
     majority = [h for h in sorted(leaf.shapes) if h not in leaf.odd_hosts]
     shown_majority = [leaf.reference_host] + [h for h in majority if h != leaf.reference_host][
-        :MAX_DETAIL_MAJORITY]
+        :MAX_DETAIL_MAJORITY
+    ]
     hosts = sorted(set(leaf.odd_hosts) | (set(shown_majority) & set(leaf.shapes)))
     rows = []
     for h in hosts:
@@ -162,32 +175,44 @@ def leaf_detail_html(leaf: LeafDiff) -> str:
             value = '(missing)'
         else:
             value = '(not kept: more than 64 elements)'
-        stats = (f'<td>{leaf.num_different[h]}</td><td>{_num(leaf.max_abs_diff[h])}</td>'
-                 f'<td>{leaf.first_index[h]}</td>' if h in leaf.num_different else
-                 '<td></td><td></td><td></td>')
+        stats = (
+            f'<td>{leaf.num_different[h]}</td><td>{_num(leaf.max_abs_diff[h])}</td>'
+            f'<td>{leaf.first_index[h]}</td>'
+            if h in leaf.num_different
+            else '<td></td><td></td><td></td>'
+        )
         cls = f'mh-host-{h}' + (' mh-odd-host' if odd else '')
         rows.append(
             f'<tr class="{cls}" data-host="{h}"><td class="{cls}">{h}</td><td>{role}</td>'
             f'<td>{esc(leaf.shapes.get(h))}</td><td>{esc(leaf.dtypes.get(h))}</td>'
-            f'<td><code>{esc(leaf.digests.get(h))}</code></td>{stats}<td>{value}</td></tr>')
+            f'<td><code>{esc(leaf.digests.get(h))}</code></td>{stats}<td>{value}</td></tr>'
+        )
     hidden = len(majority) - len([h for h in shown_majority if h in leaf.shapes])
-    more = (f'<div>... {hidden} more majority host(s) hold the reference bytes.</div>'
-            if hidden > 0 else '')
-    return (f'{CSS}<div class="mh-leaf-detail"><div>{esc(leaf.describe())}</div>'
-            '<table class="mh-table"><tr><th>host</th><th>role</th><th>shape</th>'
-            '<th>dtype</th><th>digest</th><th>differing</th><th>max |diff|</th>'
-            f'<th>first index</th><th>value</th></tr>{"".join(rows)}</table>{more}</div>')
+    more = (
+        f'<div>... {hidden} more majority host(s) hold the reference bytes.</div>'
+        if hidden > 0
+        else ''
+    )
+    return (
+        f'{CSS}<div class="mh-leaf-detail"><div>{esc(leaf.describe())}</div>'
+        '<table class="mh-table"><tr><th>host</th><th>role</th><th>shape</th>'
+        '<th>dtype</th><th>digest</th><th>differing</th><th>max |diff|</th>'
+        f'<th>first index</th><th>value</th></tr>{"".join(rows)}</table>{more}</div>'
+    )
 
 
 def summary_html(diff: TreeDiff) -> str:
     """The headline: agreement, or how many leaves differ and the odd hosts."""
     if diff.ok:
-        return CSS + banner(f'all {diff.num_hosts} hosts agree on {diff.num_leaves} leaves',
-                            'mh-ok')
+        return CSS + banner(
+            f'all {diff.num_hosts} hosts agree on {diff.num_leaves} leaves', 'mh-ok'
+        )
     return CSS + banner(
         f'<b>{len(diff.leaves)} of {diff.num_leaves} leaves differ</b> across '
         f'{diff.num_hosts} hosts; odd hosts: <span class="mh-odd-host">'
-        f'{esc(fmt_hosts(diff.odd_hosts))}</span>', 'mh-flagged')
+        f'{esc(fmt_hosts(diff.odd_hosts))}</span>',
+        'mh-flagged',
+    )
 
 
 class TreeDiffView(View):
@@ -209,8 +234,9 @@ class TreeDiffView(View):
         self._table = add_classes(widgets.HTML(), 'mh-treediff-table')
         self._details = add_classes(widgets.Accordion(), 'mh-treediff-details')
         self._details.observe(self._on_expand, 'selected_index')
-        self.widget = add_classes(widgets.VBox([self._summary, self._table, self._details]),
-                                  'mh-treediff')
+        self.widget = add_classes(
+            widgets.VBox([self._summary, self._table, self._details]), 'mh-treediff'
+        )
         self.update(diff)
 
     @property
@@ -225,20 +251,23 @@ class TreeDiffView(View):
     def update(self, diff: TreeDiff) -> None:
         """Shows another tree diff."""
         if not isinstance(diff, TreeDiff):
-            raise TypeError('TreeDiffView expects a multihost.TreeDiff '
-                            '(multihost.tree_diff(tree) on every host), got '
-                            f'{type(diff).__module__}.{type(diff).__qualname__}')
+            raise TypeError(
+                'TreeDiffView expects a multihost.TreeDiff '
+                '(multihost.tree_diff(tree) on every host), got '
+                f'{type(diff).__module__}.{type(diff).__qualname__}'
+            )
         self._diff = diff
-        self._shown = diff.leaves[:self.max_rows]
+        self._shown = diff.leaves[: self.max_rows]
         self._summary.value = summary_html(diff)
         self._table.value = diff_table_html(diff, self.max_rows)
         old = self._details.children
         self._details.selected_index = None
-        self._details.children = [add_classes(widgets.HTML(), 'mh-treediff-detail')
-                                  for _ in self._shown]
+        self._details.children = [
+            add_classes(widgets.HTML(), 'mh-treediff-detail') for _ in self._shown
+        ]
         self._details.titles = tuple(
-            f'{leaf.path}  [{leaf.kind}]  odd: {fmt_hosts(leaf.odd_hosts)}'
-            for leaf in self._shown)
+            f'{leaf.path}  [{leaf.kind}]  odd: {fmt_hosts(leaf.odd_hosts)}' for leaf in self._shown
+        )
         self._details.layout.display = 'none' if diff.ok else 'flex'
         close_widgets(old)
 
@@ -255,8 +284,10 @@ class TreeDiffView(View):
             if leaf.path == path:
                 self._details.selected_index = i
                 return
-        raise KeyError(f'{path!r} is not a listed differing leaf; differing: '
-                       + ', '.join(leaf.path for leaf in self._shown[:8]))
+        raise KeyError(
+            f'{path!r} is not a listed differing leaf; differing: '
+            + ', '.join(leaf.path for leaf in self._shown[:8])
+        )
 
     def _on_expand(self, change: dict[str, Any]) -> None:
         i = change['new']

@@ -45,9 +45,11 @@ def _normalize(stacks: StacksLike) -> dict[int, HostStacks]:
     out = {}
     for p, s in items:
         if not isinstance(s, HostStacks):
-            raise TypeError('WhereView expects multihost.HostStacks (one per host, e.g. from '
-                            f'multihost.dump_stacks), got {type(s).__module__}.'
-                            f'{type(s).__qualname__}')
+            raise TypeError(
+                'WhereView expects multihost.HostStacks (one per host, e.g. from '
+                f'multihost.dump_stacks), got {type(s).__module__}.'
+                f'{type(s).__qualname__}'
+            )
         out[int(p)] = s
     return dict(sorted(out.items()))
 
@@ -79,30 +81,41 @@ def table_html(stacks: Mapping[int, HostStacks], max_rows: int = MAX_ROWS) -> st
     odd = set(odd_hosts(stacks))
     rows = []
     for p, s in list(stacks.items())[:max_rows]:
-        cls = [f'mh-host-{p}'] + (['mh-no-answer'] if not s.answered else []) + (
-            ['mh-odd-host'] if p in odd else [])
+        cls = (
+            [f'mh-host-{p}']
+            + (['mh-no-answer'] if not s.answered else [])
+            + (['mh-odd-host'] if p in odd else [])
+        )
         machine = f'{s.hostname} (pid {s.os_pid})' if s.hostname else ''
         state = 'answered' if s.answered else f'no answer: {s.error}'
         gate = '' if s.gate is None else f'waiting for release of #{s.gate}'
         current = '' if s.current is None else s.current.describe()
         cur_cls = ' class="mh-odd-host"' if p in odd else ''
-        rows.append(f'<tr class="{" ".join(cls)}" data-host="{p}"><td>{p}</td>'
-                    f'<td>{esc(machine)}</td><td>{esc(state)}</td>'
-                    f'<td{cur_cls}>{esc(current)}</td><td>{esc(gate)}</td>'
-                    f'<td>{esc(s.where)}</td></tr>')
+        rows.append(
+            f'<tr class="{" ".join(cls)}" data-host="{p}"><td>{p}</td>'
+            f'<td>{esc(machine)}</td><td>{esc(state)}</td>'
+            f'<td{cur_cls}>{esc(current)}</td><td>{esc(gate)}</td>'
+            f'<td>{esc(s.where)}</td></tr>'
+        )
     more = ''
     if len(stacks) > max_rows:
         more = f'<div>... {len(stacks) - max_rows} more hosts (all are in the groups below)</div>'
-    return (f'{CSS}<div class="mh-scroll"><table class="mh-table mh-where-grid"><tr>'
-            '<th>host</th><th>machine</th><th>state</th><th>collective</th><th>gate</th>'
-            f'<th>where</th></tr>{"".join(rows)}</table></div>{more}')
+    return (
+        f'{CSS}<div class="mh-scroll"><table class="mh-table mh-where-grid"><tr>'
+        '<th>host</th><th>machine</th><th>state</th><th>collective</th><th>gate</th>'
+        f'<th>where</th></tr>{"".join(rows)}</table></div>{more}'
+    )
 
 
 def _group_key(s: HostStacks) -> Any:
     c = s.current
-    return (s.answered, '' if s.answered else s.error,
-            None if c is None else (c.seq, c.kind, c.name, c.site), s.gate,
-            tuple((t.name, t.main, t.frames) for t in s.threads))
+    return (
+        s.answered,
+        '' if s.answered else s.error,
+        None if c is None else (c.seq, c.kind, c.name, c.site),
+        s.gate,
+        tuple((t.name, t.main, t.frames) for t in s.threads),
+    )
 
 
 def stack_groups(stacks: Mapping[int, HostStacks]) -> list[tuple[int, ...]]:
@@ -128,8 +141,11 @@ def stacks_html(stacks: Mapping[int, HostStacks], max_groups: int = MAX_GROUPS) 
         head = f'{who}: {_where_line(s)}'
         if s.gate is not None:
             head += f', waiting for release of step #{s.gate}'
-        cls = 'mh-stack-group ' + ' '.join(f'mh-host-{p}' for p in g[:64]) + (
-            ' mh-odd-host' if odd & set(g) else '')
+        cls = (
+            'mh-stack-group '
+            + ' '.join(f'mh-host-{p}' for p in g[:64])
+            + (' mh-odd-host' if odd & set(g) else '')
+        )
         body = []
         if not s.answered:
             body.append(banner(esc(f'no answer: {s.error}'), 'mh-error'))
@@ -138,24 +154,31 @@ def stacks_html(stacks: Mapping[int, HostStacks], max_groups: int = MAX_GROUPS) 
                 body.append(f'<div>where: <code>{esc(s.where)}</code></div>')
             main = s.main_thread
             if main is not None:
-                body.append(f'<details class="mh-stack mh-main-thread" open><summary>main thread '
-                            f'({esc(main.name)})</summary>{pre(main.stack, "mh-stack-text")}'
-                            '</details>')
+                body.append(
+                    f'<details class="mh-stack mh-main-thread" open><summary>main thread '
+                    f'({esc(main.name)})</summary>{pre(main.stack, "mh-stack-text")}'
+                    '</details>'
+                )
             for t in s.threads:
                 if t.main:
                     continue
                 kind = ' (daemon)' if t.daemon else ''
-                body.append(f'<details class="mh-stack mh-thread"><summary>thread '
-                            f'{esc(t.name)}{kind}</summary>{pre(t.stack, "mh-stack-text")}'
-                            '</details>')
+                body.append(
+                    f'<details class="mh-stack mh-thread"><summary>thread '
+                    f'{esc(t.name)}{kind}</summary>{pre(t.stack, "mh-stack-text")}'
+                    '</details>'
+                )
         opened = ' open' if len(groups) <= _OPEN_GROUPS else ''
-        parts.append(f'<details class="{cls}" data-hosts="{",".join(map(str, g[:64]))}"'
-                     f'{opened}><summary><b>{esc(head)}</b></summary>'
-                     f'<div style="margin-left:1.2em">{"".join(body)}</div></details>')
+        parts.append(
+            f'<details class="{cls}" data-hosts="{",".join(map(str, g[:64]))}"'
+            f'{opened}><summary><b>{esc(head)}</b></summary>'
+            f'<div style="margin-left:1.2em">{"".join(body)}</div></details>'
+        )
     if len(groups) > max_groups:
         rest = [p for g in groups[max_groups:] for p in g]
-        parts.append(f'<div>... {len(groups) - max_groups} more groups ({esc(fmt_hosts(rest))})'
-                     '</div>')
+        parts.append(
+            f'<div>... {len(groups) - max_groups} more groups ({esc(fmt_hosts(rest))})</div>'
+        )
     return CSS + ''.join(parts)
 
 
@@ -163,7 +186,7 @@ def status_html(stacks: Mapping[int, HostStacks]) -> str:
     """How many hosts answered, and when the stacks were taken."""
     answered = sum(s.answered for s in stacks.values())
     times = [s.time for s in stacks.values() if s.time]
-    when = (f' at {time.strftime("%H:%M:%S", time.localtime(min(times)))}' if times else '')
+    when = f' at {time.strftime("%H:%M:%S", time.localtime(min(times)))}' if times else ''
     text = f'{answered}/{len(stacks)} host(s) answered{when}'
     missing = [p for p, s in stacks.items() if not s.answered]
     if missing:
@@ -191,20 +214,26 @@ class WhereView(View):
     ``mh-refresh-button``.
     """
 
-    def __init__(self, stacks: StacksLike, *,
-                 on_refresh: Callable[[], StacksLike] | None = None):
+    def __init__(self, stacks: StacksLike, *, on_refresh: Callable[[], StacksLike] | None = None):
         self._on_refresh = on_refresh
         self._refresh_button = add_classes(
-            widgets.Button(description='Refresh', tooltip='take every host\'s stacks again',
-                           disabled=on_refresh is None), 'mh-refresh-button', 'mh-button')
+            widgets.Button(
+                description='Refresh',
+                tooltip="take every host's stacks again",
+                disabled=on_refresh is None,
+            ),
+            'mh-refresh-button',
+            'mh-button',
+        )
         self._refresh_button.on_click(lambda _b: self.refresh())
         self._status = add_classes(widgets.HTML(), 'mh-where-status')
         self._message = add_classes(widgets.HTML(), 'mh-where-message')
         self._table = add_classes(widgets.HTML(), 'mh-where-table')
         self._stacks_html = add_classes(widgets.HTML(), 'mh-where-stacks')
         top = widgets.HBox([self._refresh_button, self._status])
-        self.widget = add_classes(widgets.VBox([top, self._message, self._table,
-                                                self._stacks_html]), 'mh-where')
+        self.widget = add_classes(
+            widgets.VBox([top, self._message, self._table, self._stacks_html]), 'mh-where'
+        )
         self.update(stacks)
 
     @property

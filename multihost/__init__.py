@@ -18,15 +18,6 @@ from multihost._collectives import (
     process_allgather,
     sync_global_devices,
 )
-from multihost._errors import (
-    BarrierMismatchError,
-    BarrierTimeoutError,
-    CollectiveMismatchError,
-    HostMismatchError,
-    MultihostError,
-    ProcessFailureError,
-    StepTimeoutError,
-)
 from multihost._control import ControlClient, serve_control
 from multihost._debugd import (
     DEFAULT_STEP_TIMEOUT,
@@ -39,6 +30,15 @@ from multihost._debugd import (
     stepping_enabled,
 )
 from multihost._debugmodel import HostStacks, Step, StepTable, ThreadStack
+from multihost._errors import (
+    BarrierMismatchError,
+    BarrierTimeoutError,
+    CollectiveMismatchError,
+    HostMismatchError,
+    MultihostError,
+    ProcessFailureError,
+    StepTimeoutError,
+)
 from multihost._fault import live_devices, reached_preemption_sync_point
 from multihost._layout import (
     Layout,

@@ -39,8 +39,12 @@ _SEND_TIMEOUT = 30.0
 def _info() -> dict[str, Any]:
     import jax
 
-    return {'process': jax.process_index(), 'process_count': jax.process_count(),
-            'hostname': socket.gethostname(), 'os_pid': os.getpid()}
+    return {
+        'process': jax.process_index(),
+        'process_count': jax.process_count(),
+        'hostname': socket.gethostname(),
+        'os_pid': os.getpid(),
+    }
 
 
 _METHODS: dict[str, Callable[..., Any]] = {
@@ -80,8 +84,9 @@ class _Server:
                 conn = self.listener.accept()
             except OSError:
                 return  # listener closed
-            threading.Thread(target=self.serve, args=(conn,), daemon=True,
-                             name='multihost-control-conn').start()
+            threading.Thread(
+                target=self.serve, args=(conn,), daemon=True, name='multihost-control-conn'
+            ).start()
 
     def serve(self, conn: Connection) -> None:
         try:
@@ -139,8 +144,7 @@ def serve_control(authkey: bytes, address: tuple[str, int] = ('', 0)) -> tuple[s
     # thread, under a timeout, so a silent client cannot block accept().
     listener = Listener(tuple(address), family='AF_INET')
     server = _Server(listener, authkey)
-    threading.Thread(target=server.accept_loop, daemon=True,
-                     name='multihost-control').start()
+    threading.Thread(target=server.accept_loop, daemon=True, name='multihost-control').start()
     host, port = listener.address
     if host in ('', '0.0.0.0'):
         host = socket.gethostname()
@@ -181,9 +185,11 @@ class ControlClient:
     def _connect(self) -> Connection:
         try:
             sock = socket.create_connection(self.address, timeout=self.timeout)
-        except socket.timeout:
-            raise TimeoutError(f'could not connect to the control endpoint {self.address} '
-                               f'within {self.timeout:g} s') from None
+        except TimeoutError:
+            raise TimeoutError(
+                f'could not connect to the control endpoint {self.address} '
+                f'within {self.timeout:g} s'
+            ) from None
         sock.settimeout(None)
         conn = Connection(sock.detach())
         try:
@@ -194,11 +200,14 @@ class ControlClient:
             conn.close()
             raise AuthenticationError(
                 f'the control endpoint {self.address} refused the authkey; pass the '
-                'bytes given to multihost.serve_control') from None
+                'bytes given to multihost.serve_control'
+            ) from None
         except (OSError, EOFError) as exc:
             conn.close()
-            raise TimeoutError(f'the control endpoint {self.address} did not complete '
-                               f'the handshake within {self.timeout:g} s ({exc!r})') from None
+            raise TimeoutError(
+                f'the control endpoint {self.address} did not complete '
+                f'the handshake within {self.timeout:g} s ({exc!r})'
+            ) from None
         self._conn = conn
         return conn
 
@@ -213,12 +222,15 @@ class ControlClient:
                     status, value = conn.recv()
             except (OSError, EOFError) as exc:
                 self.close()
-                raise ConnectionError(f'control endpoint {self.address}: {method} failed: '
-                                      f'{exc!r}') from exc
+                raise ConnectionError(
+                    f'control endpoint {self.address}: {method} failed: {exc!r}'
+                ) from exc
             if not ready:
                 self.close()  # a late answer must not be read as the next one
-                raise TimeoutError(f'control endpoint {self.address}: no answer to {method} '
-                                   f'within {wait + self.timeout:g} s')
+                raise TimeoutError(
+                    f'control endpoint {self.address}: no answer to {method} '
+                    f'within {wait + self.timeout:g} s'
+                )
         if status != 'ok':
             raise RuntimeError(f'control endpoint {self.address}: {method} failed: {value}')
         return value

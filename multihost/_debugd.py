@@ -5,8 +5,8 @@ enters a multi-host collective, or by `start_debug_daemon`). It waits for
 commands in the coordination service's key-value store, so it answers while
 the main thread is stuck in a barrier, a device collective or user code (the
 GIL is released in all of those). It never polls: it blocks in one long-poll
-``blocking_key_value_get`` for the next command number, about one RPC per
-ten seconds when idle, so it scales to hundreds of hosts.
+``blocking_key_value_get`` for the next command number: about two RPCs per
+thirty seconds when idle, so it scales to hundreds of hosts.
 
 Keys (``mh/`` prefix, coordination service of ``jax.distributed``)::
 
@@ -16,6 +16,7 @@ Keys (``mh/`` prefix, coordination service of ``jax.distributed``)::
     mh/dmn/<pid>        process pid's debug thread is listening to commands > "since"
     mh/step/on          "1" while stepping is on (read at start and on "stepping")
     mh/step/go/<k>      step k is released
+    mh/step/wait/<k>/<pid>  pid waits at step k's gate (written before its arrival)
     mh/seq/<k>/<pid>    (from `_sequence`) what pid called at step k: its arrival
 
 An issuer (any thread of any process, or the control endpoint serving a
@@ -24,10 +25,11 @@ the replies of the debug threads registered before that number, each wait
 bounded by its timeout; hosts that do not answer are reported, never waited
 for forever.
 
-The step gate runs in `_sequence.enter` after a host has published its
-arrival at step k and before it waits at the barrier: while stepping is on
-(a process-local flag: zero RPCs when off), the main thread waits until
-``mh/step/go/<k>`` appears or stepping is switched off.
+The step gate runs in `_sequence.enter` around the host's arrival at step k
+(the record it publishes) and before the barrier: while stepping is on (a
+process-local flag: zero RPCs when off), the host marks itself waiting,
+publishes its arrival, and waits until ``mh/step/go/<k>`` appears or stepping
+is switched off.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import json
 import os
 import socket
 import sys
+import sysconfig
 import threading
 import time
 from typing import Any
@@ -48,8 +51,11 @@ from multihost._errors import StepTimeoutError
 #: says otherwise: how long a host waits for a step to be released.
 DEFAULT_STEP_TIMEOUT = 3600.0
 
-# Long-poll slice of the debug thread and of the gate's waiter: one RPC per
-# host per slice while idle; also bounds how late a lost command is skipped.
+# Long-poll slices. The idle debug thread costs its host about two RPCs per
+# _IDLE_SLICE_S (fewer than the coordination service's own heartbeats), and a
+# command number lost by a dying issuer is skipped after two slices. The gate's
+# waiter only runs while its host is paused at a step.
+_IDLE_SLICE_S = 30.0
 _SLICE_S = 10.0
 _MAX_FRAMES = 200
 _THREAD_NAME = 'multihost-debug'
@@ -71,8 +77,9 @@ def step_timeout() -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f'MULTIHOST_STEP_TIMEOUT must be a number of seconds, got {raw!r}.'
-                         ) from None
+        raise ValueError(
+            f'MULTIHOST_STEP_TIMEOUT must be a number of seconds, got {raw!r}.'
+        ) from None
     if value <= 0:
         raise ValueError(f'MULTIHOST_STEP_TIMEOUT must be positive, got {raw!r}.')
     return value
@@ -140,8 +147,7 @@ def ensure_started(client: Any) -> None:
     if _state.client is client and _state.thread is not None and _state.thread.is_alive():
         return
     with _state.lock:
-        if (_state.client is client and _state.thread is not None
-                and _state.thread.is_alive()):
+        if _state.client is client and _state.thread is not None and _state.thread.is_alive():
             return
         if _state.thread is not None:  # an earlier jax.distributed session
             _state.stop.set()
@@ -151,12 +157,23 @@ def ensure_started(client: Any) -> None:
         # was written, so the flag read here already reflects it.
         since = client.key_value_increment(_key('ctl', 'n'), 0)
         _state.stepping = _try_get(client, _key('step', 'on')) == '1'
-        client.key_value_set(_key('dmn', pid), json.dumps({
-            'process': pid, 'since': since, 'hostname': socket.gethostname(),
-            'os_pid': os.getpid(), 'time': time.time()}), allow_overwrite=True)
+        client.key_value_set(
+            _key('dmn', pid),
+            json.dumps(
+                {
+                    'process': pid,
+                    'since': since,
+                    'hostname': socket.gethostname(),
+                    'os_pid': os.getpid(),
+                    'time': time.time(),
+                }
+            ),
+            allow_overwrite=True,
+        )
         stop = threading.Event()
-        thread = threading.Thread(target=_loop, args=(client, pid, since + 1, stop),
-                                  name=_THREAD_NAME, daemon=True)
+        thread = threading.Thread(
+            target=_loop, args=(client, pid, since + 1, stop), name=_THREAD_NAME, daemon=True
+        )
         _state.client, _state.thread, _state.stop = client, thread, stop
         thread.start()
 
@@ -177,7 +194,7 @@ def _loop(client: Any, pid: int, g: int, stop: threading.Event) -> None:
     misses, backoff = 0, 0.5
     while not stop.is_set():
         try:
-            raw = client.blocking_key_value_get(_key('ctl', g), _ms(_SLICE_S))
+            raw = client.blocking_key_value_get(_key('ctl', g), _ms(_IDLE_SLICE_S))
         except Exception as exc:
             if stop.is_set() or not _current_client(client):
                 return  # jax.distributed.shutdown() (CANCELLED) or a new session
@@ -220,7 +237,6 @@ def _handle(client: Any, pid: int, g: int, raw: str) -> None:
 
 
 def _apply_stepping(on: bool) -> None:
-    print('APPLY', on, flush=True, file=sys.stderr)
     with _state.lock:
         _state.stepping = on
         if not on and _state.gate is not None:
@@ -235,8 +251,11 @@ def _command(client: Any, cmd: str, timeout: float) -> tuple[dict[int, str], dic
     """
     ensure_started(client)  # so that this process answers too
     g = client.key_value_increment(_key('ctl', 'n'), 1)
-    client.key_value_set(_key('ctl', g), json.dumps(
-        {'cmd': cmd, 'by': _process_index(), 'time': time.time()}), allow_overwrite=True)
+    client.key_value_set(
+        _key('ctl', g),
+        json.dumps({'cmd': cmd, 'by': _process_index(), 'time': time.time()}),
+        allow_overwrite=True,
+    )
     daemons: dict[int, dict] = {}
     for _, value in client.key_value_dir_get(_key('dmn') + '/'):
         info = json.loads(value)
@@ -264,19 +283,42 @@ def _command(client: Any, cmd: str, timeout: float) -> tuple[dict[int, str], dic
 # -- stacks ----------------------------------------------------------------------------
 
 
-def _skip_dirs() -> tuple[str, ...]:
+def _internal_dirs() -> tuple[tuple[str, ...], str]:
+    """(package dirs of multihost, jax, jaxlib; the standard library's dir)."""
     import jax
 
-    dirs = [os.path.dirname(os.path.abspath(__file__)),
-            os.path.dirname(os.path.abspath(jax.__file__)),
-            os.path.dirname(os.path.abspath(threading.__file__))]
+    dirs = [
+        os.path.dirname(os.path.abspath(__file__)),
+        os.path.dirname(os.path.abspath(jax.__file__)),
+    ]
     try:
         import jaxlib
 
         dirs.append(os.path.dirname(os.path.abspath(jaxlib.__file__)))
     except ImportError:  # pragma: no cover - jax always brings jaxlib
         pass
-    return tuple(d + os.sep for d in dirs)
+    stdlib = os.path.abspath(sysconfig.get_paths()['stdlib']) + os.sep
+    return tuple(d + os.sep for d in dirs), stdlib
+
+
+def _user_frame(frames: tuple) -> str:
+    """``file:line in function`` of the innermost frame in user code.
+
+    Skips multihost, jax, jaxlib and the standard library (but not packages
+    installed under it), so a host blocked in a barrier shows the line that
+    called it.
+    """
+    packages, stdlib = _internal_dirs()
+    for filename, lineno, func, _ in reversed(frames):
+        path = os.path.abspath(filename)
+        if filename.startswith('<frozen') or path.startswith(packages):
+            continue
+        if path.startswith(stdlib) and not any(
+            d in path for d in ('site-packages', 'dist-packages')
+        ):
+            continue
+        return f'{filename}:{lineno} in {func}'
+    return ''
 
 
 def capture(process: int | None = None) -> HostStacks:
@@ -294,22 +336,31 @@ def capture(process: int | None = None) -> HostStacks:
         summary = traceback.extract_stack(frame)[-_MAX_FRAMES:]
         frames = tuple((f.filename, f.lineno or 0, f.name, f.line or '') for f in summary)
         t = by_ident.get(ident)
-        threads.append(ThreadStack(name=t.name if t else '<unknown>', ident=ident,
-                                   main=ident == main_ident,
-                                   daemon=bool(t.daemon) if t else True, frames=frames))
+        threads.append(
+            ThreadStack(
+                name=t.name if t else '<unknown>',
+                ident=ident,
+                main=ident == main_ident,
+                daemon=bool(t.daemon) if t else True,
+                frames=frames,
+            )
+        )
         if ident == main_ident:
-            skip = _skip_dirs()
-            for filename, lineno, func, _ in reversed(frames):
-                if not os.path.abspath(filename).startswith(skip):
-                    where = f'{filename}:{lineno} in {func}'
-                    break
+            where = _user_frame(frames)
     threads.sort(key=lambda t: (not t.main, t.name))
     gate = _state.gate
     return HostStacks(
-        process=_process_index() if process is None else process, answered=True,
-        hostname=socket.gethostname(), os_pid=os.getpid(), current=_sequence.current(),
-        gate=gate[0] if gate is not None else None, stepping=_state.stepping,
-        where=where, threads=tuple(threads), time=time.time())
+        process=_process_index() if process is None else process,
+        answered=True,
+        hostname=socket.gethostname(),
+        os_pid=os.getpid(),
+        current=_sequence.current(),
+        gate=gate[0] if gate is not None else None,
+        stepping=_state.stepping,
+        where=where,
+        threads=tuple(threads),
+        time=time.time(),
+    )
 
 
 def dump_stacks(timeout: float = 10.0) -> dict[int, HostStacks]:
@@ -345,15 +396,28 @@ def dump_stacks(timeout: float = 10.0) -> dict[int, HostStacks]:
                 where = {}
         if p in daemons:
             info = daemons[p]
-            error = (f'no answer within {timeout:g} s (process dead, frozen, or its '
-                     'debug thread stopped)')
-            out[p] = HostStacks(process=p, answered=False, hostname=info.get('hostname', ''),
-                                os_pid=info.get('os_pid', 0), current=where.get(p),
-                                error=error)
+            error = (
+                f'no answer within {timeout:g} s (process dead, frozen, or its '
+                'debug thread stopped)'
+            )
+            out[p] = HostStacks(
+                process=p,
+                answered=False,
+                hostname=info.get('hostname', ''),
+                os_pid=info.get('os_pid', 0),
+                current=where.get(p),
+                error=error,
+            )
         else:
-            out[p] = HostStacks(process=p, answered=False, current=where.get(p), error=(
-                'no debug thread: the process has not entered a multihost collective '
-                'yet (call multihost.start_debug_daemon() after jax.distributed.initialize)'))
+            out[p] = HostStacks(
+                process=p,
+                answered=False,
+                current=where.get(p),
+                error=(
+                    'no debug thread: the process has not entered a multihost collective '
+                    'yet (call multihost.start_debug_daemon() after jax.distributed.initialize)'
+                ),
+            )
     return out
 
 
@@ -392,7 +456,14 @@ def set_stepping(on: bool, *, timeout: float = 10.0) -> tuple[int, ...]:
         client.key_value_delete(_key('step', 'go') + '/')
     client.key_value_set(_key('step', 'on'), '1' if on else '0', allow_overwrite=True)
     replies, _ = _command(client, 'stepping', timeout)
-    return tuple(sorted(replies))
+    confirmed = []
+    for p, reply in replies.items():
+        try:
+            if json.loads(reply).get('stepping') == bool(on):
+                confirmed.append(p)
+        except (ValueError, AttributeError):
+            pass
+    return tuple(sorted(confirmed))
 
 
 def step_table() -> StepTable:
@@ -403,18 +474,32 @@ def step_table() -> StepTable:
     client = _distributed()
     if client is None:
         cur = _sequence.current()
-        return StepTable(process_count=1, stepping=_state.stepping, steps=(),
-                         positions=(cur.seq if cur else None,), time=time.time())
-    records = [_sequence.CollectiveRecord.from_json(v)
-               for _, v in client.key_value_dir_get(_key('seq') + '/')]
+        return StepTable(
+            process_count=1,
+            stepping=_state.stepping,
+            steps=(),
+            positions=(cur.seq if cur else None,),
+            time=time.time(),
+        )
+    records = [
+        _sequence.CollectiveRecord.from_json(v)
+        for _, v in client.key_value_dir_get(_key('seq') + '/')
+    ]
     released = []
     for key, _ in client.key_value_dir_get(_key('step', 'go') + '/'):
         try:
             released.append(int(key.rsplit('/', 1)[-1]))
         except ValueError:
             pass
+    waiting = []
+    for key, _ in client.key_value_dir_get(_key('step', 'wait') + '/'):
+        try:
+            k, p = key.rsplit('/', 2)[-2:]
+            waiting.append((int(k), int(p)))
+        except ValueError:
+            pass
     on = _try_get(client, _key('step', 'on')) == '1'
-    return StepTable.build(records, released, _process_count(), on)
+    return StepTable.build(records, released, _process_count(), on, waiting)
 
 
 def release(steps: int = 1) -> tuple[int, ...]:
@@ -448,20 +533,35 @@ def release_all(*, timeout: float = 10.0) -> tuple[int, ...]:
     if client is None:
         _apply_stepping(False)
         return ()
+    held = tuple(s.seq for s in step_table().steps if s.status == 'held')
     set_stepping(False, timeout=timeout)
     # Hosts whose debug thread did not confirm are released through the keys.
-    table = step_table()
-    held = tuple(s.seq for s in table.steps if not s.passed and not s.released)
     for k in held:
         client.key_value_set(_key('step', 'go', k), '1', allow_overwrite=True)
     return held
 
 
-def gate(client: Any, rec: _sequence.CollectiveRecord) -> bool:
-    """The step gate: with stepping on, waits until step ``rec.seq`` is released.
+def before_arrival(client: Any, rec: _sequence.CollectiveRecord) -> bool:
+    """First half of the step gate, before the host publishes its arrival at ``rec.seq``.
+
+    With stepping on, marks this host as waiting at the step's gate, so that
+    whoever sees the arrival also sees that the host waits for a release.
+    Zero RPCs when stepping is off.
+
+    Returns:
+        Whether the host is to wait at the gate (pass it to `gate`).
+    """
+    if not _state.stepping:
+        return False
+    client.key_value_set(_key('step', 'wait', rec.seq, rec.process), '1', allow_overwrite=True)
+    return True
+
+
+def gate(client: Any, rec: _sequence.CollectiveRecord, gated: bool) -> bool:
+    """The step gate: waits until step ``rec.seq`` is released (or stepping goes off).
 
     Called by `_sequence.enter` after the record (the arrival) was published
-    and before the barrier. Zero RPCs when stepping is off.
+    and before the barrier, with the result of `before_arrival`.
 
     Returns:
         Whether the host waited at the gate.
@@ -470,14 +570,16 @@ def gate(client: Any, rec: _sequence.CollectiveRecord) -> bool:
         StepTimeoutError: the step was not released within
             ``MULTIHOST_STEP_TIMEOUT`` seconds.
     """
-    print('GATE', rec.seq, _state.stepping, flush=True, file=sys.stderr)
-    if not _state.stepping:
+    if not gated:
         return False
     released = threading.Event()
     with _state.lock:
-        if not _state.stepping:
-            return False
-        _state.gate = (rec.seq, released)
+        on = _state.stepping
+        if on:
+            _state.gate = (rec.seq, released)
+    if not on:
+        _clear_wait(client, rec)
+        return False
     timeout = step_timeout()
     try:
         if rec.process == 0 and rec.seq > 0:
@@ -487,8 +589,12 @@ def gate(client: Any, rec: _sequence.CollectiveRecord) -> bool:
                 client.key_value_delete(_key('step', 'go', rec.seq - 1))
             except Exception:
                 pass
-        threading.Thread(target=_wait_release, args=(client, rec.seq, released),
-                         name=f'multihost-gate-{rec.seq}', daemon=True).start()
+        threading.Thread(
+            target=_wait_release,
+            args=(client, rec.seq, released),
+            name=f'multihost-gate-{rec.seq}',
+            daemon=True,
+        ).start()
         deadline = time.monotonic() + timeout
         # A local wait (no RPC), in short slices so Ctrl-C gets through.
         while not released.wait(0.5):
@@ -498,12 +604,22 @@ def gate(client: Any, rec: _sequence.CollectiveRecord) -> bool:
                     f'within {timeout:g} s. Stepping is on: release it with '
                     'multihost.release() or multihost.release_all() (or a '
                     'ControlClient), or raise MULTIHOST_STEP_TIMEOUT.',
-                    seq=rec.seq, timeout=timeout)
+                    seq=rec.seq,
+                    timeout=timeout,
+                )
     finally:
         with _state.lock:
             _state.gate = None
         released.set()  # stops the waiter thread after its current slice
+        _clear_wait(client, rec)
     return True
+
+
+def _clear_wait(client: Any, rec: _sequence.CollectiveRecord) -> None:
+    try:
+        client.key_value_delete(_key('step', 'wait', rec.seq, rec.process))
+    except Exception:  # the coordinator may be gone; the key is only informative
+        pass
 
 
 def _wait_release(client: Any, seq: int, released: threading.Event) -> None:
@@ -517,6 +633,5 @@ def _wait_release(client: Any, seq: int, released: threading.Event) -> None:
             if not _sequence._is_timeout(exc):
                 released.wait(1.0)
             continue
-        print('GO', seq, flush=True, file=sys.stderr)
         released.set()
         return

@@ -43,12 +43,14 @@ class Step:
             gate at once.
         passed: every host got through this step's barrier (some host has
             already published a later step).
+        waiting: processes paused at this step's gate, waiting for its release.
     """
 
     seq: int
     records: tuple[CollectiveRecord | None, ...]
     released: bool = False
     passed: bool = False
+    waiting: tuple[int, ...] = ()
 
     @property
     def arrived(self) -> tuple[int, ...]:
@@ -72,7 +74,10 @@ class Step:
 
     @property
     def majority(self) -> CollectiveRecord | None:
-        """A record of the most common (kind, name, digest) among arrived hosts (lowest process wins ties)."""
+        """A record of the most common (kind, name, digest) among arrived hosts.
+
+        Ties go to the lowest process index.
+        """
         arrived = [r for r in self.records if r is not None]
         if not arrived:
             return None
@@ -86,15 +91,26 @@ class Step:
         ref = self.majority
         if ref is None:
             return ()
-        return tuple(p for p, r in enumerate(self.records)
-                     if r is not None and _signature(r) != _signature(ref))
+        return tuple(
+            p
+            for p, r in enumerate(self.records)
+            if r is not None and _signature(r) != _signature(ref)
+        )
 
     @property
     def status(self) -> str:
-        """``'passed'``, ``'released'`` (hosts go through as they arrive) or ``'held'``."""
+        """Where the step stands.
+
+        ``'passed'``: every host is through. ``'released'``: hosts go through
+        as they arrive. ``'held'``: hosts wait at the gate for a release.
+        ``'open'``: hosts that arrived went on to the barrier (stepping was
+        off), waiting there for the others.
+        """
         if self.passed:
             return 'passed'
-        return 'released' if self.released else 'held'
+        if self.released:
+            return 'released'
+        return 'held' if self.waiting else 'open'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +142,25 @@ class StepTable:
     time: float = 0.0
 
     @classmethod
-    def build(cls, records: Iterable[CollectiveRecord], released: Iterable[int],
-              process_count: int, stepping: bool, time: float | None = None) -> StepTable:
-        """Builds a table from published records and released step numbers (pure)."""
+    def build(
+        cls,
+        records: Iterable[CollectiveRecord],
+        released: Iterable[int],
+        process_count: int,
+        stepping: bool,
+        waiting: Iterable[tuple[int, int]] = (),
+        time: float | None = None,
+    ) -> StepTable:
+        """Builds a table (pure).
+
+        Args:
+            records: the published records (any order; several steps).
+            released: released step numbers.
+            process_count: number of hosts.
+            stepping: the stepping setting.
+            waiting: (step, process) pairs of hosts paused at a step's gate.
+            time: the reading time (default: now).
+        """
         by_seq: dict[int, list[CollectiveRecord | None]] = {}
         positions: list[int | None] = [None] * process_count
         for rec in records:
@@ -138,14 +170,28 @@ class StepTable:
             if positions[rec.process] is None or rec.seq > positions[rec.process]:
                 positions[rec.process] = rec.seq
         released = set(released)
+        gated: dict[int, set[int]] = {}
+        for k, p in waiting:
+            gated.setdefault(k, set()).add(p)
         latest = max((p for p in positions if p is not None), default=None)
         steps = tuple(
-            Step(seq=k, records=tuple(recs), released=k in released,
-                 passed=latest is not None and latest > k)
-            for k, recs in sorted(by_seq.items()))
-        return cls(process_count=process_count, stepping=bool(stepping), steps=steps,
-                   positions=tuple(positions), released=tuple(sorted(released)),
-                   time=_time.time() if time is None else time)
+            Step(
+                seq=k,
+                records=tuple(recs),
+                released=k in released,
+                passed=latest is not None and latest > k,
+                waiting=tuple(sorted(gated.get(k, ()))),
+            )
+            for k, recs in sorted(by_seq.items())
+        )
+        return cls(
+            process_count=process_count,
+            stepping=bool(stepping),
+            steps=steps,
+            positions=tuple(positions),
+            released=tuple(sorted(released)),
+            time=_time.time() if time is None else time,
+        )
 
     def step(self, seq: int) -> Step | None:
         """The step with sequence number ``seq``, if visible."""
@@ -153,9 +199,8 @@ class StepTable:
 
     @property
     def pending(self) -> Step | None:
-        """The first step not passed and not released that some host arrived at."""
-        return next((s for s in self.steps
-                     if not s.passed and not s.released and s.arrived), None)
+        """The first step where hosts wait for a release (status ``'held'``)."""
+        return next((s for s in self.steps if s.status == 'held'), None)
 
     @property
     def next_release(self) -> int:
@@ -178,18 +223,26 @@ class StepTable:
 
     def format(self) -> str:
         """A plain-text grid: one row per host, one column per step."""
-        head = (f'stepping {"on" if self.stepping else "off"}, '
-                f'{self.process_count} host(s)')
+        head = f'stepping {"on" if self.stepping else "off"}, {self.process_count} host(s)'
         if not self.steps:
             return head + ', no collective in flight'
         cols = []
         for s in self.steps:
             mark = ' DIVERGENT' if s.divergent else ''
-            cols.append([f'#{s.seq} {s.status}{mark}'] + [
-                ('-- not arrived --' if r is None else
-                 (f'{r.kind}({r.name!r})' if r.name else r.kind) + f' @ {_short(r.site)}')
-                + (' <-- differs' if p in s.odd_hosts else '')
-                for p, r in enumerate(s.records)])
+            cols.append(
+                [f'#{s.seq} {s.status}{mark}']
+                + [
+                    (
+                        '-- not arrived --'
+                        if r is None
+                        else (f'{r.kind}({r.name!r})' if r.name else r.kind)
+                        + f' @ {_short(r.site)}'
+                    )
+                    + (' [waiting]' if p in s.waiting else '')
+                    + (' <-- differs' if p in s.odd_hosts else '')
+                    for p, r in enumerate(s.records)
+                ]
+            )
         rows = [['host'] + [f'p{p}' for p in range(self.process_count)]]
         widths = [max(len(x) for x in rows[0])] + [max(len(x) for x in c) for c in cols]
         lines = [head]
@@ -251,8 +304,8 @@ class HostStacks:
         current: the collective the main thread is in, or last entered.
         gate: the step whose release the host is waiting for (stepping), or None.
         stepping: whether stepping is on in that process.
-        where: the main thread's innermost frame outside multihost/jax,
-            ``file:line in function``.
+        where: the main thread's innermost frame in user code (outside
+            multihost, jax and the standard library), ``file:line in function``.
         threads: every Python thread's stack (the debug thread itself excluded).
         time: when the stacks were taken (``time.time()``).
         error: why there is no answer (empty when ``answered``).
@@ -305,5 +358,6 @@ class HostStacks:
             d['current'] = CollectiveRecord(**d['current'])
         d['threads'] = tuple(
             ThreadStack(**{**t, 'frames': tuple(tuple(f) for f in t['frames'])})
-            for t in d.get('threads', ()))
+            for t in d.get('threads', ())
+        )
         return cls(**d)

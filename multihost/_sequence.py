@@ -19,7 +19,8 @@ runtime's key-value store, reached through `_jax_adapter`):
 Three RPCs to the coordinator; no device work. With barrier stepping on
 (`_debugd`), the host waits between 1 and 2 until step ``k`` is released.
 On timeout the hosts read ``mh/seq/`` to tell who is missing and where each
-host last was. Process 0 deletes ``mh/seq/<k-1>/`` once barrier ``k`` has passed (everyone has read it).
+host last was. Process 0 deletes ``mh/seq/<k-1>/`` once barrier ``k`` has
+passed (everyone has read it).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def default_timeout() -> float:
         raise ValueError(
             f'MULTIHOST_TIMEOUT must be a number of seconds, got {raw!r}. '
             'Unset it to use the default of '
-            f'{DEFAULT_TIMEOUT:g} s.') from None
+            f'{DEFAULT_TIMEOUT:g} s.'
+        ) from None
     if value <= 0:
         raise ValueError(f'MULTIHOST_TIMEOUT must be positive, got {raw!r}.')
     return value
@@ -70,8 +72,7 @@ def default_timeout() -> float:
 
 def checking_enabled() -> bool:
     """Whether device collectives are sequence-checked (``MULTIHOST_CHECK``, on by default)."""
-    return os.environ.get('MULTIHOST_CHECK', '1').strip().lower() not in (
-        '0', 'false', 'off', 'no')
+    return os.environ.get('MULTIHOST_CHECK', '1').strip().lower() not in ('0', 'false', 'off', 'no')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +134,7 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.next_seq = 0
-        self.ring: collections.deque[CollectiveRecord] = collections.deque(
-            maxlen=_RING_SIZE)
+        self.ring: collections.deque[CollectiveRecord] = collections.deque(maxlen=_RING_SIZE)
         self.current: CollectiveRecord | None = None
 
 
@@ -179,13 +179,22 @@ def positions(client: Any | None = None) -> dict[int, CollectiveRecord]:
 
 def _is_timeout(exc: BaseException) -> bool:
     text = str(exc)
-    return 'DEADLINE_EXCEEDED' in text or 'timed out' in text.lower() or (
-        'Barrier' in text and 'timeout' in text.lower())
+    return (
+        'DEADLINE_EXCEEDED' in text
+        or 'timed out' in text.lower()
+        or ('Barrier' in text and 'timeout' in text.lower())
+    )
 
 
-def enter(kind: str, name: str = '', *, tree_digest: str = '',
-          timeout: float | None = None, site: str | None = None,
-          mismatch_prefix: str | None = None) -> CollectiveRecord:
+def enter(
+    kind: str,
+    name: str = '',
+    *,
+    tree_digest: str = '',
+    timeout: float | None = None,
+    site: str | None = None,
+    mismatch_prefix: str | None = None,
+) -> CollectiveRecord:
     """Record collective ``kind`` and, with more than one process, check it against every host.
 
     Returns once every host has entered the same collective (a barrier).
@@ -211,9 +220,15 @@ def enter(kind: str, name: str = '', *, tree_digest: str = '',
     with _state.lock:
         seq = _state.next_seq
         _state.next_seq += 1
-        rec = CollectiveRecord(seq=seq, kind=kind, name=name, digest=tree_digest,
-                               site=site or call_site(), time=time.time(),
-                               process=pid)
+        rec = CollectiveRecord(
+            seq=seq,
+            kind=kind,
+            name=name,
+            digest=tree_digest,
+            site=site or call_site(),
+            time=time.time(),
+            process=pid,
+        )
         _state.ring.append(rec)
         _state.current = rec
     client = _jax_adapter.client()
@@ -225,10 +240,11 @@ def enter(kind: str, name: str = '', *, tree_digest: str = '',
     from multihost import _debugd
 
     _debugd.ensure_started(client)
+    gated = _debugd.before_arrival(client, rec)  # stepping on: "waiting at seq"
     # 1. publish (this is also the host's arrival in the step table)
     client.key_value_set(_key('seq', seq, pid), rec.to_json(), allow_overwrite=True)
     # 1b. step gate: with stepping on, wait until step `seq` is released.
-    _debugd.gate(client, rec)
+    _debugd.gate(client, rec, gated)
     # 2. wait for everyone (coordination-service barrier: it can time out)
     try:
         client.wait_at_barrier(_key('b', seq), max(1, int(timeout * 1000)))
@@ -245,8 +261,9 @@ def enter(kind: str, name: str = '', *, tree_digest: str = '',
     return rec
 
 
-def _check_same(rec: CollectiveRecord, calls: dict[int, CollectiveRecord],
-                mismatch_prefix: str | None) -> None:
+def _check_same(
+    rec: CollectiveRecord, calls: dict[int, CollectiveRecord], mismatch_prefix: str | None
+) -> None:
     signature = {p: (c.kind, c.name, c.digest) for p, c in calls.items()}
     if len(set(signature.values())) <= 1:
         return
@@ -257,23 +274,31 @@ def _check_same(rec: CollectiveRecord, calls: dict[int, CollectiveRecord],
         raise BarrierMismatchError(
             f'{head}: hosts passed different barrier names at collective '
             f'#{rec.seq}:\n' + '\n'.join(lines),
-            seq=rec.seq, calls=calls, names=names)
+            seq=rec.seq,
+            calls=calls,
+            names=names,
+        )
     kinds = {c.kind for c in calls.values()}
     if len(kinds) > 1 or len({c.name for c in calls.values()}) > 1:
         why = 'hosts called different collectives'
     else:
-        why = (f'hosts called {rec.kind} on data of different structure, '
-               'shapes or dtypes')
+        why = f'hosts called {rec.kind} on data of different structure, shapes or dtypes'
     head = f'collective sequence mismatch at #{rec.seq}: {why}'
     if mismatch_prefix and rec.kind == 'barrier':
         head = f'{mismatch_prefix}: {head}'
-    raise CollectiveMismatchError(head + ':\n' + '\n'.join(lines) + (
-        '\nEvery host must call the same collectives, in the same order, '
-        'with the same shapes.'), seq=rec.seq, calls=calls)
+    raise CollectiveMismatchError(
+        head
+        + ':\n'
+        + '\n'.join(lines)
+        + ('\nEvery host must call the same collectives, in the same order, with the same shapes.'),
+        seq=rec.seq,
+        calls=calls,
+    )
 
 
-def _raise_timeout(client: Any, rec: CollectiveRecord, timeout: float,
-                   cause: BaseException) -> None:
+def _raise_timeout(
+    client: Any, rec: CollectiveRecord, timeout: float, cause: BaseException
+) -> None:
     import jax
 
     try:
@@ -285,8 +310,9 @@ def _raise_timeout(client: Any, rec: CollectiveRecord, timeout: float,
     lines = []
     for p in missing:
         last = where.get(p)
-        lines.append(f'  process {p}: last reached ' + (
-            last.describe() if last else 'no collective yet'))
+        lines.append(
+            f'  process {p}: last reached ' + (last.describe() if last else 'no collective yet')
+        )
     what = rec.describe()
     raise BarrierTimeoutError(
         f'timed out after {timeout:g} s in {what}: process(es) {missing} did '
@@ -294,5 +320,8 @@ def _raise_timeout(client: Any, rec: CollectiveRecord, timeout: float,
         'a collective, or is stuck in other work, leaves the others waiting; '
         'look at its stack (multihost.dump_stacks) or raise the timeout '
         '(timeout=..., or MULTIHOST_TIMEOUT).',
-        name=rec.name, timeout=timeout, missing=missing, positions=where,
+        name=rec.name,
+        timeout=timeout,
+        missing=missing,
+        positions=where,
     ) from cause

@@ -284,10 +284,13 @@ class LocalCluster:
         results: list[Any] = [None] * self.n
         errors: dict[int, str] = {}
         deadline = time.monotonic() + timeout
+        grace_end: float | None = None
         while pending:
             left = deadline - time.monotonic()
-            if errors:  # one failed: the rest get a short grace period
-                left = min(left, 10.0)
+            if errors and grace_end is None:  # one failed: the rest get a short grace period
+                grace_end = time.monotonic() + 10.0
+            if grace_end is not None:
+                left = min(left, grace_end - time.monotonic())
             if left <= 0:
                 break
             for conn in wait(list(pending), timeout=min(left, 1.0)):

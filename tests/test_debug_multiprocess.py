@@ -16,7 +16,6 @@ import socket
 import tempfile
 import threading
 import time
-from multiprocessing import AuthenticationError
 
 import jax
 import pytest
@@ -25,8 +24,9 @@ import multihost
 from multihost import _jax_adapter
 from multihost._sequence import CollectiveRecord
 
-MP_CLUSTER = dict(n=4, devices_per_process=2,
-                  env={'MULTIHOST_TIMEOUT': '60', 'MULTIHOST_STEP_TIMEOUT': '60'})
+MP_CLUSTER = dict(
+    n=4, devices_per_process=2, env={'MULTIHOST_TIMEOUT': '60', 'MULTIHOST_STEP_TIMEOUT': '60'}
+)
 multiprocess = pytest.mark.multiprocess
 HOSTS = (0, 1, 2, 3)
 
@@ -67,9 +67,13 @@ def _site_file(rec: CollectiveRecord) -> str:
 
 def _stepping_on_everywhere(key):
     """Process 0 switches stepping on; the others wait until it confirms for all four."""
+    multihost.barrier(key + '/warm')  # every debug thread runs
     if jax.process_index() == 0:
-        assert multihost.set_stepping(True, timeout=20) == HOSTS
-        _signal(key)
+        try:
+            assert multihost.set_stepping(True, timeout=20) == HOSTS
+            assert multihost.step_table().released == ()  # earlier releases forgotten
+        finally:
+            _signal(key)
     else:
         _await_signal(key)
     assert multihost.stepping_enabled()
@@ -84,7 +88,7 @@ def _blocked_in_barrier():
 
 @multiprocess(timeout=90)
 def test_hosts_blocked_in_a_barrier_report_their_stacks():
-    """Hosts 1-3 wait in a barrier for host 0; host 0 collects their stacks, which show the barrier and its call site."""
+    """Hosts 1-3 wait in a barrier for host 0, which collects their stacks: barrier, call site."""
     multihost.barrier('stacks-warm')
     if jax.process_index() != 0:
         _blocked_in_barrier()
@@ -127,7 +131,7 @@ def _collect_while_main_blocked(out):
 
 @multiprocess(timeout=90)
 def test_host_stuck_outside_collectives_is_located_from_a_thread():
-    """Host 2 is stuck in user code; a thread of host 0, whose main thread waits in the barrier, finds it."""
+    """Host 2 is stuck in user code; a thread of host 0 (main thread in a barrier) finds it."""
     pid = jax.process_index()
     multihost.barrier('stuck-warm')
     out: dict = {}
@@ -172,6 +176,7 @@ def _step_through(out):
         for name in ('s1', 's2', 's3'):
             table, step = _poll(lambda n=name: _arrived_at(n), 30, f'every host at {name}')
             assert step.status == 'held' and not step.divergent, table.format()
+            assert step.waiting == HOSTS
             assert all(_site_file(r) == __file__ for r in step.records)
             assert len({r.site for r in step.records}) == 1  # same line on every host
             assert table.stepping and table.pending == step
@@ -191,7 +196,7 @@ def _step_through(out):
 
 @multiprocess(timeout=120)
 def test_stepping_pauses_every_barrier_until_released():
-    """With stepping on, every host waits at each barrier until a thread of host 0 releases it, one step at a time."""
+    """Stepping on: every host waits at each barrier until a thread of host 0 releases that step."""
     _stepping_on_everywhere('test/step1/on')
     out: dict = {}
     watcher = None
@@ -213,8 +218,13 @@ def test_stepping_pauses_every_barrier_until_released():
 
 def _show_divergence(out):
     try:
-        table = _poll(lambda: (lambda t: t if t.pending and t.pending.complete else None)(
-            multihost.step_table()), 30, 'every host at the divergent step')
+        table = _poll(
+            lambda: (lambda t: t if t.pending and t.pending.complete else None)(
+                multihost.step_table()
+            ),
+            30,
+            'every host at the divergent step',
+        )
         out['table'] = table
     except BaseException as exc:
         out['error'] = exc
@@ -224,7 +234,7 @@ def _show_divergence(out):
 
 @multiprocess(timeout=120)
 def test_stepping_shows_divergence_before_release():
-    """Host 3 arrives at another barrier: the table marks the step divergent while held; after release every host raises."""
+    """Host 3 at another barrier: divergent in the table while held; all raise once released."""
     _stepping_on_everywhere('test/step2/on')
     out: dict = {}
     watcher = None
@@ -253,7 +263,7 @@ def test_stepping_shows_divergence_before_release():
 
 @multiprocess(timeout=90)
 def test_unreleased_step_times_out_on_every_host():
-    """A step nobody releases raises StepTimeoutError (MULTIHOST_STEP_TIMEOUT) instead of hanging."""
+    """A step nobody releases raises StepTimeoutError (MULTIHOST_STEP_TIMEOUT), not a hang."""
     _stepping_on_everywhere('test/step3/on')
     os.environ['MULTIHOST_STEP_TIMEOUT'] = '2'
     try:
@@ -342,6 +352,7 @@ def test_control_endpoint_steps_and_dumps_a_blocked_cluster(mp_cluster):
     engines.start()
     ctl = None
     try:
+
         def read_address():
             if not os.path.exists(address_file):
                 return None
@@ -352,9 +363,20 @@ def test_control_endpoint_steps_and_dumps_a_blocked_cluster(mp_cluster):
         assert address[0] == socket.gethostname()  # bound to every interface
         ctl = multihost.ControlClient(address, key, timeout=20)
         assert ctl.info()['process_count'] == 4
-        stacks = _poll(lambda: (lambda s: s if all(
-            '_wait_until_stepping' in s[p].where for p in HOSTS) else None)(ctl.stacks()),
-            30, 'every engine blocked waiting for stepping')
+        stacks = _poll(
+            lambda: (
+                lambda s: (
+                    s
+                    if all(
+                        s[p].answered and '_wait_until_stepping' in s[p].main_thread.stack
+                        for p in HOSTS
+                    )
+                    else None
+                )
+            )(ctl.stacks()),
+            30,
+            'every engine blocked waiting for stepping',
+        )
         assert all(s.current.name == 'ext-warm' for s in stacks.values())
         assert ctl.set_stepping(True) == HOSTS
         table = _poll(lambda: _table_at(ctl, 'ext-1'), 30, 'every host at ext-1')

@@ -62,8 +62,13 @@ class _Elements(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        el = {'tag': tag, 'attrs': a, 'classes': set((a.get('class') or '').split()), 'text': '',
-              'parent': self.stack[-1] if self.stack else None}
+        el = {
+            'tag': tag,
+            'attrs': a,
+            'classes': set((a.get('class') or '').split()),
+            'text': '',
+            'parent': self.stack[-1] if self.stack else None,
+        }
         self.found.append(el)
         if tag not in self.VOID:
             self.stack.append(el)
@@ -88,8 +93,11 @@ def _parse(html):
 
 def elements(html, cls=None, tag=None):
     """Parsed elements of an HTML string (the same objects on every call), by class and tag."""
-    return [e for e in _parse(html)
-            if (cls is None or cls in e['classes']) and (tag is None or e['tag'] == tag)]
+    return [
+        e
+        for e in _parse(html)
+        if (cls is None or cls in e['classes']) and (tag is None or e['tag'] == tag)
+    ]
 
 
 def inside(el, ancestor):
@@ -114,9 +122,16 @@ def png_size(data):
 
 def layout_2d():
     """float32[4, 6]: 2x2 blocks, devices 0-1 on process 0, 2-3 on process 1."""
-    return Layout.from_placements((4, 6), 'float32', [
-        ([(0, 2), (0, 3)], 0, 0), ([(0, 2), (3, 6)], 1, 0),
-        ([(2, 4), (0, 3)], 2, 1), ([(2, 4), (3, 6)], 3, 1)])
+    return Layout.from_placements(
+        (4, 6),
+        'float32',
+        [
+            ([(0, 2), (0, 3)], 0, 0),
+            ([(0, 2), (3, 6)], 1, 0),
+            ([(2, 4), (0, 3)], 2, 1),
+            ([(2, 4), (3, 6)], 3, 1),
+        ],
+    )
 
 
 def layout_3d():
@@ -135,10 +150,20 @@ def report_for(layout, bad_devices=()):
     for b in layout.blocks():
         if b.replica_count < 2:
             continue
-        groups.append(ReplicaGroup(b.index, tuple(
-            ReplicaDigest(s.device_id, s.process_index, s.replica_id,
-                          'bad0' if s.device_id in bad_devices else 'good')
-            for s in b.shards)))
+        groups.append(
+            ReplicaGroup(
+                b.index,
+                tuple(
+                    ReplicaDigest(
+                        s.device_id,
+                        s.process_index,
+                        s.replica_id,
+                        'bad0' if s.device_id in bad_devices else 'good',
+                    )
+                    for s in b.shards
+                ),
+            )
+        )
     return ReplicaReport(layout, tuple(groups))
 
 
@@ -147,19 +172,30 @@ def value_leaf(odd=2, hosts=4):
     values = {h: ref.copy() for h in range(hosts)}
     values[odd] = np.array([[1, 2], [3, 4.5]], np.float32)
     return LeafDiff(
-        path="['params']['w']", kind='value', odd_hosts=(odd,),
+        path="['params']['w']",
+        kind='value',
+        odd_hosts=(odd,),
         majority_hosts=tuple(h for h in range(hosts) if h != odd),
-        shapes=dict.fromkeys(range(hosts), (2, 2)), dtypes=dict.fromkeys(range(hosts), 'float32'),
+        shapes=dict.fromkeys(range(hosts), (2, 2)),
+        dtypes=dict.fromkeys(range(hosts), 'float32'),
         digests={h: 'bbbb' if h == odd else 'aaaa' for h in range(hosts)},
-        num_different={odd: 1}, max_abs_diff={odd: 0.5}, first_index={odd: (1, 1)},
-        values=values)
+        num_different={odd: 1},
+        max_abs_diff={odd: 0.5},
+        first_index={odd: (1, 1)},
+        values=values,
+    )
 
 
 def shape_leaf():
     return LeafDiff(
-        path="['b']", kind='shape', odd_hosts=(1,), majority_hosts=(0, 2, 3),
-        shapes={0: (3,), 1: (4,), 2: (3,), 3: (3,)}, dtypes=dict.fromkeys(range(4), 'float32'),
-        digests={0: 'x', 1: 'y', 2: 'x', 3: 'x'})
+        path="['b']",
+        kind='shape',
+        odd_hosts=(1,),
+        majority_hosts=(0, 2, 3),
+        shapes={0: (3,), 1: (4,), 2: (3,), 3: (3,)},
+        dtypes=dict.fromkeys(range(4), 'float32'),
+        digests={0: 'x', 1: 'y', 2: 'x', 3: 'x'},
+    )
 
 
 def tree_diff():
@@ -167,35 +203,59 @@ def tree_diff():
 
 
 def rec(seq, p, name='a', site='/src/train.py:10', kind='barrier'):
-    return CollectiveRecord(seq=seq, kind=kind, name=name, digest='', site=site, time=0.0,
-                            process=p)
+    return CollectiveRecord(
+        seq=seq, kind=kind, name=name, digest='', site=site, time=0.0, process=p
+    )
 
 
 def step_table(divergent=True):
     """Step 3 passed; step 4: hosts 0, 1 wait at the gate, 2 odd (if divergent), 3 missing."""
     records = [rec(3, p) for p in range(4)] + [rec(4, 0, 'b'), rec(4, 1, 'b')]
     records.append(rec(4, 2, 'c', '/src/train.py:20') if divergent else rec(4, 2, 'b'))
-    return StepTable.build(records, released=[3], process_count=4, stepping=True,
-                           waiting=[(4, 0), (4, 1)], time=1.7e9)
+    return StepTable.build(
+        records, released=[3], process_count=4, stepping=True, waiting=[(4, 0), (4, 1)], time=1.7e9
+    )
 
 
 def host_stacks():
     """Hosts 0-2 in barrier #4 at the gate (host 2 elsewhere in the code), host 3 no answer."""
-    main = ThreadStack('MainThread', 1, True, False,
-                       (('/src/train.py', 30, 'main', 'train()'),
-                        ('/src/train.py', 10, 'train', "sync_global_devices('b')")))
-    odd_main = ThreadStack('MainThread', 1, True, False,
-                           (('/src/train.py', 30, 'main', 'train()'),
-                            ('/src/train.py', 20, 'train', "sync_global_devices('c')")))
+    main = ThreadStack(
+        'MainThread',
+        1,
+        True,
+        False,
+        (
+            ('/src/train.py', 30, 'main', 'train()'),
+            ('/src/train.py', 10, 'train', "sync_global_devices('b')"),
+        ),
+    )
+    odd_main = ThreadStack(
+        'MainThread',
+        1,
+        True,
+        False,
+        (
+            ('/src/train.py', 30, 'main', 'train()'),
+            ('/src/train.py', 20, 'train', "sync_global_devices('c')"),
+        ),
+    )
     helper = ThreadStack('loader', 2, False, True, (('/src/data.py', 5, 'load', 'q.get()'),))
     out = {}
     for p in range(3):
         out[p] = HostStacks(
-            process=p, answered=True, hostname=f'node{p}', os_pid=100 + p,
-            current=rec(4, p, 'c' if p == 2 else 'b', '/src/train.py:20' if p == 2 else
-                        '/src/train.py:10'),
-            gate=4, stepping=True, where='train.py:10 in train',
-            threads=(odd_main if p == 2 else main, helper), time=1.7e9)
+            process=p,
+            answered=True,
+            hostname=f'node{p}',
+            os_pid=100 + p,
+            current=rec(
+                4, p, 'c' if p == 2 else 'b', '/src/train.py:20' if p == 2 else '/src/train.py:10'
+            ),
+            gate=4,
+            stepping=True,
+            where='train.py:10 in train',
+            threads=(odd_main if p == 2 else main, helper),
+            time=1.7e9,
+        )
     out[3] = HostStacks(process=3, answered=False, current=rec(3, 3), error='no answer in 5 s')
     return out
 
@@ -208,8 +268,11 @@ def test_grid_2d_rectangles_hosts_and_labels():
     g = mw.layout_grid(layout_2d())
     assert g.axes == (0, 1) and g.fixed == () and g.extent == (4, 6)
     assert [(b.rows, b.cols, b.hosts, b.label) for b in g.blocks] == [
-        ((0, 2), (0, 3), (0,), '0'), ((0, 2), (3, 6), (0,), '1'),
-        ((2, 4), (0, 3), (1,), '2'), ((2, 4), (3, 6), (1,), '3')]
+        ((0, 2), (0, 3), (0,), '0'),
+        ((0, 2), (3, 6), (0,), '1'),
+        ((2, 4), (0, 3), (1,), '2'),
+        ((2, 4), (3, 6), (1,), '3'),
+    ]
     assert g.row_cuts == (0, 2, 4) and g.col_cuts == (0, 3, 6)
     assert [b.colors for b in g.blocks] == [(mw.host_color(0),)] * 2 + [(mw.host_color(1),)] * 2
     assert mw.host_color(0) != mw.host_color(1)
@@ -219,8 +282,12 @@ def test_grid_transposed_axes():
     """Displaying axes (1, 0) puts dimension 1 on the rows."""
     g = mw.layout_grid(layout_2d(), axes=(1, 0))
     assert g.extent == (6, 4)
-    assert {(b.rows, b.cols) for b in g.blocks} == {((0, 3), (0, 2)), ((3, 6), (0, 2)),
-                                                     ((0, 3), (2, 4)), ((3, 6), (2, 4))}
+    assert {(b.rows, b.cols) for b in g.blocks} == {
+        ((0, 3), (0, 2)),
+        ((3, 6), (0, 2)),
+        ((0, 3), (2, 4)),
+        ((3, 6), (2, 4)),
+    }
 
 
 def test_grid_3d_position_selects_visible_blocks():
@@ -250,11 +317,14 @@ def test_grid_1d_is_one_row_and_0d_one_block():
 
 def test_grid_replica_counts_and_hosts():
     """A block held by devices on two hosts counts both replicas and lists both hosts."""
-    layout = Layout.from_placements((4,), 'float32', [
-        ([(0, 2)], 0, 0), ([(0, 2)], 2, 1), ([(2, 4)], 1, 0), ([(2, 4)], 3, 1)])
+    layout = Layout.from_placements(
+        (4,), 'float32', [([(0, 2)], 0, 0), ([(0, 2)], 2, 1), ([(2, 4)], 1, 0), ([(2, 4)], 3, 1)]
+    )
     g = mw.layout_grid(layout)
     assert [(b.replica_count, b.hosts, b.label) for b in g.blocks] == [
-        (2, (0, 1), '0,2'), (2, (0, 1), '1,3')]
+        (2, (0, 1), '0,2'),
+        (2, (0, 1), '1,3'),
+    ]
 
 
 def test_grid_flags_exactly_the_disagreeing_blocks():
@@ -262,7 +332,9 @@ def test_grid_flags_exactly_the_disagreeing_blocks():
     layout = layout_3d()
     g = mw.layout_grid(report_for(layout, bad_devices={7}), (0, 1), {2: 1})
     assert [(b.index, b.flagged, b.odd_devices) for b in g.blocks] == [
-        (((0, 2), (0, 6), (1, 2)), False, ()), (((2, 4), (0, 6), (1, 2)), True, (7,))]
+        (((0, 2), (0, 6), (1, 2)), False, ()),
+        (((2, 4), (0, 6), (1, 2)), True, (7,)),
+    ]
     assert mw.layout_grid(layout, (0, 1), {2: 0}, report_for(layout, {7})).flagged == ()
 
 
@@ -286,7 +358,8 @@ def test_png_renders_every_rank():
     layouts = [
         Layout.from_placements((), 'float32', [((), 0, 0)]),
         Layout.from_placements((8,), 'int8', [([(0, 4)], 0, 0), ([(4, 8)], 1, 1)]),
-        layout_2d(), layout_3d(),
+        layout_2d(),
+        layout_3d(),
         Layout.from_placements((0, 3), 'float32', [([(0, 0), (0, 3)], 0, 0)]),
     ]
     for layout in layouts:
@@ -372,8 +445,11 @@ def test_layout_view_click_shows_shard_info_and_values():
     assert 'mh-selected' in button._dom_classes
     assert one(v.widget, 'mh-layout-select').value == v.selected
     (shards,) = elements(info.value, 'mh-shards', 'table')
-    rows = [[td['text'].strip() for td in elements(info.value, tag='td') if inside(td, tr)]
-            for tr in elements(info.value, tag='tr') if inside(tr, shards)][1:]
+    rows = [
+        [td['text'].strip() for td in elements(info.value, tag='td') if inside(td, tr)]
+        for tr in elements(info.value, tag='tr')
+        if inside(tr, shards)
+    ][1:]
     assert rows == [['0', '4', '1', '48 B'], ['1', '5', '1', '48 B']]  # replica, device, ...
     assert '[2:4, 0:6, 0:1]' in info.value and '2 replica(s)' in info.value
     (pre,) = elements(info.value, 'mh-values')
@@ -499,8 +575,10 @@ def test_treediff_table_highlights_exactly_the_odd_hosts():
     html = one(v.widget, 'mh-treediff-table').value
     rows = elements(html, 'mh-leaf', 'tr')
     assert [r['attrs']['data-path'] for r in rows] == [leaf.path for leaf in diff.leaves]
-    marked = {(td['parent']['attrs']['data-path'], int(td['attrs']['data-host']))
-              for td in elements(html, 'mh-odd-host', 'td')}
+    marked = {
+        (td['parent']['attrs']['data-path'], int(td['attrs']['data-host']))
+        for td in elements(html, 'mh-odd-host', 'td')
+    }
     assert marked == {(leaf.path, h) for leaf in diff.leaves for h in leaf.odd_hosts}
     headers = {int(th['attrs']['data-host']) for th in elements(html, 'mh-odd-host', 'th')}
     assert headers == set(diff.odd_hosts) == {1, 2}
@@ -559,13 +637,21 @@ def test_treediff_many_hosts_bounded_columns():
     leaf = value_leaf(odd=57, hosts=100)
     v = mw.TreeDiffView(TreeDiff(leaves=(leaf,), num_hosts=100, num_leaves=3))
     html = one(v.widget, 'mh-treediff-table').value
-    assert [int(th['attrs']['data-host']) for th in elements(html, tag='th')
-            if 'data-host' in th['attrs']] == [0, 57]
+    assert [
+        int(th['attrs']['data-host'])
+        for th in elements(html, tag='th')
+        if 'data-host' in th['attrs']
+    ] == [0, 57]
     assert elements(html, 'mh-other-hosts', 'th')
     v.expand(leaf.path)
     detail = one(v.widget, 'mh-treediff-details').children[0].value
-    assert [int(r['attrs']['data-host']) for r in elements(detail, tag='tr')[1:]] == [0, 1, 2, 3,
-                                                                                      57]
+    assert [int(r['attrs']['data-host']) for r in elements(detail, tag='tr')[1:]] == [
+        0,
+        1,
+        2,
+        3,
+        57,
+    ]
     assert '95 more majority host(s)' in detail
 
 
@@ -602,10 +688,18 @@ def test_stepper_marks_cell_states():
     """Cells are passed, waiting (at the gate), mismatched (odd) or missing, per host and step."""
     v = mw.StepperView(step_table())
     assert _states(v) == {
-        (3, 0): 'passed', (3, 1): 'passed', (3, 2): 'passed', (3, 3): 'passed',
-        (4, 0): 'waiting', (4, 1): 'waiting', (4, 2): 'mismatched', (4, 3): 'missing'}
-    released = StepTable.build([rec(5, 0), rec(5, 1)], released=[5], process_count=2,
-                               stepping=True, time=1.7e9)
+        (3, 0): 'passed',
+        (3, 1): 'passed',
+        (3, 2): 'passed',
+        (3, 3): 'passed',
+        (4, 0): 'waiting',
+        (4, 1): 'waiting',
+        (4, 2): 'mismatched',
+        (4, 3): 'missing',
+    }
+    released = StepTable.build(
+        [rec(5, 0), rec(5, 1)], released=[5], process_count=2, stepping=True, time=1.7e9
+    )
     assert _states(mw.StepperView(released)) == {(5, 0): 'arrived', (5, 1): 'arrived'}
     grid = one(v.widget, 'mh-stepper-grid').value
     assert "barrier('c')" in unescape(grid) and 'train.py:20' in grid
@@ -636,10 +730,13 @@ def test_stepper_buttons_call_callbacks_and_refresh():
     """Step, Continue and Stop call their callbacks, then the view refreshes from on_refresh."""
     calls = []
     fresh = step_table(divergent=False)
-    v = mw.StepperView(step_table(), on_step=lambda: calls.append('step'),
-                       on_continue=lambda: calls.append('continue'),
-                       on_stop=lambda: calls.append('stop'),
-                       on_refresh=lambda: calls.append('refresh') or fresh)
+    v = mw.StepperView(
+        step_table(),
+        on_step=lambda: calls.append('step'),
+        on_continue=lambda: calls.append('continue'),
+        on_stop=lambda: calls.append('stop'),
+        on_refresh=lambda: calls.append('refresh') or fresh,
+    )
     one(v.widget, 'mh-step-button').click()
     assert calls == ['step', 'refresh'] and v.table is fresh
     assert one(v.widget, 'mh-stepper-banner').value == ''
@@ -677,6 +774,7 @@ def test_stepper_missing_callbacks_disable_buttons():
 
 def test_stepper_callback_error_is_shown():
     """A callback that raises shows its error in the view instead of losing it."""
+
     def boom():
         raise RuntimeError('engine 3 is gone')
 
@@ -770,8 +868,11 @@ def test_where_text_fallback():
     """The text/plain form is every host's own text."""
     stacks = host_stacks()
     v = mw.WhereView(stacks.values())
-    assert v._repr_mimebundle_()['text/plain'] == '\n\n'.join(
-        s.format() for s in stacks.values()) == str(v)
+    assert (
+        v._repr_mimebundle_()['text/plain']
+        == '\n\n'.join(s.format() for s in stacks.values())
+        == str(v)
+    )
 
 
 # -- all views --------------------------------------------------------------------------
@@ -779,9 +880,21 @@ def test_where_text_fallback():
 
 def test_public_surface():
     """`mhnotebook.widgets` exports exactly its sorted `__all__`."""
-    assert mw.__all__ == sorted(mw.__all__) == [
-        'GridBlock', 'LayoutGrid', 'LayoutView', 'StepperView', 'TreeDiffView', 'WhereView',
-        'host_color', 'layout_grid', 'render_layout_png']
+    assert (
+        mw.__all__
+        == sorted(mw.__all__)
+        == [
+            'GridBlock',
+            'LayoutGrid',
+            'LayoutView',
+            'StepperView',
+            'TreeDiffView',
+            'WhereView',
+            'host_color',
+            'layout_grid',
+            'render_layout_png',
+        ]
+    )
     assert all(hasattr(mw, name) for name in mw.__all__)
 
 
@@ -817,9 +930,12 @@ def test_widget_state_serializes_and_stays_small(comm_log):
     """Every view's synced state is JSON (binary only in buffers), small, and updates go out."""
     values = np.arange(48, dtype=np.float32).reshape(4, 6, 2)
     layout = layout_3d()
-    views = [mw.LayoutView(layout, report_for(layout, {7}), values),
-             mw.TreeDiffView(tree_diff()), mw.StepperView(step_table(), on_step=lambda: None),
-             mw.WhereView(host_stacks())]
+    views = [
+        mw.LayoutView(layout, report_for(layout, {7}), values),
+        mw.TreeDiffView(tree_diff()),
+        mw.StepperView(step_table(), on_step=lambda: None),
+        mw.WhereView(host_stacks()),
+    ]
     views[0].select(((2, 4), (0, 6), (1, 2)))
     views[1].expand("['params']['w']")
     assert {m[0] for m in comm_log} <= {'comm_open', 'comm_msg', 'comm_close'}
@@ -833,8 +949,11 @@ def test_widget_state_serializes_and_stays_small(comm_log):
     assert 0 < binary_bytes < 500_000, binary_bytes  # the PNGs travel as binary buffers
     # The selection reached the frontend: the info widget's last update shows the block.
     info = one(views[0].widget, 'mh-layout-info')
-    sent = [m[1]['state']['value'] for m in comm_log
-            if m[3] == info.model_id and m[0] == 'comm_msg' and 'value' in m[1].get('state', {})]
+    sent = [
+        m[1]['state']['value']
+        for m in comm_log
+        if m[3] == info.model_id and m[0] == 'comm_msg' and 'value' in m[1].get('state', {})
+    ]
     assert sent and '[2:4, 0:6, 1:2]' in sent[-1]
     for v in views:
         state, _, _ = _remove_buffers(v.widget.get_state())

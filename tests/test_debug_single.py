@@ -1,0 +1,178 @@
+"""Stack dumps, stepping and the control endpoint in one process; the debug model on its own."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from multiprocessing import AuthenticationError
+
+import pytest
+
+import multihost
+from multihost import _debugd
+from multihost._sequence import CollectiveRecord
+
+
+def _rec(seq, process, name='a', kind='barrier', digest='', site='train.py:10'):
+    return CollectiveRecord(
+        seq=seq, kind=kind, name=name, digest=digest, site=site, time=0.0, process=process
+    )
+
+
+# -- the model ---------------------------------------------------------------------------
+
+
+def test_step_table_marks_divergence_and_odd_host():
+    """Host 3 at another barrier: the held step is divergent, host 3 is the odd one out."""
+    records = [_rec(6, p) for p in range(4)] + [_rec(7, p, 'save') for p in range(3)]
+    records.append(_rec(7, 3, 'eval', site='train.py:99'))
+    table = multihost.StepTable.build(
+        records, released=[6], process_count=4, stepping=True, waiting=[(7, p) for p in range(4)]
+    )
+    old, new = table.steps
+    assert (old.seq, old.status, old.divergent) == (6, 'passed', False)
+    assert (new.seq, new.status, new.divergent) == (7, 'held', True)
+    assert new.odd_hosts == (3,) and new.majority.name == 'save'
+    assert table.pending is new and table.next_release == 7
+    assert table.divergent == (new,)
+    assert table.positions == (7, 7, 7, 7)
+    text = table.format()
+    assert 'DIVERGENT' in text and "barrier('eval') @ train.py:99" in text
+    assert text.count('<-- differs') == 1 and text.count('[waiting]') == 4
+
+
+def test_step_table_missing_hosts_and_release_ahead():
+    """Hosts not yet arrived are listed as missing; with nothing held, release runs ahead."""
+    table = multihost.StepTable.build(
+        [_rec(4, 0), _rec(4, 2)],
+        released=[],
+        process_count=3,
+        stepping=True,
+        waiting=[(4, 0), (4, 2)],
+    )
+    (step,) = table.steps
+    assert step.arrived == (0, 2) and step.missing == (1,) and not step.complete
+    assert step.records[1] is None and 'not arrived' in table.format()
+    assert table.next_release == 4
+    opened = multihost.StepTable.build(
+        [_rec(4, p) for p in range(3)], released=[5, 6], process_count=3, stepping=False
+    )
+    assert opened.steps[0].status == 'open' and opened.pending is None
+    assert opened.next_release == 7
+    empty = multihost.StepTable.build([], [], 2, False)
+    assert empty.next_release == 0 and 'no collective in flight' in empty.format()
+
+
+def test_host_stacks_json_round_trip():
+    """A captured HostStacks survives the key-value store's JSON unchanged."""
+    stacks = _debugd.capture(0)
+    assert multihost.HostStacks.from_json(stacks.to_json()) == stacks
+    missing = multihost.HostStacks(process=3, answered=False, current=_rec(9, 3), error='gone')
+    assert multihost.HostStacks.from_json(missing.to_json()) == missing
+    assert 'no answer: gone' in missing.format()
+
+
+# -- single process ----------------------------------------------------------------------
+
+
+def test_dump_stacks_single_process_sees_blocked_main_thread():
+    """From a helper thread while the main thread waits: this process's stacks, main included."""
+    out = {}
+    done = threading.Event()
+
+    def helper():
+        out['stacks'] = multihost.dump_stacks(timeout=5)
+        done.set()
+
+    threading.Thread(target=helper, daemon=True).start()
+    assert done.wait(20)  # the main thread is blocked here while the helper collects
+    stacks = out['stacks']
+    assert list(stacks) == [0]
+    me = stacks[0]
+    assert me.answered and me.os_pid == os.getpid() and me.hostname == socket.gethostname()
+    assert 'test_dump_stacks_single_process_sees_blocked_main_thread' in me.where
+    assert 'done.wait(20)' in me.main_thread.stack
+    assert any('helper' in t.stack for t in me.threads if not t.main)
+
+
+def test_stepping_single_process_never_pauses():
+    """One process has nothing to wait for: stepping is recorded but barriers return at once."""
+    try:
+        assert multihost.set_stepping(True) == (0,)
+        assert multihost.stepping_enabled()
+        t0 = time.monotonic()
+        multihost.barrier('alone')
+        multihost.sync_global_devices('alone too')
+        assert time.monotonic() - t0 < 1
+        table = multihost.step_table()
+        assert table.process_count == 1 and table.stepping and table.steps == ()
+        assert multihost.release() == ()
+        with pytest.raises(ValueError, match='steps must be >= 1'):
+            multihost.release(0)
+        assert multihost.start_debug_daemon() is False
+    finally:
+        assert multihost.release_all() == ()
+    assert not multihost.stepping_enabled()
+
+
+def test_step_timeout_setting_is_validated(monkeypatch):
+    """MULTIHOST_STEP_TIMEOUT must be a positive number; unset means the default."""
+    monkeypatch.delenv('MULTIHOST_STEP_TIMEOUT', raising=False)
+    assert _debugd.step_timeout() == multihost.DEFAULT_STEP_TIMEOUT
+    monkeypatch.setenv('MULTIHOST_STEP_TIMEOUT', 'soon')
+    with pytest.raises(ValueError, match='MULTIHOST_STEP_TIMEOUT'):
+        _debugd.step_timeout()
+    monkeypatch.setenv('MULTIHOST_STEP_TIMEOUT', '-1')
+    with pytest.raises(ValueError, match='positive'):
+        _debugd.step_timeout()
+
+
+# -- control endpoint --------------------------------------------------------------------
+
+
+def test_control_endpoint_round_trip_single_process():
+    """A ControlClient gets stacks and the step table from an endpoint in this process."""
+    key = secrets.token_bytes(16)
+    host, port = multihost.serve_control(key)
+    assert host == socket.gethostname() and port > 0
+    with multihost.ControlClient((host, port), key, timeout=10) as ctl:
+        assert ctl.info()['process_count'] == 1
+        stacks = ctl.stacks(timeout=5)
+        assert stacks[0].answered
+        assert 'test_control_endpoint_round_trip_single_process' in stacks[0].where
+        assert isinstance(ctl.step_table(), multihost.StepTable)
+        with pytest.raises(RuntimeError, match='steps must be >= 1'):
+            ctl.release(0)
+        assert ctl.release_all() == ()
+    bound = multihost.serve_control(key, ('127.0.0.1', 0))
+    assert bound[0] == '127.0.0.1'
+
+
+def test_control_endpoint_rejects_a_wrong_key():
+    """A client with another authkey is refused, not served."""
+    host, port = multihost.serve_control(secrets.token_bytes(16), ('127.0.0.1', 0))
+    with pytest.raises(AuthenticationError, match='refused the authkey'):
+        multihost.ControlClient((host, port), secrets.token_bytes(16), timeout=5)
+
+
+def test_control_client_times_out_on_a_silent_server():
+    """A server that accepts but never answers makes the client raise TimeoutError, not hang."""
+    silent = socket.create_server(('127.0.0.1', 0))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match='handshake'):
+            multihost.ControlClient(silent.getsockname(), b'key', timeout=1)
+        assert time.monotonic() - t0 < 10
+    finally:
+        silent.close()
+
+
+def test_control_client_requires_bytes_key():
+    """authkey must be bytes on both sides."""
+    with pytest.raises(TypeError, match='authkey'):
+        multihost.serve_control('secret')
+    with pytest.raises(TypeError, match='authkey'):
+        multihost.ControlClient(('127.0.0.1', 1), 'secret')
