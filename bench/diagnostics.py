@@ -192,9 +192,124 @@ def section_assert_equal(cluster: LocalCluster, args: argparse.Namespace) -> lis
     ]
 
 
+# -- section: barriers --------------------------------------------------------------------
+
+BARRIER_CALLS = 20  # calls per repetition (a single call is close to the timer's noise)
+
+
+def _per_call(fn: Callable[[], Any], reps: int, calls: int) -> list[float]:
+    """Seconds per call, one figure per repetition of ``calls`` back-to-back calls."""
+    out = []
+    for _ in range(reps):
+        _start_together()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t0) / calls)
+    return out
+
+
+def _run_barriers(reps: int) -> dict[str, list[float]]:
+    from jax.experimental import multihost_utils as jmu
+
+    import multihost
+
+    cases = {
+        'ours barrier': lambda: multihost.barrier('bench'),
+        'ours sync_global_devices': lambda: multihost.sync_global_devices('bench'),
+        'jax sync_global_devices': lambda: jmu.sync_global_devices('bench'),
+    }
+    for fn in cases.values():  # warm up (JAX compiles its allgather)
+        fn()
+        fn()
+    out: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(reps):  # interleaved, so machine noise hits every case alike
+        for key, fn in cases.items():
+            out[key].extend(_per_call(fn, 1, BARRIER_CALLS))
+    return out
+
+
+def section_barriers(cluster: LocalCluster, args: argparse.Namespace) -> list[Row]:
+    """Barrier latency: our coordination-service barrier vs JAX's sync_global_devices."""
+    per = cluster.run(_run_barriers, args.reps, timeout=SECTION_TIMEOUT_S)
+    jax_ms = _slowest_median_ms([p['jax sync_global_devices'] for p in per])
+    rows = []
+    for key in ('ours barrier', 'ours sync_global_devices'):
+        rows.append(
+            Row(
+                'barrier',
+                f'{key} (x{BARRIER_CALLS})',
+                _slowest_median_ms([p[key] for p in per]),
+                jax_ms,
+                args.reps,
+                args.reps,
+                note='ref: jax sync_global_devices; goal: not slower, <= 2 ms',
+            )
+        )
+    return rows
+
+
+# -- section: sequence-check overhead --------------------------------------------------------
+
+
+def _run_check_overhead(reps: int) -> dict[str, list[float]]:
+    import os
+
+    import multihost
+    from multihost import _sequence
+
+    x = np.arange(256, dtype=np.float32)
+
+    def gather() -> None:
+        multihost.process_allgather(x)
+
+    def enter() -> None:
+        _sequence.enter('bench', 'overhead')
+
+    gather()
+    out: dict[str, list[float]] = {'checked': [], 'unchecked': [], 'enter': []}
+    for _ in range(reps):
+        os.environ['MULTIHOST_CHECK'] = '1'
+        out['checked'].extend(_per_call(gather, 1, BARRIER_CALLS))
+        os.environ['MULTIHOST_CHECK'] = '0'
+        out['unchecked'].extend(_per_call(gather, 1, BARRIER_CALLS))
+        out['enter'].extend(_per_call(enter, 1, BARRIER_CALLS))
+    os.environ.pop('MULTIHOST_CHECK', None)
+    return out
+
+
+def section_check_overhead(cluster: LocalCluster, args: argparse.Namespace) -> list[Row]:
+    """What the collective-sequence check adds to each collective."""
+    per = cluster.run(_run_check_overhead, args.reps, timeout=SECTION_TIMEOUT_S)
+    checked = _slowest_median_ms([p['checked'] for p in per])
+    unchecked = _slowest_median_ms([p['unchecked'] for p in per])
+    enter = _slowest_median_ms([p['enter'] for p in per])
+    return [
+        Row(
+            'sequence check',
+            '1 KiB process_allgather, checked vs MULTIHOST_CHECK=0',
+            checked,
+            unchecked,
+            args.reps,
+            args.reps,
+            note=f'overhead {checked - unchecked:.2f} ms per collective (goal <= 2 ms)',
+        ),
+        Row(
+            'sequence check',
+            'the check alone (_sequence.enter)',
+            enter,
+            None,
+            args.reps,
+            note='record + publish + barrier + compare',
+        ),
+    ]
+
+
 # id -> section. Runs in this order; add new sections here.
 SECTIONS: dict[str, Callable[[LocalCluster, argparse.Namespace], list[Row]]] = {
     'assert_equal': section_assert_equal,
+    'barriers': section_barriers,
+    'check_overhead': section_check_overhead,
 }
 
 

@@ -12,15 +12,19 @@ host's call and call site.
 Protocol for collective ``k`` (coordination service = the JAX distributed
 runtime's key-value store, reached through `_jax_adapter`):
 
-1. ``set mh/seq/<k>/<pid> = record`` (kind, name, digest, call site, time);
+1. ``set mh/seq/<k mod SLOTS>/<pid> = record`` (kind, name, digest, call
+   site, time, and k itself);
 2. ``wait_at_barrier('mh/b/<k>', timeout)``;
-3. ``dir_get mh/seq/<k>/`` and compare every host's (kind, name, digest).
+3. ``dir_get mh/seq/<k mod SLOTS>/`` and compare every host's (kind, name,
+   digest).
 
 Three RPCs to the coordinator; no device work. With barrier stepping on
 (`_debugd`), the host waits between 1 and 2 until step ``k`` is released.
 On timeout the hosts read ``mh/seq/`` to tell who is missing and where each
-host last was. Process 0 deletes ``mh/seq/<k-1>/`` once barrier ``k`` has
-passed (everyone has read it).
+host last was. Records live in a ring of `_SLOTS` slots, overwritten rather
+than deleted (no extra RPC): a host can only overwrite slot ``k mod SLOTS``
+at collective ``k + SLOTS``, after every host passed barrier ``k + 1`` and so
+finished reading slot ``k``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ DEFAULT_TIMEOUT = 600.0
 
 _PREFIX = 'mh'
 _RING_SIZE = 256
+_SLOTS = 8  # key-value slots for records (see the module docstring)
 
 
 def default_timeout() -> float:
@@ -242,7 +247,7 @@ def enter(
     _debugd.ensure_started(client)
     gated = _debugd.before_arrival(client, rec)  # stepping on: "waiting at seq"
     # 1. publish (this is also the host's arrival in the step table)
-    client.key_value_set(_key('seq', seq, pid), rec.to_json(), allow_overwrite=True)
+    client.key_value_set(_key('seq', seq % _SLOTS, pid), rec.to_json(), allow_overwrite=True)
     # 1b. step gate: with stepping on, wait until step `seq` is released.
     _debugd.gate(client, rec, gated)
     # 2. wait for everyone (coordination-service barrier: it can time out)
@@ -253,10 +258,7 @@ def enter(
             raise
         _raise_timeout(client, rec, timeout, exc)
     # 3. compare
-    calls = _read_records(client, _key('seq', seq) + '/')
-    if pid == 0 and seq > 0:
-        # Everyone passed barrier `seq`, so everyone has read `seq - 1`.
-        client.key_value_delete(_key('seq', seq - 1) + '/')
+    calls = _read_records(client, _key('seq', seq % _SLOTS) + '/')
     _check_same(rec, calls, mismatch_prefix)
     return rec
 
@@ -302,7 +304,11 @@ def _raise_timeout(
     import jax
 
     try:
-        arrived = _read_records(client, _key('seq', rec.seq) + '/')
+        arrived = {
+            p: r
+            for p, r in _read_records(client, _key('seq', rec.seq % _SLOTS) + '/').items()
+            if r.seq == rec.seq
+        }
         where = positions(client)
     except Exception:  # the coordinator itself may be gone
         arrived, where = {rec.process: rec}, {}
