@@ -135,6 +135,36 @@ def _host_block(x: jax.Array, box: Box) -> np.ndarray:
     return out
 
 
+#: Below this many bytes in all (every host's share together), a gather or
+#: broadcast of host-local data travels inside the sequence check's own
+#: key-value exchange: one coordinator round trip, no device collective.
+SMALL_EXCHANGE_BYTES = 1 << 20
+
+
+def _canonical(x: Any) -> np.ndarray:
+    """``x`` as numpy with the dtype a device transfer would give it (x64 off: int64 -> int32)."""
+    a = np.asarray(x)
+    dtype = jax.dtypes.canonicalize_dtype(a.dtype)
+    return a if a.dtype == dtype else a.astype(dtype)
+
+
+def _small(arrays: list[np.ndarray]) -> bool:
+    total = sum(a.nbytes for a in arrays) * jax.process_count()
+    return (
+        _sequence.checking_enabled()
+        and total <= SMALL_EXCHANGE_BYTES
+        and all(a.dtype != object for a in arrays)
+    )
+
+
+def _split(payload: bytes, like: list[np.ndarray]) -> list[np.ndarray]:
+    out, offset = [], 0
+    for a in like:
+        out.append(np.frombuffer(payload, a.dtype, a.size, offset).reshape(a.shape))
+        offset += a.nbytes
+    return out
+
+
 def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
     """Gathers data from every process.
 
@@ -171,12 +201,23 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
             outs.append(a if tiled and a.ndim > 0 else np.expand_dims(a, 0))
         return jax.tree.unflatten(treedef, outs)
 
+    digest = _tree_digest('allgather', treedef, leaves, tiled)
+    if not any(_is_global(x) for x in leaves):
+        mine = [_canonical(x) for x in leaves]
+        mine = [a if tiled and a.ndim > 0 else a[None] for a in mine]
+        if _small(mine):
+            payloads = _sequence.exchange(
+                'process_allgather',
+                f'tiled={tiled}',
+                b''.join(a.tobytes() for a in mine),
+                tree_digest=digest,
+            )
+            per_host = [_split(payloads[p], mine) for p in range(jax.process_count())]
+            return jax.tree.unflatten(
+                treedef, [np.concatenate([h[i] for h in per_host]) for i in range(len(mine))]
+            )
     if _sequence.checking_enabled():
-        _sequence.enter(
-            'process_allgather',
-            f'tiled={tiled}',
-            tree_digest=_tree_digest('allgather', treedef, leaves, tiled),
-        )
+        _sequence.enter('process_allgather', f'tiled={tiled}', tree_digest=digest)
     n, pid = jax.process_count(), jax.process_index()
     outs: list[Any] = [None] * len(leaves)
     stacked_idx, host_arrays, boxes_of = [], [], {}
@@ -240,10 +281,29 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
         return jax.tree.unflatten(treedef, [np.asarray(x) for x in leaves])
     if is_source is None:
         is_source = jax.process_index() == 0
-    if _sequence.checking_enabled():
-        _sequence.enter(
-            'broadcast_one_to_all', '', tree_digest=_tree_digest('broadcast', treedef, leaves)
+    digest = _tree_digest('broadcast', treedef, leaves)
+    mine = [_canonical(x) for x in leaves]
+    if _small(mine):
+        # Only sources send data; the result is the sum of the sources' leaves
+        # (as JAX's psum-based broadcast computes it).
+        payloads = _sequence.exchange(
+            'broadcast_one_to_all',
+            '',
+            b''.join(a.tobytes() for a in mine) if is_source else b'',
+            tree_digest=digest,
         )
+        sources = [_split(b, mine) for _, b in sorted(payloads.items()) if b]
+        outs = []
+        for i, a in enumerate(mine):
+            if not sources:
+                outs.append(np.zeros_like(a))
+            elif len(sources) == 1:
+                outs.append(sources[0][i].copy())
+            else:
+                outs.append(np.sum(np.stack([src[i] for src in sources]), axis=0, dtype=a.dtype))
+        return jax.tree.unflatten(treedef, outs)
+    if _sequence.checking_enabled():
+        _sequence.enter('broadcast_one_to_all', '', tree_digest=digest)
     host_arrays = []
     for x in leaves:
         a = np.asarray(x)

@@ -29,6 +29,7 @@ finished reading slot ``k``.
 
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 import json
@@ -108,7 +109,8 @@ class CollectiveRecord:
 
     @classmethod
     def from_json(cls, text: str) -> CollectiveRecord:
-        return cls(**json.loads(text))
+        raw = json.loads(text)
+        return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls)})
 
     def describe(self) -> str:
         """A one-line human description: ``sync_global_devices('ckpt') at train.py:42``."""
@@ -219,6 +221,34 @@ def enter(
         CollectiveMismatchError: hosts called different collectives, or the
             same one on differently shaped data.
     """
+    return _enter(kind, name, tree_digest=tree_digest, timeout=timeout,
+                  site=site or call_site(), mismatch_prefix=mismatch_prefix)[0]
+
+
+def exchange(kind: str, name: str, payload: bytes, *, tree_digest: str,
+             timeout: float | None = None) -> dict[int, bytes]:
+    """Like `enter`, and every host's ``payload`` rides along: process index -> bytes.
+
+    For small data only (it travels through the coordinator, base64 in the
+    record): the check and the data movement are one exchange, no device work.
+    Requires more than one process.
+    """
+    _, raw = _enter(kind, name, tree_digest=tree_digest, timeout=timeout, site=call_site(),
+                    payload=payload)
+    return {p: base64.b64decode(json.loads(v)['data']) for p, v in raw.items()}
+
+
+def _enter(
+    kind: str,
+    name: str,
+    *,
+    tree_digest: str,
+    timeout: float | None,
+    site: str,
+    mismatch_prefix: str | None = None,
+    payload: bytes | None = None,
+) -> tuple[CollectiveRecord, dict[int, str]]:
+    """`enter`, also returning every host's raw published record (process -> JSON)."""
     import jax
 
     pid = jax.process_index()
@@ -230,7 +260,7 @@ def enter(
             kind=kind,
             name=name,
             digest=tree_digest,
-            site=site or call_site(),
+            site=site,
             time=time.time(),
             process=pid,
         )
@@ -238,7 +268,7 @@ def enter(
         _state.current = rec
     client = _jax_adapter.client()
     if client is None or jax.process_count() == 1:
-        return rec
+        return rec, {}
     timeout = default_timeout() if timeout is None else float(timeout)
     # The debug thread (stacks, stepping) listens from here on; cheap once
     # started. Imported here: `_debugd` builds on this module.
@@ -247,7 +277,10 @@ def enter(
     _debugd.ensure_started(client)
     gated = _debugd.before_arrival(client, rec)  # stepping on: "waiting at seq"
     # 1. publish (this is also the host's arrival in the step table)
-    client.key_value_set(_key('seq', seq % _SLOTS, pid), rec.to_json(), allow_overwrite=True)
+    text = rec.to_json()
+    if payload is not None:
+        text = text[:-1] + ',"data":"' + base64.b64encode(payload).decode() + '"}'
+    client.key_value_set(_key('seq', seq % _SLOTS, pid), text, allow_overwrite=True)
     # 1b. step gate: with stepping on, wait until step `seq` is released.
     _debugd.gate(client, rec, gated)
     # 2. wait for everyone (coordination-service barrier: it can time out)
@@ -258,9 +291,13 @@ def enter(
             raise
         _raise_timeout(client, rec, timeout, exc)
     # 3. compare
-    calls = _read_records(client, _key('seq', seq % _SLOTS) + '/')
+    raw = {}
+    calls = {}
+    for _, value in client.key_value_dir_get(_key('seq', seq % _SLOTS) + '/'):
+        r = CollectiveRecord.from_json(value)
+        calls[r.process], raw[r.process] = r, value
     _check_same(rec, calls, mismatch_prefix)
-    return rec
+    return rec, raw
 
 
 def _check_same(

@@ -172,17 +172,47 @@ def test_allgather_global_array_needs_tiled():
 
 @multiprocess
 def test_allgather_compiles_once_for_same_shape():
-    """Two calls with the same shape/dtype compile at most once (the second hits the cache)."""
+    """Large gathers compile once per shape/dtype; small ones never reach the compiler."""
+    from multihost import _collectives
+
     pid = jax.process_index()
-    multihost_utils.process_allgather(np.zeros((5, 7), np.float32) + pid)  # warm
+    big = _collectives.SMALL_EXCHANGE_BYTES // 4  # float32 elements per host: above the limit
+    multihost_utils.process_allgather(np.zeros(big, np.float32) + pid)  # warm
     with _Compiles() as c:
-        multihost_utils.process_allgather(np.ones((5, 7), np.float32) + pid)
-        multihost_utils.process_allgather(np.ones((5, 7), np.float32) * pid)
+        multihost_utils.process_allgather(np.ones(big, np.float32) + pid)
+        multihost_utils.process_allgather(np.ones(big, np.float32) * pid)
     assert c.count == 0, f'{c.count} compilations for repeated same-shape gathers'
     with _Compiles() as c:
-        multihost_utils.process_allgather(np.ones((3, 2, 9), np.int8))
-        multihost_utils.process_allgather(np.zeros((3, 2, 9), np.int8))
+        out = multihost_utils.process_allgather(np.ones((big // 2, 8), np.int8))
+        multihost_utils.process_allgather(np.zeros((big // 2, 8), np.int8))
     assert c.count == 1, f'{c.count} compilations for a new shape gathered twice'
+    assert out.shape == (jax.process_count(), big // 2, 8) and out.dtype == np.int8
+    with _Compiles() as c:
+        small = multihost_utils.process_allgather(np.full((3, 2), pid, np.int64))
+    assert c.count == 0
+    assert small.dtype == np.int32  # as a device transfer would give (x64 off)
+    np.testing.assert_array_equal(small[:, 0, 0], np.arange(jax.process_count()))
+
+
+@multiprocess
+def test_small_and_large_paths_agree():
+    """The key-value path for small data and the device path give identical results."""
+    from multihost import _collectives
+
+    pid, n = jax.process_index(), jax.process_count()
+    big = _collectives.SMALL_EXCHANGE_BYTES // 4
+    for size in (6, big):
+        x = (np.arange(size, dtype=np.float32) * (pid + 1)).reshape(-1, 2)
+        stacked = multihost_utils.process_allgather({'x': x, 's': np.float32(pid)})
+        np.testing.assert_array_equal(
+            stacked['x'], np.stack([x / (pid + 1) * (i + 1) for i in range(n)])
+        )
+        np.testing.assert_array_equal(stacked['s'], np.arange(n, dtype=np.float32))
+        tiled = multihost_utils.process_allgather(x, tiled=True)
+        assert tiled.shape == (n * x.shape[0], 2)
+        b = multihost_utils.broadcast_one_to_all((x, np.uint8(pid + 7)), is_source=pid == 1)
+        np.testing.assert_array_equal(b[0], x / (pid + 1) * 2)
+        assert b[1].dtype == np.uint8 and b[1] == 8
 
 
 @multiprocess
