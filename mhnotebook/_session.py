@@ -465,11 +465,12 @@ class Session:
                 pending, float('inf') if timeout is None else timeout, 'execute', on_tick=on_status
             )
         finally:
-            outputs = {
-                p: ''.join(getattr(ar, 'stdout', '') or '')
-                for p, ar in pending.items()
-                if ar.ready()
-            }
+            outputs = {}
+            for p, ar in pending.items():
+                if ar.ready():
+                    # The reply can come before the last output message.
+                    ar.wait_for_output(5.0)
+                    outputs[p] = ''.join(getattr(ar, 'stdout', '') or '')
             if echo:
                 _echo(outputs)
         return outputs
