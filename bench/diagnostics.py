@@ -256,9 +256,11 @@ def _run_check_overhead(reps: int) -> dict[str, list[float]]:
     import os
 
     import multihost
-    from multihost import _sequence
+    from multihost import _collectives, _sequence
 
-    x = np.arange(256, dtype=np.float32)
+    # Just above the small-exchange limit, so both runs take the device path
+    # and differ only by the check.
+    x = np.arange(_collectives.SMALL_EXCHANGE_BYTES // 4 // 4 + 1024, dtype=np.float32)
 
     def gather() -> None:
         multihost.process_allgather(x)

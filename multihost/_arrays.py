@@ -9,6 +9,7 @@ copied).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -34,6 +35,8 @@ def _flat_specs(what: str, tree: Any, pspecs: Any) -> list[Any]:
     """One pspec per leaf of ``tree``; ``pspecs`` may be any pytree prefix of it."""
     if pspecs is None:
         raise ValueError(_NONE_PSPEC)
+    if isinstance(pspecs, P):  # the common case: one spec for every leaf
+        return [pspecs] * len(jax.tree.leaves(tree))
     spec_leaves, spec_def = jax.tree.flatten(pspecs, is_leaf=_is_spec_leaf)
     try:
         subtrees = spec_def.flatten_up_to(tree)
@@ -125,6 +128,37 @@ def _is_float0(x: Any) -> bool:
     return getattr(x, 'dtype', None) == jax.dtypes.float0
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything about one (mesh, spec, shape) conversion that does not depend on the data."""
+
+    global_sharding: NamedSharding
+    local_sharding: NamedSharding
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    offset: tuple[int, ...]  # where this host's block starts in the global array
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(mesh: Mesh, spec: P, shape: tuple[int, ...], shape_is_local: bool) -> _Plan:
+    _check_contiguous(mesh)
+    factors = _factors(mesh, spec, len(shape))
+    if shape_is_local:
+        local_shape, global_shape = shape, tuple(n * f for n, f in zip(shape, factors))
+    else:
+        global_shape, local_shape = shape, tuple(n // f for n, f in zip(shape, factors))
+    global_sharding = NamedSharding(mesh, spec)
+    starts = global_sharding.addressable_devices_indices_map(global_shape).values()
+    offset = tuple(min(idx[d].start or 0 for idx in starts) for d in range(len(global_shape)))
+    return _Plan(
+        global_sharding, NamedSharding(mesh.local_mesh, spec), global_shape, local_shape, offset
+    )
+
+
+def _same_sharding(x: jax.Array, sharding: NamedSharding) -> bool:
+    return x.sharding == sharding or x.sharding.is_equivalent_to(sharding, x.ndim)
+
+
 def _local_to_global(x: Any, mesh: Mesh, spec: P) -> Any:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         return x  # already global
@@ -135,19 +169,18 @@ def _local_to_global(x: Any, mesh: Mesh, spec: P) -> Any:
         x = np.zeros(x.shape, dtype=bool)
     if not hasattr(x, 'shape'):
         x = np.asarray(x)
-    _check_contiguous(mesh)
-    local_sharding = NamedSharding(mesh.local_mesh, spec)
-    global_shape = tuple(n * f for n, f in zip(x.shape, _factors(mesh, spec, x.ndim)))
-    global_sharding = NamedSharding(mesh, spec)
-    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(local_sharding, x.ndim):
+    plan = _plan(mesh, spec, tuple(x.shape), True)
+    if isinstance(x, jax.Array) and _same_sharding(x, plan.local_sharding):
         bufs = [s.data for s in x.addressable_shards]  # zero copy
-        return jax.make_array_from_single_device_arrays(global_shape, global_sharding, bufs)
-    # The host's devices form a box of the mesh (checked above), so its local
-    # data is the global array's block starting at `offset`: every device's
-    # global index, shifted by it, indexes the local data. The callback form
-    # puts all local pieces in one batched transfer.
+        return jax.make_array_from_single_device_arrays(
+            plan.global_shape, plan.global_sharding, bufs
+        )
+    # The host's devices form a box of the mesh (checked in _plan), so its
+    # local data is the global array's block starting at `offset`: every
+    # device's global index, shifted by it, indexes the local data. The
+    # callback form puts all local pieces in one batched transfer.
     host = np.asarray(x)
-    offset = _host_offset(global_sharding, global_shape)
+    offset = plan.offset
 
     def local_piece(index: tuple[slice, ...]) -> np.ndarray:
         return host[
@@ -157,14 +190,7 @@ def _local_to_global(x: Any, mesh: Mesh, spec: P) -> Any:
             )
         ]
 
-    return jax.make_array_from_callback(global_shape, global_sharding, local_piece)
-
-
-@functools.lru_cache(maxsize=256)
-def _host_offset(sharding: NamedSharding, global_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Where this host's block starts in the global array, per dimension."""
-    starts = sharding.addressable_devices_indices_map(global_shape).values()
-    return tuple(min(idx[d].start or 0 for idx in starts) for d in range(len(global_shape)))
+    return jax.make_array_from_callback(plan.global_shape, plan.global_sharding, local_piece)
 
 
 def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh, pspecs: Any) -> Any:
@@ -212,25 +238,22 @@ def _global_to_local(x: Any, mesh: Mesh, spec: P) -> Any:
         x = np.zeros(x.shape, dtype=bool)
     if not hasattr(x, 'shape'):
         x = np.asarray(x)
-    _check_contiguous(mesh)
-    global_sharding = NamedSharding(mesh, spec)
-    local_sharding = NamedSharding(mesh.local_mesh, spec)
-    local_shape = tuple(n // f for n, f in zip(x.shape, _factors(mesh, spec, x.ndim)))
+    plan = _plan(mesh, spec, tuple(x.shape), False)
     if isinstance(x, jax.Array):
-        if not x.sharding.is_equivalent_to(global_sharding, x.ndim):
+        if not _same_sharding(x, plan.global_sharding):
             if _sequence.checking_enabled():
                 _sequence.enter(
                     'global_array_to_host_local_array',
                     'reshard',
                     tree_digest=_sequence.digest((x.shape, str(x.dtype), spec)),
                 )
-            x = jax.device_put(x, global_sharding)
+            x = jax.device_put(x, plan.global_sharding)
         bufs = [s.data for s in x.addressable_shards]  # zero copy
     else:
         # A numpy value stands for the whole global array: keep this host's part.
-        index = global_sharding.addressable_devices_indices_map(x.shape)
+        index = plan.global_sharding.addressable_devices_indices_map(x.shape)
         bufs = jax.device_put([x[i] for i in index.values()], list(index.keys()))
-    return jax.make_array_from_single_device_arrays(local_shape, local_sharding, bufs)
+    return jax.make_array_from_single_device_arrays(plan.local_shape, plan.local_sharding, bufs)
 
 
 def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh, pspecs: Any) -> Any:
