@@ -62,8 +62,10 @@ multihost.barrier('after-eval', timeout=60)   # ... while the others wait here
 def _page(title: str, body: str) -> str:
     from mhnotebook._widgets_common import CSS
 
-    return (f'<!doctype html><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f'{CSS}<body style="font-family: sans-serif">{body}</body>')
+    return (
+        f'<!doctype html><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f'{CSS}<body style="font-family: sans-serif">{body}</body>'
+    )
 
 
 def run(out: str, hosts: int, devices: int) -> int:
@@ -81,16 +83,20 @@ def run(out: str, hosts: int, devices: int) -> int:
 
     t0 = time.perf_counter()
     with mhnotebook.start_local(hosts, devices) as session:
-        say(f'{hosts} hosts x {devices} CPU devices up in {time.perf_counter() - t0:.1f} s '
-            f'(engines by process index: {session.engine_ids})')
+        say(
+            f'{hosts} hosts x {devices} CPU devices up in {time.perf_counter() - t0:.1f} s '
+            f'(engines by process index: {session.engine_ids})'
+        )
         session.execute(SETUP, timeout=300, echo=False)
 
         # 1. gather
         t = time.perf_counter()
         w = session.allgather('w')
         exact = np.array_equal(w, np.arange(16 * 12, dtype=np.float32).reshape(16, 12))
-        say(f"\n1. gathered w: {w.dtype}{list(w.shape)} in {(time.perf_counter() - t) * 1e3:.1f} "
-            f'ms, exact: {exact}')
+        say(
+            f'\n1. gathered w: {w.dtype}{list(w.shape)} in {(time.perf_counter() - t) * 1e3:.1f} '
+            f'ms, exact: {exact}'
+        )
 
         # 2. layout of w
         layout, rep = session.layout('w')
@@ -102,13 +108,21 @@ def run(out: str, hosts: int, devices: int) -> int:
         layout_b, rep_b = session.layout('bias')
         with open(os.path.join(out, 'layout_bias.png'), 'wb') as f:
             f.write(render_layout_png(rep_b))
-        say(f'\n3. bias is P() (replicated), but replicas agree: {rep_b.ok}; '
-            f'odd hosts: {list(rep_b.odd_processes)} -> layout_bias.png\n{rep_b}')
+        say(
+            f'\n3. bias is P() (replicated), but replicas agree: {rep_b.ok}; '
+            f'odd hosts: {list(rep_b.odd_processes)} -> layout_bias.png\n{rep_b}'
+        )
         with open(os.path.join(out, 'layouts.html'), 'w') as f:
-            f.write(_page('layouts', ''.join(
-                f'<h2>{name}</h2>{header_html(lay, r)}<img src="layout_{name}.png">'
-                f'{legend_html(lay)}' for name, lay, r in
-                (('w', layout, rep), ('bias', layout_b, rep_b)))))
+            f.write(
+                _page(
+                    'layouts',
+                    ''.join(
+                        f'<h2>{name}</h2>{header_html(lay, r)}<img src="layout_{name}.png">'
+                        f'{legend_html(lay)}'
+                        for name, lay, r in (('w', layout, rep), ('bias', layout_b, rep_b))
+                    ),
+                )
+            )
 
         # 4. tree diff
         diff = session.diff('params')
@@ -141,8 +155,9 @@ def run(out: str, hosts: int, devices: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog='mhnotebook',
-                                     description='Debug multi-host JAX programs from a notebook.')
+    parser = argparse.ArgumentParser(
+        prog='mhnotebook', description='Debug multi-host JAX programs from a notebook.'
+    )
     sub = parser.add_subparsers(dest='command', required=True)
     demo = sub.add_parser('demo', help='run the toolkit end to end on simulated local hosts')
     demo.add_argument('--out', default='mhnotebook-demo', help='output folder')

@@ -39,7 +39,6 @@ PALETTE = (
 )
 
 #: Host lists in headers are cut after this many ranges.
-_MAX_RANGES = 8
 
 
 def host_color(process: int) -> str:
@@ -57,25 +56,6 @@ def text_color(fill: str) -> str:
 def esc(value: Any) -> str:
     """HTML-escaped text (call sites such as ``<ipython-input-3>`` contain brackets)."""
     return html.escape(str(value), quote=True)
-
-
-def fmt_hosts(hosts: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``'processes 0-2, 5'`` (bounded: long lists are cut)."""
-    hosts = sorted(set(hosts))
-    if not hosts:
-        return 'no process'
-    ranges: list[str] = []
-    i = 0
-    while i < len(hosts):
-        j = i
-        while j + 1 < len(hosts) and hosts[j + 1] == hosts[j] + 1:
-            j += 1
-        ranges.append(str(hosts[i]) if i == j else f'{hosts[i]}-{hosts[j]}')
-        i = j + 1
-    text = ', '.join(ranges[:_MAX_RANGES])
-    if len(ranges) > _MAX_RANGES:
-        text += f', ... ({len(hosts)} in all)'
-    return ('process ' if len(hosts) == 1 else 'processes ') + text
 
 
 def swatch(process: int) -> str:

@@ -31,7 +31,6 @@ from mhnotebook._widgets_common import (
     banner,
     close_widgets,
     esc,
-    fmt_hosts,
     host_color,
     pre,
     swatch,
@@ -39,6 +38,7 @@ from mhnotebook._widgets_common import (
 )
 from multihost import Layout, LayoutBlock, ReplicaGroup, ReplicaReport
 from multihost._layout import Index, format_bytes, format_index
+from multihost._text import fmt_hosts
 
 #: More visible blocks than this: no button grid, the block list only.
 MAX_BUTTONS = 256

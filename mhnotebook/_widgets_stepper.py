@@ -30,10 +30,10 @@ from mhnotebook._widgets_common import (
     add_classes,
     banner,
     esc,
-    fmt_hosts,
     run_action,
 )
 from multihost import CollectiveRecord, Step, StepTable
+from multihost._text import fmt_hosts
 
 #: More hosts than this: hosts whose columns are identical share one column.
 MAX_HOST_COLUMNS = 16

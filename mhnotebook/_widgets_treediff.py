@@ -21,10 +21,10 @@ from mhnotebook._widgets_common import (
     banner,
     close_widgets,
     esc,
-    fmt_hosts,
     pre,
 )
 from multihost import LeafDiff, TreeDiff
+from multihost._text import fmt_hosts
 
 #: Differing leaves listed in the table and the expandable sections.
 MAX_ROWS = 100

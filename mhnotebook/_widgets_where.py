@@ -22,11 +22,11 @@ from mhnotebook._widgets_common import (
     add_classes,
     banner,
     esc,
-    fmt_hosts,
     pre,
     run_action,
 )
 from multihost import HostStacks
+from multihost._text import fmt_hosts
 
 #: Hosts listed in the table (the stack groups below still cover every host).
 MAX_ROWS = 64

@@ -198,7 +198,7 @@ def _loop(client: Any, pid: int, g: int, stop: threading.Event) -> None:
         except Exception as exc:
             if stop.is_set() or not _current_client(client):
                 return  # jax.distributed.shutdown() (CANCELLED) or a new session
-            if _sequence._is_timeout(exc):
+            if _sequence.is_timeout(exc):
                 # A command number whose issuer died before writing it would
                 # block every later command: skip it after two idle slices.
                 try:
@@ -270,7 +270,7 @@ def _command(client: Any, cmd: str, timeout: float) -> tuple[dict[int, str], dic
         try:
             replies[p] = client.blocking_key_value_get(_key('rep', g, p), _ms(left))
         except Exception as exc:
-            if not _sequence._is_timeout(exc):
+            if not _sequence.is_timeout(exc):
                 raise
             break  # out of time: pick up whoever answered below
     prefix = _key('rep', g) + '/'
@@ -630,7 +630,7 @@ def _wait_release(client: Any, seq: int, released: threading.Event) -> None:
         except Exception as exc:
             if not _current_client(client):
                 return
-            if not _sequence._is_timeout(exc):
+            if not _sequence.is_timeout(exc):
                 released.wait(1.0)
             continue
         released.set()

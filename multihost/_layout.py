@@ -763,11 +763,6 @@ def _report(layout: Layout, digests: dict[int, str]) -> ReplicaReport:
     return ReplicaReport(layout=layout, groups=tuple(groups))
 
 
-def _is_timeout(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return 'deadline_exceeded' in text or 'timed out' in text or 'timeout' in text
-
-
 def _published(client: Any, directory: str) -> dict[int, dict[int, str]]:
     out = {}
     for key, value in client.key_value_dir_get(directory):
@@ -782,7 +777,7 @@ def _wait(client: Any, barrier: str, directory: str, seq: int, timeout: float, s
     try:
         client.wait_at_barrier(barrier, max(1, int(timeout * 1000)))
     except Exception as exc:  # XlaRuntimeError; its type moved between JAX versions
-        if not _is_timeout(exc):
+        if not _sequence.is_timeout(exc):
             raise
         try:
             arrived = set(_published(client, directory))

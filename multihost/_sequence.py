@@ -184,7 +184,8 @@ def positions(client: Any | None = None) -> dict[int, CollectiveRecord]:
     return latest
 
 
-def _is_timeout(exc: BaseException) -> bool:
+def is_timeout(exc: BaseException) -> bool:
+    """Whether a coordination-service error is a deadline (barrier or blocking get)."""
     text = str(exc)
     return (
         'DEADLINE_EXCEEDED' in text
@@ -221,20 +222,28 @@ def enter(
         CollectiveMismatchError: hosts called different collectives, or the
             same one on differently shaped data.
     """
-    return _enter(kind, name, tree_digest=tree_digest, timeout=timeout,
-                  site=site or call_site(), mismatch_prefix=mismatch_prefix)[0]
+    return _enter(
+        kind,
+        name,
+        tree_digest=tree_digest,
+        timeout=timeout,
+        site=site or call_site(),
+        mismatch_prefix=mismatch_prefix,
+    )[0]
 
 
-def exchange(kind: str, name: str, payload: bytes, *, tree_digest: str,
-             timeout: float | None = None) -> dict[int, bytes]:
+def exchange(
+    kind: str, name: str, payload: bytes, *, tree_digest: str, timeout: float | None = None
+) -> dict[int, bytes]:
     """Like `enter`, and every host's ``payload`` rides along: process index -> bytes.
 
     For small data only (it travels through the coordinator, base64 in the
     record): the check and the data movement are one exchange, no device work.
     Requires more than one process.
     """
-    _, raw = _enter(kind, name, tree_digest=tree_digest, timeout=timeout, site=call_site(),
-                    payload=payload)
+    _, raw = _enter(
+        kind, name, tree_digest=tree_digest, timeout=timeout, site=call_site(), payload=payload
+    )
     return {p: base64.b64decode(json.loads(v)['data']) for p, v in raw.items()}
 
 
@@ -287,7 +296,7 @@ def _enter(
     try:
         client.wait_at_barrier(_key('b', seq), max(1, int(timeout * 1000)))
     except Exception as exc:  # XlaRuntimeError; its type moved between versions
-        if not _is_timeout(exc):
+        if not is_timeout(exc):
             raise
         _raise_timeout(client, rec, timeout, exc)
     # 3. compare

@@ -61,6 +61,7 @@ import numpy as np
 
 from multihost import _jax_adapter, _sequence
 from multihost._errors import BarrierTimeoutError
+from multihost._text import fmt_hosts as _fmt_hosts
 
 #: Leaves with at most this many elements keep every host's values in their
 #: `LeafDiff` (so a view can show them side by side); larger leaves keep only
@@ -69,7 +70,6 @@ SMALL_LEAF = 64
 
 _PREFIX = 'mh/td'
 _MAX_PATH_CHARS = 160  # longest leaf path quoted in a message
-_MAX_HOSTS_LISTED = 8  # host lists in messages are cut after this many ranges
 _BROADCAST_CHUNK = 64 << 20  # bytes per broadcast of reference values
 _COMPARE_CHUNK = 1 << 20  # elements compared at a time (bounds temporaries)
 
@@ -78,23 +78,6 @@ KINDS = ('structure', 'shape', 'dtype', 'value')
 
 
 # -- the model -----------------------------------------------------------------
-
-
-def _fmt_hosts(hosts: tuple[int, ...] | list[int]) -> str:
-    """``process 3`` / ``processes 0-2, 5`` (bounded: long lists are cut)."""
-    hosts = sorted(hosts)
-    ranges: list[str] = []
-    i = 0
-    while i < len(hosts):
-        j = i
-        while j + 1 < len(hosts) and hosts[j + 1] == hosts[j] + 1:
-            j += 1
-        ranges.append(str(hosts[i]) if i == j else f'{hosts[i]}-{hosts[j]}')
-        i = j + 1
-    text = ', '.join(ranges[:_MAX_HOSTS_LISTED])
-    if len(ranges) > _MAX_HOSTS_LISTED:
-        text += f', ... ({len(hosts)} in all)'
-    return ('process ' if len(hosts) == 1 else 'processes ') + text
 
 
 def _fmt_path(path: str) -> str:
@@ -453,15 +436,6 @@ def _broadcast_bytes(buf: np.ndarray | None, nbytes: int, source: bool) -> np.nd
 _last_dir: list[str] = []  # this process's previous tree-diff key directory
 
 
-def _is_timeout(exc: BaseException) -> bool:
-    text = str(exc)
-    return (
-        'DEADLINE_EXCEEDED' in text
-        or 'timed out' in text.lower()
-        or ('Barrier' in text and 'timeout' in text.lower())
-    )
-
-
 def _wait(
     client: Any, barrier: str, directory: str, timeout: float, rec: _sequence.CollectiveRecord
 ) -> None:
@@ -469,7 +443,7 @@ def _wait(
     try:
         client.wait_at_barrier(barrier, max(1, int(timeout * 1000)))
     except Exception as exc:  # XlaRuntimeError; its type moved between versions
-        if not _is_timeout(exc):
+        if not _sequence.is_timeout(exc):
             raise
         try:
             arrived = {

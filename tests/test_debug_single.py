@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 from multiprocessing import AuthenticationError
@@ -83,7 +84,16 @@ def test_dump_stacks_single_process_sees_blocked_main_thread():
     out = {}
     done = threading.Event()
 
+    main = threading.get_ident()
+
     def helper():
+        # Collect only once the main thread is really blocked in done.wait().
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            if frame is not None and frame.f_code.co_name == 'wait':
+                break
+            time.sleep(0.01)
         out['stacks'] = multihost.dump_stacks(timeout=5)
         done.set()
 
