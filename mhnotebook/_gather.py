@@ -18,7 +18,9 @@ import math
 import os
 import re
 import tempfile
+import threading
 import uuid
+import weakref
 from typing import Any
 
 import numpy as np
@@ -161,29 +163,99 @@ def _gather_shm(
         layout.append((offset, leaf['shape'], leaf['dtype'].str))
         offset += math.prod(leaf['shape']) * leaf['dtype'].itemsize
     total = max(offset, 1)
-    fd, path = tempfile.mkstemp(prefix=f'mhnb-{uuid.uuid4().hex[:8]}-', dir=_SHM_DIR)
+    pool = _pool(session)
+    buf = pool.acquire(total)
     bar = _Bar(total, session.num_hosts, progress)
     try:
-        os.ftruncate(fd, total)
         session.call(
             'multihost.engine.gather_write',
             name,
-            path,
+            buf.path,
             layout,
             namespace=True,
             timeout=timeout,
             on_done=bar.step,
         )
-        mm = np.memmap(path, dtype=np.uint8, mode='r+', shape=(total,))
+    except BaseException:
+        pool.release(buf)
+        raise
     finally:
-        os.close(fd)
-        os.unlink(path)  # the mapping keeps the memory alive
         bar.close()
-    base = mm.view(np.ndarray)
+    # The result is a view of the pooled buffer; when the last of its leaves
+    # (and every view of them) is gone, the buffer goes back to the pool.
+    base = buf.mm[:total].view(np.ndarray)
+    weakref.finalize(base, pool.release, buf)
     leaves = [
         np.ndarray(shape, dtype=np.dtype(dt), buffer=base, offset=off) for off, shape, dt in layout
     ]
     return _unflatten(metas[0]['skeleton'], leaves)
+
+
+class _Buffer:
+    def __init__(self, path: str, size: int):
+        self.path, self.size = path, size
+        self.mm = np.memmap(path, dtype=np.uint8, mode='r+', shape=(size,))
+
+
+class ShmPool:
+    """Shared-memory files the engines write gathers into, reused once a result is dropped.
+
+    A fresh buffer costs first-touch page faults on every page, in the engines
+    and here; a reused one costs none, so gathering the same variable again
+    (the usual debugging loop) runs at memory speed. Free buffers above
+    ``keep_bytes`` are unlinked. `close` unlinks everything; results still
+    held stay valid (unlinked files live while mapped).
+    """
+
+    def __init__(self, keep_bytes: int = 1 << 30):
+        self.keep_bytes = keep_bytes
+        self.free: list[_Buffer] = []
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def acquire(self, size: int) -> _Buffer:
+        with self._lock:
+            fits = [b for b in self.free if size <= b.size <= 2 * size]
+            if fits:
+                buf = min(fits, key=lambda b: b.size)
+                self.free.remove(buf)
+                return buf
+        fd, path = tempfile.mkstemp(prefix=f'mhnb-{uuid.uuid4().hex[:8]}-', dir=_SHM_DIR)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        return _Buffer(path, size)
+
+    def release(self, buf: _Buffer) -> None:
+        with self._lock:
+            if not self.closed:
+                self.free.append(buf)
+                while sum(b.size for b in self.free) > self.keep_bytes:
+                    _unlink(self.free.pop(0))
+                return
+        _unlink(buf)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            free, self.free = self.free, []
+        for buf in free:
+            _unlink(buf)
+
+
+def _unlink(buf: _Buffer) -> None:
+    try:
+        os.unlink(buf.path)
+    except FileNotFoundError:
+        pass
+
+
+def _pool(session: Session) -> ShmPool:
+    pool = getattr(session, '_shm_pool', None)
+    if pool is None:
+        pool = session._shm_pool = ShmPool()
+    return pool
 
 
 def _gather_zmq(session: Session, name: str, timeout: float, progress: bool | None) -> Any:

@@ -557,6 +557,10 @@ class Session:
         if self._control is not None:
             self._control.close()
             self._control = None
+        pool = getattr(self, '_shm_pool', None)
+        if pool is not None:
+            pool.close()
+            self._shm_pool = None
         try:
             self.client.close()
         except Exception:

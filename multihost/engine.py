@@ -288,7 +288,7 @@ def gather_write(
     leaves, _, paths = _flatten(lookup(namespace, name))
     pid = jax.process_index()
     written = 0
-    mm = np.memmap(path, dtype=np.uint8, mode='r+')
+    mm = _mapping(path)
     try:
         for x, (offset, shape, dtype), p in zip(leaves, layout, paths):
             meta = _leaf_meta(p, x)
@@ -303,10 +303,28 @@ def gather_write(
                 a = np.asarray(x)
                 out[pid] = a
                 written += a.nbytes
-        mm.flush()
     finally:
         del mm
     return written
+
+
+# The notebook reuses its shared-memory buffers across gathers (see
+# mhnotebook/_gather.py), so keeping them mapped here spares every later
+# gather the page faults of mapping them again.
+_MAPPINGS: dict[str, np.memmap] = {}
+_MAX_MAPPINGS = 8
+
+
+def _mapping(path: str) -> np.memmap:
+    for old in [p for p in _MAPPINGS if p != path and not os.path.exists(p)]:
+        del _MAPPINGS[old]  # the notebook unlinked it: let the memory go
+    mm = _MAPPINGS.pop(path, None)
+    if mm is None or mm.size != os.path.getsize(path):
+        mm = np.memmap(path, dtype=np.uint8, mode='r+')
+    _MAPPINGS[path] = mm  # most recently used last
+    while len(_MAPPINGS) > _MAX_MAPPINGS:
+        del _MAPPINGS[next(iter(_MAPPINGS))]
+    return mm
 
 
 def gather_local(namespace: dict[str, Any], name: str) -> dict[str, Any]:

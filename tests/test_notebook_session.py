@@ -271,3 +271,30 @@ def test_stepping_from_the_notebook(session):
         ip.run_line_magic('mh_wait', '--timeout 60')
     assert cap.stdout.count('] done') == 4, cap.stdout
     magics.session = None
+
+
+def test_shm_buffers_are_reused_only_after_results_are_dropped(session):
+    """A kept result is never overwritten by a later gather; a dropped one's buffer is reused."""
+    import gc
+
+    session.execute('counter = a_x + 0', echo=False)
+    first = session.allgather('counter', transport='shm')
+    kept = first.copy()
+    session.execute('counter = a_x + 1', echo=False)
+    second = session.allgather('counter', transport='shm')
+    np.testing.assert_array_equal(first, kept)  # untouched by the second gather
+    np.testing.assert_array_equal(second, kept + 1)
+    pool = session._shm_pool
+    in_use = {id(b) for b in pool.free}
+    del first
+    gc.collect()
+    freed = [b for b in pool.free if id(b) not in in_use]
+    assert len(freed) == 1, 'the dropped result did not give its buffer back'
+    third = session.allgather('counter', transport='shm')
+    assert freed[0] not in pool.free  # reused
+    np.testing.assert_array_equal(third, kept + 1)
+    view = third[2:5]
+    del third
+    gc.collect()
+    assert freed[0] not in pool.free  # a view still holds it
+    np.testing.assert_array_equal(view, (kept + 1)[2:5])
