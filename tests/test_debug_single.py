@@ -85,13 +85,17 @@ def test_dump_stacks_single_process_sees_blocked_main_thread():
     done = threading.Event()
 
     main = threading.get_ident()
+    test_name = 'test_dump_stacks_single_process_sees_blocked_main_thread'
+    wait_line = sys._getframe().f_lineno + 16  # the `assert done.wait(20)` line below
 
     def helper():
         # Collect only once the main thread is really blocked in done.wait().
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             frame = sys._current_frames().get(main)
-            if frame is not None and frame.f_code.co_name == 'wait':
+            while frame is not None and frame.f_code.co_name != test_name:
+                frame = frame.f_back
+            if frame is not None and frame.f_lineno == wait_line:
                 break
             time.sleep(0.01)
         out['stacks'] = multihost.dump_stacks(timeout=5)
