@@ -4,9 +4,33 @@ Sessions (`start_local`, `connect`) drive one JAX process per ipyparallel
 engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
 """
 
-from mhnotebook._session import HostInfo, HostsError, Session, SessionError, connect, start_local
+from mhnotebook._session import (
+    HostInfo,
+    HostsError,
+    Session,
+    SessionError,
+    SessionTimeout,
+    connect,
+    start_local,
+)
 
-__all__ = ['HostInfo', 'HostsError', 'Session', 'SessionError', 'connect', 'start_local']
+__all__ = [
+    'HostInfo',
+    'HostsError',
+    'Session',
+    'SessionError',
+    'SessionTimeout',
+    'connect',
+    'current_session',
+    'start_local',
+]
+
+
+def current_session() -> Session:
+    """The session the ``%mh_*`` magics use (started by ``%mh_cluster``)."""
+    from mhnotebook._magics import current_session as current
+
+    return current()
 
 
 def load_ipython_extension(ipython):  # noqa: D103 - IPython's extension hook

@@ -54,6 +54,17 @@ def _describe(value: Any) -> str:
     return f'pytree of {len(leaves)} arrays ({human})'
 
 
+_current: list[Session | None] = [None]  # the magics' session (one per kernel)
+
+
+def current_session() -> Session:
+    """The session the ``%mh_*`` magics use (started by ``%mh_cluster``), for Python code."""
+    session = _current[0]
+    if session is None or not session.running:
+        raise SessionError(NO_SESSION)
+    return session
+
+
 class _LiveStatus:
     """A one-line per-host status that updates in place while a cell runs."""
 
@@ -76,7 +87,6 @@ class MultihostMagics(Magics):
 
     def __init__(self, shell: Any):
         super().__init__(shell)
-        self.session: Session | None = None
         self.stepping = False
         self.background: dict[int, Any] | None = None
 
@@ -84,6 +94,14 @@ class MultihostMagics(Magics):
         if self.session is None or not self.session.running:
             raise UsageError(NO_SESSION)
         return self.session
+
+    @property
+    def session(self) -> Session | None:
+        return _current[0]
+
+    @session.setter
+    def session(self, value: Session | None) -> None:
+        _current[0] = value
 
     # -- %mh_cluster -----------------------------------------------------------
     @magic_arguments.magic_arguments()
@@ -188,16 +206,22 @@ class MultihostMagics(Magics):
             )
             return
         status = _LiveStatus()
+        pending = session.execute_async(cell)
         try:
-            session.execute(cell, timeout=args.timeout, on_status=status)
+            session.wait_outputs(pending, timeout=args.timeout, on_status=status)
         except SessionTimeout as exc:
+            self.background = pending  # %mh_wait collects it later
             print(
                 f'%%mh: hosts {exc.pending} still running after {args.timeout:g} s '
-                f'(finished: {exc.finished}). Where they are:'
+                f'(finished: {exc.finished}); %mh_wait collects the output. Where they are:'
             )
             self._show_where(session)
         except KeyboardInterrupt:
-            print('%%mh: interrupted; the cell keeps running on the hosts. Where they are:')
+            self.background = pending
+            print(
+                '%%mh: interrupted; the cell keeps running on the hosts (%mh_wait, or '
+                'session.interrupt()). Where they are:'
+            )
             self._show_where(session)
         except HostsError as exc:
             _print_errors(exc)

@@ -475,6 +475,16 @@ class Session:
                 _echo(outputs)
         return outputs
 
+    def interrupt(self) -> None:
+        """Sends SIGINT to every engine: running code gets a KeyboardInterrupt.
+
+        A host waiting at the step gate reacts within half a second; a host
+        blocked inside a native XLA collective may not react at all (then
+        `restart`).
+        """
+        self._check()
+        self.client.send_signal(signal.SIGINT, targets=self.engine_ids, block=True)
+
     # -- views -------------------------------------------------------------------
     def layout_view(self, name: str, *, values: bool = True, axes: Any = None) -> Any:
         """A `LayoutView` of engine array ``name``: blocks by host, replicas checked.
@@ -516,6 +526,7 @@ class Session:
             return self.step_table()
 
         def stop() -> Any:
+            self.interrupt()  # hosts held at the gate raise KeyboardInterrupt
             self.set_stepping(False)
             return self.step_table()
 

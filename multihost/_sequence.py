@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
+import contextvars
 import dataclasses
 import json
 import os
@@ -38,6 +40,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 from multihost import _jax_adapter
@@ -123,8 +126,30 @@ def digest(obj: Any) -> str:
     return format(zlib.crc32(repr(obj).encode()), '08x')
 
 
+_site_override: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    'multihost_call_site', default=None
+)
+
+
+@contextlib.contextmanager
+def called_from(site: str) -> Iterator[None]:
+    """Within this block, collectives record ``site`` as their call site.
+
+    For callers whose own frames say nothing useful, e.g. the notebook's
+    ``%mh_diff params`` arriving through ipyparallel.
+    """
+    token = _site_override.set(site)
+    try:
+        yield
+    finally:
+        _site_override.reset(token)
+
+
 def call_site() -> str:
     """``file:line`` of the innermost frame outside the `multihost` package."""
+    override = _site_override.get()
+    if override is not None:
+        return override
     here = os.path.dirname(os.path.abspath(__file__))
     frame = sys._getframe(1)
     while frame is not None:

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from multihost import _sequence
+
 __all__ = [
     'GatherError',
     'engine_info',
@@ -351,7 +353,8 @@ def barrier(name: str, timeout: float | None = None) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     try:
-        multihost.barrier(name, timeout=timeout)
+        with _sequence.called_from(f'notebook: %mh_barrier {name}'):
+            multihost.barrier(name, timeout=timeout)
     except multihost.BarrierTimeoutError as exc:
         return dict(
             ok=False,
@@ -392,7 +395,7 @@ def layout(namespace: dict[str, Any], name: str, check: bool = True) -> tuple[An
     import multihost
 
     value = lookup(namespace, name)
-    if not isinstance(value, (jax.Array, np.ndarray)):
+    if not isinstance(value, jax.Array | np.ndarray):
         leaves = jax.tree_util.tree_flatten_with_path(value)[0]
         paths = [jax.tree_util.keystr(p) for p, _ in leaves[:5]]
         raise GatherError(
@@ -404,7 +407,8 @@ def layout(namespace: dict[str, Any], name: str, check: bool = True) -> tuple[An
     described = multihost.describe_layout(value)
     report = None
     if check and isinstance(value, jax.Array):
-        report = multihost.check_replicas(value)
+        with _sequence.called_from(f'notebook: %mh_layout {name}'):
+            report = multihost.check_replicas(value)
     return described, report
 
 
@@ -412,4 +416,5 @@ def diff(namespace: dict[str, Any], name: str, timeout: float | None = None) -> 
     """`multihost.tree_diff` of ``name`` (a collective: every host must call it)."""
     import multihost
 
-    return multihost.tree_diff(lookup(namespace, name), timeout=timeout)
+    with _sequence.called_from(f'notebook: %mh_diff {name}'):
+        return multihost.tree_diff(lookup(namespace, name), timeout=timeout)
