@@ -33,9 +33,10 @@ def reached_preemption_sync_point(step_id: int) -> bool:
       RuntimeError: the preemption sync manager is not running (the
         ``jax_enable_preemption_service`` config was off at initialization).
     """
-    if _jax_adapter.client() is None:
+    state = _jax_adapter.distributed_state()  # called every step: one lookup
+    if state.client is None:
         return False
-    manager = _jax_adapter.preemption_sync_manager()
+    manager = state.preemption_sync_manager
     if manager is None:
         raise RuntimeError(
             'Preemption sync manager has not been initialized. Make sure the'

@@ -43,6 +43,16 @@ def preemption_sync_manager() -> Any | None:
     return _distributed.global_state.preemption_sync_manager
 
 
+def distributed_state() -> Any:
+    """The process-wide distributed state (``.client``, ``.preemption_sync_manager``).
+
+    INTERNAL: `jax._src.distributed.global_state` itself, for hot paths that
+    read both attributes per call (`reached_preemption_sync_point` runs every
+    training step) without two function calls.
+    """
+    return _distributed.global_state
+
+
 def coordinator_address() -> str | None:
     """The coordinator address `jax.distributed.initialize` connected to.
 
