@@ -12,6 +12,10 @@ import jax
 from multihost import _jax_adapter
 from multihost._errors import ProcessFailureError
 
+# The process-wide distributed state: one object for the life of the process
+# (`jax.distributed.initialize` fills it in; it is never replaced).
+_STATE = _jax_adapter.distributed_state()
+
 
 def reached_preemption_sync_point(step_id: int) -> bool:
     """Whether every host has reached the step at which to save after a preemption notice.
@@ -33,7 +37,7 @@ def reached_preemption_sync_point(step_id: int) -> bool:
       RuntimeError: the preemption sync manager is not running (the
         ``jax_enable_preemption_service`` config was off at initialization).
     """
-    state = _jax_adapter.distributed_state()  # called every step: one lookup
+    state = _STATE  # called every training step: no function call on the way
     if state.client is None:
         return False
     manager = state.preemption_sync_manager
