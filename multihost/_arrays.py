@@ -159,17 +159,23 @@ def _same_sharding(x: jax.Array, sharding: NamedSharding) -> bool:
     return x.sharding == sharding or x.sharding.is_equivalent_to(sharding, x.ndim)
 
 
-def _local_to_global(x: Any, mesh: Mesh, spec: P) -> Any:
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        return x  # already global
-    if _is_key(x):
-        data = _local_to_global(jax.random.key_data(x), mesh, spec)
+def _convert(x: Any, mesh: Mesh, spec: P, to_global: bool) -> Any:
+    """One leaf, either way: what both conversions do before their own work."""
+    if isinstance(x, jax.Array) and x.is_fully_addressable != to_global:
+        return x  # already on the requested side
+    if _is_key(x):  # convert the key data, wrap it again
+        data = _convert(jax.random.key_data(x), mesh, spec, to_global)
         return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
     if _is_float0(x):
         x = np.zeros(x.shape, dtype=bool)
     if not hasattr(x, 'shape'):
         x = np.asarray(x)
-    plan = _plan(mesh, spec, tuple(x.shape), True)
+    plan = _plan(mesh, spec, tuple(x.shape), to_global)
+    return (_to_global if to_global else _to_local)(x, spec, plan)
+
+
+def _to_global(x: Any, spec: P, plan: _Plan) -> jax.Array:
+    """This host's local data as its block of the global array."""
     if isinstance(x, jax.Array) and _same_sharding(x, plan.local_sharding):
         bufs = [s.data for s in x.addressable_shards]  # zero copy
         return jax.make_array_from_single_device_arrays(
@@ -224,21 +230,12 @@ def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh, pspec
     specs = _flat_specs('input pspecs', local_inputs, pspecs)
     leaves, treedef = jax.tree.flatten(local_inputs)
     return jax.tree.unflatten(
-        treedef, [_local_to_global(x, global_mesh, s) for x, s in zip(leaves, specs)]
+        treedef, [_convert(x, global_mesh, s, True) for x, s in zip(leaves, specs)]
     )
 
 
-def _global_to_local(x: Any, mesh: Mesh, spec: P) -> Any:
-    if isinstance(x, jax.Array) and x.is_fully_addressable:
-        return x  # already host-local
-    if _is_key(x):
-        data = _global_to_local(jax.random.key_data(x), mesh, spec)
-        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
-    if _is_float0(x):
-        x = np.zeros(x.shape, dtype=bool)
-    if not hasattr(x, 'shape'):
-        x = np.asarray(x)
-    plan = _plan(mesh, spec, tuple(x.shape), False)
+def _to_local(x: Any, spec: P, plan: _Plan) -> jax.Array:
+    """This host's block of a global array, as a host-local array."""
     if isinstance(x, jax.Array):
         if not _same_sharding(x, plan.global_sharding):
             if _sequence.checking_enabled():
@@ -282,5 +279,5 @@ def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh, pspe
     specs = _flat_specs('output pspecs', global_inputs, pspecs)
     leaves, treedef = jax.tree.flatten(global_inputs)
     return jax.tree.unflatten(
-        treedef, [_global_to_local(x, global_mesh, s) for x, s in zip(leaves, specs)]
+        treedef, [_convert(x, global_mesh, s, False) for x, s in zip(leaves, specs)]
     )

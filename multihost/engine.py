@@ -355,28 +355,15 @@ def barrier(name: str, timeout: float | None = None) -> dict[str, Any]:
     try:
         with _sequence.called_from(f'notebook: %mh_barrier {name}'):
             multihost.barrier(name, timeout=timeout)
-    except multihost.BarrierTimeoutError as exc:
+    except (multihost.BarrierTimeoutError, multihost.CollectiveMismatchError) as exc:
+        # .missing for a timeout, .names for a name mismatch
+        extra = {k: getattr(exc, k) for k in ('missing', 'names') if hasattr(exc, k)}
         return dict(
             ok=False,
-            error='BarrierTimeoutError',
-            message=str(exc),
-            missing=exc.missing,
-            elapsed=time.perf_counter() - t0,
-        )
-    except multihost.BarrierMismatchError as exc:
-        return dict(
-            ok=False,
-            error='BarrierMismatchError',
-            message=str(exc),
-            names=exc.names,
-            elapsed=time.perf_counter() - t0,
-        )
-    except multihost.CollectiveMismatchError as exc:
-        return dict(
-            ok=False,
-            error='CollectiveMismatchError',
+            error=type(exc).__name__,
             message=str(exc),
             elapsed=time.perf_counter() - t0,
+            **extra,
         )
     return dict(ok=True, elapsed=time.perf_counter() - t0)
 
