@@ -52,6 +52,9 @@ def bench_gather(session, reps: int, mib: int) -> None:
     def ours():
         return session.allgather('big')
 
+    def ours_zmq():
+        return session.allgather('big', transport='zmq')
+
     def via_jax():
         session.execute('full = jmu.process_allgather(big, tiled=True)', timeout=600, echo=False)
         return client[e0].pull('full', block=True)
@@ -71,9 +74,10 @@ def bench_gather(session, reps: int, mib: int) -> None:
     np.testing.assert_array_equal(a[:2], expected_first_rows)
     np.testing.assert_array_equal(a, b)
     del a, b
-    times = {'ours': [], 'jax+pull': [], 'copyto': [], 'copyto_fresh': []}
+    times = {'ours': [], 'ours_zmq': [], 'jax+pull': [], 'copyto': [], 'copyto_fresh': []}
     cases = (
         ('ours', ours),
+        ('ours_zmq', ours_zmq),
         ('jax+pull', via_jax),
         ('copyto', copyto),
         ('copyto_fresh', copyto_fresh),
@@ -98,6 +102,9 @@ def bench_gather(session, reps: int, mib: int) -> None:
     )
     print(f'   Session.allgather            {m["ours"]:9.1f} ms   (buffers reused)')
     print(f'   Session.allgather, first     {cold_ms:9.1f} ms   (fresh shared memory)')
+    print(
+        f'   Session.allgather over zmq   {m["ours_zmq"]:9.1f} ms   (the path for remote engines)'
+    )
     print(
         f'   (a) process_allgather + pull {m["jax+pull"]:9.1f} ms   '
         f'speedup {m["jax+pull"] / m["ours"]:6.1f}x   (goal >= 10x)'
