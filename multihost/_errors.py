@@ -13,8 +13,9 @@ The hierarchy::
     │   │       (also a TimeoutError)
     │   └── StepTimeoutError                stepping: a step was not released
     │           (also a TimeoutError)       in time
-    └── ProcessFailureError                 `live_devices`: a process died or
-                                            restarted (same as JAX's)
+    └── jax...multihost_utils.ProcessFailureError
+        └── ProcessFailureError             `live_devices`: a process died or
+                                            restarted (JAX's handlers catch it)
 
 `CollectiveMismatchError` and `HostMismatchError` subclass `AssertionError`
 so code written against `jax.experimental.multihost_utils` (which raises
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from jax.experimental import multihost_utils as _jax_multihost_utils
 
 
 class MultihostError(Exception):
@@ -116,8 +119,11 @@ class StepTimeoutError(MultihostError, TimeoutError):
         self.timeout = timeout
 
 
-class ProcessFailureError(Exception):
+class ProcessFailureError(_jax_multihost_utils.ProcessFailureError):
     """Raised by `live_devices` when one or more processes have failed.
+
+    A subclass of JAX's own ``ProcessFailureError``, so handlers written for
+    ``jax.experimental.multihost_utils`` catch it too.
 
     Attributes:
         failed_devices: the set of devices whose processes died or restarted.
@@ -125,4 +131,4 @@ class ProcessFailureError(Exception):
 
     def __init__(self, failed_devices: set[Any]):
         self.failed_devices = failed_devices
-        super().__init__(f'Devices failed: {failed_devices}')
+        Exception.__init__(self, f'Devices failed: {failed_devices}')

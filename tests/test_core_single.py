@@ -259,3 +259,13 @@ def test_public_surface_is_pinned_and_documented():
         assert hasattr(multihost, name), name
         assert _documentation(name).strip(), f'{name} has no docstring'
     assert multihost.__doc__ and multihost.__doc__.strip()
+
+
+def test_process_failure_error_is_caught_by_jax_handlers():
+    """Code that catches JAX's ProcessFailureError also catches ours, with the same message."""
+    from jax.experimental import multihost_utils as jmu
+
+    err = multihost.ProcessFailureError({'d0'})
+    assert isinstance(err, jmu.ProcessFailureError)
+    assert err.failed_devices == {'d0'}
+    assert str(err) == str(jmu.ProcessFailureError({'d0'}))
