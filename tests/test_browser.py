@@ -97,8 +97,11 @@ def voila(tmp_path_factory):
 def _wait_for(predicate, timeout, what, page, period=0.5, action=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
-            return
+        try:
+            if predicate():
+                return
+        except Exception:  # the widget was re-rendered under us: look again
+            pass
         if action is not None:
             action()
         page.wait_for_timeout(period * 1000)
@@ -153,10 +156,15 @@ def test_quickstart_widgets_in_chromium(voila):
             grid = stepper.locator('.mh-stepper-grid')
             refresh = stepper.locator('.mh-refresh-button')
 
+            def waiting_texts():
+                # one atomic read: the grid is re-rendered by every refresh
+                return grid.evaluate(
+                    "g => [...g.querySelectorAll('td.mh-waiting')].map(td => td.innerText)"
+                )
+
             def held_at(name):
-                return lambda: (
-                    grid.locator('td.mh-waiting').count() == 4
-                    and name in grid.locator('td.mh-waiting').first.inner_text()
+                return lambda: (lambda t: len(t) == 4 and all(name in x for x in t))(
+                    waiting_texts()
                 )
 
             _wait_for(held_at('load'), 60, 'hosts held at load', page, action=refresh.click)
@@ -164,7 +172,7 @@ def test_quickstart_widgets_in_chromium(voila):
             _wait_for(held_at('train'), 60, 'hosts held at train', page, action=refresh.click)
             stepper.locator('.mh-continue-button').click()
             _wait_for(
-                lambda: grid.locator('td.mh-waiting').count() == 0,
+                lambda: not waiting_texts(),
                 60,
                 'every host released',
                 page,
