@@ -579,7 +579,10 @@ class Session:
         if self._cluster is not None:
             try:
                 # JAX's preemption service catches SIGTERM (a preemption notice),
-                # so engines of a local cluster are killed outright.
+                # so engines of a local cluster are killed outright, and
+                # ipyparallel's warnings about the non-zero exit (with each
+                # engine's whole log) are expected noise here.
+                self._cluster.log.setLevel(logging.ERROR)
                 self._cluster.signal_engines_sync(signal.SIGKILL)
             except Exception:
                 pass

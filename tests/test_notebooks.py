@@ -38,3 +38,9 @@ def test_notebook_runs_top_to_bottom(path):
         assert "['kernel'] [value] on process 3" in text
         assert "host 3: passed 'ckpt'" in text
         assert 'still running after 3 s' in text and "barrier('after-eval')" in text
+    if path.name == '02_divergence.ipynb':
+        assert "2: 'process_allgather'" in text and "0: 'barrier'" in text
+        assert 'different structure, shapes or dtypes' in text
+        assert 'params diverged. 1 of 2 leaves differ' in text and "['b'] (1,)" in text
+        assert 'missing [1]' in text
+        assert 'host 3 is back in step' in text
