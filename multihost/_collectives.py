@@ -148,13 +148,15 @@ def _canonical(x: Any) -> np.ndarray:
     return a if a.dtype == dtype else a.astype(dtype)
 
 
-def _small(arrays: list[np.ndarray]) -> bool:
-    total = sum(a.nbytes for a in arrays) * jax.process_count()
-    return (
-        _sequence.checking_enabled()
-        and total <= SMALL_EXCHANGE_BYTES
-        and all(a.dtype != object for a in arrays)
-    )
+def _fits_exchange(arrays: list[np.ndarray]) -> bool:
+    """Whether every host's share together, at device dtypes, fits `SMALL_EXCHANGE_BYTES`.
+
+    Decided from shapes and dtypes only, so large data is never converted here.
+    """
+    if any(a.dtype == object for a in arrays):
+        return False
+    per_host = sum(a.size * jax.dtypes.canonicalize_dtype(a.dtype).itemsize for a in arrays)
+    return per_host * jax.process_count() <= SMALL_EXCHANGE_BYTES
 
 
 def _split(payload: bytes, like: list[np.ndarray]) -> list[np.ndarray]:
@@ -201,11 +203,13 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
             outs.append(a if tiled and a.ndim > 0 else np.expand_dims(a, 0))
         return jax.tree.unflatten(treedef, outs)
 
-    digest = _tree_digest('allgather', treedef, leaves, tiled)
-    if not any(_is_global(x) for x in leaves):
-        mine = [_canonical(x) for x in leaves]
-        mine = [a if tiled and a.ndim > 0 else a[None] for a in mine]
-        if _small(mine):
+    checked = _sequence.checking_enabled()
+    digest = _tree_digest('allgather', treedef, leaves, tiled) if checked else ''
+    if checked and not any(_is_global(x) for x in leaves):
+        host = [np.asarray(x) for x in leaves]
+        if _fits_exchange(host):
+            mine = [_canonical(a) for a in host]
+            mine = [a if tiled and a.ndim > 0 else a[None] for a in mine]
             payloads = _sequence.exchange(
                 'process_allgather',
                 f'tiled={tiled}',
@@ -216,7 +220,7 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
             return jax.tree.unflatten(
                 treedef, [np.concatenate([h[i] for h in per_host]) for i in range(len(mine))]
             )
-    if _sequence.checking_enabled():
+    if checked:
         _sequence.enter('process_allgather', f'tiled={tiled}', tree_digest=digest)
     n, pid = jax.process_count(), jax.process_index()
     outs: list[Any] = [None] * len(leaves)
@@ -281,9 +285,11 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
         return jax.tree.unflatten(treedef, [np.asarray(x) for x in leaves])
     if is_source is None:
         is_source = jax.process_index() == 0
-    digest = _tree_digest('broadcast', treedef, leaves)
-    mine = [_canonical(x) for x in leaves]
-    if _small(mine):
+    checked = _sequence.checking_enabled()
+    digest = _tree_digest('broadcast', treedef, leaves) if checked else ''
+    host = [np.asarray(x) for x in leaves]
+    if checked and _fits_exchange(host):
+        mine = [_canonical(a) for a in host]
         # Only sources send data; the result is the sum of the sources' leaves
         # (as JAX's psum-based broadcast computes it).
         payloads = _sequence.exchange(
@@ -302,11 +308,10 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
             else:
                 outs.append(np.sum(np.stack([src[i] for src in sources]), axis=0, dtype=a.dtype))
         return jax.tree.unflatten(treedef, outs)
-    if _sequence.checking_enabled():
+    if checked:
         _sequence.enter('broadcast_one_to_all', '', tree_digest=digest)
     host_arrays = []
-    for x in leaves:
-        a = np.asarray(x)
+    for a in host:
         if not is_source:
             a = np.zeros_like(a)
         host_arrays.append(np.expand_dims(a, 0))
