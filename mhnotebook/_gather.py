@@ -118,7 +118,7 @@ def _shm_available(session: Session) -> bool:
     from multihost.engine import machine_id
 
     here = machine_id()
-    return os.path.isdir(_SHM_DIR) and all(h.machine == here for h in session.hosts)
+    return os.path.isdir(_SHM_DIR) and all(h.machine == here for h in session.processes)
 
 
 def allgather(
@@ -165,7 +165,7 @@ def _gather_shm(
     total = max(offset, 1)
     pool = _pool(session)
     buf = pool.acquire(total)
-    bar = _Bar(total, session.num_hosts, progress)
+    bar = _Bar(total, session.num_processes, progress)
     try:
         session.call(
             'multihost.engine.gather_write',

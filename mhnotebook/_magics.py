@@ -282,7 +282,7 @@ class MultihostMagics(Magics):
         except SessionError as exc:
             raise UsageError(str(exc)) from None
         self.shell.user_ns[out] = value
-        print(f'{out} = {name} gathered from {session.num_hosts} hosts: {_describe(value)}')
+        print(f'{out} = {name} gathered from {session.num_processes} hosts: {_describe(value)}')
 
     # -- %mh_barrier -----------------------------------------------------------------
     @magic_arguments.magic_arguments()

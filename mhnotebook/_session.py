@@ -155,20 +155,22 @@ class Session:
         client: the ipyparallel `Client`.
         engine_ids: engine ids ordered by `jax.process_index()` (as reported
             by the engines; never assumed equal to engine ids).
-        hosts: `HostInfo` per process index.
+        processes: `HostInfo` per process index.
     """
 
     def __init__(
         self,
         client: Any,
-        hosts: Sequence[HostInfo],
+        processes: Sequence[HostInfo],
         *,
         cluster: Any = None,
         start_options: dict[str, Any] | None = None,
     ):
         self.client = client
-        self.hosts: tuple[HostInfo, ...] = tuple(sorted(hosts, key=lambda h: h.process_index))
-        self.engine_ids: list[int] = [h.engine_id for h in self.hosts]
+        self.processes: tuple[HostInfo, ...] = tuple(
+            sorted(processes, key=lambda h: h.process_index)
+        )
+        self.engine_ids: list[int] = [h.engine_id for h in self.processes]
         self._cluster = cluster
         self._start_options = start_options
         self._stopped = False
@@ -180,15 +182,15 @@ class Session:
 
     # -- basics ----------------------------------------------------------------
     @property
-    def num_hosts(self) -> int:
-        return len(self.hosts)
+    def num_processes(self) -> int:
+        return len(self.processes)
 
     @property
     def running(self) -> bool:
         return not self._stopped
 
     def __repr__(self) -> str:
-        state = 'stopped' if self._stopped else f'{self.num_hosts} hosts'
+        state = 'stopped' if self._stopped else f'{self.num_processes} hosts'
         kind = 'local' if self._cluster is not None else 'connected'
         return f'<mhnotebook.Session {kind}, {state}, engines {self.engine_ids}>'
 
@@ -230,7 +232,7 @@ class Session:
             SessionError: some host did not answer within ``timeout``.
         """
         self._check()
-        procs = list(range(self.num_hosts)) if processes is None else list(processes)
+        procs = list(range(self.num_processes)) if processes is None else list(processes)
         tramp = _call_ns if namespace else _call
         pending = {
             p: self.client[self.engine_ids[p]].apply_async(tramp, qualname, *args, **kwargs)
@@ -326,11 +328,11 @@ class Session:
             self.execute_async(code), timeout=timeout, echo=echo, on_status=on_status
         )
 
-    def push(self, values: dict[str, Any], *, per_host: bool = False) -> None:
-        """Sets variables on every host (``per_host``: each value is a list indexed by process)."""
+    def push(self, values: dict[str, Any], *, per_process: bool = False) -> None:
+        """Sets variables on every host (``per_process``: each value is a list by process)."""
         self._check()
         for p, e in enumerate(self.engine_ids):
-            ns = {k: (v[p] if per_host else v) for k, v in values.items()}
+            ns = {k: (v[p] if per_process else v) for k, v in values.items()}
             self.client[e].push(ns, block=True)
 
     # -- gather ----------------------------------------------------------------
@@ -411,7 +413,7 @@ class Session:
                 _, port = self.call(
                     'multihost.engine.serve_control', self._control_key, processes=[0]
                 )[0]
-                self._control_address = (self.hosts[0].address, port)
+                self._control_address = (self.processes[0].address, port)
             self._control = ControlClient(self._control_address, self._control_key, timeout=15.0)
         return self._control
 
@@ -544,7 +546,7 @@ class Session:
         self._check()
         queue = self.client.queue_status(targets=self.engine_ids)
         out = {}
-        for h in self.hosts:
+        for h in self.processes:
             q = queue.get(h.engine_id, {})
             out[h.process_index] = dict(
                 engine_id=h.engine_id,
@@ -720,7 +722,7 @@ def _start_control(session: Session) -> None:
 
 def start_local(
     n: int = 4,
-    devices_per_host: int = 2,
+    devices_per_process: int = 2,
     *,
     timeout: float = 180.0,
     progress: bool = True,
@@ -734,7 +736,7 @@ def start_local(
 
     Args:
         n: number of simulated hosts (engines).
-        devices_per_host: CPU devices per host.
+        devices_per_process: CPU devices per host.
         timeout: seconds for the engines to come up and initialize JAX.
         progress: show progress while starting.
         **cluster_options: passed to `ipyparallel.Cluster`.
@@ -746,12 +748,13 @@ def start_local(
 
     from multihost.local import free_port
 
-    if n < 1 or devices_per_host < 1:
+    if n < 1 or devices_per_process < 1:
         raise ValueError(
-            f'need n >= 1 and devices_per_host >= 1, got n={n}, devices_per_host={devices_per_host}'
+            f'need n >= 1 and devices_per_process >= 1, got n={n}, '
+            f'devices_per_process={devices_per_process}'
         )
     show = _Progress(
-        progress, f'mhnotebook: starting {n} engines x {devices_per_host} CPU devices ...'
+        progress, f'mhnotebook: starting {n} engines x {devices_per_process} CPU devices ...'
     )
     t0 = time.monotonic()
     cluster_options.setdefault('log_level', logging.WARNING)
@@ -773,7 +776,7 @@ def start_local(
         )
         left = max(10.0, timeout - (time.monotonic() - t0))
         infos = _initialize(
-            client, engine_ids, f'127.0.0.1:{free_port()}', devices_per_host, 'cpu', left, show
+            client, engine_ids, f'127.0.0.1:{free_port()}', devices_per_process, 'cpu', left, show
         )
     except BaseException:
         try:
@@ -786,12 +789,12 @@ def start_local(
         _hosts_from_infos(infos),
         cluster=cluster,
         start_options=dict(
-            n=n, devices_per_host=devices_per_host, progress=progress, **cluster_options
+            n=n, devices_per_process=devices_per_process, progress=progress, **cluster_options
         ),
     )
     _start_control(session)
     show.update(
-        f'mhnotebook: {n} hosts x {devices_per_host} devices ready in '
+        f'mhnotebook: {n} hosts x {devices_per_process} devices ready in '
         f'{time.monotonic() - t0:.1f} s (engines {session.engine_ids})'
     )
     return session
@@ -804,7 +807,7 @@ def connect(
     cluster_id: str | None = None,
     n: int | None = None,
     coordinator: str | None = None,
-    devices_per_host: int | None = None,
+    devices_per_process: int | None = None,
     platform: str | None = None,
     timeout: float = 120.0,
     progress: bool = True,
@@ -822,7 +825,7 @@ def connect(
         cluster_id: cluster id within the profile.
         n: wait until this many engines are registered.
         coordinator: ``host:port`` for `jax.distributed.initialize`.
-        devices_per_host: CPU devices to simulate per engine (testing only).
+        devices_per_process: CPU devices to simulate per engine (testing only).
         platform: force a JAX platform on the engines (e.g. ``'cpu'``).
         timeout: seconds to wait for engines and initialization.
         progress: show progress while connecting.
@@ -864,7 +867,7 @@ def connect(
                 port = client[first].apply_sync(_call, 'multihost.engine.free_port')
                 coordinator = f'{infos[first]["address"]}:{port}'
             infos = _initialize(
-                client, engine_ids, coordinator, devices_per_host, platform, timeout, show
+                client, engine_ids, coordinator, devices_per_process, platform, timeout, show
             )
         counts = {i['process_count'] for i in infos.values()}
         if counts != {len(engine_ids)}:
@@ -879,6 +882,6 @@ def connect(
     session = Session(client, _hosts_from_infos(infos))
     _start_control(session)
     show.update(
-        f'mhnotebook: connected to {session.num_hosts} hosts (engines {session.engine_ids})'
+        f'mhnotebook: connected to {session.num_processes} hosts (engines {session.engine_ids})'
     )
     return session

@@ -71,7 +71,7 @@ class GridBlock:
         rows: ``(start, stop)`` along the row axis (``(0, 1)`` for a 0-d or
             1-d array).
         cols: ``(start, stop)`` along the column axis (``(0, 1)`` for a 0-d array).
-        hosts: sorted processes holding the block; each gets a stripe of its colour.
+        processes: sorted processes holding the block; each gets a stripe of its colour.
         flagged: whether the block's replicas differ (from a `ReplicaReport`).
         odd_devices: devices whose replica differs from the block's majority.
     """
@@ -79,7 +79,7 @@ class GridBlock:
     block: LayoutBlock
     rows: tuple[int, int]
     cols: tuple[int, int]
-    hosts: tuple[int, ...]
+    processes: tuple[int, ...]
     flagged: bool = False
     odd_devices: tuple[int | None, ...] = ()
 
@@ -100,8 +100,8 @@ class GridBlock:
 
     @property
     def colors(self) -> tuple[str, ...]:
-        """One colour per host holding the block (`hosts` order)."""
-        return tuple(host_color(h) for h in self.hosts)
+        """One colour per host holding the block (`processes` order)."""
+        return tuple(host_color(h) for h in self.processes)
 
     @property
     def label(self) -> str:
@@ -279,7 +279,7 @@ def layout_grid(
                 block=block,
                 rows=rows,
                 cols=cols,
-                hosts=block.process_indices,
+                processes=block.process_indices,
                 flagged=group is not None,
                 odd_devices=group.odd_devices if group else (),
             )
@@ -358,7 +358,7 @@ def render_layout_png(
     fills, fill_colors, outlines, flagged = [], [], [], []
     for b in grid.blocks:
         (y0, y1), (x0, x1) = b.rows, b.cols
-        hosts = b.hosts[:MAX_STRIPES] or (0,)
+        hosts = b.processes[:MAX_STRIPES] or (0,)
         step = (x1 - x0) / len(hosts)
         for j, h in enumerate(hosts):
             fills.append(Rectangle((x0 + j * step, y0), step, y1 - y0))
@@ -410,7 +410,7 @@ def render_layout_png(
             ):
                 if w_px >= 6.2 * max(len(s) for s in lines) + 4 and h_px >= 12 * len(lines) + 2:
                     # On hatching or stripes of several colours, a light box keeps it legible.
-                    boxed = b.flagged or len(b.hosts) > 1
+                    boxed = b.flagged or len(b.processes) > 1
                     ax.text(
                         (b.cols[0] + b.cols[1]) / 2,
                         (b.rows[0] + b.rows[1]) / 2,
@@ -421,7 +421,7 @@ def render_layout_png(
                         linespacing=1.1,
                         color='#000000'
                         if boxed
-                        else text_color(host_color(b.hosts[0] if b.hosts else 0)),
+                        else text_color(host_color(b.processes[0] if b.processes else 0)),
                         bbox=dict(facecolor='white', alpha=0.85, edgecolor='none', pad=1.5)
                         if boxed
                         else None,
@@ -462,20 +462,20 @@ def render_layout_png(
 # -- HTML parts -------------------------------------------------------------------------
 
 
-def legend_html(layout: Layout, max_hosts: int = MAX_LEGEND) -> str:
+def legend_html(layout: Layout, max_processes: int = MAX_LEGEND) -> str:
     """Hosts with their colour, bytes held and shard count (bounded)."""
-    per_host = layout.bytes_per_host()
+    per_host = layout.bytes_per_process()
     shards: dict[int, int] = {}
     for s in layout.shards:
         shards[s.process_index] = shards.get(s.process_index, 0) + 1
     rows = []
-    for p in sorted(per_host)[:max_hosts]:
+    for p in sorted(per_host)[:max_processes]:
         rows.append(
             f'<tr class="mh-legend-host mh-host-{p}"><td>{swatch(p)} host {p}</td>'
             f'<td>{format_bytes(per_host[p])}</td><td>{shards.get(p, 0)}</td></tr>'
         )
-    if len(per_host) > max_hosts:
-        rest = sorted(per_host)[max_hosts:]
+    if len(per_host) > max_processes:
+        rest = sorted(per_host)[max_processes:]
         sizes = [per_host[p] for p in rest]
         rows.append(
             f'<tr><td colspan="3">... {len(rest)} more hosts, '
@@ -825,7 +825,7 @@ class LayoutView(View):
             self._select.options = [
                 (
                     f'{format_index(b.index)}  devices {b.label}  on '
-                    f'{fmt_hosts(b.hosts)}{"  (replicas differ)" if b.flagged else ""}',
+                    f'{fmt_hosts(b.processes)}{"  (replicas differ)" if b.flagged else ""}',
                     b.index,
                 )
                 for b in grid.blocks
@@ -841,11 +841,11 @@ class LayoutView(View):
         self._blocks.layout.grid_gap = '2px'
         rows, cols = grid.row_cuts, grid.col_cuts
         for b in grid.blocks:
-            color = host_color(b.hosts[0] if b.hosts else 0)
+            color = host_color(b.processes[0] if b.processes else 0)
             button = widgets.Button(
                 description=('⚠ ' if b.flagged else '') + b.label,
                 tooltip=(
-                    f'{format_index(b.index)}: devices {b.label} on {fmt_hosts(b.hosts)}, '
+                    f'{format_index(b.index)}: devices {b.label} on {fmt_hosts(b.processes)}, '
                     f'x{b.replica_count}' + (', replicas differ' if b.flagged else '')
                 ),
                 layout=widgets.Layout(
@@ -858,7 +858,7 @@ class LayoutView(View):
             )
             button.style.button_color = color
             button.style.text_color = text_color(color)
-            add_classes(button, 'mh-layout-block', *(f'mh-host-{h}' for h in b.hosts))
+            add_classes(button, 'mh-layout-block', *(f'mh-host-{h}' for h in b.processes))
             if b.flagged:
                 button.add_class('mh-flagged')
                 button.layout.border = '3px dashed #000000'

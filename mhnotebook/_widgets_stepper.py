@@ -58,7 +58,7 @@ STATES = ('mismatched', 'passed', 'missing', 'waiting', 'arrived')
 def cell_state(step: Step, process: int) -> str:
     """One host at one step: one of `STATES` (see the module docstring)."""
     rec = step.records[process] if process < len(step.records) else None
-    if rec is not None and process in step.odd_hosts:
+    if rec is not None and process in step.odd_processes:
         return 'mismatched'
     if step.passed:
         return 'passed'
@@ -69,7 +69,7 @@ def cell_state(step: Step, process: int) -> str:
 
 def host_groups(table: StepTable) -> list[tuple[int, ...]]:
     """The grid's columns: one host each, or (many hosts) hosts with identical columns."""
-    n = table.process_count
+    n = table.num_processes
     if n <= MAX_HOST_COLUMNS:
         return [(p,) for p in range(n)]
     groups: dict[Any, list[int]] = {}
@@ -91,10 +91,10 @@ def divergence_html(step: Step) -> str:
     """Which hosts call what at a divergent step."""
     ref = step.majority
     by_call: dict[tuple[str, str], list[int]] = {}
-    for p in step.odd_hosts:
+    for p in step.odd_processes:
         rec = step.records[p]
         by_call.setdefault((_call(rec), _short(rec.site)), []).append(p)
-    majority = [p for p in step.arrived if p not in step.odd_hosts]
+    majority = [p for p in step.arrived if p not in step.odd_processes]
     odd = '; '.join(
         f'<b class="mh-odd-host">{esc(fmt_hosts(hosts))}</b> '
         f'call{"s" if len(hosts) == 1 else ""} <code>{esc(call)}</code> at {esc(site)}'
@@ -124,13 +124,13 @@ def banner_html(table: StepTable) -> str:
 def status_html(table: StepTable) -> str:
     """One line: stepping on or off, the current step, who waits and who is missing."""
     when = time.strftime('%H:%M:%S', time.localtime(table.time)) if table.time else ''
-    head = f'{table.process_count} host(s), stepping {"on" if table.stepping else "off"}'
+    head = f'{table.num_processes} host(s), stepping {"on" if table.stepping else "off"}'
     current = table.pending or next((s for s in table.steps if not s.passed), None)
     if current is not None:
         ref = current.majority
         text = (
             f'step #{current.seq} <code>{esc(_call(ref) if ref else "?")}</code> is '
-            f'{current.status}: {len(current.arrived)}/{table.process_count} hosts arrived'
+            f'{current.status}: {len(current.arrived)}/{table.num_processes} hosts arrived'
         )
         if current.waiting:
             text += f', {esc(fmt_hosts(current.waiting))} waiting for its release'
@@ -154,7 +154,7 @@ def grid_html(table: StepTable) -> str:
     groups = host_groups(table)
     head = ['<th>step</th>']
     for g in groups:
-        odd = any(p in s.odd_hosts for s in table.steps for p in g)
+        odd = any(p in s.odd_processes for s in table.steps for p in g)
         cls = f'mh-host-{g[0]}' + (' mh-odd-host' if odd else '')
         name = f'host {g[0]}' if len(g) == 1 else f'{fmt_hosts(g)} ({len(g)} hosts)'
         head.append(f'<th class="{cls}" data-hosts="{",".join(map(str, g[:64]))}">{esc(name)}</th>')

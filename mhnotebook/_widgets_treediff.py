@@ -46,7 +46,7 @@ def _num(x: float) -> str:
 
 def _all_hosts(diff: TreeDiff) -> list[int]:
     hosts = {h for leaf in diff.leaves for h in leaf.shapes}
-    return sorted(hosts) if hosts else list(range(diff.num_hosts))
+    return sorted(hosts) if hosts else list(range(diff.num_processes))
 
 
 def host_columns(diff: TreeDiff, leaves: tuple[LeafDiff, ...]) -> tuple[list[int], bool]:
@@ -58,8 +58,8 @@ def host_columns(diff: TreeDiff, leaves: tuple[LeafDiff, ...]) -> tuple[list[int
     hosts = _all_hosts(diff)
     if len(hosts) <= MAX_HOST_COLUMNS:
         return hosts, False
-    odd = sorted({h for leaf in leaves for h in leaf.odd_hosts})
-    refs = sorted({leaf.reference_host for leaf in leaves} - set(odd))
+    odd = sorted({h for leaf in leaves for h in leaf.odd_processes})
+    refs = sorted({leaf.reference_process for leaf in leaves} - set(odd))
     chosen = sorted((odd + refs)[:MAX_HOST_COLUMNS])
     return chosen, len(chosen) < len(hosts)
 
@@ -75,9 +75,9 @@ def leaf_summary(leaf: LeafDiff) -> str:
             for sig, hosts in sorted(groups.items(), key=lambda g: g[1][0])
         ]
         return '; '.join(parts[:4]) + (f'; ... ({len(parts)} variants)' if len(parts) > 4 else '')
-    stats = [h for h in leaf.odd_hosts if h in leaf.num_different]
+    stats = [h for h in leaf.odd_processes if h in leaf.num_different]
     if not stats:
-        return f'bytes differ on {fmt_hosts(leaf.odd_hosts)}'
+        return f'bytes differ on {fmt_hosts(leaf.odd_processes)}'
     total = sum(leaf.num_different[h] for h in stats)
     diffs = [leaf.max_abs_diff[h] for h in stats]
     worst = math.nan if any(math.isnan(d) for d in diffs) else max(diffs)
@@ -93,8 +93,8 @@ def _cell(leaf: LeafDiff, host: int) -> tuple[str, str]:
     """(text, title) of one leaf x host cell."""
     if leaf.kind != 'value':
         return _sig(leaf.shapes.get(host), leaf.dtypes.get(host)), ''
-    if host not in leaf.odd_hosts:
-        return ('reference' if host == leaf.reference_host else '='), 'same as the majority'
+    if host not in leaf.odd_processes:
+        return ('reference' if host == leaf.reference_process else '='), 'same as the majority'
     if host not in leaf.num_different:
         return 'bytes differ', ''
     return (
@@ -112,7 +112,7 @@ def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
         return ''
     leaves = diff.leaves[:max_rows]
     hosts, others = host_columns(diff, leaves)
-    odd_any = set(diff.odd_hosts)
+    odd_any = set(diff.odd_processes)
     head = ['<th>#</th><th>leaf</th><th>kind</th>']
     for h in hosts:
         cls = f'mh-host-{h}' + (' mh-odd-host' if h in odd_any else '')
@@ -125,10 +125,10 @@ def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
         cells = [f'<td>{i}</td><td><code>{esc(leaf.path)}</code></td><td>{esc(leaf.kind)}</td>']
         for h in hosts:
             text, title = _cell(leaf, h)
-            cls = f'mh-host-{h}' + (' mh-odd-host' if h in leaf.odd_hosts else '')
+            cls = f'mh-host-{h}' + (' mh-odd-host' if h in leaf.odd_processes else '')
             cells.append(f'<td class="{cls}" data-host="{h}" title="{esc(title)}">{esc(text)}</td>')
         if others:
-            rest = [h for h in leaf.odd_hosts if h not in hosts]
+            rest = [h for h in leaf.odd_processes if h not in hosts]
             cells.append(
                 '<td class="mh-other-hosts">'
                 + (esc(f'also odd: {fmt_hosts(rest)}') if rest else 'same as majority')
@@ -160,15 +160,15 @@ def leaf_detail_html(leaf: LeafDiff) -> str:
     Odd hosts are listed in full; of the majority, the reference host and a
     few others (the rest hold the same bytes).
     """
-    majority = [h for h in sorted(leaf.shapes) if h not in leaf.odd_hosts]
-    shown_majority = [leaf.reference_host] + [h for h in majority if h != leaf.reference_host][
-        :MAX_DETAIL_MAJORITY
-    ]
-    hosts = sorted(set(leaf.odd_hosts) | (set(shown_majority) & set(leaf.shapes)))
+    majority = [h for h in sorted(leaf.shapes) if h not in leaf.odd_processes]
+    shown_majority = [leaf.reference_process] + [
+        h for h in majority if h != leaf.reference_process
+    ][:MAX_DETAIL_MAJORITY]
+    hosts = sorted(set(leaf.odd_processes) | (set(shown_majority) & set(leaf.shapes)))
     rows = []
     for h in hosts:
-        odd = h in leaf.odd_hosts
-        role = 'odd' if odd else ('reference' if h == leaf.reference_host else 'majority')
+        odd = h in leaf.odd_processes
+        role = 'odd' if odd else ('reference' if h == leaf.reference_process else 'majority')
         if h in leaf.values:
             value = pre(_values_text(leaf.values[h]))
         elif leaf.shapes.get(h) is None:
@@ -205,12 +205,12 @@ def summary_html(diff: TreeDiff) -> str:
     """The headline: agreement, or how many leaves differ and the odd hosts."""
     if diff.ok:
         return CSS + banner(
-            f'all {diff.num_hosts} hosts agree on {diff.num_leaves} leaves', 'mh-ok'
+            f'all {diff.num_processes} hosts agree on {diff.num_leaves} leaves', 'mh-ok'
         )
     return CSS + banner(
         f'<b>{len(diff.leaves)} of {diff.num_leaves} leaves differ</b> across '
-        f'{diff.num_hosts} hosts; odd hosts: <span class="mh-odd-host">'
-        f'{esc(fmt_hosts(diff.odd_hosts))}</span>',
+        f'{diff.num_processes} hosts; odd hosts: <span class="mh-odd-host">'
+        f'{esc(fmt_hosts(diff.odd_processes))}</span>',
         'mh-flagged',
     )
 
@@ -266,7 +266,8 @@ class TreeDiffView(View):
             add_classes(widgets.HTML(), 'mh-treediff-detail') for _ in self._shown
         ]
         self._details.titles = tuple(
-            f'{leaf.path}  [{leaf.kind}]  odd: {fmt_hosts(leaf.odd_hosts)}' for leaf in self._shown
+            f'{leaf.path}  [{leaf.kind}]  odd: {fmt_hosts(leaf.odd_processes)}'
+            for leaf in self._shown
         )
         self._details.layout.display = 'none' if diff.ok else 'flex'
         close_widgets(old)

@@ -59,7 +59,7 @@ def _current_key(s: HostStacks) -> Any:
     return None if c is None else (c.seq, c.kind, c.name)
 
 
-def odd_hosts(stacks: Mapping[int, HostStacks]) -> tuple[int, ...]:
+def odd_processes(stacks: Mapping[int, HostStacks]) -> tuple[int, ...]:
     """Hosts whose current collective (step, kind, name) differs from the most common one."""
     keys = {p: _current_key(s) for p, s in stacks.items()}
     if len(set(keys.values())) <= 1:
@@ -78,7 +78,7 @@ def _where_line(s: HostStacks) -> str:
 
 def table_html(stacks: Mapping[int, HostStacks], max_rows: int = MAX_ROWS) -> str:
     """One row per host: machine, answered or not, current collective, gate, innermost frame."""
-    odd = set(odd_hosts(stacks))
+    odd = set(odd_processes(stacks))
     rows = []
     for p, s in list(stacks.items())[:max_rows]:
         cls = (
@@ -133,7 +133,7 @@ def stack_groups(stacks: Mapping[int, HostStacks]) -> list[tuple[int, ...]]:
 def stacks_html(stacks: Mapping[int, HostStacks], max_groups: int = MAX_GROUPS) -> str:
     """The grouped stacks: per group, the main thread's stack, then the other threads."""
     groups = stack_groups(stacks)
-    odd = set(odd_hosts(stacks))
+    odd = set(odd_processes(stacks))
     parts = []
     for g in groups[:max_groups]:
         s = stacks[g[0]]
@@ -191,7 +191,7 @@ def status_html(stacks: Mapping[int, HostStacks]) -> str:
     missing = [p for p, s in stacks.items() if not s.answered]
     if missing:
         text += f'; no answer from {fmt_hosts(missing)}'
-    odd = odd_hosts(stacks)
+    odd = odd_processes(stacks)
     if odd:
         text += f'; in a different collective: {fmt_hosts(odd)}'
     return CSS + f'<span class="mh-where-state">{esc(text)}</span>'

@@ -41,7 +41,7 @@ def _info() -> dict[str, Any]:
 
     return {
         'process': jax.process_index(),
-        'process_count': jax.process_count(),
+        'num_processes': jax.process_count(),
         'hostname': socket.gethostname(),
         'os_pid': os.getpid(),
     }

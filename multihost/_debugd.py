@@ -475,7 +475,7 @@ def step_table() -> StepTable:
     if client is None:
         cur = _sequence.current()
         return StepTable(
-            process_count=1,
+            num_processes=1,
             stepping=_state.stepping,
             steps=(),
             positions=(cur.seq if cur else None,),

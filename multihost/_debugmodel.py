@@ -86,7 +86,7 @@ class Step:
         return next(r for r in arrived if counts[_signature(r)] == best)
 
     @property
-    def odd_hosts(self) -> tuple[int, ...]:
+    def odd_processes(self) -> tuple[int, ...]:
         """Arrived processes whose call differs from the majority's (empty unless divergent)."""
         ref = self.majority
         if ref is None:
@@ -124,7 +124,7 @@ class StepTable:
     A notebook that wants a longer history polls and merges tables.
 
     Attributes:
-        process_count: number of hosts.
+        num_processes: number of hosts.
         stepping: whether stepping is switched on (cluster-wide setting).
         steps: the visible steps, oldest first.
         positions: indexed by process: the latest step that host published,
@@ -134,7 +134,7 @@ class StepTable:
         time: when the table was read (``time.time()``).
     """
 
-    process_count: int
+    num_processes: int
     stepping: bool
     steps: tuple[Step, ...]
     positions: tuple[int | None, ...]
@@ -146,7 +146,7 @@ class StepTable:
         cls,
         records: Iterable[CollectiveRecord],
         released: Iterable[int],
-        process_count: int,
+        num_processes: int,
         stepping: bool,
         waiting: Iterable[tuple[int, int]] = (),
         time: float | None = None,
@@ -156,17 +156,17 @@ class StepTable:
         Args:
             records: the published records (any order; several steps).
             released: released step numbers.
-            process_count: number of hosts.
+            num_processes: number of hosts.
             stepping: the stepping setting.
             waiting: (step, process) pairs of hosts paused at a step's gate.
             time: the reading time (default: now).
         """
         by_seq: dict[int, list[CollectiveRecord | None]] = {}
-        positions: list[int | None] = [None] * process_count
+        positions: list[int | None] = [None] * num_processes
         for rec in records:
-            if not 0 <= rec.process < process_count:
+            if not 0 <= rec.process < num_processes:
                 continue
-            by_seq.setdefault(rec.seq, [None] * process_count)[rec.process] = rec
+            by_seq.setdefault(rec.seq, [None] * num_processes)[rec.process] = rec
             if positions[rec.process] is None or rec.seq > positions[rec.process]:
                 positions[rec.process] = rec.seq
         released = set(released)
@@ -185,7 +185,7 @@ class StepTable:
             for k, recs in sorted(by_seq.items())
         )
         return cls(
-            process_count=process_count,
+            num_processes=num_processes,
             stepping=bool(stepping),
             steps=steps,
             positions=tuple(positions),
@@ -223,7 +223,7 @@ class StepTable:
 
     def format(self) -> str:
         """A plain-text grid: one row per host, one column per step."""
-        head = f'stepping {"on" if self.stepping else "off"}, {self.process_count} host(s)'
+        head = f'stepping {"on" if self.stepping else "off"}, {self.num_processes} host(s)'
         if not self.steps:
             return head + ', no collective in flight'
         cols = []
@@ -239,14 +239,14 @@ class StepTable:
                         + f' @ {_short(r.site)}'
                     )
                     + (' [waiting]' if p in s.waiting else '')
-                    + (' <-- differs' if p in s.odd_hosts else '')
+                    + (' <-- differs' if p in s.odd_processes else '')
                     for p, r in enumerate(s.records)
                 ]
             )
-        rows = [['host'] + [f'p{p}' for p in range(self.process_count)]]
+        rows = [['host'] + [f'p{p}' for p in range(self.num_processes)]]
         widths = [max(len(x) for x in rows[0])] + [max(len(x) for x in c) for c in cols]
         lines = [head]
-        for i in range(self.process_count + 1):
+        for i in range(self.num_processes + 1):
             cells = [rows[0][i]] + [c[i] for c in cols]
             lines.append('  '.join(x.ljust(w) for x, w in zip(cells, widths)).rstrip())
         return '\n'.join(lines)

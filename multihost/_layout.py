@@ -348,7 +348,7 @@ class Layout:
         """Devices holding a shard, in shard order."""
         return tuple(s.device_id for s in self.shards)
 
-    def bytes_per_host(self) -> dict[int, int]:
+    def bytes_per_process(self) -> dict[int, int]:
         """Process index -> bytes its devices hold (replicas included).
 
         Every process of the job appears, with 0 when it holds nothing.
@@ -450,7 +450,7 @@ class Layout:
             lines.append(f'  ... {len(blocks) - _MAX_TEXT_BLOCKS} more block(s)')
         lines.append(
             '  bytes per host: '
-            + ', '.join(f'{p}: {format_bytes(n)}' for p, n in self.bytes_per_host().items())
+            + ', '.join(f'{p}: {format_bytes(n)}' for p, n in self.bytes_per_process().items())
         )
         return '\n'.join(lines)
 

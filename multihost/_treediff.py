@@ -132,8 +132,8 @@ class LeafDiff:
         path: the leaf's path, ``jax.tree_util.keystr`` (e.g. ``"['w'][0]"``).
         kind: the most fundamental difference: ``'structure'`` (the leaf is
             missing on some hosts), ``'shape'``, ``'dtype'`` or ``'value'``.
-        odd_hosts: sorted hosts outside the majority (the odd ones out).
-        majority_hosts: sorted hosts holding the most common fingerprint (on a
+        odd_processes: sorted hosts outside the majority (the odd ones out).
+        majority_processes: sorted hosts holding the most common fingerprint (on a
             tie: the group with the lowest process index).
         shapes: host -> shape of the compared data, or None where the leaf is
             missing (for a global array: the shape of its first addressable
@@ -156,8 +156,8 @@ class LeafDiff:
 
     path: str
     kind: str
-    odd_hosts: tuple[int, ...]
-    majority_hosts: tuple[int, ...]
+    odd_processes: tuple[int, ...]
+    majority_processes: tuple[int, ...]
     shapes: Mapping[int, tuple[int, ...] | None]
     dtypes: Mapping[int, str | None]
     digests: Mapping[int, str | None]
@@ -167,13 +167,13 @@ class LeafDiff:
     values: Mapping[int, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
-    def reference_host(self) -> int:
+    def reference_process(self) -> int:
         """The host whose value the odd hosts were compared with (lowest majority host)."""
-        return self.majority_hosts[0]
+        return self.majority_processes[0]
 
     def describe(self) -> str:
         """One bounded line: the path, the odd hosts and how they differ."""
-        head = f'{_fmt_path(self.path)} [{self.kind}] on {_fmt_hosts(self.odd_hosts)}'
+        head = f'{_fmt_path(self.path)} [{self.kind}] on {_fmt_hosts(self.odd_processes)}'
         if self.kind != 'value':
             groups: dict[tuple[Any, Any], list[int]] = {}
             for h in sorted(self.shapes):
@@ -186,8 +186,8 @@ class LeafDiff:
                 parts = parts[:4] + [f'... ({len(groups)} variants)']
             return f'{head}: ' + '; '.join(parts)
         shown = []
-        for h in self.odd_hosts[:3]:
-            who = '' if len(self.odd_hosts) == 1 else f'{_fmt_hosts([h])}: '
+        for h in self.odd_processes[:3]:
+            who = '' if len(self.odd_processes) == 1 else f'{_fmt_hosts([h])}: '
             if h in self.num_different:
                 shown.append(
                     f'{who}{self.num_different[h]} of {math.prod(self.shapes[h] or ())} '
@@ -196,9 +196,9 @@ class LeafDiff:
                 )
             else:
                 shown.append(f'{who}bytes differ')
-        if len(self.odd_hosts) > 3:
-            shown.append(f'... and {len(self.odd_hosts) - 3} more hosts')
-        return f'{head} (vs {_fmt_hosts(self.majority_hosts)}): ' + '; '.join(shown)
+        if len(self.odd_processes) > 3:
+            shown.append(f'... and {len(self.odd_processes) - 3} more hosts')
+        return f'{head} (vs {_fmt_hosts(self.majority_processes)}): ' + '; '.join(shown)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able plain data (arrays as nested lists, NaN/inf as strings)."""
@@ -222,12 +222,12 @@ class TreeDiff:
         leaves: one `LeafDiff` per differing leaf path, in tree order (the
             lowest host's order; paths it lacks follow, in the next hosts'
             order).
-        num_hosts: number of hosts compared.
+        num_processes: number of hosts compared.
         num_leaves: number of distinct leaf paths over all hosts.
     """
 
     leaves: tuple[LeafDiff, ...]
-    num_hosts: int
+    num_processes: int
     num_leaves: int
 
     @property
@@ -236,9 +236,9 @@ class TreeDiff:
         return not self.leaves
 
     @property
-    def odd_hosts(self) -> tuple[int, ...]:
+    def odd_processes(self) -> tuple[int, ...]:
         """Sorted hosts that are odd ones out for at least one leaf."""
-        return tuple(sorted({h for leaf in self.leaves for h in leaf.odd_hosts}))
+        return tuple(sorted({h for leaf in self.leaves for h in leaf.odd_processes}))
 
     def __getitem__(self, path: str) -> LeafDiff:
         """The `LeafDiff` of one path (``KeyError`` when that leaf does not differ)."""
@@ -250,10 +250,10 @@ class TreeDiff:
     def summary(self, max_leaves: int = 10) -> str:
         """A bounded human report: a headline, then at most ``max_leaves`` leaf lines."""
         if self.ok:
-            return f'All {self.num_hosts} hosts hold the same tree ({self.num_leaves} leaves).'
+            return f'All {self.num_processes} hosts hold the same tree ({self.num_leaves} leaves).'
         lines = [
             f'{len(self.leaves)} of {self.num_leaves} leaves differ across '
-            f'{self.num_hosts} hosts; odd hosts: {_fmt_hosts(self.odd_hosts)}.'
+            f'{self.num_processes} hosts; odd hosts: {_fmt_hosts(self.odd_processes)}.'
         ]
         lines += ['  ' + leaf.describe() for leaf in self.leaves[:max_leaves]]
         if len(self.leaves) > max_leaves:
@@ -269,15 +269,15 @@ class TreeDiff:
     def __repr__(self) -> str:
         return (
             f'TreeDiff(ok={self.ok}, differing={len(self.leaves)}, '
-            f'num_leaves={self.num_leaves}, num_hosts={self.num_hosts}, '
-            f'odd_hosts={list(self.odd_hosts)})'
+            f'num_leaves={self.num_leaves}, num_processes={self.num_processes}, '
+            f'odd_processes={list(self.odd_processes)})'
         )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able plain data (for the notebook side)."""
         return {
             'ok': self.ok,
-            'num_hosts': self.num_hosts,
+            'num_processes': self.num_processes,
             'num_leaves': self.num_leaves,
             'leaves': [leaf.to_dict() for leaf in self.leaves],
         }
@@ -285,8 +285,8 @@ class TreeDiff:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TreeDiff):
             return NotImplemented
-        return (self.num_hosts, self.num_leaves, self.leaves) == (
-            other.num_hosts,
+        return (self.num_processes, self.num_leaves, self.leaves) == (
+            other.num_processes,
             other.num_leaves,
             other.leaves,
         )
@@ -511,7 +511,7 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
     """`tree_diff`, recorded in the collective sequence as ``kind`` (e.g. ``'assert_equal'``)."""
     flat, _ = jax.tree_util.tree_flatten_with_path(in_tree)
     if jax.process_count() == 1:
-        return TreeDiff(leaves=(), num_hosts=1, num_leaves=len(flat))
+        return TreeDiff(leaves=(), num_processes=1, num_leaves=len(flat))
     paths = _unique_paths([jax.tree_util.keystr(p) for p, _ in flat])
     data: dict[str, np.ndarray] = {}
     mine = []
@@ -543,7 +543,7 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
     heads = _exchange(client, f'{base}/head', head, timeout, rec)
     hosts = sorted(heads)
     if len(set(heads.values())) == 1:
-        return TreeDiff(leaves=(), num_hosts=len(hosts), num_leaves=len(mine))
+        return TreeDiff(leaves=(), num_processes=len(hosts), num_leaves=len(mine))
     prints = {
         h: json.loads(text)
         for h, text in _exchange(client, f'{base}/fp', blob, timeout, rec).items()
@@ -636,8 +636,8 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
             LeafDiff(
                 path=path,
                 kind=what,
-                odd_hosts=odd,
-                majority_hosts=majority,
+                odd_processes=odd,
+                majority_processes=majority,
                 shapes={h: None if s is None else s.shape for h, s in sigs.items()},
                 dtypes={h: None if s is None else s.dtype for h, s in sigs.items()},
                 digests={h: None if s is None else s.digest for h, s in sigs.items()},
@@ -649,4 +649,4 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
                 },
             )
         )
-    return TreeDiff(leaves=tuple(leaves), num_hosts=len(hosts), num_leaves=len(order))
+    return TreeDiff(leaves=tuple(leaves), num_processes=len(hosts), num_leaves=len(order))

@@ -252,7 +252,7 @@ def test_stepping_shows_divergence_before_release():
             raise out['error']
         table = out['table']
         step = table.pending
-        assert step.status == 'held' and step.divergent and step.odd_hosts == (3,)
+        assert step.status == 'held' and step.divergent and step.odd_processes == (3,)
         assert table.divergent == (step,)
         assert [r.name for r in step.records] == ['div-a'] * 3 + ['div-b']
         assert step.majority.name == 'div-a'
@@ -362,7 +362,7 @@ def test_control_endpoint_steps_and_dumps_a_blocked_cluster(mp_cluster):
         address = _poll(read_address, 90, 'the control address')
         assert address[0] == socket.gethostname()  # bound to every interface
         ctl = multihost.ControlClient(address, key, timeout=20)
-        assert ctl.info()['process_count'] == 4
+        assert ctl.info()['num_processes'] == 4
         stacks = _poll(
             lambda: (
                 lambda s: (

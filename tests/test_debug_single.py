@@ -31,12 +31,12 @@ def test_step_table_marks_divergence_and_odd_host():
     records = [_rec(6, p) for p in range(4)] + [_rec(7, p, 'save') for p in range(3)]
     records.append(_rec(7, 3, 'eval', site='train.py:99'))
     table = multihost.StepTable.build(
-        records, released=[6], process_count=4, stepping=True, waiting=[(7, p) for p in range(4)]
+        records, released=[6], num_processes=4, stepping=True, waiting=[(7, p) for p in range(4)]
     )
     old, new = table.steps
     assert (old.seq, old.status, old.divergent) == (6, 'passed', False)
     assert (new.seq, new.status, new.divergent) == (7, 'held', True)
-    assert new.odd_hosts == (3,) and new.majority.name == 'save'
+    assert new.odd_processes == (3,) and new.majority.name == 'save'
     assert table.pending is new and table.next_release == 7
     assert table.divergent == (new,)
     assert table.positions == (7, 7, 7, 7)
@@ -50,7 +50,7 @@ def test_step_table_missing_hosts_and_release_ahead():
     table = multihost.StepTable.build(
         [_rec(4, 0), _rec(4, 2)],
         released=[],
-        process_count=3,
+        num_processes=3,
         stepping=True,
         waiting=[(4, 0), (4, 2)],
     )
@@ -59,7 +59,7 @@ def test_step_table_missing_hosts_and_release_ahead():
     assert step.records[1] is None and 'not arrived' in table.format()
     assert table.next_release == 4
     opened = multihost.StepTable.build(
-        [_rec(4, p) for p in range(3)], released=[5, 6], process_count=3, stepping=False
+        [_rec(4, p) for p in range(3)], released=[5, 6], num_processes=3, stepping=False
     )
     assert opened.steps[0].status == 'open' and opened.pending is None
     assert opened.next_release == 7
@@ -122,7 +122,7 @@ def test_stepping_single_process_never_pauses():
         multihost.sync_global_devices('alone too')
         assert time.monotonic() - t0 < 1
         table = multihost.step_table()
-        assert table.process_count == 1 and table.stepping and table.steps == ()
+        assert table.num_processes == 1 and table.stepping and table.steps == ()
         assert multihost.release() == ()
         with pytest.raises(ValueError, match='steps must be >= 1'):
             multihost.release(0)
@@ -153,7 +153,7 @@ def test_control_endpoint_round_trip_single_process():
     host, port = multihost.serve_control(key)
     assert host == socket.gethostname() and port > 0
     with multihost.ControlClient((host, port), key, timeout=10) as ctl:
-        assert ctl.info()['process_count'] == 1
+        assert ctl.info()['num_processes'] == 1
         stacks = ctl.stacks(timeout=5)
         assert stacks[0].answered
         assert 'test_control_endpoint_round_trip_single_process' in stacks[0].where

@@ -61,11 +61,11 @@ def test_from_placements_accepts_slices():
 
 
 def test_bytes_per_host_counts_replicas_and_idle_hosts():
-    """Every process appears in bytes_per_host, replicas counted, idle hosts with 0."""
+    """Every process appears in bytes_per_process, replicas counted, idle hosts with 0."""
     layout = Layout.from_placements(
         (8,), 'float64', [([(0, 8)], 0, 0), ([(0, 8)], 1, 0), ([(0, 8)], 4, 2)], num_processes=4
     )
-    assert layout.bytes_per_host() == {0: 128, 1: 0, 2: 64, 3: 0}
+    assert layout.bytes_per_process() == {0: 128, 1: 0, 2: 64, 3: 0}
     assert layout.bytes_per_device() == {0: 64, 1: 64, 4: 64}
     assert layout.shards_on(0) == layout.shards[:2] and layout.shards_on(1) == ()
     assert layout.is_fully_replicated
@@ -99,7 +99,7 @@ def test_zero_d_layout():
     assert layout.ndim == 0 and layout.size == 1 and layout.nbytes == 4
     assert [s.index for s in layout.shards] == [(), ()]
     assert [s.replica_id for s in layout.shards] == [0, 1]
-    assert layout.bytes_per_host() == {0: 4, 1: 4}
+    assert layout.bytes_per_process() == {0: 4, 1: 4}
     assert layout.covers_exactly() and layout.is_fully_replicated
     assert '[]' in str(layout)
 
@@ -183,7 +183,7 @@ def test_describe_layout_matches_jax_shards():
     assert layout.mesh_device_ids == tuple(d.id for d in mesh.devices.flat)
     assert layout.spec == "P(None, 'b')" and layout.sharding == 'NamedSharding'
     assert layout.platform == 'cpu' and layout.dtype == 'float32'
-    assert layout.bytes_per_host() == {0: 192} and layout.covers_exactly()
+    assert layout.bytes_per_process() == {0: 192} and layout.covers_exactly()
 
 
 def test_describe_layout_0d_and_3d_and_single_device():

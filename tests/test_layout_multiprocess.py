@@ -108,7 +108,7 @@ def test_layouts_cover_the_array_and_count_bytes_per_host(mp_cluster):
         assert layout.covers_exactly(), name
         assert len(layout.blocks()) == n_blocks, name
         assert set(layout.replica_counts().values()) == {replicas}, name
-        assert layout.bytes_per_host() == dict.fromkeys(range(N_HOSTS), per_host), name
+        assert layout.bytes_per_process() == dict.fromkeys(range(N_HOSTS), per_host), name
     assert layouts['host'].mesh_axes == (('host', 4), ('dev', 2))
     assert layouts['flat_x'].mesh_axes == (('x', 8),)
     assert layouts['scalar'].shape == () and layouts['scalar'].blocks()[0].index == ()
@@ -144,8 +144,8 @@ def test_describe_layout_of_host_local_array_names_this_host():
     layout = multihost.describe_layout(local)
     assert layout.num_processes == N_HOSTS
     assert layout.processes == (jax.process_index(),)
-    assert layout.bytes_per_host()[jax.process_index()] == 32
-    assert sum(layout.bytes_per_host().values()) == 32
+    assert layout.bytes_per_process()[jax.process_index()] == 32
+    assert sum(layout.bytes_per_process().values()) == 32
 
 
 # -- check_replicas ------------------------------------------------------------------------

@@ -67,10 +67,10 @@ def test_restart_and_stop_are_safe():
     """restart() gives fresh initialized engines; stop() is idempotent; stopped says so."""
     session = mhnotebook.start_local(2, 1, progress=False)
     try:
-        old_pids = {h.pid for h in session.hosts}
+        old_pids = {h.pid for h in session.processes}
         session.execute('x = 41', echo=False)
         session.restart()
-        assert {h.pid for h in session.hosts}.isdisjoint(old_pids)
+        assert {h.pid for h in session.processes}.isdisjoint(old_pids)
         with pytest.raises(SessionError, match="name 'x' is not defined"):
             session.allgather('x')
         session.execute('import jax\nx = jax.process_index() + 1', echo=False)

@@ -60,7 +60,7 @@ def test_engine_ids_ordered_by_reported_process_index(session):
     """engine_ids[p] is the engine whose JAX process index is p."""
     got = session.call('multihost.engine.engine_info')
     assert [info['process_index'] for info in got] == [0, 1, 2, 3]
-    assert [h.process_index for h in session.hosts] == [0, 1, 2, 3]
+    assert [h.process_index for h in session.processes] == [0, 1, 2, 3]
     assert sorted(session.engine_ids) == sorted(session.client.ids)
 
 
@@ -205,7 +205,7 @@ def test_layout_and_diff_magics_return_views(session):
     diff = ip.run_line_magic('mh_diff', 'params')
     assert isinstance(diff, TreeDiffView)
     assert [leaf.path for leaf in diff.diff.leaves] == ["['w']"]
-    assert diff.diff.leaves[0].odd_hosts == (1,)
+    assert diff.diff.leaves[0].odd_processes == (1,)
     with pytest.raises(UsageError, match='not an array'):
         ip.run_line_magic('mh_layout', 'params')
     with pytest.raises(UsageError, match='--axes'):

@@ -71,8 +71,8 @@ def test_equal_trees_are_ok_on_every_host():
     tree = {**_base_tree(), 'key': jax.random.key(3), 'g': glob, 'nan': np.array([np.nan, 1.0])}
     diff = multihost.tree_diff(tree)
     assert isinstance(diff, TreeDiff)
-    assert diff.ok and diff.leaves == () and diff.odd_hosts == ()
-    assert diff.num_hosts == 4 and diff.num_leaves == len(jax.tree.leaves(tree))
+    assert diff.ok and diff.leaves == () and diff.odd_processes == ()
+    assert diff.num_processes == 4 and diff.num_leaves == len(jax.tree.leaves(tree))
     multihost.assert_equal(tree, 'must pass')
 
 
@@ -112,8 +112,8 @@ def test_one_leaf_differs_on_one_host():
     assert [leaf.path for leaf in diff.leaves] == ["['w']"]
     leaf = diff["['w']"]
     assert leaf.kind == 'value'
-    assert leaf.odd_hosts == (2,) and leaf.majority_hosts == (0, 1, 3)
-    assert leaf.reference_host == 0
+    assert leaf.odd_processes == (2,) and leaf.majority_processes == (0, 1, 3)
+    assert leaf.reference_process == 0
     assert leaf.num_different == {2: 2}
     assert leaf.max_abs_diff == {2: 2.5}
     assert leaf.first_index == {2: (1, 3)}
@@ -140,12 +140,12 @@ def test_two_hosts_differ_from_majority():
     diff = multihost.tree_diff(tree)
     assert [leaf.path for leaf in diff.leaves] == ["['big']"]
     leaf = diff.leaves[0]
-    assert leaf.odd_hosts == (1, 3) and leaf.majority_hosts == (0, 2)
+    assert leaf.odd_processes == (1, 3) and leaf.majority_processes == (0, 2)
     assert leaf.num_different == {1: 1, 3: 11}
     assert leaf.first_index == {1: (10,), 3: (500,)}
     assert leaf.max_abs_diff == {1: 15.0, 3: 1e6 - 999}
     assert leaf.values == {}  # 1000 elements: summary only
-    assert diff.odd_hosts == (1, 3)
+    assert diff.odd_processes == (1, 3)
 
 
 @multiprocess
@@ -154,7 +154,7 @@ def test_tie_goes_to_group_with_lowest_host():
     pid = jax.process_index()
     tree = {'x': np.full(3, 1 if pid in (2, 3) else 0, np.int8)}
     leaf = multihost.tree_diff(tree).leaves[0]
-    assert leaf.majority_hosts == (0, 1) and leaf.odd_hosts == (2, 3)
+    assert leaf.majority_processes == (0, 1) and leaf.odd_processes == (2, 3)
     assert leaf.num_different == {2: 3, 3: 3} and leaf.max_abs_diff == {2: 1.0, 3: 1.0}
 
 
@@ -163,8 +163,8 @@ def test_odd_host_can_be_process_0():
     """Process 0 is the odd one out when the other three agree."""
     pid = jax.process_index()
     leaf = multihost.tree_diff({'x': np.float32(pid == 0)}).leaves[0]
-    assert leaf.odd_hosts == (0,) and leaf.majority_hosts == (1, 2, 3)
-    assert leaf.reference_host == 1
+    assert leaf.odd_processes == (0,) and leaf.majority_processes == (1, 2, 3)
+    assert leaf.reference_process == 1
     assert leaf.first_index == {0: ()} and leaf.num_different == {0: 1}
 
 
@@ -180,10 +180,10 @@ def test_bitwise_float_semantics():
     diff = multihost.tree_diff(tree)
     assert [leaf.path for leaf in diff.leaves] == ["['nan_vs_1']", "['zero']"]
     zero = diff["['zero']"]
-    assert zero.odd_hosts == (1,) and zero.num_different == {1: 1}
+    assert zero.odd_processes == (1,) and zero.num_different == {1: 1}
     assert zero.max_abs_diff == {1: 0.0} and zero.first_index == {1: (1,)}
     nan = diff["['nan_vs_1']"]
-    assert nan.odd_hosts == (2,) and math.isnan(nan.max_abs_diff[2])
+    assert nan.odd_processes == (2,) and math.isnan(nan.max_abs_diff[2])
 
 
 @multiprocess
@@ -201,7 +201,7 @@ def test_large_leaves_compare_in_chunks():
     ):
         leaf = multihost.tree_diff({'x': x, 'y': np.ones(10)}).leaves[0]
     assert sizes == [12000]
-    assert leaf.odd_hosts == (3,)
+    assert leaf.odd_processes == (3,)
     assert leaf.num_different == {3: 4}
     assert leaf.first_index == {3: (5,)}
     assert leaf.max_abs_diff == {3: 40.0}
@@ -236,10 +236,10 @@ def test_extra_and_missing_leaves_are_reported():
     diff = multihost.tree_diff(tree)
     assert [leaf.path for leaf in diff.leaves] == ["['b']", "['extra']"]  # tree order
     b, extra = diff.leaves
-    assert b.kind == 'structure' and b.odd_hosts == (3,) and b.majority_hosts == (0, 1, 2)
+    assert b.kind == 'structure' and b.odd_processes == (3,) and b.majority_processes == (0, 1, 2)
     assert b.shapes == {0: (3,), 1: (3,), 2: (3,), 3: None} and b.dtypes[3] is None
-    assert extra.kind == 'structure' and extra.odd_hosts == (1,)
-    assert extra.majority_hosts == (0, 2, 3)  # "missing" is the majority here
+    assert extra.kind == 'structure' and extra.odd_processes == (1,)
+    assert extra.majority_processes == (0, 2, 3)  # "missing" is the majority here
     assert extra.shapes == {0: None, 1: (3,), 2: None, 3: None}
     np.testing.assert_array_equal(extra.values[1], np.arange(3))
     assert diff.num_leaves == len(jax.tree.leaves(_base_tree())) + 1
@@ -259,9 +259,9 @@ def test_shape_and_dtype_differences_are_reported():
     diff = multihost.tree_diff(tree)
     assert [leaf.path for leaf in diff.leaves] == ["['b']", "['w']"]
     b, w = diff.leaves
-    assert b.kind == 'shape' and b.odd_hosts == (0,) and b.shapes[0] == (4,)
+    assert b.kind == 'shape' and b.odd_processes == (0,) and b.shapes[0] == (4,)
     assert b.shapes[1] == (3,) and b.num_different == {}
-    assert w.kind == 'dtype' and w.odd_hosts == (3,)
+    assert w.kind == 'dtype' and w.odd_processes == (3,)
     assert w.dtypes == {0: 'float32', 1: 'float32', 2: 'float32', 3: 'float64'}
     assert w.max_abs_diff == {}
     assert 'int32[4] on process 0' in b.describe()
@@ -281,7 +281,7 @@ def test_global_array_compares_addressable_data():
     assert not glob.is_fully_addressable
     diff = multihost.tree_diff({'g': glob})
     leaf = diff.leaves[0]
-    assert leaf.path == "['g']" and leaf.odd_hosts == (1,)
+    assert leaf.path == "['g']" and leaf.odd_processes == (1,)
     assert leaf.num_different == {1: 8} and leaf.max_abs_diff == {1: 100.0}
     assert leaf.shapes[1] == (4, 2)
 
@@ -292,7 +292,7 @@ def test_prng_keys_compare_by_key_data():
     pid = jax.process_index()
     diff = multihost.tree_diff({'k': jax.random.key(9 if pid == 2 else 0)})
     leaf = diff.leaves[0]
-    assert leaf.odd_hosts == (2,) and leaf.dtypes[2].startswith('key<')
+    assert leaf.odd_processes == (2,) and leaf.dtypes[2].startswith('key<')
 
 
 # -- assert_equal ------------------------------------------------------------------------
@@ -310,7 +310,7 @@ def test_assert_equal_raises_host_mismatch_on_every_host():
     text = str(err)
     assert text.startswith('weights diverged')
     assert "['w']" in text and 'process 3' in text and "['b']" not in text
-    assert isinstance(err.diff, TreeDiff) and err.diff.odd_hosts == (3,)
+    assert isinstance(err.diff, TreeDiff) and err.diff.odd_processes == (3,)
     assert [leaf.path for leaf in err.diff.leaves] == ["['w']"]
 
 
@@ -326,7 +326,7 @@ def test_assert_equal_message_is_bounded_for_huge_diffs():
     assert len(text) < 3000, len(text)
     assert '... and 990 more' in text and text.count('\n') <= 12
     assert len(info.value.diff.leaves) == 1000
-    assert info.value.diff.leaves[0].odd_hosts == (1, 2, 3)
+    assert info.value.diff.leaves[0].odd_processes == (1, 2, 3)
 
 
 @multiprocess
@@ -360,7 +360,7 @@ def test_every_host_gets_an_identical_tree_diff(mp_cluster):
     assert [pickle.dumps(d.to_dict()) for d in diffs[1:]] == [pickle.dumps(diffs[0].to_dict())] * 3
     d = diffs[0]
     assert [leaf.path for leaf in d.leaves] == ["['big']", "['w']", "['extra']"]
-    assert d["['w']"].odd_hosts == (1, 2, 3)  # every host differs from process 0's value
+    assert d["['w']"].odd_processes == (1, 2, 3)  # every host differs from process 0's value
     json.dumps(d.to_dict())
 
 
@@ -386,7 +386,7 @@ def test_single_process_tree_diff_is_ok_without_communication(monkeypatch):
     """One process: tree_diff returns ok at once (no sequence entry, no key-value store)."""
     monkeypatch.setattr(_treediff._sequence, 'enter', lambda *a, **k: pytest.fail('entered'))
     diff = multihost.tree_diff({'a': np.ones(3), 'b': [1, 2.0]})
-    assert diff.ok and diff.num_hosts == 1 and diff.num_leaves == 3
+    assert diff.ok and diff.num_processes == 1 and diff.num_leaves == 3
     assert multihost.assert_equal({'a': np.array([np.nan])}, 'x') is None
 
 
@@ -395,8 +395,8 @@ def _leaf(path: str, odd=(3,), **kw) -> LeafDiff:
     base = dict(
         path=path,
         kind='value',
-        odd_hosts=tuple(odd),
-        majority_hosts=tuple(h for h in hosts if h not in odd),
+        odd_processes=tuple(odd),
+        majority_processes=tuple(h for h in hosts if h not in odd),
         shapes={h: (2,) for h in hosts},
         dtypes={h: 'float32' for h in hosts},
         digests={h: 'ab' * 8 for h in hosts},
@@ -413,7 +413,7 @@ def test_summary_is_bounded_and_names_paths_and_hosts():
     """The report lists at most max_leaves leaves with their odd hosts, the rest as a count."""
     diff = TreeDiff(
         leaves=tuple(_leaf(f"['p{i}']" + 'x' * 500) for i in range(1000)),
-        num_hosts=4,
+        num_processes=4,
         num_leaves=2000,
     )
     text = diff.summary(max_leaves=10)

@@ -174,8 +174,8 @@ def value_leaf(odd=2, hosts=4):
     return LeafDiff(
         path="['params']['w']",
         kind='value',
-        odd_hosts=(odd,),
-        majority_hosts=tuple(h for h in range(hosts) if h != odd),
+        odd_processes=(odd,),
+        majority_processes=tuple(h for h in range(hosts) if h != odd),
         shapes=dict.fromkeys(range(hosts), (2, 2)),
         dtypes=dict.fromkeys(range(hosts), 'float32'),
         digests={h: 'bbbb' if h == odd else 'aaaa' for h in range(hosts)},
@@ -190,8 +190,8 @@ def shape_leaf():
     return LeafDiff(
         path="['b']",
         kind='shape',
-        odd_hosts=(1,),
-        majority_hosts=(0, 2, 3),
+        odd_processes=(1,),
+        majority_processes=(0, 2, 3),
         shapes={0: (3,), 1: (4,), 2: (3,), 3: (3,)},
         dtypes=dict.fromkeys(range(4), 'float32'),
         digests={0: 'x', 1: 'y', 2: 'x', 3: 'x'},
@@ -199,7 +199,7 @@ def shape_leaf():
 
 
 def tree_diff():
-    return TreeDiff(leaves=(value_leaf(), shape_leaf()), num_hosts=4, num_leaves=7)
+    return TreeDiff(leaves=(value_leaf(), shape_leaf()), num_processes=4, num_leaves=7)
 
 
 def rec(seq, p, name='a', site='/src/train.py:10', kind='barrier'):
@@ -213,7 +213,7 @@ def step_table(divergent=True):
     records = [rec(3, p) for p in range(4)] + [rec(4, 0, 'b'), rec(4, 1, 'b')]
     records.append(rec(4, 2, 'c', '/src/train.py:20') if divergent else rec(4, 2, 'b'))
     return StepTable.build(
-        records, released=[3], process_count=4, stepping=True, waiting=[(4, 0), (4, 1)], time=1.7e9
+        records, released=[3], num_processes=4, stepping=True, waiting=[(4, 0), (4, 1)], time=1.7e9
     )
 
 
@@ -267,7 +267,7 @@ def test_grid_2d_rectangles_hosts_and_labels():
     """A 2-D grid has one rectangle per block, placed by its index, with its host and device ids."""
     g = mw.layout_grid(layout_2d())
     assert g.axes == (0, 1) and g.fixed == () and g.extent == (4, 6)
-    assert [(b.rows, b.cols, b.hosts, b.label) for b in g.blocks] == [
+    assert [(b.rows, b.cols, b.processes, b.label) for b in g.blocks] == [
         ((0, 2), (0, 3), (0,), '0'),
         ((0, 2), (3, 6), (0,), '1'),
         ((2, 4), (0, 3), (1,), '2'),
@@ -312,7 +312,7 @@ def test_grid_1d_is_one_row_and_0d_one_block():
     g0 = mw.layout_grid(zero_d)
     assert g0.axes == () and g0.extent == (1, 1) and g0.slice_text() == '[]'
     (b,) = g0.blocks
-    assert (b.rows, b.cols, b.hosts, b.replica_count) == ((0, 1), (0, 1), (0, 1), 2)
+    assert (b.rows, b.cols, b.processes, b.replica_count) == ((0, 1), (0, 1), (0, 1), 2)
 
 
 def test_grid_replica_counts_and_hosts():
@@ -321,7 +321,7 @@ def test_grid_replica_counts_and_hosts():
         (4,), 'float32', [([(0, 2)], 0, 0), ([(0, 2)], 2, 1), ([(2, 4)], 1, 0), ([(2, 4)], 3, 1)]
     )
     g = mw.layout_grid(layout)
-    assert [(b.replica_count, b.hosts, b.label) for b in g.blocks] == [
+    assert [(b.replica_count, b.processes, b.label) for b in g.blocks] == [
         (2, (0, 1), '0,2'),
         (2, (0, 1), '1,3'),
     ]
@@ -486,7 +486,7 @@ def test_layout_view_legend_bytes_per_host():
     layout = layout_3d()
     v = mw.LayoutView(layout)
     html = one(v.widget, 'mh-layout-legend').value
-    for p, n in layout.bytes_per_host().items():
+    for p, n in layout.bytes_per_process().items():
         (row,) = elements(html, f'mh-host-{p}', 'tr')
         assert format_bytes(n) in row['text'] and f'host {p}' in row['text']
         assert mw.host_color(p) in html
@@ -579,9 +579,9 @@ def test_treediff_table_highlights_exactly_the_odd_hosts():
         (td['parent']['attrs']['data-path'], int(td['attrs']['data-host']))
         for td in elements(html, 'mh-odd-host', 'td')
     }
-    assert marked == {(leaf.path, h) for leaf in diff.leaves for h in leaf.odd_hosts}
+    assert marked == {(leaf.path, h) for leaf in diff.leaves for h in leaf.odd_processes}
     headers = {int(th['attrs']['data-host']) for th in elements(html, 'mh-odd-host', 'th')}
-    assert headers == set(diff.odd_hosts) == {1, 2}
+    assert headers == set(diff.odd_processes) == {1, 2}
     assert len(elements(html, tag='td')) == 2 * (3 + 4 + 1)  # #, leaf, kind, 4 hosts, summary
 
 
@@ -625,7 +625,7 @@ def test_treediff_expand_shows_per_host_values():
 
 def test_treediff_ok_renders_agreement():
     """A diff without differences says all hosts agree, with no table or sections."""
-    v = mw.TreeDiffView(TreeDiff(leaves=(), num_hosts=4, num_leaves=12))
+    v = mw.TreeDiffView(TreeDiff(leaves=(), num_processes=4, num_leaves=12))
     (ok,) = elements(one(v.widget, 'mh-treediff-summary').value, 'mh-ok')
     assert ok['text'] == 'all 4 hosts agree on 12 leaves'
     assert one(v.widget, 'mh-treediff-table').value == ''
@@ -635,7 +635,7 @@ def test_treediff_ok_renders_agreement():
 def test_treediff_many_hosts_bounded_columns():
     """With 100 hosts only odd and reference hosts get columns, plus an "other hosts" column."""
     leaf = value_leaf(odd=57, hosts=100)
-    v = mw.TreeDiffView(TreeDiff(leaves=(leaf,), num_hosts=100, num_leaves=3))
+    v = mw.TreeDiffView(TreeDiff(leaves=(leaf,), num_processes=100, num_leaves=3))
     html = one(v.widget, 'mh-treediff-table').value
     assert [
         int(th['attrs']['data-host'])
@@ -659,7 +659,7 @@ def test_treediff_escapes_markup_in_paths():
     """Leaf paths are escaped, never interpreted as HTML."""
     leaf = shape_leaf()
     leaf = LeafDiff(**{**leaf.__dict__, 'path': "['<b>x</b>']"})
-    v = mw.TreeDiffView(TreeDiff(leaves=(leaf,), num_hosts=4, num_leaves=1))
+    v = mw.TreeDiffView(TreeDiff(leaves=(leaf,), num_processes=4, num_leaves=1))
     html = one(v.widget, 'mh-treediff-table').value
     assert '<b>x</b>' not in html and '&lt;b&gt;x&lt;/b&gt;' in html
 
@@ -698,7 +698,7 @@ def test_stepper_marks_cell_states():
         (4, 3): 'missing',
     }
     released = StepTable.build(
-        [rec(5, 0), rec(5, 1)], released=[5], process_count=2, stepping=True, time=1.7e9
+        [rec(5, 0), rec(5, 1)], released=[5], num_processes=2, stepping=True, time=1.7e9
     )
     assert _states(mw.StepperView(released)) == {(5, 0): 'arrived', (5, 1): 'arrived'}
     grid = one(v.widget, 'mh-stepper-grid').value
