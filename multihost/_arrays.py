@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils as _jax_multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -159,8 +160,26 @@ def _same_sharding(x: jax.Array, sharding: NamedSharding) -> bool:
     return x.sharding == sharding or x.sharding.is_equivalent_to(sharding, x.ndim)
 
 
+def _traced(x: Any, mesh: Mesh, spec: P, to_global: bool) -> Any:
+    """A tracer (under `jax.jit`, `jax.vmap`, `jax.grad`...) goes to JAX's own conversion.
+
+    JAX implements both conversions as primitives with abstract evaluation,
+    batching and transpose rules, so handing the tracer to its public
+    functions (which bind those primitives) keeps every transformation
+    working exactly as with `jax.experimental.multihost_utils`. The mesh and
+    the spec get the same checks, and errors, as concrete values.
+    """
+    _check_contiguous(mesh)
+    _factors(mesh, spec, x.ndim)
+    if to_global:
+        return _jax_multihost_utils.host_local_array_to_global_array(x, mesh, spec)
+    return _jax_multihost_utils.global_array_to_host_local_array(x, mesh, spec)
+
+
 def _convert(x: Any, mesh: Mesh, spec: P, to_global: bool) -> Any:
     """One leaf, either way: what both conversions do before their own work."""
+    if isinstance(x, jax.core.Tracer):
+        return _traced(x, mesh, spec, to_global)
     if isinstance(x, jax.Array) and x.is_fully_addressable != to_global:
         return x  # already on the requested side
     if _is_key(x):  # convert the key data, wrap it again
@@ -211,10 +230,14 @@ def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh, pspec
     *different* data for a replicated spec is undefined behaviour that JAX
     never reports; `multihost.check_replicas` detects it).
 
+    Traceable: under `jax.jit`, `jax.vmap` or `jax.grad` a tracer is handed to
+    JAX's own primitive (as `jax.experimental.multihost_utils` does), so the
+    result is JAX's.
+
     Args:
       local_inputs: a pytree of host-local values (numpy, `jax.Array`, PRNG key
-        arrays, float0 arrays). A non-fully-addressable `jax.Array` is already
-        global and is returned as is.
+        arrays, float0 arrays, tracers). A non-fully-addressable `jax.Array` is
+        already global and is returned as is.
       global_mesh: a `jax.sharding.Mesh`. It *must* be contiguous: each host's
         devices form a sub-cube of the mesh.
       pspecs: a `PartitionSpec`, or a pytree of them that is a prefix of
@@ -260,6 +283,8 @@ def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh, pspe
     data on its own devices, as an array sharded by
     ``NamedSharding(global_mesh.local_mesh, pspec)``. No data is copied when
     the input is already sharded by ``NamedSharding(global_mesh, pspec)``.
+    Traceable like `host_local_array_to_global_array`: tracers go to JAX's
+    own primitive.
 
     Args:
       global_inputs: a pytree of global `jax.Array`s. A fully-addressable

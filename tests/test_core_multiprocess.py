@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import multihost_utils as jax_multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -418,6 +419,102 @@ def test_global_to_local_zero_copy():
     local = multihost_utils.global_array_to_host_local_array(g, mesh, P('host'))
     after = {s.device.id: s.data.unsafe_buffer_pointer() for s in local.addressable_shards}
     assert before == after
+
+
+# -- traced conversions: under jit, vmap and grad, exactly what JAX's give ---------------
+
+_SPECS = [P(), P('dev'), P('host'), P('host', 'dev'), P(None, 'dev')]
+
+
+def _outcome(fn):
+    """What ``fn()`` gives, comparable across implementations: its error type, or the
+    result's shape, dtype, sharding, addressability and every local shard's data."""
+    try:
+        out = jax.block_until_ready(fn())
+    except Exception as exc:  # the same failure counts as the same outcome
+        return ('error', type(exc).__name__)
+    shards = sorted((s.device.id, np.asarray(s.data).tolist()) for s in out.addressable_shards)
+    return ('ok', out.shape, str(out.dtype), out.sharding, out.is_fully_addressable, shards)
+
+
+def _both(make):
+    """``make(module)`` run with multihost and with jax.experimental.multihost_utils."""
+    return _outcome(lambda: make(multihost)), _outcome(lambda: make(jax_multihost_utils))
+
+
+@multiprocess
+def test_conversions_under_jit_match_jax():
+    """Under jax.jit both conversions bind JAX's primitives: same results, same failures."""
+    mesh, pid = _host_mesh(), jax.process_index()
+    local = np.arange(8, dtype=np.float32).reshape(4, 2) + 100 * pid
+    succeeded = set()
+    for spec in _SPECS:
+        ours, theirs = _both(
+            lambda m, spec=spec: jax.jit(
+                lambda x: m.host_local_array_to_global_array(x * 2, mesh, spec)
+            )(local)
+        )
+        assert ours == theirs, ('to global', spec)
+        g = multihost.host_local_array_to_global_array(local, mesh, spec)
+        ours, theirs = _both(
+            lambda m, spec=spec, g=g: jax.jit(
+                lambda x: m.global_array_to_host_local_array(x * 2, mesh, spec)
+            )(g)
+        )
+        assert ours == theirs, ('to local', spec)
+        if ours[0] == 'ok':
+            succeeded.add(spec)
+    assert {P(), P('dev'), P(None, 'dev')} <= succeeded  # not only equal failures
+
+    # Tracing alone (no lowering): the global shape JAX's abstract evaluation gives.
+    def to_global(m):
+        convert = m.host_local_array_to_global_array
+        return jax.eval_shape(lambda x: convert(x, mesh, P('host')), local)
+
+    assert to_global(multihost) == to_global(jax_multihost_utils)
+    assert to_global(multihost).shape == (4 * jax.process_count(), 2)
+    jaxpr = str(
+        jax.make_jaxpr(lambda x: multihost.host_local_array_to_global_array(x, mesh, P('host')))(
+            local
+        )
+    )
+    assert 'host_local_array_to_global_array' in jaxpr
+
+
+@multiprocess
+def test_conversions_under_vmap_match_jax():
+    """Under jax.vmap (batch axis 0 or 1, and inside jit) and jax.grad: JAX's results."""
+    mesh, pid = _host_mesh(), jax.process_index()
+    local = np.arange(16, dtype=np.float32).reshape(4, 4) + 100 * pid
+    succeeded = 0
+    for spec in [P(), P('host'), P('dev'), P(('host', 'dev'))]:  # per example: 1-D
+        g = multihost.host_local_array_to_global_array(local, mesh, spec)
+        for axis in (0, 1):
+            for wrap in (lambda f: f, jax.jit):
+                ours, theirs = _both(
+                    lambda m, spec=spec, axis=axis, wrap=wrap: wrap(
+                        jax.vmap(
+                            lambda x: m.host_local_array_to_global_array(x, mesh, spec),
+                            in_axes=axis,
+                        )
+                    )(local)
+                )
+                assert ours == theirs, ('to global', spec, axis, wrap)
+                succeeded += ours[0] == 'ok'
+            ours, theirs = _both(
+                lambda m, spec=spec, axis=axis, g=g: jax.vmap(
+                    lambda x: m.global_array_to_host_local_array(x, mesh, spec), in_axes=axis
+                )(g)
+            )
+            assert ours == theirs, ('to local', spec, axis)
+            succeeded += ours[0] == 'ok'
+    assert succeeded >= 8  # not only equal failures
+    ours, theirs = _both(
+        lambda m: jax.grad(lambda x: m.host_local_array_to_global_array(x, mesh, P()).sum())(
+            jnp.arange(3.0)
+        )
+    )
+    assert ours == theirs and ours[0] == 'ok'
 
 
 # -- live_devices ----------------------------------------------------------------------
