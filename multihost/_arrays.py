@@ -1,4 +1,5 @@
-"""Host-local data <-> global `jax.Array` (SPEC §2, the two conversion rows).
+"""Host-local data <-> global `jax.Array` (docs/API.md §2, the two
+conversion rows; §3 says exactly where they differ from JAX's).
 
 Built on public JAX only: `Mesh.local_mesh`, `NamedSharding`,
 `Sharding.devices_indices_map`, `jax.device_put` and

@@ -1,4 +1,4 @@
-"""Broadcast, gather, compare and barrier across hosts (SPEC §2, first four rows).
+"""Broadcast, gather, compare and barrier across hosts (docs/API.md §2, first four rows).
 
 Device collectives run on a one-device-per-process mesh: each host puts its
 data on one local device and XLA gathers or reduces across hosts. JAX's own

@@ -1,4 +1,4 @@
-"""Preemption sync points and live devices (SPEC §2, last two rows)."""
+"""Preemption sync points and live devices (docs/API.md §2, last two rows)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""SPEC §2 row by row, on 4 real JAX processes x 2 CPU devices.
+"""docs/API.md §2 row by row, on 4 real JAX processes x 2 CPU devices; the conversions
+under jit and vmap against JAX's own (§3, item 13).
 
 Each ``multiprocess`` test body runs in every process; a body passes only if
 it passes in all four.

@@ -9,6 +9,7 @@ with ours.
 from __future__ import annotations
 
 import inspect
+import pathlib
 import re
 
 import jax
@@ -59,7 +60,7 @@ def test_allgather_tiled_keeps_shape():
 
 
 def test_allgather_scalars_always_stacked():
-    """Scalars become shape (1,), tiled or not (SPEC; JAX's 1-process tiled path gives ())."""
+    """Scalars become shape (1,), tiled or not (docs/API.md §3, item 1: JAX's gives ())."""
     for tiled in (False, True):
         for scalar in (np.int32(7), jnp.float32(7), 7):
             out = multihost_utils.process_allgather(scalar, tiled=tiled)
@@ -259,6 +260,13 @@ def test_public_surface_is_pinned_and_documented():
         assert hasattr(multihost, name), name
         assert _documentation(name).strip(), f'{name} has no docstring'
     assert multihost.__doc__ and multihost.__doc__.strip()
+
+
+def test_public_surface_is_in_the_api_contract():
+    """Every public name appears in docs/API.md, the contract the docs site is built from."""
+    api = (pathlib.Path(__file__).parent.parent / 'docs' / 'API.md').read_text()
+    missing = [name for name in multihost.__all__ if not re.search(rf'\b{name}\b', api)]
+    assert not missing, f'not in docs/API.md: {missing}'
 
 
 def test_process_failure_error_is_caught_by_jax_handlers():

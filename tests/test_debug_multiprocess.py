@@ -1,4 +1,4 @@
-"""Stack dumps and barrier stepping (SPEC §3), on 4 real JAX processes x 2 CPU devices.
+"""Stack dumps and barrier stepping (docs/API.md §4.4), on 4 real JAX processes x 2 CPU devices.
 
 The point of both features is that they work while the hosts' main threads
 are blocked, so these tests block main threads on purpose (in barriers, at

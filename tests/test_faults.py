@@ -1,6 +1,6 @@
 """Preemption sync points and live devices with real signals in real processes.
 
-SPEC §2, last two rows. The module's cluster is 4 processes x 1 CPU device
+docs/API.md §2, last two rows. The module's cluster is 4 processes x 1 CPU device
 with ``jax_enable_recoverability`` on (so survivors of a SIGKILL live on), the
 preemption service on (the default) and a 5 s heartbeat timeout (so a dead
 process is noticed quickly). The SIGKILL test breaks the cluster and so runs
