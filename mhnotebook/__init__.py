@@ -26,6 +26,16 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> str:
+    # The version is written once, in multihost (the engine side this package
+    # always ships with); read lazily, so `import mhnotebook` stays free of jax.
+    if name == '__version__':
+        from multihost import __version__
+
+        return __version__
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
 def current_session() -> Session:
     """The session the ``%mh_*`` magics use (started by ``%mh_cluster``)."""
     from mhnotebook._magics import current_session as current

@@ -53,6 +53,8 @@ from multihost._layout import (
 from multihost._sequence import DEFAULT_TIMEOUT, CollectiveRecord
 from multihost._treediff import LeafDiff, TreeDiff, tree_diff
 
+# The one place the version is written: pyproject.toml reads it (setuptools dynamic
+# version) and mhnotebook.__version__ returns it.
 __version__ = '0.1.0'
 
 __all__ = [

@@ -269,6 +269,21 @@ def test_public_surface_is_in_the_api_contract():
     assert not missing, f'not in docs/API.md: {missing}'
 
 
+def test_the_version_is_written_once():
+    """pyproject.toml reads multihost.__version__; the metadata and mhnotebook agree with it."""
+    import importlib.metadata
+    import tomllib
+
+    import mhnotebook
+
+    root = pathlib.Path(__file__).parent.parent
+    project = tomllib.loads((root / 'pyproject.toml').read_text())
+    assert 'version' not in project['project'] and 'version' in project['project']['dynamic']
+    assert mhnotebook.__version__ == multihost.__version__
+    installed = importlib.metadata.version('mhnotebook')
+    assert installed == multihost.__version__, 'stale install: pip install -e . again'
+
+
 def test_process_failure_error_is_caught_by_jax_handlers():
     """Code that catches JAX's ProcessFailureError also catches ours, with the same message."""
     from jax.experimental import multihost_utils as jmu
