@@ -19,12 +19,12 @@ import os
 import re
 import tempfile
 import threading
-import uuid
 import weakref
 from typing import Any
 
 import numpy as np
 
+from mhnotebook._cleanup import shm_prefix
 from mhnotebook._session import HostsError, Session, SessionError
 
 _SHM_DIR = '/dev/shm'
@@ -220,7 +220,8 @@ class ShmPool:
                 buf = min(fits, key=lambda b: b.size)
                 self.free.remove(buf)
                 return buf
-        fd, path = tempfile.mkstemp(prefix=f'mhnb-{uuid.uuid4().hex[:8]}-', dir=_SHM_DIR)
+        # Named after this process (swept once it is gone, see _cleanup), mode 0600.
+        fd, path = tempfile.mkstemp(prefix=shm_prefix(), dir=_SHM_DIR)
         try:
             os.ftruncate(fd, size)
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import os
 import secrets
 import signal
 import sys
@@ -178,6 +179,7 @@ class Session:
         self._control: Any = None
         self._control_address: tuple[str, int] | None = None
         self._control_key = secrets.token_bytes(16)
+        self._watchdog: Any = None  # kills a local cluster if this process dies (_cleanup)
         _track(self)
 
     # -- basics ----------------------------------------------------------------
@@ -592,6 +594,11 @@ class Session:
                 self._cluster.stop_cluster_sync()
             except Exception as exc:
                 log.warning('stopping the local cluster failed: %s', exc)
+        if self._watchdog is not None:
+            from mhnotebook import _cleanup
+
+            watchdog, self._watchdog = self._watchdog, None
+            _cleanup.stop_watchdog(watchdog)  # it kills any straggler of the cluster
 
     def restart(self, *, timeout: float = 180.0) -> Session:
         """Replaces every engine by a fresh one (JAX cannot re-initialize in place).
@@ -669,6 +676,7 @@ def _initialize(
     platform: str | None,
     timeout: float,
     progress: _Progress,
+    bind: str | None = None,
 ) -> dict[int, dict[str, Any]]:
     n = len(engine_ids)
     pending = {}
@@ -682,6 +690,7 @@ def _initialize(
             devices,
             platform=platform,
             initialization_timeout=int(max(timeout, 10)),
+            coordinator_bind_address=bind,
         )
     infos: dict[int, dict[str, Any]] = {}
     errors: dict[int, str] = {}
@@ -703,18 +712,25 @@ def _initialize(
             f'jax.distributed.initialize failed (coordinator {coordinator}): '
             f'engines {sorted(errors)} raised, engines {missing} did not finish within '
             f'{timeout:g} s.{detail}\nCheck that every engine can reach the coordinator '
-            'address (pass coordinator="host:port" to choose it).'
+            f'address (pass coordinator="host:port" to choose it); it listens on '
+            f'{bind or "every interface"} only (coordinator_bind="[::]:PORT": every interface).'
         )
     return infos
 
 
-def _start_control(session: Session) -> None:
+def _start_control(session: Session, host: str) -> None:
     # Up front: once a cell hangs, engine 0 can no longer be asked to start it.
+    # It listens on ``host`` only: loopback for a local cluster, else the
+    # address of process 0 this kernel reaches it at.
     try:
         # Every host's debug thread, so stacks and stepping reach hosts that
         # have not entered a collective yet.
         session.call('multihost.start_debug_daemon')
-        session.control  # noqa: B018 - starts the endpoint and connects
+        address = session.call(
+            'multihost.engine.serve_control', session._control_key, host, processes=[0]
+        )[0]
+        session._control_address = (str(address[0]), int(address[1]))
+        session.control  # noqa: B018 - connects
     except Exception:
         session.stop()
         raise
@@ -732,7 +748,12 @@ def start_local(
 
     Each engine sets ``jax_num_cpu_devices`` and joins ``jax.distributed`` on
     a free loopback port (a local simulated cluster is the only place that
-    uses 127.0.0.1).
+    uses 127.0.0.1). Every port of the cluster (ipyparallel's, JAX's
+    coordination service, the control endpoint) listens on loopback only.
+
+    The cluster dies with this process: a watchdog process (see
+    `mhnotebook._cleanup`) SIGKILLs the controller and engines within a
+    second when this process ends in any way, ``kill -9`` included.
 
     Args:
         n: number of simulated hosts (engines).
@@ -756,9 +777,22 @@ def start_local(
     show = _Progress(
         progress, f'mhnotebook: starting {n} engines x {devices_per_process} CPU devices ...'
     )
+    from mhnotebook import _cleanup
+
+    _cleanup.sweep_shm()  # shared memory left by kernels that died
     t0 = time.monotonic()
     cluster_options.setdefault('log_level', logging.WARNING)
-    cluster = ipp.Cluster(n=n, **cluster_options)
+    # A cluster id of its own: the watchdog finds the cluster's processes by it.
+    options = dict(cluster_options)
+    options.setdefault('cluster_id', f'mhnb-{os.getpid()}-{secrets.token_hex(4)}')
+    cluster = ipp.Cluster(n=n, **options)
+    log_dir = os.path.join(cluster.profile_dir, 'log')
+    os.makedirs(log_dir, exist_ok=True)
+    watchdog = _cleanup.start_watchdog(
+        cluster.cluster_id,
+        cluster.profile_dir,
+        os.path.join(log_dir, f'mhnotebook-watchdog-{cluster.cluster_id}.log'),
+    )
     try:
         cluster.start_cluster_sync()
         client = cluster.connect_client_sync()
@@ -775,14 +809,22 @@ def start_local(
             f'mhnotebook: {n} engines up in {time.monotonic() - t0:.1f} s; initializing JAX ...'
         )
         left = max(10.0, timeout - (time.monotonic() - t0))
+        coordinator = f'127.0.0.1:{free_port()}'
         infos = _initialize(
-            client, engine_ids, f'127.0.0.1:{free_port()}', devices_per_process, 'cpu', left, show
+            client, engine_ids, coordinator, devices_per_process, 'cpu', left, show, coordinator
         )
+        if not _cleanup.watchdog_ready(watchdog, 10.0):
+            log.warning(
+                'mhnotebook: the watchdog of the local cluster did not start (see %s); '
+                'its engines may outlive a crash of this process.',
+                log_dir,
+            )
     except BaseException:
         try:
             cluster.stop_cluster_sync()
         except Exception:
             pass
+        _cleanup.stop_watchdog(watchdog)
         raise
     session = Session(
         client,
@@ -792,7 +834,8 @@ def start_local(
             n=n, devices_per_process=devices_per_process, progress=progress, **cluster_options
         ),
     )
-    _start_control(session)
+    session._watchdog = watchdog
+    _start_control(session, '127.0.0.1')
     show.update(
         f'mhnotebook: {n} hosts x {devices_per_process} devices ready in '
         f'{time.monotonic() - t0:.1f} s (engines {session.engine_ids})'
@@ -807,6 +850,7 @@ def connect(
     cluster_id: str | None = None,
     n: int | None = None,
     coordinator: str | None = None,
+    coordinator_bind: str | None = None,
     devices_per_process: int | None = None,
     platform: str | None = None,
     timeout: float = 120.0,
@@ -817,7 +861,9 @@ def connect(
     If JAX is not distributed on the engines yet, initializes it: engine ids
     in ascending order become process indices, and the coordinator runs on
     the first engine's host (on a port free there) unless ``coordinator`` is
-    given.
+    given. The coordination service (unauthenticated) listens on that
+    address only, and so does process 0's control endpoint (authenticated).
+    Engines it did not start are never stopped or killed by this session.
 
     Args:
         url_file: the client connection file (``ipcontroller-client.json``).
@@ -825,6 +871,8 @@ def connect(
         cluster_id: cluster id within the profile.
         n: wait until this many engines are registered.
         coordinator: ``host:port`` for `jax.distributed.initialize`.
+        coordinator_bind: ``host:port`` the coordination service listens on
+            (default: ``coordinator`` itself; ``'[::]:PORT'``: every interface).
         devices_per_process: CPU devices to simulate per engine (testing only).
         platform: force a JAX platform on the engines (e.g. ``'cpu'``).
         timeout: seconds to wait for engines and initialization.
@@ -836,6 +884,9 @@ def connect(
     """
     import ipyparallel as ipp
 
+    from mhnotebook import _cleanup
+
+    _cleanup.sweep_shm()  # shared memory left by kernels that died
     show = _Progress(progress, 'mhnotebook: connecting to the ipyparallel cluster ...')
     kwargs = {
         k: v
@@ -867,7 +918,14 @@ def connect(
                 port = client[first].apply_sync(_call, 'multihost.engine.free_port')
                 coordinator = f'{infos[first]["address"]}:{port}'
             infos = _initialize(
-                client, engine_ids, coordinator, devices_per_process, platform, timeout, show
+                client,
+                engine_ids,
+                coordinator,
+                devices_per_process,
+                platform,
+                timeout,
+                show,
+                coordinator_bind or coordinator,
             )
         counts = {i['process_count'] for i in infos.values()}
         if counts != {len(engine_ids)}:
@@ -880,7 +938,7 @@ def connect(
         client.close()
         raise
     session = Session(client, _hosts_from_infos(infos))
-    _start_control(session)
+    _start_control(session, session.processes[0].address)
     show.update(
         f'mhnotebook: connected to {session.num_processes} hosts (engines {session.engine_ids})'
     )

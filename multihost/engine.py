@@ -114,6 +114,7 @@ def initialize(
     platform: str | None = None,
     initialization_timeout: int = 120,
     heartbeat_timeout: int | None = None,
+    coordinator_bind_address: str | None = None,
 ) -> dict[str, Any]:
     """Configures JAX on this engine and joins the distributed runtime.
 
@@ -125,6 +126,9 @@ def initialize(
         platform: e.g. ``'cpu'`` to force the CPU backend.
         initialization_timeout: seconds to wait for every process to connect.
         heartbeat_timeout: seconds before a silent process is declared dead.
+        coordinator_bind_address: ``host:port`` process 0's coordination service
+            listens on (it is unauthenticated). None: JAX's default, every
+            interface (``[::]:port``).
 
     Returns:
         `engine_info()` after initialization.
@@ -143,6 +147,8 @@ def initialize(
     )
     if heartbeat_timeout:
         kwargs['heartbeat_timeout_seconds'] = heartbeat_timeout
+    if coordinator_bind_address:
+        kwargs['coordinator_bind_address'] = coordinator_bind_address
     jax.distributed.initialize(**kwargs)
     return engine_info()
 
@@ -368,11 +374,14 @@ def barrier(name: str, timeout: float | None = None) -> dict[str, Any]:
     return dict(ok=True, elapsed=time.perf_counter() - t0)
 
 
-def serve_control(authkey: bytes) -> tuple[str, int]:
-    """Starts this process's control endpoint (answers while the main thread is busy)."""
+def serve_control(authkey: bytes, host: str = '') -> tuple[str, int]:
+    """Starts this process's control endpoint (answers while the main thread is busy).
+
+    ``host``: the address to listen on (``''``: every interface).
+    """
     import multihost
 
-    return multihost.serve_control(authkey)
+    return multihost.serve_control(authkey, (host, 0))
 
 
 def layout(namespace: dict[str, Any], name: str, check: bool = True) -> tuple[Any, Any]:

@@ -1,0 +1,254 @@
+"""Nothing outlives the notebook kernel, and nothing listens wider than it must.
+
+Real processes throughout: a "kernel" is a Python subprocess that starts a local
+cluster (or connects to one) and is then killed with ``kill -9``; listeners are
+read from the OS (psutil); the control endpoint is attacked with a real socket.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from multiprocessing import AuthenticationError
+
+import psutil
+import pytest
+
+import mhnotebook
+from mhnotebook import _cleanup
+from mhnotebook._gather import ShmPool
+from multihost import ControlClient
+
+pytestmark = pytest.mark.cluster
+
+LOOPBACK = ('127.', '::1', '::ffff:127.')
+WILDCARD = ('0.0.0.0', '::', '')
+
+
+def _start_kernel(code: str, timeout: float = 240.0) -> tuple[subprocess.Popen, dict]:
+    """Runs ``code`` in a fresh Python process (the "kernel"); returns it and its JSON line."""
+    proc = subprocess.Popen(
+        [sys.executable, '-c', textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ''
+    if not line:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        pytest.fail(f'the kernel process did not get ready within {timeout} s:\n{err[-4000:]}')
+    return proc, json.loads(line)
+
+
+def _alive(procs: list[psutil.Process]) -> list[int]:
+    """Pids still running (a zombie is dead: it holds nothing but its exit status)."""
+    left = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def _listeners(pid: int) -> list[tuple[str, int]]:
+    try:
+        conns = psutil.Process(pid).net_connections(kind='inet')
+    except psutil.NoSuchProcess:
+        return []
+    return [(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+
+
+KERNEL_LOCAL = """
+    import glob, json, time
+    import mhnotebook
+    from mhnotebook import _cleanup
+    s = mhnotebook.start_local(2, 1, progress=False)
+    s.execute('import numpy as np\\nbig = np.ones(1 << 20, np.float32)', echo=False)
+    got = s.allgather('big', transport='shm')  # a 8 MiB file in /dev/shm, kept in the pool
+    assert got.shape == (2, 1 << 20) and float(got.sum()) == 2 * (1 << 20)
+    print(json.dumps(dict(
+        engines=[h.pid for h in s.processes],
+        watchdog=s._watchdog.pid,
+        shm=sorted(glob.glob('/dev/shm/' + _cleanup.shm_prefix() + '*')),
+    )), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_kill_9_of_the_kernel_kills_its_local_cluster_and_shared_memory():
+    """Kernel SIGKILLed: its controller, engines and their children are gone within 10 s,
+    its /dev/shm file too; the watchdog exits."""
+    kernel, info = _start_kernel(KERNEL_LOCAL)
+    try:
+        me = psutil.Process(kernel.pid)
+        tree = [p for p in me.children(recursive=True) if p.pid != info['watchdog']]
+        cmdlines = [' '.join(p.cmdline()) for p in tree]
+        assert set(info['engines']) <= {p.pid for p in tree}
+        assert sum('ipyparallel.controller' in c for c in cmdlines) >= 1
+        assert sum('ipyparallel.engine' in c for c in cmdlines) >= 2
+        assert info['shm'], 'the gather left no shared-memory file to clean up'
+        for path in info['shm']:
+            assert f'mhnb-{kernel.pid}-' in os.path.basename(path)  # the owner is in the name
+            assert os.stat(path).st_mode & 0o777 == 0o600
+        watchdog = psutil.Process(info['watchdog'])
+    finally:
+        kernel.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        kernel.wait(30)
+    deadline = t0 + 10
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    elapsed = time.monotonic() - t0
+    left = _alive(tree)
+    if left:  # do not leave them to the next test
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f'{len(left)} process(es) of the dead kernel still run after 10 s'
+    print(f'\nprocesses of the killed kernel gone after {elapsed:.2f} s')
+    while any(map(os.path.exists, info['shm'])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in info['shm'] if os.path.exists(p)]
+    watchdog.wait(timeout=max(deadline - time.monotonic(), 0.1))  # not our child: no code
+    assert not _alive([watchdog])
+
+
+STALE_OWNER = """
+    import os
+    from mhnotebook._gather import ShmPool
+    buf = ShmPool().acquire(1 << 16)
+    print(buf.path, flush=True)
+    os.kill(os.getpid(), 9)  # dies without unlinking it
+"""
+
+
+@pytest.fixture(scope='module')
+def local_session():
+    """A local session, started after a dead process left a shared-memory file behind."""
+    stale = subprocess.run(
+        [sys.executable, '-c', textwrap.dedent(STALE_OWNER)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    path = stale.stdout.strip()
+    assert stale.returncode == -signal.SIGKILL and os.path.exists(path), stale.stderr
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    live_pool = ShmPool()
+    live = live_pool.acquire(1 << 16)  # this process is alive: its file must stay
+    session = mhnotebook.start_local(1, 1, progress=False)
+    try:
+        yield session, path, live.path
+    finally:
+        session.stop()
+        live_pool.release(live)
+        live_pool.close()
+
+
+def test_next_start_sweeps_shared_memory_of_dead_owners_only(local_session):
+    session, stale, live = local_session
+    assert not os.path.exists(stale)
+    assert os.path.exists(live)
+
+
+def test_local_cluster_listens_on_loopback_only(local_session):
+    """Controller, schedulers, engines, nannies: every listening socket is on loopback,
+    the JAX coordination service and the control endpoint included."""
+    session, _, _ = local_session
+    cluster = session._cluster
+    pids = _cleanup.cluster_processes(cluster.cluster_id, cluster.profile_dir)
+    engine = session.processes[0].pid
+    assert engine in pids and len(pids) >= 3
+    found = {pid: _listeners(pid) for pid in pids}
+    wide = {p: [a for a in addrs if not a[0].startswith(LOOPBACK)] for p, addrs in found.items()}
+    assert not any(wide.values()), f'listening beyond loopback: {wide}'
+    # process 0 hosts both the coordination service and the control endpoint
+    assert session._control_address in found[engine]
+    assert len(found[engine]) >= 2
+
+
+def test_control_endpoint_refuses_a_wrong_key_and_unpickles_nothing(local_session, tmp_path):
+    session, _, _ = local_session
+    address = session._control_address
+    with pytest.raises(AuthenticationError, match='refused the authkey'):
+        ControlClient(address, b'not the key 0123', timeout=10)
+
+    # A raw client that skips the handshake and sends a pickle at once: the server
+    # must close the connection without unpickling it (it would create `marker`).
+    marker = tmp_path / 'unpickled'
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), 'w'))
+
+    payload = pickle.dumps(('info', Evil()))
+    with socket.create_connection(address, timeout=10) as sock:
+        sock.settimeout(10)
+        sock.recv(4096)  # the server's challenge
+        sock.sendall(len(payload).to_bytes(4, 'big') + payload)
+        try:
+            rest = sock.recv(4096)
+            while rest and b'FAILURE' not in rest:
+                rest = sock.recv(4096)
+        except (ConnectionResetError, TimeoutError):
+            pass
+    time.sleep(0.5)
+    assert not marker.exists()
+    # the right key still works
+    assert session.control.info()['process'] == 0
+
+
+KERNEL_CONNECT = """
+    import json, time
+    import mhnotebook
+    s = mhnotebook.connect(cluster_id={cluster_id!r}, profile='default', progress=False,
+                           timeout=120, platform='cpu', devices_per_process=1)
+    s.execute('import jax\\nx = jax.process_index()', echo=False)
+    print(json.dumps(dict(engines=[h.pid for h in s.processes],
+                          address=s.processes[0].address,
+                          control=list(s._control_address),
+                          watchdog=s._watchdog is not None)), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_connect_binds_the_cluster_address_only_and_never_kills_engines_it_did_not_start():
+    """A kernel connects to a cluster someone else started, initializes JAX there, and is
+    killed with kill -9: the engines live on, and nothing listened on every interface."""
+    import ipyparallel as ipp
+
+    cluster = ipp.Cluster(n=2, log_level=logging.WARNING)
+    client = cluster.start_and_connect_sync()
+    try:
+        client.wait_for_engines(2, timeout=120)
+        engine_pids = client[:].apply_async(os.getpid).get(timeout=60)
+        kernel, info = _start_kernel(KERNEL_CONNECT.format(cluster_id=cluster.cluster_id))
+        try:
+            assert sorted(info['engines']) == sorted(engine_pids)
+            assert info['watchdog'] is False
+            assert info['control'][0] == info['address']
+            listening = {pid: _listeners(pid) for pid in engine_pids}
+            wild = {pid: [a for a in addrs if a[0] in WILDCARD] for pid, addrs in listening.items()}
+            assert not any(wild.values()), f'listening on every interface: {wild}'
+            assert tuple(info['control']) in listening[info['engines'][0]]
+        finally:
+            kernel.send_signal(signal.SIGKILL)
+            kernel.wait(30)
+        time.sleep(5)  # 5x longer than a local cluster takes to die with its kernel
+        assert client[:].apply_async(os.getpid).get(timeout=30) == engine_pids
+    finally:
+        client.close()
+        cluster.signal_engines_sync(signal.SIGKILL)
+        cluster.stop_cluster_sync()
