@@ -43,7 +43,7 @@ import threading
 import time
 from typing import Any
 
-from multihost import _jax_adapter, _sequence
+from multihost import _jax_adapter, _kv, _sequence
 from multihost._debugmodel import HostStacks, StepTable, ThreadStack
 from multihost._errors import StepTimeoutError
 
@@ -99,15 +99,11 @@ _state = _State()
 
 
 def _process_index() -> int:
-    import jax
-
-    return jax.process_index()
+    return _kv.process_index()  # never initializes the backend
 
 
 def _process_count() -> int:
-    import jax
-
-    return jax.process_count()
+    return _kv.process_count()
 
 
 def _distributed() -> Any | None:
@@ -257,7 +253,7 @@ def _command(client: Any, cmd: str, timeout: float) -> tuple[dict[int, str], dic
         allow_overwrite=True,
     )
     daemons: dict[int, dict] = {}
-    for _, value in client.key_value_dir_get(_key('dmn') + '/'):
+    for value in _kv.read_dir(client, _key('dmn')).values():
         info = json.loads(value)
         daemons[int(info['process'])] = info
     expected = sorted(p for p, info in daemons.items() if info['since'] < g)
@@ -273,10 +269,10 @@ def _command(client: Any, cmd: str, timeout: float) -> tuple[dict[int, str], dic
             if not _sequence.is_timeout(exc):
                 raise
             break  # out of time: pick up whoever answered below
-    prefix = _key('rep', g) + '/'
-    for key, value in client.key_value_dir_get(prefix):
-        replies.setdefault(int(key.rsplit('/', 1)[-1]), value)
-    client.key_value_delete(prefix)
+    prefix = _key('rep', g)
+    for p, value in _kv.read_dir(client, prefix).items():
+        replies.setdefault(p, value)
+    _kv.delete(client, prefix + '/')
     return replies, daemons
 
 
@@ -481,16 +477,8 @@ def step_table() -> StepTable:
             positions=(cur.seq if cur else None,),
             time=time.time(),
         )
-    records = [
-        _sequence.CollectiveRecord.from_json(v)
-        for _, v in client.key_value_dir_get(_key('seq') + '/')
-    ]
-    released = []
-    for key, _ in client.key_value_dir_get(_key('step', 'go') + '/'):
-        try:
-            released.append(int(key.rsplit('/', 1)[-1]))
-        except ValueError:
-            pass
+    records = _sequence.all_records(client)
+    released = list(_kv.read_dir(client, _key('step', 'go')))
     waiting = []
     for key, _ in client.key_value_dir_get(_key('step', 'wait') + '/'):
         try:

@@ -11,8 +11,14 @@ The hierarchy::
     │   │       (also an AssertionError)
     │   ├── BarrierTimeoutError             a host did not arrive in time
     │   │       (also a TimeoutError)
-    │   └── StepTimeoutError                stepping: a step was not released
-    │           (also a TimeoutError)       in time
+    │   ├── StepTimeoutError                stepping: a step was not released
+    │   │       (also a TimeoutError)       in time
+    │   ├── HostFailedError                 some hosts could not take part in a
+    │   │                                   collective (missing name, bad value)
+    │   ├── CollectiveInterruptedError      a host was interrupted (SIGINT) in
+    │   │                                   the collective; the others stop too
+    │   └── CoordinatorUnreachableError     the coordination service (process 0)
+    │           (also a ConnectionError)    is gone
     └── jax...multihost_utils.ProcessFailureError
         └── ProcessFailureError             `live_devices`: a process died or
                                             restarted (JAX's handlers catch it)
@@ -117,6 +123,54 @@ class StepTimeoutError(MultihostError, TimeoutError):
         super().__init__(message)
         self.seq = seq
         self.timeout = timeout
+
+
+class HostFailedError(MultihostError, RuntimeError):
+    """Some hosts could not take part in a collective and said why.
+
+    A host that cannot take part (a name it does not define, a value it
+    cannot convert) still takes its turn in the exchange with its reason, so
+    every host raises this same error at once and the collective sequence
+    stays aligned.
+
+    Attributes:
+        seq: the collective's position in the sequence.
+        reasons: process index -> why that host could not take part.
+    """
+
+    def __init__(self, message: str, *, seq: int, reasons: Mapping[int, str]):
+        super().__init__(message)
+        self.seq = seq
+        self.reasons = dict(reasons)
+
+
+class CollectiveInterruptedError(MultihostError, RuntimeError):
+    """Another host was interrupted while waiting in this collective.
+
+    Attributes:
+        seq: the collective's position in the sequence.
+        by: the process that was interrupted.
+    """
+
+    def __init__(self, message: str, *, seq: int, by: int):
+        super().__init__(message)
+        self.seq = seq
+        self.by = by
+
+
+class CoordinatorUnreachableError(MultihostError, ConnectionError):
+    """The coordination service (run by process 0) cannot be reached.
+
+    Attributes:
+        during: what this host was doing (``'waiting for mh/e/0/3/v'``...).
+        positions: process index -> the last `CollectiveRecord` this host
+            knew for that process (often only its own).
+    """
+
+    def __init__(self, message: str, *, during: str, positions: Mapping[int, Any] | None = None):
+        super().__init__(message)
+        self.during = during
+        self.positions = dict(positions or {})
 
 
 class ProcessFailureError(_jax_multihost_utils.ProcessFailureError):

@@ -35,8 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from multihost import _jax_adapter, _sequence
-from multihost._errors import BarrierTimeoutError
+from multihost import _sequence
 
 #: A normalized index: one ``(start, stop)`` pair per dimension.
 Index = tuple[tuple[int, int], ...]
@@ -763,49 +762,6 @@ def _report(layout: Layout, digests: dict[int, str]) -> ReplicaReport:
     return ReplicaReport(layout=layout, groups=tuple(groups))
 
 
-def _published(client: Any, directory: str) -> dict[int, dict[int, str]]:
-    out = {}
-    for key, value in client.key_value_dir_get(directory):
-        pid = int(key.rstrip('/').rsplit('/', 1)[-1])
-        out[pid] = {int(d): h for d, h in json.loads(value).items()}
-    return out
-
-
-def _wait(client: Any, barrier: str, directory: str, seq: int, timeout: float, stage: str) -> None:
-    import jax
-
-    try:
-        client.wait_at_barrier(barrier, max(1, int(timeout * 1000)))
-    except Exception as exc:  # XlaRuntimeError; its type moved between JAX versions
-        if not _sequence.is_timeout(exc):
-            raise
-        try:
-            arrived = set(_published(client, directory))
-            where = _sequence.positions(client)
-        except Exception:  # the coordinator itself may be gone
-            arrived, where = {jax.process_index()}, {}
-        missing = (
-            [p for p in range(jax.process_count()) if p not in arrived]
-            if stage == 'exchange'
-            else []
-        )
-        raise BarrierTimeoutError(
-            f'timed out after {timeout:g} s in check_replicas [#{seq}] ({stage}): '
-            + (
-                f'process(es) {missing} did not publish their digests. '
-                if missing
-                else 'every host published its digests, but not all reached the barrier in time '
-                '(this host may have arrived after the others gave up). '
-            )
-            + 'Look at its stack (multihost.dump_stacks) or raise the timeout '
-            '(timeout=..., or MULTIHOST_TIMEOUT).',
-            name=f'check_replicas #{seq}',
-            timeout=timeout,
-            missing=missing,
-            positions=where,
-        ) from exc
-
-
 def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
     """Checks that every replica of every block of ``arr`` holds the same bytes.
 
@@ -862,19 +818,10 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
         tree_digest=_sequence.digest(('check_replicas', signature)),
         timeout=timeout,
     )
-    client = _jax_adapter.client()
-    seq, pid = rec.seq, jax.process_index()
-    directory = f'mh/cr/{seq}/'
-    # Publish this host's digests; wait until every host has published.
-    client.key_value_set(
-        f'{directory}{pid}', json.dumps(_local_digests(arr, layout)), allow_overwrite=True
-    )
-    _wait(client, f'mh/cr/{seq}', directory, seq, timeout, 'exchange')
+    # Every host shares its digests (one `_kv` round under the collective's keys).
     digests: dict[int, str] = {}
-    for part in _published(client, directory).values():
-        digests.update(part)
-    # Everyone has read every digest once all pass this barrier: then clean up.
-    _wait(client, f'mh/cr/{seq}/done', directory, seq, timeout, 'cleanup')
-    if pid == 0:
-        client.key_value_delete(directory)
+    for text in _sequence.share(
+        rec, 'digests', json.dumps(_local_digests(arr, layout)), timeout=timeout
+    ).values():
+        digests.update({int(d): h for d, h in json.loads(text).items()})
     return _report(layout, digests)

@@ -9,22 +9,30 @@ drift silently: at every step the hosts compare what they are about to do, so
 the first call where one host diverges raises on every host, naming each
 host's call and call site.
 
-Protocol for collective ``k`` (coordination service = the JAX distributed
-runtime's key-value store, reached through `_jax_adapter`):
+Protocol for collective ``k`` (one `_kv.round_`, through the coordination
+service of ``jax.distributed``):
 
-1. ``set mh/seq/<k mod SLOTS>/<pid> = record`` (kind, name, digest, call
-   site, time, and k itself);
-2. ``wait_at_barrier('mh/b/<k>', timeout)``;
-3. ``dir_get mh/seq/<k mod SLOTS>/`` and compare every host's (kind, name,
-   digest).
+1. publish ``mh/seq/<k mod SLOTS>/<pid> = record`` (kind, name, digest, call
+   site, time, k itself, and why the host cannot take part, if it cannot);
+2. count this host as arrived at ``mh/e/<epoch>/<k>/n``; the last host to
+   arrive reads every record, compares every host's (kind, name, digest) and
+   writes the verdict ``mh/e/<epoch>/<k>/v`` (``ok`` or the mismatch);
+3. every other host waits for the verdict (in 0.5 s slices, up to its
+   timeout). The first host whose timeout passes writes a timeout verdict
+   instead (who is missing, where each host last was); the verdict is written
+   once, so every host, a late one included, raises the same error.
 
-Three RPCs to the coordinator; no device work. With barrier stepping on
-(`_debugd`), the host waits between 1 and 2 until step ``k`` is released.
-On timeout the hosts read ``mh/seq/`` to tell who is missing and where each
-host last was. Records live in a ring of `_SLOTS` slots, overwritten rather
-than deleted (no extra RPC): a host can only overwrite slot ``k mod SLOTS``
-at collective ``k + SLOTS``, after every host passed barrier ``k + 1`` and so
-finished reading slot ``k``.
+Three RPCs per host, four for the last arriver; no device work. With barrier
+stepping on (`_debugd`), the host waits between 1 and 2 until step ``k`` is
+released. Records live in a ring of `_SLOTS` slots, overwritten rather than
+deleted (no extra RPC): a host can only overwrite slot ``k mod SLOTS`` at
+collective ``k + SLOTS``, after every host arrived at ``k + SLOTS - 1`` and so
+finished reading slot ``k``. Counters and verdicts live in epochs of 64
+collectives that process 0 deletes two epochs later (`_kv.collect_garbage`).
+
+Nothing here initializes the JAX backend: process index and count come from
+the distributed state (`_kv.process_index`), so a host still loading data
+before its first JAX operation cannot block the others' check.
 """
 
 from __future__ import annotations
@@ -40,15 +48,18 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, NoReturn
 
-from multihost import _jax_adapter
+from multihost import _kv
 from multihost._errors import (
     BarrierMismatchError,
     BarrierTimeoutError,
+    CollectiveInterruptedError,
     CollectiveMismatchError,
+    HostFailedError,
 )
+from multihost._text import fmt_hosts
 
 #: Default timeout (seconds) of every barrier and collective check, unless
 #: ``MULTIHOST_TIMEOUT`` says otherwise. Generous on purpose: a real job may
@@ -59,6 +70,7 @@ DEFAULT_TIMEOUT = 600.0
 _PREFIX = 'mh'
 _RING_SIZE = 256
 _SLOTS = 8  # key-value slots for records (see the module docstring)
+_MAX_TEXT = 300  # names and call sites are cut to this many characters
 
 
 def default_timeout() -> float:
@@ -97,6 +109,7 @@ class CollectiveRecord:
         site: the caller's ``file:line`` outside `multihost`.
         time: wall-clock time (``time.time()``) when the call was entered.
         process: the process index that made the call.
+        fail: why this host could not take part (`fail_turn`), else empty.
     """
 
     seq: int
@@ -106,6 +119,7 @@ class CollectiveRecord:
     site: str
     time: float
     process: int
+    fail: str = ''
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(',', ':'))
@@ -113,7 +127,7 @@ class CollectiveRecord:
     @classmethod
     def from_json(cls, text: str) -> CollectiveRecord:
         raw = json.loads(text)
-        return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
 
     def describe(self) -> str:
         """A one-line human description: ``sync_global_devices('ckpt') at train.py:42``."""
@@ -185,25 +199,29 @@ def current() -> CollectiveRecord | None:
 
 
 def _key(*parts: object) -> str:
-    return '/'.join((_PREFIX, *map(str, parts)))
+    return _kv.key(*parts)
 
 
-def _read_records(client: Any, directory: str) -> dict[int, CollectiveRecord]:
-    out: dict[int, CollectiveRecord] = {}
-    for _, value in client.key_value_dir_get(directory):
-        rec = CollectiveRecord.from_json(value)
-        out[rec.process] = rec
-    return out
+def _slot_dir(seq: int) -> str:
+    return _kv.key('seq', seq % _SLOTS)
+
+
+def all_records(client: Any) -> list[CollectiveRecord]:
+    """Every record in the ring (one bounded read per slot)."""
+    return [
+        CollectiveRecord.from_json(value)
+        for slot in range(_SLOTS)
+        for value in _kv.read_dir(client, _slot_dir(slot)).values()
+    ]
 
 
 def positions(client: Any | None = None) -> dict[int, CollectiveRecord]:
     """Process index -> the latest collective each host published."""
-    client = client or _jax_adapter.client()
+    client = client or _kv.client()
     if client is None:
         return {}
     latest: dict[int, CollectiveRecord] = {}
-    for _, value in client.key_value_dir_get(_key('seq') + '/'):
-        rec = CollectiveRecord.from_json(value)
+    for rec in all_records(client):
         if rec.process not in latest or rec.seq > latest[rec.process].seq:
             latest[rec.process] = rec
     return latest
@@ -211,12 +229,7 @@ def positions(client: Any | None = None) -> dict[int, CollectiveRecord]:
 
 def is_timeout(exc: BaseException) -> bool:
     """Whether a coordination-service error is a deadline (barrier or blocking get)."""
-    text = str(exc)
-    return (
-        'DEADLINE_EXCEEDED' in text
-        or 'timed out' in text.lower()
-        or ('Barrier' in text and 'timeout' in text.lower())
-    )
+    return _kv.is_timeout(exc)
 
 
 def enter(
@@ -246,6 +259,9 @@ def enter(
         BarrierMismatchError: hosts passed different barrier names.
         CollectiveMismatchError: hosts called different collectives, or the
             same one on differently shaped data.
+        HostFailedError: some host could not take part (see `fail_turn`).
+        CollectiveInterruptedError: another host was interrupted here.
+        CoordinatorUnreachableError: the coordination service is gone.
     """
     return _enter(
         kind,
@@ -257,14 +273,31 @@ def enter(
     )[0]
 
 
+def fail_turn(kind: str, name: str, reason: str, *, timeout: float | None = None) -> NoReturn:
+    """Takes this host's turn in collective ``kind`` without being able to do it.
+
+    For a host that cannot take part (a name it does not define, a value it
+    cannot convert): it still enters the collective with its reason, so every
+    host raises the same `HostFailedError` at once, naming each host's
+    reason, and the sequence stays aligned. Always raises.
+    """
+    _enter(kind, name, tree_digest='', timeout=timeout, site=call_site(), fail=reason)
+    raise HostFailedError(  # one process: nobody to tell
+        f'{kind} failed on process {_kv.process_index()}: {reason}',
+        seq=position() - 1,
+        reasons={_kv.process_index(): reason},
+    )
+
+
 def exchange(
     kind: str, name: str, payload: bytes, *, tree_digest: str, timeout: float | None = None
 ) -> dict[int, bytes]:
     """Like `enter`, and every host's ``payload`` rides along: process index -> bytes.
 
     For small data only (it travels through the coordinator, base64 in the
-    record): the check and the data movement are one exchange, no device work.
-    Requires more than one process.
+    record, chunked by `_kv` beyond its per-host bound): the check and the
+    data movement are one exchange, no device work. Requires more than one
+    process.
     """
     _, raw = _enter(
         kind, name, tree_digest=tree_digest, timeout=timeout, site=call_site(), payload=payload
@@ -281,70 +314,200 @@ def _enter(
     site: str,
     mismatch_prefix: str | None = None,
     payload: bytes | None = None,
+    fail: str = '',
 ) -> tuple[CollectiveRecord, dict[int, str]]:
     """`enter`, also returning every host's raw published record (process -> JSON)."""
-    import jax
-
-    pid = jax.process_index()
+    pid = _kv.process_index()
     with _state.lock:
         seq = _state.next_seq
         _state.next_seq += 1
         rec = CollectiveRecord(
             seq=seq,
             kind=kind,
-            name=name,
+            name=name[:_MAX_TEXT],
             digest=tree_digest,
-            site=site,
+            site=site[-_MAX_TEXT:],
             time=time.time(),
             process=pid,
+            fail=fail[:_MAX_TEXT],
         )
         _state.ring.append(rec)
         _state.current = rec
-    client = _jax_adapter.client()
-    if client is None or jax.process_count() == 1:
+    client = _kv.client()
+    if client is None:
         return rec, {}
     timeout = default_timeout() if timeout is None else float(timeout)
+    _kv.collect_garbage(client, seq)
     # The debug thread (stacks, stepping) listens from here on; cheap once
     # started. Imported here: `_debugd` builds on this module.
     from multihost import _debugd
 
     _debugd.ensure_started(client)
     gated = _debugd.before_arrival(client, rec)  # stepping on: "waiting at seq"
-    # 1. publish (this is also the host's arrival in the step table)
     text = rec.to_json()
     if payload is not None:
         text = text[:-1] + ',"data":"' + base64.b64encode(payload).decode() + '"}'
-    client.key_value_set(_key('seq', seq % _SLOTS, pid), text, allow_overwrite=True)
-    # 1b. step gate: with stepping on, wait until step `seq` is released.
-    _debugd.gate(client, rec, gated)
-    # 2. wait for everyone (coordination-service barrier: it can time out)
-    try:
-        client.wait_at_barrier(_key('b', seq), max(1, int(timeout * 1000)))
-    except Exception as exc:  # XlaRuntimeError; its type moved between versions
-        if not is_timeout(exc):
-            raise
-        _raise_timeout(client, rec, timeout, exc)
-    # 3. compare
-    raw = {}
-    calls = {}
-    for _, value in client.key_value_dir_get(_key('seq', seq % _SLOTS) + '/'):
-        r = CollectiveRecord.from_json(value)
-        calls[r.process], raw[r.process] = r, value
-    _check_same(rec, calls, mismatch_prefix)
+    rnd = _kv.Round(
+        name=f'{_kv.epoch_dir(seq)}/{seq}',
+        data=_slot_dir(seq),
+        belongs=lambda value: CollectiveRecord.from_json(value).seq == seq,
+    )
+
+    def missing_positions(arrived: dict[int, str]) -> dict[str, Any]:
+        where = positions(client)
+        return {
+            'what': rec.describe(),
+            'name': rec.name,
+            'positions': {p: r.to_json() for p, r in where.items() if p not in arrived},
+        }
+
+    # Publish (also this host's arrival in the step table), pass the step
+    # gate, wait for every host; the last to arrive judges everyone's records.
+    verdict, raw = _kv.round_(
+        client,
+        rnd,
+        text,
+        timeout=timeout,
+        judge=_judge,
+        on_timeout=missing_positions,
+        read=payload is not None,
+        before_arrival=lambda: _debugd.gate(client, rec, gated),
+    )
+    if not verdict.ok:
+        raise _error(verdict, rec, mismatch_prefix)
     return rec, raw
 
 
-def _check_same(
-    rec: CollectiveRecord, calls: dict[int, CollectiveRecord], mismatch_prefix: str | None
-) -> None:
+def share(
+    rec: CollectiveRecord, stage: str, value: str, *, timeout: float | None = None
+) -> dict[int, str]:
+    """A further exchange inside collective ``rec``: every host's ``value`` (process -> text).
+
+    For collectives that move data after their check (`tree_diff`'s
+    fingerprints, `check_replicas`' digests): one `_kv.round_` under the
+    collective's keys (cleaned up with its epoch), with the same verdict on
+    every host when a host does not arrive.
+
+    Raises:
+        BarrierTimeoutError: some host did not arrive within ``timeout``.
+        CollectiveInterruptedError: another host was interrupted here.
+    """
+    client = _kv.client()
+    if client is None:
+        return {rec.process: value}
+    timeout = default_timeout() if timeout is None else float(timeout)
+    what = f'{rec.describe()} ({stage})'
+    rnd = _kv.Round(
+        name=f'{_kv.epoch_dir(rec.seq)}/{rec.seq}/{stage}',
+        data=f'{_kv.epoch_dir(rec.seq)}/{rec.seq}/{stage}/d',
+    )
+
+    def where(arrived: dict[int, str]) -> dict[str, Any]:
+        return {
+            'what': what,
+            'name': rec.name,
+            'positions': {p: r.to_json() for p, r in positions(client).items() if p not in arrived},
+        }
+
+    verdict, values = _kv.round_(client, rnd, value, timeout=timeout, on_timeout=where, read=True)
+    if not verdict.ok:
+        raise _error(verdict, rec, None)
+    return values
+
+
+def _judge(values: dict[int, str]) -> str | None:
+    """Run once, by the last host to arrive: a failure verdict, or None when all agree."""
+    calls = {p: CollectiveRecord.from_json(v) for p, v in values.items()}
+    failed = {p: c.fail for p, c in calls.items() if c.fail}
+    if failed:
+        return _kv.Verdict.failure('failed', reasons=failed, records=_records_json(calls))
     signature = {p: (c.kind, c.name, c.digest) for p, c in calls.items()}
     if len(set(signature.values())) <= 1:
-        return
+        return None
+    return _kv.Verdict.failure('mismatch', records=_records_json(calls))
+
+
+def _records_json(calls: dict[int, CollectiveRecord]) -> dict[int, str]:
+    return {p: c.to_json() for p, c in sorted(calls.items())}
+
+
+def _records(raw: dict[str, str]) -> dict[int, CollectiveRecord]:
+    return {int(p): CollectiveRecord.from_json(v) for p, v in sorted(raw.items(), key=_by_int)}
+
+
+def _by_int(item: tuple[str, Any]) -> int:
+    return int(item[0])
+
+
+def _error(verdict: _kv.Verdict, rec: CollectiveRecord, mismatch_prefix: str | None) -> Exception:
+    """The exception every host raises for a failed round (built from the shared verdict)."""
+    data = verdict.data
+    if verdict.kind == 'timeout':
+        return _timeout_error(data, rec)
+    if verdict.kind == 'interrupted':
+        by = int(data['by'])
+        return CollectiveInterruptedError(
+            f'{rec.describe()} was interrupted on process {by} (SIGINT / Ctrl-C / the '
+            "notebook's stop button), so every host left it. Run the next step on every host.",
+            seq=rec.seq,
+            by=by,
+        )
+    calls = _records(data['records'])
+    if verdict.kind == 'failed':
+        reasons = {int(p): r for p, r in data['reasons'].items()}
+        by_reason: dict[str, list[int]] = {}
+        for p, r in sorted(reasons.items()):
+            by_reason.setdefault(r, []).append(p)
+        what = next(iter(calls.values())).kind if calls else rec.kind
+        lines = [f'  {fmt_hosts(ps)}: {r}' for r, ps in by_reason.items()]
+        return HostFailedError(
+            f'{what} [#{rec.seq}] could not run on {fmt_hosts(reasons)}:\n'
+            + '\n'.join(lines)
+            + '\nEvery host left this collective; the next one lines up as usual.',
+            seq=rec.seq,
+            reasons=reasons,
+        )
+    return _mismatch_error(rec, calls, mismatch_prefix)
+
+
+def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTimeoutError:
+    missing = [int(p) for p in data['missing']]
+    where = {int(p): CollectiveRecord.from_json(v) for p, v in data.get('positions', {}).items()}
+    lines = []
+    for p in missing:
+        last = where.get(p)
+        lines.append(
+            f'  process {p}: last reached ' + (last.describe() if last else 'no collective yet')
+        )
+    late = rec.process not in data['arrived']
+    timeout = float(data['timeout'])
+    return BarrierTimeoutError(
+        f'timed out after {timeout:g} s in {data.get("what", rec.describe())}: '
+        f'{fmt_hosts(missing)} did not arrive (seen by process {data["by"]}).\n'
+        + '\n'.join(lines)
+        + (
+            f'\nThis host (process {rec.process}) arrived after the others had given up.'
+            if late
+            else ''
+        )
+        + '\nA host that skips or reorders a collective, or is stuck in other work, leaves '
+        'the others waiting; look at its stack (multihost.dump_stacks) or raise the timeout '
+        '(timeout=..., or MULTIHOST_TIMEOUT).',
+        name=str(data.get('name', rec.name)),
+        timeout=timeout,
+        missing=missing,
+        positions=where,
+    )
+
+
+def _mismatch_error(
+    rec: CollectiveRecord, calls: dict[int, CollectiveRecord], mismatch_prefix: str | None
+) -> CollectiveMismatchError:
     lines = [f'  process {p}: {c.describe()}' for p, c in sorted(calls.items())]
     if all(c.kind == 'barrier' for c in calls.values()):
         names = {p: c.name for p, c in calls.items()}
         head = mismatch_prefix or f'barrier name mismatch ({rec.name!r})'
-        raise BarrierMismatchError(
+        return BarrierMismatchError(
             f'{head}: hosts passed different barrier names at collective '
             f'#{rec.seq}:\n' + '\n'.join(lines),
             seq=rec.seq,
@@ -359,7 +522,7 @@ def _check_same(
     head = f'collective sequence mismatch at #{rec.seq}: {why}'
     if mismatch_prefix and rec.kind == 'barrier':
         head = f'{mismatch_prefix}: {head}'
-    raise CollectiveMismatchError(
+    return CollectiveMismatchError(
         head
         + ':\n'
         + '\n'.join(lines)
@@ -369,36 +532,19 @@ def _check_same(
     )
 
 
-def _raise_timeout(
-    client: Any, rec: CollectiveRecord, timeout: float, cause: BaseException
-) -> None:
-    import jax
+def position() -> int:
+    """The number of the next collective this process will enter."""
+    with _state.lock:
+        return _state.next_seq
 
-    try:
-        arrived = {
-            p: r
-            for p, r in _read_records(client, _key('seq', rec.seq % _SLOTS) + '/').items()
-            if r.seq == rec.seq
-        }
-        where = positions(client)
-    except Exception:  # the coordinator itself may be gone
-        arrived, where = {rec.process: rec}, {}
-    missing = [p for p in range(jax.process_count()) if p not in arrived]
-    lines = []
-    for p in missing:
-        last = where.get(p)
-        lines.append(
-            f'  process {p}: last reached ' + (last.describe() if last else 'no collective yet')
-        )
-    what = rec.describe()
-    raise BarrierTimeoutError(
-        f'timed out after {timeout:g} s in {what}: process(es) {missing} did '
-        'not arrive.\n' + '\n'.join(lines) + '\nA host that skips or reorders '
-        'a collective, or is stuck in other work, leaves the others waiting; '
-        'look at its stack (multihost.dump_stacks) or raise the timeout '
-        '(timeout=..., or MULTIHOST_TIMEOUT).',
-        name=rec.name,
-        timeout=timeout,
-        missing=missing,
-        positions=where,
-    ) from cause
+
+def realign(seq: int) -> None:
+    """Moves this process's next collective number forward to ``seq`` (never back).
+
+    After an interrupt, hosts may have entered different numbers of
+    collectives; the notebook reads every host's `position` and realigns all
+    of them at the largest, so the next collective lines up again.
+    """
+    with _state.lock:
+        if seq > _state.next_seq:
+            _state.next_seq = int(seq)

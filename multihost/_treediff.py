@@ -11,12 +11,13 @@ trees:
    and the two together make a random collision a ~2^-64 event).
 2. The hosts enter the collective sequence (kind ``tree_diff``; the recorded
    digest does not depend on the tree, because structure differences must be
-   *reported*, not raised as a `CollectiveMismatchError`). Each publishes a
-   16-byte digest of its whole fingerprint list in the coordination service's
-   key-value store at ``mh/td/<seq>/head/<pid>``, meets the others at barrier
-   ``mh/td/<seq>/head`` and reads theirs. If all are the same, that is the
-   answer: O(hosts) bytes moved, no device work. Otherwise the full lists go
-   the same way (``mh/td/<seq>/fp/<pid>``; a few dozen bytes per leaf).
+   *reported*, not raised as a `CollectiveMismatchError`). A host that cannot
+   fingerprint its tree (a leaf that is not an array) still takes its turn,
+   with its reason, and every host raises the same `HostFailedError`. Each
+   host then shares a 16-byte digest of its whole fingerprint list
+   (`_sequence.share`: one `_kv` round under the collective's keys). If all
+   are the same, that is the answer: O(hosts) bytes moved, no device work.
+   Otherwise the full lists go the same way (a few dozen bytes per leaf).
 3. Then every host computes the same verdict from the same data: per
    differing leaf path, the *majority* (the most common fingerprint; a tie goes
    to the group holding the lowest process index) and the *odd hosts* (every
@@ -24,15 +25,13 @@ trees:
    or dtype, are reported from the fingerprints alone. For leaves whose odd
    hosts have the majority's shape and dtype, the lowest majority host
    broadcasts its bytes (only those leaves; exact, as unsigned integers); each
-   odd host compares locally (bitwise, element by element) and publishes a
-   small summary (number of differing elements, first differing index, max
-   abs difference) plus, for leaves of at most `SMALL_LEAF` elements, its
-   values, at ``mh/td/<seq>/sum/<pid>``; barrier ``mh/td/<seq>/sum``; every
-   host reads all summaries and builds the identical `TreeDiff`.
+   odd host compares locally (bitwise, element by element) and shares a small
+   summary (number of differing elements, first differing index, max abs
+   difference) plus, for leaves of at most `SMALL_LEAF` elements, its values;
+   every host reads all summaries and builds the identical `TreeDiff`.
 
-Keys are cleaned lazily: process 0 deletes the previous tree diff's
-``mh/td/<seq>/`` once every host has entered the next one (they have all read
-it by then), so the key-value store holds at most one tree diff at a time.
+Keys live under the collective's epoch and are deleted with it
+(`_kv.collect_garbage`).
 
 Values compare *bitwise*: two floats differ when their bytes differ, so NaN
 equals the same NaN, and ``-0.0`` differs from ``0.0``. A global,
@@ -59,8 +58,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from multihost import _jax_adapter, _sequence
-from multihost._errors import BarrierTimeoutError
+from multihost import _kv, _sequence
 from multihost._text import fmt_hosts as _fmt_hosts
 
 #: Leaves with at most this many elements keep every host's values in their
@@ -68,7 +66,6 @@ from multihost._text import fmt_hosts as _fmt_hosts
 #: the per-host summary.
 SMALL_LEAF = 64
 
-_PREFIX = 'mh/td'
 _MAX_PATH_CHARS = 160  # longest leaf path quoted in a message
 _BROADCAST_CHUNK = 64 << 20  # bytes per broadcast of reference values
 _COMPARE_CHUNK = 1 << 20  # elements compared at a time (bounds temporaries)
@@ -433,49 +430,6 @@ def _broadcast_bytes(buf: np.ndarray | None, nbytes: int, source: bool) -> np.nd
 
 # -- the collective --------------------------------------------------------------
 
-_last_dir: list[str] = []  # this process's previous tree-diff key directory
-
-
-def _wait(
-    client: Any, barrier: str, directory: str, timeout: float, rec: _sequence.CollectiveRecord
-) -> None:
-    """Coordination barrier; on timeout, names the hosts that did not publish."""
-    try:
-        client.wait_at_barrier(barrier, max(1, int(timeout * 1000)))
-    except Exception as exc:  # XlaRuntimeError; its type moved between versions
-        if not _sequence.is_timeout(exc):
-            raise
-        try:
-            arrived = {
-                int(k.rstrip('/').rsplit('/', 1)[-1])
-                for k, _ in client.key_value_dir_get(directory)
-            }
-            where = _sequence.positions(client)
-        except Exception:  # the coordinator itself may be gone
-            arrived, where = set(), {}
-        missing = [p for p in range(jax.process_count()) if p not in arrived]
-        raise BarrierTimeoutError(
-            f'timed out after {timeout:g} s in {rec.describe()} (at {barrier}): '
-            f'process(es) {missing} did not arrive.',
-            name=barrier,
-            timeout=timeout,
-            missing=missing,
-            positions=where,
-        ) from exc
-
-
-def _exchange(
-    client: Any, directory: str, text: str, timeout: float, rec: _sequence.CollectiveRecord
-) -> dict[int, str]:
-    """Publish ``text`` under ``directory``, barrier, read every host's text."""
-    pid = jax.process_index()
-    client.key_value_set(f'{directory}/{pid}', text, allow_overwrite=True)
-    _wait(client, directory, directory + '/', timeout, rec)
-    out = {}
-    for key, value in client.key_value_dir_get(directory + '/'):
-        out[int(key.rstrip('/').rsplit('/', 1)[-1])] = value
-    return out
-
 
 def tree_diff(in_tree: Any, *, timeout: float | None = None) -> TreeDiff:
     """Compares a pytree across all hosts and describes every difference.
@@ -502,55 +456,97 @@ def tree_diff(in_tree: Any, *, timeout: float | None = None) -> TreeDiff:
     Raises:
       CollectiveMismatchError: hosts are at different collectives (some called
         `tree_diff`, others something else).
+      HostFailedError: some host could not fingerprint its tree (a leaf that
+        is not an array); every host raises it, naming the host and leaf.
       BarrierTimeoutError: some host did not arrive within ``timeout``.
     """
     return diff_as('tree_diff', in_tree, timeout)
 
 
+class _LeafError(ValueError):
+    """A leaf this host cannot fingerprint."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    """A differing leaf, as every host classifies it from the fingerprints alone."""
+
+    path: str
+    sigs: dict[int, _Print | None]
+    majority: tuple[int, ...]
+    odd: tuple[int, ...]
+    kind: str
+
+
 def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
     """`tree_diff`, recorded in the collective sequence as ``kind`` (e.g. ``'assert_equal'``)."""
     flat, _ = jax.tree_util.tree_flatten_with_path(in_tree)
-    if jax.process_count() == 1:
+    if _kv.process_count() == 1:
         return TreeDiff(leaves=(), num_processes=1, num_leaves=len(flat))
+    try:
+        data, mine = _fingerprint(flat)
+    except _LeafError as exc:  # a leaf that is not an array: tell every host
+        _sequence.fail_turn(kind, '', str(exc), timeout=timeout)
+    # The tree digest is '' on purpose: differing trees are this collective's
+    # subject, not a sequence mismatch.
+    rec = _sequence.enter(kind, '', tree_digest='', timeout=timeout)
+    prints = _exchange_prints(rec, mine, timeout)
+    if prints is None:
+        return TreeDiff(leaves=(), num_processes=_kv.process_count(), num_leaves=len(mine))
+    order, by_host = _merge(prints)
+    pending = _classify(order, by_host)
+    index = {path: i for i, path in enumerate(order)}
+    summary = _compare_with_reference(pending, by_host, data, index, rec.process)
+    small = {
+        str(index[p.path]): _encode_array(data[p.path])
+        for p in pending
+        if p.path in data and p.sigs[rec.process].comparable and data[p.path].size <= SMALL_LEAF
+    }
+    report = json.dumps({'c': summary, 'v': small}, separators=(',', ':'))
+    reports = {
+        h: json.loads(text)
+        for h, text in _sequence.share(rec, 'sum', report, timeout=timeout).items()
+    }
+    return _assemble(pending, index, reports, sorted(by_host), len(order))
+
+
+def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[Any]]]:
+    """Phase 1 (local): every leaf's data and fingerprint row."""
     paths = _unique_paths([jax.tree_util.keystr(p) for p, _ in flat])
     data: dict[str, np.ndarray] = {}
     mine = []
     for path, (_, leaf) in zip(paths, flat):
-        a, dtype_name = _leaf_data(leaf)
+        try:
+            a, dtype_name = _leaf_data(leaf)
+        except Exception as exc:
+            raise _LeafError(f'leaf {path}: {type(exc).__name__}: {exc}') from exc
         data[path] = a
         mine.append(
             [path, list(a.shape), dtype_name, _digest(a), int(a.nbytes), int(_comparable(a))]
         )
+    return data, mine
 
-    # The tree digest is '' on purpose: differing trees are this collective's
-    # subject, not a sequence mismatch.
-    rec = _sequence.enter(kind, '', tree_digest='', timeout=timeout)
-    client = _jax_adapter.client()
-    if client is None:
-        raise RuntimeError('tree_diff across processes needs jax.distributed.initialize().')
-    timeout = _sequence.default_timeout() if timeout is None else float(timeout)
-    pid = jax.process_index()
-    base = f'{_PREFIX}/{rec.seq}'
-    if pid == 0 and _last_dir:
-        # Every host has entered this collective, so all have read the last one.
-        client.key_value_delete(_last_dir.pop() + '/')
-    _last_dir[:] = [base]
 
-    # First only a digest of the whole fingerprint list (O(hosts) bytes in all):
-    # equal trees, the common case, stop here. Then the full lists.
+def _exchange_prints(
+    rec: _sequence.CollectiveRecord, mine: list[list[Any]], timeout: float | None
+) -> dict[int, list[list[Any]]] | None:
+    """Phase 2: a digest of the fingerprint list first (None: all equal), then the lists."""
     blob = json.dumps(mine, separators=(',', ':'))
     head = hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
-    heads = _exchange(client, f'{base}/head', head, timeout, rec)
-    hosts = sorted(heads)
+    heads = _sequence.share(rec, 'head', head, timeout=timeout)
     if len(set(heads.values())) == 1:
-        return TreeDiff(leaves=(), num_processes=len(hosts), num_leaves=len(mine))
-    prints = {
-        h: json.loads(text)
-        for h, text in _exchange(client, f'{base}/fp', blob, timeout, rec).items()
+        return None
+    return {
+        h: json.loads(text) for h, text in _sequence.share(rec, 'fp', blob, timeout=timeout).items()
     }
 
-    # Same inputs on every host from here on, so the same verdict everywhere.
-    by_host: dict[int, dict[str, _Print]] = {
+
+def _merge(
+    prints: dict[int, list[list[Any]]],
+) -> tuple[list[str], dict[int, dict[str, _Print]]]:
+    """Every path in first-seen order, and each host's fingerprints by path."""
+    hosts = sorted(prints)
+    by_host = {
         h: {e[0]: _Print(tuple(e[1]), e[2], e[3], e[4], bool(e[5])) for e in prints[h]}
         for h in hosts
     }
@@ -561,8 +557,13 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
             if e[0] not in seen:
                 seen.add(e[0])
                 order.append(e[0])
+    return order, by_host
 
-    pending = []  # (path, sigs, majority, odd, kind)
+
+def _classify(order: list[str], by_host: dict[int, dict[str, _Print]]) -> list[_Pending]:
+    """Phase 3 (same inputs everywhere, same verdict): majority and odd hosts per leaf."""
+    hosts = sorted(by_host)
+    pending = []
     for path in order:
         sigs = {h: by_host[h].get(path) for h in hosts}
         keys = {h: None if s is None else (s.shape, s.dtype, s.digest) for h, s in sigs.items()}
@@ -572,8 +573,6 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
         for h in hosts:
             groups.setdefault(keys[h], []).append(h)
         major_key = max(groups, key=lambda k: (len(groups[k]), -groups[k][0]))
-        majority = tuple(groups[major_key])
-        odd = tuple(h for h in hosts if keys[h] != major_key)
         present = [s for s in sigs.values() if s is not None]
         if len(present) < len(hosts):
             what = 'structure'
@@ -583,64 +582,73 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
             what = 'dtype'
         else:
             what = 'value'
-        pending.append((path, sigs, majority, odd, what))
+        odd = tuple(h for h in hosts if keys[h] != major_key)
+        pending.append(_Pending(path, sigs, tuple(groups[major_key]), odd, what))
+    return pending
 
-    # Reference values: the lowest majority host broadcasts each leaf that some
-    # odd host can be compared with (same shape and dtype), grouped by source.
+
+def _compare_with_reference(
+    pending: list[_Pending],
+    by_host: dict[int, dict[str, _Print]],
+    data: dict[str, np.ndarray],
+    index: dict[str, int],
+    pid: int,
+) -> dict[str, Any]:
+    """Phase 4: the lowest majority host broadcasts each comparable leaf; odd hosts compare."""
     to_compare: dict[int, list[str]] = {}
     compared: dict[str, tuple[int, ...]] = {}
-    for path, sigs, majority, odd, _ in pending:
-        ref = sigs[majority[0]]
+    for p in pending:
+        ref = p.sigs[p.majority[0]]
         if ref is None or not ref.comparable or ref.nbytes == 0:
             continue
         peers = tuple(
             h
-            for h in odd
-            if sigs[h] is not None and (sigs[h].shape, sigs[h].dtype) == (ref.shape, ref.dtype)
+            for h in p.odd
+            if p.sigs[h] is not None
+            and (p.sigs[h].shape, p.sigs[h].dtype) == (ref.shape, ref.dtype)
         )
         if peers:
-            compared[path] = peers
-            to_compare.setdefault(majority[0], []).append(path)
+            compared[p.path] = peers
+            to_compare.setdefault(p.majority[0], []).append(p.path)
     summary: dict[str, Any] = {}
-    index = {path: i for i, path in enumerate(order)}
     for source in sorted(to_compare):
         group = to_compare[source]
-        sizes = [by_host[source][p].nbytes for p in group]
+        sizes = [by_host[source][path].nbytes for path in group]
         buf = None
         if pid == source:
-            buf = np.concatenate([data[p].reshape(-1).view(np.uint8) for p in group])
+            buf = np.concatenate([data[path].reshape(-1).view(np.uint8) for path in group])
         got = _broadcast_bytes(buf, sum(sizes), pid == source)
         offset = 0
         for path, size in zip(group, sizes):
             if pid in compared[path]:
                 own = data[path]
-                ref = got[offset : offset + size].view(own.dtype).reshape(own.shape)
-                summary[str(index[path])] = list(_compare(own, ref))
+                ref_value = got[offset : offset + size].view(own.dtype).reshape(own.shape)
+                summary[str(index[path])] = list(_compare(own, ref_value))
             offset += size
-    small = {
-        str(index[path]): _encode_array(data[path])
-        for path, sigs, *_ in pending
-        if path in data and sigs[pid].comparable and data[path].size <= SMALL_LEAF
-    }
-    report = json.dumps({'c': summary, 'v': small}, separators=(',', ':'))
-    reports = {
-        h: json.loads(text)
-        for h, text in _exchange(client, f'{base}/sum', report, timeout, rec).items()
-    }
+    return summary
 
+
+def _assemble(
+    pending: list[_Pending],
+    index: dict[str, int],
+    reports: dict[int, Any],
+    hosts: list[int],
+    num_leaves: int,
+) -> TreeDiff:
+    """Phase 5: every host's summaries into the one `TreeDiff`."""
     leaves = []
-    for path, sigs, majority, odd, what in pending:
-        i = str(index[path])
+    for p in pending:
+        i = str(index[p.path])
         stats = {h: reports[h]['c'][i] for h in hosts if i in reports[h]['c']}
         leaves.append(
             LeafDiff(
-                path=path,
-                kind=what,
-                odd_processes=odd,
-                majority_processes=majority,
-                shapes={h: None if s is None else s.shape for h, s in sigs.items()},
-                dtypes={h: None if s is None else s.dtype for h, s in sigs.items()},
-                digests={h: None if s is None else s.digest for h, s in sigs.items()},
+                path=p.path,
+                kind=p.kind,
+                odd_processes=p.odd,
+                majority_processes=p.majority,
+                shapes={h: None if s is None else s.shape for h, s in p.sigs.items()},
+                dtypes={h: None if s is None else s.dtype for h, s in p.sigs.items()},
+                digests={h: None if s is None else s.digest for h, s in p.sigs.items()},
                 num_different={h: int(s[0]) for h, s in stats.items()},
                 first_index={h: tuple(s[1]) for h, s in stats.items()},
                 max_abs_diff={h: float(s[2]) for h, s in stats.items()},
@@ -649,4 +657,4 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
                 },
             )
         )
-    return TreeDiff(leaves=tuple(leaves), num_processes=len(hosts), num_leaves=len(order))
+    return TreeDiff(leaves=tuple(leaves), num_processes=len(hosts), num_leaves=num_leaves)

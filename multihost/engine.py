@@ -115,6 +115,7 @@ def initialize(
     initialization_timeout: int = 120,
     heartbeat_timeout: int | None = None,
     coordinator_bind_address: str | None = None,
+    recoverable: bool = False,
 ) -> dict[str, Any]:
     """Configures JAX on this engine and joins the distributed runtime.
 
@@ -129,6 +130,11 @@ def initialize(
         coordinator_bind_address: ``host:port`` process 0's coordination service
             listens on (it is unauthenticated). None: JAX's default, every
             interface (``[::]:port``).
+        recoverable: set ``jax_enable_recoverability`` first, so a process that
+            dies does not take the others down with it (JAX's default is
+            fate-sharing: the coordination service terminates every process
+            once it notices one is gone); `multihost.live_devices` then
+            reports the survivors.
 
     Returns:
         `engine_info()` after initialization.
@@ -139,6 +145,8 @@ def initialize(
         jax.config.update('jax_platforms', platform)
     if cpu_devices:
         jax.config.update('jax_num_cpu_devices', int(cpu_devices))
+    if recoverable:
+        jax.config.update('jax_enable_recoverability', True)
     kwargs: dict[str, Any] = dict(
         coordinator_address=coordinator,
         num_processes=num_processes,
@@ -173,7 +181,130 @@ def lookup(namespace: dict[str, Any], name: str) -> Any:
     return obj
 
 
-def _leaf_meta(path: str, x: Any) -> dict[str, Any]:
+# A selection on the hosts (``%mh_allgather x[::4, :128]``): per axis of a
+# global array, ('int', i) or ('slice', start, stop, step) with step > 0.
+Selection = tuple[tuple[Any, ...], ...]
+
+
+def _fmt_index(index: tuple[Any, ...]) -> str:
+    def one(i: Any) -> str:
+        if isinstance(i, slice):
+            text = f'{"" if i.start is None else i.start}:{"" if i.stop is None else i.stop}'
+            return text + (f':{i.step}' if i.step is not None else '')
+        return str(i)
+
+    return '[' + ', '.join(one(i) for i in index) + ']'
+
+
+def _selection(name: str, index: tuple[Any, ...], shape: tuple[int, ...]) -> Selection:
+    """Normalizes ``index`` (ints and slices only) against ``shape``."""
+    if len(index) > len(shape):
+        raise GatherError(
+            f'{name}{_fmt_index(index)}: {len(index)} indices for an array of rank {len(shape)}.'
+        )
+    out = []
+    for axis, n in enumerate(shape):
+        i = index[axis] if axis < len(index) else slice(None)
+        if isinstance(i, slice):
+            if i.step is not None and i.step <= 0:
+                raise GatherError(
+                    f'{name}{_fmt_index(index)}: a global array is sliced on the hosts with '
+                    'positive steps only; reverse the result in the notebook.'
+                )
+            out.append(('slice', *i.indices(n)))
+        elif isinstance(i, int | np.integer) and not isinstance(i, bool):
+            j = int(i) + n if i < 0 else int(i)
+            if not 0 <= j < n:
+                raise GatherError(
+                    f'{name}{_fmt_index(index)}: index {int(i)} is out of range for axis '
+                    f'{axis} (size {n}).'
+                )
+            out.append(('int', j))
+        else:
+            raise GatherError(f'{name}: index {i!r} is not an int or a slice.')
+    return tuple(out)
+
+
+def _gather_target(
+    namespace: dict[str, Any], name: str, index: Any = None
+) -> tuple[Any, Selection | None]:
+    """The value to gather and, for a global array sliced on the hosts, its selection.
+
+    A host-local value is sliced here with numpy (a view); a global array is
+    not sliced at all: each host takes the selected part of the blocks it
+    sends (`_global_blocks`), so no device computation and no collective runs.
+    """
+    import jax
+
+    value = lookup(namespace, name)
+    if index is None:
+        return value, None
+    index = tuple(index) if isinstance(index, tuple | list) else (index,)
+    if not isinstance(value, jax.Array | np.ndarray | np.generic):
+        raise GatherError(
+            f'{name}{_fmt_index(index)} slices an array, but {name} is a '
+            f'{type(value).__name__}; slice one array (a variable or an attribute).'
+        )
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        return value, _selection(name, index, tuple(value.shape))
+    try:
+        return np.asarray(value)[index], None
+    except (IndexError, TypeError, ValueError) as exc:
+        raise GatherError(f'{name}{_fmt_index(index)}: {exc}') from None
+
+
+def _global_blocks(x: Any, sel: Selection | None) -> list[tuple[tuple[tuple[int, int], ...], Any]]:
+    """This host's replica-0 blocks of global array ``x``: (place in the result, data).
+
+    With a selection, the place is in the selected result's coordinates and
+    the data is the selected part of the block (a numpy view); blocks that
+    hold none of the selection are left out.
+    """
+    out = []
+    for s in x.addressable_shards:
+        if s.replica_id != 0:
+            continue
+        bounds = [
+            (sl.start or 0, x.shape[d] if sl.stop is None else sl.stop)
+            for d, sl in enumerate(s.index)
+        ]
+        if sel is None:
+            out.append((tuple(bounds), s))
+            continue
+        place, local = [], []
+        for (a, b), axis in zip(bounds, sel):
+            if axis[0] == 'int':
+                if not a <= axis[1] < b:
+                    break
+                local.append(axis[1] - a)
+                continue
+            start, stop, step = axis[1:]
+            count = len(range(start, stop, step))
+            lo = max(0, -(-(a - start) // step))  # first selected position >= a
+            hi = min(count, -(-(b - start) // step))
+            if lo >= hi:
+                break
+            first = start + lo * step - a
+            local.append(slice(first, first + (hi - lo - 1) * step + 1, step))
+            place.append((lo, hi))
+        else:
+            out.append((tuple(place), (s, tuple(local))))
+    return out
+
+
+def _block_array(block: Any) -> np.ndarray:
+    """The numpy data of a `_global_blocks` entry."""
+    if isinstance(block, tuple):
+        shard, local = block
+        return np.asarray(shard.data)[local]
+    return np.asarray(block.data)
+
+
+def _selected_shape(sel: Selection) -> tuple[int, ...]:
+    return tuple(len(range(*axis[1:])) for axis in sel if axis[0] == 'slice')
+
+
+def _leaf_meta(path: str, x: Any, sel: Selection | None = None) -> dict[str, Any]:
     """Shape/dtype and this host's replica-0 blocks of one leaf."""
     import jax
 
@@ -183,17 +314,9 @@ def _leaf_meta(path: str, x: Any) -> dict[str, Any]:
                 f'leaf {path} is a PRNG key array; gather jax.random.key_data(...) of it instead.'
             )
         if not x.is_fully_addressable:
-            blocks = []
-            for s in x.addressable_shards:
-                if s.replica_id == 0:
-                    idx = tuple(
-                        (sl.start or 0, x.shape[d] if sl.stop is None else sl.stop)
-                        for d, sl in enumerate(s.index)
-                    )
-                    blocks.append(idx)
-            return dict(
-                kind='global', shape=tuple(x.shape), dtype=str(np.dtype(x.dtype)), blocks=blocks
-            )
+            shape = tuple(x.shape) if sel is None else _selected_shape(sel)
+            blocks = [place for place, _ in _global_blocks(x, sel)]
+            return dict(kind='global', shape=shape, dtype=str(np.dtype(x.dtype)), blocks=blocks)
         arr = x
     else:
         arr = x
@@ -221,17 +344,21 @@ def _flatten(value: Any) -> tuple[list[Any], Any, list[str]]:
     return leaves, skeleton, paths
 
 
-def gather_meta(namespace: dict[str, Any], name: str, inline_limit: int = 0) -> dict[str, Any]:
+def gather_meta(
+    namespace: dict[str, Any], name: str, inline_limit: int = 0, *, index: Any = None
+) -> dict[str, Any]:
     """Round 1 of a gather: the structure and this host's blocks.
 
     When this host's blocks total at most ``inline_limit`` bytes, their data
     rides along (``'data'``: per leaf a list of flat arrays) so a small gather
-    takes one round trip.
+    takes one round trip. ``index`` (ints and slices) selects part of an
+    array on the hosts: only that part is described and sent.
     """
     import jax
 
-    leaves, skeleton, paths = _flatten(lookup(namespace, name))
-    metas = [_leaf_meta(p, x) for p, x in zip(paths, leaves)]
+    value, sel = _gather_target(namespace, name, index)
+    leaves, skeleton, paths = _flatten(value)
+    metas = [_leaf_meta(p, x, sel) for p, x in zip(paths, leaves)]
     out = dict(
         process=jax.process_index(),
         process_count=jax.process_count(),
@@ -249,15 +376,17 @@ def gather_meta(namespace: dict[str, Any], name: str, inline_limit: int = 0) -> 
             else:
                 total += math.prod(meta['shape']) * np.dtype(meta['dtype']).itemsize
         if total <= inline_limit:
-            out['data'] = _export_blocks(leaves, metas)
+            out['data'] = _export_blocks(leaves, metas, sel)
     return out
 
 
-def _export_blocks(leaves: list[Any], metas: list[dict[str, Any]]) -> list[list[np.ndarray]]:
+def _export_blocks(
+    leaves: list[Any], metas: list[dict[str, Any]], sel: Selection | None = None
+) -> list[list[np.ndarray]]:
     data = []
     for x, meta in zip(leaves, metas):
         if meta['kind'] == 'global':
-            blocks = [_block_data(x, idx) for idx in meta['blocks']]
+            blocks = [_block_array(b) for _, b in _global_blocks(x, sel)]
         else:
             blocks = [np.asarray(x)]
         # 1-D contiguous buffers travel as zero-copy zmq frames; the notebook reshapes.
@@ -265,20 +394,13 @@ def _export_blocks(leaves: list[Any], metas: list[dict[str, Any]]) -> list[list[
     return data
 
 
-def _block_data(x: Any, idx: tuple[tuple[int, int], ...]) -> np.ndarray:
-    for s in x.addressable_shards:
-        if s.replica_id == 0:
-            got = tuple(
-                (sl.start or 0, x.shape[d] if sl.stop is None else sl.stop)
-                for d, sl in enumerate(s.index)
-            )
-            if got == tuple(idx):
-                return np.asarray(s.data)
-    raise GatherError(f'block {idx} is not held here')  # cannot happen: plan came from us
-
-
 def gather_write(
-    namespace: dict[str, Any], name: str, path: str, layout: list[tuple[int, tuple[int, ...], str]]
+    namespace: dict[str, Any],
+    name: str,
+    path: str,
+    layout: list[tuple[int, tuple[int, ...], str]],
+    *,
+    index: Any = None,
 ) -> int:
     """Round 2 of a shared-memory gather: write this host's blocks into the notebook's file.
 
@@ -287,24 +409,26 @@ def gather_write(
         name: the variable to gather.
         path: the shared-memory file the notebook created (same machine).
         layout: per leaf ``(byte offset, result shape, dtype)`` in the file.
+        index: the selection given to `gather_meta`.
 
     Returns:
         The number of bytes written.
     """
     import jax
 
-    leaves, _, paths = _flatten(lookup(namespace, name))
+    value, sel = _gather_target(namespace, name, index)
+    leaves, _, paths = _flatten(value)
     pid = jax.process_index()
     written = 0
     mm = _mapping(path)
     try:
         for x, (offset, shape, dtype), p in zip(leaves, layout, paths):
-            meta = _leaf_meta(p, x)
+            meta = _leaf_meta(p, x, sel)
             dt = np.dtype(dtype)
             out = np.ndarray(shape, dtype=dt, buffer=mm, offset=offset)
             if meta['kind'] == 'global':
-                for idx in meta['blocks']:
-                    block = _block_data(x, idx)
+                for idx, b in _global_blocks(x, sel):
+                    block = _block_array(b)
                     out[tuple(slice(a, b) for a, b in idx)] = block
                     written += block.nbytes
             else:
@@ -335,19 +459,20 @@ def _mapping(path: str) -> np.memmap:
     return mm
 
 
-def gather_local(namespace: dict[str, Any], name: str) -> dict[str, Any]:
+def gather_local(namespace: dict[str, Any], name: str, *, index: Any = None) -> dict[str, Any]:
     """One-round gather for remote engines: the structure plus this host's blocks as arrays."""
     import jax
 
-    leaves, skeleton, paths = _flatten(lookup(namespace, name))
-    metas = [_leaf_meta(p, x) for p, x in zip(paths, leaves)]
+    value, sel = _gather_target(namespace, name, index)
+    leaves, skeleton, paths = _flatten(value)
+    metas = [_leaf_meta(p, x, sel) for p, x in zip(paths, leaves)]
     return dict(
         process=jax.process_index(),
         process_count=jax.process_count(),
         skeleton=skeleton,
         paths=paths,
         leaves=metas,
-        data=_export_blocks(leaves, metas),
+        data=_export_blocks(leaves, metas, sel),
     )
 
 
@@ -390,7 +515,11 @@ def layout(namespace: dict[str, Any], name: str, check: bool = True) -> tuple[An
 
     import multihost
 
-    value = lookup(namespace, name)
+    with _sequence.called_from(f'notebook: %mh_layout {name}'):
+        # Every host takes this turn, so one lacking the name fails them all at once
+        # (otherwise the others would wait in check_replicas until their timeout).
+        value = lookup_collective(namespace, name, 'layout')
+        _sequence.enter('layout', name)
     if not isinstance(value, jax.Array | np.ndarray):
         leaves = jax.tree_util.tree_flatten_with_path(value)[0]
         paths = [jax.tree_util.keystr(p) for p, _ in leaves[:5]]
@@ -413,4 +542,34 @@ def diff(namespace: dict[str, Any], name: str, timeout: float | None = None) -> 
     import multihost
 
     with _sequence.called_from(f'notebook: %mh_diff {name}'):
-        return multihost.tree_diff(lookup(namespace, name), timeout=timeout)
+        value = lookup_collective(namespace, name, 'tree_diff', timeout=timeout)
+        return multihost.tree_diff(value, timeout=timeout)
+
+
+def lookup_collective(
+    namespace: dict[str, Any], name: str, kind: str, *, timeout: float | None = None
+) -> Any:
+    """`lookup` for a collective: a host lacking ``name`` still takes its turn in ``kind``.
+
+    So every host raises the same `multihost.HostFailedError` at once ("name
+    'partial' is not defined ... processes 2-3") and the sequence stays aligned,
+    instead of the others waiting for it until their timeout.
+    """
+    try:
+        return lookup(namespace, name)
+    except GatherError as exc:
+        _sequence.fail_turn(kind, '', str(exc), timeout=timeout)
+
+
+def sequence_position() -> int:
+    """The number of the next multihost collective this process will enter."""
+    return _sequence.position()
+
+
+def realign_sequence(seq: int) -> int:
+    """Moves this process's collective count forward to ``seq`` (after an interrupt).
+
+    Returns the position now.
+    """
+    _sequence.realign(int(seq))
+    return _sequence.position()

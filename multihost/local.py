@@ -82,6 +82,9 @@ class LocalCluster:
         start_timeout: seconds to wait for every process to come up.
         env: extra environment variables for the workers.
         log_dir: where per-process logs go (default: a new temp directory).
+        init_backend: when False, the processes only run
+            ``jax.distributed.initialize`` and leave the JAX backend cold until
+            the caller's first JAX operation (as a host still loading data).
 
     Example::
 
@@ -100,6 +103,7 @@ class LocalCluster:
         start_timeout: float = 180.0,
         env: dict[str, str] | None = None,
         log_dir: str | None = None,
+        init_backend: bool = True,
     ):
         if n < 1 or devices_per_process < 1:
             raise ValueError(
@@ -113,6 +117,7 @@ class LocalCluster:
         self.start_timeout = start_timeout
         self.env = dict(env or {})
         self.log_dir = log_dir or tempfile.mkdtemp(prefix='multihost-local-')
+        self.init_backend = init_backend
         self._workers: list[_Worker] = []
         self._listener: Listener | None = None
         self._runs = 0
@@ -153,6 +158,7 @@ class LocalCluster:
                 str(int(self.recoverable)),
                 str(int(self.preemption_service)),
                 str(self.heartbeat_timeout),
+                str(int(self.init_backend)),
             ]
             with open(log_path, 'wb') as log:
                 proc = subprocess.Popen(
@@ -389,7 +395,10 @@ def _resolve(path: str, qualname: str) -> Callable[..., Any]:
 
 
 def _worker_main(argv: list[str]) -> None:
-    (address, authkey, index, n, devices, coordinator, recoverable, preemption, heartbeat) = argv
+    (address, authkey, index, n, devices, coordinator, recoverable, preemption, heartbeat) = argv[
+        :9
+    ]
+    init_backend = argv[9:] != ['0']
     index, n, devices = int(index), int(n), int(devices)
     import faulthandler
 
@@ -411,9 +420,11 @@ def _worker_main(argv: list[str]) -> None:
             heartbeat_timeout_seconds=int(heartbeat),
             initialization_timeout=120,
         )
+        # Without init_backend the backend stays cold until the test's own
+        # first JAX operation (a host still loading data, say).
         info = {
-            'process_index': jax.process_index(),
-            'devices': [d.id for d in jax.local_devices()],
+            'process_index': jax.process_index() if init_backend else index,
+            'devices': [d.id for d in jax.local_devices()] if init_backend else [],
             'pid': os.getpid(),
         }
     except BaseException:

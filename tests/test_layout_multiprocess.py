@@ -15,7 +15,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import multihost
-from multihost import _jax_adapter
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
@@ -262,19 +261,6 @@ def test_check_replicas_on_different_arrays_is_a_collective_mismatch():
 
 
 @multiprocess
-def test_check_replicas_cleans_up_its_keys():
-    """After check_replicas (and one more barrier) none of its mh/cr/<seq>/ keys is left."""
-    from multihost import _sequence
-
-    arr = _arrays()['replicated']
-    assert multihost.check_replicas(arr, timeout=30).ok
-    seq = _sequence.current().seq
-    assert _sequence.current().kind == 'check_replicas'
-    multihost.barrier('after check_replicas', timeout=30)
-    assert _jax_adapter.client().key_value_dir_get(f'mh/cr/{seq}/') == []
-
-
-@multiprocess
 def test_check_replicas_of_host_local_array_needs_no_other_host():
     """A fully addressable array is checked locally: one host alone can call it."""
     if jax.process_index() == 0:
@@ -315,9 +301,9 @@ def check_with_a_slow_host() -> tuple[list[int], str]:
 
 
 def test_check_replicas_timeout_names_the_missing_host(mp_cluster):
-    """A host that does not publish in time: the others raise BarrierTimeoutError naming it."""
+    """A host that does not publish in time: every host, the late one too, names it."""
     results = mp_cluster.run(check_with_a_slow_host)
-    for p, (missing, text) in enumerate(results):
+    for missing, text in results:
         assert 'check_replicas' in text
-        if p != SLOW_HOST:
-            assert missing == [SLOW_HOST] and f'process(es) [{SLOW_HOST}]' in text
+        assert missing == [SLOW_HOST] and f'process {SLOW_HOST} did not arrive' in text
+    assert len({text.splitlines()[0] for _, text in results}) == 1

@@ -54,7 +54,7 @@ def test_skipped_barrier_times_out_naming_missing_host(mp_cluster):
         kind, name, site = r['positions'][2]
         assert (kind, name) == ('barrier', 'warm-up')
         assert site.endswith(f'{os.path.basename(__file__)}:{_WARM_UP_LINE}'), site
-        assert 'process(es) [2] did not arrive' in r['message']
+        assert 'process 2 did not arrive' in r['message']
         assert "barrier('warm-up')" in r['message']
 
 

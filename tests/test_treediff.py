@@ -91,9 +91,10 @@ def test_equal_trees_exchange_only_a_digest_per_host():
     assert multihost.tree_diff(_base_tree()).ok
     seq = multihost._sequence.history()[-1].seq
     client = _jax_adapter.client()
-    heads = client.key_value_dir_get(f'mh/td/{seq}/head/')
+    base = f'{multihost._kv.epoch_dir(seq)}/{seq}'
+    heads = client.key_value_dir_get(f'{base}/head/d/')
     assert len(heads) == 4 and all(len(value) == 32 for _, value in heads)
-    assert client.key_value_dir_get(f'mh/td/{seq}/fp/') == []
+    assert client.key_value_dir_get(f'{base}/fp/') == []
 
 
 # -- value differences ---------------------------------------------------------------
@@ -362,21 +363,6 @@ def test_every_host_gets_an_identical_tree_diff(mp_cluster):
     assert [leaf.path for leaf in d.leaves] == ["['big']", "['w']", "['extra']"]
     assert d["['w']"].odd_processes == (1, 2, 3)  # every host differs from process 0's value
     json.dumps(d.to_dict())
-
-
-def _kv_dirs_after_two_diffs():
-    multihost.tree_diff({'x': np.ones(3) * (jax.process_index() == 1)})
-    multihost.tree_diff({'x': np.ones(3) * (jax.process_index() == 1)})
-    multihost.sync_global_devices('after diffs')
-    entries = _jax_adapter.client().key_value_dir_get('mh/td/')
-    return sorted({key.split('/')[2] for key, _ in entries})
-
-
-def test_only_the_latest_diff_stays_in_the_key_value_store(mp_cluster):
-    """After two tree diffs, the first one's keys are gone from the coordination service."""
-    seqs = mp_cluster.run(_kv_dirs_after_two_diffs)
-    assert len(seqs[0]) == 1, seqs[0]
-    assert all(s == seqs[0] for s in seqs)
 
 
 # -- single process ------------------------------------------------------------------------

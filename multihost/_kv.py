@@ -1,0 +1,435 @@
+"""The one key-value exchange every cross-host step of `multihost` uses.
+
+Everything `multihost` says to other hosts goes through the coordination
+service that ``jax.distributed.initialize`` starts on process 0 (a key-value
+store with blocking reads and barriers, reached through `_jax_adapter`). This
+module is the only one that talks to it. It gives three things:
+
+* **Bounded keys and reads.** No value stored and no read made is larger than
+  `MAX_BYTES` (1 MiB). A value that would make a directory read larger
+  (``MAX_BYTES // num_processes`` per host) is stored as a small header plus
+  chunks under ``mh/~c/``, read back one chunk at a time.
+* **One parser of keys.** `read_dir` returns ``process index -> value``; the
+  index is parsed from keys here and nowhere else.
+* **The round** (`round_`): publish this host's value, wait until every host
+  has arrived, read everyone's values — with one verdict for all hosts. A
+  round's outcome is a single key, ``<round>/v``, written once and never
+  overwritten: by the last host to arrive (``ok``, or the failure it judged
+  from everyone's values), or by the first host whose deadline passes (who is
+  missing, where each host was), or by a host interrupted while waiting.
+  Whoever writes first wins, so every host — including one that arrives late —
+  reports the same verdict. On failure, the hosts that had arrived
+  acknowledge having read it (a coordination barrier bounded by
+  `ACK_TIMEOUT`) before any of them returns: a host whose program exits right
+  after the error (process 0 takes the coordination service with it) cannot
+  cut off another's error. The success path costs each host three RPCs
+  (publish, count, wait for the verdict) and the last arriver a directory
+  read and the verdict write.
+
+Every wait is a sequence of native waits of at most `SLICE` seconds, so a
+``KeyboardInterrupt`` (SIGINT) lands within that time, and every wait has a
+deadline.
+
+Process index and count come from the distributed state, never from
+``jax.process_index()``: that would initialize the backend, which waits for
+every process — a host still loading data would block the others' check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from multihost import _jax_adapter
+from multihost._errors import CoordinatorUnreachableError
+
+#: Largest value stored under one key and largest directory read (bytes).
+MAX_BYTES = 1 << 20
+#: Longest single native wait (seconds): how soon a SIGINT is noticed.
+SLICE = 0.5
+#: How long hosts that saw a failure wait for each other to have read it.
+ACK_TIMEOUT = 2.0
+#: Every key `multihost` writes starts with this.
+PREFIX = 'mh'
+#: Rounds are grouped in epochs of this many collectives; process 0 deletes
+#: the epoch before last when a new epoch starts (one RPC per epoch).
+EPOCH = 64
+
+_CHUNK_MARK = '\x00chunks:'
+
+
+def key(*parts: object) -> str:
+    """``key('seq', 3, 1)`` -> ``'mh/seq/3/1'``."""
+    return '/'.join((PREFIX, *map(str, parts)))
+
+
+def process_index() -> int:
+    """This process's index, from the distributed state (never initializes the backend)."""
+    return int(_jax_adapter.distributed_state().process_id)
+
+
+def process_count() -> int:
+    """The number of processes, from the distributed state (never initializes the backend)."""
+    state = _jax_adapter.distributed_state()
+    return int(state.num_processes) if state.client is not None else 1
+
+
+def client() -> Any | None:
+    """The coordination-service client when more than one process runs, else None."""
+    c = _jax_adapter.client()
+    if c is None or process_count() == 1:
+        return None
+    return c
+
+
+# -- errors of the coordination service --------------------------------------------
+
+
+def classify(exc: BaseException) -> str:
+    """``'timeout'``, ``'exists'``, ``'missing'``, ``'unreachable'`` or ``'other'``.
+
+    The client raises one exception type (whose module moved between JAX
+    versions) carrying a gRPC status name in its text; this reads it once.
+    """
+    text = str(exc)
+    head = text.split(':', 1)[0]
+    if head == 'DEADLINE_EXCEEDED' or 'timed out' in text[:200].lower():
+        return 'timeout'
+    if head == 'ALREADY_EXISTS':
+        return 'exists'
+    if head == 'NOT_FOUND':
+        return 'missing'
+    if head in ('UNAVAILABLE', 'CANCELLED', 'ABORTED') or 'Socket closed' in text:
+        return 'unreachable'
+    return 'other'
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """Whether a coordination-service error is a deadline (barrier or blocking get)."""
+    return classify(exc) == 'timeout'
+
+
+def unreachable(during: str, cause: BaseException | None = None) -> CoordinatorUnreachableError:
+    """The one-line error for a coordination service that is gone."""
+    address = _jax_adapter.coordinator_address() or 'its address'
+    return CoordinatorUnreachableError(
+        f'the coordination service on process 0 ({address}) is unreachable ({during}): '
+        'process 0 has exited or crashed, or the network to it is down.',
+        during=during,
+    )
+
+
+@contextlib.contextmanager
+def _rpc(during: str) -> Iterator[None]:
+    """Turns an unreachable coordination service into `CoordinatorUnreachableError`."""
+    try:
+        yield
+    except Exception as exc:
+        if classify(exc) == 'unreachable':
+            raise unreachable(during) from exc
+        raise
+
+
+# -- bounded values ----------------------------------------------------------------
+
+
+def _dir_cap() -> int:
+    """Largest value stored inline in a directory every host writes to."""
+    return max(256, MAX_BYTES // max(1, process_count()))
+
+
+def _chunk_root(k: str) -> str:
+    return key('~c', k.replace('/', '|'))
+
+
+def put(c: Any, k: str, value: str, *, once: bool = False, inline: int = MAX_BYTES) -> bool:
+    """Stores ``value`` under ``k``; values larger than ``inline`` are chunked.
+
+    Args:
+        once: first writer wins: returns False (and writes nothing) when ``k``
+            exists already. Otherwise overwrites.
+        inline: the largest value stored under ``k`` itself.
+
+    Returns:
+        True when this call wrote ``k``.
+    """
+    with _rpc(f'writing {k}'):
+        if len(value) > inline or len(value.encode()) > inline:
+            raw = value.encode()
+            root = _chunk_root(k)
+            n = 0
+            for n, start in enumerate(range(0, len(raw), MAX_BYTES), 1):
+                c.key_value_set_bytes(f'{root}/{n - 1}', raw[start : start + MAX_BYTES], True)
+            value = f'{_CHUNK_MARK}{n}:{root}'
+        try:
+            c.key_value_set(k, value, allow_overwrite=not once)
+        except Exception as exc:
+            if once and classify(exc) == 'exists':
+                return False
+            raise
+    return True
+
+
+def _resolve(c: Any, value: str) -> str:
+    """Reassembles a chunked value (one bounded read per chunk)."""
+    if not value.startswith(_CHUNK_MARK):
+        return value
+    n, root = value[len(_CHUNK_MARK) :].split(':', 1)
+    with _rpc(f'reading {root}'):
+        parts = [c.key_value_try_get_bytes(f'{root}/{i}') for i in range(int(n))]
+    return b''.join(parts).decode()
+
+
+def get(c: Any, k: str) -> str | None:
+    """The value under ``k``, or None when there is none (one RPC, no wait)."""
+    try:
+        with _rpc(f'reading {k}'):
+            value = c.key_value_try_get(k)
+    except Exception as exc:
+        if classify(exc) == 'missing':
+            return None
+        raise
+    return _resolve(c, value)
+
+
+def wait_get(
+    c: Any, k: str, deadline: float, *, until: Callable[[], bool] | None = None
+) -> str | None:
+    """Waits for ``k`` until ``deadline`` (``time.monotonic()``); None if it never came.
+
+    Waits in native slices of at most `SLICE` seconds, so a SIGINT lands in
+    time; ``until`` (checked between slices) ends the wait early.
+    """
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or (until is not None and until()):
+            return None
+        try:
+            with _rpc(f'waiting for {k}'):
+                value = c.blocking_key_value_get(k, max(1, int(min(left, SLICE) * 1000)))
+        except Exception as exc:
+            if classify(exc) == 'timeout':
+                continue
+            raise
+        return _resolve(c, value)
+
+
+def process_of(k: str) -> int:
+    """The process index a key ends with: ``'mh/seq/3/12'`` -> 12."""
+    return int(k.rstrip('/').rsplit('/', 1)[-1])
+
+
+def read_dir(c: Any, directory: str) -> dict[int, str]:
+    """``process index -> value`` of the keys directly under ``directory``.
+
+    Bounded: values written with `publish` are at most ``MAX_BYTES //
+    num_processes`` inline; larger ones are fetched chunk by chunk.
+    """
+    prefix = directory.rstrip('/') + '/'
+    with _rpc(f'reading {prefix}'):
+        items = c.key_value_dir_get(prefix)
+    out = {}
+    for k, value in items:
+        rest = k[len(prefix) :] if k.startswith(prefix) else k.rsplit('/', 1)[-1]
+        if '/' in rest.strip('/') or not rest.strip('/').isdigit():
+            continue  # a sub-directory or a foreign key: not a host's value
+        out[int(rest.strip('/'))] = _resolve(c, value)
+    return out
+
+
+def publish(c: Any, directory: str, value: str) -> None:
+    """Stores this process's ``value`` at ``<directory>/<process index>`` (bounded)."""
+    put(c, f'{directory.rstrip("/")}/{process_index()}', value, inline=_dir_cap())
+
+
+def delete(c: Any, prefix: str) -> None:
+    """Deletes a key or a whole directory (best effort: the service may be gone)."""
+    with contextlib.suppress(Exception):
+        c.key_value_delete(prefix)
+
+
+def increment(c: Any, k: str, by: int = 1) -> int:
+    """Atomically adds ``by`` to the counter ``k``; returns the new value."""
+    with _rpc(f'counting at {k}'):
+        return int(c.key_value_increment(k, by))
+
+
+def ack(c: Any, barrier: str, processes: list[int], timeout: float = ACK_TIMEOUT) -> bool:
+    """A barrier of ``processes`` only, bounded by ``timeout``; False if it did not complete."""
+    if process_index() not in processes or len(processes) < 2:
+        return True
+    try:
+        c.wait_at_barrier(barrier, max(1, int(timeout * 1000)), sorted(processes))
+    except Exception:
+        return False
+    return True
+
+
+# -- epochs: where a collective's keys live, and their cleanup -----------------------
+
+
+def epoch_dir(seq: int) -> str:
+    """The key directory of collective ``seq``'s rounds."""
+    return key('e', seq // EPOCH)
+
+
+def collect_garbage(c: Any, seq: int) -> None:
+    """On process 0, when collective ``seq`` starts an epoch, deletes the epoch before last.
+
+    Safe: when process 0 enters ``seq`` every host has arrived at ``seq - 1``,
+    so every host has finished with every round before ``seq - 1``.
+    """
+    if seq % EPOCH == 0 and seq >= 2 * EPOCH and process_index() == 0:
+        delete(c, epoch_dir(seq - 2 * EPOCH) + '/')
+
+
+# -- the round -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A round's outcome, the same on every host.
+
+    Attributes:
+        ok: every host arrived and the judge found nothing wrong.
+        kind: ``'ok'``, ``'timeout'``, ``'interrupted'`` or the judge's
+            failure kind (``'mismatch'``, ``'failed'``, ...).
+        data: the failure's details (JSON-able), as written by whoever wrote
+            the verdict: e.g. for a timeout ``arrived``, ``missing``,
+            ``positions``, ``by`` and ``timeout``.
+    """
+
+    ok: bool
+    kind: str
+    data: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, text: str) -> Verdict:
+        if text == 'ok':
+            return cls(True, 'ok', {})
+        raw = json.loads(text)
+        return cls(False, raw.get('kind', 'failed'), raw)
+
+    @staticmethod
+    def failure(kind: str, **data: Any) -> str:
+        return json.dumps({'kind': kind, **data}, separators=(',', ':'))
+
+
+#: A judge reads every host's published value (process -> text) and returns
+#: None when all is well, else a failure verdict made with `Verdict.failure`.
+Judge = Callable[[dict[int, str]], str | None]
+#: Adds details to a timeout verdict: (arrived values: process -> text) -> JSON-able
+#: fields (e.g. where each missing host was); `round_` adds ``arrived``,
+#: ``missing``, ``by`` and ``timeout``.
+OnTimeout = Callable[[dict[int, str]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Round:
+    """One exchange among all processes.
+
+    Attributes:
+        name: the round's key directory (counter, verdict, acknowledgement).
+        data: the directory hosts publish their values into (``name/d`` unless
+            the caller keeps values elsewhere, e.g. the sequence ring).
+        belongs: whether a published value belongs to this round (a ring slot
+            also holds older rounds' values); default: all do.
+    """
+
+    name: str
+    data: str
+    belongs: Callable[[str], bool] | None = None
+
+    def arrived(self, c: Any) -> dict[int, str]:
+        values = read_dir(c, self.data)
+        if self.belongs is None:
+            return values
+        return {p: v for p, v in values.items() if self.belongs(v)}
+
+
+def round_(
+    c: Any,
+    rnd: Round,
+    value: str | None,
+    *,
+    timeout: float,
+    judge: Judge | None = None,
+    on_timeout: OnTimeout,
+    read: bool = False,
+    before_arrival: Callable[[], None] | None = None,
+) -> tuple[Verdict, dict[int, str]]:
+    """Publishes ``value``, waits for every host, returns the shared verdict (and values).
+
+    Args:
+        c: the coordination client.
+        rnd: where the round's keys live.
+        value: this host's value (None: already published by the caller).
+        timeout: seconds from now until this host gives up waiting.
+        judge: run once, by the last host to arrive, on everyone's values.
+        on_timeout: details for the timeout verdict, from the values that arrived.
+        read: also return everyone's values (on success).
+        before_arrival: runs after publishing and before counting this host
+            as arrived (the step gate).
+
+    Returns:
+        ``(verdict, values)``: values is ``{}`` unless ``read`` (or this host
+        judged). A failed verdict has been acknowledged by every host that
+        arrived in time (or `ACK_TIMEOUT` passed) before this returns.
+
+    Raises:
+        KeyboardInterrupt: after recording an ``interrupted`` verdict (unless
+            one was written already), so later arrivals fail at once too.
+        CoordinatorUnreachableError: the coordination service is gone.
+    """
+    deadline = time.monotonic() + timeout
+    if value is not None:
+        publish(c, rnd.data, value)
+    if before_arrival is not None:
+        before_arrival()
+    verdict_key = f'{rnd.name}/v'
+    values: dict[int, str] = {}
+    try:
+        n = increment(c, f'{rnd.name}/n')
+        if n >= process_count():
+            values = rnd.arrived(c)
+            text = (judge(values) if judge is not None else None) or 'ok'
+            if not put(c, verdict_key, text, once=True):
+                text = get(c, verdict_key) or text  # a timeout verdict came first
+        else:
+            got = wait_get(c, verdict_key, deadline)
+            if got is None:
+                arrived = rnd.arrived(c)
+                got = Verdict.failure(
+                    'timeout',
+                    by=process_index(),
+                    timeout=timeout,
+                    arrived=sorted(arrived),
+                    missing=[p for p in range(process_count()) if p not in arrived],
+                    **on_timeout(arrived),
+                )
+                if not put(c, verdict_key, got, once=True):
+                    got = get(c, verdict_key) or got
+            text = got
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            put(
+                c,
+                verdict_key,
+                Verdict.failure('interrupted', by=process_index(), arrived=[]),
+                once=True,
+            )
+        raise
+    verdict = Verdict.parse(text)
+    if verdict.ok:
+        if read and not values:
+            values = rnd.arrived(c)
+        return verdict, values
+    participants = verdict.data.get('arrived')
+    if participants is None:  # judged: everyone had arrived
+        participants = list(range(process_count()))
+    ack(c, f'{rnd.name}/ack', [int(p) for p in participants])
+    return verdict, values
