@@ -11,24 +11,14 @@ from multihost._arrays import (
     global_array_to_host_local_array,
     host_local_array_to_global_array,
 )
+from multihost._bus import start_debug_daemon
 from multihost._collectives import (
-    assert_equal,
     barrier,
     broadcast_one_to_all,
     process_allgather,
     sync_global_devices,
 )
 from multihost._control import ControlClient, serve_control
-from multihost._debugd import (
-    DEFAULT_STEP_TIMEOUT,
-    dump_stacks,
-    release,
-    release_all,
-    set_stepping,
-    start_debug_daemon,
-    step_table,
-    stepping_enabled,
-)
 from multihost._debugmodel import HostStacks, Step, StepTable, ThreadStack
 from multihost._errors import (
     BarrierMismatchError,
@@ -54,7 +44,16 @@ from multihost._layout import (
     describe_layout,
 )
 from multihost._sequence import DEFAULT_TIMEOUT, CollectiveRecord
-from multihost._treediff import LeafDiff, TreeDiff, tree_diff
+from multihost._stacks import dump_stacks
+from multihost._stepgate import (
+    DEFAULT_STEP_TIMEOUT,
+    release,
+    release_all,
+    set_stepping,
+    step_table,
+    stepping_enabled,
+)
+from multihost._treediff import LeafDiff, TreeDiff, assert_equal, tree_diff
 
 # The one place the version is written: pyproject.toml reads it (setuptools dynamic
 # version) and mhnotebook.__version__ returns it.

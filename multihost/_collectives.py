@@ -21,8 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from multihost import _jax_adapter, _sequence, _treediff
-from multihost._errors import HostMismatchError
+from multihost import _jax_adapter, _sequence
 
 _PROCESS_AXIS = 'processes'
 
@@ -353,31 +352,3 @@ def barrier(name: str, *, timeout: float | None = None) -> None:
     if not isinstance(name, str):
         raise TypeError(f'barrier name must be a str, got {type(name).__name__}')
     _sequence.enter('barrier', name, timeout=timeout)
-
-
-def assert_equal(in_tree: Any, fail_message: str = '', *, timeout: float | None = None) -> None:
-    """Verifies that all the hosts have the same tree of values.
-
-    Unlike JAX's (which gathers every host's whole tree to every host), the
-    hosts compare per-leaf fingerprints and move only the leaves that differ
-    (see `multihost.tree_diff`). Values compare bitwise (NaN equals the same
-    NaN; ``-0.0`` differs from ``0.0``).
-
-    Args:
-      in_tree: pytree of arrays. Global arrays are compared by their first
-        addressable shard (as JAX does).
-      fail_message: start of the error message.
-      timeout: seconds to wait for every host; default ``MULTIHOST_TIMEOUT``
-        or `multihost.DEFAULT_TIMEOUT`.
-
-    Raises:
-      HostMismatchError: (an ``AssertionError``) on every host, when any
-        host's tree differs. The message starts with ``fail_message`` and lists
-        each differing leaf path with its odd hosts out (at most 10 leaves);
-        ``.diff`` holds the full `TreeDiff`.
-    """
-    if jax.process_count() == 1:
-        return
-    diff = _treediff.diff_as('assert_equal', in_tree, timeout)
-    if not diff.ok:
-        raise HostMismatchError(f'{fail_message}. {diff.summary(max_leaves=10)}', diff=diff)

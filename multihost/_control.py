@@ -29,7 +29,7 @@ from multiprocessing.connection import (
 )
 from typing import Any
 
-from multihost import _debugd
+from multihost import _bus, _stacks, _stepgate
 from multihost._debugmodel import HostStacks, StepTable
 
 _HANDSHAKE_TIMEOUT = 10.0
@@ -49,11 +49,11 @@ def _info() -> dict[str, Any]:
 
 _METHODS: dict[str, Callable[..., Any]] = {
     'info': _info,
-    'stacks': _debugd.dump_stacks,
-    'step_table': _debugd.step_table,
-    'set_stepping': _debugd.set_stepping,
-    'release': _debugd.release,
-    'release_all': _debugd.release_all,
+    'stacks': _stacks.dump_stacks,
+    'step_table': _stepgate.step_table,
+    'set_stepping': _stepgate.set_stepping,
+    'release': _stepgate.release,
+    'release_all': _stepgate.release_all,
 }
 
 
@@ -139,7 +139,7 @@ def serve_control(authkey: bytes, address: tuple[str, int] = ('', 0)) -> tuple[s
     """
     if not isinstance(authkey, bytes) or not authkey:
         raise TypeError(f'authkey must be non-empty bytes, got {type(authkey).__name__}')
-    _debugd.start_debug_daemon()
+    _bus.start_debug_daemon()
     # No authkey on the Listener: each connection is authenticated in its own
     # thread, under a timeout, so a silent client cannot block accept().
     listener = Listener(tuple(address), family='AF_INET')

@@ -241,6 +241,34 @@ def read_dir(c: Any, directory: str) -> dict[int, str]:
     return out
 
 
+def read_dir2(c: Any, directory: str) -> dict[tuple[int, int], str]:
+    """``(k, process) -> value`` of the keys ``<directory>/<k>/<process>`` (one bounded read)."""
+    prefix = directory.rstrip('/') + '/'
+    with _rpc(f'reading {prefix}'):
+        items = c.key_value_dir_get(prefix)
+    out = {}
+    for k, value in items:
+        parts = k[len(prefix) :].strip('/').split('/') if k.startswith(prefix) else []
+        if len(parts) == 2 and all(part.isdigit() for part in parts):
+            out[(int(parts[0]), int(parts[1]))] = _resolve(c, value)
+    return out
+
+
+def poll(c: Any, k: str, seconds: float) -> str | None:
+    """One native wait of up to ``seconds`` for ``k`` (None on timeout); for background threads.
+
+    The main thread uses `wait_get` (short slices, so a SIGINT lands); a
+    background thread may long-poll to save RPCs.
+    """
+    try:
+        value = c.blocking_key_value_get(k, max(1, int(seconds * 1000)))
+    except Exception as exc:
+        if classify(exc) == 'timeout':
+            return None
+        raise
+    return _resolve(c, value)
+
+
 def publish(c: Any, directory: str, value: str) -> None:
     """Stores this process's ``value`` at ``<directory>/<process index>`` (bounded)."""
     put(c, f'{directory.rstrip("/")}/{process_index()}', value, inline=_dir_cap())

@@ -23,7 +23,7 @@ service of ``jax.distributed``):
    once, so every host, a late one included, raises the same error.
 
 Three RPCs per host, four for the last arriver; no device work. With barrier
-stepping on (`_debugd`), the host waits between 1 and 2 until step ``k`` is
+stepping on (`_stepgate`), the host waits between 1 and 2 until step ``k`` is
 released. Records live in a ring of `_SLOTS` slots, overwritten rather than
 deleted (no extra RPC): a host can only overwrite slot ``k mod SLOTS`` at
 collective ``k + SLOTS``, after every host arrived at ``k + SLOTS - 1`` and so
@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
 
 from multihost import _kv
@@ -338,12 +338,9 @@ def _enter(
         return rec, {}
     timeout = default_timeout() if timeout is None else float(timeout)
     _kv.collect_garbage(client, seq)
-    # The debug thread (stacks, stepping) listens from here on; cheap once
-    # started. Imported here: `_debugd` builds on this module.
-    from multihost import _debugd
-
-    _debugd.ensure_started(client)
-    gated = _debugd.before_arrival(client, rec)  # stepping on: "waiting at seq"
+    # The debug thread (stacks, stepping) listens from here on (cheap once
+    # started); with stepping on, the host marks itself waiting at the gate.
+    gate = _enter_hook(client, rec) if _enter_hook is not None else None
     text = rec.to_json()
     if payload is not None:
         text = text[:-1] + ',"data":"' + base64.b64encode(payload).decode() + '"}'
@@ -371,7 +368,7 @@ def _enter(
         judge=_judge,
         on_timeout=missing_positions,
         read=payload is not None,
-        before_arrival=lambda: _debugd.gate(client, rec, gated),
+        before_arrival=gate,
     )
     if not verdict.ok:
         raise _error(verdict, rec, mismatch_prefix)
@@ -413,6 +410,18 @@ def share(
     if not verdict.ok:
         raise _error(verdict, rec, None)
     return values
+
+
+#: Set by `_stepgate` when it is imported (`multihost` imports it): runs as a
+#: host enters a collective, starts the debug thread and, with stepping on,
+#: returns the step gate to pass before the host counts as arrived.
+_enter_hook: Callable[[Any, CollectiveRecord], Callable[[], None] | None] | None = None
+
+
+def set_enter_hook(hook: Callable[[Any, CollectiveRecord], Callable[[], None] | None]) -> None:
+    """Installs the enter hook (the debug thread and the step gate; see `_stepgate`)."""
+    global _enter_hook
+    _enter_hook = hook
 
 
 def _judge(values: dict[int, str]) -> str | None:

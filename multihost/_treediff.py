@@ -59,6 +59,8 @@ import jax
 import numpy as np
 
 from multihost import _kv, _sequence
+from multihost._collectives import broadcast_one_to_all
+from multihost._errors import HostMismatchError
 from multihost._text import fmt_hosts as _fmt_hosts
 
 #: Leaves with at most this many elements keep every host's values in their
@@ -413,8 +415,6 @@ def _compare(own: np.ndarray, ref: np.ndarray) -> tuple[int, tuple[int, ...], fl
 
 def _broadcast_bytes(buf: np.ndarray | None, nbytes: int, source: bool) -> np.ndarray:
     """``nbytes`` bytes from the source host to every host, exactly (as uint32 words)."""
-    from multihost._collectives import broadcast_one_to_all  # _collectives imports us
-
     out = np.empty(nbytes, np.uint8)
     for start in range(0, nbytes, _BROADCAST_CHUNK):
         size = min(_BROADCAST_CHUNK, nbytes - start)
@@ -465,6 +465,34 @@ def tree_diff(in_tree: Any, *, timeout: float | None = None) -> TreeDiff:
 
 class _LeafError(ValueError):
     """A leaf this host cannot fingerprint."""
+
+
+def assert_equal(in_tree: Any, fail_message: str = '', *, timeout: float | None = None) -> None:
+    """Verifies that all the hosts have the same tree of values.
+
+    Unlike JAX's (which gathers every host's whole tree to every host), the
+    hosts compare per-leaf fingerprints and move only the leaves that differ
+    (see `multihost.tree_diff`). Values compare bitwise (NaN equals the same
+    NaN; ``-0.0`` differs from ``0.0``).
+
+    Args:
+      in_tree: pytree of arrays. Global arrays are compared by their first
+        addressable shard (as JAX does).
+      fail_message: start of the error message.
+      timeout: seconds to wait for every host; default ``MULTIHOST_TIMEOUT``
+        or `multihost.DEFAULT_TIMEOUT`.
+
+    Raises:
+      HostMismatchError: (an ``AssertionError``) on every host, when any
+        host's tree differs. The message starts with ``fail_message`` and lists
+        each differing leaf path with its odd hosts out (at most 10 leaves);
+        ``.diff`` holds the full `TreeDiff`.
+    """
+    if _kv.process_count() == 1:
+        return
+    diff = diff_as('assert_equal', in_tree, timeout)
+    if not diff.ok:
+        raise HostMismatchError(f'{fail_message}. {diff.summary(max_leaves=10)}', diff=diff)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ from multiprocessing import AuthenticationError
 import pytest
 
 import multihost
-from multihost import _debugd
+from multihost import _stacks, _stepgate
 from multihost._sequence import CollectiveRecord
 
 
@@ -69,7 +69,7 @@ def test_step_table_missing_hosts_and_release_ahead():
 
 def test_host_stacks_json_round_trip():
     """A captured HostStacks survives the key-value store's JSON unchanged."""
-    stacks = _debugd.capture(0)
+    stacks = _stacks.capture(0)
     assert multihost.HostStacks.from_json(stacks.to_json()) == stacks
     missing = multihost.HostStacks(process=3, answered=False, current=_rec(9, 3), error='gone')
     assert multihost.HostStacks.from_json(missing.to_json()) == missing
@@ -135,13 +135,13 @@ def test_stepping_single_process_never_pauses():
 def test_step_timeout_setting_is_validated(monkeypatch):
     """MULTIHOST_STEP_TIMEOUT must be a positive number; unset means the default."""
     monkeypatch.delenv('MULTIHOST_STEP_TIMEOUT', raising=False)
-    assert _debugd.step_timeout() == multihost.DEFAULT_STEP_TIMEOUT
+    assert _stepgate.step_timeout() == multihost.DEFAULT_STEP_TIMEOUT
     monkeypatch.setenv('MULTIHOST_STEP_TIMEOUT', 'soon')
     with pytest.raises(ValueError, match='MULTIHOST_STEP_TIMEOUT'):
-        _debugd.step_timeout()
+        _stepgate.step_timeout()
     monkeypatch.setenv('MULTIHOST_STEP_TIMEOUT', '-1')
     with pytest.raises(ValueError, match='positive'):
-        _debugd.step_timeout()
+        _stepgate.step_timeout()
 
 
 # -- control endpoint --------------------------------------------------------------------

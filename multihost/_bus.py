@@ -1,0 +1,225 @@
+"""The command bus: a debug thread per process answers commands, even while the main one blocks.
+
+Every process runs one daemon thread (started the first time the process
+enters a multi-host collective, or by `start_debug_daemon`). It waits for
+commands in the coordination service's key-value store (through `_kv`), so
+it answers while the main thread is stuck in a barrier, a device collective or
+user code (the GIL is released in all of those). It never polls: it blocks in
+one long-poll for the next command number: about two RPCs per thirty seconds
+when idle, so it scales to hundreds of hosts.
+
+Keys (``mh/`` prefix)::
+
+    mh/ctl/n            command counter (incremented by the issuer)
+    mh/ctl/<g>          command number g: {"cmd": "stacks" | "stepping", ...}
+    mh/rep/<g>/<pid>    process pid's reply to command g (deleted by the issuer)
+    mh/dmn/<pid>        process pid's debug thread listens to commands > "since"
+
+An issuer (any thread of any process, or the control endpoint serving a
+notebook) takes a number from the counter, writes the command, and collects
+the replies of the debug threads registered before that number, each wait
+bounded by its timeout; hosts that do not answer are reported, never waited
+for forever.
+
+What a command does is registered by the module that owns it (`register`):
+``stacks`` by `_stacks`, ``stepping`` by `_stepgate`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from multihost import _jax_adapter, _kv
+
+# Long-poll slice: the idle debug thread costs its host about two RPCs per
+# _IDLE_SLICE_S (fewer than the coordination service's own heartbeats), and a
+# command number lost by a dying issuer is skipped after two slices.
+_IDLE_SLICE_S = 30.0
+THREAD_NAME = 'multihost-debug'
+
+#: Command name -> handler (client -> JSON reply), filled by the owning modules.
+_HANDLERS: dict[str, Callable[[Any], str]] = {}
+#: Run (with the client) when the thread starts, after the command counter is
+#: read and before the thread registers: state a command may have changed.
+_ON_START: list[Callable[[Any], None]] = []
+
+
+def register(
+    cmd: str, handler: Callable[[Any], str], on_start: Callable[[Any], None] | None = None
+) -> None:
+    """Registers what command ``cmd`` does (and state to read when a thread starts)."""
+    _HANDLERS[cmd] = handler
+    if on_start is not None:
+        _ON_START.append(on_start)
+
+
+def _key(*parts: object) -> str:
+    return _kv.key(*parts)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.client: Any = None
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+
+
+_state = _State()
+
+
+def thread_ident() -> int | None:
+    """The debug thread's ident (None before it starts)."""
+    return _state.thread.ident if _state.thread is not None else None
+
+
+def distributed() -> Any | None:
+    """The coordination client when more than one process runs, else None."""
+    return _kv.client()
+
+
+# -- the daemon thread -------------------------------------------------------------
+
+
+def start_debug_daemon() -> bool:
+    """Starts this process's debug thread, if not running yet.
+
+    It starts by itself the first time the process enters a multi-host
+    collective; call this right after ``jax.distributed.initialize`` to make
+    a process reachable (stacks, stepping) before its first collective.
+
+    Returns:
+        True when the thread runs; False in a single process (nothing to do).
+    """
+    client = distributed()
+    if client is None:
+        return False
+    ensure_started(client)
+    return True
+
+
+def ensure_started(client: Any) -> None:
+    """Starts the debug thread for ``client`` unless it runs (cheap when it does).
+
+    Synchronous on first call: when it returns, the thread listens to every
+    command issued from now on and the stepping flag is current.
+    """
+    if _state.client is client and _state.thread is not None and _state.thread.is_alive():
+        return
+    with _state.lock:
+        if _state.client is client and _state.thread is not None and _state.thread.is_alive():
+            return
+        if _state.thread is not None:  # an earlier jax.distributed session
+            _state.stop.set()
+        pid = _kv.process_index()
+        # Order matters (see command): read the counter, then the state the
+        # commands change (the stepping flag), then register. A command
+        # numbered <= since was issued after its state was written, so the
+        # state read here already reflects it.
+        since = _kv.increment(client, _key('ctl', 'n'), 0)
+        for read_state in _ON_START:
+            read_state(client)
+        _kv.put(
+            client,
+            _key('dmn', pid),
+            json.dumps(
+                {
+                    'process': pid,
+                    'since': since,
+                    'hostname': socket.gethostname(),
+                    'os_pid': os.getpid(),
+                    'time': time.time(),
+                }
+            ),
+        )
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=_loop, args=(client, pid, since + 1, stop), name=THREAD_NAME, daemon=True
+        )
+        _state.client, _state.thread, _state.stop = client, thread, stop
+        thread.start()
+
+
+def _current_client(client: Any) -> bool:
+    return _jax_adapter.client() is client
+
+
+def _loop(client: Any, pid: int, g: int, stop: threading.Event) -> None:
+    """Handles commands g, g+1, ... until the distributed session ends."""
+    misses, backoff = 0, 0.5
+    while not stop.is_set():
+        try:
+            raw = _kv.poll(client, _key('ctl', g), _IDLE_SLICE_S)  # the idle long-poll
+        except Exception:
+            if stop.is_set() or not _current_client(client):
+                return  # jax.distributed.shutdown() (CANCELLED) or a new session
+            stop.wait(backoff)  # the coordinator is unreachable: retry, slowly
+            backoff = min(backoff * 2, 30.0)
+            continue
+        if raw is None:
+            # A command number whose issuer died before writing it would
+            # block every later command: skip it after two idle slices.
+            try:
+                counter = _kv.increment(client, _key('ctl', 'n'), 0)
+            except Exception:
+                counter = g
+            misses = misses + 1 if counter > g else 0
+            if misses >= 2:
+                g, misses = g + 1, 0
+            continue
+        misses, backoff = 0, 0.5
+        try:
+            _handle(client, pid, g, raw)
+        except Exception:  # never let one bad command kill the thread
+            if not _current_client(client):
+                return
+        g += 1
+
+
+def _handle(client: Any, pid: int, g: int, raw: str) -> None:
+    try:
+        cmd = json.loads(raw).get('cmd')
+    except (ValueError, AttributeError):
+        cmd = None
+    handler = _HANDLERS.get(cmd) if isinstance(cmd, str) else None
+    reply = handler(client) if handler is not None else json.dumps({'unknown': cmd})
+    _kv.put(client, _key('rep', g, pid), reply)
+
+
+def command(client: Any, cmd: str, timeout: float) -> tuple[dict[int, str], dict[int, dict]]:
+    """Issues ``cmd`` to every debug thread; returns (replies, registered threads).
+
+    Waits at most ``timeout`` seconds (plus two RPCs) for the replies of the
+    threads registered before the command; the rest are simply absent.
+    """
+    ensure_started(client)  # so that this process answers too
+    g = _kv.increment(client, _key('ctl', 'n'), 1)
+    order = {'cmd': cmd, 'by': _kv.process_index(), 'time': time.time()}
+    _kv.put(client, _key('ctl', g), json.dumps(order))
+    daemons: dict[int, dict] = {}
+    for value in _kv.read_dir(client, _key('dmn')).values():
+        info = json.loads(value)
+        daemons[int(info['process'])] = info
+    expected = sorted(p for p, info in daemons.items() if info['since'] < g)
+    replies: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    for p in expected:
+        got = _kv.wait_get(client, _key('rep', g, p), deadline)
+        if got is None:
+            break  # out of time: pick up whoever answered below
+        replies[p] = got
+    prefix = _key('rep', g)
+    for p, value in _kv.read_dir(client, prefix).items():
+        replies.setdefault(p, value)
+    _kv.delete(client, prefix + '/')
+    return replies, daemons

@@ -1,0 +1,161 @@
+"""Stack capture: every host's Python stacks and current collective, also from blocked hosts.
+
+Each host's debug thread (`_bus`) answers the ``stacks`` command with
+`capture`; `dump_stacks` issues it and waits, bounded, for every answer.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import sysconfig
+import threading
+import time
+from typing import Any
+
+from multihost import _bus, _kv, _sequence, _stepgate
+from multihost._debugmodel import HostStacks, ThreadStack
+
+_MAX_FRAMES = 200
+
+
+def _internal_dirs() -> tuple[tuple[str, ...], str]:
+    """(package dirs of multihost, jax, jaxlib; the standard library's dir)."""
+    import jax
+
+    dirs = [
+        os.path.dirname(os.path.abspath(__file__)),
+        os.path.dirname(os.path.abspath(jax.__file__)),
+    ]
+    try:
+        import jaxlib
+
+        dirs.append(os.path.dirname(os.path.abspath(jaxlib.__file__)))
+    except ImportError:  # pragma: no cover - jax always brings jaxlib
+        pass
+    stdlib = os.path.abspath(sysconfig.get_paths()['stdlib']) + os.sep
+    return tuple(d + os.sep for d in dirs), stdlib
+
+
+def _user_frame(frames: tuple) -> str:
+    """``file:line in function`` of the innermost frame in user code.
+
+    Skips multihost, jax, jaxlib and the standard library (but not packages
+    installed under it), so a host blocked in a barrier shows the line that
+    called it.
+    """
+    packages, stdlib = _internal_dirs()
+    for filename, lineno, func, _ in reversed(frames):
+        path = os.path.abspath(filename)
+        if filename.startswith('<frozen') or path.startswith(packages):
+            continue
+        if path.startswith(stdlib) and not any(
+            d in path for d in ('site-packages', 'dist-packages')
+        ):
+            continue
+        return f'{filename}:{lineno} in {func}'
+    return ''
+
+
+def capture(process: int | None = None) -> HostStacks:
+    """This process's stacks (every Python thread but the debug thread) and collective."""
+    import traceback
+
+    me = _bus.thread_ident()
+    main_ident = threading.main_thread().ident
+    by_ident = {t.ident: t for t in threading.enumerate()}
+    threads = []
+    where = ''
+    for ident, frame in sys._current_frames().items():
+        if ident == me and threading.get_ident() == me:
+            continue  # the debug thread answering this request
+        summary = traceback.extract_stack(frame)[-_MAX_FRAMES:]
+        frames = tuple((f.filename, f.lineno or 0, f.name, f.line or '') for f in summary)
+        t = by_ident.get(ident)
+        threads.append(
+            ThreadStack(
+                name=t.name if t else '<unknown>',
+                ident=ident,
+                main=ident == main_ident,
+                daemon=bool(t.daemon) if t else True,
+                frames=frames,
+            )
+        )
+        if ident == main_ident:
+            where = _user_frame(frames)
+    threads.sort(key=lambda t: (not t.main, t.name))
+    gate = _stepgate.held_at()
+    return HostStacks(
+        process=_kv.process_index() if process is None else process,
+        answered=True,
+        hostname=socket.gethostname(),
+        os_pid=os.getpid(),
+        current=_sequence.current(),
+        gate=gate,
+        stepping=_stepgate.stepping_enabled(),
+        where=where,
+        threads=tuple(threads),
+        time=time.time(),
+    )
+
+
+def dump_stacks(timeout: float = 10.0) -> dict[int, HostStacks]:
+    """Every host's Python stacks and current collective, also from blocked hosts.
+
+    Callable from any process and any thread, including while the main
+    threads are blocked in a barrier or collective: each host's debug thread
+    answers. A host that does not answer within ``timeout`` is reported, not
+    waited for.
+
+    Args:
+        timeout: seconds to wait for the answers.
+
+    Returns:
+        Process index -> `HostStacks`, for every process. A host that did not
+        answer has ``answered=False``, an ``error`` saying why and, as
+        ``current``, the last collective it published.
+    """
+    client = _bus.distributed()
+    if client is None:
+        return {_kv.process_index(): capture()}
+    replies, daemons = _bus.command(client, 'stacks', timeout)
+    out: dict[int, HostStacks] = {}
+    where: dict[int, Any] | None = None
+    for p in range(_kv.process_count()):
+        if p in replies:
+            out[p] = HostStacks.from_json(replies[p])
+            continue
+        if where is None:
+            try:
+                where = _sequence.positions(client)
+            except Exception:
+                where = {}
+        if p in daemons:
+            info = daemons[p]
+            error = (
+                f'no answer within {timeout:g} s (process dead, frozen, or its '
+                'debug thread stopped)'
+            )
+            out[p] = HostStacks(
+                process=p,
+                answered=False,
+                hostname=info.get('hostname', ''),
+                os_pid=info.get('os_pid', 0),
+                current=where.get(p),
+                error=error,
+            )
+        else:
+            out[p] = HostStacks(
+                process=p,
+                answered=False,
+                current=where.get(p),
+                error=(
+                    'no debug thread: the process has not entered a multihost collective '
+                    'yet (call multihost.start_debug_daemon() after jax.distributed.initialize)'
+                ),
+            )
+    return out
+
+
+_bus.register('stacks', lambda client: capture(_kv.process_index()).to_json())

@@ -1,0 +1,300 @@
+"""The step gate: with stepping on, every host pauses before each collective until released.
+
+The gate runs in `_sequence`'s enter hook around the host's arrival at step k
+(the record it publishes) and before it counts as arrived: while stepping is on
+(a process-local flag: zero RPCs when off), the host marks itself waiting,
+publishes its arrival, and waits until ``mh/step/go/<k>`` appears or stepping
+is switched off. Its local wait runs in 0.5 s slices, so Ctrl-C gets through.
+
+Keys (``mh/`` prefix)::
+
+    mh/step/on          "1" while stepping is on (read at start and on "stepping")
+    mh/step/go/<k>      step k is released
+    mh/step/wait/<k>/<pid>  pid waits at step k's gate (written before its arrival)
+    mh/seq/<k>/<pid>    (from `_sequence`) what pid called at step k: its arrival
+
+Switching stepping on or off goes to every host's debug thread through the
+command bus (`_bus`, command ``stepping``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from multihost import _bus, _kv, _sequence
+from multihost._debugmodel import StepTable
+from multihost._errors import StepTimeoutError
+
+#: Default timeout (seconds) of the step gate, unless ``MULTIHOST_STEP_TIMEOUT``
+#: says otherwise: how long a host waits for a step to be released.
+DEFAULT_STEP_TIMEOUT = 3600.0
+
+# The release waiter's long-poll slice (a helper thread; the main thread waits
+# locally in 0.5 s slices).
+_SLICE_S = 10.0
+
+
+def _key(*parts: object) -> str:
+    return _kv.key(*parts)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def step_timeout() -> float:
+    """The step gate's timeout: ``MULTIHOST_STEP_TIMEOUT`` or `DEFAULT_STEP_TIMEOUT`."""
+    raw = os.environ.get('MULTIHOST_STEP_TIMEOUT', '')
+    if raw == '':
+        return DEFAULT_STEP_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(
+            f'MULTIHOST_STEP_TIMEOUT must be a number of seconds, got {raw!r}.'
+        ) from None
+    if value <= 0:
+        raise ValueError(f'MULTIHOST_STEP_TIMEOUT must be positive, got {raw!r}.')
+    return value
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stepping = False  # read by the gate without a lock: a bool is atomic
+        self.gate: tuple[int, threading.Event] | None = None
+
+
+_state = _State()
+
+
+def held_at() -> int | None:
+    """The step this process waits at in the gate, or None."""
+    gate = _state.gate
+    return gate[0] if gate is not None else None
+
+
+def _read_flag(client: Any) -> None:
+    _state.stepping = _kv.get(client, _key('step', 'on')) == '1'
+
+
+def _on_stepping_command(client: Any) -> str:
+    _apply_stepping(_kv.get(client, _key('step', 'on')) == '1')
+    return json.dumps({'stepping': _state.stepping})
+
+
+def _apply_stepping(on: bool) -> None:
+    with _state.lock:
+        _state.stepping = on
+        if not on and _state.gate is not None:
+            _state.gate[1].set()  # stepping off releases this host's gate
+
+
+def stepping_enabled() -> bool:
+    """Whether this process pauses before each collective (as its debug thread last heard)."""
+    return _state.stepping
+
+
+def set_stepping(on: bool, *, timeout: float = 10.0) -> tuple[int, ...]:
+    """Switches barrier stepping on or off on every host.
+
+    With stepping on, each host publishes its arrival at every barrier or
+    collective and waits there until that step is released (`release`,
+    `release_all`); `step_table` shows who arrived where. Switching it off
+    releases every host waiting at a step. Callable from any process and any
+    thread; the setting is kept in the coordination service, so a process
+    whose debug thread starts later picks it up.
+
+    Args:
+        on: the new setting.
+        timeout: seconds to wait for every host's confirmation.
+
+    Returns:
+        The processes whose debug thread confirmed the change in time. In a
+        single process there is nothing to pause; returns ``(0,)``.
+    """
+    client = _bus.distributed()
+    if client is None:
+        _apply_stepping(bool(on))
+        return (_kv.process_index(),)
+    if on:
+        # A fresh session: forget releases made ahead during an earlier one.
+        _kv.delete(client, _key('step', 'go') + '/')
+    _kv.put(client, _key('step', 'on'), '1' if on else '0')
+    replies, _ = _bus.command(client, 'stepping', timeout)
+    confirmed = []
+    for p, reply in replies.items():
+        try:
+            if json.loads(reply).get('stepping') == bool(on):
+                confirmed.append(p)
+        except (ValueError, AttributeError):
+            pass
+    return tuple(sorted(confirmed))
+
+
+def step_table() -> StepTable:
+    """The host x step table of the collectives in flight (see `StepTable`).
+
+    Callable from any process and thread, while the hosts wait at a step.
+    """
+    client = _bus.distributed()
+    if client is None:
+        cur = _sequence.current()
+        return StepTable(
+            num_processes=1,
+            stepping=_state.stepping,
+            steps=(),
+            positions=(cur.seq if cur else None,),
+            time=time.time(),
+        )
+    records = _sequence.all_records(client)
+    released = list(_kv.read_dir(client, _key('step', 'go')))
+    waiting = sorted(_kv.read_dir2(client, _key('step', 'wait')))
+    on = _kv.get(client, _key('step', 'on')) == '1'
+    return StepTable.build(records, released, _kv.process_count(), on, waiting)
+
+
+def release(steps: int = 1) -> tuple[int, ...]:
+    """Releases the next ``steps`` steps (`StepTable.next_release` onwards).
+
+    Hosts waiting at a released step go on into its barrier; a step released
+    before the hosts arrive lets them through without pausing.
+
+    Returns:
+        The step numbers released (empty in a single process).
+    """
+    if steps < 1:
+        raise ValueError(f'steps must be >= 1, got {steps!r}')
+    client = _bus.distributed()
+    if client is None:
+        return ()
+    first = step_table().next_release
+    released = tuple(range(first, first + steps))
+    for k in released:
+        _kv.put(client, _key('step', 'go', k), '1')
+    return released
+
+
+def release_all(*, timeout: float = 10.0) -> tuple[int, ...]:
+    """Switches stepping off and releases every step a host is waiting at.
+
+    Returns:
+        The step numbers that were held and are now released.
+    """
+    client = _bus.distributed()
+    if client is None:
+        _apply_stepping(False)
+        return ()
+    held = tuple(s.seq for s in step_table().steps if s.status == 'held')
+    set_stepping(False, timeout=timeout)
+    # Hosts whose debug thread did not confirm are released through the keys.
+    for k in held:
+        _kv.put(client, _key('step', 'go', k), '1')
+    return held
+
+
+def before_arrival(client: Any, rec: _sequence.CollectiveRecord) -> bool:
+    """First half of the step gate, before the host publishes its arrival at ``rec.seq``.
+
+    With stepping on, marks this host as waiting at the step's gate, so that
+    whoever sees the arrival also sees that the host waits for a release.
+    Zero RPCs when stepping is off.
+
+    Returns:
+        Whether the host is to wait at the gate (pass it to `gate`).
+    """
+    if not _state.stepping:
+        return False
+    _kv.put(client, _key('step', 'wait', rec.seq, rec.process), '1')
+    return True
+
+
+def gate(client: Any, rec: _sequence.CollectiveRecord, gated: bool) -> bool:
+    """The step gate: waits until step ``rec.seq`` is released (or stepping goes off).
+
+    Called by `_sequence.enter` after the record (the arrival) was published
+    and before the barrier, with the result of `before_arrival`.
+
+    Returns:
+        Whether the host waited at the gate.
+
+    Raises:
+        StepTimeoutError: the step was not released within
+            ``MULTIHOST_STEP_TIMEOUT`` seconds.
+    """
+    if not gated:
+        return False
+    released = threading.Event()
+    with _state.lock:
+        on = _state.stepping
+        if on:
+            _state.gate = (rec.seq, released)
+    if not on:
+        _clear_wait(client, rec)
+        return False
+    timeout = step_timeout()
+    try:
+        if rec.process == 0 and rec.seq > 0:
+            # Everyone passed barrier seq-1 (we are here), so nobody waits on
+            # its release key any more.
+            _kv.delete(client, _key('step', 'go', rec.seq - 1))
+        threading.Thread(
+            target=_wait_release,
+            args=(client, rec.seq, released),
+            name=f'multihost-gate-{rec.seq}',
+            daemon=True,
+        ).start()
+        deadline = time.monotonic() + timeout
+        # A local wait (no RPC), in short slices so Ctrl-C gets through.
+        while not released.wait(0.5):
+            if time.monotonic() > deadline:
+                raise StepTimeoutError(
+                    f'step gate: step #{rec.seq} ({rec.describe()}) was not released '
+                    f'within {timeout:g} s. Stepping is on: release it with '
+                    'multihost.release() or multihost.release_all() (or a '
+                    'ControlClient), or raise MULTIHOST_STEP_TIMEOUT.',
+                    seq=rec.seq,
+                    timeout=timeout,
+                )
+    finally:
+        with _state.lock:
+            _state.gate = None
+        released.set()  # stops the waiter thread after its current slice
+        _clear_wait(client, rec)
+    return True
+
+
+def _clear_wait(client: Any, rec: _sequence.CollectiveRecord) -> None:
+    _kv.delete(client, _key('step', 'wait', rec.seq, rec.process))  # only informative
+
+
+def _wait_release(client: Any, seq: int, released: threading.Event) -> None:
+    key = _key('step', 'go', seq)
+    while not released.is_set():
+        try:
+            got = _kv.poll(client, key, _SLICE_S)
+        except Exception:
+            if _kv.client() is not client:
+                return
+            released.wait(1.0)
+            continue
+        if got is not None:
+            released.set()
+            return
+
+
+def _on_enter(client: Any, rec: _sequence.CollectiveRecord) -> Callable[[], None] | None:
+    """`_sequence`'s enter hook: start the debug thread; with stepping on, the gate."""
+    _bus.ensure_started(client)
+    if not before_arrival(client, rec):
+        return None
+    return lambda: gate(client, rec, True) and None
+
+
+_bus.register('stepping', _on_stepping_command, on_start=_read_flag)
+_sequence.set_enter_hook(_on_enter)
