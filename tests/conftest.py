@@ -62,6 +62,10 @@ class ClusterHolder:
 def mp_cluster(request, tmp_path_factory):
     config = dict(DEFAULT_CLUSTER)
     config.update(getattr(request.module, 'MP_CLUSTER', {}))
+    # Workers import a test module by its path; this folder on their path lets
+    # it import the shared `_helpers`, as it does in this process.
+    paths = [os.path.dirname(os.path.abspath(__file__)), os.environ.get('PYTHONPATH', '')]
+    config['env'] = {**config.get('env', {}), 'PYTHONPATH': os.pathsep.join(filter(None, paths))}
     holder = ClusterHolder(config, str(tmp_path_factory.mktemp('cluster-logs')))
     yield holder
     holder.stop()

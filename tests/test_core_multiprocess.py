@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers import flat_mesh, host_mesh
 from jax.experimental import multihost_utils as jax_multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -20,16 +21,6 @@ import multihost as multihost_utils
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
-
-
-def _host_mesh() -> Mesh:
-    """('host', 'dev') mesh: each process's two devices form one row."""
-    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
-    return Mesh(devices, ('host', 'dev'))
-
-
-def _flat_mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()), ('x',))
 
 
 class _Compiles:
@@ -86,7 +77,7 @@ def test_broadcast_from_chosen_source():
 @multiprocess
 def test_broadcast_ignores_user_mesh_context():
     """A user `jax.set_mesh` does not change the result."""
-    with jax.set_mesh(_flat_mesh()):
+    with jax.set_mesh(flat_mesh()):
         out = multihost_utils.broadcast_one_to_all(np.arange(4) * (jax.process_index() + 1))
     np.testing.assert_array_equal(out, np.arange(4))
 
@@ -98,7 +89,7 @@ def test_broadcast_ignores_user_mesh_context():
 def test_sync_global_devices_passes_with_same_name():
     """Same name on every host: the barrier passes, also inside a mesh context."""
     multihost_utils.sync_global_devices('same')
-    with jax.set_mesh(_host_mesh()):
+    with jax.set_mesh(host_mesh()):
         multihost_utils.sync_global_devices('same again')
 
 
@@ -161,7 +152,7 @@ def test_allgather_pytree_and_uint8():
 @multiprocess
 def test_allgather_global_array_needs_tiled():
     """A non-fully-addressable array gathers to its global value with tiled=True only."""
-    mesh = _host_mesh()
+    mesh = host_mesh()
     global_value = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
     arr = jax.make_array_from_callback(
         global_value.shape, NamedSharding(mesh, P('host', 'dev')), lambda i: global_value[i]
@@ -221,7 +212,7 @@ def test_small_and_large_paths_agree():
 def test_allgather_ignores_user_mesh_context():
     """A user `jax.set_mesh` does not change the result."""
     pid, n = jax.process_index(), jax.process_count()
-    with jax.set_mesh(_flat_mesh()):
+    with jax.set_mesh(flat_mesh()):
         out = multihost_utils.process_allgather(np.arange(2) + pid, tiled=True)
     np.testing.assert_array_equal(out, np.concatenate([np.arange(2) + i for i in range(n)]))
 
@@ -232,7 +223,7 @@ def test_allgather_ignores_user_mesh_context():
 @multiprocess
 def test_assert_equal_passes_on_equal_trees():
     """Equal trees (numpy, jax, scalars, global arrays) pass on every host."""
-    mesh = _host_mesh()
+    mesh = host_mesh()
     glob = jax.make_array_from_callback(
         (4, 2), NamedSharding(mesh, P()), lambda i: np.ones((4, 2))[i]
     )
@@ -254,7 +245,7 @@ def test_assert_equal_raises_on_every_host_with_fail_message():
 @multiprocess
 def test_local_to_global_sharded_over_hosts():
     """P('x') over all 8 devices: global = host blocks concatenated in process order."""
-    mesh, pid, n = _flat_mesh(), jax.process_index(), jax.process_count()
+    mesh, pid, n = flat_mesh(), jax.process_index(), jax.process_count()
     arr = multihost_utils.host_local_array_to_global_array(np.arange(4) * pid, mesh, P('x'))
     assert arr.shape == (4 * n,)
     assert arr.sharding == NamedSharding(mesh, P('x'))
@@ -265,7 +256,7 @@ def test_local_to_global_sharded_over_hosts():
 @multiprocess
 def test_local_to_global_locally_replicated_host_pattern():
     """P('host', None): each host's slice is replicated over that host's devices."""
-    mesh, pid, n = _host_mesh(), jax.process_index(), jax.process_count()
+    mesh, pid, n = host_mesh(), jax.process_index(), jax.process_count()
     local = np.arange(8).reshape(4, 2) * (pid + 1)
     arr = multihost_utils.host_local_array_to_global_array(local, mesh, P('host', None))
     assert arr.shape == (4 * n, 2)
@@ -280,7 +271,7 @@ def test_local_to_global_locally_replicated_host_pattern():
 @multiprocess
 def test_local_to_global_two_axes_and_replicated():
     """P('host', 'dev') splits within a host too; P() keeps the shape and replicates."""
-    mesh, pid = _host_mesh(), jax.process_index()
+    mesh, pid = host_mesh(), jax.process_index()
     local = np.arange(4 * 6).reshape(4, 6) + 100 * pid
     arr = multihost_utils.host_local_array_to_global_array(local, mesh, P('host', 'dev'))
     assert arr.shape == (4 * jax.process_count(), 6)
@@ -295,7 +286,7 @@ def test_local_to_global_two_axes_and_replicated():
 @multiprocess
 def test_local_to_global_none_pspec_errors_both_ways():
     """pspecs=None is rejected by both conversions with JAX's message."""
-    mesh = _host_mesh()
+    mesh = host_mesh()
     with pytest.raises(ValueError, match='`None` is not a valid input to the pspecs argument'):
         multihost_utils.host_local_array_to_global_array(np.arange(4), mesh, None)
     arr = multihost_utils.host_local_array_to_global_array(np.arange(4), mesh, P('host'))
@@ -308,7 +299,7 @@ def test_local_to_global_none_pspec_errors_both_ways():
 @multiprocess
 def test_local_to_global_returns_global_input_as_is():
     """An already-global, non-fully-addressable input comes back as the same object."""
-    mesh = _host_mesh()
+    mesh = host_mesh()
     arr = multihost_utils.host_local_array_to_global_array(np.arange(4), mesh, P('host'))
     again = multihost_utils.host_local_array_to_global_array(arr, mesh, P('host'))
     assert again is arr
@@ -317,7 +308,7 @@ def test_local_to_global_returns_global_input_as_is():
 @multiprocess
 def test_local_to_global_zero_copy_when_already_sharded_like_target():
     """An input sharded like the local target keeps its device buffers (same pointers)."""
-    mesh = _host_mesh()
+    mesh = host_mesh()
     local_sharding = NamedSharding(mesh.local_mesh, P('dev'))
     x = jax.device_put(np.arange(8.0) + jax.process_index(), local_sharding)
     before = {s.device.id: s.data.unsafe_buffer_pointer() for s in x.addressable_shards}
@@ -329,7 +320,7 @@ def test_local_to_global_zero_copy_when_already_sharded_like_target():
 @multiprocess
 def test_local_to_global_pytree_of_pspecs_and_prefix():
     """Pspecs can be a pytree matching the inputs, or a prefix of them."""
-    mesh, n = _host_mesh(), jax.process_count()
+    mesh, n = host_mesh(), jax.process_count()
     out = multihost_utils.host_local_array_to_global_array(
         {'a': np.zeros((2, 2)), 'b': np.zeros(3)}, mesh, {'a': P('host'), 'b': P()}
     )
@@ -343,7 +334,7 @@ def test_local_to_global_pytree_of_pspecs_and_prefix():
 @multiprocess
 def test_prng_keys_and_float0_convert():
     """PRNG key arrays keep their key dtype; float0 becomes bool, as in JAX."""
-    mesh, n = _host_mesh(), jax.process_count()
+    mesh, n = host_mesh(), jax.process_count()
     keys = jax.random.split(jax.random.key(jax.process_index()), 2)
     g = multihost_utils.host_local_array_to_global_array(keys, mesh, P('host'))
     assert g.shape == (2 * n,) and jax.dtypes.issubdtype(g.dtype, jax.dtypes.prng_key)
@@ -357,7 +348,7 @@ def test_prng_keys_and_float0_convert():
 @multiprocess
 def test_round_trip_local_global_local():
     """local -> global -> local gives back each host's data."""
-    mesh, pid = _host_mesh(), jax.process_index()
+    mesh, pid = host_mesh(), jax.process_index()
     local = np.arange(16, dtype=np.float32).reshape(4, 4) - pid
     g = multihost_utils.host_local_array_to_global_array(local, mesh, P('host', 'dev'))
     back = multihost_utils.global_array_to_host_local_array(g, mesh, P('host', 'dev'))
@@ -402,13 +393,13 @@ def test_global_to_local_shape_and_data():
 def test_global_to_local_fully_addressable_returned_as_is():
     """A host-local input is returned unchanged (same object)."""
     x = jnp.arange(4)
-    assert multihost_utils.global_array_to_host_local_array(x, _host_mesh(), P()) is x
+    assert multihost_utils.global_array_to_host_local_array(x, host_mesh(), P()) is x
 
 
 @multiprocess
 def test_global_to_local_zero_copy():
     """Already sharded like the target: the local array reuses the device buffers."""
-    mesh = _host_mesh()
+    mesh = host_mesh()
     g = multihost_utils.host_local_array_to_global_array(
         np.arange(8.0),
         mesh,
@@ -446,7 +437,7 @@ def _both(make):
 @multiprocess
 def test_conversions_under_jit_match_jax():
     """Under jax.jit both conversions bind JAX's primitives: same results, same failures."""
-    mesh, pid = _host_mesh(), jax.process_index()
+    mesh, pid = host_mesh(), jax.process_index()
     local = np.arange(8, dtype=np.float32).reshape(4, 2) + 100 * pid
     succeeded = set()
     for spec in _SPECS:
@@ -485,7 +476,7 @@ def test_conversions_under_jit_match_jax():
 @multiprocess
 def test_conversions_under_vmap_match_jax():
     """Under jax.vmap (batch axis 0 or 1, and inside jit) and jax.grad: JAX's results."""
-    mesh, pid = _host_mesh(), jax.process_index()
+    mesh, pid = host_mesh(), jax.process_index()
     local = np.arange(16, dtype=np.float32).reshape(4, 4) + 100 * pid
     succeeded = 0
     for spec in [P(), P('host'), P('dev'), P(('host', 'dev'))]:  # per example: 1-D

@@ -19,6 +19,7 @@ import time
 
 import jax
 import pytest
+from _helpers import wait_until
 
 import multihost
 from multihost import _jax_adapter
@@ -29,18 +30,6 @@ MP_CLUSTER = dict(
 )
 multiprocess = pytest.mark.multiprocess
 HOSTS = (0, 1, 2, 3)
-
-
-def _poll(fn, timeout, what):
-    """Calls ``fn`` until it returns something truthy; AssertionError after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f'timed out after {timeout:g} s waiting for {what}')
-        time.sleep(0.05)
 
 
 def _arrived_at(name, hosts=HOSTS):
@@ -93,7 +82,7 @@ def test_hosts_blocked_in_a_barrier_report_their_stacks():
     if jax.process_index() != 0:
         _blocked_in_barrier()
         return
-    _poll(lambda: _arrived_at('stacks-x', (1, 2, 3)), 30, 'hosts 1-3 at stacks-x')
+    wait_until(lambda: _arrived_at('stacks-x', (1, 2, 3)), 30, 'hosts 1-3 at stacks-x')
     t0 = time.monotonic()
     stacks = multihost.dump_stacks(timeout=20)
     assert time.monotonic() - t0 < 20
@@ -121,7 +110,7 @@ def _stuck_here():
 
 def _collect_while_main_blocked(out):
     try:
-        _poll(lambda: _arrived_at('stuck-b', (0, 1, 3)), 30, 'hosts 0, 1, 3 at stuck-b')
+        wait_until(lambda: _arrived_at('stuck-b', (0, 1, 3)), 30, 'hosts 0, 1, 3 at stuck-b')
         out['stacks'] = multihost.dump_stacks(timeout=20)
     except BaseException as exc:
         out['error'] = exc
@@ -174,7 +163,7 @@ def _step_through(out):
     try:
         released = []
         for name in ('s1', 's2', 's3'):
-            table, step = _poll(lambda n=name: _arrived_at(n), 30, f'every host at {name}')
+            table, step = wait_until(lambda n=name: _arrived_at(n), 30, f'every host at {name}')
             assert step.status == 'held' and not step.divergent, table.format()
             assert step.waiting == HOSTS
             assert all(_site_file(r) == __file__ for r in step.records)
@@ -212,13 +201,13 @@ def test_stepping_pauses_every_barrier_until_released():
         s1, s2, s3 = out['released']
         assert s2 == s1 + 1 and s3 == s2 + 1
     # host 0 turned stepping off once it had released s3; wait until every host heard it
-    _poll(lambda: not multihost.stepping_enabled(), 20, 'stepping off')
+    wait_until(lambda: not multihost.stepping_enabled(), 20, 'stepping off')
     multihost.barrier('step1-end')
 
 
 def _show_divergence(out):
     try:
-        table = _poll(
+        table = wait_until(
             lambda: (lambda t: t if t.pending and t.pending.complete else None)(
                 multihost.step_table()
             ),
@@ -257,7 +246,7 @@ def test_stepping_shows_divergence_before_release():
         assert [r.name for r in step.records] == ['div-a'] * 3 + ['div-b']
         assert step.majority.name == 'div-a'
         assert 'DIVERGENT' in table.format() and 'differs' in table.format()
-    _poll(lambda: not multihost.stepping_enabled(), 20, 'stepping off')
+    wait_until(lambda: not multihost.stepping_enabled(), 20, 'stepping off')
     multihost.barrier('step2-end')  # aligned again, not paused
 
 
@@ -275,7 +264,7 @@ def test_unreleased_step_times_out_on_every_host():
         os.environ['MULTIHOST_STEP_TIMEOUT'] = '60'
     if jax.process_index() == 0:
         assert multihost.set_stepping(False, timeout=20) == HOSTS
-    _poll(lambda: not multihost.stepping_enabled(), 20, 'stepping off')
+    wait_until(lambda: not multihost.stepping_enabled(), 20, 'stepping off')
     multihost.barrier('step3-end')  # every host skipped the same step: still aligned
 
 
@@ -310,7 +299,7 @@ def test_release_ahead_lets_hosts_through_without_pausing():
 
 
 def _wait_until_stepping(timeout):
-    _poll(multihost.stepping_enabled, timeout, 'stepping switched on from outside')
+    wait_until(multihost.stepping_enabled, timeout, 'stepping switched on from outside')
 
 
 def _external_body(authkey_hex, address_file):
@@ -359,11 +348,11 @@ def test_control_endpoint_steps_and_dumps_a_blocked_cluster(mp_cluster):
             host, port = open(address_file).read().split()
             return host, int(port)
 
-        address = _poll(read_address, 90, 'the control address')
+        address = wait_until(read_address, 90, 'the control address')
         assert address[0] == socket.gethostname()  # bound to every interface
         ctl = multihost.ControlClient(address, key, timeout=20)
         assert ctl.info()['num_processes'] == 4
-        stacks = _poll(
+        stacks = wait_until(
             lambda: (
                 lambda s: (
                     s
@@ -379,13 +368,13 @@ def test_control_endpoint_steps_and_dumps_a_blocked_cluster(mp_cluster):
         )
         assert all(s.current.name == 'ext-warm' for s in stacks.values())
         assert ctl.set_stepping(True) == HOSTS
-        table = _poll(lambda: _table_at(ctl, 'ext-1'), 30, 'every host at ext-1')
+        table = wait_until(lambda: _table_at(ctl, 'ext-1'), 30, 'every host at ext-1')
         seq = table.pending.seq
         stacks = ctl.stacks()
         assert [stacks[p].gate for p in HOSTS] == [seq] * 4
         assert all(s.current.name == 'ext-1' for s in stacks.values())
         assert ctl.release() == (seq,)
-        table = _poll(lambda: _table_at(ctl, 'ext-2'), 30, 'every host at ext-2')
+        table = wait_until(lambda: _table_at(ctl, 'ext-2'), 30, 'every host at ext-2')
         assert table.pending.seq == seq + 1
         assert ctl.release_all() == (seq + 1,)
         engines.join(60)

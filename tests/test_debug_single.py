@@ -11,6 +11,7 @@ import time
 from multiprocessing import AuthenticationError
 
 import pytest
+from _helpers import source_line, wait_until
 
 import multihost
 from multihost import _stacks, _stepgate
@@ -85,24 +86,27 @@ def test_dump_stacks_single_process_sees_blocked_main_thread():
     done = threading.Event()
 
     main = threading.get_ident()
-    test_name = 'test_dump_stacks_single_process_sees_blocked_main_thread'
-    wait_line = sys._getframe().f_lineno + 16  # the `assert done.wait(20)` line below
+    this = test_dump_stacks_single_process_sees_blocked_main_thread
+    wait_line = source_line(this, 'assert done.wait(20)')
+
+    def main_is_waiting():
+        frame = sys._current_frames().get(main)
+        while frame is not None and frame.f_code is not this.__code__:
+            frame = frame.f_back
+        return frame is not None and frame.f_lineno == wait_line
 
     def helper():
         # Collect only once the main thread is really blocked in done.wait().
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            frame = sys._current_frames().get(main)
-            while frame is not None and frame.f_code.co_name != test_name:
-                frame = frame.f_back
-            if frame is not None and frame.f_lineno == wait_line:
-                break
-            time.sleep(0.01)
-        out['stacks'] = multihost.dump_stacks(timeout=5)
+        try:
+            wait_until(main_is_waiting, 10, 'the main thread in done.wait()', period=0.01)
+            out['stacks'] = multihost.dump_stacks(timeout=5)
+        except AssertionError as exc:
+            out['error'] = exc
         done.set()
 
     threading.Thread(target=helper, daemon=True).start()
     assert done.wait(20)  # the main thread is blocked here while the helper collects
+    assert 'error' not in out, out.get('error')
     stacks = out['stacks']
     assert list(stacks) == [0]
     me = stacks[0]

@@ -11,6 +11,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from _helpers import flat_mesh, host_mesh
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -25,25 +26,13 @@ CUBE = np.arange(64, dtype=np.int16).reshape(2, 4, 8)  # 128 B
 VECTOR = np.arange(16, dtype=np.float32)  # 64 B
 
 
-def _host_mesh() -> Mesh:
-    """('host', 'dev') mesh: row p holds process p's two devices."""
-    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
-    for p, row in enumerate(devices):
-        assert {d.process_index for d in row} == {p}, 'jax.devices() is not in process order'
-    return Mesh(devices, ('host', 'dev'))
-
-
-def _flat_mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()), ('x',))
-
-
 def _global(value: np.ndarray, mesh: Mesh, spec: P) -> jax.Array:
     return jax.make_array_from_callback(value.shape, NamedSharding(mesh, spec), lambda i: value[i])
 
 
 def _arrays() -> dict[str, jax.Array]:
     """The same global arrays, built on every host."""
-    mesh, flat = _host_mesh(), _flat_mesh()
+    mesh, flat = host_mesh(), flat_mesh()
     return {
         'host_dev': _global(MATRIX, mesh, P('host', 'dev')),
         'host': _global(MATRIX, mesh, P('host')),
@@ -138,7 +127,7 @@ def test_layout_places_blocks_on_the_right_hosts(mp_cluster):
 def test_describe_layout_of_host_local_array_names_this_host():
     """A fully addressable array on a multi-process job: shards on this host only."""
     local = jax.device_put(
-        np.zeros((4, 2), np.float32), NamedSharding(_host_mesh().local_mesh, P('dev'))
+        np.zeros((4, 2), np.float32), NamedSharding(host_mesh().local_mesh, P('dev'))
     )
     layout = multihost.describe_layout(local)
     assert layout.num_processes == N_HOSTS
@@ -152,7 +141,7 @@ def test_describe_layout_of_host_local_array_names_this_host():
 
 def check_consistent() -> dict[str, multihost.ReplicaReport]:
     """Replicas that agree: a replicated input, a per-host one, and a fully sharded one."""
-    mesh, pid = _host_mesh(), jax.process_index()
+    mesh, pid = host_mesh(), jax.process_index()
     to_global = multihost.host_local_array_to_global_array
     arrays = {
         'replicated': to_global(np.arange(6, dtype=np.float32), mesh, P()),
@@ -180,7 +169,7 @@ ODD_HOST = 2
 def check_odd_host_replicated() -> multihost.ReplicaReport:
     """host_local_array_to_global_array(x, mesh, P()) with a different x on ODD_HOST."""
     x = np.arange(6, dtype=np.float32) + (1 if jax.process_index() == ODD_HOST else 0)
-    arr = multihost.host_local_array_to_global_array(x, _host_mesh(), P())
+    arr = multihost.host_local_array_to_global_array(x, host_mesh(), P())
     return multihost.check_replicas(arr)
 
 
@@ -212,7 +201,7 @@ def _from_device_data(
 
 def check_device_level_disagreement() -> dict:
     """Disagreeing replicas built from per-device buffers, within a host and across hosts."""
-    mesh = _host_mesh()
+    mesh = host_mesh()
     devices = mesh.devices
     value = np.arange(24, dtype=np.float32).reshape(8, 3)
     within = devices[1, 1].id  # process 1's second device; its twin is devices[1, 0]
@@ -225,7 +214,7 @@ def check_device_level_disagreement() -> dict:
             _from_device_data((8, 3), mesh, P('host', None), value, within)
         ),
         'across': multihost.check_replicas(
-            _from_device_data((3,), _flat_mesh(), P(), value[0], across)
+            _from_device_data((3,), flat_mesh(), P(), value[0], across)
         ),
         'within_id': within,
         'across_id': across,
@@ -254,7 +243,7 @@ def test_check_replicas_finds_disagreement_within_and_across_hosts(mp_cluster):
 def test_check_replicas_on_different_arrays_is_a_collective_mismatch():
     """Hosts passing differently shaped arrays: CollectiveMismatchError on every host."""
     n = 4 if jax.process_index() == 0 else 3
-    arr = multihost.host_local_array_to_global_array(np.zeros(n, np.float32), _host_mesh(), P())
+    arr = multihost.host_local_array_to_global_array(np.zeros(n, np.float32), host_mesh(), P())
     with pytest.raises(multihost.CollectiveMismatchError, match='check_replicas'):
         multihost.check_replicas(arr, timeout=30)
     multihost.barrier('after check_replicas mismatch', timeout=30)  # still in step
@@ -264,7 +253,7 @@ def test_check_replicas_on_different_arrays_is_a_collective_mismatch():
 def test_check_replicas_of_host_local_array_needs_no_other_host():
     """A fully addressable array is checked locally: one host alone can call it."""
     if jax.process_index() == 0:
-        sharding = NamedSharding(_host_mesh().local_mesh, P())
+        sharding = NamedSharding(host_mesh().local_mesh, P())
         bufs = [
             jax.device_put(np.full(2, float(k)), d)
             for k, d in enumerate(sharding.addressable_devices)
@@ -282,7 +271,7 @@ def check_with_a_slow_host() -> tuple[list[int], str]:
     """SLOW_HOST takes longer to digest its replicas than the timeout allows."""
     from multihost import _layout
 
-    arr = multihost.host_local_array_to_global_array(np.zeros(3, np.float32), _host_mesh(), P())
+    arr = multihost.host_local_array_to_global_array(np.zeros(3, np.float32), host_mesh(), P())
     original = _layout._local_digests
     if jax.process_index() == SLOW_HOST:
 

@@ -7,6 +7,7 @@ import logging
 
 import numpy as np
 import pytest
+from _helpers import wait_until
 
 import mhnotebook
 from mhnotebook import SessionError
@@ -106,12 +107,8 @@ def _engine_processes() -> set[int]:
 
 def test_start_timeout_is_clear_and_leaves_nothing_running():
     """Engines not up in time: a SessionError saying so; no engine or controller left."""
-    import time
 
     before = _engine_processes()
     with pytest.raises(SessionError, match=r'engines came up within'):
         mhnotebook.start_local(2, 1, timeout=0.05, progress=False)
-    deadline = time.monotonic() + 30
-    while _engine_processes() - before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not (_engine_processes() - before)
+    wait_until(lambda: not (_engine_processes() - before), 30, 'the engines to exit', period=0.5)

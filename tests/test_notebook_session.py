@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _helpers import wait_until
 
 import mhnotebook
 from mhnotebook import HostsError, SessionError
@@ -240,7 +241,6 @@ def test_stuck_cell_shows_where_every_host_is(session):
 
 def test_stepping_from_the_notebook(session):
     """%mh_step on: hosts pause before each barrier; %mh_step step releases them one at a time."""
-    import time
 
     from IPython.utils.capture import capture_output
 
@@ -253,14 +253,15 @@ def test_stepping_from_the_notebook(session):
     assert 'running in the background' in cap.stdout
 
     def wait_for(name):
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        def arrived():
             step = session.step_table().pending
-            if step is not None and step.complete and step.majority.name == name:
-                return step
-            time.sleep(0.2)
-        done = {p: (ar.ready(), ar.ready() and ar.error) for p, ar in magics.background.items()}
-        raise AssertionError(f'hosts never all arrived at {name}: {session.step_table()}; {done}')
+            return step is not None and step.complete and step.majority.name == name
+
+        def state():
+            done = {p: (ar.ready(), ar.ready() and ar.error) for p, ar in magics.background.items()}
+            return f'every host at {name}: {session.step_table()}; {done}'
+
+        wait_until(arrived, 60, state, period=0.2)
 
     wait_for('s1')
     ip.run_line_magic('mh_step', 'step')

@@ -12,6 +12,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from _helpers import source_line
 
 import multihost
 
@@ -58,7 +59,7 @@ def test_skipped_barrier_times_out_naming_missing_host(mp_cluster):
         assert "barrier('warm-up')" in r['message']
 
 
-_WARM_UP_LINE = _skip_barrier_body.__code__.co_firstlineno + 3
+_WARM_UP_LINE = source_line(_skip_barrier_body, "multihost.barrier('warm-up')")
 
 
 @multiprocess

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding
+from _helpers import host_mesh
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import multihost
@@ -26,11 +27,6 @@ from multihost._treediff import LeafDiff, TreeDiff
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
-
-
-def _host_mesh() -> Mesh:
-    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
-    return Mesh(devices, ('host', 'dev'))
 
 
 @contextlib.contextmanager
@@ -66,7 +62,7 @@ def _base_tree() -> dict:
 def test_equal_trees_are_ok_on_every_host():
     """Equal trees (numpy, jax, bf16, scalars, PRNG keys, global arrays) give ok on every host."""
     glob = jax.make_array_from_callback(
-        (4, 2), NamedSharding(_host_mesh(), P()), lambda i: np.ones((4, 2))[i]
+        (4, 2), NamedSharding(host_mesh(), P()), lambda i: np.ones((4, 2))[i]
     )
     tree = {**_base_tree(), 'key': jax.random.key(3), 'g': glob, 'nan': np.array([np.nan, 1.0])}
     diff = multihost.tree_diff(tree)
@@ -276,9 +272,7 @@ def test_global_array_compares_addressable_data():
     """A replicated global array holding other data on host 1 (undefined behaviour) is found."""
     pid = jax.process_index()
     value = np.arange(8.0).reshape(4, 2) + (100 if pid == 1 else 0)
-    glob = jax.make_array_from_callback(
-        (4, 2), NamedSharding(_host_mesh(), P()), lambda i: value[i]
-    )
+    glob = jax.make_array_from_callback((4, 2), NamedSharding(host_mesh(), P()), lambda i: value[i])
     assert not glob.is_fully_addressable
     diff = multihost.tree_diff({'g': glob})
     leaf = diff.leaves[0]
