@@ -797,7 +797,9 @@ def start_local(
         cluster.start_cluster_sync()
         client = cluster.connect_client_sync()
         try:
-            client.wait_for_engines(n, timeout=timeout)
+            # interactive=False: no tqdm widget (a saved notebook could not show it); the
+            # progress line above says how far the start is.
+            client.wait_for_engines(n, timeout=timeout, interactive=False)
         except TimeoutError:
             raise SessionError(
                 f'only {len(client.ids)} of {n} engines came up within '
@@ -896,7 +898,7 @@ def connect(
     client = ipp.Client(timeout=timeout, **kwargs)
     try:
         if n is not None:
-            client.wait_for_engines(n, timeout=timeout)
+            client.wait_for_engines(n, timeout=timeout, interactive=False)
         engine_ids = sorted(client.ids)
         if not engine_ids:
             raise SessionError(

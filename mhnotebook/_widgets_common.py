@@ -4,12 +4,23 @@ A view is a thin object around an ipywidgets container (``view.widget``) and a
 model (a frozen dataclass from `multihost`). Its text/plain form is the
 model's own text, so a terminal IPython, a log or a failed widget frontend
 still shows something useful.
+
+Displayed in a kernel, a view leaves two outputs: the live widget, and a
+static picture of it (``text/html`` with images inlined, plus ``image/png``
+when it draws one) made from the widget tree itself (`widget_html`), so every
+view, including later ones, has it with no code of its own. A saved notebook
+reopened without its kernel (JupyterLab shows "Error displaying widget: model
+not found" and nothing else for a widget), nbviewer and GitHub show the
+picture. While the widget is alive, a ``<style>`` inside it hides the
+picture, so a live notebook shows it once.
 """
 
 from __future__ import annotations
 
+import base64
 import html
-from collections.abc import Callable, Iterable
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 #: Host colours: matplotlib's ``tab20`` reordered so the first ten hosts get
@@ -101,19 +112,165 @@ def banner(text_html: str, *classes: str) -> str:
     return f'<div class="mh-banner {" ".join(classes)}">{text_html}</div>'
 
 
+def _png_b64(value: Any) -> str:
+    return base64.b64encode(bytes(value)).decode('ascii')
+
+
+def widget_html(widget: Any, replace: Mapping[int, str] | None = None) -> str:
+    """Static HTML of a widget tree as it shows now: what a page without a kernel can show.
+
+    HTML and labels keep their content, images are inlined (``data:`` URLs),
+    boxes keep their direction, accordions and tabs become ``<details>``
+    sections, output widgets show their outputs; controls that need a kernel
+    (buttons, sliders, dropdowns) and hidden widgets are left out.
+
+    Args:
+        widget: the root widget.
+        replace: ``id(widget)`` -> HTML to show instead of that widget's own
+            content (e.g. sections filled only when expanded).
+    """
+    import ipywidgets as w
+
+    replace = replace or {}
+
+    def walk(x: Any) -> str:
+        if getattr(getattr(x, 'layout', None), 'display', None) == 'none':
+            return ''
+        if id(x) in replace:
+            return replace[id(x)]
+        if isinstance(x, w.Accordion | w.Tab):
+            titles = tuple(getattr(x, 'titles', ()) or ())
+            parts = []
+            for i, child in enumerate(x.children):
+                title = titles[i] if i < len(titles) and titles[i] else f'{i + 1}'
+                opened = ' open' if i == x.selected_index else ''
+                parts.append(
+                    f'<details{opened}><summary>{esc(title)}</summary>{walk(child)}</details>'
+                )
+            return f'<div>{"".join(parts)}</div>' if parts else ''
+        if isinstance(x, w.Stack):
+            i = x.selected_index
+            return walk(x.children[i]) if i is not None and i < len(x.children) else ''
+        if isinstance(x, w.Box):
+            inner = ''.join(walk(child) for child in x.children)
+            if not inner:
+                return ''
+            row = isinstance(x, w.HBox | w.GridBox)
+            style = 'display:flex;flex-flow:row wrap;gap:8px;align-items:flex-start' if row else ''
+            return f'<div style="{style}">{inner}</div>'
+        if isinstance(x, w.HTML | w.HTMLMath):
+            return f'<div>{x.value}</div>' if x.value else ''
+        if isinstance(x, w.Label):
+            return f'<div>{esc(x.value)}</div>' if x.value else ''
+        if isinstance(x, w.Image):
+            if not x.value:
+                return ''
+            return f'<img src="data:image/{x.format};base64,{_png_b64(x.value)}" alt="">'
+        if isinstance(x, w.Output):
+            parts = []
+            for out in x.outputs:
+                data = out.get('data', {})
+                if 'text/html' in data:
+                    parts.append(str(data['text/html']))
+                elif 'image/png' in data:
+                    parts.append(f'<img src="data:image/png;base64,{data["image/png"]}" alt="">')
+                elif 'text/plain' in data or 'text' in out:
+                    parts.append(pre(str(data.get('text/plain', out.get('text', '')))))
+            return ''.join(parts)
+        return ''  # a control: it needs a kernel
+
+    return walk(widget)
+
+
+def first_png(widget: Any) -> bytes | None:
+    """The value of the first visible PNG image in a widget tree, or None."""
+    import ipywidgets as w
+
+    if getattr(getattr(widget, 'layout', None), 'display', None) == 'none':
+        return None
+    if isinstance(widget, w.Image) and widget.format == 'png' and widget.value:
+        return bytes(widget.value)
+    for child in getattr(widget, 'children', ()):
+        found = first_png(child)
+        if found is not None:
+            return found
+    return None
+
+
 class View:
     """Base of the views: a model, an ipywidgets container and a text fallback.
 
     Subclasses set ``self.widget`` and implement `text`. Displaying the view
     (``display(view)`` or leaving it last in a cell) shows the widget in a
-    notebook and ``text()`` everywhere else.
+    notebook and ``text()`` everywhere else; in a kernel it also leaves a
+    static picture of the widget (`static_bundle`) that a saved notebook,
+    nbviewer or GitHub shows where the widget cannot render.
     """
 
     widget: Any
+    _static_token: str | None = None
+    _live_widget: Any = None
 
     def text(self) -> str:
         """The plain-text form of what the view shows (the model's own text)."""
         raise NotImplementedError
+
+    def static_html(self) -> str:
+        """What the widget shows now, as static HTML (images inlined); see `widget_html`.
+
+        Views whose widget fills parts only on demand override it to show them.
+        """
+        return widget_html(self.widget)
+
+    def static_bundle(self) -> dict[str, Any]:
+        """The static picture as a display bundle: ``text/html`` and, if drawn, ``image/png``.
+
+        Its outer element has class ``mh-static`` and ``mh-static-<token>``,
+        the token this view's live widget hides while it is alive.
+        """
+        if self._static_token is None:
+            self._static_token = uuid.uuid4().hex[:12]
+        data: dict[str, Any] = {
+            'text/html': (
+                f'<div class="mh-static mh-static-{self._static_token}">{self.static_html()}</div>'
+            )
+        }
+        png = first_png(self.widget)
+        if png is not None:
+            data['image/png'] = _png_b64(png)
+        return data
+
+    def _live(self) -> Any:
+        """The widget as displayed: the view's widget plus the style that hides its picture."""
+        import ipywidgets as w
+
+        if self._live_widget is None:
+            if self._static_token is None:
+                self._static_token = uuid.uuid4().hex[:12]
+            cls = f'mh-static-{self._static_token}'
+            hider = w.HTML(
+                f'<style>.{cls}{{display:none}}'
+                f'.jp-OutputArea-child:has(> .jp-OutputArea-output > .{cls}),'
+                f'.output_area:has(> .output_subarea > .{cls}){{display:none}}</style>'
+            )
+            hider.layout.display = 'none'
+            hider.add_class('mh-static-hider')
+            self._live_widget = w.VBox([self.widget, hider])
+            self._live_widget.layout.padding = '0'
+        return self._live_widget
+
+    def _ipython_display_(self) -> None:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        shell = get_ipython()
+        if shell is None or getattr(shell, 'kernel', None) is None:
+            display(self._repr_mimebundle_(), raw=True)  # a terminal: the text
+            return
+        bundle = dict(self._live()._repr_mimebundle_() or {})
+        bundle['text/plain'] = self.text()
+        display(bundle, raw=True)
+        display(self.static_bundle(), raw=True)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         data = dict(self.widget._repr_mimebundle_() or {})
@@ -129,7 +286,7 @@ class View:
 
     def close(self) -> None:
         """Closes the widgets (frees their comms); the view cannot be shown afterwards."""
-        _close_tree(self.widget)
+        _close_tree(self._live_widget if self._live_widget is not None else self.widget)
 
 
 def _close_tree(widget: Any) -> None:

@@ -35,6 +35,7 @@ from mhnotebook._widgets_common import (
     pre,
     swatch,
     text_color,
+    widget_html,
 )
 from multihost import Layout, LayoutBlock, ReplicaGroup, ReplicaReport
 from multihost._layout import Index, format_bytes, format_index
@@ -671,6 +672,11 @@ class LayoutView(View):
     def selected(self) -> Index | None:
         """The index of the selected block, or None."""
         return self._selected
+
+    def static_html(self) -> str:
+        """The widget's picture; without a selection, no hint about buttons it does not have."""
+        hide = {} if self._selected is not None else {id(self._info): ''}
+        return widget_html(self.widget, hide)
 
     def text(self) -> str:
         """The layout's text (and the replica report's), as `str(layout)` prints it."""

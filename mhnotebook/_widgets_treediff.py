@@ -22,6 +22,7 @@ from mhnotebook._widgets_common import (
     close_widgets,
     esc,
     pre,
+    widget_html,
 )
 from multihost import LeafDiff, TreeDiff
 from multihost._text import fmt_hosts
@@ -32,6 +33,8 @@ MAX_ROWS = 100
 MAX_HOST_COLUMNS = 16
 #: Majority hosts listed in a leaf's details besides the reference host.
 MAX_DETAIL_MAJORITY = 3
+#: Leaves whose details the static picture (a saved notebook) shows filled in.
+STATIC_DETAILS = 10
 #: Elements of a value printed in full (``np.array2string`` threshold).
 VALUES_THRESHOLD = 64
 
@@ -247,6 +250,18 @@ class TreeDiffView(View):
     def text(self) -> str:
         """The diff's own summary (`TreeDiff.summary`)."""
         return self._diff.summary()
+
+    def static_html(self) -> str:
+        """The widget's picture, the first `STATIC_DETAILS` leaves' details filled in.
+
+        (The live view fills a leaf's section only when it is expanded.)
+        """
+        fill = {
+            id(child): leaf_detail_html(leaf)
+            for child, leaf in list(zip(self._details.children, self._shown))[:STATIC_DETAILS]
+            if not child.value
+        }
+        return widget_html(self.widget, fill)
 
     def update(self, diff: TreeDiff) -> None:
         """Shows another tree diff."""

@@ -126,6 +126,12 @@ def test_quickstart_widgets_in_chromium(voila):
                     f'no stepper rendered; voila log:\n{log_path.read_text()[-4000:]}'
                 ) from None
 
+            # every view also left its static picture (for saved notebooks), which the live
+            # widget hides: each shown once
+            statics = page.locator('.mh-static')
+            assert statics.count() >= 5
+            assert not any(statics.nth(i).is_visible() for i in range(statics.count()))
+
             # 2. the layout picture is a real PNG
             width = page.eval_on_selector('img.mh-layout-image', 'img => img.naturalWidth')
             assert width > 0
