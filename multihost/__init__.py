@@ -33,16 +33,8 @@ from multihost._errors import (
     StepTimeoutError,
 )
 from multihost._fault import live_devices, reached_preemption_sync_point
-from multihost._layout import (
-    Layout,
-    LayoutBlock,
-    ReplicaDigest,
-    ReplicaGroup,
-    ReplicaReport,
-    ShardInfo,
-    check_replicas,
-    describe_layout,
-)
+from multihost._layout import Layout, LayoutBlock, ShardInfo, describe_layout
+from multihost._replicas import ReplicaDigest, ReplicaGroup, ReplicaReport, check_replicas
 from multihost._sequence import DEFAULT_TIMEOUT, CollectiveRecord
 from multihost._stacks import dump_stacks
 from multihost._stepgate import (

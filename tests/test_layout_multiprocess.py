@@ -269,22 +269,22 @@ SLOW_HOST = 3
 
 def check_with_a_slow_host() -> tuple[list[int], str]:
     """SLOW_HOST takes longer to digest its replicas than the timeout allows."""
-    from multihost import _layout
+    from multihost import _replicas
 
     arr = multihost.host_local_array_to_global_array(np.zeros(3, np.float32), host_mesh(), P())
-    original = _layout._local_digests
+    original = _replicas._local_digests
     if jax.process_index() == SLOW_HOST:
 
         def slow(*args):
             time.sleep(3.5)
             return original(*args)
 
-        _layout._local_digests = slow
+        _replicas._local_digests = slow
     try:
         with pytest.raises(multihost.BarrierTimeoutError) as info:
             multihost.check_replicas(arr, timeout=2)
     finally:
-        _layout._local_digests = original
+        _replicas._local_digests = original
     multihost.barrier('after check_replicas timeout', timeout=30)  # still in step
     return info.value.missing, str(info.value)
 

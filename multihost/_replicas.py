@@ -1,0 +1,299 @@
+"""Whether every replica of every block of an array holds the same bytes (a collective).
+
+`check_replicas` digests every replica of every replicated block on the host
+that holds it, shares the digests through the coordination service (one
+`_sequence.share` round) and returns a `ReplicaReport` naming the blocks,
+devices and hosts whose replicas disagree. Replicas that differ are undefined
+behaviour that JAX never reports, e.g.
+``host_local_array_to_global_array(x, mesh, P())`` with a different ``x`` on
+one host.
+
+`ReplicaDigest`, `ReplicaGroup` and `ReplicaReport` are plain, picklable data
+(frozen dataclasses), like the layout model they refer to.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+
+from multihost import _sequence
+from multihost._layout import (
+    MAX_TEXT_BLOCKS,
+    Index,
+    Layout,
+    _is_jax_array,
+    describe_layout,
+    format_index,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaDigest:
+    """The digest of one replica of a block, computed by the host holding it.
+
+    Attributes:
+        device_id: the device holding the replica.
+        process_index: the process owning the device.
+        replica_id: the replica's id (see `ShardInfo.replica_id`).
+        digest: hex BLAKE2b-64 digest of the replica's bytes.
+    """
+
+    device_id: int | None
+    process_index: int
+    replica_id: int
+    digest: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaGroup:
+    """Every replica of one replicated block, with its digest.
+
+    Attributes:
+        index: the block's ``(start, stop)`` per dimension.
+        replicas: one `ReplicaDigest` per device holding the block, in
+            replica-id order.
+    """
+
+    index: Index
+    replicas: tuple[ReplicaDigest, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every replica has the same bytes."""
+        return len({r.digest for r in self.replicas}) <= 1
+
+    @property
+    def digests(self) -> dict[str, tuple[int | None, ...]]:
+        """Digest -> devices holding it, most common digest first."""
+        by: dict[str, list[int | None]] = {}
+        for r in self.replicas:
+            by.setdefault(r.digest, []).append(r.device_id)
+        return {d: tuple(by[d]) for d in self._ranked()}
+
+    def _ranked(self) -> list[str]:
+        """Distinct digests, most replicas first; ties: lowest replica id first."""
+        count = collections.Counter(r.digest for r in self.replicas)
+        first = {}
+        for r in self.replicas:
+            first.setdefault(r.digest, r.replica_id)
+        return sorted(count, key=lambda d: (-count[d], first[d]))
+
+    @property
+    def majority(self) -> str:
+        """The digest most replicas hold (on a tie: the one of the lowest replica id)."""
+        ranked = self._ranked()
+        return ranked[0] if ranked else ''
+
+    @property
+    def tied(self) -> bool:
+        """Whether no digest has a strict majority of the most common ones (1 vs 1...)."""
+        count = collections.Counter(r.digest for r in self.replicas)
+        top = count.most_common(2)
+        return len(top) == 2 and top[0][1] == top[1][1]
+
+    @property
+    def odd(self) -> tuple[ReplicaDigest, ...]:
+        """The replicas whose digest differs from the majority."""
+        m = self.majority
+        return tuple(r for r in self.replicas if r.digest != m)
+
+    @property
+    def odd_devices(self) -> tuple[int | None, ...]:
+        """Devices holding a replica that differs from the majority."""
+        return tuple(r.device_id for r in self.odd)
+
+    @property
+    def odd_processes(self) -> tuple[int, ...]:
+        """Sorted processes holding a replica that differs from the majority."""
+        return tuple(sorted({r.process_index for r in self.odd}))
+
+    def describe(self) -> str:
+        """Which devices/hosts hold which digest, e.g. for an error message."""
+        parts = []
+        procs = {r.device_id: r.process_index for r in self.replicas}
+        for digest, devices in self.digests.items():
+            where = ', '.join(f'{d} (process {procs[d]})' for d in devices)
+            tag = ' (majority)' if digest == self.majority and not self.tied else ''
+            parts.append(f'{digest}{tag} on device(s) {where}')
+        return f'{format_index(self.index)}: ' + '; '.join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaReport:
+    """Whether the replicas of every replicated block of an array hold the same bytes.
+
+    Every host of a `check_replicas` call gets an equal report.
+
+    Attributes:
+        layout: the array's `Layout`.
+        groups: one `ReplicaGroup` per block held by more than one device, in
+            the order of `Layout.blocks`. Blocks held once have nothing to
+            compare and are not digested.
+    """
+
+    layout: Layout
+    groups: tuple[ReplicaGroup, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every replicated block's replicas agree."""
+        return all(g.ok for g in self.groups)
+
+    @property
+    def mismatches(self) -> tuple[ReplicaGroup, ...]:
+        """The groups whose replicas disagree."""
+        return tuple(g for g in self.groups if not g.ok)
+
+    @property
+    def odd_devices(self) -> tuple[int | None, ...]:
+        """Devices holding a replica that differs from its block's majority, sorted."""
+        return tuple(
+            sorted(
+                {d for g in self.mismatches for d in g.odd_devices},
+                key=lambda d: -1 if d is None else d,
+            )
+        )
+
+    @property
+    def odd_processes(self) -> tuple[int, ...]:
+        """Processes holding a replica that differs from its block's majority, sorted."""
+        return tuple(sorted({p for g in self.mismatches for p in g.odd_processes}))
+
+    def __str__(self) -> str:
+        head = self.layout.headline()
+        if not self.groups:
+            return f'{head}: no block is replicated, nothing to compare'
+        if self.ok:
+            n = sum(len(g.replicas) for g in self.groups)
+            return (
+                f'{head}: replicas agree ({len(self.groups)} replicated block(s), {n} replica(s))'
+            )
+        bad = self.mismatches
+        lines = [
+            f'{head}: replicas DIFFER in {len(bad)} of {len(self.groups)} replicated '
+            f'block(s); odd process(es) {list(self.odd_processes)}, odd device(s) '
+            f'{list(self.odd_devices)}'
+        ]
+        lines += [f'  {g.describe()}' for g in bad[:MAX_TEXT_BLOCKS]]
+        if len(bad) > MAX_TEXT_BLOCKS:
+            lines.append(f'  ... {len(bad) - MAX_TEXT_BLOCKS} more block(s)')
+        return '\n'.join(lines)
+
+
+def _digest_bytes(data: Any) -> str:
+    import jax
+
+    if jax.dtypes.issubdtype(data.dtype, jax.dtypes.prng_key):
+        data = jax.random.key_data(data)
+    a = np.ascontiguousarray(np.asarray(data))
+    # Compare bits, not values: replicas must be bitwise copies (NaN == NaN, -0.0 != 0.0).
+    return hashlib.blake2b(a.reshape(-1).view(np.uint8), digest_size=8).hexdigest()
+
+
+def _local_digests(arr: Any, layout: Layout) -> dict[int, str]:
+    """Device id -> digest, for this host's shards of replicated blocks."""
+    counts = layout.replica_counts()
+    # By device, not by `shard.index`: a PRNG key array's shards report the
+    # index of the underlying key data, one dimension longer than the array.
+    index_of = {s.device_id: s.index for s in layout.shards}
+    out = {}
+    for shard in arr.addressable_shards:
+        device_id = int(shard.device.id)
+        if counts[index_of[device_id]] > 1:
+            out[device_id] = _digest_bytes(shard.data)
+    return out
+
+
+def _report(layout: Layout, digests: dict[int, str]) -> ReplicaReport:
+    groups = []
+    for block in layout.blocks():
+        if block.replica_count < 2:
+            continue
+        replicas = []
+        for s in block.shards:
+            if s.device_id not in digests:
+                raise RuntimeError(
+                    f'check_replicas: no digest arrived for device {s.device_id} '
+                    f'(process {s.process_index}), which holds {format_index(s.index)}'
+                )
+            replicas.append(
+                ReplicaDigest(
+                    device_id=s.device_id,
+                    process_index=s.process_index,
+                    replica_id=s.replica_id,
+                    digest=digests[s.device_id],
+                )
+            )
+        groups.append(ReplicaGroup(index=block.index, replicas=tuple(replicas)))
+    return ReplicaReport(layout=layout, groups=tuple(groups))
+
+
+def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
+    """Checks that every replica of every block of ``arr`` holds the same bytes.
+
+    Collective for a global (non-fully-addressable) array: every host must
+    call it, with the same array. Each host digests the replicas it holds
+    (BLAKE2b-64 of the raw bytes; blocks held by a single device are skipped)
+    and publishes the digests through the coordination service; every host
+    then builds the same report. A host-local (fully addressable) array is
+    checked locally, without communication.
+
+    Replicas that differ are undefined behaviour that JAX never reports, e.g.
+    ``host_local_array_to_global_array(x, mesh, P())`` with a different ``x``
+    on some host: computations then silently read whichever copy is local.
+
+    Args:
+        arr: a `jax.Array`.
+        timeout: seconds to wait for every host; default ``MULTIHOST_TIMEOUT``
+            or `multihost.DEFAULT_TIMEOUT`.
+
+    Returns:
+        A `ReplicaReport`; ``.ok`` is False when some replicas differ, and
+        ``.mismatches`` / ``.odd_processes`` / ``.odd_devices`` say where.
+
+    Raises:
+        TypeError: ``arr`` is not a `jax.Array`.
+        CollectiveMismatchError: hosts passed arrays of different shape, dtype
+            or sharding (or called a different collective).
+        BarrierTimeoutError: some host did not take part within ``timeout``.
+    """
+    import jax
+
+    if not _is_jax_array(arr):
+        raise TypeError(
+            'check_replicas expects a jax.Array, got '
+            f'{type(arr).__module__}.{type(arr).__qualname__}; to compare host-local '
+            'values across hosts use multihost.assert_equal'
+        )
+    layout = describe_layout(arr)
+    if jax.process_count() == 1 or arr.is_fully_addressable:
+        return _report(layout, _local_digests(arr, layout))
+
+    signature = (
+        layout.shape,
+        layout.dtype,
+        layout.sharding,
+        layout.spec,
+        layout.mesh_axes,
+        tuple((s.index, s.device_id) for s in layout.shards),
+    )
+    timeout = _sequence.default_timeout() if timeout is None else float(timeout)
+    rec = _sequence.enter(
+        'check_replicas',
+        '',
+        tree_digest=_sequence.digest(('check_replicas', signature)),
+        timeout=timeout,
+    )
+    # Every host shares its digests (one `_kv` round under the collective's keys).
+    digests: dict[int, str] = {}
+    for text in _sequence.share(
+        rec, 'digests', json.dumps(_local_digests(arr, layout)), timeout=timeout
+    ).values():
+        digests.update({int(d): h for d, h in json.loads(text).items()})
+    return _report(layout, digests)
