@@ -38,32 +38,24 @@ import argparse
 import dataclasses
 import itertools
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import _common
 import jax
 import numpy as np
+from _common import MIB, flat_mesh, host_mesh
 from jax.experimental import multihost_utils as jax_mhu
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import multihost as ours_mhu
-from multihost import _jax_adapter
-from multihost.local import LocalCluster
 
-NUM_PROCESSES = 4
-DEVICES_PER_PROCESS = 2
 WARMUP = 2  # untimed calls of each side before timing (compiles, fills caches)
-BARRIER_TIMEOUT_MS = 60_000
 CASE_TIMEOUT_S = 150.0
-
-KIB = 1024
-MIB = 1024 * KIB
 
 
 # -- inputs ----------------------------------------------------------------------
@@ -83,16 +75,6 @@ def _tree_of_leaves(n_leaves: int, total_bytes: int, seed: int) -> dict[str, np.
             leaf = rng.standard_normal((rows, cols), dtype=np.float32)
         tree[f'leaf{i:02d}'] = leaf
     return tree
-
-
-def _host_mesh() -> Mesh:
-    """('host', 'dev') mesh: row p holds process p's two devices."""
-    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
-    return Mesh(devices, ('host', 'dev'))
-
-
-def _flat_mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()), ('x',))
 
 
 # -- result comparison -----------------------------------------------------------
@@ -203,7 +185,7 @@ def _case_allgather_8mib_stacked() -> Case:
 
 
 def _case_allgather_global_tiled() -> Case:
-    mesh = _flat_mesh()
+    mesh = flat_mesh()
     sharding = NamedSharding(mesh, P('x'))
     full = np.arange(2048 * 1024, dtype=np.float32).reshape(2048, 1024)  # 8 MiB global
     x = jax.make_array_from_callback(full.shape, sharding, lambda idx: full[idx])
@@ -229,7 +211,7 @@ def _case_assert_equal() -> Case:
 
 
 def _case_host_local_to_global() -> Case:
-    mesh, spec = _host_mesh(), P('host', 'dev')
+    mesh, spec = host_mesh(), P('host', 'dev')
     rng = np.random.default_rng(jax.process_index())
     local = rng.standard_normal((1024, 1024), dtype=np.float32)  # 4 MiB per host
     return _pair_case(
@@ -243,7 +225,7 @@ def _case_host_local_to_global() -> Case:
 def _case_host_local_to_global_tree() -> Case:
     # Not in the required list: 20 tiny leaves expose the fixed per-leaf cost
     # that the 4 MiB copy above hides in noise.
-    mesh, spec = _host_mesh(), P('host', 'dev')
+    mesh, spec = host_mesh(), P('host', 'dev')
     tree = [np.full((2, 8), i + 100 * jax.process_index(), np.float32) for i in range(20)]
     return _pair_case(
         lambda: ours_mhu.host_local_array_to_global_array(tree, mesh, spec),
@@ -254,7 +236,7 @@ def _case_host_local_to_global_tree() -> Case:
 
 
 def _case_global_to_host_local() -> Case:
-    mesh, spec = _host_mesh(), P('host', 'dev')
+    mesh, spec = host_mesh(), P('host', 'dev')
     rng = np.random.default_rng(jax.process_index())
     local = rng.standard_normal((1024, 1024), dtype=np.float32)  # 4 MiB per host
     glob = jax.block_until_ready(jax_mhu.host_local_array_to_global_array(local, mesh, spec))
@@ -331,22 +313,6 @@ CASES: dict[str, tuple[str, str, Callable[[], Case]]] = {
 
 # -- worker side -----------------------------------------------------------------
 
-_barrier_ids = itertools.count()  # same sequence in every process: unique barrier names
-
-
-def _start_together() -> None:
-    """Coordination-service barrier: every process leaves it at (about) the same time."""
-    _jax_adapter.client().wait_at_barrier(f'bench/rep/{next(_barrier_ids)}', BARRIER_TIMEOUT_MS)
-
-
-def _time_reps(fn: Callable[[], Any], inner: int) -> float:
-    """Seconds per call of ``fn``, over ``inner`` back-to-back calls started together."""
-    _start_together()
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner
-
 
 def run_case(case_id: str, reps: int) -> dict[str, Any]:
     """Runs in every process: check, warm up, then time ours and JAX's interleaved.
@@ -368,40 +334,19 @@ def run_case(case_id: str, reps: int) -> dict[str, Any]:
     ours_s: list[float] = []
     jax_s: list[float] = []
     for _ in range(reps):
-        ours_s.append(_time_reps(case.ours, case.inner))
-        jax_s.append(_time_reps(case.theirs, case.inner))
+        ours_s += _common.per_call(case.ours, 1, case.inner)
+        jax_s += _common.per_call(case.theirs, 1, case.inner)
     return {'ours': ours_s, 'jax': jax_s, 'inner': case.inner, 'mismatch': mismatch}
 
 
 # -- parent side -----------------------------------------------------------------
 
 
-def _environment() -> dict[str, Any]:
-    import jaxlib
-
-    return {
-        'python': sys.version.split()[0],
-        'jax': jax.__version__,
-        'jaxlib': jaxlib.__version__,
-        'numpy': np.__version__,
-        'multihost': ours_mhu.__version__,
-        'platform': platform.platform(),
-        'cpus': os.cpu_count(),
-        'processes': NUM_PROCESSES,
-        'devices_per_process': DEVICES_PER_PROCESS,
-        'MULTIHOST_CHECK': os.environ.get('MULTIHOST_CHECK', '1 (default)'),
-    }
-
-
 def _summarize(case_id: str, per_process: list[dict[str, Any]]) -> dict[str, Any]:
     """Per repetition: max over processes; then the median over repetitions (ms)."""
     api, desc, _ = CASES[case_id]
-    ours_ms = [
-        max(p['ours'][r] for p in per_process) * 1e3 for r in range(len(per_process[0]['ours']))
-    ]
-    jax_ms = [
-        max(p['jax'][r] for p in per_process) * 1e3 for r in range(len(per_process[0]['jax']))
-    ]
+    ours_ms = _common.slowest_ms([p['ours'] for p in per_process])
+    jax_ms = _common.slowest_ms([p['jax'] for p in per_process])
     ours_med, jax_med = statistics.median(ours_ms), statistics.median(jax_ms)
     mismatches = [p['mismatch'] for p in per_process if p['mismatch']]
     return {
@@ -471,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f'unknown case(s) {unknown}; choose from {list(CASES)}')
 
-    env = _environment()
+    env = _common.environment()
     print('environment: ' + ', '.join(f'{k}={v}' for k, v in env.items()))
     print(
         f'method: median over {args.reps} interleaved reps (after {WARMUP} warm-up calls) '
@@ -479,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     t_start = time.perf_counter()
     rows = []
-    with LocalCluster(NUM_PROCESSES, DEVICES_PER_PROCESS) as cluster:
+    with _common.local_cluster() as cluster:
         print(f'cluster up in {time.perf_counter() - t_start:.1f} s', flush=True)
         for case_id in case_ids:
             per_process = cluster.run(run_case, case_id, args.reps, timeout=CASE_TIMEOUT_S)

@@ -37,30 +37,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
-import os
-import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import _common
 import jax
 import numpy as np
+from _common import MIB, NUM_PROCESSES, per_call, slowest_median_ms
 from jax.experimental import multihost_utils as jax_mhu
 
 import multihost
-from multihost import _jax_adapter
 from multihost.local import LocalCluster
 
-NUM_PROCESSES = 4
-DEVICES_PER_PROCESS = 2
-BARRIER_TIMEOUT_MS = 300_000
 SECTION_TIMEOUT_S = 1800.0
-
-KIB = 1024
-MIB = 1024 * KIB
 
 
 @dataclasses.dataclass
@@ -83,33 +74,6 @@ class Row:
     def speedup(self) -> float | None:
         """Reference time / ours (> 1: ours is faster)."""
         return None if self.ref_ms is None else self.ref_ms / self.ours_ms
-
-
-# -- worker-side helpers ------------------------------------------------------------
-
-_barrier_ids = itertools.count()  # same sequence in every process: unique barrier names
-
-
-def _start_together() -> None:
-    """Coordination-service barrier: every process leaves it at (about) the same time."""
-    _jax_adapter.client().wait_at_barrier(f'bench/diag/{next(_barrier_ids)}', BARRIER_TIMEOUT_MS)
-
-
-def _time_reps(fn: Callable[[], Any], reps: int) -> list[float]:
-    """Seconds per call of ``fn``, one per repetition, each started together."""
-    out = []
-    for _ in range(reps):
-        _start_together()
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def _slowest_median_ms(per_process: list[list[float]]) -> float:
-    """Per repetition the max over processes, then the median over repetitions (ms)."""
-    reps = len(per_process[0])
-    return statistics.median(max(p[r] for p in per_process) for r in range(reps)) * 1e3
 
 
 # -- section: assert_equal -------------------------------------------------------------
@@ -160,9 +124,9 @@ def _run_assert_equal(reps: int, jax_reps: int) -> dict[str, Any]:
     theirs()  # warm-up (JAX compiles its gathers)
     ours_s, diff_s = [], []
     for _ in range(reps):  # interleaved, so drift in machine load hits both alike
-        ours_s += _time_reps(ours, 1)
-        diff_s += _time_reps(ours_differing, 1)
-    jax_s = _time_reps(theirs, jax_reps)
+        ours_s += per_call(ours, 1)
+        diff_s += per_call(ours_differing, 1)
+    jax_s = per_call(theirs, jax_reps)
     return {'ours': ours_s, 'ours_differing': diff_s, 'jax': jax_s, 'nbytes': nbytes}
 
 
@@ -176,8 +140,8 @@ def section_assert_equal(cluster: LocalCluster, args: argparse.Namespace) -> lis
         Row(
             'assert_equal',
             f'{case}, equal',
-            _slowest_median_ms([p['ours'] for p in per]),
-            _slowest_median_ms([p['jax'] for p in per]),
+            slowest_median_ms([p['ours'] for p in per]),
+            slowest_median_ms([p['jax'] for p in per]),
             args.reps,
             jax_reps,
             note=f'JAX: {jax_reps} reps (slow: one call takes seconds)',
@@ -185,7 +149,7 @@ def section_assert_equal(cluster: LocalCluster, args: argparse.Namespace) -> lis
         Row(
             'assert_equal',
             f'{case}, 1 leaf differs on 1 host (ours raises)',
-            _slowest_median_ms([p['ours_differing'] for p in per]),
+            slowest_median_ms([p['ours_differing'] for p in per]),
             None,
             args.reps,
         ),
@@ -195,18 +159,6 @@ def section_assert_equal(cluster: LocalCluster, args: argparse.Namespace) -> lis
 # -- section: barriers --------------------------------------------------------------------
 
 BARRIER_CALLS = 20  # calls per repetition (a single call is close to the timer's noise)
-
-
-def _per_call(fn: Callable[[], Any], reps: int, calls: int) -> list[float]:
-    """Seconds per call, one figure per repetition of ``calls`` back-to-back calls."""
-    out = []
-    for _ in range(reps):
-        _start_together()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        out.append((time.perf_counter() - t0) / calls)
-    return out
 
 
 def _run_barriers(reps: int) -> dict[str, list[float]]:
@@ -225,21 +177,21 @@ def _run_barriers(reps: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(reps):  # interleaved, so machine noise hits every case alike
         for key, fn in cases.items():
-            out[key].extend(_per_call(fn, 1, BARRIER_CALLS))
+            out[key].extend(per_call(fn, 1, BARRIER_CALLS))
     return out
 
 
 def section_barriers(cluster: LocalCluster, args: argparse.Namespace) -> list[Row]:
     """Barrier latency: our coordination-service barrier vs JAX's sync_global_devices."""
     per = cluster.run(_run_barriers, args.reps, timeout=SECTION_TIMEOUT_S)
-    jax_ms = _slowest_median_ms([p['jax sync_global_devices'] for p in per])
+    jax_ms = slowest_median_ms([p['jax sync_global_devices'] for p in per])
     rows = []
     for key in ('ours barrier', 'ours sync_global_devices'):
         rows.append(
             Row(
                 'barrier',
                 f'{key} (x{BARRIER_CALLS})',
-                _slowest_median_ms([p[key] for p in per]),
+                slowest_median_ms([p[key] for p in per]),
                 jax_ms,
                 args.reps,
                 args.reps,
@@ -272,10 +224,10 @@ def _run_check_overhead(reps: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {'checked': [], 'unchecked': [], 'enter': []}
     for _ in range(reps):
         os.environ['MULTIHOST_CHECK'] = '1'
-        out['checked'].extend(_per_call(gather, 1, BARRIER_CALLS))
+        out['checked'].extend(per_call(gather, 1, BARRIER_CALLS))
         os.environ['MULTIHOST_CHECK'] = '0'
-        out['unchecked'].extend(_per_call(gather, 1, BARRIER_CALLS))
-        out['enter'].extend(_per_call(enter, 1, BARRIER_CALLS))
+        out['unchecked'].extend(per_call(gather, 1, BARRIER_CALLS))
+        out['enter'].extend(per_call(enter, 1, BARRIER_CALLS))
     os.environ.pop('MULTIHOST_CHECK', None)
     return out
 
@@ -283,9 +235,9 @@ def _run_check_overhead(reps: int) -> dict[str, list[float]]:
 def section_check_overhead(cluster: LocalCluster, args: argparse.Namespace) -> list[Row]:
     """What the collective-sequence check adds to each collective."""
     per = cluster.run(_run_check_overhead, args.reps, timeout=SECTION_TIMEOUT_S)
-    checked = _slowest_median_ms([p['checked'] for p in per])
-    unchecked = _slowest_median_ms([p['unchecked'] for p in per])
-    enter = _slowest_median_ms([p['enter'] for p in per])
+    checked = slowest_median_ms([p['checked'] for p in per])
+    unchecked = slowest_median_ms([p['unchecked'] for p in per])
+    enter = slowest_median_ms([p['enter'] for p in per])
     return [
         Row(
             'sequence check',
@@ -316,23 +268,6 @@ SECTIONS: dict[str, Callable[[LocalCluster, argparse.Namespace], list[Row]]] = {
 
 
 # -- parent side -----------------------------------------------------------------------
-
-
-def _environment() -> dict[str, Any]:
-    import jaxlib
-
-    return {
-        'python': sys.version.split()[0],
-        'jax': jax.__version__,
-        'jaxlib': jaxlib.__version__,
-        'numpy': np.__version__,
-        'multihost': multihost.__version__,
-        'platform': platform.platform(),
-        'cpus': os.cpu_count(),
-        'processes': NUM_PROCESSES,
-        'devices_per_process': DEVICES_PER_PROCESS,
-        'MULTIHOST_CHECK': os.environ.get('MULTIHOST_CHECK', '1 (default)'),
-    }
 
 
 def _print_table(rows: list[Row]) -> None:
@@ -379,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 1 or args.jax_reps < 1:
         parser.error('--reps and --jax-reps must be >= 1')
 
-    env = _environment()
+    env = _common.environment()
     print('environment: ' + ', '.join(f'{k}={v}' for k, v in env.items()))
     print(
         'method: per rep the slowest process, then the median over reps; each side '
@@ -388,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     t_start = time.perf_counter()
     rows: list[Row] = []
-    with LocalCluster(NUM_PROCESSES, DEVICES_PER_PROCESS) as cluster:
+    with _common.local_cluster() as cluster:
         print(f'cluster up in {time.perf_counter() - t_start:.1f} s', flush=True)
         for name in args.only or SECTIONS:
             t0 = time.perf_counter()

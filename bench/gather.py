@@ -23,6 +23,7 @@ import statistics
 import time
 
 import numpy as np
+from _common import median_ms
 
 SETUP = """
 import jax, numpy as np
@@ -34,10 +35,6 @@ big = jax.make_array_from_callback((rows, 1024), NamedSharding(mesh, P('x')),
         lambda i: np.arange(rows * 1024, dtype=np.float32).reshape(rows, 1024)[i])
 small = np.arange(16, dtype=np.float32) + jax.process_index()
 """
-
-
-def _median_ms(samples: list[float]) -> float:
-    return statistics.median(samples) * 1e3
 
 
 def bench_gather(session, reps: int, mib: int) -> None:
@@ -88,7 +85,7 @@ def bench_gather(session, reps: int, mib: int) -> None:
             out = fn()
             times[key].append(time.perf_counter() - t0)
             del out
-    m = {k: _median_ms(v) for k, v in times.items()}
+    m = {k: median_ms(v) for k, v in times.items()}
     # Once more with no buffer to reuse: a first gather pays first-touch page faults.
     session._shm_pool.close()
     session._shm_pool = None
@@ -137,7 +134,7 @@ def bench_small_round_trip(session, reps: int) -> None:
                 t0 = time.perf_counter()
                 ip.run_line_magic(kind, line)
                 times[key].append(time.perf_counter() - t0)
-    m = {k: _median_ms(v) for k, v in times.items()}
+    m = {k: median_ms(v) for k, v in times.items()}
     print(f'\n3. small round trip (16 floats per host, median of {reps * 3})')
     print(f'   %mh_allgather small {m["mh"]:8.1f} ms')
     print(

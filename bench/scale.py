@@ -14,25 +14,21 @@ the growth from 4 to 16, not the absolute numbers, as an upper bound.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
+import _common
 import numpy as np
-
-from multihost.local import LocalCluster
 
 
 def _body(reps: int) -> dict[str, list[float]]:
     import jax
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     import multihost
-    from multihost import _jax_adapter
 
-    client = _jax_adapter.client()
     tree = {f'w{i}': np.full(256, i, np.float32) for i in range(100)}
-    mesh = Mesh(np.array(jax.devices()), ('x',))
+    mesh = _common.flat_mesh()
     rep = jax.make_array_from_callback(
         (1024,), NamedSharding(mesh, P()), lambda i: np.arange(1024.0)[i]
     )
@@ -49,12 +45,9 @@ def _body(reps: int) -> dict[str, list[float]]:
     for fn in cases.values():
         fn()
     out: dict[str, list[float]] = {k: [] for k in cases}
-    for r in range(reps):
-        for i, (key, fn) in enumerate(cases.items()):
-            client.wait_at_barrier(f'bench/scale/{r}/{i}', 60_000)
-            t0 = time.perf_counter()
-            fn()
-            out[key].append(time.perf_counter() - t0)
+    for _ in range(reps):  # interleaved, so machine noise hits every case alike
+        for key, fn in cases.items():
+            out[key] += _common.per_call(fn, 1)
     return out
 
 
@@ -66,12 +59,11 @@ def main() -> None:
     table: dict[str, dict[int, float]] = {}
     for n in args.hosts:
         t0 = time.perf_counter()
-        with LocalCluster(n, 1, start_timeout=300) as cluster:
+        with _common.local_cluster(n, 1, start_timeout=300) as cluster:
             up = time.perf_counter() - t0
             per = cluster.run(_body, args.reps, timeout=1200)
         for key in per[0]:
-            slowest = [max(p[key][r] for p in per) for r in range(args.reps)]
-            table.setdefault(key, {})[n] = statistics.median(slowest) * 1e3
+            table.setdefault(key, {})[n] = _common.slowest_median_ms([p[key] for p in per])
         table.setdefault('cluster start (s)', {})[n] = up * 1e3
         print(f'{n} hosts done', flush=True)
     head = f'{"case":<26}' + ''.join(f'{f"{n} hosts":>12}' for n in args.hosts)
