@@ -87,6 +87,17 @@ def per_call(fn: Callable[[], Any], reps: int, calls: int = 1) -> list[float]:
     return out
 
 
+def interleaved(
+    cases: dict[str, Callable[[], Any]], reps: int, calls: int = 1
+) -> dict[str, list[float]]:
+    """`per_call` of every case, interleaved per repetition (machine noise hits all alike)."""
+    out: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(reps):
+        for key, fn in cases.items():
+            out[key] += per_call(fn, 1, calls)
+    return out
+
+
 # -- parent side ---------------------------------------------------------------------------
 
 

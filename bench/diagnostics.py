@@ -174,11 +174,7 @@ def _run_barriers(reps: int) -> dict[str, list[float]]:
     for fn in cases.values():  # warm up (JAX compiles its allgather)
         fn()
         fn()
-    out: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(reps):  # interleaved, so machine noise hits every case alike
-        for key, fn in cases.items():
-            out[key].extend(per_call(fn, 1, BARRIER_CALLS))
-    return out
+    return _common.interleaved(cases, reps, BARRIER_CALLS)
 
 
 def section_barriers(cluster: LocalCluster, args: argparse.Namespace) -> list[Row]:

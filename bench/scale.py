@@ -44,11 +44,7 @@ def _body(reps: int) -> dict[str, list[float]]:
     }
     for fn in cases.values():
         fn()
-    out: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(reps):  # interleaved, so machine noise hits every case alike
-        for key, fn in cases.items():
-            out[key] += _common.per_call(fn, 1)
-    return out
+    return _common.interleaved(cases, reps)
 
 
 def main() -> None:
