@@ -57,6 +57,7 @@ from multihost._errors import (
     BarrierTimeoutError,
     CollectiveInterruptedError,
     CollectiveMismatchError,
+    CoordinatorUnreachableError,
     HostFailedError,
 )
 from multihost._text import fmt_hosts
@@ -360,16 +361,19 @@ def _enter(
 
     # Publish (also this host's arrival in the step table), pass the step
     # gate, wait for every host; the last to arrive judges everyone's records.
-    verdict, raw = _kv.round_(
-        client,
-        rnd,
-        text,
-        timeout=timeout,
-        judge=_judge,
-        on_timeout=missing_positions,
-        read=payload is not None,
-        before_arrival=gate,
-    )
+    try:
+        verdict, raw = _kv.round_(
+            client,
+            rnd,
+            text,
+            timeout=timeout,
+            judge=_judge,
+            on_timeout=missing_positions,
+            read=payload is not None,
+            before_arrival=gate,
+        )
+    except CoordinatorUnreachableError as exc:
+        raise _unreachable(exc, rec) from exc.__cause__
     if not verdict.ok:
         raise _error(verdict, rec, mismatch_prefix)
     return rec, raw
@@ -422,6 +426,18 @@ def set_enter_hook(hook: Callable[[Any, CollectiveRecord], Callable[[], None] | 
     """Installs the enter hook (the debug thread and the step gate; see `_stepgate`)."""
     global _enter_hook
     _enter_hook = hook
+
+
+def _unreachable(
+    exc: CoordinatorUnreachableError, rec: CollectiveRecord
+) -> CoordinatorUnreachableError:
+    """The one-line error, with the last positions this host knows (its own, at least)."""
+    known = {rec.process: rec}
+    return CoordinatorUnreachableError(
+        f'{exc} This host (process {rec.process}) was at {rec.describe()}.',
+        during=exc.during,
+        positions=known,
+    )
 
 
 def _judge(values: dict[int, str]) -> str | None:
