@@ -16,6 +16,7 @@ import time
 import urllib.request
 
 import pytest
+from _helpers import wait_until
 
 from multihost.local import free_port
 
@@ -95,17 +96,16 @@ def voila(tmp_path_factory):
 
 
 def _wait_for(predicate, timeout, what, page, period=0.5, action=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except Exception:  # the widget was re-rendered under us: look again
-            pass
-        if action is not None:
-            action()
-        page.wait_for_timeout(period * 1000)
-    raise AssertionError(f'timed out waiting for {what}')
+    """`wait_until`, sleeping in the page; an error means the widget was re-rendered: look again."""
+    wait_until(
+        predicate,
+        timeout,
+        what,
+        period=period,
+        sleep=lambda s: page.wait_for_timeout(s * 1000),
+        action=action,
+        retry_on=(Exception,),
+    )
 
 
 def test_quickstart_widgets_in_chromium(voila):

@@ -17,6 +17,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from _helpers import wait_until
 
 import multihost
 from multihost import _kv, engine
@@ -125,9 +126,8 @@ def test_hosts_that_leave_after_the_error_all_saw_the_same_verdict(mp_cluster, t
             mp_cluster.cluster.broken = True  # process 0 has written its record)
         # Hosts 0 and 2 are not awaited by run(): give host 0 time to write its record
         # (after its bounded acknowledgement).
-        deadline = time.monotonic() + 15
-        while not (out / '0.json').exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        record = out / '0.json'
+        wait_until(record.exists, 15, f"process 0's record {record}", period=0.1)
         time.sleep(0.2)
         records = {int(p.stem): json.loads(p.read_text()) for p in out.glob('*.json')}
         assert sorted(records) == [0, 1, 3], records
