@@ -125,6 +125,58 @@ def test_kill_9_of_the_kernel_kills_its_local_cluster_and_shared_memory():
     assert not _alive([watchdog])
 
 
+KERNEL_CODE = """
+import json, mhnotebook
+s = mhnotebook.start_local(2, 1, progress=False)
+print(json.dumps(dict(engines=[h.pid for h in s.processes], watchdog=s._watchdog.pid)))
+"""
+
+
+@pytest.mark.parametrize('how', ['shutdown', 'terminate', 'kill'])
+def test_a_real_kernel_shut_down_or_killed_takes_its_cluster_along(how):
+    """A real IPython kernel (jupyter_client, as JupyterLab runs it) starts a cluster; a
+    shutdown request (JupyterLab stopping), SIGTERM or SIGKILL ends it: the cluster is gone
+    at most 10 s after the kernel."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name='python3')
+    km.start_kernel()
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=120)
+        out = []
+        reply = kc.execute_interactive(
+            KERNEL_CODE,
+            timeout=240,
+            output_hook=lambda m: out.append(m['content'].get('text', '')),
+        )
+        assert reply['content']['status'] == 'ok', reply['content']
+        info = json.loads(''.join(out).strip().splitlines()[-1])
+        kernel = psutil.Process(km.provisioner.pid)
+        tree = [p for p in kernel.children(recursive=True) if p.pid != info['watchdog']]
+        assert set(info['engines']) <= {p.pid for p in tree} and len(tree) >= 5
+        kc.stop_channels()
+    finally:
+        t0 = time.monotonic()
+        if how != 'shutdown':
+            os.kill(km.provisioner.pid, signal.SIGKILL if how == 'kill' else signal.SIGTERM)
+            km.provisioner.process.wait(30)
+        km.shutdown_kernel(now=how != 'shutdown')
+    kernel_gone = time.monotonic()
+    deadline = kernel_gone + 10
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _alive(tree)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f'{len(left)} process(es) still run 10 s after the kernel ended ({how})'
+    print(
+        f'\n{how}: kernel ended after {kernel_gone - t0:.2f} s, its cluster '
+        f'{time.monotonic() - kernel_gone:.2f} s later'
+    )
+
+
 STALE_OWNER = """
     import os
     from mhnotebook._gather import ShmPool
