@@ -60,7 +60,7 @@ multihost.barrier('after-eval', timeout=60)   # ... while the others wait here
 
 
 def _page(title: str, body: str) -> str:
-    from mhnotebook._widgets_common import CSS
+    from mhnotebook.widgets._common import CSS
 
     return (
         f'<!doctype html><meta charset="utf-8"><title>{html.escape(title)}</title>'
@@ -70,9 +70,9 @@ def _page(title: str, body: str) -> str:
 
 def run(out: str, hosts: int, devices: int) -> int:
     import mhnotebook
-    from mhnotebook._widgets_layout import header_html, legend_html, render_layout_png
-    from mhnotebook._widgets_treediff import diff_table_html, summary_html
-    from mhnotebook._widgets_where import stacks_html, table_html
+    from mhnotebook.widgets._layout import header_html, legend_html, render_layout_png
+    from mhnotebook.widgets._treediff import diff_table_html, summary_html
+    from mhnotebook.widgets._where import stacks_html, table_html
 
     os.makedirs(out, exist_ok=True)
     report: list[str] = []

@@ -21,7 +21,7 @@ import pytest
 from ipywidgets.widgets.widget import _instances, _remove_buffers
 
 from mhnotebook import widgets as mw
-from mhnotebook._widgets_layout import MAX_BUTTONS
+from mhnotebook.widgets._layout import MAX_BUTTONS
 from multihost import (
     CollectiveRecord,
     HostStacks,

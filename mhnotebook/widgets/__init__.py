@@ -20,17 +20,17 @@ pictures outside a widget. Every widget part carries a stable CSS class
 view's docstring lists them).
 """
 
-from mhnotebook._widgets_common import host_color
-from mhnotebook._widgets_layout import (
+from mhnotebook.widgets._common import host_color
+from mhnotebook.widgets._layout import (
     GridBlock,
     LayoutGrid,
     LayoutView,
     layout_grid,
     render_layout_png,
 )
-from mhnotebook._widgets_stepper import StepperView
-from mhnotebook._widgets_treediff import TreeDiffView
-from mhnotebook._widgets_where import WhereView
+from mhnotebook.widgets._stepper import StepperView
+from mhnotebook.widgets._treediff import TreeDiffView
+from mhnotebook.widgets._where import WhereView
 
 __all__ = [
     'GridBlock',

@@ -23,7 +23,7 @@ from typing import Any
 import ipywidgets as widgets
 import numpy as np
 
-from mhnotebook._widgets_common import (
+from mhnotebook.widgets._common import (
     CSS,
     PALETTE,
     View,
@@ -308,6 +308,47 @@ def layout_grid(
 
 # -- the picture ------------------------------------------------------------------------
 
+_DPI = 100
+_PLOT_FRACTION = 0.84  # of the figure's width (the rest: the y labels' margin)
+_LEFT = 0.1  # the plot's left edge, as a fraction of the figure's width
+_TITLE_IN, _XLABEL_IN, _NO_XLABEL_IN = 0.55, 0.5, 0.15  # margins (inches)
+_ASPECT_0D, _ASPECT_1D = 0.3, 0.12  # plot height / width of a scalar, a vector
+_ASPECT_MIN, _ASPECT_MAX = 0.2, 1.25  # bounds of a 2-d plot's height / width
+_MAX_TITLE_CHARS = 95
+_THIN_OUTLINES_ABOVE = 64  # blocks: beyond this many, outlines get thinner
+_CHAR_PX, _LINE_PX, _LABEL_PAD_PX = 6.2, 12, 4  # 8-pt text: width per char, line height
+_MAX_TICKS = 17
+
+
+@dataclasses.dataclass(frozen=True)
+class _Geometry:
+    """Figure and plot size (inches) for a grid, and pixels per array element."""
+
+    fig_w: float
+    fig_h: float
+    plot_w: float
+    plot_h: float
+    bottom: float
+
+    @classmethod
+    def of(cls, grid: LayoutGrid, width: int) -> _Geometry:
+        ndim = grid.layout.ndim
+        nrows, ncols = grid.extent
+        if ndim == 0:
+            ratio = _ASPECT_0D
+        elif ndim == 1:
+            ratio = _ASPECT_1D
+        else:
+            ratio = min(_ASPECT_MAX, max(_ASPECT_MIN, nrows / max(ncols, 1)))
+        plot_w = width / _DPI * _PLOT_FRACTION
+        plot_h = plot_w * ratio
+        bottom = _XLABEL_IN if ndim else _NO_XLABEL_IN
+        return cls(width / _DPI, plot_h + _TITLE_IN + bottom, plot_w, plot_h, bottom)
+
+    def pixels_per_element(self, grid: LayoutGrid) -> tuple[float, float]:
+        nrows, ncols = grid.extent
+        return self.plot_w * _DPI / max(ncols, 1), self.plot_h * _DPI / max(nrows, 1)
+
 
 def render_layout_png(
     grid: LayoutGrid | Layout | ReplicaReport, *, selected: Index | None = None, width: int = 640
@@ -328,33 +369,33 @@ def render_layout_png(
     Returns:
         The PNG file's bytes.
     """
-    from matplotlib.collections import PatchCollection
     from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
 
     if not isinstance(grid, LayoutGrid):
         grid = layout_grid(grid)
-    dpi = 100
-    ndim = grid.layout.ndim
+    geo = _Geometry.of(grid, width)
+    fig = Figure(figsize=(geo.fig_w, geo.fig_h), dpi=_DPI)
+    ax = fig.add_axes((_LEFT, geo.bottom / geo.fig_h, _PLOT_FRACTION, geo.plot_h / geo.fig_h))
     nrows, ncols = grid.extent
-    if ndim == 0:
-        ratio = 0.3
-    elif ndim == 1:
-        ratio = 0.12
-    else:
-        ratio = min(1.25, max(0.2, nrows / max(ncols, 1)))
-    plot_w = width / dpi * 0.84
-    plot_h = plot_w * ratio
-    top, bottom = 0.55, (0.5 if ndim else 0.15)
-    fig_w, fig_h = width / dpi, plot_h + top + bottom
-    fig = Figure(figsize=(fig_w, fig_h), dpi=dpi)
-    ax = fig.add_axes((0.1, bottom / fig_h, 0.84, plot_h / fig_h))
     ax.set_xlim(0, max(ncols, 1))
     ax.set_ylim(max(nrows, 1), 0)  # row 0 at the top, as numpy prints
     headline = grid.layout.headline()
-    if len(headline) > 95:
-        headline = headline[:92] + '...'
-    fig.suptitle(f'{headline}\n{grid.describe()}', fontsize=8, y=1 - 0.06 / fig_h)
+    if len(headline) > _MAX_TITLE_CHARS:
+        headline = headline[: _MAX_TITLE_CHARS - 3] + '...'
+    fig.suptitle(f'{headline}\n{grid.describe()}', fontsize=8, y=1 - 0.06 / geo.fig_h)
+    _draw_blocks(ax, grid, selected)
+    if len(grid.blocks) <= MAX_LABELS:
+        _draw_labels(ax, grid, geo)
+    _draw_axes(ax, grid)
+    buf = io.BytesIO()
+    fig.savefig(buf, format='png', dpi=_DPI)
+    return buf.getvalue()
+
+
+def _draw_blocks(ax: Any, grid: LayoutGrid, selected: Index | None) -> None:
+    """Fills (striped by host), white outlines, hatching of flagged blocks, the selection."""
+    from matplotlib.collections import PatchCollection
+    from matplotlib.patches import Rectangle
 
     fills, fill_colors, outlines, flagged = [], [], [], []
     for b in grid.blocks:
@@ -368,7 +409,7 @@ def render_layout_png(
         if b.flagged:
             flagged.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
     ax.add_collection(PatchCollection(fills, facecolors=fill_colors, edgecolors='none'))
-    thin = len(grid.blocks) > 64
+    thin = len(grid.blocks) > _THIN_OUTLINES_ABOVE
     ax.add_collection(
         PatchCollection(
             outlines, facecolors='none', edgecolors='white', linewidths=0.5 if thin else 1.5
@@ -395,40 +436,44 @@ def render_layout_png(
             )
         )
 
-    if len(grid.blocks) <= MAX_LABELS:
-        px_x = plot_w * dpi / max(ncols, 1)
-        px_y = plot_h * dpi / max(nrows, 1)
-        for b in grid.blocks:
-            w_px = (b.cols[1] - b.cols[0]) * px_x
-            h_px = (b.rows[1] - b.rows[0]) * px_y
-            mark = '! ' if b.flagged else ''
-            copies = [f'x{b.replica_count}'] if b.replica_count > 1 else []
-            # The most informative label that fits: 'dev 0,1' + 'x2', then '0,1'.
-            for lines in (
-                [f'{mark}dev {b.label}'] + copies,
-                [mark + b.label] + copies,
-                [mark + b.label],
-            ):
-                if w_px >= 6.2 * max(len(s) for s in lines) + 4 and h_px >= 12 * len(lines) + 2:
-                    # On hatching or stripes of several colours, a light box keeps it legible.
-                    boxed = b.flagged or len(b.processes) > 1
-                    ax.text(
-                        (b.cols[0] + b.cols[1]) / 2,
-                        (b.rows[0] + b.rows[1]) / 2,
-                        '\n'.join(lines),
-                        ha='center',
-                        va='center',
-                        fontsize=8,
-                        linespacing=1.1,
-                        color='#000000'
-                        if boxed
-                        else text_color(host_color(b.processes[0] if b.processes else 0)),
-                        bbox=dict(facecolor='white', alpha=0.85, edgecolor='none', pad=1.5)
-                        if boxed
-                        else None,
-                    )
-                    break
 
+def _label_lines(b: GridBlock, w_px: float, h_px: float) -> list[str] | None:
+    """The most informative label that fits the block ('dev 0,1' + 'x2', then '0,1'), or None."""
+    mark = '! ' if b.flagged else ''
+    copies = [f'x{b.replica_count}'] if b.replica_count > 1 else []
+    for lines in ([f'{mark}dev {b.label}'] + copies, [mark + b.label] + copies, [mark + b.label]):
+        fits_w = w_px >= _CHAR_PX * max(len(s) for s in lines) + _LABEL_PAD_PX
+        if fits_w and h_px >= _LINE_PX * len(lines) + 2:
+            return lines
+    return None
+
+
+def _draw_labels(ax: Any, grid: LayoutGrid, geo: _Geometry) -> None:
+    """Device labels where they fit; boxed on hatching or multi-colour stripes."""
+    px_x, px_y = geo.pixels_per_element(grid)
+    for b in grid.blocks:
+        lines = _label_lines(b, (b.cols[1] - b.cols[0]) * px_x, (b.rows[1] - b.rows[0]) * px_y)
+        if lines is None:
+            continue
+        boxed = b.flagged or len(b.processes) > 1
+        color = '#000000' if boxed else text_color(host_color(b.processes[0] if b.processes else 0))
+        ax.text(
+            (b.cols[0] + b.cols[1]) / 2,
+            (b.rows[0] + b.rows[1]) / 2,
+            '\n'.join(lines),
+            ha='center',
+            va='center',
+            fontsize=8,
+            linespacing=1.1,
+            color=color,
+            bbox=dict(facecolor='white', alpha=0.85, edgecolor='none', pad=1.5) if boxed else None,
+        )
+
+
+def _draw_axes(ax: Any, grid: LayoutGrid) -> None:
+    """Ticks at the block boundaries (when few), axis labels, the empty-array note."""
+    ndim = grid.layout.ndim
+    nrows, ncols = grid.extent
     if nrows == 0 or ncols == 0:
         ax.text(
             0.5,
@@ -443,21 +488,17 @@ def render_layout_png(
     if ndim == 0:
         ax.set_xticks([])
         ax.set_yticks([])
-    else:
-        if len(grid.col_cuts) <= 17:
-            ax.set_xticks(grid.col_cuts)
-        ax.set_xlabel(
-            f'dim {grid.axes[-1]} (size {grid.layout.shape[grid.axes[-1]]})', fontsize=8, labelpad=1
-        )
-        if ndim == 1:
-            ax.set_yticks([])
-        else:
-            if len(grid.row_cuts) <= 17:
-                ax.set_yticks(grid.row_cuts)
-            ax.set_ylabel(f'dim {grid.axes[0]} (size {nrows})', fontsize=8, labelpad=1)
-    buf = io.BytesIO()
-    fig.savefig(buf, format='png', dpi=dpi)
-    return buf.getvalue()
+        return
+    if len(grid.col_cuts) <= _MAX_TICKS:
+        ax.set_xticks(grid.col_cuts)
+    last = grid.axes[-1]
+    ax.set_xlabel(f'dim {last} (size {grid.layout.shape[last]})', fontsize=8, labelpad=1)
+    if ndim == 1:
+        ax.set_yticks([])
+        return
+    if len(grid.row_cuts) <= _MAX_TICKS:
+        ax.set_yticks(grid.row_cuts)
+    ax.set_ylabel(f'dim {grid.axes[0]} (size {nrows})', fontsize=8, labelpad=1)
 
 
 # -- HTML parts -------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 import ipywidgets as widgets
 import numpy as np
 
-from mhnotebook._widgets_common import (
+from mhnotebook.widgets._common import (
     CSS,
     View,
     add_classes,

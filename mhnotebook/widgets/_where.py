@@ -16,7 +16,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from mhnotebook._widgets_common import (
+from mhnotebook.widgets._common import (
     CSS,
     View,
     add_classes,
