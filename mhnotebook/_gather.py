@@ -39,6 +39,121 @@ def _check_name(name: str) -> None:
         raise ValueError(f'{name!r} is not a variable name; pass e.g. "x" or "state.params".')
 
 
+def parse_target(text: str) -> tuple[str, tuple[int | slice, ...] | None]:
+    """``'x'`` -> ``('x', None)``; ``'x[::4, :128]'`` -> ``('x', (slice(None, None, 4), ...))``.
+
+    A variable name (dotted for attributes) plus, optionally, one subscript
+    of integer literals and slices. Parsed with `ast`, never evaluated.
+
+    Raises:
+        ValueError: anything else, saying what is accepted.
+    """
+    import ast
+
+    bad = ValueError(
+        f'{text!r} is not a variable name or a slice of one; pass e.g. "x", '
+        '"state.params" or "x[::4, :128]" (integers and slices only).'
+    )
+    if not isinstance(text, str):
+        raise bad
+    try:
+        node = ast.parse(text.strip(), mode='eval').body
+    except SyntaxError:
+        raise bad from None
+    index = None
+    if isinstance(node, ast.Subscript):
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        index = tuple(_index_part(p, bad) for p in parts)
+        node = node.value
+    names = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        raise bad
+    name = '.'.join([node.id, *reversed(names)])
+    _check_name(name)
+    return name, index
+
+
+def _index_part(node: Any, bad: ValueError) -> int | slice:
+    import ast
+
+    def integer(n: Any) -> int | None:
+        if n is None:
+            return None
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            value = integer(n.operand)
+            if value is not None:
+                return -value
+        elif isinstance(n, ast.Constant) and type(n.value) is int:
+            return n.value
+        raise bad
+
+    if isinstance(node, ast.Slice):
+        return slice(integer(node.lower), integer(node.upper), integer(node.step))
+    value = integer(node)
+    if value is None:
+        raise bad
+    return value
+
+
+def _fmt_target(name: str, index: tuple[int | slice, ...] | None) -> str:
+    if index is None:
+        return name
+    from multihost.engine import _fmt_index
+
+    return name + _fmt_index(index)
+
+
+def human_bytes(n: float) -> str:
+    """``3221225472`` -> ``'3.0 GiB'``."""
+    for unit, shift in (('TiB', 40), ('GiB', 30), ('MiB', 20), ('KiB', 10)):
+        if n >= 1 << shift:
+            return f'{n / (1 << shift):.1f} {unit}'
+    return f'{int(n)} B'
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available on this machine (``MemAvailable``), or None if unknown."""
+    try:
+        with open('/proc/meminfo') as f:
+            for line in f:
+                if line.startswith('MemAvailable:'):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # other Unixes: free pages (less than available, so a safe bound)
+        return os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_size(
+    name: str, index: tuple[int | slice, ...] | None, total: int, max_bytes: int | None
+) -> None:
+    """Refuses a result over ``max_bytes`` (default: half the available memory), unallocated."""
+    if max_bytes is not None:
+        limit, why = int(max_bytes), f'the limit of {human_bytes(max_bytes)} (max_bytes)'
+    else:
+        available = available_memory()
+        if available is None:
+            return
+        limit = available // 2
+        why = f'half of the {human_bytes(available)} of memory available on this machine'
+    if total <= limit:
+        return
+    target = _fmt_target(name, index)
+    step = -(-total // max(limit, 1))
+    example = f'{name}[::{step}]' if index is None else f'{name}[...]'
+    raise SessionError(
+        f'cannot gather {target!r}: the result would take {human_bytes(total)} '
+        f'({total} bytes), more than {why}; nothing was allocated. Gather a slice, cut on '
+        f'the hosts so only it travels: %mh_allgather {example} (session.allgather('
+        f"'{example}')), or allow it: --max-bytes {total} (max_bytes={total})."
+    )
+
+
 def _plan(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per leaf: result shape and dtype, checked to agree across hosts."""
     first = metas[0]
@@ -122,9 +237,17 @@ def _shm_available(session: Session) -> bool:
 
 
 def allgather(
-    session: Session, name: str, *, timeout: float, transport: str, progress: bool | None
+    session: Session,
+    target: str,
+    *,
+    timeout: float,
+    transport: str,
+    progress: bool | None,
+    max_bytes: int | None = None,
 ) -> Any:
-    _check_name(name)
+    name, index = parse_target(target)
+    if max_bytes is not None and max_bytes < 0:
+        raise ValueError(f'max_bytes must be >= 0, got {max_bytes!r}')
     if transport not in ('auto', 'shm', 'zmq'):
         raise ValueError(f"transport must be 'auto', 'shm' or 'zmq', got {transport!r}")
     inline = 0  # an explicit 'shm' always writes through shared memory
@@ -137,24 +260,35 @@ def allgather(
         )
     try:
         if transport == 'shm':
-            return _gather_shm(session, name, timeout, progress, inline)
-        return _gather_zmq(session, name, timeout, progress)
+            return _gather_shm(session, name, index, timeout, progress, inline, max_bytes)
+        return _gather_zmq(session, name, index, timeout, progress, max_bytes)
     except HostsError as exc:
         # A GatherError is the same on every host: show it once, without the remote traceback.
         texts = [_ANSI.sub('', t) for t in exc.errors.values()]
         if texts and 'GatherError' in texts[0]:
             msg = texts[0].strip().splitlines()[-1].split('GatherError: ', 1)[-1]
-            raise SessionError(f'cannot gather {name!r}: {msg}') from None
+            raise SessionError(f'cannot gather {_fmt_target(name, index)!r}: {msg}') from None
         raise
 
 
+def _result_bytes(plan: list[dict[str, Any]]) -> int:
+    return sum(math.prod(leaf['shape']) * leaf['dtype'].itemsize for leaf in plan)
+
+
 def _gather_shm(
-    session: Session, name: str, timeout: float, progress: bool | None, inline: int
+    session: Session,
+    name: str,
+    index: Any,
+    timeout: float,
+    progress: bool | None,
+    inline: int,
+    max_bytes: int | None,
 ) -> Any:
     metas = session.call(
-        'multihost.engine.gather_meta', name, inline, namespace=True, timeout=timeout
+        'multihost.engine.gather_meta', name, inline, index=index, namespace=True, timeout=timeout
     )
     plan = _plan(metas)
+    _check_size(name, index, _result_bytes(plan), max_bytes)
     if all('data' in m for m in metas):  # small: the data came with the structure
         return _assemble(plan, metas)
     layout, offset = [], 0
@@ -172,6 +306,7 @@ def _gather_shm(
             name,
             buf.path,
             layout,
+            index=index,
             namespace=True,
             timeout=timeout,
             on_done=bar.step,
@@ -259,8 +394,31 @@ def _pool(session: Session) -> ShmPool:
     return pool
 
 
-def _gather_zmq(session: Session, name: str, timeout: float, progress: bool | None) -> Any:
-    parts = session.call('multihost.engine.gather_local', name, namespace=True, timeout=timeout)
+def _gather_zmq(
+    session: Session,
+    name: str,
+    index: Any,
+    timeout: float,
+    progress: bool | None,
+    max_bytes: int | None,
+) -> Any:
+    # Round 1 only describes the value (small ones come along), so an
+    # oversized result is refused before any data travels.
+    metas = session.call(
+        'multihost.engine.gather_meta',
+        name,
+        _INLINE_BYTES,
+        index=index,
+        namespace=True,
+        timeout=timeout,
+    )
+    plan = _plan(metas)
+    _check_size(name, index, _result_bytes(plan), max_bytes)
+    if all('data' in m for m in metas):
+        return _assemble(plan, metas)
+    parts = session.call(
+        'multihost.engine.gather_local', name, index=index, namespace=True, timeout=timeout
+    )
     return _assemble(_plan(parts), parts)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,16 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from mhnotebook._session import HostsError, Session, SessionError, SessionTimeout
+from mhnotebook._session import (
+    HostDied,
+    HostsError,
+    Session,
+    SessionError,
+    SessionInterrupted,
+    SessionTimeout,
+    _hosts,
+    host_local,
+)
 
 NO_SESSION = (
     'no cluster yet: start one with  %mh_cluster start -n 4 -d 2  (simulated local '
@@ -68,7 +78,7 @@ def current_session() -> Session:
 class _LiveStatus:
     """A one-line per-host status that updates in place while a cell runs."""
 
-    SYMBOL = {'running': '…', 'done': '✓', 'error': '✗'}
+    SYMBOL = {'running': '…', 'done': '✓', 'error': '✗', 'died': '† died'}
 
     def __init__(self) -> None:
         from IPython.display import display
@@ -87,13 +97,18 @@ class MultihostMagics(Magics):
 
     def __init__(self, shell: Any):
         super().__init__(shell)
-        self.stepping = False
         self.background: dict[int, Any] | None = None
 
     def _session(self) -> Session:
         if self.session is None or not self.session.running:
             raise UsageError(NO_SESSION)
         return self.session
+
+    @property
+    def stepping(self) -> bool:
+        """Whether the step gate is on: the session asks the hosts (one source of truth)."""
+        session = self.session
+        return session is not None and session.running and session.stepping
 
     @property
     def session(self) -> Session | None:
@@ -126,26 +141,41 @@ class MultihostMagics(Magics):
     @magic_arguments.argument(
         '--timeout', type=float, default=180.0, help='seconds to wait for engines'
     )
+    @magic_arguments.argument(
+        '--recoverable',
+        action='store_true',
+        help='start: hosts survive the death of one (jax_enable_recoverability); the '
+        'survivors stay inspectable',
+    )
     @line_magic
     def mh_cluster(self, line: str) -> Any:
         """Start, connect to, inspect, restart or stop the session's cluster.
 
         ``%mh_cluster start -n 4 -d 2`` starts 4 simulated hosts with 2 CPU
-        devices each; ``%mh_cluster connect --profile mpi`` attaches to a
-        running ipyparallel cluster (any launcher) and initializes JAX there.
+        devices each (run again with the same shape, it reuses the running
+        cluster); ``--recoverable`` keeps the other hosts alive when one dies.
+        ``%mh_cluster connect --profile mpi`` attaches to a running
+        ipyparallel cluster (any launcher) and initializes JAX there.
         """
         args = magic_arguments.parse_argstring(self.mh_cluster, line)
         from mhnotebook import _session
 
+        if not args.timeout > 0:
+            raise UsageError(f'--timeout must be > 0 seconds, got {args.timeout:g}; e.g. 180')
         if args.action == 'start':
-            if self.session is not None and self.session.running:
-                raise UsageError(
-                    'a cluster is already running: %mh_cluster stop it first, '
-                    'or %mh_cluster restart.'
-                )
             if args.n < 1 or args.devices < 1:
                 raise UsageError('-n and -d must be at least 1, e.g. %mh_cluster start -n 4 -d 2')
-            self.session = _session.start_local(args.n, args.devices, timeout=args.timeout)
+            if self.session is not None and self.session.running:
+                session = self.session
+                print(
+                    _delegate(
+                        lambda: session.reuse(args.n, args.devices, recoverable=args.recoverable)
+                    )
+                )
+                return None
+            self.session = _session.start_local(
+                args.n, args.devices, timeout=args.timeout, recoverable=args.recoverable
+            )
             return None
         if args.action == 'connect':
             if self.session is not None and self.session.running:
@@ -167,14 +197,23 @@ class MultihostMagics(Magics):
             return None
         session = self._session()
         if args.action == 'status':
-            for p, st in session.status().items():
-                state = 'busy' if st['busy'] else 'idle'
+            status = _delegate(session.status)
+            for p, st in status.items():
+                state = (
+                    f'dead ({st["how"]})' if not st['alive'] else 'busy' if st['busy'] else 'idle'
+                )
                 print(
                     f'host {p}: engine {st["engine_id"]} on {st["hostname"]} '
                     f'(pid {st["pid"]}), {state}'
                 )
+            dead = [p for p, st in status.items() if not st['alive']]
+            if dead:
+                print(
+                    f'{"host" if len(dead) == 1 else "hosts"} {", ".join(map(str, dead))} '
+                    f'{"is" if len(dead) == 1 else "are"} gone: %mh_cluster restart'
+                )
         elif args.action == 'restart':
-            session.restart(timeout=args.timeout)
+            _delegate(lambda: session.restart(timeout=args.timeout))
         elif args.action == 'stop':
             session.stop()
         return None
@@ -196,17 +235,24 @@ class MultihostMagics(Magics):
         stack) and gives control back; the cell keeps running on the hosts.
         """
         args = magic_arguments.parse_argstring(self.mh, line)
+        _check_timeout(args.timeout, '%%mh --timeout 30')
         session = self._session()
-        if self.stepping or args.bg:
+        background = args.bg or session.stepping  # the hosts' own setting
+        pending = _delegate(lambda: session.execute_async(cell))
+        dead = session.dead
+        if dead:  # a recoverable session: the cell runs on the survivors
+            print(f'%%mh: {_hosts(sorted(dead))} gone; running on {_hosts(sorted(pending))}.')
+        if background:
             # The kernel must stay free so the stepper's buttons can release steps.
-            self.background = session.execute_async(cell)
+            self.background = pending
+            why = 'stepping is on' if not args.bg else '--bg'
             print(
-                '%%mh: running in the background (stepping is on); release steps with the '
+                f'%%mh: running in the background ({why}); release steps with the '
                 'stepper, then collect the output with %mh_wait.'
             )
             return
+        self.background = None
         status = _LiveStatus()
-        pending = session.execute_async(cell)
         try:
             session.wait_outputs(pending, timeout=args.timeout, on_status=status)
         except SessionTimeout as exc:
@@ -216,13 +262,14 @@ class MultihostMagics(Magics):
                 f'(finished: {exc.finished}); %mh_wait collects the output. Where they are:'
             )
             self._show_where(session)
-        except KeyboardInterrupt:
-            self.background = pending
-            print(
-                '%%mh: interrupted; the cell keeps running on the hosts (%mh_wait, or '
-                'session.interrupt()). Where they are:'
-            )
-            self._show_where(session)
+        except SessionInterrupted as exc:
+            self.background = pending if exc.report.running else None
+            _show_interrupt(exc.report)
+        except HostDied as exc:
+            self.background = pending if exc.pending else None
+            print(f'%%mh: {exc}')
+            if exc.errors:
+                _print_errors(HostsError('', exc.errors))
         except HostsError as exc:
             _print_errors(exc)
 
@@ -232,6 +279,7 @@ class MultihostMagics(Magics):
     def mh_wait(self, line: str) -> None:
         """Wait for the ``%%mh`` cell running in the background and print its output."""
         args = magic_arguments.parse_argstring(self.mh_wait, line)
+        _check_timeout(args.timeout, '%mh_wait --timeout 30')
         session = self._session()
         if self.background is None:
             raise UsageError('no %%mh cell is running in the background.')
@@ -240,6 +288,14 @@ class MultihostMagics(Magics):
         except SessionTimeout as exc:
             print(f'%mh_wait: hosts {exc.pending} still running; see %mh_where or the stepper.')
             return
+        except SessionInterrupted as exc:
+            _show_interrupt(exc.report)
+            if exc.report.running:
+                return
+        except HostDied as exc:
+            print(f'%mh_wait: {exc}')
+            if exc.pending:
+                return
         except HostsError as exc:
             _print_errors(exc)
         self.background = None
@@ -264,6 +320,10 @@ class MultihostMagics(Magics):
         default='auto',
         help='shm: engines on this machine write into shared memory',
     )
+    @magic_arguments.argument(
+        '--max-bytes',
+        help='refuse a larger result (default: half the available memory), e.g. 8GiB',
+    )
     @line_magic
     def mh_allgather(self, line: str) -> None:
         """Bring the global value of an engine variable into the notebook as numpy.
@@ -272,17 +332,31 @@ class MultihostMagics(Magics):
         global jax.Array comes back whole; host-local arrays are stacked along
         a new axis 0 (one row per process); pytrees keep their structure.
         Each shard is sent once, straight into its place.
+        ``%mh_allgather x[::4, :128]`` slices on the hosts: only the slice
+        travels. A result larger than half of this machine's available memory
+        is refused before anything is allocated (``--max-bytes`` to allow it).
         """
+        from mhnotebook._gather import parse_target
+
+        # A subscript may contain spaces (x[::4, :128]): one argument.
+        line = re.sub(r'\[[^\]]*\]', lambda m: re.sub(r'\s+', '', m.group(0)), line)
         args = magic_arguments.parse_argstring(self.mh_allgather, line)
-        name = _valid_name(args.name)
-        out = _valid_name(args.out or name.rsplit('.', 1)[-1], dotted=False)
-        session = self._session()
         try:
-            value = session.allgather(name, transport=args.transport)
-        except SessionError as exc:
+            name, _ = parse_target(args.name)
+        except ValueError as exc:
             raise UsageError(str(exc)) from None
+        out = _valid_name(args.out or name.rsplit('.', 1)[-1], dotted=False)
+        max_bytes = _parse_bytes(args.max_bytes) if args.max_bytes is not None else None
+        session = self._session()
+        value = _delegate(
+            lambda: session.allgather(args.name, transport=args.transport, max_bytes=max_bytes)
+        )
+        if value is _INTERRUPTED:
+            return
         self.shell.user_ns[out] = value
-        print(f'{out} = {name} gathered from {session.num_processes} hosts: {_describe(value)}')
+        print(
+            f'{out} = {args.name} gathered from {session.num_processes} hosts: {_describe(value)}'
+        )
 
     # -- %mh_barrier -----------------------------------------------------------------
     @magic_arguments.magic_arguments()
@@ -292,8 +366,11 @@ class MultihostMagics(Magics):
     def mh_barrier(self, line: str) -> None:
         """Run a timed barrier on every host and report who arrived and how long it took."""
         args = magic_arguments.parse_argstring(self.mh_barrier, line)
+        _check_timeout(args.timeout, '%mh_barrier NAME --timeout 30')
         session = self._session()
-        results = session.barrier(args.name, timeout=args.timeout)
+        results = _delegate(lambda: session.barrier(args.name, timeout=args.timeout))
+        if results is _INTERRUPTED:
+            return
         for p, r in sorted(results.items()):
             if r['ok']:
                 print(f'host {p}: passed {args.name!r} in {r["elapsed"] * 1e3:.1f} ms')
@@ -326,9 +403,21 @@ class MultihostMagics(Magics):
                 raise UsageError(f'--axes takes two integers like 0,1; got {args.axes!r}') from None
         session = self._session()
         try:
-            return session.layout_view(name, values=not args.no_values, axes=axes)
-        except (SessionError, HostsError) as exc:
-            raise UsageError(_first_line_error(exc)) from None
+            view = _delegate(
+                lambda: session.layout_view(name, values=not args.no_values, axes=axes)
+            )
+        except UsageError as exc:
+            if str(exc).startswith('axes '):
+                raise UsageError(f'--{exc}') from None
+            raise
+        if view is _INTERRUPTED:
+            return None
+        if host_local(view.layout):
+            print(
+                f"{name} is host-local (each host holds its own value): showing process 0's; "
+                f'compare the hosts with %mh_diff {name}'
+            )
+        return view
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('name', help='engine variable (any pytree)')
@@ -338,10 +427,8 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_diff, line)
         name = _valid_name(args.name)
         session = self._session()
-        try:
-            return session.diff_view(name)
-        except (SessionError, HostsError) as exc:
-            raise UsageError(_first_line_error(exc)) from None
+        view = _delegate(lambda: session.diff_view(name))
+        return None if view is _INTERRUPTED else view
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(
@@ -365,27 +452,76 @@ class MultihostMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.mh_step, line)
         session = self._session()
-        if args.action == 'on':
-            session.set_stepping(True)
-            self.stepping = True
-        elif args.action == 'off':
-            session.set_stepping(False)
-            self.stepping = False
-        elif args.action == 'step':
-            if args.count < 1:
-                raise UsageError('step releases at least one collective: %mh_step step 1')
-            session.release(args.count)
-        elif args.action == 'continue':
-            session.release_all()
-            self.stepping = False
-        return session.stepper_view()
+        if args.action == 'step' and args.count < 1:
+            raise UsageError('step releases at least one collective: %mh_step step 1')
+        actions = {
+            'on': lambda: session.set_stepping(True),
+            'off': lambda: session.set_stepping(False),
+            'step': lambda: session.release(args.count),
+            'continue': session.release_all,
+            'show': lambda: None,
+        }
+        _delegate(actions[args.action])
+        return _delegate(session.stepper_view)
 
     @line_magic
     def mh_where(self, line: str) -> Any:
         """Show where every host is: its current collective and Python stacks (works while busy)."""
         if line.strip():
             raise UsageError('%mh_where takes no arguments.')
-        return self._session().where_view()
+        session = self._session()
+        return _delegate(session.where_view)
+
+
+_INTERRUPTED = object()  # what _delegate returns after an interrupt
+
+
+def _delegate(fn: Callable[[], Any]) -> Any:
+    """Runs a `Session` call for a magic.
+
+    An interrupt (Ctrl-C while it waited) shows what happened on the hosts
+    and returns `_INTERRUPTED`; errors become a one-line `UsageError` that
+    says what to do.
+    """
+    try:
+        return fn()
+    except SessionInterrupted as exc:
+        _show_interrupt(exc.report)
+        return _INTERRUPTED
+    except HostsError as exc:
+        raise UsageError(_first_line_error(exc)) from None
+    except (SessionError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _show_interrupt(report: Any) -> None:
+    """The interrupt's one line, then where each host was when it came."""
+    print(f'%mh: {report.message}')
+    if report.where:
+        from IPython.display import display
+
+        from mhnotebook.widgets import WhereView
+
+        print('Where each host was:')
+        display(WhereView(report.where))
+
+
+def _check_timeout(timeout: float | None, example: str) -> None:
+    if timeout is not None and not timeout > 0:
+        raise UsageError(f'--timeout must be > 0 seconds, got {timeout:g}; e.g. {example}')
+
+
+_UNITS = {'': 1, 'b': 1, 'k': 1e3, 'm': 1e6, 'g': 1e9, 't': 1e12}
+
+
+def _parse_bytes(text: str) -> int:
+    """``'1000'``, ``'500MB'``, ``'8GiB'``, ``'1.5g'`` -> bytes."""
+    m = re.fullmatch(r'\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)(i?)b?\s*', text.lower())
+    if not m:
+        raise UsageError(f'--max-bytes takes a size like 1000000, 500MB or 8GiB; got {text!r}')
+    number, unit, binary = m.groups()
+    scale = 1024 ** 'bkmgt'.index(unit or 'b') if binary else _UNITS[unit]
+    return int(float(number) * scale)
 
 
 def _first_line_error(exc: BaseException) -> str:

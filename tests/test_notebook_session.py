@@ -178,7 +178,7 @@ def _shell(session):
     ip = start_ipython() or get_ipython()  # one real shell per test process
     ip.run_line_magic('load_ext', 'mhnotebook')
     magics = ip.magics_manager.registry['MultihostMagics']
-    magics.session, magics.stepping, magics.background = session, False, None
+    magics.session, magics.background = session, None
     return ip, magics
 
 
