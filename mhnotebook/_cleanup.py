@@ -290,11 +290,12 @@ def watch(owner: int, start: str | None, cluster_id: str, profile_dir: str) -> s
             if not data or b'stop' in data:
                 why = 'stopped'
                 break
-    kill_cluster(cluster_id, profile_dir)
-    if not is_alive(owner, start):
-        why = 'owner gone'
-        sweep_shm(owner=owner)
-    return why
+    if is_alive(owner, start):  # stopped: the owner stopped the cluster, nothing starts now
+        kill_cluster(cluster_id, profile_dir, rounds=1)
+        return why
+    kill_cluster(cluster_id, profile_dir)  # again after a moment: a launch may have been under way
+    sweep_shm(owner=owner)
+    return 'owner gone'
 
 
 def main(argv: list[str] | None = None) -> int:
