@@ -5,20 +5,28 @@ engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
 """
 
 from mhnotebook._session import (
+    HostDied,
+    HostGone,
     HostInfo,
     HostsError,
+    InterruptReport,
     Session,
     SessionError,
+    SessionInterrupted,
     SessionTimeout,
     connect,
     start_local,
 )
 
 __all__ = [
+    'HostDied',
+    'HostGone',
     'HostInfo',
     'HostsError',
+    'InterruptReport',
     'Session',
     'SessionError',
+    'SessionInterrupted',
     'SessionTimeout',
     'connect',
     'current_session',

@@ -230,9 +230,11 @@ class MultihostMagics(Magics):
     def mh(self, line: str, cell: str) -> None:
         """Run the cell on every host; output is labelled by process index.
 
-        While it runs, a live per-host status is shown. On ``--timeout`` or an
-        interrupt, shows where each unfinished host is (its collective and
-        stack) and gives control back; the cell keeps running on the hosts.
+        While it runs, a live per-host status is shown. On ``--timeout``,
+        shows where each unfinished host is (its collective and stack) and
+        gives control back; the cell keeps running on the hosts (``%mh_wait``).
+        Interrupting the kernel interrupts every host too, says who stopped
+        and where each host was. A host that dies is named in one line.
         """
         args = magic_arguments.parse_argstring(self.mh, line)
         _check_timeout(args.timeout, '%%mh --timeout 30')
