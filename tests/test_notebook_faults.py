@@ -164,6 +164,28 @@ def test_interrupt_realigns_the_collective_sequence(session):
     assert all(text.strip() == 'lined up' for text in out.values())
 
 
+def test_kernel_interrupt_inside_a_barrier_then_the_next_barrier_lines_up(session):
+    """Hosts waiting in a multihost barrier stop on an interrupt; the next barrier works."""
+    ip, magics = _shell(session)
+    timer = _interrupt_kernel_after(2.0)
+    with capture_output() as cap:
+        ip.run_cell_magic(
+            'mh',
+            '',
+            'if jax.process_index() == 3:\n'
+            '    time.sleep(60)\n'
+            'multihost.barrier("never-complete", timeout=120)',
+        )
+    timer.join()
+    assert 'interrupted: hosts 0, 1, 2, 3 stopped in' in cap.stdout, cap.stdout
+    assert len(set(session.call('multihost.engine.sequence_position'))) == 1
+    t0 = time.monotonic()
+    with capture_output() as cap:
+        ip.run_cell_magic('mh', '', 'multihost.barrier("after", timeout=20)\nprint("passed")')
+    assert cap.stdout.count('] passed') == 4, cap.stdout
+    assert time.monotonic() - t0 < 10
+
+
 # -- 7. the stepper and the magics share one stepping setting ------------------------
 
 
