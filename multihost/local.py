@@ -415,6 +415,7 @@ def _worker_main(argv: list[str]) -> None:
         jax.config.update('jax_enable_preemption_service', bool(int(preemption)))
         jax.distributed.initialize(
             coordinator_address=coordinator,
+            coordinator_bind_address=coordinator,  # loopback only, not JAX's [::]
             num_processes=n,
             process_id=index,
             heartbeat_timeout_seconds=int(heartbeat),

@@ -230,6 +230,22 @@ def test_control_endpoint_refuses_a_wrong_key_and_unpickles_nothing(local_sessio
     assert session.control.info()['process'] == 0
 
 
+def _worker_pid() -> int:  # runs in a LocalCluster worker
+    return os.getpid()
+
+
+def test_simulated_hosts_of_multihost_listen_on_loopback_only():
+    """multihost.local.LocalCluster (tests, benchmarks, scripts): its coordination service too."""
+    from multihost.local import LocalCluster
+
+    with LocalCluster(n=2, devices_per_process=1) as cluster:
+        pids = cluster.run(_worker_pid)
+        found = {pid: _listeners(pid) for pid in pids}
+    assert found[pids[0]], 'process 0 hosts the coordination service'
+    wide = {p: [a for a in addrs if not a[0].startswith(LOOPBACK)] for p, addrs in found.items()}
+    assert not any(wide.values()), f'listening beyond loopback: {wide}'
+
+
 KERNEL_CONNECT = """
     import json, time
     import mhnotebook
