@@ -436,9 +436,16 @@ class Session:
         others = [p for p in range(self.num_processes) if p not in died and p not in self._dead]
         if not others:
             return ''
+        if 0 in died:
+            return (
+                f" Host 0 ran JAX's coordination service: {_hosts(others)} can run no more "
+                'collectives (and are terminated unless the session is recoverable): '
+                '%mh_cluster restart.'
+            )
         if self.recoverable:
             return (
-                f' {_hosts(others).capitalize()} keep running (recoverable): %%mh runs there '
+                f' {_hosts(others).capitalize()} {"keeps" if len(others) == 1 else "keep"} '
+                'running (recoverable): %%mh runs there '
                 'and multihost.live_devices(jax.devices()) reports the survivors; '
                 '%mh_cluster restart for a whole cluster again.'
             )
