@@ -41,7 +41,8 @@ def _flat_specs(what: str, tree: Any, pspecs: Any) -> list[Any]:
         return [pspecs] * len(jax.tree.leaves(tree))
     spec_leaves, spec_def = jax.tree.flatten(pspecs, is_leaf=_is_spec_leaf)
     try:
-        subtrees = spec_def.flatten_up_to(tree)
+        # jaxlib ships no type stub for PyTreeDef, so mypy cannot see its methods.
+        subtrees = spec_def.flatten_up_to(tree)  # type: ignore[attr-defined]
     except (ValueError, TypeError) as exc:
         raise ValueError(
             f'{what} must be a PartitionSpec or a pytree of PartitionSpecs that '
@@ -150,7 +151,8 @@ def _plan(mesh: Mesh, spec: P, shape: tuple[int, ...], shape_is_local: bool) -> 
     else:
         global_shape, local_shape = shape, tuple(n // f for n, f in zip(shape, factors))
     global_sharding = NamedSharding(mesh, spec)
-    starts = global_sharding.addressable_devices_indices_map(global_shape).values()
+    indices = global_sharding.addressable_devices_indices_map(global_shape).values()
+    starts = [idx for idx in indices if idx is not None]  # typed Optional; never None here
     offset = tuple(min(idx[d].start or 0 for idx in starts) for d in range(len(global_shape)))
     return _Plan(
         global_sharding, NamedSharding(mesh.local_mesh, spec), global_shape, local_shape, offset
@@ -208,7 +210,9 @@ def _to_global(x: Any, spec: P, plan: _Plan) -> jax.Array:
     host = np.asarray(x)
     offset = plan.offset
 
-    def local_piece(index: tuple[slice, ...]) -> np.ndarray:
+    def local_piece(index: tuple[slice, ...] | None) -> np.ndarray:
+        if index is None:  # JAX passes every addressable device's index
+            raise ValueError('make_array_from_callback passed no index')
         return host[
             tuple(
                 slice((s.start or 0) - o, None if s.stop is None else s.stop - o)

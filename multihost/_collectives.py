@@ -13,7 +13,8 @@ compiles once.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 from multihost import _jax_adapter, _sequence
 
 _PROCESS_AXIS = 'processes'
+_Tree = TypeVar('_Tree')
 
 
 @functools.cache
@@ -33,23 +35,23 @@ def _process_mesh(process_count: int) -> Mesh:
     return Mesh(np.array(devices), (_PROCESS_AXIS,))
 
 
-def _identity(xs):
+def _identity(xs: _Tree) -> _Tree:
     return xs
 
 
-def _sum_over_processes(xs):
+def _sum_over_processes(xs: list[jax.Array]) -> list[jax.Array]:
     return [jnp.sum(x, axis=0, dtype=x.dtype) for x in xs]
 
 
 # Module-level jit objects with fixed out_shardings: built once per mesh so
 # repeated calls with the same avals hit the compile cache.
 @functools.cache
-def _gather_fn(sharding: NamedSharding):
+def _gather_fn(sharding: NamedSharding) -> Callable[[Any], Any]:
     return jax.jit(_identity, out_shardings=sharding)
 
 
 @functools.cache
-def _sum_fn(sharding: NamedSharding):
+def _sum_fn(sharding: NamedSharding) -> Callable[[list[jax.Array]], list[jax.Array]]:
     return jax.jit(_sum_over_processes, out_shardings=sharding)
 
 
@@ -75,18 +77,19 @@ def _stack_on_processes(host_arrays: list[np.ndarray]) -> list[jax.Array]:
     ]
 
 
-def _replicated_like(x: jax.Array) -> NamedSharding:
-    if isinstance(x.sharding, NamedSharding):
-        return NamedSharding(x.sharding.mesh, P())
+def _mesh_of(x: jax.Array) -> Mesh:
+    """The mesh of ``x``'s NamedSharding, else a 1-D mesh of its devices."""
+    if isinstance(x.sharding, NamedSharding) and isinstance(x.sharding.mesh, Mesh):
+        return x.sharding.mesh
     devices = _jax_adapter.device_assignment(x.sharding)
-    return NamedSharding(Mesh(np.array(devices), ('devices',)), P())
+    return Mesh(np.array(devices), ('devices',))
 
 
 def _gather_global(x: jax.Array) -> np.ndarray:
     """General path: XLA replicates the array over all its devices."""
-    sharding = _replicated_like(x)
-    with jax.set_mesh(sharding.mesh):
-        out = _gather_fn(sharding)(x)
+    mesh = _mesh_of(x)
+    with jax.set_mesh(mesh):
+        out = _gather_fn(NamedSharding(mesh, P()))(x)
     return np.asarray(out.addressable_data(0))
 
 
@@ -196,11 +199,11 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
                 'Gathering global non-fully-addressable arrays only supports tiled=True'
             )
     if jax.process_count() == 1:
-        outs = []
+        local = []
         for x in leaves:
             a = np.asarray(x)
-            outs.append(a if tiled and a.ndim > 0 else np.expand_dims(a, 0))
-        return jax.tree.unflatten(treedef, outs)
+            local.append(a if tiled and a.ndim > 0 else np.expand_dims(a, 0))
+        return jax.tree.unflatten(treedef, local)
 
     checked = _sequence.checking_enabled()
     digest = _tree_digest('allgather', treedef, leaves, tiled) if checked else ''

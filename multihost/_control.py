@@ -142,7 +142,8 @@ def serve_control(authkey: bytes, address: tuple[str, int] = ('', 0)) -> tuple[s
     _bus.start_debug_daemon()
     # No authkey on the Listener: each connection is authenticated in its own
     # thread, under a timeout, so a silent client cannot block accept().
-    listener = Listener(tuple(address), family='AF_INET')
+    bind_host, bind_port = address
+    listener = Listener((bind_host, bind_port), family='AF_INET')
     server = _Server(listener, authkey)
     threading.Thread(target=server.accept_loop, daemon=True, name='multihost-control').start()
     host, port = listener.address

@@ -167,7 +167,8 @@ class StepTable:
             if not 0 <= rec.process < num_processes:
                 continue
             by_seq.setdefault(rec.seq, [None] * num_processes)[rec.process] = rec
-            if positions[rec.process] is None or rec.seq > positions[rec.process]:
+            seen = positions[rec.process]
+            if seen is None or rec.seq > seen:
                 positions[rec.process] = rec.seq
         released = set(released)
         gated: dict[int, set[int]] = {}

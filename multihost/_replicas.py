@@ -79,7 +79,7 @@ class ReplicaGroup:
     def _ranked(self) -> list[str]:
         """Distinct digests, most replicas first; ties: lowest replica id first."""
         count = collections.Counter(r.digest for r in self.replicas)
-        first = {}
+        first: dict[str, int] = {}
         for r in self.replicas:
             first.setdefault(r.digest, r.replica_id)
         return sorted(count, key=lambda d: (-count[d], first[d]))
@@ -193,7 +193,7 @@ def _digest_bytes(data: Any) -> str:
         data = jax.random.key_data(data)
     a = np.ascontiguousarray(np.asarray(data))
     # Compare bits, not values: replicas must be bitwise copies (NaN == NaN, -0.0 != 0.0).
-    return hashlib.blake2b(a.reshape(-1).view(np.uint8), digest_size=8).hexdigest()
+    return hashlib.blake2b(a.reshape(-1).view(np.uint8).data, digest_size=8).hexdigest()
 
 
 def _local_digests(arr: Any, layout: Layout) -> dict[int, str]:

@@ -49,6 +49,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
 from typing import Any, NoReturn
 
 from multihost import _kv
@@ -166,7 +167,7 @@ def call_site() -> str:
     if override is not None:
         return override
     here = os.path.dirname(os.path.abspath(__file__))
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not os.path.abspath(filename).startswith(here + os.sep):

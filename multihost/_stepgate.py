@@ -293,7 +293,11 @@ def _on_enter(client: Any, rec: _sequence.CollectiveRecord) -> Callable[[], None
     _bus.ensure_started(client)
     if not before_arrival(client, rec):
         return None
-    return lambda: gate(client, rec, True) and None
+
+    def wait_at_gate() -> None:
+        gate(client, rec, True)
+
+    return wait_at_gate
 
 
 _bus.register('stepping', _on_stepping_command, on_start=_read_flag)

@@ -320,12 +320,13 @@ def _comparable(a: np.ndarray) -> bool:
 
 def _digest(a: np.ndarray) -> str:
     """16 hex digits: CRC-32 then Adler-32 of the bytes (see the module docstring)."""
+    data: bytes | memoryview
     if a.dtype.hasobject:  # no stable bytes: fall back to the values' repr
         data = repr(a.tolist()).encode()
     elif a.dtype.itemsize == 0 or a.size == 0:  # float0, empty
         data = b''
     else:
-        data = a.reshape(-1).view(np.uint8)
+        data = a.reshape(-1).view(np.uint8).data
     return f'{zlib.crc32(data):08x}{zlib.adler32(data):08x}'
 
 
@@ -373,6 +374,8 @@ def _compare(own: np.ndarray, ref: np.ndarray) -> tuple[int, tuple[int, ...], fl
     """
     n, itemsize = own.size, own.dtype.itemsize
     flat_own, flat_ref = own.reshape(-1), ref.reshape(-1)
+    bits_own: np.ndarray
+    bits_ref: np.ndarray
     if itemsize in (1, 2, 4, 8):
         as_uint = np.dtype(f'u{itemsize}')
         bits_own, bits_ref = flat_own.view(as_uint), flat_ref.view(as_uint)
@@ -422,6 +425,8 @@ def _broadcast_bytes(buf: np.ndarray | None, nbytes: int, source: bool) -> np.nd
         padded = max(4096, 1 << (size - 1).bit_length())
         words = np.zeros(padded // 4, np.uint32)
         if source:
+            if buf is None:
+                raise ValueError('the source host of a byte broadcast passed no bytes')
             words.view(np.uint8)[:size] = buf[start : start + size]
         got = broadcast_one_to_all(words, is_source=source)
         out[start : start + size] = np.asarray(got).view(np.uint8)[:size]
@@ -528,7 +533,10 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
     small = {
         str(index[p.path]): _encode_array(data[p.path])
         for p in pending
-        if p.path in data and p.sigs[rec.process].comparable and data[p.path].size <= SMALL_LEAF
+        if p.path in data
+        and (own := p.sigs[rec.process]) is not None
+        and own.comparable
+        and data[p.path].size <= SMALL_LEAF
     }
     report = json.dumps({'c': summary, 'v': small}, separators=(',', ':'))
     reports = {
@@ -632,8 +640,7 @@ def _compare_with_reference(
         peers = tuple(
             h
             for h in p.odd
-            if p.sigs[h] is not None
-            and (p.sigs[h].shape, p.sigs[h].dtype) == (ref.shape, ref.dtype)
+            if (sig := p.sigs[h]) is not None and (sig.shape, sig.dtype) == (ref.shape, ref.dtype)
         )
         if peers:
             compared[p.path] = peers

@@ -55,7 +55,8 @@ def _host_address() -> str:
     name = socket.gethostname()
     try:
         infos = socket.getaddrinfo(name, None, socket.AF_INET)
-        addrs = [i[4][0] for i in infos if not i[4][0].startswith('127.')]
+        ips = [i[4][0] for i in infos]  # AF_INET: (ip, port) pairs
+        addrs = [ip for ip in ips if isinstance(ip, str) and not ip.startswith('127.')]
         if addrs:
             return addrs[0]
     except OSError:
@@ -202,7 +203,7 @@ def _selection(name: str, index: tuple[Any, ...], shape: tuple[int, ...]) -> Sel
         raise GatherError(
             f'{name}{_fmt_index(index)}: {len(index)} indices for an array of rank {len(shape)}.'
         )
-    out = []
+    out: list[tuple[str, int] | tuple[str, int, int, int]] = []
     for axis, n in enumerate(shape):
         i = index[axis] if axis < len(index) else slice(None)
         if isinstance(i, slice):

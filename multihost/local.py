@@ -29,7 +29,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Client, Connection, Listener, wait
-from typing import Any
+from typing import Any, cast
 
 __all__ = ['ClusterError', 'LocalCluster', 'free_port']
 
@@ -66,6 +66,12 @@ class _Worker:
     log_path: str
     conn: Connection | None = None
     os_pid: int | None = None
+
+    def connection(self) -> Connection:
+        """The connection to the worker (set once it connected in `LocalCluster.start`)."""
+        if self.conn is None:
+            raise RuntimeError(f'process {self.index} has not connected to the LocalCluster')
+        return self.conn
 
 
 class LocalCluster:
@@ -179,13 +185,16 @@ class LocalCluster:
         return self
 
     def _accept_all(self, authkey: bytes) -> None:
+        listener = self._listener
+        if listener is None:
+            raise RuntimeError('LocalCluster: no listener to accept processes on (not started)')
         conns: list[Connection] = []
         done = threading.Event()
 
         def accept() -> None:
             try:
                 while len(conns) < self.n:
-                    conns.append(self._listener.accept())
+                    conns.append(listener.accept())
             except OSError:
                 pass
             done.set()
@@ -195,7 +204,7 @@ class LocalCluster:
         while not done.wait(0.2):
             dead = [w.index for w in self._workers if w.proc.poll() is not None]
             if dead or time.monotonic() > deadline:
-                self._listener.close()
+                listener.close()
                 why = (
                     f'process(es) {dead} exited'
                     if dead
@@ -277,7 +286,7 @@ class LocalCluster:
         msg = ('run', self._runs, path, fn.__qualname__, args, kwargs, bracket, timeout)
         expect = set(expect_exit)
         for w in self._workers:
-            w.conn.send(msg)
+            w.connection().send(msg)
         results = self._collect(lambda w: w.index not in expect, timeout, fn.__qualname__)
         if expect:
             self.broken = True  # processes died on purpose: restart before reuse
@@ -286,7 +295,7 @@ class LocalCluster:
     def _collect(
         self, awaited: Callable[[_Worker], bool], timeout: float, what: str, expect: str = 'ok'
     ) -> list[Any]:
-        pending = {w.conn: w for w in self._workers if awaited(w)}
+        pending = {w.connection(): w for w in self._workers if awaited(w)}
         results: list[Any] = [None] * self.n
         errors: dict[int, str] = {}
         deadline = time.monotonic() + timeout
@@ -299,7 +308,8 @@ class LocalCluster:
                 left = min(left, grace_end - time.monotonic())
             if left <= 0:
                 break
-            for conn in wait(list(pending), timeout=min(left, 1.0)):
+            for ready in wait(list(pending), timeout=min(left, 1.0)):
+                conn = cast(Connection, ready)  # wait() returns the objects it was given
                 w = pending.pop(conn)
                 try:
                     kind, payload = conn.recv()
@@ -380,6 +390,8 @@ def _load(path: str) -> Any:
     if mod is None:
         name = f'_multihost_local_{abs(hash(path)):x}'
         spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f'cannot load a Python module from {path}')
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
@@ -394,12 +406,17 @@ def _resolve(path: str, qualname: str) -> Callable[..., Any]:
     return obj
 
 
+def _harness_barrier(client: Any | None, name: str, timeout: float) -> None:
+    if client is None:
+        raise RuntimeError(f'{name}: JAX has no coordination service (not distributed)')
+    client.wait_at_barrier(name, max(1000, int(timeout * 1000)))
+
+
 def _worker_main(argv: list[str]) -> None:
-    (address, authkey, index, n, devices, coordinator, recoverable, preemption, heartbeat) = argv[
-        :9
-    ]
+    (address, authkey, index_arg, n_arg, devices_arg, coordinator) = argv[:6]
+    (recoverable, preemption, heartbeat) = argv[6:9]
     init_backend = argv[9:] != ['0']
-    index, n, devices = int(index), int(n), int(devices)
+    index, n, devices = int(index_arg), int(n_arg), int(devices_arg)
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -444,13 +461,11 @@ def _worker_main(argv: list[str]) -> None:
         _, run_id, path, qualname, args, kwargs, bracket, timeout = msg
         try:
             fn = _resolve(path, qualname)
-            client = _jax_adapter.client()
-            ms = max(1000, int(timeout * 1000))
             if bracket:
-                client.wait_at_barrier(f'harness/{run_id}/start', ms)
+                _harness_barrier(_jax_adapter.client(), f'harness/{run_id}/start', timeout)
             result = fn(*args, **kwargs)
             if bracket:
-                client.wait_at_barrier(f'harness/{run_id}/end', ms)
+                _harness_barrier(_jax_adapter.client(), f'harness/{run_id}/end', timeout)
             reply = ('ok', result)
         except BaseException:
             reply = ('error', traceback.format_exc())
