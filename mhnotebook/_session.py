@@ -777,29 +777,19 @@ class Session:
     def _moved_on(self, before: Any, timeout: float = 3.0) -> Any:
         """The step table once the hosts moved on from ``before`` after a release.
 
-        Returns when every host arrived at the next gate, or when the table
-        changed and then stayed the same for a poll (the hosts ran on
-        without another collective), or after ``timeout`` seconds.
+        Returns when every host arrived at a later gate, or when every host is
+        idle (the cell ran to its end), or after ``timeout`` seconds with
+        where they are then.
         """
-
-        def key(t: Any) -> Any:
-            return t.positions, tuple((s.seq, s.status, s.waiting) for s in t.steps)
-
-        start = key(before)
         first_held = before.pending.seq if before.pending is not None else -1
         deadline = time.monotonic() + timeout
-        last = None
         while True:
             table = self.step_table()
             held = table.pending
             if held is not None and held.seq > first_held and held.complete:
                 return table
-            now = key(table)
-            if held is None and now != start and now == last:
+            if time.monotonic() >= deadline or not self._busy(self._check(), None, 0.0):
                 return table
-            if time.monotonic() >= deadline:
-                return table
-            last = now
             time.sleep(0.1)
 
     def execute_async(self, code: str) -> dict[int, Any]:

@@ -195,7 +195,9 @@ def test_stepper_refreshes_itself_and_its_stop_reaches_the_magics(session):
     ip.run_line_magic('mh_step', 'on')
     assert magics.stepping and session.stepping
     with capture_output() as cap:
-        ip.run_cell_magic('mh', '', 'multihost.barrier("st-1")\nmultihost.barrier("st-2")')
+        ip.run_cell_magic(
+            'mh', '', 'multihost.barrier("st-1")\ntime.sleep(0.5)\nmultihost.barrier("st-2")'
+        )
     assert 'running in the background' in cap.stdout
 
     def arrived_at(name):
