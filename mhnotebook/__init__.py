@@ -4,6 +4,8 @@ Sessions (`start_local`, `connect`) drive one JAX process per ipyparallel
 engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
 """
 
+from typing import TYPE_CHECKING
+
 from mhnotebook._session import (
     HostDied,
     HostGone,
@@ -33,6 +35,9 @@ __all__ = [
     'start_local',
 ]
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 
 def __getattr__(name: str) -> str:
     # The version is written once, in multihost (the engine side this package
@@ -51,7 +56,7 @@ def current_session() -> Session:
     return current()
 
 
-def load_ipython_extension(ipython):  # noqa: D103 - IPython's extension hook
+def load_ipython_extension(ipython: 'InteractiveShell') -> None:  # noqa: D103 - IPython's hook
     from mhnotebook._magics import load_ipython_extension as load
 
     load(ipython)

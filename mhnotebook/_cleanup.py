@@ -200,7 +200,9 @@ def kill_cluster(cluster_id: str, profile_dir: str, *, rounds: int = 3) -> list[
 # -- the watchdog -----------------------------------------------------------------------
 
 
-def start_watchdog(cluster_id: str, profile_dir: str, log_path: str | None = None):
+def start_watchdog(
+    cluster_id: str, profile_dir: str, log_path: str | None = None
+) -> subprocess.Popen[bytes]:
     """Starts the watchdog of one local cluster owned by this process; returns its Popen.
 
     It outlives this process on purpose (a session of its own, so a signal to
@@ -221,7 +223,7 @@ def start_watchdog(cluster_id: str, profile_dir: str, log_path: str | None = Non
         '--profile-dir',
         profile_dir,
     ]
-    log = open(log_path, 'ab') if log_path else subprocess.DEVNULL
+    log: IO[bytes] | int = open(log_path, 'ab') if log_path else subprocess.DEVNULL
     try:
         return subprocess.Popen(
             cmd,
@@ -232,7 +234,7 @@ def start_watchdog(cluster_id: str, profile_dir: str, log_path: str | None = Non
             close_fds=True,
         )
     finally:
-        if log_path:
+        if not isinstance(log, int):  # our file, not DEVNULL
             log.close()
 
 

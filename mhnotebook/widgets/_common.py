@@ -294,7 +294,7 @@ def _close_tree(widget: Any) -> None:
     for child in getattr(widget, 'children', ()):
         _close_tree(child)
     for part in (getattr(widget, 'layout', None), getattr(widget, 'style', None)):
-        if hasattr(part, 'close'):
+        if part is not None and hasattr(part, 'close'):
             part.close()
     widget.close()
 

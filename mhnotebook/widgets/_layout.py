@@ -171,7 +171,8 @@ def _split(
     if isinstance(layout, ReplicaReport):
         if report is not None and report is not layout:
             raise ValueError('pass the ReplicaReport once: as the layout or as report=')
-        layout, report = layout.layout, layout
+        report = layout
+        layout = layout.layout
     if not isinstance(layout, Layout):
         raise TypeError(
             'expected a multihost.Layout (multihost.describe_layout(x)) or a '
@@ -644,6 +645,8 @@ class LayoutView(View):
     ``mh-flagged``, ``mh-selected``), ``mh-layout-info``.
     """
 
+    _grid: LayoutGrid  # what `_render` drew last
+
     def __init__(
         self,
         layout: Layout | ReplicaReport,
@@ -697,6 +700,8 @@ class LayoutView(View):
     @property
     def layout(self) -> Layout:
         """The layout shown."""
+        if self._layout is None:  # only before __init__ has called update()
+            raise RuntimeError('the LayoutView has no layout yet')
         return self._layout
 
     @property
@@ -801,17 +806,17 @@ class LayoutView(View):
             raise TypeError(
                 f'select expects a block index, ((start, stop), ...) per dimension, got {index!r}'
             ) from None
-        if all(b.index != index for b in self._layout.blocks()):
+        if all(b.index != index for b in self.layout.blocks()):
             raise ValueError(
                 f'the layout has no block {format_index(index)}; its blocks start '
-                'at ' + ', '.join(format_index(b.index) for b in self._layout.blocks()[:6])
+                'at ' + ', '.join(format_index(b.index) for b in self.layout.blocks()[:6])
             )
         self._selected = index
         moved = False
         with self._hold():
             for d, _ in self._grid.fixed:
                 a, b = index[d]
-                if not a <= self._sliders[d].value < b and self._layout.shape[d]:
+                if not a <= self._sliders[d].value < b and self.layout.shape[d]:
                     self._sliders[d].value = a
                     moved = True
         if moved:
@@ -855,12 +860,12 @@ class LayoutView(View):
     def _render(self) -> None:
         """Everything that depends on the axes and the slice."""
         fixed = {d: s.value for d, s in enumerate(self._sliders) if d not in self._axes}
-        self._grid = grid = layout_grid(self._layout, self._axes, fixed, self._report)
+        self._grid = grid = layout_grid(self.layout, self._axes, fixed, self._report)
         if self._selected is not None and grid.find(self._selected) is None:
             self._selected = None
         self._slider_box.children = [self._sliders[d] for d, _ in grid.fixed]
-        self._header.value = header_html(self._layout, self._report)
-        self._legend.value = legend_html(self._layout)
+        self._header.value = header_html(self.layout, self._report)
+        self._legend.value = legend_html(self.layout)
         self._render_buttons()
         self._render_selection()
 
@@ -929,5 +934,5 @@ class LayoutView(View):
             self._info.value = _HINT
         else:
             self._info.value = block_info_html(
-                self._layout, self._selected, self._report, self._values
+                self.layout, self._selected, self._report, self._values
             )

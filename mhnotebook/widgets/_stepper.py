@@ -72,27 +72,28 @@ def host_groups(table: StepTable) -> list[tuple[int, ...]]:
     n = table.num_processes
     if n <= MAX_HOST_COLUMNS:
         return [(p,) for p in range(n)]
-    groups: dict[Any, list[int]] = {}
+    groups: dict[tuple[Any, ...], list[int]] = {}
     for p in range(n):
-        key = (table.positions[p] if p < len(table.positions) else None,) + tuple(
-            (
-                cell_state(s, p),
-                None
-                if s.records[p] is None
-                else (s.records[p].kind, s.records[p].name, s.records[p].digest, s.records[p].site),
-            )
-            for s in table.steps
-        )
-        groups.setdefault(key, []).append(p)
+        position = table.positions[p] if p < len(table.positions) else None
+        cells = tuple((cell_state(s, p), _call_key(s.records[p])) for s in table.steps)
+        groups.setdefault((position, *cells), []).append(p)
     return [tuple(g) for g in groups.values()]
+
+
+def _call_key(rec: CollectiveRecord | None) -> tuple[str, str, str, str] | None:
+    return None if rec is None else (rec.kind, rec.name, rec.digest, rec.site)
 
 
 def divergence_html(step: Step) -> str:
     """Which hosts call what at a divergent step."""
     ref = step.majority
+    if ref is None:
+        raise ValueError(f'step #{step.seq}: no host arrived, so no host diverges')
     by_call: dict[tuple[str, str], list[int]] = {}
     for p in step.odd_processes:
         rec = step.records[p]
+        if rec is None:  # odd_processes holds arrived hosts only
+            continue
         by_call.setdefault((_call(rec), _short(rec.site)), []).append(p)
     majority = [p for p in step.arrived if p not in step.odd_processes]
     odd = '; '.join(
