@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     'HostDied',
@@ -36,6 +36,11 @@ __all__ = [
 ]
 
 log = logging.getLogger('mhnotebook')
+
+if TYPE_CHECKING:  # the notebook imports jax (multihost) and ipywidgets only when needed
+    from mhnotebook._gather import ShmPool
+    from mhnotebook.widgets import LayoutView, StepperView, TreeDiffView, WhereView
+    from multihost import ControlClient, HostStacks, Layout, ReplicaReport, StepTable, TreeDiff
 
 
 class SessionError(RuntimeError):
@@ -307,6 +312,8 @@ class Session:
         processes: `HostInfo` per process index.
     """
 
+    _shm_pool: ShmPool | None  # shared-memory buffers of `allgather`, set by `_gather`
+
     def __init__(
         self,
         client: Any,
@@ -324,7 +331,7 @@ class Session:
         self._start_options = start_options
         self._stopped = False
         self._lock = threading.Lock()
-        self._control: Any = None
+        self._control: ControlClient | None = None
         self._control_address: tuple[str, int] | None = None
         self._control_key = secrets.token_bytes(16)
         self._watchdog: Any = None  # kills a local cluster if this process dies (_cleanup)
@@ -689,7 +696,9 @@ class Session:
         return dict(enumerate(results))
 
     # -- diagnostics -----------------------------------------------------------
-    def layout(self, name: str, *, check: bool = True, timeout: float = 120.0) -> tuple[Any, Any]:
+    def layout(
+        self, name: str, *, check: bool = True, timeout: float = 120.0
+    ) -> tuple[Layout, ReplicaReport | None]:
         """(`multihost.Layout`, `multihost.ReplicaReport` or None) of engine array ``name``.
 
         ``check`` digests every replica on every host (a collective) so
@@ -698,7 +707,7 @@ class Session:
         results = self.call('multihost.engine.layout', name, check, namespace=True, timeout=timeout)
         return results[0]
 
-    def diff(self, name: str, *, timeout: float = 120.0) -> Any:
+    def diff(self, name: str, *, timeout: float = 120.0) -> TreeDiff:
         """`multihost.TreeDiff` of engine value ``name`` across hosts (what differs, where)."""
         results = self.call(
             'multihost.engine.diff', name, timeout, namespace=True, timeout=timeout + 10
@@ -706,7 +715,7 @@ class Session:
         return results[0]
 
     @property
-    def control(self) -> Any:
+    def control(self) -> ControlClient:
         """A `multihost.ControlClient` to process 0's control endpoint (started on demand).
 
         It answers while every engine's main thread is busy, e.g. stuck in a
@@ -724,7 +733,7 @@ class Session:
             self._control = ControlClient(self._control_address, self._control_key, timeout=15.0)
         return self._control
 
-    def where(self, *, timeout: float = 10.0) -> dict[int, Any]:
+    def where(self, *, timeout: float = 10.0) -> dict[int, HostStacks]:
         """Per process index: its Python stacks and current collective (`multihost.HostStacks`).
 
         Works while the engines are busy or hung (through the control endpoint).
@@ -733,7 +742,7 @@ class Session:
         self._check(need_all=not self.recoverable)
         return self.control.stacks(timeout=timeout)
 
-    def step_table(self) -> Any:
+    def step_table(self) -> StepTable:
         """The host x step table of the step gate (`multihost.StepTable`)."""
         self._check(need_all=not self.recoverable)
         table = self.control.step_table()
@@ -774,7 +783,7 @@ class Session:
         self._stepping = False
         return held
 
-    def _moved_on(self, before: Any, timeout: float = 3.0) -> Any:
+    def _moved_on(self, before: StepTable, timeout: float = 3.0) -> StepTable:
         """The step table once the hosts moved on from ``before`` after a release.
 
         Returns when every host arrived at a later gate, or when every host is
@@ -960,7 +969,7 @@ class Session:
             return None
 
     # -- views -------------------------------------------------------------------
-    def layout_view(self, name: str, *, values: bool = True, axes: Any = None) -> Any:
+    def layout_view(self, name: str, *, values: bool = True, axes: Any = None) -> LayoutView:
         """A `LayoutView` of engine array ``name``: blocks by host, replicas checked.
 
         ``values`` also gathers the array so selecting a block shows its values.
@@ -989,13 +998,13 @@ class Session:
                 data = self.allgather(name)
         return LayoutView(layout, report, data, axes=axes)
 
-    def diff_view(self, name: str) -> Any:
+    def diff_view(self, name: str) -> TreeDiffView:
         """A `TreeDiffView` of engine value ``name`` across hosts."""
         from mhnotebook.widgets import TreeDiffView
 
         return TreeDiffView(self.diff(name))
 
-    def where_view(self, *, timeout: float = 10.0) -> Any:
+    def where_view(self, *, timeout: float = 10.0) -> WhereView:
         """A refreshable `WhereView`: every host's current collective and stacks."""
         from mhnotebook.widgets import WhereView
 
@@ -1003,23 +1012,23 @@ class Session:
             self.where(timeout=timeout), on_refresh=lambda: self.where(timeout=timeout)
         )
 
-    def stepper_view(self) -> Any:
+    def stepper_view(self) -> StepperView:
         """A `StepperView` wired to this session: Step, Continue (release all), Stop."""
         from mhnotebook.widgets import StepperView
 
         # After Step and Continue the view shows where the hosts went, not the
         # table of the instant of the release.
-        def step() -> Any:
+        def step() -> StepTable:
             before = self.step_table()
             self.release(1)
             return self._moved_on(before)
 
-        def cont() -> Any:
+        def cont() -> StepTable:
             before = self.step_table()
             self.release_all()
             return self._moved_on(before)
 
-        def stop() -> Any:
+        def stop() -> StepTable:
             self.interrupt()  # hosts held at the gate raise KeyboardInterrupt
             self.set_stepping(False)
             return self.step_table()
