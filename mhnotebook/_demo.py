@@ -106,14 +106,16 @@ def run(out: str, hosts: int, devices: int) -> int:
 
         # 3. replicated array whose hosts disagree
         layout_b, rep_b = session.layout('bias')
+        if rep_b is None:  # check=True gives a report for every global array
+            raise RuntimeError('session.layout returned no replica report for bias')
         with open(os.path.join(out, 'layout_bias.png'), 'wb') as f:
             f.write(render_layout_png(rep_b))
         say(
             f'\n3. bias is P() (replicated), but replicas agree: {rep_b.ok}; '
             f'odd hosts: {list(rep_b.odd_processes)} -> layout_bias.png\n{rep_b}'
         )
-        with open(os.path.join(out, 'layouts.html'), 'w') as f:
-            f.write(
+        with open(os.path.join(out, 'layouts.html'), 'w') as page:
+            page.write(
                 _page(
                     'layouts',
                     ''.join(
@@ -126,8 +128,8 @@ def run(out: str, hosts: int, devices: int) -> int:
 
         # 4. tree diff
         diff = session.diff('params')
-        with open(os.path.join(out, 'diff_params.html'), 'w') as f:
-            f.write(_page('tree diff', summary_html(diff) + diff_table_html(diff)))
+        with open(os.path.join(out, 'diff_params.html'), 'w') as page:
+            page.write(_page('tree diff', summary_html(diff) + diff_table_html(diff)))
         say(f'\n4. params across hosts -> diff_params.html\n{diff.summary()}')
 
         # 5. divergent barrier names
@@ -140,16 +142,16 @@ def run(out: str, hosts: int, devices: int) -> int:
         pending = session.execute_async(STUCK)
         time.sleep(2.0)
         stacks = session.where()
-        with open(os.path.join(out, 'where.html'), 'w') as f:
-            f.write(_page('where', table_html(stacks) + stacks_html(stacks)))
+        with open(os.path.join(out, 'where.html'), 'w') as page:
+            page.write(_page('where', table_html(stacks) + stacks_html(stacks)))
         say('\n6. while host 2 is busy, where is everyone -> where.html')
         for p, s in sorted(stacks.items()):
             cur = s.current.describe() if s.current else 'no collective yet'
             say(f'   host {p}: in {cur}; innermost user frame {s.where}')
         session.wait_outputs(pending, timeout=120, echo=False)
 
-    with open(os.path.join(out, 'report.txt'), 'w') as f:
-        f.write('\n'.join(report) + '\n')
+    with open(os.path.join(out, 'report.txt'), 'w') as text_file:
+        text_file.write('\n'.join(report) + '\n')
     print(f'\nwrote {sorted(os.listdir(out))} to {os.path.abspath(out)}')
     return 0 if exact and not rep_b.ok and not diff.ok else 1
 

@@ -355,6 +355,8 @@ class MultihostMagics(Magics):
         )
         if value is _INTERRUPTED:
             return
+        if self.shell is None:  # a Magics made without a shell has no namespace to fill
+            raise UsageError(f'%mh_allgather: no IPython shell to define {out} in')
         self.shell.user_ns[out] = value
         print(
             f'{out} = {args.name} gathered from {session.num_processes} hosts: {_describe(value)}'

@@ -18,11 +18,14 @@ import math
 import os
 import socket
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from multihost import _sequence
+
+if TYPE_CHECKING:
+    from multihost import Layout, ReplicaReport, TreeDiff
 
 __all__ = [
     'GatherError',
@@ -510,7 +513,9 @@ def serve_control(authkey: bytes, host: str = '') -> tuple[str, int]:
     return multihost.serve_control(authkey, (host, 0))
 
 
-def layout(namespace: dict[str, Any], name: str, check: bool = True) -> tuple[Any, Any]:
+def layout(
+    namespace: dict[str, Any], name: str, check: bool = True
+) -> tuple[Layout, ReplicaReport | None]:
     """The `Layout` of array ``name`` and, with ``check``, its `ReplicaReport` (a collective)."""
     import jax
 
@@ -538,7 +543,7 @@ def layout(namespace: dict[str, Any], name: str, check: bool = True) -> tuple[An
     return described, report
 
 
-def diff(namespace: dict[str, Any], name: str, timeout: float | None = None) -> Any:
+def diff(namespace: dict[str, Any], name: str, timeout: float | None = None) -> TreeDiff:
     """`multihost.tree_diff` of ``name`` (a collective: every host must call it)."""
     import multihost
 
