@@ -240,7 +240,9 @@ def start_watchdog(
 
 def watchdog_ready(proc: subprocess.Popen, timeout: float) -> bool:
     """Waits at most ``timeout`` s for the watchdog to say it watches; False if it did not."""
-    stdout: IO[bytes] = proc.stdout  # type: ignore[assignment]
+    stdout = proc.stdout
+    if stdout is None:
+        raise ValueError('the watchdog was started without stdout=PIPE (see start_watchdog)')
     ready, _, _ = select.select([stdout], [], [], timeout)
     return bool(ready) and stdout.readline() == _READY
 

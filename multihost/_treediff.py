@@ -290,7 +290,7 @@ class TreeDiff:
             other.leaves,
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # its LeafDiffs are unhashable
 
 
 # -- local fingerprints --------------------------------------------------------
