@@ -87,8 +87,7 @@ def bench_gather(session, reps: int, mib: int) -> None:
             del out
     m = {k: median_ms(v) for k, v in times.items()}
     # Once more with no buffer to reuse: a first gather pays first-touch page faults.
-    session._shm_pool.close()
-    session._shm_pool = None
+    session._shm_pool.clear()
     t0 = time.perf_counter()
     out = ours()
     cold_ms = (time.perf_counter() - t0) * 1e3
@@ -145,7 +144,7 @@ def bench_small_round_trip(session, reps: int) -> None:
 def _bare_start(n: int, d: int) -> float:
     import ipyparallel as ipp
 
-    from mhnotebook._session import _call
+    from mhnotebook._trampoline import call as _call
     from multihost.local import free_port
 
     t0 = time.perf_counter()

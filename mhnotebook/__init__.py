@@ -6,19 +6,18 @@ engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
 
 from typing import TYPE_CHECKING
 
-from mhnotebook._session import (
+from mhnotebook._errors import (
     HostDied,
     HostGone,
-    HostInfo,
     HostsError,
     InterruptReport,
-    Session,
+    RemoteFailure,
     SessionError,
     SessionInterrupted,
     SessionTimeout,
-    connect,
-    start_local,
 )
+from mhnotebook._session import HostInfo, Session
+from mhnotebook._startup import connect, start_local
 
 __all__ = [
     'HostDied',
@@ -26,6 +25,7 @@ __all__ = [
     'HostInfo',
     'HostsError',
     'InterruptReport',
+    'RemoteFailure',
     'Session',
     'SessionError',
     'SessionInterrupted',

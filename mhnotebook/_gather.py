@@ -6,29 +6,32 @@ Two transports:
   value's structure and the blocks it owns (replica 0 of each distinct shard);
   the notebook lays the result out in one file under ``/dev/shm``; round 2 has
   every host write its blocks straight into their places in that file, which
-  the notebook maps as the result. The file is unlinked at once; the memory
-  lives as long as the returned arrays.
+  the notebook maps as the result. The file comes from the session's
+  `ShmPool` (``_shm.py``) and goes back to it once the returned arrays are
+  gone.
 * ``zmq`` (engines elsewhere): one round; each host sends its blocks as
   zero-copy ipyparallel buffers and the notebook copies each into place.
+
+The functions here reach the hosts only through the ``call`` they are given
+(`Session.call`); they know nothing of sessions.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
-import tempfile
-import threading
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from mhnotebook._cleanup import shm_prefix
-from mhnotebook._session import HostsError, Session, SessionError
+from mhnotebook._errors import HostsError, SessionError
+from mhnotebook._shm import SHM_DIR, ShmPool
 
-_SHM_DIR = '/dev/shm'
-_ANSI = re.compile(r'\x1b\[[0-9;]*m')
+# `Session.call`: runs an installed engine function on the hosts, results by process index.
+Call = Callable[..., list[Any]]
+
 _PROGRESS_BYTES = 64 << 20
 _INLINE_BYTES = 1 << 20  # per host: below this, one round trip over zmq
 
@@ -229,22 +232,26 @@ class _Bar:
             self.widget.close()
 
 
-def _shm_available(session: Session) -> bool:
+def _shm_available(machines: Sequence[str]) -> bool:
     from multihost.engine import machine_id
 
     here = machine_id()
-    return os.path.isdir(_SHM_DIR) and all(h.machine == here for h in session.processes)
+    return os.path.isdir(SHM_DIR) and all(m == here for m in machines)
 
 
 def allgather(
-    session: Session,
+    call: Call,
     target: str,
     *,
+    machines: Sequence[str],
+    pool: ShmPool,
     timeout: float,
     transport: str,
     progress: bool | None,
     max_bytes: int | None = None,
 ) -> Any:
+    """`Session.allgather`: ``call`` reaches the hosts, ``machines`` are their machine ids
+    (by process index), ``pool`` holds the shared-memory files."""
     name, index = parse_target(target)
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f'max_bytes must be >= 0, got {max_bytes!r}')
@@ -252,23 +259,32 @@ def allgather(
         raise ValueError(f"transport must be 'auto', 'shm' or 'zmq', got {transport!r}")
     inline = 0  # an explicit 'shm' always writes through shared memory
     if transport == 'auto':
-        transport = 'shm' if _shm_available(session) else 'zmq'
+        transport = 'shm' if _shm_available(machines) else 'zmq'
         inline = _INLINE_BYTES
-    elif transport == 'shm' and not _shm_available(session):
+    elif transport == 'shm' and not _shm_available(machines):
         raise SessionError(
             "transport='shm' needs every engine on this machine and /dev/shm; use transport='zmq'."
         )
     try:
         if transport == 'shm':
-            return _gather_shm(session, name, index, timeout, progress, inline, max_bytes)
-        return _gather_zmq(session, name, index, timeout, progress, max_bytes)
+            return _gather_shm(
+                call, len(machines), pool, name, index, timeout, progress, inline, max_bytes
+            )
+        return _gather_zmq(call, name, index, timeout, max_bytes)
     except HostsError as exc:
         # A GatherError is the same on every host: show it once, without the remote traceback.
-        texts = [_ANSI.sub('', t) for t in exc.errors.values()]
-        if texts and 'GatherError' in texts[0]:
-            msg = texts[0].strip().splitlines()[-1].split('GatherError: ', 1)[-1]
-            raise SessionError(f'cannot gather {_fmt_target(name, index)!r}: {msg}') from None
+        first = exc.failures[min(exc.failures)] if exc.failures else None
+        if first is not None and first.ename == 'GatherError':
+            raise SessionError(
+                f'cannot gather {_fmt_target(name, index)!r}: {first.evalue}'
+            ) from None
         raise
+
+
+def host_copy(call: Call, name: str, process: int = 0) -> Any:
+    """Process ``process``'s own copy of engine value ``name`` (a host-local value), as numpy."""
+    part = call('multihost.engine.gather_local', name, namespace=True, processes=[process])[0]
+    return _assemble(_plan([part]), [part])[0]
 
 
 def _result_bytes(plan: list[dict[str, Any]]) -> int:
@@ -276,7 +292,9 @@ def _result_bytes(plan: list[dict[str, Any]]) -> int:
 
 
 def _gather_shm(
-    session: Session,
+    call: Call,
+    num_processes: int,
+    pool: ShmPool,
     name: str,
     index: Any,
     timeout: float,
@@ -284,7 +302,7 @@ def _gather_shm(
     inline: int,
     max_bytes: int | None,
 ) -> Any:
-    metas = session.call(
+    metas = call(
         'multihost.engine.gather_meta', name, inline, index=index, namespace=True, timeout=timeout
     )
     plan = _plan(metas)
@@ -297,11 +315,10 @@ def _gather_shm(
         layout.append((offset, leaf['shape'], leaf['dtype'].str))
         offset += math.prod(leaf['shape']) * leaf['dtype'].itemsize
     total = max(offset, 1)
-    pool = _pool(session)
     buf = pool.acquire(total)
-    bar = _Bar(total, session.num_processes, progress)
+    bar = _Bar(total, num_processes, progress)
     try:
-        session.call(
+        call(
             'multihost.engine.gather_write',
             name,
             buf.path,
@@ -326,85 +343,16 @@ def _gather_shm(
     return _unflatten(metas[0]['skeleton'], leaves)
 
 
-class _Buffer:
-    def __init__(self, path: str, size: int):
-        self.path, self.size = path, size
-        self.mm = np.memmap(path, dtype=np.uint8, mode='r+', shape=(size,))
-
-
-class ShmPool:
-    """Shared-memory files the engines write gathers into, reused once a result is dropped.
-
-    A fresh buffer costs first-touch page faults on every page, in the engines
-    and here; a reused one costs none, so gathering the same variable again
-    (the usual debugging loop) runs at memory speed. Free buffers above
-    ``keep_bytes`` are unlinked. `close` unlinks everything; results still
-    held stay valid (unlinked files live while mapped).
-    """
-
-    def __init__(self, keep_bytes: int = 1 << 30):
-        self.keep_bytes = keep_bytes
-        self.free: list[_Buffer] = []
-        self.closed = False
-        self._lock = threading.Lock()
-
-    def acquire(self, size: int) -> _Buffer:
-        with self._lock:
-            fits = [b for b in self.free if size <= b.size <= 2 * size]
-            if fits:
-                buf = min(fits, key=lambda b: b.size)
-                self.free.remove(buf)
-                return buf
-        # Named after this process (swept once it is gone, see _cleanup), mode 0600.
-        fd, path = tempfile.mkstemp(prefix=shm_prefix(), dir=_SHM_DIR)
-        try:
-            os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
-        return _Buffer(path, size)
-
-    def release(self, buf: _Buffer) -> None:
-        with self._lock:
-            if not self.closed:
-                self.free.append(buf)
-                while sum(b.size for b in self.free) > self.keep_bytes:
-                    _unlink(self.free.pop(0))
-                return
-        _unlink(buf)
-
-    def close(self) -> None:
-        with self._lock:
-            self.closed = True
-            free, self.free = self.free, []
-        for buf in free:
-            _unlink(buf)
-
-
-def _unlink(buf: _Buffer) -> None:
-    try:
-        os.unlink(buf.path)
-    except FileNotFoundError:
-        pass
-
-
-def _pool(session: Session) -> ShmPool:
-    pool = getattr(session, '_shm_pool', None)
-    if pool is None:
-        pool = session._shm_pool = ShmPool()
-    return pool
-
-
 def _gather_zmq(
-    session: Session,
+    call: Call,
     name: str,
     index: Any,
     timeout: float,
-    progress: bool | None,
     max_bytes: int | None,
 ) -> Any:
     # Round 1 only describes the value (small ones come along), so an
     # oversized result is refused before any data travels.
-    metas = session.call(
+    metas = call(
         'multihost.engine.gather_meta',
         name,
         _INLINE_BYTES,
@@ -416,7 +364,7 @@ def _gather_zmq(
     _check_size(name, index, _result_bytes(plan), max_bytes)
     if all('data' in m for m in metas):
         return _assemble(plan, metas)
-    parts = session.call(
+    parts = call(
         'multihost.engine.gather_local', name, index=index, namespace=True, timeout=timeout
     )
     return _assemble(_plan(parts), parts)

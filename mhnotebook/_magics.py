@@ -1,7 +1,9 @@
 """IPython magics: ``%load_ext mhnotebook``.
 
-Each magic only parses its arguments and delegates to a `Session` method;
-user mistakes raise `UsageError` with a message that says what to do.
+Each magic only parses its arguments and delegates to a `Session` method
+(or, for the views, to `_views`, which asks the session for models and
+returns a widget); user mistakes raise `UsageError` with a message that says
+what to do; a failure on the hosts is shown as its ``ename: evalue``.
 Nothing typed by the user is evaluated, except the code of a ``%%mh`` cell
 (which runs on the engines).
 
@@ -20,22 +22,31 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from mhnotebook._session import (
+from mhnotebook._errors import (
     HostDied,
     HostsError,
-    Session,
+    InterruptReport,
+    RemoteFailure,
     SessionError,
     SessionInterrupted,
     SessionTimeout,
-    _hosts,
+    hosts_phrase,
+)
+from mhnotebook._session import Session
+from mhnotebook._startup import connect, start_local
+from mhnotebook._views import (
+    diff_view,
     host_local,
+    layout_view,
+    stacks_view,
+    stepper_view,
+    where_view,
 )
 
 NO_SESSION = (
     'no cluster yet: start one with  %mh_cluster start -n 4 -d 2  (simulated local '
     'hosts) or  %mh_cluster connect --profile NAME  (an existing ipyparallel cluster).'
 )
-_ANSI = re.compile(r'\x1b\[[0-9;]*m')
 BAD_NAME = '{!r} is not a variable name; use e.g. x or state.params.'
 
 
@@ -158,8 +169,6 @@ class MultihostMagics(Magics):
         ipyparallel cluster (any launcher) and initializes JAX there.
         """
         args = magic_arguments.parse_argstring(self.mh_cluster, line)
-        from mhnotebook import _session
-
         if not args.timeout > 0:
             raise UsageError(f'--timeout must be > 0 seconds, got {args.timeout:g}; e.g. 180')
         if args.action == 'start':
@@ -173,7 +182,7 @@ class MultihostMagics(Magics):
                     )
                 )
                 return None
-            self.session = _session.start_local(
+            self.session = start_local(
                 args.n, args.devices, timeout=args.timeout, recoverable=args.recoverable
             )
             return None
@@ -181,7 +190,7 @@ class MultihostMagics(Magics):
             if self.session is not None and self.session.running:
                 raise UsageError('a cluster is already running: %mh_cluster stop it first.')
             try:
-                self.session = _session.connect(
+                self.session = connect(
                     args.url_file,
                     profile=args.profile,
                     cluster_id=args.cluster_id,
@@ -243,7 +252,10 @@ class MultihostMagics(Magics):
         pending = _delegate(lambda: session.execute_async(cell))
         dead = session.dead
         if dead:  # a recoverable session: the cell runs on the survivors
-            print(f'%%mh: {_hosts(sorted(dead))} gone; running on {_hosts(sorted(pending))}.')
+            print(
+                f'%%mh: {hosts_phrase(sorted(dead))} gone; '
+                f'running on {hosts_phrase(sorted(pending))}.'
+            )
         if background:
             # The kernel must stay free so the stepper's buttons can release steps.
             self.background = pending
@@ -270,10 +282,9 @@ class MultihostMagics(Magics):
         except HostDied as exc:
             self.background = pending if exc.pending else None
             print(f'%%mh: {exc}')
-            if exc.errors:
-                _print_errors(HostsError('', exc.errors))
+            _print_errors(exc.failures)
         except HostsError as exc:
-            _print_errors(exc)
+            _print_errors(exc.failures)
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('--timeout', type=float, default=None, help='seconds to wait')
@@ -299,14 +310,14 @@ class MultihostMagics(Magics):
             if exc.pending:
                 return
         except HostsError as exc:
-            _print_errors(exc)
+            _print_errors(exc.failures)
         self.background = None
 
     def _show_where(self, session: Session) -> None:
         from IPython.display import display
 
         try:
-            display(session.where_view())
+            display(where_view(session))
         except (SessionError, OSError, RuntimeError) as exc:
             print(f'(could not collect stacks: {exc})')
 
@@ -408,7 +419,7 @@ class MultihostMagics(Magics):
         session = self._session()
         try:
             view = _delegate(
-                lambda: session.layout_view(name, values=not args.no_values, axes=axes)
+                lambda: layout_view(session, name, values=not args.no_values, axes=axes)
             )
         except UsageError as exc:
             if str(exc).startswith('axes '):
@@ -431,7 +442,7 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_diff, line)
         name = _valid_name(args.name)
         session = self._session()
-        view = _delegate(lambda: session.diff_view(name))
+        view = _delegate(lambda: diff_view(session, name))
         return None if view is _INTERRUPTED else view
 
     @magic_arguments.magic_arguments()
@@ -466,7 +477,7 @@ class MultihostMagics(Magics):
             'show': lambda: None,
         }
         _delegate(actions[args.action])
-        return _delegate(session.stepper_view)
+        return _delegate(lambda: stepper_view(session))
 
     @line_magic
     def mh_where(self, line: str) -> Any:
@@ -474,7 +485,7 @@ class MultihostMagics(Magics):
         if line.strip():
             raise UsageError('%mh_where takes no arguments.')
         session = self._session()
-        return _delegate(session.where_view)
+        return _delegate(lambda: where_view(session))
 
 
 _INTERRUPTED = object()  # what _delegate returns after an interrupt
@@ -493,21 +504,19 @@ def _delegate(fn: Callable[[], Any]) -> Any:
         _show_interrupt(exc.report)
         return _INTERRUPTED
     except HostsError as exc:
-        raise UsageError(_first_line_error(exc)) from None
+        raise UsageError(_first_error(exc)) from None
     except (SessionError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 
 
-def _show_interrupt(report: Any) -> None:
+def _show_interrupt(report: InterruptReport) -> None:
     """The interrupt's one line, then where each host was when it came."""
     print(f'%mh: {report.message}')
     if report.where:
         from IPython.display import display
 
-        from mhnotebook.widgets import WhereView
-
         print('Where each host was:')
-        display(WhereView(report.where))
+        display(stacks_view(report.where))
 
 
 def _check_timeout(timeout: float | None, example: str) -> None:
@@ -528,17 +537,16 @@ def _parse_bytes(text: str) -> int:
     return int(float(number) * scale)
 
 
-def _first_line_error(exc: BaseException) -> str:
-    if isinstance(exc, HostsError):
-        text = _ANSI.sub('', next(iter(exc.errors.values())))
-        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-        return lines[-1] if lines else str(exc)
-    return str(exc)
+def _first_error(exc: HostsError) -> str:
+    """The lowest failing host's ``ename: evalue`` (the same error is usually on every host)."""
+    if not exc.failures:
+        return str(exc)
+    return exc.failures[min(exc.failures)].summary
 
 
-def _print_errors(exc: HostsError) -> None:
-    for p, text in sorted(exc.errors.items()):
-        print(f'--- host {p} ---\n{text}')
+def _print_errors(failures: dict[int, RemoteFailure]) -> None:
+    for p, failure in sorted(failures.items()):
+        print(f'--- host {p} ---\n{failure.text}')
 
 
 def _magic_docs() -> str:

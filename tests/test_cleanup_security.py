@@ -25,7 +25,7 @@ import pytest
 
 import mhnotebook
 from mhnotebook import _cleanup
-from mhnotebook._gather import ShmPool
+from mhnotebook._shm import ShmPool
 from multihost import ControlClient
 
 pytestmark = pytest.mark.cluster
@@ -81,7 +81,7 @@ got = s.allgather('big', transport='shm')  # a 8 MiB file in /dev/shm, kept in t
 assert got.shape == (2, 1 << 20) and float(got.sum()) == 2 * (1 << 20)
 print(json.dumps(dict(
     engines=[h.pid for h in s.processes],
-    watchdog=s._watchdog.pid,
+    watchdog=s._local.watchdog.pid,
     shm=sorted(glob.glob('/dev/shm/' + _cleanup.shm_prefix() + '*')),
 )))
 """
@@ -147,7 +147,7 @@ def test_a_dead_kernel_leaves_no_process_and_no_shared_memory(how):
 
 STALE_OWNER = """
     import os
-    from mhnotebook._gather import ShmPool
+    from mhnotebook._shm import ShmPool
     buf = ShmPool().acquire(1 << 16)
     print(buf.path, flush=True)
     os.kill(os.getpid(), 9)  # dies without unlinking it
@@ -187,7 +187,7 @@ def test_local_cluster_listens_on_loopback_only(local_session):
     """Controller, schedulers, engines, nannies: every listening socket is on loopback,
     the JAX coordination service and the control endpoint included."""
     session, _, _ = local_session
-    cluster = session._cluster
+    cluster = session._local.cluster
     pids = _cleanup.cluster_processes(cluster.cluster_id, cluster.profile_dir)
     engine = session.processes[0].pid
     assert engine in pids and len(pids) >= 3
@@ -255,7 +255,7 @@ KERNEL_CONNECT = """
     print(json.dumps(dict(engines=[h.pid for h in s.processes],
                           address=s.processes[0].address,
                           control=list(s._control_address),
-                          watchdog=s._watchdog is not None)), flush=True)
+                          watchdog=s._local is not None)), flush=True)
     time.sleep(600)
 """
 

@@ -27,7 +27,7 @@ def test_connect_discovers_process_order_and_gathers():
         client.wait_for_engines(3, timeout=120)
         ids = sorted(client.ids)
         port = free_port()
-        from mhnotebook._session import _call
+        from mhnotebook._trampoline import call as _call
 
         pending = [
             client[e].apply_async(

@@ -1,0 +1,141 @@
+"""Widgets for a session: each function takes a `Session`, asks it for models, returns a view.
+
+The views themselves (`mhnotebook.widgets`) are pure functions of the models;
+this module only fetches the models and wires the views' callbacks (refresh,
+Step, Continue, Stop) to the session. The magics return what it builds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from mhnotebook._gather import host_copy
+from mhnotebook._session import Session
+
+if TYPE_CHECKING:
+    from mhnotebook.widgets import LayoutView, StepperView, TreeDiffView, WhereView
+    from multihost import HostStacks, Layout, StepTable
+
+__all__ = [
+    'check_axes',
+    'diff_view',
+    'host_local',
+    'layout_view',
+    'stacks_view',
+    'stepper_view',
+    'where_view',
+]
+
+_VALUES_BYTES = 256 << 20  # a layout view gathers the values of arrays up to this size
+
+
+def host_local(layout: Layout) -> bool:
+    """Whether a `multihost.Layout` describes one host's own value (each host has its own)."""
+    return layout.sharding == 'numpy' or (
+        layout.num_processes > 1 and {s.process_index for s in layout.shards} <= {0}
+    )
+
+
+def check_axes(name: str, shape: tuple[int, ...], axes: Any) -> tuple[int, ...] | None:
+    """``axes`` as a tuple, checked against ``shape`` (the view displays 2 axes, 1 for 1-d)."""
+    if axes is None:
+        return None
+    axes = (axes,) if isinstance(axes, int) else tuple(int(a) for a in axes)
+    ndim = len(shape)
+    want = min(ndim, 2)
+    if (
+        len(axes) == want
+        and all(-ndim <= a < ndim for a in axes)
+        and len({a % ndim for a in axes}) == want
+    ):
+        return axes
+    pick = {
+        0: 'none (it is 0-d)',
+        1: 'one: 0',
+        2: f'two different ones in 0..{ndim - 1}, e.g. 0,{ndim - 1}',
+    }[want]
+    raise ValueError(
+        f'axes {",".join(map(str, axes))} do not fit {name}, an array of shape '
+        f'{tuple(shape)}; pick {pick}.'
+    )
+
+
+def layout_view(
+    session: Session, name: str, *, values: bool = True, axes: Any = None
+) -> LayoutView:
+    """A `LayoutView` of engine array ``name``: blocks by host, replicas checked.
+
+    ``values`` also gathers the array so selecting a block shows its values.
+    A host-local value (a numpy array, or a `jax.Array` on one host's
+    devices) differs per host: the view shows process 0's (compare the
+    hosts' copies with `Session.diff`).
+
+    Raises:
+        ValueError: ``axes`` do not fit the array.
+    """
+    from mhnotebook.widgets import LayoutView
+
+    layout, report = session.layout(name)
+    axes = check_axes(name, layout.shape, axes)
+    data = None
+    if values and layout.nbytes <= _VALUES_BYTES:
+        if host_local(layout):
+            # Only process 0's copy, which is the one `layout` describes.
+            data = host_copy(session.call, name, 0)
+        else:
+            data = session.allgather(name)
+    return LayoutView(layout, report, data, axes=axes)
+
+
+def diff_view(session: Session, name: str) -> TreeDiffView:
+    """A `TreeDiffView` of engine value ``name`` across hosts."""
+    from mhnotebook.widgets import TreeDiffView
+
+    return TreeDiffView(session.diff(name))
+
+
+def where_view(session: Session, *, timeout: float = 10.0) -> WhereView:
+    """A refreshable `WhereView`: every host's current collective and stacks."""
+    from mhnotebook.widgets import WhereView
+
+    return WhereView(
+        session.where(timeout=timeout), on_refresh=lambda: session.where(timeout=timeout)
+    )
+
+
+def stacks_view(stacks: Mapping[int, HostStacks]) -> WhereView:
+    """A `WhereView` of stacks read earlier (an `InterruptReport.where`); no refresh."""
+    from mhnotebook.widgets import WhereView
+
+    return WhereView(dict(stacks))
+
+
+def stepper_view(session: Session) -> StepperView:
+    """A `StepperView` wired to ``session``: Step, Continue (release all), Stop."""
+    from mhnotebook.widgets import StepperView
+
+    # After Step and Continue the view shows where the hosts went, not the
+    # table of the instant of the release.
+    def step() -> StepTable:
+        before = session.step_table()
+        session.release(1)
+        return session.moved_on(before)
+
+    def cont() -> StepTable:
+        before = session.step_table()
+        session.release_all()
+        return session.moved_on(before)
+
+    def stop() -> StepTable:
+        session.interrupt()  # hosts held at the gate raise KeyboardInterrupt
+        session.set_stepping(False)
+        return session.step_table()
+
+    return StepperView(
+        session.step_table(),
+        on_step=step,
+        on_continue=cont,
+        on_stop=stop,
+        on_refresh=session.step_table,
+    )
