@@ -143,7 +143,13 @@ def _dir_cap() -> int:
 
 
 def _chunk_root(k: str) -> str:
-    return key('~c', k.replace('/', '|'))
+    """Where the chunks of ``k`` go: beside its directory (``a/b/5`` -> ``a/b~c/5``).
+
+    Not under the directory itself (a directory read must not see them), but
+    under the same parent, so they are deleted with it (e.g. an epoch).
+    """
+    parent, _, leaf = k.rstrip('/').rpartition('/')
+    return parent + '~c/' + leaf
 
 
 def put(c: Any, k: str, value: str, *, once: bool = False, inline: int = MAX_BYTES) -> bool:
