@@ -22,9 +22,12 @@ module is the only one that talks to it. It gives three things:
   acknowledge having read it (a coordination barrier bounded by
   `ACK_TIMEOUT`) before any of them returns: a host whose program exits right
   after the error (process 0 takes the coordination service with it) cannot
-  cut off another's error. The success path costs each host three RPCs
-  (publish, count, wait for the verdict) and the last arriver a directory
-  read and the verdict write.
+  cut off another's error. Arrival needs no counter: after publishing, each
+  host reads the round's directory once; the host whose publication completed
+  last sees every value and judges (two may, and judge alike). The success
+  path costs each host three RPCs (publish, read, wait for the verdict; the
+  last: publish, read, write the verdict), the same number on the critical
+  path as the coordination service's own barrier followed by a read.
 
 Every wait is a sequence of native waits of at most `SLICE` seconds, so a
 ``KeyboardInterrupt`` (SIGINT) lands within that time, and every wait has a
@@ -60,6 +63,8 @@ PREFIX = 'mh'
 EPOCH = 64
 
 _CHUNK_MARK = '\x00chunks:'
+#: Prefix of a value published by a host held at the step gate: seen, not arrived.
+HELD = '\x01held:'
 
 
 def key(*parts: object) -> str:
@@ -367,7 +372,7 @@ class Round:
     """One exchange among all processes.
 
     Attributes:
-        name: the round's key directory (counter, verdict, acknowledgement).
+        name: the round's key directory (verdict, acknowledgement).
         data: the directory hosts publish their values into (``name/d`` unless
             the caller keeps values elsewhere, e.g. the sequence ring).
         belongs: whether a published value belongs to this round (a ring slot
@@ -379,10 +384,13 @@ class Round:
     belongs: Callable[[str], bool] | None = None
 
     def arrived(self, c: Any) -> dict[int, str]:
-        values = read_dir(c, self.data)
-        if self.belongs is None:
-            return values
-        return {p: v for p, v in values.items() if self.belongs(v)}
+        """The values published for this round by hosts that have arrived (not held)."""
+        belongs = self.belongs
+        return {
+            p: v
+            for p, v in read_dir(c, self.data).items()
+            if not v.startswith(HELD) and (belongs is None or belongs(v))
+        }
 
 
 def round_(
@@ -406,8 +414,9 @@ def round_(
         judge: run once, by the last host to arrive, on everyone's values.
         on_timeout: details for the timeout verdict, from the values that arrived.
         read: also return everyone's values (on success).
-        before_arrival: runs after publishing and before counting this host
-            as arrived (the step gate).
+        before_arrival: the step gate: with it, the value is first published
+            marked `HELD` (seen, not arrived), the gate runs, then the value
+            is published as arrived.
 
     Returns:
         ``(verdict, values)``: values is ``{}`` unless ``read`` (or this host
@@ -420,16 +429,22 @@ def round_(
         CoordinatorUnreachableError: the coordination service is gone.
     """
     deadline = time.monotonic() + timeout
+    verdict_key = f'{rnd.name}/v'
+    n_procs = process_count()
+    if before_arrival is not None:
+        # Held at the step gate: visible (the step table shows it) but not arrived.
+        if value is not None:
+            publish(c, rnd.data, HELD + value)
+        before_arrival()
     if value is not None:
         publish(c, rnd.data, value)
-    if before_arrival is not None:
-        before_arrival()
-    verdict_key = f'{rnd.name}/v'
     values: dict[int, str] = {}
     try:
-        n = increment(c, f'{rnd.name}/n')
-        if n >= process_count():
-            values = rnd.arrived(c)
+        # Arrival is the read itself: the host whose publication completes last
+        # sees every value (at least one host does; two may, and judge alike).
+        seen = rnd.arrived(c)
+        if len(seen) >= n_procs:
+            values = seen
             text = (judge(values) if judge is not None else None) or 'ok'
             if not put(c, verdict_key, text, once=True):
                 text = get(c, verdict_key) or text  # a timeout verdict came first
@@ -442,7 +457,7 @@ def round_(
                     by=process_index(),
                     timeout=timeout,
                     arrived=sorted(arrived),
-                    missing=[p for p in range(process_count()) if p not in arrived],
+                    missing=[p for p in range(n_procs) if p not in arrived],
                     **on_timeout(arrived),
                 )
                 if not put(c, verdict_key, got, once=True):

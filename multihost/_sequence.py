@@ -14,21 +14,22 @@ service of ``jax.distributed``):
 
 1. publish ``mh/seq/<k mod SLOTS>/<pid> = record`` (kind, name, digest, call
    site, time, k itself, and why the host cannot take part, if it cannot);
-2. count this host as arrived at ``mh/e/<epoch>/<k>/n``; the last host to
-   arrive reads every record, compares every host's (kind, name, digest) and
-   writes the verdict ``mh/e/<epoch>/<k>/v`` (``ok`` or the mismatch);
+2. read the slot: the host that sees every host's record for ``k`` (the last
+   to publish) compares every host's (kind, name, digest) and writes the
+   verdict ``mh/e/<epoch>/<k>/v`` (``ok`` or the mismatch);
 3. every other host waits for the verdict (in 0.5 s slices, up to its
    timeout). The first host whose timeout passes writes a timeout verdict
    instead (who is missing, where each host last was); the verdict is written
    once, so every host, a late one included, raises the same error.
 
-Three RPCs per host, four for the last arriver; no device work. With barrier
-stepping on (`_stepgate`), the host waits between 1 and 2 until step ``k`` is
-released. Records live in a ring of `_SLOTS` slots, overwritten rather than
-deleted (no extra RPC): a host can only overwrite slot ``k mod SLOTS`` at
-collective ``k + SLOTS``, after every host arrived at ``k + SLOTS - 1`` and so
-finished reading slot ``k``. Counters and verdicts live in epochs of 64
-collectives that process 0 deletes two epochs later (`_kv.collect_garbage`).
+Three RPCs per host; no device work. With barrier stepping on (`_stepgate`),
+the host first publishes its record marked held (the step table shows it
+waiting), waits until step ``k`` is released, then publishes it as arrived.
+Records live in a ring of `_SLOTS` slots, overwritten rather than deleted (no
+extra RPC): a host can only overwrite slot ``k mod SLOTS`` at collective
+``k + SLOTS``, after every host arrived at ``k + SLOTS - 1`` and so finished
+reading slot ``k``. Verdicts live in epochs of 64 collectives that process 0
+deletes two epochs later (`_kv.collect_garbage`).
 
 Nothing here initializes the JAX backend: process index and count come from
 the distributed state (`_kv.process_index`), so a host still loading data
@@ -209,12 +210,16 @@ def _slot_dir(seq: int) -> str:
 
 
 def all_records(client: Any) -> list[CollectiveRecord]:
-    """Every record in the ring (one bounded read per slot)."""
+    """Every record in the ring (one bounded read per slot), held ones included."""
     return [
-        CollectiveRecord.from_json(value)
+        CollectiveRecord.from_json(value.removeprefix(_kv.HELD))
         for slot in range(_SLOTS)
         for value in _kv.read_dir(client, _slot_dir(slot)).values()
     ]
+
+
+def _starts(prefix: str) -> Callable[[str], bool]:
+    return lambda value: value.startswith(prefix)
 
 
 def positions(client: Any | None = None) -> dict[int, CollectiveRecord]:
@@ -349,7 +354,7 @@ def _enter(
     rnd = _kv.Round(
         name=f'{_kv.epoch_dir(seq)}/{seq}',
         data=_slot_dir(seq),
-        belongs=lambda value: CollectiveRecord.from_json(value).seq == seq,
+        belongs=_starts(f'{{"seq":{seq},'),  # records are JSON, "seq" first
     )
 
     def missing_positions(arrived: dict[int, str]) -> dict[str, Any]:
