@@ -12,22 +12,22 @@ module is the only one that talks to it. It gives three things:
 * **One parser of keys.** `read_dir` returns ``process index -> value``; the
   index is parsed from keys here and nowhere else.
 * **The round** (`round_`): publish this host's value, wait until every host
-  has arrived, read everyone's values — with one verdict for all hosts. A
-  round's outcome is a single key, ``<round>/v``, written once and never
-  overwritten: by the last host to arrive (``ok``, or the failure it judged
-  from everyone's values), or by the first host whose deadline passes (who is
-  missing, where each host was), or by a host interrupted while waiting.
-  Whoever writes first wins, so every host — including one that arrives late —
-  reports the same verdict. On failure, the hosts that had arrived
-  acknowledge having read it (a coordination barrier bounded by
-  `ACK_TIMEOUT`) before any of them returns: a host whose program exits right
-  after the error (process 0 takes the coordination service with it) cannot
-  cut off another's error. Arrival needs no counter: after publishing, each
-  host reads the round's directory once; the host whose publication completed
-  last sees every value and judges (two may, and judge alike). The success
-  path costs each host three RPCs (publish, read, wait for the verdict; the
-  last: publish, read, write the verdict), the same number on the critical
-  path as the coordination service's own barrier followed by a read.
+  has arrived, read everyone's values — with one verdict for all hosts. The
+  success path is the coordination service's own barrier, made by a waiter
+  thread (so the calling thread waits in short slices and a SIGINT lands),
+  then one read of the round's directory, in which every host finds
+  everyone's values and judges them alike (a mismatch is the same error
+  everywhere). Failures that are not judged from the values go through a
+  verdict key, written once and never overwritten: by the first host whose
+  own deadline passes (who is missing, where each host was) or by a host
+  interrupted while waiting. Whoever writes first wins, so every host —
+  including one that arrives late, whose read finds the verdict — reports the
+  same error. On any failure, the hosts that had arrived acknowledge having
+  read it (a coordination barrier of just those processes, bounded by
+  `ACK_TIMEOUT`) before any of them returns: a host whose program exits
+  right after the error (process 0 takes the coordination service with it)
+  cannot cut off another's error. The success path costs each host three
+  RPCs (publish, barrier, read), as the sequence check did before.
 
 Every wait is a sequence of native waits of at most `SLICE` seconds, so a
 ``KeyboardInterrupt`` (SIGINT) lands within that time, and every wait has a
@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -56,6 +58,10 @@ MAX_BYTES = 1 << 20
 SLICE = 0.5
 #: How long hosts that saw a failure wait for each other to have read it.
 ACK_TIMEOUT = 2.0
+#: How much longer than a host's own deadline the service keeps its barrier.
+_SERVICE_GRACE = 5.0
+#: Longest interval between two looks at the verdict while waiting (seconds).
+_LOOK_MAX = 4.0
 #: Every key `multihost` writes starts with this.
 PREFIX = 'mh'
 #: Rounds are grouped in epochs of this many collectives; process 0 deletes
@@ -372,25 +378,109 @@ class Round:
     """One exchange among all processes.
 
     Attributes:
-        name: the round's key directory (verdict, acknowledgement).
-        data: the directory hosts publish their values into (``name/d`` unless
-            the caller keeps values elsewhere, e.g. the sequence ring).
+        name: the round's key directory (its barrier and acknowledgement).
+        data: the directory hosts publish their values into (the sequence
+            ring's slot, or a directory of the round's own).
+        id: names the round inside ``data`` (its verdict is ``data/v/<id>``).
         belongs: whether a published value belongs to this round (a ring slot
             also holds older rounds' values); default: all do.
     """
 
     name: str
     data: str
+    id: str = 'r'
     belongs: Callable[[str], bool] | None = None
+
+    @property
+    def verdict_key(self) -> str:
+        return f'{self.data.rstrip("/")}/v/{self.id}'
 
     def arrived(self, c: Any) -> dict[int, str]:
         """The values published for this round by hosts that have arrived (not held)."""
-        belongs = self.belongs
-        return {
-            p: v
-            for p, v in read_dir(c, self.data).items()
-            if not v.startswith(HELD) and (belongs is None or belongs(v))
-        }
+        return self.read(c)[0]
+
+    def read(self, c: Any) -> tuple[dict[int, str], str | None]:
+        """One bounded read of the directory: the arrived values, and the verdict if any."""
+        prefix = self.data.rstrip('/') + '/'
+        with _rpc(f'reading {prefix}'):
+            items = c.key_value_dir_get(prefix)
+        verdict_key = self.verdict_key
+        values: dict[int, str] = {}
+        verdict = None
+        for k, value in items:
+            if k == verdict_key:
+                verdict = _resolve(c, value)
+                continue
+            rest = k[len(prefix) :].strip('/') if k.startswith(prefix) else ''
+            if not rest.isdigit():
+                continue  # older verdicts, chunks: not a host's value
+            v = _resolve(c, value)
+            if not v.startswith(HELD) and (self.belongs is None or self.belongs(v)):
+                values[int(rest)] = v
+        return values, verdict
+
+
+class _Done:
+    """The outcome of a call made by a waiter thread (a bare lock: the cheapest wake-up)."""
+
+    __slots__ = ('_lock', 'error')
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._lock.acquire()  # released when the call is done
+
+    def set(self) -> None:
+        self._lock.release()
+
+    def is_set(self) -> bool:
+        return not self._lock.locked()
+
+    def wait(self, timeout: float) -> bool:
+        if self._lock.acquire(timeout=max(0.0, timeout)):
+            self._lock.release()
+            return True
+        return False
+
+
+class _Waiter(threading.Thread):
+    """A thread that makes native waits (barriers) for the main thread, which stays interruptible.
+
+    Waiters are reused: one is normally enough; a waiter whose barrier is
+    abandoned (its host timed out or was interrupted) stays busy until the
+    coordination service ends that barrier, and another is started meanwhile.
+    """
+
+    _idle: list[_Waiter] = []
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        super().__init__(name='multihost-waiter', daemon=True)
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], object], _Done]] = queue.SimpleQueue()
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            fn, done = self.jobs.get()
+            try:
+                fn()
+            except BaseException as exc:  # handed to the main thread
+                done.error = exc
+            with _Waiter._lock:  # idle again before the main thread wakes
+                _Waiter._idle.append(self)
+            done.set()
+
+    @classmethod
+    def call(cls, fn: Callable[[], object]) -> _Done:
+        done = _Done()
+        with cls._lock:
+            waiter = cls._idle.pop() if cls._idle else None
+        (waiter or cls()).jobs.put((fn, done))
+        return done
+
+
+def _barrier_in_background(c: Any, barrier: str, seconds: float) -> _Done:
+    return _Waiter.call(lambda: c.wait_at_barrier(barrier, max(1, int(seconds * 1000))))
 
 
 def round_(
@@ -406,12 +496,24 @@ def round_(
 ) -> tuple[Verdict, dict[int, str]]:
     """Publishes ``value``, waits for every host, returns the shared verdict (and values).
 
+    The success path is the coordination service's own barrier (made by a
+    waiter thread, so this thread waits in `SLICE` slices and a SIGINT lands)
+    followed by one read of the round's directory, in which every host finds
+    everyone's values and judges them alike. Failures go through the verdict
+    key ``data/v/<id>``, written once: a host whose own deadline passes writes
+    who is missing; an interrupted host writes that. A waiting host looks for
+    it between slices (at growing intervals, from 0.5 s up to 4 s); a late
+    host finds it in its read (its barrier completes against the waiter
+    threads of hosts that gave up, or fails at once once the service has
+    dropped it).
+
     Args:
         c: the coordination client.
         rnd: where the round's keys live.
         value: this host's value (None: already published by the caller).
         timeout: seconds from now until this host gives up waiting.
-        judge: run once, by the last host to arrive, on everyone's values.
+        judge: run by every host on everyone's values (alike everywhere):
+            None when all is well, else a failure verdict.
         on_timeout: details for the timeout verdict, from the values that arrived.
         read: also return everyone's values (on success).
         before_arrival: the step gate: with it, the value is first published
@@ -419,18 +521,15 @@ def round_(
             is published as arrived.
 
     Returns:
-        ``(verdict, values)``: values is ``{}`` unless ``read`` (or this host
-        judged). A failed verdict has been acknowledged by every host that
-        arrived in time (or `ACK_TIMEOUT` passed) before this returns.
+        ``(verdict, values)``. A failed verdict has been acknowledged by every
+        host that arrived in time (or `ACK_TIMEOUT` passed) before this returns.
 
     Raises:
         KeyboardInterrupt: after recording an ``interrupted`` verdict (unless
-            one was written already), so later arrivals fail at once too.
+            one was written already), so the others stop too.
         CoordinatorUnreachableError: the coordination service is gone.
     """
     deadline = time.monotonic() + timeout
-    verdict_key = f'{rnd.name}/v'
-    n_procs = process_count()
     if before_arrival is not None:
         # Held at the step gate: visible (the step table shows it) but not arrived.
         if value is not None:
@@ -438,47 +537,90 @@ def round_(
         before_arrival()
     if value is not None:
         publish(c, rnd.data, value)
+    # The service's barrier outlives this host's own deadline, which decides.
+    done = _barrier_in_background(c, f'{rnd.name}/b', timeout + _SERVICE_GRACE)
     values: dict[int, str] = {}
     try:
-        # Arrival is the read itself: the host whose publication completes last
-        # sees every value (at least one host does; two may, and judge alike).
-        seen = rnd.arrived(c)
-        if len(seen) >= n_procs:
-            values = seen
-            text = (judge(values) if judge is not None else None) or 'ok'
-            if not put(c, verdict_key, text, once=True):
-                text = get(c, verdict_key) or text  # a timeout verdict came first
-        else:
-            got = wait_get(c, verdict_key, deadline)
-            if got is None:
-                arrived = rnd.arrived(c)
-                got = Verdict.failure(
-                    'timeout',
-                    by=process_index(),
-                    timeout=timeout,
-                    arrived=sorted(arrived),
-                    missing=[p for p in range(n_procs) if p not in arrived],
-                    **on_timeout(arrived),
-                )
-                if not put(c, verdict_key, got, once=True):
-                    got = get(c, verdict_key) or got
-            text = got
+        text = _wait(c, done, deadline, rnd.verdict_key)
+        error = done.error
+        if text is None and done.is_set() and error is None:  # everyone arrived
+            values, text = rnd.read(c)
+            if text is None:
+                text = (judge(values) if judge is not None else None) or 'ok'
+        elif text is None and error is not None:
+            if classify(error) == 'unreachable':
+                raise unreachable(f'waiting at {rnd.name}') from error
+            if classify(error) != 'timeout':
+                raise error
+        if text is None:  # this host's deadline passed, or the barrier was dropped
+            text = _timeout_verdict(c, rnd, timeout, on_timeout)
     except KeyboardInterrupt:
         with contextlib.suppress(Exception):
             put(
                 c,
-                verdict_key,
+                rnd.verdict_key,
                 Verdict.failure('interrupted', by=process_index(), arrived=[]),
                 once=True,
             )
         raise
     verdict = Verdict.parse(text)
     if verdict.ok:
-        if read and not values:
-            values = rnd.arrived(c)
-        return verdict, values
+        return verdict, values if read else {}
     participants = verdict.data.get('arrived')
     if participants is None:  # judged: everyone had arrived
         participants = list(range(process_count()))
     ack(c, f'{rnd.name}/ack', [int(p) for p in participants])
     return verdict, values
+
+
+def _wait(c: Any, done: _Done, deadline: float, verdict_key: str) -> str | None:
+    """Waits for the barrier in slices; a verdict seen meanwhile, or None (barrier or deadline)."""
+    look_at = time.monotonic() + SLICE
+    interval = SLICE
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            return None
+        if done.wait(min(SLICE, deadline - now)):
+            return None
+        if time.monotonic() >= look_at:  # waited a while: has someone given up?
+            verdict = get(c, verdict_key)
+            if verdict is not None:
+                return verdict
+            interval = min(interval * 2, _LOOK_MAX)
+            look_at = time.monotonic() + interval
+
+
+def _timeout_verdict(c: Any, rnd: Round, timeout: float, on_timeout: OnTimeout) -> str:
+    """The round's verdict once this host gave up: an existing one, or a new timeout verdict."""
+    arrived, existing = rnd.read(c)
+    if existing is not None:
+        return existing
+    mine = Verdict.failure(
+        'timeout',
+        by=process_index(),
+        timeout=timeout,
+        arrived=sorted(arrived),
+        missing=[p for p in range(process_count()) if p not in arrived],
+        **on_timeout(arrived),
+    )
+    if not put(c, rnd.verdict_key, mine, once=True):
+        return get(c, rnd.verdict_key) or mine
+    _drop_stale_verdicts(c, rnd)
+    return mine
+
+
+def _drop_stale_verdicts(c: Any, rnd: Round) -> None:
+    """Deletes verdicts of rounds long past that share ``rnd``'s directory (a ring slot).
+
+    Only failures write verdicts, so this runs on the error path only; rounds
+    more than `EPOCH` collectives old are past caring.
+    """
+    if not rnd.id.isdigit():
+        return
+    prefix = rnd.data.rstrip('/') + '/v/'
+    with contextlib.suppress(Exception):
+        for k, _ in c.key_value_dir_get(prefix):
+            old = k[len(prefix) :]
+            if old.isdigit() and int(old) < int(rnd.id) - EPOCH:
+                delete(c, k)

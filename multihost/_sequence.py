@@ -14,22 +14,23 @@ service of ``jax.distributed``):
 
 1. publish ``mh/seq/<k mod SLOTS>/<pid> = record`` (kind, name, digest, call
    site, time, k itself, and why the host cannot take part, if it cannot);
-2. read the slot: the host that sees every host's record for ``k`` (the last
-   to publish) compares every host's (kind, name, digest) and writes the
-   verdict ``mh/e/<epoch>/<k>/v`` (``ok`` or the mismatch);
-3. every other host waits for the verdict (in 0.5 s slices, up to its
-   timeout). The first host whose timeout passes writes a timeout verdict
-   instead (who is missing, where each host last was); the verdict is written
-   once, so every host, a late one included, raises the same error.
+2. wait at the coordination barrier ``mh/e/<epoch>/<k>/b`` (a waiter thread
+   makes the native wait; this thread waits in 0.5 s slices, so Ctrl-C lands);
+3. read the slot and compare every host's (kind, name, digest): every host
+   reads the same records and raises the same error if they differ.
+
+If a host's own timeout passes first, it writes the verdict
+``mh/seq/<slot>/v/<k>`` (who is missing, where each host last was), once:
+every waiting host looks for it between slices, and a late host finds it in
+its read, so every host raises the same error.
 
 Three RPCs per host; no device work. With barrier stepping on (`_stepgate`),
 the host first publishes its record marked held (the step table shows it
 waiting), waits until step ``k`` is released, then publishes it as arrived.
 Records live in a ring of `_SLOTS` slots, overwritten rather than deleted (no
 extra RPC): a host can only overwrite slot ``k mod SLOTS`` at collective
-``k + SLOTS``, after every host arrived at ``k + SLOTS - 1`` and so finished
-reading slot ``k``. Verdicts live in epochs of 64 collectives that process 0
-deletes two epochs later (`_kv.collect_garbage`).
+``k + SLOTS``, after every host passed barrier ``k + SLOTS - 1`` and so
+finished reading slot ``k``.
 
 Nothing here initializes the JAX backend: process index and count come from
 the distributed state (`_kv.process_index`), so a host still loading data
@@ -125,17 +126,22 @@ class CollectiveRecord:
     fail: str = ''
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), separators=(',', ':'))
+        # Fields in declaration order, "seq" first (rounds recognise a record by
+        # its prefix); no `dataclasses.asdict`, which deep-copies (hot path).
+        return json.dumps({f: getattr(self, f) for f in _RECORD_FIELDS}, separators=(',', ':'))
 
     @classmethod
     def from_json(cls, text: str) -> CollectiveRecord:
         raw = json.loads(text)
-        return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
+        return cls(**{f: raw[f] for f in _RECORD_FIELDS if f in raw})
 
     def describe(self) -> str:
         """A one-line human description: ``sync_global_devices('ckpt') at train.py:42``."""
         what = f'{self.kind}({self.name!r})' if self.name else self.kind
         return f'{what} at {self.site} [#{self.seq}]'
+
+
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(CollectiveRecord))
 
 
 def digest(obj: Any) -> str:
@@ -354,6 +360,7 @@ def _enter(
     rnd = _kv.Round(
         name=f'{_kv.epoch_dir(seq)}/{seq}',
         data=_slot_dir(seq),
+        id=str(seq),
         belongs=_starts(f'{{"seq":{seq},'),  # records are JSON, "seq" first
     )
 
