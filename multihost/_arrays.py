@@ -255,11 +255,7 @@ def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh, pspec
       ValueError: ``pspecs`` is None (or holds None); the mesh is not
         contiguous; a pspec does not fit its array.
     """
-    specs = _flat_specs('input pspecs', local_inputs, pspecs)
-    leaves, treedef = jax.tree.flatten(local_inputs)
-    return jax.tree.unflatten(
-        treedef, [_convert(x, global_mesh, s, True) for x, s in zip(leaves, specs)]
-    )
+    return _convert_tree('input pspecs', local_inputs, global_mesh, pspecs, to_global=True)
 
 
 def _to_local(x: Any, spec: P, plan: _Plan) -> jax.Array:
@@ -306,8 +302,13 @@ def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh, pspe
       ValueError: ``pspecs`` is None (or holds None); the mesh is not
         contiguous; a pspec does not fit its array.
     """
-    specs = _flat_specs('output pspecs', global_inputs, pspecs)
-    leaves, treedef = jax.tree.flatten(global_inputs)
+    return _convert_tree('output pspecs', global_inputs, global_mesh, pspecs, to_global=False)
+
+
+def _convert_tree(what: str, inputs: Any, mesh: Mesh, pspecs: Any, *, to_global: bool) -> Any:
+    """Both conversions, leaf by leaf: ``pspecs`` checked and flattened against ``inputs``."""
+    specs = _flat_specs(what, inputs, pspecs)
+    leaves, treedef = jax.tree.flatten(inputs)
     return jax.tree.unflatten(
-        treedef, [_convert(x, global_mesh, s, False) for x, s in zip(leaves, specs)]
+        treedef, [_convert(x, mesh, s, to_global) for x, s in zip(leaves, specs)]
     )

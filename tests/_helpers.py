@@ -7,9 +7,10 @@ puts this folder on their ``PYTHONPATH``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -75,3 +76,27 @@ def source_line(fn: Callable[..., Any], marker: str) -> int:
     hits = [first + i for i, line in enumerate(lines) if line.strip().startswith(marker)]
     assert len(hits) == 1, f'{len(hits)} lines of {fn.__qualname__} start with {marker!r}'
     return hits[0]
+
+
+@contextlib.contextmanager
+def local_session(setup: str, n: int = 4, devices: int = 2) -> Iterator[Any]:
+    """A real local cluster (``mhnotebook.start_local``) with ``setup`` run on every host."""
+    import mhnotebook
+
+    s = mhnotebook.start_local(n, devices, progress=False)
+    try:
+        s.execute(setup, timeout=120, echo=False)
+        yield s
+    finally:
+        s.stop()
+
+
+def magic_shell(session: Any) -> tuple[Any, Any]:
+    """The real IPython shell of this test process with ``%load_ext mhnotebook``, on ``session``."""
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+
+    ip = start_ipython() or get_ipython()  # one real shell per test process
+    ip.run_line_magic('load_ext', 'mhnotebook')
+    magics = ip.magics_manager.registry['MultihostMagics']
+    magics.session, magics.background = session, None
+    return ip, magics

@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 import pytest
+from _helpers import local_session
+from _helpers import magic_shell as _shell
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
@@ -41,22 +43,8 @@ local_jax = jax.numpy.arange(10.0) * (jax.process_index() + 1)
 
 @pytest.fixture(scope='module')
 def session():
-    s = mhnotebook.start_local(4, 2, progress=False)
-    try:
-        s.execute(SETUP, timeout=120, echo=False)
+    with local_session(SETUP) as s:
         yield s
-    finally:
-        s.stop()
-
-
-def _shell(session):
-    from IPython.testing.globalipapp import get_ipython, start_ipython
-
-    ip = start_ipython() or get_ipython()  # one real shell per test process
-    ip.run_line_magic('load_ext', 'mhnotebook')
-    magics = ip.magics_manager.registry['MultihostMagics']
-    magics.session, magics.background = session, None
-    return ip, magics
 
 
 def _interrupt_kernel_after(seconds: float) -> threading.Timer:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _helpers import wait_until
+from _helpers import local_session, wait_until
+from _helpers import magic_shell as _shell
 
-import mhnotebook
 from mhnotebook import HostsError, SessionError
 
 pytestmark = pytest.mark.cluster
@@ -49,12 +49,8 @@ GLOBALS = {
 
 @pytest.fixture(scope='module')
 def session():
-    s = mhnotebook.start_local(4, 2, progress=False)
-    try:
-        s.execute(SETUP, timeout=120, echo=False)
+    with local_session(SETUP) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_engine_ids_ordered_by_reported_process_index(session):
@@ -170,16 +166,6 @@ def test_magics_in_a_real_shell(session):
     assert 'only on host 2' in cap.stdout
     assert 'mh_allgather' in (ip.find_line_magic('mh_allgather').__doc__ or '')
     magics.session = None
-
-
-def _shell(session):
-    from IPython.testing.globalipapp import get_ipython, start_ipython
-
-    ip = start_ipython() or get_ipython()  # one real shell per test process
-    ip.run_line_magic('load_ext', 'mhnotebook')
-    magics = ip.magics_manager.registry['MultihostMagics']
-    magics.session, magics.background = session, None
-    return ip, magics
 
 
 def test_layout_and_diff_magics_return_views(session):
