@@ -449,3 +449,28 @@ def test_recoverable_cluster_keeps_survivors_inspectable():
     finally:
         magics.session = None
         s.stop()
+
+
+def test_interrupt_names_a_host_blocked_in_a_real_device_collective():
+    """Host 0 blocked in a gloo all-gather (host 1 never joins): named; restart recovers."""
+    s = mhnotebook.start_local(2, 1, progress=False)
+    try:
+        s.execute(
+            "import os, time, jax, numpy as np, multihost\nos.environ['MULTIHOST_CHECK'] = '0'",
+            echo=False,
+        )
+        s.execute_async(
+            'if jax.process_index() == 0:\n'
+            '    multihost.process_allgather(np.ones(1 << 20, np.float32))  # waits for host 1\n'
+            'else:\n'
+            '    time.sleep(30)'
+        )
+        time.sleep(3)
+        report = s.interrupt(timeout=3.0)
+        assert report.running == (0,) and report.stopped == (1,), report
+        assert 'host 0 did not stop within 3 s' in report.message
+        assert 'device collective' in report.message and '%mh_cluster restart' in report.message
+        s.restart(timeout=180)
+        s.execute('import jax, multihost\nmultihost.barrier("after restart")', echo=False)
+    finally:
+        s.stop()
