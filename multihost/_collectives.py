@@ -140,10 +140,10 @@ def _host_block(x: jax.Array, box: Box) -> np.ndarray:
 #: Below this many bytes in all (every host's share together), a gather or
 #: broadcast of host-local data travels inside the sequence check's own
 #: key-value exchange: one coordinator round trip, no device collective.
-#: Base64 in the records makes it 4/3 larger: 720 KiB keeps the whole
-#: directory read (every host's record) under `_kv.MAX_BYTES`, so no host's
-#: record needs chunking.
-SMALL_EXCHANGE_BYTES = 720 << 10
+#: Base64 in the records makes it 4/3 larger: 512 KiB keeps every host's
+#: record inline (three quarters of `_kv.MAX_BYTES` per directory read, for up
+#: to a few hundred hosts; beyond, records are chunked: still correct).
+SMALL_EXCHANGE_BYTES = 512 << 10
 
 
 def _canonical(x: Any) -> np.ndarray:

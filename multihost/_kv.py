@@ -149,8 +149,12 @@ def _rpc(during: str) -> Iterator[None]:
 
 
 def _dir_cap() -> int:
-    """Largest value stored inline in a directory every host writes to."""
-    return max(256, MAX_BYTES // max(1, process_count()))
+    """Largest value stored inline in a directory every host writes to.
+
+    Three quarters of a directory read are for the hosts' values; the rest
+    leaves room for the verdicts of failed rounds kept beside them.
+    """
+    return max(256, (MAX_BYTES * 3 // 4) // max(1, process_count()))
 
 
 def _chunk_root(k: str) -> str:

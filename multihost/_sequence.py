@@ -75,6 +75,7 @@ _PREFIX = 'mh'
 _RING_SIZE = 256
 _SLOTS = 8  # key-value slots for records (see the module docstring)
 _MAX_TEXT = 300  # names and call sites are cut to this many characters
+_MAX_POSITIONS = 64  # a timeout verdict carries where this many missing hosts were, at most
 
 
 def default_timeout() -> float:
@@ -369,7 +370,7 @@ def _enter(
         return {
             'what': rec.describe(),
             'name': rec.name,
-            'positions': {p: r.to_json() for p, r in where.items() if p not in arrived},
+            'positions': _missing_positions(where, arrived),
         }
 
     # Publish (also this host's arrival in the step table), pass the step
@@ -420,7 +421,7 @@ def share(
         return {
             'what': what,
             'name': rec.name,
-            'positions': {p: r.to_json() for p, r in positions(client).items() if p not in arrived},
+            'positions': _missing_positions(positions(client), arrived),
         }
 
     verdict, values = _kv.round_(client, rnd, value, timeout=timeout, on_timeout=where, read=True)
@@ -451,6 +452,14 @@ def _unreachable(
         during=exc.during,
         positions=known,
     )
+
+
+def _missing_positions(
+    where: dict[int, CollectiveRecord], arrived: Mapping[int, str]
+) -> dict[int, str]:
+    """Where the missing hosts were, for a verdict: at most `_MAX_POSITIONS` of them (bounded)."""
+    missing = sorted(p for p in where if p not in arrived)[:_MAX_POSITIONS]
+    return {p: where[p].to_json() for p in missing}
 
 
 def _judge(values: dict[int, str]) -> str | None:
