@@ -124,7 +124,7 @@ def is_timeout(exc: BaseException) -> bool:
     return classify(exc) == 'timeout'
 
 
-def unreachable(during: str, cause: BaseException | None = None) -> CoordinatorUnreachableError:
+def unreachable(during: str) -> CoordinatorUnreachableError:
     """The one-line error for a coordination service that is gone."""
     address = _jax_adapter.coordinator_address() or 'its address'
     return CoordinatorUnreachableError(
@@ -217,61 +217,42 @@ def get(c: Any, k: str) -> str | None:
     return _resolve(c, value)
 
 
-def wait_get(
-    c: Any, k: str, deadline: float, *, until: Callable[[], bool] | None = None
-) -> str | None:
+def wait_get(c: Any, k: str, deadline: float) -> str | None:
     """Waits for ``k`` until ``deadline`` (``time.monotonic()``); None if it never came.
 
-    Waits in native slices of at most `SLICE` seconds, so a SIGINT lands in
-    time; ``until`` (checked between slices) ends the wait early.
+    Waits in native slices of at most `SLICE` seconds, so a SIGINT lands in time.
     """
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or (until is not None and until()):
-            return None
-        try:
-            with _rpc(f'waiting for {k}'):
-                value = c.blocking_key_value_get(k, max(1, int(min(left, SLICE) * 1000)))
-        except Exception as exc:
-            if classify(exc) == 'timeout':
-                continue
-            raise
-        return _resolve(c, value)
+    while (left := deadline - time.monotonic()) > 0:
+        value = poll(c, k, min(left, SLICE))
+        if value is not None:
+            return value
+    return None
 
 
-def process_of(k: str) -> int:
-    """The process index a key ends with: ``'mh/seq/3/12'`` -> 12."""
-    return int(k.rstrip('/').rsplit('/', 1)[-1])
+def _listing(c: Any, directory: str) -> list[tuple[str, str]]:
+    """One bounded read of ``directory``: (key relative to it, raw value) pairs."""
+    prefix = directory.rstrip('/') + '/'
+    with _rpc(f'reading {prefix}'):
+        items = c.key_value_dir_get(prefix)
+    return [(k[len(prefix) :].strip('/'), v) for k, v in items if k.startswith(prefix)]
 
 
 def read_dir(c: Any, directory: str) -> dict[int, str]:
     """``process index -> value`` of the keys directly under ``directory``.
 
-    Bounded: values written with `publish` are at most ``MAX_BYTES //
-    num_processes`` inline; larger ones are fetched chunk by chunk.
+    Bounded: values written with `publish` are at most a share of `MAX_BYTES`
+    inline; larger ones are fetched chunk by chunk.
     """
-    prefix = directory.rstrip('/') + '/'
-    with _rpc(f'reading {prefix}'):
-        items = c.key_value_dir_get(prefix)
-    out = {}
-    for k, value in items:
-        rest = k[len(prefix) :] if k.startswith(prefix) else k.rsplit('/', 1)[-1]
-        if '/' in rest.strip('/') or not rest.strip('/').isdigit():
-            continue  # a sub-directory or a foreign key: not a host's value
-        out[int(rest.strip('/'))] = _resolve(c, value)
-    return out
+    return {int(rest): _resolve(c, v) for rest, v in _listing(c, directory) if rest.isdigit()}
 
 
 def read_dir2(c: Any, directory: str) -> dict[tuple[int, int], str]:
     """``(k, process) -> value`` of the keys ``<directory>/<k>/<process>`` (one bounded read)."""
-    prefix = directory.rstrip('/') + '/'
-    with _rpc(f'reading {prefix}'):
-        items = c.key_value_dir_get(prefix)
     out = {}
-    for k, value in items:
-        parts = k[len(prefix) :].strip('/').split('/') if k.startswith(prefix) else []
+    for rest, v in _listing(c, directory):
+        parts = rest.split('/')
         if len(parts) == 2 and all(part.isdigit() for part in parts):
-            out[(int(parts[0]), int(parts[1]))] = _resolve(c, value)
+            out[(int(parts[0]), int(parts[1]))] = _resolve(c, v)
     return out
 
 
@@ -282,7 +263,8 @@ def poll(c: Any, k: str, seconds: float) -> str | None:
     background thread may long-poll to save RPCs.
     """
     try:
-        value = c.blocking_key_value_get(k, max(1, int(seconds * 1000)))
+        with _rpc(f'waiting for {k}'):
+            value = c.blocking_key_value_get(k, max(1, int(seconds * 1000)))
     except Exception as exc:
         if classify(exc) == 'timeout':
             return None
@@ -405,17 +387,12 @@ class Round:
 
     def read(self, c: Any) -> tuple[dict[int, str], str | None]:
         """One bounded read of the directory: the arrived values, and the verdict if any."""
-        prefix = self.data.rstrip('/') + '/'
-        with _rpc(f'reading {prefix}'):
-            items = c.key_value_dir_get(prefix)
-        verdict_key = self.verdict_key
         values: dict[int, str] = {}
         verdict = None
-        for k, value in items:
-            if k == verdict_key:
+        for rest, value in _listing(c, self.data):
+            if rest == f'v/{self.id}':
                 verdict = _resolve(c, value)
                 continue
-            rest = k[len(prefix) :].strip('/') if k.startswith(prefix) else ''
             if not rest.isdigit():
                 continue  # older verdicts, chunks: not a host's value
             v = _resolve(c, value)

@@ -241,11 +241,6 @@ def positions(client: Any | None = None) -> dict[int, CollectiveRecord]:
     return latest
 
 
-def is_timeout(exc: BaseException) -> bool:
-    """Whether a coordination-service error is a deadline (barrier or blocking get)."""
-    return _kv.is_timeout(exc)
-
-
 def enter(
     kind: str,
     name: str = '',
@@ -365,14 +360,6 @@ def _enter(
         belongs=_starts(f'{{"seq":{seq},'),  # records are JSON, "seq" first
     )
 
-    def missing_positions(arrived: dict[int, str]) -> dict[str, Any]:
-        where = positions(client)
-        return {
-            'what': rec.describe(),
-            'name': rec.name,
-            'positions': _missing_positions(where, arrived),
-        }
-
     # Publish (also this host's arrival in the step table), pass the step
     # gate, wait for every host; the last to arrive judges everyone's records.
     try:
@@ -382,7 +369,7 @@ def _enter(
             text,
             timeout=timeout,
             judge=_judge,
-            on_timeout=missing_positions,
+            on_timeout=_timeout_details(client, rec, rec.describe()),
             read=payload is not None,
             before_arrival=gate,
         )
@@ -411,19 +398,12 @@ def share(
     if client is None:
         return {rec.process: value}
     timeout = default_timeout() if timeout is None else float(timeout)
-    what = f'{rec.describe()} ({stage})'
     rnd = _kv.Round(
         name=f'{_kv.epoch_dir(rec.seq)}/{rec.seq}/{stage}',
         data=f'{_kv.epoch_dir(rec.seq)}/{rec.seq}/{stage}/d',
     )
 
-    def where(arrived: dict[int, str]) -> dict[str, Any]:
-        return {
-            'what': what,
-            'name': rec.name,
-            'positions': _missing_positions(positions(client), arrived),
-        }
-
+    where = _timeout_details(client, rec, f'{rec.describe()} ({stage})')
     verdict, values = _kv.round_(client, rnd, value, timeout=timeout, on_timeout=where, read=True)
     if not verdict.ok:
         raise _error(verdict, rec, None)
@@ -454,12 +434,23 @@ def _unreachable(
     )
 
 
-def _missing_positions(
-    where: dict[int, CollectiveRecord], arrived: Mapping[int, str]
-) -> dict[int, str]:
-    """Where the missing hosts were, for a verdict: at most `_MAX_POSITIONS` of them (bounded)."""
-    missing = sorted(p for p in where if p not in arrived)[:_MAX_POSITIONS]
-    return {p: where[p].to_json() for p in missing}
+def _timeout_details(client: Any, rec: CollectiveRecord, what: str) -> _kv.OnTimeout:
+    """What a timeout verdict of ``rec``'s round says: the call, and where the missing hosts were.
+
+    At most `_MAX_POSITIONS` positions (a bounded verdict); the message names
+    every missing host anyway.
+    """
+
+    def details(arrived: dict[int, str]) -> dict[str, Any]:
+        where = positions(client)
+        missing = sorted(p for p in where if p not in arrived)[:_MAX_POSITIONS]
+        return {
+            'what': what,
+            'name': rec.name,
+            'positions': {p: where[p].to_json() for p in missing},
+        }
+
+    return details
 
 
 def _judge(values: dict[int, str]) -> str | None:
