@@ -34,6 +34,7 @@ from multihost._errors import (
 )
 from multihost._fault import live_devices, reached_preemption_sync_point
 from multihost._layout import Layout, LayoutBlock, ShardInfo, describe_layout
+from multihost._recorder import FlightRecord
 from multihost._replicas import ReplicaDigest, ReplicaGroup, ReplicaReport, check_replicas
 from multihost._sequence import DEFAULT_TIMEOUT, CollectiveRecord
 from multihost._stacks import dump_stacks
@@ -46,6 +47,8 @@ from multihost._stepgate import (
     stepping_enabled,
 )
 from multihost._treediff import LeafDiff, TreeDiff, assert_equal, tree_diff
+from multihost._watch import Watched, watch
+from multihost._wavefront import HostFront, Wavefront, flight_records, wavefront
 
 # The one place the version is written: pyproject.toml reads it (setuptools dynamic
 # version) and mhnotebook.__version__ returns it.
@@ -62,6 +65,8 @@ __all__ = [
     'HostFailedError',
     'CollectiveRecord',
     'ControlClient',
+    'FlightRecord',
+    'HostFront',
     'HostMismatchError',
     'HostStacks',
     'Layout',
@@ -78,12 +83,15 @@ __all__ = [
     'StepTimeoutError',
     'ThreadStack',
     'TreeDiff',
+    'Watched',
+    'Wavefront',
     'assert_equal',
     'barrier',
     'broadcast_one_to_all',
     'check_replicas',
     'describe_layout',
     'dump_stacks',
+    'flight_records',
     'global_array_to_host_local_array',
     'host_local_array_to_global_array',
     'live_devices',
@@ -98,4 +106,6 @@ __all__ = [
     'stepping_enabled',
     'sync_global_devices',
     'tree_diff',
+    'watch',
+    'wavefront',
 ]

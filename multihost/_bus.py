@@ -43,17 +43,24 @@ from multihost import _jax_adapter, _kv
 _IDLE_SLICE_S = 30.0
 THREAD_NAME = 'multihost-debug'
 
-#: Command name -> handler (client -> JSON reply), filled by the owning modules.
-_HANDLERS: dict[str, Callable[[Any], str]] = {}
+#: Command name -> handler ((client, the command's order) -> JSON reply),
+#: filled by the owning modules.
+_HANDLERS: dict[str, Callable[[Any, dict[str, Any]], str]] = {}
 #: Run (with the client) when the thread starts, after the command counter is
 #: read and before the thread registers: state a command may have changed.
 _ON_START: list[Callable[[Any], None]] = []
 
 
 def register(
-    cmd: str, handler: Callable[[Any], str], on_start: Callable[[Any], None] | None = None
+    cmd: str,
+    handler: Callable[[Any, dict[str, Any]], str],
+    on_start: Callable[[Any], None] | None = None,
 ) -> None:
-    """Registers what command ``cmd`` does (and state to read when a thread starts)."""
+    """Registers what command ``cmd`` does (and state to read when a thread starts).
+
+    The handler gets the client and the command's order (``cmd``, ``by``,
+    ``time`` and the parameters given to `command`) and returns the reply.
+    """
     _HANDLERS[cmd] = handler
     if on_start is not None:
         _ON_START.append(on_start)
@@ -188,23 +195,26 @@ def _loop(client: Any, pid: int, g: int, stop: threading.Event) -> None:
 
 def _handle(client: Any, pid: int, g: int, raw: str) -> None:
     try:
-        cmd = json.loads(raw).get('cmd')
+        order = json.loads(raw)
+        cmd = order.get('cmd')
     except (ValueError, AttributeError):
-        cmd = None
+        order, cmd = {}, None
     handler = _HANDLERS.get(cmd) if isinstance(cmd, str) else None
-    reply = handler(client) if handler is not None else json.dumps({'unknown': cmd})
+    reply = handler(client, order) if handler is not None else json.dumps({'unknown': cmd})
     _kv.put(client, _key('rep', g, pid), reply)
 
 
-def command(client: Any, cmd: str, timeout: float) -> tuple[dict[int, str], dict[int, dict]]:
-    """Issues ``cmd`` to every debug thread; returns (replies, registered threads).
+def command(
+    client: Any, cmd: str, timeout: float, **params: Any
+) -> tuple[dict[int, str], dict[int, dict]]:
+    """Issues ``cmd`` (with JSON-able ``params``) to every debug thread; returns (replies, threads).
 
     Waits at most ``timeout`` seconds (plus two RPCs) for the replies of the
     threads registered before the command; the rest are simply absent.
     """
     ensure_started(client)  # so that this process answers too
     g = _kv.increment(client, _key('ctl', 'n'), 1)
-    order = {'cmd': cmd, 'by': _kv.process_index(), 'time': time.time()}
+    order = {**params, 'cmd': cmd, 'by': _kv.process_index(), 'time': time.time()}
     _kv.put(client, _key('ctl', g), json.dumps(order))
     daemons: dict[int, dict] = {}
     for value in _kv.read_dir(client, _key('dmn')).values():

@@ -69,3 +69,42 @@ def device_assignment(sharding: Any) -> list[Any]:
     keep their order for `jax.jit` to accept it next to the input.
     """
     return list(sharding._device_assignment)
+
+
+def jit_statics(fn: Any) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+    """(static_argnums, static_argnames) of a `jax.jit` function; None when unknown.
+
+    INTERNAL: `PjitFunction._jit_info` (a `PjitInfo`, built by
+    `jax._src.pjit`) — the public object does not say which arguments are
+    static, and `multihost.watch` must key static arguments by value and the
+    others by type. None (not a jitted function, or JAX moved it): the caller
+    keys every Python scalar by value, which is correct, only less cached.
+    """
+    info = getattr(fn, '_jit_info', None)
+    if info is None:
+        return None
+    try:
+        return tuple(info.static_argnums), tuple(info.static_argnames)
+    except (AttributeError, TypeError):
+        return None
+
+
+def fingerprint(compiled: Any) -> str:
+    """The fingerprint of a compiled executable (`jax.stages.Compiled`); '' when there is none.
+
+    `Compiled.runtime_executable()` is public; its `.fingerprint` (bytes,
+    computed by the PJRT client from the optimized program) is not
+    documented. Two hosts compiling the same program get the same value.
+    """
+    try:
+        fp = compiled.runtime_executable().fingerprint
+    except Exception:
+        return ''
+    if fp is None:
+        return ''
+    if isinstance(fp, bytes):
+        try:
+            return fp.decode('ascii')
+        except UnicodeDecodeError:
+            return fp.hex()
+    return str(fp)

@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
-from multihost import _kv
+from multihost import _kv, _recorder
 from multihost._errors import (
     BarrierMismatchError,
     BarrierTimeoutError,
@@ -324,8 +324,15 @@ def _enter(
     mismatch_prefix: str | None = None,
     payload: bytes | None = None,
     fail: str = '',
+    read: bool = False,
+    launch: _recorder.Entry | None = None,
 ) -> tuple[CollectiveRecord, dict[int, str]]:
-    """`enter`, also returning every host's raw published record (process -> JSON)."""
+    """`enter`, also returning every host's raw published record (process -> JSON).
+
+    ``launch``: the flight-recorder entry of a watched launch being checked
+    (it gets the sequence number and the wait); otherwise a collective entry
+    is added here.
+    """
     pid = _kv.process_index()
     with _state.lock:
         seq = _state.next_seq
@@ -342,8 +349,12 @@ def _enter(
         )
         _state.ring.append(rec)
         _state.current = rec
+    entry = launch or _recorder.note(kind, rec.name, seq=seq, digest=tree_digest, site=rec.site)
+    if launch is not None:
+        launch.seq = seq
     client = _kv.client()
     if client is None:
+        _recorder.finished(entry, wait=0.0, failed=bool(fail))
         return rec, {}
     timeout = default_timeout() if timeout is None else float(timeout)
     _kv.collect_garbage(client, seq)
@@ -361,7 +372,8 @@ def _enter(
     )
 
     # Publish (also this host's arrival in the step table), pass the step
-    # gate, wait for every host; the last to arrive judges everyone's records.
+    # gate, wait for every host; every host judges everyone's records.
+    t0 = time.monotonic()
     try:
         verdict, raw = _kv.round_(
             client,
@@ -370,13 +382,19 @@ def _enter(
             timeout=timeout,
             judge=_judge,
             on_timeout=_timeout_details(client, rec, rec.describe()),
-            read=payload is not None,
+            read=read or payload is not None,
             before_arrival=gate,
         )
     except CoordinatorUnreachableError as exc:
+        _recorder.finished(entry, failed=True)
         raise _unreachable(exc, rec) from exc.__cause__
+    except BaseException:
+        _recorder.finished(entry, failed=True)
+        raise
     if not verdict.ok:
+        _recorder.finished(entry, wait=time.monotonic() - t0, failed=True)
         raise _error(verdict, rec, mismatch_prefix)
+    _recorder.finished(entry, wait=time.monotonic() - t0, failed=bool(fail))
     return rec, raw
 
 
@@ -408,6 +426,44 @@ def share(
     if not verdict.ok:
         raise _error(verdict, rec, None)
     return values
+
+
+def check_launch(
+    name: str,
+    digest: str,
+    *,
+    new: bool,
+    site: str,
+    entry: _recorder.Entry,
+    timeout: float | None = None,
+) -> tuple[CollectiveRecord, dict[int, CollectiveRecord], bool]:
+    """A watched launch's turn in the collective sequence (see `_watch`).
+
+    One round like a core collective's: every host publishes (``'launch'``,
+    function name, signature digest) and whether it sees this signature for
+    the first time; a mismatch raises `CollectiveMismatchError` on every
+    host, before launch.
+
+    Returns:
+        (this host's record, every host's record, whether any host is new to
+        the signature: then every host goes on to compare fingerprints).
+    """
+    rec, raw = _enter(
+        'launch',
+        name,
+        tree_digest=digest,
+        timeout=timeout,
+        site=site,
+        payload=b'n' if new else b'',
+        launch=entry,
+    )
+    if not raw:  # one process
+        return rec, {rec.process: rec}, new
+    calls = {p: CollectiveRecord.from_json(v) for p, v in raw.items()}
+    return rec, calls, any(_NEW_MARK in v for v in raw.values())
+
+
+_NEW_MARK = '"data":"' + base64.b64encode(b'n').decode() + '"'
 
 
 #: Set by `_stepgate` when it is imported (`multihost` imports it): runs as a

@@ -38,7 +38,7 @@ def _internal_dirs() -> tuple[tuple[str, ...], str]:
     return tuple(d + os.sep for d in dirs), stdlib
 
 
-def _user_frame(frames: tuple) -> str:
+def user_frame(frames: tuple) -> str:
     """``file:line in function`` of the innermost frame in user code.
 
     Skips multihost, jax, jaxlib and the standard library (but not packages
@@ -83,7 +83,7 @@ def capture(process: int | None = None) -> HostStacks:
             )
         )
         if ident == main_ident:
-            where = _user_frame(frames)
+            where = user_frame(frames)
     threads.sort(key=lambda t: (not t.main, t.name))
     gate = _stepgate.held_at()
     return HostStacks(
@@ -158,4 +158,4 @@ def dump_stacks(timeout: float = 10.0) -> dict[int, HostStacks]:
     return out
 
 
-_bus.register('stacks', lambda client: capture(_kv.process_index()).to_json())
+_bus.register('stacks', lambda client, order: capture(_kv.process_index()).to_json())

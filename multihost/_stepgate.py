@@ -83,7 +83,7 @@ def _read_flag(client: Any) -> None:
     _state.stepping = _kv.get(client, _key('step', 'on')) == '1'
 
 
-def _on_stepping_command(client: Any) -> str:
+def _on_stepping_command(client: Any, order: dict[str, Any]) -> str:
     _apply_stepping(_kv.get(client, _key('step', 'on')) == '1')
     return json.dumps({'stepping': _state.stepping})
 

@@ -1,0 +1,528 @@
+"""Watched launches: jitted steps recorded, and checked across hosts before launch.
+
+``step = multihost.watch(jax.jit(f))`` (or ``@multihost.watch`` above
+``@jax.jit``) returns a callable that behaves like ``step`` and, on every
+call:
+
+1. builds the call's **signature key** — the input structure, and per leaf
+   shape, dtype, weak type and sharding; Python scalars by type (a step
+   counter does not miss the cache), static arguments by value — and looks it
+   up (a dict hit on every call after the first of a signature);
+2. records the call in the host's flight recorder (`_recorder`);
+3. with ``check=True`` and more than one process, takes its turn in the
+   collective sequence (`_sequence.check_launch`, one `_kv` round, like a
+   core collective): every host publishes the signature's digest, so a host
+   about to launch other code — another function, shapes, shardings or
+   static arguments — makes every host raise `CollectiveMismatchError`
+   before anything is launched, naming each host's function, signature and
+   call site. The first time any host sees a signature, the hosts then
+   compile it (``fn.lower(...).compile()``, which JAX's own dispatch reuses:
+   no extra compilation) and compare the executables' fingerprints: flags or
+   code that change the program on one host are caught too, and the error
+   names the first collective that differs (op, replica groups, shapes) or,
+   with the same collectives, the first differing HLO line. Collective
+   lists and HLO lines travel only in that case;
+4. launches, keeping a weak reference to one output, so the wavefront can
+   later ask whether it finished on device (`jax.Array.is_ready`).
+
+A call with a tracer argument (inside an outer ``jit``/``scan``) passes
+straight through, unrecorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from multihost import _jax_adapter, _kv, _recorder, _sequence
+from multihost._errors import CollectiveMismatchError, HostFailedError
+from multihost._sequence import CollectiveRecord
+from multihost._text import fmt_hosts
+
+#: Collectives named when two hosts' programs differ: at most this many per host.
+_MAX_COLLECTIVES = 256
+#: Lines per block when hosts compare their HLO text (only when programs differ).
+_BLOCK = 64
+_MAX_LINE = 240
+_COLLECTIVE_OPS = (
+    'all-reduce',
+    'all-gather',
+    'reduce-scatter',
+    'all-to-all',
+    'ragged-all-to-all',
+    'collective-permute',
+    'collective-broadcast',
+)
+_OP = re.compile(r'=\s*(\S.*?)\s+(' + '|'.join(_COLLECTIVE_OPS) + r')(?:-start)?\(')
+_GROUPS = re.compile(r'replica_groups=(\S+?)(?:,\s|$)|replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\})')
+_PAIRS = re.compile(r'source_target_pairs=(\{[^ ]*\})')
+_METADATA = re.compile(r',?\s*metadata=\{[^}]*\}')
+
+
+@dataclass
+class _Signature:
+    """What one input signature of a watched function is (computed once per signature)."""
+
+    digest: str
+    args: list[tuple[str, str]]  # (argument path, description), in order
+    fingerprint: str | None = None  # None until compiled
+    compiled: Any = None
+
+
+def watch(
+    fn: Callable[..., Any] | None = None, *, name: str | None = None, check: bool = True
+) -> Any:
+    """Records every call of ``fn`` in the flight recorder and checks it across hosts before launch.
+
+    Use on a jitted function (or any callable that launches device
+    collectives), directly or as a decorator::
+
+        step = multihost.watch(jax.jit(train_step))
+
+        @multihost.watch(name='eval')
+        @jax.jit
+        def eval_step(params, batch): ...
+
+    Args:
+        fn: the function to watch.
+        name: the name shown in records and errors (default: ``fn``'s name).
+        check: check every call across hosts before launch (one coordination
+            round trip, like a barrier). ``False`` only records (a few
+            microseconds per call); the wavefront and timeline still work.
+
+    Returns:
+        A callable with ``fn``'s behaviour (results, exceptions, donation).
+
+    Raises (from the returned callable, on every host, before launch):
+        CollectiveMismatchError: hosts are about to launch different programs.
+        HostFailedError: the function failed to compile on some hosts only.
+        BarrierTimeoutError: some host did not reach this call in time.
+    """
+    if fn is None:
+        return lambda f: watch(f, name=name, check=check)
+    if not callable(fn):
+        raise TypeError(f'multihost.watch needs a callable (a jitted function), got {fn!r}')
+    return Watched(fn, name=name, check=check)
+
+
+def _fn_name(fn: Any) -> str:
+    inner = getattr(fn, '__wrapped__', fn)
+    return str(getattr(inner, '__name__', None) or getattr(fn, '__name__', None) or repr(fn))
+
+
+class Watched:
+    """A watched function (see `watch`); calls behave like the wrapped function's."""
+
+    def __init__(self, fn: Callable[..., Any], *, name: str | None, check: bool):
+        self.fn = fn
+        self.name = str(name or _fn_name(fn))
+        self.check = bool(check)
+        statics = _jax_adapter.jit_statics(fn)
+        self._by_value = statics is None  # statics unknown: every Python scalar keyed by value
+        self._static_nums, self._static_names = statics or ((), ())
+        self._lower = getattr(fn, 'lower', None)
+        self._signatures: dict[Any, _Signature] = {}
+        inner = getattr(fn, '__wrapped__', fn)
+        # The qualified name, not the module's: a module may be imported under
+        # other names on different hosts (scripts, notebooks, test harnesses).
+        self._ident = str(getattr(inner, '__qualname__', self.name))
+        try:
+            self._params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            self._params = []
+        functools.update_wrapper(self, fn, updated=())
+
+    def __repr__(self) -> str:
+        return f'multihost.watch({self.fn!r}, name={self.name!r}, check={self.check})'
+
+    @property
+    def signatures(self) -> int:
+        """How many input signatures this function was called with."""
+        return len(self._signatures)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self, obj)
+
+    # -- the call -------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = self._key(args, kwargs)
+        if key is None:  # a tracer: inside an outer jit/scan, nothing to record
+            return self.fn(*args, **kwargs)
+        sig = self._signatures.get(key)
+        new = sig is None
+        if sig is None:
+            sig = self._describe(args, kwargs)
+        site = _sequence.call_site()
+        client = _kv.client() if self.check else None
+        entry = _recorder.note(
+            'launch',
+            self.name,
+            seq=None,
+            digest=sig.digest,
+            site=site,
+            fingerprint=sig.fingerprint or '',
+            checked=client is not None,
+        )
+        try:
+            if client is not None:
+                self._check(sig, new, site, entry, args, kwargs)
+            elif new:
+                self._compile(sig, args, kwargs)
+                entry.fingerprint = sig.fingerprint or ''
+            if new:
+                self._signatures[key] = sig
+            out = self.fn(*args, **kwargs)
+        except BaseException:
+            _recorder.finished(entry, failed=True)
+            raise
+        for leaf in jax.tree_util.tree_leaves(out):
+            if isinstance(leaf, jax.Array):
+                _recorder.launched(entry, leaf)
+                break
+        else:
+            _recorder.launched(entry, None)
+        return out
+
+    # -- signature --------------------------------------------------------------------
+
+    def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
+        """(dynamic args, dynamic kwargs, static values) per the jit's static arguments."""
+        if not self._static_nums and not self._static_names:
+            return args, kwargs, ()
+        nums = {i % len(args) if i < 0 else i for i in self._static_nums} if args else set()
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in nums)
+        statics: list[Any] = [(i, args[i]) for i in sorted(nums) if i < len(args)]
+        dyn_kwargs = {}
+        for k, v in kwargs.items():
+            if k in self._static_names:
+                statics.append((k, v))
+            else:
+                dyn_kwargs[k] = v
+        return dyn_args, dyn_kwargs, tuple(statics)
+
+    def _key(self, args: tuple, kwargs: dict) -> Any:
+        """The signature key (hashable), or None when an argument is a tracer."""
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        leaves, treedef = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        parts: list[Any] = []
+        for x in leaves:
+            if isinstance(x, jax.Array):
+                if isinstance(x, jax.core.Tracer):
+                    return None
+                parts.append((x.shape, x.dtype, x.weak_type, x.sharding))
+            elif isinstance(x, np.ndarray):
+                parts.append((x.shape, x.dtype))
+            elif self._by_value:
+                parts.append((type(x), _hashable(x)))
+            else:
+                parts.append(type(x))  # Python scalars: by type (weak), not value
+        return (treedef, tuple(parts), tuple((k, _hashable(v)) for k, v in statics))
+
+    def _describe(self, args: tuple, kwargs: dict) -> _Signature:
+        """The signature's readable description (argument path -> type) and its digest."""
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        static_pos = {k for k, _ in statics}
+        described: list[tuple[str, str]] = []
+        positions = [i for i in range(len(args)) if i not in static_pos]
+        for i, value in zip(positions, dyn_args):
+            described += _leaves(self._param(i), value, self._by_value)
+        for k, v in dyn_kwargs.items():
+            described += _leaves(k, v, self._by_value)
+        for k, v in statics:
+            label = self._param(k) if isinstance(k, int) else str(k)
+            described.append((label, f'static {_short_repr(v)}'))
+        _, treedef = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        h = hashlib.blake2b(digest_size=8)
+        h.update(self._ident.encode())
+        h.update(str(treedef).encode())
+        for path, text in described:
+            h.update(f'\0{path}\0{text}'.encode())
+        return _Signature(digest=h.hexdigest(), args=described)
+
+    def _param(self, i: int) -> str:
+        return self._params[i] if i < len(self._params) else f'arg{i}'
+
+    # -- compile ----------------------------------------------------------------------
+
+    def _compile(self, sig: _Signature, args: tuple, kwargs: dict) -> None:
+        """Compiles ``sig`` (JAX's dispatch reuses it) and keeps its fingerprint ('' if none)."""
+        if sig.fingerprint is not None:
+            return
+        if self._lower is None:
+            sig.fingerprint = ''
+            return
+        compiled = self._lower(*args, **kwargs).compile()
+        sig.compiled = compiled
+        sig.fingerprint = _jax_adapter.fingerprint(compiled)
+
+    # -- the cross-host check ---------------------------------------------------------
+
+    def _check(
+        self,
+        sig: _Signature,
+        new: bool,
+        site: str,
+        entry: _recorder.Entry,
+        args: tuple,
+        kwargs: dict,
+    ) -> None:
+        try:
+            rec, calls, anyone_new = _sequence.check_launch(
+                self.name, sig.digest, new=new, site=site, entry=entry
+            )
+        except CollectiveMismatchError as exc:
+            if exc.calls and all(c.kind == 'launch' for c in exc.calls.values()):
+                raise self._signature_mismatch(exc, sig) from None
+            raise
+        if not anyone_new:
+            return
+        # A host sees this signature for the first time: compile, compare programs.
+        failure = ''
+        try:
+            self._compile(sig, args, kwargs)
+        except Exception as exc:  # the program does not build here: say so everywhere
+            failure = f'{type(exc).__name__}: {exc}'[:2000]
+            error: Exception | None = exc
+        else:
+            error = None
+        entry.fingerprint = sig.fingerprint or ''
+        mine = json.dumps({'fp': sig.fingerprint or '', 'error': failure})
+        shared = {p: json.loads(v) for p, v in _sequence.share(rec, 'fp', mine).items()}
+        failed = {p: v['error'] for p, v in shared.items() if v['error']}
+        if failed:
+            if error is not None and len(failed) == len(shared):
+                raise error  # fails everywhere: the user's own error, as without watch
+            raise HostFailedError(
+                f'{self.name} [#{rec.seq}] could not be compiled on {fmt_hosts(failed)}:\n'
+                + '\n'.join(f'  process {p}: {r}' for p, r in sorted(failed.items()))
+                + '\nNo host launched it.',
+                seq=rec.seq,
+                reasons=failed,
+            ) from error
+        prints = {p: v['fp'] for p, v in shared.items()}
+        if len(set(prints.values())) > 1:
+            raise self._program_mismatch(rec, calls, sig, prints)
+
+    def _signature_mismatch(
+        self, exc: CollectiveMismatchError, sig: _Signature
+    ) -> CollectiveMismatchError:
+        """Hosts launch different functions or signatures: one more round for the details."""
+        pid = _kv.process_index()
+        rec = exc.calls[pid]
+        mine = json.dumps({'args': sig.args})
+        try:
+            shared = _sequence.share(rec, 'sig', mine, timeout=30.0)
+        except Exception:
+            return exc
+        args = {p: [tuple(a) for a in json.loads(v)['args']] for p, v in shared.items()}
+        calls = exc.calls
+        lines = [
+            f'  process {p}: {c.name}({_fmt_args(args.get(p, []))}) at {c.site}'
+            for p, c in sorted(calls.items())
+        ]
+        names = {c.name for c in calls.values()}
+        if len(names) > 1:
+            why = 'different functions'
+            first = ''
+        else:
+            why = 'the same function with different inputs'
+            first = _first_difference(args)
+        return CollectiveMismatchError(
+            f'watched launch mismatch at #{exc.seq}: hosts are about to launch {why} '
+            '(caught before launch; nothing was launched):\n'
+            + '\n'.join(lines)
+            + (f'\nfirst difference: {first}' if first else '')
+            + '\nEvery host must launch the same program, in the same order, with the same '
+            'shapes, shardings and static arguments.',
+            seq=exc.seq,
+            calls=calls,
+        )
+
+    def _program_mismatch(
+        self,
+        rec: CollectiveRecord,
+        calls: dict[int, CollectiveRecord],
+        sig: _Signature,
+        prints: dict[int, str],
+    ) -> CollectiveMismatchError:
+        """Same inputs, different executables: the first collective (or HLO line) that differs."""
+        hlo = _hlo_lines(sig.compiled)
+        colls = _collectives(hlo)
+        blocks = [_crc('\n'.join(hlo[i : i + _BLOCK])) for i in range(0, len(hlo), _BLOCK)]
+        mine = json.dumps({'colls': colls[:_MAX_COLLECTIVES], 'blocks': blocks})
+        shared = {p: json.loads(v) for p, v in _sequence.share(rec, 'coll', mine).items()}
+        groups: dict[str, list[int]] = {}
+        for p, fp in sorted(prints.items()):
+            groups.setdefault(fp, []).append(p)
+        ref_fp = max(groups, key=lambda fp: (len(groups[fp]), -groups[fp][0]))
+        ref = groups[ref_fp][0]
+        odd = sorted(p for p, fp in prints.items() if fp != ref_fp)
+        lines = [
+            f'  {fmt_hosts(ps)}: fingerprint {fp[:16]}' + (' (majority)' if fp == ref_fp else '')
+            for fp, ps in groups.items()
+        ]
+        detail = ''
+        diff_colls = [p for p in odd if shared[p]['colls'] != shared[ref]['colls']]
+        if diff_colls:
+            p = diff_colls[0]
+            a, b = shared[ref]['colls'], shared[p]['colls']
+            i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            detail = (
+                f'first differing collective (#{i} in program order):\n'
+                f'  process {ref}: {_fmt_coll(a[i] if i < len(a) else None)}\n'
+                f'  process {p}: {_fmt_coll(b[i] if i < len(b) else None)}'
+            )
+        else:
+            # Same collectives, different program: find the first differing HLO line.
+            p = odd[0]
+            a, b = shared[ref]['blocks'], shared[p]['blocks']
+            k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            mine = json.dumps(hlo[k * _BLOCK : (k + 1) * _BLOCK])
+            got = {q: json.loads(v) for q, v in _sequence.share(rec, 'hlo', mine).items()}
+            la, lb = got[ref], got[p]
+            j = next((j for j, (x, y) in enumerate(zip(la, lb)) if x != y), min(len(la), len(lb)))
+            line = k * _BLOCK + j + 1
+            detail = (
+                'same collectives, different program; first differing HLO line '
+                f'(line {line}, metadata stripped):\n'
+                f'  process {ref}: {la[j] if j < len(la) else "<end of program>"}\n'
+                f'  process {p}: {lb[j] if j < len(lb) else "<end of program>"}'
+            )
+        return CollectiveMismatchError(
+            f'watched launch mismatch at #{rec.seq}: {self.name} has the same inputs on every '
+            f'host but compiles to different programs on {fmt_hosts(odd)} '
+            '(caught before launch; nothing was launched):\n'
+            + '\n'.join(lines)
+            + '\n'
+            + detail
+            + '\nLook for flags (XLA_FLAGS, jax.config) or code that depends on the host.',
+            seq=rec.seq,
+            calls=calls,
+        )
+
+
+# -- descriptions ---------------------------------------------------------------------
+
+
+def _hashable(v: Any) -> Any:
+    try:
+        hash(v)
+    except TypeError:
+        return repr(v)
+    return v
+
+
+def _short_repr(v: Any, n: int = 80) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + '...'
+
+
+_DTYPE_SHORT = {'float': 'f', 'int': 'i', 'uint': 'u', 'bfloat': 'bf', 'complex': 'c'}
+
+
+def _dtype(dtype: Any) -> str:
+    name = np.dtype(dtype).name
+    for long, short in _DTYPE_SHORT.items():
+        if name.startswith(long) and name[len(long) :].isdigit():
+            return short + name[len(long) :]
+    return name
+
+
+def _sharding(s: Any) -> str:
+    spec = getattr(s, 'spec', None)
+    mesh = getattr(s, 'mesh', None)
+    if spec is not None and mesh is not None:
+        axes = ','.join(f'{a}={n}' for a, n in dict(mesh.shape).items())
+        return f'{spec} on mesh({axes})'
+    ids = sorted(d.id for d in s.device_set)
+    if len(ids) == 1:  # a host's own device: which one differs by host, by design
+        return 'on one device'
+    return f'{type(s).__name__} on devices {_crc(str(ids))[:6]} ({len(ids)})'
+
+
+def _leaf(x: Any, by_value: bool) -> str:
+    if isinstance(x, jax.Array):
+        weak = ' weak' if x.weak_type else ''
+        shape = ','.join(map(str, x.shape))
+        return f'{_dtype(x.dtype)}[{shape}]{weak} {_sharding(x.sharding)}'
+    if isinstance(x, np.ndarray):
+        return f'{_dtype(x.dtype)}[{",".join(map(str, x.shape))}] numpy'
+    if by_value:
+        return f'{type(x).__name__} {_short_repr(x)}'
+    return f'{type(x).__name__} (weak)'
+
+
+def _leaves(label: str, value: Any, by_value: bool) -> list[tuple[str, str]]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(value)
+    if len(flat) == 1 and not flat[0][0]:
+        return [(label, _leaf(flat[0][1], by_value))]
+    return [(label + jax.tree_util.keystr(path), _leaf(x, by_value)) for path, x in flat] or [
+        (label, 'empty')
+    ]
+
+
+def _fmt_args(args: list[tuple[str, str]], limit: int = 6) -> str:
+    shown = [f'{p}: {t}' for p, t in args[:limit]]
+    if len(args) > limit:
+        shown.append(f'... {len(args) - limit} more')
+    return ', '.join(shown)
+
+
+def _first_difference(args: dict[int, list[tuple[str, str]]]) -> str:
+    """``argument 'batch': f32[8,4] on processes 0, 1, 3; f32[8,5] on process 2``."""
+    longest = max((len(a) for a in args.values()), default=0)
+    for i in range(longest):
+        at = {p: (a[i] if i < len(a) else ('', '<missing>')) for p, a in args.items()}
+        if len(set(at.values())) <= 1:
+            continue
+        path = next(v[0] for v in at.values() if v[0])
+        by: dict[str, list[int]] = {}
+        for p, (q, text) in sorted(at.items()):
+            by.setdefault(text if q == path else f'{q}: {text}', []).append(p)
+        return f'argument {path!r}: ' + '; '.join(f'{t} on {fmt_hosts(ps)}' for t, ps in by.items())
+    return 'the input structure (tree) differs'
+
+
+def _crc(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
+
+
+def _hlo_lines(compiled: Any) -> list[str]:
+    """The optimized HLO, metadata stripped, one entry per line (cut to `_MAX_LINE`)."""
+    if compiled is None:
+        return []
+    try:
+        text = compiled.as_text()
+    except Exception:
+        return []
+    return [_METADATA.sub('', line).rstrip()[:_MAX_LINE] for line in text.splitlines()]
+
+
+def _collectives(lines: list[str]) -> list[list[str]]:
+    """[op, result shape, replica groups] of each collective instruction, in program order."""
+    out = []
+    for line in lines:
+        m = _OP.search(line)
+        if m is None:
+            continue
+        g = _GROUPS.search(line) or _PAIRS.search(line)
+        groups = next((x for x in (g.groups() if g else ()) if x), '')
+        out.append([m.group(2), m.group(1), groups])
+    return out
+
+
+def _fmt_coll(c: list[str] | None) -> str:
+    if c is None:
+        return '<no further collective>'
+    op, shape, groups = c
+    return f'{op} -> {shape}' + (f' over replica_groups={groups}' if groups else '')

@@ -1,0 +1,324 @@
+"""The wavefront: how far every host got, read from the flight recorders while hosts are blocked.
+
+Each host's debug thread (`_bus`) answers the ``front`` command from its own
+flight recorder (`_recorder`): its last watched launch and last core
+collective, the oldest launch whose output is not ready on device, whether
+its main thread waits at a cross-host check, how long since it last
+advanced (on its own clock) and the user frame its main thread is in.
+`wavefront` issues the command from any one host, bounded by a timeout, and
+returns a `Wavefront` whose `Wavefront.verdict` says in one line who is
+where, e.g. ``hosts 0, 1, 3 are inside train_step #412 (launched 48 s ago,
+not done); host 2 never launched #412: last at process_allgather #411, now
+at data.py:88 in load_shard``.
+
+``records`` answers with the host's last flight records (for timelines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+from multihost import _bus, _kv, _recorder, _stacks
+from multihost._recorder import FlightRecord
+from multihost._text import fmt_hosts
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFront:
+    """Where one host's flight recorder says it is.
+
+    Attributes:
+        process: the host's process index.
+        answered: whether the host's debug thread answered in time.
+        hostname: the machine's name.
+        last: the newest entry of any kind (what the host last did).
+        last_launch: the newest watched launch.
+        last_collective: the newest core collective.
+        pending: the oldest launch whose output is not ready on device
+            (async dispatch lets a host run ahead of it), or None.
+        pending_age: seconds since ``pending`` was launched (host's clock).
+        waiting: the entry whose cross-host check the main thread waits at, or None.
+        waiting_for: seconds it has waited there.
+        idle: seconds since the host last entered or left a recorded call.
+        calls: watched function name -> how many times this host launched it.
+        where: the main thread's innermost user frame, ``file:line in function``.
+        error: why there is no answer (empty when ``answered``).
+    """
+
+    process: int
+    answered: bool
+    hostname: str = ''
+    last: FlightRecord | None = None
+    last_launch: FlightRecord | None = None
+    last_collective: FlightRecord | None = None
+    pending: FlightRecord | None = None
+    pending_age: float = 0.0
+    waiting: FlightRecord | None = None
+    waiting_for: float = 0.0
+    idle: float = 0.0
+    calls: tuple[tuple[str, int], ...] = ()
+    where: str = ''
+    error: str = ''
+
+    def launched(self, name: str) -> int:
+        """How many times this host launched ``name``."""
+        return dict(self.calls).get(name, 0)
+
+    @property
+    def doing(self) -> str:
+        """What the host is doing now, in words."""
+        if not self.answered:
+            return f'no answer ({self.error})'
+        if self.waiting is not None:
+            return f'waiting at {self.waiting.label} for {_secs(self.waiting_for)}'
+        if self.pending is not None:
+            return (
+                f'{self.pending.label} not done on device '
+                f'(launched {_secs(self.pending_age)} ago)'
+                + (f', now at {self.where}' if self.where else '')
+            )
+        last = f', last {self.last.label} {_secs(self.idle)} ago' if self.last else ''
+        return f'running user code at {self.where or "?"}' + last
+
+    def to_json(self) -> str:
+        d = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if not isinstance(getattr(self, f.name), FlightRecord)
+        }
+        for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting'):
+            rec = getattr(self, f)
+            d[f] = None if rec is None else dataclasses.astuple(rec)
+        return json.dumps(d, separators=(',', ':'))
+
+    @classmethod
+    def from_json(cls, text: str) -> HostFront:
+        d = json.loads(text)
+        for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting'):
+            if d.get(f) is not None:
+                d[f] = FlightRecord(*d[f])
+        d['calls'] = tuple((str(k), int(v)) for k, v in d.get('calls', ()))
+        return cls(**d)
+
+
+def _secs(seconds: float) -> str:
+    if seconds < 1:
+        return f'{seconds * 1000:.0f} ms'
+    if seconds < 120:
+        return f'{seconds:.0f} s'
+    return f'{seconds / 60:.0f} min'
+
+
+@dataclasses.dataclass(frozen=True)
+class Wavefront:
+    """Every host's `HostFront`, and the verdict about the oldest launch not done.
+
+    Attributes:
+        hosts: one `HostFront` per process, in process order.
+        time: when it was read (``time.time()`` of the asking host).
+    """
+
+    hosts: tuple[HostFront, ...]
+    time: float = 0.0
+
+    @property
+    def silent(self) -> tuple[int, ...]:
+        """Hosts that did not answer."""
+        return tuple(h.process for h in self.hosts if not h.answered)
+
+    @property
+    def target(self) -> FlightRecord | None:
+        """The oldest launch not done on device on any host (what the verdict is about)."""
+        pending = [h.pending for h in self.hosts if h.answered and h.pending is not None]
+        return min(pending, key=lambda r: (r.time, r.process)) if pending else None
+
+    def groups(self) -> dict[str, tuple[int, ...]]:
+        """``'inside'``, ``'past'``, ``'never'`` (launched the target or not), ``'silent'``."""
+        target = self.target
+        out: dict[str, list[int]] = {'inside': [], 'past': [], 'never': [], 'silent': []}
+        for h in self.hosts:
+            if not h.answered:
+                out['silent'].append(h.process)
+            elif target is None:
+                continue
+            elif h.launched(target.name) <= target.call:
+                out['never'].append(h.process)
+            elif h.pending is not None and (
+                h.pending.name != target.name or h.pending.call <= target.call
+            ):
+                out['inside'].append(h.process)
+            else:
+                out['past'].append(h.process)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @property
+    def verdict(self) -> str:
+        """One line: who is inside the oldest launch not done, who never launched it, and where."""
+        parts: list[str] = []
+        target = self.target
+        answered = [h for h in self.hosts if h.answered]
+        if target is not None:
+            g = self.groups()
+            inside = [self.hosts[p] for p in g['inside']]
+            age = max((h.pending_age for h in inside), default=0.0)
+            what = f'{target.name} #{target.call}'
+            if inside:
+                parts.append(
+                    f'{_are(g["inside"])} inside {what} (launched {_secs(age)} ago, not done)'
+                )
+            if g['past']:
+                parts.append(f'{_are(g["past"])} past it')
+            for p in g['never']:
+                parts.append(
+                    f'{fmt_hosts([p])} never launched #{target.call}: ' + _position(self.hosts[p])
+                )
+        else:
+            waiting: dict[str, list[HostFront]] = {}
+            running: list[HostFront] = []
+            for h in answered:
+                if h.waiting is not None:
+                    waiting.setdefault(h.waiting.label, []).append(h)
+                else:
+                    running.append(h)
+            for label, hs in waiting.items():
+                longest = max(h.waiting_for for h in hs)
+                parts.append(
+                    f'{_are([h.process for h in hs])} waiting at {label} for {_secs(longest)}'
+                )
+            if waiting:
+                for h in running:
+                    parts.append(f'{fmt_hosts([h.process])} is not there: ' + _position(h))
+            elif answered:
+                parts.append('no launch is pending on device and no host waits at a check')
+        if self.silent:
+            parts.append(f'{_are(self.silent)} silent (dead, frozen, or no debug thread)')
+        return '; '.join(parts) or 'no host answered'
+
+    def format(self) -> str:
+        """The verdict, then one line per host saying what it is doing."""
+        lines = [self.verdict]
+        for h in self.hosts:
+            lines.append(f'  process {h.process}: {h.doing}')
+        return '\n'.join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _are(processes: Any) -> str:
+    ps = list(processes)
+    return f'{fmt_hosts(ps)} {"is" if len(ps) == 1 else "are"}'
+
+
+def _position(h: HostFront) -> str:
+    last = f'last at {h.last.label}' if h.last is not None else 'nothing recorded yet'
+    if h.waiting is not None:
+        return f'{last}, waiting at its check for {_secs(h.waiting_for)}'
+    return last + (f', now at {h.where}' if h.where else '')
+
+
+# -- this host's answer ---------------------------------------------------------------
+
+
+def front(process: int | None = None) -> HostFront:
+    """This host's `HostFront`, from its flight recorder (never blocks)."""
+    import sys
+    import traceback
+
+    pid = _kv.process_index() if process is None else process
+    now = time.time()
+    records = _recorder.snapshot(pid)
+    last = records[-1] if records else None
+    last_launch = next((r for r in reversed(records) if r.is_launch), None)
+    last_collective = next((r for r in reversed(records) if not r.is_launch), None)
+    pending = None
+    for r in reversed(records):  # back to the newest launch known done
+        if not r.is_launch:
+            continue
+        if r.state == _recorder.DONE:
+            break
+        if r.state == _recorder.LAUNCHED:
+            pending = r
+    waiting = last if last is not None and last.state == _recorder.WAITING else None
+    where = ''
+    main = threading.main_thread().ident
+    frame = sys._current_frames().get(main) if main is not None else None
+    if frame is not None:
+        frames = tuple(
+            (f.filename, f.lineno or 0, f.name, '') for f in traceback.extract_stack(frame)
+        )
+        where = _stacks.user_frame(frames)
+    return HostFront(
+        process=pid,
+        answered=True,
+        hostname=socket.gethostname(),
+        last=last,
+        last_launch=last_launch,
+        last_collective=last_collective,
+        pending=pending,
+        pending_age=now - pending.time if pending is not None else 0.0,
+        waiting=waiting,
+        waiting_for=now - waiting.time if waiting is not None else 0.0,
+        idle=now - _recorder.last_advanced(),
+        calls=_recorder.call_counts(),
+        where=where,
+    )
+
+
+def wavefront(timeout: float = 10.0) -> Wavefront:
+    """How far every host got: its last launch and collective, what is not done, the verdict.
+
+    Callable from any process and any thread, also while the others are
+    blocked (in a device collective, a barrier, or user code): each host's
+    debug thread answers from its flight recorder. A host that does not
+    answer within ``timeout`` is reported silent, not waited for.
+    """
+    client = _bus.distributed()
+    if client is None:
+        return Wavefront(hosts=(front(),), time=time.time())
+    replies, daemons = _bus.command(client, 'front', timeout)
+    hosts = []
+    for p in range(_kv.process_count()):
+        if p in replies:
+            hosts.append(HostFront.from_json(replies[p]))
+        else:
+            why = (
+                f'no answer within {timeout:g} s'
+                if p in daemons
+                else 'no debug thread yet (no collective or watched call so far)'
+            )
+            hosts.append(HostFront(process=p, answered=False, error=why))
+    return Wavefront(hosts=tuple(hosts), time=time.time())
+
+
+#: Largest number of records one host sends per `flight_records` call.
+MAX_RECORDS = _recorder.CAPACITY
+
+
+def flight_records(last: int = 200, timeout: float = 10.0) -> dict[int, list[FlightRecord]]:
+    """Every host's last ``last`` flight records (process -> records, oldest first).
+
+    Answered by each host's debug thread, so it works while hosts are blocked;
+    hosts that do not answer within ``timeout`` are absent.
+    """
+    last = max(0, min(int(last), MAX_RECORDS))
+    client = _bus.distributed()
+    if client is None:
+        return {_kv.process_index(): _recorder.snapshot(_kv.process_index(), last)}
+    replies, _ = _bus.command(client, 'records', timeout, last=last)
+    return {p: [FlightRecord(*r) for r in json.loads(v)] for p, v in sorted(replies.items())}
+
+
+def _on_records(client: Any, order: dict[str, Any]) -> str:
+    last = max(0, min(int(order.get('last', 200)), MAX_RECORDS))
+    recs = _recorder.snapshot(_kv.process_index(), last)
+    return json.dumps([dataclasses.astuple(r) for r in recs], separators=(',', ':'))
+
+
+_bus.register('front', lambda client, order: front().to_json())
+_bus.register('records', _on_records)
