@@ -47,7 +47,16 @@ __all__ = ['Engines', 'HostInfo', 'LocalEngines', 'Session']
 log = logging.getLogger('mhnotebook')
 
 if TYPE_CHECKING:  # the notebook imports jax (multihost) only when needed
-    from multihost import ControlClient, HostStacks, Layout, ReplicaReport, StepTable, TreeDiff
+    from multihost import (
+        ControlClient,
+        FlightRecord,
+        HostStacks,
+        Layout,
+        ReplicaReport,
+        StepTable,
+        TreeDiff,
+        Wavefront,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -622,6 +631,20 @@ class Session:
         """
         self._check(need_all=not self.recoverable)
         return self.control.stacks(timeout=timeout)
+
+    def wavefront(self, *, timeout: float = 10.0) -> Wavefront:
+        """How far every host got: last watched launch and collective, what is not done, a verdict.
+
+        `multihost.Wavefront`, read from the hosts' flight recorders through
+        the control endpoint, so it works while every engine is blocked.
+        """
+        self._check(need_all=not self.recoverable)
+        return self.control.wavefront(timeout=timeout)
+
+    def records(self, *, last: int = 200, timeout: float = 10.0) -> dict[int, list[FlightRecord]]:
+        """Every host's last ``last`` flight records (`multihost.FlightRecord`), oldest first."""
+        self._check(need_all=not self.recoverable)
+        return self.control.records(last=last, timeout=timeout)
 
     def step_table(self) -> StepTable:
         """The host x step table of the step gate (`multihost.StepTable`)."""

@@ -29,8 +29,10 @@ from multiprocessing.connection import (
 )
 from typing import Any
 
-from multihost import _bus, _stacks, _stepgate
+from multihost import _bus, _stacks, _stepgate, _wavefront
 from multihost._debugmodel import HostStacks, StepTable
+from multihost._recorder import FlightRecord
+from multihost._wavefront import Wavefront
 
 _HANDSHAKE_TIMEOUT = 10.0
 _SEND_TIMEOUT = 30.0
@@ -50,6 +52,8 @@ def _info() -> dict[str, Any]:
 _METHODS: dict[str, Callable[..., Any]] = {
     'info': _info,
     'stacks': _stacks.dump_stacks,
+    'wavefront': _wavefront.wavefront,
+    'records': _wavefront.flight_records,
     'step_table': _stepgate.step_table,
     'set_stepping': _stepgate.set_stepping,
     'release': _stepgate.release,
@@ -243,6 +247,14 @@ class ControlClient:
     def stacks(self, timeout: float = 10.0) -> dict[int, HostStacks]:
         """Every host's stacks and current collective (see `multihost.dump_stacks`)."""
         return self._call('stacks', timeout, timeout=timeout)
+
+    def wavefront(self, timeout: float = 10.0) -> Wavefront:
+        """How far every host got (see `multihost.wavefront`)."""
+        return self._call('wavefront', timeout, timeout=timeout)
+
+    def records(self, last: int = 200, timeout: float = 10.0) -> dict[int, list[FlightRecord]]:
+        """Every host's last flight records (see `multihost.flight_records`)."""
+        return self._call('records', timeout, last=last, timeout=timeout)
 
     def step_table(self) -> StepTable:
         """The host x step table (see `multihost.step_table`)."""
