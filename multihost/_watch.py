@@ -96,7 +96,8 @@ def watch(
         fn: the function to watch.
         name: the name shown in records and errors (default: ``fn``'s name).
         check: check every call across hosts before launch (one coordination
-            round trip, like a barrier). ``False`` only records (a few
+            round trip, like a barrier; ``MULTIHOST_CHECK=0`` switches it off
+            like the core collectives' check). ``False`` only records (a few
             microseconds per call); the wavefront and timeline still work.
 
     Returns:
@@ -163,7 +164,7 @@ class Watched:
         if sig is None:
             sig = self._describe(args, kwargs)
         site = _sequence.call_site()
-        client = _kv.client() if self.check else None
+        client = _kv.client() if self.check and _sequence.checking_enabled() else None
         entry = _recorder.note(
             'launch',
             self.name,

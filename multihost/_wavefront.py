@@ -219,7 +219,13 @@ def _position(h: HostFront) -> str:
     last = f'last at {h.last.label}' if h.last is not None else 'nothing recorded yet'
     if h.waiting is not None:
         return f'{last}, waiting at its check for {_secs(h.waiting_for)}'
-    return last + (f', now at {h.where}' if h.where else '')
+    return last + (f', now at {_short(h.where)}' if h.where else '')
+
+
+def _short(where: str) -> str:
+    """``/long/path/data.py:88 in load_shard`` -> ``data.py:88 in load_shard``."""
+    path, sep, rest = where.partition(':')
+    return path.rsplit('/', 1)[-1] + sep + rest
 
 
 # -- this host's answer ---------------------------------------------------------------
