@@ -174,14 +174,21 @@ def call_site() -> str:
     override = _site_override.get()
     if override is not None:
         return override
-    here = os.path.dirname(os.path.abspath(__file__))
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(here + os.sep):
+        inside = _INSIDE.get(filename)
+        if inside is None:
+            inside = _INSIDE[filename] = os.path.abspath(filename).startswith(_HERE)
+        if not inside:
             return f'{filename}:{frame.f_lineno}'
         frame = frame.f_back
     return '<unknown>'
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: File name -> whether it is inside the `multihost` package (call_site's cache).
+_INSIDE: dict[str, bool] = {}
 
 
 class _State:
@@ -436,7 +443,7 @@ def check_launch(
     site: str,
     entry: _recorder.Entry,
     timeout: float | None = None,
-) -> tuple[CollectiveRecord, dict[int, CollectiveRecord], bool]:
+) -> tuple[CollectiveRecord, dict[int, str], bool]:
     """A watched launch's turn in the collective sequence (see `_watch`).
 
     One round like a core collective's: every host publishes (``'launch'``,
@@ -445,8 +452,10 @@ def check_launch(
     host, before launch.
 
     Returns:
-        (this host's record, every host's record, whether any host is new to
-        the signature: then every host goes on to compare fingerprints).
+        (this host's record, every host's published record as JSON (parse
+        with `CollectiveRecord.from_json` when needed), whether any host is
+        new to the signature: then every host goes on to compare
+        fingerprints).
     """
     rec, raw = _enter(
         'launch',
@@ -458,9 +467,8 @@ def check_launch(
         launch=entry,
     )
     if not raw:  # one process
-        return rec, {rec.process: rec}, new
-    calls = {p: CollectiveRecord.from_json(v) for p, v in raw.items()}
-    return rec, calls, any(_NEW_MARK in v for v in raw.values())
+        return rec, {rec.process: rec.to_json()}, new
+    return rec, raw, any(_NEW_MARK in v for v in raw.values())
 
 
 _NEW_MARK = '"data":"' + base64.b64encode(b'n').decode() + '"'

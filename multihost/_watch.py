@@ -186,12 +186,7 @@ class Watched:
         except BaseException:
             _recorder.finished(entry, failed=True)
             raise
-        for leaf in jax.tree_util.tree_leaves(out):
-            if isinstance(leaf, jax.Array):
-                _recorder.launched(entry, leaf)
-                break
-        else:
-            _recorder.launched(entry, None)
+        _recorder.launched(entry, _first_array(out))
         return out
 
     # -- signature --------------------------------------------------------------------
@@ -217,16 +212,17 @@ class Watched:
         leaves, treedef = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
         parts: list[Any] = []
         for x in leaves:
-            if isinstance(x, jax.Array):
-                if isinstance(x, jax.core.Tracer):
-                    return None
-                parts.append((x.shape, x.dtype, x.weak_type, x.sharding))
-            elif isinstance(x, np.ndarray):
+            t = type(x)
+            if t in _CONCRETE or _is_concrete_array(t):
+                parts.append((x.shape, x.dtype, x.weak_type, _sharding_token(x.sharding)))
+            elif issubclass(t, _Tracer):
+                return None
+            elif t is np.ndarray:
                 parts.append((x.shape, x.dtype))
             elif self._by_value:
-                parts.append((type(x), _hashable(x)))
+                parts.append((t, _hashable(x)))
             else:
-                parts.append(type(x))  # Python scalars: by type (weak), not value
+                parts.append(t)  # Python scalars: by type (weak), not value
         return (treedef, tuple(parts), tuple((k, _hashable(v)) for k, v in statics))
 
     def _describe(self, args: tuple, kwargs: dict) -> _Signature:
@@ -278,7 +274,7 @@ class Watched:
         kwargs: dict,
     ) -> None:
         try:
-            rec, calls, anyone_new = _sequence.check_launch(
+            rec, raw, anyone_new = _sequence.check_launch(
                 self.name, sig.digest, new=new, site=site, entry=entry
             )
         except CollectiveMismatchError as exc:
@@ -312,6 +308,7 @@ class Watched:
             ) from error
         prints = {p: v['fp'] for p, v in shared.items()}
         if len(set(prints.values())) > 1:
+            calls = {p: CollectiveRecord.from_json(v) for p, v in raw.items()}
             raise self._program_mismatch(rec, calls, sig, prints)
 
     def _signature_mismatch(
@@ -413,6 +410,52 @@ class Watched:
 
 
 # -- descriptions ---------------------------------------------------------------------
+
+_Tracer = jax.core.Tracer
+#: Concrete array types seen so far (`jax.Array` subclasses that are not tracers):
+#: a set lookup per leaf instead of two `isinstance` checks against ABCs.
+_CONCRETE: set[type] = set()
+
+
+def _is_concrete_array(t: type) -> bool:
+    if issubclass(t, jax.Array) and not issubclass(t, _Tracer):
+        _CONCRETE.add(t)
+        return True
+    return False
+
+
+#: id(sharding) -> (the sharding, its token); sharding -> token. Equal shardings
+#: share a token; a key hashes the small int, not the sharding (a Python-level
+#: hash per leaf). The sharding is held, so its id is not reused while listed.
+_BY_ID: dict[int, tuple[Any, int]] = {}
+_BY_VALUE: dict[Any, int] = {}
+_MAX_IDS = 4096
+
+
+def _sharding_token(s: Any) -> int:
+    hit = _BY_ID.get(id(s))
+    if hit is not None and hit[0] is s:
+        return hit[1]
+    token = _BY_VALUE.setdefault(s, len(_BY_VALUE))
+    if len(_BY_ID) >= _MAX_IDS:
+        _BY_ID.clear()
+    _BY_ID[id(s)] = (s, token)
+    return token
+
+
+def _first_array(out: Any) -> Any:
+    """One `jax.Array` among a call's outputs (the first), or None; cheap for the usual shapes."""
+    for _ in range(4):  # (out, aux), [arrays], {name: array}: descend into the first item
+        if type(out) in _CONCRETE or isinstance(out, jax.Array):
+            return out
+        if isinstance(out, (tuple, list)) and out:
+            out = out[0]
+        elif isinstance(out, dict) and out:
+            out = next(iter(out.values()))
+        else:
+            break
+    return next((x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)), None)
+
 
 
 def _hashable(v: Any) -> Any:
