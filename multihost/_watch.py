@@ -17,7 +17,10 @@ call:
    before anything is launched, naming each host's function, signature and
    call site. The first time any host sees a signature, the hosts then
    compile it (``fn.lower(...).compile()``, which JAX's own dispatch reuses:
-   no extra compilation) and compare the executables' fingerprints: flags or
+   no extra compilation) and compare their programs: a digest of the
+   optimized HLO without source locations (the executable's fingerprint, which
+   is recorded too, covers source file names, and those differ between hosts
+   in notebooks: ``/tmp/ipykernel_<pid>/...``). Flags or
    code that change the program on one host are caught too, and the error
    names the first collective that differs (op, replica groups, shapes) or,
    with the same collectives, the first differing HLO line. Collective
@@ -75,6 +78,7 @@ class _Signature:
     digest: str
     args: list[tuple[str, str]]  # (argument path, description), in order
     fingerprint: str | None = None  # None until compiled
+    program: str = ''  # digest of the optimized HLO, source locations stripped
     compiled: Any = None
 
 
@@ -261,6 +265,7 @@ class Watched:
         compiled = self._lower(*args, **kwargs).compile()
         sig.compiled = compiled
         sig.fingerprint = _jax_adapter.fingerprint(compiled)
+        sig.program = _crc('\n'.join(_hlo_lines(compiled)))
 
     # -- the cross-host check ---------------------------------------------------------
 
@@ -293,7 +298,7 @@ class Watched:
         else:
             error = None
         entry.fingerprint = sig.fingerprint or ''
-        mine = json.dumps({'fp': sig.fingerprint or '', 'error': failure})
+        mine = json.dumps({'fp': sig.program, 'error': failure})
         shared = {p: json.loads(v) for p, v in _sequence.share(rec, 'fp', mine).items()}
         failed = {p: v['error'] for p, v in shared.items() if v['error']}
         if failed:
@@ -366,7 +371,7 @@ class Watched:
         ref = groups[ref_fp][0]
         odd = sorted(p for p, fp in prints.items() if fp != ref_fp)
         lines = [
-            f'  {fmt_hosts(ps)}: fingerprint {fp[:16]}' + (' (majority)' if fp == ref_fp else '')
+            f'  {fmt_hosts(ps)}: program {fp[:12]}' + (' (majority)' if fp == ref_fp else '')
             for fp, ps in groups.items()
         ]
         detail = ''
@@ -542,14 +547,33 @@ def _crc(text: str) -> str:
 
 
 def _hlo_lines(compiled: Any) -> list[str]:
-    """The optimized HLO, metadata stripped, one entry per line (cut to `_MAX_LINE`)."""
+    """The optimized HLO, one entry per line (cut to `_MAX_LINE`), without source locations.
+
+    Drops ``metadata={...}`` and the source tables (``FileNames``,
+    ``FunctionNames``, ``FileLocations``, ``StackFrames``): they name the
+    caller's files, which differ between hosts that run the same program.
+    """
     if compiled is None:
         return []
     try:
         text = compiled.as_text()
     except Exception:
         return []
-    return [_METADATA.sub('', line).rstrip()[:_MAX_LINE] for line in text.splitlines()]
+    out = []
+    skipping = False
+    for line in text.splitlines():
+        if line.strip() in _SOURCE_TABLES:
+            skipping = True
+            continue
+        if skipping:
+            if not line.strip():
+                skipping = False
+            continue
+        out.append(_METADATA.sub('', line).rstrip()[:_MAX_LINE])
+    return out
+
+
+_SOURCE_TABLES = frozenset({'FileNames', 'FunctionNames', 'FileLocations', 'StackFrames'})
 
 
 def _collectives(lines: list[str]) -> list[list[str]]:
