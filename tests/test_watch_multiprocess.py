@@ -245,3 +245,17 @@ def test_the_wavefront_names_the_host_that_never_launched(mp_cluster):
 
 
 _LOAD_LINE = source_line(load_shard, 'time.sleep(seconds)')
+
+
+@multiprocess
+def test_source_files_that_differ_by_host_do_not_count_as_other_programs():
+    """In notebooks each engine's cell file differs (/tmp/ipykernel_<pid>/...): same program."""
+    pid = jax.process_index()
+    src = 'def cell_step(a):\n    return jnp.sum(a) * a\n'
+    scope: dict = {'jnp': jnp}
+    exec(compile(src, f'/tmp/ipykernel_{1000 + pid}/cell.py', 'exec'), scope)
+    step = multihost.watch(jax.jit(scope['cell_step']))
+    out = step(_sharded())
+    assert np.asarray(out.addressable_data(0)).shape == (2,)
+    rec = _recorder.snapshot(pid, 1)[0]
+    assert rec.name == 'cell_step' and rec.fingerprint
