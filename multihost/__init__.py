@@ -46,6 +46,7 @@ from multihost._stepgate import (
     step_table,
     stepping_enabled,
 )
+from multihost._timeline import Stragglers, Timeline, TimelineStep, timeline
 from multihost._treediff import LeafDiff, TreeDiff, assert_equal, tree_diff
 from multihost._watch import Watched, watch
 from multihost._wavefront import HostFront, Wavefront, flight_records, wavefront
@@ -81,7 +82,10 @@ __all__ = [
     'Step',
     'StepTable',
     'StepTimeoutError',
+    'Stragglers',
     'ThreadStack',
+    'Timeline',
+    'TimelineStep',
     'TreeDiff',
     'Watched',
     'Wavefront',
@@ -105,6 +109,7 @@ __all__ = [
     'step_table',
     'stepping_enabled',
     'sync_global_devices',
+    'timeline',
     'tree_diff',
     'watch',
     'wavefront',

@@ -1,0 +1,511 @@
+"""The timeline: every host's flight records aligned step by step, and who arrives last.
+
+`Timeline.build` takes each host's flight records (`_recorder.FlightRecord`,
+gathered by `_wavefront.flight_records`) and aligns them into steps:
+
+* **checked** entries (core collectives, ``watch(fn, check=True)`` launches)
+  by their collective sequence number ``seq``. How late each host arrived
+  comes from its *own* wait at the cross-host check: every host is released
+  at (nearly) the same moment, so a host that arrived ``d`` seconds after the
+  first one waited ``d`` seconds less. Lateness of host ``p`` is
+  ``max(wait) - wait[p]``; no clocks are compared.
+* **unchecked** launches (``watch(fn, check=False)``) by ``(name, call)``,
+  the call number of that function on each host. There is no shared moment,
+  so lateness is ``time[p] - min(time)``: wall clocks of different machines
+  are compared and their skew adds to it (``clock_compared=True``).
+
+`Timeline.stragglers` names the host that arrives last most often
+(``process 3 arrived last in 87% of the last 200 steps (174 of 200), median
++180 ms after the first host``); `Timeline.format` is a text table (the
+slowest host per step); `Timeline.to_chrome_trace` writes Chrome trace-event
+JSON, one track per host, for Perfetto (https://ui.perfetto.dev) or
+``chrome://tracing``.
+
+The model is standard library only (no device, no communication);
+`timeline` gathers the records through `_wavefront.flight_records` first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from multihost._recorder import WAITING, FlightRecord
+from multihost._text import fmt_hosts
+
+#: Rows `Timeline.format` shows by default (the newest steps).
+FORMAT_ROWS = 20
+#: Per-host lateness columns in `Timeline.format` up to this many hosts.
+MAX_HOST_COLUMNS = 8
+
+# A step's key: ('seq', seq) for checked entries, ('call', name, call) for unchecked launches.
+StepKey = tuple[Any, ...]
+
+
+def fmt_seconds(seconds: float) -> str:
+    """A duration for people: ``0.42 ms``, ``4.2 ms``, ``180 ms``, ``1.25 s``, ``95 s``."""
+    s = abs(seconds)
+    if s < 1e-3:
+        return f'{seconds * 1e3:.2f} ms'
+    if s < 1e-2:
+        return f'{seconds * 1e3:.1f} ms'
+    if s < 1:
+        return f'{seconds * 1e3:.0f} ms'
+    if s < 10:
+        return f'{seconds:.2f} s'
+    return f'{seconds:.0f} s'
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelineStep:
+    """One step, as every host recorded it.
+
+    Attributes:
+        label: ``train_step #41`` (a launch and its call number),
+            ``barrier('ckpt') #57`` (a collective and its sequence number).
+        kind: ``'launch'`` or the collective (``'barrier'``, ...).
+        name: the function's or collective's name.
+        seq: the collective sequence number (checked steps), else None.
+        call: a launch's call number of ``name`` (0-based), else -1.
+        clock_compared: lateness comes from comparing wall clocks (an
+            unchecked launch), so clock skew between machines applies;
+            False: from each host's own wait at the cross-host check.
+        records: process -> its flight record of this step.
+        lateness: process -> seconds after the first host to arrive
+            (hosts whose arrival is known: checked steps need the wait, so a
+            host still waiting at the check has none).
+        waiting: hosts still waiting at this step's check.
+        missing: hosts that answered but hold no record of this step: not
+            there yet (or, after an interrupt realigned the sequence, never).
+    """
+
+    label: str
+    kind: str
+    name: str
+    seq: int | None
+    call: int
+    clock_compared: bool
+    records: Mapping[int, FlightRecord]
+    lateness: Mapping[int, float]
+    waiting: tuple[int, ...] = ()
+    missing: tuple[int, ...] = ()
+
+    @property
+    def hosts(self) -> tuple[int, ...]:
+        """The hosts that recorded this step."""
+        return tuple(sorted(self.records))
+
+    @property
+    def start(self) -> float:
+        """The earliest entry time of any host (wall clock)."""
+        return min(r.time for r in self.records.values())
+
+    @property
+    def last_host(self) -> int | None:
+        """The host that arrived last (None with fewer than two known arrivals)."""
+        if len(self.lateness) < 2:
+            return None
+        return max(sorted(self.lateness), key=lambda p: self.lateness[p])
+
+    @property
+    def first_host(self) -> int | None:
+        """The host that arrived first (None with fewer than two known arrivals)."""
+        if len(self.lateness) < 2:
+            return None
+        return min(sorted(self.lateness), key=lambda p: self.lateness[p])
+
+    @property
+    def skew(self) -> float:
+        """Seconds between the first and the last known arrival (0.0 with fewer than two)."""
+        return max(self.lateness.values()) if len(self.lateness) >= 2 else 0.0
+
+    @property
+    def complete(self) -> bool:
+        """Every answering host passed it, with a known arrival, and at least two hosts did."""
+        return (
+            not self.waiting
+            and not self.missing
+            and len(self.lateness) >= 2
+            and len(self.lateness) == len(self.records)
+        )
+
+    def describe(self) -> str:
+        """``train_step #41: process 3 last, +52 ms`` (or who it waits for)."""
+        if self.waiting or self.missing:
+            parts = []
+            if self.waiting:
+                parts.append(f'{fmt_hosts(self.waiting)} waiting at its check')
+            if self.missing:
+                parts.append(f'{fmt_hosts(self.missing)} not there yet')
+            return f'{self.label}: ' + '; '.join(parts)
+        if self.last_host is None:
+            return f'{self.label}: one host'
+        clock = ' (wall clocks)' if self.clock_compared else ''
+        return f'{self.label}: process {self.last_host} last, +{fmt_seconds(self.skew)}{clock}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Stragglers:
+    """Who arrives last, over a timeline's complete steps (`Timeline.stragglers`).
+
+    Attributes:
+        steps: complete steps counted (at least two hosts, every arrival known).
+        counts: process -> in how many of them it arrived last.
+        host: the straggler, or None when no host stands out (fewer than half
+            of the steps, or not clearly above chance with two or three hosts).
+        share: fraction of ``steps`` in which ``host`` (or, when ``host`` is
+            None, the most frequent last host) arrived last.
+        median_behind: median, over the steps in which that host arrived
+            last, of how long after the first host it arrived (seconds).
+        median_skew: median first-to-last spread over all counted steps.
+        clock_compared: how many counted steps compared wall clocks.
+        num_hosts: hosts taking part in the counted steps.
+    """
+
+    steps: int
+    counts: Mapping[int, int]
+    host: int | None
+    share: float
+    median_behind: float
+    median_skew: float
+    clock_compared: int
+    num_hosts: int
+
+    @property
+    def most_often(self) -> int | None:
+        """The host that arrived last most often (ties: the lowest process), or None."""
+        if not self.counts:
+            return None
+        return max(sorted(self.counts), key=lambda p: self.counts[p])
+
+    def __str__(self) -> str:
+        if self.steps == 0:
+            return 'no step with two or more hosts recorded yet: no straggler to name'
+        top = self.most_often
+        assert top is not None
+        pct = f'{self.share * 100:.0f}%'
+        clock = ''
+        if self.clock_compared:
+            clock = (
+                f' (wall clocks compared in {self.clock_compared} of {self.steps} steps: '
+                'clock skew between machines adds to those)'
+            )
+        if self.host is not None:
+            return (
+                f'process {self.host} arrived last in {pct} of the last {self.steps} steps '
+                f'({self.counts[self.host]} of {self.steps}), median '
+                f'+{fmt_seconds(self.median_behind)} after the first host' + clock
+            )
+        return (
+            f'no consistent straggler over the last {self.steps} steps: the last to arrive '
+            f'varies (most often process {top}, {pct}); median skew '
+            f'{fmt_seconds(self.median_skew)}' + clock
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """Every host's flight records aligned into steps; who arrived late, by how much.
+
+    Build it with `Timeline.build` (or `multihost.timeline()`, which gathers
+    every host's records first).
+
+    Attributes:
+        steps: the aligned steps, oldest first (by first arrival). Steps at
+            the start of the window that some host no longer holds (its last
+            records begin later) are left out.
+        num_processes: the number of processes in the job.
+        hosts: the processes whose records are included (that answered).
+    """
+
+    steps: tuple[TimelineStep, ...]
+    num_processes: int
+    hosts: tuple[int, ...]
+
+    @property
+    def silent(self) -> tuple[int, ...]:
+        """Processes that sent no records (did not answer)."""
+        return tuple(p for p in range(self.num_processes) if p not in self.hosts)
+
+    @property
+    def origin(self) -> float:
+        """The earliest entry time of any step (wall clock; 0.0 without steps)."""
+        return min((s.start for s in self.steps), default=0.0)
+
+    @property
+    def clock_compared(self) -> bool:
+        """Whether any step's lateness compares wall clocks (unchecked launches)."""
+        return any(s.clock_compared for s in self.steps)
+
+    # -- building ---------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls, records: Mapping[int, Sequence[FlightRecord]], num_processes: int | None = None
+    ) -> Timeline:
+        """Aligns every host's records into steps.
+
+        Args:
+            records: process -> its flight records, oldest first (as
+                `multihost.flight_records` returns them).
+            num_processes: processes in the job (default: the largest
+                process index seen plus one); those absent from ``records``
+                are `silent`.
+        """
+        hosts = tuple(sorted(int(p) for p in records))
+        if num_processes is None:
+            num_processes = hosts[-1] + 1 if hosts else 0
+        grouped: dict[StepKey, dict[int, FlightRecord]] = {}
+        # Per host and alignment class (the sequence, or one launch name's
+        # calls): the lowest number it still holds, its window's start.
+        oldest: dict[tuple[int, Any], int] = {}
+        for p in hosts:
+            for r in records[p]:
+                key = _key(r)
+                if key is None:
+                    continue
+                grouped.setdefault(key, {})[p] = r
+                cls_, num = _class_and_number(key)
+                oldest[p, cls_] = min(oldest.get((p, cls_), num), num)
+        steps = []
+        for key, recs in grouped.items():
+            cls_, num = _class_and_number(key)
+            missing = []
+            outside = False
+            for q in hosts:
+                if q in recs:
+                    continue
+                if (q, cls_) in oldest and oldest[q, cls_] > num:
+                    outside = True  # before q's window: q's record of it dropped off
+                    break
+                missing.append(q)  # not there yet (or skipped: an interrupt realigned)
+            if outside:
+                continue
+            steps.append(_step(key, recs, tuple(missing)))
+        steps.sort(key=lambda s: (s.start, s.seq if s.seq is not None else -1))
+        return cls(steps=tuple(steps), num_processes=int(num_processes), hosts=hosts)
+
+    # -- summaries --------------------------------------------------------------------
+
+    def stragglers(self) -> Stragglers:
+        """Who arrived last how often, over the complete steps (see `Stragglers`)."""
+        counted = [s for s in self.steps if s.complete]
+        counts: dict[int, int] = {}
+        for s in counted:
+            last = s.last_host
+            if last is not None:
+                counts[last] = counts.get(last, 0) + 1
+        n = len(counted)
+        num_hosts = len({p for s in counted for p in s.records})
+        top = max(sorted(counts), key=lambda p: counts[p]) if counts else None
+        share = counts[top] / n if top is not None and n else 0.0
+        # Named only when it stands out: at least half of the steps, and 1.5x
+        # what chance would give (with two hosts, each is last half the time).
+        stands_out = top is not None and share >= max(0.5, 1.5 / max(num_hosts, 1))
+        behind = [s.skew for s in counted if s.last_host == top]
+        return Stragglers(
+            steps=n,
+            counts=dict(sorted(counts.items())),
+            host=top if stands_out else None,
+            share=share,
+            median_behind=statistics.median(behind) if behind else 0.0,
+            median_skew=statistics.median(s.skew for s in counted) if counted else 0.0,
+            clock_compared=sum(s.clock_compared for s in counted),
+            num_hosts=num_hosts,
+        )
+
+    def format(self, last: int = FORMAT_ROWS) -> str:
+        """The straggler summary, then the newest ``last`` steps: slowest host and skew per step.
+
+        Up to `MAX_HOST_COLUMNS` hosts, each host's lateness (ms after the
+        first to arrive) gets a column. Skews marked ``*`` compare wall clocks.
+        """
+        lines = [str(self.stragglers())]
+        if self.silent:
+            lines.append(f'no records from {fmt_hosts(self.silent)} (no answer)')
+        if not self.steps:
+            lines.append('no steps recorded')
+            return '\n'.join(lines)
+        shown = self.steps[-last:] if last > 0 else ()
+        if len(shown) < len(self.steps):
+            lines.append(f'the newest {len(shown)} of {len(self.steps)} steps:')
+        per_host = len(self.hosts) <= MAX_HOST_COLUMNS
+        width = max(24, *(len(s.label) for s in shown)) if shown else 24
+        head = f'{"step":<{width}}  {"last":<11} {"skew":>10}'
+        if per_host:
+            head += '   ' + ' '.join(f'{"p" + str(p):>8}' for p in self.hosts)
+        lines.append(head)
+        for s in shown:
+            if s.complete:
+                last_h = f'process {s.last_host}'
+                skew = f'+{fmt_seconds(s.skew)}' + ('*' if s.clock_compared else ' ')
+            else:
+                last_h, skew = '', ''
+            row = f'{s.label:<{width}}  {last_h:<11} {skew:>10}'
+            if per_host:
+                cells = []
+                for p in self.hosts:
+                    if p in s.lateness:
+                        cells.append(f'{s.lateness[p] * 1e3:8.1f}')
+                    elif p in s.waiting:
+                        cells.append(f'{"waiting":>8}')
+                    elif p in s.missing:
+                        cells.append(f'{"absent":>8}')
+                    else:
+                        cells.append(f'{"?":>8}')
+                row += '   ' + ' '.join(cells)
+            elif not s.complete:
+                row += '   ' + s.describe().split(': ', 1)[-1]
+            lines.append(row.rstrip())
+        if per_host:
+            lines.append('(per host: ms after the first host to arrive)')
+        if any(s.clock_compared for s in shown):
+            lines.append(
+                '* unchecked launches (watch(..., check=False)): wall clocks compared, '
+                'so clock skew between machines applies'
+            )
+        return '\n'.join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    # -- Chrome trace -----------------------------------------------------------------
+
+    def chrome_trace(self) -> dict[str, Any]:
+        """The timeline as Chrome trace-event JSON (a dict; see `to_chrome_trace`)."""
+        origin = self.origin
+        events: list[dict[str, Any]] = []
+        for p in self.hosts:
+            events.append(_meta('process_name', p, {'name': f'process {p}'}))
+            events.append(_meta('process_sort_index', p, {'sort_index': p}))
+            events.append(_meta('thread_name', p, {'name': f'process {p}'}))
+        for s in self.steps:
+            last = s.last_host if s.complete else None
+            for p, r in sorted(s.records.items()):
+                args: dict[str, Any] = {
+                    'site': r.site,
+                    'state': r.state,
+                    'after_first_ms': (round(s.lateness[p] * 1e3, 3) if p in s.lateness else None),
+                    'arrived_last': p == last,
+                    'step_skew_ms': round(s.skew * 1e3, 3),
+                }
+                if s.seq is not None:
+                    args['seq'] = s.seq
+                if r.kind == 'launch':
+                    args['call'] = r.call
+                if s.clock_compared:
+                    args['clock_compared'] = True
+                dur = r.wait if (s.seq is not None and r.wait is not None) else 0.0
+                events.append(
+                    {
+                        'name': s.label,
+                        'cat': r.kind,
+                        'ph': 'X',
+                        'ts': round((r.time - origin) * 1e6, 3),
+                        'dur': round(max(dur, 0.0) * 1e6, 3),
+                        'pid': p,
+                        'tid': p,
+                        'args': args,
+                    }
+                )
+        return {
+            'traceEvents': events,
+            'displayTimeUnit': 'ms',
+            'otherData': {
+                'source': 'multihost.Timeline',
+                'origin_unix_time': origin,
+                'num_processes': self.num_processes,
+                'stragglers': str(self.stragglers()),
+                'clocks': "each host's own wall clock; clocks of different machines may be skewed",
+            },
+        }
+
+    def to_chrome_trace(self, path: str | os.PathLike[str]) -> str:
+        """Writes Chrome trace-event JSON: one track per host, for Perfetto or chrome://tracing.
+
+        Each host is a track (``pid`` = ``tid`` = its process index, named
+        ``process N``). A checked step is a complete event (``ph: 'X'``) from
+        the host's arrival to its release: its duration is the host's wait at
+        the cross-host check, so hosts that waited long for a straggler show
+        long bars and the straggler a short one. An unchecked launch is a
+        zero-length event at its call. ``args`` carry the call site, state,
+        lateness after the first host, whether the host arrived last, and the
+        step's skew.
+
+        Times (``ts``, ``dur``) are microseconds since the timeline's first
+        entry (``otherData.origin_unix_time``), each host on **its own
+        clock**: on one machine they line up; clocks of different machines
+        may be skewed, shifting a whole track (the waits and lateness are not
+        affected: they come from each host's own wait).
+
+        Returns:
+            The path written.
+        """
+        path = os.fspath(path)
+        with open(path, 'w', encoding='utf-8') as f:
+            json.dump(self.chrome_trace(), f, separators=(',', ':'))
+        return path
+
+
+def _meta(name: str, p: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {'name': name, 'ph': 'M', 'pid': p, 'tid': p, 'args': args}
+
+
+def _key(r: FlightRecord) -> StepKey | None:
+    """How a record aligns across hosts, or None (an unchecked collective: nothing to align by)."""
+    if r.seq is not None:
+        return ('seq', r.seq)
+    if r.kind == 'launch' and r.call >= 0:
+        return ('call', r.name, r.call)
+    return None
+
+
+def _class_and_number(key: StepKey) -> tuple[Any, int]:
+    """(the numbering the key belongs to, its number in it): ``'seq'`` or a launch's name."""
+    if key[0] == 'seq':
+        return 'seq', int(key[1])
+    return ('call', key[1]), int(key[2])
+
+
+def _step(key: StepKey, recs: dict[int, FlightRecord], missing: tuple[int, ...]) -> TimelineStep:
+    first = recs[min(recs)]
+    labels = {r.label for r in recs.values()}
+    label = first.label if len(labels) == 1 else f'{first.label} (hosts differ)'
+    checked = key[0] == 'seq'
+    waiting = tuple(sorted(p for p, r in recs.items() if r.state == WAITING))
+    if checked:
+        waits = {p: r.wait for p, r in recs.items() if r.wait is not None}
+        top = max(waits.values(), default=0.0)
+        lateness = {p: max(top - w, 0.0) for p, w in waits.items()}
+    else:
+        t0 = min(r.time for r in recs.values())
+        lateness = {p: r.time - t0 for p, r in recs.items()}
+    return TimelineStep(
+        label=label,
+        kind=first.kind,
+        name=first.name,
+        seq=first.seq if checked else None,
+        call=first.call,
+        clock_compared=not checked,
+        records=dict(sorted(recs.items())),
+        lateness=dict(sorted(lateness.items())),
+        waiting=waiting,
+        missing=missing,
+    )
+
+
+def timeline(last: int = 200, timeout: float = 10.0) -> Timeline:
+    """Every host's last ``last`` flight records, gathered and aligned into a `Timeline`.
+
+    Callable from any host, also while the others are blocked: each host's
+    debug thread answers (`multihost.flight_records`). Hosts that do not
+    answer within ``timeout`` are left out (`Timeline.silent`).
+    """
+    from multihost import _kv, _wavefront
+
+    records = _wavefront.flight_records(last=last, timeout=timeout)
+    return Timeline.build(records, _kv.process_count())
