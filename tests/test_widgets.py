@@ -888,11 +888,13 @@ def test_public_surface():
             'LayoutGrid',
             'LayoutView',
             'StepperView',
+            'TimelineView',
             'TreeDiffView',
             'WhereView',
             'host_color',
             'layout_grid',
             'render_layout_png',
+            'render_timeline_png',
         ]
     )
     assert all(hasattr(mw, name) for name in mw.__all__)

@@ -6,18 +6,22 @@ picture). Views never talk to the cluster: actions are callables the caller
 injects, and ``update(model)`` shows a new model. Each shows its model's own
 text where widgets cannot render (a terminal, a log)::
 
-    from mhnotebook.widgets import LayoutView, TreeDiffView, StepperView, WhereView
+    from mhnotebook.widgets import (
+        LayoutView, StepperView, TimelineView, TreeDiffView, WhereView
+    )
 
     LayoutView(multihost.describe_layout(x), values=gathered)
     TreeDiffView(multihost.tree_diff(params))
     StepperView(table, on_step=session.release, on_refresh=session.step_table)
     WhereView(stacks, on_refresh=session.where)
+    TimelineView(multihost.timeline(), on_refresh=session.timeline)
 
-`layout_grid` and `render_layout_png` are the layout view's pure parts, for
-pictures outside a widget. Every widget part carries a stable CSS class
-(``mh-layout``, ``mh-layout-block``, ``mh-host-<p>``, ``mh-treediff``,
-``mh-odd-host``, ``mh-stepper``, ``mh-step-button``, ``mh-where``...; each
-view's docstring lists them).
+`layout_grid` and `render_layout_png` are the layout view's pure parts, and
+`render_timeline_png` the timeline's, for pictures outside a widget. Every
+widget part carries a stable CSS class (``mh-layout``, ``mh-layout-block``,
+``mh-host-<p>``, ``mh-treediff``, ``mh-odd-host``, ``mh-stepper``,
+``mh-step-button``, ``mh-where``, ``mh-timeline``, ``mh-timeline-summary``,
+``mh-timeline-chart``...; each view's docstring lists them).
 """
 
 from mhnotebook.widgets._common import host_color
@@ -29,6 +33,7 @@ from mhnotebook.widgets._layout import (
     render_layout_png,
 )
 from mhnotebook.widgets._stepper import StepperView
+from mhnotebook.widgets._timeline import TimelineView, render_timeline_png
 from mhnotebook.widgets._treediff import TreeDiffView
 from mhnotebook.widgets._where import WhereView
 
@@ -37,9 +42,11 @@ __all__ = [
     'LayoutGrid',
     'LayoutView',
     'StepperView',
+    'TimelineView',
     'TreeDiffView',
     'WhereView',
     'host_color',
     'layout_grid',
     'render_layout_png',
+    'render_timeline_png',
 ]

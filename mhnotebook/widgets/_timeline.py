@@ -1,0 +1,434 @@
+"""The timeline view: a host x time chart of collectives and watched launches, and who is late.
+
+Built from a `multihost.Timeline` (every host's flight records aligned step
+by step). Pure parts, testable without a widget: `chart_hosts` picks the
+rows (every host up to `MAX_ROWS`, else the ones most often last),
+`render_timeline_png` draws the chart with matplotlib (Agg, no pyplot
+state), `steps_table_html` is the newest steps' table.
+"""
+
+from __future__ import annotations
+
+import io
+import textwrap
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+
+from mhnotebook.widgets._common import (
+    CSS,
+    View,
+    _png_b64,
+    add_classes,
+    banner,
+    esc,
+    host_color,
+    run_action,
+    swatch,
+    widget_html,
+)
+from multihost import Timeline
+from multihost._text import fmt_hosts
+from multihost._timeline import fmt_seconds
+
+#: Host rows drawn at most; with more hosts, those most often last are drawn.
+MAX_ROWS = 32
+#: Steps listed in the table (the newest).
+TABLE_ROWS = 20
+#: Per-host lateness columns in the table up to this many hosts.
+MAX_HOST_COLUMNS = 16
+#: Hosts named in the chart's legend of who arrived last.
+_LEGEND_HOSTS = 8
+
+_DPI = 100
+_ROW_IN = 0.26  # height of one host row
+_SKEW_IN = 1.3  # height of the skew panel
+_TOP_IN = 0.4  # title
+_LEGEND_IN = 1.45  # right margin for the legend
+_BOTTOM_IN = 0.5  # x axis label
+_GAP_IN = 0.3
+_LAST_MARK = '#000000'  # black: no host colour is black
+
+
+def chart_hosts(timeline: Timeline, max_rows: int = MAX_ROWS) -> tuple[list[int], bool]:
+    """The hosts that get a row, in process order, and whether some were left out.
+
+    Every host up to ``max_rows``; beyond, the hosts most often last (then
+    the latest on average), so the stragglers are always drawn.
+    """
+    hosts = list(timeline.hosts)
+    if len(hosts) <= max_rows:
+        return hosts, False
+    counts = timeline.stragglers().counts
+    total: dict[int, float] = {}
+    for s in timeline.steps:
+        for p, late in s.lateness.items():
+            total[p] = total.get(p, 0.0) + late
+    ranked = sorted(hosts, key=lambda p: (-counts.get(p, 0), -total.get(p, 0.0), p))
+    return sorted(ranked[:max_rows]), True
+
+
+def render_timeline_png(timeline: Timeline, *, width: int = 860, max_rows: int = MAX_ROWS) -> bytes:
+    """Draws the host x time chart and the skew of every step as a PNG.
+
+    Top panel, one row per host (process 0 at the top), x = seconds since
+    the first entry on each host's own clock: a bar from a host's arrival at
+    a checked step to its release (its wait: long for hosts that waited for
+    others), a tick for an unchecked launch, and a black triangle on the host
+    that arrived last at each step. Bottom panel: each step's skew (first to
+    last arrival), coloured by the host that arrived last; hollow markers
+    compare wall clocks (unchecked launches). Uses matplotlib's Agg canvas
+    directly (no pyplot, no global backend switch).
+
+    Args:
+        timeline: a `multihost.Timeline`.
+        width: the image's width in pixels.
+        max_rows: host rows at most (see `chart_hosts`); the title says how
+            many were left out.
+
+    Returns:
+        The PNG file's bytes.
+    """
+    from matplotlib.figure import Figure
+
+    hosts, capped = chart_hosts(timeline, max_rows)
+    rows = {p: i for i, p in enumerate(hosts)}
+    n_rows = max(len(hosts), 1)
+    top_h = max(_ROW_IN * n_rows + 0.3, 1.0)
+    fig_w = width / _DPI
+    fig_h = _TOP_IN + (0.18 if capped else 0.0) + top_h + _GAP_IN + _SKEW_IN + _BOTTOM_IN
+    fig = Figure(figsize=(fig_w, fig_h), dpi=_DPI)
+    left, right = 0.95 / fig_w, 1 - _LEGEND_IN / fig_w
+    ax = fig.add_axes(
+        (left, (_BOTTOM_IN + _SKEW_IN + _GAP_IN) / fig_h, right - left, top_h / fig_h)
+    )
+    ax_skew = fig.add_axes((left, _BOTTOM_IN / fig_h, right - left, _SKEW_IN / fig_h), sharex=ax)
+    title = 'host x time: bar = wait at a checked step (long: waited for others), '
+    title += '| = unchecked launch, ▼ = arrived last'
+    if capped:
+        title += (
+            f'\n{len(hosts)} of {len(timeline.hosts)} hosts drawn (those most often last); '
+            'the table and text cover every host'
+        )
+    fig.suptitle(title, fontsize=8, y=1 - 0.08 / fig_h, va='top')
+    if not timeline.steps:
+        ax.text(0.5, 0.5, 'no steps recorded', ha='center', va='center', transform=ax.transAxes)
+        ax.set_yticks([])
+        ax_skew.set_yticks([])
+        return _png(fig)
+    origin = timeline.origin
+    bars: dict[int, list[tuple[float, float]]] = {p: [] for p in hosts}
+    arrivals: dict[int, list[float]] = {p: [] for p in hosts}
+    ticks: dict[int, list[float]] = {p: [] for p in hosts}
+    last_x: list[float] = []
+    last_y: list[float] = []
+    for s in timeline.steps:
+        last = s.last_host if s.complete else None
+        for p, r in s.records.items():
+            if p not in rows:
+                continue
+            x = r.time - origin
+            if s.seq is not None:
+                arrivals[p].append(x)
+                if r.wait is not None:
+                    bars[p].append((x, r.wait))
+            else:
+                ticks[p].append(x)
+            if p == last:
+                last_x.append(x)
+                last_y.append(rows[p] - 0.42)
+    for p in hosts:
+        y = rows[p]
+        color = host_color(p)
+        if bars[p]:
+            ax.broken_barh(bars[p], (y - 0.3, 0.6), facecolors=color, edgecolors='none', alpha=0.8)
+        if arrivals[p]:
+            ax.vlines(arrivals[p], y - 0.34, y + 0.34, colors='#333333', linewidth=0.6)
+        if ticks[p]:
+            ax.vlines(ticks[p], y - 0.4, y + 0.4, colors=color, linewidth=1.2)
+    if last_x:
+        ax.scatter(last_x, last_y, marker='v', s=22, c=_LAST_MARK, zorder=3, linewidths=0)
+    ax.set_ylim(n_rows - 0.5, -0.8)
+    ax.set_yticks(range(len(hosts)))
+    ax.set_yticklabels([f'process {p}' for p in hosts], fontsize=7 if len(hosts) > 16 else 8)
+    for label, p in zip(ax.get_yticklabels(), hosts):
+        label.set_color(host_color(p) if p % 20 < 10 else '#333333')
+    ax.tick_params(axis='x', labelbottom=False)
+    ax.grid(axis='x', color='#dddddd', linewidth=0.5)
+    ax.set_axisbelow(True)
+    _draw_skew(ax_skew, timeline, origin)
+    return _png(fig)
+
+
+def _draw_skew(ax: Any, timeline: Timeline, origin: float) -> None:
+    """Each step's skew (ms) at its first arrival, coloured by the host that arrived last."""
+    from matplotlib.lines import Line2D
+
+    xs, ys, colors, hollow = [], [], [], []
+    lasts: dict[int, int] = {}
+    for s in timeline.steps:
+        if not s.complete:
+            continue
+        last = s.last_host
+        assert last is not None
+        xs.append(s.start - origin)
+        ys.append(s.skew * 1e3)
+        colors.append(host_color(last))
+        hollow.append(s.clock_compared)
+        lasts[last] = lasts.get(last, 0) + 1
+    if xs:
+        ax.vlines(xs, 0, ys, colors=colors, linewidth=1.0, alpha=0.7)
+        solid = [i for i, h in enumerate(hollow) if not h]
+        empty = [i for i, h in enumerate(hollow) if h]
+        if solid:
+            ax.scatter(
+                [xs[i] for i in solid],
+                [ys[i] for i in solid],
+                s=14,
+                c=[colors[i] for i in solid],
+                zorder=3,
+                linewidths=0,
+            )
+        if empty:
+            ax.scatter(
+                [xs[i] for i in empty],
+                [ys[i] for i in empty],
+                s=16,
+                facecolors='white',
+                edgecolors=[colors[i] for i in empty],
+                zorder=3,
+                linewidths=1.0,
+            )
+        ax.set_ylim(0, max(ys) * 1.15 or 1.0)
+    else:
+        ax.text(
+            0.5,
+            0.5,
+            'no step passed by two or more hosts yet',
+            ha='center',
+            va='center',
+            transform=ax.transAxes,
+            fontsize=8,
+        )
+    ax.set_ylabel('skew (ms)', fontsize=8)
+    ax.set_xlabel("seconds since the first entry (each host's own clock)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(axis='y', color='#dddddd', linewidth=0.5)
+    ax.set_axisbelow(True)
+    top = sorted(lasts, key=lambda p: (-lasts[p], p))[:_LEGEND_HOSTS]
+    handles = [
+        Line2D(
+            [],
+            [],
+            marker='o',
+            linestyle='',
+            color=host_color(p),
+            markersize=5,
+            label=f'process {p} last ({lasts[p]})',
+        )
+        for p in top
+    ]
+    if any(hollow):
+        handles.append(
+            Line2D(
+                [],
+                [],
+                marker='o',
+                linestyle='',
+                markerfacecolor='white',
+                markeredgecolor='#555555',
+                markersize=5,
+                label='wall clocks compared',
+            )
+        )
+    if handles:
+        ax.legend(
+            handles=handles,
+            fontsize=7,
+            loc='upper left',
+            bbox_to_anchor=(1.0, 1.0),
+            frameon=False,
+            borderaxespad=0.2,
+        )
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format='png', dpi=_DPI)
+    return buf.getvalue()
+
+
+def summary_html(timeline: Timeline) -> str:
+    """The straggler sentence as a banner (flagged when a host stands out), the clock caveat."""
+    st = timeline.stragglers()
+    cls = 'mh-flagged' if st.host is not None else 'mh-info'
+    text = str(st)
+    claim, _, caveat = text.partition(' (wall clocks compared')
+    body = f'<b>{esc(claim)}</b>'
+    if caveat:
+        body += esc(' (wall clocks compared' + caveat)
+    elif timeline.clock_compared:
+        body += (
+            '<br>Unchecked launches (<code>watch(..., check=False)</code>) compare wall '
+            'clocks: clock skew between machines adds to their lateness.'
+        )
+    return CSS + f'<div class="mh-timeline-summary">{banner(body, cls)}</div>'
+
+
+def steps_table_html(timeline: Timeline, rows: int = TABLE_ROWS) -> str:
+    """The newest ``rows`` steps: the host that arrived last, the skew, each host's lateness.
+
+    Cells of the last host have class ``mh-odd-host``; rows ``mh-timeline-step``.
+    """
+    if not timeline.steps:
+        return ''
+    shown = timeline.steps[-rows:]
+    hosts = list(timeline.hosts) if len(timeline.hosts) <= MAX_HOST_COLUMNS else []
+    head = '<th>step</th><th>last to arrive</th><th>skew</th>'
+    head += ''.join(f'<th class="mh-host-{p}">{swatch(p)} {p}</th>' for p in hosts)
+    body = []
+    for s in reversed(shown):
+        last = s.last_host if s.complete else None
+        star = '*' if s.clock_compared else ''
+        if last is not None:
+            who = f'{swatch(last)} process {last}'
+            skew = f'+{esc(fmt_seconds(s.skew))}{star}'
+        else:
+            who, skew = esc(s.describe().split(': ', 1)[-1]), ''
+        cells = [f'<td><code>{esc(s.label)}</code></td><td>{who}</td><td>{skew}</td>']
+        for p in hosts:
+            cls = f'mh-host-{p}' + (' mh-odd-host' if p == last else '')
+            if p in s.lateness:
+                text = f'{s.lateness[p] * 1e3:.1f}'
+            elif p in s.waiting:
+                text = 'waiting'
+            elif p in s.missing:
+                text = 'absent'
+            else:
+                text = ''
+            cells.append(f'<td class="{cls}">{text}</td>')
+        body.append(f'<tr class="mh-timeline-step">{"".join(cells)}</tr>')
+    notes = []
+    if hosts:
+        notes.append('per host: ms after the first host to arrive')
+    if any(s.clock_compared for s in shown):
+        notes.append('* wall clocks compared (unchecked launch)')
+    more = len(timeline.steps) - len(shown)
+    if more:
+        notes.append(f'{more} older steps in the chart and the Chrome trace')
+    return (
+        f'{CSS}<div class="mh-timeline-table"><div class="mh-scroll"><table class="mh-table">'
+        f'<tr>{head}</tr>{"".join(body)}</table></div>'
+        + (f'<div style="font-size:11px">{esc("; ".join(notes))}</div>' if notes else '')
+        + '</div>'
+    )
+
+
+def status_html(timeline: Timeline) -> str:
+    """How many steps and hosts, and who sent nothing."""
+    text = (
+        f'{len(timeline.steps)} steps from {len(timeline.hosts)} of '
+        f'{timeline.num_processes} hosts, read at {time.strftime("%H:%M:%S")}'
+    )
+    if timeline.silent:
+        text += f'; no records from {fmt_hosts(timeline.silent)}'
+    return CSS + f'<span class="mh-timeline-state">{esc(text)}</span>'
+
+
+class TimelineView(View):
+    """A `multihost.Timeline` as a host x time chart, the straggler summary and a step table.
+
+    Args:
+        timeline: a `multihost.Timeline` (``multihost.timeline()`` on a
+            host, ``session.timeline()`` in the notebook).
+        on_refresh: returns a fresh timeline; enables the Refresh button.
+        max_rows: host rows of the chart at most (see `chart_hosts`).
+
+    Stable CSS classes: ``mh-timeline`` (the view), ``mh-timeline-status``,
+    ``mh-timeline-summary`` (the straggler sentence), ``mh-timeline-chart``
+    (the PNG), ``mh-timeline-table`` (rows ``mh-timeline-step``, cells
+    ``mh-host-<p>``, the last host's ``mh-odd-host``),
+    ``mh-timeline-message``, ``mh-refresh-button``.
+    """
+
+    def __init__(
+        self,
+        timeline: Timeline,
+        *,
+        on_refresh: Callable[[], Timeline] | None = None,
+        max_rows: int = MAX_ROWS,
+    ):
+        self._on_refresh = on_refresh
+        self.max_rows = int(max_rows)
+        self._refresh_button = add_classes(
+            widgets.Button(
+                description='Refresh',
+                tooltip="read every host's flight records again",
+                disabled=on_refresh is None,
+            ),
+            'mh-refresh-button',
+            'mh-button',
+        )
+        self._refresh_button.on_click(lambda _b: self.refresh())
+        self._status = add_classes(widgets.HTML(), 'mh-timeline-status')
+        self._message = add_classes(widgets.HTML(), 'mh-timeline-message')
+        self._summary = add_classes(widgets.HTML(), 'mh-timeline-summary')
+        self._chart = add_classes(widgets.Image(format='png'), 'mh-timeline-chart')
+        self._table = add_classes(widgets.HTML(), 'mh-timeline-table')
+        top = widgets.HBox([self._refresh_button, self._status])
+        self.widget = add_classes(
+            widgets.VBox([top, self._message, self._summary, self._chart, self._table]),
+            'mh-timeline',
+        )
+        self.update(timeline)
+
+    @property
+    def timeline(self) -> Timeline:
+        """The timeline shown."""
+        return self._timeline
+
+    def text(self) -> str:
+        """The timeline's own text (`Timeline.format`): the summary and the newest steps."""
+        return self._timeline.format()
+
+    def static_html(self) -> str:
+        """The widget's picture; its parts keep their ``mh-timeline*`` classes."""
+        chart = (
+            f'<img class="mh-timeline-chart" src="data:image/png;base64,'
+            f'{_png_b64(self._chart.value)}" alt="host x time chart of the timeline">'
+        )
+        inner = widget_html(self.widget, {id(self._chart): chart})
+        return f'<div class="mh-timeline">{inner}</div>'
+
+    def update(self, timeline: Timeline) -> None:
+        """Shows another timeline."""
+        if not isinstance(timeline, Timeline):
+            raise TypeError(
+                'TimelineView expects a multihost.Timeline (multihost.timeline() on a host, '
+                f'session.timeline() in the notebook), got {type(timeline).__module__}.'
+                f'{type(timeline).__qualname__}'
+            )
+        self._timeline = timeline
+        self._status.value = status_html(timeline)
+        self._summary.value = summary_html(timeline)
+        self._chart.value = render_timeline_png(timeline, max_rows=self.max_rows)
+        self._table.value = steps_table_html(timeline)
+
+    def refresh(self) -> None:
+        """Calls ``on_refresh`` and shows what it returns."""
+        if self._on_refresh is None:
+            return
+        ok, timeline = run_action(self._on_refresh, 'Refresh', self._error)
+        if not ok:
+            return
+        try:
+            self.update(timeline)
+        except TypeError as exc:
+            self._error(f'Refresh: {exc}')
+            return
+        self._message.value = ''
+
+    def _error(self, text: str) -> None:
+        self._message.value = CSS + banner(esc(textwrap.shorten(text, 2000)), 'mh-error')
