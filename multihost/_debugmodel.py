@@ -9,7 +9,13 @@ and can be tested with synthetic values, no cluster needed:
   call site) or that it has not arrived; whether the step was released,
   passed, or is divergent (hosts about to call different things).
 * `HostStacks`: where one host is: its Python threads' stacks, the collective
-  its main thread is in (or last entered) and the step gate it waits at.
+  it last entered, the step gate or cross-host check it waits at now (from
+  its flight recorder), and what it is doing, in words (`HostStacks.doing`).
+
+Frames are classified by file name alone (`frame_package`, `is_cell`,
+`cell_number`): user code and notebook cells, or a framework (ipyparallel,
+ipykernel, IPython, tornado, asyncio, zmq, the standard library, jax,
+multihost...) whose frames a view folds away.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import re
 import time as _time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from multihost._recorder import FlightRecord
 from multihost._sequence import CollectiveRecord
 
 #: One stack frame: (file name, line number, function name, source line).
@@ -261,6 +269,125 @@ def _short(site: str) -> str:
     return site.rsplit('/', 1)[-1]
 
 
+# -- frames: user code or framework (pure functions of the file name) -------------------
+
+#: Packages whose frames are framework, not the user's, wherever they are
+#: installed (also editable checkouts, found by a directory of that name).
+FRAMEWORKS = frozenset(
+    {
+        'ipyparallel',
+        'ipykernel',
+        'IPython',
+        'jupyter_client',
+        'jupyter_core',
+        'traitlets',
+        'comm',
+        'debugpy',
+        'tornado',
+        'zmq',
+        'jax',
+        'jaxlib',
+        'jax_plugins',
+        'multihost',
+        'mhnotebook',
+    }
+)
+
+# ipykernel >= 6 compiles a cell to <tmp>/ipykernel_<pid>/<hash of its code>.py;
+# older IPython to <ipython-input-<execution count>-<hash>>.
+_CELL_FILE = re.compile(r'[/\\]ipykernel_\d+[/\\]\d+\.py$')
+_INPUT_CELL = re.compile(r'^<ipython-input-(\d+)-[0-9a-f]+>$')
+_FROZEN = re.compile(r'^<frozen ([\w.]+)>$')
+# .../lib/python3.11/<module>..., also .../lib/python3.13t/ and Windows' ...\Lib\<module>
+_STDLIB = re.compile(r'[/\\](?:lib[/\\]python\d+(?:\.\d+)?t?|Lib)[/\\]([^/\\]+)')
+_SITE = re.compile(r'[/\\](?:site|dist)-packages[/\\]([^/\\]+)')
+
+
+def is_cell(filename: str) -> bool:
+    """Whether a frame's file is a notebook (IPython) cell."""
+    return bool(_CELL_FILE.search(filename) or _INPUT_CELL.match(filename))
+
+
+def cell_number(filename: str) -> int | None:
+    """The execution count in a cell's file name, if it carries one (``<ipython-input-4-...>``).
+
+    ipykernel's names (``/tmp/ipykernel_12/345.py``) carry a hash of the
+    code instead; `HostStacks.cells` then says which number the host's
+    IPython gave it.
+    """
+    m = _INPUT_CELL.match(filename)
+    return int(m.group(1)) if m else None
+
+
+def _module(name: str) -> str:
+    name = name.split('.', 1)[0]
+    return name[:-3] if name.endswith('.py') else name
+
+
+def frame_package(filename: str) -> str | None:
+    """The framework a frame's file belongs to, or None for user code (pure).
+
+    Framework: the standard library (named by its module: ``asyncio``,
+    ``threading``, ``runpy``...), ``<frozen ...>`` modules, anything
+    installed in ``site-packages`` / ``dist-packages`` (named by its top
+    package) and the packages in `FRAMEWORKS` wherever they are. User code:
+    notebook cells, other files, ``<string>`` and other exec'd code.
+    """
+    if is_cell(filename):
+        return None
+    m = _FROZEN.match(filename)
+    if m:
+        return _module(m.group(1))
+    if filename.startswith('<'):
+        return None
+    m = _SITE.search(filename)
+    if m:
+        return _module(m.group(1))
+    parts = re.split(r'[/\\]', filename)
+    for part in parts[:-1]:
+        if part in FRAMEWORKS:
+            return part
+    m = _STDLIB.search(filename)
+    if m:
+        return _module(m.group(1))
+    return None
+
+
+def is_user_frame(frame: Frame) -> bool:
+    """Whether a frame is the user's (a cell or a file outside every framework)."""
+    return frame_package(frame[0]) is None
+
+
+def framework_summary(frames: Sequence[Frame], names: int = 3) -> str:
+    """``'37 framework frames (ipyparallel, ipykernel, asyncio, ...)'``: the folded line.
+
+    Packages are named most frequent first, at most ``names`` of them.
+    """
+    counts = collections.Counter(p for p in (frame_package(f[0]) for f in frames) if p is not None)
+    n = sum(counts.values())
+    head = f'{n} framework frame{"" if n == 1 else "s"}'
+    if not counts:
+        return head
+    top = [p for p, _ in counts.most_common(names)]
+    more = ', ...' if len(counts) > names else ''
+    return f'{head} ({", ".join(top)}{more})'
+
+
+def secs(seconds: float) -> str:
+    """``'850 ms'``, ``'12 s'``, ``'5 min'``, ``'3.2 h'``."""
+    if seconds < 1:
+        return f'{max(seconds, 0) * 1000:.0f} ms'
+    if seconds < 120:
+        return f'{seconds:.0f} s'
+    if seconds < 3 * 3600:
+        return f'{seconds / 60:.0f} min'
+    return f'{seconds / 3600:.1f} h'
+
+
+def _what(kind: str, name: str) -> str:
+    return f'{kind}({name!r})' if name else kind
+
+
 @dataclasses.dataclass(frozen=True)
 class ThreadStack:
     """One Python thread's stack.
@@ -292,7 +419,7 @@ class ThreadStack:
 
 @dataclasses.dataclass(frozen=True)
 class HostStacks:
-    """Where one host is: its threads' stacks and the collective it is in.
+    """Where one host is: its threads' stacks, what it waits at, what it is doing.
 
     Attributes:
         process: the host's process index.
@@ -302,7 +429,8 @@ class HostStacks:
             service (if any).
         hostname: the machine's name.
         os_pid: the operating-system process id.
-        current: the collective the main thread is in, or last entered.
+        current: the collective the main thread last entered (it may have
+            left it long ago: ``waiting`` says whether it is there now).
         gate: the step whose release the host is waiting for (stepping), or None.
         stepping: whether stepping is on in that process.
         where: the main thread's innermost frame in user code (outside
@@ -310,6 +438,15 @@ class HostStacks:
         threads: every Python thread's stack (the debug thread itself excluded).
         time: when the stacks were taken (``time.time()``).
         error: why there is no answer (empty when ``answered``).
+        waiting: the flight-recorder entry whose cross-host check (barrier,
+            collective, watched launch) the main thread waits at now, or None.
+        waiting_for: seconds it has waited there (the host's clock).
+        last: the newest flight-recorder entry (what the host last entered).
+        idle: seconds since the host last entered or left a recorded call.
+        cells: file name -> the execution count the host's IPython gave that
+            cell, for the cells in ``threads``.
+        engine: the host is an ipyparallel engine (its cell numbers count the
+            cells the engine ran, not the notebook's ``In[n]``).
     """
 
     process: int
@@ -323,24 +460,173 @@ class HostStacks:
     threads: tuple[ThreadStack, ...] = ()
     time: float = 0.0
     error: str = ''
+    waiting: FlightRecord | None = None
+    waiting_for: float = 0.0
+    last: FlightRecord | None = None
+    idle: float = 0.0
+    cells: tuple[tuple[str, int], ...] = ()
+    engine: bool = False
 
     @property
     def main_thread(self) -> ThreadStack | None:
         """The main thread's stack, if it was taken."""
         return next((t for t in self.threads if t.main), None)
 
+    # -- frames in words ------------------------------------------------------------------
+
+    def cell_name(self, filename: str) -> str | None:
+        """``'cell 4'``, ``'engine cell 4'``, ``'a notebook cell'`` (a cell's file) or None."""
+        if not is_cell(filename):
+            return None
+        n = dict(self.cells).get(filename)
+        if n is None:
+            n = cell_number(filename)
+        if n is None:
+            return 'a notebook cell'
+        return f'{"engine cell" if self.engine else "cell"} {n}'
+
+    def frame_label(self, frame: Frame) -> str:
+        """``'cell 4, line 3'``, ``'cell 4, line 3 in f'``, ``'data.py:88 in load_shard'``."""
+        filename, lineno, func, _ = frame
+        cell = self.cell_name(filename)
+        if cell is not None:
+            inside = '' if func == '<module>' else f' in {func}'
+            return f'{cell}, line {lineno}{inside}'
+        return f'{_short(filename)}:{lineno} in {func}'
+
+    def user_frames(self, thread: ThreadStack | None = None) -> tuple[Frame, ...]:
+        """The user's frames of a thread (default: the main thread), outermost first."""
+        t = self.main_thread if thread is None else thread
+        return () if t is None else tuple(f for f in t.frames if is_user_frame(f))
+
+    @property
+    def at(self) -> str:
+        """The main thread's innermost user frame in words (`frame_label`), or ``where``."""
+        frames = self.user_frames()
+        return self.frame_label(frames[-1]) if frames else self.where
+
+    # -- what the host is doing -------------------------------------------------------------
+
+    @property
+    def activity(self) -> str:
+        """``'no answer'``, ``'held'`` (step gate), ``'waiting'`` (cross-host check),
+        ``'running'`` (user code), ``'idle'`` (no user code on the main thread) or
+        ``'unknown'`` (no main-thread stack)."""
+        if not self.answered:
+            return 'no answer'
+        if self.gate is not None:
+            return 'held'
+        if self.waiting is not None:
+            return 'waiting'
+        main = self.main_thread
+        if main is None:
+            return 'running' if self.where else 'unknown'
+        return 'running' if self.user_frames() else 'idle'
+
+    def describe_doing(self, waited: str | None = None, idle: str | None = None) -> str:
+        """`doing`, with the durations given as text (a group shows its range)."""
+        waited = secs(self.waiting_for) if waited is None else waited
+        idle = secs(self.idle) if idle is None else idle
+        activity = self.activity
+        if activity == 'no answer':
+            last = self.current
+            why = self.error if self.error.startswith('no answer') else f'no answer: {self.error}'
+            return why + (
+                f'; last published {_what(last.kind, last.name)} #{last.seq}' if last else ''
+            )
+        if activity == 'held':
+            c = self.current
+            what = f' ({_what(c.kind, c.name)})' if c is not None and c.seq == self.gate else ''
+            return f'waiting for release of #{self.gate}{what}' + (
+                f' for {waited}' if self.waiting is not None else ''
+            )
+        if activity == 'waiting':
+            w = self.waiting
+            assert w is not None
+            where = f'the cross-host check of launch {w.label}' if w.is_launch else w.label
+            return f'waiting at {where} for {waited}'
+        if activity == 'running':
+            head = f'running user code at {self.at}'
+        elif activity == 'idle':
+            head = 'idle (no user code running)'
+        else:
+            head = 'main thread not seen'
+        return head + self._last_words(idle)
+
+    def _last_words(self, idle: str) -> str:
+        last = self.last
+        if last is not None:
+            what = 'launch' if last.is_launch else 'collective'
+            return f', last {what} {last.label} ({idle} ago)'
+        c = self.current
+        if c is not None:
+            ago = f' (entered {secs(self.time - c.time)} ago)' if self.time and c.time else ''
+            return f', last collective {_what(c.kind, c.name)} #{c.seq}{ago}'
+        return ', no collective yet'
+
+    @property
+    def doing(self) -> str:
+        """What the host is doing now, in words.
+
+        ``"waiting at barrier('after-eval') #7 for 12 s"``, ``"waiting for
+        release of #5 (barrier('x')) for 3 s"`` (stepping), ``"running user
+        code at cell 4, line 3, last collective barrier('x') #4 (20 s ago)"``,
+        ``"idle (no user code running), ..."``, ``"no answer: ..."``.
+        """
+        return self.describe_doing()
+
+    @property
+    def state(self) -> tuple[Any, ...]:
+        """What hosts in the same state share (durations aside): the key views group by.
+
+        Same activity and: the same step gate, the same check waited at, or
+        the same innermost user frame and last recorded call.
+        """
+        # No call sites or cell paths in the key: a cell's file is in a directory
+        # named after each host's pid.
+        activity = self.activity
+        c = self.current
+        cur = None if c is None else (c.seq, c.kind, c.name)
+        if activity == 'no answer':
+            return (activity, self.error, cur)
+        if activity == 'held':
+            return (activity, self.gate, cur)
+        if activity == 'waiting':
+            w = self.waiting
+            assert w is not None
+            return (activity, w.kind, w.name, w.call, w.seq)
+        frames = self.user_frames()
+        last = self.last
+        return (
+            activity,
+            self._frame_key(frames[-1]) if frames else self.where,
+            None if last is None else (last.kind, last.name, last.call, last.seq),
+            cur if last is None else None,
+        )
+
+    def _frame_key(self, frame: Frame) -> tuple[Any, ...]:
+        filename, lineno, func, _ = frame
+        cell = self.cell_name(filename)
+        if cell is not None:  # same code, same name: <tmp>/ipykernel_<pid>/<hash>.py
+            return (cell, re.split(r'[/\\]', filename)[-1], lineno, func)
+        return (filename, lineno, func)
+
+    # -- text --------------------------------------------------------------------------------
+
     def format(self) -> str:
-        """Plain text: a header naming the collective, then every thread's stack."""
+        """Plain text: a header saying what the host is doing, then every thread's stack."""
         head = f'process {self.process}'
         if self.hostname:
             head += f' ({self.hostname}, pid {self.os_pid})'
-        if self.current is not None:
-            head += f': {self.current.describe()}'
-        if self.gate is not None:
-            head += f', waiting for release of step #{self.gate}'
+        head += f': {self.doing}'
         if not self.answered:
-            return f'{head}\n  no answer: {self.error}'
-        parts = [head, f'  where: {self.where}' if self.where else '']
+            last = self.current
+            return head + (f'\n  last collective: {last.describe()}' if last else '')
+        parts = [
+            head,
+            f'  last collective entered: {self.current.describe()}' if self.current else '',
+            f'  where: {self.where}' if self.where else '',
+        ]
         for t in self.threads:
             parts.append(f'Thread {t.name!r}{" (main)" if t.main else ""}:\n{t.stack}')
         return '\n'.join(p for p in parts if p)
@@ -349,7 +635,12 @@ class HostStacks:
         return self.format()
 
     def to_json(self) -> str:
-        d = dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d['current'] = None if self.current is None else dataclasses.asdict(self.current)
+        d['threads'] = [dataclasses.asdict(t) for t in self.threads]
+        for f in ('waiting', 'last'):
+            rec = d[f]
+            d[f] = None if rec is None else dataclasses.astuple(rec)
         return json.dumps(d, separators=(',', ':'))
 
     @classmethod
@@ -361,4 +652,8 @@ class HostStacks:
             ThreadStack(**{**t, 'frames': tuple(tuple(f) for f in t['frames'])})
             for t in d.get('threads', ())
         )
+        for f in ('waiting', 'last'):
+            if d.get(f) is not None:
+                d[f] = FlightRecord(*d[f])
+        d['cells'] = tuple((str(k), int(v)) for k, v in d.get('cells', ()))
         return cls(**d)

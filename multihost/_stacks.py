@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Any
 
-from multihost import _bus, _kv, _sequence, _stepgate
-from multihost._debugmodel import HostStacks, ThreadStack
+from multihost import _bus, _kv, _recorder, _sequence, _stepgate
+from multihost._debugmodel import HostStacks, ThreadStack, is_cell
 
 _MAX_FRAMES = 200
 
@@ -58,8 +58,35 @@ def user_frame(frames: tuple) -> str:
     return ''
 
 
+def _cells(filenames: set[str]) -> tuple[tuple[str, int], ...]:
+    """The execution counts this process's IPython gave the cells ``filenames`` (if any)."""
+    ipython = sys.modules.get('IPython')  # never imported here: only if the host runs one
+    shell = ipython.get_ipython() if ipython is not None else None
+    names = getattr(getattr(shell, 'compile', None), '_filename_map', None)
+    if not isinstance(names, dict):
+        return ()
+    out = []
+    for f in sorted(filenames):
+        try:
+            n = names.get(f)
+        except Exception:  # read from the debug thread while the shell adds a cell
+            n = None
+        if isinstance(n, int):
+            out.append((f, n))
+    return tuple(out)
+
+
+def _is_engine() -> bool:
+    """Whether this process is an ipyparallel engine (its cells are numbered by the engine)."""
+    ipython = sys.modules.get('IPython')
+    shell = ipython.get_ipython() if ipython is not None else None
+    kernel = getattr(shell, 'kernel', None)
+    return kernel is not None and type(kernel).__module__.startswith('ipyparallel')
+
+
 def capture(process: int | None = None) -> HostStacks:
-    """This process's stacks (every Python thread but the debug thread) and collective."""
+    """This process's stacks (every Python thread but the debug thread), collective, and what
+    its main thread waits at (its flight recorder's newest entry, if still waiting)."""
     import traceback
 
     me = _bus.thread_ident()
@@ -86,8 +113,14 @@ def capture(process: int | None = None) -> HostStacks:
             where = user_frame(frames)
     threads.sort(key=lambda t: (not t.main, t.name))
     gate = _stepgate.held_at()
+    pid = _kv.process_index() if process is None else process
+    now = time.time()
+    newest = _recorder.snapshot(pid, last=1)
+    last = newest[-1] if newest else None
+    waiting = last if last is not None and last.state == _recorder.WAITING else None
+    cells = {f[0] for t in threads for f in t.frames if is_cell(f[0])}
     return HostStacks(
-        process=_kv.process_index() if process is None else process,
+        process=pid,
         answered=True,
         hostname=socket.gethostname(),
         os_pid=os.getpid(),
@@ -96,7 +129,13 @@ def capture(process: int | None = None) -> HostStacks:
         stepping=_stepgate.stepping_enabled(),
         where=where,
         threads=tuple(threads),
-        time=time.time(),
+        time=now,
+        waiting=waiting,
+        waiting_for=now - waiting.time if waiting is not None else 0.0,
+        last=last,
+        idle=now - _recorder.last_advanced(),
+        cells=_cells(cells) if cells else (),
+        engine=_is_engine(),
     )
 
 
