@@ -865,14 +865,18 @@ def test_where_refresh_calls_and_rerenders():
 
 
 def test_where_text_fallback():
-    """The text/plain form is every host's own text."""
+    """The text/plain form is the table in words: one line per state group, then its frames."""
     stacks = host_stacks()
     v = mw.WhereView(stacks.values())
-    assert (
-        v._repr_mimebundle_()['text/plain']
-        == '\n\n'.join(s.format() for s in stacks.values())
-        == str(v)
-    )
+    text = v._repr_mimebundle_()['text/plain']
+    assert text == str(v) == v.text()
+    assert text.splitlines()[0].startswith('3/4 host(s) answered')
+    heads = [line for line in text.splitlines() if line.startswith('process')]
+    assert heads == [
+        "process 2: waiting for release of #4 (barrier('c'))",
+        "process 3: no answer in 5 s; last published barrier('a') #3",
+        "processes 0-1 (2 hosts): waiting for release of #4 (barrier('b'))",
+    ]
 
 
 # -- all views --------------------------------------------------------------------------

@@ -1,17 +1,23 @@
-"""The "where is every host" view: per host, its collective, step gate and stacks.
+"""The "where is every host" view: what each host is doing now, in words, grouped.
 
 Built from `multihost.HostStacks` (one per host, taken by each engine's debug
-thread, so it answers while the main thread is stuck). A table lists every
-host; below it, hosts with identical stacks are grouped (with hundreds of
-hosts, the odd ones stand out as small groups), each with its main thread's
-stack and its other threads, collapsible.
+thread, so it answers while the main thread is stuck). Hosts in the same
+state (`HostStacks.state`: the same check waited at, the same step gate, or
+the same innermost user frame) share one row that says in words what they
+are doing (`HostStacks.doing`): a thousand hosts in ten states are ten rows.
+Below the table, each group's stack, collapsed: the user's frames first (the
+innermost highlighted), the framework frames (ipyparallel, ipykernel,
+asyncio, jax, multihost...) folded into one line that opens the full stack,
+then the other threads. An optional verdict line (e.g. the wavefront's)
+comes first.
 """
 
 from __future__ import annotations
 
 import collections
+import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import ipywidgets as widgets
@@ -25,17 +31,37 @@ from mhnotebook.widgets._common import (
     pre,
     run_action,
 )
-from multihost import HostStacks
+from multihost import HostStacks, ThreadStack
+from multihost._debugmodel import Frame, framework_summary, secs
 from multihost._text import fmt_hosts
 
-#: Hosts listed in the table (the stack groups below still cover every host).
+#: State groups listed in the table; more groups are counted.
 MAX_ROWS = 64
 #: Stack groups shown; more groups are counted.
 MAX_GROUPS = 32
-#: Groups expanded by default when there are at most this many.
-_OPEN_GROUPS = 4
+#: User frames listed per thread (innermost ones); the full stack has them all.
+MAX_USER_FRAMES = 12
+#: Host ranges named in a group's label.
+_RANGES = 4
 
 StacksLike = Mapping[int, HostStacks] | Iterable[HostStacks]
+VerdictLike = str | Callable[[], str | None] | None
+
+_WHERE_CSS = """<style>
+.mh-where-grid td.mh-where-hosts {white-space:nowrap}
+.mh-where-grid td.mh-where-doing {font-weight:bold}
+.mh-where-frame {font-family:var(--jp-code-font-family,monospace);font-size:12px;
+  padding:0 4px;white-space:pre-wrap}
+.mh-where-frame.mh-where-innermost {background:#fff3c4;border-left:3px solid #d4a000}
+.mh-where-frame code {color:#444}
+details.mh-stack-group {margin:1px 0}
+details.mh-stack-group summary {font-size:13px}
+details.mh-stack-group > summary,details.mh-where-fold > summary,
+details.mh-where-threads > summary {cursor:pointer}
+details.mh-where-fold > summary {color:#666;font-size:12px}
+.mh-where-verdict {font-weight:bold}
+.mh-where-machines {color:#666;font-size:12px}
+</style>"""
 
 
 def _normalize(stacks: StacksLike) -> dict[int, HostStacks]:
@@ -60,7 +86,7 @@ def _current_key(s: HostStacks) -> Any:
 
 
 def odd_processes(stacks: Mapping[int, HostStacks]) -> tuple[int, ...]:
-    """Hosts whose current collective (step, kind, name) differs from the most common one."""
+    """Hosts whose last collective (step, kind, name) differs from the most common one."""
     keys = {p: _current_key(s) for p, s in stacks.items()}
     if len(set(keys.values())) <= 1:
         return ()
@@ -70,135 +96,278 @@ def odd_processes(stacks: Mapping[int, HostStacks]) -> tuple[int, ...]:
     return tuple(p for p, k in keys.items() if k != common)
 
 
-def _where_line(s: HostStacks) -> str:
-    if s.current is None:
-        return 'no collective entered'
-    return s.current.describe()
-
-
-def table_html(stacks: Mapping[int, HostStacks], max_rows: int = MAX_ROWS) -> str:
-    """One row per host: machine, answered or not, current collective, gate, innermost frame."""
-    odd = set(odd_processes(stacks))
-    rows = []
-    for p, s in list(stacks.items())[:max_rows]:
-        cls = (
-            [f'mh-host-{p}']
-            + (['mh-no-answer'] if not s.answered else [])
-            + (['mh-odd-host'] if p in odd else [])
-        )
-        machine = f'{s.hostname} (pid {s.os_pid})' if s.hostname else ''
-        state = 'answered' if s.answered else f'no answer: {s.error}'
-        gate = '' if s.gate is None else f'waiting for release of #{s.gate}'
-        current = '' if s.current is None else s.current.describe()
-        cur_cls = ' class="mh-odd-host"' if p in odd else ''
-        rows.append(
-            f'<tr class="{" ".join(cls)}" data-host="{p}"><td>{p}</td>'
-            f'<td>{esc(machine)}</td><td>{esc(state)}</td>'
-            f'<td{cur_cls}>{esc(current)}</td><td>{esc(gate)}</td>'
-            f'<td>{esc(s.where)}</td></tr>'
-        )
-    more = ''
-    if len(stacks) > max_rows:
-        more = f'<div>... {len(stacks) - max_rows} more hosts (all are in the groups below)</div>'
-    return (
-        f'{CSS}<div class="mh-scroll"><table class="mh-table mh-where-grid"><tr>'
-        '<th>host</th><th>machine</th><th>state</th><th>collective</th><th>gate</th>'
-        f'<th>where</th></tr>{"".join(rows)}</table></div>{more}'
-    )
-
-
-def _group_key(s: HostStacks) -> Any:
-    c = s.current
-    return (
-        s.answered,
-        '' if s.answered else s.error,
-        None if c is None else (c.seq, c.kind, c.name, c.site),
-        s.gate,
-        tuple((t.name, t.main, t.frames) for t in s.threads),
-    )
-
-
-def stack_groups(stacks: Mapping[int, HostStacks]) -> list[tuple[int, ...]]:
-    """Hosts with the same collective, gate and thread stacks, largest group last.
+def state_groups(stacks: Mapping[int, HostStacks]) -> list[tuple[int, ...]]:
+    """Hosts in the same state (`HostStacks.state`), smallest group first.
 
     The odd ones out come first: with hundreds of hosts, the one stuck
     elsewhere is a group of one at the top.
     """
     groups: dict[Any, list[int]] = {}
     for p, s in stacks.items():
-        groups.setdefault(_group_key(s), []).append(p)
+        groups.setdefault(s.state, []).append(p)
     return sorted((tuple(g) for g in groups.values()), key=lambda g: (len(g), g[0]))
 
 
-def stacks_html(stacks: Mapping[int, HostStacks], max_groups: int = MAX_GROUPS) -> str:
-    """The grouped stacks: per group, the main thread's stack, then the other threads."""
-    groups = stack_groups(stacks)
+#: The stack sections follow the state groups.
+stack_groups = state_groups
+
+
+def who(group: Sequence[int]) -> str:
+    """``'processes 0-2, 5 (4 hosts)'``, ``'process 3'`` (a cut list says how many in all)."""
+    text = fmt_hosts(group, _RANGES)
+    if len(group) > 1 and 'in all)' not in text:
+        text += f' ({len(group)} hosts)'
+    return text
+
+
+def _span(values: Sequence[float]) -> str:
+    lo, hi = secs(min(values)), secs(max(values))
+    return hi if lo == hi else f'{lo} to {hi}'
+
+
+def group_doing(stacks: Mapping[int, HostStacks], group: Sequence[int]) -> str:
+    """What a state group is doing, in words; durations as their range over the group."""
+    members = [stacks[p] for p in group]
+    return members[0].describe_doing(
+        _span([s.waiting_for for s in members]), _span([s.idle for s in members])
+    )
+
+
+def _frame_line(s: HostStacks, frame: Frame) -> str:
+    source = frame[3].strip()
+    return s.frame_label(frame) + (f': {source}' if source else '')
+
+
+def _innermost(s: HostStacks) -> str:
+    frames = s.user_frames()
+    return _frame_line(s, frames[-1]) if frames else (s.where or '')
+
+
+def _natural(name: str) -> list[Any]:
+    """Sort key: ``node2`` before ``node10``."""
+    return [int(x) if x.isdigit() else x for x in re.split(r'(\d+)', name)]
+
+
+def _machines(stacks: Mapping[int, HostStacks], group: Sequence[int]) -> str:
+    names = [f'{stacks[p].hostname} (pid {stacks[p].os_pid})' for p in group if stacks[p].hostname]
+    if not names:
+        return ''
+    if len(names) == 1:
+        return names[0]
+    machines = sorted({stacks[p].hostname for p in group if stacks[p].hostname}, key=_natural)
+    if len(machines) == 1:
+        pids = [str(stacks[p].os_pid) for p in group]
+        what = f'pids {", ".join(pids)}' if len(pids) <= 4 else f'{len(pids)} processes'
+        return f'{machines[0]} ({what})'
+    shown = ', '.join(machines[:4]) + (', ...' if len(machines) > 4 else '')
+    return f'{len(machines)} machine{"s" if len(machines) > 1 else ""}: {shown}'
+
+
+# -- HTML -----------------------------------------------------------------------------
+
+
+def verdict_html(verdict: str | None) -> str:
+    """The one-line verdict (class ``mh-where-verdict``), or nothing."""
+    if not verdict:
+        return ''
+    return CSS + _WHERE_CSS + banner(esc(verdict), 'mh-info', 'mh-where-verdict')
+
+
+def table_html(
+    stacks: Mapping[int, HostStacks],
+    max_rows: int = MAX_ROWS,
+    groups: list[tuple[int, ...]] | None = None,
+) -> str:
+    """One row per state group: its hosts, what they are doing now, the innermost user
+    frame and the last collective entered."""
+    groups = state_groups(stacks) if groups is None else groups
     odd = set(odd_processes(stacks))
-    parts = []
-    for g in groups[:max_groups]:
+    rows = []
+    for g in groups[:max_rows]:
         s = stacks[g[0]]
-        who = fmt_hosts(g) + (f' ({len(g)} hosts)' if len(g) > 1 else '')
-        head = f'{who}: {_where_line(s)}'
-        if s.gate is not None:
-            head += f', waiting for release of step #{s.gate}'
         cls = (
-            'mh-stack-group '
-            + ' '.join(f'mh-host-{p}' for p in g[:64])
-            + (' mh-odd-host' if odd & set(g) else '')
+            ['mh-where-row']
+            + [f'mh-host-{p}' for p in g]
+            + (['mh-no-answer'] if not s.answered else [])
+            + (['mh-odd-host'] if odd & set(g) else [])
         )
-        body = []
-        if not s.answered:
-            body.append(banner(esc(f'no answer: {s.error}'), 'mh-error'))
-        else:
-            if s.where:
-                body.append(f'<div>where: <code>{esc(s.where)}</code></div>')
-            main = s.main_thread
-            if main is not None:
-                body.append(
-                    f'<details class="mh-stack mh-main-thread" open><summary>main thread '
-                    f'({esc(main.name)})</summary>{pre(main.stack, "mh-stack-text")}'
-                    '</details>'
-                )
-            for t in s.threads:
-                if t.main:
-                    continue
-                kind = ' (daemon)' if t.daemon else ''
-                body.append(
-                    f'<details class="mh-stack mh-thread"><summary>thread '
-                    f'{esc(t.name)}{kind}</summary>{pre(t.stack, "mh-stack-text")}'
-                    '</details>'
-                )
-        opened = ' open' if len(groups) <= _OPEN_GROUPS else ''
+        cur_cls = ' class="mh-odd-host"' if odd & set(g) else ''
+        current = '' if s.current is None else s.current.describe()
+        machines = _machines(stacks, g)
+        title = f' title="{esc(machines)}"' if machines else ''
+        rows.append(
+            f'<tr class="{" ".join(cls)}" data-host="{g[0]}" data-hosts="{",".join(map(str, g))}">'
+            f'<td class="mh-where-hosts"{title}>{esc(who(g))}</td>'
+            f'<td class="mh-where-doing">{esc(group_doing(stacks, g))}</td>'
+            f'<td class="mh-where-at">{esc(_innermost(s))}</td>'
+            f'<td{cur_cls}>{esc(current)}</td></tr>'
+        )
+    more = ''
+    if len(groups) > max_rows:
+        rest = [p for g in groups[max_rows:] for p in g]
+        more = f'<div>... {len(groups) - max_rows} more states ({esc(fmt_hosts(rest))})</div>'
+    return (
+        f'{CSS}{_WHERE_CSS}<div class="mh-scroll"><table class="mh-table mh-where-grid"><tr>'
+        '<th>hosts</th><th>doing now</th><th>innermost user frame</th>'
+        f'<th>last collective entered</th></tr>{"".join(rows)}</table></div>{more}'
+    )
+
+
+def _frames_html(s: HostStacks, t: ThreadStack) -> str:
+    """A thread's user frames (innermost highlighted), then its framework frames folded
+    into one line that opens the full stack."""
+    user = s.user_frames(t)
+    parts = []
+    if len(user) > MAX_USER_FRAMES:
         parts.append(
-            f'<details class="{cls}" data-hosts="{",".join(map(str, g[:64]))}"'
-            f'{opened}><summary><b>{esc(head)}</b></summary>'
-            f'<div style="margin-left:1.2em">{"".join(body)}</div></details>'
+            f'<div class="mh-where-frame">... {len(user) - MAX_USER_FRAMES} outer user '
+            'frames (in the full stack)</div>'
         )
+    shown = user[-MAX_USER_FRAMES:]
+    for i, f in enumerate(shown):
+        cls = 'mh-where-frame' + (' mh-where-innermost' if i == len(shown) - 1 else '')
+        source = f[3].strip()
+        code = f': <code>{esc(source)}</code>' if source else ''
+        parts.append(f'<div class="{cls}" title="{esc(f[0])}">{esc(s.frame_label(f))}{code}</div>')
+    if not user:
+        parts.append('<div class="mh-where-frame">no user frames</div>')
+    parts.append(
+        f'<details class="mh-where-fold"><summary>... {esc(framework_summary(t.frames))}: '
+        f'full stack</summary>{pre(t.stack, "mh-stack-text")}</details>'
+    )
+    return ''.join(parts)
+
+
+def _group_html(stacks: Mapping[int, HostStacks], g: tuple[int, ...], odd: set[int]) -> str:
+    s = stacks[g[0]]
+    cls = (
+        'mh-stack-group '
+        + ' '.join(f'mh-host-{p}' for p in g)
+        + (' mh-odd-host' if odd & set(g) else '')
+    )
+    main = s.main_thread
+    body = []
+    if not s.answered:
+        head = f'{who(g)}: no answer'
+        body.append(banner(esc(f'no answer: {s.error}'), 'mh-error'))
+    else:
+        inner = _innermost(s)
+        head = f'{who(g)}: ' + (f'stack at {inner}' if inner else 'stack')
+        machines = _machines(stacks, g)
+        if machines:
+            body.append(f'<div class="mh-where-machines">{esc(machines)}</div>')
+        if main is not None:
+            body.append(
+                f'<details class="mh-stack mh-main-thread" open><summary>main thread '
+                f'({esc(main.name)})</summary>{_frames_html(s, main)}</details>'
+            )
+        others = [t for t in s.threads if not t.main]
+        if others:
+            names = ', '.join(t.name for t in others[:4]) + (', ...' if len(others) > 4 else '')
+            inner_threads = ''.join(
+                f'<details class="mh-stack mh-thread"><summary>thread {esc(t.name)}'
+                f'{" (daemon)" if t.daemon else ""}</summary>{_frames_html(s, t)}</details>'
+                for t in others
+            )
+            body.append(
+                f'<details class="mh-where-threads"><summary>{len(others)} other '
+                f'thread{"s" if len(others) > 1 else ""} ({esc(names)})</summary>'
+                f'<div style="margin-left:1.2em">{inner_threads}</div></details>'
+            )
+    return (
+        f'<details class="{cls}" data-hosts="{",".join(map(str, g))}"><summary>{esc(head)}'
+        f'</summary><div style="margin-left:1.2em">{"".join(body)}</div></details>'
+    )
+
+
+def stacks_html(
+    stacks: Mapping[int, HostStacks],
+    max_groups: int = MAX_GROUPS,
+    groups: list[tuple[int, ...]] | None = None,
+) -> str:
+    """Each state group's stack, collapsed: user frames first, framework frames folded."""
+    groups = state_groups(stacks) if groups is None else groups
+    odd = set(odd_processes(stacks))
+    parts = [_group_html(stacks, g, odd) for g in groups[:max_groups]]
     if len(groups) > max_groups:
         rest = [p for g in groups[max_groups:] for p in g]
         parts.append(
             f'<div>... {len(groups) - max_groups} more groups ({esc(fmt_hosts(rest))})</div>'
         )
-    return CSS + ''.join(parts)
+    return CSS + _WHERE_CSS + ''.join(parts)
 
 
-def status_html(stacks: Mapping[int, HostStacks]) -> str:
-    """How many hosts answered, and when the stacks were taken."""
+def status_text(stacks: Mapping[int, HostStacks], groups: Sequence[Any] | None = None) -> str:
+    """How many hosts answered, when, in how many states; who is silent or elsewhere."""
     answered = sum(s.answered for s in stacks.values())
     times = [s.time for s in stacks.values() if s.time]
     when = f' at {time.strftime("%H:%M:%S", time.localtime(min(times)))}' if times else ''
     text = f'{answered}/{len(stacks)} host(s) answered{when}'
+    n = len(state_groups(stacks) if groups is None else groups)
+    text += f'; {n} state{"" if n == 1 else "s"}'
     missing = [p for p, s in stacks.items() if not s.answered]
     if missing:
-        text += f'; no answer from {fmt_hosts(missing)}'
+        text += f'; no answer from {fmt_hosts(missing, _RANGES)}'
     odd = odd_processes(stacks)
     if odd:
-        text += f'; in a different collective: {fmt_hosts(odd)}'
-    return CSS + f'<span class="mh-where-state">{esc(text)}</span>'
+        text += f'; last in a different collective: {fmt_hosts(odd, _RANGES)}'
+    return text
+
+
+def status_html(stacks: Mapping[int, HostStacks], groups: Sequence[Any] | None = None) -> str:
+    return CSS + f'<span class="mh-where-state">{esc(status_text(stacks, groups))}</span>'
+
+
+# -- text ----------------------------------------------------------------------------------
+
+
+def _frames_text(s: HostStacks, t: ThreadStack, indent: str) -> list[str]:
+    user = s.user_frames(t)
+    lines = []
+    if len(user) > MAX_USER_FRAMES:
+        lines.append(f'{indent}  ... {len(user) - MAX_USER_FRAMES} outer user frames')
+    shown = user[-MAX_USER_FRAMES:]
+    for i, f in enumerate(shown):
+        mark = '> ' if i == len(shown) - 1 else '  '
+        lines.append(f'{indent}{mark}{_frame_line(s, f)}')
+    if not user:
+        lines.append(f'{indent}  no user frames')
+    if len(user) < len(t.frames):
+        lines.append(f'{indent}  ... {framework_summary(t.frames)}')
+    return lines
+
+
+def where_text(
+    stacks: Mapping[int, HostStacks],
+    verdict: str | None = None,
+    max_groups: int = MAX_GROUPS,
+) -> str:
+    """The view as plain text: verdict, status, then per state group what it is doing and its
+    main thread's user frames (framework frames as one line)."""
+    if not stacks:
+        return (verdict + '\n' if verdict else '') + 'no host stacks'
+    groups = state_groups(stacks)
+    lines = [verdict] if verdict else []
+    lines.append(status_text(stacks, groups))
+    for g in groups[:max_groups]:
+        s = stacks[g[0]]
+        lines.append(f'{who(g)}: {group_doing(stacks, g)}')
+        main = s.main_thread
+        if main is not None:
+            lines += _frames_text(s, main, '    ')
+        others = [t.name for t in s.threads if not t.main]
+        if others:
+            lines.append(f'      {len(others)} other thread(s): {", ".join(others[:8])}')
+        if s.current is not None and s.answered:
+            lines.append(f'      last collective entered: {s.current.describe()}')
+    if len(groups) > max_groups:
+        rest = [p for g in groups[max_groups:] for p in g]
+        lines.append(f'... {len(groups) - max_groups} more states ({fmt_hosts(rest)})')
+    return '\n'.join(lines)
 
 
 class WhereView(View):
-    """Where every host is: its current collective, step gate and Python stacks.
+    """What every host is doing now, grouped by state, with its stack a click away.
 
     Args:
         stacks: one `multihost.HostStacks` per host, as a mapping process ->
@@ -206,16 +375,32 @@ class WhereView(View):
         on_refresh: returns fresh stacks (same forms); enables the Refresh
             button, which can be pressed whenever the kernel is idle (e.g.
             after ``%%mh --timeout`` gave control back while hosts hang).
+        verdict: a one-line verdict shown first (e.g. ``Wavefront.verdict``),
+            or a callable returning it, called again at every refresh. A
+            string describes these stacks only: a refresh drops it.
 
-    Stable CSS classes: ``mh-where`` (the view), ``mh-where-status``,
-    ``mh-where-message``, ``mh-where-table`` (rows ``mh-host-<p>``,
-    ``mh-no-answer``, ``mh-odd-host``), ``mh-where-stacks`` (groups
-    ``mh-stack-group``; ``mh-main-thread`` and ``mh-thread`` sections),
-    ``mh-refresh-button``.
+    Stable CSS classes: ``mh-where`` (the view), ``mh-where-verdict`` (the
+    verdict line, in the ``mh-where-verdict-box`` widget), ``mh-where-status``,
+    ``mh-where-message``, ``mh-where-table`` (table ``mh-where-grid``, one row
+    ``mh-where-row`` per state group, classed ``mh-host-<p>`` for each of its
+    hosts, ``mh-no-answer``, ``mh-odd-host``; ``data-hosts`` lists them,
+    ``data-host`` is the first; cells ``mh-where-hosts``, ``mh-where-doing``,
+    ``mh-where-at``), ``mh-where-stacks`` (groups ``mh-stack-group``, collapsed;
+    ``mh-main-thread`` with frames ``mh-where-frame``, the innermost
+    ``mh-where-innermost``, and the folded line ``mh-where-fold``;
+    ``mh-where-threads`` holding ``mh-thread`` sections), ``mh-refresh-button``.
     """
 
-    def __init__(self, stacks: StacksLike, *, on_refresh: Callable[[], StacksLike] | None = None):
+    def __init__(
+        self,
+        stacks: StacksLike,
+        *,
+        on_refresh: Callable[[], StacksLike] | None = None,
+        verdict: VerdictLike = None,
+    ):
         self._on_refresh = on_refresh
+        self._verdict_source = verdict
+        self._verdict: str | None = None
         self._refresh_button = add_classes(
             widgets.Button(
                 description='Refresh',
@@ -226,47 +411,64 @@ class WhereView(View):
             'mh-button',
         )
         self._refresh_button.on_click(lambda _b: self.refresh())
+        self._verdict_box = add_classes(widgets.HTML(), 'mh-where-verdict-box')
         self._status = add_classes(widgets.HTML(), 'mh-where-status')
         self._message = add_classes(widgets.HTML(), 'mh-where-message')
         self._table = add_classes(widgets.HTML(), 'mh-where-table')
         self._stacks_html = add_classes(widgets.HTML(), 'mh-where-stacks')
-        top = widgets.HBox([self._refresh_button, self._status])
+        top = widgets.HBox([self._refresh_button, widgets.VBox([self._verdict_box, self._status])])
         self.widget = add_classes(
             widgets.VBox([top, self._message, self._table, self._stacks_html]), 'mh-where'
         )
-        self.update(stacks)
+        self.update(stacks, verdict=self._call_verdict())
 
     @property
     def stacks(self) -> dict[int, HostStacks]:
         """The stacks shown, by process."""
         return dict(self._stacks)
 
-    def text(self) -> str:
-        """Every host's own text (`HostStacks.format`)."""
-        if not self._stacks:
-            return 'no host stacks'
-        return '\n\n'.join(s.format() for s in self._stacks.values())
+    @property
+    def verdict(self) -> str | None:
+        """The verdict line shown, if any."""
+        return self._verdict
 
-    def update(self, stacks: StacksLike) -> None:
-        """Shows other stacks."""
+    def text(self) -> str:
+        """The verdict, status, and per state group its words and user frames."""
+        return where_text(self._stacks, self._verdict)
+
+    def _call_verdict(self) -> str | None:
+        source = self._verdict_source
+        if source is None or isinstance(source, str):
+            return source
+        ok, text = run_action(source, 'Verdict', self._error)
+        return str(text) if ok and text else None
+
+    def update(self, stacks: StacksLike, *, verdict: str | None = None) -> None:
+        """Shows other stacks (and ``verdict``, or none)."""
         self._stacks = _normalize(stacks)
-        self._status.value = status_html(self._stacks)
-        self._table.value = table_html(self._stacks)
-        self._stacks_html.value = stacks_html(self._stacks)
+        self._verdict = verdict or None
+        groups = state_groups(self._stacks)
+        self._verdict_box.value = verdict_html(self._verdict)
+        self._verdict_box.layout.display = None if self._verdict else 'none'
+        self._status.value = status_html(self._stacks, groups)
+        self._table.value = table_html(self._stacks, groups=groups)
+        self._stacks_html.value = stacks_html(self._stacks, groups=groups)
 
     def refresh(self) -> None:
-        """Calls ``on_refresh`` and shows what it returns."""
+        """Calls ``on_refresh`` (and a verdict callable) and shows what they return."""
         if self._on_refresh is None:
             return
         ok, stacks = run_action(self._on_refresh, 'Refresh', self._error)
         if not ok:
             return
+        self._message.value = ''
+        verdict = None if isinstance(self._verdict_source, str) else self._call_verdict()
+        if isinstance(self._verdict_source, str):
+            self._verdict_source = None  # it described the stacks before this refresh
         try:
-            self.update(stacks)
+            self.update(stacks, verdict=verdict)
         except (TypeError, AttributeError, ValueError) as exc:
             self._error(f'Refresh: on_refresh returned something else than HostStacks: {exc}')
-            return
-        self._message.value = ''
 
     def _error(self, text: str) -> None:
         self._message.value = CSS + banner(esc(text), 'mh-error')
