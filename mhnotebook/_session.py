@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # the notebook imports jax (multihost) only when needed
         Layout,
         ReplicaReport,
         StepTable,
+        Timeline,
         TreeDiff,
         Wavefront,
     )
@@ -645,6 +646,17 @@ class Session:
         """Every host's last ``last`` flight records (`multihost.FlightRecord`), oldest first."""
         self._check(need_all=not self.recoverable)
         return self.control.records(last=last, timeout=timeout)
+
+    def timeline(self, *, last: int = 200, timeout: float = 10.0) -> Timeline:
+        """Every host's last ``last`` flight records aligned into a `multihost.Timeline`.
+
+        Who arrived last at each collective and watched launch, by how much,
+        and which host is late most often (``str(timeline.stragglers())``).
+        Read through the control endpoint, so it works while engines are busy.
+        """
+        from multihost import Timeline
+
+        return Timeline.build(self.records(last=last, timeout=timeout), self.num_processes)
 
     def step_table(self) -> StepTable:
         """The host x step table of the step gate (`multihost.StepTable`)."""

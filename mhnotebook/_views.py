@@ -14,8 +14,14 @@ from mhnotebook._gather import host_copy
 from mhnotebook._session import Session
 
 if TYPE_CHECKING:
-    from mhnotebook.widgets import LayoutView, StepperView, TreeDiffView, WhereView
-    from multihost import HostStacks, Layout, StepTable
+    from mhnotebook.widgets import (
+        LayoutView,
+        StepperView,
+        TimelineView,
+        TreeDiffView,
+        WhereView,
+    )
+    from multihost import HostStacks, Layout, StepTable, Timeline
 
 __all__ = [
     'check_axes',
@@ -24,6 +30,7 @@ __all__ = [
     'layout_view',
     'stacks_view',
     'stepper_view',
+    'timeline_view',
     'where_view',
 ]
 
@@ -102,6 +109,16 @@ def where_view(session: Session, *, timeout: float = 10.0) -> WhereView:
     return WhereView(
         session.where(timeout=timeout), on_refresh=lambda: session.where(timeout=timeout)
     )
+
+
+def timeline_view(session: Session, *, last: int = 200, timeout: float = 10.0) -> TimelineView:
+    """A refreshable `TimelineView` of every host's last ``last`` flight records."""
+    from mhnotebook.widgets import TimelineView
+
+    def read() -> Timeline:
+        return session.timeline(last=last, timeout=timeout)
+
+    return TimelineView(read(), on_refresh=read)
 
 
 def stacks_view(stacks: Mapping[int, HostStacks]) -> WhereView:

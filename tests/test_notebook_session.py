@@ -285,3 +285,44 @@ def test_shm_buffers_are_reused_only_after_results_are_dropped(session):
     gc.collect()
     assert freed[0] not in pool.free  # a view still holds it
     np.testing.assert_array_equal(view, (kept + 1)[2:5])
+
+
+def test_timeline_magic_names_the_late_host(session, tmp_path):
+    """%mh_timeline: host 3, late to every watched step, is named; --chrome writes the trace."""
+    import json
+
+    from IPython.core.error import UsageError
+    from IPython.utils.capture import capture_output
+
+    from mhnotebook.widgets import TimelineView
+
+    ip, magics = _shell(session)
+    session.execute(
+        'import time, jax.numpy as jnp\n'
+        'nb_step = multihost.watch(jax.jit(lambda a: jnp.sum(a) * 0.5 + a), name="nb_step")\n'
+        'nb_a = nb_step(a_1d)\n'
+        'nb_a.block_until_ready()\n'
+        'for _ in range(12):\n'
+        '    if jax.process_index() == 3:\n'
+        '        time.sleep(0.04)\n'
+        '    nb_a = nb_step(nb_a)\n'
+        '    nb_a.block_until_ready()\n',
+        timeout=60,
+        echo=False,
+    )
+    path = tmp_path / 'steps.json'
+    with capture_output() as cap:
+        view = ip.run_line_magic('mh_timeline', f'--last 12 --chrome {path}')
+    assert isinstance(view, TimelineView)
+    steps = view.timeline.steps
+    assert [s.label for s in steps] == [f'nb_step #{k}' for k in range(1, 13)], view.text()
+    st = view.timeline.stragglers()
+    assert st.host == 3 and st.share >= 0.8, view.text()
+    assert view.text().startswith('process 3 arrived last in ')
+    assert f'wrote a Chrome trace of 12 steps (one track per host) to {path}' in cap.stdout
+    events = json.loads(path.read_text())['traceEvents']
+    assert {e['pid'] for e in events if e['ph'] == 'X'} == {0, 1, 2, 3}
+    with pytest.raises(UsageError, match='--last takes a positive number'):
+        ip.run_line_magic('mh_timeline', '--last 0')
+    assert 'Example' in (ip.find_line_magic('mh_timeline').__doc__ or '')
+    magics.session = None
