@@ -49,9 +49,11 @@ log = logging.getLogger('mhnotebook')
 if TYPE_CHECKING:  # the notebook imports jax (multihost) only when needed
     from multihost import (
         ControlClient,
+        EnvDiff,
         FlightRecord,
         HostStacks,
         Layout,
+        MemoryCensus,
         ReplicaReport,
         StepTable,
         Timeline,
@@ -602,6 +604,21 @@ class Session:
         """`multihost.TreeDiff` of engine value ``name`` across hosts (what differs, where)."""
         results = self.call(
             'multihost.engine.diff', name, timeout, namespace=True, timeout=timeout + 10
+        )
+        return results[0]
+
+    def env_diff(self, *, timeout: float = 120.0) -> EnvDiff:
+        """`multihost.EnvDiff`: versions, flags, config and code that differ between hosts."""
+        results = self.call('multihost.engine.env_diff', timeout, timeout=timeout + 10)
+        return results[0]
+
+    def memory_census(self, *, timeout: float = 120.0) -> MemoryCensus:
+        """`multihost.MemoryCensus`: device and live-array memory per host, and what only some hold.
+
+        Arrays are named by the engine-namespace names that refer to them.
+        """
+        results = self.call(
+            'multihost.engine.memory_census', timeout, namespace=True, timeout=timeout + 10
         )
         return results[0]
 

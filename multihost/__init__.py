@@ -12,6 +12,7 @@ from multihost._arrays import (
     host_local_array_to_global_array,
 )
 from multihost._bus import start_debug_daemon
+from multihost._census import EnvDiff, MemoryCensus, env_diff, memory_census
 from multihost._collectives import (
     barrier,
     broadcast_one_to_all,
@@ -58,6 +59,7 @@ __version__ = '0.1.0'
 __all__ = [
     'DEFAULT_STEP_TIMEOUT',
     'DEFAULT_TIMEOUT',
+    'EnvDiff',
     'BarrierMismatchError',
     'BarrierTimeoutError',
     'CollectiveInterruptedError',
@@ -73,6 +75,7 @@ __all__ = [
     'Layout',
     'LayoutBlock',
     'LeafDiff',
+    'MemoryCensus',
     'MultihostError',
     'ProcessFailureError',
     'ReplicaDigest',
@@ -95,10 +98,12 @@ __all__ = [
     'check_replicas',
     'describe_layout',
     'dump_stacks',
+    'env_diff',
     'flight_records',
     'global_array_to_host_local_array',
     'host_local_array_to_global_array',
     'live_devices',
+    'memory_census',
     'process_allgather',
     'reached_preemption_sync_point',
     'release',

@@ -552,6 +552,22 @@ def diff(namespace: dict[str, Any], name: str, timeout: float | None = None) -> 
         return multihost.tree_diff(value, timeout=timeout)
 
 
+def env_diff(timeout: float | None = None) -> Any:
+    """`multihost.env_diff` for the notebook (a collective)."""
+    import multihost
+
+    with _sequence.called_from('notebook: %mh_env'):
+        return multihost.env_diff(timeout=timeout)
+
+
+def memory_census(namespace: dict[str, Any], timeout: float | None = None) -> Any:
+    """`multihost.memory_census` with names from the engine namespace (a collective)."""
+    import multihost
+
+    with _sequence.called_from('notebook: %mh_mem'):
+        return multihost.memory_census(namespace, timeout=timeout)
+
+
 def lookup_collective(
     namespace: dict[str, Any], name: str, kind: str, *, timeout: float | None = None
 ) -> Any:

@@ -1,0 +1,217 @@
+"""Census views: what differs between the hosts' environments, and their memory.
+
+`EnvView` draws a `multihost.EnvDiff` as a table (key, the majority value,
+each odd host's value), keys that differ per host by design listed apart.
+`MemoryView` draws a `multihost.MemoryCensus`: a host x device heatmap of
+live bytes (matplotlib; ``memory_stats()`` figures where the backend reports
+them), the hosts that stand out, and the kinds of arrays only some hosts
+hold. Both are pure functions of their model, with a text/plain fallback.
+"""
+
+from __future__ import annotations
+
+import io
+
+import ipywidgets as widgets
+
+from mhnotebook.widgets._common import View, add_classes, banner, esc, host_color
+from multihost import EnvDiff, MemoryCensus
+from multihost._text import fmt_hosts
+
+#: Keys listed in the environment table; more are counted.
+MAX_KEYS = 60
+#: Hosts drawn as heatmap rows; more are summarised (the text lists them).
+MAX_HEAT_ROWS = 64
+_MAX_VALUE = 120
+
+
+def _cut(value: str | None) -> str:
+    if value is None:
+        return '(unset)'
+    return value if len(value) <= _MAX_VALUE else value[: _MAX_VALUE - 1] + '…'
+
+
+def env_table_html(diff: EnvDiff, max_keys: int = MAX_KEYS) -> str:
+    """The differing keys: key, majority value (on which hosts), odd hosts' values."""
+    if diff.ok:
+        return ''
+    rows = []
+    for e in diff.entries[:max_keys]:
+        majority = [p for p in range(diff.num_processes) if p not in e.odd_processes]
+        odd = '<br>'.join(
+            f'<span class="mh-odd-host" style="border-left:4px solid {host_color(p)};'
+            f'padding-left:4px">{esc(fmt_hosts([p]))}: <code>{esc(_cut(e.values[p]))}</code></span>'
+            for p in e.odd_processes[:16]
+        )
+        if len(e.odd_processes) > 16:
+            odd += f'<br>… {len(e.odd_processes) - 16} more'
+        rows.append(
+            f'<tr class="mh-env-row"><td><code>{esc(e.key)}</code></td>'
+            f'<td><code>{esc(_cut(e.majority))}</code><br><small>{esc(fmt_hosts(majority))}'
+            f'</small></td><td>{odd}</td></tr>'
+        )
+    more = (
+        f'<tr><td colspan="3">… {len(diff.entries) - max_keys} more keys</td></tr>'
+        if len(diff.entries) > max_keys
+        else ''
+    )
+    return (
+        '<table class="mh-env-table mh-table"><tr><th>key</th><th>most hosts</th>'
+        f'<th>odd hosts</th></tr>{"".join(rows)}{more}</table>'
+    )
+
+
+class EnvView(View):
+    """A `multihost.EnvDiff`: keys that differ between hosts, majority vs odd hosts.
+
+    Stable CSS classes: ``mh-env`` (the view), ``mh-env-summary``,
+    ``mh-env-table`` (rows ``mh-env-row``, odd values ``mh-odd-host``),
+    ``mh-env-per-host`` (keys that differ by design).
+    """
+
+    def __init__(self, diff: EnvDiff):
+        if not isinstance(diff, EnvDiff):
+            raise TypeError(
+                'EnvView expects a multihost.EnvDiff (multihost.env_diff() on every host), got '
+                f'{type(diff).__module__}.{type(diff).__qualname__}'
+            )
+        self.diff = diff
+        if diff.ok:
+            head = banner(
+                f'environments of {diff.num_processes} hosts are identical '
+                f'({diff.compared} keys compared)',
+                'mh-ok',
+            )
+        else:
+            head = banner(
+                f'{len(diff.entries)} key(s) differ between {diff.num_processes} hosts; odd: '
+                f'{esc(fmt_hosts(diff.odd_processes))}',
+                'mh-bad',
+            )
+        per_host = ''
+        if diff.per_host:
+            keys = ', '.join(f'<code>{esc(e.key)}</code>' for e in diff.per_host[:30])
+            per_host = f'<div class="mh-env-per-host">differ per host by design: {keys}</div>'
+        parts = [
+            add_classes(widgets.HTML(head), 'mh-env-summary'),
+            add_classes(widgets.HTML(env_table_html(diff)), 'mh-env-table-box'),
+            add_classes(widgets.HTML(per_host), 'mh-env-per-host-box'),
+        ]
+        self.widget = add_classes(widgets.VBox(parts), 'mh-env')
+
+    def text(self) -> str:
+        return self.diff.format()
+
+
+def render_memory_png(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> bytes:
+    """Host x device heatmap (MiB): live-array bytes, or `memory_stats()` in use where reported."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    hosts = census.hosts[:max_rows]
+    width = max((len(h.devices) for h in hosts), default=1)
+    grid = np.full((len(hosts), width), np.nan)
+    for i, h in enumerate(hosts):
+        for d in h.devices:
+            value = d.in_use if census.stats_available and d.in_use is not None else d.live_bytes
+            grid[i, d.local] = value / (1 << 20)
+    fig, ax = plt.subplots(figsize=(1.6 + 0.9 * width, 0.8 + 0.32 * len(hosts)), dpi=100)
+    im = ax.imshow(grid, aspect='auto', cmap='viridis')
+    ax.set_xticks(range(width), [f'dev {j}' for j in range(width)])
+    ax.set_yticks(range(len(hosts)), [f'host {h.process}' for h in hosts])
+    odd = set(census.odd_processes)
+    for i, h in enumerate(hosts):
+        if h.process in odd:
+            ax.get_yticklabels()[i].set_color('#c0392b')
+            ax.get_yticklabels()[i].set_fontweight('bold')
+        for d in h.devices:
+            v = grid[i, d.local]
+            if np.isfinite(v) and len(hosts) <= 16 and width <= 8:
+                ax.text(d.local, i, f'{v:.0f}', ha='center', va='center', color='w', fontsize=8)
+    what = 'in use (memory_stats)' if census.stats_available else 'live-array bytes'
+    ax.set_title(f'MiB per device: {what}', fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.05, pad=0.04)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format='png')
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def memory_html(census: MemoryCensus) -> str:
+    """The per-host table and the kinds of arrays only some hosts hold."""
+    heavy = set(census.heavy_processes)
+    rows = ''.join(
+        f'<tr class="mh-mem-host{" mh-odd-host" if h.process in heavy else ""}">'
+        f'<td>host {h.process}</td><td>{h.live_count}</td>'
+        f'<td>{h.live_bytes / (1 << 20):.1f} MiB</td></tr>'
+        for h in census.hosts[:MAX_HEAT_ROWS]
+    )
+    table = (
+        '<table class="mh-mem-table mh-table"><tr><th>host</th><th>live arrays</th>'
+        f'<th>live bytes</th></tr>{rows}</table>'
+    )
+    leaks = ''
+    if census.only_some:
+        items = []
+        for g in census.only_some[:12]:
+            names = f' ({esc(", ".join(g.names[:3]))})' if g.names else ''
+            who = ', '.join(f'host {p}: {c}' for p, c in enumerate(g.counts) if c)
+            items.append(
+                f'<li class="mh-mem-leak"><code>{esc(g.kind)}</code>{names}, '
+                f'{g.host_bytes / (1 << 20):.1f} MiB each — {esc(who)}</li>'
+            )
+        leaks = f'<div>only some hosts hold:</div><ul class="mh-mem-leaks">{"".join(items)}</ul>'
+    stats = (
+        ''
+        if census.stats_available
+        else '<div class="mh-mem-nostats"><small>memory_stats(): not reported by this backend '
+        '(CPU); the heatmap shows live-array bytes.</small></div>'
+    )
+    return table + leaks + stats
+
+
+class MemoryView(View):
+    """A `multihost.MemoryCensus`: host x device heatmap, hosts that stand out, leak candidates.
+
+    Stable CSS classes: ``mh-mem`` (the view), ``mh-mem-summary``, ``mh-mem-heatmap``
+    (the PNG), ``mh-mem-table`` (rows ``mh-mem-host``, odd ones ``mh-odd-host``),
+    ``mh-mem-leaks``.
+    """
+
+    def __init__(self, census: MemoryCensus):
+        if not isinstance(census, MemoryCensus):
+            raise TypeError(
+                'MemoryView expects a multihost.MemoryCensus (multihost.memory_census() on every '
+                f'host), got {type(census).__module__}.{type(census).__qualname__}'
+            )
+        self.census = census
+        odd = census.odd_processes
+        head = banner(
+            (
+                f'{esc(fmt_hosts(odd))} stand(s) out'
+                if odd
+                else f'no host stands out among {len(census.hosts)}'
+            )
+            + f' (median {census.median_bytes / (1 << 20):.1f} MiB of live arrays per host)',
+            'mh-bad' if odd else 'mh-ok',
+        )
+        image = add_classes(
+            widgets.Image(value=render_memory_png(census), format='png'), 'mh-mem-heatmap'
+        )
+        self.widget = add_classes(
+            widgets.VBox(
+                [
+                    add_classes(widgets.HTML(head), 'mh-mem-summary'),
+                    image,
+                    widgets.HTML(memory_html(census)),
+                ]
+            ),
+            'mh-mem',
+        )
+
+    def text(self) -> str:
+        return self.census.format()
