@@ -44,6 +44,7 @@ _LEGEND_HOSTS = 8
 
 _DPI = 100
 _ROW_IN = 0.26  # height of one host row
+_ROW_IN_MANY = 0.18  # ... with more than 16 rows
 _SKEW_IN = 1.3  # height of the skew panel
 _TOP_IN = 0.4  # title
 _LEGEND_IN = 1.45  # right margin for the legend
@@ -96,7 +97,8 @@ def render_timeline_png(timeline: Timeline, *, width: int = 860, max_rows: int =
     hosts, capped = chart_hosts(timeline, max_rows)
     rows = {p: i for i, p in enumerate(hosts)}
     n_rows = max(len(hosts), 1)
-    top_h = max(_ROW_IN * n_rows + 0.3, 1.0)
+    row_in = _ROW_IN if n_rows <= 16 else _ROW_IN_MANY
+    top_h = max(row_in * n_rows + 0.3, 1.0)
     fig_w = width / _DPI
     fig_h = _TOP_IN + (0.18 if capped else 0.0) + top_h + _GAP_IN + _SKEW_IN + _BOTTOM_IN
     fig = Figure(figsize=(fig_w, fig_h), dpi=_DPI)
@@ -186,10 +188,11 @@ def _draw_skew(ax: Any, timeline: Timeline, origin: float) -> None:
             ax.scatter(
                 [xs[i] for i in solid],
                 [ys[i] for i in solid],
-                s=14,
+                s=16,
                 c=[colors[i] for i in solid],
                 zorder=3,
-                linewidths=0,
+                edgecolors='#444444',  # light host colours stay visible
+                linewidths=0.4,
             )
         if empty:
             ax.scatter(
@@ -225,6 +228,8 @@ def _draw_skew(ax: Any, timeline: Timeline, origin: float) -> None:
             marker='o',
             linestyle='',
             color=host_color(p),
+            markeredgecolor='#444444',
+            markeredgewidth=0.4,
             markersize=5,
             label=f'process {p} last ({lasts[p]})',
         )
