@@ -36,8 +36,10 @@ from mhnotebook._session import Session
 from mhnotebook._startup import connect, start_local
 from mhnotebook._views import (
     diff_view,
+    env_view,
     host_local,
     layout_view,
+    memory_view,
     stacks_view,
     stepper_view,
     timeline_view,
@@ -479,6 +481,36 @@ class MultihostMagics(Magics):
         }
         _delegate(actions[args.action])
         return _delegate(lambda: stepper_view(session))
+
+    @line_magic
+    def mh_env(self, line: str) -> Any:
+        """Show what differs between the hosts' environments: versions, flags, config, code.
+
+        Compares Python/jax/jaxlib/numpy and runtime versions, ``JAX_*``,
+        ``XLA_*``, ``TPU_*``, ``NCCL_*``, ``CUDA_*`` variables, ``jax.config``
+        values, the git commit and the user's source files; only keys that
+        differ are shown, majority vs odd hosts. Example: ``%mh_env``.
+        """
+        if line.strip():
+            raise UsageError('%mh_env takes no arguments.')
+        session = self._session()
+        view = _delegate(lambda: env_view(session))
+        return None if view is _INTERRUPTED else view
+
+    @line_magic
+    def mh_mem(self, line: str) -> Any:
+        """Show memory across hosts: per device, per host, and arrays only some hosts hold.
+
+        A host x device heatmap of live-array bytes (``memory_stats()`` where
+        the backend reports it), the hosts whose live bytes stand out, and the
+        kinds of arrays (shape, dtype, sharding, engine names) that only some
+        hosts hold: leak candidates. Example: ``%mh_mem``.
+        """
+        if line.strip():
+            raise UsageError('%mh_mem takes no arguments.')
+        session = self._session()
+        view = _delegate(lambda: memory_view(session))
+        return None if view is _INTERRUPTED else view
 
     @line_magic
     def mh_where(self, line: str) -> Any:

@@ -15,7 +15,9 @@ from mhnotebook._session import Session
 
 if TYPE_CHECKING:
     from mhnotebook.widgets import (
+        EnvView,
         LayoutView,
+        MemoryView,
         StepperView,
         TimelineView,
         TreeDiffView,
@@ -26,8 +28,10 @@ if TYPE_CHECKING:
 __all__ = [
     'check_axes',
     'diff_view',
+    'env_view',
     'host_local',
     'layout_view',
+    'memory_view',
     'stacks_view',
     'stepper_view',
     'timeline_view',
@@ -106,9 +110,33 @@ def where_view(session: Session, *, timeout: float = 10.0) -> WhereView:
     """A refreshable `WhereView`: every host's current collective and stacks."""
     from mhnotebook.widgets import WhereView
 
+    def verdict() -> str | None:
+        # The wavefront's one line leads: who is inside which launch, who never
+        # launched it. Without it (an old engine, no answer) the stacks still show.
+        try:
+            return session.wavefront(timeout=timeout).verdict
+        except Exception:
+            return None
+
     return WhereView(
-        session.where(timeout=timeout), on_refresh=lambda: session.where(timeout=timeout)
+        session.where(timeout=timeout),
+        on_refresh=lambda: session.where(timeout=timeout),
+        verdict=verdict,
     )
+
+
+def env_view(session: Session) -> EnvView:
+    """An `EnvView`: what differs between the hosts' environments."""
+    from mhnotebook.widgets import EnvView
+
+    return EnvView(session.env_diff())
+
+
+def memory_view(session: Session) -> MemoryView:
+    """A `MemoryView`: device and live-array memory per host, what only some hosts hold."""
+    from mhnotebook.widgets import MemoryView
+
+    return MemoryView(session.memory_census())
 
 
 def timeline_view(session: Session, *, last: int = 200, timeout: float = 10.0) -> TimelineView:

@@ -462,7 +462,6 @@ def _first_array(out: Any) -> Any:
     return next((x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)), None)
 
 
-
 def _hashable(v: Any) -> Any:
     try:
         hash(v)

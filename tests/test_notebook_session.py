@@ -221,6 +221,9 @@ def test_stuck_cell_shows_where_every_host_is(session):
     assert 'sleep' in stacks[3].format() or 'line 3' in stacks[3].format()
     view = ip.run_line_magic('mh_where', '')
     assert isinstance(view, WhereView)
+    verdict = view.text().splitlines()[0]  # the wavefront's verdict leads
+    assert "processes 0-2 are waiting at barrier('late')" in verdict, view.text()
+    assert 'process 3 is not there' in verdict, verdict
     session.wait_outputs(session.execute_async('pass'), timeout=60, echo=False)
     magics.session = None
 
@@ -326,3 +329,40 @@ def test_timeline_magic_names_the_late_host(session, tmp_path):
         ip.run_line_magic('mh_timeline', '--last 0')
     assert 'Example' in (ip.find_line_magic('mh_timeline').__doc__ or '')
     magics.session = None
+
+
+def test_census_magics_name_the_odd_host(session):
+    """%mh_env names a flag set on host 2 only; %mh_mem names the 64 MiB array host 1 keeps."""
+    from mhnotebook.widgets import EnvView, MemoryView
+
+    ip, magics = _shell(session)
+    session.execute(
+        'import os, jax.numpy as jnp\n'
+        'saved_flags = os.environ.get("XLA_FLAGS")\n'
+        'if jax.process_index() == 2:\n'
+        '    os.environ["XLA_FLAGS"] = "--xla_dump_to=/tmp/nowhere"\n'
+        'leak = [jnp.zeros((16, 1024, 1024))] if jax.process_index() == 1 else []\n',
+        echo=False,
+    )
+    try:
+        env = ip.run_line_magic('mh_env', '')
+        assert isinstance(env, EnvView)
+        assert [e.key for e in env.diff.entries] == ['env.XLA_FLAGS'], env.text()
+        assert env.diff.odd_processes == (2,)
+        assert 'xla_dump_to' in env.static_html() and 'mh-env-table' in env.static_html()
+        mem = ip.run_line_magic('mh_mem', '')
+        assert isinstance(mem, MemoryView)
+        assert mem.census.odd_processes == (1,), mem.text()
+        assert 'leak[0]' in mem.census.only_some[0].names, mem.text()
+        assert 'data:image/png' in mem.static_html()  # the heatmap
+        assert 'mh-mem-leaks' in mem.static_html() and 'leak[0]' in mem.static_html()
+    finally:
+        session.execute(
+            'leak = None\n'
+            'if saved_flags is None:\n'
+            '    os.environ.pop("XLA_FLAGS", None)\n'
+            'else:\n'
+            '    os.environ["XLA_FLAGS"] = saved_flags\n',
+            echo=False,
+        )
+        magics.session = None

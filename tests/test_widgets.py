@@ -888,9 +888,11 @@ def test_public_surface():
         mw.__all__
         == sorted(mw.__all__)
         == [
+            'EnvView',
             'GridBlock',
             'LayoutGrid',
             'LayoutView',
+            'MemoryView',
             'StepperView',
             'TimelineView',
             'TreeDiffView',
@@ -898,6 +900,7 @@ def test_public_surface():
             'host_color',
             'layout_grid',
             'render_layout_png',
+            'render_memory_png',
             'render_timeline_png',
         ]
     )

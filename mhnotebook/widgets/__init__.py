@@ -24,6 +24,7 @@ widget part carries a stable CSS class (``mh-layout``, ``mh-layout-block``,
 ``mh-timeline-chart``...; each view's docstring lists them).
 """
 
+from mhnotebook.widgets._census import EnvView, MemoryView, render_memory_png
 from mhnotebook.widgets._common import host_color
 from mhnotebook.widgets._layout import (
     GridBlock,
@@ -38,9 +39,11 @@ from mhnotebook.widgets._treediff import TreeDiffView
 from mhnotebook.widgets._where import WhereView
 
 __all__ = [
+    'EnvView',
     'GridBlock',
     'LayoutGrid',
     'LayoutView',
+    'MemoryView',
     'StepperView',
     'TimelineView',
     'TreeDiffView',
@@ -48,5 +51,6 @@ __all__ = [
     'host_color',
     'layout_grid',
     'render_layout_png',
+    'render_memory_png',
     'render_timeline_png',
 ]

@@ -192,7 +192,7 @@ class MemoryView(View):
         odd = census.odd_processes
         head = banner(
             (
-                f'{esc(fmt_hosts(odd))} stand(s) out'
+                f'{esc(fmt_hosts(odd))} {"stands" if len(odd) == 1 else "stand"} out'
                 if odd
                 else f'no host stands out among {len(census.hosts)}'
             )

@@ -1,0 +1,75 @@
+"""Census views from synthetic models (no cluster): what they say and draw."""
+
+from __future__ import annotations
+
+import pytest
+
+from mhnotebook.widgets import EnvView, MemoryView, render_memory_png
+from multihost import EnvDiff, MemoryCensus
+from multihost._census import ArrayGroup, DeviceMemory, HostMemory, _entry
+
+MIB = 1 << 20
+
+
+def _env() -> EnvDiff:
+    flags = _entry('env.XLA_FLAGS', {0: '', 1: '--xla_fast', 2: '', 3: ''}, 4)
+    worker = _entry('env.TPU_WORKER_ID', {p: str(p) for p in range(4)}, 4)
+    return EnvDiff(num_processes=4, entries=(flags,), per_host=(worker,), compared=140)
+
+
+def test_env_entry_majority_and_odd_hosts():
+    e = _env().entries[0]
+    assert e.majority == '' and e.odd_processes == (1,)
+    assert "env.XLA_FLAGS: '' on most; process 1: '--xla_fast'" == e.describe()
+
+
+def test_env_view_names_the_odd_host_and_lists_by_design_keys_apart():
+    view = EnvView(_env())
+    html = view.static_html()
+    assert 'mh-env-table' in html and '--xla_fast' in html and 'mh-odd-host' in html
+    assert 'differ per host by design' in html and 'TPU_WORKER_ID' in html
+    assert view.text().startswith('environments of 4 hosts (140 keys compared): 1 key(s) differ')
+    same = EnvView(EnvDiff(num_processes=4, entries=(), compared=140))
+    assert same.diff.ok and 'identical' in same.static_html() and 'identical' in same.text()
+
+
+def _census(extra_on: int | None = 3) -> MemoryCensus:
+    hosts = []
+    for p in range(4):
+        extra = 64 * MIB if p == extra_on else 0
+        devs = tuple(
+            DeviceMemory(id=p * 2 + d, process=p, local=d, live_bytes=4 * MIB + extra // 2)
+            for d in range(2)
+        )
+        hosts.append(
+            HostMemory(
+                process=p, live_count=3 + (extra > 0), live_bytes=8 * MIB + extra, devices=devs
+            )
+        )
+    only = ()
+    if extra_on is not None:
+        counts = tuple(1 if p == extra_on else 0 for p in range(4))
+        only = (ArrayGroup((16, 1024, 1024), 'float32', 'P()', counts, 64 * MIB, ('cache',)),)
+    return MemoryCensus(hosts=tuple(hosts), only_some=only)
+
+
+def test_memory_census_odd_host_and_view():
+    census = _census()
+    assert census.heavy_processes == (3,) and census.odd_processes == (3,)
+    assert census.only_some[0].extra_processes == (3,)
+    view = MemoryView(census)
+    html = view.static_html()
+    assert 'process 3 stands out' in html and 'data:image/png' in html
+    assert 'mh-mem-leaks' in html and 'cache' in html and 'float32[16, 1024, 1024]' in html
+    assert 'not reported by this backend' in html
+    assert 'only some hosts hold float32[16, 1024, 1024] P() (cache)' in view.text()
+    assert render_memory_png(census)[:8] == b'\x89PNG\r\n\x1a\n'
+    clean = _census(None)
+    assert clean.odd_processes == () and 'no host stands out' in MemoryView(clean).static_html()
+
+
+def test_census_views_reject_wrong_models():
+    with pytest.raises(TypeError, match='multihost.EnvDiff.*got builtins.dict'):
+        EnvView({})
+    with pytest.raises(TypeError, match='multihost.MemoryCensus.*got builtins.list'):
+        MemoryView([])
