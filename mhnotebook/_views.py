@@ -115,8 +115,8 @@ def where_view(session: Session, *, timeout: float = 10.0) -> WhereView:
         # launched it. Without it (an old engine, no answer) the stacks still show.
         try:
             return session.wavefront(timeout=timeout).verdict
-        except Exception:
-            return None
+        except Exception as exc:
+            return f'(no wavefront verdict: {type(exc).__name__}: {exc})'[:300]
 
     return WhereView(
         session.where(timeout=timeout),

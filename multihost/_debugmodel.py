@@ -557,7 +557,10 @@ class HostStacks:
         last = self.last
         if last is not None:
             what = 'launch' if last.is_launch else 'collective'
-            return f', last {what} {last.label} ({idle} ago)'
+            # A launch whose output is not ready: the host may be inside it, or ahead of it
+            # (async dispatch); either way the device has not finished it.
+            busy = ', not done on device' if last.is_launch and last.state == 'launched' else ''
+            return f', last {what} {last.label} ({idle} ago{busy})'
         c = self.current
         if c is not None:
             ago = f' (entered {secs(self.time - c.time)} ago)' if self.time and c.time else ''

@@ -54,6 +54,16 @@ def test_notebook_runs_top_to_bottom(path):
         assert "['kernel'] [value] on process 3" in text
         assert "host 3: passed 'ckpt'" in text
         assert 'still running after 3 s' in text and "barrier('after-eval')" in text
+    if path.name == '03_jitted_hang.ipynb':
+        # The other batch shape is caught before launch, on every host, naming host 2 ...
+        assert text.count("first difference: argument 'batch'") == 4, text
+        assert 'f32[12,4]' in text and 'on process 2' in text
+        assert all(f'host {p} is in step' in text for p in range(4)), text
+        # ... the timeline names the slow host, and the wavefront the one that never launched.
+        assert 'process 3 arrived last in' in text, text
+        assert 'processes 0-1, 3 are inside fast_step #3' in text, text
+        assert 'process 2 never launched #3' in text and 'in load_shard' in text, text
+        assert all(f'host {p} is back' in text for p in range(4)), text
     if path.name == '02_divergence.ipynb':
         assert "2: 'process_allgather'" in text and "0: 'barrier'" in text
         assert 'different structure, shapes or dtypes' in text
