@@ -1,0 +1,126 @@
+"""`multihost.watch` and the flight recorder in one process: records, states, bounds, statics."""
+
+from __future__ import annotations
+
+import gc
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import multihost
+from multihost import _recorder
+
+
+@pytest.fixture(autouse=True)
+def fresh_recorder():
+    _recorder.reset()
+    yield
+    _recorder.reset()
+
+
+def test_watch_behaves_like_the_function_and_records_each_call():
+    step = multihost.watch(jax.jit(lambda x, k: x * k), name='scale')
+    x = jnp.arange(4.0)
+    for k in range(3):
+        out = step(x, k)
+    np.testing.assert_array_equal(np.asarray(out), np.arange(4.0) * 2)
+    recs = _recorder.snapshot(0)
+    assert [(r.kind, r.name, r.call) for r in recs] == [('launch', 'scale', k) for k in range(3)]
+    assert recs[-1].label == 'scale #2' and recs[-1].fingerprint
+    assert step.signatures == 1  # a Python scalar is keyed by type, not value
+    assert len({r.digest for r in recs}) == 1
+
+
+def test_as_a_decorator_with_and_without_arguments():
+    @multihost.watch
+    @jax.jit
+    def plain(x):
+        return x + 1
+
+    @multihost.watch(name='named', check=False)
+    @jax.jit
+    def other(x):
+        return x - 1
+
+    assert float(plain(jnp.float32(1))) == 2.0 and float(other(jnp.float32(1))) == 0.0
+    assert [r.name for r in _recorder.snapshot(0)] == ['plain', 'named']
+    assert plain.__name__ == 'plain'
+
+
+def test_static_arguments_are_keyed_by_value():
+    @partial(jax.jit, static_argnames=('mode',))
+    def f(x, mode):
+        return x * 2 if mode == 'double' else x
+
+    step = multihost.watch(f)
+    step(jnp.ones(2), mode='double')
+    step(jnp.ones(2), mode='double')
+    step(jnp.ones(2), mode='same')
+    assert step.signatures == 2
+
+
+def test_states_done_and_unknown_when_donated():
+    step = multihost.watch(jax.jit(lambda x: x * 2, donate_argnums=0), name='donating')
+    a = step(jnp.ones(1000))
+    b = step(a)  # a is donated: deleted before anyone asked whether it was ready
+    assert a.is_deleted()
+    b.block_until_ready()
+    assert [r.state for r in _recorder.snapshot(0)] == ['unknown', 'done']
+
+
+def test_an_output_that_is_collected_reads_unknown_never_blocks():
+    step = multihost.watch(jax.jit(lambda x: x + 1), name='dropped')
+    step(jnp.ones(3))  # the output is dropped at once
+    gc.collect()
+    assert _recorder.snapshot(0)[-1].state == 'unknown'
+
+
+def test_the_recorder_keeps_the_last_2000_records():
+    step = multihost.watch(jax.jit(lambda x: x), name='many', check=False)
+    x = jnp.ones(1)
+    for _ in range(_recorder.CAPACITY + 150):
+        step(x)
+    recs = _recorder.snapshot(0)
+    assert len(recs) == _recorder.CAPACITY == 2000
+    assert recs[0].call == 150 and recs[-1].call == 2149
+
+
+def test_a_tracer_passes_through_unrecorded():
+    inner = multihost.watch(jax.jit(lambda x: x * 3), name='inner')
+    out = jax.jit(lambda x: inner(x) + 1)(jnp.ones(2))
+    grads = jax.grad(lambda x: inner(x).sum())(jnp.ones(2))
+    np.testing.assert_array_equal(np.asarray(out), [4.0, 4.0])
+    np.testing.assert_array_equal(np.asarray(grads), [3.0, 3.0])
+    assert _recorder.snapshot(0) == []
+
+
+def test_errors_of_the_function_are_its_own_and_recorded_as_failed():
+    @multihost.watch
+    @jax.jit
+    def bad(x):
+        return x @ x  # a shape error for a 1-D x of the wrong kind
+
+    with pytest.raises(TypeError):
+        bad(jnp.ones((2, 3)))
+    assert _recorder.snapshot(0)[-1].state == 'failed'
+
+
+def test_a_non_callable_is_refused_clearly():
+    with pytest.raises(TypeError, match='multihost.watch needs a callable'):
+        multihost.watch(42)
+
+
+def test_single_process_wavefront_and_records():
+    step = multihost.watch(jax.jit(lambda x: x + 1), name='w')
+    keep = step(jnp.ones(2))
+    keep.block_until_ready()
+    multihost.barrier('after')
+    front = multihost.wavefront()
+    assert front.hosts[0].last_launch.label == 'w #0'
+    assert front.hosts[0].last_collective.kind == 'barrier'
+    assert 'no launch is pending' in front.verdict
+    records = multihost.flight_records(last=5)
+    assert [r.kind for r in records[0]] == ['launch', 'barrier']
