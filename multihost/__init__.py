@@ -35,6 +35,7 @@ from multihost._errors import (
 )
 from multihost._fault import live_devices, reached_preemption_sync_point
 from multihost._layout import Layout, LayoutBlock, ShardInfo, describe_layout
+from multihost._nonfinite import NonfiniteLeaf, NonfiniteReport, NonfiniteShard, find_nonfinite
 from multihost._recorder import FlightRecord
 from multihost._replicas import ReplicaDigest, ReplicaGroup, ReplicaReport, check_replicas
 from multihost._sequence import DEFAULT_TIMEOUT, CollectiveRecord
@@ -77,6 +78,9 @@ __all__ = [
     'LeafDiff',
     'MemoryCensus',
     'MultihostError',
+    'NonfiniteLeaf',
+    'NonfiniteReport',
+    'NonfiniteShard',
     'ProcessFailureError',
     'ReplicaDigest',
     'ReplicaGroup',
@@ -99,6 +103,7 @@ __all__ = [
     'describe_layout',
     'dump_stacks',
     'env_diff',
+    'find_nonfinite',
     'flight_records',
     'global_array_to_host_local_array',
     'host_local_array_to_global_array',

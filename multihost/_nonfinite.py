@@ -1,0 +1,715 @@
+"""Where the NaNs and Infs are: per shard, on every host, without moving the data.
+
+`find_nonfinite` is a collective: every host passes its tree (global arrays
+and host-local values alike) and gets the same `NonfiniteReport`, naming each
+offending shard's leaf, host, device and index, its NaN and Inf counts and
+its first non-finite element. Only a few numbers per offending shard travel:
+
+1. Every host classifies its leaves (local): a *global* `jax.Array` (its
+   devices span several processes) is checked shard by shard over this host's
+   addressable shards, replicas included (a NaN in one replica is found); a
+   *host-local* value (a fully addressable `jax.Array`, a numpy array, a
+   Python scalar) is this host's own, checked whole, its shards' indices in
+   its own coordinates. Leaves that are not floating point (integers, bools,
+   PRNG keys, strings) are skipped and counted.
+2. Screen (on device): one jitted reduction per shard, ``sum(x * 0)``: ``0``
+   when every element is finite, NaN otherwise (``inf * 0`` and ``nan * 0``
+   are NaN). One pass over memory at about the speed of a plain sum (a count
+   of ``isnan`` costs ~10x more on CPU); all shards are dispatched before any
+   result is read, so the local devices work at the same time. Compiled once
+   per shard shape, dtype and device.
+3. Details, only for the shards that fail the screen: a second jitted pass
+   counts NaN and Inf and finds the first non-finite position (in chunks of
+   `_CHUNK` elements, so counts and positions fit 32-bit integers).
+4. One exchange (`_sequence.exchange`: the collective's check and the data in
+   one coordination round): each host's checked counts and at most
+   `MAX_RECORDS` records of offending shards (the rest counted, and said so
+   in the report), plus, for offending host-local values, their own layout.
+   Every host then assembles the same report. Global leaves take part in the
+   check's digest (path, shape, dtype, sharding), so hosts passing different
+   global arrays raise `CollectiveMismatchError` before anything is compared.
+
+NumPy values are host memory: they are checked with numpy where they are
+(in chunks), never copied to a device.
+
+`NonfiniteShard`, `NonfiniteLeaf` and `NonfiniteReport` are plain, picklable
+data (frozen dataclasses, with the `Layout` of each offending leaf for a
+picture): the notebook receives them from the engines and draws them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from multihost import _kv, _sequence
+from multihost._layout import Index, Layout, describe_layout, format_index
+from multihost._text import fmt_hosts
+from multihost._treediff import _unique_paths
+
+#: Offending shards each host describes in full; beyond it, a host only counts
+#: them (the report says how many were left out).
+MAX_RECORDS = 64
+#: Offending host-local values per host whose layout travels (for a picture).
+MAX_LOCAL_LAYOUTS = 8
+#: Offending leaves whose layout a report keeps.
+MAX_LAYOUTS = 16
+#: Shard lines in `NonfiniteReport.format` by default.
+MAX_TEXT_SHARDS = 16
+
+_CHUNK = 1 << 30  # elements per detail pass: counts and positions fit int32
+_NUMPY_CHUNK = 1 << 20  # elements per numpy pass (bounds temporaries)
+_MAX_PATH = 300  # characters of a leaf path that travel
+
+
+# -- the model ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NonfiniteShard:
+    """One shard that holds NaN or Inf values.
+
+    Attributes:
+        path: the leaf's path (``jax.tree_util.keystr``; ``''`` for a bare array).
+        process: the host holding the shard.
+        device: the `jax.Device.id` holding it; None for a value in host
+            memory (a numpy array or a Python scalar).
+        local_device: the device's position among its host's local devices
+            (``jax.local_devices()``); None in host memory.
+        index: the block the shard holds, ``(start, stop)`` per dimension
+            (as `ShardInfo.index`): global coordinates for a global array,
+            the host's own value's coordinates for a host-local one.
+        nan: how many elements are NaN.
+        inf: how many elements are +Inf or -Inf.
+        first: the index of the first non-finite element (row-major within
+            the shard), in the same coordinates as ``index``.
+        host_local: whether the leaf is the host's own value (not a global array).
+        replica: the shard's replica id (0 for a block held once).
+    """
+
+    path: str
+    process: int
+    device: int | None
+    local_device: int | None
+    index: Index
+    nan: int
+    inf: int
+    first: tuple[int, ...] | None
+    host_local: bool = False
+    replica: int = 0
+
+    @property
+    def count(self) -> int:
+        """NaN plus Inf elements."""
+        return self.nan + self.inf
+
+    def where(self) -> str:
+        """``'process 2, device 5 (host 2 · dev 1)'``, or ``'process 1, host memory'``."""
+        if self.device is None:
+            return f'process {self.process}, host memory'
+        local = '' if self.local_device is None else f' · dev {self.local_device}'
+        return f'process {self.process}, device {self.device} (host {self.process}{local})'
+
+    def describe(self) -> str:
+        """``"['w'] block [0:4, 8:16] on process 2, device 5 (host 2 · dev 1): 3 NaN, 0 Inf,
+        first at (1, 9)"``."""
+        path = _short_path(self.path) or '<value>'
+        if self.host_local:
+            path += ' (host-local)'
+        replica = f' replica {self.replica}' if self.replica else ''
+        first = '' if self.first is None else f', first at {self.first}'
+        return (
+            f'{path} block {format_index(self.index)}{replica} on {self.where()}: '
+            f'{self.nan} NaN, {self.inf} Inf{first}'
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class NonfiniteLeaf:
+    """One leaf with NaN or Inf values somewhere (a summary of its offending shards).
+
+    A global array is one leaf; a host-local value is one leaf per host that
+    holds non-finite values in its own copy (``processes`` is then that host).
+
+    Attributes:
+        path: the leaf's path.
+        host_local: whether it is a host's own value.
+        processes: sorted hosts holding offending shards.
+        shape: the array's shape (a host-local value: that host's shape).
+        dtype: its dtype's name.
+        nan: NaN elements over the listed offending shards (replicas counted
+            each time).
+        inf: Inf elements, likewise.
+        shards: offending shards listed in the report.
+        first: the first non-finite element over the listed shards (row-major).
+        layout: the leaf's `Layout` (a host-local value: the offending host's
+            own), for a picture with the offending blocks marked; None when
+            not kept (beyond `MAX_LAYOUTS` leaves).
+    """
+
+    path: str
+    host_local: bool
+    processes: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    nan: int
+    inf: int
+    shards: int
+    first: tuple[int, ...] | None
+    layout: Layout | None = None
+
+    def marked(self, report: NonfiniteReport) -> dict[Index, str]:
+        """Offending block index -> a short note (``'3 NaN on device 5'``), for a picture."""
+        out: dict[Index, list[str]] = {}
+        for s in report.shards_of(self):
+            where = 'host memory' if s.device is None else f'device {s.device}'
+            out.setdefault(s.index, []).append(f'{s.nan} NaN, {s.inf} Inf on {where}')
+        return {index: '; '.join(notes) for index, notes in out.items()}
+
+    def describe(self) -> str:
+        """``"['w'] float32[8, 16] on processes 2-3: 3 NaN, 1 Inf in 2 shard(s)"``."""
+        local = ' (host-local)' if self.host_local else ''
+        shape = ', '.join(map(str, self.shape))
+        first = '' if self.first is None else f', first at {self.first}'
+        return (
+            f'{_short_path(self.path) or "<value>"}{local} {self.dtype}[{shape}] on '
+            f'{fmt_hosts(self.processes)}: {self.nan} NaN, {self.inf} Inf in {self.shards} '
+            f'shard(s){first}'
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class NonfiniteReport:
+    """Which shards of a pytree hold NaN or Inf, on which hosts and devices (`find_nonfinite`).
+
+    Every host of a `find_nonfinite` call gets an equal report.
+
+    Attributes:
+        shards: the offending shards (at most `MAX_RECORDS` per host), in
+            leaf order, then by process and device.
+        leaves: one `NonfiniteLeaf` per offending leaf (per host for a
+            host-local value), in the same order.
+        checked: what was checked: ``leaves`` (floating-point leaves of a
+            host's tree; the most of any host), ``shards`` and ``elements``
+            (over every host, replicas counted each time), ``skipped`` (leaves
+            that are not floating point; the most of any host).
+        num_processes: how many hosts took part.
+        truncated: process -> offending shards that host found but did not
+            list (beyond `MAX_RECORDS`); empty when every one is listed.
+    """
+
+    shards: tuple[NonfiniteShard, ...]
+    leaves: tuple[NonfiniteLeaf, ...]
+    checked: Mapping[str, int]
+    num_processes: int
+    truncated: Mapping[int, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when no element of any leaf, on any host, is NaN or Inf."""
+        return not self.shards and not self.truncated
+
+    @property
+    def processes(self) -> tuple[int, ...]:
+        """Sorted hosts holding at least one offending shard."""
+        return tuple(sorted({s.process for s in self.shards} | set(self.truncated)))
+
+    @property
+    def nan(self) -> int:
+        """NaN elements over the listed shards (replicas counted each time)."""
+        return sum(s.nan for s in self.shards)
+
+    @property
+    def inf(self) -> int:
+        """Inf elements over the listed shards."""
+        return sum(s.inf for s in self.shards)
+
+    def shards_of(self, leaf: NonfiniteLeaf | str) -> tuple[NonfiniteShard, ...]:
+        """The listed offending shards of one leaf (a `NonfiniteLeaf`, or a path)."""
+        if isinstance(leaf, str):
+            return tuple(s for s in self.shards if s.path == leaf)
+        return tuple(
+            s
+            for s in self.shards
+            if s.path == leaf.path
+            and s.host_local == leaf.host_local
+            and (not leaf.host_local or s.process in leaf.processes)
+        )
+
+    def __getitem__(self, path: str) -> NonfiniteLeaf:
+        """The first `NonfiniteLeaf` with this path (``KeyError`` when it is clean)."""
+        for leaf in self.leaves:
+            if leaf.path == path:
+                return leaf
+        raise KeyError(f'{path!r} holds no NaN or Inf')
+
+    def headline(self) -> str:
+        """One line: clean, or how many shards of how many leaves hold NaN / Inf, and where."""
+        c = self.checked
+        what = (
+            f'{_n(c.get("leaves", 0), "leaf", "leaves")}, {_n(c.get("shards", 0), "shard")}, '
+            f'{_n(c.get("elements", 0), "element")} checked on '
+            f'{_n(self.num_processes, "host")}'
+        )
+        if c.get('skipped'):
+            what += f' ({_n(c["skipped"], "non-float leaf", "non-float leaves")} skipped)'
+        if self.ok:
+            return f'no NaN or Inf: {what}'
+        more = sum(self.truncated.values())
+        listed = f' ({more} not listed)' if more else ''
+        return (
+            f'NaN/Inf in {_n(len(self.shards) + more, "shard")}{listed} of '
+            f'{_n(len(self.leaves), "leaf", "leaves")} on {fmt_hosts(self.processes)}: '
+            f'{self.nan:,} NaN, {self.inf:,} Inf; {what}'
+        )
+
+    def format(self, max_shards: int = MAX_TEXT_SHARDS) -> str:
+        """The headline, then one line per offending shard (at most ``max_shards``)."""
+        lines = [self.headline()]
+        lines += ['  ' + s.describe() for s in self.shards[:max_shards]]
+        if len(self.shards) > max_shards:
+            lines.append(f'  ... {len(self.shards) - max_shards} more shard(s) in .shards')
+        for p, n in sorted(self.truncated.items()):
+            lines.append(
+                f'  ... process {p} found {n} more offending shard(s), not listed '
+                f'(at most {MAX_RECORDS} per host travel)'
+            )
+        return '\n'.join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def __repr__(self) -> str:
+        return (
+            f'NonfiniteReport(ok={self.ok}, shards={len(self.shards)}, '
+            f'leaves={len(self.leaves)}, processes={list(self.processes)}, '
+            f'checked={dict(self.checked)})'
+        )
+
+
+def _n(count: int, one: str, many: str | None = None) -> str:
+    """``_n(1, 'shard')`` -> ``'1 shard'``; ``_n(12345, 'shard')`` -> ``'12,345 shards'``."""
+    return f'{count:,} {one if count == 1 else many or one + "s"}'
+
+
+def _short_path(path: str) -> str:
+    if len(path) <= 160:
+        return path
+    return path[:78] + '...' + path[-79:]
+
+
+# -- on device --------------------------------------------------------------------------
+
+
+@jax.jit
+def _screen(x: jax.Array) -> jax.Array:
+    """``0`` when every element of ``x`` is finite, NaN otherwise (one pass, no compare)."""
+    return jnp.sum(x * jnp.zeros((), x.dtype))
+
+
+def _details_impl(x: jax.Array, lo: int, hi: int) -> jax.Array:
+    """NaN count, Inf count and first non-finite position of ``x.reshape(-1)[lo:hi]``."""
+    flat = x.reshape(-1)[lo:hi]
+    nan = jnp.sum(jnp.isnan(flat), dtype=jnp.int32)
+    inf = jnp.sum(jnp.isinf(flat), dtype=jnp.int32)
+    first = jnp.argmax(~jnp.isfinite(flat)).astype(jnp.int32)
+    return jnp.stack([nan, inf, first])
+
+
+_details = jax.jit(_details_impl, static_argnums=(1, 2))
+
+
+def _chunks(size: int) -> list[tuple[int, int]]:
+    return [(lo, min(size, lo + _CHUNK)) for lo in range(0, max(size, 1), _CHUNK)] if size else []
+
+
+def _combine(parts: list[tuple[int, int, int, int]]) -> tuple[int, int, int | None]:
+    """(lo, nan, inf, first) per chunk -> (nan, inf, first flat position or None)."""
+    nan = inf = 0
+    first = None
+    for lo, n, i, f in parts:
+        if first is None and n + i:
+            first = lo + f
+        nan, inf = nan + n, inf + i
+    return nan, inf, first
+
+
+def _numpy_stats(a: np.ndarray) -> tuple[int, int, int | None]:
+    """(NaN count, Inf count, first non-finite flat position) of a host value, in chunks."""
+    flat = a.reshape(-1)
+    nan = inf = 0
+    first = None
+    for lo in range(0, flat.size, _NUMPY_CHUNK):
+        chunk = flat[lo : lo + _NUMPY_CHUNK]
+        bad = ~np.isfinite(chunk)
+        if not bad.any():
+            continue
+        nan += int(np.count_nonzero(np.isnan(chunk)))
+        inf += int(np.count_nonzero(np.isinf(chunk)))
+        if first is None:
+            first = lo + int(np.argmax(bad))
+    return nan, inf, first
+
+
+# -- local classification -------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Piece:
+    """One unit checked on this host: a shard of a jax array, or a whole numpy value."""
+
+    leaf: int
+    data: Any  # a single-device jax.Array, or a numpy array
+    device: int | None
+    local_device: int | None
+    index: Index
+    replica: int
+    screen: Any = None
+
+
+@dataclasses.dataclass
+class _Leaf:
+    path: str
+    host_local: bool
+    shape: tuple[int, ...]
+    dtype: str
+    value: Any
+
+
+def _is_float(dtype: Any) -> bool:
+    try:
+        return bool(jax.dtypes.issubdtype(dtype, np.inexact))
+    except TypeError:
+        return False
+
+
+def _index(slices: tuple[slice, ...], shape: tuple[int, ...]) -> Index:
+    return tuple((sl.start or 0, n if sl.stop is None else sl.stop) for sl, n in zip(slices, shape))
+
+
+def _spans_hosts(x: jax.Array, cache: dict[Any, bool]) -> bool:
+    """Whether a non-fully-addressable array's devices belong to more than one process."""
+    key = id(x.sharding)
+    if key not in cache:
+        devices: Any = x.sharding.device_set
+        cache[key] = len({d.process_index for d in devices}) > 1
+    return cache[key]
+
+
+def _classify(
+    in_tree: Any, multi: bool
+) -> tuple[list[_Leaf], list[_Piece], list[tuple[str, Any, str, str]], int]:
+    """This host's float leaves, the pieces to check, the global leaves' signature, skipped."""
+    flat = jax.tree_util.tree_flatten_with_path(in_tree)[0]
+    paths = _unique_paths([jax.tree_util.keystr(p) for p, _ in flat])
+    local_ids = {d.id: i for i, d in enumerate(jax.local_devices())}
+    leaves: list[_Leaf] = []
+    pieces: list[_Piece] = []
+    signature: list[tuple[str, Any, str, str]] = []
+    skipped = 0
+    spans: dict[Any, bool] = {}
+    for path, (_, x) in zip(paths, flat):
+        if isinstance(x, jax.Array):
+            if isinstance(x, jax.core.Tracer):
+                raise TypeError(
+                    f'leaf {path or "<value>"} is a tracer: find_nonfinite looks at concrete '
+                    'arrays; call it outside jit (or use jax.debug_nans inside)'
+                )
+            if not _is_float(x.dtype):
+                skipped += 1
+                continue
+            shape = tuple(x.shape)
+            is_global = multi and not x.is_fully_addressable and _spans_hosts(x, spans)
+            if is_global:
+                signature.append((path, shape, str(x.dtype), repr(x.sharding)))
+            i = len(leaves)
+            leaves.append(_Leaf(path, multi and not is_global, shape, str(x.dtype), x))
+            for s in x.addressable_shards:
+                pieces.append(
+                    _Piece(
+                        leaf=i,
+                        data=s.data,
+                        device=int(s.device.id),
+                        local_device=local_ids.get(s.device.id),
+                        index=_index(s.index, shape),
+                        replica=int(s.replica_id),
+                    )
+                )
+            continue
+        try:
+            a = np.asarray(x)
+        except Exception:  # not array-like: nothing to check
+            skipped += 1
+            continue
+        if a.dtype.hasobject or not _is_float(a.dtype):
+            skipped += 1
+            continue
+        i = len(leaves)
+        leaves.append(_Leaf(path, multi, tuple(a.shape), str(a.dtype), a))
+        pieces.append(
+            _Piece(
+                leaf=i,
+                data=a,
+                device=None,
+                local_device=None,
+                index=tuple((0, n) for n in a.shape),
+                replica=0,
+            )
+        )
+    return leaves, pieces, signature, skipped
+
+
+def _check(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
+    """(piece, NaN count, Inf count, first flat position) of every offending piece."""
+    # Screen every device shard first (dispatch all, then read: devices work together).
+    for p in pieces:
+        if not isinstance(p.data, np.ndarray) and p.data.size:
+            p.screen = _screen(p.data)
+    out: list[tuple[_Piece, int, int, int | None]] = []
+    suspects = []
+    for p in pieces:
+        if isinstance(p.data, np.ndarray):
+            nan, inf, first = _numpy_stats(p.data)
+            if nan + inf:
+                out.append((p, nan, inf, first))
+        elif p.screen is not None and not bool(np.isfinite(np.asarray(p.screen))):
+            suspects.append(p)
+        p.screen = None
+    # Details of the shards that failed the screen (dispatched together too).
+    pending = [
+        (p, [(lo, _details(p.data, lo, hi)) for lo, hi in _chunks(p.data.size)]) for p in suspects
+    ]
+    for p, parts in pending:
+        got = [(lo, *(int(v) for v in np.asarray(r))) for lo, r in parts]
+        nan, inf, first = _combine(got)  # type: ignore[arg-type]
+        if nan + inf:
+            out.append((p, nan, inf, first))
+    out.sort(key=lambda t: (t[0].leaf, -1 if t[0].device is None else t[0].device))
+    return out
+
+
+def _global_first(piece: _Piece, flat: int | None) -> tuple[int, ...] | None:
+    if flat is None:
+        return None
+    shape = tuple(b - a for a, b in piece.index)
+    local = np.unravel_index(flat, shape) if shape else ()
+    return tuple(int(a) + int(i) for (a, _), i in zip(piece.index, local))
+
+
+# -- the exchange ---------------------------------------------------------------------
+
+
+def _layout_json(layout: Layout) -> dict[str, Any]:
+    return {
+        'shape': list(layout.shape),
+        'dtype': layout.dtype,
+        'itemsize': layout.itemsize,
+        'sharding': layout.sharding,
+        'spec': layout.spec,
+        'mesh_axes': [list(a) for a in layout.mesh_axes],
+        'platform': layout.platform,
+        'shards': [
+            [[list(p) for p in s.index], s.device_id, s.process_index] for s in layout.shards
+        ],
+    }
+
+
+def _layout_from(data: Mapping[str, Any], num_processes: int) -> Layout:
+    return Layout.from_placements(
+        tuple(data['shape']),
+        data['dtype'],
+        [([tuple(p) for p in idx], d, p) for idx, d, p in data['shards']],
+        itemsize=data['itemsize'],
+        sharding=data['sharding'],
+        spec=data['spec'],
+        mesh_axes=tuple(tuple(a) for a in data['mesh_axes']),
+        platform=data['platform'],
+        num_processes=num_processes,
+    )
+
+
+def _payload(
+    leaves: list[_Leaf],
+    pieces: list[_Piece],
+    found: list[tuple[_Piece, int, int, int | None]],
+    skipped: int,
+) -> dict[str, Any]:
+    """What this host tells the others: counts, offending records, host-local layouts."""
+    records = []
+    for p, nan, inf, first in found[:MAX_RECORDS]:
+        records.append(
+            [
+                p.leaf,
+                p.device,
+                p.local_device,
+                p.replica,
+                [list(ab) for ab in p.index],
+                nan,
+                inf,
+                None if first is None else list(_global_first(p, first) or ()),
+            ]
+        )
+    offending = {p.leaf for p, *_ in found[:MAX_RECORDS]}
+    shown = sorted(offending)
+    layouts = {}
+    for i in [i for i in shown if leaves[i].host_local][:MAX_LOCAL_LAYOUTS]:
+        layouts[str(i)] = _layout_json(describe_layout(leaves[i].value))
+    return {
+        'checked': [len(leaves), len(pieces), sum(int(np.size(p.data)) for p in pieces), skipped],
+        'leaves': {
+            str(i): [
+                leaves[i].path[:_MAX_PATH],
+                leaves[i].host_local,
+                list(leaves[i].shape),
+                leaves[i].dtype,
+            ]
+            for i in shown
+        },
+        'records': records,
+        'more': max(0, len(found) - MAX_RECORDS),
+        'layouts': layouts,
+    }
+
+
+def _assemble(
+    payloads: Mapping[int, Mapping[str, Any]], leaves: list[_Leaf], num_processes: int
+) -> NonfiniteReport:
+    """Every host's payload into the one report (the same on every host)."""
+    checked = {'leaves': 0, 'shards': 0, 'elements': 0, 'skipped': 0}
+    rows: list[tuple[tuple[int, int, int], NonfiniteShard, list[Any]]] = []
+    local_layouts: dict[tuple[str, int], Layout] = {}
+    for proc in sorted(payloads):
+        data = payloads[proc]
+        for what, n in zip(('leaves', 'shards', 'elements', 'skipped'), data['checked']):
+            per_host = what in ('leaves', 'skipped')  # a tree's leaves: the most of any host
+            checked[what] = max(checked[what], int(n)) if per_host else checked[what] + int(n)
+        info = data['leaves']  # leaf number -> [path, host_local, shape, dtype]
+        for leaf, device, local, replica, index, nan, inf, first in data['records']:
+            path, host_local, _, _ = info[str(leaf)]
+            shard = NonfiniteShard(
+                path=path,
+                process=proc,
+                device=device,
+                local_device=local,
+                index=tuple((int(a), int(b)) for a, b in index),
+                nan=int(nan),
+                inf=int(inf),
+                first=None if first is None else tuple(int(v) for v in first),
+                host_local=bool(host_local),
+                replica=int(replica),
+            )
+            rows.append(
+                ((int(leaf), proc, -1 if device is None else device), shard, info[str(leaf)])
+            )
+        for i, lay in data['layouts'].items():
+            local_layouts[(info[i][0], proc)] = _layout_from(lay, num_processes)
+    rows.sort(key=lambda t: t[0])
+    truncated = {p: int(d['more']) for p, d in sorted(payloads.items()) if d['more']}
+
+    # One leaf per global path; one per (path, host) for host-local values.
+    groups: dict[tuple[str, bool, int], list[NonfiniteShard]] = {}
+    meta: dict[tuple[str, bool, int], list[Any]] = {}
+    for _, s, info in rows:
+        key = (s.path, s.host_local, s.process if s.host_local else -1)
+        groups.setdefault(key, []).append(s)
+        meta.setdefault(key, info)
+    own = {leaf.path: leaf for leaf in leaves if not leaf.host_local}
+    out = []
+    for n_leaf, (key, group) in enumerate(groups.items()):
+        path, host_local, proc = key
+        layout = None
+        if n_leaf < MAX_LAYOUTS:
+            if host_local:
+                layout = local_layouts.get((path, proc))
+            elif path in own:  # a global array: every host describes it alike
+                layout = describe_layout(own[path].value)
+        firsts = [s.first for s in group if s.first is not None]
+        out.append(
+            NonfiniteLeaf(
+                path=path,
+                host_local=host_local,
+                processes=tuple(sorted({s.process for s in group})),
+                shape=tuple(int(n) for n in meta[key][2]),
+                dtype=str(meta[key][3]),
+                nan=sum(s.nan for s in group),
+                inf=sum(s.inf for s in group),
+                shards=len(group),
+                first=min(firsts) if firsts else None,
+                layout=layout,
+            )
+        )
+    return NonfiniteReport(
+        shards=tuple(s for _, s, _ in rows),
+        leaves=tuple(out),
+        checked=checked,
+        num_processes=num_processes,
+        truncated=truncated,
+    )
+
+
+# -- the collective -------------------------------------------------------------------
+
+
+def find_nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteReport:
+    """Finds every shard holding NaN or Inf, on every host, naming its host, device and index.
+
+    A collective: every host calls it with its tree and gets the same
+    `NonfiniteReport`. Counts are computed where the data is, per addressable
+    shard (one jitted reduction per shard on its own device; numpy values in
+    host memory), and only a few numbers per *offending* shard travel (at
+    most `MAX_RECORDS` shard records per host); the data never leaves its
+    device. With one process no communication happens.
+
+    Args:
+        in_tree: a pytree. Global `jax.Array` leaves are checked over every
+            addressable shard on every host, replicas included; host-local
+            values (numpy arrays, Python scalars, fully addressable
+            `jax.Array`s) each host checks in its own copy (their shards are
+            marked ``host_local``). Leaves that are not floating point are
+            skipped and counted (``checked['skipped']``).
+        timeout: seconds to wait for every host; default ``MULTIHOST_TIMEOUT``
+            or `multihost.DEFAULT_TIMEOUT`.
+
+    Returns:
+        A `NonfiniteReport`: ``.ok`` when nothing is NaN or Inf, else
+        ``.shards`` (`NonfiniteShard`: ``path``, ``process``, ``device``,
+        ``index``, ``nan``, ``inf``, ``first``) and ``.leaves``; ``str()``
+        names each offending block with its host and device.
+
+    Raises:
+        CollectiveMismatchError: hosts passed different global arrays (path,
+            shape, dtype or sharding), or called another collective.
+        HostFailedError: some host could not check its tree (e.g. a tracer
+            leaf); every host raises it, naming the host and the reason.
+        BarrierTimeoutError: some host did not arrive within ``timeout``.
+    """
+    n = _kv.process_count()
+    try:
+        leaves, pieces, signature, skipped = _classify(in_tree, n > 1)
+        found = _check(pieces)
+        payload = _payload(leaves, pieces, found, skipped)
+    except Exception as exc:
+        if n == 1:
+            raise
+        _sequence.fail_turn(
+            'find_nonfinite', '', f'{type(exc).__name__}: {exc}'[:300], timeout=timeout
+        )
+    digest = _sequence.digest(('find_nonfinite', signature))
+    if n == 1:
+        _sequence.enter('find_nonfinite', '', tree_digest=digest, timeout=timeout)
+        return _assemble({_kv.process_index(): payload}, leaves, 1)
+    raw = _sequence.exchange(
+        'find_nonfinite',
+        '',
+        json.dumps(payload, separators=(',', ':')).encode(),
+        tree_digest=digest,
+        timeout=timeout,
+    )
+    payloads = {p: json.loads(b) for p, b in raw.items()}
+    return _assemble(payloads, leaves, n)

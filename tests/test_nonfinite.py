@@ -1,0 +1,151 @@
+"""find_nonfinite in one process (4 CPU devices): counts, first positions, dtypes, chunks, text."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import multihost
+from multihost import _nonfinite
+
+
+def _mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ('a', 'b'))
+
+
+def _put(v: np.ndarray, spec: P) -> jax.Array:
+    return jax.device_put(v, NamedSharding(_mesh(), spec))
+
+
+def test_counts_first_positions_and_devices_per_shard():
+    v = np.arange(64, dtype=np.float32).reshape(8, 8)
+    v[5, 6], v[5, 7], v[1, 1], v[7, 7] = np.nan, np.inf, -np.inf, np.nan
+    report = multihost.find_nonfinite({'x': _put(v, P('a', 'b'))})
+    got = [(s.device, s.index, s.nan, s.inf, s.first) for s in report.shards]
+    assert got == [
+        (0, ((0, 4), (0, 4)), 0, 1, (1, 1)),
+        (3, ((4, 8), (4, 8)), 2, 1, (5, 6)),
+    ]
+    assert report.shards[1].local_device == 3 and not report.shards[1].host_local
+    leaf = report["['x']"]
+    assert (leaf.nan, leaf.inf, leaf.shards, leaf.first) == (2, 2, 2, (1, 1))
+    assert leaf.layout == multihost.describe_layout(_put(v, P('a', 'b')))
+    assert report.nan == 2 and report.inf == 2 and report.processes == (0,)
+
+
+def test_a_clean_tree_is_ok_and_says_what_was_checked():
+    tree = {'w': jnp.ones((4, 4)), 'n': np.zeros(3), 'i': jnp.arange(3), 'k': jax.random.key(1)}
+    report = multihost.find_nonfinite(tree)
+    assert report.ok and report.shards == () and report.leaves == ()
+    assert report.checked == {'leaves': 2, 'shards': 2, 'elements': 19, 'skipped': 2}
+    assert str(report) == (
+        'no NaN or Inf: 2 leaves, 2 shards, 19 elements checked on 1 host '
+        '(2 non-float leaves skipped)'
+    )
+    assert repr(report).startswith('NonfiniteReport(ok=True, shards=0')
+
+
+@pytest.mark.parametrize(
+    'dtype', [jnp.float16, jnp.bfloat16, jnp.float32, ml_dtypes.float8_e4m3fn, jnp.complex64]
+)
+def test_every_floating_dtype(dtype):
+    v = np.ones(10, np.float32).astype(dtype)
+    v[3] = np.nan
+    if np.isinf(np.asarray(np.inf, np.float32).astype(dtype)):
+        v[7] = np.inf
+    for value in (jnp.asarray(v), v):  # on device, and a numpy value in host memory
+        report = multihost.find_nonfinite(value)
+        (s,) = report.shards
+        assert s.nan == 1 and s.first == (3,)
+        assert s.inf == (0 if dtype == ml_dtypes.float8_e4m3fn else 1)
+
+
+def test_complex_counts_as_numpy_does():
+    v = np.array([1, complex(np.inf, 0), complex(0, np.nan), complex(np.inf, np.nan)], np.complex64)
+    (s,) = multihost.find_nonfinite(jnp.asarray(v)).shards
+    assert (s.nan, s.inf) == (int(np.isnan(v).sum()), int(np.isinf(v).sum()))
+    assert s.first == (1,)
+
+
+def test_shards_are_checked_in_chunks(monkeypatch):
+    """Counts and positions of shards longer than a chunk are combined exactly."""
+    monkeypatch.setattr(_nonfinite, '_CHUNK', 7)
+    monkeypatch.setattr(_nonfinite, '_NUMPY_CHUNK', 5)
+    v = np.zeros((6, 5), np.float32)
+    v[2, 3] = v[4, 0] = np.nan
+    v[5, 4] = np.inf
+    for value in (jnp.asarray(v), v):
+        (s,) = multihost.find_nonfinite(value).shards
+        assert (s.nan, s.inf, s.first) == (2, 1, (2, 3))
+
+
+def test_scalars_empty_arrays_and_strings():
+    report = multihost.find_nonfinite([float('nan'), 2, np.zeros((0, 3)), jnp.zeros(0), 'text'])
+    (s,) = report.shards
+    assert s.path == '[0]' and s.index == () and s.first == () and s.device is None
+    assert report.checked['skipped'] == 2  # the int and the string
+    assert multihost.find_nonfinite(jnp.float32(np.inf)).shards[0].first == ()
+
+
+def test_tracers_are_refused():
+    with pytest.raises(TypeError, match='tracer'):
+        jax.jit(lambda x: multihost.find_nonfinite(x).ok)(jnp.ones(3))
+
+
+def test_text_names_block_process_device_and_first():
+    s = multihost.NonfiniteShard(
+        path="['params']['w']",
+        process=2,
+        device=5,
+        local_device=1,
+        index=((0, 4), (8, 16)),
+        nan=3,
+        inf=0,
+        first=(1, 9),
+    )
+    assert s.describe() == (
+        "['params']['w'] block [0:4, 8:16] on process 2, device 5 (host 2 · dev 1): "
+        '3 NaN, 0 Inf, first at (1, 9)'
+    )
+    local = multihost.NonfiniteShard(
+        path='[0]',
+        process=1,
+        device=None,
+        local_device=None,
+        index=((0, 3),),
+        nan=0,
+        inf=1,
+        first=(2,),
+        host_local=True,
+    )
+    assert (
+        local.describe()
+        == '[0] (host-local) block [0:3] on process 1, host memory: 0 NaN, 1 Inf, first at (2,)'
+    )
+    report = multihost.NonfiniteReport(
+        shards=(s, local),
+        leaves=(),
+        checked={'leaves': 2, 'shards': 16, 'elements': 1000, 'skipped': 0},
+        num_processes=4,
+        truncated={2: 10},
+    )
+    text = report.format(max_shards=1)
+    assert text.splitlines()[0].startswith('NaN/Inf in 12 shards (10 not listed)')
+    assert 'on processes 1-2: 3 NaN, 1 Inf' in text
+    assert '... 1 more shard(s) in .shards' in text
+    assert 'process 2 found 10 more offending shard(s), not listed' in text
+    assert not report.ok
+
+
+def test_the_screen_is_one_pass_without_compares():
+    """The fast screen is a plain sum of x * 0 (NaN exactly when some element is not finite)."""
+    for v in ([1.0, 2.0], [1.0, np.inf], [-np.inf], [np.nan, 0.0], [3e38, 3e38]):
+        x = jnp.asarray(v, jnp.float32)
+        assert bool(jnp.isnan(_nonfinite._screen(x))) == (not np.isfinite(v).all())
+    hlo = _nonfinite._screen.lower(jnp.ones(8)).as_text()
+    assert 'compare' not in hlo
