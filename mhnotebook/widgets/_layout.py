@@ -75,6 +75,9 @@ class GridBlock:
         processes: sorted processes holding the block; each gets a stripe of its colour.
         flagged: whether the block's replicas differ (from a `ReplicaReport`).
         odd_devices: devices whose replica differs from the block's majority.
+        mark: why the caller marked the block (``layout_grid(marked=...)``,
+            e.g. ``'3 NaN, 0 Inf on device 5'``); ``''`` when not marked.
+            Marked blocks are drawn like flagged ones.
     """
 
     block: LayoutBlock
@@ -83,6 +86,7 @@ class GridBlock:
     processes: tuple[int, ...]
     flagged: bool = False
     odd_devices: tuple[int | None, ...] = ()
+    mark: str = ''
 
     @property
     def index(self) -> Index:
@@ -145,6 +149,11 @@ class LayoutGrid:
     def flagged(self) -> tuple[GridBlock, ...]:
         """The visible blocks whose replicas differ."""
         return tuple(b for b in self.blocks if b.flagged)
+
+    @property
+    def marked(self) -> tuple[GridBlock, ...]:
+        """The visible blocks the caller marked (``layout_grid(marked=...)``)."""
+        return tuple(b for b in self.blocks if b.mark)
 
     def slice_text(self) -> str:
         """The slice shown, numpy style: ``'[:, :, 3]'`` (``'[]'`` for a 0-d array)."""
@@ -220,6 +229,8 @@ def layout_grid(
     axes: int | Sequence[int] | None = None,
     fixed: Mapping[int, int] | None = None,
     report: ReplicaReport | None = None,
+    *,
+    marked: Mapping[Index, str] | None = None,
 ) -> LayoutGrid:
     """The blocks of ``layout`` visible in one 2-D view. Pure: no widgets, no devices.
 
@@ -233,6 +244,8 @@ def layout_grid(
             A block is visible when it contains the position along each of them.
         report: a `multihost.ReplicaReport` of the same array: blocks whose
             replicas differ are flagged.
+        marked: block index -> a note, for blocks to mark (drawn like
+            flagged ones), e.g. those holding NaN (`multihost.NonfiniteLeaf.marked`).
 
     Returns:
         A `LayoutGrid`.
@@ -263,6 +276,7 @@ def layout_grid(
     bad: dict[Index, ReplicaGroup] = {}
     if report is not None:
         bad = {g.index: g for g in report.mismatches}
+    marks = {tuple((int(a), int(b)) for a, b in k): str(v) for k, v in (marked or {}).items()}
     blocks = []
     for block in layout.blocks():
         if not all(
@@ -284,6 +298,7 @@ def layout_grid(
                 processes=block.process_indices,
                 flagged=group is not None,
                 odd_devices=group.odd_devices if group else (),
+                mark=marks.get(block.index, ''),
             )
         )
     blocks.sort(key=lambda b: (b.rows, b.cols))
@@ -407,7 +422,7 @@ def _draw_blocks(ax: Any, grid: LayoutGrid, selected: Index | None) -> None:
             fills.append(Rectangle((x0 + j * step, y0), step, y1 - y0))
             fill_colors.append(host_color(h))
         outlines.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
-        if b.flagged:
+        if b.flagged or b.mark:
             flagged.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
     ax.add_collection(PatchCollection(fills, facecolors=fill_colors, edgecolors='none'))
     thin = len(grid.blocks) > _THIN_OUTLINES_ABOVE
@@ -440,7 +455,7 @@ def _draw_blocks(ax: Any, grid: LayoutGrid, selected: Index | None) -> None:
 
 def _label_lines(b: GridBlock, w_px: float, h_px: float) -> list[str] | None:
     """The most informative label that fits the block ('dev 0,1' + 'x2', then '0,1'), or None."""
-    mark = '! ' if b.flagged else ''
+    mark = '! ' if b.flagged or b.mark else ''
     copies = [f'x{b.replica_count}'] if b.replica_count > 1 else []
     for lines in ([f'{mark}dev {b.label}'] + copies, [mark + b.label] + copies, [mark + b.label]):
         fits_w = w_px >= _CHAR_PX * max(len(s) for s in lines) + _LABEL_PAD_PX
@@ -456,7 +471,7 @@ def _draw_labels(ax: Any, grid: LayoutGrid, geo: _Geometry) -> None:
         lines = _label_lines(b, (b.cols[1] - b.cols[0]) * px_x, (b.rows[1] - b.rows[0]) * px_y)
         if lines is None:
             continue
-        boxed = b.flagged or len(b.processes) > 1
+        boxed = bool(b.flagged or b.mark) or len(b.processes) > 1
         color = '#000000' if boxed else text_color(host_color(b.processes[0] if b.processes else 0))
         ax.text(
             (b.cols[0] + b.cols[1]) / 2,
@@ -636,13 +651,15 @@ class LayoutView(View):
         values: the gathered global value (e.g. from ``%mh_allgather``), of
             the layout's shape, to show each block's values.
         axes: the axes to display first (default ``(0, 1)``).
+        marked: block index -> a note, for blocks to mark (hatched like
+            flagged ones, buttons ``mh-marked``), e.g. the blocks holding NaN.
 
     Stable CSS classes: ``mh-layout`` (the whole view), ``mh-layout-header``,
     ``mh-layout-controls``, ``mh-layout-axis``, ``mh-layout-slider`` (and
     ``mh-layout-slider-<axis>``), ``mh-layout-image``, ``mh-layout-legend``,
     ``mh-layout-select``, ``mh-layout-blocks``, ``mh-layout-block`` (one
     button per visible block, also ``mh-host-<p>`` per host holding it,
-    ``mh-flagged``, ``mh-selected``), ``mh-layout-info``.
+    ``mh-flagged``, ``mh-marked``, ``mh-selected``), ``mh-layout-info``.
     """
 
     _grid: LayoutGrid  # what `_render` drew last
@@ -654,8 +671,10 @@ class LayoutView(View):
         values: Any = None,
         *,
         axes: Sequence[int] | None = None,
+        marked: Mapping[Index, str] | None = None,
     ):
         self._busy = False
+        self._marked: Mapping[Index, str] = {}
         self._selected: Index | None = None
         self._sliders: list[widgets.IntSlider] = []
         self._buttons: dict[Index, widgets.Button] = {}
@@ -693,7 +712,7 @@ class LayoutView(View):
             ),
             'mh-layout',
         )
-        self.update(layout, report, values, axes=axes)
+        self.update(layout, report, values, axes=axes, marked=marked)
 
     # -- public --
 
@@ -737,8 +756,9 @@ class LayoutView(View):
         values: Any = None,
         *,
         axes: Sequence[int] | None = None,
+        marked: Mapping[Index, str] | None = None,
     ) -> None:
-        """Shows another layout (or the same one with a new report or values).
+        """Shows another layout (or the same one with a new report, values or marks).
 
         The displayed axes and slider positions are kept when the shape is
         the same, and so is the selection if the block still exists.
@@ -757,6 +777,7 @@ class LayoutView(View):
             axes = self._grid.axes if same else None
         axes = _normalize_axes(axes, layout.ndim)
         self._layout, self._report, self._values = layout, report, values
+        self._marked = dict(marked or {})
         if self._selected is not None and all(b.index != self._selected for b in layout.blocks()):
             self._selected = None
         with self._hold():
@@ -860,7 +881,9 @@ class LayoutView(View):
     def _render(self) -> None:
         """Everything that depends on the axes and the slice."""
         fixed = {d: s.value for d, s in enumerate(self._sliders) if d not in self._axes}
-        self._grid = grid = layout_grid(self.layout, self._axes, fixed, self._report)
+        self._grid = grid = layout_grid(
+            self.layout, self._axes, fixed, self._report, marked=self._marked
+        )
         if self._selected is not None and grid.find(self._selected) is None:
             self._selected = None
         self._slider_box.children = [self._sliders[d] for d, _ in grid.fixed]
@@ -877,7 +900,8 @@ class LayoutView(View):
             self._select.options = [
                 (
                     f'{format_index(b.index)}  devices {b.label}  on '
-                    f'{fmt_hosts(b.processes)}{"  (replicas differ)" if b.flagged else ""}',
+                    f'{fmt_hosts(b.processes)}{"  (replicas differ)" if b.flagged else ""}'
+                    + (f'  ({b.mark})' if b.mark else ''),
                     b.index,
                 )
                 for b in grid.blocks
@@ -895,10 +919,12 @@ class LayoutView(View):
         for b in grid.blocks:
             color = host_color(b.processes[0] if b.processes else 0)
             button = widgets.Button(
-                description=('⚠ ' if b.flagged else '') + b.label,
+                description=('⚠ ' if b.flagged or b.mark else '') + b.label,
                 tooltip=(
                     f'{format_index(b.index)}: devices {b.label} on {fmt_hosts(b.processes)}, '
-                    f'x{b.replica_count}' + (', replicas differ' if b.flagged else '')
+                    f'x{b.replica_count}'
+                    + (', replicas differ' if b.flagged else '')
+                    + (f', {b.mark}' if b.mark else '')
                 ),
                 layout=widgets.Layout(
                     width='auto',
@@ -913,6 +939,9 @@ class LayoutView(View):
             add_classes(button, 'mh-layout-block', *(f'mh-host-{h}' for h in b.processes))
             if b.flagged:
                 button.add_class('mh-flagged')
+            if b.mark:
+                button.add_class('mh-marked')
+            if b.flagged or b.mark:
                 button.layout.border = '3px dashed #000000'
             button.on_click(lambda _b, index=b.index: self.select(index))
             self._buttons[b.index] = button
