@@ -40,6 +40,7 @@ from mhnotebook._views import (
     host_local,
     layout_view,
     memory_view,
+    nonfinite_view,
     stacks_view,
     stepper_view,
     timeline_view,
@@ -446,6 +447,25 @@ class MultihostMagics(Magics):
         name = _valid_name(args.name)
         session = self._session()
         view = _delegate(lambda: diff_view(session, name))
+        return None if view is _INTERRUPTED else view
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument('name', help='engine variable (an array or any pytree)')
+    @line_magic
+    def mh_nan(self, line: str) -> Any:
+        """Find NaN and Inf across hosts: which shards hold them, on which host, device, index.
+
+        Every host counts NaN and Inf in each of its shards on device (global
+        arrays shard by shard, replicas included; host-local values in their
+        own copy); only the offending shards' counts travel. Shows the
+        offending shards, and the layout picture with their blocks marked.
+        Example: ``%mh_nan params`` names e.g. ``['w'] block [8:12, 4:8] on
+        process 2, device 5 (host 2 · dev 1): 2 NaN, 0 Inf, first at (9, 6)``.
+        """
+        args = magic_arguments.parse_argstring(self.mh_nan, line)
+        name = _valid_name(args.name)
+        session = self._session()
+        view = _delegate(lambda: nonfinite_view(session, name))
         return None if view is _INTERRUPTED else view
 
     @magic_arguments.magic_arguments()

@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # the notebook imports jax (multihost) only when needed
         HostStacks,
         Layout,
         MemoryCensus,
+        NonfiniteReport,
         ReplicaReport,
         StepTable,
         Timeline,
@@ -619,6 +620,17 @@ class Session:
         """
         results = self.call(
             'multihost.engine.memory_census', timeout, namespace=True, timeout=timeout + 10
+        )
+        return results[0]
+
+    def nonfinite(self, name: str, *, timeout: float = 120.0) -> NonfiniteReport:
+        """`multihost.NonfiniteReport` of engine value ``name``: which shards hold NaN or Inf.
+
+        Every host counts NaN and Inf in its own shards, on device; only the
+        offending shards' records travel (`multihost.find_nonfinite`).
+        """
+        results = self.call(
+            'multihost.engine.nonfinite', name, timeout, namespace=True, timeout=timeout + 10
         )
         return results[0]
 

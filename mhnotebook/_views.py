@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         EnvView,
         LayoutView,
         MemoryView,
+        NonfiniteView,
         StepperView,
         TimelineView,
         TreeDiffView,
@@ -32,6 +33,7 @@ __all__ = [
     'host_local',
     'layout_view',
     'memory_view',
+    'nonfinite_view',
     'stacks_view',
     'stepper_view',
     'timeline_view',
@@ -104,6 +106,13 @@ def diff_view(session: Session, name: str) -> TreeDiffView:
     from mhnotebook.widgets import TreeDiffView
 
     return TreeDiffView(session.diff(name))
+
+
+def nonfinite_view(session: Session, name: str) -> NonfiniteView:
+    """A `NonfiniteView` of engine value ``name``: its shards holding NaN or Inf, marked."""
+    from mhnotebook.widgets import NonfiniteView
+
+    return NonfiniteView(session.nonfinite(name), name=name)
 
 
 def where_view(session: Session, *, timeout: float = 10.0) -> WhereView:

@@ -25,7 +25,7 @@ import numpy as np
 from multihost import _sequence
 
 if TYPE_CHECKING:
-    from multihost import Layout, ReplicaReport, TreeDiff
+    from multihost import Layout, NonfiniteReport, ReplicaReport, TreeDiff
 
 __all__ = [
     'GatherError',
@@ -566,6 +566,17 @@ def memory_census(namespace: dict[str, Any], timeout: float | None = None) -> An
 
     with _sequence.called_from('notebook: %mh_mem'):
         return multihost.memory_census(namespace, timeout=timeout)
+
+
+def nonfinite(
+    namespace: dict[str, Any], name: str, timeout: float | None = None
+) -> NonfiniteReport:
+    """`multihost.find_nonfinite` of engine value ``name`` (a collective: every host calls it)."""
+    import multihost
+
+    with _sequence.called_from(f'notebook: %mh_nan {name}'):
+        value = lookup_collective(namespace, name, 'find_nonfinite', timeout=timeout)
+        return multihost.find_nonfinite(value, timeout=timeout)
 
 
 def lookup_collective(

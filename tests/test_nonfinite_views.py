@@ -44,3 +44,58 @@ def test_layout_view_marks_buttons_and_keeps_marks_across_renders():
     assert [b.index for b in v.grid.marked] == [((0, 4), (0, 2))]
     v.update(layout_2d())  # a new model without marks: none left
     assert v.grid.marked == ()
+
+
+def _report():
+    """A real report from this process's 4 CPU devices: NaN in one block of 'w', Inf in 'b'."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import multihost
+
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ('host', 'dev'))
+    w = np.zeros((8, 4), np.float32)
+    w[5, 3] = w[6, 2] = np.nan
+    b = np.ones(3)
+    b[1] = np.inf
+    tree = {'w': jax.device_put(w, NamedSharding(mesh, P('host', 'dev'))), 'b': b, 'n': 7}
+    return multihost.find_nonfinite(tree)
+
+
+def test_nonfinite_view_lists_shards_and_marks_the_offending_block():
+    report = _report()
+    view = mw.NonfiniteView(report, name='params')
+    assert view.text() == report.format()
+    html = view.static_html()
+    assert 'mh-nonfinite-shards' in html and html.count('mh-nonfinite-shard ') == 2
+    assert 'mh-flagged' in html and 'params' in html
+    assert '[4:8, 2:4]' in html and 'host 0 · dev 3 (id 3)' in html and '(5, 3)' in html
+    assert 'Select a block' not in html  # no hint about buttons a static page lacks
+    assert 'mh-nonfinite-leaves' in html  # two offending leaves
+    assert 'data:image/png' in html  # the layout picture
+    # The first offending leaf ('b', in tree order) is pictured; 'w' on demand, block marked.
+    assert view.leaf.path == "['b']"
+    view.show("['w']")
+    assert view.leaf.path == "['w']"
+    (marked,) = view.layout_view.grid.marked
+    assert marked.index == ((4, 8), (2, 4)) and marked.mark == '2 NaN, 0 Inf on device 3'
+    png_w = view.layout_view._image.value
+    plain = mw.render_layout_png(mw.layout_grid(report["['w']"].layout))
+    assert png_w != plain  # the offending block is hatched
+    assert 'mh-marked' in view.layout_view._buttons[((4, 8), (2, 4))]._dom_classes
+
+
+def test_a_clean_report_is_one_green_line():
+    import numpy as np
+
+    import multihost
+
+    report = multihost.find_nonfinite({'w': np.ones(3)})
+    view = mw.NonfiniteView(report, name='w')
+    html = view.static_html()
+    assert 'mh-ok' in html and 'no NaN or Inf' in html
+    assert 'mh-nonfinite-shards' not in html and view.layout_view is None
+    assert view.leaf is None
+    assert str(view) == 'no NaN or Inf: 1 leaf, 1 shard, 3 elements checked on 1 host'

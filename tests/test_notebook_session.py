@@ -366,3 +366,41 @@ def test_census_magics_name_the_odd_host(session):
             echo=False,
         )
         magics.session = None
+
+
+def test_nan_magic_names_host_device_and_index(session):
+    """%mh_nan names the shard on host 2 holding a NaN, marks its block; a clean tree is ok."""
+    from IPython.core.error import UsageError
+
+    from mhnotebook.widgets import NonfiniteView
+
+    ip, magics = _shell(session)
+    session.execute(
+        'def _poison(i):\n'
+        '    v = np.arange(96, dtype=np.float32).reshape(16, 6)[i].copy()\n'
+        '    if jax.process_index() == 2 and i[0].start == 8:\n'
+        '        v[1, 1] = np.nan\n'
+        '    return v\n'
+        'nan_x = jax.make_array_from_callback((16, 6), NamedSharding(mesh, P("x")), _poison)\n'
+        'nan_tree = {"x": nan_x, "loc": loc}\n',
+        echo=False,
+    )
+    try:
+        view = ip.run_line_magic('mh_nan', 'nan_tree')
+        assert isinstance(view, NonfiniteView)
+        report = view.report
+        # P('x') over the (4, 2) mesh: host 2 holds rows 8:12 on both of its devices.
+        assert [(s.process, s.local_device, s.index, s.nan, s.first) for s in report.shards] == [
+            (2, 0, ((8, 12), (0, 6)), 1, (9, 1)),
+            (2, 1, ((8, 12), (0, 6)), 1, (9, 1)),
+        ], report.format()
+        assert "['x'] block [8:12, 0:6] on process 2, device" in view.text()
+        assert [b.index for b in view.layout_view.grid.marked] == [((8, 12), (0, 6))]
+        assert 'mh-nonfinite-shard ' in view.static_html()
+        assert ip.run_line_magic('mh_nan', 'tree').report.ok
+        with pytest.raises(UsageError, match='not defined'):
+            ip.run_line_magic('mh_nan', 'no_such_name')
+        assert 'Example' in (ip.find_line_magic('mh_nan').__doc__ or '')
+    finally:
+        session.execute('nan_x = nan_tree = None', echo=False)
+        magics.session = None

@@ -33,6 +33,7 @@ from mhnotebook.widgets._layout import (
     layout_grid,
     render_layout_png,
 )
+from mhnotebook.widgets._nonfinite import NonfiniteView
 from mhnotebook.widgets._stepper import StepperView
 from mhnotebook.widgets._timeline import TimelineView, render_timeline_png
 from mhnotebook.widgets._treediff import TreeDiffView
@@ -44,6 +45,7 @@ __all__ = [
     'LayoutGrid',
     'LayoutView',
     'MemoryView',
+    'NonfiniteView',
     'StepperView',
     'TimelineView',
     'TreeDiffView',
