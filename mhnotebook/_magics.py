@@ -106,6 +106,53 @@ class _LiveStatus:
             self.handle.update({'text/plain': f'[{elapsed:5.1f} s]  {text}'}, raw=True)
 
 
+def _literal(text: str) -> Any:
+    """A Python literal (number, list, dict, quoted string...) or, failing that, the text."""
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _launcher_options(args: Any) -> dict[str, Any]:
+    """`start_local` keywords for ipyparallel's launchers from ``%mh_cluster start`` options."""
+    options: dict[str, Any] = {}
+    config: dict[str, dict[str, Any]] = {}
+    if args.engines:
+        options['engines'] = args.engines
+    ssh_only = {
+        '--hosts': args.hosts,
+        '--ssh-args': args.ssh_args,
+        '--remote-python': args.remote_python,
+    }
+    given = [k for k, v in ssh_only.items() if v]
+    if given and (args.engines or '').lower() != 'ssh':
+        raise UsageError(f'{", ".join(given)} go with --engines ssh')
+    if args.hosts:
+        options['hosts'] = [h.strip() for h in args.hosts.split(',') if h.strip()]
+    if args.ssh_args:
+        words = shlex.split(args.ssh_args)
+        config.setdefault('SSHEngineSetLauncher', {}).update(ssh_args=words, scp_args=words)
+    if args.remote_python:
+        config.setdefault('SSHEngineSetLauncher', {})['remote_python'] = args.remote_python
+    if args.controller_ip:
+        options['controller_ip'] = args.controller_ip
+    for setting in args.set:
+        key, sep, value = setting.partition('=')
+        cls, dot, trait = key.strip().rpartition('.')
+        if not sep or not dot or not cls.isidentifier() or not trait.isidentifier():
+            raise UsageError(
+                f'--set {setting!r}: expected CLASS.TRAIT=VALUE, e.g. '
+                '--set SlurmEngineSetLauncher.account=me'
+            )
+        config.setdefault(cls, {})[trait] = _literal(value.strip())
+    if config:
+        options['config'] = config
+    return options
+
+
 @magics_class
 class MultihostMagics(Magics):
     """The ``%mh_*`` magics. One session per IPython shell."""
@@ -144,14 +191,58 @@ class MultihostMagics(Magics):
         '-n',
         type=int,
         default=4,
-        help='start: number of simulated hosts; connect: wait for N engines',
+        help='start: number of hosts (engines); connect: wait for N engines',
     )
     @magic_arguments.argument(
-        '-d', '--devices', type=int, default=2, help='start: CPU devices per host'
+        '-d',
+        '--devices',
+        type=int,
+        default=None,
+        help='start: CPU devices to simulate per host (default 2 for local engines; with '
+        "--engines, the hosts' own devices unless given)",
+    )
+    @magic_arguments.argument(
+        '--engines',
+        default=None,
+        help="start: ipyparallel's engine launcher: local (default), ssh, mpi, slurm, or any "
+        'other ipyparallel.Cluster(engines=...) accepts',
+    )
+    @magic_arguments.argument(
+        '--hosts',
+        default=None,
+        help='start --engines ssh: comma-separated [user@]host[:port], one engine each '
+        '(repeat a host for more)',
+    )
+    @magic_arguments.argument(
+        '--controller-ip',
+        default=None,
+        help='start: the address the controller listens on, one every host reaches '
+        '(--engines ssh: default, the address this machine uses to reach the first host)',
+    )
+    @magic_arguments.argument(
+        '--ssh-args',
+        default=None,
+        help='start --engines ssh: extra ssh/scp arguments, quoted, e.g. "-i ~/.ssh/key"',
+    )
+    @magic_arguments.argument(
+        '--remote-python',
+        default=None,
+        help='start --engines ssh: the Python (with mhnotebook installed) on the hosts',
+    )
+    @magic_arguments.argument(
+        '--set',
+        action='append',
+        default=[],
+        metavar='CLASS.TRAIT=VALUE',
+        help='start: any launcher setting, passed to ipyparallel as config, e.g. --set '
+        'SlurmEngineSetLauncher.account=me --set MPIEngineSetLauncher.mpi_args=\'["-x", "A"]\''
+        ' (VALUE: a Python literal, else a string)',
     )
     @magic_arguments.argument('--profile', help='connect: ipython profile of the cluster')
     @magic_arguments.argument('--cluster-id', help='connect: cluster id within the profile')
-    @magic_arguments.argument('--url-file', help='connect: ipcontroller-client.json path')
+    @magic_arguments.argument(
+        '--url-file', help="connect: the controller's ipcontroller[-ID]-client.json"
+    )
     @magic_arguments.argument('--coordinator', help='connect: host:port for jax.distributed')
     @magic_arguments.argument(
         '--timeout', type=float, default=180.0, help='seconds to wait for engines'
@@ -169,26 +260,39 @@ class MultihostMagics(Magics):
         ``%mh_cluster start -n 4 -d 2`` starts 4 simulated hosts with 2 CPU
         devices each (run again with the same shape, it reuses the running
         cluster); ``--recoverable`` keeps the other hosts alive when one dies.
-        ``%mh_cluster connect --profile mpi`` attaches to a running
-        ipyparallel cluster (any launcher) and initializes JAX there.
+        ``%mh_cluster start -n 8 --engines ssh --hosts h0,h1,...`` starts the
+        engines with ipyparallel's SSH launcher (``--engines mpi``,
+        ``--engines slurm``: its MPI and Slurm launchers; their settings with
+        ``--set``), a controller here listening on ``--controller-ip``.
+        ``%mh_cluster connect --url-file ipcontroller-client.json -n 8``
+        attaches to a running ipyparallel cluster (any launcher, or engines
+        you started yourself) and initializes JAX there, the coordinator on
+        the first engine's address toward the controller.
         """
         args = magic_arguments.parse_argstring(self.mh_cluster, line)
         if not args.timeout > 0:
             raise UsageError(f'--timeout must be > 0 seconds, got {args.timeout:g}; e.g. 180')
         if args.action == 'start':
-            if args.n < 1 or args.devices < 1:
+            if args.n < 1 or (args.devices is not None and args.devices < 1):
                 raise UsageError('-n and -d must be at least 1, e.g. %mh_cluster start -n 4 -d 2')
+            launcher = _launcher_options(args)
             if self.session is not None and self.session.running:
                 session = self.session
+                devices = args.devices or (2 if 'engines' not in launcher else session.shape[1])
                 print(
-                    _delegate(
-                        lambda: session.reuse(args.n, args.devices, recoverable=args.recoverable)
-                    )
+                    _delegate(lambda: session.reuse(args.n, devices, recoverable=args.recoverable))
                 )
                 return None
-            self.session = start_local(
-                args.n, args.devices, timeout=args.timeout, recoverable=args.recoverable
-            )
+            try:
+                self.session = start_local(
+                    args.n,
+                    args.devices,
+                    timeout=args.timeout,
+                    recoverable=args.recoverable,
+                    **launcher,
+                )
+            except (ValueError, TypeError) as exc:  # launcher options ipyparallel refused
+                raise UsageError(f'%mh_cluster start: {exc}') from None
             return None
         if args.action == 'connect':
             if self.session is not None and self.session.running:

@@ -15,7 +15,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mhnotebook._cleanup import start_watchdog, stop_watchdog, sweep_shm, watchdog_ready
@@ -178,8 +178,12 @@ def _initialize(
     *,
     recoverable: bool = False,
     heartbeat_timeout: int | None = None,
+    placed: str = '',
 ) -> dict[int, dict[str, Any]]:
-    """Runs `multihost.engine.initialize` on every engine (the i-th becomes process i)."""
+    """Runs `multihost.engine.initialize` on every engine (the i-th becomes process i).
+
+    ``placed`` says how the coordinator address was chosen (for the error).
+    """
     n = len(engine_ids)
     pending = {}
     for pid, e in enumerate(engine_ids):
@@ -213,7 +217,8 @@ def _initialize(
         missing = sorted(set(engine_ids) - set(infos) - set(failures))
         detail = ''.join(f'\n--- engine {e} ---\n{f.text}' for e, f in failures.items())
         raise SessionError(
-            f'jax.distributed.initialize failed (coordinator {coordinator}): '
+            f'jax.distributed.initialize failed (coordinator {coordinator}'
+            f'{"; " + placed if placed else ""}): '
             f'engines {sorted(failures)} raised, engines {missing} did not finish within '
             f'{timeout:g} s.{detail}\nCheck that every engine can reach the coordinator '
             f'address (pass coordinator="host:port" to choose it); it listens on '
@@ -222,30 +227,159 @@ def _initialize(
     return infos
 
 
+def _controller_url(client: Any) -> str | None:
+    """The controller's registration URL as the client's connection info gives it."""
+    # ipyparallel keeps the parsed connection info (urls filled in) on the client.
+    config = getattr(client, '_config', None)
+    url = config.get('registration') if isinstance(config, dict) else None
+    return str(url) if url else None
+
+
+def _engine_infos(client: Any, engine_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """`multihost.engine.engine_info` of each engine (address: the one toward the controller)."""
+    results = client[engine_ids].apply_sync(
+        _call, 'multihost.engine.engine_info', _controller_url(client)
+    )
+    return dict(zip(engine_ids, results, strict=True))
+
+
+def _place_coordinator(client: Any, first: int, info: Mapping[str, Any]) -> tuple[str, str]:
+    """``(coordinator, how)``: engine ``first``'s address toward the controller, a port free there.
+
+    Engine ``first`` becomes process 0 and hosts the coordination service. Its
+    address is the one it uses to reach the controller (`multihost.engine.
+    controller_address`): every other host reaches the controller, so it is
+    on their network, unlike a host name. The port is probed on engine
+    ``first``, bound to that very address.
+    """
+    from multihost.engine import host_port
+
+    address = str(info['address'])
+    how = f'engine {first} (process 0): {info.get("address_from", "its address")}'
+    try:
+        port = client[first].apply_sync(_call, 'multihost.engine.free_port', address)
+    except Exception as exc:
+        raise SessionError(
+            f'cannot place the JAX coordinator on engine {first} at {address} ({how}): probing '
+            f'a free port there failed: {RemoteFailure.from_exception(0, exc).evalue}. Pass '
+            'coordinator="HOST:PORT" with an address of that host every host reaches.'
+        ) from None
+    return host_port(address, int(port)), f'{how}; port {port} probed free there'
+
+
+def _is_local_launcher(engines: Any) -> bool:
+    """Whether ``engines`` names ipyparallel's local engine launcher (the default)."""
+    if engines is None:
+        return True
+    if isinstance(engines, str):
+        return engines.lower() in ('local', 'localenginesetlauncher') or engines.endswith(
+            '.LocalEngineSetLauncher'
+        )
+    return getattr(engines, '__name__', '') == 'LocalEngineSetLauncher'
+
+
+def _launcher_name(engines: Any) -> str:
+    return engines if isinstance(engines, str) else getattr(engines, '__name__', str(engines))
+
+
+def _route_to(host: str) -> str | None:
+    """The address this machine sends from to reach ``host`` (``user@host:port`` allowed)."""
+    import socket
+
+    name = host.rsplit('@', 1)[-1]
+    if name.count(':') == 1:  # host:port (an IPv6 address has more colons)
+        name = name.split(':', 1)[0]
+    try:
+        for family, kind, proto, _, sockaddr in socket.getaddrinfo(
+            name.strip('[]'), 9, type=socket.SOCK_DGRAM
+        ):
+            with socket.socket(family, kind, proto) as s:
+                try:
+                    s.connect(sockaddr)  # UDP: picks the route, sends nothing
+                    return str(s.getsockname()[0])
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return None
+
+
+def _cluster_config(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The `ipyparallel.Cluster` options of ``options``: launchers and their settings.
+
+    ``hosts`` (SSH) becomes ``SSHEngineSetLauncher.engines`` (one engine per
+    entry), and the controller listens on the address this machine uses to
+    reach the first host unless ``controller_ip`` is given.
+    """
+    from traitlets.config import Config
+
+    cluster_options = {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
+    hosts = cluster_options.pop('hosts', None)
+    engines = cluster_options.get('engines')
+    if hosts:
+        if _launcher_name(engines).lower() not in ('ssh', 'sshenginesetlauncher'):
+            raise ValueError(
+                f"hosts= is for engines='ssh' (ipyparallel's SSH launcher), not {engines!r}; "
+                'pass other launchers their settings in config='
+            )
+        config = Config(cluster_options.pop('config', None) or {})
+        counts: dict[str, int] = {}
+        for host in hosts:
+            counts[host] = counts.get(host, 0) + 1
+        config.SSHEngineSetLauncher.engines = counts
+        cluster_options['config'] = config
+        if not cluster_options.get('controller_ip'):
+            address = _route_to(hosts[0])
+            if address is not None:
+                cluster_options['controller_ip'] = address
+    elif isinstance(cluster_options.get('config'), Mapping):
+        cluster_options['config'] = Config(cluster_options['config'])
+    return cluster_options
+
+
 def start_local(
     n: int = 4,
-    devices_per_process: int = 2,
+    devices_per_process: int | None = None,
     *,
+    engines: str | None = None,
+    hosts: Sequence[str] | None = None,
     timeout: float = 180.0,
     progress: bool = True,
     recoverable: bool = False,
     heartbeat_timeout: int | None = None,
     **cluster_options: Any,
 ) -> Session:
-    """Starts ``n`` local ipyparallel engines, each a JAX process with CPU devices.
+    """Starts an ipyparallel cluster of ``n`` engines, each a JAX process, and a session on it.
 
-    Each engine sets ``jax_num_cpu_devices`` and joins ``jax.distributed`` on
-    a free loopback port (a local simulated cluster is the only place that
-    uses 127.0.0.1). Every port of the cluster (ipyparallel's, JAX's
+    By default the engines are local processes simulating hosts with CPU
+    devices: each sets ``jax_num_cpu_devices`` and joins ``jax.distributed``
+    on a free loopback port (a local simulated cluster is the only place
+    that uses 127.0.0.1). Every port of the cluster (ipyparallel's, JAX's
     coordination service, the control endpoint) listens on loopback only.
 
+    With ``engines='ssh'``, ``'mpi'``, ``'slurm'`` (or any other
+    ipyparallel engine launcher), ``ipyparallel.Cluster`` starts the engines
+    with that launcher; nothing else is launched by this package. JAX then
+    runs on the hosts' own devices, the coordinator on the first engine at
+    the address it uses to reach the controller (as `connect` does), and the
+    controller must listen where the hosts reach it (``controller_ip``; for
+    SSH it defaults to the address this machine uses to reach the first host).
+
     The cluster dies with this process: a watchdog process (see
-    `mhnotebook._cleanup`) SIGKILLs the controller and engines within a
-    second when this process ends in any way, ``kill -9`` included.
+    `mhnotebook._cleanup`) SIGKILLs the controller and the engines running
+    on this machine within a second when this process ends in any way,
+    ``kill -9`` included; `Session.stop` stops remote engines through their
+    launcher.
 
     Args:
-        n: number of simulated hosts (engines).
-        devices_per_process: CPU devices per host.
+        n: number of hosts (engines).
+        devices_per_process: CPU devices to simulate per host (default: 2
+            for local engines; with another launcher, None uses the hosts'
+            own devices, a number simulates CPU devices there for testing).
+        engines: ipyparallel's engine launcher (``Cluster(engines=...)``):
+            ``'local'`` (default), ``'ssh'``, ``'mpi'``, ``'slurm'``, ...
+        hosts: SSH only: one ``[user@]host[:port]`` per engine
+            (``SSHEngineSetLauncher.engines``; repeat a host for more engines).
         timeout: seconds for the engines to come up and initialize JAX.
         progress: show progress while starting.
         recoverable: hosts survive the death of one. JAX's default is
@@ -257,12 +391,20 @@ def start_local(
             and `multihost.live_devices` reports them.
         heartbeat_timeout: seconds before the coordination service declares a
             silent process dead (default: 10 with ``recoverable``, else JAX's 100).
-        **cluster_options: passed to `ipyparallel.Cluster`.
+        **cluster_options: passed to `ipyparallel.Cluster`: e.g.
+            ``controller_ip``, ``controller_args``, ``engine_args`` and
+            ``config`` (a traitlets ``Config`` or a dict of launcher settings,
+            e.g. ``{'SSHEngineSetLauncher': {'ssh_args': [...], 'remote_python':
+            '/opt/venv/bin/python'}}``, ``{'SlurmEngineSetLauncher': {'account':
+            'me'}}``, ``{'MPIEngineSetLauncher': {'mpi_args': [...]}}``).
 
     Raises:
         SessionError: an engine did not come up in time (nothing is left running).
     """
-    if n < 1 or devices_per_process < 1:
+    local = _is_local_launcher(engines)
+    if devices_per_process is None and local:
+        devices_per_process = 2
+    if n < 1 or (devices_per_process is not None and devices_per_process < 1):
         raise ValueError(
             f'need n >= 1 and devices_per_process >= 1, got n={n}, '
             f'devices_per_process={devices_per_process}'
@@ -270,6 +412,10 @@ def start_local(
     if heartbeat_timeout is None and recoverable:
         heartbeat_timeout = _RECOVERABLE_HEARTBEAT
     cluster_options.setdefault('log_level', logging.WARNING)
+    if engines is not None:
+        cluster_options['engines'] = engines
+    if hosts is not None:
+        cluster_options['hosts'] = list(hosts)
     options = dict(
         n=n,
         devices_per_process=devices_per_process,
@@ -278,6 +424,7 @@ def start_local(
         heartbeat_timeout=heartbeat_timeout,
         **cluster_options,
     )
+    _cluster_config(options)  # mistakes in the launcher options raise here, before any start
     return Session(_launch_local(options, timeout))
 
 
@@ -287,15 +434,19 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
 
     from multihost.local import free_port
 
-    n, devices_per_process = int(options['n']), int(options['devices_per_process'])
-    show = _Progress(
-        bool(options['progress']),
-        f'mhnotebook: starting {n} engines x {devices_per_process} CPU devices ...',
+    n = int(options['n'])
+    devices = options['devices_per_process']
+    local = _is_local_launcher(options.get('engines'))
+    what = (
+        f'{n} engines x {devices} CPU devices'
+        if local
+        else f"{n} engines with ipyparallel's {_launcher_name(options['engines'])} launcher"
     )
+    show = _Progress(bool(options['progress']), f'mhnotebook: starting {what} ...')
     sweep_shm()  # shared memory left by kernels that died
     t0 = time.monotonic()
     # A cluster id of its own: the watchdog finds the cluster's processes by it.
-    cluster_options = {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
+    cluster_options = _cluster_config(options)
     cluster_options.setdefault('cluster_id', f'mhnb-{os.getpid()}-{secrets.token_hex(4)}')
     cluster = ipp.Cluster(n=n, **cluster_options)
     log_dir = os.path.join(cluster.profile_dir, 'log')
@@ -322,19 +473,26 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
         show.update(
             f'mhnotebook: {n} engines up in {time.monotonic() - t0:.1f} s; initializing JAX ...'
         )
+        if local:
+            coordinator, placed = f'127.0.0.1:{free_port()}', 'loopback (a local cluster)'
+        else:
+            first = engine_ids[0]
+            coordinator, placed = _place_coordinator(
+                client, first, _engine_infos(client, [first])[first]
+            )
         left = max(10.0, timeout - (time.monotonic() - t0))
-        coordinator = f'127.0.0.1:{free_port()}'
         infos = _initialize(
             client,
             engine_ids,
             coordinator,
-            devices_per_process,
-            'cpu',
+            devices,
+            'cpu' if devices else None,
             left,
             show,
             coordinator,
             recoverable=bool(options['recoverable']),
             heartbeat_timeout=options['heartbeat_timeout'],
+            placed=placed,
         )
         if not watchdog_ready(watchdog, 10.0):
             log.warning(
@@ -349,14 +507,14 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
             pass
         stop_watchdog(watchdog)
         raise
+    shape = f'{n} hosts x {devices} devices' if devices else f'{n} hosts'
     show.update(
-        f'mhnotebook: {n} hosts x {devices_per_process} devices ready in '
-        f'{time.monotonic() - t0:.1f} s (engines {engine_ids})'
+        f'mhnotebook: {shape} ready in {time.monotonic() - t0:.1f} s (engines {engine_ids})'
     )
     return Engines(
         client,
         _hosts_from_infos(infos),
-        control_host='127.0.0.1',
+        control_host='127.0.0.1' if local else None,
         local=StartedCluster(cluster, watchdog, options),
     )
 
@@ -378,13 +536,16 @@ def connect(
 
     If JAX is not distributed on the engines yet, initializes it: engine ids
     in ascending order become process indices, and the coordinator runs on
-    the first engine's host (on a port free there) unless ``coordinator`` is
-    given. The coordination service (unauthenticated) listens on that
-    address only, and so does process 0's control endpoint (authenticated).
-    Engines it did not start are never stopped or killed by this session.
+    the first engine, at the address that engine uses to reach the
+    ipyparallel controller (on a port probed free there), unless
+    ``coordinator`` is given. The coordination service (unauthenticated)
+    listens on that address only, and so does process 0's control endpoint
+    (authenticated). Engines it did not start are never stopped or killed by
+    this session.
 
     Args:
-        url_file: the client connection file (``ipcontroller-client.json``).
+        url_file: the client connection file (``ipcontroller-client.json``,
+            or ``ipcontroller-<cluster_id>-client.json``) the controller wrote.
         profile: ipython profile name (alternative to ``url_file``).
         cluster_id: cluster id within the profile.
         n: wait until this many engines are registered.
@@ -398,30 +559,38 @@ def connect(
 
     Raises:
         SessionError: no engines, a mix of initialized and uninitialized
-            engines, or initialization failed.
+            engines, or initialization failed (the message says where the
+            coordinator was placed and why).
+        OSError: the connection file is missing.
     """
     import ipyparallel as ipp
 
     sweep_shm()  # shared memory left by kernels that died
     show = _Progress(progress, 'mhnotebook: connecting to the ipyparallel cluster ...')
-    kwargs = {
-        k: v
-        for k, v in dict(url_file=url_file, profile=profile, cluster_id=cluster_id).items()
-        if v is not None
-    }
-    client = ipp.Client(timeout=timeout, **kwargs)
+    kwargs = {k: v for k, v in dict(profile=profile, cluster_id=cluster_id).items() if v}
+    if url_file is not None:
+        url_file = os.path.abspath(os.path.expanduser(os.fspath(url_file)))
+        if not os.path.exists(url_file):
+            raise OSError(f'connection file {url_file} not found; is the controller running?')
+    # ipyparallel 8+ takes the connection file as its first argument
+    # (`connection_info`); its `url_file=` keyword is ignored.
+    client = ipp.Client(url_file, timeout=timeout, **kwargs)
     try:
         if n is not None:
-            client.wait_for_engines(n, timeout=timeout, interactive=False)
+            try:
+                client.wait_for_engines(n, timeout=timeout, interactive=False)
+            except TimeoutError:
+                raise SessionError(
+                    f'only {len(client.ids)} of {n} engines registered within {timeout:g} s '
+                    f"(controller {_controller_url(client)}); see the engines' logs."
+                ) from None
         engine_ids = sorted(client.ids)
         if not engine_ids:
             raise SessionError(
                 'the cluster has no engines; start some (ipcluster engines '
                 '-n N) or pass n=N to wait for them.'
             )
-        infos = dict(
-            zip(engine_ids, client[engine_ids].apply_sync(_call, 'multihost.engine.engine_info'))
-        )
+        infos = _engine_infos(client, engine_ids)
         ready = [e for e, i in infos.items() if i['initialized']]
         if ready and len(ready) != len(engine_ids):
             raise SessionError(
@@ -429,10 +598,11 @@ def connect(
                 f'{sorted(set(engine_ids) - set(ready))}; restart the engines.'
             )
         if not ready:
+            placed = 'given'
             if coordinator is None:
-                first = engine_ids[0]
-                port = client[first].apply_sync(_call, 'multihost.engine.free_port')
-                coordinator = f'{infos[first]["address"]}:{port}'
+                coordinator, placed = _place_coordinator(
+                    client, engine_ids[0], infos[engine_ids[0]]
+                )
             infos = _initialize(
                 client,
                 engine_ids,
@@ -442,6 +612,7 @@ def connect(
                 timeout,
                 show,
                 coordinator_bind or coordinator,
+                placed=placed,
             )
         counts = {i['process_count'] for i in infos.values()}
         if counts != {len(engine_ids)}:

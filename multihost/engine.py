@@ -29,13 +29,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     'GatherError',
+    'controller_address',
     'engine_info',
+    'free_port',
     'gather_local',
     'gather_meta',
     'gather_write',
+    'host_port',
     'initialize',
     'lookup',
     'machine_id',
+    'split_url',
 ]
 
 
@@ -54,7 +58,7 @@ def machine_id() -> str:
 
 
 def _host_address() -> str:
-    """This host's address as other hosts should reach it (not loopback when avoidable)."""
+    """This host's address from its host name, or the default route's (no controller known)."""
     name = socket.gethostname()
     try:
         infos = socket.getaddrinfo(name, None, socket.AF_INET)
@@ -73,14 +77,108 @@ def _host_address() -> str:
             return name
 
 
-def engine_info() -> dict[str, Any]:
-    """Where this engine runs and whether JAX is distributed here yet."""
+# The controller's registration URL as the notebook's connection file gives it
+# (`engine_info(controller=...)`), kept so later calls agree with the first.
+_controller_hint: str | None = None
+
+
+def _engine_registration_url() -> str | None:
+    """The URL this ipyparallel engine registered at (its own connection info), if any.
+
+    Read from the running ``IPEngine`` application only if ipyparallel is
+    already loaded (this package never imports it).
+    """
     import sys
 
+    app = getattr(sys.modules.get('ipyparallel.engine.app'), 'IPEngine', None)
+    try:
+        if app is None or not app.initialized():
+            return None
+        return str(app.instance().registration_url) or None
+    except Exception:  # not an engine application, or an older ipyparallel
+        return None
+
+
+def split_url(url: str) -> tuple[str, int]:
+    """``('10.0.0.1', 5555)`` from ``tcp://10.0.0.1:5555`` (also ``[::1]:5555``, ``host:5555``)."""
+    rest = url.split('://', 1)[-1].rstrip('/')
+    host, sep, port = rest.rpartition(':')
+    if not sep or not port.isdigit():
+        return rest.strip('[]'), 0
+    return host.strip('[]'), int(port)
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets (``[fd00::2]:1234``)."""
+    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
+
+
+def _route_source(host: str, port: int) -> str:
+    """The local address this host sends from to reach ``host`` (a UDP connect: no traffic)."""
+    errors = []
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(
+        host, port or 9, type=socket.SOCK_DGRAM
+    ):
+        with socket.socket(family, kind, proto) as s:
+            try:
+                s.connect(sockaddr)
+                return str(s.getsockname()[0])
+            except OSError as exc:
+                errors.append(f'{sockaddr[0]}: {exc.strerror or exc}')
+    raise OSError('; '.join(errors) or f'{host} resolves to no address')
+
+
+def controller_address(controller: str | None = None) -> tuple[str, str]:
+    """The address this engine uses to reach the ipyparallel controller, and how it was found.
+
+    Other hosts reach this host at that address (the controller's network is
+    the cluster's network), unlike its host name, which may resolve to
+    loopback or not at all on the other hosts. Tried in order: the URL this
+    engine registered at, then ``controller`` (the notebook's connection
+    info); failing both, the host name's address or the default route's.
+
+    Returns:
+        ``(address, how)``; ``how`` says what was tried, for error messages.
+    """
+    global _controller_hint
+    if controller:
+        _controller_hint = controller
+    tried = []
+    candidates = [
+        (_engine_registration_url(), 'the URL this engine registered at'),
+        (_controller_hint, "the controller's URL in the notebook's connection file"),
+    ]
+    for url, what in candidates:
+        if not url:
+            continue
+        host, port = split_url(url)
+        try:
+            address = _route_source(host, port)
+        except OSError as exc:
+            tried.append(f'no route to the controller at {host} ({what}): {exc}')
+            continue
+        return address, f'the address this host uses to reach the controller at {host} ({what})'
+    address = _host_address()
+    tried.append(f'fell back to the address of host name {socket.gethostname()!r}: {address}')
+    return address, '; '.join(tried)
+
+
+def engine_info(controller: str | None = None) -> dict[str, Any]:
+    """Where this engine runs and whether JAX is distributed here yet.
+
+    ``address`` is the address this engine uses to reach the controller
+    (`controller_address`; ``controller``: the controller's URL as the
+    notebook knows it, tried after the engine's own); ``address_from`` says
+    how it was found.
+    """
+    import sys
+
+    address, how = controller_address(controller)
     info: dict[str, Any] = dict(
         pid=os.getpid(),
         hostname=socket.gethostname(),
-        address=_host_address(),
+        address=address,
+        address_from=how,
         machine=machine_id(),
         python=sys.version.split()[0],
         initialized=False,
@@ -102,11 +200,16 @@ def engine_info() -> dict[str, Any]:
     return info
 
 
-def free_port() -> int:
-    """A TCP port free on this host (for the coordinator, when this is process 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(('', 0))
-        return s.getsockname()[1]
+def free_port(host: str = '') -> int:
+    """A TCP port free on ``host``, an address of this host (``''``: every interface).
+
+    For the coordinator, when this is process 0: probed on the address it
+    will listen on, so a port free elsewhere but taken there is not chosen.
+    """
+    family = socket.AF_INET6 if ':' in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def initialize(
