@@ -64,6 +64,8 @@ MAX_LAYOUTS = 16
 MAX_TEXT_SHARDS = 16
 
 _CHUNK = 1 << 30  # elements per detail pass: counts and positions fit int32
+_SMALL_SHARD = 1 << 20  # elements: smaller offending shards get the full detail pass at once
+_ROW_WIDTHS = (1024, 2048, 4096, 512, 256)  # row widths tried for the row pass
 _NUMPY_CHUNK = 1 << 20  # elements per numpy pass (bounds temporaries)
 _MAX_PATH = 300  # characters of a leaf path that travel
 
@@ -325,11 +327,44 @@ def _details_impl(x: jax.Array, lo: int, hi: int) -> jax.Array:
 _details = jax.jit(_details_impl, static_argnums=(1, 2))
 
 
+def _row_screen_impl(x: jax.Array, width: int) -> jax.Array:
+    """Per row of ``x`` seen as ``(-1, width)``: 0, or NaN where the row holds a non-finite."""
+    return jnp.sum(x.reshape(-1, width) * jnp.zeros((), x.dtype), axis=1)
+
+
+_row_screen = jax.jit(_row_screen_impl, static_argnums=1)
+
+
+def _row_details_impl(x: jax.Array, width: int, rows: jax.Array) -> jax.Array:
+    """NaN count, Inf count and first non-finite column of the given rows (ascending, -1: pad)."""
+    valid = (rows >= 0)[:, None]
+    sub = x.reshape(-1, width)[jnp.maximum(rows, 0)]
+    nan = jnp.sum(jnp.isnan(sub) & valid, dtype=jnp.int32)
+    inf = jnp.sum(jnp.isinf(sub) & valid, dtype=jnp.int32)
+    first = jnp.argmax(~jnp.isfinite(sub[0])).astype(jnp.int32)
+    return jnp.stack([nan, inf, first])
+
+
+_row_details = jax.jit(_row_details_impl, static_argnums=1)
+
+
+def _row_width(size: int) -> int | None:
+    """A row width dividing ``size`` for the row pass (None: the shard is small or odd-sized)."""
+    if size <= _SMALL_SHARD:
+        return None
+    return next((w for w in _ROW_WIDTHS if size % w == 0), None)
+
+
+def _bucket(n: int) -> int:
+    """``n`` rounded up to a power of two (at least 8): few shapes, few compilations."""
+    return max(8, 1 << (n - 1).bit_length())
+
+
 def _chunks(size: int) -> list[tuple[int, int]]:
     return [(lo, min(size, lo + _CHUNK)) for lo in range(0, max(size, 1), _CHUNK)] if size else []
 
 
-def _combine(parts: list[tuple[int, int, int, int]]) -> tuple[int, int, int | None]:
+def _combine(parts: list[tuple[int, ...]]) -> tuple[int, int, int | None]:
     """(lo, nan, inf, first) per chunk -> (nan, inf, first flat position or None)."""
     nan = inf = 0
     first = None
@@ -466,8 +501,15 @@ def _classify(
 
 
 def _check(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
-    """(piece, NaN count, Inf count, first flat position) of every offending piece."""
-    # Screen every device shard first (dispatch all, then read: devices work together).
+    """(piece, NaN count, Inf count, first flat position) of every offending piece.
+
+    Device shards: the screen first (every shard dispatched, then read, so the
+    devices work at the same time). A large shard that fails it is screened
+    again per row (rows of `_ROW_WIDTHS` elements: one more fast pass, one
+    number per row to this host) and, when few rows hold non-finite values,
+    only those rows are counted; otherwise (or for small or odd-sized shards)
+    the whole shard is, in chunks of `_CHUNK` elements.
+    """
     for p in pieces:
         if not isinstance(p.data, np.ndarray) and p.data.size:
             p.screen = _screen(p.data)
@@ -481,15 +523,30 @@ def _check(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
         elif p.screen is not None and not bool(np.isfinite(np.asarray(p.screen))):
             suspects.append(p)
         p.screen = None
-    # Details of the shards that failed the screen (dispatched together too).
-    pending = [
-        (p, [(lo, _details(p.data, lo, hi)) for lo, hi in _chunks(p.data.size)]) for p in suspects
-    ]
+    # Rows of the large suspects (dispatched together), then which rows to count.
+    widths = {id(p): _row_width(int(p.data.size)) for p in suspects}
+    row_flags = {id(p): _row_screen(p.data, w) for p in suspects if (w := widths[id(p)])}
+    pending: list[tuple[_Piece, Any]] = []
+    for p in suspects:
+        width = widths[id(p)]
+        if width is not None:
+            bad = np.flatnonzero(~np.isfinite(np.asarray(row_flags.pop(id(p)))))
+            if 0 < len(bad) <= max(8, p.data.size // width // 8) and len(bad) * width < _CHUNK:
+                rows = np.full(_bucket(len(bad)), -1, np.int32)
+                rows[: len(bad)] = bad
+                pending.append((p, (int(bad[0]) * width, _row_details(p.data, width, rows))))
+                continue
+        pending.append((p, [(lo, _details(p.data, lo, hi)) for lo, hi in _chunks(p.data.size)]))
     for p, parts in pending:
-        got = [(lo, *(int(v) for v in np.asarray(r))) for lo, r in parts]
-        nan, inf, first = _combine(got)  # type: ignore[arg-type]
-        if nan + inf:
-            out.append((p, nan, inf, first))
+        stats: tuple[int, int, int | None]
+        if isinstance(parts, tuple):  # the row pass: first = first bad row's start + column
+            row_start, result = parts
+            n_nan, n_inf, col = (int(v) for v in np.asarray(result))
+            stats = (n_nan, n_inf, row_start + col if n_nan + n_inf else None)
+        else:
+            stats = _combine([(lo, *(int(v) for v in np.asarray(r))) for lo, r in parts])
+        if stats[0] + stats[1]:
+            out.append((p, *stats))
     out.sort(key=lambda t: (t[0].leaf, -1 if t[0].device is None else t[0].device))
     return out
 

@@ -149,3 +149,29 @@ def test_the_screen_is_one_pass_without_compares():
         assert bool(jnp.isnan(_nonfinite._screen(x))) == (not np.isfinite(v).all())
     hlo = _nonfinite._screen.lower(jnp.ones(8)).as_text()
     assert 'compare' not in hlo
+
+
+@pytest.mark.parametrize('bad_rows', [1, 3, 40, 256])
+def test_large_shards_count_only_their_non_finite_rows(monkeypatch, bad_rows):
+    """A large offending shard is screened per row; few bad rows: only those are counted."""
+    monkeypatch.setattr(_nonfinite, '_SMALL_SHARD', 16)
+    monkeypatch.setattr(_nonfinite, '_ROW_WIDTHS', (8,))
+    calls = []
+    row_details = _nonfinite._row_details
+    monkeypatch.setattr(
+        _nonfinite, '_row_details', lambda *a: calls.append(a[2].shape) or row_details(*a)
+    )
+    rng = np.random.default_rng(bad_rows)
+    v = rng.standard_normal((64, 32)).astype(np.float32)  # 256 rows of 8 elements
+    flat = v.reshape(-1)
+    rows = np.sort(rng.choice(256, bad_rows, replace=False))
+    flat[rows * 8 + 5] = np.nan
+    flat[rows[-1] * 8 + 2] = np.inf
+    flat[rows[0] * 8 + 7] = -np.inf
+    (s,) = multihost.find_nonfinite(jnp.asarray(v)).shards
+    want_first = np.unravel_index(np.flatnonzero(~np.isfinite(v))[0], v.shape)
+    assert (s.nan, s.inf) == (int(np.isnan(v).sum()), int(np.isinf(v).sum()))
+    assert s.first == tuple(int(i) for i in want_first)
+    assert bool(calls) == (bad_rows <= 32)  # more than 1/8 of the rows: the whole shard
+    if calls:
+        assert calls[0] == (max(8, 1 << (bad_rows - 1).bit_length()),)
