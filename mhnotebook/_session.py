@@ -538,7 +538,7 @@ class Session:
     ) -> Any:
         """The global value of engine variable ``name``, as numpy, in this process.
 
-        Global `jax.Array`s (any sharding, any rank) come back whole; host-local
+        Global `jax.Array` values (any sharding, any rank) come back whole; host-local
         arrays and scalars are stacked along a new axis 0, one row per process
         (like `multihost.process_allgather`); pytrees keep their structure.
         Each block travels once: only replica 0 of every distinct shard is

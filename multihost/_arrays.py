@@ -224,7 +224,7 @@ def _to_global(x: Any, spec: P, plan: _Plan) -> jax.Array:
 
 
 def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh, pspecs: Any) -> Any:
-    """Converts host-local values to globally sharded `jax.Array`s.
+    """Converts host-local values to globally sharded `jax.Array` values.
 
     Each host passes its own local data (which may differ between hosts); the
     result is a global array sharded by ``NamedSharding(global_mesh, pspec)``
@@ -249,7 +249,7 @@ def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh, pspec
         ``local_inputs``.
 
     Returns:
-      A pytree of global `jax.Array`s.
+      A pytree of global `jax.Array` values.
 
     Raises:
       ValueError: ``pspecs`` is None (or holds None); the mesh is not
@@ -278,7 +278,7 @@ def _to_local(x: Any, spec: P, plan: _Plan) -> jax.Array:
 
 
 def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh, pspecs: Any) -> Any:
-    """Converts global `jax.Array`s to this host's local part.
+    """Converts global `jax.Array` values to this host's local part.
 
     The inverse of `host_local_array_to_global_array`: each host keeps the
     data on its own devices, as an array sharded by
@@ -288,7 +288,7 @@ def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh, pspe
     own primitive.
 
     Args:
-      global_inputs: a pytree of global `jax.Array`s. A fully-addressable
+      global_inputs: a pytree of global `jax.Array` values. A fully-addressable
         (host-local) array is returned as is.
       global_mesh: a contiguous `jax.sharding.Mesh` (each host's devices form
         a sub-cube).
@@ -296,7 +296,7 @@ def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh, pspe
         ``global_inputs``.
 
     Returns:
-      A pytree of host-local `jax.Array`s.
+      A pytree of host-local `jax.Array` values.
 
     Raises:
       ValueError: ``pspecs`` is None (or holds None); the mesh is not
