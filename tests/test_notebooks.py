@@ -1,7 +1,13 @@
-"""Every tutorial notebook runs top to bottom in a real kernel (nbclient), as on Binder."""
+"""Every tutorial notebook runs top to bottom in a real kernel (nbclient), as on Binder.
+
+A notebook whose checks pass is saved, executed, to ``build/executed/<name>``:
+the documentation site (``docs/conf.py``) renders those copies, so each
+tutorial runs once per CI run.
+"""
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import nbformat
@@ -10,7 +16,9 @@ from nbclient import NotebookClient
 
 pytestmark = pytest.mark.cluster
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / 'notebooks').glob('*.ipynb'))
+ROOT = pathlib.Path(__file__).parent.parent
+NOTEBOOKS = sorted((ROOT / 'notebooks').glob('*.ipynb'))
+EXECUTED = ROOT / 'build' / 'executed'  # read by docs/_ext/mhdocs.py
 
 
 def test_there_are_tutorials():
@@ -20,7 +28,7 @@ def test_there_are_tutorials():
 
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_top_to_bottom(path):
-    """No cell raises; committed without outputs; the quickstart's key outputs are there."""
+    """No cell raises; committed without outputs; key outputs are there; saved for the docs."""
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get('outputs') for c in nb.cells if c.cell_type == 'code'), (
         f'{path.name} is committed with outputs; clear them'
@@ -72,3 +80,12 @@ def test_notebook_runs_top_to_bottom(path):
         assert text.count('missing [1]') == 4, text
         # ... and the next collective lines up without a restart.
         assert all(f'host {p} is in step' in text for p in range(4)), text
+    _save_executed(nb, path.name)
+
+
+def _save_executed(nb, name):
+    """Writes the executed notebook for the docs build (atomically: parallel runs share it)."""
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    tmp = EXECUTED / f'.{name}.{os.getpid()}.tmp'
+    nbformat.write(nb, tmp)
+    os.replace(tmp, EXECUTED / name)
