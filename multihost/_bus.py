@@ -12,7 +12,9 @@ Keys (``mh/`` prefix)::
 
     mh/ctl/n            command counter (incremented by the issuer)
     mh/ctl/<g>          command number g: {"cmd": "stacks" | "stepping", ...}
-    mh/rep/<g>/<pid>    process pid's reply to command g (deleted by the issuer)
+    mh/rep/<g>/<pid>    process pid's reply to command g (deleted by the issuer);
+                        above a host's share of a directory read (`_kv.dir_cap`,
+                        786 bytes at 1,000 hosts) chunked, read one RPC per chunk
     mh/dmn/<pid>        process pid's debug thread listens to commands > "since"
 
 An issuer (any thread of any process, or the control endpoint serving a
@@ -201,7 +203,9 @@ def _handle(client: Any, pid: int, g: int, raw: str) -> None:
         order, cmd = {}, None
     handler = _HANDLERS.get(cmd) if isinstance(cmd, str) else None
     reply = handler(client, order) if handler is not None else json.dumps({'unknown': cmd})
-    _kv.put(client, _key('rep', g, pid), reply)
+    # At most this host's share of a directory read inline (larger replies are
+    # chunked), so the issuer's read of every reply stays bounded.
+    _kv.put(client, _key('rep', g, pid), reply, inline=_kv.dir_cap(_kv.process_count()))
 
 
 def command(
@@ -229,7 +233,6 @@ def command(
             break  # out of time: pick up whoever answered below
         replies[p] = got
     prefix = _key('rep', g)
-    for p, value in _kv.read_dir(client, prefix).items():
-        replies.setdefault(p, value)
+    replies.update(_kv.read_dir(client, prefix, skip=replies))  # late replies only
     _kv.delete(client, prefix + '/')
     return replies, daemons

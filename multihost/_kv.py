@@ -45,7 +45,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,13 +148,18 @@ def _rpc(during: str) -> Iterator[None]:
 # -- bounded values ----------------------------------------------------------------
 
 
-def _dir_cap() -> int:
-    """Largest value stored inline in a directory every host writes to.
+def dir_cap(num_processes: int) -> int:
+    """Largest value stored inline in a directory every one of ``num_processes`` hosts writes to.
 
     Three quarters of a directory read are for the hosts' values; the rest
-    leaves room for the verdicts of failed rounds kept beside them.
+    leaves room for the verdicts of failed rounds kept beside them (and the
+    keys). 786 bytes at 1,000 hosts; larger values are chunked.
     """
-    return max(256, (MAX_BYTES * 3 // 4) // max(1, process_count()))
+    return max(256, (MAX_BYTES * 3 // 4) // max(1, num_processes))
+
+
+def _dir_cap() -> int:
+    return dir_cap(process_count())
 
 
 def _chunk_root(k: str) -> str:
@@ -167,25 +172,36 @@ def _chunk_root(k: str) -> str:
     return parent + '~c/' + leaf
 
 
-def put(c: Any, k: str, value: str, *, once: bool = False, inline: int = MAX_BYTES) -> bool:
+def layout(value: str, inline: int, root: str = '') -> tuple[str, list[bytes]]:
+    """What `put` stores for ``value``: the text under the key itself, and the chunks.
+
+    A value of at most ``inline`` bytes is stored as it is; a larger one as a
+    short header (``root``: where its chunks go) plus chunks of at most
+    `MAX_BYTES`, each read back with one RPC. Pure: the message sizes of an
+    exchange can be computed from it (`docs/SCALE.md`).
+    """
+    if len(value) <= inline and len(value.encode()) <= inline:
+        return value, []
+    raw = value.encode()
+    chunks = [raw[start : start + MAX_BYTES] for start in range(0, len(raw), MAX_BYTES)]
+    return f'{_CHUNK_MARK}{len(chunks)}:{root}', chunks
+
+
+def put(c: Any, k: str, value: str, *, once: bool = False, inline: int | None = None) -> bool:
     """Stores ``value`` under ``k``; values larger than ``inline`` are chunked.
 
     Args:
         once: first writer wins: returns False (and writes nothing) when ``k``
             exists already. Otherwise overwrites.
-        inline: the largest value stored under ``k`` itself.
+        inline: the largest value stored under ``k`` itself (default `MAX_BYTES`).
 
     Returns:
         True when this call wrote ``k``.
     """
     with _rpc(f'writing {k}'):
-        if len(value) > inline or len(value.encode()) > inline:
-            raw = value.encode()
-            root = _chunk_root(k)
-            n = 0
-            for n, start in enumerate(range(0, len(raw), MAX_BYTES), 1):
-                c.key_value_set_bytes(f'{root}/{n - 1}', raw[start : start + MAX_BYTES], True)
-            value = f'{_CHUNK_MARK}{n}:{root}'
+        value, chunks = layout(value, MAX_BYTES if inline is None else inline, _chunk_root(k))
+        for i, chunk in enumerate(chunks):
+            c.key_value_set_bytes(f'{_chunk_root(k)}/{i}', chunk, True)
         try:
             c.key_value_set(k, value, allow_overwrite=not once)
         except Exception as exc:
@@ -237,13 +253,18 @@ def _listing(c: Any, directory: str) -> list[tuple[str, str]]:
     return [(k[len(prefix) :].strip('/'), v) for k, v in items if k.startswith(prefix)]
 
 
-def read_dir(c: Any, directory: str) -> dict[int, str]:
+def read_dir(c: Any, directory: str, skip: Container[int] = ()) -> dict[int, str]:
     """``process index -> value`` of the keys directly under ``directory``.
 
     Bounded: values written with `publish` are at most a share of `MAX_BYTES`
-    inline; larger ones are fetched chunk by chunk.
+    inline; larger ones are fetched chunk by chunk, except those of the
+    processes in ``skip`` (already read: left out).
     """
-    return {int(rest): _resolve(c, v) for rest, v in _listing(c, directory) if rest.isdigit()}
+    return {
+        int(rest): _resolve(c, v)
+        for rest, v in _listing(c, directory)
+        if rest.isdigit() and int(rest) not in skip
+    }
 
 
 def read_dir2(c: Any, directory: str) -> dict[tuple[int, int], str]:
