@@ -3,8 +3,10 @@
 Both are collectives (every host calls them; one `_sequence` entry each) and
 move only what differs, with `_dict_diff`: hosts first share one digest of
 their whole key -> value map; if all agree, that is the answer (one round).
-Otherwise they share one short digest per key, and then the values of the
-keys whose digests differ, only those. Every host returns the same model.
+Otherwise they compare one short digest per key (`_rowdiff`: every distinct
+map up to 64 hosts, differences from a reference map above), and then the
+values of the keys whose digests differ, only those, one host per distinct
+value. Every host returns the same model.
 
 * `env_diff` -> `EnvDiff`: Python, jax, jaxlib, numpy and the backend's
   runtime version; ``JAX_*``, ``XLA_*``, ``LIBTPU_*``, ``TPU_*``, ``NCCL_*``,
@@ -33,7 +35,7 @@ import sysconfig
 from collections.abc import Mapping
 from typing import Any
 
-from multihost import _kv, _sequence
+from multihost import _kv, _rowdiff, _sequence
 from multihost._text import fmt_hosts
 
 #: Environment-variable prefixes that matter to a JAX job.
@@ -61,27 +63,33 @@ def _dict_diff(
 ) -> dict[str, dict[int, str | None]]:
     """The keys whose values differ between hosts: key -> process -> value (None: absent).
 
-    One round when every host holds the same map; otherwise three, the last
-    carrying only the differing keys' values.
+    One round when every host holds the same map; otherwise the per-key
+    digests travel through `_rowdiff` (bounded reads at any number of hosts),
+    then the values of the differing keys, one host per distinct value.
     """
     items = sorted(mine.items())[:_MAX_KEYS]
-    whole = _short(json.dumps(items))
-    heads = _sequence.share(rec, 'head', whole, timeout=timeout)
-    if len(set(heads.values())) <= 1:
+    diff = _rowdiff.compare(rec, [(k, _short(v)) for k, v in items], timeout)
+    if diff is None:
         return {}
-    digests = {k: _short(v) for k, v in items}
-    by_host = {
-        p: json.loads(v)
-        for p, v in _sequence.share(rec, 'keys', json.dumps(digests), timeout=timeout).items()
-    }
-    keys = sorted({k for d in by_host.values() for k in d})
-    differing = [k for k in keys if len({d.get(k) for d in by_host.values()}) > 1]
-    values = {k: v[:_MAX_VALUE] for k, v in items if k in set(differing)}
+    me = rec.process
+    own = dict(items)
+    # Who sends each differing key's value: the lowest host holding that digest.
+    senders = {k: _first_holders(digests) for k, digests in diff.differing}
+    values = {k: own[k][:_MAX_VALUE] for k, first in senders.items() if first.get(me) == me}
     got = {
         p: json.loads(v)
         for p, v in _sequence.share(rec, 'vals', json.dumps(values), timeout=timeout).items()
     }
-    return {k: {p: got[p].get(k) for p in sorted(got)} for k in differing}
+    return {
+        k: {p: None if (q := first.get(p)) is None else got[q][k] for p in sorted(got)}
+        for k, first in senders.items()
+    }
+
+
+def _first_holders(digests: Mapping[int, str | None]) -> dict[int, int]:
+    """Host -> the lowest host whose digest equals its own (hosts lacking the key left out)."""
+    first: dict[str, int] = {}
+    return {p: first.setdefault(d, p) for p, d in sorted(digests.items()) if d is not None}
 
 
 # -- environments ---------------------------------------------------------------------

@@ -423,16 +423,23 @@ def share(
     if client is None:
         return {rec.process: value}
     timeout = default_timeout() if timeout is None else float(timeout)
-    rnd = _kv.Round(
-        name=f'{_kv.epoch_dir(rec.seq)}/{rec.seq}/{stage}',
-        data=f'{_kv.epoch_dir(rec.seq)}/{rec.seq}/{stage}/d',
-    )
+    rnd = _kv.Round(name=stage_dir(rec, stage), data=f'{stage_dir(rec, stage)}/d')
 
     where = _timeout_details(client, rec, f'{rec.describe()} ({stage})')
     verdict, values = _kv.round_(client, rnd, value, timeout=timeout, on_timeout=where, read=True)
     if not verdict.ok:
         raise _error(verdict, rec, None)
     return values
+
+
+def stage_dir(rec: CollectiveRecord, stage: str) -> str:
+    """The key directory of the `share` round ``stage`` of collective ``rec``.
+
+    A host may store further keys of that stage under it (not under ``/d``,
+    the round's values), e.g. one large value the round's other hosts read on
+    demand; they are deleted with the collective's epoch.
+    """
+    return f'{_kv.epoch_dir(rec.seq)}/{rec.seq}/{stage}'
 
 
 def check_launch(

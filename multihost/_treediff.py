@@ -17,7 +17,10 @@ trees:
    host then shares a 16-byte digest of its whole fingerprint list
    (`_sequence.share`: one `_kv` round under the collective's keys). If all
    are the same, that is the answer: O(hosts) bytes moved, no device work.
-   Otherwise the full lists go the same way (a few dozen bytes per leaf).
+   Otherwise the lists travel through `_rowdiff` (one row of a few dozen
+   bytes per leaf): one list per distinct digest up to 64 hosts; above, the
+   reference list and each odd host's differences from it only, so no host
+   reads every host's list (`docs/SCALE.md`).
 3. Then every host computes the same verdict from the same data: per
    differing leaf path, the *majority* (the most common fingerprint; a tie goes
    to the group holding the lowest process index) and the *odd hosts* (every
@@ -27,8 +30,9 @@ trees:
    broadcasts its bytes (only those leaves; exact, as unsigned integers); each
    odd host compares locally (bitwise, element by element) and shares a small
    summary (number of differing elements, first differing index, max abs
-   difference) plus, for leaves of at most `SMALL_LEAF` elements, its values;
-   every host reads all summaries and builds the identical `TreeDiff`.
+   difference); for leaves of at most `SMALL_LEAF` elements, the lowest host
+   of each distinct fingerprint adds its values; every host reads all
+   summaries and builds the identical `TreeDiff`.
 
 Keys live under the collective's epoch and are deleted with it
 (`_kv.collect_garbage`).
@@ -48,7 +52,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
 import json
 import math
 import zlib
@@ -58,7 +61,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from multihost import _kv, _sequence
+from multihost import _kv, _rowdiff, _sequence
 from multihost._collectives import broadcast_one_to_all
 from multihost._errors import HostMismatchError
 from multihost._text import fmt_hosts as _fmt_hosts
@@ -517,91 +520,70 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
     if _kv.process_count() == 1:
         return TreeDiff(leaves=(), num_processes=1, num_leaves=len(flat))
     try:
-        data, mine = _fingerprint(flat)
+        data, rows = _fingerprint(flat)
     except _LeafError as exc:  # a leaf that is not an array: tell every host
         _sequence.fail_turn(kind, '', str(exc), timeout=timeout)
     # The tree digest is '' on purpose: differing trees are this collective's
     # subject, not a sequence mismatch.
     rec = _sequence.enter(kind, '', tree_digest='', timeout=timeout)
-    prints = _exchange_prints(rec, mine, timeout)
-    if prints is None:
-        return TreeDiff(leaves=(), num_processes=_kv.process_count(), num_leaves=len(mine))
-    order, by_host = _merge(prints)
-    pending = _classify(order, by_host)
-    index = {path: i for i, path in enumerate(order)}
-    summary = _compare_with_reference(pending, by_host, data, index, rec.process)
+    diff = _rowdiff.compare(rec, rows, timeout)
+    if diff is None:
+        return TreeDiff(leaves=(), num_processes=_kv.process_count(), num_leaves=len(rows))
+    pending = _classify(diff)
+    summary = _compare_with_reference(pending, data, rec.process)
+    # Small values: one host per distinct fingerprint sends them (the lowest).
     small = {
-        str(index[p.path]): _encode_array(data[p.path])
-        for p in pending
+        str(i): _encode_array(data[p.path])
+        for i, p in enumerate(pending)
         if p.path in data
         and (own := p.sigs[rec.process]) is not None
         and own.comparable
         and data[p.path].size <= SMALL_LEAF
+        and _first_alike(p)[rec.process] == rec.process
     }
     report = json.dumps({'c': summary, 'v': small}, separators=(',', ':'))
     reports = {
         h: json.loads(text)
         for h, text in _sequence.share(rec, 'sum', report, timeout=timeout).items()
     }
-    return _assemble(pending, index, reports, sorted(by_host), len(order))
+    return _assemble(pending, reports, sorted(reports), diff.num_keys)
 
 
-def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[Any]]]:
-    """Phase 1 (local): every leaf's data and fingerprint row."""
+def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[str]]]:
+    """Phase 1 (local): every leaf's data and its row ``[path, fingerprint]`` (`_row_value`)."""
     paths = _unique_paths([jax.tree_util.keystr(p) for p, _ in flat])
     data: dict[str, np.ndarray] = {}
-    mine = []
+    rows = []
     for path, (_, leaf) in zip(paths, flat):
         try:
             a, dtype_name = _leaf_data(leaf)
         except Exception as exc:
             raise _LeafError(f'leaf {path}: {type(exc).__name__}: {exc}') from exc
         data[path] = a
-        mine.append(
-            [path, list(a.shape), dtype_name, _digest(a), int(a.nbytes), int(_comparable(a))]
-        )
-    return data, mine
+        sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
+        rows.append([path, _row_value(sig)])
+    return data, rows
 
 
-def _exchange_prints(
-    rec: _sequence.CollectiveRecord, mine: list[list[Any]], timeout: float | None
-) -> dict[int, list[list[Any]]] | None:
-    """Phase 2: a digest of the fingerprint list first (None: all equal), then the lists."""
-    blob = json.dumps(mine, separators=(',', ':'))
-    head = hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
-    heads = _sequence.share(rec, 'head', head, timeout=timeout)
-    if len(set(heads.values())) == 1:
-        return None
-    return {
-        h: json.loads(text) for h, text in _sequence.share(rec, 'fp', blob, timeout=timeout).items()
-    }
+def _row_value(sig: _Print) -> str:
+    """``'4,5|float32|<16 hex>|80|1'``: shape, dtype, digest, bytes, comparable (compact)."""
+    shape = ','.join(map(str, sig.shape))
+    return f'{shape}|{sig.dtype}|{sig.digest}|{sig.nbytes}|{int(sig.comparable)}'
 
 
-def _merge(
-    prints: dict[int, list[list[Any]]],
-) -> tuple[list[str], dict[int, dict[str, _Print]]]:
-    """Every path in first-seen order, and each host's fingerprints by path."""
-    hosts = sorted(prints)
-    by_host = {
-        h: {e[0]: _Print(tuple(e[1]), e[2], e[3], e[4], bool(e[5])) for e in prints[h]}
-        for h in hosts
-    }
-    order: list[str] = []
-    seen: set[str] = set()
-    for h in hosts:
-        for e in prints[h]:
-            if e[0] not in seen:
-                seen.add(e[0])
-                order.append(e[0])
-    return order, by_host
+def _parse_row_value(text: str) -> _Print:
+    shape, rest = text.split('|', 1)
+    dtype, digest, nbytes, comparable = rest.rsplit('|', 3)  # a dtype name may hold '|'
+    dims = tuple(int(d) for d in shape.split(',')) if shape else ()
+    return _Print(dims, dtype, digest, int(nbytes), comparable == '1')
 
 
-def _classify(order: list[str], by_host: dict[int, dict[str, _Print]]) -> list[_Pending]:
+def _classify(diff: _rowdiff.RowDiff) -> list[_Pending]:
     """Phase 3 (same inputs everywhere, same verdict): majority and odd hosts per leaf."""
-    hosts = sorted(by_host)
     pending = []
-    for path in order:
-        sigs = {h: by_host[h].get(path) for h in hosts}
+    for path, values in diff.differing:
+        hosts = sorted(values)
+        sigs = {h: None if v is None else _parse_row_value(v) for h, v in values.items()}
         keys = {h: None if s is None else (s.shape, s.dtype, s.digest) for h, s in sigs.items()}
         if len(set(keys.values())) == 1 and keys[hosts[0]] is not None:
             continue
@@ -623,17 +605,24 @@ def _classify(order: list[str], by_host: dict[int, dict[str, _Print]]) -> list[_
     return pending
 
 
+def _first_alike(p: _Pending) -> dict[int, int]:
+    """Host -> the lowest host holding the same fingerprint of leaf ``p`` (the same bytes)."""
+    first: dict[_Print, int] = {}
+    out = {}
+    for h in sorted(p.sigs):
+        sig = p.sigs[h]
+        if sig is not None:
+            out[h] = first.setdefault(sig, h)
+    return out
+
+
 def _compare_with_reference(
-    pending: list[_Pending],
-    by_host: dict[int, dict[str, _Print]],
-    data: dict[str, np.ndarray],
-    index: dict[str, int],
-    pid: int,
+    pending: list[_Pending], data: dict[str, np.ndarray], pid: int
 ) -> dict[str, Any]:
     """Phase 4: the lowest majority host broadcasts each comparable leaf; odd hosts compare."""
-    to_compare: dict[int, list[str]] = {}
-    compared: dict[str, tuple[int, ...]] = {}
-    for p in pending:
+    to_compare: dict[int, list[int]] = {}
+    compared: dict[int, tuple[int, ...]] = {}
+    for i, p in enumerate(pending):
         ref = p.sigs[p.majority[0]]
         if ref is None or not ref.comparable or ref.nbytes == 0:
             continue
@@ -643,38 +632,50 @@ def _compare_with_reference(
             if (sig := p.sigs[h]) is not None and (sig.shape, sig.dtype) == (ref.shape, ref.dtype)
         )
         if peers:
-            compared[p.path] = peers
-            to_compare.setdefault(p.majority[0], []).append(p.path)
+            compared[i] = peers
+            to_compare.setdefault(p.majority[0], []).append(i)
     summary: dict[str, Any] = {}
     for source in sorted(to_compare):
         group = to_compare[source]
-        sizes = [by_host[source][path].nbytes for path in group]
+        sizes = [_nbytes(pending[i], source) for i in group]
         buf = None
         if pid == source:
-            buf = np.concatenate([data[path].reshape(-1).view(np.uint8) for path in group])
+            buf = np.concatenate([data[pending[i].path].reshape(-1).view(np.uint8) for i in group])
         got = _broadcast_bytes(buf, sum(sizes), pid == source)
         offset = 0
-        for path, size in zip(group, sizes):
-            if pid in compared[path]:
-                own = data[path]
+        for i, size in zip(group, sizes):
+            if pid in compared[i]:
+                own = data[pending[i].path]
                 ref_value = got[offset : offset + size].view(own.dtype).reshape(own.shape)
-                summary[str(index[path])] = list(_compare(own, ref_value))
+                summary[str(i)] = list(_compare(own, ref_value))
             offset += size
     return summary
 
 
+def _nbytes(p: _Pending, host: int) -> int:
+    sig = p.sigs[host]
+    assert sig is not None  # a source holds the leaf
+    return sig.nbytes
+
+
 def _assemble(
     pending: list[_Pending],
-    index: dict[str, int],
     reports: dict[int, Any],
     hosts: list[int],
     num_leaves: int,
 ) -> TreeDiff:
     """Phase 5: every host's summaries into the one `TreeDiff`."""
     leaves = []
-    for p in pending:
-        i = str(index[p.path])
+    for j, p in enumerate(pending):
+        i = str(j)
         stats = {h: reports[h]['c'][i] for h in hosts if i in reports[h]['c']}
+        decoded: dict[int, np.ndarray] = {}
+        values = {}
+        for h, first in _first_alike(p).items():  # first: who sent h's value (same bytes)
+            if i in reports[first]['v']:
+                if first not in decoded:
+                    decoded[first] = _decode_array(reports[first]['v'][i])
+                values[h] = decoded[first]
         leaves.append(
             LeafDiff(
                 path=p.path,
@@ -687,9 +688,7 @@ def _assemble(
                 num_different={h: int(s[0]) for h, s in stats.items()},
                 first_index={h: tuple(s[1]) for h, s in stats.items()},
                 max_abs_diff={h: float(s[2]) for h, s in stats.items()},
-                values={
-                    h: _decode_array(reports[h]['v'][i]) for h in hosts if i in reports[h]['v']
-                },
+                values=values,
             )
         )
     return TreeDiff(leaves=tuple(leaves), num_processes=len(hosts), num_leaves=num_leaves)
