@@ -322,13 +322,17 @@ class Watched:
         """Hosts launch different functions or signatures: one more round for the details."""
         pid = _kv.process_index()
         rec = exc.calls[pid]
-        mine = json.dumps({'args': sig.args})
+        calls = exc.calls
+        # One host per distinct (function, signature digest) shares the readable signature.
+        firsts: dict[tuple[str, str], int] = {}
+        sender = {p: firsts.setdefault((c.name, c.digest), p) for p, c in sorted(calls.items())}
+        mine = json.dumps({'args': sig.args}) if sender.get(pid) == pid else ''
         try:
             shared = _sequence.share(rec, 'sig', mine, timeout=30.0)
         except Exception:
             return exc
-        args = {p: [tuple(a) for a in json.loads(v)['args']] for p, v in shared.items()}
-        calls = exc.calls
+        parsed = {q: json.loads(shared[q])['args'] for q in set(sender.values()) if q in shared}
+        args = {p: [tuple(a) for a in parsed[q]] for p, q in sender.items() if q in parsed}
         lines = [
             f'  process {p}: {c.name}({_fmt_args(args.get(p, []))}) at {c.site}'
             for p, c in sorted(calls.items())
@@ -362,11 +366,17 @@ class Watched:
         hlo = _hlo_lines(sig.compiled)
         colls = _collectives(hlo)
         blocks = [_crc('\n'.join(hlo[i : i + _BLOCK])) for i in range(0, len(hlo), _BLOCK)]
-        mine = json.dumps({'colls': colls[:_MAX_COLLECTIVES], 'blocks': blocks})
-        shared = {p: json.loads(v) for p, v in _sequence.share(rec, 'coll', mine).items()}
         groups: dict[str, list[int]] = {}
         for p, fp in sorted(prints.items()):
             groups.setdefault(fp, []).append(p)
+        # One host per distinct program shares its collectives and blocks (the
+        # same program: the same lists), so no host reads N copies.
+        first = {p: groups[fp][0] for p, fp in prints.items()}
+        me = _kv.process_index()
+        mine = json.dumps({'colls': colls[:_MAX_COLLECTIVES], 'blocks': blocks})
+        got_lists = _sequence.share(rec, 'coll', mine if first[me] == me else '')
+        by_program = {q: json.loads(got_lists[q]) for q in set(first.values())}
+        shared = {p: by_program[q] for p, q in first.items()}
         ref_fp = max(groups, key=lambda fp: (len(groups[fp]), -groups[fp][0]))
         ref = groups[ref_fp][0]
         odd = sorted(p for p, fp in prints.items() if fp != ref_fp)
@@ -390,9 +400,9 @@ class Watched:
             p = odd[0]
             a, b = shared[ref]['blocks'], shared[p]['blocks']
             k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            mine = json.dumps(hlo[k * _BLOCK : (k + 1) * _BLOCK])
-            got = {q: json.loads(v) for q, v in _sequence.share(rec, 'hlo', mine).items()}
-            la, lb = got[ref], got[p]
+            mine = json.dumps(hlo[k * _BLOCK : (k + 1) * _BLOCK]) if me in (ref, p) else ''
+            got = _sequence.share(rec, 'hlo', mine)  # only the two compared hosts' lines
+            la, lb = json.loads(got[ref]), json.loads(got[p])
             j = next((j for j, (x, y) in enumerate(zip(la, lb)) if x != y), min(len(la), len(lb)))
             line = k * _BLOCK + j + 1
             detail = (
