@@ -22,9 +22,11 @@ its first non-finite element. Only a few numbers per offending shard travel:
    counts NaN and Inf and finds the first non-finite position (in chunks of
    `_CHUNK` elements, so counts and positions fit 32-bit integers).
 4. One exchange (`_sequence.exchange`: the collective's check and the data in
-   one coordination round): each host's checked counts and at most
-   `MAX_RECORDS` records of offending shards (the rest counted, and said so
-   in the report), plus, for offending host-local values, their own layout.
+   one coordination round): each host's checked counts (all a clean host
+   sends) and at most `MAX_RECORDS` records of offending shards (fewer per
+   host beyond 64 hosts: `MAX_TOTAL_RECORDS` over all; the rest counted, and
+   said so in the report), plus, for offending host-local values, their own
+   layout. What a host reads stays bounded at any host count.
    Every host then assembles the same report. Global leaves take part in the
    check's digest (path, shape, dtype, sharding), so hosts passing different
    global arrays raise `CollectiveMismatchError` before anything is compared.
@@ -56,8 +58,14 @@ from multihost._treediff import _unique_paths
 #: Offending shards each host describes in full; beyond it, a host only counts
 #: them (the report says how many were left out).
 MAX_RECORDS = 64
-#: Offending host-local values per host whose layout travels (for a picture).
+#: Offending shards described over all hosts: with more than 64 hosts, each
+#: describes ``MAX_TOTAL_RECORDS // num_processes`` (at least one), so what a
+#: host reads stays bounded at any host count.
+MAX_TOTAL_RECORDS = 4096
+#: Offending host-local values per host whose layout travels (for a picture),
+#: and over all hosts.
 MAX_LOCAL_LAYOUTS = 8
+MAX_TOTAL_LOCAL_LAYOUTS = 64
 #: Offending leaves whose layout a report keeps.
 MAX_LAYOUTS = 16
 #: Shard lines in `NonfiniteReport.format` by default.
@@ -193,7 +201,7 @@ class NonfiniteReport:
     Every host of a `find_nonfinite` call gets an equal report.
 
     Attributes:
-        shards: the offending shards (at most `MAX_RECORDS` per host), in
+        shards: the offending shards (at most ``max_records`` per host), in
             leaf order, then by process and device.
         leaves: one `NonfiniteLeaf` per offending leaf (per host for a
             host-local value), in the same order.
@@ -203,7 +211,9 @@ class NonfiniteReport:
             that are not floating point; the most of any host).
         num_processes: how many hosts took part.
         truncated: process -> offending shards that host found but did not
-            list (beyond `MAX_RECORDS`); empty when every one is listed.
+            list (beyond ``max_records``); empty when every one is listed.
+        max_records: how many offending shards each host could list
+            (`MAX_RECORDS`; fewer beyond 64 hosts, `MAX_TOTAL_RECORDS` over all).
     """
 
     shards: tuple[NonfiniteShard, ...]
@@ -211,6 +221,7 @@ class NonfiniteReport:
     checked: Mapping[str, int]
     num_processes: int
     truncated: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    max_records: int = MAX_RECORDS
 
     @property
     def ok(self) -> bool:
@@ -280,7 +291,7 @@ class NonfiniteReport:
         for p, n in sorted(self.truncated.items()):
             lines.append(
                 f'  ... process {p} found {n} more offending shard(s), not listed '
-                f'(at most {MAX_RECORDS} per host travel)'
+                f'(at most {self.max_records} per host travel)'
             )
         return '\n'.join(lines)
 
@@ -591,15 +602,28 @@ def _layout_from(data: Mapping[str, Any], num_processes: int) -> Layout:
     )
 
 
+def records_per_host(num_processes: int) -> int:
+    """How many offending shards each host describes (`MAX_RECORDS`, fewer beyond 64 hosts)."""
+    return max(1, min(MAX_RECORDS, MAX_TOTAL_RECORDS // max(num_processes, 1)))
+
+
 def _payload(
     leaves: list[_Leaf],
     pieces: list[_Piece],
     found: list[tuple[_Piece, int, int, int | None]],
     skipped: int,
+    num_processes: int,
 ) -> dict[str, Any]:
-    """What this host tells the others: counts, offending records, host-local layouts."""
+    """What this host tells the others: counts, offending records, host-local layouts.
+
+    A clean host sends only its counts (``{"c": [...]}``, a few dozen bytes).
+    """
+    checked = [len(leaves), len(pieces), sum(int(np.size(p.data)) for p in pieces), skipped]
+    if not found:
+        return {'c': checked}
+    budget = records_per_host(num_processes)
     records = []
-    for p, nan, inf, first in found[:MAX_RECORDS]:
+    for p, nan, inf, first in found[:budget]:
         records.append(
             [
                 p.leaf,
@@ -612,13 +636,13 @@ def _payload(
                 None if first is None else list(_global_first(p, first) or ()),
             ]
         )
-    offending = {p.leaf for p, *_ in found[:MAX_RECORDS]}
-    shown = sorted(offending)
+    shown = sorted({p.leaf for p, *_ in found[:budget]})
+    n_layouts = max(1, min(MAX_LOCAL_LAYOUTS, MAX_TOTAL_LOCAL_LAYOUTS // max(num_processes, 1)))
     layouts = {}
-    for i in [i for i in shown if leaves[i].host_local][:MAX_LOCAL_LAYOUTS]:
+    for i in [i for i in shown if leaves[i].host_local][:n_layouts]:
         layouts[str(i)] = _layout_json(describe_layout(leaves[i].value))
     return {
-        'checked': [len(leaves), len(pieces), sum(int(np.size(p.data)) for p in pieces), skipped],
+        'c': checked,
         'leaves': {
             str(i): [
                 leaves[i].path[:_MAX_PATH],
@@ -629,13 +653,16 @@ def _payload(
             for i in shown
         },
         'records': records,
-        'more': max(0, len(found) - MAX_RECORDS),
+        'more': max(0, len(found) - budget),
         'layouts': layouts,
     }
 
 
 def _assemble(
-    payloads: Mapping[int, Mapping[str, Any]], leaves: list[_Leaf], num_processes: int
+    payloads: Mapping[int, Mapping[str, Any]],
+    leaves: list[_Leaf],
+    num_processes: int,
+    max_records: int,
 ) -> NonfiniteReport:
     """Every host's payload into the one report (the same on every host)."""
     checked = {'leaves': 0, 'shards': 0, 'elements': 0, 'skipped': 0}
@@ -643,11 +670,11 @@ def _assemble(
     local_layouts: dict[tuple[str, int], Layout] = {}
     for proc in sorted(payloads):
         data = payloads[proc]
-        for what, n in zip(('leaves', 'shards', 'elements', 'skipped'), data['checked']):
+        for what, n in zip(('leaves', 'shards', 'elements', 'skipped'), data['c']):
             per_host = what in ('leaves', 'skipped')  # a tree's leaves: the most of any host
             checked[what] = max(checked[what], int(n)) if per_host else checked[what] + int(n)
-        info = data['leaves']  # leaf number -> [path, host_local, shape, dtype]
-        for leaf, device, local, replica, index, nan, inf, first in data['records']:
+        info = data.get('leaves', {})  # leaf number -> [path, host_local, shape, dtype]
+        for leaf, device, local, replica, index, nan, inf, first in data.get('records', ()):
             path, host_local, _, _ = info[str(leaf)]
             shard = NonfiniteShard(
                 path=path,
@@ -664,10 +691,10 @@ def _assemble(
             rows.append(
                 ((int(leaf), proc, -1 if device is None else device), shard, info[str(leaf)])
             )
-        for i, lay in data['layouts'].items():
+        for i, lay in data.get('layouts', {}).items():
             local_layouts[(info[i][0], proc)] = _layout_from(lay, num_processes)
     rows.sort(key=lambda t: t[0])
-    truncated = {p: int(d['more']) for p, d in sorted(payloads.items()) if d['more']}
+    truncated = {p: int(d['more']) for p, d in sorted(payloads.items()) if d.get('more')}
 
     # One leaf per global path; one per (path, host) for host-local values.
     groups: dict[tuple[str, bool, int], list[NonfiniteShard]] = {}
@@ -707,6 +734,7 @@ def _assemble(
         checked=checked,
         num_processes=num_processes,
         truncated=truncated,
+        max_records=max_records,
     )
 
 
@@ -720,7 +748,8 @@ def find_nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteRe
     `NonfiniteReport`. Counts are computed where the data is, per addressable
     shard (one jitted reduction per shard on its own device; numpy values in
     host memory), and only a few numbers per *offending* shard travel (at
-    most `MAX_RECORDS` shard records per host); the data never leaves its
+    most `MAX_RECORDS` shard records per host, `MAX_TOTAL_RECORDS` over all
+    hosts); the data never leaves its
     device. With one process no communication happens.
 
     Args:
@@ -750,7 +779,7 @@ def find_nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteRe
     try:
         leaves, pieces, signature, skipped = _classify(in_tree, n > 1)
         found = _check(pieces)
-        payload = _payload(leaves, pieces, found, skipped)
+        payload = _payload(leaves, pieces, found, skipped, n)
     except Exception as exc:
         if n == 1:
             raise
@@ -760,7 +789,7 @@ def find_nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteRe
     digest = _sequence.digest(('find_nonfinite', signature))
     if n == 1:
         _sequence.enter('find_nonfinite', '', tree_digest=digest, timeout=timeout)
-        return _assemble({_kv.process_index(): payload}, leaves, 1)
+        return _assemble({_kv.process_index(): payload}, leaves, 1, records_per_host(1))
     raw = _sequence.exchange(
         'find_nonfinite',
         '',
@@ -769,4 +798,4 @@ def find_nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteRe
         timeout=timeout,
     )
     payloads = {p: json.loads(b) for p, b in raw.items()}
-    return _assemble(payloads, leaves, n)
+    return _assemble(payloads, leaves, n, records_per_host(n))

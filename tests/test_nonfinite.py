@@ -175,3 +175,27 @@ def test_large_shards_count_only_their_non_finite_rows(monkeypatch, bad_rows):
     assert bool(calls) == (bad_rows <= 32)  # more than 1/8 of the rows: the whole shard
     if calls:
         assert calls[0] == (max(8, 1 << (bad_rows - 1).bit_length()),)
+
+
+def test_what_a_host_sends_stays_bounded_at_any_host_count():
+    """A clean host sends its counts only; offending records shrink per host beyond 64 hosts."""
+    import json
+
+    per = _nonfinite.records_per_host
+    assert [per(n) for n in (1, 4, 64, 65, 1000, 100_000)] == [64, 64, 64, 63, 4, 1]
+    clean = np.ones((4, 4), np.float32)
+    leaves, pieces, _, skipped = _nonfinite._classify({'w': clean}, True)
+    payload = _nonfinite._payload(leaves, pieces, _nonfinite._check(pieces), skipped, 1000)
+    assert payload == {'c': [1, 1, 16, 0]}
+    assert len(json.dumps(payload, separators=(',', ':'))) < 40
+    bad = np.full((100, 3), np.nan, np.float32)
+    leaves, pieces, _, skipped = _nonfinite._classify([bad[i] for i in range(100)], True)
+    found = _nonfinite._check(pieces)
+    payload = _nonfinite._payload(leaves, pieces, found, skipped, 1000)
+    assert len(payload['records']) == 4 and payload['more'] == 96
+    assert len(payload['layouts']) == 1  # host-local layouts: 64 over all hosts
+    report = _nonfinite._assemble({7: payload}, leaves, 1000, per(1000))
+    assert report.truncated == {7: 96} and len(report.shards) == 4
+    assert 'process 7 found 96 more offending shard(s), not listed (at most 4 per host' in str(
+        report
+    )
