@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ Index = tuple[tuple[int, int], ...]
 IndexLike = Sequence[tuple[int, int] | slice]
 
 MAX_TEXT_BLOCKS = 16
+MAX_TEXT_DEVICES = 4  # devices named per block in the text summary
 
 
 # -- formatting helpers ---------------------------------------------------------------
@@ -51,6 +53,61 @@ def format_bytes(n: int) -> str:
 def format_index(index: Index) -> str:
     """``((0, 2), (0, 6))`` -> ``'[0:2, 0:6]'`` (``'[]'`` for a 0-d array)."""
     return '[' + ', '.join(f'{a}:{b}' for a, b in index) + ']'
+
+
+def format_ranges(values: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 6]`` -> ``'0-2,5,6'``: sorted distinct integers, runs of 3+ as ranges."""
+    vals = sorted(set(values))
+    out: list[str] = []
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        if j - i >= 2:
+            out.append(f'{vals[i]}-{vals[j]}')
+        else:
+            out.extend(str(v) for v in vals[i : j + 1])
+        i = j + 1
+    return ','.join(out)
+
+
+#: The forms of `device_name`, longest first.
+DEVICE_NAME_FORMS = ('long', 'short', 'tiny')
+
+
+def device_name(
+    process_index: int, local_index: int | None, device_id: int | None, form: str = 'long'
+) -> str:
+    """How every view names a device: ``'host 1 · dev 0 (id 2048)'``.
+
+    ``host`` is the process index, ``dev`` the device's index among its
+    process's devices (``jax.local_devices(process_index=host)``), ``id``
+    the `jax.Device.id`. A value in host memory (``device_id`` None) is
+    ``'host 1 · host memory'``.
+
+    Args:
+        process_index: the process (host) holding the device.
+        local_index: the device's index on its host; None if unknown (then
+            the id alone names it).
+        device_id: ``jax.Device.id``, or None for host memory.
+        form: ``'long'`` (``'host 1 · dev 0 (id 2048)'``), ``'short'``
+            (``'host 1 · dev 0'``) or ``'tiny'`` (``'h1·d0'``).
+    """
+    if form not in DEVICE_NAME_FORMS:
+        raise ValueError(f'form must be one of {DEVICE_NAME_FORMS}, got {form!r}')
+    if device_id is None:
+        return f'h{process_index}·mem' if form == 'tiny' else f'host {process_index} · host memory'
+    if local_index is None:
+        return (
+            f'h{process_index}·#{device_id}'
+            if form == 'tiny'
+            else (f'host {process_index} · id {device_id}')
+        )
+    if form == 'tiny':
+        return f'h{process_index}·d{local_index}'
+    short = f'host {process_index} · dev {local_index}'
+    return short if form == 'short' else f'{short} (id {device_id})'
 
 
 def _format_spec(spec: Any) -> str:
@@ -192,6 +249,10 @@ class Layout:
             the highest process index in ``shards``.
         platform: the devices' platform (``'cpu'``, ``'gpu'``, ``'tpu'``), or
             ``'host'`` for a numpy value; ``''`` if unknown.
+        local_indices: ``(device_id, index on its host)`` per device, the
+            index in ``jax.local_devices(process_index=...)`` (what views
+            call ``dev``); default: each process's devices in this layout,
+            numbered in id order.
     """
 
     shape: tuple[int, ...]
@@ -204,6 +265,7 @@ class Layout:
     sharding: str = ''
     num_processes: int = None  # type: ignore[assignment]  # filled in by __post_init__
     platform: str = ''
+    local_indices: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -244,6 +306,17 @@ class Layout:
             set_(self, 'num_processes', max((s.process_index for s in shards), default=0) + 1)
         else:
             set_(self, 'num_processes', int(self.num_processes))
+        if self.local_indices:
+            local = tuple(sorted((int(d), int(i)) for d, i in self.local_indices))
+        else:
+            per_process: dict[int, set[int]] = {}
+            for s in shards:
+                if s.device_id is not None:
+                    per_process.setdefault(s.process_index, set()).add(s.device_id)
+            local = tuple(
+                sorted((d, i) for ids in per_process.values() for i, d in enumerate(sorted(ids)))
+            )
+        set_(self, 'local_indices', local)
 
     @classmethod
     def from_placements(
@@ -356,6 +429,85 @@ class Layout:
         """The shards held by one process, in shard order."""
         return tuple(s for s in self.shards if s.process_index == process_index)
 
+    # -- devices and the mesh --
+
+    @functools.cached_property
+    def _local(self) -> dict[int, int]:
+        return dict(self.local_indices)
+
+    @functools.cached_property
+    def _process_of(self) -> dict[int | None, int]:
+        return {s.device_id: s.process_index for s in reversed(self.shards)}
+
+    def local_index(self, device_id: int | None) -> int | None:
+        """The device's index on its host (``dev`` in its name); None if unknown."""
+        return self._local.get(device_id) if device_id is not None else None
+
+    def device_process(self, device_id: int | None) -> int | None:
+        """The process holding a device of this layout; None if no shard is on it."""
+        return self._process_of.get(device_id)
+
+    def device_name(self, device_id: int | None, form: str = 'long') -> str:
+        """``'host 1 · dev 0 (id 2048)'`` (see `device_name`; forms long, short, tiny)."""
+        process = self.device_process(device_id)
+        return device_name(
+            -1 if process is None else process, self.local_index(device_id), device_id, form
+        )
+
+    def devices_by_process(self) -> dict[int, tuple[int | None, ...]]:
+        """Process -> its devices holding a shard, by index on the host (then id)."""
+        out: dict[int, set[int | None]] = {}
+        for s in self.shards:
+            out.setdefault(s.process_index, set()).add(s.device_id)
+        local = self._local
+
+        def key(d: int | None) -> tuple[int, int]:
+            return (-1, -1) if d is None else (local.get(d, 1 << 30), d)
+
+        return {p: tuple(sorted(out[p], key=key)) for p in sorted(out)}
+
+    def mesh_processes(self) -> tuple[int | None, ...]:
+        """The process of every mesh position, row-major (None where unknown); ``()``
+        without the mesh's devices."""
+        return tuple(self._process_of.get(d) for d in self.mesh_device_ids)
+
+    def mesh_axis_hosts(self) -> tuple[tuple[str, int], ...]:
+        """``(axis, hosts)`` per mesh axis: the most distinct processes met along one
+        line of that axis (1: the axis stays within a host; more: it crosses hosts).
+
+        ``()`` without the mesh's devices (e.g. an abstract mesh).
+        """
+        sizes = tuple(n for _, n in self.mesh_axes)
+        procs = self.mesh_processes()
+        if not sizes or len(procs) != math.prod(sizes):
+            return ()
+        grid = np.array([-1 if p is None else p for p in procs], dtype=np.int64).reshape(sizes)
+        out = []
+        for axis, (name, _) in enumerate(self.mesh_axes):
+            lines = np.moveaxis(grid, axis, -1).reshape(-1, sizes[axis])
+            out.append((name, max((len(set(line.tolist())) for line in lines), default=0)))
+        return tuple(out)
+
+    @property
+    def crossing_axes(self) -> tuple[str, ...]:
+        """The mesh axes along which the process changes (collectives over them cross hosts)."""
+        return tuple(a for a, n in self.mesh_axis_hosts() if n > 1)
+
+    def mesh_text(self) -> str:
+        """``'mesh host=4 crosses hosts (4 along it), dev=2 within a host'`` ('' without a mesh)."""
+        if not self.mesh_axes:
+            return ''
+        hosts = dict(self.mesh_axis_hosts())
+        parts = []
+        for a, n in self.mesh_axes:
+            if a not in hosts:
+                parts.append(f'{a}={n}')
+            elif hosts[a] > 1:
+                parts.append(f'{a}={n} crosses hosts ({hosts[a]} along it)')
+            else:
+                parts.append(f'{a}={n} within a host')
+        return 'mesh ' + ', '.join(parts)
+
     # -- blocks and replicas --
 
     def blocks(self) -> tuple[LayoutBlock, ...]:
@@ -426,12 +578,14 @@ class Layout:
             f'{len(self.processes)}/{self.num_processes} process(es); {len(blocks)} '
             f'distinct block(s), {replicas} replica(s) each',
         ]
+        if self.mesh_axes:
+            lines.append(f'  {self.mesh_text()}')
         for b in blocks[:MAX_TEXT_BLOCKS]:
-            devices = ', '.join('host' if d is None else str(d) for d in b.device_ids)
-            procs = ', '.join(map(str, b.process_indices))
+            devices = ', '.join(self.device_name(d) for d in b.device_ids[:MAX_TEXT_DEVICES])
+            if b.replica_count > MAX_TEXT_DEVICES:
+                devices += f', ... ({b.replica_count} in all)'
             lines.append(
-                f'  {format_index(b.index)} {format_bytes(b.nbytes)} '
-                f'x{b.replica_count}: device(s) {devices} on process(es) {procs}'
+                f'  {format_index(b.index)} {format_bytes(b.nbytes)} x{b.replica_count}: {devices}'
             )
         if len(blocks) > MAX_TEXT_BLOCKS:
             lines.append(f'  ... {len(blocks) - MAX_TEXT_BLOCKS} more block(s)')
@@ -480,6 +634,25 @@ def _itemsize(dtype: Any) -> int:
     return int(size) if size is not None else int(np.dtype(dtype).itemsize)
 
 
+def _local_indices(index_map: Any) -> tuple[tuple[int, int], ...]:
+    """``(device id, index in jax.local_devices(process_index=p))`` for the given devices."""
+    import jax
+
+    wanted = {d.id for d in index_map}
+    platform = getattr(next(iter(index_map), None), 'platform', None)
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError:  # a platform this process cannot list: default numbering
+        return ()
+    count: collections.Counter[int] = collections.Counter()
+    out = []
+    for d in devices:
+        if d.id in wanted:
+            out.append((int(d.id), count[d.process_index]))
+        count[d.process_index] += 1
+    return tuple(out)
+
+
 def describe_layout(arr: Any) -> Layout:
     """Describes where every shard of ``arr`` lives. Local: no communication.
 
@@ -515,6 +688,7 @@ def describe_layout(arr: Any) -> Layout:
         )
         first = next(iter(index_map), None)
         fields['platform'] = str(getattr(first, 'platform', ''))
+        fields['local_indices'] = _local_indices(index_map)
         if isinstance(sharding, NamedSharding):
             mesh = sharding.mesh
             fields['mesh_axes'] = tuple((str(a), int(n)) for a, n in mesh.shape.items())

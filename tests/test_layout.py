@@ -155,10 +155,69 @@ def test_text_summary_names_blocks_devices_and_bytes():
     """str(layout) gives the headline, each block with its devices, and bytes per host."""
     text = str(_rows_layout())
     assert text.splitlines()[0] == "float32[4, 2] (32 B) P('host', None) on mesh (host=2, dev=2)"
-    assert '[2:4, 0:2] 16 B x2: device(s) 2, 3 on process(es) 1' in text
+    assert '[2:4, 0:2] 16 B x2: host 1 · dev 0 (id 2), host 1 · dev 1 (id 3)' in text
     assert 'bytes per host: 0: 32 B, 1: 32 B' in text
     many = Layout.from_placements((100,), 'float32', [([(i, i + 1)], i, 0) for i in range(100)])
     assert '... 84 more block(s)' in str(many)
+
+
+def test_device_name_forms():
+    """Every view names a device as host (process) · dev (index on the host) (id)."""
+    from multihost._layout import device_name, format_ranges
+
+    assert device_name(1, 0, 2048) == 'host 1 · dev 0 (id 2048)'
+    assert device_name(1, 0, 2048, 'short') == 'host 1 · dev 0'
+    assert device_name(1, 0, 2048, 'tiny') == 'h1·d0'
+    assert device_name(0, None, None) == 'host 0 · host memory'
+    assert device_name(2, None, 7) == 'host 2 · id 7'
+    with pytest.raises(ValueError, match='form'):
+        device_name(0, 0, 0, 'medium')
+    assert format_ranges([5, 0, 1, 2, 6]) == '0-2,5,6' and format_ranges([]) == ''
+
+
+def test_local_indices_default_and_given():
+    """Without local indices, each host's devices are numbered in id order; given ones win."""
+    ids = [0, 1, 2048, 2049]
+    layout = Layout.from_placements(
+        (4,), 'float32', [([(i, i + 1)], d, i // 2) for i, d in enumerate(ids)]
+    )
+    assert layout.local_indices == ((0, 0), (1, 1), (2048, 0), (2049, 1))
+    assert layout.device_name(2049) == 'host 1 · dev 1 (id 2049)'
+    assert layout.devices_by_process() == {0: (0, 1), 1: (2048, 2049)}
+    # a sharding over devices 1 and 3 of one host: their own indices, not 0 and 1
+    sub = Layout.from_placements(
+        (2,), 'float32', [([(0, 1)], 1, 0), ([(1, 2)], 3, 0)], local_indices=((1, 1), (3, 3))
+    )
+    assert [sub.device_name(d, 'short') for d in (1, 3)] == ['host 0 · dev 1', 'host 0 · dev 3']
+    assert pickle.loads(pickle.dumps(sub)) == sub
+
+
+def test_mesh_axes_crossing_hosts():
+    """A mesh axis crosses hosts when moving along it changes the process."""
+    ids = (0, 1, 2048, 2049, 4096, 4097, 6144, 6145)
+    placements = [([(0, 8)], d, i // 2) for i, d in enumerate(ids)]
+    layout = Layout.from_placements(
+        (8,), 'float32', placements, mesh_axes=(('host', 4), ('dev', 2)), mesh_device_ids=ids
+    )
+    assert layout.mesh_processes() == (0, 0, 1, 1, 2, 2, 3, 3)
+    assert layout.mesh_axis_hosts() == (('host', 4), ('dev', 1))
+    assert layout.crossing_axes == ('host',)
+    assert 'mesh host=4 crosses hosts (4 along it), dev=2 within a host' in str(layout)
+    # transposed: devices of one host along 'a' -> 'b' crosses hosts, 'a' does not
+    swapped = Layout.from_placements(
+        (8,),
+        'float32',
+        placements,
+        mesh_axes=(('b', 2), ('a', 4)),
+        mesh_device_ids=(0, 2048, 4096, 6144, 1, 2049, 4097, 6145),
+    )
+    assert swapped.mesh_axis_hosts() == (('b', 1), ('a', 4))
+    # a 1-d mesh over 8 devices of 4 hosts crosses hosts; without device ids: unknown
+    flat = Layout.from_placements(
+        (8,), 'float32', placements, mesh_axes=(('x', 8),), mesh_device_ids=ids
+    )
+    assert flat.crossing_axes == ('x',)
+    assert _rows_layout().mesh_axis_hosts() == () and _rows_layout().crossing_axes == ()
 
 
 # -- describe_layout on this process's devices ------------------------------------------------
@@ -184,6 +243,10 @@ def test_describe_layout_matches_jax_shards():
     assert layout.spec == "P(None, 'b')" and layout.sharding == 'NamedSharding'
     assert layout.platform == 'cpu' and layout.dtype == 'float32'
     assert layout.bytes_per_process() == {0: 192} and layout.covers_exactly()
+    # dev is the index in jax.local_devices(); one process: every mesh axis stays on it
+    local = {d.id: i for i, d in enumerate(jax.local_devices())}
+    assert all(layout.local_index(s.device_id) == local[s.device_id] for s in layout.shards)
+    assert layout.mesh_axis_hosts() == (('a', 1), ('b', 1)) and layout.crossing_axes == ()
 
 
 def test_describe_layout_0d_and_3d_and_single_device():
