@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import re
+
 import mhnotebook.widgets as mw
 from multihost import Layout
 
@@ -85,6 +88,9 @@ def test_nonfinite_view_lists_shards_and_marks_the_offending_block():
     plain = mw.render_layout_png(mw.layout_grid(report["['w']"].layout))
     assert png_w != plain  # the offending block is hatched
     assert 'mh-marked' in view.layout_view._buttons[((4, 8), (2, 4))]._dom_classes
+    # The static picture (a saved notebook) is the marked one.
+    (png,) = re.findall(r'data:image/png;base64,([A-Za-z0-9+/=]+)', view.static_html())
+    assert base64.b64decode(png) == png_w
 
 
 def test_a_clean_report_is_one_green_line():
