@@ -233,6 +233,7 @@ def command(
             break  # out of time: pick up whoever answered below
         replies[p] = got
     prefix = _key('rep', g)
-    replies.update(_kv.read_dir(client, prefix, skip=replies))  # late replies only
+    if len(replies) < _kv.process_count():  # late replies, or a thread not yet listed
+        replies.update(_kv.read_dir(client, prefix, skip=replies))
     _kv.delete(client, prefix + '/')
     return replies, daemons
