@@ -21,7 +21,7 @@ import pytest
 from ipywidgets.widgets.widget import _instances, _remove_buffers
 
 from mhnotebook import widgets as mw
-from mhnotebook.widgets._layout import MAX_BUTTONS
+from mhnotebook.widgets._layout import MAX_BUTTONS, SHARED_COLOR, replica_matrix_text
 from multihost import (
     CollectiveRecord,
     HostStacks,
@@ -264,15 +264,16 @@ def host_stacks():
 
 
 def test_grid_2d_rectangles_hosts_and_labels():
-    """A 2-D grid has one rectangle per block, placed by its index, with its host and device ids."""
+    """A 2-D grid has one rectangle per block, placed by its index, named by its device."""
     g = mw.layout_grid(layout_2d())
     assert g.axes == (0, 1) and g.fixed == () and g.extent == (4, 6)
     assert [(b.rows, b.cols, b.processes, b.label) for b in g.blocks] == [
-        ((0, 2), (0, 3), (0,), '0'),
-        ((0, 2), (3, 6), (0,), '1'),
-        ((2, 4), (0, 3), (1,), '2'),
-        ((2, 4), (3, 6), (1,), '3'),
+        ((0, 2), (0, 3), (0,), 'host 0 · dev 0 (id 0)'),
+        ((0, 2), (3, 6), (0,), 'host 0 · dev 1 (id 1)'),
+        ((2, 4), (0, 3), (1,), 'host 1 · dev 0 (id 2)'),
+        ((2, 4), (3, 6), (1,), 'host 1 · dev 1 (id 3)'),
     ]
+    assert [b.labels[1:] for b in g.blocks][2] == ('host 1 · dev 0', 'h1·d0')
     assert g.row_cuts == (0, 2, 4) and g.col_cuts == (0, 3, 6)
     assert [b.colors for b in g.blocks] == [(mw.host_color(0),)] * 2 + [(mw.host_color(1),)] * 2
     assert mw.host_color(0) != mw.host_color(1)
@@ -322,9 +323,11 @@ def test_grid_replica_counts_and_hosts():
     )
     g = mw.layout_grid(layout)
     assert [(b.replica_count, b.processes, b.label) for b in g.blocks] == [
-        (2, (0, 1), '0,2'),
-        (2, (0, 1), '1,3'),
+        (2, (0, 1), '2 replicas on hosts 0,1'),
+        (2, (0, 1), '2 replicas on hosts 0,1'),
     ]
+    # drawn once, in the shared grey (no host's colour), whatever the number of hosts
+    assert all(b.fill == SHARED_COLOR for b in g.blocks)
 
 
 def test_grid_flags_exactly_the_disagreeing_blocks():
@@ -382,13 +385,14 @@ def test_png_shows_selection_and_flags():
 
 
 def test_layout_view_controls_follow_rank():
-    """Rank >= 2 gets two axis dropdowns and sliders for the other axes; 1-d and 0-d none."""
+    """Rank >= 2 gets two axis dropdowns (default: the last two axes) and sliders for the
+    others; 1-d and 0-d none."""
     v3 = mw.LayoutView(layout_3d())
     axes = find(v3.widget, 'mh-layout-axis')
-    assert [a.value for a in axes] == [0, 1]
+    assert [a.value for a in axes] == [1, 2]
     assert all(a.layout.display != 'none' for a in axes)
-    sliders = [s for s in find(v3.widget, 'mh-layout-slider')]
-    assert [s.description for s in sliders] == ['dim 2'] and sliders[0].max == 1
+    sliders = [s for s in find(v3.widget, 'mh-layout-controls')[0].children[2].children]
+    assert [s.description for s in sliders] == ['dim 0'] and sliders[0].max == 3
     v1 = mw.LayoutView(Layout.from_placements((8,), 'int8', [([(0, 8)], 0, 0)]))
     assert all(a.layout.display == 'none' for a in find(v1.widget, 'mh-layout-axis'))
     assert find(v1.widget, 'mh-layout-slider') == []
@@ -397,21 +401,30 @@ def test_layout_view_controls_follow_rank():
     assert is_png(one(v0.widget, 'mh-layout-image').value)
 
 
-def test_layout_view_slider_moves_visible_blocks():
-    """Moving the slider of the third axis shows the blocks at that position."""
-    v = mw.LayoutView(layout_3d())
-    blocks = lambda: [b.tooltip.split(': ')[0] for b in find(v.widget, 'mh-layout-block')]  # noqa: E731
-    assert blocks() == ['[0:2, 0:6, 0:1]', '[2:4, 0:6, 0:1]']
+def test_layout_view_facets_show_every_slice():
+    """A 3-D array shows one facet per range of the other axis, each with its blocks; the
+    slider (hidden: every facet fits) only moves `grid`, the plane at its position."""
+    v = mw.LayoutView(layout_3d(), axes=(0, 1))
+    facets = find(v.widget, 'mh-layout-facet')
+    assert len(facets) == 2 == v.facets.total and v.facets.more == 0
+    titles = [one(f, 'mh-layout-facet-title').value for f in facets]
+    assert ['[:, :, 0]' in t for t in titles] == [True, False] and '[:, :, 1]' in titles[1]
+    per_facet = [[b.tooltip.split(': ')[0] for b in find(f, 'mh-layout-block')] for f in facets]
+    assert per_facet == [
+        ['[0:2, 0:6, 0:1]', '[2:4, 0:6, 0:1]'],
+        ['[0:2, 0:6, 1:2]', '[2:4, 0:6, 1:2]'],
+    ]
+    controls = one(v.widget, 'mh-layout-controls')
+    assert controls.children[2].layout.display == 'none'  # nothing to page through
     before = one(v.widget, 'mh-layout-image').value
     one(v.widget, 'mh-layout-slider-2').value = 1
-    assert blocks() == ['[0:2, 0:6, 1:2]', '[2:4, 0:6, 1:2]']
-    assert v.grid.fixed == ((2, 1),)
-    assert one(v.widget, 'mh-layout-image').value != before
+    assert v.grid.fixed == ((2, 1),) and len(find(v.widget, 'mh-layout-facet')) == 2
+    assert one(v.widget, 'mh-layout-image').value == before  # the same facets drawn
 
 
 def test_layout_view_axis_dropdowns_swap():
     """Choosing the other dropdown's axis swaps the two; the slider follows the hidden axis."""
-    v = mw.LayoutView(layout_3d())
+    v = mw.LayoutView(layout_3d(), axes=(0, 1))
     rows, cols = find(v.widget, 'mh-layout-axis')
     rows.value = 1
     assert (rows.value, cols.value) == (1, 0) and v.grid.axes == (1, 0)
@@ -425,7 +438,12 @@ def test_layout_view_buttons_coloured_by_host():
     """Every visible block has a button with its host's class and colour and its device ids."""
     v = mw.LayoutView(layout_2d())
     buttons = find(v.widget, 'mh-layout-block')
-    assert [b.description for b in buttons] == ['0', '1', '2', '3']
+    assert [b.description for b in buttons] == [
+        'host 0 · dev 0 (id 0)',
+        'host 0 · dev 1 (id 1)',
+        'host 1 · dev 0 (id 2)',
+        'host 1 · dev 1 (id 3)',
+    ]
     for b, host in zip(buttons, [0, 0, 1, 1]):
         assert f'mh-host-{host}' in b._dom_classes
         assert b.style.button_color == mw.host_color(host)
@@ -436,7 +454,7 @@ def test_layout_view_buttons_coloured_by_host():
 def test_layout_view_click_shows_shard_info_and_values():
     """Clicking a block shows its index, devices, processes, replica ids, bytes and values."""
     values = np.arange(48, dtype=np.float32).reshape(4, 6, 2)
-    v = mw.LayoutView(layout_3d(), values=values)
+    v = mw.LayoutView(layout_3d(), values=values, axes=(0, 1))
     info = one(v.widget, 'mh-layout-info')
     assert 'Select a block' in info.value
     button = find(v.widget, 'mh-layout-block')[1]  # [2:4, 0:6, 0:1] on devices 4, 5 of host 1
@@ -450,7 +468,8 @@ def test_layout_view_click_shows_shard_info_and_values():
         for tr in elements(info.value, tag='tr')
         if inside(tr, shards)
     ][1:]
-    assert rows == [['0', '4', '1', '48 B'], ['1', '5', '1', '48 B']]  # replica, device, ...
+    # replica, device, bytes
+    assert rows == [['0', 'host 1 · dev 0 (id 4)', '48 B'], ['1', 'host 1 · dev 1 (id 5)', '48 B']]
     assert '[2:4, 0:6, 0:1]' in info.value and '2 replica(s)' in info.value
     (pre,) = elements(info.value, 'mh-values')
     expected = np.array2string(values[2:4, :, 0:1])
@@ -460,8 +479,8 @@ def test_layout_view_click_shows_shard_info_and_values():
 
 
 def test_layout_view_select_moves_slider_to_the_block():
-    """Selecting a block that is not visible moves the sliders so it is."""
-    v = mw.LayoutView(layout_3d())
+    """Selecting a block that is not at the sliders' position moves them so it is."""
+    v = mw.LayoutView(layout_3d(), axes=(0, 1))
     v.select(((0, 2), (0, 6), (1, 2)))
     assert one(v.widget, 'mh-layout-slider-2').value == 1
     assert v.grid.find(v.selected) is not None
@@ -507,12 +526,12 @@ def test_layout_view_legend_bounded_for_many_hosts():
 def test_layout_view_flags_disagreeing_replicas():
     """With a report, the header says replicas differ and the odd block's button is flagged."""
     layout = layout_3d()
-    v = mw.LayoutView(layout, report_for(layout, {7}))
+    v = mw.LayoutView(layout, report_for(layout, {7}), axes=(0, 1))
     header = one(v.widget, 'mh-layout-header').value
     (verdict,) = elements(header, 'mh-flagged')
     assert 'DIFFER' in verdict['text'] and 'process 1' in verdict['text']
-    one(v.widget, 'mh-layout-slider-2').value = 1
-    flagged = find(v.widget, 'mh-flagged')
+    assert 'host 1 · dev 3 (id 7)' in verdict['text']
+    flagged = find(v.widget, 'mh-flagged')  # both facets shown: one flagged block in all
     assert [b.tooltip.split(': ')[0] for b in flagged] == ['[2:4, 0:6, 1:2]']
     flagged[0].click()
     info = one(v.widget, 'mh-layout-info').value
@@ -544,7 +563,7 @@ def test_layout_view_rejects_values_of_another_shape():
 
 def test_layout_view_rerender_does_not_leak_widgets():
     """Moving sliders many times closes the replaced buttons (no growing comm count)."""
-    v = mw.LayoutView(layout_3d())
+    v = mw.LayoutView(layout_3d(), axes=(0, 1))
     slider = one(v.widget, 'mh-layout-slider-2')
     slider.value = 1
     slider.value = 0
@@ -560,7 +579,10 @@ def test_layout_view_text_fallback():
     report = report_for(layout, {7})
     v = mw.LayoutView(layout, report)
     bundle = v._repr_mimebundle_()
-    assert bundle['text/plain'] == f'{layout}\n{report}' == str(v)
+    matrix = replica_matrix_text(v.matrix)
+    assert bundle['text/plain'] == f'{layout}\n{matrix}\n{report}' == str(v)
+    assert 'b: host 1 · dev 3 (id 7) (odd)' in matrix
+    assert str(mw.LayoutView(layout)) == str(layout)  # nothing compared: the layout alone
     assert bundle['application/vnd.jupyter.widget-view+json']['model_id'] == v.widget.model_id
     assert repr(v).startswith('<LayoutView: float32[4, 6, 2]')
 

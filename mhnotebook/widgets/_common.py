@@ -99,6 +99,28 @@ CSS = """<style>
 .mh-values {margin:2px 0;font-size:11px;max-height:20em;overflow:auto}
 details.mh-stack > summary {cursor:pointer}
 .mh-scroll {overflow-x:auto;max-width:100%}
+.mh-replica-box,.mh-mesh-view {max-width:520px}
+.mh-replica-caption,.mh-mesh-caption,.mh-replica-note,.mh-mesh-more,.mh-layout-facets-more
+  {font-size:12px;color:#444;margin:2px 0}
+.mh-table.mh-replica-matrix td,.mh-table.mh-replica-matrix th {padding:1px 4px;text-align:center}
+.mh-table.mh-replica-matrix td.mh-replica-cell {min-width:1.8em;border:1px solid #bbb}
+.mh-table.mh-replica-matrix td.mh-replica-odd {outline:3px solid #d62728;outline-offset:-3px;
+  font-weight:bold;color:#a00000;background-image:repeating-linear-gradient(45deg,
+  rgba(214,39,40,.45) 0 2px,transparent 2px 6px)}
+.mh-table.mh-replica-matrix td.mh-replica-empty {background:#fafafa}
+.mh-table.mh-replica-matrix td.mh-replica-gap,.mh-table.mh-replica-matrix th.mh-replica-gap
+  {background:#fff;color:#777;border-style:dashed}
+.mh-table.mh-replica-matrix tr.mh-flagged > th:first-child {color:#d62728}
+.mh-table.mh-mesh-devices td.mh-mesh-device {white-space:nowrap;font-size:11px}
+.mh-table.mh-mesh-axes tr.mh-crosses-hosts td:last-child {font-weight:bold}
+.mh-layout-facets {display:flex;flex-flow:row wrap;gap:8px 16px}
+.mh-layout-facet-title {font-size:12px;font-weight:bold;margin:2px 0}
+.mh-layout-facet-grid {display:grid;gap:2px}
+div.mh-layout-block {min-height:24px;padding:2px 6px;font-size:12px;display:flex;
+  align-items:center;justify-content:center;border-radius:2px;white-space:nowrap}
+div.mh-layout-block.mh-flagged {outline:3px solid #000;outline-offset:-3px}
+div.mh-layout-block.mh-marked {outline:3px dashed #000;outline-offset:-3px}
+div.mh-layout-block.mh-selected {font-weight:bold}
 </style>"""
 
 

@@ -1,15 +1,28 @@
 """The layout visualizer: which device and host holds which block of an array.
 
-Model to picture in three pure steps, each testable without a widget:
+Model to picture in pure steps, each testable without a widget:
 
 * `layout_grid` picks the two displayed axes and a position along every
   other axis, and returns the visible blocks as rectangles of the displayed
-  plane, with their hosts, device ids, replica counts and replica verdicts;
-* `render_layout_png` draws a `LayoutGrid` with matplotlib (Agg, no pyplot
+  plane, with their hosts, devices, replica counts and replica verdicts;
+  `layout_facets` repeats it over the other axes (small multiples, one per
+  distinct block range along them, at most `MAX_FACETS` at a time);
+* `block_label` / `multihost._layout.device_name` say which devices hold a
+  block (``'host 1 · dev 0 (id 2048)'``);
+* `replica_matrix` lays out every replicated block against the devices that
+  hold it (cells grouped by digest, odd replicas marked), `mesh_axes_info`
+  the mesh's axes and whether each crosses hosts;
+* `render_layout_png` draws the facets with matplotlib (Agg, no pyplot
   state), so the picture works in JupyterLab, Voila and a static export;
-* `LayoutView` wires them to ipywidgets: axis dropdowns, one slider per
-  other axis, a legend with bytes per host, and one button per visible
-  block (coloured by host) that shows the block's shards and values.
+  the replica matrix and the mesh are HTML tables (`replica_matrix_html`,
+  `mesh_html`);
+* `LayoutView` wires them to ipywidgets: axis dropdowns, sliders to page
+  through facets when there are more than fit, a legend with bytes per
+  host, and one button per visible block that shows its shards and values.
+
+A block is drawn once, whatever its number of replicas: in its host's
+colour when one host holds every copy, in a neutral grey when several do
+(the replica matrix then says which devices, and which of them disagree).
 """
 
 from __future__ import annotations
@@ -17,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import itertools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -38,29 +53,84 @@ from mhnotebook.widgets._common import (
     widget_html,
 )
 from multihost import Layout, LayoutBlock, ReplicaGroup, ReplicaReport
-from multihost._layout import Index, format_bytes, format_index
+from multihost._layout import Index, format_bytes, format_index, format_ranges
 from multihost._text import fmt_hosts
 
-#: More visible blocks than this: no button grid, the block list only.
+#: More visible blocks than this (over all facets shown): no buttons, the block list only.
 MAX_BUTTONS = 256
 #: Hosts listed in the legend; the rest are summarised.
 MAX_LEGEND = 32
 #: More visible blocks than this: the picture draws no labels.
 MAX_LABELS = 400
-#: Stripes drawn for a block held by several hosts.
-MAX_STRIPES = 8
+#: Facets (small multiples over the non-displayed axes) shown at a time.
+MAX_FACETS = 16
+#: Replicated blocks (rows) in the replica matrix; those that differ come first.
+MAX_MATRIX_ROWS = 16
+#: Device columns in the replica matrix; beyond, one column per host.
+MAX_MATRIX_DEVICES = 64
+#: Host columns in the replica matrix; beyond, the first ones plus every odd host.
+MAX_MATRIX_HOSTS = 48
+#: Mesh positions drawn in the mesh view's device table.
+MAX_MESH_CELLS = 256
 #: Elements of a block's values printed in full (``np.array2string`` threshold).
 VALUES_THRESHOLD = 200
-#: Device ids spelled out in a block's label.
-_MAX_LABEL_IDS = 4
+#: The fill of a block held by several hosts (not any host's colour).
+SHARED_COLOR = '#c8c8c8'
+#: Digest groups of the replica matrix: most common digest first.
+GROUP_COLORS = ('#cfe8cf', '#f9c9a0', '#c6d4f2', '#ead0f2', '#f2ec9f', '#b8e6e6')
+#: The fill of a replica cell without a report (nothing was compared).
+UNCHECKED_COLOR = '#e4e4e4'
+#: The outline of an odd replica in the replica matrix (its cells are digest colours, not
+#: host colours, so red reads as "differs" there).
+ODD_COLOR = '#d62728'
+#: The outline of a block whose replicas differ (black: red is also host 3's colour).
+FLAGGED_EDGE = '#000000'
 
 
-def _device_label(device_ids: Sequence[int | None]) -> str:
-    """``(0, 1)`` -> ``'0,1'``; long lists are cut: ``'0,1,2,3,+12'``; host memory: ``'host'``."""
-    names = ['host' if d is None else str(d) for d in device_ids]
-    if len(names) > _MAX_LABEL_IDS:
-        return ','.join(names[:_MAX_LABEL_IDS]) + f',+{len(names) - _MAX_LABEL_IDS}'
-    return ','.join(names)
+def group_letter(rank: int) -> str:
+    """``0`` -> ``'a'`` (the most common digest), ``1`` -> ``'b'``, ... ``26`` -> ``'a1'``."""
+    return 'abcdefghijklmnopqrstuvwxyz'[rank % 26] + (str(rank // 26) if rank >= 26 else '')
+
+
+def block_label(layout: Layout, block: LayoutBlock, form: str = 'long') -> str:
+    """Which devices hold a block, as every part of the view says it.
+
+    One device: ``'host 1 · dev 0 (id 2048)'``. Several devices of one host:
+    ``'host 1 · dev 0,1 (ids 2048,2049)'``. Several hosts:
+    ``'8 replicas on hosts 0-3'``. Pure (no widgets, no devices).
+
+    Args:
+        layout: the layout (it knows each device's index on its host).
+        block: one of ``layout.blocks()``.
+        form: ``'long'``, ``'short'`` (``'host 1 · dev 0'``, ``'x8 hosts 0-3'``)
+            or ``'tiny'`` (``'h1·d0'``, ``'x8'``).
+    """
+    if form not in ('long', 'short', 'tiny'):
+        raise ValueError(f"form must be 'long', 'short' or 'tiny', got {form!r}")
+    n = block.replica_count
+    if n == 0:
+        return 'no device'
+    if n == 1:
+        return layout.device_name(block.shards[0].device_id, form)
+    hosts = block.process_indices
+    if len(hosts) > 1:
+        if form == 'tiny':
+            return f'x{n}'
+        if form == 'short':
+            return f'x{n} hosts {format_ranges(hosts)}'
+        return f'{n} replicas on hosts {format_ranges(hosts)}'
+    (host,) = hosts
+    ids = [d for d in block.device_ids if d is not None]
+    locals_ = [layout.local_index(d) for d in ids]
+    if len(ids) != n or any(i is None for i in locals_):  # host memory or unknown indices
+        names = ', '.join(layout.device_name(d, 'tiny') for d in block.device_ids)
+        return f'x{n}' if form == 'tiny' else f'x{n}: {names}'
+    devs = format_ranges(i for i in locals_ if i is not None)
+    if form == 'tiny':
+        return f'h{host}·d{devs}'
+    if form == 'short':
+        return f'host {host} · dev {devs}'
+    return f'host {host} · dev {devs} (ids {format_ranges(ids)})'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,12 +142,14 @@ class GridBlock:
         rows: ``(start, stop)`` along the row axis (``(0, 1)`` for a 0-d or
             1-d array).
         cols: ``(start, stop)`` along the column axis (``(0, 1)`` for a 0-d array).
-        processes: sorted processes holding the block; each gets a stripe of its colour.
+        processes: sorted processes holding the block.
         flagged: whether the block's replicas differ (from a `ReplicaReport`).
         odd_devices: devices whose replica differs from the block's majority.
         mark: why the caller marked the block (``layout_grid(marked=...)``,
             e.g. ``'3 NaN, 0 Inf on device 5'``); ``''`` when not marked.
-            Marked blocks are drawn like flagged ones.
+            Marked blocks are hatched (the whole block is what is marked).
+        labels: `block_label` in its ``long``, ``short`` and ``tiny`` forms.
+        odd_processes: processes holding an odd replica.
     """
 
     block: LayoutBlock
@@ -87,6 +159,8 @@ class GridBlock:
     flagged: bool = False
     odd_devices: tuple[int | None, ...] = ()
     mark: str = ''
+    labels: tuple[str, ...] = ()
+    odd_processes: tuple[int, ...] = ()
 
     @property
     def index(self) -> Index:
@@ -109,9 +183,27 @@ class GridBlock:
         return tuple(host_color(h) for h in self.processes)
 
     @property
+    def fill(self) -> str:
+        """The block's one fill: its host's colour, or `SHARED_COLOR` when several hosts hold it."""
+        if len(self.processes) == 1:
+            return host_color(self.processes[0])
+        return SHARED_COLOR if self.processes else host_color(0)
+
+    @property
     def label(self) -> str:
-        """The device ids, short: ``'0,1'``."""
-        return _device_label(self.device_ids)
+        """Who holds the block: ``'host 1 · dev 0 (id 2048)'``, ``'8 replicas on hosts 0-3'``."""
+        return self.labels[0] if self.labels else ''
+
+    @property
+    def odd_text(self) -> str:
+        """``'2 of 8 replicas differ (host 2)'``; ``''`` when the replicas agree."""
+        if not self.flagged:
+            return ''
+        return (
+            f'{len(self.odd_devices)} of {self.replica_count} replicas differ '
+            f'({"host" if len(self.odd_processes) == 1 else "hosts"} '
+            f'{format_ranges(self.odd_processes)})'
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,13 +294,23 @@ def _split(
     return layout, report
 
 
+def default_axes(ndim: int) -> tuple[int, ...]:
+    """The displayed axes by default: the last two (numpy prints an N-d array as
+    matrices of its last two dimensions; the leading ones become facets)."""
+    if ndim == 0:
+        return ()
+    if ndim == 1:
+        return (0,)
+    return (ndim - 2, ndim - 1)
+
+
 def _normalize_axes(axes: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
     if ndim == 0:
         if axes not in (None, ()):
             raise ValueError(f'a 0-d array has no axes to display, got axes={axes!r}')
         return ()
     if axes is None:
-        return (0,) if ndim == 1 else (0, 1)
+        return default_axes(ndim)
     if isinstance(axes, int | np.integer):
         axes = (int(axes),)
     axes = tuple(int(a) for a in axes)
@@ -224,39 +326,8 @@ def _normalize_axes(axes: int | Sequence[int] | None, ndim: int) -> tuple[int, .
     return axes
 
 
-def layout_grid(
-    layout: Layout | ReplicaReport,
-    axes: int | Sequence[int] | None = None,
-    fixed: Mapping[int, int] | None = None,
-    report: ReplicaReport | None = None,
-    *,
-    marked: Mapping[Index, str] | None = None,
-) -> LayoutGrid:
-    """The blocks of ``layout`` visible in one 2-D view. Pure: no widgets, no devices.
-
-    Args:
-        layout: a `multihost.Layout`, or a `multihost.ReplicaReport` (its
-            layout, with its verdicts).
-        axes: ``(row_axis, column_axis)`` to display (default ``(0, 1)``);
-            a 1-d array shows axis 0 as one row, a 0-d array one block.
-            Negative axes count from the end.
-        fixed: position (element index) along every other axis; default 0.
-            A block is visible when it contains the position along each of them.
-        report: a `multihost.ReplicaReport` of the same array: blocks whose
-            replicas differ are flagged.
-        marked: block index -> a note, for blocks to mark (drawn like
-            flagged ones), e.g. those holding NaN (`multihost.NonfiniteLeaf.marked`).
-
-    Returns:
-        A `LayoutGrid`.
-
-    Raises:
-        ValueError: invalid axes, a position outside its axis, or a position
-            given for a displayed axis.
-    """
-    layout, report = _split(layout, report)
+def _positions(layout: Layout, axes: tuple[int, ...], fixed: Mapping[int, int] | None) -> dict:
     ndim = layout.ndim
-    axes = _normalize_axes(axes, ndim)
     positions = {}
     for d, p in dict(fixed or {}).items():
         d, p = int(d), int(p)
@@ -271,6 +342,43 @@ def layout_grid(
                 f'(valid: 0..{max(layout.shape[d] - 1, 0)})'
             )
         positions[d] = p
+    return positions
+
+
+def layout_grid(
+    layout: Layout | ReplicaReport,
+    axes: int | Sequence[int] | None = None,
+    fixed: Mapping[int, int] | None = None,
+    report: ReplicaReport | None = None,
+    *,
+    marked: Mapping[Index, str] | None = None,
+) -> LayoutGrid:
+    """The blocks of ``layout`` visible in one 2-D view. Pure: no widgets, no devices.
+
+    Args:
+        layout: a `multihost.Layout`, or a `multihost.ReplicaReport` (its
+            layout, with its verdicts).
+        axes: ``(row_axis, column_axis)`` to display (default: the last two,
+            `default_axes`); a 1-d array shows axis 0 as one row, a 0-d array
+            one block. Negative axes count from the end.
+        fixed: position (element index) along every other axis; default 0.
+            A block is visible when it contains the position along each of them.
+        report: a `multihost.ReplicaReport` of the same array: blocks whose
+            replicas differ are flagged.
+        marked: block index -> a note, for blocks to mark (hatched), e.g.
+            those holding NaN (`multihost.NonfiniteLeaf.marked`).
+
+    Returns:
+        A `LayoutGrid`.
+
+    Raises:
+        ValueError: invalid axes, a position outside its axis, or a position
+            given for a displayed axis.
+    """
+    layout, report = _split(layout, report)
+    ndim = layout.ndim
+    axes = _normalize_axes(axes, ndim)
+    positions = _positions(layout, axes, fixed)
     fixed_t = tuple((d, positions.get(d, 0)) for d in range(ndim) if d not in axes)
 
     bad: dict[Index, ReplicaGroup] = {}
@@ -299,6 +407,8 @@ def layout_grid(
                 flagged=group is not None,
                 odd_devices=group.odd_devices if group else (),
                 mark=marks.get(block.index, ''),
+                labels=tuple(block_label(layout, block, f) for f in ('long', 'short', 'tiny')),
+                odd_processes=group.odd_processes if group else (),
             )
         )
     blocks.sort(key=lambda b: (b.rows, b.cols))
@@ -322,44 +432,719 @@ def layout_grid(
     )
 
 
+# -- facets (small multiples over the non-displayed axes) --------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Facet:
+    """One small multiple: the displayed plane where the other axes lie in one range each.
+
+    Attributes:
+        number: the facet's place among all facets (row-major over the
+            non-displayed axes), from 0.
+        ranges: ``(axis, (start, stop))`` per non-displayed axis: a range in
+            which every block boundary is the same, so one picture holds for it.
+        grid: the `LayoutGrid` of the plane (at each range's start).
+    """
+
+    number: int
+    ranges: tuple[tuple[int, tuple[int, int]], ...]
+    grid: LayoutGrid
+
+    @property
+    def title(self) -> str:
+        """The facet's slice, numpy style: ``'[0:2, :, :]'`` (``''`` with no other axes)."""
+        if not self.ranges:
+            return ''
+        ranges = dict(self.ranges)
+        return (
+            '['
+            + ', '.join(
+                (
+                    f'{ranges[d][0]}'
+                    if ranges[d][1] - ranges[d][0] == 1
+                    else '{}:{}'.format(*ranges[d])
+                )
+                if d in ranges
+                else ':'
+                for d in range(self.grid.layout.ndim)
+            )
+            + ']'
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutFacets:
+    """What `layout_facets` returns: the facets shown, out of how many.
+
+    Attributes:
+        layout: the layout viewed.
+        axes: the displayed axes (as in `LayoutGrid.axes`).
+        facets: the facets shown (at most ``max_facets``), in order.
+        total: how many facets the array has (the product of the number of
+            ranges along each non-displayed axis; 1 for a 0-d to 2-d array).
+        current: the number of the facet holding the requested position.
+        report: the `ReplicaReport` that flagged blocks, if any.
+    """
+
+    layout: Layout
+    axes: tuple[int, ...]
+    facets: tuple[Facet, ...]
+    total: int
+    current: int = 0
+    report: ReplicaReport | None = None
+
+    @property
+    def other_axes(self) -> tuple[int, ...]:
+        """The non-displayed axes the facets run over."""
+        return tuple(d for d in range(self.layout.ndim) if d not in self.axes)
+
+    @property
+    def more(self) -> int:
+        """Facets not shown."""
+        return self.total - len(self.facets)
+
+    def describe(self) -> str:
+        """``'4 facets over dim 0'``, ``'facets 17-32 of 40 over dims 0, 1'`` or ``''``."""
+        if self.total <= 1 and not self.other_axes:
+            return ''
+        dims = ', '.join(map(str, self.other_axes))
+        over = f'dim {dims}' if len(self.other_axes) == 1 else f'dims {dims}'
+        if not self.more:
+            return f'{self.total} facet{"s" if self.total != 1 else ""} over {over}'
+        first, last = self.facets[0].number + 1, self.facets[-1].number + 1
+        return f'facets {first}-{last} of {self.total} over {over}'
+
+    def more_text(self) -> str:
+        """``'+24 more facets: move the dim 0 slider'``; ``''`` when every facet is shown."""
+        if not self.more:
+            return ''
+        dims = ', '.join(f'dim {d}' for d in self.other_axes)
+        return f'+{self.more} more facets not drawn: move the {dims} slider to page through them'
+
+
+def _segments(layout: Layout, axis: int) -> tuple[tuple[int, int], ...]:
+    """The ranges along ``axis`` between consecutive block boundaries."""
+    n = layout.shape[axis]
+    if n == 0:
+        return ((0, 0),)
+    cuts = sorted({0, n, *(v for b in layout.blocks() for v in b.index[axis])})
+    return tuple(zip(cuts[:-1], cuts[1:]))
+
+
+def layout_facets(
+    layout: Layout | ReplicaReport,
+    axes: int | Sequence[int] | None = None,
+    fixed: Mapping[int, int] | None = None,
+    report: ReplicaReport | None = None,
+    *,
+    marked: Mapping[Index, str] | None = None,
+    max_facets: int = MAX_FACETS,
+) -> LayoutFacets:
+    """The small multiples of a layout: one `LayoutGrid` per range of the other axes.
+
+    An array of rank 3 or more shows two axes (default: the last two); along
+    every other axis, the block boundaries cut it into ranges, and each
+    combination of ranges is one facet. Facets come in pages of
+    ``max_facets``: the page shown holds the position ``fixed`` (default 0).
+    A 0-d to 2-d array is one facet. Pure: no widgets, no devices.
+
+    Args:
+        layout: a `multihost.Layout` or a `multihost.ReplicaReport`.
+        axes: the displayed axes (see `layout_grid`).
+        fixed: a position along the other axes; its facet's page is shown.
+        report: a `ReplicaReport` of the same array (flags blocks).
+        marked: block index -> a note, for blocks to mark (see `layout_grid`).
+        max_facets: facets per page.
+
+    Returns:
+        A `LayoutFacets`.
+    """
+    layout, report = _split(layout, report)
+    axes = _normalize_axes(axes, layout.ndim)
+    positions = _positions(layout, axes, fixed)
+    others = [d for d in range(layout.ndim) if d not in axes]
+    segments = [_segments(layout, d) for d in others]
+    total = math.prod(len(s) for s in segments)
+    current = 0
+    for d, segs in zip(others, segments):
+        p = positions.get(d, 0)
+        k = next((i for i, (a, b) in enumerate(segs) if a <= p < b), 0)
+        current = current * len(segs) + k
+    max_facets = max(int(max_facets), 1)
+    first = (current // max_facets) * max_facets
+    facets = []
+    chosen = itertools.islice(itertools.product(*segments), first, first + max_facets)
+    for number, combo in enumerate(chosen, start=first):
+        ranges = tuple(zip(others, combo))
+        grid = layout_grid(layout, axes, {d: r[0] for d, r in ranges}, report, marked=marked)
+        facets.append(Facet(number=number, ranges=ranges, grid=grid))
+    return LayoutFacets(
+        layout=layout,
+        axes=axes,
+        facets=tuple(facets),
+        total=total,
+        current=current,
+        report=report,
+    )
+
+
+# -- the replica matrix ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaCell:
+    """One replica in the matrix: a device's (or, per host, a host's) copies of a block.
+
+    Attributes:
+        process: the host holding the replica(s).
+        device_ids: the devices behind the cell (one, or a host's for a host column).
+        name: ``'host 1 · dev 0 (id 2048)'`` (or ``'host 1 · 2 devices'``).
+        groups: digest group per device of the cell (0: the most common
+            digest); ``()`` without a report.
+        digests: the digests, in the same order; ``()`` without a report.
+        odd: whether a replica of the cell differs from the block's majority.
+    """
+
+    process: int
+    device_ids: tuple[int | None, ...]
+    name: str
+    groups: tuple[int, ...] = ()
+    digests: tuple[str, ...] = ()
+    odd: bool = False
+
+    @property
+    def group(self) -> int | None:
+        """The cell's digest group (an odd one wins when a host cell mixes); None: unchecked."""
+        if not self.groups:
+            return None
+        return max(self.groups) if self.odd else min(self.groups)
+
+    @property
+    def color(self) -> str:
+        """Its digest group's colour (`GROUP_COLORS`), `UNCHECKED_COLOR` without a report."""
+        g = self.group
+        return UNCHECKED_COLOR if g is None else GROUP_COLORS[g % len(GROUP_COLORS)]
+
+    @property
+    def text(self) -> str:
+        """What the cell shows: its digest group's letter (``'a'``), ``''`` without a report."""
+        g = self.group
+        return '' if g is None else group_letter(g)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaColumn:
+    """A column of the matrix: one device, one host (per-host columns), or a gap.
+
+    Attributes:
+        process: the host.
+        device_id: the device; None for a host column or a gap.
+        label: the header (``'dev 0'``, ``'host 3'``, ``'… 40 hosts'``).
+        title: the tooltip (``'host 1 · dev 0 (id 2048)'``).
+        gap: how many hosts this column stands for without showing them (0: a real column).
+    """
+
+    process: int
+    device_id: int | None
+    label: str
+    title: str
+    gap: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaRow:
+    """A replicated block against every column: a cell where it has a replica, else None."""
+
+    block: LayoutBlock
+    cells: tuple[ReplicaCell | None, ...]
+    flagged: bool = False
+    tied: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaMatrix:
+    """Replicated blocks x the devices (or hosts) holding them: what `replica_matrix` returns.
+
+    Attributes:
+        layout: the layout.
+        columns: devices grouped by host, in host then device order (or
+            hosts, when there are more than `MAX_MATRIX_DEVICES` devices);
+            gap columns stand for hosts left out.
+        rows: the replicated blocks shown (those that differ first, then in
+            block order, at most `MAX_MATRIX_ROWS`; shown in block order).
+        replicated: how many blocks have more than one replica.
+        flagged: how many of them have replicas that differ.
+        per_host: whether a column is a host (else a device).
+        checked: whether a report gave digests (else cells are neutral).
+    """
+
+    layout: Layout
+    columns: tuple[ReplicaColumn, ...]
+    rows: tuple[ReplicaRow, ...]
+    replicated: int
+    flagged: int
+    per_host: bool
+    checked: bool
+
+    @property
+    def more(self) -> int:
+        """Replicated blocks not shown."""
+        return self.replicated - len(self.rows)
+
+    def cells(self) -> list[ReplicaCell]:
+        """Every non-empty cell, row by row."""
+        return [c for r in self.rows for c in r.cells if c is not None]
+
+    def caption(self) -> str:
+        """One line: what the matrix shows, and what is left out."""
+        kind = 'hosts' if self.per_host else 'devices'
+        text = (
+            f'replicas: {len(self.rows)} replicated block{"s" if len(self.rows) != 1 else ""} x '
+            f'{sum(1 for c in self.columns if not c.gap)} {kind}'
+        )
+        if self.checked:
+            text += '; cells coloured by digest (a: the most common), odd replicas marked red'
+        else:
+            text += '; replicas not compared (no replica report)'
+        if self.more:
+            text += (
+                f'; {self.more} more replicated block{"s" if self.more != 1 else ""} not shown'
+                + (' (those that differ come first)' if self.flagged else '')
+            )
+        return text
+
+
+def replica_matrix(
+    layout: Layout | ReplicaReport,
+    report: ReplicaReport | None = None,
+    *,
+    max_rows: int = MAX_MATRIX_ROWS,
+    max_devices: int = MAX_MATRIX_DEVICES,
+    max_hosts: int = MAX_MATRIX_HOSTS,
+) -> ReplicaMatrix:
+    """Every replicated block against the devices holding it. Pure: no widgets.
+
+    Rows are the blocks held by more than one device (at most ``max_rows``:
+    those whose replicas differ first). Columns are the devices holding them,
+    grouped by host; with more than ``max_devices`` devices, one column per
+    host, and with more than ``max_hosts`` hosts, the first ones plus every
+    host with an odd replica (gap columns stand for the others). With a
+    report, each cell carries its digest group (0: the most common digest)
+    and whether it is odd.
+    """
+    layout, report = _split(layout, report)
+    groups = {g.index: g for g in report.groups} if report is not None else {}
+    replicated = [b for b in layout.blocks() if b.replica_count > 1]
+    flagged = [b for b in replicated if b.index in groups and not groups[b.index].ok]
+    keep = {b.index for b in flagged[:max_rows]}
+    for b in replicated:
+        if len(keep) >= max_rows:
+            break
+        keep.add(b.index)
+    rows_blocks = [b for b in replicated if b.index in keep]
+
+    devices: dict[int, set[int | None]] = {}
+    for b in rows_blocks:
+        for s in b.shards:
+            devices.setdefault(s.process_index, set()).add(s.device_id)
+    by_host = layout.devices_by_process()
+    ordered = {p: tuple(d for d in by_host.get(p, ()) if d in devices[p]) for p in sorted(devices)}
+    per_host = sum(len(v) for v in ordered.values()) > max_devices
+    odd_hosts = {p for b in rows_blocks if b.index in groups for p in groups[b.index].odd_processes}
+    hosts = list(ordered)
+    if per_host and len(hosts) > max_hosts:
+        shown = set(hosts[:max_hosts]) | odd_hosts
+    else:
+        shown = set(hosts)
+
+    columns: list[ReplicaColumn] = []
+    skipped = 0
+    for p in hosts:
+        if p not in shown:
+            skipped += 1
+            continue
+        if skipped:
+            columns.append(
+                ReplicaColumn(p, None, f'… {skipped}', f'{skipped} hosts not shown', skipped)
+            )
+            skipped = 0
+        if per_host:
+            n = len(ordered[p])
+            columns.append(ReplicaColumn(p, None, f'host {p}', f'host {p}: {n} device(s)'))
+        else:
+            for d in ordered[p]:
+                local = layout.local_index(d)
+                label = 'mem' if d is None else f'dev {local}' if local is not None else f'#{d}'
+                columns.append(ReplicaColumn(p, d, label, layout.device_name(d)))
+    if skipped:
+        columns.append(
+            ReplicaColumn(-1, None, f'… {skipped}', f'{skipped} hosts not shown', skipped)
+        )
+
+    rows = []
+    for b in rows_blocks:
+        group = groups.get(b.index)
+        rank: dict[str, int] = {}
+        digest_of: dict[int | None, str] = {}
+        odd: set[int | None] = set()
+        if group is not None:
+            rank = {d: i for i, d in enumerate(group.digests)}
+            digest_of = {r.device_id: r.digest for r in group.replicas}
+            odd = set(group.odd_devices) if not group.ok else set()
+        held: dict[tuple[int, int | None], list[int | None]] = {}
+        for s in b.shards:
+            key = (s.process_index, None if per_host else s.device_id)
+            held.setdefault(key, []).append(s.device_id)
+        cells: list[ReplicaCell | None] = []
+        for c in columns:
+            ids = held.get((c.process, c.device_id)) if not c.gap else None
+            if not ids:
+                cells.append(None)
+                continue
+            digests = tuple(digest_of[d] for d in ids if d in digest_of)
+            name = (
+                layout.device_name(ids[0])
+                if len(ids) == 1
+                else f'host {c.process} · {len(ids)} devices'
+            )
+            cells.append(
+                ReplicaCell(
+                    process=c.process,
+                    device_ids=tuple(ids),
+                    name=name,
+                    groups=tuple(rank[h] for h in digests),
+                    digests=digests,
+                    odd=any(d in odd for d in ids),
+                )
+            )
+        rows.append(
+            ReplicaRow(
+                block=b,
+                cells=tuple(cells),
+                flagged=group is not None and not group.ok,
+                tied=group is not None and group.tied,
+            )
+        )
+    return ReplicaMatrix(
+        layout=layout,
+        columns=tuple(columns),
+        rows=tuple(rows),
+        replicated=len(replicated),
+        flagged=len(flagged),
+        per_host=per_host,
+        checked=report is not None,
+    )
+
+
+def replica_matrix_html(matrix: ReplicaMatrix) -> str:
+    """The matrix as an HTML table (``mh-replica-matrix``; ``''`` when nothing is replicated).
+
+    Classes: ``mh-replica-row`` (``mh-flagged`` when its replicas differ),
+    ``mh-replica-cell`` (one per replica, or per host's replicas; also
+    ``mh-host-<p>``, ``mh-replica-group-<g>``, ``mh-replica-odd``),
+    ``mh-replica-empty`` (a device without this block), ``mh-replica-gap``.
+    """
+    if not matrix.rows:
+        return ''
+    cols = matrix.columns
+    head1 = ['<th rowspan="2">block</th>']
+    head2 = []
+    for _, group in itertools.groupby(cols, key=lambda c: (c.process, c.gap)):
+        members = list(group)
+        c0 = members[0]
+        if c0.gap:
+            head1.append(
+                f'<th rowspan="2" class="mh-replica-gap" title="{esc(c0.title)}">'
+                f'{esc(c0.label)}</th>'
+            )
+            continue
+        if matrix.per_host:
+            head1.append(
+                f'<th rowspan="2" class="mh-host-{c0.process}" title="{esc(c0.title)}">'
+                f'{swatch(c0.process)} {c0.process}</th>'
+            )
+            continue
+        head1.append(
+            f'<th colspan="{len(members)}" class="mh-host-{c0.process}">'
+            f'{swatch(c0.process)} host {c0.process}</th>'
+        )
+        head2 += [f'<th title="{esc(c.title)}">{esc(c.label)}</th>' for c in members]
+    body = []
+    for row in matrix.rows:
+        tds = []
+        for c, cell in zip(cols, row.cells):
+            if c.gap:
+                tds.append('<td class="mh-replica-gap"></td>')
+            elif cell is None:
+                tds.append('<td class="mh-replica-empty"></td>')
+            else:
+                cls = ['mh-replica-cell', f'mh-host-{cell.process}']
+                if cell.group is not None:
+                    cls.append(f'mh-replica-group-{cell.group}')
+                if cell.odd:
+                    cls.append('mh-replica-odd')
+                title = f'{cell.name}: {format_index(row.block.index)}'
+                if cell.digests:
+                    title += ', digest ' + ', '.join(sorted(set(cell.digests)))
+                if cell.odd:
+                    title += ' (differs from the majority)'
+                tds.append(
+                    f'<td class="{" ".join(cls)}" style="background-color:{cell.color}" '
+                    f'title="{esc(title)}">{esc(cell.text)}</td>'
+                )
+        row_cls = 'mh-replica-row' + (' mh-flagged' if row.flagged else '')
+        mark = ' ⚠' if row.flagged else ''
+        body.append(
+            f'<tr class="{row_cls}"><th>{esc(format_index(row.block.index))}{mark}</th>'
+            f'{"".join(tds)}</tr>'
+        )
+    note = ''
+    if any(r.tied for r in matrix.rows if r.flagged):
+        note = (
+            '<div class="mh-replica-note">a tie: no digest has a majority; '
+            "replica 0's digest counts as a</div>"
+        )
+    return (
+        f'{CSS}<div class="mh-replica-box"><div class="mh-replica-caption">'
+        f'{esc(matrix.caption())}</div><div class="mh-scroll">'
+        f'<table class="mh-table mh-replica-matrix"><tr>{"".join(head1)}</tr>'
+        f'{"<tr>" + "".join(head2) + "</tr>" if head2 else ""}{"".join(body)}</table></div>'
+        f'{note}</div>'
+    )
+
+
+def replica_matrix_text(matrix: ReplicaMatrix) -> str:
+    """The matrix in a few lines: per block, which devices hold which digest group (``''``
+    without a report: the layout's own text already lists each block's devices)."""
+    if not matrix.rows or not matrix.checked:
+        return ''
+    lines = [matrix.caption()]
+    for row in matrix.rows:
+        cells = [c for c in row.cells if c is not None]
+        by: dict[str, list[str]] = {}
+        for c in cells:
+            key = c.text
+            by.setdefault(key, []).append(c.name + (' (odd)' if c.odd else ''))
+        parts = []
+        for key, names in sorted(by.items()):
+            shown = ', '.join(names[:4]) + (
+                f', ... ({len(names)} in all)' if len(names) > 4 else ''
+            )
+            parts.append(f'{key}: {shown}')
+        lines.append(f'  {format_index(row.block.index)}: ' + '; '.join(parts))
+    return '\n'.join(lines)
+
+
+# -- the mesh ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshAxisInfo:
+    """One mesh axis: its size and whether moving along it changes the process.
+
+    Attributes:
+        name: the axis name.
+        size: its size.
+        hosts: the most distinct processes along one line of the axis (0:
+            unknown, 1: within a host).
+        sharded_dims: the array dimensions the partition spec shards over
+            this axis.
+    """
+
+    name: str
+    size: int
+    hosts: int
+    sharded_dims: tuple[int, ...] = ()
+
+    @property
+    def crosses_hosts(self) -> bool:
+        """Whether a collective over this axis talks between hosts."""
+        return self.hosts > 1
+
+    @property
+    def verdict(self) -> str:
+        """``'crosses hosts (4 along it)'``, ``'within a host'`` or ``'unknown'``."""
+        if self.hosts == 0:
+            return 'unknown (no mesh devices)'
+        return f'crosses hosts ({self.hosts} along it)' if self.hosts > 1 else 'within a host'
+
+
+def _spec_axes(spec: str, ndim: int) -> dict[str, tuple[int, ...]]:
+    """Mesh axis -> array dims it shards, parsed from the text of `Layout.spec`."""
+    import ast
+
+    text = spec.strip()
+    if not (text.startswith('P(') and text.endswith(')')):
+        return {}
+    try:
+        entries = ast.literal_eval('(' + text[2:-1] + ',)') if text[2:-1].strip() else ()
+    except (ValueError, SyntaxError):
+        return {}
+    out: dict[str, list[int]] = {}
+    for dim, e in enumerate(entries[:ndim]):
+        for name in e if isinstance(e, tuple) else (e,):
+            if isinstance(name, str):
+                out.setdefault(name, []).append(dim)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def mesh_axes_info(layout: Layout) -> tuple[MeshAxisInfo, ...]:
+    """Per mesh axis: size, hosts along it (crossing or not), dims it shards. ``()`` without a
+    mesh. Pure."""
+    hosts = dict(layout.mesh_axis_hosts())
+    dims = _spec_axes(layout.spec, layout.ndim)
+    return tuple(
+        MeshAxisInfo(name=a, size=n, hosts=hosts.get(a, 0), sharded_dims=dims.get(a, ()))
+        for a, n in layout.mesh_axes
+    )
+
+
+def mesh_html(layout: Layout, max_cells: int = MAX_MESH_CELLS) -> str:
+    """The mesh view: axes (size, hosts along each, crossing or not) and devices by position.
+
+    Classes: ``mh-mesh-view`` (the whole), ``mh-mesh-axes`` (the axis table;
+    rows ``mh-mesh-axis`` with ``mh-crosses-hosts`` or ``mh-within-host``),
+    ``mh-mesh-devices`` (mesh positions, cells ``mh-mesh-device`` coloured
+    by host). ``''`` without a mesh.
+    """
+    axes = mesh_axes_info(layout)
+    if not axes:
+        return ''
+    rows = []
+    for a in axes:
+        cls = 'mh-crosses-hosts' if a.crosses_hosts else 'mh-within-host' if a.hosts else ''
+        dims = ', '.join(map(str, a.sharded_dims)) or '-'
+        rows.append(
+            f'<tr class="mh-mesh-axis {cls}"><td><b>{esc(a.name)}</b></td><td>{a.size}</td>'
+            f'<td>{dims}</td><td>{esc(a.verdict)}</td></tr>'
+        )
+    parts = [
+        '<div class="mh-mesh-caption">mesh: axes x devices x processes</div>',
+        '<table class="mh-table mh-mesh-axes"><tr><th>axis</th><th>size</th>'
+        f'<th>shards dim</th><th>hosts</th></tr>{"".join(rows)}</table>',
+    ]
+    ids = layout.mesh_device_ids
+    sizes = tuple(a.size for a in axes)
+    if ids and len(ids) == math.prod(sizes):
+        parts.append(_mesh_devices_html(layout, axes, max_cells))
+    return f'{CSS}<div class="mh-mesh-view">{"".join(parts)}</div>'
+
+
+def _mesh_devices_html(layout: Layout, axes: tuple[MeshAxisInfo, ...], max_cells: int) -> str:
+    """Mesh positions as a table: rows over the leading axes, columns the last (a 1-d mesh: a
+    column), each cell the device there, coloured by its host."""
+    sizes = tuple(a.size for a in axes)
+    ids = np.array(layout.mesh_device_ids, dtype=object).reshape(sizes)
+    if len(axes) == 1:
+        grid = ids.reshape(-1, 1)
+        row_names = [f'{axes[0].name}={i}' for i in range(sizes[0])]
+        col_names = []
+    else:
+        grid = ids.reshape(-1, sizes[-1])
+        leading = list(itertools.product(*(range(n) for n in sizes[:-1])))
+        row_names = [', '.join(f'{a.name}={i}' for a, i in zip(axes[:-1], pos)) for pos in leading]
+        col_names = [f'{axes[-1].name}={j}' for j in range(sizes[-1])]
+    ncols = grid.shape[1]
+    form = 'long' if ncols <= 4 else 'short' if ncols <= 8 else 'tiny'
+    max_rows = max(1, max_cells // max(ncols, 1))
+    body = []
+    for r in range(min(grid.shape[0], max_rows)):
+        tds = []
+        for c in range(ncols):
+            d = grid[r, c]
+            p = layout.device_process(d)
+            color = host_color(p) if p is not None else '#ffffff'
+            name = layout.device_name(d, form)
+            tds.append(
+                f'<td class="mh-mesh-device mh-host-{p}" style="background-color:{color};'
+                f'color:{text_color(color)}" title="{esc(layout.device_name(d))}">{esc(name)}</td>'
+            )
+        body.append(f'<tr><th>{esc(row_names[r])}</th>{"".join(tds)}</tr>')
+    more = ''
+    if grid.shape[0] > max_rows:
+        more = (
+            f'<div class="mh-mesh-more">+{grid.shape[0] - max_rows} more rows of the mesh '
+            'not shown</div>'
+        )
+    head = ''
+    if len(axes) > 1:
+        head = '<tr><th></th>' + ''.join(f'<th>{esc(n)}</th>' for n in col_names) + '</tr>'
+    return (
+        f'<div class="mh-scroll"><table class="mh-table mh-mesh-devices">{head}'
+        f'{"".join(body)}</table></div>{more}'
+    )
+
+
 # -- the picture ------------------------------------------------------------------------
 
 _DPI = 100
 _PLOT_FRACTION = 0.84  # of the figure's width (the rest: the y labels' margin)
 _LEFT = 0.1  # the plot's left edge, as a fraction of the figure's width
 _TITLE_IN, _XLABEL_IN, _NO_XLABEL_IN = 0.55, 0.5, 0.15  # margins (inches)
+_FACET_TITLE_IN, _FACET_TICKS_IN, _FACET_GAP_IN = 0.24, 0.22, 0.32  # facet margins (inches)
+_MORE_IN = 0.3  # the "+N more facets" line
+_MAX_FACET_COLUMNS = 4
 _ASPECT_0D, _ASPECT_1D = 0.3, 0.12  # plot height / width of a scalar, a vector
 _ASPECT_MIN, _ASPECT_MAX = 0.2, 1.25  # bounds of a 2-d plot's height / width
+_FACET_ASPECT_1D = 0.3  # a vector's facet is small: give its bar some height
 _MAX_TITLE_CHARS = 95
 _THIN_OUTLINES_ABOVE = 64  # blocks: beyond this many, outlines get thinner
 _CHAR_PX, _LINE_PX, _LABEL_PAD_PX = 6.2, 12, 4  # 8-pt text: width per char, line height
 _MAX_TICKS = 17
+_MIN_TICK_PX = 22  # closer block boundaries: only the ends are ticked
 
 
 @dataclasses.dataclass(frozen=True)
 class _Geometry:
-    """Figure and plot size (inches) for a grid, and pixels per array element."""
+    """Where each facet's plot goes (inches) and how big the figure is."""
 
     fig_w: float
     fig_h: float
-    plot_w: float
+    plot_w: float  # one facet's plot
     plot_h: float
-    bottom: float
+    columns: int
+    rows: int
+    top: float  # from the figure's top to the first facet's title
+    row_h: float  # one row of facets: title, plot, ticks
+    titled: bool
 
     @classmethod
-    def of(cls, grid: LayoutGrid, width: int) -> _Geometry:
-        ndim = grid.layout.ndim
-        nrows, ncols = grid.extent
+    def of(cls, facets: LayoutFacets, width: int) -> _Geometry:
+        n = max(len(facets.facets), 1)
+        ndim = facets.layout.ndim
+        grid = facets.facets[0].grid if facets.facets else None
+        nrows, ncols = grid.extent if grid is not None else (1, 1)
+        columns = 1 if n == 1 else min(n, _MAX_FACET_COLUMNS)
+        rows = math.ceil(n / columns)
+        avail = width / _DPI * _PLOT_FRACTION
+        plot_w = (avail - (columns - 1) * _FACET_GAP_IN) / columns
         if ndim == 0:
             ratio = _ASPECT_0D
         elif ndim == 1:
-            ratio = _ASPECT_1D
+            ratio = _ASPECT_1D if n == 1 else _FACET_ASPECT_1D
         else:
             ratio = min(_ASPECT_MAX, max(_ASPECT_MIN, nrows / max(ncols, 1)))
-        plot_w = width / _DPI * _PLOT_FRACTION
         plot_h = plot_w * ratio
-        bottom = _XLABEL_IN if ndim else _NO_XLABEL_IN
-        return cls(width / _DPI, plot_h + _TITLE_IN + bottom, plot_w, plot_h, bottom)
+        titled = n > 1 or bool(facets.other_axes)
+        ticks = _FACET_TICKS_IN if rows > 1 else 0.0
+        row_h = (_FACET_TITLE_IN if titled else 0.0) + plot_h + ticks
+        bottom = (_XLABEL_IN if ndim else _NO_XLABEL_IN) + (_MORE_IN if facets.more else 0.0)
+        fig_h = _TITLE_IN + rows * row_h - ticks + bottom
+        return cls(width / _DPI, fig_h, plot_w, plot_h, columns, rows, _TITLE_IN, row_h, titled)
+
+    def box(self, i: int) -> tuple[float, float, float, float]:
+        """Facet ``i``'s plot as figure fractions ``(left, bottom, width, height)``."""
+        r, c = divmod(i, self.columns)
+        left_in = _LEFT * self.fig_w + c * (self.plot_w + _FACET_GAP_IN)
+        top_in = self.top + r * self.row_h + (_FACET_TITLE_IN if self.titled else 0.0)
+        bottom_in = self.fig_h - top_in - self.plot_h
+        return (
+            left_in / self.fig_w,
+            bottom_in / self.fig_h,
+            self.plot_w / self.fig_w,
+            self.plot_h / self.fig_h,
+        )
 
     def pixels_per_element(self, grid: LayoutGrid) -> tuple[float, float]:
         nrows, ncols = grid.extent
@@ -367,18 +1152,27 @@ class _Geometry:
 
 
 def render_layout_png(
-    grid: LayoutGrid | Layout | ReplicaReport, *, selected: Index | None = None, width: int = 640
+    grid: LayoutFacets | LayoutGrid | Layout | ReplicaReport,
+    *,
+    selected: Index | None = None,
+    width: int = 640,
 ) -> bytes:
-    """Draws a layout grid as a PNG: blocks coloured by host, labelled with device ids.
+    """Draws a layout as a PNG: every block once, coloured by the host holding it.
 
-    A block held by several hosts is striped in their colours; a block whose
-    replicas differ is cross-hatched and marked ``!``; the selected block is
-    outlined. Labels are drawn only where they fit. Uses matplotlib's Agg
-    canvas directly (no pyplot, no global backend switch).
+    A block held by one host has its colour and names its device(s)
+    (``'host 1 · dev 0 (id 2048)'``); a block held by several hosts is drawn
+    once in a neutral grey (``'8 replicas on hosts 0-3'``; which replica is
+    where, and which differ, is the replica matrix's job). A block whose
+    replicas differ gets a red outline and says how many and on which hosts.
+    An array of rank 3 or more is drawn as facets (small multiples over the
+    non-displayed axes, at most `MAX_FACETS`, the rest counted). The
+    selected block is outlined. Labels are drawn only where they fit. Uses
+    matplotlib's Agg canvas directly (no pyplot, no global backend switch).
 
     Args:
-        grid: a `LayoutGrid` (from `layout_grid`), or a layout or replica
-            report (shown with the default axes and slice).
+        grid: `LayoutFacets` (from `layout_facets`), one `LayoutGrid` (from
+            `layout_grid`), or a layout or replica report (its facets with
+            the default axes).
         selected: the index of a block to outline.
         width: the image's width in pixels.
 
@@ -387,54 +1181,102 @@ def render_layout_png(
     """
     from matplotlib.figure import Figure
 
-    if not isinstance(grid, LayoutGrid):
-        grid = layout_grid(grid)
-    geo = _Geometry.of(grid, width)
+    if isinstance(grid, LayoutGrid):
+        facets = LayoutFacets(
+            layout=grid.layout,
+            axes=grid.axes,
+            facets=(Facet(0, (), grid),),
+            total=1,
+            report=grid.report,
+        )
+        title = grid.describe()
+    else:
+        facets = grid if isinstance(grid, LayoutFacets) else layout_facets(grid)
+        title = _facets_title(facets)
+    geo = _Geometry.of(facets, width)
     fig = Figure(figsize=(geo.fig_w, geo.fig_h), dpi=_DPI)
-    ax = fig.add_axes((_LEFT, geo.bottom / geo.fig_h, _PLOT_FRACTION, geo.plot_h / geo.fig_h))
-    nrows, ncols = grid.extent
-    ax.set_xlim(0, max(ncols, 1))
-    ax.set_ylim(max(nrows, 1), 0)  # row 0 at the top, as numpy prints
-    headline = grid.layout.headline()
+    headline = facets.layout.headline()
     if len(headline) > _MAX_TITLE_CHARS:
         headline = headline[: _MAX_TITLE_CHARS - 3] + '...'
-    fig.suptitle(f'{headline}\n{grid.describe()}', fontsize=8, y=1 - 0.06 / geo.fig_h)
-    _draw_blocks(ax, grid, selected)
-    if len(grid.blocks) <= MAX_LABELS:
-        _draw_labels(ax, grid, geo)
-    _draw_axes(ax, grid)
+    fig.suptitle(f'{headline}\n{title}', fontsize=8, y=1 - 0.06 / geo.fig_h)
+    labels = sum(len(f.grid.blocks) for f in facets.facets) <= MAX_LABELS
+    last_row = (len(facets.facets) - 1) // geo.columns
+    for i, facet in enumerate(facets.facets):
+        ax = fig.add_axes(geo.box(i))
+        g = facet.grid
+        nrows, ncols = g.extent
+        ax.set_xlim(0, max(ncols, 1))
+        ax.set_ylim(max(nrows, 1), 0)  # row 0 at the top, as numpy prints
+        if geo.titled:
+            ax.set_title(facet.title, fontsize=8, pad=3)
+        _draw_blocks(ax, g, selected)
+        if labels:
+            _draw_labels(ax, g, geo)
+        r, c = divmod(i, geo.columns)
+        _draw_axes(ax, g, geo, xlabel=r == last_row, ylabel=c == 0)
+    if facets.more:
+        fig.text(
+            0.5,
+            0.12 / geo.fig_h,
+            facets.more_text(),
+            ha='center',
+            va='bottom',
+            fontsize=8,
+            color='#444444',
+        )
     buf = io.BytesIO()
     fig.savefig(buf, format='png', dpi=_DPI)
     return buf.getvalue()
 
 
+def _facets_title(facets: LayoutFacets) -> str:
+    """The second title line: the displayed axes, and the facets."""
+    layout, axes = facets.layout, facets.axes
+    if not axes:
+        return 'scalar'
+    if len(axes) == 1:
+        text = 'dim 0 along one row'
+    else:
+        text = f'rows dim {axes[0]}, columns dim {axes[1]}'
+    more = facets.describe()
+    if more:
+        text += f'; {more}'
+    elif layout.ndim >= 1:
+        text += ', ' + facets.facets[0].grid.slice_text() if facets.facets else ''
+    return text
+
+
 def _draw_blocks(ax: Any, grid: LayoutGrid, selected: Index | None) -> None:
-    """Fills (striped by host), white outlines, hatching of flagged blocks, the selection."""
+    """One fill per block, white outlines, red outlines of blocks whose replicas differ, the
+    selection."""
     from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
 
-    fills, fill_colors, outlines, flagged = [], [], [], []
+    fills, colors, flagged, marked = [], [], [], []
     for b in grid.blocks:
         (y0, y1), (x0, x1) = b.rows, b.cols
-        hosts = b.processes[:MAX_STRIPES] or (0,)
-        step = (x1 - x0) / len(hosts)
-        for j, h in enumerate(hosts):
-            fills.append(Rectangle((x0 + j * step, y0), step, y1 - y0))
-            fill_colors.append(host_color(h))
-        outlines.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
-        if b.flagged or b.mark:
+        fills.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
+        colors.append(b.fill)
+        if b.flagged:
             flagged.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
-    ax.add_collection(PatchCollection(fills, facecolors=fill_colors, edgecolors='none'))
+        if b.mark:
+            marked.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
     thin = len(grid.blocks) > _THIN_OUTLINES_ABOVE
     ax.add_collection(
         PatchCollection(
-            outlines, facecolors='none', edgecolors='white', linewidths=0.5 if thin else 1.5
+            fills, facecolors=colors, edgecolors='white', linewidths=0.5 if thin else 1.5
         )
     )
+    if marked:  # the whole block is what the caller marked (e.g. it holds NaN): hatch it
+        ax.add_collection(
+            PatchCollection(
+                marked, facecolors='none', edgecolors='black', hatch='x', linewidths=2.0
+            )
+        )
     if flagged:
         ax.add_collection(
             PatchCollection(
-                flagged, facecolors='none', edgecolors='black', hatch='x', linewidths=2.0
+                flagged, facecolors='none', edgecolors=FLAGGED_EDGE, linewidths=1.5 if thin else 3.5
             )
         )
     chosen = grid.find(selected) if selected is not None else None
@@ -447,32 +1289,76 @@ def _draw_blocks(ax: Any, grid: LayoutGrid, selected: Index | None) -> None:
                 y1 - y0,
                 facecolor='none',
                 edgecolor='black',
-                linewidth=3.0,
+                linewidth=2.5,
                 linestyle='--',
             )
         )
 
 
-def _label_lines(b: GridBlock, w_px: float, h_px: float) -> list[str] | None:
-    """The most informative label that fits the block ('dev 0,1' + 'x2', then '0,1'), or None."""
-    mark = '! ' if b.flagged or b.mark else ''
-    copies = [f'x{b.replica_count}'] if b.replica_count > 1 else []
-    for lines in ([f'{mark}dev {b.label}'] + copies, [mark + b.label] + copies, [mark + b.label]):
-        fits_w = w_px >= _CHAR_PX * max(len(s) for s in lines) + _LABEL_PAD_PX
-        if fits_w and h_px >= _LINE_PX * len(lines) + 2:
+def _label_candidates(b: GridBlock) -> list[list[str]]:
+    """A block's labels, most informative first.
+
+    Long (``'host 1 · dev 0 (id 2048)'``), then short (``'host 1 · dev 0'``),
+    then tiny (``'h1·d0'``); a block whose replicas differ adds what differs,
+    a marked block its mark.
+    """
+    labels = b.labels or ('',)
+    long_, short, tiny = (list(labels) + [labels[-1]] * 3)[:3]
+    if b.flagged:
+        n_odd = len(b.odd_devices)
+        candidates = [
+            [long_, '! ' + b.odd_text],
+            [short, '! ' + b.odd_text],
+            [short, f'! {n_odd}/{b.replica_count} differ'],
+            ['! ' + tiny],
+            ['!'],
+        ]
+    else:
+        candidates = [[long_], [short], [tiny]]
+    if b.mark:
+        candidates = [['! ' + lines[0], *lines[1:]] for lines in candidates[:-1]]
+        candidates += [['! ' + b.mark], ['!']] if not b.flagged else [['!']]
+    return candidates
+
+
+def _fits(lines: list[str], w_px: float, h_px: float) -> bool:
+    fits_w = w_px >= _CHAR_PX * max(len(s) for s in lines) + _LABEL_PAD_PX
+    return fits_w and h_px >= _LINE_PX * len(lines) + 2
+
+
+def _label_lines(b: GridBlock, w_px: float, h_px: float, level: int = 0) -> list[str] | None:
+    """The most informative label of the block, from candidate ``level`` on, that fits."""
+    for lines in _label_candidates(b)[level:]:
+        if _fits(lines, w_px, h_px):
             return lines
     return None
 
 
-def _draw_labels(ax: Any, grid: LayoutGrid, geo: _Geometry) -> None:
-    """Device labels where they fit; boxed on hatching or multi-colour stripes."""
-    px_x, px_y = geo.pixels_per_element(grid)
+def _label_level(grid: LayoutGrid, px_x: float, px_y: float) -> int:
+    """The most informative label form every plain block of the grid can show, so that
+    blocks read alike (not one named with its id and its neighbour without)."""
+    level = 0
     for b in grid.blocks:
-        lines = _label_lines(b, (b.cols[1] - b.cols[0]) * px_x, (b.rows[1] - b.rows[0]) * px_y)
+        if b.flagged or b.mark:
+            continue
+        w, h = (b.cols[1] - b.cols[0]) * px_x, (b.rows[1] - b.rows[0]) * px_y
+        best = next((i for i, c in enumerate(_label_candidates(b)) if _fits(c, w, h)), None)
+        if best is not None:
+            level = max(level, best)
+    return level
+
+
+def _draw_labels(ax: Any, grid: LayoutGrid, geo: _Geometry) -> None:
+    """Labels where they fit, in one form for the whole grid; boxed on a block whose
+    replicas differ or that is marked."""
+    px_x, px_y = geo.pixels_per_element(grid)
+    level = _label_level(grid, px_x, px_y)
+    for b in grid.blocks:
+        w, h = (b.cols[1] - b.cols[0]) * px_x, (b.rows[1] - b.rows[0]) * px_y
+        lines = _label_lines(b, w, h, 0 if b.flagged or b.mark else level)
         if lines is None:
             continue
-        boxed = bool(b.flagged or b.mark) or len(b.processes) > 1
-        color = '#000000' if boxed else text_color(host_color(b.processes[0] if b.processes else 0))
+        boxed = bool(b.flagged or b.mark)
         ax.text(
             (b.cols[0] + b.cols[1]) / 2,
             (b.rows[0] + b.rows[1]) / 2,
@@ -481,12 +1367,19 @@ def _draw_labels(ax: Any, grid: LayoutGrid, geo: _Geometry) -> None:
             va='center',
             fontsize=8,
             linespacing=1.1,
-            color=color,
-            bbox=dict(facecolor='white', alpha=0.85, edgecolor='none', pad=1.5) if boxed else None,
+            color='#000000' if boxed else text_color(b.fill),
+            bbox=dict(facecolor='white', alpha=0.9, edgecolor='none', pad=1.5) if boxed else None,
         )
 
 
-def _draw_axes(ax: Any, grid: LayoutGrid) -> None:
+def _ticks(cuts: tuple[int, ...], extent_px: float) -> list[int]:
+    """Block boundaries as ticks, or just both ends when they would crowd."""
+    if len(cuts) <= _MAX_TICKS and extent_px / max(len(cuts) - 1, 1) >= _MIN_TICK_PX:
+        return list(cuts)
+    return [cuts[0], cuts[-1]]
+
+
+def _draw_axes(ax: Any, grid: LayoutGrid, geo: _Geometry, *, xlabel: bool, ylabel: bool) -> None:
     """Ticks at the block boundaries (when few), axis labels, the empty-array note."""
     ndim = grid.layout.ndim
     nrows, ncols = grid.extent
@@ -500,21 +1393,21 @@ def _draw_axes(ax: Any, grid: LayoutGrid) -> None:
             va='center',
             fontsize=9,
         )
-    ax.tick_params(labelsize=7, length=2)
+    ax.tick_params(labelsize=7, length=2, pad=1)
     if ndim == 0:
         ax.set_xticks([])
         ax.set_yticks([])
         return
-    if len(grid.col_cuts) <= _MAX_TICKS:
-        ax.set_xticks(grid.col_cuts)
+    ax.set_xticks(_ticks(grid.col_cuts, geo.plot_w * _DPI))
     last = grid.axes[-1]
-    ax.set_xlabel(f'dim {last} (size {grid.layout.shape[last]})', fontsize=8, labelpad=1)
+    if xlabel:
+        ax.set_xlabel(f'dim {last} (size {grid.layout.shape[last]})', fontsize=8, labelpad=1)
     if ndim == 1:
         ax.set_yticks([])
         return
-    if len(grid.row_cuts) <= _MAX_TICKS:
-        ax.set_yticks(grid.row_cuts)
-    ax.set_ylabel(f'dim {grid.axes[0]} (size {nrows})', fontsize=8, labelpad=1)
+    ax.set_yticks(_ticks(grid.row_cuts, geo.plot_h * _DPI))
+    if ylabel:
+        ax.set_ylabel(f'dim {grid.axes[0]} (size {nrows})', fontsize=8, labelpad=1)
 
 
 # -- HTML parts -------------------------------------------------------------------------
@@ -538,6 +1431,13 @@ def legend_html(layout: Layout, max_processes: int = MAX_LEGEND) -> str:
         rows.append(
             f'<tr><td colspan="3">... {len(rest)} more hosts, '
             f'{format_bytes(min(sizes))} to {format_bytes(max(sizes))} each</td></tr>'
+        )
+    if any(len(b.process_indices) > 1 for b in layout.blocks()):
+        rows.append(
+            '<tr class="mh-legend-shared"><td colspan="3"><span class="mh-swatch" style="'
+            'display:inline-block;width:0.9em;height:0.9em;vertical-align:middle;border:1px '
+            f'solid #0003;background:{SHARED_COLOR}"></span> several hosts '
+            '(see replicas)</td></tr>'
         )
     ratio = layout.stored_nbytes / layout.nbytes if layout.nbytes else 0
     foot = (
@@ -574,13 +1474,28 @@ def header_html(layout: Layout, report: ReplicaReport | None) -> str:
         verdict = banner(f'replicas agree ({len(report.groups)} replicated block(s))', 'mh-ok')
     else:
         bad = report.mismatches
+        odd = ', '.join(layout.device_name(d) for d in report.odd_devices[:4])
+        if len(report.odd_devices) > 4:
+            odd += f', ... ({len(report.odd_devices)} in all)'
         verdict = banner(
             f'<b>replicas DIFFER</b> in {len(bad)} of {len(report.groups)} replicated block(s) '
-            f'(undefined behaviour): odd {esc(fmt_hosts(report.odd_processes))}, odd device(s) '
-            f'{esc(", ".join(map(str, report.odd_devices)))}; flagged blocks are hatched',
+            f'(undefined behaviour): odd {esc(fmt_hosts(report.odd_processes))}: {esc(odd)}; '
+            'the replica matrix marks the odd replicas',
             'mh-flagged',
         )
     return CSS + text + verdict
+
+
+def _group_text(layout: Layout, group: ReplicaGroup) -> str:
+    """``'digest 1a2b… (majority) on host 0 · dev 0 (id 0), ...; digest ...'``."""
+    parts = []
+    for i, (digest, devices) in enumerate(group.digests.items()):
+        names = ', '.join(layout.device_name(d) for d in devices[:4])
+        if len(devices) > 4:
+            names += f', ... ({len(devices)} in all)'
+        tag = ' (majority)' if i == 0 and not group.tied else ''
+        parts.append(f'{group_letter(i)}: digest {digest}{tag} on {names}')
+    return '; '.join(parts)
 
 
 def block_info_html(
@@ -589,7 +1504,7 @@ def block_info_html(
     report: ReplicaReport | None = None,
     values: np.ndarray | None = None,
 ) -> str:
-    """A block's shard info (index, devices, processes, replica ids, bytes) and values."""
+    """A block's shards (replica, device, bytes, digest) and values."""
     block = next((b for b in layout.blocks() if b.index == index), None)
     if block is None:
         raise ValueError(f'no block {format_index(index)} in this layout')
@@ -597,19 +1512,24 @@ def block_info_html(
     if report is not None:
         group = next((g for g in report.groups if g.index == index), None)
     digests = {r.device_id: r.digest for r in group.replicas} if group else {}
+    letters = {d: group_letter(i) for i, d in enumerate(group.digests)} if group else {}
     odd = set(group.odd_devices) if group is not None and not group.ok else set()
     rows = []
     for s in block.shards:
         cls = ' class="mh-odd-host"' if s.device_id in odd else ''
-        device = 'host memory' if s.device_id is None else s.device_id
-        digest = esc(digests.get(s.device_id, '')) + (' (differs)' if s.device_id in odd else '')
+        digest = digests.get(s.device_id, '')
+        cell = (
+            f'{letters[digest]}: {esc(digest)}' + (' (differs)' if s.device_id in odd else '')
+            if digest
+            else ''
+        )
         rows.append(
-            f'<tr{cls}><td>{s.replica_id}</td><td>{device}</td>'
-            f'<td>{swatch(s.process_index)} {s.process_index}</td>'
-            f'<td>{format_bytes(s.nbytes)}</td>' + (f'<td>{digest}</td>' if group else '') + '</tr>'
+            f'<tr{cls}><td>{s.replica_id}</td>'
+            f'<td>{swatch(s.process_index)} {esc(layout.device_name(s.device_id))}</td>'
+            f'<td>{format_bytes(s.nbytes)}</td>' + (f'<td>{cell}</td>' if group else '') + '</tr>'
         )
     head = (
-        '<tr><th>replica</th><th>device</th><th>process</th><th>bytes</th>'
+        '<tr><th>replica</th><th>device</th><th>bytes</th>'
         + ('<th>digest</th>' if group else '')
         + '</tr>'
     )
@@ -620,7 +1540,13 @@ def block_info_html(
         f'<table class="mh-table mh-shards">{head}{"".join(rows)}</table>',
     ]
     if group is not None and not group.ok:
-        parts.insert(1, banner(f'replicas differ: {esc(group.describe())}', 'mh-flagged'))
+        parts.insert(
+            1,
+            banner(
+                f'replicas differ in {esc(format_index(index))}: {esc(_group_text(layout, group))}',
+                'mh-flagged',
+            ),
+        )
     if values is not None:
         part = values[tuple(slice(a, b) for a, b in index)]
         text = np.array2string(
@@ -630,18 +1556,90 @@ def block_info_html(
     return CSS + '<div class="mh-block-info">' + ''.join(parts) + '</div>'
 
 
+def _block_tooltip(b: GridBlock) -> str:
+    """A button's tooltip: index, who holds it, replicas, verdict."""
+    return (
+        f'{format_index(b.index)}: {b.label}'
+        + (f', x{b.replica_count}' if b.replica_count > 1 else '')
+        + (f'; {b.odd_text}' if b.flagged else '')
+        + (f'; {b.mark}' if b.mark else '')
+    )
+
+
+def _button_form(grid: LayoutGrid, facets: int) -> int:
+    """Which label form (0 long, 1 short, 2 tiny) fits a facet's block buttons."""
+    columns = max(len(grid.col_cuts) - 1, 1) * max(facets if facets > 1 else 1, 1)
+    return 0 if columns <= 4 else 1 if columns <= 8 else 2
+
+
+def _grid_columns(grid: LayoutGrid) -> str:
+    """The CSS grid columns of a facet's blocks: one per block boundary interval."""
+    return f'repeat({max(len(grid.col_cuts) - 1, 1)}, minmax(2.5em, auto))'
+
+
+def blocks_html(facets: LayoutFacets, selected: Index | None = None) -> str:
+    """The facets' blocks as static HTML: one ``mh-layout-block`` per block of each facet,
+    placed like the buttons of the live widget (for pages without a kernel)."""
+    parts = []
+    n = len(facets.facets)
+    if sum(len(f.grid.blocks) for f in facets.facets) > MAX_BUTTONS:
+        return ''
+    for f in facets.facets:
+        grid = f.grid
+        rows, cols = grid.row_cuts, grid.col_cuts
+        form = _button_form(grid, n)
+        cells = []
+        for b in grid.blocks:
+            cls = ['mh-layout-block', *(f'mh-host-{h}' for h in b.processes)]
+            if b.replica_count > 1:
+                cls.append('mh-layout-replicated')
+            if b.flagged:
+                cls.append('mh-flagged')
+            if b.mark:
+                cls.append('mh-marked')
+            if b.index == selected:
+                cls.append('mh-selected')
+            style = (
+                f'grid-row:{rows.index(b.rows[0]) + 1} / {rows.index(b.rows[1]) + 1};'
+                f'grid-column:{cols.index(b.cols[0]) + 1} / {cols.index(b.cols[1]) + 1};'
+                f'background:{b.fill};color:{text_color(b.fill)}'
+            )
+            label = b.labels[form] if b.labels else ''
+            cells.append(
+                f'<div class="{" ".join(cls)}" style="{style}" title="{esc(_block_tooltip(b))}">'
+                f'{"⚠ " if b.flagged or b.mark else ""}{esc(label)}</div>'
+            )
+        title = f'<div class="mh-layout-facet-title">{esc(f.title)}</div>' if f.title else ''
+        parts.append(
+            f'<div class="mh-layout-facet">{title}<div class="mh-layout-facet-grid" '
+            f'style="grid-template-columns:repeat({max(len(cols) - 1, 1)}, minmax(2.5em, auto))">'
+            f'{"".join(cells)}</div></div>'
+        )
+    more = (
+        f'<div class="mh-layout-facets-more">{esc(facets.more_text())}</div>' if facets.more else ''
+    )
+    return f'{CSS}<div class="mh-layout-facets">{"".join(parts)}</div>{more}'
+
+
 # -- the widget -------------------------------------------------------------------------
 
 _HINT = 'Select a block (a button or the list) to see its shards and values.'
 
 
 class LayoutView(View):
-    """Interactive layout picture: pick two axes, slide along the others, select a block.
+    """Interactive layout picture: pick two axes, see the others as facets, select a block.
 
-    Blocks are coloured by host and labelled with device ids; the legend
-    gives bytes per host; with a `ReplicaReport`, blocks whose replicas
-    differ are hatched. Every visible block also has a button (coloured by
-    host) that shows its shard info and, with ``values``, its values.
+    Every block is drawn once: in its host's colour and named by its device
+    (``'host 1 · dev 0 (id 2048)'``) when one host holds it, in grey when
+    several hosts hold copies (``'8 replicas on hosts 0-3'``). Beside the
+    picture, the replica matrix shows every replicated block against the
+    devices holding it (with a `ReplicaReport`, cells coloured by digest and
+    odd replicas marked), the mesh view shows the mesh's axes, devices and
+    processes and which axes cross hosts, and the legend gives bytes per
+    host. An array of rank 3 or more is shown as facets over the
+    non-displayed axes (at most `MAX_FACETS`; sliders page through the rest).
+    Every visible block also has a button that shows its shards and, with
+    ``values``, its values.
 
     Args:
         layout: a `multihost.Layout` (``multihost.describe_layout(x)``), or a
@@ -650,19 +1648,27 @@ class LayoutView(View):
             replicas disagree.
         values: the gathered global value (e.g. from ``%mh_allgather``), of
             the layout's shape, to show each block's values.
-        axes: the axes to display first (default ``(0, 1)``).
-        marked: block index -> a note, for blocks to mark (hatched like
-            flagged ones, buttons ``mh-marked``), e.g. the blocks holding NaN.
+        axes: the axes to display first (default: the last two).
+        marked: block index -> a note, for blocks to mark (hatched, buttons
+            ``mh-marked``), e.g. the blocks holding NaN.
 
     Stable CSS classes: ``mh-layout`` (the whole view), ``mh-layout-header``,
     ``mh-layout-controls``, ``mh-layout-axis``, ``mh-layout-slider`` (and
     ``mh-layout-slider-<axis>``), ``mh-layout-image``, ``mh-layout-legend``,
-    ``mh-layout-select``, ``mh-layout-blocks``, ``mh-layout-block`` (one
-    button per visible block, also ``mh-host-<p>`` per host holding it,
-    ``mh-flagged``, ``mh-marked``, ``mh-selected``), ``mh-layout-info``.
+    ``mh-layout-replicas`` (holding the table ``mh-replica-matrix``: cells
+    ``mh-replica-cell``, ``mh-replica-odd``, ``mh-replica-empty``; see
+    `replica_matrix_html`), ``mh-layout-mesh`` (holding ``mh-mesh-view``, see
+    `mesh_html`), ``mh-layout-select``, ``mh-layout-blocks``,
+    ``mh-layout-facet`` (one per facet shown, with ``mh-layout-facet-title``
+    and ``mh-layout-facet-grid``), ``mh-layout-facets-more``,
+    ``mh-layout-block`` (one button per block of each facet shown, also
+    ``mh-host-<p>`` per host holding it, ``mh-layout-replicated``,
+    ``mh-flagged``, ``mh-marked``, ``mh-selected``), ``mh-layout-info``. The static picture
+    (`static_html`) keeps them, inside ``mh-layout-static``.
     """
 
-    _grid: LayoutGrid  # what `_render` drew last
+    _grid: LayoutGrid  # the facet of the sliders' position, as `_render` drew it last
+    _facets: LayoutFacets  # what `_render` drew last
 
     def __init__(
         self,
@@ -677,7 +1683,9 @@ class LayoutView(View):
         self._marked: Mapping[Index, str] = {}
         self._selected: Index | None = None
         self._sliders: list[widgets.IntSlider] = []
-        self._buttons: dict[Index, widgets.Button] = {}
+        self._buttons: dict[Index, widgets.Button] = {}  # the first button of each block
+        self._all_buttons: list[tuple[Index, widgets.Button]] = []
+        self._facet_boxes: list[widgets.Widget] = []
         self._layout: Layout | None = None
 
         self._header = add_classes(widgets.HTML(), 'mh-layout-header')
@@ -690,6 +1698,8 @@ class LayoutView(View):
         self._slider_box = widgets.HBox()
         self._image = add_classes(widgets.Image(format='png'), 'mh-layout-image')
         self._legend = add_classes(widgets.HTML(), 'mh-layout-legend')
+        self._replicas = add_classes(widgets.HTML(), 'mh-layout-replicas')
+        self._mesh = add_classes(widgets.HTML(), 'mh-layout-mesh')
         self._select = add_classes(widgets.Dropdown(description='block'), 'mh-layout-select')
         self._select.layout.width = '32em'
         self._select.observe(self._on_select, 'value')
@@ -699,17 +1709,12 @@ class LayoutView(View):
             widgets.HBox([self._rows, self._cols, self._slider_box]), 'mh-layout-controls'
         )
         controls.layout.flex_flow = 'row wrap'
+        side = widgets.VBox([self._replicas, self._mesh, self._legend])
+        picture = widgets.HBox([self._image, side])
+        picture.layout.flex_flow = 'row wrap'
+        picture.layout.align_items = 'flex-start'
         self.widget = add_classes(
-            widgets.VBox(
-                [
-                    self._header,
-                    controls,
-                    widgets.HBox([self._image, self._legend]),
-                    self._select,
-                    self._blocks,
-                    self._info,
-                ]
-            ),
+            widgets.VBox([self._header, controls, picture, self._select, self._blocks, self._info]),
             'mh-layout',
         )
         self.update(layout, report, values, axes=axes, marked=marked)
@@ -730,8 +1735,18 @@ class LayoutView(View):
 
     @property
     def grid(self) -> LayoutGrid:
-        """What is displayed now (axes, slice, visible blocks)."""
+        """The plane at the sliders' position (axes, slice, visible blocks)."""
         return self._grid
+
+    @property
+    def facets(self) -> LayoutFacets:
+        """The facets shown (one for a 0-d to 2-d array)."""
+        return self._facets
+
+    @property
+    def matrix(self) -> ReplicaMatrix:
+        """The replica matrix shown."""
+        return self._matrix
 
     @property
     def selected(self) -> Index | None:
@@ -739,15 +1754,22 @@ class LayoutView(View):
         return self._selected
 
     def static_html(self) -> str:
-        """The widget's picture; without a selection, no hint about buttons it does not have."""
-        hide = {} if self._selected is not None else {id(self._info): ''}
-        return widget_html(self.widget, hide)
+        """The widget's picture: the blocks as HTML (not buttons); without a selection, no hint
+        about buttons it does not have."""
+        replace = {id(self._blocks): blocks_html(self._facets, self._selected)}
+        if self._selected is None:
+            replace[id(self._info)] = ''
+        return f'<div class="mh-layout-static">{widget_html(self.widget, replace)}</div>'
 
     def text(self) -> str:
-        """The layout's text (and the replica report's), as `str(layout)` prints it."""
-        if self._report is None:
-            return str(self._layout)
-        return f'{self._layout}\n{self._report}'
+        """The layout's text (with the mesh), the replica matrix's and the replica report's."""
+        parts = [str(self._layout)]
+        matrix = replica_matrix_text(self._matrix)
+        if matrix:
+            parts.append(matrix)
+        if self._report is not None:
+            parts.append(str(self._report))
+        return '\n'.join(parts)
 
     def update(
         self,
@@ -778,6 +1800,7 @@ class LayoutView(View):
         axes = _normalize_axes(axes, layout.ndim)
         self._layout, self._report, self._values = layout, report, values
         self._marked = dict(marked or {})
+        self._matrix = replica_matrix(layout, report)
         if self._selected is not None and all(b.index != self._selected for b in layout.blocks()):
             self._selected = None
         with self._hold():
@@ -807,6 +1830,12 @@ class LayoutView(View):
             if layout.ndim >= 2:
                 self._rows.value, self._cols.value = axes
         self._axes = axes
+        self._header.value = header_html(layout, report)
+        self._legend.value = legend_html(layout)
+        self._replicas.value = replica_matrix_html(self._matrix)
+        self._replicas.layout.display = '' if self._matrix.rows else 'none'
+        self._mesh.value = mesh_html(layout)
+        self._mesh.layout.display = '' if self._mesh.value else 'none'
         self._render()
 
     def select(self, index: Index | GridBlock | LayoutBlock | None) -> None:
@@ -884,73 +1913,108 @@ class LayoutView(View):
         self._grid = grid = layout_grid(
             self.layout, self._axes, fixed, self._report, marked=self._marked
         )
-        if self._selected is not None and grid.find(self._selected) is None:
+        self._facets = layout_facets(
+            self.layout, self._axes, fixed, self._report, marked=self._marked
+        )
+        if self._selected is not None and not any(
+            f.grid.find(self._selected) for f in self._facets.facets
+        ):
             self._selected = None
         self._slider_box.children = [self._sliders[d] for d, _ in grid.fixed]
-        self._header.value = header_html(self.layout, self._report)
-        self._legend.value = legend_html(self.layout)
+        # every facet is drawn: the sliders only page through facets beyond MAX_FACETS
+        self._slider_box.layout.display = 'flex' if self._facets.more else 'none'
         self._render_buttons()
         self._render_selection()
 
     def _render_buttons(self) -> None:
-        grid = self._grid
-        close_widgets(self._buttons.values())
-        self._buttons = {}
+        """One button per block of each facet shown. A single untitled facet (a 0-d to 2-d
+        array) is the block grid itself; several are one titled box each."""
+        facets = self._facets
+        close_widgets(self._facet_boxes)
+        self._facet_boxes, self._buttons, self._all_buttons = [], {}, []
+        seen: dict[Index, GridBlock] = {}
+        for f in facets.facets:
+            for b in f.grid.blocks:
+                seen.setdefault(b.index, b)
         with self._hold():
             self._select.options = [
                 (
-                    f'{format_index(b.index)}  devices {b.label}  on '
-                    f'{fmt_hosts(b.processes)}{"  (replicas differ)" if b.flagged else ""}'
+                    f'{format_index(b.index)}  {b.label}'
+                    + (f'  ({b.odd_text})' if b.flagged else '')
                     + (f'  ({b.mark})' if b.mark else ''),
                     b.index,
                 )
-                for b in grid.blocks
+                for b in seen.values()
             ]
-        if len(grid.blocks) > MAX_BUTTONS:
+        single = len(facets.facets) == 1 and not facets.facets[0].title
+        for cls in ('mh-layout-facet', 'mh-layout-facet-grid'):
+            if single:
+                self._blocks.add_class(cls)
+            else:
+                self._blocks.remove_class(cls)
+        if sum(len(f.grid.blocks) for f in facets.facets) > MAX_BUTTONS:
             self._blocks.children = []
             self._blocks.layout.display = 'none'
             return
         self._blocks.layout.display = 'grid'
-        self._blocks.layout.grid_template_columns = (
-            f'repeat({max(len(grid.col_cuts) - 1, 1)}, minmax(3em, auto))'
-        )
-        self._blocks.layout.grid_gap = '2px'
-        rows, cols = grid.row_cuts, grid.col_cuts
-        for b in grid.blocks:
-            color = host_color(b.processes[0] if b.processes else 0)
-            button = widgets.Button(
-                description=('⚠ ' if b.flagged or b.mark else '') + b.label,
-                tooltip=(
-                    f'{format_index(b.index)}: devices {b.label} on {fmt_hosts(b.processes)}, '
-                    f'x{b.replica_count}'
-                    + (', replicas differ' if b.flagged else '')
-                    + (f', {b.mark}' if b.mark else '')
-                ),
-                layout=widgets.Layout(
-                    width='auto',
-                    height='auto',
-                    min_height='28px',
-                    grid_row=f'{rows.index(b.rows[0]) + 1} / {rows.index(b.rows[1]) + 1}',
-                    grid_column=f'{cols.index(b.cols[0]) + 1} / {cols.index(b.cols[1]) + 1}',
-                ),
+        n = len(facets.facets)
+        for f in facets.facets:
+            buttons = [self._button(b, f.grid, _button_form(f.grid, n)) for b in f.grid.blocks]
+            if single:
+                self._facet_boxes = buttons
+                self._blocks.layout.grid_template_columns = _grid_columns(f.grid)
+                self._blocks.layout.grid_gap = '2px'
+                break
+            box = add_classes(widgets.GridBox(buttons), 'mh-layout-facet-grid')
+            box.layout.grid_template_columns = _grid_columns(f.grid)
+            box.layout.grid_gap = '2px'
+            title = add_classes(widgets.HTML(f'<b>{esc(f.title)}</b>'), 'mh-layout-facet-title')
+            self._facet_boxes.append(add_classes(widgets.VBox([title, box]), 'mh-layout-facet'))
+        if not single:
+            self._blocks.layout.grid_template_columns = (
+                f'repeat({min(n, _MAX_FACET_COLUMNS)}, max-content)'
             )
-            button.style.button_color = color
-            button.style.text_color = text_color(color)
-            add_classes(button, 'mh-layout-block', *(f'mh-host-{h}' for h in b.processes))
-            if b.flagged:
-                button.add_class('mh-flagged')
-            if b.mark:
-                button.add_class('mh-marked')
-            if b.flagged or b.mark:
-                button.layout.border = '3px dashed #000000'
-            button.on_click(lambda _b, index=b.index: self.select(index))
-            self._buttons[b.index] = button
-        self._blocks.children = list(self._buttons.values())
+            self._blocks.layout.grid_gap = '8px 16px'
+        if facets.more:
+            more = add_classes(widgets.HTML(esc(facets.more_text())), 'mh-layout-facets-more')
+            more.layout.grid_column = '1 / -1'
+            self._facet_boxes.append(more)
+        self._blocks.children = list(self._facet_boxes)
+
+    def _button(self, b: GridBlock, grid: LayoutGrid, form: int) -> widgets.Button:
+        rows, cols = grid.row_cuts, grid.col_cuts
+        button = widgets.Button(
+            description=('⚠ ' if b.flagged or b.mark else '')
+            + (b.labels[form] if b.labels else ''),
+            tooltip=_block_tooltip(b),
+            layout=widgets.Layout(
+                width='auto',
+                height='auto',
+                min_height='28px',
+                grid_row=f'{rows.index(b.rows[0]) + 1} / {rows.index(b.rows[1]) + 1}',
+                grid_column=f'{cols.index(b.cols[0]) + 1} / {cols.index(b.cols[1]) + 1}',
+            ),
+        )
+        button.style.button_color = b.fill
+        button.style.text_color = text_color(b.fill)
+        add_classes(button, 'mh-layout-block', *(f'mh-host-{h}' for h in b.processes))
+        if b.replica_count > 1:
+            button.add_class('mh-layout-replicated')
+        if b.flagged:
+            button.add_class('mh-flagged')
+            button.layout.border = f'3px solid {FLAGGED_EDGE}'
+        if b.mark:
+            button.add_class('mh-marked')
+            button.layout.border = '3px dashed #000000'
+        button.on_click(lambda _b, index=b.index: self.select(index))
+        self._buttons.setdefault(b.index, button)
+        self._all_buttons.append((b.index, button))
+        return button
 
     def _render_selection(self) -> None:
         """What depends on the selection: the outline, the buttons, the list, the info."""
-        self._image.value = render_layout_png(self._grid, selected=self._selected)
-        for index, button in self._buttons.items():
+        self._image.value = render_layout_png(self._facets, selected=self._selected)
+        for index, button in self._all_buttons:
             if index == self._selected:
                 button.add_class('mh-selected')
                 button.style.font_weight = 'bold'
