@@ -77,7 +77,7 @@ def batch_3d() -> Layout:
 def many_facets(n: int = 40) -> Layout:
     """float32[n, 4, 6]: dim 0 in n blocks dealt over the 8 devices: n facets."""
     placements = [([(i, i + 1), (0, 4), (0, 6)], IDS[i % 8], (i % 8) // 2) for i in range(n)]
-    return _named((n, 4, 6), placements, "P('x')", mesh_axes=(('x', 8),))
+    return Layout.from_placements((n, 4, 6), 'float32', placements)
 
 
 def report(

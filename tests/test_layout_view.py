@@ -80,7 +80,7 @@ def test_replicated_block_is_drawn_once_in_the_shared_colour():
     layout = replicated()
     (b,) = mw.layout_grid(layout).blocks
     assert b.fill == lv.SHARED_COLOR and b.replica_count == 8
-    assert b.labels == ('8 replicas on hosts 0-3', 'x8 hosts 0-3', 'x8')
+    assert b.labels == ('8 replicas: dev 0,1 of hosts 0-3', 'x8 dev 0,1 of hosts 0-3', 'x8')
     v = mw.LayoutView(report(layout))
     assert len(find(v.widget, 'mh-layout-block')) == 1
     static = v.static_html()
@@ -93,7 +93,7 @@ def test_flagged_block_says_how_many_replicas_differ_and_where():
     (b,) = mw.layout_grid(report(replicated())).blocks
     assert b.flagged and b.odd_devices == (did(2, 0), did(2, 1)) and b.odd_processes == (2,)
     assert b.odd_text == '2 of 8 replicas differ (host 2)'
-    assert lv._label_lines(b, 600, 60) == ['8 replicas on hosts 0-3', '! ' + b.odd_text]
+    assert lv._label_lines(b, 600, 60) == ['8 replicas: dev 0,1 of hosts 0-3', '! ' + b.odd_text]
     assert lv._label_lines(b, 40, 14) == ['! x8']
 
 
@@ -105,6 +105,24 @@ def test_block_on_one_host_keeps_the_host_colour_and_names_its_devices():
         'host 1 · dev 0,1 (ids 2048,2049)',
         'host 1 · dev 0,1',
         'h1·d0,1',
+    )
+
+
+def test_blocks_across_hosts_say_which_devices_when_alike():
+    """P('dev'): block 0 is dev 0 of every host, block 1 dev 1; different devices per host:
+    only the hosts."""
+    g = mw.layout_grid(rows_by_dev())
+    assert [b.label for b in g.blocks] == [
+        '4 replicas: dev 0 of hosts 0-3',
+        '4 replicas: dev 1 of hosts 0-3',
+    ]
+    mixed = Layout.from_placements(
+        (2,), 'float32', [([(0, 2)], 0, 0), ([(0, 2)], 2049, 1)], local_indices=((0, 0), (2049, 1))
+    )
+    assert mw.layout_grid(mixed).blocks[0].labels == (
+        '2 replicas on hosts 0,1',
+        'x2 hosts 0,1',
+        'x2',
     )
 
 

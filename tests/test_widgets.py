@@ -323,8 +323,8 @@ def test_grid_replica_counts_and_hosts():
     )
     g = mw.layout_grid(layout)
     assert [(b.replica_count, b.processes, b.label) for b in g.blocks] == [
-        (2, (0, 1), '2 replicas on hosts 0,1'),
-        (2, (0, 1), '2 replicas on hosts 0,1'),
+        (2, (0, 1), '2 replicas: dev 0 of hosts 0,1'),
+        (2, (0, 1), '2 replicas: dev 1 of hosts 0,1'),
     ]
     # drawn once, in the shared grey (no host's colour), whatever the number of hosts
     assert all(b.fill == SHARED_COLOR for b in g.blocks)

@@ -99,7 +99,7 @@ CSS = """<style>
 .mh-values {margin:2px 0;font-size:11px;max-height:20em;overflow:auto}
 details.mh-stack > summary {cursor:pointer}
 .mh-scroll {overflow-x:auto;max-width:100%}
-.mh-replica-box,.mh-mesh-view {max-width:520px}
+.mh-replica-box,.mh-mesh-view {max-width:520px;margin-bottom:8px}
 .mh-replica-caption,.mh-mesh-caption,.mh-replica-note,.mh-mesh-more,.mh-layout-facets-more
   {font-size:12px;color:#444;margin:2px 0}
 .mh-table.mh-replica-matrix td,.mh-table.mh-replica-matrix th {padding:1px 4px;text-align:center}

@@ -96,7 +96,8 @@ def block_label(layout: Layout, block: LayoutBlock, form: str = 'long') -> str:
     """Which devices hold a block, as every part of the view says it.
 
     One device: ``'host 1 · dev 0 (id 2048)'``. Several devices of one host:
-    ``'host 1 · dev 0,1 (ids 2048,2049)'``. Several hosts:
+    ``'host 1 · dev 0,1 (ids 2048,2049)'``. Several hosts, the same devices on
+    each: ``'8 replicas: dev 0,1 of hosts 0-3'``; otherwise
     ``'8 replicas on hosts 0-3'``. Pure (no widgets, no devices).
 
     Args:
@@ -116,9 +117,19 @@ def block_label(layout: Layout, block: LayoutBlock, form: str = 'long') -> str:
     if len(hosts) > 1:
         if form == 'tiny':
             return f'x{n}'
+        per_host: dict[int, set[int | None]] = {}
+        for s in block.shards:
+            per_host.setdefault(s.process_index, set()).add(layout.local_index(s.device_id))
+        sets = {frozenset(v) for v in per_host.values()}
+        where = f'hosts {format_ranges(hosts)}'
+        if len(sets) == 1 and None not in next(iter(sets)):
+            devs = format_ranges(i for i in next(iter(sets)) if i is not None)
+            if form == 'short':
+                return f'x{n} dev {devs} of {where}'
+            return f'{n} replicas: dev {devs} of {where}'
         if form == 'short':
-            return f'x{n} hosts {format_ranges(hosts)}'
-        return f'{n} replicas on hosts {format_ranges(hosts)}'
+            return f'x{n} {where}'
+        return f'{n} replicas on {where}'
     (host,) = hosts
     ids = [d for d in block.device_ids if d is not None]
     locals_ = [layout.local_index(d) for d in ids]
@@ -520,7 +531,11 @@ class LayoutFacets:
         if not self.more:
             return ''
         dims = ', '.join(f'dim {d}' for d in self.other_axes)
-        return f'+{self.more} more facets not drawn: move the {dims} slider to page through them'
+        first, last = self.facets[0].number + 1, self.facets[-1].number + 1
+        return (
+            f'+{self.more} more facets not drawn (facets {first}-{last} of {self.total} '
+            f'shown; the {dims} slider pages)'
+        )
 
 
 def _segments(layout: Layout, axis: int) -> tuple[tuple[int, int], ...]:
