@@ -511,10 +511,11 @@ class MultihostMagics(Magics):
     )
     @line_magic
     def mh_layout(self, line: str) -> Any:
-        """Show how an engine array is laid out: blocks coloured by host, labelled by device.
+        """Show how an engine array is laid out: each block once, by host and device.
 
-        Replicas are digested on every host; blocks whose replicas disagree
-        are flagged. ``--axes 0,2`` picks the displayed axes of a rank >= 3 array.
+        Replicas are digested on every host; the replica matrix marks those
+        that disagree. A rank >= 3 array is shown as facets over its other
+        axes; ``--axes 0,2`` picks the displayed axes (default: the last two).
         """
         args = magic_arguments.parse_argstring(self.mh_layout, line)
         name = _valid_name(args.name)
