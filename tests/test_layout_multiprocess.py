@@ -59,6 +59,12 @@ def describe_all() -> dict[str, multihost.Layout]:
             assert info.replica_id == shard.replica_id, (name, info)
             assert info.nbytes == shard.data.nbytes, (name, info)
             assert info.process_index == jax.process_index(), (name, info)
+            # 'dev' in a device's name is its index in this host's jax.local_devices()
+            local = jax.local_devices().index(shard.device)
+            assert layout.local_index(shard.device.id) == local, (name, info)
+            assert layout.device_name(shard.device.id) == (
+                f'host {jax.process_index()} · dev {local} (id {shard.device.id})'
+            )
         out[name] = layout
     return out
 
@@ -121,6 +127,9 @@ def test_layout_places_blocks_on_the_right_hosts(mp_cluster):
         assert len(block.process_indices) == 1 and block.replica_count == 2
     for block in layouts['none_dev'].blocks():  # replicated across every host
         assert block.process_indices == (0, 1, 2, 3)
+    # moving along 'host' (or the flat 'x') changes the process; along 'dev' it does not
+    assert hd.mesh_axis_hosts() == (('host', 4), ('dev', 1)) and hd.crossing_axes == ('host',)
+    assert layouts['flat_x'].crossing_axes == ('x',)
 
 
 @multiprocess
