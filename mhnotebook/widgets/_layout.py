@@ -1993,6 +1993,8 @@ class LayoutView(View):
         if facets.more:
             more = add_classes(widgets.HTML(esc(facets.more_text())), 'mh-layout-facets-more')
             more.layout.grid_column = '1 / -1'
+            # spans every column without widening any: no width of its own for the tracks
+            more.layout.width, more.layout.min_width = '0', '100%'
             self._facet_boxes.append(more)
         self._blocks.children = list(self._facet_boxes)
 
