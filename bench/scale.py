@@ -1,74 +1,291 @@
 """How the diagnostics scale with the number of hosts (simulated: N processes x 1 CPU device).
 
-For N in --hosts (default 4 8 16), in one run: barrier latency, a small
-process_allgather (the key-value path), assert_equal of a 100-leaf tree,
-dump_stacks from process 0, step_table, and check_replicas of a replicated
-array. Medians of --reps repetitions of the slowest process.
+Usage::
 
-This machine has 2 cores, so 16 processes are heavily oversubscribed: read
-the growth from 4 to 16, not the absolute numbers, as an upper bound.
+    python bench/scale.py [--hosts 2,4,8,16,32] [--reps 7] [--png scale.png] [--json PATH]
+    python bench/scale.py --quick            # smoke run: 2 and 4 hosts, 2 repetitions
 
-    python bench/scale.py [--hosts 4 8 16] [--reps 5]
+Method
+------
+For each N in ``--hosts``, one `LocalCluster` of N real JAX processes with
+one CPU device each; in every process these operations run interleaved per
+repetition (machine noise hits all alike), every repetition started together
+at a coordination barrier (not timed):
+
+* ``barrier``: `multihost.barrier` (one coordination round);
+* ``sequence check``: `_sequence.enter`, the check every collective makes
+  (record, publish, barrier, compare), without the collective itself;
+* ``assert_equal 1k leaves``: `multihost.assert_equal` of 1,000 leaves of
+  16 float32 each (equal on every host: the head-digest round);
+* ``dump_stacks (where)``: `multihost.dump_stacks` from process 0 while the
+  other hosts wait at the next repetition's barrier (their debug threads
+  answer: what ``%mh_where`` does);
+* ``step_table``: `multihost.step_table` from process 0;
+* ``watched call``: a call of ``multihost.watch(jax.jit(f), check=True)``
+  on a local array (signature seen before: one launch-check round, then the
+  launch, waited for).
+
+Per operation and N: the wall time per call of the slowest host (a
+multi-host program waits for it), median over repetitions; and the CPU time
+per call of the busiest host, median over repetitions: of the process
+(``time.process_time``: every thread, the waiter thread and the RPC
+library's included) and of the main thread alone (``time.thread_time``:
+encoding, parsing, judging). For ``dump_stacks`` and ``step_table`` the
+busiest host is process 0, which reads every host's reply (the other hosts'
+debug threads answer outside the timed call).
+Then a least-squares fit of each curve (wall, process CPU, main-thread CPU)
+to ``a*N + b`` and to ``a*N*log2(N) + b``, with the RMS residuals of both and
+which fits better, and the better fit's value at 1,000 hosts, printed as an
+EXTRAPOLATION (never measured here). A log-log chart of the three curves
+goes to ``--png``. Message sizes at 1,000 hosts: ``bench/messages.py``.
+
+THIS MACHINE IS OVERSUBSCRIBED ABOVE ITS CORE COUNT (2 cores here): with N
+processes on 2 cores the wall times include waiting for a core and grow at
+least like N/2 for anything every host does at once; read the per-host CPU
+time as the cost of an operation on a real cluster (one host per machine),
+and the wall curves as an upper bound.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
+import statistics
+import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import _common
 import numpy as np
 
+#: Operations in table order (keys of the per-process results).
+OPS = (
+    'barrier',
+    'sequence check',
+    'assert_equal 1k leaves',
+    'dump_stacks (where)',
+    'step_table',
+    'watched call',
+)
+LEAVES = 1000
 
-def _body(reps: int) -> dict[str, list[float]]:
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, float, float]:
+    """(wall, process CPU, main-thread CPU) seconds of one call, started together everywhere."""
+    _common.start_together()
+    m0, c0, t0 = time.thread_time(), time.process_time(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - m0
+
+
+def _body(reps: int) -> dict[str, dict[str, list[float]]]:
+    """Runs in every process: per operation, wall and CPU seconds per repetition."""
     import jax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
+    import jax.numpy as jnp
 
     import multihost
+    from multihost import _sequence
 
-    tree = {f'w{i}': np.full(256, i, np.float32) for i in range(100)}
-    mesh = _common.flat_mesh()
-    rep = jax.make_array_from_callback(
-        (1024,), NamedSharding(mesh, P()), lambda i: np.arange(1024.0)[i]
-    )
-    cases = {
+    p0 = jax.process_index() == 0
+    tree = {f'w{i:04d}': np.full(16, i, np.float32) for i in range(LEAVES)}
+    watched = multihost.watch(jax.jit(lambda x: x * 2.0 + 1.0), name='scale_step', check=True)
+    x = jnp.ones(16, jnp.float32)
+    cases: dict[str, Callable[[], Any]] = {
         'barrier': lambda: multihost.barrier('scale'),
-        'allgather 64 B/host': lambda: multihost.process_allgather(np.arange(16, dtype=np.float32)),
-        'assert_equal 100 leaves': lambda: multihost.assert_equal(tree),
-        'check_replicas 4 KiB': lambda: multihost.check_replicas(rep),
-        'dump_stacks (from p0)': lambda: (
-            multihost.dump_stacks(timeout=30) if jax.process_index() == 0 else None
-        ),
-        'step_table (p0)': lambda: multihost.step_table() if jax.process_index() == 0 else None,
+        'sequence check': lambda: _sequence.enter('bench', 'scale'),
+        'assert_equal 1k leaves': lambda: multihost.assert_equal(tree),
+        'dump_stacks (where)': lambda: multihost.dump_stacks(timeout=120) if p0 else None,
+        'step_table': lambda: multihost.step_table() if p0 else None,
+        'watched call': lambda: watched(x).block_until_ready(),
     }
-    for fn in cases.values():
-        fn()
-    return _common.interleaved(cases, reps)
+    for fn in cases.values():  # warm-up: compiles, debug threads, first signatures
+        _timed(fn)
+    out: dict[str, dict[str, list[float]]] = {k: {'wall': [], 'cpu': [], 'main': []} for k in cases}
+    for _ in range(reps):
+        for key, fn in cases.items():
+            wall, cpu, main = _timed(fn)
+            out[key]['wall'].append(wall)
+            out[key]['cpu'].append(cpu)
+            out[key]['main'].append(main)
+    return out
 
 
-def main() -> None:
+# -- parent side ---------------------------------------------------------------------------
+
+
+def fit(ns: list[int], ys: list[float], model: str) -> tuple[float, float, float]:
+    """Least squares ``y = a*f(N) + b``, f = N or N*log2(N): (a, b, RMS residual)."""
+    f = [n if model == 'N' else n * math.log2(n) for n in ns]
+    a, b = np.polyfit(np.array(f, float), np.array(ys, float), 1)
+    res = [y - (a * x + b) for x, y in zip(f, ys)]
+    return float(a), float(b), math.sqrt(sum(r * r for r in res) / len(res))
+
+
+def _best(ns: list[int], ys: list[float]) -> dict[str, Any]:
+    lin, nlog = fit(ns, ys, 'N'), fit(ns, ys, 'NlogN')
+    return {'N': lin, 'NlogN': nlog, 'best': 'O(N)' if lin[2] <= nlog[2] else 'O(N log N)'}
+
+
+def _hosts(values: list[str]) -> list[int]:
+    return [int(v) for item in values for v in item.split(',') if v.strip()]
+
+
+def _plot(path: str, ns: list[int], panels: dict[str, dict], cores: int) -> None:
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), sharex=True)
+    for ax, (title, data) in zip(axes, panels.items()):
+        for op in OPS:
+            ax.plot(ns, [data[op][n] for n in ns], marker='o', label=op)
+        # A line proportional to N through the first barrier point: reads growth at a glance.
+        y0 = data['barrier'][ns[0]]
+        ax.plot(ns, [y0 * n / ns[0] for n in ns], ls=':', color='0.5', label='∝ N')
+        ax.set_xscale('log', base=2)
+        ax.set_yscale('log')
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_xlabel('hosts (processes, 1 CPU device each)')
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which='both', alpha=0.3)
+        if cores < max(ns):
+            ax.axvline(cores, color='0.4', ls='--', lw=1)
+            ax.text(
+                cores * 1.05,
+                0.02,
+                f'oversubscribed ({cores} cores) →',
+                transform=ax.get_xaxis_transform(),
+                fontsize=8,
+                color='0.35',
+            )
+    axes[-1].legend(fontsize=8, loc='upper left')
+    fig.suptitle('multihost diagnostics: cost per call vs number of hosts (log-log)', fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _fits(ns: list[int], title: str, data: dict[str, dict[int, float]]) -> dict[str, Any]:
+    print(f'fit of {title} (ms): a*N + b vs a*N*log2(N) + b, RMS residuals')
+    out = {}
+    for op in OPS:
+        out[op] = r = _best(ns, [data[op][n] for n in ns])
+        (a1, b1, e1), (a2, b2, e2) = r['N'], r['NlogN']
+        print(
+            f'  {op:<24} N: {a1:7.3f}*N {b1:+8.2f} (rms {e1:6.2f})   '
+            f'NlogN: {a2:7.4f}*NlogN {b2:+8.2f} (rms {e2:6.2f})   -> {r["best"]}'
+        )
+    return out
+
+
+def _at(fit: dict[str, Any], n: int) -> float:
+    """The better fit's value at ``n`` hosts (an extrapolation)."""
+    a, b, _ = fit['N'] if fit['best'] == 'O(N)' else fit['NlogN']
+    return a * (n if fit['best'] == 'O(N)' else n * math.log2(n)) + b
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--hosts', type=int, nargs='+', default=[4, 8, 16])
-    parser.add_argument('--reps', type=int, default=5)
-    args = parser.parse_args()
-    table: dict[str, dict[int, float]] = {}
-    for n in args.hosts:
+    parser.add_argument('--hosts', nargs='+', default=['2,4,8,16,32'], help='e.g. 2,4,8,16,32')
+    parser.add_argument('--reps', type=int, default=7)
+    parser.add_argument('--png', default='scale.png', help='where to write the chart')
+    parser.add_argument('--json', help='also write the results here')
+    parser.add_argument('--quick', action='store_true', help='smoke run: 2,4 hosts, 2 reps')
+    args = parser.parse_args(argv)
+    ns = [2, 4] if args.quick else _hosts(args.hosts)
+    reps = 2 if args.quick else args.reps
+    cores = os.cpu_count() or 1
+    env = _common.environment(0, 1)
+    print(json.dumps(env), flush=True)
+    if max(ns) > cores:
+        print(
+            f'NOTE: {cores} cores: {", ".join(str(n) for n in ns if n > cores)} processes '
+            'oversubscribe them; wall times include waiting for a core (an upper bound), '
+            'per-host CPU time is the cost per host.',
+            flush=True,
+        )
+    wall: dict[str, dict[int, float]] = {op: {} for op in OPS}
+    cpu: dict[str, dict[int, float]] = {op: {} for op in OPS}
+    main_cpu: dict[str, dict[int, float]] = {op: {} for op in OPS}
+    started: dict[int, float] = {}
+    for n in ns:
         t0 = time.perf_counter()
-        with _common.local_cluster(n, 1, start_timeout=300) as cluster:
-            up = time.perf_counter() - t0
-            per = cluster.run(_body, args.reps, timeout=1200)
-        for key in per[0]:
-            table.setdefault(key, {})[n] = _common.slowest_median_ms([p[key] for p in per])
-        table.setdefault('cluster start (s)', {})[n] = up * 1e3
-        print(f'{n} hosts done', flush=True)
-    head = f'{"case":<26}' + ''.join(f'{f"{n} hosts":>12}' for n in args.hosts)
-    print('\n' + head + '\n' + '-' * len(head))
-    for key, row in table.items():
-        scale = 1e-3 if key.endswith('(s)') else 1
-        unit = 's' if key.endswith('(s)') else 'ms'
-        print(f'{key:<26}' + ''.join(f'{row[n] * scale:>9.1f} {unit:<2}' for n in args.hosts))
+        # 32 processes importing JAX on 2 cores take a while: a generous bound.
+        with _common.local_cluster(n, 1, start_timeout=120 + 20 * n) as cluster:
+            started[n] = time.perf_counter() - t0
+            per = cluster.run(_body, reps, timeout=600 + 60 * n)
+        for op in OPS:
+            wall[op][n] = _common.slowest_median_ms([p[op]['wall'] for p in per])
+            # The busiest host: for dump_stacks / step_table, process 0 (it reads every reply).
+            cpu[op][n] = max(statistics.median(p[op]['cpu']) * 1e3 for p in per)
+            main_cpu[op][n] = max(statistics.median(p[op]['main']) * 1e3 for p in per)
+        print(f'{n} hosts done (cluster started in {started[n]:.1f} s)', flush=True)
+
+    width = 22
+    head = f'{"operation":<24}' + ''.join(f'{f"N={n}":>{width}}' for n in ns)
+    print(f'\nper call (ms), median of {reps} reps: wall of the slowest host / CPU of the')
+    print('busiest host: process / main thread')
+    print(head + '\n' + '-' * len(head))
+    for op in OPS:
+        cells = ''.join(
+            f'{f"{wall[op][n]:.1f} / {cpu[op][n]:.1f} / {main_cpu[op][n]:.1f}":>{width}}'
+            for n in ns
+        )
+        print(f'{op:<24}{cells}')
+    print(f'{"cluster start (s)":<24}' + ''.join(f'{started[n]:>{width}.1f}' for n in ns))
+
+    panels = {
+        'wall per call, slowest host (ms)': wall,
+        'process CPU per call, busiest host (ms)': cpu,
+        'main-thread CPU per call, busiest host (ms)': main_cpu,
+    }
+    fits: dict[str, dict[str, Any]] = {}
+    if len(ns) >= 3:
+        for title, data in panels.items():
+            print()
+            fits[title] = _fits(ns, title.split(' per call')[0], data)
+        far = 1000
+        print(
+            f'\nEXTRAPOLATED to N={far} from the better fit (not measured; the wall curve is '
+            f'that of {far} processes sharing {cores} cores, not of {far} machines):'
+        )
+        print(f'  {"operation":<24}{"wall":>12}{"process CPU":>14}{"main CPU":>12}')
+        for op in OPS:
+            cells = [_at(fits[title][op], far) for title in panels]
+            widths = (12, 14, 12)
+            print(f'  {op:<24}' + ''.join(f'{c:.0f} ms'.rjust(w) for c, w in zip(cells, widths)))
+    if max(ns) > cores:
+        print(
+            f'\n{cores} cores, up to {max(ns)} processes: OVERSUBSCRIBED above {cores} hosts. '
+            'Wall times include waiting for a core; the CPU per host is what a host of a '
+            "real cluster spends (process CPU includes the RPC library's threads, which "
+            'also burn CPU while waiting on a contended machine).'
+        )
+    if args.png:
+        _plot(args.png, ns, panels, cores)
+        print(f'chart: {args.png}')
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(
+                {
+                    'env': env,
+                    'hosts': ns,
+                    'reps': reps,
+                    'wall_ms': wall,
+                    'cpu_ms': cpu,
+                    'main_thread_cpu_ms': main_cpu,
+                    'start_s': started,
+                    'fits': fits,
+                },
+                f,
+                indent=1,
+            )
+    return 0
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())
