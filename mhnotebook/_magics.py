@@ -116,8 +116,17 @@ def _literal(text: str) -> Any:
         return text
 
 
+def _unquote(text: str | None) -> str | None:
+    """``text`` without one pair of enclosing quotes (IPython keeps them in magic arguments)."""
+    if text and len(text) >= 2 and text[0] == text[-1] and text[0] in '"\'':
+        return text[1:-1]
+    return text
+
+
 def _launcher_options(args: Any) -> dict[str, Any]:
     """`start_local` keywords for ipyparallel's launchers from ``%mh_cluster start`` options."""
+    for name in ('engines', 'hosts', 'controller_ip', 'ssh_args', 'remote_python'):
+        setattr(args, name, _unquote(getattr(args, name)))
     options: dict[str, Any] = {}
     config: dict[str, dict[str, Any]] = {}
     if args.engines:
@@ -140,7 +149,7 @@ def _launcher_options(args: Any) -> dict[str, Any]:
     if args.controller_ip:
         options['controller_ip'] = args.controller_ip
     for setting in args.set:
-        key, sep, value = setting.partition('=')
+        key, sep, value = str(_unquote(setting)).partition('=')
         cls, dot, trait = key.strip().rpartition('.')
         if not sep or not dot or not cls.isidentifier() or not trait.isidentifier():
             raise UsageError(
@@ -319,9 +328,10 @@ class MultihostMagics(Magics):
                 state = (
                     f'dead ({st["how"]})' if not st['alive'] else 'busy' if st['busy'] else 'idle'
                 )
+                address = session.processes[p].address
                 print(
                     f'host {p}: engine {st["engine_id"]} on {st["hostname"]} '
-                    f'(pid {st["pid"]}), {state}'
+                    f'({address}, pid {st["pid"]}), {state}'
                 )
             dead = [p for p, st in status.items() if not st['alive']]
             if dead:

@@ -169,7 +169,8 @@ def engine_info(controller: str | None = None) -> dict[str, Any]:
     ``address`` is the address this engine uses to reach the controller
     (`controller_address`; ``controller``: the controller's URL as the
     notebook knows it, tried after the engine's own); ``address_from`` says
-    how it was found.
+    how it was found; once JAX is distributed, ``coordinator`` is the
+    coordination service's address.
     """
     import sys
 
@@ -196,6 +197,7 @@ def engine_info(controller: str | None = None) -> dict[str, Any]:
                 local_devices=[d.id for d in jax.local_devices()],
                 jax=jax.__version__,
                 backend=jax.default_backend(),
+                coordinator=_jax_adapter.coordinator_address(),
             )
     return info
 
