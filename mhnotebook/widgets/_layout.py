@@ -1925,12 +1925,15 @@ class LayoutView(View):
     def _render(self) -> None:
         """Everything that depends on the axes and the slice."""
         fixed = {d: s.value for d, s in enumerate(self._sliders) if d not in self._axes}
-        self._grid = grid = layout_grid(
-            self.layout, self._axes, fixed, self._report, marked=self._marked
-        )
         self._facets = layout_facets(
             self.layout, self._axes, fixed, self._report, marked=self._marked
         )
+        if self.layout.ndim <= 2:  # one facet: the plane itself
+            self._grid = grid = self._facets.facets[0].grid
+        else:
+            self._grid = grid = layout_grid(
+                self.layout, self._axes, fixed, self._report, marked=self._marked
+            )
         if self._selected is not None and not any(
             f.grid.find(self._selected) for f in self._facets.facets
         ):
