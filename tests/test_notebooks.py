@@ -80,6 +80,13 @@ def test_notebook_runs_top_to_bottom(path):
         assert text.count('missing [1]') == 4, text
         # ... and the next collective lines up without a restart.
         assert all(f'host {p} is in step' in text for p in range(4)), text
+    if path.name == '05_real_cluster.ipynb':
+        # Without MH_CLUSTER_URL_FILE: its stand-in cluster on this machine.
+        # tests/test_netns_cluster.py runs it against hosts with their own addresses.
+        assert 'a stand-in on this machine' in text, text
+        assert 'mhnotebook: connected to 4 hosts' in text, text
+        assert 'JAX coordinator: 127.0.0.1:' in text and 'host 3: engine' in text, text
+        assert 'full = x gathered from 4 hosts: float32[4, 4]' in text, text
     _save_executed(nb, path.name)
 
 
