@@ -158,7 +158,7 @@ def test_replica_matrix_of_p_unspecified_has_a_cell_per_device():
     """P() with host 2 odd: one row, 8 device columns grouped by host, host 2's 2 cells odd."""
     m = lv.replica_matrix(report(replicated()))
     assert [(c.process, c.device_id, c.label) for c in m.columns] == [
-        (h, did(h, d), f'dev {d}') for h in range(4) for d in range(2)
+        (h, did(h, d), f'{d}') for h in range(4) for d in range(2)
     ]
     (row,) = m.rows
     assert row.flagged and len(m.cells()) == 8
@@ -174,12 +174,9 @@ def test_replica_matrix_of_p_unspecified_has_a_cell_per_device():
         'host 2 · dev 1 (id 4097)',
     ]
     assert all('mh-host-2' in c['classes'] for c in odd)
-    assert [h['text'].strip() for h in tags(html, tag='th')][1:5] == [
-        'host 0',
-        'host 1',
-        'host 2',
-        'host 3',
-    ]
+    heads = [h['text'].strip() for h in tags(html, tag='th')]
+    assert heads[:5] == ['host', 'host 0', 'host 1', 'host 2', 'host 3']
+    assert heads[5:14] == ['dev', '0', '1', '0', '1', '0', '1', '0', '1']
 
 
 def test_replica_matrix_without_report_is_neutral():
@@ -219,20 +216,21 @@ def test_replica_matrix_caps_rows_with_the_flagged_ones_kept():
 
 
 def test_replica_matrix_of_many_hosts_has_host_columns_and_keeps_odd_hosts():
-    """P() over 100 hosts x 2 devices: one column per host, the first 48 and the odd one."""
+    """P() over 100 hosts x 2 devices: one column per host, the first 16 and the odd one."""
     placements = [([(0, 4)], 1000 * h + d, h) for h in range(100) for d in range(2)]
     layout = Layout.from_placements((4,), 'float32', placements)
     m = lv.replica_matrix(report(layout, lambda s: s.process_index == 77))
     assert m.per_host
     real = [c for c in m.columns if not c.gap]
-    assert [c.process for c in real] == [*range(48), 77]
-    assert [c.gap for c in m.columns if c.gap] == [29, 22]  # hosts 48-76, 78-99
+    assert [c.process for c in real] == [*range(16), 77]
+    assert [c.gap for c in m.columns if c.gap] == [61, 22]  # hosts 16-76, 78-99
     (row,) = m.rows
     odd = [c for c in row.cells if c is not None and c.odd]
     assert [(c.process, c.device_ids) for c in odd] == [(77, (77000, 77001))]
     html = lv.replica_matrix_html(m)
-    assert len(tags(html, 'mh-replica-cell', 'td')) == 49
+    assert len(tags(html, 'mh-replica-cell', 'td')) == 17
     assert len(tags(html, 'mh-replica-gap', 'th')) == 2
+    assert '83 more hosts in the … columns, none holding an odd replica' in m.caption()
 
 
 # -- facets -------------------------------------------------------------------------------

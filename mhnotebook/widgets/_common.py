@@ -99,11 +99,11 @@ CSS = """<style>
 .mh-values {margin:2px 0;font-size:11px;max-height:20em;overflow:auto}
 details.mh-stack > summary {cursor:pointer}
 .mh-scroll {overflow-x:auto;max-width:100%}
-.mh-replica-box,.mh-mesh-view {max-width:520px;margin-bottom:8px}
+.mh-replica-box,.mh-mesh-view {max-width:600px;margin-bottom:8px}
 .mh-replica-caption,.mh-mesh-caption,.mh-replica-note,.mh-mesh-more,.mh-layout-facets-more
   {font-size:12px;color:#444;margin:2px 0}
 .mh-table.mh-replica-matrix td,.mh-table.mh-replica-matrix th {padding:1px 4px;text-align:center}
-.mh-table.mh-replica-matrix td.mh-replica-cell {min-width:1.8em;border:1px solid #bbb}
+.mh-table.mh-replica-matrix td.mh-replica-cell {min-width:1.2em;border:1px solid #bbb}
 .mh-table.mh-replica-matrix td.mh-replica-odd {outline:3px solid #d62728;outline-offset:-3px;
   font-weight:bold;color:#a00000;background-image:repeating-linear-gradient(45deg,
   rgba(214,39,40,.45) 0 2px,transparent 2px 6px)}

@@ -66,10 +66,11 @@ MAX_LABELS = 400
 MAX_FACETS = 16
 #: Replicated blocks (rows) in the replica matrix; those that differ come first.
 MAX_MATRIX_ROWS = 16
-#: Device columns in the replica matrix; beyond, one column per host.
-MAX_MATRIX_DEVICES = 64
+#: Device columns in the replica matrix; beyond, one column per host (the matrix stays
+#: about 600 px wide, beside the picture, so that no odd replica hides in a scroll).
+MAX_MATRIX_DEVICES = 20
 #: Host columns in the replica matrix; beyond, the first ones plus every odd host.
-MAX_MATRIX_HOSTS = 48
+MAX_MATRIX_HOSTS = 16
 #: Mesh positions drawn in the mesh view's device table.
 MAX_MESH_CELLS = 256
 #: Elements of a block's values printed in full (``np.array2string`` threshold).
@@ -655,7 +656,7 @@ class ReplicaColumn:
     Attributes:
         process: the host.
         device_id: the device; None for a host column or a gap.
-        label: the header (``'dev 0'``, ``'host 3'``, ``'… 40 hosts'``).
+        label: the header (``'0'``: dev 0 of its host; ``'host 3'``; ``'… 40'``: 40 hosts).
         title: the tooltip (``'host 1 · dev 0 (id 2048)'``).
         gap: how many hosts this column stands for without showing them (0: a real column).
     """
@@ -722,6 +723,11 @@ class ReplicaMatrix:
             text += '; cells coloured by digest (a: the most common), odd replicas marked red'
         else:
             text += '; replicas not compared (no replica report)'
+        hidden = sum(c.gap for c in self.columns)
+        if hidden:
+            text += f'; {hidden} more hosts in the … columns' + (
+                ', none holding an odd replica of these blocks' if self.checked else ''
+            )
         if self.more:
             text += (
                 f'; {self.more} more replicated block{"s" if self.more != 1 else ""} not shown'
@@ -790,7 +796,7 @@ def replica_matrix(
         else:
             for d in ordered[p]:
                 local = layout.local_index(d)
-                label = 'mem' if d is None else f'dev {local}' if local is not None else f'#{d}'
+                label = 'mem' if d is None else f'{local}' if local is not None else f'#{d}'
                 columns.append(ReplicaColumn(p, d, label, layout.device_name(d)))
     if skipped:
         columns.append(
@@ -863,26 +869,27 @@ def replica_matrix_html(matrix: ReplicaMatrix) -> str:
     if not matrix.rows:
         return ''
     cols = matrix.columns
-    head1 = ['<th rowspan="2">block</th>']
-    head2 = []
+    span = '' if matrix.per_host else ' rowspan="2"'
+    head1 = ['<th>host</th>']
+    head2 = ['<th>dev</th>']
     for _, group in itertools.groupby(cols, key=lambda c: (c.process, c.gap)):
         members = list(group)
         c0 = members[0]
         if c0.gap:
             head1.append(
-                f'<th rowspan="2" class="mh-replica-gap" title="{esc(c0.title)}">'
-                f'{esc(c0.label)}</th>'
+                f'<th{span} class="mh-replica-gap" title="{esc(c0.title)}">{esc(c0.label)}</th>'
             )
             continue
         if matrix.per_host:
             head1.append(
-                f'<th rowspan="2" class="mh-host-{c0.process}" title="{esc(c0.title)}">'
-                f'{swatch(c0.process)} {c0.process}</th>'
+                f'<th class="mh-host-{c0.process}" title="{esc(c0.title)}">'
+                f'{swatch(c0.process)}<br>{c0.process}</th>'
             )
             continue
+        name = f'host {c0.process}' if len(members) > 1 else f'{c0.process}'
         head1.append(
-            f'<th colspan="{len(members)}" class="mh-host-{c0.process}">'
-            f'{swatch(c0.process)} host {c0.process}</th>'
+            f'<th colspan="{len(members)}" class="mh-host-{c0.process}" '
+            f'title="host {c0.process}">{swatch(c0.process)} {name}</th>'
         )
         head2 += [f'<th title="{esc(c.title)}">{esc(c.label)}</th>' for c in members]
     body = []
@@ -924,7 +931,8 @@ def replica_matrix_html(matrix: ReplicaMatrix) -> str:
         f'{CSS}<div class="mh-replica-box"><div class="mh-replica-caption">'
         f'{esc(matrix.caption())}</div><div class="mh-scroll">'
         f'<table class="mh-table mh-replica-matrix"><tr>{"".join(head1)}</tr>'
-        f'{"<tr>" + "".join(head2) + "</tr>" if head2 else ""}{"".join(body)}</table></div>'
+        f'{"<tr>" + "".join(head2) + "</tr>" if len(head2) > 1 else ""}{"".join(body)}'
+        '</table></div>'
         f'{note}</div>'
     )
 
@@ -1061,7 +1069,7 @@ def _mesh_devices_html(layout: Layout, axes: tuple[MeshAxisInfo, ...], max_cells
         row_names = [', '.join(f'{a.name}={i}' for a, i in zip(axes[:-1], pos)) for pos in leading]
         col_names = [f'{axes[-1].name}={j}' for j in range(sizes[-1])]
     ncols = grid.shape[1]
-    form = 'long' if ncols <= 4 else 'short' if ncols <= 8 else 'tiny'
+    form = 'long' if ncols <= 2 else 'short' if ncols <= 4 else 'tiny'
     max_rows = max(1, max_cells // max(ncols, 1))
     body = []
     for r in range(min(grid.shape[0], max_rows)):
