@@ -263,8 +263,8 @@ def test_ssh_launcher_starts_engines_on_the_namespace_hosts(hosts, tmp_path):
     line = (
         f'start -n {len(logins)} -d 1 --engines ssh --hosts {",".join(logins)} '
         f'--ssh-args "{" ".join(ssh.options)}" --remote-python {sys.executable} '
-        # The hosts share this file system: a remote profile dir of its own, so scp
-        # does not copy the connection files onto themselves.
+        # A profile dir of the hosts' own, as on hosts without a shared file system
+        # (and a launcher setting that goes through --set).
         f'--set SSHEngineSetLauncher.remote_profile_dir={tmp_path / "remote-profile"} '
         '--timeout 120'
     )
@@ -278,6 +278,8 @@ def test_ssh_launcher_starts_engines_on_the_namespace_hosts(hosts, tmp_path):
         assert sorted(h.address for h in session.processes) == sorted(addresses)
         launchers = session._local.cluster.engine_set.launchers
         assert sorted(k.split('/')[0] for k in launchers) == sorted(logins)
+        remote = {launcher.remote_profile_dir for launcher in launchers.values()}
+        assert remote == {str(tmp_path / 'remote-profile')}
         infos = session.call('multihost.engine.engine_info')
         host, _ = split_url(infos[0]['coordinator'])
         assert host == session.processes[0].address
