@@ -111,6 +111,19 @@ def _listening(pid: int) -> set[tuple[str, int]]:
     return found
 
 
+def test_without_namespaces_ci_fails_instead_of_skipping(monkeypatch):
+    """Where namespaces cannot be made, these tests skip, unless MH_REQUIRE_NETNS=1 (CI)."""
+    monkeypatch.setattr(_netns, 'unavailable', lambda: 'network namespaces need root')
+    monkeypatch.setenv(_netns.REQUIRE_ENV, '1')
+    with pytest.raises(pytest.fail.Exception, match='MH_REQUIRE_NETNS=1 requires'):
+        with _netns.namespace_hosts(1):
+            pass
+    monkeypatch.setenv(_netns.REQUIRE_ENV, '0')
+    with pytest.raises(pytest.skip.Exception, match='need root'):
+        with _netns.namespace_hosts(1):
+            pass
+
+
 def test_connect_url_file_puts_the_coordinator_on_engine_0s_namespace_address(
     session, hosts, controller
 ):

@@ -41,7 +41,7 @@ MODULES = ('multihost', 'mhnotebook', 'mhnotebook.widgets')
 WIDGET = 'application/vnd.jupyter.widget-view+json'
 STATIC = 'class="mh-static '
 RUN_TESTS = (
-    'the site renders the tutorials as the tests executed them: run '
+    'The site renders the tutorials as the tests executed them: run '
     '`pytest tests/test_notebooks.py` (or the whole suite) first, then build again.'
 )
 
@@ -291,6 +291,31 @@ def write_reference() -> None:
     _prune(DOCS / 'reference', {f'{m}.md' for m in MODULES})
 
 
+# -- the index -------------------------------------------------------------------------------
+
+OTHER_PAGES = 'OTHER-PAGES'  # the line of index.md's last toctree that stands for them
+
+
+def add_other_pages(app: Sphinx, docname: str, source: list[str]) -> None:
+    """Puts every top-level page index.md does not name into its last toctree.
+
+    A new page in docs/ is never left out of the site (Sphinx would only warn).
+    """
+    if docname == 'index':
+        named = set(re.sub(r'\W', ' ', source[0]).split())
+        others = sorted(
+            d for d in app.env.found_docs if '/' not in d and d not in named | {docname}
+        )
+        source[0] = source[0].replace(OTHER_PAGES, '\n'.join(others))
+
+
+def index_outdated(
+    app: Sphinx, env: Any, added: set[str], changed: set[str], removed: set[str]
+) -> list[str]:
+    """A page added or removed changes the index's toctree: read it again."""
+    return ['index'] if added or removed else []
+
+
 # -- the extension ---------------------------------------------------------------------------
 
 _made: dict[str, list[str]] = {}  # what builder-inited wrote, for the checks at the end
@@ -339,5 +364,7 @@ def check_site(app: Sphinx, exception: BaseException | None) -> None:
 
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect('builder-inited', generate)
+    app.connect('source-read', add_other_pages)
+    app.connect('env-get-outdated', index_outdated)
     app.connect('build-finished', check_site)
     return {'parallel_read_safe': True, 'parallel_write_safe': True}
