@@ -308,7 +308,7 @@ class MultihostMagics(Magics):
                 raise UsageError('a cluster is already running: %mh_cluster stop it first.')
             try:
                 self.session = connect(
-                    args.url_file,
+                    _unquote(args.url_file),
                     profile=args.profile,
                     cluster_id=args.cluster_id,
                     n=args.n if '-n' in shlex.split(line) else None,

@@ -145,3 +145,16 @@ def test_controller_address_is_the_route_to_the_controller(monkeypatch):
     assert engine.host_port('10.1.2.3', 80) == '10.1.2.3:80'
     port = engine.free_port('127.0.0.1')
     assert 0 < port < 65536
+
+
+def test_cluster_connect_magic_passes_the_connection_file(monkeypatch):
+    """%mh_cluster connect --url-file F -n N: the file (quotes removed) and N reach connect."""
+    calls = []
+    monkeypatch.setattr(_magics, 'connect', lambda *a, **kw: calls.append((a, kw)))
+    ip, magics = magic_shell(None)
+    try:
+        ip.run_line_magic('mh_cluster', 'connect --url-file "/head node/client.json" -n 16')
+        ((args, kwargs),) = calls
+        assert args == ('/head node/client.json',) and kwargs['n'] == 16
+    finally:
+        magics.session = None
