@@ -162,9 +162,10 @@ def _plot(path: str, ns: list[int], panels: dict[str, dict], cores: int) -> None
                 fontsize=8,
                 color='0.35',
             )
-    axes[-1].legend(fontsize=8, loc='upper left')
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc='lower center', ncol=len(labels), fontsize=8, frameon=False)
     fig.suptitle('multihost diagnostics: cost per call vs number of hosts (log-log)', fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=80)
     plt.close(fig)
 
