@@ -42,7 +42,6 @@ autodoc_member_order = 'bysource'
 autodoc_typehints = 'signature'
 add_module_names = False
 default_role = 'py:obj'  # `Session` in a docstring links to it when it can
-smartquotes = False  # keep --options and 'quotes' as typed
 
 html_theme = 'furo'
 html_title = f'mhnotebook {release}'

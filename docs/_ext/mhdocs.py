@@ -158,6 +158,8 @@ def _magic_page(forms: list[str], method: Any) -> tuple[str, str]:
             default = '' if action.default in (None, False) else f'`{action.default}`'
             cell = fmt._format_action_invocation(action)
             meaning = meaning.replace('|', '\\|')  # a table cell
+            # Options named in the help as code (Sphinx's smart quotes would make -- a dash).
+            meaning = re.sub(r'(?<![\w`-])(--?[a-z][\w-]*)', r'`\1`', meaning)
             lines.append(f'| `{cell}` | {meaning} | {default} |')
         lines.append('')
     return '\n'.join(lines) + '\n', summary
