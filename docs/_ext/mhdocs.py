@@ -129,10 +129,8 @@ def _magics() -> list[tuple[str, list[str], Any]]:
     for kind, prefix in (('line', '%'), ('cell', '%%')):
         for magic, fname in MultihostMagics.magics[kind].items():
             forms.setdefault(fname, []).append(prefix + magic)
-    found = [
-        (f, forms[f], getattr(MultihostMagics, f)) for f in vars(MultihostMagics) if f in forms
-    ]
-    return sorted(found, key=lambda m: inspect.getsourcelines(m[2])[1])
+    # vars() of a class keeps the order of its body.
+    return [(f, forms[f], getattr(MultihostMagics, f)) for f in vars(MultihostMagics) if f in forms]
 
 
 def _magic_page(forms: list[str], method: Any) -> tuple[str, str]:
@@ -141,7 +139,7 @@ def _magic_page(forms: list[str], method: Any) -> tuple[str, str]:
     doc = inspect.cleandoc(parser.description if parser is not None else method.__doc__ or '')
     if not doc:
         raise ExtensionError(f'{forms[0]} has no docstring: its page would be empty')
-    summary = doc.split('\n\n', 1)[0].replace('\n', ' ')
+    summary = doc.split('\n\n', 1)[0].replace('\n', ' ').replace('|', '\\|')  # a table cell
     title = ' / '.join(f'`{f}`' for f in forms)
     lines = [f'# {title}', '']
     if parser is not None:
