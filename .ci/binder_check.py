@@ -1,33 +1,43 @@
-"""Binder, proven from its own files: build the environment as repo2docker would, run the tutorials.
+"""Binder, proven from its own files: the environment repo2docker would build, the tutorials in it.
 
-repo2docker (what mybinder.org runs) reads ``binder/`` and ignores the rest of
-the repository's packaging. This check does what it does, without Docker:
+mybinder.org builds with repo2docker, which reads ``binder/`` and ignores the
+rest of the repository's packaging. This check asks repo2docker itself
+(installed in a tools venv, ``build/binder/tools``; no Docker) what it would do
+with this repository, and does that:
 
-1. copies the repository as Binder sees it (tracked and untracked files, not
-   ignored ones) to ``build/binder/repo``;
-2. makes a fresh venv with the Python of ``binder/runtime.txt``;
-3. installs repo2docker's base notebook environment (``.ci/repo2docker-base.txt``);
-4. runs ``pip install -r binder/requirements.txt`` from the repository's root,
-   as repo2docker does (so ``.`` is the repository), then ``binder/postBuild``;
-5. starts JupyterLab from that environment (it must serve the tutorials) and
-   executes every tutorial with nbclient in the environment's kernel, from the
-   tutorial's folder, with a fresh home (tutorials matching ``EXEMPT`` would
-   be skipped; none is);
-6. samples the memory of every process it started (the server, the kernel,
-   the simulated hosts and the cluster's helpers: the whole container on
-   Binder) every 0.2 s, and fails when the peak passes ``LIMIT``.
+1. the build context is the repository as Binder gets it: tracked and
+   untracked files, not ignored ones;
+2. repo2docker picks the buildpack, the Python (``binder/runtime.txt``) and its
+   base notebook environment, a conda lock file it ships. A fresh venv with
+   that Python gets the lock's Python packages at the lock's versions, with
+   pip (``--no-deps``: conda installs a lock as it is);
+3. into a fresh home (repo2docker's ``REPO_DIR``) go the files repo2docker
+   copies before its pre-assemble scripts, then those scripts run verbatim
+   (with our ``binder/requirements.txt``: none, since repo2docker sees its
+   ``.`` line as a local requirement and installs it once the repository is
+   there); then the whole repository, the assemble scripts and each post-build
+   script (``chmod +x binder/postBuild && ./binder/postBuild``), verbatim;
+4. JupyterLab from the environment must serve the tutorials; every tutorial
+   then runs top to bottom with nbclient in the environment's kernel, from its
+   own folder (tutorials matching ``EXEMPT`` would be skipped; none is);
+5. the memory of every process started for 4 (server, kernel, simulated hosts,
+   the cluster's helpers: the whole container on Binder) is sampled every
+   0.2 s; the check fails when the peak passes ``LIMIT``.
 
 Memory is the sum of PSS (shared pages split between the processes that map
-them, as a container's memory counts them once); the sum of RSS (shared pages
-counted in every process) is reported beside it.
+them: a container's memory counts them once); the sum of RSS (shared pages
+counted in every process) is reported beside it. Deviations from a real
+Binder build are listed in the README.
 
-Usage: ``python3 .ci/binder_check.py`` (any Python 3.11+; no packages needed).
+Usage: ``python3 .ci/binder_check.py`` (Python 3.11+; it installs what it needs).
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import getpass
+import json
 import os
 import re
 import shutil
@@ -35,44 +45,117 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / 'build' / 'binder'
-BASE_ENV = ROOT / '.ci' / 'repo2docker-base.txt'
 # Tutorials that cannot run on Binder (glob patterns). None: 05_real_cluster runs its
 # stand-in cluster there (local engines), as it does without MH_CLUSTER_URL_FILE anywhere.
 EXEMPT: tuple[str, ...] = ()
 LIMIT = 2 * 10**9  # mybinder.org's memory limit (2G)
 MARKER = 'MH_BINDER_CHECK'  # in the environment of every process this check starts
+# Conda packages of the base environment whose pip name differs, or that are not pip's.
+PIP_NAMES = {
+    'brotli-python': 'brotli',
+    'jupyterhub-base': 'jupyterhub',
+    'nbconvert-core': 'nbconvert',
+    'python-fastjsonschema': 'fastjsonschema',
+    'cpython': None,  # the interpreter itself
+}
 
 
 def log(msg: str) -> None:
     print(f'binder-check: {msg}', flush=True)
 
 
-def run(cmd: list[str], **kw: object) -> None:
+def run(cmd: list[str], **kw: Any) -> None:
     start = time.monotonic()
     log('$ ' + ' '.join(str(c) for c in cmd))
-    subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
+    subprocess.run(cmd, check=True, **kw)
     log(f'  ({time.monotonic() - start:.0f} s)')
 
 
-# -- the environment, as repo2docker builds it ------------------------------------------------
+# -- what repo2docker would do ----------------------------------------------------------------
 
 
-def runtime_python(repo: Path) -> str:
-    """The interpreter of ``binder/runtime.txt`` (``python-3.12`` -> a python3.12 here)."""
-    text = (repo / 'binder' / 'runtime.txt').read_text().strip()
-    m = re.fullmatch(r'python-(\d+\.\d+)', text)
-    if m is None:
-        raise SystemExit(f'binder/runtime.txt says {text!r}; expected python-X.Y')
-    version = m.group(1)
-    # pyenv's interpreters themselves first (its python3.12 shim needs PYENV_VERSION).
+def copy_context() -> Path:
+    """The repository as Binder gets it: what git tracks plus untracked, not ignored, files."""
+    context = WORK / 'context'
+    shutil.rmtree(context, ignore_errors=True)
+    files = subprocess.run(
+        ['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.split(b'\0')
+    for name in filter(None, files):
+        src = ROOT / os.fsdecode(name)
+        if src.is_file():  # a deleted, not yet committed file is still listed
+            dst = context / os.fsdecode(name)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    return context
+
+
+def repo2docker_plan(context: Path) -> dict[str, Any]:
+    """repo2docker's plan for the context, from repo2docker itself (in the tools venv)."""
+    tools = WORK / 'tools'
+    python = tools / 'bin' / 'python'
+    if not python.exists():
+        run([sys.executable, '-m', 'venv', str(tools)])
+        run([str(python), '-m', 'pip', 'install', '-q', 'jupyter-repo2docker'])
+    out = subprocess.run(
+        [str(python), __file__, '--plan'], cwd=context, check=True, capture_output=True, text=True
+    ).stdout
+    plan: dict[str, Any] = json.loads(out)
+    log(
+        f'repo2docker {plan["version"]}: {plan["buildpack"]}, Python {plan["python"]}, '
+        f'base environment {Path(plan["base_environment"]).name}'
+    )
+    return plan
+
+
+def plan_here() -> None:
+    """Runs in the tools venv, in the context: prints repo2docker's plan as JSON."""
+    import repo2docker
+    import repo2docker.buildpacks
+    from repo2docker.app import Repo2Docker
+
+    r2d = Repo2Docker()
+    picked = next(
+        (bp for bp in (BP(base_image=r2d.base_image) for BP in r2d.buildpacks) if bp.detect()),
+        None,
+    ) or r2d.default_buildpack(base_image=r2d.base_image)
+    picked.platform = 'linux/amd64'
+    env = dict(picked.get_build_env())
+    if 'KERNEL_ENVIRONMENT_FILE' in env:
+        raise SystemExit('a separate kernel environment (Python < 3.7) is not emulated here')
+    here = Path(repo2docker.buildpacks.__file__).parent
+    files = picked.get_build_script_files()
+    lock = next(src for src, dst in files.items() if dst == env['NB_ENVIRONMENT_FILE'])
+    plan = {
+        'version': repo2docker.__version__,
+        'buildpack': type(picked).__name__,
+        'python': picked.python_version,
+        'base_environment': str(here / lock),
+        'preassemble_files': picked.get_preassemble_script_files(),
+        'preassemble_scripts': picked.get_preassemble_scripts(),
+        'assemble_scripts': picked.get_assemble_scripts(),
+        'post_build_scripts': picked.get_post_build_scripts(),
+        'start_script': picked.get_start_script(),
+    }
+    print(json.dumps(plan))
+
+
+def find_python(version: str) -> str:
+    """A python``version`` of this machine (pyenv's interpreters first: its shim needs a
+    PYENV_VERSION)."""
     found = sorted(Path('/root/.pyenv/versions').glob(f'{version}*/bin/python{version}'))
     for cand in [*map(str, found), shutil.which(f'python{version}')]:
         if cand is None:
@@ -84,43 +167,57 @@ def runtime_python(repo: Path) -> str:
         )
         if probe.returncode == 0 and probe.stdout.strip() == version:
             return cand
-    raise SystemExit(f'binder/runtime.txt asks for Python {version}, not found on this machine')
+    raise SystemExit(f'repo2docker would use Python {version}; none on this machine')
 
 
-def copy_repo() -> Path:
-    """The repository as Binder gets it: what git tracks plus untracked, not ignored, files."""
-    repo = WORK / 'repo'
-    shutil.rmtree(repo, ignore_errors=True)
-    files = subprocess.run(
-        ['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    ).stdout.split(b'\0')
-    for name in filter(None, files):
-        src = ROOT / os.fsdecode(name)
-        if src.is_file():  # a deleted, not yet committed file is still listed
-            dst = repo / os.fsdecode(name)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst)
-    return repo
+def base_packages(lock: Path) -> list[str]:
+    """The Python packages of a conda lock file, as pinned pip requirements."""
+    pins = []
+    for line in lock.read_text().splitlines():
+        if not line.startswith('http'):
+            continue
+        stem = re.sub(r'\.(conda|tar\.bz2)$', '', line.split('#')[0].rsplit('/', 1)[1])
+        name, version, build = stem.rsplit('-', 2)
+        if build.startswith('py'):  # pyh...: noarch Python; py312...: compiled for Python
+            pip_name = PIP_NAMES.get(name, name)
+            if pip_name is not None:
+                pins.append(f'{pip_name}=={version}')
+    return pins
 
 
-def build_env(python: str, repo: Path) -> Path:
+def build_env(plan: dict[str, Any], context: Path, home: Path) -> tuple[Path, dict[str, str]]:
+    """The environment, built as repo2docker's plan says; returns it and the build's variables."""
     env_dir = WORK / 'env'
     shutil.rmtree(env_dir, ignore_errors=True)
-    run([python, '-m', 'venv', str(env_dir)])
-    pip = [str(env_dir / 'bin' / 'python'), '-m', 'pip', 'install', '-q']
-    run([*pip, '-r', str(BASE_ENV)])
-    # repo2docker: `${KERNEL_PYTHON_PREFIX}/bin/pip install --no-cache-dir -r
-    # "binder/requirements.txt"`, in the repository's root.
-    run([*pip, '-r', 'binder/requirements.txt'], cwd=repo)
-    post_build = repo / 'binder' / 'postBuild'
-    if post_build.exists():
-        post_build.chmod(0o755)
-        path = f'{env_dir / "bin"}{os.pathsep}{os.environ["PATH"]}'
-        run([str(post_build)], cwd=repo, env={**os.environ, 'PATH': path})
-    return env_dir
+    run([find_python(plan['python']), '-m', 'venv', str(env_dir)])
+    pins = WORK / 'base-environment.txt'
+    pins.write_text('\n'.join(base_packages(Path(plan['base_environment']))) + '\n')
+    run([str(env_dir / 'bin' / 'pip'), 'install', '-q', '--no-deps', '-r', str(pins)])
+
+    variables = {
+        **os.environ,
+        'NB_USER': getpass.getuser(),
+        'NB_PYTHON_PREFIX': str(env_dir),
+        'KERNEL_PYTHON_PREFIX': str(env_dir),
+        'CONDA_DEFAULT_ENV': str(env_dir),
+        'HOME': str(home),
+        'REPO_DIR': str(home),
+        'PATH': f'{env_dir / "bin"}{os.pathsep}{home / ".local" / "bin"}{os.pathsep}'
+        + os.environ['PATH'],
+    }
+
+    def scripts(steps: list[tuple[str, str]]) -> None:
+        for _user, script in steps:  # repo2docker runs them as NB_USER or root; here, as us
+            run(['bash', '-c', textwrap.dedent(script.strip('\n'))], cwd=home, env=variables)
+
+    for src, dst in plan['preassemble_files'].items():  # COPY src/<src> ${REPO_DIR}/<dst>
+        (home / dst).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(context / src, home / dst)
+    scripts(plan['preassemble_scripts'])
+    shutil.copytree(context, home, dirs_exist_ok=True)  # COPY src/ ${REPO_DIR}/
+    scripts(plan['assemble_scripts'])
+    scripts([('', f'chmod +x {s} && ./{s}') for s in plan['post_build_scripts']])
+    return env_dir, variables
 
 
 # -- memory --------------------------------------------------------------------------------------
@@ -186,10 +283,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_lab(env_dir: Path, repo: Path, run_env: dict[str, str]) -> subprocess.Popen[bytes]:
+def start_lab(
+    env_dir: Path, repo: Path, run_env: dict[str, str], start_script: str | None
+) -> subprocess.Popen[bytes]:
     """JupyterLab from the environment, as on Binder; returns once it serves the tutorials."""
     port, token = free_port(), uuid.uuid4().hex
-    cmd = [str(env_dir / 'bin' / 'jupyter'), 'lab', '--no-browser', '--ip=127.0.0.1']
+    cmd = [str(repo / start_script)] if start_script else []  # binder/start wraps the server
+    cmd += [str(env_dir / 'bin' / 'jupyter'), 'lab', '--no-browser', '--ip=127.0.0.1']
     cmd += [f'--port={port}', f'--IdentityProvider.token={token}', '--allow-root']
     log(f'$ {" ".join(cmd[:4])} ... (port {port})')
     lab = subprocess.Popen(
@@ -247,8 +347,12 @@ def check(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     start = time.monotonic()
     WORK.mkdir(parents=True, exist_ok=True)
-    repo = copy_repo()
-    env_dir = build_env(runtime_python(repo), repo)
+    context = copy_context()
+    plan = repo2docker_plan(context)
+    repo = WORK / 'home'  # repo2docker's REPO_DIR: the home of a new container
+    shutil.rmtree(repo, ignore_errors=True)
+    repo.mkdir()
+    env_dir, variables = build_env(plan, context, repo)
     built = time.monotonic() - start
 
     notebooks = [
@@ -260,16 +364,7 @@ def check(args: argparse.Namespace) -> None:
         {p.name for p in (repo / 'notebooks').glob('*.ipynb')} - {p.name for p in notebooks}
     )
     token = uuid.uuid4().hex
-    home = WORK / 'home'  # a fresh home, as in a new container
-    shutil.rmtree(home, ignore_errors=True)
-    home.mkdir()
-    run_env = {
-        **os.environ,
-        MARKER: token,
-        'HOME': str(home),
-        'PATH': f'{env_dir / "bin"}{os.pathsep}{os.environ["PATH"]}',
-        'VIRTUAL_ENV': str(env_dir),
-    }
+    run_env = {**variables, MARKER: token, 'VIRTUAL_ENV': str(env_dir)}
     for var in (
         'PYTHONPATH',
         'JUPYTER_PATH',
@@ -280,7 +375,7 @@ def check(args: argparse.Namespace) -> None:
         run_env.pop(var, None)
     sampler = Sampler(token)
     sampler.start()
-    lab = start_lab(env_dir, repo, run_env)
+    lab = start_lab(env_dir, repo, run_env, plan['start_script'])
     try:
         run_start = time.monotonic()
         log(f'executing {", ".join(p.name for p in notebooks)} (exempt: {exempt or "none"})')
@@ -324,9 +419,12 @@ def check(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     parser.add_argument('--execute', nargs='+', help=argparse.SUPPRESS)  # inside the env
+    parser.add_argument('--plan', action='store_true', help=argparse.SUPPRESS)  # the tools venv
     parser.add_argument('--timeout', type=float, default=900, help='seconds for the tutorials')
     args = parser.parse_args()
-    if args.execute:
+    if args.plan:
+        plan_here()
+    elif args.execute:
         execute(args.execute)
     else:
         check(args)
