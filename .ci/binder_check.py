@@ -105,7 +105,7 @@ def copy_context() -> Path:
 
 def repo2docker_plan(context: Path) -> dict[str, Any]:
     """repo2docker's plan for the context, from repo2docker itself (in the tools venv)."""
-    tools = WORK / 'tools'
+    tools = WORK / 'tools'  # kept between local runs; CI starts from a fresh clone
     python = tools / 'bin' / 'python'
     if not python.exists():
         run([sys.executable, '-m', 'venv', str(tools)])
@@ -154,7 +154,7 @@ def plan_here() -> None:
 
 
 def find_python(version: str) -> str:
-    """A python``version`` of this machine (pyenv's interpreters first: its shim needs a
+    """This machine's Python ``version`` (pyenv's own interpreters first: its shim needs
     PYENV_VERSION)."""
     found = sorted(Path('/root/.pyenv/versions').glob(f'{version}*/bin/python{version}'))
     for cand in [*map(str, found), shutil.which(f'python{version}')]:
