@@ -915,6 +915,7 @@ def test_public_surface():
             'LayoutGrid',
             'LayoutView',
             'MemoryView',
+            'NonfiniteView',
             'StepperView',
             'TimelineView',
             'TreeDiffView',
