@@ -80,6 +80,11 @@ def test_notebook_runs_top_to_bottom(path):
         assert text.count('missing [1]') == 4, text
         # ... and the next collective lines up without a restart.
         assert all(f'host {p} is in step' in text for p in range(4)), text
+    if path.name == '04_census.ipynb':
+        assert "env.XLA_FLAGS: (unset) on most; process 1: '--xla_cpu_enable_fast" in text
+        assert 'process 3: 2 arrays, 65.0 MiB <-- stands out' in text and 'cache[0]' in text
+        assert 'on process 2, device 4096 (host 2 · dev 0): 1 NaN' in text, text
+        assert 'odd process(es) [2]' in text and '1 distinct block(s), 8 replica(s)' in text
     if path.name == '05_real_cluster.ipynb':
         # Without MH_CLUSTER_URL_FILE: its stand-in cluster on this machine.
         # tests/test_netns_cluster.py runs it against hosts with their own addresses.
