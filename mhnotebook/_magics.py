@@ -12,6 +12,7 @@ Nothing typed by the user is evaluated, except the code of a ``%%mh`` cell
 
 from __future__ import annotations
 
+import inspect
 import re
 import shlex
 from collections.abc import Callable
@@ -264,7 +265,7 @@ class MultihostMagics(Magics):
     )
     @line_magic
     def mh_cluster(self, line: str) -> Any:
-        """Start, connect to, inspect, restart or stop the session's cluster.
+        """Get hosts to debug: start or attach to them; check, restart, stop.
 
         ``%mh_cluster start -n 4 -d 2`` starts 4 simulated hosts with 2 CPU
         devices each (run again with the same shape, it reuses the running
@@ -277,6 +278,16 @@ class MultihostMagics(Magics):
         attaches to a running ipyparallel cluster (any launcher, or engines
         you started yourself) and initializes JAX there, the coordinator on
         the first engine's address toward the controller.
+        ``%mh_cluster status`` says which engine, machine and pid each host
+        is and whether it is idle, busy or dead; ``%mh_cluster restart``
+        starts the same hosts again; ``%mh_cluster stop`` ends them.
+
+        Examples::
+
+            %mh_cluster start -n 4 -d 2
+            %mh_cluster start -n 4 --engines ssh --hosts h0,h1,h2,h3 --remote-python /opt/py
+            %mh_cluster start -n 16 --engines slurm --set SlurmEngineSetLauncher.account=me
+            %mh_cluster connect --url-file ~/job42/ipcontroller-client.json -n 8
         """
         args = magic_arguments.parse_argstring(self.mh_cluster, line)
         if not args.timeout > 0:
@@ -346,7 +357,7 @@ class MultihostMagics(Magics):
         return None
 
     # -- %%mh ----------------------------------------------------------------------
-    @magic_arguments.magic_arguments()
+    @magic_arguments.magic_arguments('%mh')  # its usage line then says %%mh
     @magic_arguments.argument(
         '--timeout', type=float, default=None, help='seconds to wait; then show where every host is'
     )
@@ -355,13 +366,24 @@ class MultihostMagics(Magics):
     )
     @cell_magic
     def mh(self, line: str, cell: str) -> None:
-        """Run the cell on every host; output is labelled by process index.
+        """Run this cell on every host, its output labelled by host.
 
         While it runs, a live per-host status is shown. On ``--timeout``,
         shows where each unfinished host is (its collective and stack) and
         gives control back; the cell keeps running on the hosts (``%mh_wait``).
         Interrupting the kernel interrupts every host too, says who stopped
         and where each host was. A host that dies is named in one line.
+        ``--bg`` gives control back at once (``%mh_wait`` collects the output).
+
+        Examples::
+
+            %%mh
+            import jax
+            print(jax.process_index(), jax.local_devices())
+
+            %%mh --timeout 60
+            state, loss = train_step(state, batch)
+            print(float(loss))
         """
         args = magic_arguments.parse_argstring(self.mh, line)
         _check_timeout(args.timeout, '%%mh --timeout 30')
@@ -408,7 +430,17 @@ class MultihostMagics(Magics):
     @magic_arguments.argument('--timeout', type=float, default=None, help='seconds to wait')
     @line_magic
     def mh_wait(self, line: str) -> None:
-        """Wait for the ``%%mh`` cell running in the background and print its output."""
+        """Is my background ``%%mh`` cell done? Wait for it and print its output.
+
+        For a cell started with ``%%mh --bg``, or while stepping is on
+        (``%mh_step``). ``--timeout`` gives control back if the hosts are still
+        busy (the cell keeps running; see ``%mh_where``).
+
+        Examples::
+
+            %mh_wait
+            %mh_wait --timeout 60
+        """
         args = magic_arguments.parse_argstring(self.mh_wait, line)
         _check_timeout(args.timeout, '%mh_wait --timeout 30')
         session = self._session()
@@ -457,7 +489,7 @@ class MultihostMagics(Magics):
     )
     @line_magic
     def mh_allgather(self, line: str) -> None:
-        """Bring the global value of an engine variable into the notebook as numpy.
+        """What is the global value? Gather an engine variable here, as numpy.
 
         ``%mh_allgather params -o p`` stores the gathered value in ``p``. A
         global jax.Array comes back whole; host-local arrays are stacked along
@@ -466,6 +498,13 @@ class MultihostMagics(Magics):
         ``%mh_allgather x[::4, :128]`` slices on the hosts: only the slice
         travels. A result larger than half of this machine's available memory
         is refused before anything is allocated (``--max-bytes`` to allow it).
+
+        Examples::
+
+            %mh_allgather loss
+            %mh_allgather state.params -o params
+            %mh_allgather x[::4,:128] -o preview
+            %mh_allgather activations --max-bytes 8GiB
         """
         from mhnotebook._gather import parse_target
 
@@ -497,7 +536,17 @@ class MultihostMagics(Magics):
     @magic_arguments.argument('--timeout', type=float, default=30.0, help='seconds to wait')
     @line_magic
     def mh_barrier(self, line: str) -> None:
-        """Run a timed barrier on every host and report who arrived and how long it took."""
+        """Do all hosts get here? A timed barrier: who arrived, how long it took.
+
+        Every host waits at barrier ``NAME`` for up to ``--timeout`` seconds;
+        each one's time in it, or the error that names the hosts that never
+        arrived, is printed per host.
+
+        Examples::
+
+            %mh_barrier ckpt
+            %mh_barrier after-data-load --timeout 120
+        """
         args = magic_arguments.parse_argstring(self.mh_barrier, line)
         _check_timeout(args.timeout, '%mh_barrier NAME --timeout 30')
         session = self._session()
@@ -521,11 +570,19 @@ class MultihostMagics(Magics):
     )
     @line_magic
     def mh_layout(self, line: str) -> Any:
-        """Show how an engine array is laid out: each block once, by host and device.
+        """Which host and device holds which block? An array's layout, drawn.
 
-        Replicas are digested on every host; the replica matrix marks those
-        that disagree. A rank >= 3 array is shown as facets over its other
-        axes; ``--axes 0,2`` picks the displayed axes (default: the last two).
+        Draws the array's blocks by host and device; click one for its
+        shard, devices and values. Replicas are digested on every host; the
+        replica matrix marks those that disagree. A rank >= 3 array is shown
+        as facets over its other axes; ``--axes 0,2`` picks the displayed axes
+        (default: the last two). ``--no-values`` gathers no data (for a large
+        array: the picture only).
+
+        Examples::
+
+            %mh_layout x
+            %mh_layout state.params.w --axes 0,2 --no-values
         """
         args = magic_arguments.parse_argstring(self.mh_layout, line)
         name = _valid_name(args.name)
@@ -557,7 +614,18 @@ class MultihostMagics(Magics):
     @magic_arguments.argument('name', help='engine variable (any pytree)')
     @line_magic
     def mh_diff(self, line: str) -> Any:
-        """Compare an engine value across hosts: which leaves differ, where, by how much."""
+        """Do the hosts agree? Which leaves differ, on which host, by how much.
+
+        Compares an engine value (any pytree) across hosts, leaf by leaf (each
+        leaf's fingerprint travels, then only the leaves that differ): the
+        table marks the hosts that hold something else; expand a leaf for
+        each host's value.
+
+        Examples::
+
+            %mh_diff params
+            %mh_diff state.opt_state
+        """
         args = magic_arguments.parse_argstring(self.mh_diff, line)
         name = _valid_name(args.name)
         session = self._session()
@@ -568,14 +636,19 @@ class MultihostMagics(Magics):
     @magic_arguments.argument('name', help='engine variable (an array or any pytree)')
     @line_magic
     def mh_nan(self, line: str) -> Any:
-        """Find NaN and Inf across hosts: which shards hold them, on which host, device, index.
+        """Where are the NaNs? The shards holding NaN/Inf: host, device, block.
 
         Every host counts NaN and Inf in each of its shards on device (global
         arrays shard by shard, replicas included; host-local values in their
         own copy); only the offending shards' counts travel. Shows the
-        offending shards, and the layout picture with their blocks marked.
-        Example: ``%mh_nan params`` names e.g. ``['w'] block [8:12, 4:8] on
+        offending shards, and the layout picture with their blocks marked:
+        ``%mh_nan params`` names e.g. ``['w'] block [8:12, 4:8] on
         process 2, device 5 (host 2 · dev 1): 2 NaN, 0 Inf, first at (9, 6)``.
+
+        Examples::
+
+            %mh_nan grads
+            %mh_nan state.params
         """
         args = magic_arguments.parse_argstring(self.mh_nan, line)
         name = _valid_name(args.name)
@@ -597,11 +670,20 @@ class MultihostMagics(Magics):
     )
     @line_magic
     def mh_step(self, line: str) -> Any:
-        """Step through barriers and collectives: a host x step grid with Step/Continue/Stop.
+        """Which host takes another path? Step the hosts one collective at a time.
 
         ``%mh_step on`` makes every host pause before each collective; the next
-        ``%%mh`` cell then runs in the background while the stepper shows
-        who arrived where (divergence is highlighted before it deadlocks).
+        ``%%mh`` cell then runs in the background while the stepper (a host x
+        step grid with Step/Continue/Stop) shows who arrived where: divergence
+        is highlighted before it deadlocks. ``%mh_step step 3`` releases three
+        collectives, ``%mh_step continue`` all of them and turns stepping off;
+        ``%mh_wait`` then collects the cell's output.
+
+        Examples::
+
+            %mh_step on
+            %mh_step step 3
+            %mh_step continue
         """
         args = magic_arguments.parse_argstring(self.mh_step, line)
         session = self._session()
@@ -617,14 +699,19 @@ class MultihostMagics(Magics):
         _delegate(actions[args.action])
         return _delegate(lambda: stepper_view(session))
 
+    @magic_arguments.magic_arguments()
     @line_magic
     def mh_env(self, line: str) -> Any:
-        """Show what differs between the hosts' environments: versions, flags, config, code.
+        """Why does one host behave differently? Versions, flags, code that differ.
 
         Compares Python/jax/jaxlib/numpy and runtime versions, ``JAX_*``,
         ``XLA_*``, ``TPU_*``, ``NCCL_*``, ``CUDA_*`` variables, ``jax.config``
         values, the git commit and the user's source files; only keys that
-        differ are shown, majority vs odd hosts. Example: ``%mh_env``.
+        differ are shown, majority vs odd hosts.
+
+        Example::
+
+            %mh_env
         """
         if line.strip():
             raise UsageError('%mh_env takes no arguments.')
@@ -632,14 +719,19 @@ class MultihostMagics(Magics):
         view = _delegate(lambda: env_view(session))
         return None if view is _INTERRUPTED else view
 
+    @magic_arguments.magic_arguments()
     @line_magic
     def mh_mem(self, line: str) -> Any:
-        """Show memory across hosts: per device, per host, and arrays only some hosts hold.
+        """Which host holds more memory, and what? Per device; arrays few hosts hold.
 
         A host x device heatmap of live-array bytes (``memory_stats()`` where
         the backend reports it), the hosts whose live bytes stand out, and the
         kinds of arrays (shape, dtype, sharding, engine names) that only some
-        hosts hold: leak candidates. Example: ``%mh_mem``.
+        hosts hold: leak candidates.
+
+        Example::
+
+            %mh_mem
         """
         if line.strip():
             raise UsageError('%mh_mem takes no arguments.')
@@ -647,9 +739,20 @@ class MultihostMagics(Magics):
         view = _delegate(lambda: memory_view(session))
         return None if view is _INTERRUPTED else view
 
+    @magic_arguments.magic_arguments()
     @line_magic
     def mh_where(self, line: str) -> Any:
-        """Show where every host is: its current collective and Python stacks (works while busy)."""
+        """Where is every host? Its current collective and stacks, even while busy.
+
+        Answered by the control endpoint, not the engines' queues, so it
+        works while a cell hangs; led by the verdict in one line (which hosts
+        are inside which collective, which never got there), then one row per
+        state with its stacks.
+
+        Example::
+
+            %mh_where
+        """
         if line.strip():
             raise UsageError('%mh_where takes no arguments.')
         session = self._session()
@@ -664,7 +767,7 @@ class MultihostMagics(Magics):
     )
     @line_magic
     def mh_timeline(self, line: str) -> Any:
-        """Show who arrives late: a host x time chart of collectives and watched launches.
+        """Who arrives late? A host x time chart of collectives and watched launches.
 
         Gathers every host's last ``--last`` flight records (works while the
         engines are busy) and names the host that arrived last most often,
@@ -672,7 +775,11 @@ class MultihostMagics(Magics):
         200), median +180 ms after the first host``; a table gives the
         slowest host of each step. ``--chrome trace.json`` also writes Chrome
         trace-event JSON, one track per host, to open in https://ui.perfetto.dev.
-        Example: ``%mh_timeline --last 500 --chrome /tmp/steps.json``.
+
+        Examples::
+
+            %mh_timeline
+            %mh_timeline --last 500 --chrome /tmp/steps.json
         """
         args = magic_arguments.parse_argstring(self.mh_timeline, line)
         if args.last < 1:
@@ -693,6 +800,27 @@ class MultihostMagics(Magics):
                 f'to {path}: open it in https://ui.perfetto.dev'
             )
         return view
+
+    # -- %mh_help --------------------------------------------------------------------
+    @magic_arguments.magic_arguments()
+    @line_magic
+    def mh_help(self, line: str) -> None:
+        """Which magic answers my question? This table: every magic, an example each.
+
+        One row per registered magic, made from its docstring: the first line
+        (the question it answers) and its shortest example. ``%mh_layout?``
+        (any magic's name, then ``?``) shows that one's usage, options and
+        examples.
+
+        Example::
+
+            %mh_help
+        """
+        if line.strip():
+            raise UsageError('%mh_help takes no arguments; %mh_NAME? shows one magic in full.')
+        from IPython.display import display
+
+        display(_help_table(self), raw=True)
 
 
 _INTERRUPTED = object()  # what _delegate returns after an interrupt
@@ -756,16 +884,82 @@ def _print_errors(failures: dict[int, RemoteFailure]) -> None:
         print(f'--- host {p} ---\n{failure.text}')
 
 
+def _magic_doc(method: Any) -> str:
+    """A magic's own docstring (for magic_arguments ones: without the generated usage/options)."""
+    parser = getattr(method, 'parser', None)
+    doc = parser.description if parser is not None else method.__doc__
+    return inspect.cleandoc(doc or '')
+
+
+def _magic_examples(doc: str) -> list[str]:
+    """The magic lines (``%...``, ``%%...``) of a docstring's ``Example::``/``Examples::`` block."""
+    lines = inspect.cleandoc(doc).splitlines()
+    starts = [i for i, ln in enumerate(lines) if re.fullmatch(r'Examples?::', ln.strip())]
+    if not starts:
+        return []
+    found = []
+    for ln in lines[starts[0] + 1 :]:
+        if ln.strip() and not ln.startswith(' '):  # the literal block ends
+            break
+        if ln.strip().startswith('%'):
+            found.append(ln.strip())
+    return found
+
+
+def _registered_magics(owner: Any) -> list[tuple[str, Any]]:
+    """``('%name' or '%%name', method)`` of each magic of a `Magics` class or instance.
+
+    In the order of the class body (``%%mh`` after ``%mh_cluster``, ``%mh_help`` last).
+    """
+    found = []
+    for kind, prefix in (('line', '%'), ('cell', '%%')):
+        for name, method in owner.magics[kind].items():
+            method = getattr(owner, method) if isinstance(method, str) else method  # class: names
+            found.append((prefix + name, method))
+    order = list(vars(MultihostMagics))
+    return sorted(found, key=lambda f: order.index(f[1].__name__) if f[1].__name__ in order else 0)
+
+
+_HEAD = ('magic', 'what it answers', 'example')
+_NOTE = 'One magic in full (usage, options, examples): %mh_layout?'
+
+
+def _help_table(owner: Any) -> dict[str, str]:
+    """What ``%mh_help`` shows (text and HTML): one row per magic of ``owner``, from its docstring.
+
+    Purpose: the docstring's first line; example: the shortest line of its
+    ``Example::`` block.
+    """
+    import html
+
+    rows = []
+    for form, method in _registered_magics(owner):
+        doc = _magic_doc(method)
+        purpose = doc.splitlines()[0].replace('``', '') if doc else ''
+        rows.append((form, purpose, min(_magic_examples(doc) or [form], key=len)))
+    widths = [max(len(r[i]) for r in [_HEAD, *rows]) for i in range(3)]
+    text = [
+        '  '.join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [_HEAD, *rows]
+    ]
+    head = ''.join(f'<th style="text-align:left">{h}</th>' for h in _HEAD)
+    body = ''.join(
+        f'<tr><td style="text-align:left"><code>{html.escape(form)}</code></td>'
+        f'<td style="text-align:left">{html.escape(purpose)}</td>'
+        f'<td style="text-align:left"><code>{html.escape(example)}</code></td></tr>'
+        for form, purpose, example in rows
+    )
+    return {
+        'text/plain': '\n'.join([*text, '', _NOTE]),
+        'text/html': f'<table class="mh-help"><thead><tr>{head}</tr></thead>'
+        f'<tbody>{body}</tbody></table><p>{html.escape(_NOTE)}</p>',
+    }
+
+
 def _magic_docs() -> str:
     parts = []
-    for name, kind in [
-        ('mh_cluster', '%'),
-        ('mh', '%%'),
-        ('mh_allgather', '%'),
-        ('mh_barrier', '%'),
-    ]:
-        doc = (getattr(MultihostMagics, name).__doc__ or '').strip()
-        parts.append(f'``{kind}{name}``\n\n    ' + doc.replace('\n', '\n    '))
+    for form, method in _registered_magics(MultihostMagics):
+        doc = _magic_doc(method).replace('\n', '\n    ')
+        parts.append(f'``{form}``\n\n    {doc}')
     return '\n\n'.join(parts)
 
 
