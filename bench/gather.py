@@ -87,7 +87,7 @@ def bench_gather(session, reps: int, mib: int) -> None:
             del out
     m = {k: median_ms(v) for k, v in times.items()}
     # Once more with no buffer to reuse: a first gather pays first-touch page faults.
-    session._shm_pool.clear()
+    session._gathers.pool.clear()
     t0 = time.perf_counter()
     out = ours()
     cold_ms = (time.perf_counter() - t0) * 1e3

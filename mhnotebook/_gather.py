@@ -239,37 +239,102 @@ def _shm_available(machines: Sequence[str]) -> bool:
     return os.path.isdir(SHM_DIR) and all(m == here for m in machines)
 
 
+class GatherState:
+    """What a session keeps between gathers.
+
+    ``pool``: the shared-memory files; ``plans``: the last plan per target
+    (a repeated gather skips the structure round); the `Listener` hosts
+    stream to (bound on first use to this machine's address toward the
+    controller); and, once a host could not reach it, why (``'auto'`` then
+    gathers through ipyparallel).
+    """
+
+    def __init__(self, controller_url: str | None = None):
+        from mhnotebook._stream import HeapPool
+
+        self.pool = ShmPool()
+        self.heap = HeapPool()
+        self.plans: dict[Any, dict[str, Any]] = {}
+        self.controller_url = controller_url
+        self.unreachable: str | None = None
+        self._listener: Any = None
+
+    def listener(self) -> Any:
+        from mhnotebook._stream import Listener, notebook_address
+
+        if self._listener is None:
+            self._listener = Listener(notebook_address(self.controller_url))
+        return self._listener
+
+    def remember(self, key: Any, metas: list[dict[str, Any]], plan: list[dict[str, Any]]) -> dict:
+        entry = dict(
+            digests={m['process']: m['digest'] for m in metas},
+            skeleton=metas[0]['skeleton'],
+            plan=plan,
+            metas=[{k: m[k] for k in ('process', 'leaves')} for m in metas],
+        )
+        self.plans.pop(key, None)
+        self.plans[key] = entry
+        while len(self.plans) > _MAX_PLANS:
+            del self.plans[next(iter(self.plans))]
+        return entry
+
+    def close(self) -> None:
+        self.pool.close()
+        self.heap.clear()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+
+_MAX_PLANS = 32
+TRANSPORTS = ('auto', 'shm', 'tcp', 'zmq')
+
+
 def allgather(
     call: Call,
     target: str,
     *,
     machines: Sequence[str],
-    pool: ShmPool,
+    state: GatherState,
     timeout: float,
     transport: str,
     progress: bool | None,
     max_bytes: int | None = None,
 ) -> Any:
     """`Session.allgather`: ``call`` reaches the hosts, ``machines`` are their machine ids
-    (by process index), ``pool`` holds the shared-memory files."""
+    (by process index), ``state`` is what the session keeps between gathers."""
     name, index = parse_target(target)
     if max_bytes is not None and max_bytes < 0:
         raise ValueError(f'max_bytes must be >= 0, got {max_bytes!r}')
-    if transport not in ('auto', 'shm', 'zmq'):
-        raise ValueError(f"transport must be 'auto', 'shm' or 'zmq', got {transport!r}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be 'auto', 'shm', 'tcp' or 'zmq', got {transport!r}")
     inline = 0  # an explicit 'shm' always writes through shared memory
     if transport == 'auto':
-        transport = 'shm' if _shm_available(machines) else 'zmq'
         inline = _INLINE_BYTES
+        if _shm_available(machines):
+            transport = 'shm'
+        else:
+            transport = 'zmq' if state.unreachable else 'tcp'
     elif transport == 'shm' and not _shm_available(machines):
         raise SessionError(
-            "transport='shm' needs every engine on this machine and /dev/shm; use transport='zmq'."
+            "transport='shm' needs every engine on this machine and /dev/shm; use transport='tcp'."
         )
     try:
         if transport == 'shm':
             return _gather_shm(
-                call, len(machines), pool, name, index, timeout, progress, inline, max_bytes
+                call, len(machines), state, name, index, timeout, progress, inline, max_bytes
             )
+        if transport == 'tcp':
+            try:
+                return _gather_tcp(call, state, name, index, timeout, max_bytes, inline)
+            except _Unreachable as exc:
+                state.unreachable = str(exc)
+                if inline == 0:  # asked for by name: say so rather than fall back
+                    raise SessionError(
+                        f"transport='tcp': a host cannot reach this notebook at {exc}; "
+                        "use transport='zmq' (through ipyparallel's controller)."
+                    ) from None
         return _gather_zmq(call, name, index, timeout, max_bytes)
     except HostsError as exc:
         # A GatherError is the same on every host: show it once, without the remote traceback.
@@ -279,6 +344,10 @@ def allgather(
                 f'cannot gather {_fmt_target(name, index)!r}: {first.evalue}'
             ) from None
         raise
+
+
+class _Unreachable(Exception):
+    """A host could not connect to the notebook's listener (the message says where and why)."""
 
 
 def host_copy(call: Call, name: str, process: int = 0) -> Any:
@@ -291,10 +360,20 @@ def _result_bytes(plan: list[dict[str, Any]]) -> int:
     return sum(math.prod(leaf['shape']) * leaf['dtype'].itemsize for leaf in plan)
 
 
+def _layout(plan: list[dict[str, Any]]) -> tuple[list[tuple[int, tuple[int, ...], str]], int]:
+    """Per leaf (byte offset, shape, dtype) in one file, 64-byte aligned; and the file size."""
+    layout, offset = [], 0
+    for leaf in plan:
+        offset = -(-offset // 64) * 64
+        layout.append((offset, leaf['shape'], leaf['dtype'].str))
+        offset += math.prod(leaf['shape']) * leaf['dtype'].itemsize
+    return layout, max(offset, 1)
+
+
 def _gather_shm(
     call: Call,
     num_processes: int,
-    pool: ShmPool,
+    state: GatherState,
     name: str,
     index: Any,
     timeout: float,
@@ -302,6 +381,30 @@ def _gather_shm(
     inline: int,
     max_bytes: int | None,
 ) -> Any:
+    key = (name, repr(index))
+    cached = state.plans.get(key)
+    if cached is not None:
+        # The usual debugging loop gathers the same variable again: write at
+        # once with the last plan; a host whose value changed shape answers
+        # with its new description instead, and the gather starts over.
+        _check_size(name, index, _result_bytes(cached['plan']), max_bytes)
+        layout, total = _layout(cached['plan'])
+        result = _write_shm(
+            call,
+            num_processes,
+            state.pool,
+            name,
+            index,
+            timeout,
+            progress,
+            layout,
+            total,
+            cached['skeleton'],
+            expect=cached['digests'],
+        )
+        if result is not None:
+            return result
+        state.plans.pop(key, None)
     metas = call(
         'multihost.engine.gather_meta', name, inline, index=index, namespace=True, timeout=timeout
     )
@@ -309,21 +412,47 @@ def _gather_shm(
     _check_size(name, index, _result_bytes(plan), max_bytes)
     if all('data' in m for m in metas):  # small: the data came with the structure
         return _assemble(plan, metas)
-    layout, offset = [], 0
-    for leaf in plan:
-        offset = -(-offset // 64) * 64  # 64-byte aligned leaves
-        layout.append((offset, leaf['shape'], leaf['dtype'].str))
-        offset += math.prod(leaf['shape']) * leaf['dtype'].itemsize
-    total = max(offset, 1)
+    state.remember(key, metas, plan)
+    layout, total = _layout(plan)
+    return _write_shm(
+        call,
+        num_processes,
+        state.pool,
+        name,
+        index,
+        timeout,
+        progress,
+        layout,
+        total,
+        metas[0]['skeleton'],
+    )
+
+
+def _write_shm(
+    call: Call,
+    num_processes: int,
+    pool: ShmPool,
+    name: str,
+    index: Any,
+    timeout: float,
+    progress: bool | None,
+    layout: list[tuple[int, tuple[int, ...], str]],
+    total: int,
+    skeleton: Any,
+    expect: dict[int, str] | None = None,
+) -> Any:
+    """Every host writes its blocks into one pooled file; the result maps it (None: stale plan)."""
     buf = pool.acquire(total)
     bar = _Bar(total, num_processes, progress)
     try:
-        call(
+        answers = call(
             'multihost.engine.gather_write',
             name,
             buf.path,
             layout,
             index=index,
+            fresh=buf.fresh,
+            expect=expect,
             namespace=True,
             timeout=timeout,
             on_done=bar.step,
@@ -333,6 +462,10 @@ def _gather_shm(
         raise
     finally:
         bar.close()
+    buf.fresh = False
+    if any('meta' in a for a in answers):
+        pool.release(buf)
+        return None
     # The result is a view of the pooled buffer; when the last of its leaves
     # (and every view of them) is gone, the buffer goes back to the pool.
     base = buf.mm[:total].view(np.ndarray)
@@ -340,7 +473,91 @@ def _gather_shm(
     leaves = [
         np.ndarray(shape, dtype=np.dtype(dt), buffer=base, offset=off) for off, shape, dt in layout
     ]
-    return _unflatten(metas[0]['skeleton'], leaves)
+    return _unflatten(skeleton, leaves)
+
+
+def _gather_tcp(
+    call: Call,
+    state: GatherState,
+    name: str,
+    index: Any,
+    timeout: float,
+    max_bytes: int | None,
+    inline: int,
+) -> Any:
+    key = (name, repr(index))
+    cached = state.plans.get(key)
+    if cached is not None:  # a repeated gather: stream at once (see _gather_shm)
+        _check_size(name, index, _result_bytes(cached['plan']), max_bytes)
+        result = _stream(call, state, name, index, timeout, cached, expect=cached['digests'])
+        if result is not None:
+            return result
+        state.plans.pop(key, None)
+    metas = call(
+        'multihost.engine.gather_meta', name, inline, index=index, namespace=True, timeout=timeout
+    )
+    plan = _plan(metas)
+    _check_size(name, index, _result_bytes(plan), max_bytes)
+    if all('data' in m for m in metas):  # small: the data came with the structure
+        return _assemble(plan, metas)
+    return _stream(call, state, name, index, timeout, state.remember(key, metas, plan))
+
+
+def _stream(
+    call: Call,
+    state: GatherState,
+    name: str,
+    index: Any,
+    timeout: float,
+    entry: dict[str, Any],
+    expect: dict[int, str] | None = None,
+) -> Any:
+    """Every host streams its blocks into the result here (None: stale plan)."""
+    from mhnotebook._stream import StreamError, new_token, result_places
+
+    plan = entry['plan']
+    layout, total = _layout(plan)
+    buf = state.heap.acquire(total)
+    # The result's own array over the buffer (every leaf's .base): see below.
+    base = np.frombuffer(buf, dtype=np.uint8, count=total)
+    results = [
+        np.ndarray(shape, dtype=np.dtype(dt), buffer=base, offset=off) for off, shape, dt in layout
+    ]
+    listener = state.listener()
+    token = new_token()
+    with listener.lock:
+        _, receipt = listener.receive(token, result_places(plan, entry['metas'], results))
+        try:
+            answers = call(
+                'multihost.engine.gather_send',
+                name,
+                listener.address,
+                token,
+                index=index,
+                expect=expect,
+                send_timeout=timeout,
+                namespace=True,
+                timeout=timeout,
+            )
+        except BaseException:
+            receipt.cancel()
+            state.heap.release(buf)
+            raise
+        unreachable = [a['unreachable'] for a in answers if 'unreachable' in a]
+        if unreachable or any('meta' in a for a in answers):
+            receipt.cancel()
+            state.heap.release(buf)
+            if unreachable:
+                raise _Unreachable(unreachable[0])
+            return None
+        try:
+            receipt.finish({p: a['sent'] for p, a in enumerate(answers)}, min(timeout, 60.0))
+        except StreamError as exc:
+            state.heap.release(buf)
+            raise SessionError(f'cannot gather {_fmt_target(name, index)!r}: {exc}') from None
+    # As in a shared-memory gather: the buffer goes back once the result is gone.
+    weakref.finalize(base, state.heap.release, buf)
+    return _unflatten(entry['skeleton'], results)
 
 
 def _gather_zmq(

@@ -38,7 +38,6 @@ from mhnotebook._errors import (
     how_ended,
 )
 from mhnotebook._interrupt import realign, settle, wait_idle
-from mhnotebook._shm import ShmPool
 from mhnotebook._trampoline import call as _call
 from mhnotebook._trampoline import call_ns as _call_ns
 
@@ -205,7 +204,7 @@ class Session:
         self._dead: dict[int, str] = {}  # process index -> how its engine ended
         self._stepping = False  # last step-gate setting seen (the hosts are asked first)
         self._unaligned = False  # an interrupt left hosts busy: realign once they are idle
-        self._shm_pool = ShmPool()  # shared-memory buffers of `allgather` (closed by `stop`)
+        self._gathers: Any = None  # a `_gather.GatherState`, made by the first gather
         host = engines.control_host
         self._serve_control(self.processes[0].address if host is None else host)
 
@@ -563,15 +562,18 @@ class Session:
                 value that cannot be gathered.
             SessionError: the result would be larger than ``max_bytes``.
         """
-        from mhnotebook._gather import allgather  # numpy, only when a gather is made
+        from mhnotebook._gather import GatherState, allgather  # numpy: only for a gather
+        from mhnotebook._startup import _controller_url
 
         self._check()
+        if self._gathers is None:  # kept between gathers, closed by `stop`
+            self._gathers = GatherState(_controller_url(self.client))
         _positive_timeout(timeout)
         return allgather(
             self.call,
             name,
             machines=[h.machine for h in self.processes],
-            pool=self._shm_pool,
+            state=self._gathers,
             timeout=timeout,
             transport=transport,
             progress=progress,
@@ -858,7 +860,8 @@ class Session:
         if self._control is not None:
             self._control.close()
             self._control = None
-        self._shm_pool.close()
+        if self._gathers is not None:
+            self._gathers.close()
         try:
             self.client.close()
         except Exception:

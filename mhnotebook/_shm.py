@@ -26,6 +26,7 @@ class Buffer:
         import numpy as np
 
         self.path, self.size = path, size
+        self.fresh = True  # no page written yet: the engines fill it with pwrite
         self.mm: np.memmap = np.memmap(path, dtype=np.uint8, mode='r+', shape=(size,))
 
 

@@ -34,11 +34,13 @@ __all__ = [
     'free_port',
     'gather_local',
     'gather_meta',
+    'gather_send',
     'gather_write',
     'host_port',
     'initialize',
     'lookup',
     'machine_id',
+    'meta_digest',
     'split_url',
 ]
 
@@ -453,6 +455,31 @@ def _flatten(value: Any) -> tuple[list[Any], Any, list[str]]:
     return leaves, skeleton, paths
 
 
+def _host_meta(value: Any, name: str, sel: Selection | None) -> dict[str, Any]:
+    """This host's description of a value: structure, per-leaf shape/dtype and its blocks."""
+    import jax
+
+    leaves, skeleton, paths = _flatten(value)
+    return dict(
+        process=jax.process_index(),
+        process_count=jax.process_count(),
+        skeleton=skeleton,
+        paths=paths,
+        leaves=[_leaf_meta(p, x, sel) for p, x in zip(paths, leaves)],
+    )
+
+
+def meta_digest(meta: dict[str, Any]) -> str:
+    """A digest of a `_host_meta` (structure, shapes, dtypes, blocks): equal means same plan."""
+    import hashlib
+
+    import jax
+
+    text = repr((meta['paths'], meta['leaves'], meta['process_count']))
+    text += str(jax.tree.structure(meta['skeleton']))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
 def gather_meta(
     namespace: dict[str, Any], name: str, inline_limit: int = 0, *, index: Any = None
 ) -> dict[str, Any]:
@@ -461,23 +488,16 @@ def gather_meta(
     When this host's blocks total at most ``inline_limit`` bytes, their data
     rides along (``'data'``: per leaf a list of flat arrays) so a small gather
     takes one round trip. ``index`` (ints and slices) selects part of an
-    array on the hosts: only that part is described and sent.
+    array on the hosts: only that part is described and sent. ``'digest'``
+    is `meta_digest` of the rest, so a later `gather_write` can be sent
+    without this round when nothing changed.
     """
-    import jax
-
     value, sel = _gather_target(namespace, name, index)
-    leaves, skeleton, paths = _flatten(value)
-    metas = [_leaf_meta(p, x, sel) for p, x in zip(paths, leaves)]
-    out = dict(
-        process=jax.process_index(),
-        process_count=jax.process_count(),
-        skeleton=skeleton,
-        paths=paths,
-        leaves=metas,
-    )
+    out = _host_meta(value, name, sel)
+    out['digest'] = meta_digest(out)
     if inline_limit > 0:
         total = 0
-        for meta in metas:
+        for meta in out['leaves']:
             if meta['kind'] == 'global':
                 total += sum(math.prod(b - a for a, b in idx) for idx in meta['blocks']) * (
                     np.dtype(meta['dtype']).itemsize
@@ -485,7 +505,8 @@ def gather_meta(
             else:
                 total += math.prod(meta['shape']) * np.dtype(meta['dtype']).itemsize
         if total <= inline_limit:
-            out['data'] = _export_blocks(leaves, metas, sel)
+            leaves, _, _ = _flatten(value)
+            out['data'] = _export_blocks(leaves, out['leaves'], sel)
     return out
 
 
@@ -503,6 +524,44 @@ def _export_blocks(
     return data
 
 
+def _writes(
+    value: Any, sel: Selection | None, layout: list[tuple[int, tuple[int, ...], str]]
+) -> list[tuple[int, tuple[int, ...], np.dtype, tuple[slice, ...], np.ndarray]]:
+    """This host's writes into a gather file: (leaf offset, leaf shape, dtype, place, data)."""
+    import jax
+
+    leaves, _, _ = _flatten(value)
+    pid = jax.process_index()
+    out = []
+    for x, (offset, shape, dtype) in zip(leaves, layout):
+        dt = np.dtype(dtype)
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            for idx, b in _global_blocks(x, sel):
+                place = tuple(slice(a, b) for a, b in idx)
+                out.append((offset, tuple(shape), dt, place, _block_array(b)))
+        else:
+            out.append((offset, tuple(shape), dt, (slice(pid, pid + 1),), np.asarray(x)[None]))
+    return out
+
+
+def _contiguous_span(shape: tuple[int, ...], place: tuple[slice, ...]) -> tuple[int, int] | None:
+    """(first element, count) when ``place`` in a C-ordered array of ``shape`` is one span."""
+    starts = [s.start for s in place] + [0] * (len(shape) - len(place))
+    stops = [s.stop for s in place] + list(shape[len(place) :])
+    # Contiguous: after the first axis with more than one index, every axis is whole.
+    first = next((i for i, (a, b) in enumerate(zip(starts, stops)) if b - a > 1), len(shape))
+    if any(starts[i] != 0 or stops[i] != shape[i] for i in range(first + 1, len(shape))):
+        return None
+    offset, stride = 0, 1
+    for i in reversed(range(len(shape))):
+        offset += starts[i] * stride
+        stride *= shape[i]
+    return offset, math.prod(b - a for a, b in zip(starts, stops))
+
+
+_PWRITE_CHUNK = 16 << 20
+
+
 def gather_write(
     namespace: dict[str, Any],
     name: str,
@@ -510,7 +569,9 @@ def gather_write(
     layout: list[tuple[int, tuple[int, ...], str]],
     *,
     index: Any = None,
-) -> int:
+    fresh: bool = False,
+    expect: dict[int, str] | None = None,
+) -> dict[str, Any]:
     """Round 2 of a shared-memory gather: write this host's blocks into the notebook's file.
 
     Args:
@@ -519,53 +580,174 @@ def gather_write(
         path: the shared-memory file the notebook created (same machine).
         layout: per leaf ``(byte offset, result shape, dtype)`` in the file.
         index: the selection given to `gather_meta`.
+        fresh: the file was just created. Its pages are then written with
+            ``pwrite`` where a block's place is one span: the kernel fills
+            new pages without zeroing them first and without a page fault
+            per page (a mapping is used for the rest).
+        expect: process index -> `meta_digest` the notebook planned with,
+            when it skipped `gather_meta` (a repeated gather). If this host's
+            value no longer matches, nothing is written.
 
     Returns:
-        The number of bytes written.
+        ``{'written': bytes}``, or ``{'meta': ...}`` (`gather_meta`'s answer)
+        when ``expect`` no longer matches this host's value.
     """
     import jax
 
     value, sel = _gather_target(namespace, name, index)
-    leaves, _, paths = _flatten(value)
-    pid = jax.process_index()
+    if expect is not None:
+        meta = _host_meta(value, name, sel)
+        meta['digest'] = meta_digest(meta)
+        if expect.get(jax.process_index()) != meta['digest']:
+            return {'meta': meta}
+    writes = _writes(value, sel, layout)
     written = 0
-    mm = _mapping(path)
+    mapped: list[tuple[int, tuple[int, ...], np.dtype, tuple[slice, ...], np.ndarray]] = []
+    if fresh:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            for offset, shape, dt, place, data in writes:
+                span = _contiguous_span(shape, place)
+                if span is None:
+                    mapped.append((offset, shape, dt, place, data))
+                    continue
+                view = memoryview(np.ascontiguousarray(data, dtype=dt).reshape(-1).view(np.uint8))
+                at = offset + span[0] * dt.itemsize
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(fd, view[done : done + _PWRITE_CHUNK], at + done)
+                written += len(view)
+        finally:
+            os.close(fd)
+    else:
+        mapped = writes
+    spans = [sp for sp in (_byte_span(*w[:4]) for w in mapped) if sp is not None]
+    mapped = [w for w in mapped if _byte_span(*w[:4]) is not None]  # empty blocks: nothing
+    if spans:
+        # Only the bytes this host writes are mapped (each host its own part).
+        start, mm = _mapping(path, min(a for a, _ in spans), max(b for _, b in spans))
+        try:
+            for offset, shape, dt, place, data in mapped:
+                strides = [dt.itemsize * math.prod(shape[i + 1 :]) for i in range(len(shape))]
+                first = sum(s.start * st for s, st in zip(place, strides))
+                dims = [s.stop - s.start for s in place] + list(shape[len(place) :])
+                out = np.ndarray(
+                    dims, dtype=dt, buffer=mm, offset=offset + first - start, strides=strides
+                )
+                out[...] = data.reshape(dims)
+                written += data.nbytes
+        finally:
+            del mm
+    return {'written': written}
+
+
+def _byte_span(
+    offset: int, shape: tuple[int, ...], dt: np.dtype, place: tuple[slice, ...]
+) -> tuple[int, int] | None:
+    """The bytes from ``place``'s first element to its last, in a leaf at ``offset``."""
+    starts = [s.start for s in place] + [0] * (len(shape) - len(place))
+    stops = [s.stop for s in place] + list(shape[len(place) :])
+    if any(b <= a for a, b in zip(starts, stops)):
+        return None
+    first = np.ravel_multi_index(starts, shape) if shape else 0
+    last = np.ravel_multi_index([b - 1 for b in stops], shape) if shape else 0
+    return offset + int(first) * dt.itemsize, offset + (int(last) + 1) * dt.itemsize
+
+
+def _stream_blocks(value: Any, sel: Selection | None) -> list[np.ndarray]:
+    """This host's blocks in `_host_meta` order (per leaf, its blocks), as C-contiguous arrays."""
+    import jax
+
+    leaves, _, _ = _flatten(value)
+    blocks = []
+    for x in leaves:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            blocks.extend(np.ascontiguousarray(_block_array(b)) for _, b in _global_blocks(x, sel))
+        else:
+            blocks.append(np.ascontiguousarray(np.asarray(x)))
+    return blocks
+
+
+def gather_send(
+    namespace: dict[str, Any],
+    name: str,
+    address: tuple[str, int],
+    token: bytes,
+    *,
+    index: Any = None,
+    expect: dict[int, str] | None = None,
+    connect_timeout: float = 5.0,
+    send_timeout: float = 600.0,
+) -> dict[str, Any]:
+    """Round 2 of a gather over the network: stream this host's blocks to the notebook.
+
+    One TCP connection to the notebook's ``address``: ``token`` (16 bytes,
+    given through the authenticated ipyparallel channel) and this process
+    index (4 bytes, big-endian), then the raw bytes of every block in
+    `gather_meta` order. Nothing else travels on it (no pickles): the
+    notebook already knows every block's place and reads each straight into
+    it. Blocks leave from the arrays' own memory (no copy here).
+
+    Returns:
+        ``{'sent': bytes}``; ``{'meta': ...}`` when ``expect`` (see
+        `gather_write`) no longer matches this host's value, nothing sent;
+        ``{'unreachable': why}`` when the notebook's address cannot be
+        reached from here (the notebook then gathers through ipyparallel).
+    """
+    import jax
+
+    value, sel = _gather_target(namespace, name, index)
+    pid = jax.process_index()
+    if expect is not None:
+        meta = _host_meta(value, name, sel)
+        meta['digest'] = meta_digest(meta)
+        if expect.get(pid) != meta['digest']:
+            return {'meta': meta}
+    blocks = _stream_blocks(value, sel)
+    host, port = address
     try:
-        for x, (offset, shape, dtype), p in zip(leaves, layout, paths):
-            meta = _leaf_meta(p, x, sel)
-            dt = np.dtype(dtype)
-            out = np.ndarray(shape, dtype=dt, buffer=mm, offset=offset)
-            if meta['kind'] == 'global':
-                for idx, b in _global_blocks(x, sel):
-                    block = _block_array(b)
-                    out[tuple(slice(a, b) for a, b in idx)] = block
-                    written += block.nbytes
-            else:
-                a = np.asarray(x)
-                out[pid] = a
-                written += a.nbytes
-    finally:
-        del mm
-    return written
+        sock = socket.create_connection((host, port), timeout=connect_timeout)
+    except OSError as exc:
+        return {'unreachable': f'{host}:{port}: {exc.strerror or exc}'}
+    sent = 0
+    with sock:
+        sock.settimeout(send_timeout)
+        sock.sendall(bytes(token) + pid.to_bytes(4, 'big'))
+        for block in blocks:
+            if block.nbytes:
+                sock.sendall(memoryview(block.reshape(-1).view(np.uint8)))
+                sent += block.nbytes
+    return {'sent': sent}
 
 
 # The notebook reuses its shared-memory buffers across gathers (see
-# mhnotebook/_gather.py), so keeping them mapped here spares every later
-# gather the page faults of mapping them again.
-_MAPPINGS: dict[str, np.memmap] = {}
+# mhnotebook/_gather.py), so keeping this host's part of them mapped spares
+# every later gather the cost of mapping it again.
+_MAPPINGS: dict[str, tuple[int, int, np.ndarray]] = {}  # path -> (start, end, bytes)
 _MAX_MAPPINGS = 8
 
 
-def _mapping(path: str) -> np.memmap:
+def _mapping(path: str, start: int, end: int) -> tuple[int, np.ndarray]:
+    """(where it starts, the mapped bytes) of a mapping of ``path`` covering [start, end)."""
+    import mmap
+
     for old in [p for p in _MAPPINGS if p != path and not os.path.exists(p)]:
         del _MAPPINGS[old]  # the notebook unlinked it: let the memory go
-    mm = _MAPPINGS.pop(path, None)
-    if mm is None or mm.size != os.path.getsize(path):
-        mm = np.memmap(path, dtype=np.uint8, mode='r+')
-    _MAPPINGS[path] = mm  # most recently used last
+    cached = _MAPPINGS.pop(path, None)
+    if cached is None or not (cached[0] <= start and end <= cached[1]):
+        lo = start - start % mmap.ALLOCATIONGRANULARITY
+        fd = os.open(path, os.O_RDWR)
+        try:
+            # MAP_POPULATE maps every page in one call rather than one fault per page.
+            flags = mmap.MAP_SHARED | getattr(mmap, 'MAP_POPULATE', 0)
+            mm = mmap.mmap(fd, end - lo, flags=flags, offset=lo)
+        finally:
+            os.close(fd)
+        cached = (lo, end, np.frombuffer(mm, dtype=np.uint8))
+    _MAPPINGS[path] = cached  # most recently used last
     while len(_MAPPINGS) > _MAX_MAPPINGS:
         del _MAPPINGS[next(iter(_MAPPINGS))]
-    return mm
+    return cached[0], cached[2]
 
 
 def gather_local(namespace: dict[str, Any], name: str, *, index: Any = None) -> dict[str, Any]:

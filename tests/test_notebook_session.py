@@ -61,7 +61,7 @@ def test_engine_ids_ordered_by_reported_process_index(session):
     assert sorted(session.engine_ids) == sorted(session.client.ids)
 
 
-@pytest.mark.parametrize('transport', ['shm', 'zmq', 'auto'])
+@pytest.mark.parametrize('transport', ['shm', 'tcp', 'zmq', 'auto'])
 @pytest.mark.parametrize('name', sorted(GLOBALS))
 def test_gather_global_arrays_exact(session, name, transport):
     """P('x'), P('x','y'), P(None,'y'), P(), 1-D, 3-D and 0-D gather to the exact value."""
@@ -73,7 +73,7 @@ def test_gather_global_arrays_exact(session, name, transport):
     )
 
 
-@pytest.mark.parametrize('transport', ['shm', 'zmq'])
+@pytest.mark.parametrize('transport', ['shm', 'tcp', 'zmq'])
 def test_gather_host_local_and_pytree(session, transport):
     """Host-local leaves stack by process index; pytrees keep their structure and dtypes."""
     out = session.allgather('tree', transport=transport)
@@ -274,7 +274,7 @@ def test_shm_buffers_are_reused_only_after_results_are_dropped(session):
     second = session.allgather('counter', transport='shm')
     np.testing.assert_array_equal(first, kept)  # untouched by the second gather
     np.testing.assert_array_equal(second, kept + 1)
-    pool = session._shm_pool
+    pool = session._gathers.pool
     in_use = {id(b) for b in pool.free}
     del first
     gc.collect()
@@ -288,6 +288,31 @@ def test_shm_buffers_are_reused_only_after_results_are_dropped(session):
     gc.collect()
     assert freed[0] not in pool.free  # a view still holds it
     np.testing.assert_array_equal(view, (kept + 1)[2:5])
+
+
+@pytest.mark.parametrize('transport', ['shm', 'tcp'])
+def test_repeated_gather_follows_a_value_that_changed(session, transport):
+    """A repeated gather skips the structure round; a host whose value changed is noticed."""
+    session.execute('again = a_x + 0', echo=False)
+    first = session.allgather('again', transport=transport)
+    assert ('again', 'None') in session._gathers.plans  # planned once, reused below
+    session.execute('again = a_x * 2', echo=False)  # same layout, new values
+    np.testing.assert_array_equal(session.allgather('again', transport=transport), first * 2)
+    # every host changes shape: the stale plan is noticed and the gather starts over
+    session.execute('again = a_x[: a_x.shape[0] // 2]', echo=False)
+    np.testing.assert_array_equal(
+        session.allgather('again', transport=transport), first[: first.shape[0] // 2]
+    )
+    # one host alone changes: nothing stale is written, and the hosts' disagreement is named
+    session.execute(
+        'import numpy as np\nagain = np.zeros(3) if jax.process_index() == 2 else np.zeros(4)',
+        echo=False,
+    )
+    with pytest.raises(SessionError, match='leaf .* differs between hosts'):
+        session.allgather('again', transport=transport)
+    session.execute('again = np.full(5, jax.process_index())', echo=False)
+    got = session.allgather('again', transport=transport)
+    np.testing.assert_array_equal(got, np.repeat(np.arange(4), 5).reshape(4, 5))
 
 
 def test_timeline_magic_names_the_late_host(session, tmp_path):
