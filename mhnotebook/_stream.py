@@ -48,10 +48,10 @@ class _Dest:
         self.place = place
         if place.flags.c_contiguous:
             self.stage = None
-            self.view = memoryview(place.reshape(-1).view(np.uint8))
+            self.view = place.reshape(-1).view(np.uint8).data
         else:
             self.stage = np.empty(place.shape, place.dtype)
-            self.view = memoryview(self.stage.reshape(-1).view(np.uint8))
+            self.view = self.stage.reshape(-1).view(np.uint8).data
 
     def done(self) -> None:
         if self.stage is not None:

@@ -611,7 +611,7 @@ def gather_write(
                 if span is None:
                     mapped.append((offset, shape, dt, place, data))
                     continue
-                view = memoryview(np.ascontiguousarray(data, dtype=dt).reshape(-1).view(np.uint8))
+                view = np.ascontiguousarray(data, dtype=dt).reshape(-1).view(np.uint8).data
                 at = offset + span[0] * dt.itemsize
                 done = 0
                 while done < len(view):
@@ -659,7 +659,7 @@ def _stream_blocks(value: Any, sel: Selection | None) -> list[np.ndarray]:
     import jax
 
     leaves, _, _ = _flatten(value)
-    blocks = []
+    blocks: list[np.ndarray] = []
     for x in leaves:
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             blocks.extend(np.ascontiguousarray(_block_array(b)) for _, b in _global_blocks(x, sel))
@@ -715,7 +715,7 @@ def gather_send(
         sock.sendall(bytes(token) + pid.to_bytes(4, 'big'))
         for block in blocks:
             if block.nbytes:
-                sock.sendall(memoryview(block.reshape(-1).view(np.uint8)))
+                sock.sendall(block.reshape(-1).view(np.uint8).data)
                 sent += block.nbytes
     return {'sent': sent}
 
