@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -621,9 +622,14 @@ def gather_write(
             os.close(fd)
     else:
         mapped = writes
-    spans = [sp for sp in (_byte_span(*w[:4]) for w in mapped) if sp is not None]
+    spans = [sp for sp in (_byte_span(*w[:4]) for w in writes) if sp is not None]
     mapped = [w for w in mapped if _byte_span(*w[:4]) is not None]  # empty blocks: nothing
-    if spans:
+    if spans and not mapped:
+        # A fresh file filled by pwrite: map this host's part in the background, so
+        # the next gather into it (the debugging loop) only copies.
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        threading.Thread(target=_premap, args=(path, lo, hi), daemon=True).start()
+    elif spans:
         # Only the bytes this host writes are mapped (each host its own part).
         start, mm = _mapping(path, min(a for a, _ in spans), max(b for _, b in spans))
         try:
@@ -725,10 +731,23 @@ def gather_send(
 # every later gather the cost of mapping it again.
 _MAPPINGS: dict[str, tuple[int, int, np.ndarray]] = {}  # path -> (start, end, bytes)
 _MAX_MAPPINGS = 8
+_MAPPINGS_LOCK = threading.Lock()  # gather_write and its background mapping
+
+
+def _premap(path: str, start: int, end: int) -> None:
+    try:
+        _mapping(path, start, end)
+    except OSError:  # the notebook dropped the file meanwhile
+        pass
 
 
 def _mapping(path: str, start: int, end: int) -> tuple[int, np.ndarray]:
     """(where it starts, the mapped bytes) of a mapping of ``path`` covering [start, end)."""
+    with _MAPPINGS_LOCK:
+        return _mapping_locked(path, start, end)
+
+
+def _mapping_locked(path: str, start: int, end: int) -> tuple[int, np.ndarray]:
     import mmap
 
     for old in [p for p in _MAPPINGS if p != path and not os.path.exists(p)]:
