@@ -144,22 +144,26 @@ def bench_gather(session, reps: int, mib: int) -> None:
             del out
     pull.close()
     m = {k: median_ms(v) for k, v in times.items()}
+    spread = {k: f'{min(v) * 1e3:.0f}-{max(v) * 1e3:.0f}' for k, v in times.items()}
     gbs = {k: total / (v / 1e3) / 1e9 for k, v in m.items()}
     print(
         f'\n1. gather a {mib} MiB float32 array sharded P("x") over 4 hosts x 2 devices '
         f'(median of {reps}, interleaved)'
     )
-    print(f'   (b) np.copyto {mib} MiB, buffer touched   {m["copyto"]:7.1f} ms')
+    print(
+        f'   (b) np.copyto {mib} MiB, buffer touched   {m["copyto"]:7.1f} ms   '
+        f'(range {spread["copyto"]} ms)'
+    )
     print(f"   (b') np.copyto into a new buffer       {m['copyto_fresh']:7.1f} ms")
     print('   shared memory (engines on this machine):')
     print(
         f'     repeated gather (file reused)       {m["shm"]:7.1f} ms   '
-        f'{m["shm"] / m["copyto"]:5.2f}x (b)   goal <= 1.5x'
+        f'{m["shm"] / m["copyto"]:5.2f}x (b)   goal <= 1.5x   (range {spread["shm"]} ms)'
     )
     print(
         f'     first gather (new file)             {m["shm_fresh"]:7.1f} ms   '
         f'{m["shm_fresh"] / m["copyto"]:5.2f}x (b)   goal <= 3x   '
-        f"({m['shm_fresh'] / m['copyto_fresh']:.2f}x (b'))"
+        f"({m['shm_fresh'] / m['copyto_fresh']:.2f}x (b'); range {spread['shm_fresh']} ms)"
     )
     print('   over the network (here: loopback):')
     print(

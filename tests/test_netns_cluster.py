@@ -167,6 +167,46 @@ def test_gather_with_shared_memory_and_zmq_across_namespaces(session):
     assert session.allgather('total').tolist() == [want.sum()] * N
 
 
+def test_tcp_stream_across_namespaces_and_fallback_when_unreachable(session):
+    """'tcp' streams over the bridge into the notebook; a host that cannot reach the
+    notebook's listener makes 'auto' fall back to ipyparallel and 'tcp' say why."""
+    from mhnotebook import SessionError
+    from mhnotebook._gather import allgather
+    from mhnotebook._stream import Listener
+
+    want = np.arange(48.0).reshape(8, 6)
+    big = 'big = np.arange(2.0**19).reshape(512, 1024) + pid'  # 4 MiB per host: streamed
+    session.execute(big, echo=False)
+    np.testing.assert_array_equal(session.allgather('x', transport='tcp'), want)
+    got = session.allgather('big', transport='tcp')
+    assert got.shape == (N, 512, 1024) and got[:, 0, 0].tolist() == list(range(N))
+    state = session._gathers
+    assert not state.listener().address[0].startswith('127.')  # the bridge address
+    # A listener on the notebook's loopback: no namespace host can reach it.
+    good = state._listener
+    state._listener = Listener('127.0.0.1')
+    state.plans.clear()
+    try:
+        with pytest.raises(SessionError, match="transport='tcp': a host cannot reach"):
+            session.allgather('big', transport='tcp')
+        state.unreachable = None
+        # 'auto' as for hosts on other machines (here they share /dev/shm): falls back.
+        got = allgather(
+            session.call,
+            'big',
+            machines=['elsewhere'] * N,
+            state=state,
+            timeout=60,
+            transport='auto',
+            progress=False,
+        )
+        assert got[:, 0, 0].tolist() == list(range(N))
+        assert state.unreachable and '127.0.0.1' in state.unreachable
+    finally:
+        state._listener.close()
+        state._listener, state.unreachable = good, None
+
+
 def test_every_magic_on_namespace_hosts(session, hosts):
     """%%mh, %mh_allgather (default and zmq), %mh_barrier, %mh_where and %mh_step (control
     endpoint at engine 0's namespace address), %mh_cluster status."""

@@ -315,6 +315,37 @@ def test_repeated_gather_follows_a_value_that_changed(session, transport):
     np.testing.assert_array_equal(got, np.repeat(np.arange(4), 5).reshape(4, 5))
 
 
+def test_tcp_listener_drops_strangers_and_reuses_memory_only_after_results_are_dropped(
+    session,
+):
+    """A connection without the gather's token is dropped unread; results are never
+    overwritten while held, and their memory is reused once they are gone."""
+    import gc
+    import socket
+
+    session.execute('streamed = a_x + 0', echo=False)
+    first = session.allgather('streamed', transport='tcp')
+    kept = first.copy()
+    address = session._gathers.listener().address
+    strangers = [socket.create_connection(address, timeout=5) for _ in range(3)]
+    strangers[0].sendall(b'\0' * 16 + (1).to_bytes(4, 'big') + b'junk' * 100)  # wrong token
+    strangers[1].sendall(b'x' * 7)  # half a hello, then nothing
+    session.execute('streamed = a_x + 1', echo=False)
+    second = session.allgather('streamed', transport='tcp')
+    np.testing.assert_array_equal(first, kept)  # held: untouched by the second gather
+    np.testing.assert_array_equal(second, kept + 1)
+    for s in strangers:
+        s.close()
+    heap = session._gathers.heap
+    before = len(heap.free)
+    del first
+    gc.collect()
+    assert len(heap.free) == before + 1, 'the dropped result did not give its memory back'
+    third = session.allgather('streamed', transport='tcp')
+    assert len(heap.free) == before  # reused
+    np.testing.assert_array_equal(third, kept + 1)
+
+
 def test_timeline_magic_names_the_late_host(session, tmp_path):
     """%mh_timeline: host 3, late to every watched step, is named; --chrome writes the trace."""
     import json
