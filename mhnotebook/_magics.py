@@ -479,9 +479,11 @@ class MultihostMagics(Magics):
     )
     @magic_arguments.argument(
         '--transport',
-        choices=['auto', 'shm', 'zmq'],
+        choices=['auto', 'shm', 'tcp', 'zmq'],
         default='auto',
-        help='shm: engines on this machine write into shared memory',
+        help='shm: engines on this machine write into shared memory; tcp: engines '
+        'elsewhere stream into the result; zmq: through ipyparallel (default: the fastest '
+        'that works)',
     )
     @magic_arguments.argument(
         '--max-bytes',

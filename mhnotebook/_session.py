@@ -550,8 +550,12 @@ class Session:
                 slice travels (parsed, never evaluated).
             timeout: seconds to wait for every host.
             transport: ``'shm'`` (engines write into shared memory; only when
-                every engine runs on this machine), ``'zmq'`` (blocks travel as
-                zero-copy messages), or ``'auto'``.
+                every engine runs on this machine), ``'tcp'`` (each engine
+                streams its blocks over one connection to this notebook,
+                read straight into place), ``'zmq'`` (blocks ride
+                ipyparallel's replies through the controller), or ``'auto'``
+                (``shm`` on one machine, else ``tcp``, else ``zmq`` once a
+                host could not reach this notebook).
             progress: show a progress bar (default: for gathers over 64 MiB).
             max_bytes: refuse a result larger than this, before anything is
                 allocated or sent (default: half of this machine's available
