@@ -30,6 +30,7 @@ from typing import Any
 
 from multihost._recorder import FlightRecord
 from multihost._sequence import CollectiveRecord
+from multihost._text import fmt_duration
 
 #: One stack frame: (file name, line number, function name, source line).
 Frame = tuple[str, int, str, str]
@@ -373,17 +374,6 @@ def framework_summary(frames: Sequence[Frame], names: int = 3) -> str:
     return f'{head} ({", ".join(top)}{more})'
 
 
-def secs(seconds: float) -> str:
-    """``'850 ms'``, ``'12 s'``, ``'5 min'``, ``'3.2 h'``."""
-    if seconds < 1:
-        return f'{max(seconds, 0) * 1000:.0f} ms'
-    if seconds < 120:
-        return f'{seconds:.0f} s'
-    if seconds < 3 * 3600:
-        return f'{seconds / 60:.0f} min'
-    return f'{seconds / 3600:.1f} h'
-
-
 def _what(kind: str, name: str) -> str:
     return f'{kind}({name!r})' if name else kind
 
@@ -525,8 +515,8 @@ class HostStacks:
 
     def describe_doing(self, waited: str | None = None, idle: str | None = None) -> str:
         """`doing`, with the durations given as text (a group shows its range)."""
-        waited = secs(self.waiting_for) if waited is None else waited
-        idle = secs(self.idle) if idle is None else idle
+        waited = fmt_duration(self.waiting_for) if waited is None else waited
+        idle = fmt_duration(self.idle) if idle is None else idle
         activity = self.activity
         if activity == 'no answer':
             last = self.current
@@ -563,7 +553,9 @@ class HostStacks:
             return f', last {what} {last.label} ({idle} ago{busy})'
         c = self.current
         if c is not None:
-            ago = f' (entered {secs(self.time - c.time)} ago)' if self.time and c.time else ''
+            ago = ''
+            if self.time and c.time:
+                ago = f' (entered {fmt_duration(self.time - c.time)} ago)'
             return f', last collective {_what(c.kind, c.name)} #{c.seq}{ago}'
         return ', no collective yet'
 

@@ -1,4 +1,9 @@
-"""Small text helpers shared by the models' messages and the notebook's views."""
+"""Small text helpers shared by the models' messages and the notebook's views.
+
+Durations come in two grains: `fmt_seconds` keeps the digits a skew needs
+(``0.42 ms``, ``1.25 s``); `fmt_duration` rounds a wait or an age to a whole
+unit (``850 ms``, ``12 s``, ``5 min``), so hosts described by it group alike.
+"""
 
 from __future__ import annotations
 
@@ -24,3 +29,34 @@ def fmt_hosts(hosts: Iterable[int], max_ranges: int = MAX_RANGES) -> str:
     if len(ranges) > max_ranges:
         text += f', ... ({len(hosts)} in all)'
     return ('process ' if len(hosts) == 1 else 'processes ') + text
+
+
+def fmt_seconds(seconds: float) -> str:
+    """A duration to a few digits: ``0.42 ms``, ``4.2 ms``, ``180 ms``, ``1.25 s``, ``95 s``.
+
+    For skews and lateness, where a fraction of a millisecond matters.
+    """
+    s = abs(seconds)
+    if s < 1e-3:
+        return f'{seconds * 1e3:.2f} ms'
+    if s < 1e-2:
+        return f'{seconds * 1e3:.1f} ms'
+    if s < 1:
+        return f'{seconds * 1e3:.0f} ms'
+    if s < 10:
+        return f'{seconds:.2f} s'
+    return f'{seconds:.0f} s'
+
+
+def fmt_duration(seconds: float) -> str:
+    """A wait or an age in a whole unit: ``'850 ms'``, ``'12 s'``, ``'5 min'``, ``'3.2 h'``.
+
+    Negative values (clocks of different hosts) read as ``'0 ms'``.
+    """
+    if seconds < 1:
+        return f'{max(seconds, 0) * 1000:.0f} ms'
+    if seconds < 120:
+        return f'{seconds:.0f} s'
+    if seconds < 3 * 3600:
+        return f'{seconds / 60:.0f} min'
+    return f'{seconds / 3600:.1f} h'

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from multihost._recorder import WAITING, FlightRecord
-from multihost._text import fmt_hosts
+from multihost._text import fmt_hosts, fmt_seconds
 
 #: Rows `Timeline.format` shows by default (the newest steps).
 FORMAT_ROWS = 20
@@ -44,20 +44,6 @@ MAX_HOST_COLUMNS = 8
 
 # A step's key: ('seq', seq) for checked entries, ('call', name, call) for unchecked launches.
 StepKey = tuple[Any, ...]
-
-
-def fmt_seconds(seconds: float) -> str:
-    """A duration for people: ``0.42 ms``, ``4.2 ms``, ``180 ms``, ``1.25 s``, ``95 s``."""
-    s = abs(seconds)
-    if s < 1e-3:
-        return f'{seconds * 1e3:.2f} ms'
-    if s < 1e-2:
-        return f'{seconds * 1e3:.1f} ms'
-    if s < 1:
-        return f'{seconds * 1e3:.0f} ms'
-    if s < 10:
-        return f'{seconds:.2f} s'
-    return f'{seconds:.0f} s'
 
 
 @dataclasses.dataclass(frozen=True)

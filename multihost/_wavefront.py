@@ -25,7 +25,7 @@ from typing import Any
 
 from multihost import _bus, _kv, _recorder, _stacks
 from multihost._recorder import FlightRecord
-from multihost._text import fmt_hosts
+from multihost._text import fmt_duration, fmt_hosts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,14 +75,14 @@ class HostFront:
         if not self.answered:
             return f'no answer ({self.error})'
         if self.waiting is not None:
-            return f'waiting at {self.waiting.label} for {_secs(self.waiting_for)}'
+            return f'waiting at {self.waiting.label} for {fmt_duration(self.waiting_for)}'
         if self.pending is not None:
             return (
                 f'{self.pending.label} not done on device '
-                f'(launched {_secs(self.pending_age)} ago)'
+                f'(launched {fmt_duration(self.pending_age)} ago)'
                 + (f', now at {self.where}' if self.where else '')
             )
-        last = f', last {self.last.label} {_secs(self.idle)} ago' if self.last else ''
+        last = f', last {self.last.label} {fmt_duration(self.idle)} ago' if self.last else ''
         return f'running user code at {self.where or "?"}' + last
 
     def to_json(self) -> str:
@@ -104,14 +104,6 @@ class HostFront:
                 d[f] = FlightRecord(*d[f])
         d['calls'] = tuple((str(k), int(v)) for k, v in d.get('calls', ()))
         return cls(**d)
-
-
-def _secs(seconds: float) -> str:
-    if seconds < 1:
-        return f'{seconds * 1000:.0f} ms'
-    if seconds < 120:
-        return f'{seconds:.0f} s'
-    return f'{seconds / 60:.0f} min'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,9 +160,8 @@ class Wavefront:
             age = max((h.pending_age for h in inside), default=0.0)
             what = f'{target.name} #{target.call}'
             if inside:
-                parts.append(
-                    f'{_are(g["inside"])} inside {what} (launched {_secs(age)} ago, not done)'
-                )
+                launched = f'launched {fmt_duration(age)} ago'
+                parts.append(f'{_are(g["inside"])} inside {what} ({launched}, not done)')
             if g['past']:
                 parts.append(f'{_are(g["past"])} past it')
             for p in g['never']:
@@ -186,10 +177,8 @@ class Wavefront:
                 else:
                     running.append(h)
             for label, hs in waiting.items():
-                longest = max(h.waiting_for for h in hs)
-                parts.append(
-                    f'{_are([h.process for h in hs])} waiting at {label} for {_secs(longest)}'
-                )
+                longest = fmt_duration(max(h.waiting_for for h in hs))
+                parts.append(f'{_are([h.process for h in hs])} waiting at {label} for {longest}')
             if waiting:
                 for h in running:
                     parts.append(f'{fmt_hosts([h.process])} is not there: ' + _position(h))
@@ -218,7 +207,7 @@ def _are(processes: Any) -> str:
 def _position(h: HostFront) -> str:
     last = f'last at {h.last.label}' if h.last is not None else 'nothing recorded yet'
     if h.waiting is not None:
-        return f'{last}, waiting at its check for {_secs(h.waiting_for)}'
+        return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}'
     return last + (f', now at {_short(h.where)}' if h.where else '')
 
 

@@ -30,8 +30,8 @@ from multihost._debugmodel import (
     framework_summary,
     is_cell,
     is_user_frame,
-    secs,
 )
+from multihost._text import fmt_duration
 
 # -- synthetic models --------------------------------------------------------------------
 
@@ -352,7 +352,8 @@ def test_framework_summary_names_the_most_frequent_packages():
     assert framework_summary(frames) == '27 framework frames (ipykernel, IPython, ipyparallel, ...)'
     assert framework_summary(BARRIER, names=5) == '5 framework frames (multihost, threading)'
     assert framework_summary((cell(0, 3, 'x'),)) == '0 framework frames'
-    assert secs(0.25) == '250 ms' and secs(12.4) == '12 s' and secs(600) == '10 min'
+    assert fmt_duration(0.25) == '250 ms' and fmt_duration(12.4) == '12 s'
+    assert fmt_duration(600) == '10 min' and fmt_duration(-0.1) == '0 ms'
 
 
 # -- what a host is doing, in words -------------------------------------------------------------

@@ -30,8 +30,7 @@ from mhnotebook.widgets._common import (
     widget_html,
 )
 from multihost import Timeline
-from multihost._text import fmt_hosts
-from multihost._timeline import fmt_seconds
+from multihost._text import fmt_hosts, fmt_seconds
 
 #: Host rows drawn at most; with more hosts, those most often last are drawn.
 MAX_ROWS = 32

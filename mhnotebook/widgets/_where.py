@@ -32,8 +32,8 @@ from mhnotebook.widgets._common import (
     run_action,
 )
 from multihost import HostStacks, ThreadStack
-from multihost._debugmodel import Frame, framework_summary, secs
-from multihost._text import fmt_hosts
+from multihost._debugmodel import Frame, framework_summary
+from multihost._text import fmt_duration, fmt_hosts
 
 #: State groups listed in the table; more groups are counted.
 MAX_ROWS = 64
@@ -121,7 +121,7 @@ def who(group: Sequence[int]) -> str:
 
 
 def _span(values: Sequence[float]) -> str:
-    lo, hi = secs(min(values)), secs(max(values))
+    lo, hi = fmt_duration(min(values)), fmt_duration(max(values))
     return hi if lo == hi else f'{lo} to {hi}'
 
 
