@@ -659,6 +659,10 @@ class Session:
             self._control = ControlClient(self._control_address, self._control_key, timeout=15.0)
         return self._control
 
+    def _gone(self) -> dict[int, str]:
+        """Dead hosts (a recoverable session goes on without them) -> why: nobody waits for them."""
+        return {p: 'gone' if how == 'died' else f'gone ({how})' for p, how in self.dead.items()}
+
     def where(self, *, timeout: float = 10.0) -> dict[int, HostStacks]:
         """Per process index: its Python stacks and current collective (`multihost.HostStacks`).
 
@@ -666,7 +670,7 @@ class Session:
         which every session starts up front).
         """
         self._check(need_all=not self.recoverable)
-        return self.control.stacks(timeout=timeout)
+        return self.control.stacks(timeout=timeout, gone=self._gone())
 
     def wavefront(self, *, timeout: float = 10.0) -> Wavefront:
         """How far every host got: last watched launch and collective, what is not done, a verdict.
@@ -675,12 +679,12 @@ class Session:
         the control endpoint, so it works while every engine is blocked.
         """
         self._check(need_all=not self.recoverable)
-        return self.control.wavefront(timeout=timeout)
+        return self.control.wavefront(timeout=timeout, gone=self._gone())
 
     def records(self, *, last: int = 200, timeout: float = 10.0) -> dict[int, list[FlightRecord]]:
         """Every host's last ``last`` flight records (`multihost.FlightRecord`), oldest first."""
         self._check(need_all=not self.recoverable)
-        return self.control.records(last=last, timeout=timeout)
+        return self.control.records(last=last, timeout=timeout, gone=self._gone())
 
     def timeline(self, *, last: int = 200, timeout: float = 10.0) -> Timeline:
         """Every host's last ``last`` flight records aligned into a `multihost.Timeline`.

@@ -34,7 +34,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from multihost import _jax_adapter, _kv
@@ -209,12 +209,13 @@ def _handle(client: Any, pid: int, g: int, raw: str) -> None:
 
 
 def command(
-    client: Any, cmd: str, timeout: float, **params: Any
+    client: Any, cmd: str, timeout: float, *, skip: Collection[int] = (), **params: Any
 ) -> tuple[dict[int, str], dict[int, dict]]:
     """Issues ``cmd`` (with JSON-able ``params``) to every debug thread; returns (replies, threads).
 
     Waits at most ``timeout`` seconds (plus two RPCs) for the replies of the
-    threads registered before the command; the rest are simply absent.
+    threads registered before the command; the rest are simply absent. The
+    processes in ``skip`` (known to be gone) are not waited for at all.
     """
     ensure_started(client)  # so that this process answers too
     g = _kv.increment(client, _key('ctl', 'n'), 1)
@@ -224,7 +225,7 @@ def command(
     for value in _kv.read_dir(client, _key('dmn')).values():
         info = json.loads(value)
         daemons[int(info['process'])] = info
-    expected = sorted(p for p, info in daemons.items() if info['since'] < g)
+    expected = sorted(p for p, info in daemons.items() if info['since'] < g and p not in skip)
     replies: dict[int, str] = {}
     deadline = time.monotonic() + timeout
     for p in expected:

@@ -19,7 +19,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import (
     Connection,
@@ -156,6 +156,13 @@ def serve_control(authkey: bytes, address: tuple[str, int] = ('', 0)) -> tuple[s
     return host, port
 
 
+def _gone(gone: Any) -> dict[str, Any]:
+    """``gone`` as a keyword argument, only when there is any (an older endpoint takes none)."""
+    if not gone:
+        return {}
+    return {'gone': dict(gone) if isinstance(gone, Mapping) else sorted(gone)}
+
+
 class ControlClient:
     """Talks to a `serve_control` endpoint: stacks and stepping from a notebook.
 
@@ -244,17 +251,23 @@ class ControlClient:
         """The serving process: its index, the process count, host name and OS pid."""
         return self._call('info', 0.0)
 
-    def stacks(self, timeout: float = 10.0) -> dict[int, HostStacks]:
+    def stacks(
+        self, timeout: float = 10.0, *, gone: Mapping[int, str] | None = None
+    ) -> dict[int, HostStacks]:
         """Every host's stacks and current collective (see `multihost.dump_stacks`)."""
-        return self._call('stacks', timeout, timeout=timeout)
+        return self._call('stacks', timeout, timeout=timeout, **_gone(gone))
 
-    def wavefront(self, timeout: float = 10.0) -> Wavefront:
+    def wavefront(
+        self, timeout: float = 10.0, *, gone: Mapping[int, str] | None = None
+    ) -> Wavefront:
         """How far every host got (see `multihost.wavefront`)."""
-        return self._call('wavefront', timeout, timeout=timeout)
+        return self._call('wavefront', timeout, timeout=timeout, **_gone(gone))
 
-    def records(self, last: int = 200, timeout: float = 10.0) -> dict[int, list[FlightRecord]]:
+    def records(
+        self, last: int = 200, timeout: float = 10.0, *, gone: Collection[int] = ()
+    ) -> dict[int, list[FlightRecord]]:
         """Every host's last flight records (see `multihost.flight_records`)."""
-        return self._call('records', timeout, last=last, timeout=timeout)
+        return self._call('records', timeout, last=last, timeout=timeout, **_gone(gone))
 
     def step_table(self) -> StepTable:
         """The host x step table (see `multihost.step_table`)."""

@@ -406,14 +406,21 @@ def _enter(
 
 
 def share(
-    rec: CollectiveRecord, stage: str, value: str, *, timeout: float | None = None
+    rec: CollectiveRecord,
+    stage: str,
+    value: str,
+    *,
+    timeout: float | None = None,
+    what: str = '',
 ) -> dict[int, str]:
     """A further exchange inside collective ``rec``: every host's ``value`` (process -> text).
 
     For collectives that move data after their check (`tree_diff`'s
     fingerprints, `check_replicas`' digests): one `_kv.round_` under the
     collective's keys (cleaned up with its epoch), with the same verdict on
-    every host when a host does not arrive.
+    every host when a host does not arrive. ``what`` names the stage in a
+    timeout's message (default: ``stage``); a host missing there that is
+    inside ``rec`` is said to be busy before the stage (not elsewhere).
 
     Raises:
         BarrierTimeoutError: some host did not arrive within ``timeout``.
@@ -425,7 +432,7 @@ def share(
     timeout = default_timeout() if timeout is None else float(timeout)
     rnd = _kv.Round(name=stage_dir(rec, stage), data=f'{stage_dir(rec, stage)}/d')
 
-    where = _timeout_details(client, rec, f'{rec.describe()} ({stage})')
+    where = _timeout_details(client, rec, f'{rec.describe()} ({what or stage})', stage=True)
     verdict, values = _kv.round_(client, rnd, value, timeout=timeout, on_timeout=where, read=True)
     if not verdict.ok:
         raise _error(verdict, rec, None)
@@ -505,11 +512,14 @@ def _unreachable(
     )
 
 
-def _timeout_details(client: Any, rec: CollectiveRecord, what: str) -> _kv.OnTimeout:
+def _timeout_details(
+    client: Any, rec: CollectiveRecord, what: str, *, stage: bool = False
+) -> _kv.OnTimeout:
     """What a timeout verdict of ``rec``'s round says: the call, and where the missing hosts were.
 
     At most `_MAX_POSITIONS` positions (a bounded verdict); the message names
-    every missing host anyway.
+    every missing host anyway. ``stage``: a further round inside ``rec``
+    (`share`), where a missing host may be inside ``rec`` itself.
     """
 
     def details(arrived: dict[int, str]) -> dict[str, Any]:
@@ -519,6 +529,7 @@ def _timeout_details(client: Any, rec: CollectiveRecord, what: str) -> _kv.OnTim
             'what': what,
             'name': rec.name,
             'positions': {p: where[p].to_json() for p in missing},
+            **({'stage': True} if stage else {}),
         }
 
     return details
@@ -585,9 +596,12 @@ def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTim
     lines = []
     for p in missing:
         last = where.get(p)
-        lines.append(
-            f'  process {p}: last reached ' + (last.describe() if last else 'no collective yet')
-        )
+        if last is None:
+            lines.append(f'  process {p}: last reached no collective yet')
+        elif data.get('stage') and last.seq == rec.seq:  # e.g. still compiling a new signature
+            lines.append(f'  process {p}: still inside {last.describe()}, busy before this stage')
+        else:
+            lines.append(f'  process {p}: last reached {last.describe()}')
     late = rec.process not in data['arrived']
     timeout = float(data['timeout'])
     return BarrierTimeoutError(

@@ -12,6 +12,7 @@ import sys
 import sysconfig
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from multihost import _bus, _kv, _recorder, _sequence, _stepgate
@@ -139,7 +140,9 @@ def capture(process: int | None = None) -> HostStacks:
     )
 
 
-def dump_stacks(timeout: float = 10.0) -> dict[int, HostStacks]:
+def dump_stacks(
+    timeout: float = 10.0, *, gone: Mapping[int, str] | None = None
+) -> dict[int, HostStacks]:
     """Every host's Python stacks and current collective, also from blocked hosts.
 
     Callable from any process and any thread, including while the main
@@ -149,6 +152,8 @@ def dump_stacks(timeout: float = 10.0) -> dict[int, HostStacks]:
 
     Args:
         timeout: seconds to wait for the answers.
+        gone: processes known to be gone (e.g. dead in a recoverable job),
+            each with why: not waited for; the reason is their ``error``.
 
     Returns:
         Process index -> `HostStacks`, for every process. A host that did not
@@ -158,7 +163,8 @@ def dump_stacks(timeout: float = 10.0) -> dict[int, HostStacks]:
     client = _bus.distributed()
     if client is None:
         return {_kv.process_index(): capture()}
-    replies, daemons = _bus.command(client, 'stacks', timeout)
+    gone = dict(gone or {})
+    replies, daemons = _bus.command(client, 'stacks', timeout, skip=gone)
     out: dict[int, HostStacks] = {}
     where: dict[int, Any] | None = None
     for p in range(_kv.process_count()):
@@ -172,7 +178,7 @@ def dump_stacks(timeout: float = 10.0) -> dict[int, HostStacks]:
                 where = {}
         if p in daemons:
             info = daemons[p]
-            error = (
+            error = gone.get(p) or (
                 f'no answer within {timeout:g} s (process dead, frozen, or its '
                 'debug thread stopped)'
             )
@@ -189,7 +195,8 @@ def dump_stacks(timeout: float = 10.0) -> dict[int, HostStacks]:
                 process=p,
                 answered=False,
                 current=where.get(p),
-                error=(
+                error=gone.get(p)
+                or (
                     'no debug thread: the process has not entered a multihost collective '
                     'yet (call multihost.start_debug_daemon() after jax.distributed.initialize)'
                 ),

@@ -299,7 +299,8 @@ class Watched:
             error = None
         entry.fingerprint = sig.fingerprint or ''
         mine = json.dumps({'fp': sig.program, 'error': failure})
-        shared = {p: json.loads(v) for p, v in _sequence.share(rec, 'fp', mine).items()}
+        what = 'comparing the programs compiled for a new signature'
+        shared = {p: json.loads(v) for p, v in _sequence.share(rec, 'fp', mine, what=what).items()}
         failed = {p: v['error'] for p, v in shared.items() if v['error']}
         if failed:
             if error is not None and len(failed) == len(shared):

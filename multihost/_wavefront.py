@@ -21,6 +21,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from multihost import _bus, _kv, _recorder, _stacks
@@ -72,8 +73,8 @@ class HostFront:
     @property
     def doing(self) -> str:
         """What the host is doing now, in words."""
-        if not self.answered:
-            return f'no answer ({self.error})'
+        if not self.answered:  # the error says it: 'no answer within 10 s', ...
+            return self.error or 'no answer'
         if self.waiting is not None:
             return f'waiting at {self.waiting.label} for {fmt_duration(self.waiting_for)}'
         if self.pending is not None:
@@ -265,24 +266,27 @@ def front(process: int | None = None) -> HostFront:
     )
 
 
-def wavefront(timeout: float = 10.0) -> Wavefront:
+def wavefront(timeout: float = 10.0, *, gone: Mapping[int, str] | None = None) -> Wavefront:
     """How far every host got: its last launch and collective, what is not done, the verdict.
 
     Callable from any process and any thread, also while the others are
     blocked (in a device collective, a barrier, or user code): each host's
     debug thread answers from its flight recorder. A host that does not
-    answer within ``timeout`` is reported silent, not waited for.
+    answer within ``timeout`` is reported silent, not waited for; the hosts
+    in ``gone`` (process -> why, e.g. dead in a recoverable job) are not
+    waited for at all, and silent with that reason.
     """
     client = _bus.distributed()
     if client is None:
         return Wavefront(hosts=(front(),), time=time.time())
-    replies, daemons = _bus.command(client, 'front', timeout)
+    gone = dict(gone or {})
+    replies, daemons = _bus.command(client, 'front', timeout, skip=gone)
     hosts = []
     for p in range(_kv.process_count()):
         if p in replies:
             hosts.append(HostFront.from_json(replies[p]))
         else:
-            why = (
+            why = gone.get(p) or (
                 f'no answer within {timeout:g} s'
                 if p in daemons
                 else 'no debug thread yet (no collective or watched call so far)'
@@ -295,17 +299,21 @@ def wavefront(timeout: float = 10.0) -> Wavefront:
 MAX_RECORDS = _recorder.CAPACITY
 
 
-def flight_records(last: int = 200, timeout: float = 10.0) -> dict[int, list[FlightRecord]]:
+def flight_records(
+    last: int = 200, timeout: float = 10.0, *, gone: Collection[int] = ()
+) -> dict[int, list[FlightRecord]]:
     """Every host's last ``last`` flight records (process -> records, oldest first).
 
     Answered by each host's debug thread, so it works while hosts are blocked;
-    hosts that do not answer within ``timeout`` are absent.
+    hosts that do not answer within ``timeout`` are absent; the hosts in
+    ``gone`` (known to be gone, e.g. dead in a recoverable job) are not
+    waited for at all.
     """
     last = max(0, min(int(last), MAX_RECORDS))
     client = _bus.distributed()
     if client is None:
         return {_kv.process_index(): _recorder.snapshot(_kv.process_index(), last)}
-    replies, _ = _bus.command(client, 'records', timeout, last=last)
+    replies, _ = _bus.command(client, 'records', timeout, skip=gone, last=last)
     return {p: [FlightRecord(*r) for r in json.loads(v)] for p, v in sorted(replies.items())}
 
 

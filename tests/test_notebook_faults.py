@@ -407,7 +407,11 @@ def test_dead_host_is_reported_and_restart_recovers():
 
 
 def test_recoverable_cluster_keeps_survivors_inspectable():
-    """--recoverable: SIGKILL on host 2 leaves 0 and 1 running; live_devices names them."""
+    """--recoverable: SIGKILL on host 2 leaves 0 and 1 running; live_devices names them.
+
+    The stacks, the wavefront, the timeline and %mh_where name host 2 as gone
+    at once (the session passes its dead hosts down: not waited for).
+    """
     from IPython.testing.globalipapp import get_ipython, start_ipython
 
     ip = start_ipython() or get_ipython()
@@ -444,8 +448,26 @@ def test_recoverable_cluster_keeps_survivors_inspectable():
         assert time.monotonic() - t0 < 30
         with pytest.raises(UsageError, match=r'^host 2 is gone \(signal 9\): %mh_cluster restart'):
             ip.run_line_magic('mh_barrier', 'b')
+        # The session knows host 2 died: nobody waits for it, and it is named as gone.
+        t0 = time.monotonic()
         where = s.where(timeout=5)
+        front = s.wavefront(timeout=5)
+        timeline = s.timeline(timeout=5)
+        took = time.monotonic() - t0
         assert where[0].answered and where[1].answered and not where[2].answered
+        assert where[2].error == 'gone (signal 9)', where[2]
+        assert front.silent == (2,) and front.hosts[2].doing == 'gone (signal 9)', front.format()
+        assert 'process 2 is silent' in front.verdict, front.verdict
+        assert timeline.silent == (2,) and timeline.hosts == (0, 1), timeline.format()
+        assert took < 3.0, f'where + wavefront + timeline took {took:.1f} s'
+        t0 = time.monotonic()
+        with capture_output():
+            view = ip.run_line_magic('mh_where', '')
+        where_took = time.monotonic() - t0
+        assert where_took < 3.0, f'%mh_where took {where_took:.1f} s'
+        assert 'process 2 is silent' in (view.verdict or ''), view.text()
+        assert 'gone (signal 9)' in view.text(), view.text()
+        print(f'\n[timing] dead host: 3 calls {took:.2f} s, %mh_where {where_took:.2f} s')
     finally:
         magics.session = None
         s.stop()
