@@ -62,6 +62,14 @@ if TYPE_CHECKING:  # the notebook imports jax (multihost) only when needed
     )
 
 
+def controller_url(client: Any) -> str | None:
+    """The controller's registration URL as the client's connection info gives it."""
+    # ipyparallel keeps the parsed connection info (urls filled in) on the client.
+    config = getattr(client, '_config', None)
+    url = config.get('registration') if isinstance(config, dict) else None
+    return str(url) if url else None
+
+
 @dataclasses.dataclass(frozen=True)
 class HostInfo:
     """One host of the session.
@@ -567,11 +575,10 @@ class Session:
             SessionError: the result would be larger than ``max_bytes``.
         """
         from mhnotebook._gather import GatherState, allgather  # numpy: only for a gather
-        from mhnotebook._startup import _controller_url
 
         self._check()
         if self._gathers is None:  # kept between gathers, closed by `stop`
-            self._gathers = GatherState(_controller_url(self.client))
+            self._gathers = GatherState(controller_url(self.client))
         _positive_timeout(timeout)
         return allgather(
             self.call,

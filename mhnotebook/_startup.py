@@ -20,7 +20,7 @@ from typing import Any
 
 from mhnotebook._cleanup import start_watchdog, stop_watchdog, sweep_shm, watchdog_ready
 from mhnotebook._errors import RemoteFailure, SessionError
-from mhnotebook._session import Engines, HostInfo, Session
+from mhnotebook._session import Engines, HostInfo, Session, controller_url
 from mhnotebook._trampoline import call as _call
 
 __all__ = ['StartedCluster', 'connect', 'start_local']
@@ -227,18 +227,10 @@ def _initialize(
     return infos
 
 
-def _controller_url(client: Any) -> str | None:
-    """The controller's registration URL as the client's connection info gives it."""
-    # ipyparallel keeps the parsed connection info (urls filled in) on the client.
-    config = getattr(client, '_config', None)
-    url = config.get('registration') if isinstance(config, dict) else None
-    return str(url) if url else None
-
-
 def _engine_infos(client: Any, engine_ids: list[int]) -> dict[int, dict[str, Any]]:
     """`multihost.engine.engine_info` of each engine (address: the one toward the controller)."""
     results = client[engine_ids].apply_sync(
-        _call, 'multihost.engine.engine_info', _controller_url(client)
+        _call, 'multihost.engine.engine_info', controller_url(client)
     )
     return dict(zip(engine_ids, results, strict=True))
 
@@ -582,7 +574,7 @@ def connect(
             except TimeoutError:
                 raise SessionError(
                     f'only {len(client.ids)} of {n} engines registered within {timeout:g} s '
-                    f"(controller {_controller_url(client)}); see the engines' logs."
+                    f"(controller {controller_url(client)}); see the engines' logs."
                 ) from None
         engine_ids = sorted(client.ids)
         if not engine_ids:
