@@ -146,8 +146,14 @@ def run(out: str, hosts: int, devices: int) -> int:
             page.write(_page('where', table_html(stacks) + stacks_html(stacks)))
         say('\n6. while host 2 is busy, where is everyone -> where.html')
         for p, s in sorted(stacks.items()):
-            cur = s.current.describe() if s.current else 'no collective yet'
-            say(f'   host {p}: in {cur}; innermost user frame {s.where}')
+            if s.waiting is not None:
+                what = s.current.describe() if s.current else 'a collective'
+                at = f'waiting {s.waiting_for:.1f} s in {what}'
+            elif s.current is not None:
+                at = f'not in a collective (last: {s.current.describe()})'
+            else:
+                at = 'no collective yet'
+            say(f'   host {p}: {at}; innermost user frame {s.where}')
         session.wait_outputs(pending, timeout=120, echo=False)
 
     with open(os.path.join(out, 'report.txt'), 'w') as text_file:
