@@ -15,6 +15,7 @@ import os
 import pathlib
 
 import pytest
+from _browser import chromium
 from _layout_cases import (
     batch_3d,
     did,
@@ -30,19 +31,11 @@ from mhnotebook.widgets._common import CSS
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get('MH_CHROMIUM', '/usr/bin/chromium')
 SHOTS = pathlib.Path(os.environ.get('MH_SHOTS', '/tmp'))
-ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage']
 
 
 @pytest.fixture(scope='module')
 def page(tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get('MH_SKIP_BROWSER') == '1':
-            pytest.skip('MH_SKIP_BROWSER=1 and no Chromium')
-        pytest.fail(f'Chromium not found at {CHROMIUM}: set MH_CHROMIUM or MH_SKIP_BROWSER=1')
-    from playwright.sync_api import sync_playwright
-
     tmp = tmp_path_factory.mktemp('layout')
 
     def show(name, view):
@@ -57,13 +50,9 @@ def page(tmp_path_factory):
         pg.screenshot(path=str(SHOTS / f'layout_{name}.png'), full_page=True)
         return pg
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as browser:
         pg = browser.new_page(viewport={'width': 1280, 'height': 800})
-        try:
-            yield show
-        finally:
-            browser.close()
+        yield show
 
 
 def _texts(pg, selector):

@@ -12,6 +12,7 @@ import json
 import os
 
 import pytest
+from _browser import chromium
 
 from multihost import FlightRecord, Timeline
 
@@ -269,18 +270,9 @@ def test_chart_caps_rows_and_keeps_the_stragglers():
     assert render_timeline_png(Timeline.build({}, 0))[:4] == b'\x89PNG'  # empty: a picture too
 
 
-CHROMIUM = os.environ.get('MH_CHROMIUM', '/usr/bin/chromium')
-
-
 @pytest.mark.browser
 def test_timeline_static_picture_in_chromium(tmp_path):
     """The view's static HTML in headless Chromium: summary, chart image and table visible."""
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get('MH_SKIP_BROWSER') == '1':
-            pytest.skip('MH_SKIP_BROWSER=1 and no Chromium')
-        pytest.fail(f'Chromium not found at {CHROMIUM} (MH_SKIP_BROWSER=1 skips knowingly)')
-    from playwright.sync_api import sync_playwright
-
     from mhnotebook.widgets import TimelineView
 
     records = straggler_records()
@@ -294,27 +286,21 @@ def test_timeline_static_picture_in_chromium(tmp_path):
     page_path.write_text(
         f'<!doctype html><html><body>{view.static_bundle()["text/html"]}</body></html>'
     )
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM, args=['--headless', '--no-sandbox', '--disable-gpu']
-        )
-        try:
-            page = browser.new_page(viewport={'width': 1000, 'height': 900})
-            page.goto(page_path.as_uri())
-            summary = page.locator('.mh-timeline-summary')
-            assert summary.is_visible()
-            assert 'process 3 arrived last in' in summary.inner_text()
-            assert 'clock skew between machines' in summary.inner_text()
-            img = page.locator('img.mh-timeline-chart')
-            assert img.is_visible()
-            size = img.evaluate('i => [i.naturalWidth, i.naturalHeight, i.complete]')
-            assert size[0] > 500 and size[1] > 300 and size[2], size
-            rows = page.locator('.mh-timeline-step')
-            assert rows.count() == 20 and rows.first.is_visible()
-            assert 'process 3' in rows.first.inner_text()
-            page.screenshot(path=str(tmp_path / 'timeline.png'), full_page=True)
-            shot = os.environ.get('MH_TIMELINE_SCREENSHOT')
-            if shot:  # to look at it
-                page.screenshot(path=shot, full_page=True)
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_page(viewport={'width': 1000, 'height': 900})
+        page.goto(page_path.as_uri())
+        summary = page.locator('.mh-timeline-summary')
+        assert summary.is_visible()
+        assert 'process 3 arrived last in' in summary.inner_text()
+        assert 'clock skew between machines' in summary.inner_text()
+        img = page.locator('img.mh-timeline-chart')
+        assert img.is_visible()
+        size = img.evaluate('i => [i.naturalWidth, i.naturalHeight, i.complete]')
+        assert size[0] > 500 and size[1] > 300 and size[2], size
+        rows = page.locator('.mh-timeline-step')
+        assert rows.count() == 20 and rows.first.is_visible()
+        assert 'process 3' in rows.first.inner_text()
+        page.screenshot(path=str(tmp_path / 'timeline.png'), full_page=True)
+        shot = os.environ.get('MH_TIMELINE_SCREENSHOT')
+        if shot:  # to look at it
+            page.screenshot(path=shot, full_page=True)

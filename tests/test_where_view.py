@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import threading
 import time
 from html.parser import HTMLParser
@@ -20,6 +19,7 @@ from html.parser import HTMLParser
 import ipykernel
 import jax
 import pytest
+from _browser import chromium
 
 from mhnotebook.widgets import WhereView, _where
 from multihost import CollectiveRecord, FlightRecord, HostStacks, ThreadStack, _recorder, _stacks
@@ -570,24 +570,11 @@ def test_many_states_are_bounded():
 
 # -- in a real browser ---------------------------------------------------------------------------
 
-CHROMIUM = os.environ.get('MH_CHROMIUM', '/usr/bin/chromium')
-CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage']
-
 
 @pytest.fixture(scope='module')
 def browser():
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get('MH_SKIP_BROWSER') == '1':
-            pytest.skip('MH_SKIP_BROWSER=1 and no Chromium')
-        pytest.fail(f'Chromium not found at {CHROMIUM} (MH_SKIP_BROWSER=1 skips knowingly)')
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def _open(browser, view, tmp_path, name):

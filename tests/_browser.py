@@ -1,0 +1,146 @@
+"""Scaffolding the browser tests share: Chromium, a page wait, a Jupyter server.
+
+Importable from test modules as ``from _browser import ...``. Chromium is
+Debian's (``MH_CHROMIUM``, default ``/usr/bin/chromium``; ``.ci/run`` installs
+it), driven by Playwright. A missing Chromium fails a browser test unless
+``MH_SKIP_BROWSER=1``, which skips it knowingly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+from _helpers import wait_until
+
+CHROMIUM = os.environ.get('MH_CHROMIUM', '/usr/bin/chromium')
+CHROMIUM_ARGS = [
+    '--headless',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-quic',
+    '--no-first-run',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+    '--disable-dev-shm-usage',
+]
+#: The notebook the Voila and JupyterLab tests click through.
+QUICKSTART = pathlib.Path(__file__).parent.parent / 'notebooks' / '01_quickstart.ipynb'
+
+
+def need_chromium() -> None:
+    """Fails the test when Chromium is missing (skips it when ``MH_SKIP_BROWSER=1``)."""
+    if os.path.exists(CHROMIUM):
+        return
+    if os.environ.get('MH_SKIP_BROWSER') == '1':
+        pytest.skip('MH_SKIP_BROWSER=1 and no Chromium')
+    pytest.fail(
+        f'Chromium not found at {CHROMIUM}: install it (Debian: apt-get install '
+        'chromium) or point MH_CHROMIUM at it; MH_SKIP_BROWSER=1 skips knowingly.'
+    )
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless Chromium (a Playwright ``Browser``), closed on exit; `need_chromium` first."""
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def wait_for(predicate, timeout, what, page, period=0.5, action=None) -> Any:
+    """`wait_until`, sleeping in the page; an error means the widget was re-rendered: look again."""
+    return wait_until(
+        predicate,
+        timeout,
+        what,
+        period=period,
+        sleep=lambda s: page.wait_for_timeout(s * 1000),
+        action=action,
+        retry_on=(Exception,),
+    )
+
+
+def jupyter_env(tmp: pathlib.Path, **extra: str) -> dict[str, str]:
+    """This environment with Jupyter's config and runtime folders under ``tmp``."""
+    return dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(tmp / 'config'),
+        JUPYTER_RUNTIME_DIR=str(tmp / 'runtime'),
+        PYTHONUNBUFFERED='1',
+        **extra,
+    )
+
+
+@contextlib.contextmanager
+def server(
+    argv: Sequence[str],
+    *,
+    cwd: pathlib.Path,
+    env: Mapping[str, str],
+    log_path: pathlib.Path,
+    ready_url: str,
+    timeout: float,
+    what: str,
+    period: float = 0.5,
+    any_answer: bool = False,
+) -> Iterator[subprocess.Popen]:
+    """Runs ``argv`` in its own session (output to ``log_path``) until the block ends.
+
+    Ready once ``ready_url`` answers (with ``any_answer``, an HTTP error counts
+    too); a server that exits or is not ready within ``timeout`` seconds fails
+    the test with its log's tail. At the end its process group gets SIGTERM
+    (a notebook kernel stops its engines at exit), then SIGKILL after 30 s.
+    """
+    with open(log_path, 'wb') as log:
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(ready_url, timeout=2)
+                break
+            except OSError as e:
+                if any_answer and isinstance(e, urllib.error.HTTPError):
+                    break  # an HTTP error is an answer: the server is up
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f'{what} did not start:\n{log_path.read_text()[-3000:]}')
+                time.sleep(period)
+        yield proc
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def console_errors(page: Any) -> list[str]:
+    """A list that fills with the page's console errors and uncaught exceptions."""
+    errors: list[str] = []
+    page.on('console', lambda m: errors.append(m.text) if m.type == 'error' else None)
+    page.on('pageerror', lambda e: errors.append(f'page error: {e}'))
+    return errors
