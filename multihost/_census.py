@@ -32,7 +32,7 @@ import socket
 import statistics
 import sys
 import sysconfig
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from multihost import _kv, _rowdiff, _sequence
@@ -49,6 +49,8 @@ _MAX_VALUE = 500  # characters of a value that travel
 _MAX_KEYS = 2000  # keys per host compared
 _MAX_SOURCES = 300  # user source files digested
 _MAX_SOURCE_BYTES = 8 << 20
+#: Host groups, and devices, that `MemoryCensus.format` lists; the rest are counted.
+MAX_TEXT_LINES = 16
 
 
 # -- the exchange ---------------------------------------------------------------------
@@ -409,6 +411,10 @@ class MemoryCensus:
         return tuple(sorted(extra | set(self.heavy_processes)))
 
     def format(self) -> str:
+        """The verdict, then hosts and devices grouped by identical lines, and the kinds of
+        arrays only some hosts hold. Bounded at any number of hosts: at most
+        `MAX_TEXT_LINES` lines of hosts (those that stand out always among them) and of
+        devices, the rest counted."""
         lines = [
             f'memory of {len(self.hosts)} hosts: live arrays per host, median '
             f'{_mib(self.median_bytes)}'
@@ -418,38 +424,110 @@ class MemoryCensus:
                 else '; no host stands out'
             )
         ]
-        for h in self.hosts:
-            mark = ' <-- stands out' if h.process in self.heavy_processes else ''
-            lines.append(
-                f'  process {h.process}: {h.live_count} arrays, {_mib(h.live_bytes)}{mark}'
-            )
+        lines += self._host_lines()
         if not self.stats_available:
             lines.append(
                 '  device memory_stats(): not reported by this backend (CPU); '
                 'device figures are live-array bytes'
             )
         else:
-            for h in self.hosts:
-                for d in h.devices:
-                    if d.in_use is not None:
-                        lim = f' of {_mib(d.limit)}' if d.limit else ''
-                        lines.append(
-                            f'  {d.label}: in use {_mib(d.in_use)}{lim}, peak {_mib(d.peak or 0)}'
-                        )
+            lines += self._device_lines()
         for g in self.only_some[:10]:
-            who = ', '.join(f'{fmt_hosts([p])} {c}' for p, c in enumerate(g.counts))
             names = f' ({", ".join(g.names[:3])})' if g.names else ''
             lines.append(
-                f'  only some hosts hold {g.kind}{names}, {_mib(g.host_bytes)} each: {who}'
+                f'  only some hosts hold {g.kind}{names}, {_mib(g.host_bytes)} each: '
+                + _by_count(g.counts)
             )
+        if len(self.only_some) > 10:
+            lines.append(f'  ... and {len(self.only_some) - 10} more kinds only some hosts hold')
         return '\n'.join(lines)
+
+    def _host_lines(self) -> list[str]:
+        """``'  processes 0-2, 4: 3 arrays, 8.0 MiB'``: hosts with the same line grouped."""
+        heavy = set(self.heavy_processes)
+        groups: dict[str, list[int]] = {}
+        for h in self.hosts:
+            mark = ' <-- stands out' if h.process in heavy else ''
+            line = f'{h.live_count} arrays, {_mib(h.live_bytes)}{mark}'
+            groups.setdefault(line, []).append(h.process)
+        items = list(groups.items())
+        if len(items) > MAX_TEXT_LINES:
+            # The hosts that stand out first, then the largest groups; shown in process order.
+            ranked = sorted(items, key=lambda kv: (heavy.isdisjoint(kv[1]), -len(kv[1])))
+            items = sorted(ranked[: MAX_TEXT_LINES - 1], key=lambda kv: kv[1][0])
+        lines = [f'  {fmt_hosts(ps)}: {text}' for text, ps in items]
+        shown = {p for _, ps in items for p in ps}
+        left = [h.live_bytes for h in self.hosts if h.process not in shown]
+        if left:
+            lines.append(
+                f'  ... and {len(left)} more hosts ({len(groups) - len(items)} other lines), '
+                f'{_span(left)} each'
+            )
+        return lines
+
+    def _device_lines(self) -> list[str]:
+        """Devices that report ``memory_stats()``, those with the same line grouped; beyond
+        `MAX_TEXT_LINES` groups, the largest group and the most memory in use, the rest
+        counted."""
+        groups: dict[str, list[DeviceMemory]] = {}
+        for h in self.hosts:
+            for d in h.devices:
+                if d.in_use is None:
+                    continue
+                lim = f' of {_mib(d.limit)}' if d.limit else ''
+                line = f'in use {_mib(d.in_use)}{lim}, peak {_mib(d.peak or 0)}'
+                groups.setdefault(line, []).append(d)
+        items = list(groups.items())
+        if len(items) > MAX_TEXT_LINES:
+            largest = max(items, key=lambda kv: len(kv[1]))[0]
+            heaviest = sorted(
+                (text for text in groups if text != largest),
+                key=lambda text: -max(d.in_use or 0 for d in groups[text]),
+            )
+            keep = {largest, *heaviest[: MAX_TEXT_LINES - 2]}
+            items = [kv for kv in items if kv[0] in keep]
+        lines = []
+        for text, devs in items:
+            who = (
+                devs[0].label
+                if len(devs) == 1
+                else f'{len(devs)} devices of {fmt_hosts({d.process for d in devs})}'
+            )
+            lines.append(f'  {who}: {text}')
+        shown = {text for text, _ in items}
+        left = [d.in_use or 0 for text, devs in groups.items() if text not in shown for d in devs]
+        if left:
+            lines.append(
+                f'  ... and {len(left)} more devices ({len(groups) - len(items)} other lines), '
+                f'in use {_span(left)}'
+            )
+        return lines
 
     def __str__(self) -> str:
         return self.format()
 
 
+def _by_count(counts: Sequence[int], max_groups: int = 4) -> str:
+    """``(0, 0, 0, 1)`` -> ``'1 on process 3; 0 on processes 0-2'`` (fewest hosts first)."""
+    hosts: dict[int, list[int]] = {}
+    for p, c in enumerate(counts):
+        hosts.setdefault(c, []).append(p)
+    ranked = sorted(hosts.items(), key=lambda kv: (len(kv[1]), -kv[0]))
+    text = '; '.join(f'{c} on {fmt_hosts(ps)}' for c, ps in ranked[:max_groups])
+    if len(ranked) > max_groups:
+        rest = sum(len(ps) for _, ps in ranked[max_groups:])
+        text += f'; ... {len(ranked) - max_groups} other counts on {rest} hosts'
+    return text
+
+
 def _mib(n: float | int) -> str:
     return f'{n / (1 << 20):.1f} MiB'
+
+
+def _span(values: Sequence[int]) -> str:
+    """``'8.0 MiB'`` or ``'8.0 MiB to 9.6 MiB'``: the range of byte counts."""
+    lo, hi = _mib(min(values)), _mib(max(values))
+    return lo if lo == hi else f'{lo} to {hi}'
 
 
 def _spec(sharding: Any) -> str:

@@ -31,6 +31,12 @@ from multihost._layout import (
     describe_layout,
     format_index,
 )
+from multihost._text import fmt_hosts, fmt_list
+
+#: Digests named per block in the text (most common first); the rest are counted.
+MAX_TEXT_DIGESTS = 4
+#: Devices named per digest in the text; the rest are counted, with their hosts.
+MAX_DIGEST_DEVICES = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,13 +120,28 @@ class ReplicaGroup:
         return tuple(sorted({r.process_index for r in self.odd}))
 
     def describe(self) -> str:
-        """Which devices/hosts hold which digest, e.g. for an error message."""
-        parts = []
+        """Which devices/hosts hold which digest, e.g. for an error message.
+
+        Bounded at any number of hosts: `MAX_TEXT_DIGESTS` digests (most
+        common first) with `MAX_DIGEST_DEVICES` devices each are named; the
+        rest are counted, with the hosts that hold them.
+        """
         procs = {r.device_id: r.process_index for r in self.replicas}
-        for digest, devices in self.digests.items():
-            where = ', '.join(f'{d} (process {procs[d]})' for d in devices)
+        digests = self.digests
+        parts = []
+        for digest, devices in list(digests.items())[:MAX_TEXT_DIGESTS]:
+            where = ', '.join(f'{d} (process {procs[d]})' for d in devices[:MAX_DIGEST_DEVICES])
+            if len(devices) > MAX_DIGEST_DEVICES:
+                hosts = fmt_hosts(procs[d] for d in devices)
+                where += f', ... ({len(devices)} devices on {hosts})'
             tag = ' (majority)' if digest == self.majority and not self.tied else ''
             parts.append(f'{digest}{tag} on device(s) {where}')
+        rest = [d for devices in list(digests.values())[MAX_TEXT_DIGESTS:] for d in devices]
+        if rest:
+            parts.append(
+                f'... {len(digests) - MAX_TEXT_DIGESTS} more digest(s) on {len(rest)} '
+                f'device(s) of {fmt_hosts(procs[d] for d in rest)}'
+            )
         return f'{format_index(self.index)}: ' + '; '.join(parts)
 
 
@@ -177,8 +198,8 @@ class ReplicaReport:
         bad = self.mismatches
         lines = [
             f'{head}: replicas DIFFER in {len(bad)} of {len(self.groups)} replicated '
-            f'block(s); odd process(es) {list(self.odd_processes)}, odd device(s) '
-            f'{list(self.odd_devices)}'
+            f'block(s); odd process(es) {fmt_list(self.odd_processes)}, odd device(s) '
+            f'{fmt_list(self.odd_devices)}'
         ]
         lines += [f'  {g.describe()}' for g in bad[:MAX_TEXT_BLOCKS]]
         if len(bad) > MAX_TEXT_BLOCKS:

@@ -12,23 +12,41 @@ from collections.abc import Iterable
 MAX_RANGES = 8  # host lists are cut after this many ranges
 
 
+def _ranges(values: Iterable[int]) -> list[str]:
+    """``[0, 1, 2, 5]`` -> ``['0-2', '5']``: sorted distinct integers, consecutive runs joined."""
+    vals = sorted(set(values))
+    ranges: list[str] = []
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        ranges.append(str(vals[i]) if i == j else f'{vals[i]}-{vals[j]}')
+        i = j + 1
+    return ranges
+
+
 def fmt_hosts(hosts: Iterable[int], max_ranges: int = MAX_RANGES) -> str:
     """``[0, 1, 2, 5]`` -> ``'processes 0-2, 5'``; ``[3]`` -> ``'process 3'`` (bounded)."""
     hosts = sorted(set(hosts))
     if not hosts:
         return 'no process'
-    ranges: list[str] = []
-    i = 0
-    while i < len(hosts):
-        j = i
-        while j + 1 < len(hosts) and hosts[j + 1] == hosts[j] + 1:
-            j += 1
-        ranges.append(str(hosts[i]) if i == j else f'{hosts[i]}-{hosts[j]}')
-        i = j + 1
+    ranges = _ranges(hosts)
     text = ', '.join(ranges[:max_ranges])
     if len(ranges) > max_ranges:
         text += f', ... ({len(hosts)} in all)'
     return ('process ' if len(hosts) == 1 else 'processes ') + text
+
+
+def fmt_list(values: Iterable[int | None], max_items: int = 16) -> str:
+    """A list of ids as Python shows it up to ``max_items`` (``'[2, 5]'``); longer, as ranges,
+    bounded: ``'[0-499, 600] (501 in all)'``, ``'[0, 2, 4, ...] (500 in all)'``."""
+    vals = list(values)
+    if len(vals) <= max_items:
+        return str(vals)
+    items = [str(v) for v in vals if v is None] + _ranges(v for v in vals if v is not None)
+    text = ', '.join(items[:MAX_RANGES]) + (', ...' if len(items) > MAX_RANGES else '')
+    return f'[{text}] ({len(vals)} in all)'
 
 
 def fmt_seconds(seconds: float) -> str:

@@ -68,6 +68,52 @@ def test_memory_census_odd_host_and_view():
     assert clean.odd_processes == () and 'no host stands out' in MemoryView(clean).static_html()
 
 
+def _census_1000(stats: bool) -> MemoryCensus:
+    """1,000 hosts x 8 devices, 8 MiB of live arrays each, but hosts 17 and 503 hold 72 MiB (a
+    64 MiB cache only they keep) and hosts 600-639 each another number of arrays; with
+    ``stats``, device 0 of each of hosts 600-639 has another figure in use."""
+    hosts = []
+    for p in range(1000):
+        extra = 64 * MIB if p in (17, 503) else 0
+        devs = []
+        for d in range(8):
+            live = MIB + extra // 8
+            busy = live + ((p - 599) * MIB // 10 if 600 <= p < 640 and d == 0 else 0)
+            figures = dict(in_use=busy, peak=busy + MIB, limit=16 << 30) if stats else {}
+            devs.append(DeviceMemory(id=p * 8 + d, process=p, local=d, live_bytes=live, **figures))
+        count = 3 + (p in (17, 503)) + (p if 600 <= p < 640 else 0)
+        hosts.append(
+            HostMemory(process=p, live_count=count, live_bytes=8 * MIB + extra, devices=tuple(devs))
+        )
+    counts = tuple(1 if p in (17, 503) else 0 for p in range(1000))
+    only = (ArrayGroup((16, 1024, 1024), 'float32', 'P()', counts, 64 * MIB, ('cache',)),)
+    return MemoryCensus(hosts=tuple(hosts), only_some=only, stats_available=stats)
+
+
+@pytest.mark.parametrize('stats', [False, True], ids=['cpu', 'memory_stats'])
+def test_memory_census_text_is_bounded_at_1000_hosts(stats):
+    """Hosts (and devices) with the same line are grouped, at most 16 lines of each, the rest
+    counted: under 40 lines of bounded length that still name hosts 17 and 503."""
+    census = _census_1000(stats)
+    assert census.odd_processes == (17, 503)
+    text = census.format()
+    lines = text.splitlines()
+    assert len(lines) < 40 and max(map(len, lines)) < 200, (len(lines), text)
+    assert lines[0].endswith('odd: processes 17, 503')
+    assert lines[1] == '  processes 0-16, 18-502, 504-599, 640-999: 3 arrays, 8.0 MiB'
+    assert lines[2] == '  processes 17, 503: 4 arrays, 72.0 MiB <-- stands out'
+    assert lines[3] == '  process 600: 603 arrays, 8.0 MiB'
+    assert '  ... and 27 more hosts (27 other lines), 8.0 MiB each' in lines
+    assert 'each: 1 on processes 17, 503; 0 on processes 0-16, 18-502, 504-999' in lines[-1]
+    if stats:
+        most = '7944 devices of processes 0-16, 18-502, 504-999: in use 1.0 MiB of 16384.0 MiB'
+        assert lines[17] == f'  {most}, peak 2.0 MiB'
+        assert '  16 devices of processes 17, 503: in use 9.0 MiB of 16384.0 MiB' in text
+        assert '  host 639 · dev 0 (id 5112): in use 5.0 MiB' in text  # the most in use
+        assert '  ... and 27 more devices (27 other lines), in use 1.1 MiB to 3.7 MiB' in lines
+    assert MemoryView(census).text() == text  # what %mh_mem shows as text
+
+
 def test_census_views_reject_wrong_models():
     with pytest.raises(TypeError, match='multihost.EnvDiff.*got builtins.dict'):
         EnvView({})

@@ -371,6 +371,51 @@ def test_synthetic_replica_report():
     assert pickle.loads(pickle.dumps(report)) == report
 
 
+def _report_1000(digest_of) -> ReplicaReport:
+    """float32[8, 6], P('dev', None) over 1,000 hosts x 8 devices: 8 blocks, each on one
+    device of every host; ``digest_of(process, dev)`` is that replica's digest."""
+    hosts, devs = 1000, 8
+    placements = [
+        ([(d, d + 1), (0, 6)], h * devs + d, h) for h in range(hosts) for d in range(devs)
+    ]
+    layout = Layout.from_placements((8, 6), 'float32', placements)
+    groups = tuple(
+        ReplicaGroup(
+            index=b.index,
+            replicas=tuple(
+                ReplicaDigest(
+                    s.device_id, s.process_index, s.replica_id, digest_of(s.process_index, d)
+                )
+                for s in b.shards
+            ),
+        )
+        for d, b in enumerate(layout.blocks())
+    )
+    return ReplicaReport(layout=layout, groups=groups)
+
+
+def test_replica_report_text_is_bounded_at_1000_hosts():
+    """1,000 hosts x 8 devices, every block odd on hosts 17 and 503 (and host 999 on its own):
+    a few lines of bounded length that still name the odd hosts; every host odd too."""
+    odd = {17: 'bb', 503: 'bb', 999: 'cc'}
+    text = str(_report_1000(lambda p, d: odd.get(p, 'aa')))
+    lines = text.splitlines()
+    assert len(lines) <= 12 and len(text) < 6000, (len(lines), len(text))
+    assert 'odd process(es) [17, 503, 999]' in lines[0]
+    assert 'odd device(s) [136-143, 4024-4031, 7992-7999] (24 in all)' in lines[0]
+    assert 'aa (majority) on device(s) 0 (process 0), 8 (process 1)' in lines[1]
+    assert '(997 devices on processes 0-16, 18-502, 504-998)' in lines[1]
+    assert 'bb on device(s) 136 (process 17), 4024 (process 503);' in lines[1]
+    assert 'cc on device(s) 7992 (process 999)' in lines[1]
+
+    # Every host its own digest: 4 digests named per block, the other 996 counted.
+    text = str(_report_1000(lambda p, d: f'{p:04x}'))
+    lines = text.splitlines()
+    assert len(lines) <= 12 and len(text) < 6000, (len(lines), len(text))
+    assert 'odd process(es) [1-999] (999 in all)' in lines[0]  # a tie: process 0's digest leads
+    assert '... 996 more digest(s) on 996 device(s) of processes 4-999' in lines[1]
+
+
 def test_public_surface_exports_the_layout_model():
     """The layout API is exported from multihost and listed in __all__."""
     names = [
