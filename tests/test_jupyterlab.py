@@ -16,6 +16,7 @@ fails the test unless ``MH_SKIP_BROWSER=1``.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shutil
 import sys
@@ -123,8 +124,22 @@ def test_quickstart_in_jupyterlab(jupyterlab):
         page.wait_for_selector(
             '.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=120_000
         )
-        page.locator('.lm-MenuBar-item', has_text='Run').first.click()
-        page.locator('.lm-Menu-item', has_text='Run All Cells').first.click()
+        # "Run All" until the first cell has started: a click that lands while the
+        # kernel is still settling (or under a dialog) can be lost.
+        started = page.locator('.jp-CodeCell .jp-InputPrompt', has_text=re.compile(r'\[(\*|\d+)\]'))
+        for attempt in range(3):
+            for dialog in page.locator('.jp-Dialog .jp-mod-accept').all():
+                dialog.click()  # e.g. "Select Kernel": take the default
+            page.locator('.lm-MenuBar-item', has_text='Run').first.click()
+            page.locator('.lm-Menu-item', has_text='Run All Cells').first.click()
+            try:
+                wait_for(lambda: started.count() > 0, 30, 'the first cell to start', page)
+                break
+            except AssertionError:
+                page.keyboard.press('Escape')  # close a menu left open
+                if attempt == 2:
+                    page.screenshot(path=str(log_path.with_name('lab-not-started.png')))
+                    raise
         try:
             page.wait_for_selector('.mh-stepper', timeout=400_000)
         except Exception:
