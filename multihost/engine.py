@@ -456,7 +456,7 @@ def _flatten(value: Any) -> tuple[list[Any], Any, list[str]]:
     return leaves, skeleton, paths
 
 
-def _host_meta(value: Any, name: str, sel: Selection | None) -> dict[str, Any]:
+def _host_meta(value: Any, sel: Selection | None) -> dict[str, Any]:
     """This host's description of a value: structure, per-leaf shape/dtype and its blocks."""
     import jax
 
@@ -494,7 +494,7 @@ def gather_meta(
     without this round when nothing changed.
     """
     value, sel = _gather_target(namespace, name, index)
-    out = _host_meta(value, name, sel)
+    out = _host_meta(value, sel)
     out['digest'] = meta_digest(out)
     if inline_limit > 0:
         total = 0
@@ -507,57 +507,65 @@ def gather_meta(
                 total += math.prod(meta['shape']) * np.dtype(meta['dtype']).itemsize
         if total <= inline_limit:
             leaves, _, _ = _flatten(value)
-            out['data'] = _export_blocks(leaves, out['leaves'], sel)
+            out['data'] = _export_blocks(leaves, sel)
     return out
 
 
-def _export_blocks(
-    leaves: list[Any], metas: list[dict[str, Any]], sel: Selection | None = None
-) -> list[list[np.ndarray]]:
-    data = []
-    for x, meta in zip(leaves, metas):
-        if meta['kind'] == 'global':
-            blocks = [_block_array(b) for _, b in _global_blocks(x, sel)]
-        else:
-            blocks = [np.asarray(x)]
-        # 1-D contiguous buffers travel as zero-copy zmq frames; the notebook reshapes.
-        data.append([np.ascontiguousarray(b).reshape(-1) for b in blocks])
-    return data
+def _leaf_blocks(x: Any, sel: Selection | None) -> list[tuple[Any, np.ndarray]]:
+    """The blocks of one leaf this host sends, in `_leaf_meta` order: (place, data).
+
+    A global array: replica 0 of each block this host owns, ``place`` its
+    ``((start, stop), ...)`` in the result. Anything else: the host's whole
+    value, ``place`` None (it becomes this process's row).
+    """
+    import jax
+
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return [(idx, _block_array(b)) for idx, b in _global_blocks(x, sel)]
+    return [(None, np.asarray(x))]
+
+
+def _export_blocks(leaves: list[Any], sel: Selection | None = None) -> list[list[np.ndarray]]:
+    # 1-D contiguous buffers travel as zero-copy zmq frames; the notebook reshapes.
+    return [[np.ascontiguousarray(b).reshape(-1) for _, b in _leaf_blocks(x, sel)] for x in leaves]
+
+
+def _stale(value: Any, sel: Selection | None, expect: dict[int, str] | None) -> dict | None:
+    """`gather_meta`'s answer when ``expect`` (a repeated gather's plan) no longer fits here."""
+    import jax
+
+    if expect is None:
+        return None
+    meta = _host_meta(value, sel)
+    meta['digest'] = meta_digest(meta)
+    return None if expect.get(jax.process_index()) == meta['digest'] else meta
+
+
+# One write into a gather file: (`_byte_span`, leaf offset, leaf shape, dtype, place, data).
+_Write = tuple[tuple[int, int], int, tuple[int, ...], np.dtype, tuple[slice, ...], np.ndarray]
 
 
 def _writes(
     value: Any, sel: Selection | None, layout: list[tuple[int, tuple[int, ...], str]]
-) -> list[tuple[int, tuple[int, ...], np.dtype, tuple[slice, ...], np.ndarray]]:
-    """This host's writes into a gather file: (leaf offset, leaf shape, dtype, place, data)."""
+) -> list[_Write]:
+    """This host's writes into a gather file (`_Write`), empty blocks left out."""
     import jax
 
     leaves, _, _ = _flatten(value)
     pid = jax.process_index()
-    out = []
+    out: list[_Write] = []
     for x, (offset, shape, dtype) in zip(leaves, layout):
         dt = np.dtype(dtype)
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            for idx, b in _global_blocks(x, sel):
+        for idx, data in _leaf_blocks(x, sel):
+            place: tuple[slice, ...]
+            if idx is None:  # a host-local value: this process's row
+                place, data = (slice(pid, pid + 1),), data[None]
+            else:
                 place = tuple(slice(a, b) for a, b in idx)
-                out.append((offset, tuple(shape), dt, place, _block_array(b)))
-        else:
-            out.append((offset, tuple(shape), dt, (slice(pid, pid + 1),), np.asarray(x)[None]))
+            span = _byte_span(offset, tuple(shape), dt, place)
+            if span is not None:
+                out.append((span, offset, tuple(shape), dt, place, data))
     return out
-
-
-def _contiguous_span(shape: tuple[int, ...], place: tuple[slice, ...]) -> tuple[int, int] | None:
-    """(first element, count) when ``place`` in a C-ordered array of ``shape`` is one span."""
-    starts = [s.start for s in place] + [0] * (len(shape) - len(place))
-    stops = [s.stop for s in place] + list(shape[len(place) :])
-    # Contiguous: after the first axis with more than one index, every axis is whole.
-    first = next((i for i, (a, b) in enumerate(zip(starts, stops)) if b - a > 1), len(shape))
-    if any(starts[i] != 0 or stops[i] != shape[i] for i in range(first + 1, len(shape))):
-        return None
-    offset, stride = 0, 1
-    for i in reversed(range(len(shape))):
-        offset += starts[i] * stride
-        stride *= shape[i]
-    return offset, math.prod(b - a for a, b in zip(starts, stops))
 
 
 _PWRITE_CHUNK = 16 << 20
@@ -593,57 +601,51 @@ def gather_write(
         ``{'written': bytes}``, or ``{'meta': ...}`` (`gather_meta`'s answer)
         when ``expect`` no longer matches this host's value.
     """
-    import jax
 
     value, sel = _gather_target(namespace, name, index)
-    if expect is not None:
-        meta = _host_meta(value, name, sel)
-        meta['digest'] = meta_digest(meta)
-        if expect.get(jax.process_index()) != meta['digest']:
-            return {'meta': meta}
+    stale = _stale(value, sel, expect)
+    if stale is not None:
+        return {'meta': stale}
     writes = _writes(value, sel, layout)
-    written = 0
-    mapped: list[tuple[int, tuple[int, ...], np.dtype, tuple[slice, ...], np.ndarray]] = []
+    if not writes:
+        return {'written': 0}
+    lo, hi = min(w[0][0] for w in writes), max(w[0][1] for w in writes)
+    written, rest = 0, writes
     if fresh:
+        rest = []  # the writes pwrite cannot do
         fd = os.open(path, os.O_WRONLY)
         try:
-            for offset, shape, dt, place, data in writes:
-                span = _contiguous_span(shape, place)
-                if span is None:
-                    mapped.append((offset, shape, dt, place, data))
+            for w in writes:
+                (a, b), dt, data = w[0], w[3], w[5]
+                if b - a != data.size * dt.itemsize:  # its place is not one span
+                    rest.append(w)
                     continue
                 view = np.ascontiguousarray(data, dtype=dt).reshape(-1).view(np.uint8).data
-                at = offset + span[0] * dt.itemsize
                 done = 0
                 while done < len(view):
-                    done += os.pwrite(fd, view[done : done + _PWRITE_CHUNK], at + done)
+                    done += os.pwrite(fd, view[done : done + _PWRITE_CHUNK], a + done)
                 written += len(view)
         finally:
             os.close(fd)
-    else:
-        mapped = writes
-    spans = [sp for sp in (_byte_span(*w[:4]) for w in writes) if sp is not None]
-    mapped = [w for w in mapped if _byte_span(*w[:4]) is not None]  # empty blocks: nothing
-    if spans and not mapped:
-        # A fresh file filled by pwrite: map this host's part in the background, so
-        # the next gather into it (the debugging loop) only copies.
-        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
-        threading.Thread(target=_premap, args=(path, lo, hi), daemon=True).start()
-    elif spans:
-        # Only the bytes this host writes are mapped (each host its own part).
-        start, mm = _mapping(path, min(a for a, _ in spans), max(b for _, b in spans))
-        try:
-            for offset, shape, dt, place, data in mapped:
-                strides = [dt.itemsize * math.prod(shape[i + 1 :]) for i in range(len(shape))]
-                first = sum(s.start * st for s, st in zip(place, strides))
-                dims = [s.stop - s.start for s in place] + list(shape[len(place) :])
-                out = np.ndarray(
-                    dims, dtype=dt, buffer=mm, offset=offset + first - start, strides=strides
-                )
-                out[...] = data.reshape(dims)
-                written += data.nbytes
-        finally:
-            del mm
+        if not rest:
+            # Map this host's part in the background, so the next gather into
+            # this file (the debugging loop) only copies.
+            threading.Thread(target=_premap, args=(path, lo, hi), daemon=True).start()
+            return {'written': written}
+    # Only the bytes this host writes are mapped (each host its own part).
+    start, mm = _mapping(path, lo, hi)
+    try:
+        for _, offset, shape, dt, place, data in rest:
+            strides = [dt.itemsize * math.prod(shape[i + 1 :]) for i in range(len(shape))]
+            first = sum(s.start * st for s, st in zip(place, strides))
+            dims = [s.stop - s.start for s in place] + list(shape[len(place) :])
+            out = np.ndarray(
+                dims, dtype=dt, buffer=mm, offset=offset + first - start, strides=strides
+            )
+            out[...] = data.reshape(dims)
+            written += data.nbytes
+    finally:
+        del mm
     return {'written': written}
 
 
@@ -658,20 +660,6 @@ def _byte_span(
     first = np.ravel_multi_index(starts, shape) if shape else 0
     last = np.ravel_multi_index([b - 1 for b in stops], shape) if shape else 0
     return offset + int(first) * dt.itemsize, offset + (int(last) + 1) * dt.itemsize
-
-
-def _stream_blocks(value: Any, sel: Selection | None) -> list[np.ndarray]:
-    """This host's blocks in `_host_meta` order (per leaf, its blocks), as C-contiguous arrays."""
-    import jax
-
-    leaves, _, _ = _flatten(value)
-    blocks: list[np.ndarray] = []
-    for x in leaves:
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            blocks.extend(np.ascontiguousarray(_block_array(b)) for _, b in _global_blocks(x, sel))
-        else:
-            blocks.append(np.ascontiguousarray(np.asarray(x)))
-    return blocks
 
 
 def gather_send(
@@ -703,13 +691,11 @@ def gather_send(
     import jax
 
     value, sel = _gather_target(namespace, name, index)
-    pid = jax.process_index()
-    if expect is not None:
-        meta = _host_meta(value, name, sel)
-        meta['digest'] = meta_digest(meta)
-        if expect.get(pid) != meta['digest']:
-            return {'meta': meta}
-    blocks = _stream_blocks(value, sel)
+    stale = _stale(value, sel, expect)
+    if stale is not None:
+        return {'meta': stale}
+    leaves, _, _ = _flatten(value)
+    blocks = [b for leaf in _export_blocks(leaves, sel) for b in leaf]  # in gather_meta order
     host, port = address
     try:
         sock = socket.create_connection((host, port), timeout=connect_timeout)
@@ -718,10 +704,10 @@ def gather_send(
     sent = 0
     with sock:
         sock.settimeout(send_timeout)
-        sock.sendall(bytes(token) + pid.to_bytes(4, 'big'))
+        sock.sendall(bytes(token) + jax.process_index().to_bytes(4, 'big'))
         for block in blocks:
             if block.nbytes:
-                sock.sendall(block.reshape(-1).view(np.uint8).data)
+                sock.sendall(block.view(np.uint8).data)
                 sent += block.nbytes
     return {'sent': sent}
 
@@ -782,7 +768,7 @@ def gather_local(namespace: dict[str, Any], name: str, *, index: Any = None) -> 
         skeleton=skeleton,
         paths=paths,
         leaves=metas,
-        data=_export_blocks(leaves, metas, sel),
+        data=_export_blocks(leaves, sel),
     )
 
 
