@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from mhnotebook._errors import HostsError, SessionError
-from mhnotebook._shm import SHM_DIR, ShmPool
+from mhnotebook._shm import SHM_DIR, HeapPool, ShmPool
 
 # `Session.call`: runs an installed engine function on the hosts, results by process index.
 Call = Callable[..., list[Any]]
@@ -250,8 +250,6 @@ class GatherState:
     """
 
     def __init__(self, controller_url: str | None = None):
-        from mhnotebook._stream import HeapPool
-
         self.pool = ShmPool()
         self.heap = HeapPool()
         self.plans: dict[Any, dict[str, Any]] = {}
@@ -281,7 +279,7 @@ class GatherState:
 
     def close(self) -> None:
         self.pool.close()
-        self.heap.clear()
+        self.heap.close()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -322,12 +320,31 @@ def allgather(
         )
     try:
         if transport == 'shm':
-            return _gather_shm(
-                call, len(machines), state, name, index, timeout, progress, inline, max_bytes
+            n = len(machines)
+            return _planned(
+                call,
+                state,
+                name,
+                index,
+                timeout,
+                inline,
+                max_bytes,
+                lambda entry, expect: _write_shm(
+                    call, n, state.pool, name, index, timeout, progress, entry, expect
+                ),
             )
         if transport == 'tcp':
             try:
-                return _gather_tcp(call, state, name, index, timeout, max_bytes, inline)
+                return _planned(
+                    call,
+                    state,
+                    name,
+                    index,
+                    timeout,
+                    inline,
+                    max_bytes,
+                    lambda entry, expect: _stream(call, state, name, index, timeout, entry, expect),
+                )
             except _Unreachable as exc:
                 state.unreachable = str(exc)
                 if inline == 0:  # asked for by name: say so rather than fall back
@@ -370,38 +387,29 @@ def _layout(plan: list[dict[str, Any]]) -> tuple[list[tuple[int, tuple[int, ...]
     return layout, max(offset, 1)
 
 
-def _gather_shm(
+def _planned(
     call: Call,
-    num_processes: int,
     state: GatherState,
     name: str,
     index: Any,
     timeout: float,
-    progress: bool | None,
     inline: int,
     max_bytes: int | None,
+    move: Callable[[dict[str, Any], dict[int, str] | None], Any],
 ) -> Any:
+    """Round 1 (the structure), then ``move(plan entry, expect)`` moves the data.
+
+    The usual debugging loop gathers the same variable again: then round 1 is
+    skipped and ``move`` goes at once with the last plan and the digests it
+    was made with (``expect``); a host whose value changed shape answers with
+    its new description instead, ``move`` returns None, and the gather starts
+    over.
+    """
     key = (name, repr(index))
     cached = state.plans.get(key)
     if cached is not None:
-        # The usual debugging loop gathers the same variable again: write at
-        # once with the last plan; a host whose value changed shape answers
-        # with its new description instead, and the gather starts over.
         _check_size(name, index, _result_bytes(cached['plan']), max_bytes)
-        layout, total = _layout(cached['plan'])
-        result = _write_shm(
-            call,
-            num_processes,
-            state.pool,
-            name,
-            index,
-            timeout,
-            progress,
-            layout,
-            total,
-            cached['skeleton'],
-            expect=cached['digests'],
-        )
+        result = move(cached, cached['digests'])
         if result is not None:
             return result
         state.plans.pop(key, None)
@@ -412,20 +420,7 @@ def _gather_shm(
     _check_size(name, index, _result_bytes(plan), max_bytes)
     if all('data' in m for m in metas):  # small: the data came with the structure
         return _assemble(plan, metas)
-    state.remember(key, metas, plan)
-    layout, total = _layout(plan)
-    return _write_shm(
-        call,
-        num_processes,
-        state.pool,
-        name,
-        index,
-        timeout,
-        progress,
-        layout,
-        total,
-        metas[0]['skeleton'],
-    )
+    return move(state.remember(key, metas, plan), None)
 
 
 def _write_shm(
@@ -436,12 +431,11 @@ def _write_shm(
     index: Any,
     timeout: float,
     progress: bool | None,
-    layout: list[tuple[int, tuple[int, ...], str]],
-    total: int,
-    skeleton: Any,
-    expect: dict[int, str] | None = None,
+    entry: dict[str, Any],
+    expect: dict[int, str] | None,
 ) -> Any:
     """Every host writes its blocks into one pooled file; the result maps it (None: stale plan)."""
+    layout, total = _layout(entry['plan'])
     buf = pool.acquire(total)
     bar = _Bar(total, num_processes, progress)
     try:
@@ -473,34 +467,7 @@ def _write_shm(
     leaves = [
         np.ndarray(shape, dtype=np.dtype(dt), buffer=base, offset=off) for off, shape, dt in layout
     ]
-    return _unflatten(skeleton, leaves)
-
-
-def _gather_tcp(
-    call: Call,
-    state: GatherState,
-    name: str,
-    index: Any,
-    timeout: float,
-    max_bytes: int | None,
-    inline: int,
-) -> Any:
-    key = (name, repr(index))
-    cached = state.plans.get(key)
-    if cached is not None:  # a repeated gather: stream at once (see _gather_shm)
-        _check_size(name, index, _result_bytes(cached['plan']), max_bytes)
-        result = _stream(call, state, name, index, timeout, cached, expect=cached['digests'])
-        if result is not None:
-            return result
-        state.plans.pop(key, None)
-    metas = call(
-        'multihost.engine.gather_meta', name, inline, index=index, namespace=True, timeout=timeout
-    )
-    plan = _plan(metas)
-    _check_size(name, index, _result_bytes(plan), max_bytes)
-    if all('data' in m for m in metas):  # small: the data came with the structure
-        return _assemble(plan, metas)
-    return _stream(call, state, name, index, timeout, state.remember(key, metas, plan))
+    return _unflatten(entry['skeleton'], leaves)
 
 
 def _stream(
@@ -510,7 +477,7 @@ def _stream(
     index: Any,
     timeout: float,
     entry: dict[str, Any],
-    expect: dict[int, str] | None = None,
+    expect: dict[int, str] | None,
 ) -> Any:
     """Every host streams its blocks into the result here (None: stale plan)."""
     from mhnotebook._stream import StreamError, new_token, result_places
@@ -526,7 +493,7 @@ def _stream(
     listener = state.listener()
     token = new_token()
     with listener.lock:
-        _, receipt = listener.receive(token, result_places(plan, entry['metas'], results))
+        receipt = listener.receive(token, result_places(plan, entry['metas'], results))
         try:
             answers = call(
                 'multihost.engine.gather_send',

@@ -87,18 +87,15 @@ class Listener:
     def close(self) -> None:
         self.sock.close()
 
-    def receive(
-        self, token: bytes, places: dict[int, Sequence[np.ndarray]]
-    ) -> tuple[threading.Thread, _Receipt]:
+    def receive(self, token: bytes, places: dict[int, Sequence[np.ndarray]]) -> _Receipt:
         """Starts receiving, in a thread, every host's blocks into ``places`` (in order).
 
-        Returns the thread and its `_Receipt`; call `_Receipt.finish` once the
-        hosts have answered (it waits for the bytes still in flight).
+        Call `_Receipt.finish` once the hosts have answered (it waits for the
+        bytes still in flight), or `_Receipt.cancel`.
         """
         receipt = _Receipt(self, token, places)
-        thread = threading.Thread(target=receipt.run, name='mh-gather-stream', daemon=True)
-        thread.start()
-        return thread, receipt
+        threading.Thread(target=receipt.run, name='mh-gather-stream', daemon=True).start()
+        return receipt
 
 
 class _Receipt:
@@ -222,52 +219,6 @@ class _Receipt:
     def cancel(self) -> None:
         self.stop.set()
         self.finished.wait(5.0)
-
-
-class HeapPool:
-    """Result memory for network gathers, reused once a result is dropped (like `ShmPool`).
-
-    A new buffer is asked for huge pages and populated in one call
-    (``MADV_POPULATE_WRITE``, Linux 5.14+) before the hosts send: page faults
-    taken one by one inside ``recv_into`` made a first gather 1.5-4x slower,
-    and unpredictably so. A reused buffer is already in place.
-    """
-
-    def __init__(self, keep_bytes: int = 1 << 30):
-        self.keep_bytes = keep_bytes
-        self.free: list[Any] = []  # mmap.mmap objects
-        self._lock = threading.Lock()
-
-    def acquire(self, size: int) -> Any:
-        """An anonymous `mmap.mmap` of at least ``size`` bytes (wrap it with `np.frombuffer`)."""
-        import mmap
-
-        with self._lock:
-            fits = [b for b in self.free if size <= len(b) <= 2 * size]
-            if fits:
-                buf = min(fits, key=len)
-                self.free = [b for b in self.free if b is not buf]
-                return buf
-        mm = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        for advice in ('MADV_HUGEPAGE', 'MADV_POPULATE_WRITE'):
-            # MADV_POPULATE_WRITE is 23 on Linux; Python < 3.13 has no name for it.
-            code = getattr(mmap, advice, 23 if advice == 'MADV_POPULATE_WRITE' else None)
-            try:
-                if code is not None:
-                    mm.madvise(code)
-            except OSError:  # an older kernel: pages come as they are touched
-                pass
-        return mm
-
-    def release(self, buf: Any) -> None:
-        with self._lock:
-            self.free.append(buf)
-            while sum(len(b) for b in self.free) > self.keep_bytes:
-                self.free.pop(0)  # unmapped once nothing refers to it
-
-    def clear(self) -> None:
-        with self._lock:
-            self.free = []
 
 
 def new_token() -> bytes:
