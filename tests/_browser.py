@@ -144,3 +144,30 @@ def console_errors(page: Any) -> list[str]:
     page.on('console', lambda m: errors.append(m.text) if m.type == 'error' else None)
     page.on('pageerror', lambda e: errors.append(f'page error: {e}'))
     return errors
+
+
+def check_quickstart_views(page: Any) -> Any:
+    """What the quickstart shows in any front end (Voila, JupyterLab); returns the first layout.
+
+    Every view left its static picture (for saved notebooks), which the live
+    widget hides; the layout picture is a real PNG; a click on a layout block
+    (the first layout: x, 8 blocks) shows its shard.
+    """
+    statics = page.locator('.mh-static')
+    assert statics.count() >= 5
+    assert not any(statics.nth(i).is_visible() for i in range(statics.count()))
+    width = page.eval_on_selector('img.mh-layout-image', 'img => img.naturalWidth')
+    assert width > 0
+    layout = page.locator('.mh-layout').first
+    assert layout.locator('.mh-layout-block').count() == 8
+    layout.locator('.mh-layout-block').nth(3).click()
+    wait_for(
+        lambda: (
+            'process' in layout.locator('.mh-layout-info').inner_text()
+            and '[4:8, 6:12]' in layout.locator('.mh-layout-info').inner_text()
+        ),
+        30,
+        'block info',
+        page,
+    )
+    return layout

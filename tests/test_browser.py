@@ -10,7 +10,15 @@ from __future__ import annotations
 import sys
 
 import pytest
-from _browser import QUICKSTART, chromium, jupyter_env, need_chromium, server, wait_for
+from _browser import (
+    QUICKSTART,
+    check_quickstart_views,
+    chromium,
+    jupyter_env,
+    need_chromium,
+    server,
+    wait_for,
+)
 
 from multihost.local import free_port
 
@@ -62,28 +70,8 @@ def test_quickstart_widgets_in_chromium(voila):
                 f'no stepper rendered; voila log:\n{log_path.read_text()[-4000:]}'
             ) from None
 
-        # every view also left its static picture (for saved notebooks), which the live
-        # widget hides: each shown once
-        statics = page.locator('.mh-static')
-        assert statics.count() >= 5
-        assert not any(statics.nth(i).is_visible() for i in range(statics.count()))
-
-        # 2. the layout picture is a real PNG
-        width = page.eval_on_selector('img.mh-layout-image', 'img => img.naturalWidth')
-        assert width > 0
-        # clicking a block shows its shard (first layout: x, 8 blocks)
-        layout = page.locator('.mh-layout').first
-        assert layout.locator('.mh-layout-block').count() == 8
-        layout.locator('.mh-layout-block').nth(3).click()
-        wait_for(
-            lambda: (
-                'process' in layout.locator('.mh-layout-info').inner_text()
-                and '[4:8, 6:12]' in layout.locator('.mh-layout-info').inner_text()
-            ),
-            30,
-            'block info',
-            page,
-        )
+        # every view's static picture hidden, the layout PNG, a block click shows its shard
+        check_quickstart_views(page)
         # 3. the replicated-but-different bias is flagged
         assert page.locator('.mh-layout-block.mh-flagged').count() >= 1
         # 4. tree diff: exactly host 3's kernel cell is odd
