@@ -12,7 +12,7 @@ trees:
 2. The hosts enter the collective sequence (kind ``tree_diff``; the recorded
    digest does not depend on the tree, because structure differences must be
    *reported*, not raised as a `CollectiveMismatchError`). A host that cannot
-   fingerprint its tree (a leaf that is not an array) still takes its turn,
+   fingerprint its tree (a leaf that refuses to become an array) still takes its turn,
    with its reason, and every host raises the same `HostFailedError`. Each
    host then shares a 16-byte digest of its whole fingerprint list
    (`_sequence.share`: one `_kv` round under the collective's keys). If all
@@ -38,10 +38,23 @@ Keys live under the collective's epoch and are deleted with it
 (`_kv.collect_garbage`).
 
 Values compare *bitwise*: two floats differ when their bytes differ, so NaN
-equals the same NaN, and ``-0.0`` differs from ``0.0``. A global,
-non-fully-addressable `jax.Array` is compared by its first addressable shard
-(``x.addressable_data(0)``), as JAX's ``assert_equal`` does; a PRNG key array
-by its key data.
+equals the same NaN, and ``-0.0`` differs from ``0.0``. A PRNG key array
+compares by its key data.
+
+A global (non-fully-addressable) `jax.Array` is compared block by block, a
+block being one distinct global index of its sharding
+(``Sharding.devices_indices_map``, which every host computes alike). Its row
+holds its shape, dtype, a digest of the placement (block -> hosts) and one
+fingerprint per block this host holds that another host holds too (one
+replica each); blocks held by one host are not fingerprinted. So the rows of
+a healthy fully replicated or fully sharded array are the same on every host,
+and the fast path stays one round. Hosts are then compared only on the blocks
+they both hold (a differing block is a `LeafDiff` with its ``block``, over
+its holders); a leaf no block of which is held by two hosts has nothing to
+compare across hosts (`TreeDiff.not_compared`): neither equal nor different.
+Strings, bytes and other non-array leaves compare by value (objects by their
+``repr``, memory addresses left out); their values, cut to `MAX_TEXT_CHARS`,
+are what the diff reports.
 
 `LeafDiff` and `TreeDiff` are plain, picklable data (Python values and
 read-only numpy arrays): the notebook receives them from the engines and draws
@@ -717,22 +730,26 @@ def tree_diff(in_tree: Any, *, timeout: float | None = None) -> TreeDiff:
     are reported, not raised.
 
     Args:
-      in_tree: pytree of arrays (numpy, `jax.Array`, Python scalars). A global
-        non-fully-addressable array is compared by its first addressable shard
-        (as JAX's ``assert_equal`` does); PRNG key arrays by their key data.
+      in_tree: pytree of arrays (numpy, `jax.Array`, Python scalars), strings
+        and other values. A global non-fully-addressable array is compared
+        block by block, across the hosts holding the same block only (a block
+        held by one host is not compared); PRNG key arrays by their key data;
+        strings and other non-array leaves by value.
       timeout: seconds to wait for every host at each step; default
         ``MULTIHOST_TIMEOUT`` or `multihost.DEFAULT_TIMEOUT`.
 
     Returns:
-      A `TreeDiff`: ``.ok`` when all hosts hold bitwise-equal trees, else one
-      `LeafDiff` per differing leaf path, in tree order. With one process:
-      ``ok`` at once, without communication.
+      A `TreeDiff`: ``.ok`` when nothing differs between hosts, else one
+      `LeafDiff` per differing leaf path (per differing block of a global
+      array), in tree order; ``.not_compared`` names the global leaves that
+      had nothing to compare across hosts. With one process: ``ok`` at once,
+      without communication.
 
     Raises:
       CollectiveMismatchError: hosts are at different collectives (some called
         `tree_diff`, others something else).
       HostFailedError: some host could not fingerprint its tree (a leaf that
-        is not an array); every host raises it, naming the host and leaf.
+        refuses to become an array); every host raises it, naming the host and leaf.
       BarrierTimeoutError: some host did not arrive within ``timeout``.
     """
     return diff_as('tree_diff', in_tree, timeout)
@@ -751,8 +768,9 @@ def assert_equal(in_tree: Any, fail_message: str = '', *, timeout: float | None 
     NaN; ``-0.0`` differs from ``0.0``).
 
     Args:
-      in_tree: pytree of arrays. Global arrays are compared by their first
-        addressable shard (as JAX does).
+      in_tree: pytree of arrays. A global array is compared block by block,
+        across the hosts holding the same block: a healthy sharded array
+        passes, a fully sharded one has nothing to compare and passes.
       fail_message: start of the error message.
       timeout: seconds to wait for every host; default ``MULTIHOST_TIMEOUT``
         or `multihost.DEFAULT_TIMEOUT`.
@@ -794,7 +812,7 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
         return TreeDiff(leaves=(), num_processes=1, num_leaves=len(flat))
     try:
         data, rows = _fingerprint(flat)
-    except _LeafError as exc:  # a leaf that is not an array: tell every host
+    except _LeafError as exc:  # a leaf that cannot be fingerprinted: tell every host
         _sequence.fail_turn(kind, '', str(exc), timeout=timeout)
     # The tree digest is '' on purpose: differing trees are this collective's
     # subject, not a sequence mismatch.
