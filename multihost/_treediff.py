@@ -97,7 +97,7 @@ _BROADCAST_CHUNK = 64 << 20  # bytes per broadcast of reference values
 _COMPARE_CHUNK = 1 << 20  # elements compared at a time (bounds temporaries)
 
 #: The kinds of difference a `LeafDiff` reports, most fundamental first.
-KINDS = ('structure', 'shape', 'dtype', 'value')
+KINDS = ('structure', 'shape', 'dtype', 'sharding', 'value')
 
 
 # -- the model -----------------------------------------------------------------
@@ -161,7 +161,10 @@ class LeafDiff:
     Attributes:
         path: the leaf's path, ``jax.tree_util.keystr`` (e.g. ``"['w'][0]"``).
         kind: the most fundamental difference: ``'structure'`` (the leaf is
-            missing on some hosts), ``'shape'``, ``'dtype'`` or ``'value'``.
+            missing on some hosts), ``'shape'``, ``'dtype'``, ``'sharding'``
+            (a global array whose hosts place its blocks differently:
+            ``digests`` are then digests of each host's placement) or
+            ``'value'``.
         odd_processes: sorted hosts outside the majority (the odd ones out).
         majority_processes: sorted hosts holding the most common fingerprint (on a
             tie: the group with the lowest process index).
@@ -229,9 +232,23 @@ class LeafDiff:
             by.setdefault(str(self.values[h]), []).append(h)
         return {v: tuple(hs) for v, hs in by.items()}
 
+    def placements(self) -> str:
+        """For a ``'sharding'`` difference: which hosts place the blocks alike (bounded)."""
+        by: dict[str | None, list[int]] = {}
+        for h in sorted(self.digests):
+            by.setdefault(self.digests[h], []).append(h)
+        parts = [
+            f'placement {(d or "")[:8]} on {_fmt_hosts(hs)}'
+            for d, hs in sorted(by.items(), key=lambda g: g[1][0])
+        ]
+        more = f'; ... ({len(parts)} placements)' if len(parts) > 4 else ''
+        return 'the hosts place its blocks differently: ' + '; '.join(parts[:4]) + more
+
     def describe(self) -> str:
         """One bounded line: the path (and block), the odd hosts and how they differ."""
         head = f'{self.where} [{self.kind}] on {_fmt_hosts(self.odd_processes)}'
+        if self.kind == 'sharding':
+            return f'{head}: {self.placements()}'
         if self.kind != 'value':
             groups: dict[tuple[Any, Any], list[int]] = {}
             for h in sorted(self.shapes):
@@ -950,6 +967,8 @@ def _classify(diff: _rowdiff.RowDiff) -> list[_Pending]:
                 continue
         sigs = {h: None if v is None else _signature(v) for h, v in values.items()}
         p = _verdict(path, sigs)
+        if p is not None and p.kind == 'value' and all(v.startswith('G') for v in present):
+            p = dataclasses.replace(p, kind='sharding')  # same shape and dtype: placements differ
         if p is not None:
             pending.append(p)
     return pending

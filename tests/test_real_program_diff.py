@@ -138,6 +138,18 @@ def test_partially_replicated_blocks_are_compared_over_their_replicas():
     assert 'compared over their replicas' in ok.summary(), ok.summary()
 
 
+@multiprocess
+def test_hosts_placing_the_blocks_differently_is_a_sharding_difference():
+    """Host 3 shards the same array over 'model' along the other dimension: 'sharding'."""
+    pid = jax.process_index()
+    x = _global(P('model', None) if pid == 3 else P(None, 'model'))
+    (leaf,) = multihost.tree_diff({'x': x}).leaves
+    assert leaf.kind == 'sharding' and leaf.block is None
+    assert leaf.odd_processes == (3,) and leaf.shapes == dict.fromkeys(range(4), (8, 16))
+    assert 'the hosts place its blocks differently: placement' in leaf.describe()
+    assert leaf.describe().endswith('on process 3'), leaf.describe()
+
+
 # -- strings and other non-array leaves ------------------------------------------------------
 
 

@@ -81,6 +81,8 @@ def leaf_summary(leaf: LeafDiff) -> str:
     if texts is not None:
         parts = [f'{_text(v)} on {fmt_hosts(hs)}' for v, hs in list(texts.items())[:4]]
         return '; '.join(parts) + (f'; ... ({len(texts)} values)' if len(texts) > 4 else '')
+    if leaf.kind == 'sharding':
+        return leaf.placements()
     if leaf.kind != 'value':
         groups: dict[str, list[int]] = {}
         for h in sorted(leaf.shapes):
@@ -112,6 +114,8 @@ def _cell(leaf: LeafDiff, host: int) -> tuple[str, str]:
     """(text, title) of one leaf x host cell."""
     if leaf.block is not None and host not in leaf.shapes:
         return '', 'does not hold this block'
+    if leaf.kind == 'sharding':
+        return f'placement {(leaf.digests.get(host) or "")[:8]}', ''
     if leaf.kind != 'value':
         return _sig(leaf.shapes.get(host), leaf.dtypes.get(host)), ''
     if leaf.text_values is not None and host in leaf.values:
