@@ -527,22 +527,24 @@ def _text_of(x: Any) -> tuple[str, str] | None:
 class _Blocks:
     """A global array's blocks as its sharding places them (the same on every host)."""
 
-    holders: dict[Index, frozenset[int]]  # block index -> hosts holding it
     where: dict[int, Index]  # device id -> the block it holds
-    digest: str  # of the placement: equal on hosts with the same sharding
+    shared: dict[Index, str]  # blocks held by 2+ hosts -> their index as text
+    head: str  # JSON: shape, dtype, placement digest, number of blocks, shared, min/max hosts
 
     @classmethod
-    def of(cls, sharding: Any, shape: tuple[int, ...]) -> _Blocks:
+    def of(cls, sharding: Any, shape: tuple[int, ...], dtype: str) -> _Blocks:
         holders: dict[Index, set[int]] = {}
         where: dict[int, Index] = {}
         for device, index in sharding.devices_indices_map(shape).items():
             ix = normalize_index(index, shape)
             holders.setdefault(ix, set()).add(int(device.process_index))
             where[int(device.id)] = ix
-        frozen = {ix: frozenset(hs) for ix, hs in holders.items()}
-        placement = sorted((ix, sorted(hs)) for ix, hs in frozen.items())
+        placement = sorted((ix, sorted(hs)) for ix, hs in holders.items())
         digest = hashlib.blake2b(repr(placement).encode(), digest_size=8).hexdigest()
-        return cls(frozen, where, digest)
+        counts = [len(hs) for hs in holders.values()]
+        shared = {ix: _index_text(ix) for ix, hs in holders.items() if len(hs) >= 2}
+        head = [list(shape), dtype, digest, len(counts), len(shared), min(counts), max(counts)]
+        return cls(where, shared, json.dumps(head, separators=(',', ':')))
 
 
 def _index_text(ix: Index) -> str:
@@ -572,36 +574,26 @@ def _global_row(
     the hosts' rows equal.
     """
     shape = tuple(int(d) for d in x.shape)
-    key: Any = (x.sharding, shape)
+    key: Any = (x.sharding, shape, x.dtype)
     try:
         blocks = cache.get(key)
     except TypeError:  # an unhashable sharding: not cached
         key, blocks = None, None
     if blocks is None:
-        blocks = _Blocks.of(x.sharding, shape)
+        blocks = _Blocks.of(x.sharding, shape, str(x.dtype))
         if key is not None:
             cache[key] = blocks
-    fingerprints = {}
-    for shard in x.addressable_shards:
+    fingerprints: dict[Index, str] = {}
+    for shard in x.addressable_shards if blocks.shared else ():
         ix = blocks.where[int(shard.device.id)]
-        if len(blocks.holders[ix]) < 2 or ix in fingerprints:
+        if ix not in blocks.shared or ix in fingerprints:
             continue
         a, dtype_name = _leaf_data(shard.data)
-        data[_block_key(path, ix)] = a
+        data[f'{path}\x00{blocks.shared[ix]}'] = a  # _block_key
         sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
         fingerprints[ix] = _row_value(sig)
-    counts = [len(hs) for hs in blocks.holders.values()]
-    head = [
-        list(shape),
-        str(x.dtype),
-        blocks.digest,
-        len(counts),
-        sum(c >= 2 for c in counts),
-        min(counts),
-        max(counts),
-    ]
-    held = [[_index_text(ix), fingerprints[ix]] for ix in sorted(fingerprints)]
-    return 'G' + json.dumps([head, held], separators=(',', ':'))
+    held = [[blocks.shared[ix], fingerprints[ix]] for ix in sorted(fingerprints)]
+    return f'G[{blocks.head},{json.dumps(held, separators=(",", ":"))}]'
 
 
 def _parse_global_row(text: str) -> tuple[_Print, GlobalLeaf, dict[Index, _Print]]:
