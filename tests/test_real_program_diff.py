@@ -198,6 +198,30 @@ def test_train_state_with_a_diverged_host_names_its_blocks():
         multihost.assert_equal(state.params, 'diverged')
 
 
+def _mixed_diff() -> TreeDiff:
+    pid = jax.process_index()
+    tree = {
+        'rep': _global(P(None, 'model'), bump={((0, 8), (0, 8)): 1.0} if pid == 3 else None),
+        'sharded': _global(P(('data', 'model'))),
+        'run': 'exp-7b' if pid == 2 else 'exp-7',
+        'key': jax.random.key(0),
+    }
+    return multihost.tree_diff(tree)
+
+
+def test_every_host_gets_the_same_diff_of_global_and_string_leaves(mp_cluster):
+    """Block, string and not-compared verdicts are identical on the four hosts (and JSON-able)."""
+    diffs = mp_cluster.run(_mixed_diff)
+    assert all(d == diffs[0] for d in diffs[1:])
+    d = diffs[0]
+    assert [(leaf.path, leaf.block) for leaf in d.leaves] == [
+        ("['rep']", ((0, 8), (0, 8))),
+        ("['run']", None),
+    ]
+    assert d.not_compared == ("['sharded']",) and d.odd_processes == (2, 3)
+    assert json.loads(json.dumps(d.to_dict()))['global_leaves'][1]['num_compared'] == 0
+
+
 # -- the model and the widget on these states ------------------------------------------------
 
 
