@@ -12,8 +12,9 @@ trees:
 2. The hosts enter the collective sequence (kind ``tree_diff``; the recorded
    digest does not depend on the tree, because structure differences must be
    *reported*, not raised as a `CollectiveMismatchError`). A host that cannot
-   fingerprint its tree (a leaf that refuses to become an array) still takes its turn,
-   with its reason, and every host raises the same `HostFailedError`. Each
+   fingerprint its tree (a leaf that refuses to become an array) still takes
+   its turn, with its reason, and every host raises the same
+   `HostFailedError`. Each
    host then shares a 16-byte digest of its whole fingerprint list
    (`_sequence.share`: one `_kv` round under the collective's keys). If all
    are the same, that is the answer: O(hosts) bytes moved, no device work.
@@ -48,7 +49,10 @@ holds its shape, dtype, a digest of the placement (block -> hosts) and one
 fingerprint per block this host holds that another host holds too (one
 replica each); blocks held by one host are not fingerprinted. So the rows of
 a healthy fully replicated or fully sharded array are the same on every host,
-and the fast path stays one round. Hosts are then compared only on the blocks
+and the fast path stays one round; those of an array replicated over groups
+of hosts differ between the groups, so they travel (still a fingerprint per
+block, never the data), and when every block's replicas agree nothing else
+moves (no summary round). Hosts are then compared only on the blocks
 they both hold (a differing block is a `LeafDiff` with its ``block``, over
 its holders); a leaf no block of which is held by two hosts has nothing to
 compare across hosts (`TreeDiff.not_compared`): neither equal nor different.
