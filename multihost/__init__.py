@@ -49,7 +49,7 @@ from multihost._stepgate import (
     stepping_enabled,
 )
 from multihost._timeline import Stragglers, Timeline, TimelineStep, timeline
-from multihost._treediff import LeafDiff, TreeDiff, assert_equal, tree_diff
+from multihost._treediff import GlobalLeaf, LeafDiff, TreeDiff, assert_equal, tree_diff
 from multihost._watch import Watched, watch
 from multihost._wavefront import HostFront, Wavefront, flight_records, wavefront
 
@@ -70,6 +70,7 @@ __all__ = [
     'CollectiveRecord',
     'ControlClient',
     'FlightRecord',
+    'GlobalLeaf',
     'HostFront',
     'HostMismatchError',
     'HostStacks',

@@ -12,8 +12,9 @@ trees:
 2. The hosts enter the collective sequence (kind ``tree_diff``; the recorded
    digest does not depend on the tree, because structure differences must be
    *reported*, not raised as a `CollectiveMismatchError`). A host that cannot
-   fingerprint its tree (a leaf that is not an array) still takes its turn,
-   with its reason, and every host raises the same `HostFailedError`. Each
+   fingerprint its tree (a leaf that refuses to become an array) still takes
+   its turn, with its reason, and every host raises the same
+   `HostFailedError`. Each
    host then shares a 16-byte digest of its whole fingerprint list
    (`_sequence.share`: one `_kv` round under the collective's keys). If all
    are the same, that is the answer: O(hosts) bytes moved, no device work.
@@ -38,10 +39,26 @@ Keys live under the collective's epoch and are deleted with it
 (`_kv.collect_garbage`).
 
 Values compare *bitwise*: two floats differ when their bytes differ, so NaN
-equals the same NaN, and ``-0.0`` differs from ``0.0``. A global,
-non-fully-addressable `jax.Array` is compared by its first addressable shard
-(``x.addressable_data(0)``), as JAX's ``assert_equal`` does; a PRNG key array
-by its key data.
+equals the same NaN, and ``-0.0`` differs from ``0.0``. A PRNG key array
+compares by its key data.
+
+A global (non-fully-addressable) `jax.Array` is compared block by block, a
+block being one distinct global index of its sharding
+(``Sharding.devices_indices_map``, which every host computes alike). Its row
+holds its shape, dtype, a digest of the placement (block -> hosts) and one
+fingerprint per block this host holds that another host holds too (one
+replica each); blocks held by one host are not fingerprinted. So the rows of
+a healthy fully replicated or fully sharded array are the same on every host,
+and the fast path stays one round; those of an array replicated over groups
+of hosts differ between the groups, so they travel (still a fingerprint per
+block, never the data), and when every block's replicas agree nothing else
+moves (no summary round). Hosts are then compared only on the blocks
+they both hold (a differing block is a `LeafDiff` with its ``block``, over
+its holders); a leaf no block of which is held by two hosts has nothing to
+compare across hosts (`TreeDiff.not_compared`): neither equal nor different.
+Strings, bytes and other non-array leaves compare by value (objects by their
+``repr``, memory addresses left out); their values, cut to `MAX_TEXT_CHARS`,
+are what the diff reports.
 
 `LeafDiff` and `TreeDiff` are plain, picklable data (Python values and
 read-only numpy arrays): the notebook receives them from the engines and draws
@@ -52,8 +69,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import json
 import math
+import re
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -64,6 +83,7 @@ import numpy as np
 from multihost import _kv, _rowdiff, _sequence
 from multihost._collectives import broadcast_one_to_all
 from multihost._errors import HostMismatchError
+from multihost._layout import Index, format_index, normalize_index
 from multihost._text import fmt_hosts as _fmt_hosts
 
 #: Leaves with at most this many elements keep every host's values in their
@@ -72,11 +92,16 @@ from multihost._text import fmt_hosts as _fmt_hosts
 SMALL_LEAF = 64
 
 _MAX_PATH_CHARS = 160  # longest leaf path quoted in a message
+#: Characters of a string (or other non-array) leaf kept in its `LeafDiff`.
+MAX_TEXT_CHARS = 200
+_MAX_TEXT_SHOWN = 60  # characters of such a value quoted in a message
+_MAX_PATHS_SHOWN = 5  # global leaves named in a summary's note
+_ADDRESS = re.compile(r' at 0x[0-9a-fA-F]+')  # object reprs: the same object, another address
 _BROADCAST_CHUNK = 64 << 20  # bytes per broadcast of reference values
 _COMPARE_CHUNK = 1 << 20  # elements compared at a time (bounds temporaries)
 
 #: The kinds of difference a `LeafDiff` reports, most fundamental first.
-KINDS = ('structure', 'shape', 'dtype', 'value')
+KINDS = ('structure', 'shape', 'dtype', 'sharding', 'value')
 
 
 # -- the model -----------------------------------------------------------------
@@ -87,6 +112,13 @@ def _fmt_path(path: str) -> str:
         return path
     half = (_MAX_PATH_CHARS - 3) // 2
     return path[:half] + '...' + path[-half:]
+
+
+def _fmt_text(value: str) -> str:
+    """A string leaf's value as Python writes it, cut to a bounded length."""
+    if len(value) > _MAX_TEXT_SHOWN:
+        return repr(value[: _MAX_TEXT_SHOWN - 3]) + '...'
+    return repr(value)
 
 
 def _fmt_sig(shape: tuple[int, ...] | None, dtype: str | None) -> str:
@@ -133,14 +165,18 @@ class LeafDiff:
     Attributes:
         path: the leaf's path, ``jax.tree_util.keystr`` (e.g. ``"['w'][0]"``).
         kind: the most fundamental difference: ``'structure'`` (the leaf is
-            missing on some hosts), ``'shape'``, ``'dtype'`` or ``'value'``.
+            missing on some hosts), ``'shape'``, ``'dtype'``, ``'sharding'``
+            (a global array whose hosts place its blocks differently:
+            ``digests`` are then digests of each host's placement) or
+            ``'value'``.
         odd_processes: sorted hosts outside the majority (the odd ones out).
         majority_processes: sorted hosts holding the most common fingerprint (on a
             tie: the group with the lowest process index).
         shapes: host -> shape of the compared data, or None where the leaf is
-            missing (for a global array: the shape of its first addressable
-            shard; for a PRNG key array: the shape of its key data).
-        dtypes: host -> dtype name (``'float32'``, ``'key<fry>'``), or None.
+            missing (for a global array: the shape of the block compared; for
+            a PRNG key array: the shape of its key data).
+        dtypes: host -> dtype name (``'float32'``, ``'key<fry>'``; ``'str'``,
+            ``'bytes'`` or the type's name for a non-array leaf), or None.
         digests: host -> 16-hex-digit digest of the bytes, or None.
         num_different: odd host -> number of elements that differ from the
             majority value (bitwise). Only for odd hosts whose shape and dtype
@@ -153,7 +189,14 @@ class LeafDiff:
             ``num_different``.
         values: host -> that host's value (a read-only numpy array), for every
             host holding the leaf when it has at most `SMALL_LEAF` elements;
-            empty for larger leaves.
+            empty for larger leaves. For a string (or other non-array) leaf:
+            a 0-d ``str`` array of the value (its ``repr`` for other
+            objects), cut to `MAX_TEXT_CHARS` characters.
+        block: for a global (non-fully-addressable) `jax.Array`, the block
+            compared: its global index, ``(start, stop)`` per dimension. Only
+            the hosts holding that block appear in the per-host mappings, and
+            a global array has one `LeafDiff` per differing block. None for a
+            host-local leaf.
     """
 
     path: str
@@ -167,15 +210,49 @@ class LeafDiff:
     max_abs_diff: Mapping[int, float] = dataclasses.field(default_factory=dict)
     first_index: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     values: Mapping[int, np.ndarray] = dataclasses.field(default_factory=dict)
+    block: Index | None = None
 
     @property
     def reference_process(self) -> int:
         """The host whose value the odd hosts were compared with (lowest majority host)."""
         return self.majority_processes[0]
 
+    @property
+    def where(self) -> str:
+        """The path, and for a global array the block: ``"['w'] block [0:4, 0:8]"``."""
+        if self.block is None:
+            return _fmt_path(self.path)
+        return f'{_fmt_path(self.path)} block {format_index(self.block)}'
+
+    @property
+    def text_values(self) -> dict[str, tuple[int, ...]] | None:
+        """For a string (or other non-array) leaf: value -> hosts holding it; else None."""
+        if self.kind != 'value' or self.num_different or not self.values:
+            return None
+        if not all(v.ndim == 0 and v.dtype.kind == 'U' for v in self.values.values()):
+            return None
+        by: dict[str, list[int]] = {}
+        for h in sorted(self.values):
+            by.setdefault(str(self.values[h]), []).append(h)
+        return {v: tuple(hs) for v, hs in by.items()}
+
+    def placements(self) -> str:
+        """For a ``'sharding'`` difference: which hosts place the blocks alike (bounded)."""
+        by: dict[str | None, list[int]] = {}
+        for h in sorted(self.digests):
+            by.setdefault(self.digests[h], []).append(h)
+        parts = [
+            f'placement {(d or "")[:8]} on {_fmt_hosts(hs)}'
+            for d, hs in sorted(by.items(), key=lambda g: g[1][0])
+        ]
+        more = f'; ... ({len(parts)} placements)' if len(parts) > 4 else ''
+        return 'the hosts place its blocks differently: ' + '; '.join(parts[:4]) + more
+
     def describe(self) -> str:
-        """One bounded line: the path, the odd hosts and how they differ."""
-        head = f'{_fmt_path(self.path)} [{self.kind}] on {_fmt_hosts(self.odd_processes)}'
+        """One bounded line: the path (and block), the odd hosts and how they differ."""
+        head = f'{self.where} [{self.kind}] on {_fmt_hosts(self.odd_processes)}'
+        if self.kind == 'sharding':
+            return f'{head}: {self.placements()}'
         if self.kind != 'value':
             groups: dict[tuple[Any, Any], list[int]] = {}
             for h in sorted(self.shapes):
@@ -186,6 +263,12 @@ class LeafDiff:
             ]
             if len(parts) > 4:
                 parts = parts[:4] + [f'... ({len(groups)} variants)']
+            return f'{head}: ' + '; '.join(parts)
+        texts = self.text_values
+        if texts is not None:
+            parts = [f'{_fmt_text(v)} on {_fmt_hosts(hs)}' for v, hs in list(texts.items())[:4]]
+            if len(texts) > 4:
+                parts.append(f'... ({len(texts)} values)')
             return f'{head}: ' + '; '.join(parts)
         shown = []
         for h in self.odd_processes[:3]:
@@ -214,6 +297,56 @@ class LeafDiff:
     __hash__ = None  # type: ignore[assignment]  # mutable-looking mappings: unhashable
 
 
+@dataclasses.dataclass(frozen=True)
+class GlobalLeaf:
+    """How one global (non-fully-addressable) `jax.Array` leaf was compared.
+
+    A global array is compared block by block (a block: one distinct global
+    index of its sharding), and only across the hosts holding the same block
+    (its replicas). A block held by one host has nothing to compare across
+    hosts; a leaf none of whose blocks is held by two or more hosts (fully
+    sharded, e.g. ``P(('data', 'model'))``) is neither equal nor different.
+
+    Attributes:
+        path: the leaf's path.
+        num_blocks: distinct blocks of the array.
+        num_compared: blocks held by two or more hosts (compared across them).
+        min_hosts: fewest hosts holding one block.
+        max_hosts: most hosts holding one block.
+    """
+
+    path: str
+    num_blocks: int
+    num_compared: int
+    min_hosts: int
+    max_hosts: int
+
+    @property
+    def compared(self) -> bool:
+        """Whether some block is held by two or more hosts (and so was compared)."""
+        return self.num_compared > 0
+
+    def describe(self, num_processes: int) -> str:
+        """How the leaf was compared, in one line."""
+        path = _fmt_path(self.path)
+        if not self.compared:
+            return (
+                f'{path}: nothing to compare across hosts (each of its {self.num_blocks} '
+                'block(s) is held by one host)'
+            )
+        if self.num_compared == self.num_blocks and self.min_hosts == num_processes:
+            return f'{path}: every host holds all {self.num_blocks} block(s); compared on all'
+        hosts = (
+            str(self.max_hosts)
+            if self.min_hosts == self.max_hosts
+            else f'{max(2, self.min_hosts)}-{self.max_hosts}'
+        )
+        return (
+            f'{path}: compared over its replicas ({self.num_compared} of {self.num_blocks} '
+            f'block(s), each among the {hosts} hosts holding it)'
+        )
+
+
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class TreeDiff:
     """Which leaves of a pytree differ between hosts (the result of `tree_diff`).
@@ -221,21 +354,68 @@ class TreeDiff:
     Every host gets an equal `TreeDiff`.
 
     Attributes:
-        leaves: one `LeafDiff` per differing leaf path, in tree order (the
-            lowest host's order; paths it lacks follow, in the next hosts'
-            order).
+        leaves: one `LeafDiff` per differing leaf path (per differing block,
+            for a global array), in tree order (the lowest host's order;
+            paths it lacks follow, in the next hosts' order).
         num_processes: number of hosts compared.
         num_leaves: number of distinct leaf paths over all hosts.
+        global_leaves: one `GlobalLeaf` per global (non-fully-addressable)
+            `jax.Array` leaf that every host holds with the same shape, dtype
+            and sharding, in tree order: how it was compared (over the
+            replicas of its blocks, or not at all).
     """
 
     leaves: tuple[LeafDiff, ...]
     num_processes: int
     num_leaves: int
+    global_leaves: tuple[GlobalLeaf, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """True when every host holds the same tree (same paths, shapes, dtypes, bytes)."""
+        """True when nothing differs between hosts (same paths, shapes, dtypes, bytes).
+
+        Blocks of a global array held by a single host are not compared: a
+        fully sharded leaf (see `not_compared`) does not make a diff not ok.
+        """
         return not self.leaves
+
+    @property
+    def differing_paths(self) -> tuple[str, ...]:
+        """The distinct paths of the differing leaves, in order."""
+        return tuple(dict.fromkeys(leaf.path for leaf in self.leaves))
+
+    @property
+    def not_compared(self) -> tuple[str, ...]:
+        """Global leaves with no block held by two or more hosts: nothing to compare."""
+        return tuple(g.path for g in self.global_leaves if not g.compared)
+
+    @property
+    def by_replicas(self) -> tuple[str, ...]:
+        """Global leaves compared over their replicas only (not every host holds every block)."""
+        return tuple(
+            g.path
+            for g in self.global_leaves
+            if g.compared and (g.num_compared < g.num_blocks or g.min_hosts < self.num_processes)
+        )
+
+    def notes(self) -> list[str]:
+        """Lines on the global leaves not compared on every host (bounded), for `summary`."""
+        out = []
+        for paths, what in (
+            (
+                self.not_compared,
+                'nothing to compare across hosts (no block is held by 2+ hosts)',
+            ),
+            (
+                self.by_replicas,
+                'compared over their replicas only (each block among the hosts holding it)',
+            ),
+        ):
+            if paths:
+                named = ', '.join(_fmt_path(p) or '(the root)' for p in paths[:_MAX_PATHS_SHOWN])
+                more = f', ... ({len(paths)} in all)' if len(paths) > _MAX_PATHS_SHOWN else ''
+                out.append(f'{len(paths)} global leaf/leaves: {what}: {named}{more}.')
+        return out
 
     @property
     def odd_processes(self) -> tuple[int, ...]:
@@ -251,10 +431,18 @@ class TreeDiff:
 
     def summary(self, max_leaves: int = 10) -> str:
         """A bounded human report: a headline, then at most ``max_leaves`` leaf lines."""
+        notes = self.notes()
         if self.ok:
-            return f'All {self.num_processes} hosts hold the same tree ({self.num_leaves} leaves).'
+            if not notes:
+                return (
+                    f'All {self.num_processes} hosts hold the same tree ({self.num_leaves} leaves).'
+                )
+            return (
+                f'All {self.num_processes} hosts agree on every leaf they can compare '
+                f'({self.num_leaves} leaves). ' + ' '.join(notes)
+            )
         lines = [
-            f'{len(self.leaves)} of {self.num_leaves} leaves differ across '
+            f'{len(self.differing_paths)} of {self.num_leaves} leaves differ across '
             f'{self.num_processes} hosts; odd hosts: {_fmt_hosts(self.odd_processes)}.'
         ]
         lines += ['  ' + leaf.describe() for leaf in self.leaves[:max_leaves]]
@@ -263,6 +451,7 @@ class TreeDiff:
                 f'  ... and {len(self.leaves) - max_leaves} more differing '
                 'leaves (all of them are in the TreeDiff).'
             )
+        lines += ['  ' + note for note in notes]
         return '\n'.join(lines)
 
     def __str__(self) -> str:
@@ -270,7 +459,7 @@ class TreeDiff:
 
     def __repr__(self) -> str:
         return (
-            f'TreeDiff(ok={self.ok}, differing={len(self.leaves)}, '
+            f'TreeDiff(ok={self.ok}, differing={len(self.differing_paths)}, '
             f'num_leaves={self.num_leaves}, num_processes={self.num_processes}, '
             f'odd_processes={list(self.odd_processes)})'
         )
@@ -282,15 +471,17 @@ class TreeDiff:
             'num_processes': self.num_processes,
             'num_leaves': self.num_leaves,
             'leaves': [leaf.to_dict() for leaf in self.leaves],
+            'global_leaves': [dataclasses.asdict(g) for g in self.global_leaves],
         }
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TreeDiff):
             return NotImplemented
-        return (self.num_processes, self.num_leaves, self.leaves) == (
+        return (self.num_processes, self.num_leaves, self.leaves, self.global_leaves) == (
             other.num_processes,
             other.num_leaves,
             other.leaves,
+            other.global_leaves,
         )
 
     __hash__ = None  # type: ignore[assignment]  # its LeafDiffs are unhashable
@@ -300,13 +491,11 @@ class TreeDiff:
 
 
 def _leaf_data(x: Any) -> tuple[np.ndarray, str]:
-    """The contiguous numpy data compared for one leaf, and the dtype name reported."""
+    """The contiguous numpy data compared for one array leaf, and the dtype name reported."""
     if type(x) is np.ndarray and x.flags.c_contiguous:  # the common case, fast
         return x, str(x.dtype)
     dtype_name = None
     if isinstance(x, jax.Array):
-        if not x.is_fully_addressable:
-            x = x.addressable_data(0)  # JAX's assert_equal semantics
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             dtype_name = str(x.dtype)
             x = jax.random.key_data(x)
@@ -314,6 +503,110 @@ def _leaf_data(x: Any) -> tuple[np.ndarray, str]:
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     return a, dtype_name or str(a.dtype)
+
+
+def _text_of(x: Any) -> tuple[str, str] | None:
+    """For a leaf compared by value, not as an array: (its text, its type's name); else None.
+
+    Strings by their value, bytes and other objects (those numpy can only hold
+    as ``object``) by their ``repr``, with memory addresses (``at 0x...``) left
+    out, so equal objects on two hosts compare equal.
+    """
+    if isinstance(x, str):
+        return str(x), 'str'
+    if isinstance(x, bytes | bytearray):
+        return repr(bytes(x)), 'bytes'
+    if isinstance(x, np.ndarray):
+        if x.dtype.hasobject:
+            return _ADDRESS.sub(' at 0x...', repr(x.tolist())), 'object'
+        return None
+    if isinstance(x, jax.Array | np.generic | bool | int | float | complex):
+        return None
+    if np.asarray(x).dtype.hasobject:  # raises for a leaf that refuses to be an array
+        return _ADDRESS.sub(' at 0x...', repr(x)), type(x).__qualname__
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Blocks:
+    """A global array's blocks as its sharding places them (the same on every host)."""
+
+    where: dict[int, Index]  # device id -> the block it holds
+    shared: dict[Index, str]  # blocks held by 2+ hosts -> their index as text
+    head: str  # JSON: shape, dtype, placement digest, number of blocks, shared, min/max hosts
+
+    @classmethod
+    def of(cls, sharding: Any, shape: tuple[int, ...], dtype: str) -> _Blocks:
+        holders: dict[Index, set[int]] = {}
+        where: dict[int, Index] = {}
+        for device, index in sharding.devices_indices_map(shape).items():
+            ix = normalize_index(index, shape)
+            holders.setdefault(ix, set()).add(int(device.process_index))
+            where[int(device.id)] = ix
+        placement = sorted((ix, sorted(hs)) for ix, hs in holders.items())
+        digest = hashlib.blake2b(repr(placement).encode(), digest_size=8).hexdigest()
+        counts = [len(hs) for hs in holders.values()]
+        shared = {ix: _index_text(ix) for ix, hs in holders.items() if len(hs) >= 2}
+        head = [list(shape), dtype, digest, len(counts), len(shared), min(counts), max(counts)]
+        return cls(where, shared, json.dumps(head, separators=(',', ':')))
+
+
+def _index_text(ix: Index) -> str:
+    return ','.join(f'{a}:{b}' for a, b in ix)
+
+
+def _parse_index(text: str) -> Index:
+    if not text:
+        return ()
+    return tuple((int(a), int(b)) for a, b in (d.split(':') for d in text.split(',')))
+
+
+def _block_key(path: str, ix: Index) -> str:
+    """Where a block's data is kept on its host (``data``), apart from whole leaves."""
+    return f'{path}\x00{_index_text(ix)}'
+
+
+def _global_row(
+    path: str, x: jax.Array, cache: dict[Any, _Blocks], data: dict[str, np.ndarray]
+) -> str:
+    """The row value of a global array: its placement, and a fingerprint per shared block held.
+
+    Only blocks held by two or more hosts are fingerprinted (one replica each,
+    the first this host holds); their data goes to ``data`` under
+    `_block_key`. The row is the same on every host holding the same blocks
+    with the same bytes: a fully replicated or a fully sharded array leaves
+    the hosts' rows equal.
+    """
+    shape = tuple(int(d) for d in x.shape)
+    key: Any = (x.sharding, shape, x.dtype)
+    try:
+        blocks = cache.get(key)
+    except TypeError:  # an unhashable sharding: not cached
+        key, blocks = None, None
+    if blocks is None:
+        blocks = _Blocks.of(x.sharding, shape, str(x.dtype))
+        if key is not None:
+            cache[key] = blocks
+    fingerprints: dict[Index, str] = {}
+    for shard in x.addressable_shards if blocks.shared else ():
+        ix = blocks.where[int(shard.device.id)]
+        if ix not in blocks.shared or ix in fingerprints:
+            continue
+        a, dtype_name = _leaf_data(shard.data)
+        data[f'{path}\x00{blocks.shared[ix]}'] = a  # _block_key
+        sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
+        fingerprints[ix] = _row_value(sig)
+    held = [[blocks.shared[ix], fingerprints[ix]] for ix in sorted(fingerprints)]
+    return f'G[{blocks.head},{json.dumps(held, separators=(",", ":"))}]'
+
+
+def _parse_global_row(text: str) -> tuple[_Print, GlobalLeaf, dict[Index, _Print]]:
+    """A `_global_row`: the leaf's signature (placement digest for bytes), counts, blocks held."""
+    head, held = json.loads(text[1:])
+    shape, dtype, digest, num_blocks, num_compared, lo, hi = head
+    sig = _Print(tuple(shape), dtype, digest, 0, False)
+    counts = GlobalLeaf('', num_blocks, num_compared, lo, hi)
+    return sig, counts, {_parse_index(ix): _parse_row_value(v) for ix, v in held}
 
 
 def _comparable(a: np.ndarray) -> bool:
@@ -450,22 +743,26 @@ def tree_diff(in_tree: Any, *, timeout: float | None = None) -> TreeDiff:
     are reported, not raised.
 
     Args:
-      in_tree: pytree of arrays (numpy, `jax.Array`, Python scalars). A global
-        non-fully-addressable array is compared by its first addressable shard
-        (as JAX's ``assert_equal`` does); PRNG key arrays by their key data.
+      in_tree: pytree of arrays (numpy, `jax.Array`, Python scalars), strings
+        and other values. A global non-fully-addressable array is compared
+        block by block, across the hosts holding the same block only (a block
+        held by one host is not compared); PRNG key arrays by their key data;
+        strings and other non-array leaves by value.
       timeout: seconds to wait for every host at each step; default
         ``MULTIHOST_TIMEOUT`` or `multihost.DEFAULT_TIMEOUT`.
 
     Returns:
-      A `TreeDiff`: ``.ok`` when all hosts hold bitwise-equal trees, else one
-      `LeafDiff` per differing leaf path, in tree order. With one process:
-      ``ok`` at once, without communication.
+      A `TreeDiff`: ``.ok`` when nothing differs between hosts, else one
+      `LeafDiff` per differing leaf path (per differing block of a global
+      array), in tree order; ``.not_compared`` names the global leaves that
+      had nothing to compare across hosts. With one process: ``ok`` at once,
+      without communication.
 
     Raises:
       CollectiveMismatchError: hosts are at different collectives (some called
         `tree_diff`, others something else).
       HostFailedError: some host could not fingerprint its tree (a leaf that
-        is not an array); every host raises it, naming the host and leaf.
+        refuses to become an array); every host raises it, naming the host and leaf.
       BarrierTimeoutError: some host did not arrive within ``timeout``.
     """
     return diff_as('tree_diff', in_tree, timeout)
@@ -484,8 +781,9 @@ def assert_equal(in_tree: Any, fail_message: str = '', *, timeout: float | None 
     NaN; ``-0.0`` differs from ``0.0``).
 
     Args:
-      in_tree: pytree of arrays. Global arrays are compared by their first
-        addressable shard (as JAX does).
+      in_tree: pytree of arrays. A global array is compared block by block,
+        across the hosts holding the same block: a healthy sharded array
+        passes, a fully sharded one has nothing to compare and passes.
       fail_message: start of the error message.
       timeout: seconds to wait for every host; default ``MULTIHOST_TIMEOUT``
         or `multihost.DEFAULT_TIMEOUT`.
@@ -505,13 +803,19 @@ def assert_equal(in_tree: Any, fail_message: str = '', *, timeout: float | None 
 
 @dataclasses.dataclass(frozen=True)
 class _Pending:
-    """A differing leaf, as every host classifies it from the fingerprints alone."""
+    """A differing leaf (or block), as every host classifies it from the fingerprints alone."""
 
     path: str
     sigs: dict[int, _Print | None]
     majority: tuple[int, ...]
     odd: tuple[int, ...]
     kind: str
+    block: Index | None = None
+
+    @property
+    def key(self) -> str:
+        """Where the compared data is kept on its host (``data``)."""
+        return self.path if self.block is None else _block_key(self.path, self.block)
 
 
 def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
@@ -521,24 +825,37 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
         return TreeDiff(leaves=(), num_processes=1, num_leaves=len(flat))
     try:
         data, rows = _fingerprint(flat)
-    except _LeafError as exc:  # a leaf that is not an array: tell every host
+    except _LeafError as exc:  # a leaf that cannot be fingerprinted: tell every host
         _sequence.fail_turn(kind, '', str(exc), timeout=timeout)
     # The tree digest is '' on purpose: differing trees are this collective's
     # subject, not a sequence mismatch.
     rec = _sequence.enter(kind, '', tree_digest='', timeout=timeout)
     diff = _rowdiff.compare(rec, rows, timeout)
     if diff is None:
-        return TreeDiff(leaves=(), num_processes=_kv.process_count(), num_leaves=len(rows))
+        return TreeDiff(
+            leaves=(),
+            num_processes=_kv.process_count(),
+            num_leaves=len(rows),
+            global_leaves=_global_leaves(rows, None),
+        )
     pending = _classify(diff)
+    if not pending:  # only blocks no two hosts hold differ: nothing differs
+        return TreeDiff(
+            leaves=(),
+            num_processes=_kv.process_count(),
+            num_leaves=diff.num_keys,
+            global_leaves=_global_leaves(rows, diff),
+        )
     summary = _compare_with_reference(pending, data, rec.process)
-    # Small values: one host per distinct fingerprint sends them (the lowest).
+    # Small values: one host per distinct fingerprint sends them (the lowest);
+    # strings and other non-array leaves always (they are cut to a bounded length).
     small = {
-        str(i): _encode_array(data[p.path])
+        str(i): _encode_array(data[p.key])
         for i, p in enumerate(pending)
-        if p.path in data
-        and (own := p.sigs[rec.process]) is not None
-        and own.comparable
-        and data[p.path].size <= SMALL_LEAF
+        if p.key in data
+        and (own := p.sigs.get(rec.process)) is not None
+        and (own.comparable or _is_text(data[p.key], own))
+        and data[p.key].size <= SMALL_LEAF
         and _first_alike(p)[rec.process] == rec.process
     }
     report = json.dumps({'c': summary, 'v': small}, separators=(',', ':'))
@@ -546,23 +863,74 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
         h: json.loads(text)
         for h, text in _sequence.share(rec, 'sum', report, timeout=timeout).items()
     }
-    return _assemble(pending, reports, sorted(reports), diff.num_keys)
+    return _assemble(pending, reports, sorted(reports), diff.num_keys, _global_leaves(rows, diff))
+
+
+def _is_text(a: np.ndarray, sig: _Print) -> bool:
+    """Whether a leaf's data is the text of a non-array leaf (see `_text_of`)."""
+    return not sig.comparable and a.ndim == 0 and a.dtype.kind == 'U'
 
 
 def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[str]]]:
-    """Phase 1 (local): every leaf's data and its row ``[path, fingerprint]`` (`_row_value`)."""
+    """Phase 1 (local): the data compared and every leaf's row ``[path, fingerprint]``.
+
+    A host-local leaf's row is `_row_value` and its data is under its path; a
+    global array's row is `_global_row` and its blocks' data under
+    `_block_key`.
+    """
     paths = _unique_paths([jax.tree_util.keystr(p) for p, _ in flat])
     data: dict[str, np.ndarray] = {}
     rows = []
+    placements: dict[Any, _Blocks] = {}
     for path, (_, leaf) in zip(paths, flat):
         try:
-            a, dtype_name = _leaf_data(leaf)
+            if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+                rows.append([path, _global_row(path, leaf, placements, data)])
+                continue
+            text = _text_of(leaf)
+            if text is not None:
+                value, type_name = text
+                raw = value.encode('utf-8', 'backslashreplace')
+                digest = f'{zlib.crc32(raw):08x}{zlib.adler32(raw):08x}'
+                kept = value[:MAX_TEXT_CHARS]
+                data[path] = np.array(kept, dtype=f'<U{max(1, len(kept))}')
+                sig = _Print((), type_name, digest, len(raw), False)
+            else:
+                a, dtype_name = _leaf_data(leaf)
+                data[path] = a
+                sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
         except Exception as exc:
             raise _LeafError(f'leaf {path}: {type(exc).__name__}: {exc}') from exc
-        data[path] = a
-        sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
         rows.append([path, _row_value(sig)])
     return data, rows
+
+
+def _global_leaves(
+    rows: list[list[str]], differing: _rowdiff.RowDiff | None
+) -> tuple[GlobalLeaf, ...]:
+    """The global leaves every host holds alike (shape, dtype, placement), from the rows.
+
+    A row that is not among the differing ones is the same on every host; a
+    differing one counts when every host has the same placement for it.
+    """
+    agreed: dict[str, GlobalLeaf] = {}
+    for path, values in () if differing is None else differing.differing:
+        present = list(values.values())
+        if all(v is not None and v.startswith('G') for v in present):
+            heads = {json.dumps(json.loads(v[1:])[0]) for v in present if v is not None}
+            if len(heads) == 1:
+                _, counts, _ = _parse_global_row(present[0] or '')
+                agreed[path] = dataclasses.replace(counts, path=path)
+    out = []
+    changed = {k for k, _ in differing.differing} if differing is not None else set()
+    for path, value in rows:
+        if path in changed:
+            if path in agreed:
+                out.append(agreed.pop(path))
+        elif value.startswith('G'):
+            _, counts, _ = _parse_global_row(value)
+            out.append(dataclasses.replace(counts, path=path))
+    return tuple(out) + tuple(agreed.values())
 
 
 def _row_value(sig: _Print) -> str:
@@ -579,30 +947,70 @@ def _parse_row_value(text: str) -> _Print:
 
 
 def _classify(diff: _rowdiff.RowDiff) -> list[_Pending]:
-    """Phase 3 (same inputs everywhere, same verdict): majority and odd hosts per leaf."""
+    """Phase 3 (same inputs everywhere, same verdict): majority and odd hosts per leaf.
+
+    A global array that every host holds with the same shape, dtype and
+    placement is judged per block, over the hosts holding that block only;
+    otherwise a leaf is judged by its signature.
+    """
     pending = []
     for path, values in diff.differing:
-        hosts = sorted(values)
-        sigs = {h: None if v is None else _parse_row_value(v) for h, v in values.items()}
-        keys = {h: None if s is None else (s.shape, s.dtype, s.digest) for h, s in sigs.items()}
-        if len(set(keys.values())) == 1 and keys[hosts[0]] is not None:
-            continue
-        groups: dict[Any, list[int]] = {}
-        for h in hosts:
-            groups.setdefault(keys[h], []).append(h)
-        major_key = max(groups, key=lambda k: (len(groups[k]), -groups[k][0]))
-        present = [s for s in sigs.values() if s is not None]
-        if len(present) < len(hosts):
-            what = 'structure'
-        elif len({s.shape for s in present}) > 1:
-            what = 'shape'
-        elif len({s.dtype for s in present}) > 1:
-            what = 'dtype'
-        else:
-            what = 'value'
-        odd = tuple(h for h in hosts if keys[h] != major_key)
-        pending.append(_Pending(path, sigs, tuple(groups[major_key]), odd, what))
+        present = [v for v in values.values() if v is not None]
+        if len(present) == len(values) and all(v.startswith('G') for v in present):
+            parsed = {h: _parse_global_row(v) for h, v in values.items() if v is not None}
+            if len({(sig, counts) for sig, counts, _ in parsed.values()}) == 1:
+                pending += _classify_blocks(path, {h: b for h, (_, _, b) in parsed.items()})
+                continue
+        sigs = {h: None if v is None else _signature(v) for h, v in values.items()}
+        p = _verdict(path, sigs)
+        if p is not None and p.kind == 'value' and all(v.startswith('G') for v in present):
+            p = dataclasses.replace(p, kind='sharding')  # same shape and dtype: placements differ
+        if p is not None:
+            pending.append(p)
     return pending
+
+
+def _signature(value: str) -> _Print:
+    return _parse_global_row(value)[0] if value.startswith('G') else _parse_row_value(value)
+
+
+def _classify_blocks(path: str, held: dict[int, dict[Index, _Print]]) -> list[_Pending]:
+    """The blocks of one global array whose replicas differ, in index order."""
+    blocks: dict[Index, dict[int, _Print | None]] = {}
+    for h in sorted(held):
+        for ix, sig in held[h].items():
+            blocks.setdefault(ix, {})[h] = sig
+    out = []
+    for ix in sorted(blocks):
+        p = _verdict(path, blocks[ix], ix)
+        if p is not None:
+            out.append(p)
+    return out
+
+
+def _verdict(
+    path: str, sigs: dict[int, _Print | None], block: Index | None = None
+) -> _Pending | None:
+    """The majority and odd hosts of one leaf (or block); None when all hold the same."""
+    hosts = sorted(sigs)
+    keys = {h: None if s is None else (s.shape, s.dtype, s.digest) for h, s in sigs.items()}
+    if len(set(keys.values())) == 1 and keys[hosts[0]] is not None:
+        return None
+    groups: dict[Any, list[int]] = {}
+    for h in hosts:
+        groups.setdefault(keys[h], []).append(h)
+    major_key = max(groups, key=lambda k: (len(groups[k]), -groups[k][0]))
+    present = [s for s in sigs.values() if s is not None]
+    if len(present) < len(hosts):
+        what = 'structure'
+    elif len({s.shape for s in present}) > 1:
+        what = 'shape'
+    elif len({s.dtype for s in present}) > 1:
+        what = 'dtype'
+    else:
+        what = 'value'
+    odd = tuple(h for h in hosts if keys[h] != major_key)
+    return _Pending(path, sigs, tuple(groups[major_key]), odd, what, block)
 
 
 def _first_alike(p: _Pending) -> dict[int, int]:
@@ -640,12 +1048,12 @@ def _compare_with_reference(
         sizes = [_nbytes(pending[i], source) for i in group]
         buf = None
         if pid == source:
-            buf = np.concatenate([data[pending[i].path].reshape(-1).view(np.uint8) for i in group])
+            buf = np.concatenate([data[pending[i].key].reshape(-1).view(np.uint8) for i in group])
         got = _broadcast_bytes(buf, sum(sizes), pid == source)
         offset = 0
         for i, size in zip(group, sizes):
             if pid in compared[i]:
-                own = data[pending[i].path]
+                own = data[pending[i].key]
                 ref_value = got[offset : offset + size].view(own.dtype).reshape(own.shape)
                 summary[str(i)] = list(_compare(own, ref_value))
             offset += size
@@ -663,6 +1071,7 @@ def _assemble(
     reports: dict[int, Any],
     hosts: list[int],
     num_leaves: int,
+    global_leaves: tuple[GlobalLeaf, ...] = (),
 ) -> TreeDiff:
     """Phase 5: every host's summaries into the one `TreeDiff`."""
     leaves = []
@@ -689,6 +1098,12 @@ def _assemble(
                 first_index={h: tuple(s[1]) for h, s in stats.items()},
                 max_abs_diff={h: float(s[2]) for h, s in stats.items()},
                 values=values,
+                block=p.block,
             )
         )
-    return TreeDiff(leaves=tuple(leaves), num_processes=len(hosts), num_leaves=num_leaves)
+    return TreeDiff(
+        leaves=tuple(leaves),
+        num_processes=len(hosts),
+        num_leaves=num_leaves,
+        global_leaves=global_leaves,
+    )

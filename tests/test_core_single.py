@@ -189,6 +189,7 @@ PUBLIC_NAMES = [
     'DEFAULT_TIMEOUT',
     'EnvDiff',
     'FlightRecord',
+    'GlobalLeaf',
     'HostFailedError',
     'HostFront',
     'HostMismatchError',

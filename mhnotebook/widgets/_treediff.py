@@ -1,9 +1,13 @@
 """The tree-diff view: which leaves differ on which hosts, and by how much.
 
 A table of differing leaves x hosts (odd hosts highlighted, a numeric
-summary per leaf), then one expandable section per leaf with every host's
-shape, dtype, digest, difference statistics and, for small leaves, values.
-The HTML is built by pure functions of the `multihost.TreeDiff` model.
+summary per leaf; a global array's row names its block, and only the hosts
+holding that block have a verdict), then one expandable section per leaf
+with every host's shape, dtype, digest, difference statistics and, for small
+leaves, values. Global leaves not compared on every host are listed under
+the headline: "nothing to compare across hosts" (no block held by two
+hosts) or "compared over its replicas". The HTML is built by pure functions
+of the `multihost.TreeDiff` model.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from mhnotebook.widgets._common import (
     widget_html,
 )
 from multihost import LeafDiff, TreeDiff
+from multihost._layout import format_index
 from multihost._text import fmt_hosts
 
 #: Differing leaves listed in the table and the expandable sections.
@@ -68,7 +73,16 @@ def host_columns(diff: TreeDiff, leaves: tuple[LeafDiff, ...]) -> tuple[list[int
 
 
 def leaf_summary(leaf: LeafDiff) -> str:
-    """The numeric summary of one leaf: counts, max abs diff, first index; or the variants."""
+    """The numeric summary of one leaf: counts, max abs diff, first index; or the variants.
+
+    For a string (or other non-array) leaf: its values and the hosts holding each.
+    """
+    texts = leaf.text_values
+    if texts is not None:
+        parts = [f'{_text(v)} on {fmt_hosts(hs)}' for v, hs in list(texts.items())[:4]]
+        return '; '.join(parts) + (f'; ... ({len(texts)} values)' if len(texts) > 4 else '')
+    if leaf.kind == 'sharding':
+        return leaf.placements()
     if leaf.kind != 'value':
         groups: dict[str, list[int]] = {}
         for h in sorted(leaf.shapes):
@@ -92,10 +106,21 @@ def leaf_summary(leaf: LeafDiff) -> str:
     )
 
 
+def _text(value: str, limit: int = 40) -> str:
+    return repr(value[: limit - 3]) + '...' if len(value) > limit else repr(value)
+
+
 def _cell(leaf: LeafDiff, host: int) -> tuple[str, str]:
     """(text, title) of one leaf x host cell."""
+    if leaf.block is not None and host not in leaf.shapes:
+        return '', 'does not hold this block'
+    if leaf.kind == 'sharding':
+        return f'placement {(leaf.digests.get(host) or "")[:8]}', ''
     if leaf.kind != 'value':
         return _sig(leaf.shapes.get(host), leaf.dtypes.get(host)), ''
+    if leaf.text_values is not None and host in leaf.values:
+        same = host not in leaf.odd_processes
+        return _text(str(leaf.values[host])), 'same as the majority' if same else ''
     if host not in leaf.odd_processes:
         return ('reference' if host == leaf.reference_process else '='), 'same as the majority'
     if host not in leaf.num_different:
@@ -125,7 +150,10 @@ def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
     head.append('<th>summary</th>')
     rows = []
     for i, leaf in enumerate(leaves):
-        cells = [f'<td>{i}</td><td><code>{esc(leaf.path)}</code></td><td>{esc(leaf.kind)}</td>']
+        where = f'<code>{esc(leaf.path)}</code>'
+        if leaf.block is not None:
+            where += f' <span class="mh-block">block {esc(format_index(leaf.block))}</span>'
+        cells = [f'<td>{i}</td><td>{where}</td><td>{esc(leaf.kind)}</td>']
         for h in hosts:
             text, title = _cell(leaf, h)
             cls = f'mh-host-{h}' + (' mh-odd-host' if h in leaf.odd_processes else '')
@@ -138,7 +166,10 @@ def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
                 + '</td>'
             )
         cells.append(f'<td>{esc(leaf_summary(leaf))}</td>')
-        rows.append(f'<tr class="mh-leaf" data-path="{esc(leaf.path)}">{"".join(cells)}</tr>')
+        block = '' if leaf.block is None else f' data-block="{esc(format_index(leaf.block))}"'
+        rows.append(
+            f'<tr class="mh-leaf" data-path="{esc(leaf.path)}"{block}>{"".join(cells)}</tr>'
+        )
     more = ''
     if len(diff.leaves) > max_rows:
         more = (
@@ -204,17 +235,70 @@ def leaf_detail_html(leaf: LeafDiff) -> str:
     )
 
 
-def summary_html(diff: TreeDiff) -> str:
-    """The headline: agreement, or how many leaves differ and the odd hosts."""
-    if diff.ok:
-        return CSS + banner(
-            f'all {diff.num_processes} hosts agree on {diff.num_leaves} leaves', 'mh-ok'
+def global_leaves_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
+    """The global leaves not compared on every host, one row each (``mh-global-leaf``).
+
+    A leaf with no block held by two hosts has class ``mh-not-compared`` and
+    says "nothing to compare across hosts"; one compared over the replicas of
+    its blocks only has ``mh-by-replicas``. Empty when there is none.
+    """
+    not_compared, by_replicas = set(diff.not_compared), set(diff.by_replicas)
+    shown = [g for g in diff.global_leaves if g.path in not_compared | by_replicas]
+    if not shown:
+        return ''
+    rows = []
+    for g in shown[:max_rows]:
+        if g.path in not_compared:
+            cls, verdict = 'mh-not-compared', 'nothing to compare across hosts'
+            how = f'each of its {g.num_blocks} block(s) is held by one host'
+        else:
+            cls, verdict = 'mh-by-replicas', 'compared over its replicas'
+            hosts = str(g.max_hosts) if g.min_hosts == g.max_hosts else f'up to {g.max_hosts}'
+            how = (
+                f'{g.num_compared} of {g.num_blocks} block(s), each among the {hosts} '
+                'hosts holding it'
+            )
+        rows.append(
+            f'<tr class="mh-global-leaf {cls}" data-path="{esc(g.path)}">'
+            f'<td><code>{esc(g.path)}</code></td><td>{verdict}</td><td>{esc(how)}</td></tr>'
         )
-    return CSS + banner(
-        f'<b>{len(diff.leaves)} of {diff.num_leaves} leaves differ</b> across '
-        f'{diff.num_processes} hosts; odd hosts: <span class="mh-odd-host">'
-        f'{esc(fmt_hosts(diff.odd_processes))}</span>',
-        'mh-flagged',
+    more = (
+        f'<div>... and {len(shown) - max_rows} more global leaves.</div>'
+        if len(shown) > max_rows
+        else ''
+    )
+    return (
+        '<div class="mh-treediff-global"><div>Global arrays are compared block by block, '
+        'across the hosts holding the same block:</div><table class="mh-table">'
+        '<tr><th>global leaf</th><th>compared</th><th>how</th></tr>'
+        f'{"".join(rows)}</table>{more}</div>'
+    )
+
+
+def summary_html(diff: TreeDiff) -> str:
+    """The headline: agreement, or how many leaves differ and the odd hosts.
+
+    Then the global leaves not compared on every host (`global_leaves_html`).
+    """
+    notes = global_leaves_html(diff)
+    if diff.ok:
+        if diff.not_compared or diff.by_replicas:
+            text = (
+                f'all {diff.num_processes} hosts agree on every leaf they can compare '
+                f'({diff.num_leaves} leaves)'
+            )
+        else:
+            text = f'all {diff.num_processes} hosts agree on {diff.num_leaves} leaves'
+        return CSS + banner(text, 'mh-ok') + notes
+    return (
+        CSS
+        + banner(
+            f'<b>{len(diff.differing_paths)} of {diff.num_leaves} leaves differ</b> across '
+            f'{diff.num_processes} hosts; odd hosts: <span class="mh-odd-host">'
+            f'{esc(fmt_hosts(diff.odd_processes))}</span>',
+            'mh-flagged',
+        )
+        + notes
     )
 
 
@@ -281,7 +365,7 @@ class TreeDiffView(View):
             add_classes(widgets.HTML(), 'mh-treediff-detail') for _ in self._shown
         ]
         self._details.titles = tuple(
-            f'{leaf.path}  [{leaf.kind}]  odd: {fmt_hosts(leaf.odd_processes)}'
+            f'{leaf.where}  [{leaf.kind}]  odd: {fmt_hosts(leaf.odd_processes)}'
             for leaf in self._shown
         )
         self._details.layout.display = 'none' if diff.ok else 'flex'
