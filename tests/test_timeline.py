@@ -53,7 +53,7 @@ def test_checked_steps_align_by_seq_and_lateness_comes_from_waits():
     tl = Timeline.build(straggler_records(skewed_clock=(1, 30.0)), 4)
     assert len(tl.steps) == 20 and tl.hosts == (0, 1, 2, 3) and tl.silent == ()
     s = tl.steps[0]
-    assert s.seq == 10 and s.label == 'train_step #0' and not s.clock_compared
+    assert s.seq == 10 and s.label == 'train_step call #0' and not s.clock_compared
     assert s.complete and s.last_host == 3 and s.first_host == 0
     assert s.skew == pytest.approx(0.05)
     assert s.lateness[0] == pytest.approx(0.0)
@@ -90,7 +90,11 @@ def test_mixed_steps_and_window_edges():
     records[1][-1] = dataclass_replace(records[1][-1], state='waiting')
     tl = Timeline.build(records, 2)
     labels = [s.label for s in tl.steps]
-    assert labels == ['f #0', 'g #0', "barrier('end') #6"]  # seq 4 dropped: outside host 1's window
+    assert labels == [
+        'f call #0',
+        'g call #0',
+        "barrier('end') #6",
+    ]  # seq 4 dropped: outside host 1's window
     f, g, end = tl.steps
     assert f.clock_compared and f.last_host == 1 and f.lateness[1] == pytest.approx(0.01)
     assert not g.clock_compared and g.last_host == 1 and g.skew == pytest.approx(0.03)
@@ -145,7 +149,7 @@ def test_straggler_summary_names_the_host_and_its_median():
     lines = text.splitlines()
     assert lines[0] == str(st)
     assert 'the newest 5 of 20 steps:' in text
-    assert lines[-2].startswith('train_step #19') and 'process 3' in lines[-2]
+    assert lines[-2].startswith('train_step call #19') and 'process 3' in lines[-2]
     assert lines[-1] == '(per host: ms after the first host to arrive)'
     assert str(tl) == tl.format()
 
@@ -202,7 +206,7 @@ def test_chrome_trace_has_one_track_per_host_and_the_steps(tmp_path):
     xs = [e for e in events if e['ph'] == 'X']
     assert len(xs) == 4 * 4
     assert all(e['pid'] == e['tid'] and {'ts', 'dur', 'name', 'args'} <= set(e) for e in xs)
-    first = [e for e in xs if e['name'] == 'train_step #0']
+    first = [e for e in xs if e['name'] == 'train_step call #0']
     by_pid = {e['pid']: e for e in first}
     # Drawn from arrival to release: duration = the host's wait, in microseconds.
     assert by_pid[0]['dur'] == pytest.approx((0.05 + 0.0002) * 1e6)

@@ -368,12 +368,12 @@ def test_doing_says_what_each_state_is_doing_now():
         2: "waiting for release of #7 (barrier('after-eval')) for 12 s",
         3: "running user code at train.py:88 in load_shard, last collective barrier('load') #6 "
         '(20 s ago)',
-        4: "running user code at engine cell 4, line 3, last collective barrier('load') #6 "
-        '(20 s ago)',
+        4: 'in user code at engine cell 4, line 3, in time.sleep, last collective '
+        "barrier('load') #6 (20 s ago)",
         5: "idle (no user code running), last collective barrier('load') #6 (20 s ago)",
         6: 'no answer within 10 s (process dead, frozen, or its debug thread stopped); '
         "last published barrier('load') #6",
-        7: 'waiting at the cross-host check of launch train_step #412 for 12 s',
+        7: 'waiting at the cross-host check of launch train_step call #412 for 12 s',
         8: "running user code at data.py:20 in read, last collective barrier('load') #6 (20 s ago)",
         9: "running user code at a notebook cell, line 1, last collective barrier('load') #6 "
         '(20 s ago)',
