@@ -463,8 +463,9 @@ def stack_activity(
     ``'jax'`` (elsewhere in JAX: tracing, compiling), ``'sleep'``, ``'io'``,
     ``'lock'`` (a threading wait), ``'user'`` (running user code), ``'idle'``
     (no user frame: an engine's event loop) or ``''`` (no frames). ``words``
-    follow "process 2 is" and name the place with its package (`display_path`), e.g. ``'waiting in a coordination-service
-    barrier at orbax/checkpoint/_src/multihost/multihost.py:309 in _fn (via
+    follow "process 2 is" and name the place with its package
+    (`display_path`), e.g. ``'waiting in a coordination-service barrier at
+    orbax/checkpoint/_src/multihost/multihost.py:309 in _fn (via
     sync_global_processes), called from ckpt.py:12 in save'`` or ``'in user
     code at train.py:88 in load, in time.sleep'``. Durations are left out, so
     hosts in the same state say the same words.
