@@ -9,6 +9,12 @@ library file named ``multihost.py`` in a temporary folder; host 2 is in
 while they are there: the verdict groups hosts 0-1, 3 as waiting in the
 coordination-service barrier (or a JAX collective) and host 2 in user code
 in time.sleep, with the library file's folder shown.
+
+The timeline in a notebook (`%mh_timeline`): the collectives the magics
+run for the notebook (``%mh_diff``, ``%mh_env``) are not the user's steps;
+the straggler verdict leaves them out and the table marks them. These
+tests come first: the 4-process cluster of the wavefront tests starts
+later, so the two clusters never share the machine.
 """
 
 from __future__ import annotations
@@ -19,11 +25,115 @@ import threading
 import time
 
 import pytest
+from _helpers import local_session, magic_shell
 
 import multihost
 from multihost import _kv
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
+
+# -- %mh_timeline: the magics' own collectives are not the user's steps ------------------
+
+SETUP = """\
+import time, numpy as np, jax, jax.numpy as jnp, multihost
+from multihost import _sequence
+small = np.arange(8.0) + jax.process_index()
+"""
+
+#: On host 1, every collective a magic runs for the notebook starts 60 ms late (as an
+#: engine slow to pick up the notebook's request would): the magics' late host is 1.
+SLOW_MAGICS = """\
+if jax.process_index() == 1:
+    _hook = _sequence._enter_hook
+    def _slow_for_magics(client, rec):
+        if rec.site.startswith('notebook:'):
+            time.sleep(0.06)
+        return _hook(client, rec) if _hook is not None else None
+    _sequence.set_enter_hook(_slow_for_magics)
+"""
+
+#: The user's watched (checked) step, host 3 late to it by 60 ms.
+USER_STEP = """\
+if jax.process_index() == 3:
+    time.sleep(0.06)
+user_y = user_step(user_y)
+user_y.block_until_ready()
+"""
+
+
+@pytest.fixture(scope='module')
+def notebook():
+    with local_session(SETUP) as s:
+        s.execute(SLOW_MAGICS, timeout=60, echo=False)
+        ip, magics = magic_shell(s)
+        yield s, ip
+        magics.session = None
+
+
+def _magics(ip, rounds: int) -> None:
+    from IPython.utils.capture import capture_output
+
+    with capture_output():
+        for _ in range(rounds):
+            ip.run_line_magic('mh_diff', 'small')
+            ip.run_line_magic('mh_env', '')
+            ip.run_line_magic('mh_allgather', 'small')
+
+
+def test_only_the_magics_own_collectives_name_no_straggler(notebook):
+    """Host 1 is last at every %mh_diff / %mh_env: no straggler verdict; the steps are marked."""
+    session, ip = notebook
+    _magics(ip, 6)
+    view = ip.run_line_magic('mh_timeline', '--last 200')
+    tl = view.timeline
+    magic_steps = [s for s in tl.steps if s.notebook]
+    assert len(magic_steps) >= 12 and {s.magic for s in magic_steps} >= {'%mh_diff', '%mh_env'}
+    # The magics' steps do have a late host (1): a verdict over them would name it.
+    assert sum(s.last_host == 1 for s in magic_steps if s.complete) >= 10, view.text()
+    st = tl.stragglers()
+    assert st.host is None and st.steps == 0 and st.notebook >= 12, view.text()
+    text = view.text()
+    print(f'\n[only magics] {str(st)}')
+    assert text.startswith('no step of the program with two or more hosts recorded yet'), text
+    assert "of the notebook's magics (%mh_diff...) left out" in text, text
+    assert '[%mh_diff]' in tl.format() and '[%mh_env]' in tl.format()
+    html = view.static_html()
+    assert 'mh-timeline-notebook' in html and '(not counted: %mh_diff)' in html, html
+
+
+def test_the_users_late_host_is_named_from_the_users_steps_only(notebook, tmp_path):
+    """The user's watched step (host 3 late) interleaved with magics (host 1 late): host 3."""
+    session, ip = notebook
+    session.execute(
+        'user_step = multihost.watch(jax.jit(lambda a: a * 0.5 + 1.0), name="user_step")\n'
+        'user_y = user_step(jnp.ones(4))\n'
+        'user_y.block_until_ready()\n',
+        timeout=120,
+        echo=False,
+    )
+    for _ in range(8):
+        session.execute(USER_STEP, timeout=60, echo=False)
+        _magics(ip, 1)
+    view = ip.run_line_magic('mh_timeline', '--last 200')
+    tl = view.timeline
+    user = [s for s in tl.steps if s.name == 'user_step' and s.complete]
+    magic = [s for s in tl.steps if s.notebook and s.complete]
+    assert len(user) >= 8 and len(magic) > len(user), tl.format()
+    assert not any(s.notebook for s in user)
+    # Counted together, the magics' late host (1) would win: 2 magic steps per user step.
+    assert sum(s.last_host == 1 for s in magic) > len(user), tl.format()
+    st = tl.stragglers()
+    print(f'\n[user steps] {str(st)}')
+    assert st.host == 3 and st.steps == len(user) and st.share >= 0.8, tl.format()
+    assert str(st).startswith('process 3 arrived last in '), str(st)
+    assert f'{st.notebook} steps of the notebook' in str(st)
+    from mhnotebook.widgets._timeline import render_timeline_png
+
+    path = os.environ.get('MH_SAVE_CHART') or str(tmp_path / 'chart.png')
+    with open(path, 'wb') as f:
+        f.write(render_timeline_png(tl))
+    print(f'[chart] {path}')
+
 
 #: A user's (or a library's) file named like our package: imported under another name.
 _LIBRARY = """\
@@ -33,6 +143,24 @@ from orbax.checkpoint import multihost as ocp_multihost
 def wait_for_everyone(name, processes=None):
     ocp_multihost.sync_global_processes(name, timeout=120, processes=processes)
 """
+
+
+def test_bg_cell_with_stepping_off_does_not_mention_the_stepper(notebook):
+    """%%mh --bg with stepping off: no stepper to release anything; %mh_wait collects it."""
+    from IPython.utils.capture import capture_output
+
+    session, ip = notebook
+    assert not session.stepping
+    with capture_output() as cap:
+        ip.run_cell_magic('mh', '--bg', 'print("bg done", jax.process_index())')
+    assert 'running in the background (--bg)' in cap.stdout, cap.stdout
+    assert 'stepper' not in cap.stdout and '%mh_wait collects the output' in cap.stdout, cap.stdout
+    with capture_output() as cap:
+        ip.run_line_magic('mh_wait', '--timeout 60')
+    assert 'bg done 3' in cap.stdout, cap.stdout
+
+
+# -- the wavefront: hosts in orbax's barrier, one host asleep in user code ----------------
 
 
 def _library(folder: str):
