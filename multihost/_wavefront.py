@@ -271,14 +271,36 @@ def _short(where: str) -> str:
 # -- this host's answer ---------------------------------------------------------------
 
 
-def front(process: int | None = None) -> HostFront:
-    """This host's `HostFront`, from its flight recorder (never blocks)."""
+def _main_stack() -> tuple[Any, ...] | None:
+    """The main thread's frames (file, line, function, source), outermost first, or None."""
     import sys
     import traceback
 
+    main = threading.main_thread().ident
+    frame = sys._current_frames().get(main) if main is not None else None
+    if frame is None:
+        return None
+    frames = tuple(
+        (f.filename, f.lineno or 0, f.name, f.line or '')
+        for f in traceback.extract_stack(frame)[-_stacks.MAX_FRAMES :]
+    )
+    ours = _stacks.our_dirs()
+    if threading.get_ident() == main:  # the main thread asks (one process): not its wait
+        while frames and frames[-1][0].startswith(ours):
+            frames = frames[:-1]
+    return frames
+
+
+def front(process: int | None = None) -> HostFront:
+    """This host's `HostFront`, from its flight recorder (never blocks)."""
     pid = _kv.process_index() if process is None else process
-    now = time.time()
-    records = _recorder.snapshot(pid)
+    for _ in range(3):  # the records and the stack of one moment: again if the host moved on
+        advanced = _recorder.last_advanced()
+        now = time.time()
+        records = _recorder.snapshot(pid)
+        frames = _main_stack()
+        if _recorder.last_advanced() == advanced:
+            break
     last = records[-1] if records else None
     last_launch = next((r for r in reversed(records) if r.is_launch), None)
     last_collective = next((r for r in reversed(records) if not r.is_launch), None)
@@ -292,19 +314,9 @@ def front(process: int | None = None) -> HostFront:
             pending = r
     waiting = last if last is not None and last.state == _recorder.WAITING else None
     where = kind = activity = ''
-    main = threading.main_thread().ident
-    frame = sys._current_frames().get(main) if main is not None else None
-    if frame is not None:
-        frames = tuple(
-            (f.filename, f.lineno or 0, f.name, f.line or '')
-            for f in traceback.extract_stack(frame)[-_stacks.MAX_FRAMES :]
-        )
-        ours = _stacks.our_dirs()
-        if threading.get_ident() == main:  # the main thread asks (one process): not its wait
-            while frames and frames[-1][0].startswith(ours):
-                frames = frames[:-1]
+    if frames is not None:
         where = _stacks.user_frame(frames)
-        kind, activity = stack_activity(frames, ours)
+        kind, activity = stack_activity(frames, _stacks.our_dirs())
     return HostFront(
         process=pid,
         answered=True,

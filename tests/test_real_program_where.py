@@ -185,7 +185,8 @@ def _ask_until(expected: set[str], done: threading.Event, out: dict) -> None:
         while True:
             wf = multihost.wavefront(timeout=10)
             kinds = {h.process: h.activity_kind for h in wf.hosts}
-            if all(kinds[p] in expected for p in (0, 1, 3)) or time.monotonic() > deadline:
+            there = all(kinds[p] in expected for p in (0, 1, 3))
+            if (there and not any(h.waiting for h in wf.hosts)) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         out.update(verdict=wf.verdict, text=wf.format(), kinds=kinds)
@@ -257,3 +258,45 @@ def test_hosts_in_orbax_barrier_and_a_sleeping_host(mp_cluster, tmp_path, proces
         assert '(via sync_global_devices)' in verdict, verdict
     else:
         assert '(via sync_global_processes)' in verdict, verdict
+
+
+def _save_while_one_host_sleeps(directory: str) -> dict:
+    """Hosts 0, 1, 3 save a flax TrainState with a real orbax CheckpointManager; host 2 is
+    still loading data (time.sleep) and joins the save later."""
+    from _flax_program import checkpoint_manager, create_state, make_mesh, save
+
+    pid = _kv.process_index()
+    state = create_state(make_mesh())
+    manager = checkpoint_manager(directory, save_every=1)
+    multihost.barrier('state built', timeout=120)
+    out: dict = {}
+    if pid == 2:
+        done = threading.Event()
+        asker = threading.Thread(target=_ask_until, args=({'coordination', 'device'}, done, out))
+        asker.start()
+        _load_data(done)
+        asker.join(30)
+    save(manager, 0, state)
+    manager.wait_until_finished()
+    manager.close()
+    multihost.barrier('saved', timeout=120)
+    return out
+
+
+def test_hosts_inside_a_real_orbax_checkpoint_save(mp_cluster, tmp_path):
+    """orbax CheckpointManager.save on hosts 0, 1, 3 while host 2 sleeps: they are named
+    inside orbax's barrier, with orbax's file and the user's save line."""
+    results = mp_cluster.run(
+        _save_while_one_host_sleeps, str(tmp_path / 'ckpt'), timeout=300, bracket=False
+    )
+    r = results[2]
+    assert 'error' not in r, r
+    print(f'\n[save verdict] {r["verdict"]}')
+    assert r['kinds'][2] == 'sleep', r['text']
+    assert all(r['kinds'][p] in ('coordination', 'device') for p in (0, 1, 3)), r['text']
+    groups = r['verdict'].split('; ')
+    waiting = next(g for g in groups if g.startswith('processes 0-1, 3 are '))
+    assert ' at orbax/checkpoint/' in waiting, r['verdict']
+    assert 'called from _flax_program.py:' in waiting and waiting.endswith(' in save'), r['verdict']
+    sleeping = next(g for g in groups if g.startswith('process 2 is '))
+    assert sleeping.endswith('in _load_data, in time.sleep'), r['verdict']
