@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import re
 import time as _time
@@ -352,6 +353,11 @@ def frame_package(filename: str, ours: Sequence[str] = ()) -> str | None:
     only if its file is inside one of them: a user's ``multihost/`` folder
     or ``multihost.py`` is the user's.
     """
+    return _package(filename, tuple(ours))
+
+
+@functools.lru_cache(maxsize=8192)  # a view asks for the same files of every host's stack
+def _package(filename: str, ours: tuple[str, ...]) -> str | None:
     if is_cell(filename):
         return None
     m = _FROZEN.match(filename)
