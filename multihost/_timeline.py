@@ -59,7 +59,7 @@ class TimelineStep:
     """One step, as every host recorded it.
 
     Attributes:
-        label: ``train_step #41`` (a launch and its call number),
+        label: ``train_step call #41`` (a launch and its call number),
             ``barrier('ckpt') #57`` (a collective and its sequence number).
         kind: ``'launch'`` or the collective (``'barrier'``, ...).
         name: the function's or collective's name.
@@ -144,7 +144,7 @@ class TimelineStep:
         )
 
     def describe(self) -> str:
-        """``train_step #41: process 3 last, +52 ms`` (or who it waits for)."""
+        """``train_step call #41: process 3 last, +52 ms`` (or who it waits for)."""
         if self.waiting or self.missing:
             parts = []
             if self.waiting:
