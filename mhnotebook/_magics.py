@@ -399,11 +399,7 @@ class MultihostMagics(Magics):
         if background:
             # The kernel must stay free so the stepper's buttons can release steps.
             self.background = pending
-            why = 'stepping is on' if not args.bg else '--bg'
-            print(
-                f'%%mh: running in the background ({why}); release steps with the '
-                'stepper, then collect the output with %mh_wait.'
-            )
+            print(background_note(stepping=session.stepping))
             return
         self.background = None
         status = _LiveStatus()
@@ -854,6 +850,20 @@ def _show_interrupt(report: InterruptReport) -> None:
 
         print('Where each host was:')
         display(stacks_view(report.where))
+
+
+def background_note(*, stepping: bool) -> str:
+    """What ``%%mh`` says when a cell runs in the background: the stepper only when stepping
+    is on (the hosts pause at each collective until it releases them)."""
+    if stepping:
+        return (
+            '%%mh: running in the background (stepping is on); release steps with the '
+            'stepper (%mh_step), then collect the output with %mh_wait.'
+        )
+    return (
+        '%%mh: running in the background (--bg); %mh_wait collects the output '
+        '(%mh_where shows where the hosts are meanwhile).'
+    )
 
 
 def _check_timeout(timeout: float | None, example: str) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import re
 import time as _time
@@ -325,7 +326,20 @@ def _module(name: str) -> str:
     return name[:-3] if name.endswith('.py') else name
 
 
-def frame_package(filename: str) -> str | None:
+#: Our own packages: recognised by the directories a host reports (``ours``), never by a
+#: file's name; without them (synthetic stacks), by a directory of that name.
+OURS = frozenset({'multihost', 'mhnotebook'})
+
+
+def _within(filename: str, ours: Sequence[str]) -> str | None:
+    """The name of the package directory in ``ours`` that holds ``filename``, or None."""
+    for d in ours:
+        if filename.startswith(d):
+            return re.split(r'[/\\]', d.rstrip('/\\'))[-1]
+    return None
+
+
+def frame_package(filename: str, ours: Sequence[str] = ()) -> str | None:
     """The framework a frame's file belongs to, or None for user code (pure).
 
     Framework: the standard library (named by its module: ``asyncio``,
@@ -333,7 +347,17 @@ def frame_package(filename: str) -> str | None:
     installed in ``site-packages`` / ``dist-packages`` (named by its top
     package) and the packages in `FRAMEWORKS` wherever they are. User code:
     notebook cells, other files, ``<string>`` and other exec'd code.
+
+    ``ours``: the directories (ending in a separator) of this toolkit's
+    packages on the host that took the stack. When given, a frame is ours
+    only if its file is inside one of them: a user's ``multihost/`` folder
+    or ``multihost.py`` is the user's.
     """
+    return _package(filename, tuple(ours))
+
+
+@functools.lru_cache(maxsize=8192)  # a view asks for the same files of every host's stack
+def _package(filename: str, ours: tuple[str, ...]) -> str | None:
     if is_cell(filename):
         return None
     m = _FROZEN.match(filename)
@@ -341,12 +365,15 @@ def frame_package(filename: str) -> str | None:
         return _module(m.group(1))
     if filename.startswith('<'):
         return None
+    mine = _within(filename, ours)
+    if mine is not None:
+        return mine
     m = _SITE.search(filename)
     if m:
         return _module(m.group(1))
     parts = re.split(r'[/\\]', filename)
     for part in parts[:-1]:
-        if part in FRAMEWORKS:
+        if part in FRAMEWORKS and not (ours and part in OURS):
             return part
     m = _STDLIB.search(filename)
     if m:
@@ -354,9 +381,156 @@ def frame_package(filename: str) -> str | None:
     return None
 
 
-def is_user_frame(frame: Frame) -> bool:
+def display_path(filename: str, ours: Sequence[str] = ()) -> str:
+    """A frame's file, short but never mistaken for ours (pure).
+
+    ``/venv/.../site-packages/orbax/checkpoint/_src/multihost/multihost.py`` ->
+    ``orbax/checkpoint/_src/multihost/multihost.py`` (from its package);
+    ``/tmp/proj/multihost.py`` -> ``proj/multihost.py`` (a file or folder named
+    like one of ours keeps its parent folder); ``/home/u/train.py`` ->
+    ``train.py``; our own files -> ``multihost/_kv.py``.
+    """
+    parts = [p for p in re.split(r'[/\\]', filename) if p]
+    if not parts:
+        return filename
+    mine = _within(filename, ours)
+    if mine is not None:
+        return f'{mine}/{parts[-1]}'
+    m = _SITE.search(filename)
+    if m:
+        return re.sub(r'\\', '/', filename[m.start(1) :])
+    stem = parts[-1][:-3] if parts[-1].endswith('.py') else parts[-1]
+    if len(parts) > 1 and (stem in OURS or parts[-2] in OURS):
+        return f'{parts[-2]}/{parts[-1]}'
+    return parts[-1]
+
+
+# -- what a main thread's stack says it does (pure) ----------------------------------------
+
+# Calls into the coordination service's client (C++: the innermost Python frame's source
+# line names them).
+_COORD = re.compile(r'\b(wait_at_barrier|blocking_key_value_get\w*|key_value_dir_get\w*)\s*\(')
+_COORD_WORDS = {
+    'wait_at_barrier': 'waiting in a coordination-service barrier',
+    'blocking_key_value_get': 'waiting for a coordination-service key',
+    'key_value_dir_get': 'reading coordination-service keys',
+}
+#: Functions of jax that wait for devices or other hosts (a collective, a device-to-host
+#: copy, a dispatch that blocks): a stack ending in jax through one of them is waiting.
+DEVICE_WAITS = frozenset(
+    {
+        'block_until_ready',
+        '_single_device_array_to_np_array',
+        '__array__',
+        '_value',
+        'device_get',
+        'process_allgather',
+        'broadcast_one_to_all',
+        'sync_global_devices',
+        'assert_equal',
+        '_pjit_call_impl',
+        '_pjit_call_impl_python',
+        'call_impl_cache_miss',
+        'cache_miss',
+        'apply_primitive',
+        'wait_until_ready',
+    }
+)
+_JAX = frozenset({'jax', 'jaxlib', 'jax_plugins'})
+#: Kinds that are busy even without a user frame on the stack.
+_BUSY = frozenset({'coordination', 'device', 'jax'})
+_SLEEP = re.compile(r'\bsleep\s*\(')
+#: Standard-library modules a main thread waits in for input or output.
+_IO = frozenset({'socket', 'selectors', 'ssl', 'select', 'subprocess', 'http', 'urllib', 'io'})
+_LOCKS = frozenset({'threading', 'queue', 'concurrent', 'multiprocessing'})
+
+
+def frame_words(frame: Frame, ours: Sequence[str] = ()) -> str:
+    """``'train.py:88 in load'``, ``'orbax/checkpoint/...py:309 in _fn'``, ``'a notebook cell,
+    line 3'`` (pure; `HostStacks.frame_label` also numbers cells)."""
+    filename, lineno, func, _ = frame
+    if is_cell(filename):
+        n = cell_number(filename)
+        cell = 'a notebook cell' if n is None else f'cell {n}'
+        return f'{cell}, line {lineno}' + ('' if func == '<module>' else f' in {func}')
+    return f'{display_path(filename, ours)}:{lineno} in {func}'
+
+
+def stack_activity(
+    frames: Sequence[Frame],
+    ours: Sequence[str] = (),
+    label: Any = None,
+) -> tuple[str, str]:
+    """What a main thread is doing, from its stack alone: ``(kind, words)`` (pure).
+
+    ``kind`` is ``'coordination'`` (in the coordination service's barrier or
+    key wait, e.g. called by orbax), ``'device'`` (inside a JAX collective or
+    device wait: ``block_until_ready``, a device-to-host copy, a dispatch),
+    ``'jax'`` (elsewhere in JAX: tracing, compiling), ``'sleep'``, ``'io'``,
+    ``'lock'`` (a threading wait), ``'user'`` (running user code), ``'idle'``
+    (no user frame: an engine's event loop) or ``''`` (no frames). ``words``
+    follow "process 2 is" and name the place with its package
+    (`display_path`), e.g. ``'waiting in a coordination-service barrier at
+    orbax/checkpoint/_src/multihost/multihost.py:309 in _fn (via
+    sync_global_processes), called from ckpt.py:12 in save'`` or ``'in user
+    code at train.py:88 in load, in time.sleep'``. Durations are left out, so
+    hosts in the same state say the same words.
+
+    ``label``: how to name a frame (default `frame_words`).
+    """
+    if not frames:
+        return '', ''
+    name = label or (lambda f: frame_words(f, ours))
+    pkgs = [frame_package(f[0], ours) for f in frames]
+    users = [i for i, p in enumerate(pkgs) if p is None]
+    top = users[-1] if users else -1  # the innermost user frame
+
+    def tail(i: int, via: str = '') -> str:
+        """`` (via f)`` (the library function the user called), ``, called from <user frame>``."""
+        if not via and top + 1 < i:
+            via = frames[top + 1][2]
+        out = f' (via {via})' if via else ''
+        if top >= 0 and top != i:
+            out += f', called from {name(frames[top])}'
+        return out
+
+    for i in range(len(frames) - 1, max(top, 0) - 1, -1):
+        m = _COORD.search(frames[i][3] or '')
+        if m:
+            call = m.group(1)
+            what = next(w for k, w in _COORD_WORDS.items() if call.startswith(k))
+            return 'coordination', f'{what} at {name(frames[i])}' + tail(i)
+    inner = pkgs[-1]
+    if inner in _JAX:
+        j = len(frames) - 1
+        while j > 0 and pkgs[j - 1] in _JAX:
+            j -= 1
+        run = frames[j:]
+        if any(f[2] in DEVICE_WAITS for f in run):
+            kind, what = 'device', 'inside a JAX collective or device wait'
+        else:
+            kind, what = 'jax', f'inside JAX ({run[-1][2]})'
+        if j == 0:
+            return kind, what
+        return kind, f'{what} at {name(frames[j - 1])}' + tail(j - 1, run[0][2])
+    if top < 0:  # an idle engine's event loop, a daemon's wait: nothing of the user's
+        return 'idle', 'idle (no user code running)'
+    where = f'in user code at {name(frames[top])}'
+    last = frames[-1]
+    if _SLEEP.search(last[3] or '') or (inner == 'time' and last[2] == 'sleep'):
+        return 'sleep', f'{where}, in time.sleep'
+    if inner in _IO:
+        return 'io', f'{where}, in {inner} I/O ({last[2]})'
+    if inner in _LOCKS:
+        return 'lock', f'{where}, waiting in {inner} ({last[2]})'
+    if top == len(frames) - 1:
+        return 'user', f'running user code at {name(frames[top])}'
+    return 'user', f'running user code at {name(frames[top])}, in {inner} ({last[2]})'
+
+
+def is_user_frame(frame: Frame, ours: Sequence[str] = ()) -> bool:
     """Whether a frame is the user's (a cell or a file outside every framework)."""
-    return frame_package(frame[0]) is None
+    return frame_package(frame[0], ours) is None
 
 
 def framework_summary(frames: Sequence[Frame], names: int = 3) -> str:
@@ -437,6 +611,9 @@ class HostStacks:
             cell, for the cells in ``threads``.
         engine: the host is an ipyparallel engine (its cell numbers count the
             cells the engine ran, not the notebook's ``In[n]``).
+        ours: the directories of this toolkit's packages on that host: frames
+            there are ours (`frame_package`); a file elsewhere named like them
+            is not.
     """
 
     process: int
@@ -456,6 +633,7 @@ class HostStacks:
     idle: float = 0.0
     cells: tuple[tuple[str, int], ...] = ()
     engine: bool = False
+    ours: tuple[str, ...] = ()
 
     @property
     def main_thread(self) -> ThreadStack | None:
@@ -482,12 +660,20 @@ class HostStacks:
         if cell is not None:
             inside = '' if func == '<module>' else f' in {func}'
             return f'{cell}, line {lineno}{inside}'
-        return f'{_short(filename)}:{lineno} in {func}'
+        return f'{display_path(filename, self.ours)}:{lineno} in {func}'
 
     def user_frames(self, thread: ThreadStack | None = None) -> tuple[Frame, ...]:
         """The user's frames of a thread (default: the main thread), outermost first."""
         t = self.main_thread if thread is None else thread
-        return () if t is None else tuple(f for f in t.frames if is_user_frame(f))
+        return () if t is None else tuple(f for f in t.frames if is_user_frame(f, self.ours))
+
+    @property
+    def main_activity(self) -> tuple[str, str]:
+        """What the main thread's stack says it does: `stack_activity` (kind, words)."""
+        main = self.main_thread
+        if main is None:
+            return '', ''
+        return stack_activity(main.frames, self.ours, self.frame_label)
 
     @property
     def at(self) -> str:
@@ -535,7 +721,10 @@ class HostStacks:
             assert w is not None
             where = f'the cross-host check of launch {w.label}' if w.is_launch else w.label
             return f'waiting at {where} for {waited}'
-        if activity == 'running':
+        kind, words = self.main_activity
+        if kind not in ('', 'user', 'idle') and (activity == 'running' or kind in _BUSY):
+            head = words  # in a device wait, a coordination-service barrier, time.sleep...
+        elif activity == 'running':
             head = f'running user code at {self.at}'
         elif activity == 'idle':
             head = 'idle (no user code running)'
@@ -594,6 +783,7 @@ class HostStacks:
         last = self.last
         return (
             activity,
+            self.main_activity[0],
             self._frame_key(frames[-1]) if frames else self.where,
             None if last is None else (last.kind, last.name, last.call, last.seq),
             cur if last is None else None,
@@ -651,4 +841,5 @@ class HostStacks:
             if d.get(f) is not None:
                 d[f] = FlightRecord(*d[f])
         d['cells'] = tuple((str(k), int(v)) for k, v in d.get('cells', ()))
+        d['ours'] = tuple(str(x) for x in d.get('ours', ()))
         return cls(**d)

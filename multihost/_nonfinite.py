@@ -175,11 +175,25 @@ class NonfiniteLeaf:
     layout: Layout | None = None
 
     def marked(self, report: NonfiniteReport) -> dict[Index, str]:
-        """Offending block index -> a short note (``'3 NaN on device 5'``), for a picture."""
+        """Offending block index -> a short note, for a picture: ``'3 NaN, 0 Inf on host 2,
+        device 5'``; a replicated block names the host whose replica holds them:
+        ``"3 NaN, 0 Inf in host 2's replica (device 5, replica 2 of 4)"``."""
+        holders: dict[Index, int] = {}
+        for sh in self.layout.shards if self.layout is not None else ():
+            holders[sh.index] = holders.get(sh.index, 0) + 1
         out: dict[Index, list[str]] = {}
         for s in report.shards_of(self):
-            where = 'host memory' if s.device is None else f'device {s.device}'
-            out.setdefault(s.index, []).append(f'{s.nan} NaN, {s.inf} Inf on {where}')
+            counts = f'{s.nan} NaN, {s.inf} Inf'
+            if s.device is None:
+                note = f'{counts} in host {s.process} memory'
+            elif holders.get(s.index, 1) > 1:
+                note = (
+                    f"{counts} in host {s.process}'s replica (device {s.device}, "
+                    f'replica {s.replica + 1} of {holders[s.index]})'
+                )
+            else:
+                note = f'{counts} on host {s.process}, device {s.device}'
+            out.setdefault(s.index, []).append(note)
         return {index: '; '.join(notes) for index, notes in out.items()}
 
     def describe(self) -> str:

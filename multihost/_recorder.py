@@ -83,9 +83,10 @@ class FlightRecord:
 
     @property
     def label(self) -> str:
-        """``train_step #412`` (a launch's call number) or ``barrier('x') #57`` (sequence)."""
+        """``train_step call #412`` (a launch's call number, labelled) or ``barrier('x') #57``
+        (the collective sequence number: a bare ``#`` is always that one)."""
         if self.is_launch:
-            return f'{self.name} #{self.call}'
+            return f'{self.name} call #{self.call}'
         what = f'{self.kind}({self.name!r})' if self.name else self.kind
         return what if self.seq is None else f'{what} #{self.seq}'
 

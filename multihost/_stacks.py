@@ -18,7 +18,7 @@ from typing import Any
 from multihost import _bus, _kv, _recorder, _sequence, _stepgate
 from multihost._debugmodel import HostStacks, ThreadStack, is_cell
 
-_MAX_FRAMES = 200
+MAX_FRAMES = 200
 
 
 def _internal_dirs() -> tuple[tuple[str, ...], str]:
@@ -37,6 +37,17 @@ def _internal_dirs() -> tuple[tuple[str, ...], str]:
         pass
     stdlib = os.path.abspath(sysconfig.get_paths()['stdlib']) + os.sep
     return tuple(d + os.sep for d in dirs), stdlib
+
+
+def our_dirs() -> tuple[str, ...]:
+    """The directories of this toolkit's packages here (multihost; mhnotebook if imported),
+    each ending in a separator: frames inside them are ours, by path, never by file name."""
+    dirs = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+    nb = sys.modules.get('mhnotebook')  # never imported here
+    nb_file = getattr(nb, '__file__', None)
+    if nb_file:
+        dirs.append(os.path.dirname(os.path.abspath(nb_file)) + os.sep)
+    return tuple(dirs)
 
 
 def user_frame(frames: tuple) -> str:
@@ -98,7 +109,7 @@ def capture(process: int | None = None) -> HostStacks:
     for ident, frame in sys._current_frames().items():
         if ident == me and threading.get_ident() == me:
             continue  # the debug thread answering this request
-        summary = traceback.extract_stack(frame)[-_MAX_FRAMES:]
+        summary = traceback.extract_stack(frame)[-MAX_FRAMES:]
         frames = tuple((f.filename, f.lineno or 0, f.name, f.line or '') for f in summary)
         t = by_ident.get(ident)
         threads.append(
@@ -137,6 +148,7 @@ def capture(process: int | None = None) -> HostStacks:
         idle=now - _recorder.last_advanced(),
         cells=_cells(cells) if cells else (),
         engine=_is_engine(),
+        ours=our_dirs(),
     )
 
 

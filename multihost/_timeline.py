@@ -14,6 +14,11 @@ gathered by `_wavefront.flight_records`) and aligns them into steps:
   so lateness is ``time[p] - min(time)``: wall clocks of different machines
   are compared and their skew adds to it (``clock_compared=True``).
 
+Collectives the notebook's magics ran on the program's behalf (``%mh_diff``,
+``%mh_env``...: their call site reads ``notebook: %mh_diff params``,
+`_sequence.called_from`) are the toolkit's, not the program's steps:
+`TimelineStep.notebook` marks them, and straggler verdicts leave them out.
+
 `Timeline.stragglers` names the host that arrives last most often
 (``process 3 arrived last in 87% of the last 200 steps (174 of 200), median
 +180 ms after the first host``); `Timeline.format` is a text table (the
@@ -37,6 +42,9 @@ from typing import Any
 from multihost._recorder import WAITING, FlightRecord
 from multihost._text import fmt_hosts, fmt_seconds
 
+#: The call site prefix of collectives the notebook's magics ran (`_sequence.called_from`).
+NOTEBOOK_SITE = 'notebook:'
+
 #: Rows `Timeline.format` shows by default (the newest steps).
 FORMAT_ROWS = 20
 #: Per-host lateness columns in `Timeline.format` up to this many hosts.
@@ -51,7 +59,7 @@ class TimelineStep:
     """One step, as every host recorded it.
 
     Attributes:
-        label: ``train_step #41`` (a launch and its call number),
+        label: ``train_step call #41`` (a launch and its call number),
             ``barrier('ckpt') #57`` (a collective and its sequence number).
         kind: ``'launch'`` or the collective (``'barrier'``, ...).
         name: the function's or collective's name.
@@ -84,6 +92,22 @@ class TimelineStep:
     def hosts(self) -> tuple[int, ...]:
         """The hosts that recorded this step."""
         return tuple(sorted(self.records))
+
+    @property
+    def notebook(self) -> bool:
+        """A collective the notebook's magics ran (``%mh_diff``...), not a step of the program:
+        every host recorded a call site ``notebook: ...`` (`_sequence.called_from`)."""
+        return bool(self.records) and all(
+            r.site.startswith(NOTEBOOK_SITE) for r in self.records.values()
+        )
+
+    @property
+    def magic(self) -> str:
+        """``'%mh_diff'``: the magic that ran a notebook step (empty for the program's)."""
+        if not self.notebook:
+            return ''
+        site = next(iter(self.records.values())).site[len(NOTEBOOK_SITE) :].strip()
+        return site.split(' ', 1)[0]
 
     @property
     def start(self) -> float:
@@ -120,7 +144,7 @@ class TimelineStep:
         )
 
     def describe(self) -> str:
-        """``train_step #41: process 3 last, +52 ms`` (or who it waits for)."""
+        """``train_step call #41: process 3 last, +52 ms`` (or who it waits for)."""
         if self.waiting or self.missing:
             parts = []
             if self.waiting:
@@ -150,6 +174,8 @@ class Stragglers:
         median_skew: median first-to-last spread over all counted steps.
         clock_compared: how many counted steps compared wall clocks.
         num_hosts: hosts taking part in the counted steps.
+        notebook: complete steps left out because the notebook's magics ran
+            them (``%mh_diff``, ``%mh_env``...: not the program's steps).
     """
 
     steps: int
@@ -160,6 +186,7 @@ class Stragglers:
     median_skew: float
     clock_compared: int
     num_hosts: int
+    notebook: int = 0
 
     @property
     def most_often(self) -> int | None:
@@ -168,9 +195,19 @@ class Stragglers:
             return None
         return max(sorted(self.counts), key=lambda p: self.counts[p])
 
+    def _left_out(self) -> str:
+        n = self.notebook
+        if not n:
+            return ''
+        return f"; {n} step{'' if n == 1 else 's'} of the notebook's magics (%mh_diff...) left out"
+
     def __str__(self) -> str:
+        return self._verdict() + self._left_out()
+
+    def _verdict(self) -> str:
         if self.steps == 0:
-            return 'no step with two or more hosts recorded yet: no straggler to name'
+            what = 'step of the program' if self.notebook else 'step'
+            return f'no {what} with two or more hosts recorded yet: no straggler to name'
         top = self.most_often
         assert top is not None
         pct = f'{self.share * 100:.0f}%'
@@ -278,8 +315,10 @@ class Timeline:
     # -- summaries --------------------------------------------------------------------
 
     def stragglers(self) -> Stragglers:
-        """Who arrived last how often, over the complete steps (see `Stragglers`)."""
-        counted = [s for s in self.steps if s.complete]
+        """Who arrived last how often, over the program's complete steps (see `Stragglers`):
+        the collectives the notebook's magics ran (`TimelineStep.notebook`) are left out."""
+        complete = [s for s in self.steps if s.complete]
+        counted = [s for s in complete if not s.notebook]
         counts: dict[int, int] = {}
         for s in counted:
             last = s.last_host
@@ -302,6 +341,7 @@ class Timeline:
             median_skew=statistics.median(s.skew for s in counted) if counted else 0.0,
             clock_compared=sum(s.clock_compared for s in counted),
             num_hosts=num_hosts,
+            notebook=len(complete) - len(counted),
         )
 
     def format(self, last: int = FORMAT_ROWS) -> str:
@@ -320,7 +360,7 @@ class Timeline:
         if len(shown) < len(self.steps):
             lines.append(f'the newest {len(shown)} of {len(self.steps)} steps:')
         per_host = len(self.hosts) <= MAX_HOST_COLUMNS
-        width = max(24, *(len(s.label) for s in shown)) if shown else 24
+        width = max(24, *(len(_row_label(s)) for s in shown)) if shown else 24
         head = f'{"step":<{width}}  {"last":<11} {"skew":>10}'
         if per_host:
             head += '   ' + ' '.join(f'{"p" + str(p):>8}' for p in self.hosts)
@@ -331,7 +371,7 @@ class Timeline:
                 skew = f'+{fmt_seconds(s.skew)}' + ('*' if s.clock_compared else ' ')
             else:
                 last_h, skew = '', ''
-            row = f'{s.label:<{width}}  {last_h:<11} {skew:>10}'
+            row = f'{_row_label(s):<{width}}  {last_h:<11} {skew:>10}'
             if per_host:
                 cells = []
                 for p in self.hosts:
@@ -349,6 +389,11 @@ class Timeline:
             lines.append(row.rstrip())
         if per_host:
             lines.append('(per host: ms after the first host to arrive)')
+        if any(s.notebook for s in shown):
+            lines.append(
+                '[%mh_...]: a collective the notebook ran, not the program: left out of the '
+                'straggler verdict'
+            )
         if any(s.clock_compared for s in shown):
             lines.append(
                 '* unchecked launches (watch(..., check=False)): wall clocks compared, '
@@ -385,11 +430,13 @@ class Timeline:
                     args['call'] = r.call
                 if s.clock_compared:
                     args['clock_compared'] = True
+                if s.notebook:
+                    args['notebook'] = s.magic  # the toolkit's, not the program's step
                 dur = r.wait if (s.seq is not None and r.wait is not None) else 0.0
                 events.append(
                     {
-                        'name': s.label,
-                        'cat': r.kind,
+                        'name': _row_label(s),
+                        'cat': 'notebook' if s.notebook else r.kind,
                         'ph': 'X',
                         'ts': round((r.time - origin) * 1e6, 3),
                         'dur': round(max(dur, 0.0) * 1e6, 3),
@@ -435,6 +482,11 @@ class Timeline:
         with open(path, 'w', encoding='utf-8') as f:
             json.dump(self.chrome_trace(), f, separators=(',', ':'))
         return path
+
+
+def _row_label(s: TimelineStep) -> str:
+    """The step's label, marked ``[%mh_diff]`` when the notebook's magic ran it."""
+    return f'{s.label} [{s.magic}]' if s.notebook else s.label
 
 
 def _meta(name: str, p: int, args: dict[str, Any]) -> dict[str, Any]:

@@ -7,9 +7,14 @@ its main thread waits at a cross-host check, how long since it last
 advanced (on its own clock) and the user frame its main thread is in.
 `wavefront` issues the command from any one host, bounded by a timeout, and
 returns a `Wavefront` whose `Wavefront.verdict` says in one line who is
-where, e.g. ``hosts 0, 1, 3 are inside train_step #412 (launched 48 s ago,
-not done); host 2 never launched #412: last at process_allgather #411, now
-at data.py:88 in load_shard``.
+where, e.g. ``processes 0-1, 3 are inside train_step call #412 (launched 48 s
+ago, not done); process 2 never launched call #412: last at process_allgather
+#411, now in user code at data.py:88 in load_shard, in time.sleep``. With no
+watched launch pending and no check waited at, it says what each host's main
+thread stack shows, grouped: ``processes 0-1, 3 are waiting in a
+coordination-service barrier at orbax/...:309 in _fn (via
+sync_global_processes), ...; process 2 is in user code at train.py:88 in load,
+in time.sleep``.
 
 ``records`` answers with the host's last flight records (for timelines).
 """
@@ -25,6 +30,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from multihost import _bus, _kv, _recorder, _stacks
+from multihost._debugmodel import display_path, stack_activity
 from multihost._recorder import FlightRecord
 from multihost._text import fmt_duration, fmt_hosts
 
@@ -48,6 +54,13 @@ class HostFront:
         idle: seconds since the host last entered or left a recorded call.
         calls: watched function name -> how many times this host launched it.
         where: the main thread's innermost user frame, ``file:line in function``.
+        activity: what the main thread's stack says it does, in words, durations
+            aside (`_debugmodel.stack_activity`): ``'waiting in a
+            coordination-service barrier at orbax/...:309 in _fn (via
+            sync_global_processes), called from ckpt.py:12 in save'``, ``'in user
+            code at train.py:88 in load, in time.sleep'``...
+        activity_kind: its kind: ``'coordination'``, ``'device'``, ``'jax'``,
+            ``'sleep'``, ``'io'``, ``'lock'``, ``'user'`` (empty: not seen).
         error: why there is no answer (empty when ``answered``).
     """
 
@@ -64,6 +77,8 @@ class HostFront:
     idle: float = 0.0
     calls: tuple[tuple[str, int], ...] = ()
     where: str = ''
+    activity: str = ''
+    activity_kind: str = ''
     error: str = ''
 
     def launched(self, name: str) -> int:
@@ -84,7 +99,7 @@ class HostFront:
                 + (f', now at {self.where}' if self.where else '')
             )
         last = f', last {self.last.label} {fmt_duration(self.idle)} ago' if self.last else ''
-        return f'running user code at {self.where or "?"}' + last
+        return (self.activity or f'running user code at {self.where or "?"}') + last
 
     def to_json(self) -> str:
         d = {
@@ -159,16 +174,16 @@ class Wavefront:
             g = self.groups()
             inside = [self.hosts[p] for p in g['inside']]
             age = max((h.pending_age for h in inside), default=0.0)
-            what = f'{target.name} #{target.call}'
+            what = target.label
             if inside:
                 launched = f'launched {fmt_duration(age)} ago'
                 parts.append(f'{_are(g["inside"])} inside {what} ({launched}, not done)')
             if g['past']:
                 parts.append(f'{_are(g["past"])} past it')
-            for p in g['never']:
-                parts.append(
-                    f'{fmt_hosts([p])} never launched #{target.call}: ' + _position(self.hosts[p])
-                )
+            never = _grouped([self.hosts[p] for p in g['never']], _position)
+            for ps, position in never[:MAX_GROUPS]:
+                parts.append(f'{fmt_hosts(ps)} never launched call #{target.call}: {position}')
+            parts.extend(_more(never))
         else:
             waiting: dict[str, list[HostFront]] = {}
             running: list[HostFront] = []
@@ -181,10 +196,17 @@ class Wavefront:
                 longest = fmt_duration(max(h.waiting_for for h in hs))
                 parts.append(f'{_are([h.process for h in hs])} waiting at {label} for {longest}')
             if waiting:
-                for h in running:
-                    parts.append(f'{fmt_hosts([h.process])} is not there: ' + _position(h))
+                elsewhere = _grouped(running, _position)
+                for ps, position in elsewhere[:MAX_GROUPS]:
+                    parts.append(f'{_are(ps)} not there: {position}')
+                parts.extend(_more(elsewhere))
             elif answered:
-                parts.append('no launch is pending on device and no host waits at a check')
+                # Nothing watched is pending and no check is waited at: say what the stacks
+                # show (a JAX collective, a library's coordination-service barrier, user code).
+                states = _grouped(answered, _activity)
+                for ps, words in states[:MAX_GROUPS]:
+                    parts.append(f'{_are(ps)} {words}')
+                parts.extend(_more(states))
         if self.silent:
             parts.append(f'{_are(self.silent)} silent (dead, frozen, or no debug thread)')
         return '; '.join(parts) or 'no host answered'
@@ -205,30 +227,80 @@ def _are(processes: Any) -> str:
     return f'{fmt_hosts(ps)} {"is" if len(ps) == 1 else "are"}'
 
 
+#: Groups of hosts (same words) a verdict names; the rest are counted.
+MAX_GROUPS = 8
+
+
+def _grouped(hosts: list[HostFront], words: Any) -> list[tuple[list[int], str]]:
+    """Hosts grouped by ``words(host)``, largest group first (ties: lowest process)."""
+    groups: dict[str, list[int]] = {}
+    for h in hosts:
+        groups.setdefault(words(h), []).append(h.process)
+    return sorted(((ps, w) for w, ps in groups.items()), key=lambda g: (-len(g[0]), g[0][0]))
+
+
+def _more(groups: list[tuple[list[int], str]]) -> list[str]:
+    if len(groups) <= MAX_GROUPS:
+        return []
+    rest = [p for ps, _ in groups[MAX_GROUPS:] for p in ps]
+    return [f'{fmt_hosts(rest)} in {len(groups) - MAX_GROUPS} more states']
+
+
+def _activity(h: HostFront) -> str:
+    if h.activity:
+        return h.activity
+    return f'running user code at {_short(h.where)}' if h.where else 'in no user code'
+
+
 def _position(h: HostFront) -> str:
     last = f'last at {h.last.label}' if h.last is not None else 'nothing recorded yet'
     if h.waiting is not None:
         return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}'
+    if h.activity:
+        return f'{last}, now {h.activity}'
     return last + (f', now at {_short(h.where)}' if h.where else '')
 
 
 def _short(where: str) -> str:
-    """``/long/path/data.py:88 in load_shard`` -> ``data.py:88 in load_shard``."""
+    """``/long/path/data.py:88 in load_shard`` -> ``data.py:88 in load_shard`` (a file named
+    like ours keeps its folder: `_debugmodel.display_path`)."""
     path, sep, rest = where.partition(':')
-    return path.rsplit('/', 1)[-1] + sep + rest
+    return display_path(path) + sep + rest
 
 
 # -- this host's answer ---------------------------------------------------------------
 
 
-def front(process: int | None = None) -> HostFront:
-    """This host's `HostFront`, from its flight recorder (never blocks)."""
+def _main_stack() -> tuple[Any, ...] | None:
+    """The main thread's frames (file, line, function, source), outermost first, or None."""
     import sys
     import traceback
 
+    main = threading.main_thread().ident
+    frame = sys._current_frames().get(main) if main is not None else None
+    if frame is None:
+        return None
+    frames = tuple(
+        (f.filename, f.lineno or 0, f.name, f.line or '')
+        for f in traceback.extract_stack(frame)[-_stacks.MAX_FRAMES :]
+    )
+    ours = _stacks.our_dirs()
+    if threading.get_ident() == main:  # the main thread asks (one process): not its wait
+        while frames and frames[-1][0].startswith(ours):
+            frames = frames[:-1]
+    return frames
+
+
+def front(process: int | None = None) -> HostFront:
+    """This host's `HostFront`, from its flight recorder (never blocks)."""
     pid = _kv.process_index() if process is None else process
-    now = time.time()
-    records = _recorder.snapshot(pid)
+    for _ in range(3):  # the records and the stack of one moment: again if the host moved on
+        advanced = _recorder.last_advanced()
+        now = time.time()
+        records = _recorder.snapshot(pid)
+        frames = _main_stack()
+        if _recorder.last_advanced() == advanced:
+            break
     last = records[-1] if records else None
     last_launch = next((r for r in reversed(records) if r.is_launch), None)
     last_collective = next((r for r in reversed(records) if not r.is_launch), None)
@@ -241,14 +313,10 @@ def front(process: int | None = None) -> HostFront:
         if r.state == _recorder.LAUNCHED:
             pending = r
     waiting = last if last is not None and last.state == _recorder.WAITING else None
-    where = ''
-    main = threading.main_thread().ident
-    frame = sys._current_frames().get(main) if main is not None else None
-    if frame is not None:
-        frames = tuple(
-            (f.filename, f.lineno or 0, f.name, '') for f in traceback.extract_stack(frame)
-        )
+    where = kind = activity = ''
+    if frames is not None:
         where = _stacks.user_frame(frames)
+        kind, activity = stack_activity(frames, _stacks.our_dirs())
     return HostFront(
         process=pid,
         answered=True,
@@ -263,6 +331,8 @@ def front(process: int | None = None) -> HostFront:
         idle=now - _recorder.last_advanced(),
         calls=_recorder.call_counts(),
         where=where,
+        activity=activity,
+        activity_kind=kind,
     )
 
 

@@ -119,3 +119,33 @@ def test_census_views_reject_wrong_models():
         EnvView({})
     with pytest.raises(TypeError, match='multihost.MemoryCensus.*got builtins.list'):
         MemoryView([])
+
+
+def test_heatmap_labels_never_read_a_small_value_as_zero(tmp_path):
+    """0.27 MiB reads '0.27', not '0'; the cells' labels are the ones drawn."""
+    import os
+
+    from mhnotebook.widgets._census import heatmap_cells, mib_label
+
+    assert [mib_label(v) for v in (0, 0.004, 0.27, 3.46, 512.4)] == [
+        '0',
+        '<0.01',
+        '0.27',
+        '3.5',
+        '512',
+    ]
+    small = int(0.27 * MIB)
+    devs = tuple(
+        DeviceMemory(id=d, process=0, local=d, live_bytes=small * (d + 1)) for d in range(2)
+    )
+    census = MemoryCensus(
+        hosts=(HostMemory(process=0, live_count=2, live_bytes=3 * small, devices=devs),)
+    )
+    assert [mib_label(v) for v in heatmap_cells(census)[0]] == ['0.27', '0.54']
+    png = render_memory_png(census)
+    path = os.environ.get('MH_SAVE_MEM_PNG') or str(tmp_path / 'mem.png')
+    with open(path, 'wb') as f:
+        f.write(png)
+    import matplotlib.image
+
+    assert matplotlib.image.imread(path).shape[2] in (3, 4)

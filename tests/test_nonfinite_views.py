@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
 
 import mhnotebook.widgets as mw
@@ -83,7 +84,7 @@ def test_nonfinite_view_lists_shards_and_marks_the_offending_block():
     view.show("['w']")
     assert view.leaf.path == "['w']"
     (marked,) = view.layout_view.grid.marked
-    assert marked.index == ((4, 8), (2, 4)) and marked.mark == '2 NaN, 0 Inf on device 3'
+    assert marked.index == ((4, 8), (2, 4)) and marked.mark == '2 NaN, 0 Inf on host 0, device 3'
     png_w = view.layout_view._image.value
     plain = mw.render_layout_png(mw.layout_grid(report["['w']"].layout))
     assert png_w != plain  # the offending block is hatched
@@ -105,3 +106,45 @@ def test_a_clean_report_is_one_green_line():
     assert 'mh-nonfinite-shards' not in html and view.layout_view is None
     assert view.leaf is None
     assert str(view) == 'no NaN or Inf: 1 leaf, 1 shard, 3 elements checked on 1 host'
+
+
+def _replicated_nan_report():
+    """(4, 4) rows split over 2 blocks, each held by all 4 hosts (replicated over hosts, one
+    device each); NaN only in host 2's replica of the second block."""
+    from multihost import NonfiniteLeaf, NonfiniteReport, NonfiniteShard
+
+    blocks = [((0, 2), (0, 4)), ((2, 4), (0, 4))]
+    layout = Layout.from_placements(
+        (4, 4), 'float32', [(list(b), 2 * p + i, p) for p in range(4) for i, b in enumerate(blocks)]
+    )
+    shard = NonfiniteShard(
+        path="['w']", process=2, device=5, local_device=1, index=blocks[1], nan=3, inf=0,
+        first=(2, 1), replica=2,
+    )  # fmt: skip
+    leaf = NonfiniteLeaf(
+        path="['w']", host_local=False, processes=(2,), shape=(4, 4), dtype='float32', nan=3,
+        inf=0, shards=1, first=(2, 1), layout=layout,
+    )  # fmt: skip
+    report = NonfiniteReport(
+        shards=(shard,), leaves=(leaf,), checked={'leaves': 1}, num_processes=4
+    )
+    return report, leaf, blocks[1]
+
+
+def test_a_replicated_block_names_the_host_whose_replica_holds_the_nan(tmp_path):
+    report, leaf, block = _replicated_nan_report()
+    note = "3 NaN, 0 Inf in host 2's replica (device 5, replica 3 of 4)"
+    assert leaf.marked(report) == {block: note}
+    view = mw.NonfiniteView(report, name='w')
+    (marked,) = view.layout_view.grid.marked
+    assert marked.mark == note
+    # The picture's label of the hatched block says it (the mark is a line of the label).
+    from mhnotebook.widgets._layout import _label_candidates
+
+    assert _label_candidates(marked)[0][-1] == note
+    png = view.layout_view._image.value
+    assert png[:4] == b'\x89PNG'
+    path = os.environ.get('MH_SAVE_NAN_PNG') or str(tmp_path / 'nan.png')
+    with open(path, 'wb') as f:
+        f.write(png)
+    assert note in view.layout_view._buttons[block].tooltip

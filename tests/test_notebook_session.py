@@ -379,7 +379,7 @@ def test_timeline_magic_names_the_late_host(session, tmp_path):
         view = ip.run_line_magic('mh_timeline', f'--last 12 --chrome {path}')
     assert isinstance(view, TimelineView)
     steps = view.timeline.steps
-    assert [s.label for s in steps] == [f'nb_step #{k}' for k in range(1, 13)], view.text()
+    assert [s.label for s in steps] == [f'nb_step call #{k}' for k in range(1, 13)], view.text()
     st = view.timeline.stragglers()
     assert st.host == 3 and st.share >= 0.8, view.text()
     assert view.text().startswith('process 3 arrived last in ')

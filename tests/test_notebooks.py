@@ -69,8 +69,8 @@ def test_notebook_runs_top_to_bottom(path):
         assert all(f'host {p} is in step' in text for p in range(4)), text
         # ... the timeline names the slow host, and the wavefront the one that never launched.
         assert 'process 3 arrived last in' in text, text
-        assert 'processes 0-1, 3 are inside fast_step #3' in text, text
-        assert 'process 2 never launched #3' in text and 'in load_shard' in text, text
+        assert 'processes 0-1, 3 are inside fast_step call #3' in text, text
+        assert 'process 2 never launched call #3' in text and 'in load_shard' in text, text
         assert all(f'host {p} is back' in text for p in range(4)), text
     if path.name == '02_divergence.ipynb':
         assert "2: 'process_allgather'" in text and "0: 'barrier'" in text

@@ -53,7 +53,7 @@ def test_checked_steps_align_by_seq_and_lateness_comes_from_waits():
     tl = Timeline.build(straggler_records(skewed_clock=(1, 30.0)), 4)
     assert len(tl.steps) == 20 and tl.hosts == (0, 1, 2, 3) and tl.silent == ()
     s = tl.steps[0]
-    assert s.seq == 10 and s.label == 'train_step #0' and not s.clock_compared
+    assert s.seq == 10 and s.label == 'train_step call #0' and not s.clock_compared
     assert s.complete and s.last_host == 3 and s.first_host == 0
     assert s.skew == pytest.approx(0.05)
     assert s.lateness[0] == pytest.approx(0.0)
@@ -90,7 +90,11 @@ def test_mixed_steps_and_window_edges():
     records[1][-1] = dataclass_replace(records[1][-1], state='waiting')
     tl = Timeline.build(records, 2)
     labels = [s.label for s in tl.steps]
-    assert labels == ['f #0', 'g #0', "barrier('end') #6"]  # seq 4 dropped: outside host 1's window
+    assert labels == [
+        'f call #0',
+        'g call #0',
+        "barrier('end') #6",
+    ]  # seq 4 dropped: outside host 1's window
     f, g, end = tl.steps
     assert f.clock_compared and f.last_host == 1 and f.lateness[1] == pytest.approx(0.01)
     assert not g.clock_compared and g.last_host == 1 and g.skew == pytest.approx(0.03)
@@ -145,7 +149,7 @@ def test_straggler_summary_names_the_host_and_its_median():
     lines = text.splitlines()
     assert lines[0] == str(st)
     assert 'the newest 5 of 20 steps:' in text
-    assert lines[-2].startswith('train_step #19') and 'process 3' in lines[-2]
+    assert lines[-2].startswith('train_step call #19') and 'process 3' in lines[-2]
     assert lines[-1] == '(per host: ms after the first host to arrive)'
     assert str(tl) == tl.format()
 
@@ -202,7 +206,7 @@ def test_chrome_trace_has_one_track_per_host_and_the_steps(tmp_path):
     xs = [e for e in events if e['ph'] == 'X']
     assert len(xs) == 4 * 4
     assert all(e['pid'] == e['tid'] and {'ts', 'dur', 'name', 'args'} <= set(e) for e in xs)
-    first = [e for e in xs if e['name'] == 'train_step #0']
+    first = [e for e in xs if e['name'] == 'train_step call #0']
     by_pid = {e['pid']: e for e in first}
     # Drawn from arrival to release: duration = the host's wait, in microseconds.
     assert by_pid[0]['dur'] == pytest.approx((0.05 + 0.0002) * 1e6)
@@ -304,3 +308,79 @@ def test_timeline_static_picture_in_chromium(tmp_path):
         shot = os.environ.get('MH_TIMELINE_SCREENSHOT')
         if shot:  # to look at it
             page.screenshot(path=shot, full_page=True)
+
+
+def _with_magics(user_steps: int, magic_steps: int) -> dict:
+    """Checked steps of the user's (host 3 late) and of the notebook's magics (host 1 late)."""
+    out: dict = {p: [] for p in range(4)}
+    seq = 0
+    for k in range(max(user_steps, magic_steps)):
+        for kind, slow, site, on in (
+            ('launch', 3, 'train.py:7', k < user_steps),
+            ('tree_diff', 1, 'notebook: %mh_diff params', k < magic_steps),
+        ):
+            if not on:
+                continue
+            t = 100.0 + seq * 0.1
+            for p in range(4):
+                arrive = t + (0.05 if p == slow else 0.001 * p)
+                out[p].append(
+                    FlightRecord(
+                        len(out[p]), kind, 'train_step' if kind == 'launch' else 'params',
+                        k if kind == 'launch' else -1, seq, 'd', '', site, arrive,
+                        t + 0.05 - arrive + 0.0002, 'passed', p,
+                    )
+                )  # fmt: skip
+            seq += 1
+    return out
+
+
+def test_the_notebooks_own_collectives_are_left_out_of_the_straggler_verdict():
+    tl = Timeline.build(_with_magics(user_steps=4, magic_steps=8), 4)
+    magic = [s for s in tl.steps if s.notebook]
+    assert len(magic) == 8 and {s.magic for s in magic} == {'%mh_diff'}
+    assert all(s.last_host == 1 for s in magic)  # counted, host 1 would be named (8 of 12)
+    st = tl.stragglers()
+    assert (st.host, st.steps, st.notebook) == (3, 4, 8)
+    assert str(st).endswith("; 8 steps of the notebook's magics (%mh_diff...) left out"), str(st)
+    text = tl.format()
+    assert "tree_diff('params') #1 [%mh_diff]" in text and '[%mh_...]: a collective' in text
+    trace = tl.chrome_trace()
+    cats = {e['cat'] for e in trace['traceEvents'] if e['ph'] == 'X'}
+    assert cats == {'launch', 'notebook'}
+    # Only the magics' steps: no straggler, and the verdict says why.
+    only = Timeline.build(_with_magics(user_steps=0, magic_steps=6), 4).stragglers()
+    assert only.host is None and only.steps == 0 and only.notebook == 6
+    assert str(only).startswith('no step of the program with two or more hosts'), str(only)
+
+
+def test_timeline_view_marks_the_notebooks_steps():
+    from mhnotebook.widgets import TimelineView
+
+    view = TimelineView(Timeline.build(_with_magics(user_steps=4, magic_steps=8), 4))
+    html = view.static_html()
+    assert html.count('mh-timeline-notebook') == 8 and '(not counted: %mh_diff)' in html
+    assert 'process 3 arrived last in 100% of the last 4 steps' in html
+
+
+def test_the_notebooks_steps_marked_in_chromium(tmp_path):
+    """The marked rows and the summary, as a browser shows the static picture."""
+    from mhnotebook.widgets import TimelineView
+
+    view = TimelineView(Timeline.build(_with_magics(user_steps=4, magic_steps=8), 4))
+    page_path = tmp_path / 'timeline.html'
+    page_path.write_text(
+        f'<!doctype html><html><body>{view.static_bundle()["text/html"]}</body></html>'
+    )
+    with chromium() as browser:
+        page = browser.new_page(viewport={'width': 1000, 'height': 900})
+        page.goto(page_path.as_uri())
+        summary = page.locator('.mh-timeline-summary').inner_text()
+        assert summary.startswith('process 3 arrived last in 100% of the last 4 steps'), summary
+        assert "8 steps of the notebook's magics" in summary, summary
+        marked = page.locator('tr.mh-timeline-notebook')
+        assert marked.count() == 8 and marked.first.is_visible()
+        assert '[%mh_diff]' in marked.first.inner_text()
+        assert 'not counted: %mh_diff' in marked.first.inner_text()
+        shot = os.environ.get('MH_TIMELINE_SCREENSHOT')
+        page.screenshot(path=shot or str(tmp_path / 'timeline.png'), full_page=True)

@@ -238,10 +238,13 @@ def test_the_wavefront_names_the_host_that_never_launched(mp_cluster):
     verdict = r['verdict']
     assert r['groups']['inside'] == (0, 1, 3), r['text']
     assert r['groups']['never'] == (2,), r['text']
-    assert 'processes 0-1, 3 are inside train_step #3' in verdict, verdict
+    assert 'processes 0-1, 3 are inside train_step call #3' in verdict, verdict
     assert 'not done' in verdict, verdict
-    assert 'process 2 never launched #3: last at process_allgather' in verdict, verdict
-    assert f'now at test_watch_multiprocess.py:{_LOAD_LINE} in load_shard' in verdict, verdict
+    assert 'process 2 never launched call #3: last at process_allgather' in verdict, verdict
+    assert (
+        f'now in user code at test_watch_multiprocess.py:{_LOAD_LINE} in load_shard, in time.sleep'
+        in verdict
+    ), verdict
 
 
 _LOAD_LINE = source_line(load_shard, 'time.sleep(seconds)')

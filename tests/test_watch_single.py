@@ -29,7 +29,7 @@ def test_watch_behaves_like_the_function_and_records_each_call():
     np.testing.assert_array_equal(np.asarray(out), np.arange(4.0) * 2)
     recs = _recorder.snapshot(0)
     assert [(r.kind, r.name, r.call) for r in recs] == [('launch', 'scale', k) for k in range(3)]
-    assert recs[-1].label == 'scale #2' and recs[-1].fingerprint
+    assert recs[-1].label == 'scale call #2' and recs[-1].fingerprint
     assert step.signatures == 1  # a Python scalar is keyed by type, not value
     assert len({r.digest for r in recs}) == 1
 
@@ -119,8 +119,13 @@ def test_single_process_wavefront_and_records():
     keep.block_until_ready()
     multihost.barrier('after')
     front = multihost.wavefront()
-    assert front.hosts[0].last_launch.label == 'w #0'
+    assert front.hosts[0].last_launch.label == 'w call #0'
     assert front.hosts[0].last_collective.kind == 'barrier'
-    assert 'no launch is pending' in front.verdict
+    # Nothing pending, no check waited at: the verdict says what the stack shows (the
+    # asking line itself: the main thread asked).
+    assert front.verdict.startswith('process 0 is running user code at test_watch_single.py:'), (
+        front.verdict
+    )
+    assert front.verdict.endswith('in test_single_process_wavefront_and_records'), front.verdict
     records = multihost.flight_records(last=5)
     assert [r.kind for r in records[0]] == ['launch', 'barrier']

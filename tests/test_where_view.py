@@ -368,12 +368,12 @@ def test_doing_says_what_each_state_is_doing_now():
         2: "waiting for release of #7 (barrier('after-eval')) for 12 s",
         3: "running user code at train.py:88 in load_shard, last collective barrier('load') #6 "
         '(20 s ago)',
-        4: "running user code at engine cell 4, line 3, last collective barrier('load') #6 "
-        '(20 s ago)',
+        4: 'in user code at engine cell 4, line 3, in time.sleep, last collective '
+        "barrier('load') #6 (20 s ago)",
         5: "idle (no user code running), last collective barrier('load') #6 (20 s ago)",
         6: 'no answer within 10 s (process dead, frozen, or its debug thread stopped); '
         "last published barrier('load') #6",
-        7: 'waiting at the cross-host check of launch train_step #412 for 12 s',
+        7: 'waiting at the cross-host check of launch train_step call #412 for 12 s',
         8: "running user code at data.py:20 in read, last collective barrier('load') #6 (20 s ago)",
         9: "running user code at a notebook cell, line 1, last collective barrier('load') #6 "
         '(20 s ago)',
@@ -627,3 +627,45 @@ def test_4_hosts_page_is_compact(browser, tmp_path):
         assert page.locator('details.mh-stack-group[open]').count() == 0
     finally:
         page.close()
+
+
+def test_frames_named_like_ours_are_the_users_and_the_stack_says_what_it_waits_in():
+    """A user's multihost.py (or multihost/ folder) is user code, shown with its folder; only
+    files inside the reported package directory are ours. The doing text reads the stack."""
+    from multihost._debugmodel import display_path, frame_package, stack_activity
+
+    ours = ('/venv/lib/python3.11/site-packages/multihost/',)
+    assert frame_package('/tmp/proj/multihost.py', ours) is None
+    assert frame_package('/tmp/proj/multihost/data.py', ours) is None
+    assert frame_package('/tmp/proj/multihost/data.py') == 'multihost'  # no dirs: by name
+    assert frame_package(ours[0] + '_kv.py', ours) == 'multihost'
+    assert display_path('/tmp/proj/multihost.py', ours) == 'proj/multihost.py'
+    assert display_path('/home/u/train.py', ours) == 'train.py'
+    orbax = '/venv/lib/python3.11/site-packages/orbax/checkpoint/_src/multihost/multihost.py'
+    assert display_path(orbax) == 'orbax/checkpoint/_src/multihost/multihost.py'
+    frames = (
+        ('/home/u/train.py', 60, 'main', 'save(step)'),
+        ('/tmp/proj/multihost.py', 5, 'wait', 'ocp.sync_global_processes(name, processes=ps)'),
+        (orbax, 349, 'sync_global_processes', 'barrier_sync_fn(key=name, timeout_ms=t)'),
+        (orbax, 318, '_fn', 'client.wait_at_barrier(key, timeout_ms, process_ids=ps)'),
+    )
+    kind, words = stack_activity(frames, ours)
+    assert kind == 'coordination', words
+    assert words == (
+        'waiting in a coordination-service barrier at orbax/checkpoint/_src/multihost/'
+        'multihost.py:318 in _fn (via sync_global_processes), called from '
+        'proj/multihost.py:5 in wait'
+    )
+    s = HostStacks(
+        process=0,
+        answered=True,
+        threads=(ThreadStack('MainThread', 1, True, False, frames),),
+        ours=ours,
+    )
+    assert s.doing.startswith('waiting in a coordination-service barrier at orbax/'), s.doing
+    assert s.at == 'proj/multihost.py:5 in wait'
+    sleeping = (('/home/u/train.py', 88, 'load', 'time.sleep(5)'),)
+    assert stack_activity(sleeping, ours) == (
+        'sleep',
+        'in user code at train.py:88 in load, in time.sleep',
+    )

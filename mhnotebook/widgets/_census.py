@@ -103,6 +103,32 @@ class EnvView(View):
         return self.diff.format()
 
 
+def mib_label(mib: float) -> str:
+    """A heatmap cell's MiB, never a small value read as zero: ``'0'`` (nothing), ``'<0.01'``,
+    ``'0.27'``, ``'3.5'``, ``'512'``."""
+    if mib <= 0:
+        return '0'
+    if mib < 0.01:
+        return '<0.01'
+    if mib < 1:
+        return f'{mib:.2f}'
+    if mib < 10:
+        return f'{mib:.1f}'
+    return f'{mib:.0f}'
+
+
+def heatmap_cells(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> list[list[float]]:
+    """The heatmap's values (MiB), row per host drawn, column per local device (NaN: none)."""
+    hosts = census.hosts[:max_rows]
+    width = max((len(h.devices) for h in hosts), default=1)
+    grid = [[float('nan')] * width for _ in hosts]
+    for i, h in enumerate(hosts):
+        for d in h.devices:
+            value = d.in_use if census.stats_available and d.in_use is not None else d.live_bytes
+            grid[i][d.local] = value / (1 << 20)
+    return grid
+
+
 def render_memory_png(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> bytes:
     """Host x device heatmap (MiB): live-array bytes, or `memory_stats()` in use where reported."""
     import matplotlib
@@ -112,12 +138,9 @@ def render_memory_png(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> by
     import numpy as np
 
     hosts = census.hosts[:max_rows]
-    width = max((len(h.devices) for h in hosts), default=1)
-    grid = np.full((len(hosts), width), np.nan)
-    for i, h in enumerate(hosts):
-        for d in h.devices:
-            value = d.in_use if census.stats_available and d.in_use is not None else d.live_bytes
-            grid[i, d.local] = value / (1 << 20)
+    grid = np.array(heatmap_cells(census, max_rows), dtype=float).reshape(len(hosts), -1)
+    width = grid.shape[1] if hosts else 1
+    top = np.nanmax(grid) if np.isfinite(grid).any() else 0.0
     fig, ax = plt.subplots(figsize=(1.6 + 0.9 * width, 0.8 + 0.32 * len(hosts)), dpi=100)
     im = ax.imshow(grid, aspect='auto', cmap='viridis')
     ax.set_xticks(range(width), [f'dev {j}' for j in range(width)])
@@ -130,7 +153,9 @@ def render_memory_png(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> by
         for d in h.devices:
             v = grid[i, d.local]
             if np.isfinite(v) and len(hosts) <= 16 and width <= 8:
-                ax.text(d.local, i, f'{v:.0f}', ha='center', va='center', color='w', fontsize=8)
+                # Dark text on viridis' bright (high) end, white on its dark end.
+                color = '#222222' if top > 0 and v > 0.6 * top else 'w'
+                ax.text(d.local, i, mib_label(v), ha='center', va='center', color=color, fontsize=8)
     what = 'in use (memory_stats)' if census.stats_available else 'live-array bytes'
     ax.set_title(f'MiB per device: {what}', fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.05, pad=0.04)

@@ -1338,8 +1338,9 @@ def _label_candidates(b: GridBlock) -> list[list[str]]:
         ]
     else:
         candidates = [[long_], [short], [tiny]]
-    if b.mark:
-        candidates = [['! ' + lines[0], *lines[1:]] for lines in candidates[:-1]]
+    if b.mark:  # the mark (which host's replica holds the NaN) first, then without it
+        marked = [['! ' + lines[0], *lines[1:]] for lines in candidates[:-1]]
+        candidates = [[*lines, b.mark] for lines in marked] + marked
         candidates += [['! ' + b.mark], ['!']] if not b.flagged else [['!']]
     return candidates
 

@@ -50,6 +50,7 @@ _LEGEND_IN = 1.45  # right margin for the legend
 _BOTTOM_IN = 0.5  # x axis label
 _GAP_IN = 0.3
 _LAST_MARK = '#000000'  # black: no host colour is black
+_MAGIC = '#e4e4e4'  # the notebook's own collectives (%mh_diff...): grey, hatched
 
 
 def chart_hosts(timeline: Timeline, max_rows: int = MAX_ROWS) -> tuple[list[int], bool]:
@@ -64,6 +65,8 @@ def chart_hosts(timeline: Timeline, max_rows: int = MAX_ROWS) -> tuple[list[int]
     counts = timeline.stragglers().counts
     total: dict[int, float] = {}
     for s in timeline.steps:
+        if s.notebook:
+            continue
         for p, late in s.lateness.items():
             total[p] = total.get(p, 0.0) + late
     ranked = sorted(hosts, key=lambda p: (-counts.get(p, 0), -total.get(p, 0.0), p))
@@ -99,7 +102,9 @@ def render_timeline_png(timeline: Timeline, *, width: int = 860, max_rows: int =
     row_in = _ROW_IN if n_rows <= 16 else _ROW_IN_MANY
     top_h = max(row_in * n_rows + 0.3, 1.0)
     fig_w = width / _DPI
-    fig_h = _TOP_IN + (0.18 if capped else 0.0) + top_h + _GAP_IN + _SKEW_IN + _BOTTOM_IN
+    magic = any(s.notebook for s in timeline.steps)
+    lines = int(capped) + int(magic)  # title lines beyond the first
+    fig_h = _TOP_IN + 0.18 * lines + top_h + _GAP_IN + _SKEW_IN + _BOTTOM_IN
     fig = Figure(figsize=(fig_w, fig_h), dpi=_DPI)
     left, right = 0.95 / fig_w, 1 - _LEGEND_IN / fig_w
     ax = fig.add_axes(
@@ -108,6 +113,11 @@ def render_timeline_png(timeline: Timeline, *, width: int = 860, max_rows: int =
     ax_skew = fig.add_axes((left, _BOTTOM_IN / fig_h, right - left, _SKEW_IN / fig_h), sharex=ax)
     title = 'host x time: bar = wait at a checked step (long: waited for others), '
     title += '| = unchecked launch, ▼ = arrived last'
+    if magic:
+        title += (
+            "\ngrey hatched bar = a collective of the notebook's magics (%mh_diff...): "
+            'not a step of the program, left out of the straggler verdict'
+        )
     if capped:
         title += (
             f'\n{len(hosts)} of {len(timeline.hosts)} hosts drawn (those most often last); '
@@ -125,8 +135,9 @@ def render_timeline_png(timeline: Timeline, *, width: int = 860, max_rows: int =
     ticks: dict[int, list[float]] = {p: [] for p in hosts}
     last_x: list[float] = []
     last_y: list[float] = []
+    magic_bars: dict[int, list[tuple[float, float]]] = {p: [] for p in hosts}
     for s in timeline.steps:
-        last = s.last_host if s.complete else None
+        last = s.last_host if s.complete and not s.notebook else None
         for p, r in s.records.items():
             if p not in rows:
                 continue
@@ -134,7 +145,7 @@ def render_timeline_png(timeline: Timeline, *, width: int = 860, max_rows: int =
             if s.seq is not None:
                 arrivals[p].append(x)
                 if r.wait is not None:
-                    bars[p].append((x, r.wait))
+                    (magic_bars if s.notebook else bars)[p].append((x, r.wait))
             else:
                 ticks[p].append(x)
             if p == last:
@@ -145,6 +156,17 @@ def render_timeline_png(timeline: Timeline, *, width: int = 860, max_rows: int =
         color = host_color(p)
         if bars[p]:
             ax.broken_barh(bars[p], (y - 0.3, 0.6), facecolors=color, edgecolors='none', alpha=0.8)
+        if magic_bars[
+            p
+        ]:  # the notebook's own collectives (%mh_diff...): grey, hatched, not counted
+            ax.broken_barh(
+                magic_bars[p],
+                (y - 0.3, 0.6),
+                facecolors=_MAGIC,
+                edgecolors='#888888',
+                hatch='///',
+                linewidth=0.3,
+            )
         if arrivals[p]:
             ax.vlines(arrivals[p], y - 0.34, y + 0.34, colors='#333333', linewidth=0.6)
         if ticks[p]:
@@ -170,7 +192,7 @@ def _draw_skew(ax: Any, timeline: Timeline, origin: float) -> None:
     xs, ys, colors, hollow = [], [], [], []
     lasts: dict[int, int] = {}
     for s in timeline.steps:
-        if not s.complete:
+        if not s.complete or s.notebook:  # the notebook's own collectives: not the program's
             continue
         last = s.last_host
         assert last is not None
@@ -294,14 +316,17 @@ def steps_table_html(timeline: Timeline, rows: int = TABLE_ROWS) -> str:
     head += ''.join(f'<th class="mh-host-{p}">{swatch(p)} {p}</th>' for p in hosts)
     body = []
     for s in reversed(shown):
-        last = s.last_host if s.complete else None
+        last = s.last_host if s.complete and not s.notebook else None
         star = '*' if s.clock_compared else ''
-        if last is not None:
+        if s.notebook and s.complete:
+            who, skew = f'(not counted: {esc(s.magic)})', f'+{esc(fmt_seconds(s.skew))}'
+        elif last is not None:
             who = f'{swatch(last)} process {last}'
             skew = f'+{esc(fmt_seconds(s.skew))}{star}'
         else:
             who, skew = esc(s.describe().split(': ', 1)[-1]), ''
-        cells = [f'<td><code>{esc(s.label)}</code></td><td>{who}</td><td>{skew}</td>']
+        mark = f' <span class="mh-timeline-magic">[{esc(s.magic)}]</span>' if s.notebook else ''
+        cells = [f'<td><code>{esc(s.label)}</code>{mark}</td><td>{who}</td><td>{skew}</td>']
         for p in hosts:
             cls = f'mh-host-{p}' + (' mh-odd-host' if p == last else '')
             if p in s.lateness:
@@ -313,10 +338,13 @@ def steps_table_html(timeline: Timeline, rows: int = TABLE_ROWS) -> str:
             else:
                 text = ''
             cells.append(f'<td class="{cls}">{text}</td>')
-        body.append(f'<tr class="mh-timeline-step">{"".join(cells)}</tr>')
+        row_cls = 'mh-timeline-step' + (' mh-timeline-notebook' if s.notebook else '')
+        body.append(f'<tr class="{row_cls}">{"".join(cells)}</tr>')
     notes = []
     if hosts:
         notes.append('per host: ms after the first host to arrive')
+    if any(s.notebook for s in shown):
+        notes.append("[%mh_...]: the notebook's own collective, left out of the straggler verdict")
     if any(s.clock_compared for s in shown):
         notes.append('* wall clocks compared (unchecked launch)')
     more = len(timeline.steps) - len(shown)
