@@ -210,6 +210,30 @@ def test_several_skippers_after_several_verdicts_line_up(mp_cluster):
     _check_lined_up(results)
 
 
+def _skip_then_late_body() -> dict:
+    """Host 2 skips barrier('save'), then is late at barrier('eval'), which failed too."""
+    pid = _kv.process_index()
+    multihost.barrier('warm-up', timeout=30)
+    if pid == 2:
+        time.sleep(2 * TIMEOUT + 2.0)
+        return {'eval': _save_barrier('eval'), **_line_up_afterwards(pid)}
+    saves = [_save_barrier('save'), _save_barrier('eval')]
+    return {'saves': saves, **_line_up_afterwards(pid)}
+
+
+def test_a_skipper_late_at_a_later_failed_collective_raises_that_one(mp_cluster):
+    """Skipped 'save', late at 'eval': host 2 raises eval's verdict (not save's), then lines up."""
+    results = mp_cluster.run(_skip_then_late_body, timeout=120, bracket=False)
+    late = results[2]['eval']
+    assert late['error'] == 'timeout' and late['late'] and late['elapsed'] < 2.0, late
+    assert "barrier('eval')" in late['head'], late
+    for pid in (0, 1, 3):
+        saves = results[pid]['saves']
+        assert [s['missing'] for s in saves] == [[2], [2]], saves
+        assert saves[1]['head'] == late['head']
+    _check_lined_up(results)
+
+
 # -- (d) a mismatch verdict, then lining up ----------------------------------------
 
 
