@@ -20,9 +20,16 @@ service of ``jax.distributed``):
    reads the same records and raises the same error if they differ.
 
 If a host's own timeout passes first, it writes the verdict
-``mh/seq/<slot>/v/<k>`` (who is missing, where each host last was), once:
-every waiting host looks for it between slices, and a late host finds it in
-its read, so every host raises the same error.
+``mh/seq/<slot>/v/<k>`` (who is missing, where each host last was, what the
+hosts that arrived called), once: every waiting host looks for it between
+slices, and a late host finds it in its read, so every host raises the same
+error. The hosts that gave up go on to ``k + 1``. A host that finds such a
+verdict on arrival either is late at collective ``k`` (its own call is one
+the others made there: it raises the verdict) or skipped it (it called
+something else: `_skip_ahead` finds the first collective after ``k`` the
+others have not given up on, one verdict read per failed one, and the host
+takes its turn there instead, under that number), so the next common
+collective lines up again.
 
 Three RPCs per host; no device work. With barrier stepping on (`_stepgate`),
 the host first publishes its record marked held (the step table shows it
@@ -76,6 +83,7 @@ _RING_SIZE = 256
 _SLOTS = 8  # key-value slots for records (see the module docstring)
 _MAX_TEXT = 300  # names and call sites are cut to this many characters
 _MAX_POSITIONS = 64  # a timeout verdict carries where this many missing hosts were, at most
+_MAX_CALLS = 16  # ... and at most this many distinct calls of the hosts that arrived
 
 
 def default_timeout() -> float:
@@ -344,16 +352,7 @@ def _enter(
     with _state.lock:
         seq = _state.next_seq
         _state.next_seq += 1
-        rec = CollectiveRecord(
-            seq=seq,
-            kind=kind,
-            name=name[:_MAX_TEXT],
-            digest=tree_digest,
-            site=site[-_MAX_TEXT:],
-            time=time.time(),
-            process=pid,
-            fail=fail[:_MAX_TEXT],
-        )
+        rec = _record(seq, kind, name, tree_digest, site, pid, fail)
         _state.ring.append(rec)
         _state.current = rec
     entry = launch or _recorder.note(kind, rec.name, seq=seq, digest=tree_digest, site=rec.site)
@@ -364,6 +363,56 @@ def _enter(
         _recorder.finished(entry, wait=0.0, failed=bool(fail))
         return rec, {}
     timeout = default_timeout() if timeout is None else float(timeout)
+    t0 = time.monotonic()
+    while True:
+        verdict, raw = _take_turn(client, rec, timeout, entry, payload, read)
+        if verdict.ok:
+            break
+        if not _skipped(verdict, rec):
+            _recorder.finished(entry, wait=time.monotonic() - t0, failed=True)
+            raise _error(verdict, rec, mismatch_prefix)
+        # This host skipped collective ``rec.seq`` (the others gave up on it,
+        # and it called something else): it takes its turn where they are now.
+        seq, verdict = _skip_ahead(client, rec)
+        with _state.lock:
+            _state.next_seq = seq + 1
+            moved = dataclasses.replace(rec, seq=seq)
+            if _state.ring and _state.ring[-1] is rec:
+                _state.ring[-1] = moved
+            rec = _state.current = moved
+        entry.seq = seq
+        if not verdict.ok:  # late at a later collective, which failed without it
+            _recorder.finished(entry, wait=time.monotonic() - t0, failed=True)
+            raise _error(verdict, rec, mismatch_prefix)
+    _recorder.finished(entry, wait=time.monotonic() - t0, failed=bool(fail))
+    return rec, raw
+
+
+def _record(
+    seq: int, kind: str, name: str, tree_digest: str, site: str, pid: int, fail: str
+) -> CollectiveRecord:
+    return CollectiveRecord(
+        seq=seq,
+        kind=kind,
+        name=name[:_MAX_TEXT],
+        digest=tree_digest,
+        site=site[-_MAX_TEXT:],
+        time=time.time(),
+        process=pid,
+        fail=fail[:_MAX_TEXT],
+    )
+
+
+def _take_turn(
+    client: Any,
+    rec: CollectiveRecord,
+    timeout: float,
+    entry: _recorder.Entry,
+    payload: bytes | None,
+    read: bool,
+) -> tuple[_kv.Verdict, dict[int, str]]:
+    """One round of collective ``rec``: publish its record, wait for every host, judge."""
+    seq = rec.seq
     _kv.collect_garbage(client, seq)
     # The debug thread (stacks, stepping) listens from here on (cheap once
     # started); with stepping on, the host marks itself waiting at the gate.
@@ -371,20 +420,12 @@ def _enter(
     text = rec.to_json()
     if payload is not None:
         text = text[:-1] + ',"data":"' + base64.b64encode(payload).decode() + '"}'
-    rnd = _kv.Round(
-        name=f'{_kv.epoch_dir(seq)}/{seq}',
-        data=_slot_dir(seq),
-        id=str(seq),
-        belongs=_starts(f'{{"seq":{seq},'),  # records are JSON, "seq" first
-    )
-
     # Publish (also this host's arrival in the step table), pass the step
     # gate, wait for every host; every host judges everyone's records.
-    t0 = time.monotonic()
     try:
-        verdict, raw = _kv.round_(
+        return _kv.round_(
             client,
-            rnd,
+            _round(seq),
             text,
             timeout=timeout,
             judge=_judge,
@@ -398,11 +439,60 @@ def _enter(
     except BaseException:
         _recorder.finished(entry, failed=True)
         raise
-    if not verdict.ok:
-        _recorder.finished(entry, wait=time.monotonic() - t0, failed=True)
-        raise _error(verdict, rec, mismatch_prefix)
-    _recorder.finished(entry, wait=time.monotonic() - t0, failed=bool(fail))
-    return rec, raw
+
+
+def _round(seq: int) -> _kv.Round:
+    """Where collective ``seq``'s round lives: its barrier, its ring slot, its verdict key."""
+    return _kv.Round(
+        name=f'{_kv.epoch_dir(seq)}/{seq}',
+        data=_slot_dir(seq),
+        id=str(seq),
+        belongs=_starts(f'{{"seq":{seq},'),  # records are JSON, "seq" first
+    )
+
+
+def _signature(rec: CollectiveRecord) -> list[str]:
+    """What hosts must agree on at a collective: (kind, name, digest), as a JSON-able list."""
+    return [rec.kind, rec.name, rec.digest]
+
+
+def _skipped(verdict: _kv.Verdict, rec: CollectiveRecord) -> bool:
+    """Whether this host skipped the collective that ``verdict`` (a failure at ``rec.seq``) ended.
+
+    Only a timeout verdict of a collective's own round, written before this
+    host arrived, says so: the others gave up on a collective this host did
+    not call. It carries what they called there (``calls``); a host whose own
+    call is one of those is late at that collective (it raises the verdict),
+    any other host skipped it (it takes its turn at the others' next one).
+    """
+    data = verdict.data
+    if verdict.kind != 'timeout' or data.get('stage') or 'calls' not in data:
+        return False
+    if rec.process in data.get('arrived', ()):
+        return False
+    return _signature(rec) not in data['calls']
+
+
+def _skip_ahead(client: Any, rec: CollectiveRecord) -> tuple[int, _kv.Verdict]:
+    """Where a host that skipped collective ``rec.seq`` takes its turn, and that turn's verdict.
+
+    The others went on to ``rec.seq + 1``; if they gave up there too (and this
+    host skipped that one as well), further. One read of a verdict key per
+    collective they failed without this host; the first collective with no
+    verdict is where they wait now (``'ok'``: this host joins that round),
+    and a collective whose verdict this host is late for ends it there
+    (that verdict: it raises it).
+    """
+    seq = rec.seq
+    while True:
+        seq += 1
+        text = _kv.get(client, _round(seq).verdict_key)
+        if text is None:
+            return seq, _kv.Verdict.parse('ok')
+        _kv.collect_garbage(client, seq)  # an epoch this host jumps over is still cleaned up
+        verdict = _kv.Verdict.parse(text)
+        if not _skipped(verdict, dataclasses.replace(rec, seq=seq)):
+            return seq, verdict
 
 
 def share(
@@ -519,18 +609,31 @@ def _timeout_details(
 
     At most `_MAX_POSITIONS` positions (a bounded verdict); the message names
     every missing host anyway. ``stage``: a further round inside ``rec``
-    (`share`), where a missing host may be inside ``rec`` itself.
+    (`share`), where a missing host may be inside ``rec`` itself. A
+    collective's own round also records what the hosts that arrived called
+    (``calls``: their distinct (kind, name, digest), at most `_MAX_CALLS`), so
+    that a host arriving later can tell whether it is late at this collective
+    or skipped it (`_skipped`).
     """
 
     def details(arrived: dict[int, str]) -> dict[str, Any]:
         where = positions(client)
         missing = sorted(p for p in where if p not in arrived)[:_MAX_POSITIONS]
-        return {
+        out: dict[str, Any] = {
             'what': what,
             'name': rec.name,
             'positions': {p: where[p].to_json() for p in missing},
-            **({'stage': True} if stage else {}),
         }
+        if stage:
+            out['stage'] = True
+        else:
+            calls = [_signature(rec)]
+            for value in arrived.values():
+                sig = _signature(CollectiveRecord.from_json(value))
+                if sig not in calls and len(calls) < _MAX_CALLS:
+                    calls.append(sig)
+            out['calls'] = calls
+        return out
 
     return details
 

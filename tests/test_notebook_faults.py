@@ -174,6 +174,64 @@ def test_kernel_interrupt_inside_a_barrier_then_the_next_barrier_lines_up(sessio
     assert time.monotonic() - t0 < 10
 
 
+# -- after a barrier timeout, the next magic lines up ------------------------------
+
+_PARAMS = 'params = {"w": np.ones(3) * (1 + (jax.process_index() == 1)), "b": np.zeros(2)}'
+
+
+def _diff_at_once(ip) -> float:
+    """%mh_diff params: host 1 is the odd one; returns how long it took."""
+    t0 = time.monotonic()
+    view = ip.run_line_magic('mh_diff', 'params')
+    took = time.monotonic() - t0
+    assert [leaf.path for leaf in view.diff.leaves] == ["['w']"]
+    assert view.diff.leaves[0].odd_processes == (1,)
+    return took
+
+
+def test_barrier_a_busy_host_reaches_late_then_diff_lines_up(session):
+    """%mh_barrier --timeout 3 while host 2 is busy in a %%mh --bg cell; then %mh_diff works.
+
+    Host 2 runs the barrier when its cell ends: late at the same barrier, it
+    raises the verdict the others wrote; %mh_diff then needs no timeout.
+    """
+    ip, magics = _shell(session)
+    session.execute(_PARAMS, echo=False)
+    with capture_output():
+        ip.run_cell_magic('mh', '--bg', 'if jax.process_index() == 2:\n    time.sleep(6)')
+    with capture_output() as cap:
+        ip.run_line_magic('mh_barrier', 'save --timeout 3')
+    lines = [line for line in cap.stdout.splitlines() if line.startswith('host ')]
+    assert len(lines) == 4, cap.stdout
+    assert all('BarrierTimeoutError: timed out after 3 s' in line for line in lines), lines
+    assert all('process 2 did not arrive' in line for line in lines), lines
+    with capture_output():
+        ip.run_line_magic('mh_wait', '')
+    assert _diff_at_once(ip) < 10
+    assert len(set(session.call('multihost.engine.sequence_position'))) == 1
+    magics.session = None
+
+
+def test_barrier_a_host_skipped_then_diff_lines_up(session):
+    """Host 2 skips barrier('save') in a cell; the others time out; %mh_diff works at once."""
+    ip, magics = _shell(session)
+    session.execute(_PARAMS, echo=False)
+    with capture_output() as cap:
+        ip.run_cell_magic(
+            'mh',
+            '',
+            'if jax.process_index() != 2:\n'
+            '    try:\n'
+            '        multihost.barrier("save", timeout=3)\n'
+            '    except multihost.BarrierTimeoutError as exc:\n'
+            '        print("timed out, missing", exc.missing)\n',
+        )
+    assert cap.stdout.count('timed out, missing [2]') == 3, cap.stdout
+    assert _diff_at_once(ip) < 10  # before: host 2 raised the old timeout, the rest waited 120 s
+    assert len(set(session.call('multihost.engine.sequence_position'))) == 1
+    magics.session = None
+
+
 # -- 7. the stepper and the magics share one stepping setting ------------------------
 
 
