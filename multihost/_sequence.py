@@ -363,9 +363,10 @@ def _enter(
         _recorder.finished(entry, wait=0.0, failed=bool(fail))
         return rec, {}
     timeout = default_timeout() if timeout is None else float(timeout)
-    t0 = time.monotonic()
+    t0: float | None = None  # the wait starts after the enter hook (stepping, a test's delay)
     while True:
-        verdict, raw = _take_turn(client, rec, timeout, entry, payload, read)
+        verdict, raw, started = _take_turn(client, rec, timeout, entry, payload, read)
+        t0 = started if t0 is None else t0
         if verdict.ok:
             break
         if not _skipped(verdict, rec):
@@ -410,20 +411,24 @@ def _take_turn(
     entry: _recorder.Entry,
     payload: bytes | None,
     read: bool,
-) -> tuple[_kv.Verdict, dict[int, str]]:
-    """One round of collective ``rec``: publish its record, wait for every host, judge."""
+) -> tuple[_kv.Verdict, dict[int, str], float]:
+    """One round of collective ``rec``: publish its record, wait for every host, judge.
+
+    Also returns when this host's wait began (`time.monotonic`, after the enter hook).
+    """
     seq = rec.seq
     _kv.collect_garbage(client, seq)
     # The debug thread (stacks, stepping) listens from here on (cheap once
     # started); with stepping on, the host marks itself waiting at the gate.
     gate = _enter_hook(client, rec) if _enter_hook is not None else None
+    started = time.monotonic()
     text = rec.to_json()
     if payload is not None:
         text = text[:-1] + ',"data":"' + base64.b64encode(payload).decode() + '"}'
     # Publish (also this host's arrival in the step table), pass the step
     # gate, wait for every host; every host judges everyone's records.
     try:
-        return _kv.round_(
+        verdict, raw = _kv.round_(
             client,
             _round(seq),
             text,
@@ -433,6 +438,7 @@ def _take_turn(
             read=read or payload is not None,
             before_arrival=gate,
         )
+        return verdict, raw, started
     except CoordinatorUnreachableError as exc:
         _recorder.finished(entry, failed=True)
         raise _unreachable(exc, rec) from exc.__cause__
