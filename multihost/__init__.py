@@ -50,6 +50,7 @@ from multihost._stepgate import (
 )
 from multihost._timeline import Stragglers, Timeline, TimelineStep, timeline
 from multihost._treediff import LeafDiff, TreeDiff, assert_equal, tree_diff
+from multihost._treelayout import LeafLayout, TreeLayout
 from multihost._watch import Watched, watch
 from multihost._wavefront import HostFront, Wavefront, flight_records, wavefront
 
@@ -76,6 +77,7 @@ __all__ = [
     'Layout',
     'LayoutBlock',
     'LeafDiff',
+    'LeafLayout',
     'MemoryCensus',
     'MultihostError',
     'NonfiniteLeaf',
@@ -94,6 +96,7 @@ __all__ = [
     'Timeline',
     'TimelineStep',
     'TreeDiff',
+    'TreeLayout',
     'Watched',
     'Wavefront',
     'assert_equal',
