@@ -15,6 +15,7 @@ builds the same state (2 hosts) and Chromium clicks a leaf.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
@@ -30,6 +31,7 @@ from mhnotebook.widgets import LayoutView, NonfiniteView, TreeDiffView, TreeLayo
 pytestmark = pytest.mark.cluster
 
 TESTS_DIR = str(pathlib.Path(__file__).parent)
+SHOTS = pathlib.Path(os.environ.get('MH_SHOTS', '/tmp'))
 ATTN_KERNEL = "state.params['block_0']['MultiHeadDotProductAttention_0']['key']['kernel']"
 
 SETUP = f"""
@@ -310,12 +312,15 @@ def test_a_click_on_a_leaf_shows_its_picture_in_chromium(tmp_path):
             assert box.locator('.mh-layout-block').count() == 2
             box.locator('.mh-layout-block').first.click()
             wait_for(
-                lambda: 'values' in box.locator('.mh-layout-info').inner_text(),
+                lambda: (
+                    'values (of the gathered array' in box.locator('.mh-layout-info').inner_text()
+                ),
                 60,
                 'the block values',
                 page,
             )
-            page.screenshot(path=str(tmp_path / 'tree.png'), full_page=True)
+            assert '[0:32, 0:32]' in box.locator('.mh-layout-info').inner_text()
+            view.screenshot(path=str(SHOTS / 'tree_layout.png'))
             # the static picture (for saved notebooks) is the same table, hidden while live
             statics = page.locator('.mh-static .mh-tree-row')
             assert statics.count() == 19 and not statics.first.is_visible()
