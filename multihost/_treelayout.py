@@ -65,6 +65,9 @@ class LeafLayout:
             return ''
         sizes = set(per.values())
         n = self.layout.num_processes
+        if self.host_local:
+            (p,) = per
+            return f"{format_bytes(per[p])} (host-local: process {p}'s own)"
         if len(sizes) == 1 and len(per) == n:
             return f'{format_bytes(sizes.pop())} each' if n > 1 else format_bytes(sizes.pop())
         top = max(per, key=lambda p: per[p])
@@ -75,6 +78,15 @@ class LeafLayout:
         )
 
     @property
+    def host_local(self) -> bool:
+        """Whether the leaf is each host's own value (numpy, or a jax.Array on one host's
+        devices in a job of several): the layout is process 0's."""
+        if self.layout is None:
+            return False
+        per = self.layout.bytes_per_process()
+        return self.layout.sharding == 'numpy' or (self.layout.num_processes > 1 and len(per) == 1)
+
+    @property
     def replicas_ok(self) -> bool | None:
         """True: every replica agrees; False: some differ; None: not checked or not replicated."""
         if self.report is None or not self.report.groups:
@@ -82,7 +94,10 @@ class LeafLayout:
         return self.report.ok
 
     def replicas_text(self) -> str:
-        """``'agree'``, ``'DIFFER on process 2'``, ``'not replicated'``, ``'not checked'``."""
+        """``'agree'``, ``'DIFFER on process 2'``, ``'not replicated'``, ``'not checked'``, or
+        for a host-local leaf a pointer to ``%mh_diff``."""
+        if self.host_local:
+            return 'host-local: compare with %mh_diff'
         if self.report is None:
             return 'not checked' if self.layout is not None else ''
         if not self.report.groups:

@@ -354,3 +354,84 @@ def test_layout_view_shows_mesh_and_replicas_in_widget_static_and_text():
     assert find(plain.widget, 'mh-layout-replicas')[0].layout.display == 'none'
     assert find(plain.widget, 'mh-layout-mesh')[0].layout.display == 'none'
     assert IDS[2] == 2048
+
+
+# -- a whole pytree: TreeLayoutView --------------------------------------------------------
+
+
+def _tree():
+    from multihost import LeafLayout, TreeLayout
+
+    return TreeLayout(
+        'state',
+        (
+            LeafLayout("['w']", host_by_dev()),
+            LeafLayout("['b']", replicated(), report(replicated(), lambda s: s.process_index == 2)),
+            LeafLayout("['ok']", rows_by_dev(), report(rows_by_dev(), lambda s: False)),
+            LeafLayout("['fn']", None, note='a function, not an array'),
+        ),
+        4,
+    )
+
+
+def test_tree_layout_rows_say_shape_dtype_spec_bytes_and_replicas():
+    """One row per leaf; bytes per host from the layout; replicas agree, differ (which host),
+    or are not replicated / not checked; a leaf that is not an array says what it is."""
+    tree = _tree()
+    rows = tree.rows()
+    assert rows[0] == (
+        "['w']",
+        '[16, 12]',
+        'float32',
+        "P('host', 'dev')",
+        '192 B each',
+        'not checked',
+    )
+    assert rows[1][1:] == ('[8]', 'float32', 'P()', '64 B each', 'DIFFER on process 2')
+    assert rows[2][5] == 'agree'
+    assert rows[3] == ("['fn']", '', 'a function, not an array', '', '', '')
+    assert tree.leaf("['b']").bytes_per_host == {p: 64 for p in range(4)}
+    assert not tree.ok and 'replicas DIFFER in 1 leaf' in tree.headline()
+    with pytest.raises(KeyError, match='state has no leaf'):
+        tree.leaf("['nope']")
+    text = str(tree)
+    assert text.splitlines()[1].split() == [
+        'leaf',
+        'shape',
+        'dtype',
+        'spec',
+        'bytes',
+        'per',
+        'host',
+        'replicas',
+    ]
+
+
+def test_tree_layout_view_click_shows_the_leaf_layout():
+    """A click on a leaf's button shows its LayoutView (with its report) below the table; the
+    static picture is the table plus that leaf's picture; values come from the callback."""
+    asked = []
+
+    def values(path):
+        asked.append(path)
+        return None
+
+    view = mw.TreeLayoutView(_tree(), values=values)
+    buttons = find(view.widget, 'mh-tree-leaf')
+    assert [b.description for b in buttons] == ["['w']", "['b']", "['ok']", "['fn']"]
+    assert buttons[3].disabled and 'mh-flagged' in buttons[1]._dom_classes
+    assert view.leaf_view is None
+    buttons[1].click()
+    assert view.selected == "['b']" and asked == ["['b']"]
+    assert view.leaf_view.layout == replicated() and not view.leaf_view.report.ok
+    assert 'mh-selected' in buttons[1]._dom_classes
+    html = view.static_html()
+    rows = tags(html, 'mh-tree-row', 'tr')
+    assert len(rows) == 4 and [('mh-selected' in r['classes']) for r in rows] == [0, 1, 0, 0]
+    assert [r['attrs']['data-path'] for r in rows] == ["['w']", "['b']", "['ok']", "['fn']"]
+    assert 'mh-layout-static' in html  # the chosen leaf's picture follows the table
+    buttons[0].click()
+    assert view.leaf_view.layout == host_by_dev() and 'mh-selected' not in buttons[1]._dom_classes
+    with pytest.raises(ValueError, match='has no layout'):
+        view.select("['fn']")
+    assert "state['w']:" in view.text()
