@@ -181,9 +181,27 @@ def tree_layout(
     import jax
     import numpy as np
 
+    from multihost import _sequence
+
+    flat = [
+        (jax.tree_util.keystr(p) or '<root>', x)
+        for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
+    if check and jax.process_count() > 1:
+        # Which leaves take part in a replica check must agree first: a host whose tree
+        # differs (a leaf host-local here, global there) fails every host at once here,
+        # instead of leaving the others waiting in that leaf's check until their timeout.
+        kinds = [
+            (path, isinstance(x, jax.Array) and not x.is_fully_addressable) for path, x in flat
+        ]
+        _sequence.enter(
+            'tree_layout',
+            name,
+            tree_digest=_sequence.digest(('tree_layout', kinds)),
+            timeout=timeout,
+        )
     leaves = []
-    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        key = jax.tree_util.keystr(path) or '<root>'
+    for key, x in flat:
         if isinstance(x, jax.Array | np.ndarray | np.generic | bool | int | float | complex):
             report = (
                 check_replicas(x, timeout=timeout) if check and isinstance(x, jax.Array) else None

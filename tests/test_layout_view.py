@@ -435,3 +435,24 @@ def test_tree_layout_view_click_shows_the_leaf_layout():
     with pytest.raises(ValueError, match='has no layout'):
         view.select("['fn']")
     assert "state['w']:" in view.text()
+
+
+def test_tree_layout_view_of_many_leaves_is_capped():
+    """A tree of 1,000 leaves: MAX_TREE_ROWS rows, the rest counted with a subtree to name;
+    the view builds in well under a few seconds."""
+    import html
+    import time
+
+    from multihost import LeafLayout, TreeLayout
+
+    leaf = rows_by_dev()
+    tree = TreeLayout('big', tuple(LeafLayout(f"['l{i}']", leaf) for i in range(1000)), 4)
+    t0 = time.perf_counter()
+    view = mw.TreeLayoutView(tree)
+    built = time.perf_counter() - t0
+    assert len(find(view.widget, 'mh-tree-leaf')) == lv.MAX_TREE_ROWS
+    (more,) = find(view.widget, 'mh-tree-more')
+    assert more.value.startswith(f'... {1000 - lv.MAX_TREE_ROWS} more leaves (of 1000)')
+    assert "%mh_layout big['l200']" in html.unescape(more.value)
+    assert len(tags(view.static_html(), 'mh-tree-row', 'tr')) == lv.MAX_TREE_ROWS
+    assert built < 5.0, built

@@ -226,6 +226,24 @@ def test_layout_of_a_pytree_is_one_table(shell):
     assert len(whole.tree.leaves) == _pull(session, 'n_state_leaves')
 
 
+def test_a_tree_that_differs_between_hosts_fails_at_once(shell):
+    """One host holds a leaf as numpy where the others hold a global array: every host fails
+    the table's first check at once (not the others waiting in that leaf's replica check)."""
+    import time
+
+    ip, session = shell
+    session.execute(
+        "uneven = {'a': state.params['embed']['embedding'], 'b': state.params['embed']"
+        "['embedding'] if jax.process_index() != 1 else np.zeros((64, 32), np.float32)}",
+        echo=False,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match='CollectiveMismatchError'):
+        ip.run_line_magic('mh_layout', 'uneven')
+    assert time.monotonic() - t0 < 10
+    assert ip.run_line_magic('mh_layout', 'state.params').tree.ok  # still in step
+
+
 NOTEBOOK_CELLS = [
     '%load_ext mhnotebook\n%mh_cluster start -n 2 -d 2',
     '%%mh\nimport sys\nsys.path.insert(0, {tests!r})\n'
@@ -320,7 +338,7 @@ def test_a_click_on_a_leaf_shows_its_picture_in_chromium(tmp_path):
                 page,
             )
             assert '[0:32, 0:32]' in box.locator('.mh-layout-info').inner_text()
-            view.screenshot(path=str(SHOTS / 'tree_layout.png'))
+            view.locator('.mh-tree-layout-table').screenshot(path=str(SHOTS / 'tree_table.png'))
             # the static picture (for saved notebooks) is the same table, hidden while live
             statics = page.locator('.mh-static .mh-tree-row')
             assert statics.count() == 19 and not statics.first.is_visible()

@@ -2063,6 +2063,29 @@ class LayoutView(View):
 # -- a whole pytree ---------------------------------------------------------------------
 
 _TREE_HEAD = ('leaf', 'shape', 'dtype', 'spec', 'bytes per host', 'replicas')
+_TREE_CSS = """<style>
+.mh-tree-layout .mh-tree-leaf {text-align:left;font-family:var(--jp-code-font-family,monospace);
+  font-size:12px}
+.mh-tree-layout .mh-tree-cell {font-family:var(--jp-code-font-family,monospace);font-size:12px;
+  align-self:center}
+.mh-tree-cell.mh-replicas-agree {color:#1a7f1a} .mh-tree-cell.mh-replicas-differ {color:#d62728;
+  font-weight:bold}
+tr.mh-tree-row.mh-selected td {font-weight:bold}
+</style>"""
+#: Leaves shown as rows (widget and picture); the rest are counted (name a subtree for them).
+MAX_TREE_ROWS = 200
+
+
+def _tree_more(tree: TreeLayout) -> str:
+    more = len(tree.leaves) - MAX_TREE_ROWS
+    if more <= 0:
+        return ''
+    return (
+        f'... {more} more leaves (of {len(tree.leaves)}); name a subtree to see them, e.g. '
+        f'%mh_layout {tree.name}{tree.leaves[MAX_TREE_ROWS].path}'
+    )
+
+
 _TREE_HINT = 'Click a leaf to see its layout picture.'
 
 
@@ -2076,7 +2099,7 @@ def tree_layout_html(tree: TreeLayout, selected: str | None = None) -> str:
     ``selected``), cells ``mh-tree-cell``; a row whose replicas differ is ``mh-flagged``."""
     head = ''.join(f'<th>{esc(h)}</th>' for h in _TREE_HEAD)
     rows = []
-    for leaf, cells in zip(tree.leaves, tree.rows()):
+    for leaf, cells in zip(tree.leaves[:MAX_TREE_ROWS], tree.rows()):
         cls = ['mh-tree-row']
         if leaf.replicas_ok is False:
             cls.append('mh-flagged')
@@ -2089,8 +2112,9 @@ def tree_layout_html(tree: TreeLayout, selected: str | None = None) -> str:
         )
         rows.append(f'<tr class="{" ".join(cls)}" data-path="{esc(leaf.path)}">{tds}</tr>')
     return (
-        f'{CSS}<div class="mh-tree-layout-head"><b>{esc(tree.headline())}</b></div>'
+        f'{CSS}{_TREE_CSS}<div class="mh-tree-layout-head"><b>{esc(tree.headline())}</b></div>'
         f'<table class="mh-table mh-tree-layout-table"><tr>{head}</tr>{"".join(rows)}</table>'
+        + (f'<div class="mh-tree-more">{esc(_tree_more(tree))}</div>' if _tree_more(tree) else '')
     )
 
 
@@ -2100,7 +2124,8 @@ class TreeLayoutView(View):
     The table gives each leaf's path, shape, dtype, partition spec (or the
     sharding's kind), bytes per host and whether its replicas agree (rows
     whose replicas differ are flagged). A click on a leaf (its button in the
-    first column) shows that leaf's `LayoutView` below the table.
+    first column) shows that leaf's `LayoutView` below the table. At most
+    `MAX_TREE_ROWS` leaves are rows; the rest are counted (``mh-tree-more``).
 
     Args:
         tree: a `multihost.TreeLayout` (what ``%mh_layout TREE`` and
@@ -2128,10 +2153,12 @@ class TreeLayoutView(View):
         self._table.layout.grid_gap = '1px 12px'
         self._table.layout.max_height = '32em'
         self._table.layout.overflow = 'auto'
+        self._more = add_classes(widgets.HTML(), 'mh-tree-more')
         self._hint = add_classes(widgets.HTML(_TREE_HINT), 'mh-tree-hint')
         self._leaf_box = add_classes(widgets.VBox(), 'mh-tree-leaf-view')
         self.widget = add_classes(
-            widgets.VBox([self._head, self._table, self._hint, self._leaf_box]), 'mh-tree-layout'
+            widgets.VBox([self._head, self._table, self._more, self._hint, self._leaf_box]),
+            'mh-tree-layout',
         )
         self.update(tree)
 
@@ -2153,13 +2180,13 @@ class TreeLayoutView(View):
     def update(self, tree: TreeLayout) -> None:
         """Shows another tree layout (the chosen leaf is kept if the new tree has it)."""
         self._tree = tree
-        self._head.value = CSS + f'<b>{esc(tree.headline())}</b>'
+        self._head.value = CSS + _TREE_CSS + f'<b>{esc(tree.headline())}</b>'
         close_widgets(self._table.children)
         self._buttons = {}
         cells: list[widgets.Widget] = [
             add_classes(widgets.HTML(f'<b>{esc(h)}</b>'), 'mh-tree-head') for h in _TREE_HEAD
         ]
-        for i, (leaf, row) in enumerate(zip(tree.leaves, tree.rows())):
+        for i, (leaf, row) in enumerate(zip(tree.leaves[:MAX_TREE_ROWS], tree.rows())):
             button = add_classes(
                 widgets.Button(
                     description=leaf.path,
@@ -2182,6 +2209,8 @@ class TreeLayoutView(View):
                     cell.add_class(_replicas_class(leaf))
                 cells.append(cell)
         self._table.children = cells
+        self._more.value = esc(_tree_more(tree))
+        self._more.layout.display = '' if self._more.value else 'none'
         keep = self._selected
         self._selected = None
         if keep is not None and any(leaf.path == keep for leaf in tree.leaves):
