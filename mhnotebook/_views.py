@@ -109,9 +109,10 @@ def layout_view(
             leaf = layout.leaf(path)
             if leaf.layout is None or leaf.layout.nbytes > _VALUES_BYTES:
                 return None
+            target = name if path == '<root>' else name + path  # a keystr path is a name
             if host_local(leaf.layout):
-                return host_copy(session.call, name + path, 0)
-            return session.allgather(name + path)
+                return host_copy(session.call, target, 0)
+            return session.allgather(target)
 
         return TreeLayoutView(layout, values=leaf_values if values else None)
     axes = check_axes(name, layout.shape, axes)
