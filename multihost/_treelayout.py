@@ -65,16 +65,15 @@ class LeafLayout:
             return ''
         sizes = set(per.values())
         n = self.layout.num_processes
+        held = {p: b for p, b in per.items() if b}
         if self.host_local:
-            (p,) = per
+            p = min(held or per)
             return f"{format_bytes(per[p])} (host-local: process {p}'s own)"
         if len(sizes) == 1 and len(per) == n:
             return f'{format_bytes(sizes.pop())} each' if n > 1 else format_bytes(sizes.pop())
-        top = max(per, key=lambda p: per[p])
-        held = fmt_hosts(sorted(per))
         return (
-            f'{format_bytes(min(per.values()) if len(per) == n else 0)} to '
-            f'{format_bytes(per[top])} (on {held})'
+            f'{format_bytes(min(per.values()))} to {format_bytes(max(per.values()))} '
+            f'(held on {fmt_hosts(sorted(held))})'
         )
 
     @property
@@ -83,8 +82,10 @@ class LeafLayout:
         devices in a job of several): the layout is process 0's."""
         if self.layout is None:
             return False
-        per = self.layout.bytes_per_process()
-        return self.layout.sharding == 'numpy' or (self.layout.num_processes > 1 and len(per) == 1)
+        holders = {s.process_index for s in self.layout.shards}
+        return self.layout.sharding == 'numpy' or (
+            self.layout.num_processes > 1 and len(holders) == 1
+        )
 
     @property
     def replicas_ok(self) -> bool | None:

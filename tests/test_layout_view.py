@@ -377,6 +377,8 @@ def _tree():
 def test_tree_layout_rows_say_shape_dtype_spec_bytes_and_replicas():
     """One row per leaf; bytes per host from the layout; replicas agree, differ (which host),
     or are not replicated / not checked; a leaf that is not an array says what it is."""
+    from multihost import LeafLayout
+
     tree = _tree()
     rows = tree.rows()
     assert rows[0] == (
@@ -392,6 +394,16 @@ def test_tree_layout_rows_say_shape_dtype_spec_bytes_and_replicas():
     assert rows[3] == ("['fn']", '', 'a function, not an array', '', '', '')
     assert tree.leaf("['b']").bytes_per_host == {p: 64 for p in range(4)}
     assert not tree.ok and 'replicas DIFFER in 1 leaf' in tree.headline()
+    # a host's own numpy value, and an array on two of the four hosts' devices
+    local = Layout.from_placements(
+        (3,), 'float32', [([(0, 3)], None, 0)], sharding='numpy', num_processes=4
+    )
+    half = Layout.from_placements(
+        (4,), 'float32', [([(0, 2)], did(0, 0), 0), ([(2, 4)], did(1, 0), 1)], num_processes=4
+    )
+    assert LeafLayout('x', local).bytes_text() == "12 B (host-local: process 0's own)"
+    assert LeafLayout('x', local).replicas_text() == 'host-local: compare with %mh_diff'
+    assert LeafLayout('x', half).bytes_text() == '0 B to 8 B (held on processes 0-1)'
     with pytest.raises(KeyError, match='state has no leaf'):
         tree.leaf("['nope']")
     text = str(tree)
