@@ -66,7 +66,9 @@ mixed = {{'embedding': state.params['embed']['embedding'], 'odd': odd}}
 
 @pytest.fixture(scope='module')
 def shell():
-    with local_session(SETUP) as s:
+    with local_session('pass') as s:
+        # jit-compiling the init on 4 engines takes ~10 s here, minutes on a loaded machine
+        s.execute(SETUP, timeout=600, echo=False)
         ip, _ = magic_shell(s)
         yield ip, s
 
