@@ -344,6 +344,7 @@ def resolve(
                     )
                 )
             return obj, tuple(index)
+        parent = obj
         if step.kind == 'attr':
             obj = _attr(obj, step.value, where, full)
         else:
@@ -354,8 +355,8 @@ def resolve(
                 f'{full}: {here} is a function or method ({getattr(obj, "__qualname__", obj)}), '
                 'not a value'
                 + (
-                    f'; for the key {step.value!r}, write {where}[{step.value!r}]'
-                    if step.kind == 'attr' and i > 0
+                    f' (a key {step.value!r} would be {where}[{step.value!r}])'
+                    if step.kind == 'attr' and isinstance(parent, Mapping)
                     else ''
                 )
             )

@@ -191,3 +191,13 @@ def test_key_data_without_jax_names_the_impl():
     # an implementation jax does not know: the data too, named
     got = key_leaf(np.zeros((2,), np.uint32), 'no-such-impl')
     assert isinstance(got, KeyData) and got.impl == 'no-such-impl'
+
+
+def test_a_function_is_not_a_value(ns):
+    """A method or function reached by a name is refused, and a dict's key suggested only on
+    a mapping."""
+    with pytest.raises(_names.BadName, match=r"a key 'keys' would be params\['keys'\]"):
+        _names.resolve(ns, 'params.keys')
+    with pytest.raises(_names.BadName, match='is a function or method') as err:
+        _names.resolve(ns, 'model.lin.__call__')
+    assert 'would be' not in str(err.value)

@@ -178,7 +178,10 @@ def test_diff_and_nan_of_named_subtrees(shell):
         (
             'mh_nan',
             'state.params.items',
-            ['state.params.items is a function or method', "write state.params['items']"],
+            [
+                'state.params.items is a function or method',
+                "a key 'items' would be state.params['items']",
+            ],
         ),
         ('mh_layout', 'state.params.embed.embedding[::2]', ['only %mh_allgather']),
         ('mh_layout', 'state.params[f()]', ['is not a name of an engine value']),
