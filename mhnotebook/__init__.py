@@ -4,7 +4,7 @@ Sessions (`start_local`, `connect`) drive one JAX process per ipyparallel
 engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mhnotebook._errors import (
     HostDied,
@@ -25,6 +25,7 @@ __all__ = [
     'HostInfo',
     'HostsError',
     'InterruptReport',
+    'KeyData',
     'RemoteFailure',
     'Session',
     'SessionError',
@@ -39,13 +40,17 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> Any:
     # The version is written once, in multihost (the engine side this package
     # always ships with); read lazily, so `import mhnotebook` stays free of jax.
     if name == '__version__':
         from multihost import __version__
 
         return __version__
+    if name == 'KeyData':  # what a gathered PRNG key leaf is where it cannot be keys
+        from mhnotebook._gather import KeyData
+
+        return KeyData
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 

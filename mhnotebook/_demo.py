@@ -73,6 +73,7 @@ def run(out: str, hosts: int, devices: int) -> int:
     from mhnotebook.widgets._layout import header_html, legend_html, render_layout_png
     from mhnotebook.widgets._treediff import diff_table_html, summary_html
     from mhnotebook.widgets._where import stacks_html, table_html
+    from multihost import Layout
 
     os.makedirs(out, exist_ok=True)
     report: list[str] = []
@@ -100,13 +101,15 @@ def run(out: str, hosts: int, devices: int) -> int:
 
         # 2. layout of w
         layout, rep = session.layout('w')
+        if not isinstance(layout, Layout):  # w and bias are arrays, not pytrees
+            raise RuntimeError(f'session.layout of w returned {type(layout).__name__}')
         with open(os.path.join(out, 'layout_w.png'), 'wb') as f:
             f.write(render_layout_png(rep or layout))
         say(f'\n2. layout of w -> layout_w.png\n{layout}')
 
         # 3. replicated array whose hosts disagree
         layout_b, rep_b = session.layout('bias')
-        if rep_b is None:  # check=True gives a report for every global array
+        if not isinstance(layout_b, Layout) or rep_b is None:  # check=True: a report
             raise RuntimeError('session.layout returned no replica report for bias')
         with open(os.path.join(out, 'layout_bias.png'), 'wb') as f:
             f.write(render_layout_png(rep_b))

@@ -18,6 +18,7 @@ The functions here reach the hosts only through the ``call`` they are given
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import weakref
@@ -36,69 +37,55 @@ _PROGRESS_BYTES = 64 << 20
 _INLINE_BYTES = 1 << 20  # per host: below this, one round trip over zmq
 
 
-def _check_name(name: str) -> None:
-    parts = name.split('.') if isinstance(name, str) else []
-    if not parts or not all(p.isidentifier() for p in parts):
-        raise ValueError(f'{name!r} is not a variable name; pass e.g. "x" or "state.params".')
-
-
 def parse_target(text: str) -> tuple[str, tuple[int | slice, ...] | None]:
     """``'x'`` -> ``('x', None)``; ``'x[::4, :128]'`` -> ``('x', (slice(None, None, 4), ...))``.
 
-    A variable name (dotted for attributes) plus, optionally, one subscript
-    of integer literals and slices. Parsed with `ast`, never evaluated.
+    A name (`multihost._names`: a variable, then attributes and subscripts
+    with constant keys, ``state.params['embed'].embedding``) plus,
+    optionally, a trailing cut of slices or several indices, which the hosts
+    apply. A trailing single integer (``x[3]``, ``state.opt_state[0]``) stays
+    in the name: the hosts know whether it indexes an array (a cut) or a
+    sequence. Parsed with `ast`, never evaluated.
 
     Raises:
         ValueError: anything else, saying what is accepted.
     """
-    import ast
+    from multihost import _names
 
-    bad = ValueError(
-        f'{text!r} is not a variable name or a slice of one; pass e.g. "x", '
-        '"state.params" or "x[::4, :128]" (integers and slices only).'
-    )
-    if not isinstance(text, str):
-        raise bad
+    head, steps = _names.parse(text, cuts=True)
+    if steps and steps[-1].kind == 'index':
+        return _names.format_steps(head, steps[:-1]), tuple(steps[-1].value)
+    return _names.format_steps(head, steps), None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KeyData:
+    """A gathered PRNG key array as its key data, where it cannot be rebuilt as keys.
+
+    What a gather returns for a key leaf when this kernel cannot import jax,
+    or jax here does not know the key's implementation (a custom one):
+    ``data`` is `jax.random.key_data` of the keys (uint32, the key array's
+    shape plus the implementation's key shape, e.g. ``(2,)`` for
+    ``threefry2x32``), ``impl`` the implementation's name as
+    ``str(jax.random.key_impl(keys))`` gives it on the hosts. Elsewhere a
+    key leaf comes back as a key array:
+    ``jax.random.wrap_key_data(data, impl=impl)``.
+    """
+
+    data: np.ndarray
+    impl: str
+
+
+def key_leaf(data: np.ndarray, impl: str) -> Any:
+    """Key data gathered from the hosts as keys: a jax key array of ``impl``, else `KeyData`."""
     try:
-        node = ast.parse(text.strip(), mode='eval').body
-    except SyntaxError:
-        raise bad from None
-    index = None
-    if isinstance(node, ast.Subscript):
-        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        index = tuple(_index_part(p, bad) for p in parts)
-        node = node.value
-    names = []
-    while isinstance(node, ast.Attribute):
-        names.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        raise bad
-    name = '.'.join([node.id, *reversed(names)])
-    _check_name(name)
-    return name, index
-
-
-def _index_part(node: Any, bad: ValueError) -> int | slice:
-    import ast
-
-    def integer(n: Any) -> int | None:
-        if n is None:
-            return None
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-            value = integer(n.operand)
-            if value is not None:
-                return -value
-        elif isinstance(n, ast.Constant) and type(n.value) is int:
-            return n.value
-        raise bad
-
-    if isinstance(node, ast.Slice):
-        return slice(integer(node.lower), integer(node.upper), integer(node.step))
-    value = integer(node)
-    if value is None:
-        raise bad
-    return value
+        import jax
+    except ImportError:
+        return KeyData(data, impl)
+    try:
+        return jax.random.wrap_key_data(jax.numpy.asarray(data), impl=impl)
+    except (ValueError, TypeError, KeyError):  # an implementation jax here does not know
+        return KeyData(data, impl)
 
 
 def _fmt_target(name: str, index: tuple[int | slice, ...] | None) -> str:
@@ -173,14 +160,22 @@ def _plan(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
         leaf = [m['leaves'][i] for m in metas]
         kinds = {lm['kind'] for lm in leaf}
         shapes = {lm['shape'] for lm in leaf}
-        dtypes = {lm['dtype'] for lm in leaf}
+        dtypes = {(lm['dtype'], lm.get('key_impl')) for lm in leaf}
         if len(kinds) > 1 or len(dtypes) > 1 or len(shapes) > 1:
-            per = {p: (lm['kind'], lm['shape'], lm['dtype']) for p, lm in enumerate(leaf)}
+            per = {
+                p: (
+                    lm['kind'],
+                    lm['shape'],
+                    lm['dtype'],
+                    *([lm['key_impl']] if 'key_impl' in lm else []),
+                )
+                for p, lm in enumerate(leaf)
+            }
             raise SessionError(
                 f'leaf {path} differs between hosts (kind, shape, dtype): {per}. '
                 'Compare them with %mh_diff.'
             )
-        kind, shape, dtype = kinds.pop(), shapes.pop(), dtypes.pop()
+        kind, shape, (dtype, key_impl) = kinds.pop(), shapes.pop(), dtypes.pop()
         if kind == 'global':
             covered = sum(math.prod(b - a for a, b in idx) for lm in leaf for idx in lm['blocks'])
             if covered != math.prod(shape):
@@ -191,13 +186,20 @@ def _plan(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out_shape = tuple(shape)
         else:
             out_shape = (n, *shape)
-        plan.append(dict(path=path, kind=kind, shape=out_shape, dtype=np.dtype(dtype)))
+        plan.append(
+            dict(path=path, kind=kind, shape=out_shape, dtype=np.dtype(dtype), key_impl=key_impl)
+        )
     return plan
 
 
-def _unflatten(skeleton: Any, leaves: list[Any]) -> Any:
+def _unflatten(skeleton: Any, leaves: list[Any], plan: list[dict[str, Any]]) -> Any:
+    """The gathered value: ``leaves`` in the hosts' structure, key data back as keys."""
     import jax
 
+    leaves = [
+        leaf if p.get('key_impl') is None else key_leaf(leaf, p['key_impl'])
+        for leaf, p in zip(leaves, plan)
+    ]
     return jax.tree.map(lambda i: leaves[i], skeleton)
 
 
@@ -467,7 +469,7 @@ def _write_shm(
     leaves = [
         np.ndarray(shape, dtype=np.dtype(dt), buffer=base, offset=off) for off, shape, dt in layout
     ]
-    return _unflatten(entry['skeleton'], leaves)
+    return _unflatten(entry['skeleton'], leaves, entry['plan'])
 
 
 def _stream(
@@ -524,7 +526,7 @@ def _stream(
             raise SessionError(f'cannot gather {_fmt_target(name, index)!r}: {exc}') from None
     # As in a shared-memory gather: the buffer goes back once the result is gone.
     weakref.finalize(base, state.heap.release, buf)
-    return _unflatten(entry['skeleton'], results)
+    return _unflatten(entry['skeleton'], results, plan)
 
 
 def _gather_zmq(
@@ -567,4 +569,4 @@ def _assemble(plan: list[dict[str, Any]], parts: list[dict[str, Any]]) -> Any:
             else:
                 out[part['process']] = blocks[0].reshape(meta['shape'])
         leaves.append(out)
-    return _unflatten(parts[0]['skeleton'], leaves)
+    return _unflatten(parts[0]['skeleton'], leaves, plan)

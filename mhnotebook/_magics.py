@@ -52,20 +52,50 @@ NO_SESSION = (
     'no cluster yet: start one with  %mh_cluster start -n 4 -d 2  (simulated local '
     'hosts) or  %mh_cluster connect --profile NAME  (an existing ipyparallel cluster).'
 )
-BAD_NAME = '{!r} is not a variable name; use e.g. x or state.params.'
 
 
-def _valid_name(name: str, *, dotted: bool = True) -> str:
-    parts = name.split('.') if dotted else [name]
-    if not name or not all(p.isidentifier() for p in parts):
-        raise UsageError(BAD_NAME.format(name))
+def _valid_name(name: str, *, cuts: bool = False) -> str:
+    """``name`` if it names an engine value (`multihost._names`: ``state.params['embed']``,
+    ``state.opt_state[0].mu``; with ``cuts``, also ``x[::4, :128]``), else a `UsageError`."""
+    from multihost import _names
+
+    try:
+        _names.parse(name, cuts=cuts)
+    except _names.BadName as exc:
+        raise UsageError(str(exc)) from None
     return name
+
+
+def _compact_subscripts(line: str) -> str:
+    """``x[::4, :128] -o y`` -> ``x[::4,:128] -o y``: a subscript stays one argument
+    (spaces inside quotes are kept)."""
+    out, depth, quote = [], 0, ''
+    for ch in line:
+        if quote:
+            quote = '' if ch == quote else quote
+        elif ch in '\'"':
+            quote = ch
+        elif ch == '[':
+            depth += 1
+        elif ch == ']':
+            depth = max(depth - 1, 0)
+        elif ch.isspace() and depth:
+            continue
+        out.append(ch)
+    return ''.join(out)
 
 
 def _nbytes(value: Any) -> int:
     import jax
 
-    return sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(value))
+    from mhnotebook._gather import KeyData
+
+    def one(leaf: Any) -> int:
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        return int(np.asarray(leaf.data if isinstance(leaf, KeyData) else leaf).nbytes)
+
+    return sum(one(leaf) for leaf in jax.tree.leaves(value))
 
 
 def _describe(value: Any) -> str:
@@ -469,7 +499,9 @@ class MultihostMagics(Magics):
 
     # -- %mh_allgather -------------------------------------------------------------
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument('name', help='engine variable (x or state.params)')
+    @magic_arguments.argument(
+        'name', help="engine value: x, state.params, state.params['embed'], x[::4, :128]"
+    )
     @magic_arguments.argument(
         '-o', '--out', help='notebook variable to store it in (default: NAME)'
     )
@@ -494,26 +526,32 @@ class MultihostMagics(Magics):
         a new axis 0 (one row per process); pytrees keep their structure.
         Each shard is sent once, straight into its place.
         ``%mh_allgather x[::4, :128]`` slices on the hosts: only the slice
-        travels. A result larger than half of this machine's available memory
-        is refused before anything is allocated (``--max-bytes`` to allow it).
+        travels. Names reach into pytrees by attribute or key
+        (``state.params.embed.embedding``, ``state.opt_state[0].mu``); a
+        PRNG key leaf comes back as a key array of the same implementation.
+        A result larger than half of this machine's available memory is
+        refused before anything is allocated (``--max-bytes`` to allow it).
 
         Examples::
 
             %mh_allgather loss
             %mh_allgather state.params -o params
             %mh_allgather x[::4,:128] -o preview
+            %mh_allgather state.params['embed']['embedding'][::2] -o rows
             %mh_allgather activations --max-bytes 8GiB
         """
         from mhnotebook._gather import parse_target
+        from multihost import _names
 
         # A subscript may contain spaces (x[::4, :128]): one argument.
-        line = re.sub(r'\[[^\]]*\]', lambda m: re.sub(r'\s+', '', m.group(0)), line)
-        args = magic_arguments.parse_argstring(self.mh_allgather, line)
+        args = magic_arguments.parse_argstring(self.mh_allgather, _compact_subscripts(line))
         try:
-            name, _ = parse_target(args.name)
+            parse_target(args.name)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        out = _valid_name(args.out or name.rsplit('.', 1)[-1], dotted=False)
+        out = args.out or _names.short_name(args.name)
+        if not out.isidentifier():
+            raise UsageError(f'-o {out!r} is not a notebook variable name; use e.g. -o params')
         max_bytes = _parse_bytes(args.max_bytes) if args.max_bytes is not None else None
         session = self._session()
         value = _delegate(
@@ -559,7 +597,9 @@ class MultihostMagics(Magics):
 
     # -- views -----------------------------------------------------------------------
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument('name', help='engine array variable')
+    @magic_arguments.argument(
+        'name', help="engine array or pytree: x, state.params, state.params['embed']['embedding']"
+    )
     @magic_arguments.argument('--axes', help='the two displayed axes, e.g. 0,2')
     @magic_arguments.argument(
         '--no-values',
@@ -577,12 +617,20 @@ class MultihostMagics(Magics):
         (default: the last two). ``--no-values`` gathers no data (for a large
         array: the picture only).
 
+        A pytree (``%mh_layout state.params``) is one table, a row per leaf:
+        shape, dtype, spec, bytes per host, whether its replicas agree; click
+        a leaf for its picture. Names reach into pytrees by attribute or key:
+        ``state.params.embed.embedding`` and
+        ``state.params['embed']['embedding']`` are the same leaf.
+
         Examples::
 
             %mh_layout x
-            %mh_layout state.params.w --axes 0,2 --no-values
+            %mh_layout state.params
+            %mh_layout state.params['block_0']['Dense_0']['kernel']
+            %mh_layout state.params.embed.embedding --axes 1,0 --no-values
         """
-        args = magic_arguments.parse_argstring(self.mh_layout, line)
+        args = magic_arguments.parse_argstring(self.mh_layout, _compact_subscripts(line))
         name = _valid_name(args.name)
         axes = None
         if args.axes:
@@ -601,7 +649,9 @@ class MultihostMagics(Magics):
             raise
         if view is _INTERRUPTED:
             return None
-        if host_local(view.layout):
+        from mhnotebook.widgets import LayoutView
+
+        if isinstance(view, LayoutView) and host_local(view.layout):
             print(
                 f"{name} is host-local (each host holds its own value): showing process 0's; "
                 f'compare the hosts with %mh_diff {name}'
@@ -609,7 +659,9 @@ class MultihostMagics(Magics):
         return view
 
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument('name', help='engine variable (any pytree)')
+    @magic_arguments.argument(
+        'name', help='engine value (any pytree): params, state.params, state.opt_state[0].mu'
+    )
     @line_magic
     def mh_diff(self, line: str) -> Any:
         """Do the hosts agree? Which leaves differ, on which host, by how much.
@@ -622,16 +674,18 @@ class MultihostMagics(Magics):
         Examples::
 
             %mh_diff params
-            %mh_diff state.opt_state
+            %mh_diff state.opt_state[0].mu
         """
-        args = magic_arguments.parse_argstring(self.mh_diff, line)
+        args = magic_arguments.parse_argstring(self.mh_diff, _compact_subscripts(line))
         name = _valid_name(args.name)
         session = self._session()
         view = _delegate(lambda: diff_view(session, name))
         return None if view is _INTERRUPTED else view
 
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument('name', help='engine variable (an array or any pytree)')
+    @magic_arguments.argument(
+        'name', help="engine value (an array or any pytree): grads, state.params['embed']"
+    )
     @line_magic
     def mh_nan(self, line: str) -> Any:
         """Where are the NaNs? The shards holding NaN/Inf: host, device, block.
@@ -648,7 +702,7 @@ class MultihostMagics(Magics):
             %mh_nan grads
             %mh_nan state.params
         """
-        args = magic_arguments.parse_argstring(self.mh_nan, line)
+        args = magic_arguments.parse_argstring(self.mh_nan, _compact_subscripts(line))
         name = _valid_name(args.name)
         session = self._session()
         view = _delegate(lambda: nonfinite_view(session, name))

@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # the notebook imports jax (multihost) only when needed
         StepTable,
         Timeline,
         TreeDiff,
+        TreeLayout,
         Wavefront,
     )
 
@@ -552,10 +553,13 @@ class Session:
         sent, by the host that owns it, straight into its place.
 
         Args:
-            name: a variable on the engines (``x`` or dotted ``state.params``),
-                optionally with a subscript of ints and slices,
+            name: a value on the engines: a variable, then attributes and
+                constant subscripts (``x``, ``state.params.embed``,
+                ``state.params['embed']``, ``state.opt_state[0]``),
+                optionally ending with a cut of ints and slices,
                 ``'x[::4, :128]'``: the hosts slice the array and only the
-                slice travels (parsed, never evaluated).
+                slice travels (parsed, never evaluated). PRNG key leaves
+                come back as key arrays (`mhnotebook.KeyData` without jax).
             timeout: seconds to wait for every host.
             transport: ``'shm'`` (engines write into shared memory; only when
                 every engine runs on this machine), ``'tcp'`` (each engine
@@ -605,8 +609,11 @@ class Session:
     # -- diagnostics -----------------------------------------------------------
     def layout(
         self, name: str, *, check: bool = True, timeout: float = 120.0
-    ) -> tuple[Layout, ReplicaReport | None]:
+    ) -> tuple[Layout | TreeLayout, ReplicaReport | None]:
         """(`multihost.Layout`, `multihost.ReplicaReport` or None) of engine array ``name``.
+
+        For a pytree, (`multihost.TreeLayout`, None): a row per leaf, each
+        leaf's replicas checked with ``check``.
 
         ``check`` digests every replica on every host (a collective) so
         replicas that disagree are flagged.

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         StepperView,
         TimelineView,
         TreeDiffView,
+        TreeLayoutView,
         WhereView,
     )
     from multihost import HostStacks, Layout, StepTable, Timeline
@@ -76,8 +77,12 @@ def check_axes(name: str, shape: tuple[int, ...], axes: Any) -> tuple[int, ...] 
 
 def layout_view(
     session: Session, name: str, *, values: bool = True, axes: Any = None
-) -> LayoutView:
+) -> LayoutView | TreeLayoutView:
     """A `LayoutView` of engine array ``name``: blocks by host, replicas checked.
+
+    For a pytree, a `TreeLayoutView`: one row per leaf (shape, dtype, spec,
+    bytes per host, whether its replicas agree); a click on a leaf shows its
+    `LayoutView` (with ``values``, its values are gathered then).
 
     ``values`` also gathers the array so selecting a block shows its values.
     A host-local value (a numpy array, or a `jax.Array` on one host's
@@ -87,9 +92,29 @@ def layout_view(
     Raises:
         ValueError: ``axes`` do not fit the array.
     """
-    from mhnotebook.widgets import LayoutView
+    from mhnotebook.widgets import LayoutView, TreeLayoutView
+    from multihost import TreeLayout
 
     layout, report = session.layout(name)
+    if isinstance(layout, TreeLayout):
+        if axes is not None:
+            raise ValueError(
+                f'axes pick the displayed axes of one array, and {name} is a pytree of '
+                f'{len(layout.leaves)} leaves; pass one leaf, e.g. {name}{layout.leaves[0].path}'
+                if layout.leaves
+                else f'axes pick the displayed axes of one array, and {name} is a pytree'
+            )
+
+        def leaf_values(path: str) -> Any:
+            leaf = layout.leaf(path)
+            if leaf.layout is None or leaf.layout.nbytes > _VALUES_BYTES:
+                return None
+            target = name if path == '<root>' else name + path  # a keystr path is a name
+            if host_local(leaf.layout):
+                return host_copy(session.call, target, 0)
+            return session.allgather(target)
+
+        return TreeLayoutView(layout, values=leaf_values if values else None)
     axes = check_axes(name, layout.shape, axes)
     data = None
     if values and layout.nbytes <= _VALUES_BYTES:

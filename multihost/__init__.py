@@ -50,6 +50,7 @@ from multihost._stepgate import (
 )
 from multihost._timeline import Stragglers, Timeline, TimelineStep, timeline
 from multihost._treediff import GlobalLeaf, LeafDiff, TreeDiff, assert_equal, tree_diff
+from multihost._treelayout import LeafLayout, TreeLayout
 from multihost._watch import Watched, watch
 from multihost._wavefront import HostFront, Wavefront, flight_records, wavefront
 
@@ -77,6 +78,7 @@ __all__ = [
     'Layout',
     'LayoutBlock',
     'LeafDiff',
+    'LeafLayout',
     'MemoryCensus',
     'MultihostError',
     'NonfiniteLeaf',
@@ -95,6 +97,7 @@ __all__ = [
     'Timeline',
     'TimelineStep',
     'TreeDiff',
+    'TreeLayout',
     'Watched',
     'Wavefront',
     'assert_equal',

@@ -14,6 +14,7 @@ notebook maps; elsewhere the shards travel as zero-copy zmq buffers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -23,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from multihost import _sequence
+from multihost import _kv, _sequence
 
 if TYPE_CHECKING:
-    from multihost import Layout, NonfiniteReport, ReplicaReport, TreeDiff
+    from multihost import Layout, NonfiniteReport, ReplicaReport, TreeDiff, TreeLayout
 
 __all__ = [
     'GatherError',
+    'NotShipped',
     'controller_address',
     'engine_info',
     'free_port',
@@ -273,24 +275,23 @@ def initialize(
     return engine_info()
 
 
-def lookup(namespace: dict[str, Any], name: str) -> Any:
-    """``namespace[name]``, following dotted attributes (``state.params``); never evaluates code."""
-    head, *rest = name.split('.')
-    if not all(p.isidentifier() for p in [head, *rest]):
-        raise GatherError(f'{name!r} is not a variable name (expected e.g. x or state.params).')
-    if head not in namespace:
-        raise GatherError(
-            f'name {head!r} is not defined on this engine. Define it in a '
-            '%%mh cell first (every host runs the cell).'
-        )
-    obj = namespace[head]
-    for i, attr in enumerate(rest):
-        try:
-            obj = getattr(obj, attr)
-        except AttributeError:
-            where = '.'.join([head, *rest[:i]])
-            raise GatherError(f'{where} has no attribute {attr!r}') from None
-    return obj
+def lookup(namespace: dict[str, Any], name: str, *, cuts: bool = False) -> Any:
+    """The engine value ``name`` names: ``x``, ``state.params.embed``, ``state.params['embed']``,
+    ``state.opt_state[0]`` (`multihost._names.resolve`: parsed, never evaluated).
+
+    With ``cuts``, returns ``(value, cut)``: a trailing array cut (``x[::4, :128]``) is
+    returned as a tuple of ints and slices (None without one) rather than refused.
+
+    Raises:
+        GatherError: the name does not parse or a step fails (which one, what was there).
+    """
+    from multihost import _names
+
+    try:
+        value, cut = _names.resolve(namespace, name, cuts=cuts)
+    except _names.BadName as exc:
+        raise GatherError(str(exc)) from None
+    return (value, cut) if cuts else value
 
 
 # A selection on the hosts (``%mh_allgather x[::4, :128]``): per axis of a
@@ -348,7 +349,14 @@ def _gather_target(
     """
     import jax
 
-    value = lookup(namespace, name)
+    value, cut = lookup(namespace, name, cuts=True)
+    if cut is not None and index is None:  # the name ended with it (x[3] on an array)
+        from multihost import _names
+
+        head, steps = _names.parse(name, cuts=True)
+        name, index = _names.format_steps(head, steps[:-1]), cut
+    elif cut is not None:
+        raise GatherError(f'{name}: cut twice ({_fmt_index(cut)} and {_fmt_index(index)}).')
     if index is None:
         return value, None
     index = tuple(index) if isinstance(index, tuple | list) else (index,)
@@ -360,9 +368,40 @@ def _gather_target(
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         return value, _selection(name, index, tuple(value.shape))
     try:
+        if isinstance(value, jax.Array) and _key_impl(value) is not None:
+            return value[index], None  # a host-local key array: cut here, still keys
         return np.asarray(value)[index], None
     except (IndexError, TypeError, ValueError) as exc:
         raise GatherError(f'{name}{_fmt_index(index)}: {exc}') from None
+
+
+def _key_impl(x: Any) -> tuple[str, tuple[int, ...]] | None:
+    """``(impl name, key data's trailing shape)`` of a PRNG key array, else None."""
+    import jax
+
+    dtype = getattr(x, 'dtype', None)
+    if not isinstance(x, jax.Array) or not jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return None
+    data = jax.eval_shape(jax.random.key_data, x)  # abstract: nothing runs
+    return str(jax.random.key_impl(x)), tuple(data.shape[x.ndim :])
+
+
+def _key_selection(x: Any, sel: Selection | None) -> Selection | None:
+    """A selection of a key array, extended over its key data's trailing axes (kept whole)."""
+    key = _key_impl(x)
+    if sel is None or key is None:
+        return sel
+    return sel + tuple(('slice', 0, n, 1) for n in key[1])
+
+
+def _as_data(x: Any) -> Any:
+    """A PRNG key array's key data (`jax.random.key_data`); anything else as it is."""
+    import jax
+
+    dtype = getattr(x, 'dtype', None)
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(x)
+    return x
 
 
 def _global_blocks(x: Any, sel: Selection | None) -> list[tuple[tuple[tuple[int, int], ...], Any]]:
@@ -370,16 +409,22 @@ def _global_blocks(x: Any, sel: Selection | None) -> list[tuple[tuple[tuple[int,
 
     With a selection, the place is in the selected result's coordinates and
     the data is the selected part of the block (a numpy view); blocks that
-    hold none of the selection are left out.
+    hold none of the selection are left out. A PRNG key array's blocks are
+    its key data (each shard's `jax.random.key_data`, on its own device:
+    nothing global runs), one or more axes longer.
     """
+    key = _key_impl(x)
+    extra = [(0, n) for n in key[1]] if key else []
+    sel = _key_selection(x, sel)
     out = []
     for s in x.addressable_shards:
         if s.replica_id != 0:
             continue
+        # a key array's shards may report the index of its key data (longer): cut to its rank
         bounds = [
             (sl.start or 0, x.shape[d] if sl.stop is None else sl.stop)
-            for d, sl in enumerate(s.index)
-        ]
+            for d, sl in enumerate(s.index[: x.ndim])
+        ] + extra
         if sel is None:
             out.append((tuple(bounds), s))
             continue
@@ -408,8 +453,8 @@ def _block_array(block: Any) -> np.ndarray:
     """The numpy data of a `_global_blocks` entry."""
     if isinstance(block, tuple):
         shard, local = block
-        return np.asarray(shard.data)[local]
-    return np.asarray(block.data)
+        return np.asarray(_as_data(shard.data))[local]
+    return np.asarray(_as_data(block.data))
 
 
 def _selected_shape(sel: Selection) -> tuple[int, ...]:
@@ -420,18 +465,19 @@ def _leaf_meta(path: str, x: Any, sel: Selection | None = None) -> dict[str, Any
     """Shape/dtype and this host's replica-0 blocks of one leaf."""
     import jax
 
-    if isinstance(x, jax.Array):
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            raise GatherError(
-                f'leaf {path} is a PRNG key array; gather jax.random.key_data(...) of it instead.'
-            )
-        if not x.is_fully_addressable:
+    key = _key_impl(x)
+    extra: dict[str, Any] = {} if key is None else {'key_impl': key[0]}
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        if key is not None:
+            full = tuple(x.shape) + key[1]
+            shape = full if sel is None else _selected_shape(_key_selection(x, sel) or ())
+        else:
             shape = tuple(x.shape) if sel is None else _selected_shape(sel)
-            blocks = [place for place, _ in _global_blocks(x, sel)]
-            return dict(kind='global', shape=shape, dtype=str(np.dtype(x.dtype)), blocks=blocks)
-        arr = x
-    else:
-        arr = x
+        blocks = [place for place, _ in _global_blocks(x, sel)]
+        data = x if key is None else jax.eval_shape(jax.random.key_data, x)
+        dtype = str(np.dtype(data.dtype))
+        return dict(kind='global', shape=shape, dtype=dtype, blocks=blocks, **extra)
+    arr = _as_data(x)
     try:
         a = np.asarray(arr)
     except Exception as exc:
@@ -443,7 +489,54 @@ def _leaf_meta(path: str, x: Any, sel: Selection | None = None) -> dict[str, Any
             f'leaf {path} of type {type(x).__name__} is not numeric data; '
             'only arrays, scalars and pytrees of them can be gathered.'
         )
-    return dict(kind='local', shape=tuple(a.shape), dtype=str(a.dtype))
+    return dict(kind='local', shape=tuple(a.shape), dtype=str(a.dtype), **extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class NotShipped:
+    """What a gathered pytree holds in place of a static field that cannot be pickled.
+
+    A pytree's structure travels to the notebook pickled; a static
+    (non-pytree) field such as a flax ``TrainState``'s ``tx`` (optax closures)
+    cannot, so the notebook's copy holds this instead: ``text`` is the
+    field's ``repr`` (cut at 200 characters), the value itself stays on the hosts.
+    """
+
+    text: str
+
+    def __repr__(self) -> str:
+        return f'<not shipped from the hosts: {self.text}>'
+
+
+def _portable(node: Any) -> Any:
+    """``node`` (a skeleton: leaves are ints) with what pickle refuses replaced by `NotShipped`.
+
+    Dataclasses (flax structs), named tuples, tuples, lists and dicts keep
+    their type; only the unpicklable static values inside them are replaced.
+    """
+    import pickle
+
+    try:
+        pickle.dumps(node)
+        return node
+    except Exception:
+        pass
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        changes = {
+            f.name: _portable(getattr(node, f.name)) for f in dataclasses.fields(node) if f.init
+        }
+        try:
+            return dataclasses.replace(node, **changes)
+        except Exception:
+            pass
+    elif isinstance(node, tuple) and hasattr(type(node), '_fields'):
+        return type(node)(*(_portable(v) for v in node))
+    elif isinstance(node, list | tuple):
+        return type(node)(_portable(v) for v in node)
+    elif isinstance(node, dict):
+        return {k: _portable(v) for k, v in node.items()}
+    text = repr(node)
+    return NotShipped(text if len(text) <= 200 else text[:199] + '…')
 
 
 def _flatten(value: Any) -> tuple[list[Any], Any, list[str]]:
@@ -452,7 +545,7 @@ def _flatten(value: Any) -> tuple[list[Any], Any, list[str]]:
     paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(value)
     paths = [jax.tree_util.keystr(p) or '<root>' for p, _ in paths_leaves]
     leaves = [leaf for _, leaf in paths_leaves]
-    skeleton = jax.tree.unflatten(treedef, list(range(len(leaves))))
+    skeleton = _portable(jax.tree.unflatten(treedef, list(range(len(leaves)))))
     return leaves, skeleton, paths
 
 
@@ -522,7 +615,7 @@ def _leaf_blocks(x: Any, sel: Selection | None) -> list[tuple[Any, np.ndarray]]:
 
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         return [(idx, _block_array(b)) for idx, b in _global_blocks(x, sel)]
-    return [(None, np.asarray(x))]
+    return [(None, np.asarray(_as_data(x)))]
 
 
 def _export_blocks(leaves: list[Any], sel: Selection | None = None) -> list[list[np.ndarray]]:
@@ -807,8 +900,12 @@ def serve_control(authkey: bytes, host: str = '') -> tuple[str, int]:
 
 def layout(
     namespace: dict[str, Any], name: str, check: bool = True
-) -> tuple[Layout, ReplicaReport | None]:
-    """The `Layout` of array ``name`` and, with ``check``, its `ReplicaReport` (a collective)."""
+) -> tuple[Layout | TreeLayout, ReplicaReport | None]:
+    """The `Layout` of array ``name`` and, with ``check``, its `ReplicaReport` (a collective).
+
+    For a pytree, its `TreeLayout` (one row per leaf, each leaf's replicas
+    checked with ``check``) and None.
+    """
     import jax
 
     import multihost
@@ -819,14 +916,11 @@ def layout(
         value = lookup_collective(namespace, name, 'layout')
         _sequence.enter('layout', name)
     if not isinstance(value, jax.Array | np.ndarray):
-        leaves = jax.tree_util.tree_flatten_with_path(value)[0]
-        paths = [jax.tree_util.keystr(p) for p, _ in leaves[:5]]
-        raise GatherError(
-            f'{name} is a {type(value).__name__}, not an array; pass one leaf, '
-            f'e.g. {name}{paths[0] if paths else ""}'
-            if paths
-            else f'{name} is a {type(value).__name__}, not an array.'
-        )
+        # A pytree: one row per leaf (its replicas checked leaf by leaf, on every host alike).
+        from multihost._treelayout import tree_layout
+
+        with _sequence.called_from(f'notebook: %mh_layout {name}'):
+            return tree_layout(value, name, check=check), None
     described = multihost.describe_layout(value)
     report = None
     if check and isinstance(value, jax.Array):
@@ -880,10 +974,21 @@ def lookup_collective(
     'partial' is not defined ... processes 2-3") and the sequence stays aligned,
     instead of the others waiting for it until their timeout.
     """
+    import multihost
+
     try:
         return lookup(namespace, name)
     except GatherError as exc:
-        _sequence.fail_turn(kind, '', str(exc), timeout=timeout)
+        reason = str(exc)
+        try:
+            _sequence.fail_turn(kind, '', reason, timeout=timeout)
+        except multihost.HostFailedError as failed:
+            # Every host lacks it the same way (a typo): say it once, in one line.
+            if len(failed.reasons) == _kv.process_count() and set(failed.reasons.values()) == {
+                reason
+            }:
+                raise GatherError(reason) from None
+            raise
 
 
 def sequence_position() -> int:

@@ -354,3 +354,117 @@ def test_layout_view_shows_mesh_and_replicas_in_widget_static_and_text():
     assert find(plain.widget, 'mh-layout-replicas')[0].layout.display == 'none'
     assert find(plain.widget, 'mh-layout-mesh')[0].layout.display == 'none'
     assert IDS[2] == 2048
+
+
+# -- a whole pytree: TreeLayoutView --------------------------------------------------------
+
+
+def _tree():
+    from multihost import LeafLayout, TreeLayout
+
+    return TreeLayout(
+        'state',
+        (
+            LeafLayout("['w']", host_by_dev()),
+            LeafLayout("['b']", replicated(), report(replicated(), lambda s: s.process_index == 2)),
+            LeafLayout("['ok']", rows_by_dev(), report(rows_by_dev(), lambda s: False)),
+            LeafLayout("['fn']", None, note='a function, not an array'),
+        ),
+        4,
+    )
+
+
+def test_tree_layout_rows_say_shape_dtype_spec_bytes_and_replicas():
+    """One row per leaf; bytes per host from the layout; replicas agree, differ (which host),
+    or are not replicated / not checked; a leaf that is not an array says what it is."""
+    from multihost import LeafLayout
+
+    tree = _tree()
+    rows = tree.rows()
+    assert rows[0] == (
+        "['w']",
+        '[16, 12]',
+        'float32',
+        "P('host', 'dev')",
+        '192 B each',
+        'not checked',
+    )
+    assert rows[1][1:] == ('[8]', 'float32', 'P()', '64 B each', 'DIFFER on process 2')
+    assert rows[2][5] == 'agree'
+    assert rows[3] == ("['fn']", '', 'a function, not an array', '', '', '')
+    assert tree.leaf("['b']").bytes_per_host == {p: 64 for p in range(4)}
+    assert not tree.ok and 'replicas DIFFER in 1 leaf' in tree.headline()
+    # a host's own numpy value, and an array on two of the four hosts' devices
+    local = Layout.from_placements(
+        (3,), 'float32', [([(0, 3)], None, 0)], sharding='numpy', num_processes=4
+    )
+    half = Layout.from_placements(
+        (4,), 'float32', [([(0, 2)], did(0, 0), 0), ([(2, 4)], did(1, 0), 1)], num_processes=4
+    )
+    assert LeafLayout('x', local).bytes_text() == "12 B (host-local: process 0's own)"
+    assert LeafLayout('x', local).replicas_text() == 'host-local: compare with %mh_diff'
+    assert LeafLayout('x', half).bytes_text() == '0 B to 8 B (held on processes 0-1)'
+    with pytest.raises(KeyError, match='state has no leaf'):
+        tree.leaf("['nope']")
+    text = str(tree)
+    assert text.splitlines()[1].split() == [
+        'leaf',
+        'shape',
+        'dtype',
+        'spec',
+        'bytes',
+        'per',
+        'host',
+        'replicas',
+    ]
+
+
+def test_tree_layout_view_click_shows_the_leaf_layout():
+    """A click on a leaf's button shows its LayoutView (with its report) below the table; the
+    static picture is the table plus that leaf's picture; values come from the callback."""
+    asked = []
+
+    def values(path):
+        asked.append(path)
+        return None
+
+    view = mw.TreeLayoutView(_tree(), values=values)
+    buttons = find(view.widget, 'mh-tree-leaf')
+    assert [b.description for b in buttons] == ["['w']", "['b']", "['ok']", "['fn']"]
+    assert buttons[3].disabled and 'mh-flagged' in buttons[1]._dom_classes
+    assert view.leaf_view is None
+    buttons[1].click()
+    assert view.selected == "['b']" and asked == ["['b']"]
+    assert view.leaf_view.layout == replicated() and not view.leaf_view.report.ok
+    assert 'mh-selected' in buttons[1]._dom_classes
+    html = view.static_html()
+    rows = tags(html, 'mh-tree-row', 'tr')
+    assert len(rows) == 4 and [('mh-selected' in r['classes']) for r in rows] == [0, 1, 0, 0]
+    assert [r['attrs']['data-path'] for r in rows] == ["['w']", "['b']", "['ok']", "['fn']"]
+    assert 'mh-layout-static' in html  # the chosen leaf's picture follows the table
+    buttons[0].click()
+    assert view.leaf_view.layout == host_by_dev() and 'mh-selected' not in buttons[1]._dom_classes
+    with pytest.raises(ValueError, match='has no layout'):
+        view.select("['fn']")
+    assert "state['w']:" in view.text()
+
+
+def test_tree_layout_view_of_many_leaves_is_capped():
+    """A tree of 1,000 leaves: MAX_TREE_ROWS rows, the rest counted with a subtree to name;
+    the view builds in well under a few seconds."""
+    import html
+    import time
+
+    from multihost import LeafLayout, TreeLayout
+
+    leaf = rows_by_dev()
+    tree = TreeLayout('big', tuple(LeafLayout(f"['l{i}']", leaf) for i in range(1000)), 4)
+    t0 = time.perf_counter()
+    view = mw.TreeLayoutView(tree)
+    built = time.perf_counter() - t0
+    assert len(find(view.widget, 'mh-tree-leaf')) == lv.MAX_TREE_ROWS
+    (more,) = find(view.widget, 'mh-tree-more')
+    assert more.value.startswith(f'... {1000 - lv.MAX_TREE_ROWS} more leaves (of 1000)')
+    assert "%mh_layout big['l200']" in html.unescape(more.value)
+    assert len(tags(view.static_html(), 'mh-tree-row', 'tr')) == lv.MAX_TREE_ROWS
+    assert built < 5.0, built

@@ -106,7 +106,7 @@ def test_gather_errors_are_clear(session):
     """Unknown names, non-names and non-numeric values give errors that say what to do."""
     with pytest.raises(SessionError, match="name 'nope' is not defined on this engine"):
         session.allgather('nope')
-    with pytest.raises(ValueError, match='is not a variable name'):
+    with pytest.raises(ValueError, match='is not a name of an engine value'):
         session.allgather('x[0]; import os')
     session.execute('obj = object()', echo=False)
     with pytest.raises(SessionError, match='not numeric data'):
@@ -198,8 +198,14 @@ def test_layout_and_diff_magics_return_views(session):
     assert isinstance(diff, TreeDiffView)
     assert [leaf.path for leaf in diff.diff.leaves] == ["['w']"]
     assert diff.diff.leaves[0].odd_processes == (1,)
-    with pytest.raises(UsageError, match='not an array'):
-        ip.run_line_magic('mh_layout', 'params')
+    # a pytree is one table (its leaves here: numpy, each host its own)
+    tree = ip.run_line_magic('mh_layout', 'params')
+    assert [r[:4] for r in tree.tree.rows()] == [
+        ("['b']", '[2]', 'float64', 'numpy'),
+        ("['w']", '[3]', 'float64', 'numpy'),
+    ]
+    with pytest.raises(UsageError, match='--axes pick the displayed axes of one array.*params'):
+        ip.run_line_magic('mh_layout', 'params --axes 0,1')
     with pytest.raises(UsageError, match='--axes'):
         ip.run_line_magic('mh_layout', 'a_3d --axes x,y')
     magics.session = None

@@ -919,6 +919,7 @@ def test_public_surface():
             'StepperView',
             'TimelineView',
             'TreeDiffView',
+            'TreeLayoutView',
             'WhereView',
             'host_color',
             'layout_grid',

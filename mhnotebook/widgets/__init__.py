@@ -11,6 +11,7 @@ text where widgets cannot render (a terminal, a log)::
     )
 
     LayoutView(multihost.describe_layout(x), values=gathered)
+    TreeLayoutView(session.layout('state.params')[0])
     TreeDiffView(multihost.tree_diff(params))
     StepperView(table, on_step=session.release, on_refresh=session.step_table)
     WhereView(stacks, on_refresh=session.where)
@@ -30,6 +31,7 @@ from mhnotebook.widgets._layout import (
     GridBlock,
     LayoutGrid,
     LayoutView,
+    TreeLayoutView,
     layout_grid,
     render_layout_png,
 )
@@ -49,6 +51,7 @@ __all__ = [
     'StepperView',
     'TimelineView',
     'TreeDiffView',
+    'TreeLayoutView',
     'WhereView',
     'host_color',
     'layout_grid',
