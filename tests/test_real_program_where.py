@@ -80,6 +80,7 @@ def _magics(ip, rounds: int) -> None:
             ip.run_line_magic('mh_allgather', 'small')
 
 
+@pytest.mark.cluster
 def test_only_the_magics_own_collectives_name_no_straggler(notebook):
     """Host 1 is last at every %mh_diff / %mh_env: no straggler verdict; the steps are marked."""
     session, ip = notebook
@@ -101,6 +102,7 @@ def test_only_the_magics_own_collectives_name_no_straggler(notebook):
     assert 'mh-timeline-notebook' in html and '(not counted: %mh_diff)' in html, html
 
 
+@pytest.mark.cluster
 def test_the_users_late_host_is_named_from_the_users_steps_only(notebook, tmp_path):
     """The user's watched step (host 3 late) interleaved with magics (host 1 late): host 3."""
     session, ip = notebook
@@ -145,6 +147,7 @@ def wait_for_everyone(name, processes=None):
 """
 
 
+@pytest.mark.cluster
 def test_bg_cell_with_stepping_off_does_not_mention_the_stepper(notebook):
     """%%mh --bg with stepping off: no stepper to release anything; %mh_wait collects it."""
     from IPython.utils.capture import capture_output
