@@ -11,11 +11,11 @@ the treedef instead and writes, per node:
   the field names of namedtuples and dataclasses;
 * its static data: ``None``, numbers, strings, bytes, enums, types and
   numpy arrays by value; tuples, lists, dicts (in their order), sets (sorted)
-  and dataclass instances by their items; functions, methods and
-  ``functools.partial`` by qualified name (a method also by what it is bound
-  to, a partial also by its arguments); any other object by value (type and
-  repr) when it compares by value and its repr holds no address, else by its
-  type alone (dataclass instances without value equality too).
+  and dataclass instances that compare by value by their items; functions,
+  methods and ``functools.partial`` by qualified name (a method also by what
+  it is bound to, a partial also by its arguments); any other object by value
+  (type and repr) when it compares by value and its repr holds no address,
+  else by its type alone.
 
 Leaves are ``*``; shapes and dtypes are the callers' business.
 """

@@ -5,28 +5,34 @@
 call:
 
 1. builds the call's **signature key** — the input structure, and per leaf
-   shape, dtype, weak type and sharding; Python scalars by type (a step
-   counter does not miss the cache), static arguments by value — and looks it
-   up (a dict hit on every call after the first of a signature);
+   shape, dtype, weak type and sharding (typed PRNG keys: key dtype, shape
+   and sharding); Python scalars by type (a step counter does not miss the
+   cache), static arguments by value — and looks it up (a dict hit on every
+   call after the first of a signature). Across hosts the structure counts as
+   `_structure.structure` writes it: functions by name, never an address;
 2. records the call in the host's flight recorder (`_recorder`);
 3. with ``check=True`` and more than one process, takes its turn in the
    collective sequence (`_sequence.check_launch`, one `_kv` round, like a
    core collective): every host publishes the signature's digest, so a host
    about to launch other code — another function, shapes, shardings or
    static arguments — makes every host raise `CollectiveMismatchError`
-   before anything is launched, naming each host's function, signature and
-   call site. The first time any host sees a signature, the hosts then
-   compile it (``fn.lower(...).compile()``, which JAX's own dispatch reuses:
-   no extra compilation) and compare their programs: a digest of the
-   optimized HLO without source locations (the executable's fingerprint, which
-   is recorded too, covers source file names, and those differ between hosts
-   in notebooks: ``/tmp/ipykernel_<pid>/...``). Flags or
-   code that change the program on one host are caught too, and the error
-   names the first collective that differs (op, replica groups, shapes) or,
-   with the same collectives, the first differing HLO line. Collective
-   lists and HLO lines travel only in that case;
-4. launches, keeping a weak reference to one output, so the wavefront can
-   later ask whether it finished on device (`jax.Array.is_ready`).
+   before anything is launched, leading with the first differing argument
+   (the identical ones counted, not listed) and the call sites. The first
+   time any host sees a signature, the hosts then compile it
+   (``fn.lower(...).compile()``, which JAX's own dispatch reuses: no extra
+   compilation) and compare their programs: a digest of the optimized HLO
+   without source locations (the executable's fingerprint, which is recorded
+   too, covers source file names, and those differ between hosts in
+   notebooks: ``/tmp/ipykernel_<pid>/...``) and modulo instruction names
+   (`_normalized`: a host-dependent branch renumbers every instruction after
+   it). Flags or code that change the program on one host are caught too,
+   and the error names the first collective that differs (op, replica
+   groups, shapes) or, with the same collectives, the first HLO line that
+   differs in substance (op, shape, constant, operands). Collective lists and
+   HLO lines travel only in that case;
+4. launches, keeping a weak reference to one output (the first that is not a
+   key array, which has no ``is_ready``; else a key's data), so the wavefront
+   can later ask whether it finished on device (`jax.Array.is_ready`).
 
 A call with a tracer argument (inside an outer ``jit``/``scan``) passes
 straight through, unrecorded.
@@ -61,6 +67,8 @@ _MAX_LINE = 240  # characters of an HLO line or structure shown in a message
 _MAX_SHARED_LINE = 16384
 #: Per differing argument, values shown (the rest counted with their hosts).
 _MAX_VALUES = 4
+#: Host ranges named per value (``processes 0, 7, 14, 21, ... (143 in all)``).
+_MAX_RANGES = 4
 #: Differing arguments listed in a mismatch message (the rest counted).
 _MAX_DIFFS = 3
 #: Signatures listed when hosts launch different functions (the rest counted).
@@ -383,13 +391,14 @@ class Watched:
         else:
             head += f'{rec.name} has different inputs on {fmt_hosts(odd)}' + tail
             body = _input_differences(infos)
-        sites: dict[str, list[int]] = {}
-        for p, c in sorted(calls.items()):
-            sites.setdefault(c.site, []).append(p)
+        sites = _grouped({p: c.site for p, c in calls.items()})
+        files = {os.path.basename(site) for site in sites}
         if len(sites) == 1:
             body.append(f'called at {next(iter(sites))} on every host')
+        elif len(files) == 1:  # notebooks: /tmp/ipykernel_<pid>/<cell>.py on each host
+            body.append(f'called at {next(iter(files))} on every host (in different directories)')
         elif len(names) == 1:
-            body.append('called at ' + _fmt_groups(sites))
+            body.append('called at ' + _fmt_groups(sites, 2))
         return CollectiveMismatchError(
             head
             + '\n'
@@ -634,10 +643,10 @@ def _args(info: dict[str, Any] | None) -> list[tuple[str, str]]:
 def _fmt_groups(by: dict[str, list[int]], limit: int = _MAX_VALUES) -> str:
     """``'f32[8] on processes 0, 2-3; f32[9] on process 1'``: at most ``limit`` values."""
     items = list(by.items())
-    text = '; '.join(f'{t} on {fmt_hosts(ps)}' for t, ps in items[:limit])
+    text = '; '.join(f'{t} on {fmt_hosts(ps, _MAX_RANGES)}' for t, ps in items[:limit])
     if len(items) > limit:
         rest = [p for _, ps in items[limit:] for p in ps]
-        text += f'; {len(items) - limit} other values on {fmt_hosts(rest)}'
+        text += f'; {len(items) - limit} other values on {fmt_hosts(rest, _MAX_RANGES)}'
     return text
 
 

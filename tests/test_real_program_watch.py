@@ -231,3 +231,106 @@ def test_a_host_dependent_branch_names_an_hlo_line_that_differs_in_substance():
     assert a != b, f'the lines shown differ only in instruction names:\n{text}'
     assert len(text) < 1500, text
     multihost.barrier('aligned after branch')
+
+
+# -- single process: what counts as the structure -----------------------------------------
+
+
+def _small_state(**kw: Any) -> TrainState:
+    """A TrainState as `TrainState.create` builds one (new optax closures, a new module)."""
+    from _flax_program import Transformer
+
+    args = dict(params={'w': np.zeros(2, np.float32)}, tx=optax.adamw(1e-3))
+    args.update(kw)
+    return TrainState.create(apply_fn=Transformer().apply, dropout_key=jax.random.key(0), **args)
+
+
+def test_two_train_states_built_alike_have_the_same_structure_text_though_str_differs():
+    from multihost._structure import structure
+
+    a, b = jax.tree.structure(_small_state()), jax.tree.structure(_small_state())
+    assert str(a) != str(b)  # the static functions' addresses (as on two hosts)
+    assert ' at 0x' in str(a)
+    assert structure(a) == structure(b)
+    text = structure(a)
+    assert '0x' not in text
+    assert 'TrainState{step,apply_fn,params,tx,opt_state,dropout_key}' in text
+    assert (
+        'function chain.<locals>.init_fn' in text and 'method Module.apply of Transformer(' in text
+    )
+
+
+def test_the_structure_text_tells_apart_what_differs_by_value_or_type():
+    import flax.struct
+
+    from multihost._structure import static, structure
+
+    def text(tree: Any) -> str:
+        return structure(jax.tree.structure(tree))
+
+    # Another optimizer: other node types in opt_state, other functions in tx.
+    assert text(_small_state()) != text(_small_state(tx=optax.sgd(1e-3)))
+    # Other keys.
+    assert text(_small_state()) != text(_small_state(params={'v': np.zeros(2, np.float32)}))
+
+    @flax.struct.dataclass
+    class Batch:
+        x: Any
+        mode: str = flax.struct.field(pytree_node=False)
+
+    assert text(Batch(1, 'train')) == text(Batch(2, 'train'))
+    assert text(Batch(1, 'train')) != text(Batch(1, 'eval'))
+    # Static values: by value, functions by name, partials by their arguments.
+    assert static(functools.partial(max, 1)) != static(functools.partial(max, 2))
+    assert static(functools.partial(max, 1)) == static(functools.partial(max, 1))
+    assert static(np.arange(3)) != static(np.arange(1, 4))
+
+    class Opaque:  # identity semantics: its type alone
+        pass
+
+    assert static(Opaque()) == static(Opaque()) == Opaque.__qualname__
+
+    class Tagged:  # value semantics, but the repr holds an address: its type alone
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Tagged)
+
+        __hash__ = object.__hash__
+
+    assert static(Tagged()) == static(Tagged()) == Tagged.__qualname__
+
+
+def test_the_input_differences_stay_short_at_a_thousand_hosts():
+    from multihost._watch import _input_differences
+
+    same = [(f"state.params['w{i}']", 'f32[64,32] P() on mesh(data=1000)') for i in range(500)]
+
+    def info(p: int) -> dict[str, Any]:
+        rows = 16 + p % 7  # seven different batch shapes
+        return {'args': [*same, ('batch', f'f32[{rows},3]')], 'tree': 't', 'ident': 'train_step'}
+
+    lines = _input_differences({p: info(p) for p in range(1000)})
+    assert lines[0].startswith("first difference: argument 'batch': f32[16,3] on processes 0, 7, ")
+    assert '3 other values on processes' in lines[0] and len(lines[0]) < 400, lines[0]
+    assert lines[1] == '500 other arguments are the same on every host', lines
+
+
+def test_programs_that_differ_in_names_only_normalize_alike_and_the_excerpt_shows_substance():
+    from multihost._watch import _differing_excerpts, _normalized
+
+    a = [
+        'ENTRY %main.3 (x.1: f32[8], w.1: f32[8]) -> f32[8] {',
+        '  %x.1 = f32[8]{0} parameter(0)',
+        '  %mul.1231 = f32[8]{0} multiply(%x.1, %x.1)',
+        '  %c.7 = f32[] constant(2)',
+        '  ROOT %r = f32[8]{0} add(%mul.1231, %c.7)' + ', backend_config={"x":0}' * 40,
+        '}',
+    ]
+    renamed = [line.replace('1231', '1234').replace('x.1', 'x.9') for line in a]
+    assert renamed != a and _normalized(renamed) == _normalized(a)
+    b = [*renamed[:4], renamed[4].replace('add(', 'subtract('), renamed[5]]
+    na, nb = _normalized(a), _normalized(b)
+    j = next(j for j, (x, y) in enumerate(zip(na, nb)) if x != y)
+    assert j == 4
+    la, lb = _differing_excerpts({'raw': a, 'norm': na}, {'raw': b, 'norm': nb}, j)
+    assert 'add(%mul.1231' in la and 'subtract(%mul.1234' in lb, (la, lb)
+    assert la.endswith('...') and len(la) < 300
