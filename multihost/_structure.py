@@ -46,7 +46,7 @@ def structure(treedef: Any) -> str:
     """``treedef`` as text without anything that differs between processes (see the module)."""
     try:
         hit = _cache.get(treedef)
-    except TypeError:  # unhashable static data: not cached
+    except Exception:  # unhashable (or incomparable) static data: not cached
         return _walk(treedef)
     if hit is None:
         hit = _walk(treedef)

@@ -65,6 +65,8 @@ _BLOCK = 64
 _MAX_LINE = 240  # characters of an HLO line or structure shown in a message
 #: HLO lines longer than this are cut when two hosts share a block of them.
 _MAX_SHARED_LINE = 16384
+#: Characters of the input structure a host shares after a mismatch.
+_MAX_TREE = 1 << 18
 #: Per differing argument, values shown (the rest counted with their hosts).
 _MAX_VALUES = 4
 #: Host ranges named per value (``processes 0, 7, 14, 21, ... (143 in all)``).
@@ -359,7 +361,7 @@ class Watched:
         firsts: dict[tuple[str, str], int] = {}
         sender = {p: firsts.setdefault((c.name, c.digest), p) for p, c in sorted(calls.items())}
         mine = (
-            json.dumps({'args': sig.args, 'tree': sig.tree, 'ident': self._ident})
+            json.dumps({'args': sig.args, 'tree': sig.tree[:_MAX_TREE], 'ident': self._ident})
             if sender.get(pid) == pid
             else ''
         )
@@ -391,14 +393,16 @@ class Watched:
         else:
             head += f'{rec.name} has different inputs on {fmt_hosts(odd)}' + tail
             body = _input_differences(infos)
-        sites = _grouped({p: c.site for p, c in calls.items()})
-        files = {os.path.basename(site) for site in sites}
-        if len(sites) == 1:
-            body.append(f'called at {next(iter(sites))} on every host')
-        elif len(files) == 1:  # notebooks: /tmp/ipykernel_<pid>/<cell>.py on each host
-            body.append(f'called at {next(iter(files))} on every host (in different directories)')
-        elif len(names) == 1:
-            body.append('called at ' + _fmt_groups(sites, 2))
+            sites = _grouped({p: c.site for p, c in calls.items()})
+            files = {os.path.basename(site) for site in sites}
+            if len(sites) == 1:
+                body.append(f'called at {next(iter(sites))} on every host')
+            elif len(files) == 1:  # notebooks: /tmp/ipykernel_<pid>/<cell>.py on each host
+                body.append(
+                    f'called at {next(iter(files))} on every host (in different directories)'
+                )
+            else:
+                body.append('called at ' + _fmt_groups(sites, 2))
         return CollectiveMismatchError(
             head
             + '\n'
@@ -686,7 +690,8 @@ def _input_differences(infos: dict[int, dict[str, Any]]) -> list[str]:
         return [
             'first difference: the input structure (node types, keys, static fields): '
             + _tree_difference(trees),
-            f'all {same} arguments have the same shape, dtype and sharding on every host',
+            (f'all {same} arguments have' if same != 1 else 'the one argument has')
+            + ' the same shape, dtype and sharding on every host',
         ]
     lines = ['first difference: ' + differing[0]]
     lines += ['also differs: ' + d for d in differing[1:_MAX_DIFFS]]
@@ -701,7 +706,7 @@ def _tree_difference(trees: dict[str, list[int]]) -> str:
     """Each host group's structure around the first character where two of them differ."""
     texts = list(trees)
     if len(texts) < 2:
-        return 'not found in the structures shared'
+        return f'beyond the first {_MAX_TREE} characters of its text'
     pos = len(os.path.commonprefix(texts[:2]))
     shown = {_excerpt(t, pos, _MAX_LINE // 2): ps for t, ps in trees.items()}
     return _fmt_groups(shown, 2)

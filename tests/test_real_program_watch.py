@@ -14,6 +14,7 @@ import functools
 import re
 from typing import Any
 
+import flax.struct
 import jax
 import numpy as np
 import optax
@@ -157,6 +158,28 @@ def test_a_watched_step_takes_and_returns_typed_keys_and_checks_their_shape_and_
     first = str(info.value).splitlines()[1]
     assert "argument 'key'" in first and 'key<fry>[] on one device on process 3' in first, first
     multihost.barrier('aligned after keys')
+
+
+@flax.struct.dataclass
+class _Batch:
+    x: jax.Array
+    mode: str = flax.struct.field(pytree_node=False)
+
+
+@multiprocess(timeout=120)
+def test_a_static_field_that_differs_on_one_host_is_shown_in_the_structure():
+    pid = jax.process_index()
+    step = multihost.watch(jax.jit(lambda b: b.x * 2), name='eval_step')
+    batch = _Batch(np.ones(4, np.float32), 'eval' if pid == 3 else 'train')
+    with pytest.raises(multihost.CollectiveMismatchError) as info:
+        step(batch)
+    lines = str(info.value).splitlines()
+    assert 'eval_step has different inputs on process 3' in lines[0], lines
+    assert lines[1].startswith('first difference: the input structure'), lines
+    assert "_Batch{x,mode}<('train',)>(*) on processes 0-2" in lines[1], lines
+    assert "_Batch{x,mode}<('eval',)>(*) on process 3" in lines[1], lines
+    assert lines[2] == 'the one argument has the same shape, dtype and sharding on every host'
+    multihost.barrier('aligned after static field')
 
 
 def _local_batch_of(rows: int) -> dict[str, jax.Array]:
