@@ -116,6 +116,8 @@ def _static(v: Any, depth: int) -> str:
         if isinstance(fields, tuple):  # namedtuple: its fields by name
             items = ','.join(f'{f}={_static(x, d)}' for f, x in zip(fields, v))
             return f'{qualname(t)}({items})'
+        if len(v) == 1:
+            items += ','  # (x,) as Python writes it
         return f'({items})' if t is tuple else f'{qualname(t)}({items})'
     if isinstance(v, list):
         return ('[' if t is list else f'{qualname(t)}[') + ','.join(_static(x, d) for x in v) + ']'

@@ -52,7 +52,7 @@ jax.monitoring.register_event_duration_secs_listener(_count_compiles)
 _STEPS = 4
 
 
-@multiprocess(timeout=300)
+@multiprocess(timeout=900)
 def test_a_watched_train_step_runs_healthy_steps_records_them_and_computes_the_same_losses():
     pid = jax.process_index()
     mesh = make_mesh()
@@ -84,7 +84,7 @@ def test_a_watched_train_step_runs_healthy_steps_records_them_and_computes_the_s
         np.testing.assert_array_equal(np.asarray(a.addressable_data(0)), b.addressable_data(0))
 
 
-@multiprocess(timeout=300)
+@multiprocess(timeout=900)
 def test_broadcast_and_allgather_take_a_train_state_with_static_functions():
     mesh = make_mesh()
     state = create_state(mesh)
@@ -127,7 +127,7 @@ def _global_key(seed: int, sharding: Any, n: int | None = None) -> jax.Array:
     return jax.jit(make, out_shardings=sharding)()
 
 
-@multiprocess(timeout=120)
+@multiprocess(timeout=300)
 def test_a_watched_step_takes_and_returns_typed_keys_and_checks_their_shape_and_sharding():
     pid = jax.process_index()
     mesh = make_mesh()
@@ -166,7 +166,7 @@ class _Batch:
     mode: str = flax.struct.field(pytree_node=False)
 
 
-@multiprocess(timeout=120)
+@multiprocess(timeout=300)
 def test_a_static_field_that_differs_on_one_host_is_shown_in_the_structure():
     pid = jax.process_index()
     step = multihost.watch(jax.jit(lambda b: b.x * 2), name='eval_step')
@@ -176,8 +176,8 @@ def test_a_static_field_that_differs_on_one_host_is_shown_in_the_structure():
     lines = str(info.value).splitlines()
     assert 'eval_step has different inputs on process 3' in lines[0], lines
     assert lines[1].startswith('first difference: the input structure'), lines
-    assert "_Batch{x,mode}<('train',)>(*) on processes 0-2" in lines[1], lines
-    assert "_Batch{x,mode}<('eval',)>(*) on process 3" in lines[1], lines
+    assert "_Batch{x,mode}<('train',)>(*)" in lines[1] and 'on processes 0-2;' in lines[1], lines
+    assert "_Batch{x,mode}<('eval',)>(*)" in lines[1] and lines[1].endswith(' on process 3'), lines
     assert lines[2] == 'the one argument has the same shape, dtype and sharding on every host'
     multihost.barrier('aligned after static field')
 
@@ -192,7 +192,7 @@ def _local_batch_of(rows: int) -> dict[str, jax.Array]:
     }
 
 
-@multiprocess(timeout=300)
+@multiprocess(timeout=900)
 def test_one_host_with_another_batch_shape_gets_a_short_message_naming_the_batch_first():
     pid = jax.process_index()
     mesh = make_mesh()
@@ -224,7 +224,7 @@ def test_one_host_with_another_batch_shape_gets_a_short_message_naming_the_batch
 _NAME = re.compile(r'%[\w.\-]+|\b[\w.\-]+(?=: )')
 
 
-@multiprocess(timeout=300)
+@multiprocess(timeout=900)
 def test_a_host_dependent_branch_names_an_hlo_line_that_differs_in_substance():
     pid = jax.process_index()
     mesh = make_mesh()
