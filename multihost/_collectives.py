@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from multihost import _jax_adapter, _sequence
+from multihost import _jax_adapter, _sequence, _structure
 
 _PROCESS_AXIS = 'processes'
 _Tree = TypeVar('_Tree')
@@ -61,7 +61,7 @@ def _is_global(x: Any) -> bool:
 
 def _tree_digest(kind: str, treedef: Any, leaves: list[Any], extra: Any = None) -> str:
     sig = [(tuple(np.shape(x)), str(getattr(x, 'dtype', type(x).__name__))) for x in leaves]
-    return _sequence.digest((kind, str(treedef), sig, extra))
+    return _sequence.digest((kind, _structure.structure(treedef), sig, extra))
 
 
 def _stack_on_processes(host_arrays: list[np.ndarray]) -> list[jax.Array]:

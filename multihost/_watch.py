@@ -5,28 +5,34 @@
 call:
 
 1. builds the call's **signature key** — the input structure, and per leaf
-   shape, dtype, weak type and sharding; Python scalars by type (a step
-   counter does not miss the cache), static arguments by value — and looks it
-   up (a dict hit on every call after the first of a signature);
+   shape, dtype, weak type and sharding (typed PRNG keys: key dtype, shape
+   and sharding); Python scalars by type (a step counter does not miss the
+   cache), static arguments by value — and looks it up (a dict hit on every
+   call after the first of a signature). Across hosts the structure counts as
+   `_structure.structure` writes it: functions by name, never an address;
 2. records the call in the host's flight recorder (`_recorder`);
 3. with ``check=True`` and more than one process, takes its turn in the
    collective sequence (`_sequence.check_launch`, one `_kv` round, like a
    core collective): every host publishes the signature's digest, so a host
    about to launch other code — another function, shapes, shardings or
    static arguments — makes every host raise `CollectiveMismatchError`
-   before anything is launched, naming each host's function, signature and
-   call site. The first time any host sees a signature, the hosts then
-   compile it (``fn.lower(...).compile()``, which JAX's own dispatch reuses:
-   no extra compilation) and compare their programs: a digest of the
-   optimized HLO without source locations (the executable's fingerprint, which
-   is recorded too, covers source file names, and those differ between hosts
-   in notebooks: ``/tmp/ipykernel_<pid>/...``). Flags or
-   code that change the program on one host are caught too, and the error
-   names the first collective that differs (op, replica groups, shapes) or,
-   with the same collectives, the first differing HLO line. Collective
-   lists and HLO lines travel only in that case;
-4. launches, keeping a weak reference to one output, so the wavefront can
-   later ask whether it finished on device (`jax.Array.is_ready`).
+   before anything is launched, leading with the first differing argument
+   (the identical ones counted, not listed) and the call sites. The first
+   time any host sees a signature, the hosts then compile it
+   (``fn.lower(...).compile()``, which JAX's own dispatch reuses: no extra
+   compilation) and compare their programs: a digest of the optimized HLO
+   without source locations (the executable's fingerprint, which is recorded
+   too, covers source file names, and those differ between hosts in
+   notebooks: ``/tmp/ipykernel_<pid>/...``) and modulo instruction names
+   (`_normalized`: a host-dependent branch renumbers every instruction after
+   it). Flags or code that change the program on one host are caught too,
+   and the error names the first collective that differs (op, replica
+   groups, shapes) or, with the same collectives, the first HLO line that
+   differs in substance (op, shape, constant, operands). Collective lists and
+   HLO lines travel only in that case;
+4. launches, keeping a weak reference to one output (the first that is not a
+   key array, which has no ``is_ready``; else a key's data), so the wavefront
+   can later ask whether it finished on device (`jax.Array.is_ready`).
 
 A call with a tracer argument (inside an outer ``jit``/``scan``) passes
 straight through, unrecorded.
@@ -38,6 +44,7 @@ import functools
 import hashlib
 import inspect
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +53,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from multihost import _jax_adapter, _kv, _recorder, _sequence
+from multihost import _jax_adapter, _kv, _recorder, _sequence, _structure
 from multihost._errors import CollectiveMismatchError, HostFailedError
 from multihost._sequence import CollectiveRecord
 from multihost._text import fmt_hosts
@@ -55,7 +62,19 @@ from multihost._text import fmt_hosts
 _MAX_COLLECTIVES = 256
 #: Lines per block when hosts compare their HLO text (only when programs differ).
 _BLOCK = 64
-_MAX_LINE = 240
+_MAX_LINE = 240  # characters of an HLO line or structure shown in a message
+#: HLO lines longer than this are cut when two hosts share a block of them.
+_MAX_SHARED_LINE = 16384
+#: Characters of the input structure a host shares after a mismatch.
+_MAX_TREE = 1 << 18
+#: Per differing argument, values shown (the rest counted with their hosts).
+_MAX_VALUES = 4
+#: Host ranges named per value (``processes 0, 7, 14, 21, ... (143 in all)``).
+_MAX_RANGES = 4
+#: Differing arguments listed in a mismatch message (the rest counted).
+_MAX_DIFFS = 3
+#: Signatures listed when hosts launch different functions (the rest counted).
+_MAX_GROUPS = 8
 _COLLECTIVE_OPS = (
     'all-reduce',
     'all-gather',
@@ -77,8 +96,9 @@ class _Signature:
 
     digest: str
     args: list[tuple[str, str]]  # (argument path, description), in order
+    tree: str = ''  # the input structure (`_structure.structure`)
     fingerprint: str | None = None  # None until compiled
-    program: str = ''  # digest of the optimized HLO, source locations stripped
+    program: str = ''  # digest of the optimized HLO, source locations and names aside
     compiled: Any = None
 
 
@@ -217,8 +237,10 @@ class Watched:
         parts: list[Any] = []
         for x in leaves:
             t = type(x)
-            if t in _CONCRETE or _is_concrete_array(t):
+            if t in _CONCRETE or (t not in _KEYS and _is_concrete_array(x)):
                 parts.append((x.shape, x.dtype, x.weak_type, _sharding_token(x.sharding)))
+            elif t in _KEYS:  # typed PRNG keys: no weak type
+                parts.append((x.shape, x.dtype, _sharding_token(x.sharding)))
             elif issubclass(t, _Tracer):
                 return None
             elif t is np.ndarray:
@@ -234,6 +256,7 @@ class Watched:
         dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
         static_pos = {k for k, _ in statics}
         described: list[tuple[str, str]] = []
+        described_full: list[str] = []  # static values uncut
         positions = [i for i in range(len(args)) if i not in static_pos]
         for i, value in zip(positions, dyn_args):
             described += _leaves(self._param(i), value, self._by_value)
@@ -241,14 +264,19 @@ class Watched:
             described += _leaves(k, v, self._by_value)
         for k, v in statics:
             label = self._param(k) if isinstance(k, int) else str(k)
-            described.append((label, f'static {_short_repr(v)}'))
-        _, treedef = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+            static = _structure.static(v)  # by value; functions by name, never an address
+            described.append((label, f'static {_short(static)}'))
+            described_full.append(static)
+        # The structure as every host sees it (no addresses of static functions).
+        tree = _structure.structure(jax.tree_util.tree_structure((dyn_args, dyn_kwargs)))
         h = hashlib.blake2b(digest_size=8)
         h.update(self._ident.encode())
-        h.update(str(treedef).encode())
+        h.update(tree.encode())
         for path, text in described:
             h.update(f'\0{path}\0{text}'.encode())
-        return _Signature(digest=h.hexdigest(), args=described)
+        for static in described_full:
+            h.update(f'\0{static}'.encode())
+        return _Signature(digest=h.hexdigest(), args=described, tree=tree)
 
     def _param(self, i: int) -> str:
         return self._params[i] if i < len(self._params) else f'arg{i}'
@@ -265,7 +293,7 @@ class Watched:
         compiled = self._lower(*args, **kwargs).compile()
         sig.compiled = compiled
         sig.fingerprint = _jax_adapter.fingerprint(compiled)
-        sig.program = _crc('\n'.join(_hlo_lines(compiled)))
+        sig.program = _crc('\n'.join(_normalized(_hlo_lines(compiled))))
 
     # -- the cross-host check ---------------------------------------------------------
 
@@ -320,36 +348,65 @@ class Watched:
     def _signature_mismatch(
         self, exc: CollectiveMismatchError, sig: _Signature
     ) -> CollectiveMismatchError:
-        """Hosts launch different functions or signatures: one more round for the details."""
+        """Hosts launch different functions or signatures: one more round for the details.
+
+        The message leads with what differs (the functions, or the first
+        differing arguments, each with the hosts holding each value) and counts
+        the arguments that are the same everywhere instead of listing them.
+        """
         pid = _kv.process_index()
         rec = exc.calls[pid]
         calls = exc.calls
         # One host per distinct (function, signature digest) shares the readable signature.
         firsts: dict[tuple[str, str], int] = {}
         sender = {p: firsts.setdefault((c.name, c.digest), p) for p, c in sorted(calls.items())}
-        mine = json.dumps({'args': sig.args}) if sender.get(pid) == pid else ''
+        mine = (
+            json.dumps({'args': sig.args, 'tree': sig.tree[:_MAX_TREE], 'ident': self._ident})
+            if sender.get(pid) == pid
+            else ''
+        )
         try:
             shared = _sequence.share(rec, 'sig', mine, timeout=30.0)
         except Exception:
             return exc
-        parsed = {q: json.loads(shared[q])['args'] for q in set(sender.values()) if q in shared}
-        args = {p: [tuple(a) for a in parsed[q]] for p, q in sender.items() if q in parsed}
-        lines = [
-            f'  process {p}: {c.name}({_fmt_args(args.get(p, []))}) at {c.site}'
-            for p, c in sorted(calls.items())
-        ]
-        names = {c.name for c in calls.values()}
+        parsed = {q: json.loads(shared[q]) for q in set(sender.values()) if q in shared}
+        infos = {p: parsed[q] for p, q in sender.items() if q in parsed}
+        groups: dict[tuple[str, str], list[int]] = {}
+        for p, c in sorted(calls.items()):
+            groups.setdefault((c.name, c.digest), []).append(p)
+        majority = max(groups.values(), key=lambda ps: (len(ps), -ps[0]))
+        odd = sorted(p for p in calls if p not in majority)
+        names: dict[str, list[int]] = {}
+        for p, c in sorted(calls.items()):
+            names.setdefault(c.name, []).append(p)
+        head = f'watched launch mismatch at #{exc.seq}: '
+        tail = ' (caught before launch; nothing was launched)'
         if len(names) > 1:
-            why = 'different functions'
-            first = ''
+            head += 'hosts are about to launch different functions: ' + _fmt_groups(names) + tail
+            body = [
+                f'  {fmt_hosts(ps)}: {name}({_fmt_args(_args(infos.get(ps[0])), 3)}) '
+                f'at {calls[ps[0]].site}'
+                for (name, _), ps in list(groups.items())[:_MAX_GROUPS]
+            ]
+            if len(groups) > _MAX_GROUPS:
+                body.append(f'  ... {len(groups) - _MAX_GROUPS} more signatures')
         else:
-            why = 'the same function with different inputs'
-            first = _first_difference(args)
+            head += f'{rec.name} has different inputs on {fmt_hosts(odd)}' + tail
+            body = _input_differences(infos)
+            sites = _grouped({p: c.site for p, c in calls.items()})
+            files = {os.path.basename(site) for site in sites}
+            if len(sites) == 1:
+                body.append(f'called at {next(iter(sites))} on every host')
+            elif len(files) == 1:  # notebooks: /tmp/ipykernel_<pid>/<cell>.py on each host
+                body.append(
+                    f'called at {next(iter(files))} on every host (in different directories)'
+                )
+            else:
+                body.append('called at ' + _fmt_groups(sites, 2))
         return CollectiveMismatchError(
-            f'watched launch mismatch at #{exc.seq}: hosts are about to launch {why} '
-            '(caught before launch; nothing was launched):\n'
-            + '\n'.join(lines)
-            + (f'\nfirst difference: {first}' if first else '')
+            head
+            + '\n'
+            + '\n'.join(body)
             + '\nEvery host must launch the same program, in the same order, with the same '
             'shapes, shardings and static arguments.',
             seq=exc.seq,
@@ -363,10 +420,16 @@ class Watched:
         sig: _Signature,
         prints: dict[int, str],
     ) -> CollectiveMismatchError:
-        """Same inputs, different executables: the first collective (or HLO line) that differs."""
+        """Same inputs, different executables: the first collective (or HLO line) that differs.
+
+        Programs are compared modulo instruction names (`_normalized`): a
+        host-dependent branch renumbers every instruction after it, and the
+        line shown is the first that differs in op, shape, constant or operands.
+        """
         hlo = _hlo_lines(sig.compiled)
+        norm = _normalized(hlo)
         colls = _collectives(hlo)
-        blocks = [_crc('\n'.join(hlo[i : i + _BLOCK])) for i in range(0, len(hlo), _BLOCK)]
+        blocks = [_crc('\n'.join(norm[i : i + _BLOCK])) for i in range(0, len(norm), _BLOCK)]
         groups: dict[str, list[int]] = {}
         for p, fp in sorted(prints.items()):
             groups.setdefault(fp, []).append(p)
@@ -397,20 +460,27 @@ class Watched:
                 f'  process {p}: {_fmt_coll(b[i] if i < len(b) else None)}'
             )
         else:
-            # Same collectives, different program: find the first differing HLO line.
+            # Same collectives, different program: find the first HLO line that
+            # differs modulo instruction names.
             p = odd[0]
             a, b = shared[ref]['blocks'], shared[p]['blocks']
             k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            mine = json.dumps(hlo[k * _BLOCK : (k + 1) * _BLOCK]) if me in (ref, p) else ''
-            got = _sequence.share(rec, 'hlo', mine)  # only the two compared hosts' lines
-            la, lb = json.loads(got[ref]), json.loads(got[p])
-            j = next((j for j, (x, y) in enumerate(zip(la, lb)) if x != y), min(len(la), len(lb)))
-            line = k * _BLOCK + j + 1
+            span = slice(k * _BLOCK, (k + 1) * _BLOCK)
+            block = {
+                'raw': [x[:_MAX_SHARED_LINE] for x in hlo[span]],
+                'norm': [x[:_MAX_SHARED_LINE] for x in norm[span]],
+                'crc': [_crc(x) for x in norm[span]],
+            }
+            got = _sequence.share(rec, 'hlo', json.dumps(block) if me in (ref, p) else '')
+            ba, bb = json.loads(got[ref]), json.loads(got[p])  # only the two compared hosts'
+            ca, cb = ba['crc'], bb['crc']
+            j = next((j for j, (x, y) in enumerate(zip(ca, cb)) if x != y), min(len(ca), len(cb)))
+            la, lb = _differing_excerpts(ba, bb, j)
             detail = (
                 'same collectives, different program; first differing HLO line '
-                f'(line {line}, metadata stripped):\n'
-                f'  process {ref}: {la[j] if j < len(la) else "<end of program>"}\n'
-                f'  process {p}: {lb[j] if j < len(lb) else "<end of program>"}'
+                f'(line {k * _BLOCK + j + 1}, metadata stripped, instruction names aside):\n'
+                f'  process {ref}: {la}\n'
+                f'  process {p}: {lb}'
             )
         return CollectiveMismatchError(
             f'watched launch mismatch at #{rec.seq}: {self.name} has the same inputs on every '
@@ -431,13 +501,26 @@ _Tracer = jax.core.Tracer
 #: Concrete array types seen so far (`jax.Array` subclasses that are not tracers):
 #: a set lookup per leaf instead of two `isinstance` checks against ABCs.
 _CONCRETE: set[type] = set()
+#: Types of typed PRNG key arrays seen so far (``jax.random.key``): arrays of a
+#: key dtype (``key<fry>``), without ``weak_type`` or ``is_ready``.
+_KEYS: set[type] = set()
 
 
-def _is_concrete_array(t: type) -> bool:
-    if issubclass(t, jax.Array) and not issubclass(t, _Tracer):
-        _CONCRETE.add(t)
-        return True
-    return False
+def _is_key(x: Any) -> bool:
+    dtype = getattr(x, 'dtype', None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _is_concrete_array(x: Any) -> bool:
+    """Whether ``x`` is a concrete array of a numeric dtype (its type is remembered either way)."""
+    t = type(x)
+    if not isinstance(x, jax.Array) or issubclass(t, _Tracer):
+        return False
+    if _is_key(x):
+        _KEYS.add(t)
+        return False
+    _CONCRETE.add(t)
+    return True
 
 
 #: id(sharding) -> (the sharding, its token); sharding -> token. Equal shardings
@@ -460,17 +543,32 @@ def _sharding_token(s: Any) -> int:
 
 
 def _first_array(out: Any) -> Any:
-    """One `jax.Array` among a call's outputs (the first), or None; cheap for the usual shapes."""
+    """One `jax.Array` among a call's outputs (the first), or None; cheap for the usual shapes.
+
+    The recorder asks it ``is_ready()``, which key arrays lack: the first
+    array that is not a key, else the first key's data (the buffer it wraps).
+    """
+    top = out
     for _ in range(4):  # (out, aux), [arrays], {name: array}: descend into the first item
-        if type(out) in _CONCRETE or isinstance(out, jax.Array):
+        if type(out) in _CONCRETE:
             return out
+        if isinstance(out, jax.Array):
+            if not _is_key(out):
+                return out
+            break
         if isinstance(out, (tuple, list)) and out:
             out = out[0]
         elif isinstance(out, dict) and out:
             out = next(iter(out.values()))
         else:
             break
-    return next((x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)), None)
+    key = None
+    for x in jax.tree_util.tree_leaves(top):
+        if isinstance(x, jax.Array):
+            if not _is_key(x):
+                return x
+            key = x if key is None else key
+    return None if key is None else jax.random.key_data(key)
 
 
 def _hashable(v: Any) -> Any:
@@ -481,15 +579,20 @@ def _hashable(v: Any) -> Any:
     return v
 
 
+def _short(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[: n - 3] + '...'
+
+
 def _short_repr(v: Any, n: int = 80) -> str:
-    r = repr(v)
-    return r if len(r) <= n else r[: n - 3] + '...'
+    return _short(repr(v), n)
 
 
 _DTYPE_SHORT = {'float': 'f', 'int': 'i', 'uint': 'u', 'bfloat': 'bf', 'complex': 'c'}
 
 
 def _dtype(dtype: Any) -> str:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return str(dtype)  # key<fry>
     name = np.dtype(dtype).name
     for long, short in _DTYPE_SHORT.items():
         if name.startswith(long) and name[len(long) :].isdigit():
@@ -511,7 +614,7 @@ def _sharding(s: Any) -> str:
 
 def _leaf(x: Any, by_value: bool) -> str:
     if isinstance(x, jax.Array):
-        weak = ' weak' if x.weak_type else ''
+        weak = ' weak' if getattr(x, 'weak_type', False) else ''
         shape = ','.join(map(str, x.shape))
         return f'{_dtype(x.dtype)}[{shape}]{weak} {_sharding(x.sharding)}'
     if isinstance(x, np.ndarray):
@@ -537,19 +640,85 @@ def _fmt_args(args: list[tuple[str, str]], limit: int = 6) -> str:
     return ', '.join(shown)
 
 
-def _first_difference(args: dict[int, list[tuple[str, str]]]) -> str:
-    """``argument 'batch': f32[8,4] on processes 0, 1, 3; f32[8,5] on process 2``."""
-    longest = max((len(a) for a in args.values()), default=0)
-    for i in range(longest):
-        at = {p: (a[i] if i < len(a) else ('', '<missing>')) for p, a in args.items()}
-        if len(set(at.values())) <= 1:
-            continue
-        path = next(v[0] for v in at.values() if v[0])
-        by: dict[str, list[int]] = {}
-        for p, (q, text) in sorted(at.items()):
-            by.setdefault(text if q == path else f'{q}: {text}', []).append(p)
-        return f'argument {path!r}: ' + '; '.join(f'{t} on {fmt_hosts(ps)}' for t, ps in by.items())
-    return 'the input structure (tree) differs'
+def _args(info: dict[str, Any] | None) -> list[tuple[str, str]]:
+    return [(str(p), str(t)) for p, t in (info or {}).get('args', [])]
+
+
+def _fmt_groups(by: dict[str, list[int]], limit: int = _MAX_VALUES) -> str:
+    """``'f32[8] on processes 0, 2-3; f32[9] on process 1'``: at most ``limit`` values."""
+    items = list(by.items())
+    text = '; '.join(f'{t} on {fmt_hosts(ps, _MAX_RANGES)}' for t, ps in items[:limit])
+    if len(items) > limit:
+        rest = [p for _, ps in items[limit:] for p in ps]
+        text += f'; {len(items) - limit} other values on {fmt_hosts(rest, _MAX_RANGES)}'
+    return text
+
+
+def _grouped(values: dict[int, str]) -> dict[str, list[int]]:
+    by: dict[str, list[int]] = {}
+    for p, v in sorted(values.items()):
+        by.setdefault(v, []).append(p)
+    return by
+
+
+def _input_differences(infos: dict[int, dict[str, Any]]) -> list[str]:
+    """What differs between the hosts' signatures, first difference first.
+
+    ``infos``: process -> its shared signature (``args``: [(path,
+    description)], ``tree``: the structure, ``ident``: the function's
+    qualified name). Arguments are matched by path; each differing one is a
+    line naming the hosts of each value (``argument 'batch': f32[8,4] on
+    processes 0, 1, 3; f32[8,5] on process 2``), at most `_MAX_DIFFS`; the
+    arguments that are the same everywhere are counted.
+    """
+    if not infos:
+        return ["first difference: unknown (the hosts' signatures could not be shared)"]
+    idents = _grouped({p: str(i.get('ident', '')) for p, i in infos.items()})
+    if len(idents) > 1:
+        return ['first difference: the function itself: ' + _fmt_groups(idents)]
+    args = {p: dict(_args(i)) for p, i in infos.items()}
+    order = list(dict.fromkeys(path for p in sorted(infos) for path, _ in _args(infos[p])))
+    differing, same = [], 0
+    for path in order:
+        by = _grouped({p: a.get(path, '<missing>') for p, a in args.items()})
+        if len(by) == 1:
+            same += 1
+        else:
+            differing.append(f'argument {path!r}: ' + _fmt_groups(by))
+    if not differing:
+        trees = _grouped({p: str(i.get('tree', '')) for p, i in infos.items()})
+        return [
+            'first difference: the input structure (node types, keys, static fields): '
+            + _tree_difference(trees),
+            (f'all {same} arguments have' if same != 1 else 'the one argument has')
+            + ' the same shape, dtype and sharding on every host',
+        ]
+    lines = ['first difference: ' + differing[0]]
+    lines += ['also differs: ' + d for d in differing[1:_MAX_DIFFS]]
+    if len(differing) > _MAX_DIFFS:
+        lines.append(f'... {len(differing) - _MAX_DIFFS} more arguments differ')
+    verb = 'argument is' if same == 1 else 'arguments are'
+    lines.append(f'{same} other {verb} the same on every host')
+    return lines
+
+
+def _tree_difference(trees: dict[str, list[int]]) -> str:
+    """Each host group's structure around the first character where two of them differ."""
+    texts = list(trees)
+    if len(texts) < 2:
+        return f'beyond the first {_MAX_TREE} characters of its text'
+    pos = len(os.path.commonprefix(texts[:2]))
+    shown = {_excerpt(t, pos, _MAX_LINE // 2): ps for t, ps in trees.items()}
+    return _fmt_groups(shown, 2)
+
+
+def _excerpt(text: str, pos: int, width: int = _MAX_LINE) -> str:
+    """``text`` if short, else ``width`` characters of it around ``pos``, cuts marked."""
+    if len(text) <= width:
+        return text
+    start = max(0, min(pos - width // 4, len(text) - width))
+    end = start + width
+    return ('...' if start else '') + text[start:end] + ('...' if end < len(text) else '')
 
 
 def _crc(text: str) -> str:
@@ -557,7 +726,7 @@ def _crc(text: str) -> str:
 
 
 def _hlo_lines(compiled: Any) -> list[str]:
-    """The optimized HLO, one entry per line (cut to `_MAX_LINE`), without source locations.
+    """The optimized HLO, one entry per line, without source locations.
 
     Drops ``metadata={...}`` and the source tables (``FileNames``,
     ``FunctionNames``, ``FileLocations``, ``StackFrames``): they name the
@@ -579,11 +748,70 @@ def _hlo_lines(compiled: Any) -> list[str]:
             if not line.strip():
                 skipping = False
             continue
-        out.append(_METADATA.sub('', line).rstrip()[:_MAX_LINE])
+        out.append(_METADATA.sub('', line).rstrip())
     return out
 
 
 _SOURCE_TABLES = frozenset({'FileNames', 'FunctionNames', 'FileLocations', 'StackFrames'})
+#: Instruction and computation names (``%multiply.1231``); in a computation's
+#: header line also its parameters' names (``(param_0.5: f32[8])``).
+_NAME = re.compile(r'(?<=%)[\w.\-]+')
+_HEADER_NAME = re.compile(r'(?<=%)[\w.\-]+|(?<![\w.\-%])[\w.\-]+(?=: )')
+
+
+def _segments(line: str) -> list[str]:
+    """``line`` split into text, name, text, name, ..., text (names at odd positions)."""
+    pattern = _HEADER_NAME if line.startswith(('%', 'ENTRY ')) else _NAME
+    out, pos = [], 0
+    for m in pattern.finditer(line):
+        out += [line[pos : m.start()], m.group()]
+        pos = m.end()
+    out.append(line[pos:])
+    return out
+
+
+def _normalized(lines: list[str]) -> list[str]:
+    """The HLO lines with every name replaced by its number in order of first appearance.
+
+    Two programs that differ only in how instructions are named (a
+    host-dependent branch renumbers ``%mul.1231`` to ``%mul.1234`` in all
+    that follows) normalize alike; what is left to differ is substance: ops,
+    shapes, constants, operands, attributes.
+    """
+    ids: dict[str, int] = {}
+    out = []
+    for line in lines:
+        segs = _segments(line)
+        for i in range(1, len(segs), 2):
+            segs[i] = str(ids.setdefault(segs[i], len(ids)))
+        out.append(''.join(segs))
+    return out
+
+
+def _differing_excerpts(
+    a: dict[str, list[str]], b: dict[str, list[str]], j: int
+) -> tuple[str, str]:
+    """Line ``j`` of two hosts' shared blocks, each shown around where they differ in substance."""
+    ra = a['raw'][j] if j < len(a['raw']) else None
+    rb = b['raw'][j] if j < len(b['raw']) else None
+    if ra is None or rb is None:
+        return (
+            '<end of program>' if ra is None else _excerpt(ra, 0),
+            '<end of program>' if rb is None else _excerpt(rb, 0),
+        )
+    sa, sb = _segments(a['norm'][j]), _segments(b['norm'][j])
+    ga, gb = _segments(ra), _segments(rb)
+    pa = pb = 0
+    if len(sa) == len(ga) and len(sb) == len(gb):  # raw and normalized segments align
+        i = next((i for i, (x, y) in enumerate(zip(sa, sb)) if x != y), min(len(sa), len(sb)))
+        off = (
+            len(os.path.commonprefix([sa[i], sb[i]]))
+            if i % 2 == 0 and i < len(sa) and i < len(sb)
+            else 0
+        )
+        pa = sum(map(len, ga[:i])) + off
+        pb = sum(map(len, gb[:i])) + off
+    return _excerpt(ra, pa), _excerpt(rb, pb)
 
 
 def _collectives(lines: list[str]) -> list[list[str]]:
@@ -603,4 +831,6 @@ def _fmt_coll(c: list[str] | None) -> str:
     if c is None:
         return '<no further collective>'
     op, shape, groups = c
-    return f'{op} -> {shape}' + (f' over replica_groups={groups}' if groups else '')
+    return _short(
+        f'{op} -> {shape}' + (f' over replica_groups={groups}' if groups else ''), _MAX_LINE
+    )
