@@ -90,16 +90,16 @@ def test_notebook_runs_top_to_bottom(path):
         assert 'step 3: loss' in text, text
         # The parameter tree in one table; one leaf by its attribute path.
         assert 'state.params: 19 leaves' in text and "['embed']['embedding']" in text, text
-        assert "NamedSharding P('model') on mesh (data=4, model=2)" in text, text
+        assert "NamedSharding P('model') on mesh (data=2, model=2)" in text, text
         # Healthy sharded leaves are compared over their replicas: nothing differs ...
-        assert 'All 4 hosts hold the same tree (19 leaves).' in text, text
-        # ... then host 2's drifted bias is named, block by block.
-        assert "['block_0']['Dense_0']['bias'] block [0:32] [value] on process 2" in text, text
+        assert 'All 2 hosts hold the same tree (19 leaves).' in text, text
+        # ... then host 1's drifted bias is named, block by block.
+        assert "['block_0']['Dense_0']['bias'] block [0:32] [value] on process 1" in text, text
         # The other batch shape: caught before launch, first difference first.
         assert 'first difference: argument "batch[' in text and 'on process 1' in text, text
         assert 'other arguments are the same on every host' in text, text
         # The whole state in the notebook, its dropout key a key array.
-        assert 'gathered = state gathered from 4 hosts' in text and 'key<fry>' in text, text
+        assert 'gathered = state gathered from 2 hosts' in text and 'key<fry>' in text, text
     if path.name == '05_real_cluster.ipynb':
         # Without MH_CLUSTER_URL_FILE: its stand-in cluster on this machine.
         # tests/test_netns_cluster.py runs it against hosts with their own addresses.
