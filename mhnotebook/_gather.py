@@ -91,9 +91,9 @@ def key_leaf(data: np.ndarray, impl: str) -> Any:
 def _fmt_target(name: str, index: tuple[int | slice, ...] | None) -> str:
     if index is None:
         return name
-    from multihost.engine import _fmt_index
+    from multihost._names import format_index
 
-    return name + _fmt_index(index)
+    return name + format_index(index)
 
 
 def human_bytes(n: float) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from multihost import _kv, _sequence
+from multihost import _kv, _names, _sequence
 
 if TYPE_CHECKING:
     from multihost import Layout, NonfiniteReport, ReplicaReport, TreeDiff, TreeLayout
@@ -286,8 +286,6 @@ def lookup(namespace: dict[str, Any], name: str, *, cuts: bool = False) -> Any:
     Raises:
         GatherError: the name does not parse or a step fails (which one, what was there).
     """
-    from multihost import _names
-
     try:
         value, cut = _names.resolve(namespace, name, cuts=cuts)
     except _names.BadName as exc:
@@ -300,29 +298,18 @@ def lookup(namespace: dict[str, Any], name: str, *, cuts: bool = False) -> Any:
 Selection = tuple[tuple[Any, ...], ...]
 
 
-def _fmt_index(index: tuple[Any, ...]) -> str:
-    def one(i: Any) -> str:
-        if isinstance(i, slice):
-            text = f'{"" if i.start is None else i.start}:{"" if i.stop is None else i.stop}'
-            return text + (f':{i.step}' if i.step is not None else '')
-        return str(i)
-
-    return '[' + ', '.join(one(i) for i in index) + ']'
-
-
 def _selection(name: str, index: tuple[Any, ...], shape: tuple[int, ...]) -> Selection:
     """Normalizes ``index`` (ints and slices only) against ``shape``."""
+    where = name + _names.format_index(index)
     if len(index) > len(shape):
-        raise GatherError(
-            f'{name}{_fmt_index(index)}: {len(index)} indices for an array of rank {len(shape)}.'
-        )
+        raise GatherError(f'{where}: {len(index)} indices for an array of rank {len(shape)}.')
     out: list[tuple[str, int] | tuple[str, int, int, int]] = []
     for axis, n in enumerate(shape):
         i = index[axis] if axis < len(index) else slice(None)
         if isinstance(i, slice):
             if i.step is not None and i.step <= 0:
                 raise GatherError(
-                    f'{name}{_fmt_index(index)}: a global array is sliced on the hosts with '
+                    f'{where}: a global array is sliced on the hosts with '
                     'positive steps only; reverse the result in the notebook.'
                 )
             out.append(('slice', *i.indices(n)))
@@ -330,8 +317,7 @@ def _selection(name: str, index: tuple[Any, ...], shape: tuple[int, ...]) -> Sel
             j = int(i) + n if i < 0 else int(i)
             if not 0 <= j < n:
                 raise GatherError(
-                    f'{name}{_fmt_index(index)}: index {int(i)} is out of range for axis '
-                    f'{axis} (size {n}).'
+                    f'{where}: index {int(i)} is out of range for axis {axis} (size {n}).'
                 )
             out.append(('int', j))
         else:
@@ -352,18 +338,18 @@ def _gather_target(
 
     value, cut = lookup(namespace, name, cuts=True)
     if cut is not None and index is None:  # the name ended with it (x[3] on an array)
-        from multihost import _names
-
         head, steps = _names.parse(name, cuts=True)
         name, index = _names.format_steps(head, steps[:-1]), cut
     elif cut is not None:
-        raise GatherError(f'{name}: cut twice ({_fmt_index(cut)} and {_fmt_index(index)}).')
+        raise GatherError(
+            f'{name}: cut twice ({_names.format_index(cut)} and {_names.format_index(index)}).'
+        )
     if index is None:
         return value, None
     index = tuple(index) if isinstance(index, tuple | list) else (index,)
     if not isinstance(value, jax.Array | np.ndarray | np.generic):
         raise GatherError(
-            f'{name}{_fmt_index(index)} slices an array, but {name} is a '
+            f'{name}{_names.format_index(index)} slices an array, but {name} is a '
             f'{type(value).__name__}; slice one array (a variable or an attribute).'
         )
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
@@ -373,7 +359,7 @@ def _gather_target(
             return value[index], None  # a host-local key array: cut here, still keys
         return np.asarray(value)[index], None
     except (IndexError, TypeError, ValueError) as exc:
-        raise GatherError(f'{name}{_fmt_index(index)}: {exc}') from None
+        raise GatherError(f'{name}{_names.format_index(index)}: {exc}') from None
 
 
 def _key_impl(x: Any) -> tuple[str, tuple[int, ...]] | None:

@@ -17,6 +17,21 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+_COMPILES = [0]
+
+
+def _count_compiles(event: str, duration: float, **kwargs: object) -> None:
+    if event == '/jax/core/compile/backend_compile_duration':
+        _COMPILES[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+
+
+def compiles() -> int:
+    """How many XLA compilations this process has made since it imported this module."""
+    return _COMPILES[0]
+
 
 def host_mesh(axes: tuple[str, str] = ('host', 'dev')) -> Mesh:
     """A 2-D mesh whose row p holds process p's devices (checked), one column per local device."""

@@ -28,6 +28,7 @@ from _flax_program import (
     make_mesh,
     train_step,
 )
+from _helpers import compiles
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -39,16 +40,6 @@ MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
 
 
-_COMPILES = [0]
-
-
-def _count_compiles(event: str, duration: float, **kwargs: object) -> None:
-    if event == '/jax/core/compile/backend_compile_duration':
-        _COMPILES[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compiles)
-
 _STEPS = 4
 
 
@@ -59,7 +50,7 @@ def test_a_watched_train_step_runs_healthy_steps_records_them_and_computes_the_s
     step = multihost.watch(train_step)
     state = create_state(mesh)
     losses, signatures = [], []
-    before = _COMPILES[0]
+    before = compiles()
     for i in range(_STEPS):
         state, loss = step(state, global_batch(mesh, i))
         losses.append(float(loss))
@@ -67,7 +58,7 @@ def test_a_watched_train_step_runs_healthy_steps_records_them_and_computes_the_s
     # The first step's state comes from init, later ones from the step itself
     # (XLA picks other output shardings): JAX compiles twice, watch adds nothing.
     assert signatures[-1] == signatures[1] <= 2, signatures
-    assert _COMPILES[0] - before == step.signatures
+    assert compiles() - before == step.signatures
     recs = [r for r in _recorder.snapshot(pid) if r.name == 'train_step']
     assert [r.call for r in recs] == list(range(_STEPS))
     assert all(r.kind == 'launch' and r.seq is not None and r.fingerprint for r in recs)

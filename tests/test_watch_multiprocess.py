@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import flat_mesh, source_line
+from _helpers import compiles, flat_mesh, source_line
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -25,16 +25,6 @@ from multihost import _recorder
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
-
-_COMPILES = [0]
-
-
-def _count_compiles(event: str, duration: float, **kwargs: object) -> None:
-    if event == '/jax/core/compile/backend_compile_duration':
-        _COMPILES[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compiles)
 
 
 def _sharded(n: int = 16, spec: P | None = None) -> jax.Array:
@@ -55,10 +45,10 @@ def test_a_different_shape_raises_on_every_host_before_launch_and_compile():
     step = multihost.watch(_scaled_sum, name='shape_step')
     step(_sharded(), 2).block_until_ready()
     a = _sharded(24 if pid == 2 else 16)
-    before = _COMPILES[0]
+    before = compiles()
     with pytest.raises(multihost.CollectiveMismatchError) as info:
         step(a, 2)
-    assert _COMPILES[0] == before, 'a shape mismatch must not pay a compile'
+    assert compiles() == before, 'a shape mismatch must not pay a compile'
     text = str(info.value)
     assert 'caught before launch' in text
     assert "first difference: argument 'a'" in text
@@ -159,11 +149,11 @@ def test_steady_state_compiles_once_records_and_shares_the_sequence():
     step = multihost.watch(_scaled_sum, name='steady')
     a = _sharded()
     out = step(a, 2)  # first call of the signature: compiled here (by lower().compile())
-    after_first = _COMPILES[0]
+    after_first = compiles()
     for _ in range(20):
         out = step(a, 2)
     out.block_until_ready()
-    assert _COMPILES[0] == after_first, 'no compile after the first call of a signature'
+    assert compiles() == after_first, 'no compile after the first call of a signature'
     assert step.signatures == 1
     # A Python scalar argument keyed by type: a step counter does not miss the cache.
     counter = multihost.watch(jax.jit(lambda a, k: a * k), name='counter')
