@@ -81,6 +81,15 @@ def _os_pid(process: int) -> int:
     return int(json.loads(_kv.get(_kv.client(), _kv.key('dmn', process)))['os_pid'])
 
 
+def _dead(os_pid: int) -> bool:
+    """Whether ``os_pid`` has exited (a zombie not yet reaped, or gone)."""
+    try:
+        with open(f'/proc/{os_pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X')
+    except FileNotFoundError:
+        return True
+
+
 def _stopped(os_pid: int) -> bool:
     with open(f'/proc/{os_pid}/stat') as f:
         return f.read().rsplit(')', 1)[1].split()[0] == 'T'
@@ -299,8 +308,12 @@ def _dead_host(timeout: float) -> dict:
     x = np.ones(4, np.float32)
     step(x)
     multihost.barrier('before the kill', timeout=30)
+    victim = _os_pid(2)  # registered by its debug thread before the barrier (kept after death)
     if pid == 2:
         os.kill(os.getpid(), signal.SIGKILL)
+    # Host 2 may leave the barrier after host 1 does: ask once it is really dead
+    # (a zombie or reaped), not while its debug thread can still answer.
+    wait_until(lambda: _dead(victim), 10, 'process 2 to die of its SIGKILL')
     killed = time.monotonic()
     out: dict = {}
     if pid == 1:
