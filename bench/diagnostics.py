@@ -204,7 +204,8 @@ def _run_check_overhead(reps: int) -> dict[str, list[float]]:
     import os
 
     import multihost
-    from multihost import _collectives, _sequence
+    from multihost._core import _collectives
+    from multihost._exchange import _sequence
 
     # Just above the small-exchange limit, so both runs take the device path
     # and differ only by the check.

@@ -34,7 +34,8 @@ import sys
 import _common
 import numpy as np
 
-from multihost import _kv, _rowdiff, _treediff
+from multihost._checks import _rowdiff, _treediff
+from multihost._exchange import _kv
 
 KEY = 24  # bytes of a key in a directory listing, e.g. 'mh/e/15/1000/delta/d/999'
 HEADER = 40  # a chunked value's header under its key
@@ -46,7 +47,10 @@ def _measure() -> dict[str, int]:
     import jax.numpy as jnp
 
     import multihost
-    from multihost import _census, _recorder, _sequence, _stacks, _wavefront
+    from multihost import _recorder
+    from multihost._checks import _census
+    from multihost._debug import _stacks, _wavefront
+    from multihost._exchange import _sequence
 
     step = multihost.watch(jax.jit(lambda x: x * 2.0), name='train_step')
     x = jnp.ones(8)

@@ -87,7 +87,7 @@ def _body(reps: int) -> dict[str, dict[str, list[float]]]:
     import jax.numpy as jnp
 
     import multihost
-    from multihost import _sequence
+    from multihost._exchange import _sequence
 
     p0 = jax.process_index() == 0
     tree = {f'w{i:04d}': np.full(16, i, np.float32) for i in range(LEAVES)}

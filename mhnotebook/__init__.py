@@ -6,6 +6,7 @@ engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
 
 from typing import TYPE_CHECKING, Any
 
+from mhnotebook._cluster._startup import connect, start_local
 from mhnotebook._errors import (
     HostDied,
     HostGone,
@@ -17,7 +18,6 @@ from mhnotebook._errors import (
     SessionTimeout,
 )
 from mhnotebook._session import HostInfo, Session
-from mhnotebook._startup import connect, start_local
 
 __all__ = [
     'HostDied',
@@ -48,7 +48,7 @@ def __getattr__(name: str) -> Any:
 
         return __version__
     if name == 'KeyData':  # what a gathered PRNG key leaf is where it cannot be keys
-        from mhnotebook._gather import KeyData
+        from mhnotebook._transfer._gather import KeyData
 
         return KeyData
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

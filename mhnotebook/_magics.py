@@ -23,6 +23,7 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from mhnotebook._cluster._startup import connect, start_local
 from mhnotebook._errors import (
     HostDied,
     HostsError,
@@ -34,7 +35,6 @@ from mhnotebook._errors import (
     hosts_phrase,
 )
 from mhnotebook._session import Session
-from mhnotebook._startup import connect, start_local
 from mhnotebook._views import (
     diff_view,
     env_view,
@@ -88,7 +88,7 @@ def _compact_subscripts(line: str) -> str:
 def _nbytes(value: Any) -> int:
     import jax
 
-    from mhnotebook._gather import KeyData
+    from mhnotebook._transfer._gather import KeyData
 
     def one(leaf: Any) -> int:
         if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
@@ -540,7 +540,7 @@ class MultihostMagics(Magics):
             %mh_allgather state.params['embed']['embedding'][::2] -o rows
             %mh_allgather activations --max-bytes 8GiB
         """
-        from mhnotebook._gather import parse_target
+        from mhnotebook._transfer._gather import parse_target
         from multihost import _names
 
         # A subscript may contain spaces (x[::4, :128]): one argument.

@@ -578,7 +578,7 @@ class Session:
                 value that cannot be gathered.
             SessionError: the result would be larger than ``max_bytes``.
         """
-        from mhnotebook._gather import GatherState, allgather  # numpy: only for a gather
+        from mhnotebook._transfer._gather import GatherState, allgather  # numpy: only for a gather
 
         self._check()
         if self._gathers is None:  # kept between gathers, closed by `stop`

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mhnotebook._gather import host_copy
 from mhnotebook._session import Session
+from mhnotebook._transfer._gather import host_copy
 
 if TYPE_CHECKING:
     from mhnotebook.widgets import (

@@ -7,20 +7,42 @@ sequence-checked across hosts, and barriers time out naming who is missing.
 Runs on every host (one JAX process per host); depends on jax and numpy only.
 """
 
-from multihost._arrays import (
+from multihost._checks._census import EnvDiff, MemoryCensus, env_diff, memory_census
+from multihost._checks._layout import Layout, LayoutBlock, ShardInfo, describe_layout
+from multihost._checks._nonfinite import (
+    NonfiniteLeaf,
+    NonfiniteReport,
+    NonfiniteShard,
+    find_nonfinite,
+)
+from multihost._checks._replicas import ReplicaDigest, ReplicaGroup, ReplicaReport, check_replicas
+from multihost._checks._treediff import GlobalLeaf, LeafDiff, TreeDiff, assert_equal, tree_diff
+from multihost._checks._treelayout import LeafLayout, TreeLayout
+from multihost._core._arrays import (
     global_array_to_host_local_array,
     host_local_array_to_global_array,
 )
-from multihost._bus import start_debug_daemon
-from multihost._census import EnvDiff, MemoryCensus, env_diff, memory_census
-from multihost._collectives import (
+from multihost._core._collectives import (
     barrier,
     broadcast_one_to_all,
     process_allgather,
     sync_global_devices,
 )
-from multihost._control import ControlClient, serve_control
-from multihost._debugmodel import HostStacks, Step, StepTable, ThreadStack
+from multihost._core._fault import live_devices, reached_preemption_sync_point
+from multihost._debug._control import ControlClient, serve_control
+from multihost._debug._debugmodel import HostStacks, Step, StepTable, ThreadStack
+from multihost._debug._stacks import dump_stacks
+from multihost._debug._stepgate import (
+    DEFAULT_STEP_TIMEOUT,
+    release,
+    release_all,
+    set_stepping,
+    step_table,
+    stepping_enabled,
+)
+from multihost._debug._timeline import Stragglers, Timeline, TimelineStep, timeline
+from multihost._debug._watch import Watched, watch
+from multihost._debug._wavefront import HostFront, Wavefront, flight_records, wavefront
 from multihost._errors import (
     BarrierMismatchError,
     BarrierTimeoutError,
@@ -33,26 +55,9 @@ from multihost._errors import (
     ProcessFailureError,
     StepTimeoutError,
 )
-from multihost._fault import live_devices, reached_preemption_sync_point
-from multihost._layout import Layout, LayoutBlock, ShardInfo, describe_layout
-from multihost._nonfinite import NonfiniteLeaf, NonfiniteReport, NonfiniteShard, find_nonfinite
+from multihost._exchange._bus import start_debug_daemon
+from multihost._exchange._sequence import DEFAULT_TIMEOUT, CollectiveRecord
 from multihost._recorder import FlightRecord
-from multihost._replicas import ReplicaDigest, ReplicaGroup, ReplicaReport, check_replicas
-from multihost._sequence import DEFAULT_TIMEOUT, CollectiveRecord
-from multihost._stacks import dump_stacks
-from multihost._stepgate import (
-    DEFAULT_STEP_TIMEOUT,
-    release,
-    release_all,
-    set_stepping,
-    step_table,
-    stepping_enabled,
-)
-from multihost._timeline import Stragglers, Timeline, TimelineStep, timeline
-from multihost._treediff import GlobalLeaf, LeafDiff, TreeDiff, assert_equal, tree_diff
-from multihost._treelayout import LeafLayout, TreeLayout
-from multihost._watch import Watched, watch
-from multihost._wavefront import HostFront, Wavefront, flight_records, wavefront
 
 # The one place the version is written: pyproject.toml reads it (setuptools dynamic
 # version) and mhnotebook.__version__ returns it.

@@ -6,7 +6,7 @@ import pytest
 
 from mhnotebook.widgets import EnvView, MemoryView, render_memory_png
 from multihost import EnvDiff, MemoryCensus
-from multihost._census import ArrayGroup, DeviceMemory, HostMemory, _entry
+from multihost._checks._census import ArrayGroup, DeviceMemory, HostMemory, _entry
 
 MIB = 1 << 20
 

@@ -25,7 +25,7 @@ import pytest
 
 import mhnotebook
 from mhnotebook import _cleanup
-from mhnotebook._shm import ShmPool
+from mhnotebook._transfer._shm import ShmPool
 from multihost import ControlClient
 
 pytestmark = pytest.mark.cluster
@@ -147,7 +147,7 @@ def test_a_dead_kernel_leaves_no_process_and_no_shared_memory(how):
 
 STALE_OWNER = """
     import os
-    from mhnotebook._shm import ShmPool
+    from mhnotebook._transfer._shm import ShmPool
     buf = ShmPool().acquire(1 << 16)
     print(buf.path, flush=True)
     os.kill(os.getpid(), 9)  # dies without unlinking it

@@ -166,7 +166,7 @@ def test_allgather_global_array_needs_tiled():
 @multiprocess
 def test_allgather_compiles_once_for_same_shape():
     """Large gathers compile once per shape/dtype; small ones never reach the compiler."""
-    from multihost import _collectives
+    from multihost._core import _collectives
 
     pid = jax.process_index()
     big = _collectives.SMALL_EXCHANGE_BYTES // 4  # float32 elements per host: above the limit
@@ -190,7 +190,7 @@ def test_allgather_compiles_once_for_same_shape():
 @multiprocess
 def test_small_and_large_paths_agree():
     """The key-value path for small data and the device path give identical results."""
-    from multihost import _collectives
+    from multihost._core import _collectives
 
     pid, n = jax.process_index(), jax.process_count()
     big = _collectives.SMALL_EXCHANGE_BYTES // 4

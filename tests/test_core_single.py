@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import pathlib
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -260,8 +261,8 @@ def _documentation(name: str) -> str:
     own = getattr(obj, '__doc__', None)
     if own and own != getattr(type(obj), '__doc__', None):
         return own  # an instance with its own docstring (e.g. live_devices)
-    for module in (multihost, *vars(multihost).values()):
-        if not inspect.ismodule(module) or not module.__name__.startswith('multihost'):
+    for modname, module in sorted(sys.modules.items()):  # the package and its rooms' modules
+        if not (modname == 'multihost' or modname.startswith('multihost.')) or module is None:
             continue
         lines = inspect.getsource(module).splitlines()
         for i, line in enumerate(lines):

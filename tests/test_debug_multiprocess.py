@@ -23,7 +23,7 @@ from _helpers import wait_until
 
 import multihost
 from multihost import _jax_adapter
-from multihost._sequence import CollectiveRecord
+from multihost._exchange._sequence import CollectiveRecord
 
 MP_CLUSTER = dict(
     n=4, devices_per_process=2, env={'MULTIHOST_TIMEOUT': '60', 'MULTIHOST_STEP_TIMEOUT': '60'}

@@ -14,8 +14,8 @@ import pytest
 from _helpers import source_line, wait_until
 
 import multihost
-from multihost import _stacks, _stepgate
-from multihost._sequence import CollectiveRecord
+from multihost._debug import _stacks, _stepgate
+from multihost._exchange._sequence import CollectiveRecord
 
 
 def _rec(seq, process, name='a', kind='barrier', digest='', site='train.py:10'):

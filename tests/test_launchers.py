@@ -12,7 +12,8 @@ from _helpers import magic_shell
 from IPython.core.error import UsageError
 
 import mhnotebook
-from mhnotebook import _magics, _startup
+from mhnotebook import _magics
+from mhnotebook._cluster import _startup
 from multihost import engine
 
 

@@ -163,7 +163,7 @@ def test_text_summary_names_blocks_devices_and_bytes():
 
 def test_device_name_forms():
     """Every view names a device as host (process) · dev (index on the host) (id)."""
-    from multihost._layout import device_name, format_ranges
+    from multihost._checks._layout import device_name, format_ranges
 
     assert device_name(1, 0, 2048) == 'host 1 · dev 0 (id 2048)'
     assert device_name(1, 0, 2048, 'short') == 'host 1 · dev 0'

@@ -278,7 +278,7 @@ SLOW_HOST = 3
 
 def check_with_a_slow_host() -> tuple[list[int], str]:
     """SLOW_HOST takes longer to digest its replicas than the timeout allows."""
-    from multihost import _replicas
+    from multihost._checks import _replicas
 
     arr = multihost.host_local_array_to_global_array(np.zeros(3, np.float32), host_mesh(), P())
     original = _replicas._local_digests

@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 from flax.core import FrozenDict
 
-from mhnotebook._gather import KeyData, _assemble, _plan, key_leaf, parse_target
+from mhnotebook._transfer._gather import KeyData, _assemble, _plan, key_leaf, parse_target
 from multihost import _names, engine
 
 
@@ -175,7 +175,7 @@ def test_key_data_without_jax_names_the_impl():
     code = (
         'import sys; sys.modules["jax"] = None\n'
         'import numpy as np\n'
-        'from mhnotebook._gather import key_leaf\n'
+        'from mhnotebook._transfer._gather import key_leaf\n'
         'k = key_leaf(np.arange(4, dtype=np.uint32).reshape(2, 2), "threefry2x32")\n'
         'print(type(k).__name__, k.impl, k.data.tolist())\n'
     )

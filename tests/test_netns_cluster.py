@@ -171,8 +171,8 @@ def test_tcp_stream_across_namespaces_and_fallback_when_unreachable(session):
     """'tcp' streams over the bridge into the notebook; a host that cannot reach the
     notebook's listener makes 'auto' fall back to ipyparallel and 'tcp' say why."""
     from mhnotebook import SessionError
-    from mhnotebook._gather import allgather
-    from mhnotebook._stream import Listener
+    from mhnotebook._transfer._gather import allgather
+    from mhnotebook._transfer._stream import Listener
 
     want = np.arange(48.0).reshape(8, 6)
     big = 'big = np.arange(2.0**19).reshape(512, 1024) + pid'  # 4 MiB per host: streamed

@@ -20,7 +20,8 @@ import pytest
 from _helpers import wait_until
 
 import multihost
-from multihost import _kv, engine
+from multihost import engine
+from multihost._exchange import _kv
 
 # The backend stays cold until a test's first JAX operation: the first test
 # needs that (host 2 "still loading data").
@@ -241,9 +242,11 @@ def _many_collectives(count: int) -> dict:
         multihost.tree_diff({'x': np.ones(2)}, timeout=30)
     c = _kv.client()
     return dict(
-        seq=multihost._sequence.position(),
+        seq=multihost._exchange._sequence.position(),
         epoch0=len(c.key_value_dir_get(_kv.epoch_dir(0) + '/')),
-        current=len(c.key_value_dir_get(_kv.epoch_dir(multihost._sequence.position() - 1) + '/')),
+        current=len(
+            c.key_value_dir_get(_kv.epoch_dir(multihost._exchange._sequence.position() - 1) + '/')
+        ),
     )
 
 

@@ -30,7 +30,8 @@ import pytest
 from _helpers import wait_until
 
 import multihost
-from multihost import _bus, _kv, _recorder
+from multihost import _recorder
+from multihost._exchange import _bus, _kv
 from multihost.local import LocalCluster
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)

@@ -11,7 +11,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import multihost
-from multihost import _nonfinite
+from multihost._checks import _nonfinite
 
 
 def _mesh() -> Mesh:

@@ -134,7 +134,7 @@ def test_a_nan_in_host_3s_replica_of_a_replicated_array_is_found():
 
 @multiprocess
 def test_many_offending_shards_are_bounded_per_host():
-    from multihost import _nonfinite
+    from multihost._checks import _nonfinite
 
     x = _global((8, 4), P('host', 'dev'), host_mesh(), lambda index, out: out.fill(np.inf))
     saved, _nonfinite.MAX_RECORDS = _nonfinite.MAX_RECORDS, 1

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import multihost
-from multihost import _kv, _sequence
+from multihost._exchange import _kv, _sequence
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess

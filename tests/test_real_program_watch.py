@@ -314,7 +314,7 @@ def test_the_structure_text_tells_apart_what_differs_by_value_or_type():
 
 
 def test_the_input_differences_stay_short_at_a_thousand_hosts():
-    from multihost._watch import _input_differences
+    from multihost._debug._watch import _input_differences
 
     same = [(f"state.params['w{i}']", 'f32[64,32] P() on mesh(data=1000)') for i in range(500)]
 
@@ -329,7 +329,7 @@ def test_the_input_differences_stay_short_at_a_thousand_hosts():
 
 
 def test_programs_that_differ_in_names_only_normalize_alike_and_the_excerpt_shows_substance():
-    from multihost._watch import _differing_excerpts, _normalized
+    from multihost._debug._watch import _differing_excerpts, _normalized
 
     a = [
         'ENTRY %main.3 (x.1: f32[8], w.1: f32[8]) -> f32[8] {',

@@ -28,7 +28,7 @@ import pytest
 from _helpers import local_session, magic_shell
 
 import multihost
-from multihost import _kv
+from multihost._exchange import _kv
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 
@@ -36,7 +36,7 @@ MP_CLUSTER = dict(n=4, devices_per_process=2)
 
 SETUP = """\
 import time, numpy as np, jax, jax.numpy as jnp, multihost
-from multihost import _sequence
+from multihost._exchange import _sequence
 small = np.arange(8.0) + jax.process_index()
 """
 

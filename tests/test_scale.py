@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from multihost import _kv, _rowdiff, _treediff
+from multihost._checks import _rowdiff, _treediff
+from multihost._exchange import _kv
 
 MP_CLUSTER = dict(n=4, devices_per_process=1)
 CAP = 4096
@@ -35,7 +36,7 @@ MODES = ('shipped', 'cap', 'cap+reference')
 @contextlib.contextmanager
 def _mode(mode: str) -> Iterator[dict[str, list[int]]]:
     """Sets the cap / threshold for ``mode`` in this process; measures values and reads."""
-    from multihost import _sequence
+    from multihost._exchange import _sequence
 
     sizes: dict[str, list[Any]] = {'values': [], 'reads': [], 'stages': []}
     saved = (_kv.MAX_BYTES, _rowdiff.REFERENCE_ABOVE, _kv.layout, _kv._listing)
@@ -178,7 +179,8 @@ def test_tree_diff_is_the_same_with_a_small_cap_and_the_reference_path(mp_cluste
 def _dict_diffs() -> dict[str, Any]:
     import jax
 
-    from multihost import _census, _sequence
+    from multihost._checks import _census
+    from multihost._exchange import _sequence
 
     p = jax.process_index()
     mine = {f'key{i:03d}': f'value {i} ' * 6 for i in range(200)}

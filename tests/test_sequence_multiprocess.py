@@ -112,7 +112,7 @@ def test_shapes_differ_raises_before_device_collective():
 @multiprocess
 def test_sequence_numbers_agree_and_history_is_recorded():
     """After the same calls every host holds the same sequence of kinds and names."""
-    from multihost import _sequence
+    from multihost._exchange import _sequence
 
     multihost.barrier('h1')
     multihost.process_allgather(np.zeros(2))
@@ -130,7 +130,7 @@ def test_sequence_numbers_agree_and_history_is_recorded():
 @multiprocess
 def test_check_can_be_switched_off():
     """MULTIHOST_CHECK=0: device collectives skip the sequence check (barriers still checked)."""
-    from multihost import _sequence
+    from multihost._exchange import _sequence
 
     os.environ['MULTIHOST_CHECK'] = '0'
     try:
@@ -146,7 +146,7 @@ def test_check_can_be_switched_off():
 
 def test_bad_timeout_env_is_a_clear_error(monkeypatch):
     """MULTIHOST_TIMEOUT that is not a positive number names the variable and the fix."""
-    from multihost import _sequence
+    from multihost._exchange import _sequence
 
     monkeypatch.setenv('MULTIHOST_TIMEOUT', 'soon')
     with pytest.raises(ValueError, match='MULTIHOST_TIMEOUT must be a number of seconds'):

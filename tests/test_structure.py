@@ -68,7 +68,7 @@ def test_jax_internals_only_in_the_adapter():
 
 
 def test_only_the_exchange_talks_to_the_coordination_service():
-    """Key-value and barrier calls on the coordination client live in multihost/_kv.py."""
+    """Key-value and barrier calls on the coordination client live in multihost/_exchange/_kv.py."""
     calls = (
         'key_value_set',
         'key_value_try_get',
@@ -87,4 +87,110 @@ def test_only_the_exchange_talks_to_the_coordination_service():
         )
     )
     # local.py is the test harness (its own start/end barriers around each call).
-    assert users == ['multihost/_kv.py', 'multihost/local.py'], users
+    assert users == ['multihost/_exchange/_kv.py', 'multihost/local.py'], users
+
+
+#: Each package's rooms by floor: a module may import its own room and rooms on
+#: lower floors, never sideways or upward. A top-level module is a room of its own.
+FLOORS = {
+    'multihost': {
+        # floor 0: helpers that import no other project module
+        '_errors': 0,
+        '_text': 0,
+        '_jax_adapter': 0,
+        '_recorder': 0,
+        '_structure': 0,
+        '_names': 0,
+        '_exchange': 1,  # kv rounds, the collective sequence, the debug bus
+        '_core': 2,  # the drop-in collectives and array conversions
+        '_debug': 2,  # stacks, step gate, watch, wavefront, timeline, control
+        '_checks': 3,  # tree diff, layout, replicas, census, non-finite values
+        '_job': 4,  # reserved: install, run, dumps, signal handlers (programs we did not start)
+        'engine': 4,  # what the notebook calls on an engine
+        'local': 4,  # LocalCluster: N local processes
+        '__main__': 5,
+        '__init__': 5,  # the public surface re-exports every room
+    },
+    'mhnotebook': {
+        '_errors': 0,
+        '_trampoline': 0,
+        '_cleanup': 0,  # the watchdog runs as its own process: stdlib only
+        'widgets': 0,  # views: pure functions of multihost's models
+        '_transfer': 1,  # gathered blocks: /dev/shm files, a tcp stream
+        '_interrupt': 1,
+        '_session': 2,
+        '_cluster': 3,  # start / connect engines, JAX initialization
+        '_views': 3,  # Session -> models -> widgets
+        '_magics': 4,
+        '__init__': 5,
+        '_demo': 6,  # the main job: uses the public surface, as a user does
+        '__main__': 7,
+    },
+}
+
+
+def _room(module: str) -> tuple[str, str]:
+    """``multihost._exchange._kv`` -> ('multihost', '_exchange'); the package -> '__init__'."""
+    parts = module.split('.')
+    return parts[0], parts[1] if len(parts) > 1 else '__init__'
+
+
+def test_every_module_lives_in_a_room_of_the_floor_map():
+    """A new file or folder is placed on the map (ARCHITECTURE.md draws the same map)."""
+    unplaced = sorted(m for m in _modules() if _room(m)[1] not in FLOORS[_room(m)[0]])
+    assert not unplaced, (
+        f'modules in no room of FLOORS (add them, and to ARCHITECTURE.md): {unplaced}'
+    )
+    on_disk = {
+        p.stem if p.is_file() else p.name
+        for pkg in PACKAGES
+        for p in (ROOT / pkg).iterdir()
+        if (p.suffix == '.py') or (p / '__init__.py').exists()
+    }
+    reserved = {'_job'}  # rooms the map keeps for the next issues
+    missing = sorted(set().union(*map(set, FLOORS.values())) - on_disk - reserved)
+    assert not missing, f'rooms on the map but not on disk: {missing}'
+
+
+def test_no_import_runs_sideways_or_upward_between_rooms():
+    """Rooms import only themselves and lower floors; multihost never imports mhnotebook."""
+    modules = _modules()
+    wrong = []
+    for m, path in modules.items():
+        pkg, room = _room(m)
+        floor = FLOORS[pkg][room]
+        crossing = {'mhnotebook'} & _top_imports(path) if pkg == 'multihost' else set()
+        for dep in _imports(path, modules) | crossing:
+            dpkg, droom = _room(dep)
+            if pkg == 'multihost' and dpkg == 'mhnotebook':
+                wrong.append(f'{m} -> {dep} (the engine side never imports the notebook side)')
+            elif dpkg == pkg and droom != room and FLOORS[pkg][droom] >= floor:
+                wrong.append(f'{m} (floor {floor}) -> {dep} (floor {FLOORS[pkg][droom]})')
+    assert not wrong, 'imports against the floor map:\n' + '\n'.join(sorted(wrong))
+
+
+def _top_imports(path: pathlib.Path) -> set[str]:
+    """Top-level package names imported by ``path``."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split('.')[0])
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split('.')[0] for a in node.names)
+    return out
+
+
+def test_every_engine_function_the_notebook_calls_is_in_engine_all():
+    """'multihost.engine.X' strings in mhnotebook name functions engine exports in __all__."""
+    import re
+
+    import multihost.engine as engine
+
+    called = set()
+    for m, path in _modules().items():
+        if m.startswith('mhnotebook'):
+            called.update(re.findall(r"'multihost\.engine\.(\w+)'", path.read_text()))
+    assert called, 'no engine call found: the pattern no longer matches how the notebook calls'
+    missing = sorted(called - set(engine.__all__))
+    assert not missing, f'called by the notebook but not in multihost.engine.__all__: {missing}'
+    assert all(callable(getattr(engine, name)) for name in called), called

@@ -22,8 +22,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import multihost
-from multihost import _jax_adapter, _treediff
-from multihost._treediff import LeafDiff, TreeDiff
+from multihost import _jax_adapter
+from multihost._checks import _treediff
+from multihost._checks._treediff import LeafDiff, TreeDiff
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
@@ -85,9 +86,9 @@ def test_equal_trees_move_no_leaf_data():
 def test_equal_trees_exchange_only_a_digest_per_host():
     """Equal trees: each host publishes one short digest, never its per-leaf list."""
     assert multihost.tree_diff(_base_tree()).ok
-    seq = multihost._sequence.history()[-1].seq
+    seq = multihost._exchange._sequence.history()[-1].seq
     client = _jax_adapter.client()
-    base = f'{multihost._kv.epoch_dir(seq)}/{seq}'
+    base = f'{multihost._exchange._kv.epoch_dir(seq)}/{seq}'
     heads = client.key_value_dir_get(f'{base}/head/d/')
     assert len(heads) == 4 and all(len(value) == 32 for _, value in heads)
     assert client.key_value_dir_get(f'{base}/fp/') == []

@@ -22,15 +22,16 @@ import pytest
 from _browser import chromium
 
 from mhnotebook.widgets import WhereView, _where
-from multihost import CollectiveRecord, FlightRecord, HostStacks, ThreadStack, _recorder, _stacks
-from multihost import _kv as kv_module
-from multihost._debugmodel import (
+from multihost import CollectiveRecord, FlightRecord, HostStacks, ThreadStack, _recorder
+from multihost._debug import _stacks
+from multihost._debug._debugmodel import (
     cell_number,
     frame_package,
     framework_summary,
     is_cell,
     is_user_frame,
 )
+from multihost._exchange import _kv as kv_module
 from multihost._text import fmt_duration
 
 # -- synthetic models --------------------------------------------------------------------
@@ -632,7 +633,7 @@ def test_4_hosts_page_is_compact(browser, tmp_path):
 def test_frames_named_like_ours_are_the_users_and_the_stack_says_what_it_waits_in():
     """A user's multihost.py (or multihost/ folder) is user code, shown with its folder; only
     files inside the reported package directory are ours. The doing text reads the stack."""
-    from multihost._debugmodel import display_path, frame_package, stack_activity
+    from multihost._debug._debugmodel import display_path, frame_package, stack_activity
 
     ours = ('/venv/lib/python3.11/site-packages/multihost/',)
     assert frame_package('/tmp/proj/multihost.py', ours) is None

@@ -34,7 +34,7 @@ from multihost import (
     ThreadStack,
     TreeDiff,
 )
-from multihost._layout import format_bytes
+from multihost._checks._layout import format_bytes
 
 # -- helpers ---------------------------------------------------------------------------
 

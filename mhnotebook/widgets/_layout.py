@@ -7,7 +7,7 @@ Model to picture in pure steps, each testable without a widget:
   plane, with their hosts, devices, replica counts and replica verdicts;
   `layout_facets` repeats it over the other axes (small multiples, one per
   distinct block range along them, at most `MAX_FACETS` at a time);
-* `block_label` / `multihost._layout.device_name` say which devices hold a
+* `block_label` / `multihost._checks._layout.device_name` say which devices hold a
   block (``'host 1 · dev 0 (id 2048)'``);
 * `replica_matrix` lays out every replicated block against the devices that
   hold it (cells grouped by digest, odd replicas marked), `mesh_axes_info`
@@ -54,7 +54,7 @@ from mhnotebook.widgets._common import (
     widget_html,
 )
 from multihost import Layout, LayoutBlock, LeafLayout, ReplicaGroup, ReplicaReport, TreeLayout
-from multihost._layout import Index, format_bytes, format_index, format_ranges
+from multihost._checks._layout import Index, format_bytes, format_index, format_ranges
 from multihost._text import fmt_hosts
 
 #: More visible blocks than this (over all facets shown): no buttons, the block list only.

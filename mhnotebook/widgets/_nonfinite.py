@@ -14,7 +14,7 @@ import ipywidgets as widgets
 from mhnotebook.widgets._common import CSS, View, add_classes, banner, esc, swatch, widget_html
 from mhnotebook.widgets._layout import LayoutView
 from multihost import NonfiniteLeaf, NonfiniteReport, NonfiniteShard
-from multihost._layout import format_index
+from multihost._checks._layout import format_index
 
 #: Offending shards listed in the table (the report's text has the same bound per host).
 MAX_ROWS = 64

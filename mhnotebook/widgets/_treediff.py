@@ -29,7 +29,7 @@ from mhnotebook.widgets._common import (
     widget_html,
 )
 from multihost import LeafDiff, TreeDiff
-from multihost._layout import format_index
+from multihost._checks._layout import format_index
 from multihost._text import fmt_hosts
 
 #: Differing leaves listed in the table and the expandable sections.

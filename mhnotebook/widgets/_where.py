@@ -32,7 +32,7 @@ from mhnotebook.widgets._common import (
     run_action,
 )
 from multihost import HostStacks, ThreadStack
-from multihost._debugmodel import Frame, framework_summary
+from multihost._debug._debugmodel import Frame, framework_summary
 from multihost._text import fmt_duration, fmt_hosts
 
 #: State groups listed in the table; more groups are counted.

@@ -49,7 +49,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from multihost import _kv, _sequence
+from multihost._exchange import _kv, _sequence
 
 #: Above this many hosts, `compare` exchanges deltas against a reference host
 #: instead of every distinct host's rows (one round more, bounded reads).

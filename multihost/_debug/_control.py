@@ -29,10 +29,11 @@ from multiprocessing.connection import (
 )
 from typing import Any
 
-from multihost import _bus, _stacks, _stepgate, _wavefront
-from multihost._debugmodel import HostStacks, StepTable
+from multihost._debug import _stacks, _stepgate, _wavefront
+from multihost._debug._debugmodel import HostStacks, StepTable
+from multihost._debug._wavefront import Wavefront
+from multihost._exchange import _bus
 from multihost._recorder import FlightRecord
-from multihost._wavefront import Wavefront
 
 _HANDSHAKE_TIMEOUT = 10.0
 _SEND_TIMEOUT = 30.0

@@ -80,10 +80,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from multihost import _kv, _rowdiff, _sequence
-from multihost._collectives import broadcast_one_to_all
+from multihost._checks import _rowdiff
+from multihost._checks._layout import Index, format_index, normalize_index
+from multihost._core._collectives import broadcast_one_to_all
 from multihost._errors import HostMismatchError
-from multihost._layout import Index, format_index, normalize_index
+from multihost._exchange import _kv, _sequence
 from multihost._text import fmt_hosts as _fmt_hosts
 
 #: Leaves with at most this many elements keep every host's values in their

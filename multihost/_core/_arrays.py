@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils as _jax_multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from multihost import _sequence
+from multihost._exchange import _sequence
 
 _NONE_PSPEC = (
     '`None` is not a valid input to the pspecs argument. Please use '

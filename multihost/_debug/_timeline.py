@@ -543,7 +543,8 @@ def timeline(last: int = 200, timeout: float = 10.0) -> Timeline:
     debug thread answers (`multihost.flight_records`). Hosts that do not
     answer within ``timeout`` are left out (`Timeline.silent`).
     """
-    from multihost import _kv, _wavefront
+    from multihost._debug import _wavefront
+    from multihost._exchange import _kv
 
     records = _wavefront.flight_records(last=last, timeout=timeout)
     return Timeline.build(records, _kv.process_count())

@@ -29,8 +29,10 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from multihost import _bus, _kv, _recorder, _stacks
-from multihost._debugmodel import display_path, stack_activity
+from multihost import _recorder
+from multihost._debug import _stacks
+from multihost._debug._debugmodel import display_path, stack_activity
+from multihost._exchange import _bus, _kv
 from multihost._recorder import FlightRecord
 from multihost._text import fmt_duration, fmt_hosts
 

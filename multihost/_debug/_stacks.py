@@ -15,10 +15,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from multihost import _bus, _kv, _recorder, _sequence, _stepgate
-from multihost._debugmodel import HostStacks, ThreadStack, is_cell
+from multihost import _recorder
+from multihost._debug import _stepgate
+from multihost._debug._debugmodel import HostStacks, ThreadStack, is_cell
+from multihost._exchange import _bus, _kv, _sequence
 
 MAX_FRAMES = 200
+#: The multihost package's directory (this file is in one of its rooms).
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _internal_dirs() -> tuple[tuple[str, ...], str]:
@@ -26,7 +30,7 @@ def _internal_dirs() -> tuple[tuple[str, ...], str]:
     import jax
 
     dirs = [
-        os.path.dirname(os.path.abspath(__file__)),
+        _PACKAGE,
         os.path.dirname(os.path.abspath(jax.__file__)),
     ]
     try:
@@ -42,7 +46,7 @@ def _internal_dirs() -> tuple[tuple[str, ...], str]:
 def our_dirs() -> tuple[str, ...]:
     """The directories of this toolkit's packages here (multihost; mhnotebook if imported),
     each ending in a separator: frames inside them are ours, by path, never by file name."""
-    dirs = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+    dirs = [_PACKAGE + os.sep]
     nb = sys.modules.get('mhnotebook')  # never imported here
     nb_file = getattr(nb, '__file__', None)
     if nb_file:

@@ -61,7 +61,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
-from multihost import _kv, _recorder
+from multihost import _recorder
 from multihost._errors import (
     BarrierMismatchError,
     BarrierTimeoutError,
@@ -70,6 +70,7 @@ from multihost._errors import (
     CoordinatorUnreachableError,
     HostFailedError,
 )
+from multihost._exchange import _kv
 from multihost._text import fmt_hosts
 
 #: Default timeout (seconds) of every barrier and collective check, unless
@@ -194,7 +195,8 @@ def call_site() -> str:
     return '<unknown>'
 
 
-_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: The multihost package's directory (this file is in one of its rooms).
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: File name -> whether it is inside the `multihost` package (call_site's cache).
 _INSIDE: dict[str, bool] = {}
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from mhnotebook._errors import HostsError, SessionError
-from mhnotebook._shm import SHM_DIR, HeapPool, ShmPool
+from mhnotebook._transfer._shm import SHM_DIR, HeapPool, ShmPool
 
 # `Session.call`: runs an installed engine function on the hosts, results by process index.
 Call = Callable[..., list[Any]]
@@ -260,7 +260,7 @@ class GatherState:
         self._listener: Any = None
 
     def listener(self) -> Any:
-        from mhnotebook._stream import Listener, notebook_address
+        from mhnotebook._transfer._stream import Listener, notebook_address
 
         if self._listener is None:
             self._listener = Listener(notebook_address(self.controller_url))
@@ -482,7 +482,7 @@ def _stream(
     expect: dict[int, str] | None,
 ) -> Any:
     """Every host streams its blocks into the result here (None: stale plan)."""
-    from mhnotebook._stream import StreamError, new_token, result_places
+    from mhnotebook._transfer._stream import StreamError, new_token, result_places
 
     plan = entry['plan']
     layout, total = _layout(plan)

@@ -22,7 +22,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from multihost import _jax_adapter, _sequence, _structure
+from multihost import _jax_adapter, _structure
+from multihost._exchange import _sequence
 
 _PROCESS_AXIS = 'processes'
 _Tree = TypeVar('_Tree')

@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from multihost import _sequence
-from multihost._layout import (
+from multihost._checks._layout import (
     MAX_TEXT_BLOCKS,
     Index,
     Layout,
@@ -31,6 +30,7 @@ from multihost._layout import (
     describe_layout,
     format_index,
 )
+from multihost._exchange import _sequence
 from multihost._text import fmt_hosts, fmt_list
 
 #: Digests named per block in the text (most common first); the rest are counted.

@@ -29,8 +29,8 @@ import time as _time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from multihost._exchange._sequence import CollectiveRecord
 from multihost._recorder import FlightRecord
-from multihost._sequence import CollectiveRecord
 from multihost._text import fmt_duration
 
 #: One stack frame: (file name, line number, function name, source line).
@@ -388,7 +388,7 @@ def display_path(filename: str, ours: Sequence[str] = ()) -> str:
     ``orbax/checkpoint/_src/multihost/multihost.py`` (from its package);
     ``/tmp/proj/multihost.py`` -> ``proj/multihost.py`` (a file or folder named
     like one of ours keeps its parent folder); ``/home/u/train.py`` ->
-    ``train.py``; our own files -> ``multihost/_kv.py``.
+    ``train.py``; our own files -> ``multihost/_exchange/_kv.py``.
     """
     parts = [p for p in re.split(r'[/\\]', filename) if p]
     if not parts:

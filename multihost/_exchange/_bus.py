@@ -37,7 +37,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from multihost import _jax_adapter, _kv
+from multihost import _jax_adapter
+from multihost._exchange import _kv
 
 # Long-poll slice: the idle debug thread costs its host about two RPCs per
 # _IDLE_SLICE_S (fewer than the coordination service's own heartbeats), and a

@@ -35,7 +35,8 @@ import sysconfig
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from multihost import _kv, _rowdiff, _sequence
+from multihost._checks import _rowdiff
+from multihost._exchange import _kv, _sequence
 from multihost._text import fmt_hosts
 
 #: Environment-variable prefixes that matter to a JAX job.
@@ -257,7 +258,7 @@ def _source_digests() -> dict[str, str]:
         os.path.abspath(p) + os.sep
         for p in {sysconfig.get_paths()['stdlib'], sysconfig.get_paths()['purelib'], sys.prefix}
     )
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # multihost/
     cwd = os.getcwd()
     out: dict[str, str] = {}
     for mod in list(sys.modules.values()):

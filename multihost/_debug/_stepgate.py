@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from multihost import _bus, _kv, _sequence
-from multihost._debugmodel import StepTable
+from multihost._debug._debugmodel import StepTable
 from multihost._errors import StepTimeoutError
+from multihost._exchange import _bus, _kv, _sequence
 
 #: Default timeout (seconds) of the step gate, unless ``MULTIHOST_STEP_TIMEOUT``
 #: says otherwise: how long a host waits for a step to be released.

@@ -53,9 +53,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from multihost import _jax_adapter, _kv, _recorder, _sequence, _structure
+from multihost import _jax_adapter, _recorder, _structure
 from multihost._errors import CollectiveMismatchError, HostFailedError
-from multihost._sequence import CollectiveRecord
+from multihost._exchange import _kv, _sequence
+from multihost._exchange._sequence import CollectiveRecord
 from multihost._text import fmt_hosts
 
 #: Collectives named when two hosts' programs differ: at most this many per host.

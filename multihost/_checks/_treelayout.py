@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from multihost._layout import Layout, describe_layout, format_bytes
-from multihost._replicas import ReplicaReport, check_replicas
+from multihost._checks._layout import Layout, describe_layout, format_bytes
+from multihost._checks._replicas import ReplicaReport, check_replicas
 from multihost._text import fmt_hosts
 
 __all__ = ['LeafLayout', 'TreeLayout', 'tree_layout']
@@ -182,7 +182,7 @@ def tree_layout(
     import jax
     import numpy as np
 
-    from multihost import _sequence
+    from multihost._exchange import _sequence
 
     flat = [
         (jax.tree_util.keystr(p) or '<root>', x)

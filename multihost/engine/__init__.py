@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from multihost import _kv, _names, _sequence
+from multihost import _names
+from multihost._exchange import _kv, _sequence
 
 if TYPE_CHECKING:
     from multihost import Layout, NonfiniteReport, ReplicaReport, TreeDiff, TreeLayout
@@ -33,8 +34,11 @@ __all__ = [
     'CellObject',
     'GatherError',
     'NotShipped',
+    'barrier',
     'controller_address',
+    'diff',
     'engine_info',
+    'env_diff',
     'free_port',
     'gather_local',
     'gather_meta',
@@ -42,9 +46,15 @@ __all__ = [
     'gather_write',
     'host_port',
     'initialize',
+    'layout',
     'lookup',
     'machine_id',
+    'memory_census',
     'meta_digest',
+    'nonfinite',
+    'realign_sequence',
+    'sequence_position',
+    'serve_control',
     'split_url',
 ]
 
@@ -908,7 +918,7 @@ def gather_send(
 
 
 # The notebook reuses its shared-memory buffers across gathers (see
-# mhnotebook/_gather.py), so keeping this host's part of them mapped spares
+# mhnotebook/_transfer/_gather.py), so keeping this host's part of them mapped spares
 # every later gather the cost of mapping it again.
 _MAPPINGS: dict[str, tuple[int, int, np.ndarray]] = {}  # path -> (start, end, bytes)
 _MAX_MAPPINGS = 8
@@ -1019,7 +1029,7 @@ def layout(
         _sequence.enter('layout', name)
     if not isinstance(value, jax.Array | np.ndarray):
         # A pytree: one row per leaf (its replicas checked leaf by leaf, on every host alike).
-        from multihost._treelayout import tree_layout
+        from multihost._checks._treelayout import tree_layout
 
         with _sequence.called_from(f'notebook: %mh_layout {name}'):
             return tree_layout(value, name, check=check), None

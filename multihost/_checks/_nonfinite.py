@@ -50,10 +50,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from multihost import _kv, _sequence
-from multihost._layout import Index, Layout, describe_layout, format_index
+from multihost._checks._layout import Index, Layout, describe_layout, format_index
+from multihost._checks._treediff import _unique_paths
+from multihost._exchange import _kv, _sequence
 from multihost._text import fmt_hosts
-from multihost._treediff import _unique_paths
 
 #: Offending shards each host describes in full; beyond it, a host only counts
 #: them (the report says how many were left out).

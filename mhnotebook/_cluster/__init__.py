@@ -1,0 +1,1 @@
+"""Starting and connecting the engines: local clusters, launchers, JAX initialization."""

@@ -1,0 +1,1 @@
+"""Gathered blocks from the engines to the notebook: /dev/shm files and a tcp stream."""
