@@ -49,8 +49,6 @@ PALETTE = (
     '#9edae5',
 )
 
-#: Host lists in headers are cut after this many ranges.
-
 
 def host_color(process: int) -> str:
     """The fill colour of a host (``'#rrggbb'``); colours repeat every ``len(PALETTE)`` hosts."""
@@ -161,47 +159,69 @@ def widget_html(widget: Any, replace: Mapping[int, str] | None = None) -> str:
         if id(x) in replace:
             return replace[id(x)]
         if isinstance(x, w.Accordion | w.Tab):
-            titles = tuple(getattr(x, 'titles', ()) or ())
-            parts = []
-            for i, child in enumerate(x.children):
-                title = titles[i] if i < len(titles) and titles[i] else f'{i + 1}'
-                opened = ' open' if i == x.selected_index else ''
-                parts.append(
-                    f'<details{opened}><summary>{esc(title)}</summary>{walk(child)}</details>'
-                )
-            return f'<div>{"".join(parts)}</div>' if parts else ''
+            return _sections_html(x, walk)
         if isinstance(x, w.Stack):
             i = x.selected_index
             return walk(x.children[i]) if i is not None and i < len(x.children) else ''
         if isinstance(x, w.Box):
-            inner = ''.join(walk(child) for child in x.children)
-            if not inner:
-                return ''
-            row = isinstance(x, w.HBox | w.GridBox)
-            style = 'display:flex;flex-flow:row wrap;gap:8px;align-items:flex-start' if row else ''
-            return f'<div style="{style}">{inner}</div>'
-        if isinstance(x, w.HTML | w.HTMLMath):
-            return f'<div>{x.value}</div>' if x.value else ''
-        if isinstance(x, w.Label):
-            return f'<div>{esc(x.value)}</div>' if x.value else ''
-        if isinstance(x, w.Image):
-            if not x.value:
-                return ''
-            return f'<img src="data:image/{x.format};base64,{_png_b64(x.value)}" alt="">'
+            return _box_html(x, walk)
         if isinstance(x, w.Output):
-            parts = []
-            for out in x.outputs:
-                data = out.get('data', {})
-                if 'text/html' in data:
-                    parts.append(str(data['text/html']))
-                elif 'image/png' in data:
-                    parts.append(f'<img src="data:image/png;base64,{data["image/png"]}" alt="">')
-                elif 'text/plain' in data or 'text' in out:
-                    parts.append(pre(str(data.get('text/plain', out.get('text', '')))))
-            return ''.join(parts)
-        return ''  # a control: it needs a kernel
+            return _output_html(x)
+        return _leaf_html(x)
 
     return walk(widget)
+
+
+def _sections_html(x: Any, walk: Callable[[Any], str]) -> str:
+    """An accordion or tabs as ``<details>`` sections (the selected one open)."""
+    titles = tuple(getattr(x, 'titles', ()) or ())
+    parts = []
+    for i, child in enumerate(x.children):
+        title = titles[i] if i < len(titles) and titles[i] else f'{i + 1}'
+        opened = ' open' if i == x.selected_index else ''
+        parts.append(f'<details{opened}><summary>{esc(title)}</summary>{walk(child)}</details>')
+    return f'<div>{"".join(parts)}</div>' if parts else ''
+
+
+def _box_html(x: Any, walk: Callable[[Any], str]) -> str:
+    """A box's children in a div: a wrapping row for an HBox or a grid, a column otherwise."""
+    import ipywidgets as w
+
+    inner = ''.join(walk(child) for child in x.children)
+    if not inner:
+        return ''
+    row = isinstance(x, w.HBox | w.GridBox)
+    style = 'display:flex;flex-flow:row wrap;gap:8px;align-items:flex-start' if row else ''
+    return f'<div style="{style}">{inner}</div>'
+
+
+def _output_html(x: Any) -> str:
+    """An output widget's outputs: HTML, PNG or plain text, in that preference."""
+    parts = []
+    for out in x.outputs:
+        data = out.get('data', {})
+        if 'text/html' in data:
+            parts.append(str(data['text/html']))
+        elif 'image/png' in data:
+            parts.append(f'<img src="data:image/png;base64,{data["image/png"]}" alt="">')
+        elif 'text/plain' in data or 'text' in out:
+            parts.append(pre(str(data.get('text/plain', out.get('text', '')))))
+    return ''.join(parts)
+
+
+def _leaf_html(x: Any) -> str:
+    """HTML, a label or an image as it shows; a control (it needs a kernel) as nothing."""
+    import ipywidgets as w
+
+    if isinstance(x, w.HTML | w.HTMLMath):
+        return f'<div>{x.value}</div>' if x.value else ''
+    if isinstance(x, w.Label):
+        return f'<div>{esc(x.value)}</div>' if x.value else ''
+    if isinstance(x, w.Image):
+        if not x.value:
+            return ''
+        return f'<img src="data:image/{x.format};base64,{_png_b64(x.value)}" alt="">'
+    return ''
 
 
 def first_png(widget: Any) -> bytes | None:

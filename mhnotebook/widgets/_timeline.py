@@ -9,6 +9,7 @@ state), `steps_table_html` is the newest steps' table.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import textwrap
 import time
@@ -94,10 +95,24 @@ def render_timeline_png(timeline: Timeline, *, width: int = 860, max_rows: int =
     Returns:
         The PNG file's bytes.
     """
+    hosts, capped = chart_hosts(timeline, max_rows)
+    fig, ax, ax_skew = _chart_axes(timeline, hosts, capped, width)
+    if not timeline.steps:
+        ax.text(0.5, 0.5, 'no steps recorded', ha='center', va='center', transform=ax.transAxes)
+        ax.set_yticks([])
+        ax_skew.set_yticks([])
+        return _png(fig)
+    _draw_hosts(ax, timeline, hosts)
+    _draw_skew(ax_skew, timeline, timeline.origin)
+    return _png(fig)
+
+
+def _chart_axes(
+    timeline: Timeline, hosts: list[int], capped: bool, width: int
+) -> tuple[Any, Any, Any]:
+    """The figure, sized for ``hosts`` rows, with its title: (figure, host axes, skew axes)."""
     from matplotlib.figure import Figure
 
-    hosts, capped = chart_hosts(timeline, max_rows)
-    rows = {p: i for i, p in enumerate(hosts)}
     n_rows = max(len(hosts), 1)
     row_in = _ROW_IN if n_rows <= 16 else _ROW_IN_MANY
     top_h = max(row_in * n_rows + 0.3, 1.0)
@@ -124,56 +139,67 @@ def render_timeline_png(timeline: Timeline, *, width: int = 860, max_rows: int =
             'the table and text cover every host'
         )
     fig.suptitle(title, fontsize=8, y=1 - 0.08 / fig_h, va='top')
-    if not timeline.steps:
-        ax.text(0.5, 0.5, 'no steps recorded', ha='center', va='center', transform=ax.transAxes)
-        ax.set_yticks([])
-        ax_skew.set_yticks([])
-        return _png(fig)
-    origin = timeline.origin
-    bars: dict[int, list[tuple[float, float]]] = {p: [] for p in hosts}
-    arrivals: dict[int, list[float]] = {p: [] for p in hosts}
-    ticks: dict[int, list[float]] = {p: [] for p in hosts}
-    last_x: list[float] = []
-    last_y: list[float] = []
-    magic_bars: dict[int, list[tuple[float, float]]] = {p: [] for p in hosts}
+    return fig, ax, ax_skew
+
+
+@dataclasses.dataclass
+class _HostMarks:
+    """What the host panel draws on one host's row (x: seconds since the origin)."""
+
+    bars: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    magic_bars: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    arrivals: list[float] = dataclasses.field(default_factory=list)
+    ticks: list[float] = dataclasses.field(default_factory=list)
+
+
+def _host_marks(
+    timeline: Timeline, rows: dict[int, int]
+) -> tuple[dict[int, _HostMarks], list[tuple[float, float]]]:
+    """Each drawn host's marks, and the (x, y) of every "arrived last" triangle."""
+    marks = {p: _HostMarks() for p in rows}
+    last_marks: list[tuple[float, float]] = []
     for s in timeline.steps:
         last = s.last_host if s.complete and not s.notebook else None
         for p, r in s.records.items():
             if p not in rows:
                 continue
-            x = r.time - origin
+            x = r.time - timeline.origin
             if s.seq is not None:
-                arrivals[p].append(x)
+                marks[p].arrivals.append(x)
                 if r.wait is not None:
-                    (magic_bars if s.notebook else bars)[p].append((x, r.wait))
+                    (marks[p].magic_bars if s.notebook else marks[p].bars).append((x, r.wait))
             else:
-                ticks[p].append(x)
+                marks[p].ticks.append(x)
             if p == last:
-                last_x.append(x)
-                last_y.append(rows[p] - 0.42)
+                last_marks.append((x, rows[p] - 0.42))
+    return marks, last_marks
+
+
+def _draw_hosts(ax: Any, timeline: Timeline, hosts: list[int]) -> None:
+    """The top panel: one row per host with its waits, launches and "arrived last" marks."""
+    rows = {p: i for i, p in enumerate(hosts)}
+    marks, last_marks = _host_marks(timeline, rows)
     for p in hosts:
-        y = rows[p]
-        color = host_color(p)
-        if bars[p]:
-            ax.broken_barh(bars[p], (y - 0.3, 0.6), facecolors=color, edgecolors='none', alpha=0.8)
-        if magic_bars[
-            p
-        ]:  # the notebook's own collectives (%mh_diff...): grey, hatched, not counted
+        y, m, color = rows[p], marks[p], host_color(p)
+        if m.bars:
+            ax.broken_barh(m.bars, (y - 0.3, 0.6), facecolors=color, edgecolors='none', alpha=0.8)
+        if m.magic_bars:  # the notebook's own collectives (%mh_diff...): grey, hatched, not counted
             ax.broken_barh(
-                magic_bars[p],
+                m.magic_bars,
                 (y - 0.3, 0.6),
                 facecolors=_MAGIC,
                 edgecolors='#888888',
                 hatch='///',
                 linewidth=0.3,
             )
-        if arrivals[p]:
-            ax.vlines(arrivals[p], y - 0.34, y + 0.34, colors='#333333', linewidth=0.6)
-        if ticks[p]:
-            ax.vlines(ticks[p], y - 0.4, y + 0.4, colors=color, linewidth=1.2)
-    if last_x:
-        ax.scatter(last_x, last_y, marker='v', s=22, c=_LAST_MARK, zorder=3, linewidths=0)
-    ax.set_ylim(n_rows - 0.5, -0.8)
+        if m.arrivals:
+            ax.vlines(m.arrivals, y - 0.34, y + 0.34, colors='#333333', linewidth=0.6)
+        if m.ticks:
+            ax.vlines(m.ticks, y - 0.4, y + 0.4, colors=color, linewidth=1.2)
+    if last_marks:
+        xs, ys = zip(*last_marks)
+        ax.scatter(list(xs), list(ys), marker='v', s=22, c=_LAST_MARK, zorder=3, linewidths=0)
+    ax.set_ylim(max(len(hosts), 1) - 0.5, -0.8)
     ax.set_yticks(range(len(hosts)))
     ax.set_yticklabels([f'process {p}' for p in hosts], fontsize=7 if len(hosts) > 16 else 8)
     for label, p in zip(ax.get_yticklabels(), hosts):
@@ -181,8 +207,6 @@ def render_timeline_png(timeline: Timeline, *, width: int = 860, max_rows: int =
     ax.tick_params(axis='x', labelbottom=False)
     ax.grid(axis='x', color='#dddddd', linewidth=0.5)
     ax.set_axisbelow(True)
-    _draw_skew(ax_skew, timeline, origin)
-    return _png(fig)
 
 
 def _draw_skew(ax: Any, timeline: Timeline, origin: float) -> None:
