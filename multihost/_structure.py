@@ -110,6 +110,20 @@ def _static(v: Any, depth: int) -> str:
         return f'{qualname(t)}.{v.name}'
     if isinstance(v, type):
         return f'type {qualname(v)}'
+    if isinstance(v, tuple | list | dict | set | frozenset):
+        return _container(v, d)
+    if isinstance(v, np.ndarray):
+        digest = hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=8).hexdigest()
+        return f'ndarray {v.dtype}{list(v.shape)} {digest}'
+    if isinstance(v, np.generic):
+        return f'{v.dtype} {v!r}'
+    described = _function(v, d)
+    return described if described is not None else _by_value(v, d)
+
+
+def _container(v: Any, d: int) -> str:
+    """A tuple (or namedtuple), list, dict or set, item by item."""
+    t = type(v)
     if isinstance(v, tuple):
         items = ','.join(_static(x, d) for x in v)
         fields = getattr(t, '_fields', None)
@@ -124,13 +138,11 @@ def _static(v: Any, depth: int) -> str:
     if isinstance(v, dict):
         items = ','.join(f'{_static(k, d)}:{_static(x, d)}' for k, x in v.items())
         return ('{' if t is dict else f'{qualname(t)}{{') + items + '}'
-    if isinstance(v, (set, frozenset)):
-        return f'{qualname(t)}{{{",".join(sorted(_static(x, d) for x in v))}}}'
-    if isinstance(v, np.ndarray):
-        digest = hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=8).hexdigest()
-        return f'ndarray {v.dtype}{list(v.shape)} {digest}'
-    if isinstance(v, np.generic):
-        return f'{v.dtype} {v!r}'
+    return f'{qualname(t)}{{{",".join(sorted(_static(x, d) for x in v))}}}'
+
+
+def _function(v: Any, d: int) -> str | None:
+    """A method, function or partial by qualified name (never its address); None otherwise."""
     if isinstance(v, types.MethodType):
         return f'method {qualname(v.__func__)} of {_static(v.__self__, d)}'
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.BuiltinMethodType)):
@@ -139,6 +151,12 @@ def _static(v: Any, depth: int) -> str:
         args = ','.join(_static(x, d) for x in v.args)
         kwargs = ','.join(f'{k}={_static(x, d)}' for k, x in v.keywords.items())
         return f'partial({_static(v.func, d)};{args};{kwargs})'
+    return None
+
+
+def _by_value(v: Any, d: int) -> str:
+    """Any other object: its type alone, or what it compares by (fields, address-free repr)."""
+    t = type(v)
     if t.__eq__ is object.__eq__:  # no value equality: the type alone
         return qualname(t)
     if dataclasses.is_dataclass(v):  # compares by value: by its fields
