@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from multihost._checks._layout import Index, Layout, describe_layout, format_index
-from multihost._checks._treediff import _unique_paths
+from multihost._checks._paths import leaf_paths
 from multihost._exchange import _kv, _sequence
 from multihost._text import fmt_hosts
 
@@ -467,7 +467,7 @@ def _classify(
 ) -> tuple[list[_Leaf], list[_Piece], list[tuple[str, Any, str, str]], int]:
     """This host's float leaves, the pieces to check, the global leaves' signature, skipped."""
     flat = jax.tree_util.tree_flatten_with_path(in_tree)[0]
-    paths = _unique_paths([jax.tree_util.keystr(p) for p, _ in flat])
+    paths = leaf_paths(flat)
     local_ids = {d.id: i for i, d in enumerate(jax.local_devices())}
     leaves: list[_Leaf] = []
     pieces: list[_Piece] = []
