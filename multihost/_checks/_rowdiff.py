@@ -138,38 +138,56 @@ def merge(
         ref_rows: the reference's rows; may be None when every published
             value is a delta of the ``'d'`` form.
     """
-    ref = plan.reference
-    hosts = sorted(plan.rep_of)
     patches: dict[int, dict[int, list[Any]]] = {}
-    whole: dict[int, dict[str, str]] = {}
-    whole_order: dict[int, list[str]] = {}
+    whole: dict[int, Sequence[Sequence[str]]] = {}
     for r in plan.representatives:
-        if r == ref:
+        if r == plan.reference:
             continue
         value = published[r]
         if isinstance(value, dict) and 'd' in value:
             patches[r] = {int(e[0]): e for e in value['d']}
         else:
-            rows = value['rows'] if isinstance(value, dict) else value
-            whole[r] = {k: v for k, v in rows}
-            whole_order[r] = [k for k, _ in rows]
+            whole[r] = value['rows'] if isinstance(value, dict) else value
     if not whole:  # every host holds the reference's keys in its order
         if ref_rows is not None:
             num_keys = len(ref_rows)
         else:
             num_keys = next(int(published[r]['n']) for r in patches)
-        differing = []
-        for i in sorted({i for p in patches.values() for i in p}):
-            first = next(p[i] for p in patches.values() if i in p)
-            key, ref_value = first[1], first[2]
-            values: dict[int, str | None] = {}
-            for h in hosts:
-                e = patches.get(plan.rep_of[h], {}).get(i)
-                values[h] = e[3] if e is not None else ref_value
-            differing.append((key, values))
-        return RowDiff(num_keys, tuple(differing))
+        return _merge_patches(plan, patches, num_keys)
     if ref_rows is None:
         raise ValueError("merge: whole rows were published but the reference's rows are unknown")
+    return _merge_whole(plan, patches, whole, ref_rows)
+
+
+def _merge_patches(
+    plan: Plan, patches: Mapping[int, Mapping[int, list[Any]]], num_keys: int
+) -> RowDiff:
+    """`merge` when every representative published a ``'d'`` delta: the reference's key order.
+
+    The reference's rows are not needed: each patch entry carries the
+    reference's key and value next to its own.
+    """
+    differing = []
+    for i in sorted({i for p in patches.values() for i in p}):
+        first = next(p[i] for p in patches.values() if i in p)
+        key, ref_value = first[1], first[2]
+        values: dict[int, str | None] = {}
+        for h in sorted(plan.rep_of):
+            e = patches.get(plan.rep_of[h], {}).get(i)
+            values[h] = e[3] if e is not None else ref_value
+        differing.append((key, values))
+    return RowDiff(num_keys, tuple(differing))
+
+
+def _merge_whole(
+    plan: Plan,
+    patches: Mapping[int, Mapping[int, list[Any]]],
+    whole_rows: Mapping[int, Sequence[Sequence[str]]],
+    ref_rows: Sequence[Sequence[str]],
+) -> RowDiff:
+    """`merge` when some representative published whole rows: keys merged in first-seen order."""
+    ref = plan.reference
+    whole = {r: {k: v for k, v in rows} for r, rows in whole_rows.items()}
     ref_keys = [k for k, _ in ref_rows]
     ref_map = {k: v for k, v in ref_rows}
     ref_index = {k: i for i, k in enumerate(ref_keys)}
@@ -190,7 +208,7 @@ def merge(
     ref_seen = False
     for r in plan.representatives:
         if r in whole:
-            keys = whole_order[r]
+            keys = [k for k, _ in whole_rows[r]]
         elif ref_seen:
             continue  # the reference's key order, already merged
         else:
@@ -205,6 +223,7 @@ def merge(
     for m in whole.values():
         candidates.update(k for k, v in m.items() if ref_map.get(k) != v)
         candidates.update(k for k in ref_keys if k not in m)
+    hosts = sorted(plan.rep_of)
     return RowDiff(
         len(order),
         tuple(
