@@ -79,7 +79,6 @@ from multihost._text import fmt_hosts
 #: while the others wait. Debugging sessions set it lower.
 DEFAULT_TIMEOUT = 600.0
 
-_PREFIX = 'mh'
 _RING_SIZE = 256
 _SLOTS = 8  # key-value slots for records (see the module docstring)
 _MAX_TEXT = 300  # names and call sites are cut to this many characters
@@ -135,10 +134,14 @@ class CollectiveRecord:
     process: int
     fail: str = ''
 
-    def to_json(self) -> str:
+    def to_json(self, payload: bytes | None = None) -> str:
+        """The record as published; ``payload`` rides along, base64, as a last field ``data``."""
         # Fields in declaration order, "seq" first (rounds recognise a record by
         # its prefix); no `dataclasses.asdict`, which deep-copies (hot path).
-        return json.dumps({f: getattr(self, f) for f in _RECORD_FIELDS}, separators=(',', ':'))
+        fields: dict[str, Any] = {f: getattr(self, f) for f in _RECORD_FIELDS}
+        if payload is not None:
+            fields['data'] = base64.b64encode(payload).decode()
+        return json.dumps(fields, separators=(',', ':'))
 
     @classmethod
     def from_json(cls, text: str) -> CollectiveRecord:
@@ -424,9 +427,7 @@ def _take_turn(
     # started); with stepping on, the host marks itself waiting at the gate.
     gate = _enter_hook(client, rec) if _enter_hook is not None else None
     started = time.monotonic()
-    text = rec.to_json()
-    if payload is not None:
-        text = text[:-1] + ',"data":"' + base64.b64encode(payload).decode() + '"}'
+    text = rec.to_json(payload)
     # Publish (also this host's arrival in the step table), pass the step
     # gate, wait for every host; every host judges everyone's records.
     try:
@@ -583,7 +584,9 @@ def check_launch(
     return rec, raw, any(_NEW_MARK in v for v in raw.values())
 
 
-_NEW_MARK = '"data":"' + base64.b64encode(b'n').decode() + '"'
+#: What a record published with the "new signature" payload holds (the same
+#: JSON `CollectiveRecord.to_json` writes): found by substring, nothing parsed.
+_NEW_MARK = json.dumps({'data': base64.b64encode(b'n').decode()}, separators=(',', ':'))[1:-1]
 
 
 #: Set by `_stepgate` when it is imported (`multihost` imports it): runs as a
