@@ -266,7 +266,7 @@ class Watched:
         for k, v in statics:
             label = self._param(k) if isinstance(k, int) else str(k)
             static = _structure.static(v)  # by value; functions by name, never an address
-            described.append((label, f'static {_short(static)}'))
+            described.append((label, f'static {_cut(static)}'))
             described_full.append(static)
         # The structure as every host sees it (no addresses of static functions).
         tree = _structure.structure(jax.tree_util.tree_structure((dyn_args, dyn_kwargs)))
@@ -580,12 +580,13 @@ def _hashable(v: Any) -> Any:
     return v
 
 
-def _short(text: str, n: int = 80) -> str:
+def _cut(text: str, n: int = 80) -> str:
+    """``text`` cut to ``n`` characters (``...`` marks the cut): messages stay bounded."""
     return text if len(text) <= n else text[: n - 3] + '...'
 
 
-def _short_repr(v: Any, n: int = 80) -> str:
-    return _short(repr(v), n)
+def _cut_repr(v: Any, n: int = 80) -> str:
+    return _cut(repr(v), n)
 
 
 _DTYPE_SHORT = {'float': 'f', 'int': 'i', 'uint': 'u', 'bfloat': 'bf', 'complex': 'c'}
@@ -621,7 +622,7 @@ def _leaf(x: Any, by_value: bool) -> str:
     if isinstance(x, np.ndarray):
         return f'{_dtype(x.dtype)}[{",".join(map(str, x.shape))}] numpy'
     if by_value:
-        return f'{type(x).__name__} {_short_repr(x)}'
+        return f'{type(x).__name__} {_cut_repr(x)}'
     return f'{type(x).__name__} (weak)'
 
 
@@ -832,6 +833,6 @@ def _fmt_coll(c: list[str] | None) -> str:
     if c is None:
         return '<no further collective>'
     op, shape, groups = c
-    return _short(
+    return _cut(
         f'{op} -> {shape}' + (f' over replica_groups={groups}' if groups else ''), _MAX_LINE
     )

@@ -73,10 +73,6 @@ def _key(*parts: object) -> str:
     return _kv.key(*parts)
 
 
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
 class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
