@@ -1,68 +1,11 @@
 """Tree diffs across hosts: compare fingerprints first, then fetch only the differing leaves.
 
-`tree_diff` is a collective that tells every host which leaves of a pytree
-differ between hosts, on which hosts, and by how much. It never moves whole
-trees:
-
-1. Every host fingerprints its leaves locally: path (`jax.tree_util.keystr`),
-   shape, dtype and a 64-bit digest of the bytes (CRC-32 followed by
-   Adler-32: about 1.8 GB/s on one core here, so a 32 MiB tree takes under
-   20 ms; CRC-32 alone already catches every change of up to 32 adjacent bits,
-   and the two together make a random collision a ~2^-64 event).
-2. The hosts enter the collective sequence (kind ``tree_diff``; the recorded
-   digest does not depend on the tree, because structure differences must be
-   *reported*, not raised as a `CollectiveMismatchError`). A host that cannot
-   fingerprint its tree (a leaf that refuses to become an array) still takes
-   its turn, with its reason, and every host raises the same
-   `HostFailedError`. Each
-   host then shares a 16-byte digest of its whole fingerprint list
-   (`_sequence.share`: one `_kv` round under the collective's keys). If all
-   are the same, that is the answer: O(hosts) bytes moved, no device work.
-   Otherwise the lists travel through `_rowdiff` (one row of a few dozen
-   bytes per leaf): one list per distinct digest up to 64 hosts; above, the
-   reference list and each odd host's differences from it only, so no host
-   reads every host's list (`docs/SCALE.md`).
-3. Then every host computes the same verdict from the same data: per
-   differing leaf path, the *majority* (the most common fingerprint; a tie goes
-   to the group holding the lowest process index) and the *odd hosts* (every
-   host outside it). Leaves missing on some hosts, or with a different shape
-   or dtype, are reported from the fingerprints alone. For leaves whose odd
-   hosts have the majority's shape and dtype, the lowest majority host
-   broadcasts its bytes (only those leaves; exact, as unsigned integers); each
-   odd host compares locally (bitwise, element by element) and shares a small
-   summary (number of differing elements, first differing index, max abs
-   difference); for leaves of at most `SMALL_LEAF` elements, the lowest host
-   of each distinct fingerprint adds its values; every host reads all
-   summaries and builds the identical `TreeDiff`.
-
-Keys live under the collective's epoch and are deleted with it
-(`_kv.collect_garbage`).
-
-Values compare *bitwise*: two floats differ when their bytes differ, so NaN
-equals the same NaN, and ``-0.0`` differs from ``0.0``. A PRNG key array
-compares by its key data.
-
-A global (non-fully-addressable) `jax.Array` is compared block by block, a
-block being one distinct global index of its sharding
-(``Sharding.devices_indices_map``, which every host computes alike). Its row
-holds its shape, dtype, a digest of the placement (block -> hosts) and one
-fingerprint per block this host holds that another host holds too (one
-replica each); blocks held by one host are not fingerprinted. So the rows of
-a healthy fully replicated or fully sharded array are the same on every host,
-and the fast path stays one round; those of an array replicated over groups
-of hosts differ between the groups, so they travel (still a fingerprint per
-block, never the data), and when every block's replicas agree nothing else
-moves (no summary round). Hosts are then compared only on the blocks
-they both hold (a differing block is a `LeafDiff` with its ``block``, over
-its holders); a leaf no block of which is held by two hosts has nothing to
-compare across hosts (`TreeDiff.not_compared`): neither equal nor different.
-Strings, bytes and other non-array leaves compare by value (objects by their
-``repr``, memory addresses left out); their values, cut to `MAX_TEXT_CHARS`,
-are what the diff reports.
-
-`LeafDiff` and `TreeDiff` are plain, picklable data (Python values and
-read-only numpy arrays): the notebook receives them from the engines and draws
-widgets from them.
+`tree_diff` and `assert_equal`: every host fingerprints its leaves, the hosts
+compare a digest of their fingerprint lists (then the lists, through
+`_rowdiff`), and only the differing, comparable leaves are broadcast and
+compared; every host builds the same `TreeDiff` (`_diffmodel`). One function
+per phase: `_fingerprint`, `_rowdiff.compare`, `_classify`,
+`_compare_with_reference`, `_assemble`. See docs/ARCHITECTURE.md, "Tree diff".
 """
 
 from __future__ import annotations
@@ -226,7 +169,7 @@ def _comparable(a: np.ndarray) -> bool:
 
 
 def _digest(a: np.ndarray) -> str:
-    """16 hex digits: CRC-32 then Adler-32 of the bytes (see the module docstring)."""
+    """16 hex digits: CRC-32 then Adler-32 of the bytes (fast; a random collision is ~2^-64)."""
     data: bytes | memoryview
     if a.dtype.hasobject:  # no stable bytes: fall back to the values' repr
         data = repr(a.tolist()).encode()
