@@ -71,11 +71,11 @@ def _measure() -> dict[str, int]:
         'records reply (200)': len(
             json.dumps([dataclasses.astuple(r) for r in records], separators=(',', ':'))
         ),
-        'env rows': len(_rowdiff.dumps([(k, _census._short(v)) for k, v in env])),
+        'env rows': len(_rowdiff.dumps([(k, _census._value_digest(v)) for k, v in env])),
         'env keys': len(env),
         'memory summary': len(json.dumps(summary)),
         'memory kinds rows': len(
-            _rowdiff.dumps([(k, _census._short(v)) for k, v in kinds.items()])
+            _rowdiff.dumps([(k, _census._value_digest(v)) for k, v in kinds.items()])
         ),
         'daemon info': 130,
     }

@@ -8,6 +8,7 @@ Runs on every host (one JAX process per host); depends on jax and numpy only.
 """
 
 from multihost._checks._census import EnvDiff, MemoryCensus, env_diff, memory_census
+from multihost._checks._diffmodel import GlobalLeaf, LeafDiff, TreeDiff
 from multihost._checks._layout import Layout, LayoutBlock, ShardInfo, describe_layout
 from multihost._checks._nonfinite import (
     NonfiniteLeaf,
@@ -16,7 +17,7 @@ from multihost._checks._nonfinite import (
     find_nonfinite,
 )
 from multihost._checks._replicas import ReplicaDigest, ReplicaGroup, ReplicaReport, check_replicas
-from multihost._checks._treediff import GlobalLeaf, LeafDiff, TreeDiff, assert_equal, tree_diff
+from multihost._checks._treediff import assert_equal, tree_diff
 from multihost._checks._treelayout import LeafLayout, TreeLayout
 from multihost._core._arrays import (
     global_array_to_host_local_array,

@@ -78,3 +78,8 @@ def fmt_duration(seconds: float) -> str:
     if seconds < 3 * 3600:
         return f'{seconds / 60:.0f} min'
     return f'{seconds / 3600:.1f} h'
+
+
+def short_site(site: str) -> str:
+    """``/long/path/train.py:42`` -> ``train.py:42``: a call site by its file's name only."""
+    return site.rsplit('/', 1)[-1]

@@ -24,7 +24,8 @@ from jax.sharding import PartitionSpec as P
 import multihost
 from multihost import _jax_adapter
 from multihost._checks import _treediff
-from multihost._checks._treediff import LeafDiff, TreeDiff
+from multihost._checks._diffmodel import LeafDiff, TreeDiff
+from multihost._text import fmt_hosts
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
@@ -408,9 +409,9 @@ def test_summary_is_bounded_and_names_paths_and_hosts():
 
 def test_host_lists_are_compressed_and_bounded():
     """Host lists print as ranges and are cut after a few ranges."""
-    assert _treediff._fmt_hosts([3]) == 'process 3'
-    assert _treediff._fmt_hosts([0, 1, 2, 5]) == 'processes 0-2, 5'
-    text = _treediff._fmt_hosts(list(range(0, 400, 2)))
+    assert fmt_hosts([3]) == 'process 3'
+    assert fmt_hosts([0, 1, 2, 5]) == 'processes 0-2, 5'
+    text = fmt_hosts(list(range(0, 400, 2)))
     assert text.endswith('(200 in all)') and len(text) < 80
 
 

@@ -33,17 +33,12 @@ from mhnotebook.widgets._common import (
     run_action,
 )
 from multihost import CollectiveRecord, Step, StepTable
-from multihost._text import fmt_hosts
+from multihost._text import fmt_hosts, short_site
 
 #: More hosts than this: hosts whose columns are identical share one column.
 MAX_HOST_COLUMNS = 16
 #: Divergent steps explained in the banner.
 MAX_BANNER_STEPS = 3
-
-
-def _short(site: str) -> str:
-    """``/long/path/train.py:42`` -> ``train.py:42``."""
-    return site.rsplit('/', 1)[-1]
 
 
 def _call(rec: CollectiveRecord) -> str:
@@ -94,7 +89,7 @@ def divergence_html(step: Step) -> str:
         rec = step.records[p]
         if rec is None:  # odd_processes holds arrived hosts only
             continue
-        by_call.setdefault((_call(rec), _short(rec.site)), []).append(p)
+        by_call.setdefault((_call(rec), short_site(rec.site)), []).append(p)
     majority = [p for p in step.arrived if p not in step.odd_processes]
     odd = '; '.join(
         f'<b class="mh-odd-host">{esc(fmt_hosts(hosts))}</b> '
@@ -103,7 +98,7 @@ def divergence_html(step: Step) -> str:
     )
     return (
         f'<b>Divergence at step #{step.seq}:</b> {odd}, while {esc(fmt_hosts(majority))} '
-        f'call <code>{esc(_call(ref))}</code> at {esc(_short(ref.site))}.'
+        f'call <code>{esc(_call(ref))}</code> at {esc(short_site(ref.site))}.'
     )
 
 
@@ -175,7 +170,7 @@ def grid_html(table: StepTable) -> str:
                 text = 'not arrived' if state == 'missing' else ''
                 title = ''
             else:
-                text = f'{esc(_call(rec))}<br><small>{esc(_short(rec.site))}</small>'
+                text = f'{esc(_call(rec))}<br><small>{esc(short_site(rec.site))}</small>'
                 if state == 'waiting':
                     text += '<br><small>waiting for release</small>'
                 title = esc(rec.describe())

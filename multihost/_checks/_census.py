@@ -57,7 +57,8 @@ MAX_TEXT_LINES = 16
 # -- the exchange ---------------------------------------------------------------------
 
 
-def _short(text: str) -> str:
+def _value_digest(text: str) -> str:
+    """12 hex digits of a value: the rows compare digests, only differing values travel."""
     return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
@@ -71,7 +72,7 @@ def _dict_diff(
     then the values of the differing keys, one host per distinct value.
     """
     items = sorted(mine.items())[:_MAX_KEYS]
-    diff = _rowdiff.compare(rec, [(k, _short(v)) for k, v in items], timeout)
+    diff = _rowdiff.compare(rec, [(k, _value_digest(v)) for k, v in items], timeout)
     if diff is None:
         return {}
     me = rec.process

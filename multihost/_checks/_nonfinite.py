@@ -1,42 +1,11 @@
 """Where the NaNs and Infs are: per shard, on every host, without moving the data.
 
-`find_nonfinite` is a collective: every host passes its tree (global arrays
-and host-local values alike) and gets the same `NonfiniteReport`, naming each
-offending shard's leaf, host, device and index, its NaN and Inf counts and
-its first non-finite element. Only a few numbers per offending shard travel:
-
-1. Every host classifies its leaves (local): a *global* `jax.Array` (its
-   devices span several processes) is checked shard by shard over this host's
-   addressable shards, replicas included (a NaN in one replica is found); a
-   *host-local* value (a fully addressable `jax.Array`, a numpy array, a
-   Python scalar) is this host's own, checked whole, its shards' indices in
-   its own coordinates. Leaves that are not floating point (integers, bools,
-   PRNG keys, strings) are skipped and counted.
-2. Screen (on device): one jitted reduction per shard, ``sum(x * 0)``: ``0``
-   when every element is finite, NaN otherwise (``inf * 0`` and ``nan * 0``
-   are NaN). One pass over memory at about the speed of a plain sum (a count
-   of ``isnan`` costs ~10x more on CPU); all shards are dispatched before any
-   result is read, so the local devices work at the same time. Compiled once
-   per shard shape, dtype and device.
-3. Details, only for the shards that fail the screen: a second jitted pass
-   counts NaN and Inf and finds the first non-finite position (in chunks of
-   `_CHUNK` elements, so counts and positions fit 32-bit integers).
-4. One exchange (`_sequence.exchange`: the collective's check and the data in
-   one coordination round): each host's checked counts (all a clean host
-   sends) and at most `MAX_RECORDS` records of offending shards (fewer per
-   host beyond 64 hosts: `MAX_TOTAL_RECORDS` over all; the rest counted, and
-   said so in the report), plus, for offending host-local values, their own
-   layout. What a host reads stays bounded at any host count.
-   Every host then assembles the same report. Global leaves take part in the
-   check's digest (path, shape, dtype, sharding), so hosts passing different
-   global arrays raise `CollectiveMismatchError` before anything is compared.
-
-NumPy values are host memory: they are checked with numpy where they are
-(in chunks), never copied to a device.
-
-`NonfiniteShard`, `NonfiniteLeaf` and `NonfiniteReport` are plain, picklable
-data (frozen dataclasses, with the `Layout` of each offending leaf for a
-picture): the notebook receives them from the engines and draws them.
+`find_nonfinite` screens every addressable shard where it lives (one
+``sum(x * 0)`` per shard on device, all dispatched before any is read; numpy
+values with numpy), looks closer only at the shards that fail, and shares
+their counts in one `_sequence.exchange`: every host gets the same
+`NonfiniteReport` (plain, picklable data). See docs/ARCHITECTURE.md, "The
+census and non-finite values".
 """
 
 from __future__ import annotations
@@ -51,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from multihost._checks._layout import Index, Layout, describe_layout, format_index
-from multihost._checks._treediff import _unique_paths
+from multihost._checks._paths import leaf_paths
 from multihost._exchange import _kv, _sequence
 from multihost._text import fmt_hosts
 
@@ -467,7 +436,7 @@ def _classify(
 ) -> tuple[list[_Leaf], list[_Piece], list[tuple[str, Any, str, str]], int]:
     """This host's float leaves, the pieces to check, the global leaves' signature, skipped."""
     flat = jax.tree_util.tree_flatten_with_path(in_tree)[0]
-    paths = _unique_paths([jax.tree_util.keystr(p) for p, _ in flat])
+    paths = leaf_paths(flat)
     local_ids = {d.id: i for i, d in enumerate(jax.local_devices())}
     leaves: list[_Leaf] = []
     pieces: list[_Piece] = []

@@ -1,44 +1,11 @@
 """Which keys differ between hosts: keyed rows compared with bounded reads at any host count.
 
-Two collectives ask the same question of a list of ``(key, value)`` rows that
-every host holds: `tree_diff` (one row per leaf: path -> shape, dtype, digest
-of the bytes) and the census (`_census._dict_diff`: key -> digest of the
-value). `compare` answers it inside collective ``rec``: which keys' values
-differ between hosts, and what every host holds there. Every host gets the
-same `RowDiff`.
-
-Protocol (each step one `_sequence.share` round under the collective's keys):
-
-1. ``head``: every host shares a 16-byte digest of its rows (32 hex
-   characters). All equal: that is the answer, in one round.
-2. Hosts are grouped by head (the same head: the same rows). The lowest host
-   of each group is its *representative*; the group with the most hosts
-   (ties: the one with the lowest representative) is the *reference*. Only
-   representatives move rows, so hosts that agree are never read twice.
-
-   * Up to `REFERENCE_ABOVE` hosts, ``rows``: each representative shares its
-     rows and every host reads them: one round more, as before.
-   * Above, no host reads every host's rows. ``ref``: the reference's
-     representative stores its rows under one key, and the round says they
-     are there. ``delta``: every other representative reads them and shares
-     what differs: for rows with the reference's keys in the reference's
-     order, ``[i, key, reference value, own value]`` per differing row ``i``;
-     otherwise its whole rows. Hosts read the deltas, plus the reference's
-     rows only when some delta is whole rows (the merged key order needs
-     them; a host of the reference's group has them already).
-
-   So a host reads the heads (N x 32 characters), the deltas (about the size
-   of the answer) and at most one other host's rows, whatever N is: with
-   1,000 hosts x 10,000 leaves and one odd host, ~0.1 MB per host, instead
-   of every host's list (~800 MB). Each value and each read stays within
-   `_kv.MAX_BYTES` (values above a host's share of a directory read are
-   chunked by `_kv`).
-
-Both paths give the same `RowDiff` (tested with the threshold forced down):
-the number of distinct keys, and per differing key, in first-seen order over
-the hosts by process index, every host's value (None: absent there).
-`plan`, `delta` and `merge` are pure, so the exchange at 1,000 hosts can be
-replayed in one process (`tests/test_scale.py`).
+`compare` (inside a collective: `tree_diff`'s fingerprints, the census's
+`_dict_diff`) gives every host the same `RowDiff`: a digest of each host's rows
+first, then the rows of one representative per group of alike hosts, or above
+`REFERENCE_ABOVE` hosts their deltas against a reference host's. `plan`,
+`delta` and `merge` are pure, so the exchange at 1,000 hosts can be replayed in
+one process (`tests/test_scale.py`). See docs/ARCHITECTURE.md, "Tree diff".
 """
 
 from __future__ import annotations
@@ -138,38 +105,56 @@ def merge(
         ref_rows: the reference's rows; may be None when every published
             value is a delta of the ``'d'`` form.
     """
-    ref = plan.reference
-    hosts = sorted(plan.rep_of)
     patches: dict[int, dict[int, list[Any]]] = {}
-    whole: dict[int, dict[str, str]] = {}
-    whole_order: dict[int, list[str]] = {}
+    whole: dict[int, Sequence[Sequence[str]]] = {}
     for r in plan.representatives:
-        if r == ref:
+        if r == plan.reference:
             continue
         value = published[r]
         if isinstance(value, dict) and 'd' in value:
             patches[r] = {int(e[0]): e for e in value['d']}
         else:
-            rows = value['rows'] if isinstance(value, dict) else value
-            whole[r] = {k: v for k, v in rows}
-            whole_order[r] = [k for k, _ in rows]
+            whole[r] = value['rows'] if isinstance(value, dict) else value
     if not whole:  # every host holds the reference's keys in its order
         if ref_rows is not None:
             num_keys = len(ref_rows)
         else:
             num_keys = next(int(published[r]['n']) for r in patches)
-        differing = []
-        for i in sorted({i for p in patches.values() for i in p}):
-            first = next(p[i] for p in patches.values() if i in p)
-            key, ref_value = first[1], first[2]
-            values: dict[int, str | None] = {}
-            for h in hosts:
-                e = patches.get(plan.rep_of[h], {}).get(i)
-                values[h] = e[3] if e is not None else ref_value
-            differing.append((key, values))
-        return RowDiff(num_keys, tuple(differing))
+        return _merge_patches(plan, patches, num_keys)
     if ref_rows is None:
         raise ValueError("merge: whole rows were published but the reference's rows are unknown")
+    return _merge_whole(plan, patches, whole, ref_rows)
+
+
+def _merge_patches(
+    plan: Plan, patches: Mapping[int, Mapping[int, list[Any]]], num_keys: int
+) -> RowDiff:
+    """`merge` when every representative published a ``'d'`` delta: the reference's key order.
+
+    The reference's rows are not needed: each patch entry carries the
+    reference's key and value next to its own.
+    """
+    differing = []
+    for i in sorted({i for p in patches.values() for i in p}):
+        first = next(p[i] for p in patches.values() if i in p)
+        key, ref_value = first[1], first[2]
+        values: dict[int, str | None] = {}
+        for h in sorted(plan.rep_of):
+            e = patches.get(plan.rep_of[h], {}).get(i)
+            values[h] = e[3] if e is not None else ref_value
+        differing.append((key, values))
+    return RowDiff(num_keys, tuple(differing))
+
+
+def _merge_whole(
+    plan: Plan,
+    patches: Mapping[int, Mapping[int, list[Any]]],
+    whole_rows: Mapping[int, Sequence[Sequence[str]]],
+    ref_rows: Sequence[Sequence[str]],
+) -> RowDiff:
+    """`merge` when some representative published whole rows: keys merged in first-seen order."""
+    ref = plan.reference
+    whole = {r: {k: v for k, v in rows} for r, rows in whole_rows.items()}
     ref_keys = [k for k, _ in ref_rows]
     ref_map = {k: v for k, v in ref_rows}
     ref_index = {k: i for i, k in enumerate(ref_keys)}
@@ -190,7 +175,7 @@ def merge(
     ref_seen = False
     for r in plan.representatives:
         if r in whole:
-            keys = whole_order[r]
+            keys = [k for k, _ in whole_rows[r]]
         elif ref_seen:
             continue  # the reference's key order, already merged
         else:
@@ -205,6 +190,7 @@ def merge(
     for m in whole.values():
         candidates.update(k for k, v in m.items() if ref_map.get(k) != v)
         candidates.update(k for k in ref_keys if k not in m)
+    hosts = sorted(plan.rep_of)
     return RowDiff(
         len(order),
         tuple(
@@ -221,7 +207,7 @@ def compare(
     """Inside collective ``rec``: the keys whose values differ between hosts (None: no key).
 
     Every host calls it with its rows (unique string keys, string values)
-    and gets the same answer. See the module docstring for the rounds.
+    and gets the same answer. The rounds: docs/ARCHITECTURE.md, "Tree diff".
     """
     blob = dumps(rows)
     heads = _sequence.share(rec, 'head', head(blob), timeout=timeout)

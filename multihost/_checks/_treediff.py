@@ -1,68 +1,11 @@
 """Tree diffs across hosts: compare fingerprints first, then fetch only the differing leaves.
 
-`tree_diff` is a collective that tells every host which leaves of a pytree
-differ between hosts, on which hosts, and by how much. It never moves whole
-trees:
-
-1. Every host fingerprints its leaves locally: path (`jax.tree_util.keystr`),
-   shape, dtype and a 64-bit digest of the bytes (CRC-32 followed by
-   Adler-32: about 1.8 GB/s on one core here, so a 32 MiB tree takes under
-   20 ms; CRC-32 alone already catches every change of up to 32 adjacent bits,
-   and the two together make a random collision a ~2^-64 event).
-2. The hosts enter the collective sequence (kind ``tree_diff``; the recorded
-   digest does not depend on the tree, because structure differences must be
-   *reported*, not raised as a `CollectiveMismatchError`). A host that cannot
-   fingerprint its tree (a leaf that refuses to become an array) still takes
-   its turn, with its reason, and every host raises the same
-   `HostFailedError`. Each
-   host then shares a 16-byte digest of its whole fingerprint list
-   (`_sequence.share`: one `_kv` round under the collective's keys). If all
-   are the same, that is the answer: O(hosts) bytes moved, no device work.
-   Otherwise the lists travel through `_rowdiff` (one row of a few dozen
-   bytes per leaf): one list per distinct digest up to 64 hosts; above, the
-   reference list and each odd host's differences from it only, so no host
-   reads every host's list (`docs/SCALE.md`).
-3. Then every host computes the same verdict from the same data: per
-   differing leaf path, the *majority* (the most common fingerprint; a tie goes
-   to the group holding the lowest process index) and the *odd hosts* (every
-   host outside it). Leaves missing on some hosts, or with a different shape
-   or dtype, are reported from the fingerprints alone. For leaves whose odd
-   hosts have the majority's shape and dtype, the lowest majority host
-   broadcasts its bytes (only those leaves; exact, as unsigned integers); each
-   odd host compares locally (bitwise, element by element) and shares a small
-   summary (number of differing elements, first differing index, max abs
-   difference); for leaves of at most `SMALL_LEAF` elements, the lowest host
-   of each distinct fingerprint adds its values; every host reads all
-   summaries and builds the identical `TreeDiff`.
-
-Keys live under the collective's epoch and are deleted with it
-(`_kv.collect_garbage`).
-
-Values compare *bitwise*: two floats differ when their bytes differ, so NaN
-equals the same NaN, and ``-0.0`` differs from ``0.0``. A PRNG key array
-compares by its key data.
-
-A global (non-fully-addressable) `jax.Array` is compared block by block, a
-block being one distinct global index of its sharding
-(``Sharding.devices_indices_map``, which every host computes alike). Its row
-holds its shape, dtype, a digest of the placement (block -> hosts) and one
-fingerprint per block this host holds that another host holds too (one
-replica each); blocks held by one host are not fingerprinted. So the rows of
-a healthy fully replicated or fully sharded array are the same on every host,
-and the fast path stays one round; those of an array replicated over groups
-of hosts differ between the groups, so they travel (still a fingerprint per
-block, never the data), and when every block's replicas agree nothing else
-moves (no summary round). Hosts are then compared only on the blocks
-they both hold (a differing block is a `LeafDiff` with its ``block``, over
-its holders); a leaf no block of which is held by two hosts has nothing to
-compare across hosts (`TreeDiff.not_compared`): neither equal nor different.
-Strings, bytes and other non-array leaves compare by value (objects by their
-``repr``, memory addresses left out); their values, cut to `MAX_TEXT_CHARS`,
-are what the diff reports.
-
-`LeafDiff` and `TreeDiff` are plain, picklable data (Python values and
-read-only numpy arrays): the notebook receives them from the engines and draws
-widgets from them.
+`tree_diff` and `assert_equal`: every host fingerprints its leaves, the hosts
+compare a digest of their fingerprint lists (then the lists, through
+`_rowdiff`), and only the differing, comparable leaves are broadcast and
+compared; every host builds the same `TreeDiff` (`_diffmodel`). One function
+per phase: `_fingerprint`, `_rowdiff.compare`, `_classify`,
+`_compare_with_reference`, `_assemble`. See docs/ARCHITECTURE.md, "Tree diff".
 """
 
 from __future__ import annotations
@@ -74,418 +17,28 @@ import json
 import math
 import re
 import zlib
-from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
 from multihost._checks import _rowdiff
-from multihost._checks._layout import Index, format_index, normalize_index
+from multihost._checks._diffmodel import (
+    MAX_TEXT_CHARS,
+    SMALL_LEAF,
+    GlobalLeaf,
+    LeafDiff,
+    TreeDiff,
+)
+from multihost._checks._layout import Index, normalize_index
+from multihost._checks._paths import leaf_paths
 from multihost._core._collectives import broadcast_one_to_all
 from multihost._errors import HostMismatchError
 from multihost._exchange import _kv, _sequence
-from multihost._text import fmt_hosts as _fmt_hosts
 
-#: Leaves with at most this many elements keep every host's values in their
-#: `LeafDiff` (so a view can show them side by side); larger leaves keep only
-#: the per-host summary.
-SMALL_LEAF = 64
-
-_MAX_PATH_CHARS = 160  # longest leaf path quoted in a message
-#: Characters of a string (or other non-array) leaf kept in its `LeafDiff`.
-MAX_TEXT_CHARS = 200
-_MAX_TEXT_SHOWN = 60  # characters of such a value quoted in a message
-_MAX_PATHS_SHOWN = 5  # global leaves named in a summary's note
 _ADDRESS = re.compile(r' at 0x[0-9a-fA-F]+')  # object reprs: the same object, another address
 _BROADCAST_CHUNK = 64 << 20  # bytes per broadcast of reference values
 _COMPARE_CHUNK = 1 << 20  # elements compared at a time (bounds temporaries)
-
-#: The kinds of difference a `LeafDiff` reports, most fundamental first.
-KINDS = ('structure', 'shape', 'dtype', 'sharding', 'value')
-
-
-# -- the model -----------------------------------------------------------------
-
-
-def _fmt_path(path: str) -> str:
-    if len(path) <= _MAX_PATH_CHARS:
-        return path
-    half = (_MAX_PATH_CHARS - 3) // 2
-    return path[:half] + '...' + path[-half:]
-
-
-def _fmt_text(value: str) -> str:
-    """A string leaf's value as Python writes it, cut to a bounded length."""
-    if len(value) > _MAX_TEXT_SHOWN:
-        return repr(value[: _MAX_TEXT_SHOWN - 3]) + '...'
-    return repr(value)
-
-
-def _fmt_sig(shape: tuple[int, ...] | None, dtype: str | None) -> str:
-    if shape is None:
-        return 'missing'
-    return f'{dtype}[{",".join(map(str, shape))}]'
-
-
-def _canon(value: Any) -> Any:
-    """A hashable, exactly comparable stand-in (arrays by bytes, floats by repr)."""
-    if isinstance(value, np.ndarray):
-        return ('ndarray', value.dtype.str, value.dtype.name, value.shape, value.tobytes())
-    if isinstance(value, float):
-        return ('float', repr(value))
-    if isinstance(value, Mapping):
-        return tuple(sorted((k, _canon(v)) for k, v in value.items()))
-    if isinstance(value, tuple | list):
-        return tuple(_canon(v) for v in value)
-    return value
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        try:
-            return value.tolist()
-        except (TypeError, ValueError):
-            return repr(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)  # 'nan', 'inf': JSON has no literal for them
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class LeafDiff:
-    """One leaf path whose fingerprint is not the same on every host.
-
-    Per-host mappings are keyed by process index. Equality is exact (arrays by
-    their bytes, NaN equals NaN), so two hosts' diffs can be compared.
-
-    Attributes:
-        path: the leaf's path, ``jax.tree_util.keystr`` (e.g. ``"['w'][0]"``).
-        kind: the most fundamental difference: ``'structure'`` (the leaf is
-            missing on some hosts), ``'shape'``, ``'dtype'``, ``'sharding'``
-            (a global array whose hosts place its blocks differently:
-            ``digests`` are then digests of each host's placement) or
-            ``'value'``.
-        odd_processes: sorted hosts outside the majority (the odd ones out).
-        majority_processes: sorted hosts holding the most common fingerprint (on a
-            tie: the group with the lowest process index).
-        shapes: host -> shape of the compared data, or None where the leaf is
-            missing (for a global array: the shape of the block compared; for
-            a PRNG key array: the shape of its key data).
-        dtypes: host -> dtype name (``'float32'``, ``'key<fry>'``; ``'str'``,
-            ``'bytes'`` or the type's name for a non-array leaf), or None.
-        digests: host -> 16-hex-digit digest of the bytes, or None.
-        num_different: odd host -> number of elements that differ from the
-            majority value (bitwise). Only for odd hosts whose shape and dtype
-            match the majority's.
-        max_abs_diff: odd host -> max ``|x - majority|`` over the differing
-            elements (float64; NaN when a NaN is involved or the dtype is not
-            numeric). Same hosts as ``num_different``.
-        first_index: odd host -> index of the first differing element (row
-            major), a tuple (``()`` for a scalar). Same hosts as
-            ``num_different``.
-        values: host -> that host's value (a read-only numpy array), for every
-            host holding the leaf when it has at most `SMALL_LEAF` elements;
-            empty for larger leaves. For a string (or other non-array) leaf:
-            a 0-d ``str`` array of the value (its ``repr`` for other
-            objects), cut to `MAX_TEXT_CHARS` characters.
-        block: for a global (non-fully-addressable) `jax.Array`, the block
-            compared: its global index, ``(start, stop)`` per dimension. Only
-            the hosts holding that block appear in the per-host mappings, and
-            a global array has one `LeafDiff` per differing block. None for a
-            host-local leaf.
-    """
-
-    path: str
-    kind: str
-    odd_processes: tuple[int, ...]
-    majority_processes: tuple[int, ...]
-    shapes: Mapping[int, tuple[int, ...] | None]
-    dtypes: Mapping[int, str | None]
-    digests: Mapping[int, str | None]
-    num_different: Mapping[int, int] = dataclasses.field(default_factory=dict)
-    max_abs_diff: Mapping[int, float] = dataclasses.field(default_factory=dict)
-    first_index: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
-    values: Mapping[int, np.ndarray] = dataclasses.field(default_factory=dict)
-    block: Index | None = None
-
-    @property
-    def reference_process(self) -> int:
-        """The host whose value the odd hosts were compared with (lowest majority host)."""
-        return self.majority_processes[0]
-
-    @property
-    def where(self) -> str:
-        """The path, and for a global array the block: ``"['w'] block [0:4, 0:8]"``."""
-        if self.block is None:
-            return _fmt_path(self.path)
-        return f'{_fmt_path(self.path)} block {format_index(self.block)}'
-
-    @property
-    def text_values(self) -> dict[str, tuple[int, ...]] | None:
-        """For a string (or other non-array) leaf: value -> hosts holding it; else None."""
-        if self.kind != 'value' or self.num_different or not self.values:
-            return None
-        if not all(v.ndim == 0 and v.dtype.kind == 'U' for v in self.values.values()):
-            return None
-        by: dict[str, list[int]] = {}
-        for h in sorted(self.values):
-            by.setdefault(str(self.values[h]), []).append(h)
-        return {v: tuple(hs) for v, hs in by.items()}
-
-    def placements(self) -> str:
-        """For a ``'sharding'`` difference: which hosts place the blocks alike (bounded)."""
-        by: dict[str | None, list[int]] = {}
-        for h in sorted(self.digests):
-            by.setdefault(self.digests[h], []).append(h)
-        parts = [
-            f'placement {(d or "")[:8]} on {_fmt_hosts(hs)}'
-            for d, hs in sorted(by.items(), key=lambda g: g[1][0])
-        ]
-        more = f'; ... ({len(parts)} placements)' if len(parts) > 4 else ''
-        return 'the hosts place its blocks differently: ' + '; '.join(parts[:4]) + more
-
-    def describe(self) -> str:
-        """One bounded line: the path (and block), the odd hosts and how they differ."""
-        head = f'{self.where} [{self.kind}] on {_fmt_hosts(self.odd_processes)}'
-        if self.kind == 'sharding':
-            return f'{head}: {self.placements()}'
-        if self.kind != 'value':
-            groups: dict[tuple[Any, Any], list[int]] = {}
-            for h in sorted(self.shapes):
-                groups.setdefault((self.shapes[h], self.dtypes[h]), []).append(h)
-            parts = [
-                f'{_fmt_sig(*sig)} on {_fmt_hosts(hosts)}'
-                for sig, hosts in sorted(groups.items(), key=lambda g: g[1][0])
-            ]
-            if len(parts) > 4:
-                parts = parts[:4] + [f'... ({len(groups)} variants)']
-            return f'{head}: ' + '; '.join(parts)
-        texts = self.text_values
-        if texts is not None:
-            parts = [f'{_fmt_text(v)} on {_fmt_hosts(hs)}' for v, hs in list(texts.items())[:4]]
-            if len(texts) > 4:
-                parts.append(f'... ({len(texts)} values)')
-            return f'{head}: ' + '; '.join(parts)
-        shown = []
-        for h in self.odd_processes[:3]:
-            who = '' if len(self.odd_processes) == 1 else f'{_fmt_hosts([h])}: '
-            if h in self.num_different:
-                shown.append(
-                    f'{who}{self.num_different[h]} of {math.prod(self.shapes[h] or ())} '
-                    f'elements differ, max abs diff {self.max_abs_diff[h]:.6g}, first at '
-                    f'index {self.first_index[h]}'
-                )
-            else:
-                shown.append(f'{who}bytes differ')
-        if len(self.odd_processes) > 3:
-            shown.append(f'... and {len(self.odd_processes) - 3} more hosts')
-        return f'{head} (vs {_fmt_hosts(self.majority_processes)}): ' + '; '.join(shown)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able plain data (arrays as nested lists, NaN/inf as strings)."""
-        return _jsonable(dataclasses.asdict(self))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, LeafDiff):
-            return NotImplemented
-        return _canon(dataclasses.astuple(self)) == _canon(dataclasses.astuple(other))
-
-    __hash__ = None  # type: ignore[assignment]  # mutable-looking mappings: unhashable
-
-
-@dataclasses.dataclass(frozen=True)
-class GlobalLeaf:
-    """How one global (non-fully-addressable) `jax.Array` leaf was compared.
-
-    A global array is compared block by block (a block: one distinct global
-    index of its sharding), and only across the hosts holding the same block
-    (its replicas). A block held by one host has nothing to compare across
-    hosts; a leaf none of whose blocks is held by two or more hosts (fully
-    sharded, e.g. ``P(('data', 'model'))``) is neither equal nor different.
-
-    Attributes:
-        path: the leaf's path.
-        num_blocks: distinct blocks of the array.
-        num_compared: blocks held by two or more hosts (compared across them).
-        min_hosts: fewest hosts holding one block.
-        max_hosts: most hosts holding one block.
-    """
-
-    path: str
-    num_blocks: int
-    num_compared: int
-    min_hosts: int
-    max_hosts: int
-
-    @property
-    def compared(self) -> bool:
-        """Whether some block is held by two or more hosts (and so was compared)."""
-        return self.num_compared > 0
-
-    def describe(self, num_processes: int) -> str:
-        """How the leaf was compared, in one line."""
-        path = _fmt_path(self.path)
-        if not self.compared:
-            return (
-                f'{path}: nothing to compare across hosts (each of its {self.num_blocks} '
-                'block(s) is held by one host)'
-            )
-        if self.num_compared == self.num_blocks and self.min_hosts == num_processes:
-            return f'{path}: every host holds all {self.num_blocks} block(s); compared on all'
-        hosts = (
-            str(self.max_hosts)
-            if self.min_hosts == self.max_hosts
-            else f'{max(2, self.min_hosts)}-{self.max_hosts}'
-        )
-        return (
-            f'{path}: compared over its replicas ({self.num_compared} of {self.num_blocks} '
-            f'block(s), each among the {hosts} hosts holding it)'
-        )
-
-
-@dataclasses.dataclass(frozen=True, eq=False, repr=False)
-class TreeDiff:
-    """Which leaves of a pytree differ between hosts (the result of `tree_diff`).
-
-    Every host gets an equal `TreeDiff`.
-
-    Attributes:
-        leaves: one `LeafDiff` per differing leaf path (per differing block,
-            for a global array), in tree order (the lowest host's order;
-            paths it lacks follow, in the next hosts' order).
-        num_processes: number of hosts compared.
-        num_leaves: number of distinct leaf paths over all hosts.
-        global_leaves: one `GlobalLeaf` per global (non-fully-addressable)
-            `jax.Array` leaf that every host holds with the same shape, dtype
-            and sharding, in tree order: how it was compared (over the
-            replicas of its blocks, or not at all).
-    """
-
-    leaves: tuple[LeafDiff, ...]
-    num_processes: int
-    num_leaves: int
-    global_leaves: tuple[GlobalLeaf, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing differs between hosts (same paths, shapes, dtypes, bytes).
-
-        Blocks of a global array held by a single host are not compared: a
-        fully sharded leaf (see `not_compared`) does not make a diff not ok.
-        """
-        return not self.leaves
-
-    @property
-    def differing_paths(self) -> tuple[str, ...]:
-        """The distinct paths of the differing leaves, in order."""
-        return tuple(dict.fromkeys(leaf.path for leaf in self.leaves))
-
-    @property
-    def not_compared(self) -> tuple[str, ...]:
-        """Global leaves with no block held by two or more hosts: nothing to compare."""
-        return tuple(g.path for g in self.global_leaves if not g.compared)
-
-    @property
-    def by_replicas(self) -> tuple[str, ...]:
-        """Global leaves compared over their replicas only (not every host holds every block)."""
-        return tuple(
-            g.path
-            for g in self.global_leaves
-            if g.compared and (g.num_compared < g.num_blocks or g.min_hosts < self.num_processes)
-        )
-
-    def notes(self) -> list[str]:
-        """Lines on the global leaves not compared on every host (bounded), for `summary`."""
-        out = []
-        for paths, what in (
-            (
-                self.not_compared,
-                'nothing to compare across hosts (no block is held by 2+ hosts)',
-            ),
-            (
-                self.by_replicas,
-                'compared over their replicas only (each block among the hosts holding it)',
-            ),
-        ):
-            if paths:
-                named = ', '.join(_fmt_path(p) or '(the root)' for p in paths[:_MAX_PATHS_SHOWN])
-                more = f', ... ({len(paths)} in all)' if len(paths) > _MAX_PATHS_SHOWN else ''
-                out.append(f'{len(paths)} global leaf/leaves: {what}: {named}{more}.')
-        return out
-
-    @property
-    def odd_processes(self) -> tuple[int, ...]:
-        """Sorted hosts that are odd ones out for at least one leaf."""
-        return tuple(sorted({h for leaf in self.leaves for h in leaf.odd_processes}))
-
-    def __getitem__(self, path: str) -> LeafDiff:
-        """The `LeafDiff` of one path (``KeyError`` when that leaf does not differ)."""
-        for leaf in self.leaves:
-            if leaf.path == path:
-                return leaf
-        raise KeyError(path)
-
-    def summary(self, max_leaves: int = 10) -> str:
-        """A bounded human report: a headline, then at most ``max_leaves`` leaf lines."""
-        notes = self.notes()
-        if self.ok:
-            if not notes:
-                return (
-                    f'All {self.num_processes} hosts hold the same tree ({self.num_leaves} leaves).'
-                )
-            return (
-                f'All {self.num_processes} hosts agree on every leaf they can compare '
-                f'({self.num_leaves} leaves). ' + ' '.join(notes)
-            )
-        lines = [
-            f'{len(self.differing_paths)} of {self.num_leaves} leaves differ across '
-            f'{self.num_processes} hosts; odd hosts: {_fmt_hosts(self.odd_processes)}.'
-        ]
-        lines += ['  ' + leaf.describe() for leaf in self.leaves[:max_leaves]]
-        if len(self.leaves) > max_leaves:
-            lines.append(
-                f'  ... and {len(self.leaves) - max_leaves} more differing '
-                'leaves (all of them are in the TreeDiff).'
-            )
-        lines += ['  ' + note for note in notes]
-        return '\n'.join(lines)
-
-    def __str__(self) -> str:
-        return self.summary()
-
-    def __repr__(self) -> str:
-        return (
-            f'TreeDiff(ok={self.ok}, differing={len(self.differing_paths)}, '
-            f'num_leaves={self.num_leaves}, num_processes={self.num_processes}, '
-            f'odd_processes={list(self.odd_processes)})'
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able plain data (for the notebook side)."""
-        return {
-            'ok': self.ok,
-            'num_processes': self.num_processes,
-            'num_leaves': self.num_leaves,
-            'leaves': [leaf.to_dict() for leaf in self.leaves],
-            'global_leaves': [dataclasses.asdict(g) for g in self.global_leaves],
-        }
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, TreeDiff):
-            return NotImplemented
-        return (self.num_processes, self.num_leaves, self.leaves, self.global_leaves) == (
-            other.num_processes,
-            other.num_leaves,
-            other.leaves,
-            other.global_leaves,
-        )
-
-    __hash__ = None  # type: ignore[assignment]  # its LeafDiffs are unhashable
 
 
 # -- local fingerprints --------------------------------------------------------
@@ -616,7 +169,7 @@ def _comparable(a: np.ndarray) -> bool:
 
 
 def _digest(a: np.ndarray) -> str:
-    """16 hex digits: CRC-32 then Adler-32 of the bytes (see the module docstring)."""
+    """16 hex digits: CRC-32 then Adler-32 of the bytes (fast; a random collision is ~2^-64)."""
     data: bytes | memoryview
     if a.dtype.hasobject:  # no stable bytes: fall back to the values' repr
         data = repr(a.tolist()).encode()
@@ -625,17 +178,6 @@ def _digest(a: np.ndarray) -> str:
     else:
         data = a.reshape(-1).view(np.uint8).data
     return f'{zlib.crc32(data):08x}{zlib.adler32(data):08x}'
-
-
-def _unique_paths(paths: list[str]) -> list[str]:
-    """Disambiguates the (rare) custom nodes whose keys print alike."""
-    seen: dict[str, int] = {}
-    out = []
-    for p in paths:
-        k = seen.get(p, 0)
-        seen[p] = k + 1
-        out.append(p if k == 0 else f'{p}#{k}')
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -879,7 +421,7 @@ def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[str]
     global array's row is `_global_row` and its blocks' data under
     `_block_key`.
     """
-    paths = _unique_paths([jax.tree_util.keystr(p) for p, _ in flat])
+    paths = leaf_paths(flat)
     data: dict[str, np.ndarray] = {}
     rows = []
     placements: dict[Any, _Blocks] = {}

@@ -197,37 +197,52 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
         shapes or dtypes (checked before any device collective).
     """
     leaves, treedef = jax.tree.flatten(in_tree)
-    for x in leaves:
-        if _is_global(x) and not tiled:
-            raise ValueError(
-                'Gathering global non-fully-addressable arrays only supports tiled=True'
-            )
+    if not tiled and any(_is_global(x) for x in leaves):
+        raise ValueError('Gathering global non-fully-addressable arrays only supports tiled=True')
     if jax.process_count() == 1:
-        local = []
-        for x in leaves:
-            a = np.asarray(x)
-            local.append(a if tiled and a.ndim > 0 else np.expand_dims(a, 0))
-        return jax.tree.unflatten(treedef, local)
-
+        return jax.tree.unflatten(treedef, _allgather_single(leaves, tiled))
     checked = _sequence.checking_enabled()
     digest = _tree_digest('allgather', treedef, leaves, tiled) if checked else ''
     if checked and not any(_is_global(x) for x in leaves):
         host = [np.asarray(x) for x in leaves]
         if _fits_exchange(host):
-            mine = [_canonical(a) for a in host]
-            mine = [a if tiled and a.ndim > 0 else a[None] for a in mine]
-            payloads = _sequence.exchange(
-                'process_allgather',
-                f'tiled={tiled}',
-                b''.join(a.tobytes() for a in mine),
-                tree_digest=digest,
-            )
-            per_host = [_split(payloads[p], mine) for p in range(jax.process_count())]
-            return jax.tree.unflatten(
-                treedef, [np.concatenate([h[i] for h in per_host]) for i in range(len(mine))]
-            )
+            return jax.tree.unflatten(treedef, _allgather_by_exchange(host, tiled, digest))
     if checked:
         _sequence.enter('process_allgather', f'tiled={tiled}', tree_digest=digest)
+    return jax.tree.unflatten(treedef, _allgather_on_devices(leaves, tiled))
+
+
+def _allgather_single(leaves: list[Any], tiled: bool) -> list[np.ndarray]:
+    """One process: each leaf as numpy, stacked to a leading axis of 1 unless tiled."""
+    local = []
+    for x in leaves:
+        a = np.asarray(x)
+        local.append(a if tiled and a.ndim > 0 else np.expand_dims(a, 0))
+    return local
+
+
+def _allgather_by_exchange(host: list[np.ndarray], tiled: bool, digest: str) -> list[np.ndarray]:
+    """Small host-local data: the bytes ride in the sequence check's own exchange (no device)."""
+    mine = [_canonical(a) for a in host]
+    mine = [a if tiled and a.ndim > 0 else a[None] for a in mine]
+    payloads = _sequence.exchange(
+        'process_allgather',
+        f'tiled={tiled}',
+        b''.join(a.tobytes() for a in mine),
+        tree_digest=digest,
+    )
+    per_host = [_split(payloads[p], mine) for p in range(jax.process_count())]
+    return [np.concatenate([h[i] for h in per_host]) for i in range(len(mine))]
+
+
+def _allgather_on_devices(leaves: list[Any], tiled: bool) -> list[np.ndarray]:
+    """The device path: one block per host on the process mesh, XLA's replication otherwise.
+
+    Host-local leaves and global arrays whose hosts hold equal boxes travel
+    together in one jitted gather (1/D of XLA's replicate-everywhere traffic);
+    an array every host holds whole is read locally; the rest is replicated by
+    XLA over its own devices (`_gather_global`).
+    """
     n, pid = jax.process_count(), jax.process_index()
     outs: list[Any] = [None] * len(leaves)
     stacked_idx, host_arrays, boxes_of = [], [], {}
@@ -243,30 +258,36 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
             if all(b == tuple((0, d) for d in x.shape) for b in boxes):
                 outs[i] = _host_block(x, boxes[pid])  # every host holds all of it
                 continue
-            # Hosts hold equal boxes: gather one block per host (1/D of XLA's
-            # replicate-everywhere traffic) and place them.
             boxes_of[i] = boxes
             a = _host_block(x, boxes[pid])[None]
         stacked_idx.append(i)
         host_arrays.append(a)
     if host_arrays:
-        mesh = _process_mesh(n)
-        replicated = NamedSharding(mesh, P())
-        with jax.set_mesh(mesh):
-            gathered = _gather_fn(replicated)(_stack_on_processes(host_arrays))
-        for i, g in zip(stacked_idx, gathered):
-            g = np.asarray(g.addressable_data(0))
-            if i in boxes_of:
-                x = leaves[i]
-                full = np.empty(x.shape, dtype=g.dtype)
-                for p, box in enumerate(boxes_of[i]):
-                    full[tuple(slice(lo, hi) for lo, hi in box)] = g[p]
-                g = full
-            outs[i] = g
+        for i, g in zip(stacked_idx, _gather_on_process_mesh(host_arrays)):
+            outs[i] = g if i not in boxes_of else _place_boxes(g, leaves[i].shape, boxes_of[i])
     for i, x in enumerate(leaves):
         if outs[i] is None:
             outs[i] = _gather_global(x)
-    return jax.tree.unflatten(treedef, outs)
+    return outs
+
+
+def _gather_on_process_mesh(host_arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Every host's arrays stacked along the process axis, replicated back to numpy."""
+    mesh = _process_mesh(jax.process_count())
+    replicated = NamedSharding(mesh, P())
+    with jax.set_mesh(mesh):
+        gathered = _gather_fn(replicated)(_stack_on_processes(host_arrays))
+    return [np.asarray(g.addressable_data(0)) for g in gathered]
+
+
+def _place_boxes(
+    per_host: np.ndarray, shape: tuple[int, ...], boxes: tuple[Box, ...]
+) -> np.ndarray:
+    """The global value from one gathered block per host (``per_host[p]`` is host p's box)."""
+    full = np.empty(shape, dtype=per_host.dtype)
+    for p, box in enumerate(boxes):
+        full[tuple(slice(lo, hi) for lo, hi in box)] = per_host[p]
+    return full
 
 
 def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:

@@ -31,7 +31,7 @@ from typing import Any
 
 from multihost._exchange._sequence import CollectiveRecord
 from multihost._recorder import FlightRecord
-from multihost._text import fmt_duration
+from multihost._text import fmt_duration, short_site
 
 #: One stack frame: (file name, line number, function name, source line).
 Frame = tuple[str, int, str, str]
@@ -247,7 +247,7 @@ class StepTable:
                         '-- not arrived --'
                         if r is None
                         else (f'{r.kind}({r.name!r})' if r.name else r.kind)
-                        + f' @ {_short(r.site)}'
+                        + f' @ {short_site(r.site)}'
                     )
                     + (' [waiting]' if p in s.waiting else '')
                     + (' <-- differs' if p in s.odd_processes else '')
@@ -264,11 +264,6 @@ class StepTable:
 
     def __str__(self) -> str:
         return self.format()
-
-
-def _short(site: str) -> str:
-    """``/long/path/train.py:42`` -> ``train.py:42``."""
-    return site.rsplit('/', 1)[-1]
 
 
 # -- frames: user code or framework (pure functions of the file name) -------------------

@@ -43,10 +43,6 @@ def _key(*parts: object) -> str:
     return _kv.key(*parts)
 
 
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
 def step_timeout() -> float:
     """The step gate's timeout: ``MULTIHOST_STEP_TIMEOUT`` or `DEFAULT_STEP_TIMEOUT`."""
     raw = os.environ.get('MULTIHOST_STEP_TIMEOUT', '')

@@ -1,33 +1,10 @@
 """The timeline: every host's flight records aligned step by step, and who arrives last.
 
-`Timeline.build` takes each host's flight records (`_recorder.FlightRecord`,
-gathered by `_wavefront.flight_records`) and aligns them into steps:
-
-* **checked** entries (core collectives, ``watch(fn, check=True)`` launches)
-  by their collective sequence number ``seq``. How late each host arrived
-  comes from its *own* wait at the cross-host check: every host is released
-  at (nearly) the same moment, so a host that arrived ``d`` seconds after the
-  first one waited ``d`` seconds less. Lateness of host ``p`` is
-  ``max(wait) - wait[p]``; no clocks are compared.
-* **unchecked** launches (``watch(fn, check=False)``) by ``(name, call)``,
-  the call number of that function on each host. There is no shared moment,
-  so lateness is ``time[p] - min(time)``: wall clocks of different machines
-  are compared and their skew adds to it (``clock_compared=True``).
-
-Collectives the notebook's magics ran on the program's behalf (``%mh_diff``,
-``%mh_env``...: their call site reads ``notebook: %mh_diff params``,
-`_sequence.called_from`) are the toolkit's, not the program's steps:
-`TimelineStep.notebook` marks them, and straggler verdicts leave them out.
-
-`Timeline.stragglers` names the host that arrives last most often
-(``process 3 arrived last in 87% of the last 200 steps (174 of 200), median
-+180 ms after the first host``); `Timeline.format` is a text table (the
-slowest host per step); `Timeline.to_chrome_trace` writes Chrome trace-event
-JSON, one track per host, for Perfetto (https://ui.perfetto.dev) or
-``chrome://tracing``.
-
-The model is standard library only (no device, no communication);
-`timeline` gathers the records through `_wavefront.flight_records` first.
+A pure model (standard library only; no device, no communication):
+`Timeline.build` aligns checked entries by sequence number and unchecked
+launches by (name, call number); `Timeline.stragglers`, `Timeline.format` and
+`Timeline.to_chrome_trace` read it. `timeline` gathers the records first
+(`_wavefront.flight_records`). See docs/ARCHITECTURE.md, "The timeline".
 """
 
 from __future__ import annotations

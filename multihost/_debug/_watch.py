@@ -1,41 +1,12 @@
 """Watched launches: jitted steps recorded, and checked across hosts before launch.
 
-``step = multihost.watch(jax.jit(f))`` (or ``@multihost.watch`` above
-``@jax.jit``) returns a callable that behaves like ``step`` and, on every
-call:
-
-1. builds the call's **signature key** — the input structure, and per leaf
-   shape, dtype, weak type and sharding (typed PRNG keys: key dtype, shape
-   and sharding); Python scalars by type (a step counter does not miss the
-   cache), static arguments by value — and looks it up (a dict hit on every
-   call after the first of a signature). Across hosts the structure counts as
-   `_structure.structure` writes it: functions by name, never an address;
-2. records the call in the host's flight recorder (`_recorder`);
-3. with ``check=True`` and more than one process, takes its turn in the
-   collective sequence (`_sequence.check_launch`, one `_kv` round, like a
-   core collective): every host publishes the signature's digest, so a host
-   about to launch other code — another function, shapes, shardings or
-   static arguments — makes every host raise `CollectiveMismatchError`
-   before anything is launched, leading with the first differing argument
-   (the identical ones counted, not listed) and the call sites. The first
-   time any host sees a signature, the hosts then compile it
-   (``fn.lower(...).compile()``, which JAX's own dispatch reuses: no extra
-   compilation) and compare their programs: a digest of the optimized HLO
-   without source locations (the executable's fingerprint, which is recorded
-   too, covers source file names, and those differ between hosts in
-   notebooks: ``/tmp/ipykernel_<pid>/...``) and modulo instruction names
-   (`_normalized`: a host-dependent branch renumbers every instruction after
-   it). Flags or code that change the program on one host are caught too,
-   and the error names the first collective that differs (op, replica
-   groups, shapes) or, with the same collectives, the first HLO line that
-   differs in substance (op, shape, constant, operands). Collective lists and
-   HLO lines travel only in that case;
-4. launches, keeping a weak reference to one output (the first that is not a
-   key array, which has no ``is_ready``; else a key's data), so the wavefront
-   can later ask whether it finished on device (`jax.Array.is_ready`).
-
-A call with a tracer argument (inside an outer ``jit``/``scan``) passes
-straight through, unrecorded.
+``multihost.watch(jax.jit(f))`` behaves like the jitted function. Each call
+builds a signature key (a dict hit after a signature's first call), records
+the call in the flight recorder, with ``check=True`` takes its turn in the
+collective sequence (`_sequence.check_launch`) and, when some host sees the
+signature for the first time, compares the compiled programs; then it
+launches. A call with a tracer argument passes straight through, unrecorded.
+See docs/ARCHITECTURE.md, "Watched launches and the flight recorder".
 """
 
 from __future__ import annotations
@@ -266,7 +237,7 @@ class Watched:
         for k, v in statics:
             label = self._param(k) if isinstance(k, int) else str(k)
             static = _structure.static(v)  # by value; functions by name, never an address
-            described.append((label, f'static {_short(static)}'))
+            described.append((label, f'static {_cut(static)}'))
             described_full.append(static)
         # The structure as every host sees it (no addresses of static functions).
         tree = _structure.structure(jax.tree_util.tree_structure((dyn_args, dyn_kwargs)))
@@ -580,12 +551,13 @@ def _hashable(v: Any) -> Any:
     return v
 
 
-def _short(text: str, n: int = 80) -> str:
+def _cut(text: str, n: int = 80) -> str:
+    """``text`` cut to ``n`` characters (``...`` marks the cut): messages stay bounded."""
     return text if len(text) <= n else text[: n - 3] + '...'
 
 
-def _short_repr(v: Any, n: int = 80) -> str:
-    return _short(repr(v), n)
+def _cut_repr(v: Any, n: int = 80) -> str:
+    return _cut(repr(v), n)
 
 
 _DTYPE_SHORT = {'float': 'f', 'int': 'i', 'uint': 'u', 'bfloat': 'bf', 'complex': 'c'}
@@ -621,7 +593,7 @@ def _leaf(x: Any, by_value: bool) -> str:
     if isinstance(x, np.ndarray):
         return f'{_dtype(x.dtype)}[{",".join(map(str, x.shape))}] numpy'
     if by_value:
-        return f'{type(x).__name__} {_short_repr(x)}'
+        return f'{type(x).__name__} {_cut_repr(x)}'
     return f'{type(x).__name__} (weak)'
 
 
@@ -832,6 +804,6 @@ def _fmt_coll(c: list[str] | None) -> str:
     if c is None:
         return '<no further collective>'
     op, shape, groups = c
-    return _short(
+    return _cut(
         f'{op} -> {shape}' + (f' over replica_groups={groups}' if groups else ''), _MAX_LINE
     )

@@ -251,7 +251,7 @@ def _more(groups: list[tuple[list[int], str]]) -> list[str]:
 def _activity(h: HostFront) -> str:
     if h.activity:
         return h.activity
-    return f'running user code at {_short(h.where)}' if h.where else 'in no user code'
+    return f'running user code at {_display_site(h.where)}' if h.where else 'in no user code'
 
 
 def _position(h: HostFront) -> str:
@@ -260,10 +260,10 @@ def _position(h: HostFront) -> str:
         return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}'
     if h.activity:
         return f'{last}, now {h.activity}'
-    return last + (f', now at {_short(h.where)}' if h.where else '')
+    return last + (f', now at {_display_site(h.where)}' if h.where else '')
 
 
-def _short(where: str) -> str:
+def _display_site(where: str) -> str:
     """``/long/path/data.py:88 in load_shard`` -> ``data.py:88 in load_shard`` (a file named
     like ours keeps its folder: `_debugmodel.display_path`)."""
     path, sep, rest = where.partition(':')

@@ -1,30 +1,11 @@
 """The command bus: a debug thread per process answers commands, even while the main one blocks.
 
-Every process runs one daemon thread (started the first time the process
-enters a multi-host collective, or by `start_debug_daemon`). It waits for
-commands in the coordination service's key-value store (through `_kv`), so
-it answers while the main thread is stuck in a barrier, a device collective or
-user code (the GIL is released in all of those). It never polls: it blocks in
-one long-poll for the next command number: about two RPCs per thirty seconds
-when idle, so it scales to hundreds of hosts.
-
-Keys (``mh/`` prefix)::
-
-    mh/ctl/n            command counter (incremented by the issuer)
-    mh/ctl/<g>          command number g: {"cmd": "stacks" | "stepping", ...}
-    mh/rep/<g>/<pid>    process pid's reply to command g (deleted by the issuer);
-                        above a host's share of a directory read (`_kv.dir_cap`,
-                        786 bytes at 1,000 hosts) chunked, read one RPC per chunk
-    mh/dmn/<pid>        process pid's debug thread listens to commands > "since"
-
-An issuer (any thread of any process, or the control endpoint serving a
-notebook) takes a number from the counter, writes the command, and collects
-the replies of the debug threads registered before that number, each wait
-bounded by its timeout; hosts that do not answer are reported, never waited
-for forever.
-
-What a command does is registered by the module that owns it (`register`):
-``stacks`` by `_stacks`, ``stepping`` by `_stepgate`.
+The thread long-polls the key-value store (through `_kv`) for the next command
+number; an issuer numbers a command, writes it and collects the replies of the
+threads listening before that number, each wait bounded (hosts that do not
+answer are reported). What a command does is registered by the module owning
+it (`register`). Keys ``mh/ctl/``, ``mh/rep/``, ``mh/dmn/``: see
+docs/ARCHITECTURE.md, "Debug thread, stacks and the step gate", and its key map.
 """
 
 from __future__ import annotations
@@ -71,10 +52,6 @@ def register(
 
 def _key(*parts: object) -> str:
     return _kv.key(*parts)
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 class _State:

@@ -1,41 +1,11 @@
 """The one key-value exchange every cross-host step of `multihost` uses.
 
-Everything `multihost` says to other hosts goes through the coordination
-service that ``jax.distributed.initialize`` starts on process 0 (a key-value
-store with blocking reads and barriers, reached through `_jax_adapter`). This
-module is the only one that talks to it. It gives three things:
-
-* **Bounded keys and reads.** No value stored and no read made is larger than
-  `MAX_BYTES` (1 MiB). A value that would make a directory read larger
-  (``MAX_BYTES // num_processes`` per host) is stored as a small header plus
-  chunks under ``mh/~c/``, read back one chunk at a time.
-* **One parser of keys.** `read_dir` returns ``process index -> value``; the
-  index is parsed from keys here and nowhere else.
-* **The round** (`round_`): publish this host's value, wait until every host
-  has arrived, read everyone's values — with one verdict for all hosts. The
-  success path is the coordination service's own barrier, made by a waiter
-  thread (so the calling thread waits in short slices and a SIGINT lands),
-  then one read of the round's directory, in which every host finds
-  everyone's values and judges them alike (a mismatch is the same error
-  everywhere). Failures that are not judged from the values go through a
-  verdict key, written once and never overwritten: by the first host whose
-  own deadline passes (who is missing, where each host was) or by a host
-  interrupted while waiting. Whoever writes first wins, so every host —
-  including one that arrives late, whose read finds the verdict — reports the
-  same error. On any failure, the hosts that had arrived acknowledge having
-  read it (a coordination barrier of just those processes, bounded by
-  `ACK_TIMEOUT`) before any of them returns: a host whose program exits
-  right after the error (process 0 takes the coordination service with it)
-  cannot cut off another's error. The success path costs each host three
-  RPCs (publish, barrier, read), as the sequence check did before.
-
-Every wait is a sequence of native waits of at most `SLICE` seconds, so a
-``KeyboardInterrupt`` (SIGINT) lands within that time, and every wait has a
-deadline.
-
-Process index and count come from the distributed state, never from
-``jax.process_index()``: that would initialize the backend, which waits for
-every process — a host still loading data would block the others' check.
+The only module that talks to the coordination service of
+``jax.distributed`` (reached through `_jax_adapter`): values and reads bounded
+by `MAX_BYTES` (larger values chunked), process indices parsed from keys in one
+place (`read_dir`), and the round (`round_`: publish, wait for every host, read
+everyone's values, one verdict for all hosts). Every wait is sliced (`SLICE`)
+and has a deadline. See docs/ARCHITECTURE.md, "One key-value exchange".
 """
 
 from __future__ import annotations

@@ -1,47 +1,11 @@
 """The collective sequence: every core collective is numbered, recorded and checked.
 
-Each process counts the collectives it enters (barriers, gathers, broadcasts,
-comparisons, array conversions that communicate). A correct multi-host program
-enters the same collectives in the same order on every host, so the count is
-the same everywhere and serves as a deterministic id: the coordination-service
-barrier for collective number ``k`` is ``mh/b/<k>`` on every host. It cannot
-drift silently: at every step the hosts compare what they are about to do, so
-the first call where one host diverges raises on every host, naming each
-host's call and call site.
-
-Protocol for collective ``k`` (one `_kv.round_`, through the coordination
-service of ``jax.distributed``):
-
-1. publish ``mh/seq/<k mod SLOTS>/<pid> = record`` (kind, name, digest, call
-   site, time, k itself, and why the host cannot take part, if it cannot);
-2. wait at the coordination barrier ``mh/e/<epoch>/<k>/b`` (a waiter thread
-   makes the native wait; this thread waits in 0.5 s slices, so Ctrl-C lands);
-3. read the slot and compare every host's (kind, name, digest): every host
-   reads the same records and raises the same error if they differ.
-
-If a host's own timeout passes first, it writes the verdict
-``mh/seq/<slot>/v/<k>`` (who is missing, where each host last was, what the
-hosts that arrived called), once: every waiting host looks for it between
-slices, and a late host finds it in its read, so every host raises the same
-error. The hosts that gave up go on to ``k + 1``. A host that finds such a
-verdict on arrival either is late at collective ``k`` (its own call is one
-the others made there: it raises the verdict) or skipped it (it called
-something else: `_skip_ahead` finds the first collective after ``k`` the
-others have not given up on, one verdict read per failed one, and the host
-takes its turn there instead, under that number), so the next common
-collective lines up again.
-
-Three RPCs per host; no device work. With barrier stepping on (`_stepgate`),
-the host first publishes its record marked held (the step table shows it
-waiting), waits until step ``k`` is released, then publishes it as arrived.
-Records live in a ring of `_SLOTS` slots, overwritten rather than deleted (no
-extra RPC): a host can only overwrite slot ``k mod SLOTS`` at collective
-``k + SLOTS``, after every host passed barrier ``k + SLOTS - 1`` and so
-finished reading slot ``k``.
-
-Nothing here initializes the JAX backend: process index and count come from
-the distributed state (`_kv.process_index`), so a host still loading data
-before its first JAX operation cannot block the others' check.
+Collective ``k`` is one `_kv.round_`: each host publishes its record (kind,
+name, digest, call site) in ring slot ``k mod _SLOTS``, waits at the
+collective's barrier, and judges every host's record alike; a timeout or a
+skipped collective goes through a verdict key, so the next common collective
+lines up. No device work, and the JAX backend is never initialized here. See
+docs/ARCHITECTURE.md, "The collective sequence".
 """
 
 from __future__ import annotations
@@ -79,9 +43,8 @@ from multihost._text import fmt_hosts
 #: while the others wait. Debugging sessions set it lower.
 DEFAULT_TIMEOUT = 600.0
 
-_PREFIX = 'mh'
 _RING_SIZE = 256
-_SLOTS = 8  # key-value slots for records (see the module docstring)
+_SLOTS = 8  # key-value slots for records, a ring overwritten (a host at k + 8: all read k)
 _MAX_TEXT = 300  # names and call sites are cut to this many characters
 _MAX_POSITIONS = 64  # a timeout verdict carries where this many missing hosts were, at most
 _MAX_CALLS = 16  # ... and at most this many distinct calls of the hosts that arrived
@@ -135,10 +98,14 @@ class CollectiveRecord:
     process: int
     fail: str = ''
 
-    def to_json(self) -> str:
+    def to_json(self, payload: bytes | None = None) -> str:
+        """The record as published; ``payload`` rides along, base64, as a last field ``data``."""
         # Fields in declaration order, "seq" first (rounds recognise a record by
         # its prefix); no `dataclasses.asdict`, which deep-copies (hot path).
-        return json.dumps({f: getattr(self, f) for f in _RECORD_FIELDS}, separators=(',', ':'))
+        fields: dict[str, Any] = {f: getattr(self, f) for f in _RECORD_FIELDS}
+        if payload is not None:
+            fields['data'] = base64.b64encode(payload).decode()
+        return json.dumps(fields, separators=(',', ':'))
 
     @classmethod
     def from_json(cls, text: str) -> CollectiveRecord:
@@ -424,9 +391,7 @@ def _take_turn(
     # started); with stepping on, the host marks itself waiting at the gate.
     gate = _enter_hook(client, rec) if _enter_hook is not None else None
     started = time.monotonic()
-    text = rec.to_json()
-    if payload is not None:
-        text = text[:-1] + ',"data":"' + base64.b64encode(payload).decode() + '"}'
+    text = rec.to_json(payload)
     # Publish (also this host's arrival in the step table), pass the step
     # gate, wait for every host; every host judges everyone's records.
     try:
@@ -583,7 +548,9 @@ def check_launch(
     return rec, raw, any(_NEW_MARK in v for v in raw.values())
 
 
-_NEW_MARK = '"data":"' + base64.b64encode(b'n').decode() + '"'
+#: What a record published with the "new signature" payload holds (the same
+#: JSON `CollectiveRecord.to_json` writes): found by substring, nothing parsed.
+_NEW_MARK = json.dumps({'data': base64.b64encode(b'n').decode()}, separators=(',', ':'))[1:-1]
 
 
 #: Set by `_stepgate` when it is imported (`multihost` imports it): runs as a
