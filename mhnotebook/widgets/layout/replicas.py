@@ -13,8 +13,8 @@ import itertools
 
 from mhnotebook.widgets._common import CSS, esc, swatch
 from mhnotebook.widgets.layout.grid import layout_and_report
-from multihost import Layout, LayoutBlock, ReplicaReport
-from multihost._checks._layout import format_index
+from multihost import Layout, LayoutBlock, ReplicaGroup, ReplicaReport
+from multihost._checks._layout import Index, format_index
 
 #: Replicated blocks (rows) in the replica matrix; those that differ come first.
 MAX_MATRIX_ROWS = 16
@@ -184,103 +184,133 @@ def replica_matrix(
     groups = {g.index: g for g in report.groups} if report is not None else {}
     replicated = [b for b in layout.blocks() if b.replica_count > 1]
     flagged = [b for b in replicated if b.index in groups and not groups[b.index].ok]
+    blocks = _row_blocks(replicated, flagged, max_rows)
+    columns, per_host = _columns(layout, blocks, groups, max_devices, max_hosts)
+    return ReplicaMatrix(
+        layout=layout,
+        columns=columns,
+        rows=tuple(_row(layout, b, groups.get(b.index), columns, per_host) for b in blocks),
+        replicated=len(replicated),
+        flagged=len(flagged),
+        per_host=per_host,
+        checked=report is not None,
+    )
+
+
+def _row_blocks(
+    replicated: list[LayoutBlock], flagged: list[LayoutBlock], max_rows: int
+) -> list[LayoutBlock]:
+    """The rows' blocks, in block order: those that differ first, then the others, to
+    ``max_rows`` (an odd replica is never cut off by agreeing blocks before it)."""
     keep = {b.index for b in flagged[:max_rows]}
     for b in replicated:
         if len(keep) >= max_rows:
             break
         keep.add(b.index)
-    rows_blocks = [b for b in replicated if b.index in keep]
+    return [b for b in replicated if b.index in keep]
 
+
+def _columns(
+    layout: Layout,
+    blocks: list[LayoutBlock],
+    groups: dict[Index, ReplicaGroup],
+    max_devices: int,
+    max_hosts: int,
+) -> tuple[tuple[ReplicaColumn, ...], bool]:
+    """The columns, and whether each is a host: the devices holding the rows' blocks by host
+    (one column per host beyond ``max_devices``), a gap column for each run of hosts left out."""
     devices: dict[int, set[int | None]] = {}
-    for b in rows_blocks:
+    for b in blocks:
         for s in b.shards:
             devices.setdefault(s.process_index, set()).add(s.device_id)
     by_host = layout.devices_by_process()
     ordered = {p: tuple(d for d in by_host.get(p, ()) if d in devices[p]) for p in sorted(devices)}
     per_host = sum(len(v) for v in ordered.values()) > max_devices
-    odd_hosts = {p for b in rows_blocks if b.index in groups for p in groups[b.index].odd_processes}
-    hosts = list(ordered)
-    if per_host and len(hosts) > max_hosts:
-        shown = set(hosts[:max_hosts]) | odd_hosts
-    else:
-        shown = set(hosts)
-
+    shown = set(ordered)
+    if per_host and len(ordered) > max_hosts:
+        odd_hosts = {p for b in blocks if b.index in groups for p in groups[b.index].odd_processes}
+        shown = set(list(ordered)[:max_hosts]) | odd_hosts
     columns: list[ReplicaColumn] = []
     skipped = 0
-    for p in hosts:
+    for p, held in ordered.items():
         if p not in shown:
             skipped += 1
             continue
         if skipped:
-            columns.append(
-                ReplicaColumn(p, None, f'… {skipped}', f'{skipped} hosts not shown', skipped)
-            )
+            columns.append(_gap_column(p, skipped))
             skipped = 0
-        if per_host:
-            n = len(ordered[p])
-            columns.append(ReplicaColumn(p, None, f'host {p}', f'host {p}: {n} device(s)'))
-        else:
-            for d in ordered[p]:
-                local = layout.local_index(d)
-                label = 'mem' if d is None else f'{local}' if local is not None else f'#{d}'
-                columns.append(ReplicaColumn(p, d, label, layout.device_name(d)))
+        columns += _host_columns(layout, p, held, per_host)
     if skipped:
-        columns.append(
-            ReplicaColumn(-1, None, f'… {skipped}', f'{skipped} hosts not shown', skipped)
-        )
+        columns.append(_gap_column(-1, skipped))
+    return tuple(columns), per_host
 
-    rows = []
-    for b in rows_blocks:
-        group = groups.get(b.index)
-        rank: dict[str, int] = {}
-        digest_of: dict[int | None, str] = {}
-        odd: set[int | None] = set()
-        if group is not None:
-            rank = {d: i for i, d in enumerate(group.digests)}
-            digest_of = {r.device_id: r.digest for r in group.replicas}
-            odd = set(group.odd_devices) if not group.ok else set()
-        held: dict[tuple[int, int | None], list[int | None]] = {}
-        for s in b.shards:
-            key = (s.process_index, None if per_host else s.device_id)
-            held.setdefault(key, []).append(s.device_id)
-        cells: list[ReplicaCell | None] = []
-        for c in columns:
-            ids = held.get((c.process, c.device_id)) if not c.gap else None
-            if not ids:
-                cells.append(None)
-                continue
-            digests = tuple(digest_of[d] for d in ids if d in digest_of)
-            name = (
-                layout.device_name(ids[0])
+
+def _gap_column(process: int, hosts: int) -> ReplicaColumn:
+    """The column standing for ``hosts`` hosts left out (before ``process``; -1: at the end)."""
+    return ReplicaColumn(process, None, f'… {hosts}', f'{hosts} hosts not shown', hosts)
+
+
+def _host_columns(
+    layout: Layout, process: int, devices: tuple[int | None, ...], per_host: bool
+) -> list[ReplicaColumn]:
+    """A host's columns: the host itself, or one per device it holds the rows' blocks on."""
+    if per_host:
+        return [
+            ReplicaColumn(
+                process, None, f'host {process}', f'host {process}: {len(devices)} device(s)'
+            )
+        ]
+    columns = []
+    for d in devices:
+        local = layout.local_index(d)
+        label = 'mem' if d is None else f'{local}' if local is not None else f'#{d}'
+        columns.append(ReplicaColumn(process, d, label, layout.device_name(d)))
+    return columns
+
+
+def _row(
+    layout: Layout,
+    block: LayoutBlock,
+    group: ReplicaGroup | None,
+    columns: tuple[ReplicaColumn, ...],
+    per_host: bool,
+) -> ReplicaRow:
+    """One block against every column: a cell where the column holds replicas of it, else None."""
+    held: dict[tuple[int, int | None], list[int | None]] = {}
+    for s in block.shards:
+        key = (s.process_index, None if per_host else s.device_id)
+        held.setdefault(key, []).append(s.device_id)
+    rank: dict[str, int] = {}
+    digest_of: dict[int | None, str] = {}
+    odd: set[int | None] = set()
+    if group is not None:
+        rank = {d: i for i, d in enumerate(group.digests)}
+        digest_of = {r.device_id: r.digest for r in group.replicas}
+        odd = set(group.odd_devices) if not group.ok else set()
+    cells: list[ReplicaCell | None] = []
+    for c in columns:
+        ids = held.get((c.process, c.device_id)) if not c.gap else None
+        if not ids:
+            cells.append(None)
+            continue
+        digests = tuple(digest_of[d] for d in ids if d in digest_of)
+        cells.append(
+            ReplicaCell(
+                process=c.process,
+                device_ids=tuple(ids),
+                name=layout.device_name(ids[0])
                 if len(ids) == 1
-                else f'host {c.process} · {len(ids)} devices'
-            )
-            cells.append(
-                ReplicaCell(
-                    process=c.process,
-                    device_ids=tuple(ids),
-                    name=name,
-                    groups=tuple(rank[h] for h in digests),
-                    digests=digests,
-                    odd=any(d in odd for d in ids),
-                )
-            )
-        rows.append(
-            ReplicaRow(
-                block=b,
-                cells=tuple(cells),
-                flagged=group is not None and not group.ok,
-                tied=group is not None and group.tied,
+                else f'host {c.process} · {len(ids)} devices',
+                groups=tuple(rank[h] for h in digests),
+                digests=digests,
+                odd=any(d in odd for d in ids),
             )
         )
-    return ReplicaMatrix(
-        layout=layout,
-        columns=tuple(columns),
-        rows=tuple(rows),
-        replicated=len(replicated),
-        flagged=len(flagged),
-        per_host=per_host,
-        checked=report is not None,
+    return ReplicaRow(
+        block=block,
+        cells=tuple(cells),
+        flagged=group is not None and not group.ok,
+        tied=group is not None and group.tied,
     )
 
 
@@ -294,11 +324,37 @@ def replica_matrix_html(matrix: ReplicaMatrix) -> str:
     """
     if not matrix.rows:
         return ''
-    cols = matrix.columns
+    head1, head2 = _head_html(matrix)
+    body = []
+    for row in matrix.rows:
+        tds = ''.join(_cell_html(row, c, cell) for c, cell in zip(matrix.columns, row.cells))
+        row_cls = 'mh-replica-row' + (' mh-flagged' if row.flagged else '')
+        mark = ' ⚠' if row.flagged else ''
+        body.append(
+            f'<tr class="{row_cls}"><th>{esc(format_index(row.block.index))}{mark}</th>{tds}</tr>'
+        )
+    note = ''
+    if any(r.tied for r in matrix.rows if r.flagged):
+        note = (
+            '<div class="mh-replica-note">a tie: no digest has a majority; '
+            "replica 0's digest counts as a</div>"
+        )
+    return (
+        f'{CSS}<div class="mh-replica-box"><div class="mh-replica-caption">'
+        f'{esc(matrix.caption())}</div><div class="mh-scroll">'
+        f'<table class="mh-table mh-replica-matrix"><tr>{"".join(head1)}</tr>'
+        f'{"<tr>" + "".join(head2) + "</tr>" if len(head2) > 1 else ""}{"".join(body)}'
+        '</table></div>'
+        f'{note}</div>'
+    )
+
+
+def _head_html(matrix: ReplicaMatrix) -> tuple[list[str], list[str]]:
+    """The header rows' cells: hosts (and gaps), then devices (one cell only: per host)."""
     span = '' if matrix.per_host else ' rowspan="2"'
     head1 = ['<th>host</th>']
     head2 = ['<th>dev</th>']
-    for _, group in itertools.groupby(cols, key=lambda c: (c.process, c.gap)):
+    for _, group in itertools.groupby(matrix.columns, key=lambda c: (c.process, c.gap)):
         members = list(group)
         c0 = members[0]
         if c0.gap:
@@ -318,48 +374,28 @@ def replica_matrix_html(matrix: ReplicaMatrix) -> str:
             f'title="host {c0.process}">{swatch(c0.process)} {name}</th>'
         )
         head2 += [f'<th title="{esc(c.title)}">{esc(c.label)}</th>' for c in members]
-    body = []
-    for row in matrix.rows:
-        tds = []
-        for c, cell in zip(cols, row.cells):
-            if c.gap:
-                tds.append('<td class="mh-replica-gap"></td>')
-            elif cell is None:
-                tds.append('<td class="mh-replica-empty"></td>')
-            else:
-                cls = ['mh-replica-cell', f'mh-host-{cell.process}']
-                if cell.group is not None:
-                    cls.append(f'mh-replica-group-{cell.group}')
-                if cell.odd:
-                    cls.append('mh-replica-odd')
-                title = f'{cell.name}: {format_index(row.block.index)}'
-                if cell.digests:
-                    title += ', digest ' + ', '.join(sorted(set(cell.digests)))
-                if cell.odd:
-                    title += ' (differs from the majority)'
-                tds.append(
-                    f'<td class="{" ".join(cls)}" style="background-color:{cell.color}" '
-                    f'title="{esc(title)}">{esc(cell.text)}</td>'
-                )
-        row_cls = 'mh-replica-row' + (' mh-flagged' if row.flagged else '')
-        mark = ' ⚠' if row.flagged else ''
-        body.append(
-            f'<tr class="{row_cls}"><th>{esc(format_index(row.block.index))}{mark}</th>'
-            f'{"".join(tds)}</tr>'
-        )
-    note = ''
-    if any(r.tied for r in matrix.rows if r.flagged):
-        note = (
-            '<div class="mh-replica-note">a tie: no digest has a majority; '
-            "replica 0's digest counts as a</div>"
-        )
+    return head1, head2
+
+
+def _cell_html(row: ReplicaRow, column: ReplicaColumn, cell: ReplicaCell | None) -> str:
+    """One ``<td>``: a gap, an empty place, or a replica in its digest group's colour."""
+    if column.gap:
+        return '<td class="mh-replica-gap"></td>'
+    if cell is None:
+        return '<td class="mh-replica-empty"></td>'
+    cls = ['mh-replica-cell', f'mh-host-{cell.process}']
+    if cell.group is not None:
+        cls.append(f'mh-replica-group-{cell.group}')
+    if cell.odd:
+        cls.append('mh-replica-odd')
+    title = f'{cell.name}: {format_index(row.block.index)}'
+    if cell.digests:
+        title += ', digest ' + ', '.join(sorted(set(cell.digests)))
+    if cell.odd:
+        title += ' (differs from the majority)'
     return (
-        f'{CSS}<div class="mh-replica-box"><div class="mh-replica-caption">'
-        f'{esc(matrix.caption())}</div><div class="mh-scroll">'
-        f'<table class="mh-table mh-replica-matrix"><tr>{"".join(head1)}</tr>'
-        f'{"<tr>" + "".join(head2) + "</tr>" if len(head2) > 1 else ""}{"".join(body)}'
-        '</table></div>'
-        f'{note}</div>'
+        f'<td class="{" ".join(cls)}" style="background-color:{cell.color}" '
+        f'title="{esc(title)}">{esc(cell.text)}</td>'
     )
 
 
