@@ -11,7 +11,7 @@ import numpy as np
 from mhnotebook.widgets._common import CSS, PALETTE, banner, esc, pre, swatch, text_color
 from mhnotebook.widgets.layout.facets import LayoutFacets
 from mhnotebook.widgets.layout.grid import SHARED_COLOR, GridBlock, LayoutGrid
-from mhnotebook.widgets.layout.replicas import group_letter
+from mhnotebook.widgets.layout.replicas import first_names, group_letter
 from multihost import Layout, ReplicaGroup, ReplicaReport
 from multihost._checks._layout import Index, format_bytes, format_index
 from multihost._text import fmt_hosts
@@ -85,9 +85,7 @@ def header_html(layout: Layout, report: ReplicaReport | None) -> str:
         verdict = banner(f'replicas agree ({len(report.groups)} replicated block(s))', 'mh-ok')
     else:
         bad = report.mismatches
-        odd = ', '.join(layout.device_name(d) for d in report.odd_devices[:4])
-        if len(report.odd_devices) > 4:
-            odd += f', ... ({len(report.odd_devices)} in all)'
+        odd = first_names(report.odd_devices, layout.device_name)
         verdict = banner(
             f'<b>replicas DIFFER</b> in {len(bad)} of {len(report.groups)} replicated block(s) '
             f'(undefined behaviour): odd {esc(fmt_hosts(report.odd_processes))}: {esc(odd)}; '
@@ -101,9 +99,7 @@ def _group_text(layout: Layout, group: ReplicaGroup) -> str:
     """``'digest 1a2b… (majority) on host 0 · dev 0 (id 0), ...; digest ...'``."""
     parts = []
     for i, (digest, devices) in enumerate(group.digests.items()):
-        names = ', '.join(layout.device_name(d) for d in devices[:4])
-        if len(devices) > 4:
-            names += f', ... ({len(devices)} in all)'
+        names = first_names(devices, layout.device_name)
         tag = ' (majority)' if i == 0 and not group.tied else ''
         parts.append(f'{group_letter(i)}: digest {digest}{tag} on {names}')
     return '; '.join(parts)
@@ -177,6 +173,34 @@ def block_tooltip(b: GridBlock) -> str:
     )
 
 
+def block_classes(b: GridBlock) -> list[str]:
+    """A block's button classes: ``mh-layout-block``, one ``mh-host-<p>`` per host holding it,
+    ``mh-layout-replicated``, ``mh-flagged``, ``mh-marked``."""
+    cls = ['mh-layout-block', *(f'mh-host-{h}' for h in b.processes)]
+    if b.replica_count > 1:
+        cls.append('mh-layout-replicated')
+    if b.flagged:
+        cls.append('mh-flagged')
+    if b.mark:
+        cls.append('mh-marked')
+    return cls
+
+
+def block_text(b: GridBlock, form: int) -> str:
+    """A block button's text: its label in ``form`` (see `label_form`), ``'⚠ '`` first when
+    its replicas differ or it is marked."""
+    return ('⚠ ' if b.flagged or b.mark else '') + (b.labels[form] if b.labels else '')
+
+
+def grid_place(b: GridBlock, grid: LayoutGrid) -> tuple[str, str]:
+    """A block's CSS ``grid-row`` and ``grid-column`` among its facet's block boundaries."""
+    rows, cols = grid.row_cuts, grid.col_cuts
+    return (
+        f'{rows.index(b.rows[0]) + 1} / {rows.index(b.rows[1]) + 1}',
+        f'{cols.index(b.cols[0]) + 1} / {cols.index(b.cols[1]) + 1}',
+    )
+
+
 def label_form(grid: LayoutGrid, facets: int) -> int:
     """Which label form (0 long, 1 short, 2 tiny) fits a facet's block buttons."""
     columns = max(len(grid.col_cuts) - 1, 1) * max(facets if facets > 1 else 1, 1)
@@ -196,34 +220,23 @@ def blocks_html(facets: LayoutFacets, selected: Index | None = None) -> str:
     if sum(len(f.grid.blocks) for f in facets.facets) > MAX_BUTTONS:
         return ''
     for f in facets.facets:
-        grid = f.grid
-        rows, cols = grid.row_cuts, grid.col_cuts
-        form = label_form(grid, n)
+        form = label_form(f.grid, n)
         cells = []
-        for b in grid.blocks:
-            cls = ['mh-layout-block', *(f'mh-host-{h}' for h in b.processes)]
-            if b.replica_count > 1:
-                cls.append('mh-layout-replicated')
-            if b.flagged:
-                cls.append('mh-flagged')
-            if b.mark:
-                cls.append('mh-marked')
-            if b.index == selected:
-                cls.append('mh-selected')
+        for b in f.grid.blocks:
+            cls = block_classes(b) + (['mh-selected'] if b.index == selected else [])
+            row, column = grid_place(b, f.grid)
             style = (
-                f'grid-row:{rows.index(b.rows[0]) + 1} / {rows.index(b.rows[1]) + 1};'
-                f'grid-column:{cols.index(b.cols[0]) + 1} / {cols.index(b.cols[1]) + 1};'
+                f'grid-row:{row};grid-column:{column};'
                 f'background:{b.fill};color:{text_color(b.fill)}'
             )
-            label = b.labels[form] if b.labels else ''
             cells.append(
                 f'<div class="{" ".join(cls)}" style="{style}" title="{esc(block_tooltip(b))}">'
-                f'{"⚠ " if b.flagged or b.mark else ""}{esc(label)}</div>'
+                f'{esc(block_text(b, form))}</div>'
             )
         title = f'<div class="mh-layout-facet-title">{esc(f.title)}</div>' if f.title else ''
         parts.append(
             f'<div class="mh-layout-facet">{title}<div class="mh-layout-facet-grid" '
-            f'style="grid-template-columns:repeat({max(len(cols) - 1, 1)}, minmax(2.5em, auto))">'
+            f'style="grid-template-columns:{grid_columns(f.grid)}">'
             f'{"".join(cells)}</div></div>'
         )
     more = (

@@ -191,17 +191,11 @@ def _draw_blocks(ax: Any, grid: LayoutGrid, selected: Index | None) -> None:
     """One fill per block, white outlines, red outlines of blocks whose replicas differ, the
     selection."""
     from matplotlib.collections import PatchCollection
-    from matplotlib.patches import Rectangle
 
-    fills, colors, flagged, marked = [], [], [], []
-    for b in grid.blocks:
-        (y0, y1), (x0, x1) = b.rows, b.cols
-        fills.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
-        colors.append(b.fill)
-        if b.flagged:
-            flagged.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
-        if b.mark:
-            marked.append(Rectangle((x0, y0), x1 - x0, y1 - y0))
+    fills = [_rect(b) for b in grid.blocks]
+    colors = [b.fill for b in grid.blocks]
+    flagged = [_rect(b) for b in grid.blocks if b.flagged]
+    marked = [_rect(b) for b in grid.blocks if b.mark]
     thin = len(grid.blocks) > _THIN_OUTLINES_ABOVE
     ax.add_collection(
         PatchCollection(
@@ -222,18 +216,17 @@ def _draw_blocks(ax: Any, grid: LayoutGrid, selected: Index | None) -> None:
         )
     chosen = grid.find(selected) if selected is not None else None
     if chosen is not None:
-        (y0, y1), (x0, x1) = chosen.rows, chosen.cols
         ax.add_patch(
-            Rectangle(
-                (x0, y0),
-                x1 - x0,
-                y1 - y0,
-                facecolor='none',
-                edgecolor='black',
-                linewidth=2.5,
-                linestyle='--',
-            )
+            _rect(chosen, facecolor='none', edgecolor='black', linewidth=2.5, linestyle='--')
         )
+
+
+def _rect(b: GridBlock, **style: Any) -> Any:
+    """The block's rectangle in a facet's plot (x: its columns, y: its rows)."""
+    from matplotlib.patches import Rectangle
+
+    (y0, y1), (x0, x1) = b.rows, b.cols
+    return Rectangle((x0, y0), x1 - x0, y1 - y0, **style)
 
 
 def _label_candidates(b: GridBlock) -> list[list[str]]:

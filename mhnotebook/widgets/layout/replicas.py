@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from mhnotebook.widgets._common import CSS, esc, swatch
 from mhnotebook.widgets.layout.grid import layout_and_report
 from multihost import Layout, LayoutBlock, ReplicaGroup, ReplicaReport
 from multihost._checks._layout import Index, format_index
+
+T = TypeVar('T')
 
 #: Replicated blocks (rows) in the replica matrix; those that differ come first.
 MAX_MATRIX_ROWS = 16
@@ -27,6 +31,12 @@ MAX_MATRIX_HOSTS = 16
 GROUP_COLORS = ('#cfe8cf', '#f9c9a0', '#c6d4f2', '#ead0f2', '#f2ec9f', '#b8e6e6')
 #: The fill of a replica cell without a report (nothing was compared).
 UNCHECKED_COLOR = '#e4e4e4'
+
+
+def first_names(items: Sequence[T], name: Callable[[T], str], shown: int = 4) -> str:
+    """``'a, b, c, d, ... (9 in all)'``: the names of the first ``shown`` items, then the count."""
+    text = ', '.join(name(x) for x in items[:shown])
+    return text + (f', ... ({len(items)} in all)' if len(items) > shown else '')
 
 
 def group_letter(rank: int) -> str:
@@ -413,9 +423,6 @@ def replica_matrix_text(matrix: ReplicaMatrix) -> str:
             by.setdefault(key, []).append(c.name + (' (odd)' if c.odd else ''))
         parts = []
         for key, names in sorted(by.items()):
-            shown = ', '.join(names[:4]) + (
-                f', ... ({len(names)} in all)' if len(names) > 4 else ''
-            )
-            parts.append(f'{key}: {shown}')
+            parts.append(f'{key}: {first_names(names, str)}')
         lines.append(f'  {format_index(row.block.index)}: ' + '; '.join(parts))
     return '\n'.join(lines)

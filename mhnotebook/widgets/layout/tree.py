@@ -11,7 +11,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from mhnotebook.widgets._common import CSS, View, add_classes, close_widgets, esc, run_action
-from mhnotebook.widgets.layout.view import LayoutView
+from mhnotebook.widgets.layout.view import LayoutView, show_selected
 from multihost import LeafLayout, TreeLayout
 
 _TREE_HEAD = ('leaf', 'shape', 'dtype', 'spec', 'bytes per host', 'replicas')
@@ -181,13 +181,7 @@ class TreeLayoutView(View):
             if leaf.layout is None:
                 raise ValueError(f'{self._tree.name}{path} is {leaf.note}: it has no layout')
         self._selected = path
-        for p, button in self._buttons.items():
-            if p == path:
-                button.add_class('mh-selected')
-                button.style.font_weight = 'bold'
-            else:
-                button.remove_class('mh-selected')
-                button.style.font_weight = ''
+        show_selected(self._buttons.items(), path)
         self._show(path)
 
     def _show(self, path: str | None) -> None:

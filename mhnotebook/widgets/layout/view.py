@@ -8,8 +8,8 @@ host, and one button per visible block that shows its shards and values.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import ipywidgets as widgets
 import numpy as np
@@ -33,10 +33,13 @@ from mhnotebook.widgets.layout.grid import (
 )
 from mhnotebook.widgets.layout.html_parts import (
     MAX_BUTTONS,
+    block_classes,
     block_info_html,
+    block_text,
     block_tooltip,
     blocks_html,
     grid_columns,
+    grid_place,
     header_html,
     label_form,
     legend_html,
@@ -51,6 +54,20 @@ from mhnotebook.widgets.layout.replicas import (
 )
 from multihost import Layout, LayoutBlock, ReplicaReport
 from multihost._checks._layout import Index, format_index
+
+K = TypeVar('K')
+
+
+def show_selected(buttons: Iterable[tuple[K, widgets.Button]], selected: K | None) -> None:
+    """Bold and ``mh-selected`` on the buttons of ``selected`` (a block, a leaf), off the rest."""
+    for key, button in buttons:
+        if key == selected:
+            button.add_class('mh-selected')
+            button.style.font_weight = 'bold'
+        else:
+            button.remove_class('mh-selected')
+            button.style.font_weight = ''
+
 
 _HINT = 'Select a block (a button or the list) to see its shards and values.'
 
@@ -416,29 +433,20 @@ class LayoutView(View):
         self._blocks.children = list(self._facet_boxes)
 
     def _button(self, b: GridBlock, grid: LayoutGrid, form: int) -> widgets.Button:
-        rows, cols = grid.row_cuts, grid.col_cuts
+        row, column = grid_place(b, grid)
         button = widgets.Button(
-            description=('⚠ ' if b.flagged or b.mark else '')
-            + (b.labels[form] if b.labels else ''),
+            description=block_text(b, form),
             tooltip=block_tooltip(b),
             layout=widgets.Layout(
-                width='auto',
-                height='auto',
-                min_height='28px',
-                grid_row=f'{rows.index(b.rows[0]) + 1} / {rows.index(b.rows[1]) + 1}',
-                grid_column=f'{cols.index(b.cols[0]) + 1} / {cols.index(b.cols[1]) + 1}',
+                width='auto', height='auto', min_height='28px', grid_row=row, grid_column=column
             ),
         )
         button.style.button_color = b.fill
         button.style.text_color = text_color(b.fill)
-        add_classes(button, 'mh-layout-block', *(f'mh-host-{h}' for h in b.processes))
-        if b.replica_count > 1:
-            button.add_class('mh-layout-replicated')
+        add_classes(button, *block_classes(b))
         if b.flagged:
-            button.add_class('mh-flagged')
             button.layout.border = f'3px solid {FLAGGED_EDGE}'
         if b.mark:
-            button.add_class('mh-marked')
             button.layout.border = '3px dashed #000000'
         button.on_click(lambda _b, index=b.index: self.select(index))
         self._buttons.setdefault(b.index, button)
@@ -448,13 +456,7 @@ class LayoutView(View):
     def _render_selection(self) -> None:
         """What depends on the selection: the outline, the buttons, the list, the info."""
         self._image.value = render_layout_png(self._facets, selected=self._selected)
-        for index, button in self._all_buttons:
-            if index == self._selected:
-                button.add_class('mh-selected')
-                button.style.font_weight = 'bold'
-            else:
-                button.remove_class('mh-selected')
-                button.style.font_weight = ''
+        show_selected(self._all_buttons, self._selected)
         with self._hold():
             self._select.value = self._selected
         if self._selected is None:
