@@ -70,9 +70,10 @@ def _page(title: str, body: str) -> str:
 
 def run(out: str, hosts: int, devices: int) -> int:
     import mhnotebook
-    from mhnotebook.widgets._layout import header_html, legend_html, render_layout_png
     from mhnotebook.widgets._treediff import diff_table_html, summary_html
     from mhnotebook.widgets._where import stacks_html, table_html
+    from mhnotebook.widgets.layout.html_parts import header_html, legend_html
+    from mhnotebook.widgets.layout.png import render_layout_png
     from multihost import Layout
 
     os.makedirs(out, exist_ok=True)

@@ -23,7 +23,18 @@ from _layout_cases import (
 )
 
 from mhnotebook import widgets as mw
-from mhnotebook.widgets import _layout as lv
+from mhnotebook.widgets.layout.facets import MAX_FACETS, layout_facets
+from mhnotebook.widgets.layout.grid import SHARED_COLOR, block_label
+from mhnotebook.widgets.layout.mesh import MAX_MESH_CELLS, mesh_axes_info, mesh_html
+from mhnotebook.widgets.layout.png import _label_level, _label_lines
+from mhnotebook.widgets.layout.replicas import (
+    MAX_MATRIX_ROWS,
+    UNCHECKED_COLOR,
+    replica_matrix,
+    replica_matrix_html,
+    replica_matrix_text,
+)
+from mhnotebook.widgets.layout.tree import MAX_TREE_ROWS
 from multihost import Layout
 
 
@@ -79,7 +90,7 @@ def test_replicated_block_is_drawn_once_in_the_shared_colour():
     replica count and hosts; one button; one block in the static picture."""
     layout = replicated()
     (b,) = mw.layout_grid(layout).blocks
-    assert b.fill == lv.SHARED_COLOR and b.replica_count == 8
+    assert b.fill == SHARED_COLOR and b.replica_count == 8
     assert b.labels == ('8 replicas: dev 0,1 of hosts 0-3', 'x8 dev 0,1 of hosts 0-3', 'x8')
     v = mw.LayoutView(report(layout))
     assert len(find(v.widget, 'mh-layout-block')) == 1
@@ -93,8 +104,8 @@ def test_flagged_block_says_how_many_replicas_differ_and_where():
     (b,) = mw.layout_grid(report(replicated())).blocks
     assert b.flagged and b.odd_devices == (did(2, 0), did(2, 1)) and b.odd_processes == (2,)
     assert b.odd_text == '2 of 8 replicas differ (host 2)'
-    assert lv._label_lines(b, 600, 60) == ['8 replicas: dev 0,1 of hosts 0-3', '! ' + b.odd_text]
-    assert lv._label_lines(b, 40, 14) == ['! x8']
+    assert _label_lines(b, 600, 60) == ['8 replicas: dev 0,1 of hosts 0-3', '! ' + b.odd_text]
+    assert _label_lines(b, 40, 14) == ['! x8']
 
 
 def test_block_on_one_host_keeps_the_host_colour_and_names_its_devices():
@@ -135,7 +146,7 @@ def test_device_labels_read_host_dev_id():
     numpy_value = Layout.from_placements((3,), 'int8', [([(0, 3)], None, 0)], sharding='numpy')
     assert mw.layout_grid(numpy_value).blocks[0].label == 'host 0 · host memory'
     with pytest.raises(ValueError, match='form'):
-        lv.block_label(numpy_value, numpy_value.blocks()[0], 'huge')
+        block_label(numpy_value, numpy_value.blocks()[0], 'huge')
 
 
 def test_labels_take_one_form_per_grid():
@@ -144,11 +155,11 @@ def test_labels_take_one_form_per_grid():
     grid = mw.layout_grid(host_by_dev())  # blocks 6 elements wide
     first, third = grid.blocks[0], grid.blocks[2]  # ids 0 and 2048
     w = 23 * 6  # px: 'host 0 · dev 0 (id 0)' fits, 'host 1 · dev 0 (id 2048)' does not
-    assert lv._label_lines(first, w, 40) == ['host 0 · dev 0 (id 0)']
-    assert lv._label_lines(third, w, 40) == ['host 1 · dev 0']
-    assert lv._label_level(grid, 23, 10) == 1
-    assert lv._label_lines(first, w, 40, 1) == ['host 0 · dev 0']
-    assert lv._label_level(grid, 40, 10) == 0
+    assert _label_lines(first, w, 40) == ['host 0 · dev 0 (id 0)']
+    assert _label_lines(third, w, 40) == ['host 1 · dev 0']
+    assert _label_level(grid, 23, 10) == 1
+    assert _label_lines(first, w, 40, 1) == ['host 0 · dev 0']
+    assert _label_level(grid, 40, 10) == 0
 
 
 # -- the replica matrix -------------------------------------------------------------------
@@ -156,7 +167,7 @@ def test_labels_take_one_form_per_grid():
 
 def test_replica_matrix_of_p_unspecified_has_a_cell_per_device():
     """P() with host 2 odd: one row, 8 device columns grouped by host, host 2's 2 cells odd."""
-    m = lv.replica_matrix(report(replicated()))
+    m = replica_matrix(report(replicated()))
     assert [(c.process, c.device_id, c.label) for c in m.columns] == [
         (h, did(h, d), f'{d}') for h in range(4) for d in range(2)
     ]
@@ -165,7 +176,7 @@ def test_replica_matrix_of_p_unspecified_has_a_cell_per_device():
     assert [c.text for c in row.cells] == ['a', 'a', 'a', 'a', 'b', 'b', 'a', 'a']
     assert [c.odd for c in row.cells] == [False] * 4 + [True] * 2 + [False] * 2
     assert {c.digests for c in row.cells} == {(GOOD,), (BAD,)}
-    html = lv.replica_matrix_html(m)
+    html = replica_matrix_html(m)
     cells = tags(html, 'mh-replica-cell', 'td')
     assert len(cells) == 8 and len(tags(html, 'mh-replica-matrix', 'table')) == 1
     odd = tags(html, 'mh-replica-odd', 'td')
@@ -181,23 +192,23 @@ def test_replica_matrix_of_p_unspecified_has_a_cell_per_device():
 
 def test_replica_matrix_without_report_is_neutral():
     """No report: the cells say nothing was compared (one colour, no letters, none odd)."""
-    m = lv.replica_matrix(replicated())
+    m = replica_matrix(replicated())
     assert not m.checked and 'not compared' in m.caption()
-    assert {(c.color, c.text, c.odd) for c in m.cells()} == {(lv.UNCHECKED_COLOR, '', False)}
-    assert lv.replica_matrix_text(m) == ''
+    assert {(c.color, c.text, c.odd) for c in m.cells()} == {(UNCHECKED_COLOR, '', False)}
+    assert replica_matrix_text(m) == ''
 
 
 def test_replica_matrix_rows_are_blocks_and_empty_cells_where_a_device_lacks_it():
     """P('host', None): 4 blocks x 8 devices, 2 replicas each; only device 4097 odd (a tie)."""
-    m = lv.replica_matrix(report(rows_by_host(), lambda s: s.device_id == did(2, 1)))
+    m = replica_matrix(report(rows_by_host(), lambda s: s.device_id == did(2, 1)))
     assert len(m.rows) == 4 and len(m.columns) == 8 and len(m.cells()) == 8
     assert [sum(c is not None for c in r.cells) for r in m.rows] == [2, 2, 2, 2]
     assert [c.device_ids for c in m.cells() if c.odd] == [(did(2, 1),)]
-    html = lv.replica_matrix_html(m)
+    html = replica_matrix_html(m)
     assert len(tags(html, 'mh-replica-empty', 'td')) == 24
     assert len(tags(html, 'mh-flagged', 'tr')) == 1 and 'a tie' in html
     # P('dev'): each block on one device of every host; host 3's copies odd in both rows
-    m2 = lv.replica_matrix(report(rows_by_dev(), lambda s: s.process_index == 3))
+    m2 = replica_matrix(report(rows_by_dev(), lambda s: s.process_index == 3))
     assert [[c.process for c in r.cells if c is not None and c.odd] for r in m2.rows] == [[3], [3]]
 
 
@@ -208,8 +219,8 @@ def test_replica_matrix_caps_rows_with_the_flagged_ones_kept():
     ]
     layout = Layout.from_placements((40,), 'float32', placements)
     bad = {30, 35, 39}
-    m = lv.replica_matrix(report(layout, lambda s: s.index[0][0] in bad and s.replica_id == 1))
-    assert len(m.rows) == lv.MAX_MATRIX_ROWS and m.replicated == 40 and m.more == 24
+    m = replica_matrix(report(layout, lambda s: s.index[0][0] in bad and s.replica_id == 1))
+    assert len(m.rows) == MAX_MATRIX_ROWS and m.replicated == 40 and m.more == 24
     assert {r.block.index[0][0] for r in m.rows if r.flagged} == bad
     assert [r.block.index for r in m.rows] == sorted(r.block.index for r in m.rows)
     assert '24 more replicated blocks not shown (those that differ come first)' in m.caption()
@@ -219,7 +230,7 @@ def test_replica_matrix_of_many_hosts_has_host_columns_and_keeps_odd_hosts():
     """P() over 100 hosts x 2 devices: one column per host, the first 16 and the odd one."""
     placements = [([(0, 4)], 1000 * h + d, h) for h in range(100) for d in range(2)]
     layout = Layout.from_placements((4,), 'float32', placements)
-    m = lv.replica_matrix(report(layout, lambda s: s.process_index == 77))
+    m = replica_matrix(report(layout, lambda s: s.process_index == 77))
     assert m.per_host
     real = [c for c in m.columns if not c.gap]
     assert [c.process for c in real] == [*range(16), 77]
@@ -227,7 +238,7 @@ def test_replica_matrix_of_many_hosts_has_host_columns_and_keeps_odd_hosts():
     (row,) = m.rows
     odd = [c for c in row.cells if c is not None and c.odd]
     assert [(c.process, c.device_ids) for c in odd] == [(77, (77000, 77001))]
-    html = lv.replica_matrix_html(m)
+    html = replica_matrix_html(m)
     assert len(tags(html, 'mh-replica-cell', 'td')) == 17
     assert len(tags(html, 'mh-replica-gap', 'th')) == 2
     assert '83 more hosts in the … columns, none holding an odd replica' in m.caption()
@@ -238,7 +249,7 @@ def test_replica_matrix_of_many_hosts_has_host_columns_and_keeps_odd_hosts():
 
 def test_nd_arrays_facet_over_the_leading_dimensions():
     """A 3-D array shows its last two axes, one facet per block range of dim 0."""
-    f = lv.layout_facets(batch_3d())
+    f = layout_facets(batch_3d())
     assert f.axes == (1, 2) and f.other_axes == (0,) and f.total == 4 and f.more == 0
     assert [x.title for x in f.facets] == [
         '[0:2, :, :]',
@@ -250,20 +261,20 @@ def test_nd_arrays_facet_over_the_leading_dimensions():
     assert [x.grid.blocks[0].processes for x in f.facets] == [(0,), (1,), (2,), (3,)]
     assert f.describe() == '4 facets over dim 0'
     # a 2-D array is one untitled facet
-    (only,) = lv.layout_facets(host_by_dev()).facets
+    (only,) = layout_facets(host_by_dev()).facets
     assert only.title == '' and len(only.grid.blocks) == 8
 
 
 def test_facets_are_capped_and_the_rest_counted():
     """40 facets: 16 shown, '+24 more' said; a position further on shows its page."""
-    f = lv.layout_facets(many_facets())
-    assert len(f.facets) == lv.MAX_FACETS == 16 and f.total == 40 and f.more == 24
+    f = layout_facets(many_facets())
+    assert len(f.facets) == MAX_FACETS == 16 and f.total == 40 and f.more == 24
     assert f.facets[0].title == '[0, :, :]' and f.facets[-1].title == '[15, :, :]'
     assert f.more_text().startswith('+24 more facets')
-    page = lv.layout_facets(many_facets(), fixed={0: 20})
+    page = layout_facets(many_facets(), fixed={0: 20})
     assert [x.number for x in page.facets] == list(range(16, 32)) and page.current == 20
     assert page.describe() == 'facets 17-32 of 40 over dim 0'
-    last = lv.layout_facets(many_facets(), fixed={0: 39})
+    last = layout_facets(many_facets(), fixed={0: 39})
     assert len(last.facets) == 8
     v = mw.LayoutView(many_facets())
     assert len(find(v.widget, 'mh-layout-facet')) == 16
@@ -280,8 +291,8 @@ def test_facets_are_capped_and_the_rest_counted():
 
 def test_facet_picture_renders():
     """Facets render as one PNG of the requested width; more facets, a taller picture."""
-    four = mw.render_layout_png(lv.layout_facets(batch_3d()), width=640)
-    many = mw.render_layout_png(lv.layout_facets(many_facets()), width=640)
+    four = mw.render_layout_png(layout_facets(batch_3d()), width=640)
+    many = mw.render_layout_png(layout_facets(many_facets()), width=640)
     size = lambda png: (int.from_bytes(png[16:20], 'big'), int.from_bytes(png[20:24], 'big'))  # noqa: E731
     assert size(four)[0] == size(many)[0] == 640 and size(many)[1] > size(four)[1]
 
@@ -291,12 +302,12 @@ def test_facet_picture_renders():
 
 def test_mesh_view_says_which_axes_cross_hosts():
     """host x dev: 'host' crosses hosts, 'dev' stays within one; devices by mesh position."""
-    axes = lv.mesh_axes_info(host_by_dev())
+    axes = mesh_axes_info(host_by_dev())
     assert [(a.name, a.size, a.hosts, a.crosses_hosts, a.sharded_dims) for a in axes] == [
         ('host', 4, 4, True, (0,)),
         ('dev', 2, 1, False, (1,)),
     ]
-    html = lv.mesh_html(host_by_dev())
+    html = mesh_html(host_by_dev())
     assert len(tags(html, 'mh-mesh-view')) == 1
     crossing = tags(html, 'mh-crosses-hosts', 'tr')
     within = tags(html, 'mh-within-host', 'tr')
@@ -311,16 +322,16 @@ def test_mesh_view_says_which_axes_cross_hosts():
 
 def test_mesh_view_of_a_flat_mesh_and_without_a_mesh():
     """A 1-d mesh over every device crosses hosts; a layout without a mesh has no mesh view."""
-    (x,) = lv.mesh_axes_info(rows_over_x())
+    (x,) = mesh_axes_info(rows_over_x())
     assert x.crosses_hosts and x.hosts == 4 and x.verdict == 'crosses hosts (4 along it)'
-    html = lv.mesh_html(rows_over_x())
+    html = mesh_html(rows_over_x())
     assert len(tags(html, 'mh-mesh-device', 'td')) == 8
     plain = Layout.from_placements((4,), 'float32', [([(0, 4)], 0, 0)])
-    assert lv.mesh_axes_info(plain) == () and lv.mesh_html(plain) == ''
+    assert mesh_axes_info(plain) == () and mesh_html(plain) == ''
     abstract = Layout.from_placements(
         (4,), 'float32', [([(0, 4)], 0, 0)], mesh_axes=(('x', 1),), spec="P('x')"
     )
-    assert lv.mesh_axes_info(abstract)[0].verdict.startswith('unknown')
+    assert mesh_axes_info(abstract)[0].verdict.startswith('unknown')
     big = Layout.from_placements(
         (1024,),
         'float32',
@@ -328,8 +339,8 @@ def test_mesh_view_of_a_flat_mesh_and_without_a_mesh():
         mesh_axes=(('x', 1024),),
         mesh_device_ids=tuple(range(1024)),
     )
-    html = lv.mesh_html(big)
-    assert len(tags(html, 'mh-mesh-device', 'td')) == lv.MAX_MESH_CELLS
+    html = mesh_html(big)
+    assert len(tags(html, 'mh-mesh-device', 'td')) == MAX_MESH_CELLS
     assert '+768 more rows' in html
 
 
@@ -462,9 +473,9 @@ def test_tree_layout_view_of_many_leaves_is_capped():
     t0 = time.perf_counter()
     view = mw.TreeLayoutView(tree)
     built = time.perf_counter() - t0
-    assert len(find(view.widget, 'mh-tree-leaf')) == lv.MAX_TREE_ROWS
+    assert len(find(view.widget, 'mh-tree-leaf')) == MAX_TREE_ROWS
     (more,) = find(view.widget, 'mh-tree-more')
-    assert more.value.startswith(f'... {1000 - lv.MAX_TREE_ROWS} more leaves (of 1000)')
+    assert more.value.startswith(f'... {1000 - MAX_TREE_ROWS} more leaves (of 1000)')
     assert "%mh_layout big['l200']" in html.unescape(more.value)
-    assert len(tags(view.static_html(), 'mh-tree-row', 'tr')) == lv.MAX_TREE_ROWS
+    assert len(tags(view.static_html(), 'mh-tree-row', 'tr')) == MAX_TREE_ROWS
     assert built < 5.0, built

@@ -139,7 +139,7 @@ def test_a_replicated_block_names_the_host_whose_replica_holds_the_nan(tmp_path)
     (marked,) = view.layout_view.grid.marked
     assert marked.mark == note
     # The picture's label of the hatched block says it (the mark is a line of the label).
-    from mhnotebook.widgets._layout import _label_candidates
+    from mhnotebook.widgets.layout.png import _label_candidates
 
     assert _label_candidates(marked)[0][-1] == note
     png = view.layout_view._image.value

@@ -21,7 +21,9 @@ import pytest
 from ipywidgets.widgets.widget import _instances, _remove_buffers
 
 from mhnotebook import widgets as mw
-from mhnotebook.widgets._layout import MAX_BUTTONS, SHARED_COLOR, replica_matrix_text
+from mhnotebook.widgets.layout.grid import SHARED_COLOR
+from mhnotebook.widgets.layout.html_parts import MAX_BUTTONS
+from mhnotebook.widgets.layout.replicas import replica_matrix_text
 from multihost import (
     CollectiveRecord,
     HostStacks,

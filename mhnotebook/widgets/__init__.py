@@ -27,19 +27,15 @@ widget part carries a stable CSS class (``mh-layout``, ``mh-layout-block``,
 
 from mhnotebook.widgets._census import EnvView, MemoryView, render_memory_png
 from mhnotebook.widgets._common import host_color
-from mhnotebook.widgets._layout import (
-    GridBlock,
-    LayoutGrid,
-    LayoutView,
-    TreeLayoutView,
-    layout_grid,
-    render_layout_png,
-)
 from mhnotebook.widgets._nonfinite import NonfiniteView
 from mhnotebook.widgets._stepper import StepperView
 from mhnotebook.widgets._timeline import TimelineView, render_timeline_png
 from mhnotebook.widgets._treediff import TreeDiffView
 from mhnotebook.widgets._where import WhereView
+from mhnotebook.widgets.layout.grid import GridBlock, LayoutGrid, layout_grid
+from mhnotebook.widgets.layout.png import render_layout_png
+from mhnotebook.widgets.layout.tree import TreeLayoutView
+from mhnotebook.widgets.layout.view import LayoutView
 
 __all__ = [
     'EnvView',

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from mhnotebook.widgets._common import CSS, View, add_classes, banner, esc, swatch, widget_html
-from mhnotebook.widgets._layout import LayoutView
+from mhnotebook.widgets.layout.view import LayoutView
 from multihost import NonfiniteLeaf, NonfiniteReport, NonfiniteShard
 from multihost._checks._layout import format_index
 

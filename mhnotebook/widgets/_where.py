@@ -108,10 +108,6 @@ def state_groups(stacks: Mapping[int, HostStacks]) -> list[tuple[int, ...]]:
     return sorted((tuple(g) for g in groups.values()), key=lambda g: (len(g), g[0]))
 
 
-#: The stack sections follow the state groups.
-stack_groups = state_groups
-
-
 def who(group: Sequence[int]) -> str:
     """``'processes 0-2, 5 (4 hosts)'``, ``'process 3'`` (a cut list says how many in all)."""
     text = fmt_hosts(group, _RANGES)
