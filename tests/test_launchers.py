@@ -132,12 +132,12 @@ def test_connect_hands_the_connection_file_to_ipyparallel(monkeypatch, tmp_path)
 def test_controller_address_is_the_route_to_the_controller(monkeypatch):
     """The engine's address is the one it sends from toward the controller (no traffic);
     without a controller, the old host-name lookup, and the reason says so."""
-    monkeypatch.setattr(engine, '_controller_hint', None)
+    monkeypatch.setattr(engine.net, '_controller_hint', None)
     address, how = engine.controller_address('tcp://127.0.0.1:5555')
     assert address == '127.0.0.1'
     assert 'reach the controller at 127.0.0.1' in how and "notebook's connection file" in how
-    monkeypatch.setattr(engine, '_controller_hint', None)
-    monkeypatch.setattr(engine, '_engine_registration_url', lambda: None)
+    monkeypatch.setattr(engine.net, '_controller_hint', None)
+    monkeypatch.setattr(engine.net, '_engine_registration_url', lambda: None)
     address, how = engine.controller_address()
     assert 'fell back to the address of host name' in how
     assert engine.split_url('tcp://10.1.2.3:4567') == ('10.1.2.3', 4567)
