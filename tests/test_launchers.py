@@ -13,8 +13,9 @@ from IPython.core.error import UsageError
 
 import mhnotebook
 from mhnotebook import _magics
-from mhnotebook._cluster import _startup
+from mhnotebook._cluster import local
 from multihost import engine
+from multihost.engine import net
 
 
 def _cluster(**options):
@@ -23,7 +24,7 @@ def _cluster(**options):
 
     base = dict(n=2, devices_per_process=None, progress=False, recoverable=False)
     base['heartbeat_timeout'] = None
-    return ipp.Cluster(n=2, **_startup._cluster_config({**base, **options}))
+    return ipp.Cluster(n=2, **local._cluster_config({**base, **options}))
 
 
 @pytest.mark.parametrize(
@@ -42,7 +43,7 @@ def test_start_local_hands_the_engines_to_ipyparallels_launcher(engines, launche
     assert cluster.engine_launcher_class.__name__ == launcher
     assert cluster.controller_ip == '10.0.0.2'
     assert cluster.config[launcher].engine_args == ['--log-level=DEBUG']
-    assert not _startup._is_local_launcher(engines) and _startup._is_local_launcher(None)
+    assert not local._is_local_launcher(engines) and local._is_local_launcher(None)
 
 
 def test_ssh_hosts_become_the_launchers_engines_and_place_the_controller():
@@ -132,12 +133,12 @@ def test_connect_hands_the_connection_file_to_ipyparallel(monkeypatch, tmp_path)
 def test_controller_address_is_the_route_to_the_controller(monkeypatch):
     """The engine's address is the one it sends from toward the controller (no traffic);
     without a controller, the old host-name lookup, and the reason says so."""
-    monkeypatch.setattr(engine.net, '_controller_hint', None)
+    monkeypatch.setattr(net, '_controller_hint', None)
     address, how = engine.controller_address('tcp://127.0.0.1:5555')
     assert address == '127.0.0.1'
     assert 'reach the controller at 127.0.0.1' in how and "notebook's connection file" in how
-    monkeypatch.setattr(engine.net, '_controller_hint', None)
-    monkeypatch.setattr(engine.net, '_engine_registration_url', lambda: None)
+    monkeypatch.setattr(net, '_controller_hint', None)
+    monkeypatch.setattr(net, '_engine_registration_url', lambda: None)
     address, how = engine.controller_address()
     assert 'fell back to the address of host name' in how
     assert engine.split_url('tcp://10.1.2.3:4567') == ('10.1.2.3', 4567)

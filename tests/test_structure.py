@@ -119,6 +119,7 @@ FLOORS = {
         'widgets': 0,  # views: pure functions of multihost's models
         '_transfer': 1,  # gathered blocks: /dev/shm files, a tcp stream
         '_interrupt': 1,
+        '_poll': 1,  # one wait for many hosts' results (the session's calls, JAX start-up)
         '_session': 2,
         '_cluster': 3,  # start / connect engines, JAX initialization
         '_views': 3,  # Session -> models -> widgets
