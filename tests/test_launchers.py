@@ -7,6 +7,8 @@ addresses is tested for real in ``test_netns_cluster.py``.)
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from _helpers import magic_shell
 from IPython.core.error import UsageError
@@ -149,6 +151,25 @@ def test_controller_address_is_the_route_to_the_controller(monkeypatch):
     assert 0 < port < 65536
 
 
+def test_one_route_lookup_and_one_free_port_for_both_sides():
+    """SSH host specs and URLs are read alike (user part dropped, a bare IPv6 address kept
+    whole); a host with no route and an address not of this machine are errors naming them."""
+    import multihost.local
+
+    assert multihost.local.free_port is engine.free_port
+    assert net.split_url('root@10.1.2.3:2222') == ('10.1.2.3', 2222)
+    assert net.split_url('fd00::2') == ('fd00::2', 0)
+    assert net.split_url('me@[fd00::2]:22') == ('fd00::2', 22)
+    assert net.route_source('me@127.0.0.1:2222') == '127.0.0.1'
+    assert net.route_source('tcp://127.0.0.1:5555') == '127.0.0.1'
+    with pytest.raises(OSError, match="no route from .* to 'no-such-host.invalid'"):
+        net.route_source('no-such-host.invalid')
+    with pytest.raises(mhnotebook.SessionError, match="'no-such-host.invalid'.*controller_ip="):
+        _cluster(engines='ssh', hosts=['me@no-such-host.invalid:22'])
+    with pytest.raises(OSError, match="cannot bind a TCP port on '192.0.2.1'"):
+        net.free_port('192.0.2.1')
+
+
 def test_cluster_connect_magic_passes_the_connection_file(monkeypatch):
     """%mh_cluster connect --url-file F -n N: the file (quotes removed) and N reach connect."""
     calls = []
@@ -160,3 +181,60 @@ def test_cluster_connect_magic_passes_the_connection_file(monkeypatch):
         assert args == ('/head node/client.json',) and kwargs['n'] == 16
     finally:
         magics.session = None
+
+
+class _Result:
+    """An ipyparallel AsyncResult stand-in: ready with a value or an error, or never ready."""
+
+    def __init__(self, value=None, error=None, ready=True):
+        self.value, self.error, self._ready = value, error, ready
+
+    def ready(self):
+        return self._ready
+
+    def wait(self, timeout):
+        if not self._ready:
+            time.sleep(timeout)
+
+    def get(self, timeout):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def test_jax_initialization_names_the_engines_that_raised_and_those_that_did_not_finish():
+    """Engine ids 5, 7, 9 become processes 0, 1, 2; each gets the coordinator once, also as
+    the bind address; 7 raises, 9 never answers: the error names both by engine id."""
+    from mhnotebook._cluster import jaxinit
+    from mhnotebook._cluster.progress import Progress
+
+    calls = {}
+    results = {5: _Result({'pid': 5}), 7: _Result(error=RuntimeError('no coordinator')), 9: None}
+
+    class View:
+        def __init__(self, e):
+            self.e = e
+
+        def apply_async(self, _f, qualname, *args, **kwargs):
+            calls[self.e] = (qualname, args, kwargs)
+            return results[self.e] or _Result(ready=False)
+
+    client = {e: View(e) for e in results}
+    with pytest.raises(mhnotebook.SessionError) as info:
+        jaxinit.initialize(
+            client,
+            [5, 7, 9],
+            coordinator='10.0.0.1:1234',
+            timeout=0.3,
+            progress=Progress(False, ''),
+        )
+    message = str(info.value)
+    assert 'engines [7] raised, engines [9] did not finish within 0.3 s' in message
+    assert 'no coordinator' in message and 'listens on 10.0.0.1:1234 only' in message
+    assert [calls[e][1][:3] for e in (5, 7, 9)] == [('10.0.0.1:1234', 3, p) for p in range(3)]
+    assert {calls[e][2]['coordinator_bind_address'] for e in calls} == {'10.0.0.1:1234'}
+    results[7], results[9] = _Result({'pid': 7}), _Result({'pid': 9})
+    infos = jaxinit.initialize(
+        client, [5, 7, 9], coordinator='10.0.0.1:1234', timeout=5, progress=Progress(False, '')
+    )
+    assert infos == {e: {'pid': e} for e in (5, 7, 9)}
