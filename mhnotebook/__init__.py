@@ -6,7 +6,8 @@ engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
 
 from typing import TYPE_CHECKING, Any
 
-from mhnotebook._cluster._startup import connect, start_local
+from mhnotebook._cluster.connect import connect
+from mhnotebook._cluster.local import start_local
 from mhnotebook._errors import (
     HostDied,
     HostGone,

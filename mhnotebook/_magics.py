@@ -23,7 +23,8 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from mhnotebook._cluster._startup import connect, start_local
+from mhnotebook._cluster.connect import connect
+from mhnotebook._cluster.local import start_local
 from mhnotebook._errors import (
     HostDied,
     HostsError,

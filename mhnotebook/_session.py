@@ -8,7 +8,7 @@ typed by the user is evaluated except the code of a ``%%mh`` cell.
 It calls engines, waits for them (naming dead hosts, turning Ctrl-C into an
 interrupt of every host) and returns models (`multihost.Layout`,
 `multihost.TreeDiff`, ...); it builds no widgets (`_views` does) and starts
-no clusters (`_startup` does, and hands it the `Engines` it started).
+no clusters (`_cluster` does, and hands it the `Engines` it started).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from mhnotebook._errors import (
     HostGone,
     HostsError,
     InterruptReport,
-    RemoteFailure,
     SessionError,
     SessionInterrupted,
     SessionTimeout,
@@ -38,6 +37,7 @@ from mhnotebook._errors import (
     how_ended,
 )
 from mhnotebook._interrupt import realign, settle, wait_idle
+from mhnotebook._poll import Poll
 from mhnotebook._trampoline import call as _call
 from mhnotebook._trampoline import call_ns as _call_ns
 
@@ -95,7 +95,7 @@ class HostInfo:
 
 
 class LocalEngines(Protocol):
-    """What a session needs of a cluster it started itself (`_startup.StartedCluster`)."""
+    """What a session needs of a cluster it started itself (`_cluster.local.StartedCluster`)."""
 
     @property
     def options(self) -> dict[str, Any]:
@@ -161,6 +161,15 @@ def _echo(outputs: dict[int, str]) -> None:
 
 
 _DEATH_GRACE = 3.0  # seconds the other hosts get to finish after one died
+
+
+def _state(p: int, poll: Poll, died: dict[int, str]) -> str:
+    """Process ``p``'s state in a wait: 'died', 'error', 'done' or 'running'."""
+    if p in died:
+        return 'died'
+    if p in poll.failures:
+        return 'error'
+    return 'running' if p in poll.left else 'done'
 
 
 def _positive_timeout(timeout: float | None, what: str = 'timeout') -> None:
@@ -360,91 +369,84 @@ class Session:
         on_done: Callable[[int], None] | None = None,
         on_tick: Callable[[dict[int, str], float], None] | None = None,
     ) -> list[Any]:
-        results: dict[int, Any] = {}
-        failures: dict[int, RemoteFailure] = {}
-        died: dict[int, str] = {}
-        start = time.monotonic()
-        deadline = start + timeout
-        left = dict(pending)
-        next_tick = start
+        """The results of ``pending`` (process index -> AsyncResult) by process index.
 
-        def state() -> dict[int, str]:
-            return {
-                p: (
-                    'died'
-                    if p in died
-                    else 'error'
-                    if p in failures
-                    else 'done'
-                    if p not in left
-                    else 'running'
-                )
-                for p in pending
-            }
-
-        try:
-            while left:
-                if on_tick is not None and time.monotonic() >= next_tick:
-                    on_tick(state(), time.monotonic() - start)
-                    next_tick += 0.5
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                for p, ar in list(left.items()):
-                    if ar.ready():
-                        del left[p]
-                        try:
-                            results[p] = ar.get(0)
-                        except Exception as exc:
-                            failure = RemoteFailure.from_exception(p, exc)
-                            if failure.engine_died:
-                                died[p] = self._dead.setdefault(p, how_ended(self._exit_code(p)))
-                                # The others get a moment to finish, not forever: they
-                                # may be waiting for the dead host in a collective.
-                                deadline = min(deadline, time.monotonic() + _DEATH_GRACE)
-                            else:
-                                failures[p] = failure
-                        if on_done is not None:
-                            on_done(p)
-                if left:
-                    next(iter(left.values())).wait(min(0.05, max(remaining, 0)))
-        except KeyboardInterrupt:
-            # The kernel was interrupted (Jupyter's stop button, Ctrl-C): stop the hosts too.
-            raise SessionInterrupted(self.interrupt(pending=left)) from None
-        if on_tick is not None:
-            on_tick(state(), time.monotonic() - start)
+        Raises, in this order: `HostDied` (a host died meanwhile), `SessionTimeout`
+        (some did not answer within ``timeout``), `HostsError` (some raised).
+        """
+        poll, died = self._collect(pending, timeout, on_done, on_tick)
         if died:
-            known = {p: how for p, how in died.items() if how != 'died'}
-            if len(died) == 1:
-                how = f' ({known[min(died)]})' if known else ''
-            else:
-                how = ' (' + '; '.join(f'{p}: {h}' for p, h in sorted(known.items())) + ')'
-                how = how if known else ''
-            still = f' {hosts_phrase(sorted(left))} still running it.' if left else ''
-            raise HostDied(
-                f'{hosts_phrase(sorted(died))} died{how} while running {what}.{still}'
-                + self._fate_note(list(died)),
-                died=died,
-                finished=sorted(results),
-                pending=sorted(left),
-                failures=failures,
-            )
-        if left:
+            raise self._died(poll, died, what)
+        if poll.left:
             raise SessionTimeout(
-                f'{what}: host(s) {sorted(left)} did not answer within {timeout:g} s. '
+                f'{what}: host(s) {sorted(poll.left)} did not answer within {timeout:g} s. '
                 'They may be stuck in a collective: look with session.where() '
                 '(%mh_where), or restart with session.restart() (%mh_cluster restart).',
-                pending=sorted(left),
-                finished=sorted(set(pending) - set(left)),
+                pending=sorted(poll.left),
+                finished=sorted(set(pending) - set(poll.left)),
             )
-        if failures:
-            first = min(failures)
+        if poll.failures:
+            first = min(poll.failures)
             raise HostsError(
-                f'{what} failed on host(s) {sorted(failures)}; host {first}:\n'
-                f'{failures[first].text}',
-                failures,
+                f'{what} failed on host(s) {sorted(poll.failures)}; host {first}:\n'
+                f'{poll.failures[first].text}',
+                poll.failures,
             )
-        return [results[p] for p in sorted(results)]
+        return [poll.results[p] for p in sorted(poll.results)]
+
+    def _collect(
+        self,
+        pending: dict[int, Any],
+        timeout: float,
+        on_done: Callable[[int], None] | None,
+        on_tick: Callable[[dict[int, str], float], None] | None,
+    ) -> tuple[Poll, dict[int, str]]:
+        """Waits for ``pending``: the `Poll` and the hosts that died meanwhile (how).
+
+        A host whose engine died is taken out of the failures; the others then
+        get `_DEATH_GRACE` seconds, not forever (they may be waiting for it in
+        a collective). Ctrl-C interrupts every host still running.
+        """
+        died: dict[int, str] = {}
+
+        def ready(p: int) -> None:
+            failure = poll.failures.get(p)
+            if failure is not None and failure.engine_died:
+                del poll.failures[p]
+                died[p] = self._dead.setdefault(p, how_ended(self._exit_code(p)))
+                poll.deadline = min(poll.deadline, time.monotonic() + _DEATH_GRACE)
+            if on_done is not None:
+                on_done(p)
+
+        def tick(elapsed: float) -> None:
+            if on_tick is not None:
+                on_tick({p: _state(p, poll, died) for p in pending}, elapsed)
+
+        poll = Poll(pending, timeout, on_ready=ready, on_tick=None if on_tick is None else tick)
+        try:
+            poll.run()
+        except KeyboardInterrupt:
+            # The kernel was interrupted (Jupyter's stop button, Ctrl-C): stop the hosts too.
+            raise SessionInterrupted(self.interrupt(pending=poll.left)) from None
+        return poll, died
+
+    def _died(self, poll: Poll, died: dict[int, str], what: str) -> HostDied:
+        """The error for hosts that died while running ``what`` (how, who still runs it)."""
+        known = {p: how for p, how in died.items() if how != 'died'}
+        if len(died) == 1:
+            how = f' ({known[min(died)]})' if known else ''
+        else:
+            how = ' (' + '; '.join(f'{p}: {h}' for p, h in sorted(known.items())) + ')'
+            how = how if known else ''
+        still = f' {hosts_phrase(sorted(poll.left))} still running it.' if poll.left else ''
+        return HostDied(
+            f'{hosts_phrase(sorted(died))} died{how} while running {what}.{still}'
+            + self._fate_note(list(died)),
+            died=died,
+            finished=sorted(poll.results),
+            pending=sorted(poll.left),
+            failures=poll.failures,
+        )
 
     def execute(
         self,

@@ -20,7 +20,6 @@ import importlib.util
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Client, Connection, Listener, wait
 from typing import Any, cast
+
+from multihost._net import free_port
 
 __all__ = ['ClusterError', 'LocalCluster', 'free_port']
 
@@ -50,13 +51,6 @@ class ClusterError(RuntimeError):
         self.errors = errors
         self.missing = missing
         self.logs = logs
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass

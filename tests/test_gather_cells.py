@@ -19,7 +19,7 @@ ENGINE = textwrap.dedent(
     import pickle, sys
     import flax.struct, jax, jax.numpy as jnp, optax
     from flax.training import train_state
-    from multihost import engine
+    from multihost.engine import gather
 
     class TrainState(train_state.TrainState):
         dropout_key: jax.Array
@@ -35,7 +35,7 @@ ENGINE = textwrap.dedent(
     state = TrainState.create(apply_fn=apply_fn, params={'w': jnp.ones(3)},
                               tx=optax.adamw(1e-3), dropout_key=jax.random.key(0))
     value = {'state': state, 'stats': Stats(count=7, mean=jnp.zeros(2))}
-    leaves, skeleton, paths = engine._flatten(value)
+    leaves, skeleton, paths = gather._flatten(value)
     sys.stdout.buffer.write(pickle.dumps((skeleton, paths)))
     """
 )

@@ -7,14 +7,17 @@ addresses is tested for real in ``test_netns_cluster.py``.)
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from _helpers import magic_shell
 from IPython.core.error import UsageError
 
 import mhnotebook
 from mhnotebook import _magics
-from mhnotebook._cluster import _startup
+from mhnotebook._cluster import local
 from multihost import engine
+from multihost.engine import net
 
 
 def _cluster(**options):
@@ -23,7 +26,7 @@ def _cluster(**options):
 
     base = dict(n=2, devices_per_process=None, progress=False, recoverable=False)
     base['heartbeat_timeout'] = None
-    return ipp.Cluster(n=2, **_startup._cluster_config({**base, **options}))
+    return ipp.Cluster(n=2, **local._cluster_config({**base, **options}))
 
 
 @pytest.mark.parametrize(
@@ -42,7 +45,7 @@ def test_start_local_hands_the_engines_to_ipyparallels_launcher(engines, launche
     assert cluster.engine_launcher_class.__name__ == launcher
     assert cluster.controller_ip == '10.0.0.2'
     assert cluster.config[launcher].engine_args == ['--log-level=DEBUG']
-    assert not _startup._is_local_launcher(engines) and _startup._is_local_launcher(None)
+    assert not local._is_local_launcher(engines) and local._is_local_launcher(None)
 
 
 def test_ssh_hosts_become_the_launchers_engines_and_place_the_controller():
@@ -132,12 +135,12 @@ def test_connect_hands_the_connection_file_to_ipyparallel(monkeypatch, tmp_path)
 def test_controller_address_is_the_route_to_the_controller(monkeypatch):
     """The engine's address is the one it sends from toward the controller (no traffic);
     without a controller, the old host-name lookup, and the reason says so."""
-    monkeypatch.setattr(engine, '_controller_hint', None)
+    monkeypatch.setattr(net, '_controller_hint', None)
     address, how = engine.controller_address('tcp://127.0.0.1:5555')
     assert address == '127.0.0.1'
     assert 'reach the controller at 127.0.0.1' in how and "notebook's connection file" in how
-    monkeypatch.setattr(engine, '_controller_hint', None)
-    monkeypatch.setattr(engine, '_engine_registration_url', lambda: None)
+    monkeypatch.setattr(net, '_controller_hint', None)
+    monkeypatch.setattr(net, '_engine_registration_url', lambda: None)
     address, how = engine.controller_address()
     assert 'fell back to the address of host name' in how
     assert engine.split_url('tcp://10.1.2.3:4567') == ('10.1.2.3', 4567)
@@ -146,6 +149,25 @@ def test_controller_address_is_the_route_to_the_controller(monkeypatch):
     assert engine.host_port('10.1.2.3', 80) == '10.1.2.3:80'
     port = engine.free_port('127.0.0.1')
     assert 0 < port < 65536
+
+
+def test_one_route_lookup_and_one_free_port_for_both_sides():
+    """SSH host specs and URLs are read alike (user part dropped, a bare IPv6 address kept
+    whole); a host with no route and an address not of this machine are errors naming them."""
+    import multihost.local
+
+    assert multihost.local.free_port is engine.free_port
+    assert net.split_url('root@10.1.2.3:2222') == ('10.1.2.3', 2222)
+    assert net.split_url('fd00::2') == ('fd00::2', 0)
+    assert net.split_url('me@[fd00::2]:22') == ('fd00::2', 22)
+    assert net.route_source('me@127.0.0.1:2222') == '127.0.0.1'
+    assert net.route_source('tcp://127.0.0.1:5555') == '127.0.0.1'
+    with pytest.raises(OSError, match="no route from .* to 'no-such-host.invalid'"):
+        net.route_source('no-such-host.invalid')
+    with pytest.raises(mhnotebook.SessionError, match="'no-such-host.invalid'.*controller_ip="):
+        _cluster(engines='ssh', hosts=['me@no-such-host.invalid:22'])
+    with pytest.raises(OSError, match="cannot bind a TCP port on '192.0.2.1'"):
+        net.free_port('192.0.2.1')
 
 
 def test_cluster_connect_magic_passes_the_connection_file(monkeypatch):
@@ -159,3 +181,60 @@ def test_cluster_connect_magic_passes_the_connection_file(monkeypatch):
         assert args == ('/head node/client.json',) and kwargs['n'] == 16
     finally:
         magics.session = None
+
+
+class _Result:
+    """An ipyparallel AsyncResult stand-in: ready with a value or an error, or never ready."""
+
+    def __init__(self, value=None, error=None, ready=True):
+        self.value, self.error, self._ready = value, error, ready
+
+    def ready(self):
+        return self._ready
+
+    def wait(self, timeout):
+        if not self._ready:
+            time.sleep(timeout)
+
+    def get(self, timeout):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def test_jax_initialization_names_the_engines_that_raised_and_those_that_did_not_finish():
+    """Engine ids 5, 7, 9 become processes 0, 1, 2; each gets the coordinator once, also as
+    the bind address; 7 raises, 9 never answers: the error names both by engine id."""
+    from mhnotebook._cluster import jaxinit
+    from mhnotebook._cluster.progress import Progress
+
+    calls = {}
+    results = {5: _Result({'pid': 5}), 7: _Result(error=RuntimeError('no coordinator')), 9: None}
+
+    class View:
+        def __init__(self, e):
+            self.e = e
+
+        def apply_async(self, _f, qualname, *args, **kwargs):
+            calls[self.e] = (qualname, args, kwargs)
+            return results[self.e] or _Result(ready=False)
+
+    client = {e: View(e) for e in results}
+    with pytest.raises(mhnotebook.SessionError) as info:
+        jaxinit.initialize(
+            client,
+            [5, 7, 9],
+            coordinator='10.0.0.1:1234',
+            timeout=0.3,
+            progress=Progress(False, ''),
+        )
+    message = str(info.value)
+    assert 'engines [7] raised, engines [9] did not finish within 0.3 s' in message
+    assert 'no coordinator' in message and 'listens on 10.0.0.1:1234 only' in message
+    assert [calls[e][1][:3] for e in (5, 7, 9)] == [('10.0.0.1:1234', 3, p) for p in range(3)]
+    assert {calls[e][2]['coordinator_bind_address'] for e in calls} == {'10.0.0.1:1234'}
+    results[7], results[9] = _Result({'pid': 7}), _Result({'pid': 9})
+    infos = jaxinit.initialize(
+        client, [5, 7, 9], coordinator='10.0.0.1:1234', timeout=5, progress=Progress(False, '')
+    )
+    assert infos == {e: {'pid': e} for e in (5, 7, 9)}

@@ -101,6 +101,7 @@ FLOORS = {
         '_recorder': 0,
         '_structure': 0,
         '_names': 0,
+        '_net': 0,  # addresses, routes, free ports (stdlib): engine, local and the notebook
         '_exchange': 1,  # kv rounds, the collective sequence, the debug bus
         '_core': 2,  # the drop-in collectives and array conversions
         '_debug': 2,  # stacks, step gate, watch, wavefront, timeline, control
@@ -118,6 +119,7 @@ FLOORS = {
         'widgets': 0,  # views: pure functions of multihost's models
         '_transfer': 1,  # gathered blocks: /dev/shm files, a tcp stream
         '_interrupt': 1,
+        '_poll': 1,  # one wait for many hosts' results (the session's calls, JAX start-up)
         '_session': 2,
         '_cluster': 3,  # start / connect engines, JAX initialization
         '_views': 3,  # Session -> models -> widgets

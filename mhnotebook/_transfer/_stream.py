@@ -33,12 +33,11 @@ _HELLO = 20  # token (16 bytes) + process index (4 bytes)
 
 def notebook_address(controller_url: str | None) -> str:
     """The address this machine uses to reach the controller (the hosts' network)."""
-    from multihost.engine import _route_source, split_url
+    from multihost.engine import route_source
 
     if not controller_url:
         return '127.0.0.1'
-    host, port = split_url(controller_url)
-    return _route_source(host, port)
+    return route_source(controller_url)
 
 
 class _Dest:

@@ -1,8 +1,5 @@
-"""Starting sessions: `start_local` (a local ipyparallel cluster and its watchdog) and
-`connect` (an existing cluster); JAX initialized on every engine.
+"""`start_local`: an ipyparallel cluster started here (any launcher), its watchdog, JAX on it.
 
-Both bring engines up and hand them to `Session` as `Engines`; the session
-starts process 0's control endpoint itself (it does again after `restart`).
 A cluster started here is a `StartedCluster`: the session asks it how an
 engine ended, stops it, and relaunches it on `Session.restart`.
 """
@@ -13,52 +10,28 @@ import logging
 import os
 import secrets
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mhnotebook._cleanup import start_watchdog, stop_watchdog, sweep_shm, watchdog_ready
-from mhnotebook._errors import RemoteFailure, SessionError
-from mhnotebook._session import Engines, HostInfo, Session, controller_url
-from mhnotebook._trampoline import call as _call
+from mhnotebook._cluster.jaxinit import (
+    engine_infos,
+    hosts_from_infos,
+    initialize,
+    place_coordinator,
+)
+from mhnotebook._cluster.progress import Progress
+from mhnotebook._errors import SessionError
+from mhnotebook._session import Engines, Session
 
-__all__ = ['StartedCluster', 'connect', 'start_local']
+__all__ = ['StartedCluster', 'start_local']
 
 log = logging.getLogger('mhnotebook')
 
 _RECOVERABLE_HEARTBEAT = 10  # seconds; JAX's default of 100 is long to wait in a notebook
 # start_local's own arguments; the rest of its options go to ipyparallel.Cluster.
 _OWN_OPTIONS = ('n', 'devices_per_process', 'progress', 'recoverable', 'heartbeat_timeout')
-
-
-class _Progress:
-    """A one-line progress display: a widget in a notebook, a line on a terminal."""
-
-    def __init__(self, enabled: bool, label: str):
-        self.enabled = enabled
-        self.handle: Any = None
-        self.last = label
-        if enabled:
-            try:
-                from IPython import get_ipython
-                from IPython.display import display
-
-                if get_ipython() is not None:
-                    self.handle = display({'text/plain': label}, raw=True, display_id=True)
-            except ImportError:
-                pass
-            if self.handle is None:
-                print(label, file=sys.stderr, flush=True)
-
-    def update(self, text: str) -> None:
-        if not self.enabled or text == self.last:
-            return
-        self.last = text
-        if self.handle is not None:
-            self.handle.update({'text/plain': text}, raw=True)
-        else:
-            print(text, file=sys.stderr, flush=True)
 
 
 class StartedCluster:
@@ -151,114 +124,6 @@ class StartedCluster:
         return _launch_local(self._options, timeout)
 
 
-def _hosts_from_infos(infos: dict[int, dict[str, Any]]) -> list[HostInfo]:
-    return [
-        HostInfo(
-            process_index=i['process_index'],
-            engine_id=e,
-            hostname=i['hostname'],
-            address=i['address'],
-            machine=i['machine'],
-            pid=i['pid'],
-            local_devices=tuple(i.get('local_devices', ())),
-        )
-        for e, i in infos.items()
-    ]
-
-
-def _initialize(
-    client: Any,
-    engine_ids: list[int],
-    coordinator: str,
-    devices: int | None,
-    platform: str | None,
-    timeout: float,
-    progress: _Progress,
-    bind: str | None = None,
-    *,
-    recoverable: bool = False,
-    heartbeat_timeout: int | None = None,
-    placed: str = '',
-) -> dict[int, dict[str, Any]]:
-    """Runs `multihost.engine.initialize` on every engine (the i-th becomes process i).
-
-    ``placed`` says how the coordinator address was chosen (for the error).
-    """
-    n = len(engine_ids)
-    pending = {}
-    for pid, e in enumerate(engine_ids):
-        pending[e] = client[e].apply_async(
-            _call,
-            'multihost.engine.initialize',
-            coordinator,
-            n,
-            pid,
-            devices,
-            platform=platform,
-            initialization_timeout=int(max(timeout, 10)),
-            coordinator_bind_address=bind,
-            recoverable=recoverable,
-            heartbeat_timeout=heartbeat_timeout,
-        )
-    infos: dict[int, dict[str, Any]] = {}
-    failures: dict[int, RemoteFailure] = {}
-    deadline = time.monotonic() + timeout
-    while len(infos) + len(failures) < n and time.monotonic() < deadline:
-        for pid, (e, ar) in enumerate(pending.items()):
-            if e in infos or e in failures or not ar.ready():
-                continue
-            try:
-                infos[e] = ar.get(0)
-            except Exception as exc:
-                failures[e] = RemoteFailure.from_exception(pid, exc)
-        progress.update(f'mhnotebook: JAX initialized on {len(infos)}/{n} hosts')
-        time.sleep(0.05)
-    if failures or len(infos) < n:
-        missing = sorted(set(engine_ids) - set(infos) - set(failures))
-        detail = ''.join(f'\n--- engine {e} ---\n{f.text}' for e, f in failures.items())
-        raise SessionError(
-            f'jax.distributed.initialize failed (coordinator {coordinator}'
-            f'{"; " + placed if placed else ""}): '
-            f'engines {sorted(failures)} raised, engines {missing} did not finish within '
-            f'{timeout:g} s.{detail}\nCheck that every engine can reach the coordinator '
-            f'address (pass coordinator="host:port" to choose it); it listens on '
-            f'{bind or "every interface"} only (coordinator_bind="[::]:PORT": every interface).'
-        )
-    return infos
-
-
-def _engine_infos(client: Any, engine_ids: list[int]) -> dict[int, dict[str, Any]]:
-    """`multihost.engine.engine_info` of each engine (address: the one toward the controller)."""
-    results = client[engine_ids].apply_sync(
-        _call, 'multihost.engine.engine_info', controller_url(client)
-    )
-    return dict(zip(engine_ids, results, strict=True))
-
-
-def _place_coordinator(client: Any, first: int, info: Mapping[str, Any]) -> tuple[str, str]:
-    """``(coordinator, how)``: engine ``first``'s address toward the controller, a port free there.
-
-    Engine ``first`` becomes process 0 and hosts the coordination service. Its
-    address is the one it uses to reach the controller (`multihost.engine.
-    controller_address`): every other host reaches the controller, so it is
-    on their network, unlike a host name. The port is probed on engine
-    ``first``, bound to that very address.
-    """
-    from multihost.engine import host_port
-
-    address = str(info['address'])
-    how = f'engine {first} (process 0): {info.get("address_from", "its address")}'
-    try:
-        port = client[first].apply_sync(_call, 'multihost.engine.free_port', address)
-    except Exception as exc:
-        raise SessionError(
-            f'cannot place the JAX coordinator on engine {first} at {address} ({how}): probing '
-            f'a free port there failed: {RemoteFailure.from_exception(0, exc).evalue}. Pass '
-            'coordinator="HOST:PORT" with an address of that host every host reaches.'
-        ) from None
-    return host_port(address, int(port)), f'{how}; port {port} probed free there'
-
-
 def _is_local_launcher(engines: Any) -> bool:
     """Whether ``engines`` names ipyparallel's local engine launcher (the default)."""
     if engines is None:
@@ -274,28 +139,6 @@ def _launcher_name(engines: Any) -> str:
     return engines if isinstance(engines, str) else getattr(engines, '__name__', str(engines))
 
 
-def _route_to(host: str) -> str | None:
-    """The address this machine sends from to reach ``host`` (``user@host:port`` allowed)."""
-    import socket
-
-    name = host.rsplit('@', 1)[-1]
-    if name.count(':') == 1:  # host:port (an IPv6 address has more colons)
-        name = name.split(':', 1)[0]
-    try:
-        for family, kind, proto, _, sockaddr in socket.getaddrinfo(
-            name.strip('[]'), 9, type=socket.SOCK_DGRAM
-        ):
-            with socket.socket(family, kind, proto) as s:
-                try:
-                    s.connect(sockaddr)  # UDP: picks the route, sends nothing
-                    return str(s.getsockname()[0])
-                except OSError:
-                    continue
-    except OSError:
-        pass
-    return None
-
-
 def _cluster_config(options: Mapping[str, Any]) -> dict[str, Any]:
     """The `ipyparallel.Cluster` options of ``options``: launchers and their settings.
 
@@ -304,6 +147,8 @@ def _cluster_config(options: Mapping[str, Any]) -> dict[str, Any]:
     reach the first host unless ``controller_ip`` is given.
     """
     from traitlets.config import Config
+
+    from multihost.engine import route_source
 
     cluster_options = {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
     hosts = cluster_options.pop('hosts', None)
@@ -321,9 +166,13 @@ def _cluster_config(options: Mapping[str, Any]) -> dict[str, Any]:
         config.SSHEngineSetLauncher.engines = counts
         cluster_options['config'] = config
         if not cluster_options.get('controller_ip'):
-            address = _route_to(hosts[0])
-            if address is not None:
-                cluster_options['controller_ip'] = address
+            try:
+                cluster_options['controller_ip'] = route_source(hosts[0])
+            except OSError as exc:
+                raise SessionError(
+                    f'cannot choose where the controller listens for the SSH hosts: {exc} '
+                    'Or pass controller_ip="ADDRESS", an address of this machine the hosts reach.'
+                ) from None
     elif isinstance(cluster_options.get('config'), Mapping):
         cluster_options['config'] = Config(cluster_options['config'])
     return cluster_options
@@ -391,7 +240,9 @@ def start_local(
             'me'}}``, ``{'MPIEngineSetLauncher': {'mpi_args': [...]}}``).
 
     Raises:
-        SessionError: an engine did not come up in time (nothing is left running).
+        SessionError: an engine did not come up in time (nothing is left running),
+            or, with ``hosts``, the first host has no route from here (and no
+            ``controller_ip`` is given).
     """
     local = _is_local_launcher(engines)
     if devices_per_process is None and local:
@@ -434,7 +285,7 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
         if local
         else f"{n} engines with ipyparallel's {_launcher_name(options['engines'])} launcher"
     )
-    show = _Progress(bool(options['progress']), f'mhnotebook: starting {what} ...')
+    show = Progress(bool(options['progress']), f'mhnotebook: starting {what} ...')
     sweep_shm()  # shared memory left by kernels that died
     t0 = time.monotonic()
     # A cluster id of its own: the watchdog finds the cluster's processes by it.
@@ -469,19 +320,17 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
             coordinator, placed = f'127.0.0.1:{free_port()}', 'loopback (a local cluster)'
         else:
             first = engine_ids[0]
-            coordinator, placed = _place_coordinator(
-                client, first, _engine_infos(client, [first])[first]
+            coordinator, placed = place_coordinator(
+                client, first, engine_infos(client, [first])[first]
             )
-        left = max(10.0, timeout - (time.monotonic() - t0))
-        infos = _initialize(
+        infos = initialize(
             client,
             engine_ids,
-            coordinator,
-            devices,
-            'cpu' if devices else None,
-            left,
-            show,
-            coordinator,
+            coordinator=coordinator,
+            timeout=max(10.0, timeout - (time.monotonic() - t0)),
+            progress=show,
+            devices=devices,
+            platform='cpu' if devices else None,
             recoverable=bool(options['recoverable']),
             heartbeat_timeout=options['heartbeat_timeout'],
             placed=placed,
@@ -505,119 +354,7 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
     )
     return Engines(
         client,
-        _hosts_from_infos(infos),
+        hosts_from_infos(infos),
         control_host='127.0.0.1' if local else None,
         local=StartedCluster(cluster, watchdog, options),
     )
-
-
-def connect(
-    url_file: str | None = None,
-    *,
-    profile: str | None = None,
-    cluster_id: str | None = None,
-    n: int | None = None,
-    coordinator: str | None = None,
-    coordinator_bind: str | None = None,
-    devices_per_process: int | None = None,
-    platform: str | None = None,
-    timeout: float = 120.0,
-    progress: bool = True,
-) -> Session:
-    """Attaches to an existing ipyparallel cluster, started by any launcher (ssh, mpi, slurm...).
-
-    If JAX is not distributed on the engines yet, initializes it: engine ids
-    in ascending order become process indices, and the coordinator runs on
-    the first engine, at the address that engine uses to reach the
-    ipyparallel controller (on a port probed free there), unless
-    ``coordinator`` is given. The coordination service (unauthenticated)
-    listens on that address only, and so does process 0's control endpoint
-    (authenticated). Engines it did not start are never stopped or killed by
-    this session.
-
-    Args:
-        url_file: the client connection file (``ipcontroller-client.json``,
-            or ``ipcontroller-<cluster_id>-client.json``) the controller wrote.
-        profile: ipython profile name (alternative to ``url_file``).
-        cluster_id: cluster id within the profile.
-        n: wait until this many engines are registered.
-        coordinator: ``host:port`` for `jax.distributed.initialize`.
-        coordinator_bind: ``host:port`` the coordination service listens on
-            (default: ``coordinator`` itself; ``'[::]:PORT'``: every interface).
-        devices_per_process: CPU devices to simulate per engine (testing only).
-        platform: force a JAX platform on the engines (e.g. ``'cpu'``).
-        timeout: seconds to wait for engines and initialization.
-        progress: show progress while connecting.
-
-    Raises:
-        SessionError: no engines, a mix of initialized and uninitialized
-            engines, or initialization failed (the message says where the
-            coordinator was placed and why).
-        OSError: the connection file is missing.
-    """
-    import ipyparallel as ipp
-
-    sweep_shm()  # shared memory left by kernels that died
-    show = _Progress(progress, 'mhnotebook: connecting to the ipyparallel cluster ...')
-    kwargs = {k: v for k, v in dict(profile=profile, cluster_id=cluster_id).items() if v}
-    if url_file is not None:
-        url_file = os.path.abspath(os.path.expanduser(os.fspath(url_file)))
-        if not os.path.exists(url_file):
-            raise OSError(f'connection file {url_file} not found; is the controller running?')
-    # ipyparallel 8+ takes the connection file as its first argument
-    # (`connection_info`); its `url_file=` keyword is ignored.
-    client = ipp.Client(url_file, timeout=timeout, **kwargs)
-    try:
-        if n is not None:
-            try:
-                client.wait_for_engines(n, timeout=timeout, interactive=False)
-            except TimeoutError:
-                raise SessionError(
-                    f'only {len(client.ids)} of {n} engines registered within {timeout:g} s '
-                    f"(controller {controller_url(client)}); see the engines' logs."
-                ) from None
-        engine_ids = sorted(client.ids)
-        if not engine_ids:
-            raise SessionError(
-                'the cluster has no engines; start some (ipcluster engines '
-                '-n N) or pass n=N to wait for them.'
-            )
-        infos = _engine_infos(client, engine_ids)
-        ready = [e for e, i in infos.items() if i['initialized']]
-        if ready and len(ready) != len(engine_ids):
-            raise SessionError(
-                f'JAX is distributed on engines {ready} but not on '
-                f'{sorted(set(engine_ids) - set(ready))}; restart the engines.'
-            )
-        if not ready:
-            placed = 'given'
-            if coordinator is None:
-                coordinator, placed = _place_coordinator(
-                    client, engine_ids[0], infos[engine_ids[0]]
-                )
-            infos = _initialize(
-                client,
-                engine_ids,
-                coordinator,
-                devices_per_process,
-                platform,
-                timeout,
-                show,
-                coordinator_bind or coordinator,
-                placed=placed,
-            )
-        counts = {i['process_count'] for i in infos.values()}
-        if counts != {len(engine_ids)}:
-            raise SessionError(
-                f'engines report process_count {sorted(counts)} but the cluster '
-                f'has {len(engine_ids)} engines; one engine per JAX process '
-                'is required.'
-            )
-    except BaseException:
-        client.close()
-        raise
-    session = Session(Engines(client, _hosts_from_infos(infos)))
-    show.update(
-        f'mhnotebook: connected to {session.num_processes} hosts (engines {session.engine_ids})'
-    )
-    return session

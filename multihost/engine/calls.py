@@ -1,0 +1,229 @@
+"""The engine's side of the notebook's calls: JAX start-up, barriers, checks, the sequence.
+
+Each wraps a `multihost` function so that it runs under the notebook's
+name in the collective sequence (`_sequence.called_from`) and returns plain,
+picklable data.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from multihost._exchange import _kv, _sequence
+from multihost.engine.gather import GatherError, lookup
+from multihost.engine.net import engine_info
+
+if TYPE_CHECKING:
+    from multihost import Layout, NonfiniteReport, ReplicaReport, TreeDiff, TreeLayout
+
+__all__ = [
+    'barrier',
+    'diff',
+    'env_diff',
+    'initialize',
+    'layout',
+    'lookup_collective',
+    'memory_census',
+    'nonfinite',
+    'realign_sequence',
+    'sequence_position',
+    'serve_control',
+]
+
+
+def initialize(
+    coordinator: str,
+    num_processes: int,
+    process_id: int,
+    cpu_devices: int | None = None,
+    *,
+    platform: str | None = None,
+    initialization_timeout: int = 120,
+    heartbeat_timeout: int | None = None,
+    coordinator_bind_address: str | None = None,
+    recoverable: bool = False,
+) -> dict[str, Any]:
+    """Configures JAX on this engine and joins the distributed runtime.
+
+    Args:
+        coordinator: ``host:port`` of process 0's coordination service.
+        num_processes: total number of JAX processes.
+        process_id: this engine's JAX process index.
+        cpu_devices: number of CPU devices to simulate (None: leave as is).
+        platform: e.g. ``'cpu'`` to force the CPU backend.
+        initialization_timeout: seconds to wait for every process to connect.
+        heartbeat_timeout: seconds before a silent process is declared dead.
+        coordinator_bind_address: ``host:port`` process 0's coordination service
+            listens on (it is unauthenticated). None: JAX's default, every
+            interface (``[::]:port``).
+        recoverable: set ``jax_enable_recoverability`` first, so a process that
+            dies does not take the others down with it (JAX's default is
+            fate-sharing: the coordination service terminates every process
+            once it notices one is gone); `multihost.live_devices` then
+            reports the survivors.
+
+    Returns:
+        `engine_info()` after initialization.
+    """
+    import jax
+
+    if platform:
+        jax.config.update('jax_platforms', platform)
+    if cpu_devices:
+        jax.config.update('jax_num_cpu_devices', int(cpu_devices))
+    if recoverable:
+        jax.config.update('jax_enable_recoverability', True)
+    kwargs: dict[str, Any] = dict(
+        coordinator_address=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=initialization_timeout,
+    )
+    if heartbeat_timeout:
+        kwargs['heartbeat_timeout_seconds'] = heartbeat_timeout
+    if coordinator_bind_address:
+        kwargs['coordinator_bind_address'] = coordinator_bind_address
+    jax.distributed.initialize(**kwargs)
+    return engine_info()
+
+
+def barrier(name: str, timeout: float | None = None) -> dict[str, Any]:
+    """Runs `multihost.barrier` here and reports how it went (never raises its errors)."""
+    import time
+
+    import multihost
+
+    t0 = time.perf_counter()
+    try:
+        with _sequence.called_from(f'notebook: %mh_barrier {name}'):
+            multihost.barrier(name, timeout=timeout)
+    except (multihost.BarrierTimeoutError, multihost.CollectiveMismatchError) as exc:
+        # .missing for a timeout, .names for a name mismatch
+        extra = {k: getattr(exc, k) for k in ('missing', 'names') if hasattr(exc, k)}
+        return dict(
+            ok=False,
+            error=type(exc).__name__,
+            message=str(exc),
+            elapsed=time.perf_counter() - t0,
+            **extra,
+        )
+    return dict(ok=True, elapsed=time.perf_counter() - t0)
+
+
+def serve_control(authkey: bytes, host: str = '') -> tuple[str, int]:
+    """Starts this process's control endpoint (answers while the main thread is busy).
+
+    ``host``: the address to listen on (``''``: every interface).
+    """
+    import multihost
+
+    return multihost.serve_control(authkey, (host, 0))
+
+
+def layout(
+    namespace: dict[str, Any], name: str, check: bool = True
+) -> tuple[Layout | TreeLayout, ReplicaReport | None]:
+    """The `Layout` of array ``name`` and, with ``check``, its `ReplicaReport` (a collective).
+
+    For a pytree, its `TreeLayout` (one row per leaf, each leaf's replicas
+    checked with ``check``) and None.
+    """
+    import jax
+
+    import multihost
+
+    with _sequence.called_from(f'notebook: %mh_layout {name}'):
+        # Every host takes this turn, so one lacking the name fails them all at once
+        # (otherwise the others would wait in check_replicas until their timeout).
+        value = lookup_collective(namespace, name, 'layout')
+        _sequence.enter('layout', name)
+    if not isinstance(value, jax.Array | np.ndarray):
+        # A pytree: one row per leaf (its replicas checked leaf by leaf, on every host alike).
+        from multihost._checks._treelayout import tree_layout
+
+        with _sequence.called_from(f'notebook: %mh_layout {name}'):
+            return tree_layout(value, name, check=check), None
+    described = multihost.describe_layout(value)
+    report = None
+    if check and isinstance(value, jax.Array):
+        with _sequence.called_from(f'notebook: %mh_layout {name}'):
+            report = multihost.check_replicas(value)
+    return described, report
+
+
+def diff(namespace: dict[str, Any], name: str, timeout: float | None = None) -> TreeDiff:
+    """`multihost.tree_diff` of ``name`` (a collective: every host must call it)."""
+    import multihost
+
+    with _sequence.called_from(f'notebook: %mh_diff {name}'):
+        value = lookup_collective(namespace, name, 'tree_diff', timeout=timeout)
+        return multihost.tree_diff(value, timeout=timeout)
+
+
+def env_diff(timeout: float | None = None) -> Any:
+    """`multihost.env_diff` for the notebook (a collective)."""
+    import multihost
+
+    with _sequence.called_from('notebook: %mh_env'):
+        return multihost.env_diff(timeout=timeout)
+
+
+def memory_census(namespace: dict[str, Any], timeout: float | None = None) -> Any:
+    """`multihost.memory_census` with names from the engine namespace (a collective)."""
+    import multihost
+
+    with _sequence.called_from('notebook: %mh_mem'):
+        return multihost.memory_census(namespace, timeout=timeout)
+
+
+def nonfinite(
+    namespace: dict[str, Any], name: str, timeout: float | None = None
+) -> NonfiniteReport:
+    """`multihost.find_nonfinite` of engine value ``name`` (a collective: every host calls it)."""
+    import multihost
+
+    with _sequence.called_from(f'notebook: %mh_nan {name}'):
+        value = lookup_collective(namespace, name, 'find_nonfinite', timeout=timeout)
+        return multihost.find_nonfinite(value, timeout=timeout)
+
+
+def lookup_collective(
+    namespace: dict[str, Any], name: str, kind: str, *, timeout: float | None = None
+) -> Any:
+    """`lookup` for a collective: a host lacking ``name`` still takes its turn in ``kind``.
+
+    So every host raises the same `multihost.HostFailedError` at once ("name
+    'partial' is not defined ... processes 2-3") and the sequence stays aligned,
+    instead of the others waiting for it until their timeout.
+    """
+    import multihost
+
+    try:
+        return lookup(namespace, name)
+    except GatherError as exc:
+        reason = str(exc)
+        try:
+            _sequence.fail_turn(kind, '', reason, timeout=timeout)
+        except multihost.HostFailedError as failed:
+            # Every host lacks it the same way (a typo): say it once, in one line.
+            if len(failed.reasons) == _kv.process_count() and set(failed.reasons.values()) == {
+                reason
+            }:
+                raise GatherError(reason) from None
+            raise
+
+
+def sequence_position() -> int:
+    """The number of the next multihost collective this process will enter."""
+    return _sequence.position()
+
+
+def realign_sequence(seq: int) -> int:
+    """Moves this process's collective count forward to ``seq`` (after an interrupt).
+
+    Returns the position now.
+    """
+    _sequence.realign(int(seq))
+    return _sequence.position()
