@@ -32,29 +32,41 @@ class InterruptedSession:
         return call
 
 
-@pytest.mark.parametrize(
-    'line',
-    [
-        '%mh_cluster start -n 2 -d 1',  # reuses the running session
-        '%mh_cluster status',
-        '%mh_cluster restart',
-        '%mh_allgather x',
-        '%mh_barrier ckpt',
-        '%mh_layout x',
-        '%mh_diff params',
-        '%mh_nan grads',
-        '%mh_step on',
-        '%mh_step',
-        '%mh_env',
-        '%mh_mem',
-        '%mh_where',
-        '%mh_timeline --chrome /nonexistent/dir/trace.json',
-        '%%mh\nprint(1)',
-    ],
-)
+LINES = [
+    '%mh_cluster start -n 2 -d 1',  # reuses the running session
+    '%mh_cluster status',
+    '%mh_cluster restart',
+    '%mh_allgather x',
+    '%mh_barrier ckpt',
+    '%mh_layout x',
+    '%mh_diff params',
+    '%mh_nan grads',
+    '%mh_step on',
+    '%mh_step',
+    '%mh_env',
+    '%mh_mem',
+    '%mh_where',
+    '%mh_timeline --chrome /nonexistent/dir/trace.json',
+    '%mh_wait',  # for a cell in the background
+    '%%mh\nprint(1)',
+]
+
+
+def test_every_magic_that_waits_on_the_hosts_is_tried_here():
+    """A new magic is added to LINES (%mh_help alone asks the hosts nothing)."""
+    ip, _ = magic_shell(None)
+    table = ip.magics_manager.registry['MultihostMagics'].magics
+    registered = {f'%{name}' for name in table['line']} | {f'%%{name}' for name in table['cell']}
+    tried = {line.split()[0] for line in LINES}
+    assert registered - tried == {'%mh_help'}, registered - tried
+
+
+@pytest.mark.parametrize('line', LINES)
 def test_an_interrupted_magic_says_so_and_returns_nothing(line):
     ip, magics = magic_shell(InterruptedSession())
     ip.user_ns.pop('x', None)
+    if line == '%mh_wait':
+        magics.background = {0: 'the AsyncResult of host 0'}
     try:
         with capture_output() as cap:
             if line.startswith('%%'):

@@ -17,11 +17,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, magics_class
 
 from mhnotebook._magics import _cluster_actions, _help, _results, _run
-from mhnotebook._magics._entry import _current, cell_magic, delegate, line_magic, running
+from mhnotebook._magics._entry import cell_magic, delegate, held, hold, line_magic, running
 from mhnotebook._magics._options import (
     check_timeout,
     compact_subscripts,
+    gather_target,
     no_arguments,
+    parse_axes,
     parse_bytes,
     timeout_option,
     valid_name,
@@ -58,11 +60,11 @@ class MultihostMagics(Magics):
 
     @property
     def session(self) -> Session | None:
-        return _current[0]
+        return held()
 
     @session.setter
     def session(self, value: Session | None) -> None:
-        _current[0] = value
+        hold(value)
 
     # -- %mh_cluster -----------------------------------------------------------
     @magic_arguments.magic_arguments()
@@ -193,18 +195,9 @@ class MultihostMagics(Magics):
             %mh_allgather state.params['embed']['embedding'][::2] -o rows
             %mh_allgather activations --max-bytes 8GiB
         """
-        from mhnotebook._transfer._gather import parse_target
-        from multihost import _names
-
         # A subscript may contain spaces (x[::4, :128]): one argument.
         args = magic_arguments.parse_argstring(self.mh_allgather, compact_subscripts(line))
-        try:
-            parse_target(args.name)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        out = args.out or _names.short_name(args.name)
-        if not out.isidentifier():
-            raise UsageError(f'-o {out!r} is not a notebook variable name; use e.g. -o params')
+        out = gather_target(args.name, args.out)
         max_bytes = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
         session = self._session()
         value = delegate(
@@ -275,12 +268,7 @@ class MultihostMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.mh_layout, compact_subscripts(line))
         name = valid_name(args.name)
-        axes = None
-        if args.axes:
-            try:
-                axes = tuple(int(a) for a in args.axes.split(','))
-            except ValueError:
-                raise UsageError(f'--axes takes two integers like 0,1; got {args.axes!r}') from None
+        axes = parse_axes(args.axes) if args.axes else None
         session = self._session()
         try:
             view = delegate(

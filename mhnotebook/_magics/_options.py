@@ -58,6 +58,30 @@ def valid_name(name: str, *, cuts: bool = False) -> str:
     return name
 
 
+def gather_target(name: str, out: str | None) -> str:
+    """The notebook variable ``%mh_allgather NAME [-o OUT]`` fills (default: NAME's last part),
+    if NAME names what can be gathered (slices too); else a `UsageError`."""
+    from mhnotebook._transfer._gather import parse_target
+    from multihost import _names
+
+    try:
+        parse_target(name)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    out = out or _names.short_name(name)
+    if not out.isidentifier():
+        raise UsageError(f'-o {out!r} is not a notebook variable name; use e.g. -o params')
+    return out
+
+
+def parse_axes(text: str) -> tuple[int, ...]:
+    """``'0,2'`` -> ``(0, 2)`` (the view checks them against the array's shape)."""
+    try:
+        return tuple(int(a) for a in text.split(','))
+    except ValueError:
+        raise UsageError(f'--axes takes two integers like 0,1; got {text!r}') from None
+
+
 def compact_subscripts(line: str) -> str:
     """``x[::4, :128] -o y`` -> ``x[::4,:128] -o y``: a subscript stays one argument
     (spaces inside quotes are kept)."""
