@@ -14,8 +14,8 @@ from _helpers import magic_shell
 from IPython.core.error import UsageError
 
 import mhnotebook
-from mhnotebook import _magics
 from mhnotebook._cluster import local
+from mhnotebook._magics import _cluster_actions
 from multihost import engine
 from multihost.engine import net
 
@@ -69,7 +69,7 @@ def test_cluster_start_magic_passes_launcher_options_through(monkeypatch):
     """%mh_cluster start --engines/--controller-ip/--set/--hosts/--ssh-args/--remote-python
     reach start_local as ipyparallel options; mistakes are UsageErrors."""
     calls = []
-    monkeypatch.setattr(_magics, 'start_local', lambda *a, **kw: calls.append((a, kw)))
+    monkeypatch.setattr(_cluster_actions, 'start_local', lambda *a, **kw: calls.append((a, kw)))
     ip, magics = magic_shell(None)
     try:
         ip.run_line_magic(
@@ -173,7 +173,7 @@ def test_one_route_lookup_and_one_free_port_for_both_sides():
 def test_cluster_connect_magic_passes_the_connection_file(monkeypatch):
     """%mh_cluster connect --url-file F -n N: the file (quotes removed) and N reach connect."""
     calls = []
-    monkeypatch.setattr(_magics, 'connect', lambda *a, **kw: calls.append((a, kw)))
+    monkeypatch.setattr(_cluster_actions, 'connect', lambda *a, **kw: calls.append((a, kw)))
     ip, magics = magic_shell(None)
     try:
         ip.run_line_magic('mh_cluster', 'connect --url-file "/head node/client.json" -n 16')

@@ -176,7 +176,7 @@ def write_magics() -> list[str]:
         '',
         '`%load_ext mhnotebook` registers them. Each parses its arguments and calls a',
         '`Session` method (or builds a view from its models), so everything works from',
-        'Python too. Generated from the magics themselves (`mhnotebook/_magics.py`).',
+        'Python too. Generated from the magics themselves (`mhnotebook/_magics/`).',
         '',
         '| magic | what it does |',
         '|---|---|',

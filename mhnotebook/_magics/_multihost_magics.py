@@ -1,0 +1,481 @@
+"""`MultihostMagics`: every magic's arguments and docstring; the work is the session's.
+
+Each magic parses its line, checks what was typed (a `UsageError` says what
+to do), then delegates: to a `Session` method, to `_views` (which asks the
+session for models and returns a widget), or to this room's helpers for
+``%mh_cluster`` (`_cluster_actions`), ``%%mh`` (`_run`) and ``%mh_help``
+(`_help`). The magics are registered through this room's `line_magic` and
+`cell_magic`, which show an interrupt that came while a magic waited.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core import magic_arguments
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, magics_class
+
+from mhnotebook._magics import _cluster_actions, _help, _results, _run
+from mhnotebook._magics._entry import cell_magic, delegate, held, hold, line_magic, running
+from mhnotebook._magics._options import (
+    check_timeout,
+    compact_subscripts,
+    gather_target,
+    no_arguments,
+    parse_axes,
+    parse_bytes,
+    timeout_option,
+    valid_name,
+)
+from mhnotebook._session import Session
+from mhnotebook._views import (
+    diff_view,
+    env_view,
+    layout_view,
+    memory_view,
+    nonfinite_view,
+    stepper_view,
+    timeline_view,
+    where_view,
+)
+
+
+@magics_class
+class MultihostMagics(Magics):
+    """The ``%mh_*`` magics. One session per IPython shell."""
+
+    def __init__(self, shell: Any):
+        super().__init__(shell)
+        self.background: dict[int, Any] | None = None
+
+    def _session(self) -> Session:
+        return running(self.session)
+
+    @property
+    def stepping(self) -> bool:
+        """Whether the step gate is on: the session asks the hosts (one source of truth)."""
+        session = self.session
+        return session is not None and session.running and session.stepping
+
+    @property
+    def session(self) -> Session | None:
+        return held()
+
+    @session.setter
+    def session(self, value: Session | None) -> None:
+        hold(value)
+
+    # -- %mh_cluster -----------------------------------------------------------
+    @magic_arguments.magic_arguments()
+    @_cluster_actions.action_options
+    @_cluster_actions.start_options
+    @_cluster_actions.connect_options
+    @timeout_option(180.0, 'seconds to wait for engines')
+    @line_magic
+    def mh_cluster(self, line: str) -> None:
+        """Get hosts to debug: start or attach to them; check, restart, stop.
+
+        ``%mh_cluster start -n 4 -d 2`` starts 4 simulated hosts with 2 CPU
+        devices each (run again with the same shape, it reuses the running
+        cluster); ``--recoverable`` keeps the other hosts alive when one dies.
+        ``%mh_cluster start -n 8 --engines ssh --hosts h0,h1,...`` starts the
+        engines with ipyparallel's SSH launcher (``--engines mpi``,
+        ``--engines slurm``: its MPI and Slurm launchers; their settings with
+        ``--set``), a controller here listening on ``--controller-ip``.
+        ``%mh_cluster connect --url-file ipcontroller-client.json -n 8``
+        attaches to a running ipyparallel cluster (any launcher, or engines
+        you started yourself) and initializes JAX there, the coordinator on
+        the first engine's address toward the controller.
+        ``%mh_cluster status`` says which engine, machine and pid each host
+        is and whether it is idle, busy or dead; ``%mh_cluster restart``
+        starts the same hosts again; ``%mh_cluster stop`` ends them.
+
+        Examples::
+
+            %mh_cluster start -n 4 -d 2
+            %mh_cluster start -n 4 --engines ssh --hosts h0,h1,h2,h3 --remote-python /opt/py
+            %mh_cluster start -n 16 --engines slurm --set SlurmEngineSetLauncher.account=me
+            %mh_cluster connect --url-file ~/job42/ipcontroller-client.json -n 8
+        """
+        args = magic_arguments.parse_argstring(self.mh_cluster, line)
+        check_timeout(args.timeout, '180')
+        self.session = _cluster_actions.ACTIONS[args.action](self.session, args, line)
+
+    # -- %%mh ----------------------------------------------------------------------
+    @magic_arguments.magic_arguments('%mh')  # its usage line then says %%mh
+    @timeout_option(None, 'seconds to wait; then show where every host is')
+    @magic_arguments.argument(
+        '--bg', action='store_true', help='return at once; collect the output with %%mh_wait'
+    )
+    @cell_magic
+    def mh(self, line: str, cell: str) -> None:
+        """Run this cell on every host, its output labelled by host.
+
+        While it runs, a live per-host status is shown. On ``--timeout``,
+        shows where each unfinished host is (its collective and stack) and
+        gives control back; the cell keeps running on the hosts (``%mh_wait``).
+        Interrupting the kernel interrupts every host too, says who stopped
+        and where each host was. A host that dies is named in one line.
+        ``--bg`` gives control back at once (``%mh_wait`` collects the output).
+
+        Examples::
+
+            %%mh
+            import jax
+            print(jax.process_index(), jax.local_devices())
+
+            %%mh --timeout 60
+            state, loss = train_step(state, batch)
+            print(float(loss))
+        """
+        args = magic_arguments.parse_argstring(self.mh, line)
+        check_timeout(args.timeout, '%%mh --timeout 30')
+        _run.run_cell(self, self._session(), cell, timeout=args.timeout, bg=args.bg)
+
+    @magic_arguments.magic_arguments()
+    @timeout_option(None, 'seconds to wait')
+    @line_magic
+    def mh_wait(self, line: str) -> None:
+        """Is my background ``%%mh`` cell done? Wait for it and print its output.
+
+        For a cell started with ``%%mh --bg``, or while stepping is on
+        (``%mh_step``). ``--timeout`` gives control back if the hosts are still
+        busy (the cell keeps running; see ``%mh_where``).
+
+        Examples::
+
+            %mh_wait
+            %mh_wait --timeout 60
+        """
+        args = magic_arguments.parse_argstring(self.mh_wait, line)
+        check_timeout(args.timeout, '%mh_wait --timeout 30')
+        _run.wait(self, self._session(), timeout=args.timeout)
+
+    # -- %mh_allgather -------------------------------------------------------------
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        'name', help="engine value: x, state.params, state.params['embed'], x[::4, :128]"
+    )
+    @magic_arguments.argument(
+        '-o', '--out', help='notebook variable to store it in (default: NAME)'
+    )
+    @magic_arguments.argument(
+        '--transport',
+        choices=['auto', 'shm', 'tcp', 'zmq'],
+        default='auto',
+        help='shm: engines on this machine write into shared memory; tcp: engines '
+        'elsewhere stream into the result; zmq: through ipyparallel (default: the fastest '
+        'that works)',
+    )
+    @magic_arguments.argument(
+        '--max-bytes',
+        help='refuse a larger result (default: half the available memory), e.g. 8GiB',
+    )
+    @line_magic
+    def mh_allgather(self, line: str) -> None:
+        """What is the global value? Gather an engine variable here, as numpy.
+
+        ``%mh_allgather params -o p`` stores the gathered value in ``p``. A
+        global jax.Array comes back whole; host-local arrays are stacked along
+        a new axis 0 (one row per process); pytrees keep their structure.
+        Each shard is sent once, straight into its place.
+        ``%mh_allgather x[::4, :128]`` slices on the hosts: only the slice
+        travels. Names reach into pytrees by attribute or key
+        (``state.params.embed.embedding``, ``state.opt_state[0].mu``); a
+        PRNG key leaf comes back as a key array of the same implementation.
+        A result larger than half of this machine's available memory is
+        refused before anything is allocated (``--max-bytes`` to allow it).
+
+        Examples::
+
+            %mh_allgather loss
+            %mh_allgather state.params -o params
+            %mh_allgather x[::4,:128] -o preview
+            %mh_allgather state.params['embed']['embedding'][::2] -o rows
+            %mh_allgather activations --max-bytes 8GiB
+        """
+        # A subscript may contain spaces (x[::4, :128]): one argument.
+        args = magic_arguments.parse_argstring(self.mh_allgather, compact_subscripts(line))
+        out = gather_target(args.name, args.out)
+        max_bytes = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
+        session = self._session()
+        value = delegate(
+            lambda: session.allgather(args.name, transport=args.transport, max_bytes=max_bytes)
+        )
+        if self.shell is None:  # a Magics made without a shell has no namespace to fill
+            raise UsageError(f'%mh_allgather: no IPython shell to define {out} in')
+        self.shell.user_ns[out] = value
+        _results.print_gathered(out, args.name, session.num_processes, value)
+
+    # -- %mh_barrier -----------------------------------------------------------------
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument('name', help='barrier name (the same on every host)')
+    @timeout_option(30.0, 'seconds to wait')
+    @line_magic
+    def mh_barrier(self, line: str) -> None:
+        """Do all hosts get here? A timed barrier: who arrived, how long it took.
+
+        Every host waits at barrier ``NAME`` for up to ``--timeout`` seconds;
+        each one's time in it, or the error that names the hosts that never
+        arrived, is printed per host.
+
+        Examples::
+
+            %mh_barrier ckpt
+            %mh_barrier after-data-load --timeout 120
+        """
+        args = magic_arguments.parse_argstring(self.mh_barrier, line)
+        check_timeout(args.timeout, '%mh_barrier NAME --timeout 30')
+        session = self._session()
+        results = delegate(lambda: session.barrier(args.name, timeout=args.timeout))
+        _results.print_barrier(args.name, results)
+
+    # -- views -----------------------------------------------------------------------
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        'name', help="engine array or pytree: x, state.params, state.params['embed']['embedding']"
+    )
+    @magic_arguments.argument('--axes', help='the two displayed axes, e.g. 0,2')
+    @magic_arguments.argument(
+        '--no-values',
+        action='store_true',
+        help='do not gather the values (selecting a block shows no data)',
+    )
+    @line_magic
+    def mh_layout(self, line: str) -> Any:
+        """Which host and device holds which block? An array's layout, drawn.
+
+        Draws the array's blocks by host and device; click one for its
+        shard, devices and values. Replicas are digested on every host; the
+        replica matrix marks those that disagree. A rank >= 3 array is shown
+        as facets over its other axes; ``--axes 0,2`` picks the displayed axes
+        (default: the last two). ``--no-values`` gathers no data (for a large
+        array: the picture only).
+
+        A pytree (``%mh_layout state.params``) is one table, a row per leaf:
+        shape, dtype, spec, bytes per host, whether its replicas agree; click
+        a leaf for its picture. Names reach into pytrees by attribute or key:
+        ``state.params.embed.embedding`` and
+        ``state.params['embed']['embedding']`` are the same leaf.
+
+        Examples::
+
+            %mh_layout x
+            %mh_layout state.params
+            %mh_layout state.params['block_0']['Dense_0']['kernel']
+            %mh_layout state.params.embed.embedding --axes 1,0 --no-values
+        """
+        args = magic_arguments.parse_argstring(self.mh_layout, compact_subscripts(line))
+        name = valid_name(args.name)
+        axes = parse_axes(args.axes) if args.axes else None
+        session = self._session()
+        try:
+            view = delegate(
+                lambda: layout_view(session, name, values=not args.no_values, axes=axes)
+            )
+        except UsageError as exc:
+            if str(exc).startswith('axes '):  # the view's complaint names the option
+                raise UsageError(f'--{exc}') from None
+            raise
+        _results.note_host_local(name, view)
+        return view
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        'name', help='engine value (any pytree): params, state.params, state.opt_state[0].mu'
+    )
+    @line_magic
+    def mh_diff(self, line: str) -> Any:
+        """Do the hosts agree? Which leaves differ, on which host, by how much.
+
+        Compares an engine value (any pytree) across hosts, leaf by leaf (each
+        leaf's fingerprint travels, then only the leaves that differ): the
+        table marks the hosts that hold something else; expand a leaf for
+        each host's value.
+
+        Examples::
+
+            %mh_diff params
+            %mh_diff state.opt_state[0].mu
+        """
+        args = magic_arguments.parse_argstring(self.mh_diff, compact_subscripts(line))
+        name = valid_name(args.name)
+        session = self._session()
+        return delegate(lambda: diff_view(session, name))
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        'name', help="engine value (an array or any pytree): grads, state.params['embed']"
+    )
+    @line_magic
+    def mh_nan(self, line: str) -> Any:
+        """Where are the NaNs? The shards holding NaN/Inf: host, device, block.
+
+        Every host counts NaN and Inf in each of its shards on device (global
+        arrays shard by shard, replicas included; host-local values in their
+        own copy); only the offending shards' counts travel. Shows the
+        offending shards, and the layout picture with their blocks marked:
+        ``%mh_nan params`` names e.g. ``['w'] block [8:12, 4:8] on
+        process 2, device 5 (host 2 · dev 1): 2 NaN, 0 Inf, first at (9, 6)``.
+
+        Examples::
+
+            %mh_nan grads
+            %mh_nan state.params
+        """
+        args = magic_arguments.parse_argstring(self.mh_nan, compact_subscripts(line))
+        name = valid_name(args.name)
+        session = self._session()
+        return delegate(lambda: nonfinite_view(session, name))
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        'action',
+        nargs='?',
+        default='show',
+        choices=['on', 'off', 'show', 'step', 'continue'],
+        help='on: pause every host before each collective; step: release '
+        'one; continue: release all and turn stepping off',
+    )
+    @magic_arguments.argument(
+        'count', nargs='?', type=int, default=1, help='step: how many collectives to release'
+    )
+    @line_magic
+    def mh_step(self, line: str) -> Any:
+        """Which host takes another path? Step the hosts one collective at a time.
+
+        ``%mh_step on`` makes every host pause before each collective; the next
+        ``%%mh`` cell then runs in the background while the stepper (a host x
+        step grid with Step/Continue/Stop) shows who arrived where: divergence
+        is highlighted before it deadlocks. ``%mh_step step 3`` releases three
+        collectives, ``%mh_step continue`` all of them and turns stepping off;
+        ``%mh_wait`` then collects the cell's output.
+
+        Examples::
+
+            %mh_step on
+            %mh_step step 3
+            %mh_step continue
+        """
+        args = magic_arguments.parse_argstring(self.mh_step, line)
+        session = self._session()
+        if args.action == 'step' and args.count < 1:
+            raise UsageError('step releases at least one collective: %mh_step step 1')
+        actions = {
+            'on': lambda: session.set_stepping(True),
+            'off': lambda: session.set_stepping(False),
+            'step': lambda: session.release(args.count),
+            'continue': session.release_all,
+            'show': lambda: None,
+        }
+        delegate(actions[args.action])
+        return delegate(lambda: stepper_view(session))
+
+    @magic_arguments.magic_arguments()
+    @line_magic
+    def mh_env(self, line: str) -> Any:
+        """Why does one host behave differently? Versions, flags, code that differ.
+
+        Compares Python/jax/jaxlib/numpy and runtime versions, ``JAX_*``,
+        ``XLA_*``, ``TPU_*``, ``NCCL_*``, ``CUDA_*`` variables, ``jax.config``
+        values, the git commit and the user's source files; only keys that
+        differ are shown, majority vs odd hosts.
+
+        Example::
+
+            %mh_env
+        """
+        no_arguments(line, '%mh_env takes no arguments.')
+        session = self._session()
+        return delegate(lambda: env_view(session))
+
+    @magic_arguments.magic_arguments()
+    @line_magic
+    def mh_mem(self, line: str) -> Any:
+        """Which host holds more memory, and what? Per device; arrays few hosts hold.
+
+        A host x device heatmap of live-array bytes (``memory_stats()`` where
+        the backend reports it), the hosts whose live bytes stand out, and the
+        kinds of arrays (shape, dtype, sharding, engine names) that only some
+        hosts hold: leak candidates.
+
+        Example::
+
+            %mh_mem
+        """
+        no_arguments(line, '%mh_mem takes no arguments.')
+        session = self._session()
+        return delegate(lambda: memory_view(session))
+
+    @magic_arguments.magic_arguments()
+    @line_magic
+    def mh_where(self, line: str) -> Any:
+        """Where is every host? Its current collective and stacks, even while busy.
+
+        Answered by the control endpoint, not the engines' queues, so it
+        works while a cell hangs; led by the verdict in one line (which hosts
+        are inside which collective, which never got there), then one row per
+        state with its stacks.
+
+        Example::
+
+            %mh_where
+        """
+        no_arguments(line, '%mh_where takes no arguments.')
+        session = self._session()
+        return delegate(lambda: where_view(session))
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        '--last', type=int, default=200, help="each host's last N flight records (default 200)"
+    )
+    @magic_arguments.argument(
+        '--chrome', metavar='PATH', help='also write Chrome trace-event JSON (open in Perfetto)'
+    )
+    @line_magic
+    def mh_timeline(self, line: str) -> Any:
+        """Who arrives late? A host x time chart of collectives and watched launches.
+
+        Gathers every host's last ``--last`` flight records (works while the
+        engines are busy) and names the host that arrived last most often,
+        e.g. ``process 3 arrived last in 87% of the last 200 steps (174 of
+        200), median +180 ms after the first host``; a table gives the
+        slowest host of each step. ``--chrome trace.json`` also writes Chrome
+        trace-event JSON, one track per host, to open in https://ui.perfetto.dev.
+
+        Examples::
+
+            %mh_timeline
+            %mh_timeline --last 500 --chrome /tmp/steps.json
+        """
+        args = magic_arguments.parse_argstring(self.mh_timeline, line)
+        if args.last < 1:
+            raise UsageError(
+                f'--last takes a positive number of records, got {args.last}; e.g. 200'
+            )
+        session = self._session()
+        view = delegate(lambda: timeline_view(session, last=args.last))
+        if args.chrome:
+            _results.write_chrome_trace(view, args.chrome)
+        return view
+
+    # -- %mh_help --------------------------------------------------------------------
+    @magic_arguments.magic_arguments()
+    @line_magic
+    def mh_help(self, line: str) -> None:
+        """Which magic answers my question? This table: every magic, an example each.
+
+        One row per registered magic, made from its docstring: the first line
+        (the question it answers) and its shortest example. ``%mh_layout?``
+        (any magic's name, then ``?``) shows that one's usage, options and
+        examples.
+
+        Example::
+
+            %mh_help
+        """
+        no_arguments(line, '%mh_help takes no arguments; %mh_NAME? shows one magic in full.')
+        from IPython.display import display
+
+        display(_help.help_table(self), raw=True)
