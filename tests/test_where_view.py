@@ -10,16 +10,17 @@ Chromium and measure it.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import threading
 import time
-from html.parser import HTMLParser
+from html import unescape
 
 import ipykernel
 import jax
 import pytest
 from _browser import chromium
+from _html import elements, inside, one
+from _view_models import host_stacks, record
 
 from mhnotebook.widgets import WhereView, _where
 from multihost import CollectiveRecord, FlightRecord, HostStacks, ThreadStack, _recorder
@@ -223,60 +224,6 @@ def many(n=1000):
 def four():
     """Hosts 0, 1 at barrier('after-eval'), 2 loading a shard, 3 silent."""
     return {p: host(p, s) for p, s in enumerate([0, 0, 3, 6])}
-
-
-class _Parsed(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.found, self.stack = [], []
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        el = {
-            'tag': tag,
-            'attrs': a,
-            'classes': set((a.get('class') or '').split()),
-            'text': '',
-            'parent': self.stack[-1] if self.stack else None,
-        }
-        self.found.append(el)
-        if tag not in {'br', 'img', 'hr', 'meta', 'input'}:
-            self.stack.append(el)
-
-    def handle_endtag(self, tag):
-        while self.stack:
-            if self.stack.pop()['tag'] == tag:
-                break
-
-    def handle_data(self, data):
-        if self.stack and self.stack[-1]['tag'] == 'style':
-            return
-        for el in self.stack:
-            el['text'] += data
-
-
-@functools.lru_cache(maxsize=16)
-def _parse(html):
-    p = _Parsed()
-    p.feed(html)
-    return tuple(p.found)
-
-
-def elements(html, cls=None, tag=None):
-    """Parsed elements of an HTML string (the same objects on every call), by class and tag."""
-    return [
-        e
-        for e in _parse(html)
-        if (cls is None or cls in e['classes']) and (tag is None or e['tag'] == tag)
-    ]
-
-
-def inside(el, ancestor):
-    while el is not None:
-        if el is ancestor:
-            return True
-        el = el['parent']
-    return False
 
 
 # -- frames: user code or framework ----------------------------------------------------------
@@ -567,6 +514,81 @@ def test_many_states_are_bounded():
     assert '36 more states' in v._table.value
     assert len(elements(v._stacks_html.value, 'mh-stack-group')) == _where.MAX_GROUPS
     assert '... 68 more states' in v.text()
+
+
+# -- the view on four hand-built hosts -------------------------------------------------------------
+
+
+def test_where_shows_collective_and_stack():
+    """Each host's row names its current collective and gate; its main stack is shown, open."""
+    stacks = host_stacks()
+    v = WhereView(stacks)
+    table = one(v.widget, 'mh-where-table').value
+    for p, s in stacks.items():
+        (row,) = elements(table, f'mh-host-{p}', 'tr')
+        assert s.current.describe() in row['text']
+        if s.gate is not None:
+            assert f'waiting for release of #{s.gate}' in row['text']
+    html = one(v.widget, 'mh-where-stacks').value
+    mains = elements(html, 'mh-main-thread', 'details')
+    assert mains and all('open' in d['attrs'] for d in mains)
+    assert stacks[0].main_thread.stack in mains[-1]['text']
+    assert "sync_global_devices('b')" in unescape(html)
+    assert "sync_global_devices('c')" in unescape(html)
+    threads = elements(html, 'mh-thread', 'details')
+    assert threads and 'loader' in threads[0]['text'] and 'q.get()' in threads[0]['text']
+    assert 'open' not in threads[0]['attrs']
+
+
+def test_where_marks_unanswered_and_odd_hosts():
+    """A host that did not answer and a host in another collective are marked."""
+    v = WhereView(host_stacks())
+    table = one(v.widget, 'mh-where-table').value
+    assert [int(r['attrs']['data-host']) for r in elements(table, 'mh-no-answer', 'tr')] == [3]
+    assert [int(r['attrs']['data-host']) for r in elements(table, 'mh-odd-host', 'tr')] == [2, 3]
+    assert 'no answer in 5 s' in table
+    status = one(v.widget, 'mh-where-status').value
+    assert '3/4 host(s) answered' in status and 'no answer from process 3' in status
+
+
+def test_where_groups_identical_stacks():
+    """Hosts with identical stacks share one section; the odd ones come first."""
+    stacks = host_stacks()
+    stacks[2] = HostStacks(**{**stacks[0].__dict__, 'process': 2, 'hostname': 'node2'})
+    stacks[3] = HostStacks(**{**stacks[0].__dict__, 'process': 3, 'gate': None})
+    html = WhereView(stacks).widget.children[3].value
+    groups = elements(html, 'mh-stack-group', 'details')
+    assert [g['attrs']['data-hosts'] for g in groups] == ['3', '0,1,2']
+    assert 'processes 0-2 (3 hosts)' in groups[1]['text']
+
+
+def test_where_refresh_calls_and_rerenders():
+    """Refresh calls on_refresh and shows the new stacks; errors are shown, not raised."""
+    fresh = [HostStacks(process=0, answered=True, current=record(9, 0, 'later'), time=1.0)]
+    results = [fresh]
+    v = WhereView(host_stacks(), on_refresh=lambda: results.pop())
+    one(v.widget, 'mh-refresh-button').click()
+    assert list(v.stacks) == [0]
+    assert "barrier('later')" in unescape(one(v.widget, 'mh-where-table').value)
+    one(v.widget, 'mh-refresh-button').click()  # results is empty now: IndexError
+    assert 'Refresh failed: IndexError' in one(v.widget, 'mh-where-message').value
+    assert list(v.stacks) == [0]
+    assert WhereView(fresh).widget.children[0].children[0].disabled
+
+
+def test_where_text_fallback():
+    """The text/plain form is the table in words: one line per state group, then its frames."""
+    stacks = host_stacks()
+    v = WhereView(stacks.values())
+    text = v._repr_mimebundle_()['text/plain']
+    assert text == str(v) == v.text()
+    assert text.splitlines()[0].startswith('3/4 host(s) answered')
+    heads = [line for line in text.splitlines() if line.startswith('process')]
+    assert heads == [
+        "process 2: waiting for release of #4 (barrier('c'))",
+        "process 3: no answer in 5 s; last published barrier('a') #3",
+        "processes 0-1 (2 hosts): waiting for release of #4 (barrier('b'))",
+    ]
 
 
 # -- in a real browser ---------------------------------------------------------------------------
