@@ -18,7 +18,7 @@ from html import unescape
 import ipykernel
 import jax
 import pytest
-from _browser import chromium
+from _browser import chromium, show_static
 from _html import elements, inside, one
 from _view_models import host_stacks, record
 
@@ -601,14 +601,9 @@ def browser():
 
 
 def _open(browser, view, tmp_path, name):
-    path = tmp_path / f'{name}.html'
-    path.write_text(
-        '<!doctype html><meta charset="utf-8"><body style="font-family:sans-serif">'
-        f'{view.static_html()}</body>'
-    )
     page = browser.new_page(viewport={'width': 1280, 'height': 720})
-    page.goto(path.as_uri())
-    return page
+    html = view.static_html()
+    return show_static(page, tmp_path / f'{name}.html', html, 'font-family:sans-serif')
 
 
 @pytest.mark.browser
