@@ -140,36 +140,27 @@ def host(p, state, *, waited=12.0, idle=20.0):
     at_barrier = ENGINE + (cell(p, 3, "multihost.barrier('after-eval')"),) + BARRIER
     passed = dict(current=rec(6, p, 'load'), last=flight(39, p, 'load', seq=6, state='passed'))
     after_eval = flight(40, p, 'after-eval', seq=7)
-    if state == 0:
+
+    def waiting_at(current, check, frames, **gate):
+        """Host p inside ``check`` (its last flight record) for ``waited`` s, in ``frames``."""
         return HostStacks(
             **base,
-            current=rec(7, p, 'after-eval'),
-            waiting=after_eval,
+            current=current,
+            waiting=check,
             waiting_for=waited,
-            last=after_eval,
-            threads=main(at_barrier),
+            last=check,
+            threads=main(frames),
+            **gate,
         )
+
+    if state == 0:
+        return waiting_at(rec(7, p, 'after-eval'), after_eval, at_barrier)
     if state == 1:
         gather = flight(41, p, 'x', kind='process_allgather', seq=8)
-        return HostStacks(
-            **base,
-            current=rec(8, p, 'x', kind='process_allgather'),
-            waiting=gather,
-            waiting_for=waited,
-            last=gather,
-            threads=main(ENGINE + (cell(p, 5, 'y = multihost.process_allgather(x)'),) + BARRIER),
-        )
+        frames = ENGINE + (cell(p, 5, 'y = multihost.process_allgather(x)'),) + BARRIER
+        return waiting_at(rec(8, p, 'x', kind='process_allgather'), gather, frames)
     if state == 2:
-        return HostStacks(
-            **base,
-            current=rec(7, p, 'after-eval'),
-            gate=7,
-            stepping=True,
-            waiting=after_eval,
-            waiting_for=waited,
-            last=after_eval,
-            threads=main(at_barrier),
-        )
+        return waiting_at(rec(7, p, 'after-eval'), after_eval, at_barrier, gate=7, stepping=True)
     if state == 3:
         frames = ENGINE + (
             cell(p, 2, 'params = load_shard(path)'),
@@ -189,14 +180,8 @@ def host(p, state, *, waited=12.0, idle=20.0):
         )
     if state == 7:
         step = flight(42, p, 'train_step', kind='launch', seq=9, call=412)
-        return HostStacks(
-            **base,
-            current=rec(9, p, 'train_step', kind='launch'),
-            waiting=step,
-            waiting_for=waited,
-            last=step,
-            threads=main(ENGINE + (cell(p, 7, 'state = train_step(state, batch)'),) + BARRIER),
-        )
+        frames = ENGINE + (cell(p, 7, 'state = train_step(state, batch)'),) + BARRIER
+        return waiting_at(rec(9, p, 'train_step', kind='launch'), step, frames)
     if state == 8:
         frames = ENGINE + (
             cell(p, 2, 'params = load_shard(path)'),
