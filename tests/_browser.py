@@ -1,4 +1,4 @@
-"""Scaffolding the browser tests share: Chromium, a page wait, a Jupyter server.
+"""Scaffolding the browser tests share: Chromium, a page wait, a Jupyter or Voila server.
 
 Importable from test modules as ``from _browser import ...``. Chromium is
 Debian's (``MH_CHROMIUM``, default ``/usr/bin/chromium``; ``.ci/run`` installs
@@ -13,6 +13,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,8 @@ from typing import Any
 
 import pytest
 from _helpers import wait_until
+
+from multihost.local import free_port
 
 CHROMIUM = os.environ.get('MH_CHROMIUM', '/usr/bin/chromium')
 CHROMIUM_ARGS = [
@@ -136,6 +139,63 @@ def server(
             proc.wait(timeout=30)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def voila(notebook: pathlib.Path, tmp: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """Voila serving ``notebook`` (run in its folder) on a free loopback port, until the block
+    ends; yields its URL and the path of its log (in ``tmp``, with its Jupyter folders)."""
+    port = free_port()
+    url = f'http://127.0.0.1:{port}/'
+    log_path = tmp / 'voila.log'
+    argv = [
+        sys.executable,
+        '-m',
+        'voila',
+        notebook.name,
+        '--no-browser',
+        f'--port={port}',
+        '--Voila.ip=127.0.0.1',
+        '--show_tracebacks=True',
+    ]
+    with server(
+        argv,
+        cwd=notebook.parent,
+        env=jupyter_env(tmp),
+        log_path=log_path,
+        ready_url=url + 'voila/static/',
+        timeout=90,
+        what='voila',
+        period=0.3,
+        any_answer=True,
+    ):
+        yield url, log_path
+
+
+def voila_page(
+    browser: Any, url: str, log_path: pathlib.Path, selector: str, what: str, **page: Any
+) -> Any:
+    """A new page (``page``: Playwright's `new_page` options) on Voila's ``url`` once
+    ``selector`` is there: up to 5 min, as the notebook starts its kernel and cluster first;
+    else the test fails with "no <what>" and the Voila log's tail."""
+    p = browser.new_page(**page)
+    p.goto(url, timeout=300_000)
+    try:
+        p.wait_for_selector(selector, timeout=300_000)
+    except Exception:
+        raise AssertionError(f'no {what}; voila log:\n{log_path.read_text()[-4000:]}') from None
+    return p
+
+
+def show_static(page: Any, path: pathlib.Path, body: str, style: str = '') -> Any:
+    """Opens ``body`` (a view's static HTML) in ``page``, as the file ``path`` (UTF-8, the
+    body's inline ``style``), the way a saved notebook shows it; returns ``page``."""
+    path.write_text(
+        f'<!doctype html><meta charset="utf-8"><body style="{style}">{body}</body>',
+        encoding='utf-8',
+    )
+    page.goto(path.as_uri())
+    return page
 
 
 def console_errors(page: Any) -> list[str]:

@@ -1,4 +1,4 @@
-"""Helpers the tests share: meshes, waiting until something holds, lines of source.
+"""Helpers the tests share: meshes, waiting until something holds, lines of source, notebooks.
 
 Importable from test modules as ``from _helpers import ...``, in the pytest
 process and in the workers of the multi-process harness (``conftest.py``
@@ -91,6 +91,17 @@ def source_line(fn: Callable[..., Any], marker: str) -> int:
     hits = [first + i for i, line in enumerate(lines) if line.strip().startswith(marker)]
     assert len(hits) == 1, f'{len(hits)} lines of {fn.__qualname__} start with {marker!r}'
     return hits[0]
+
+
+def notebook_text(nb: Any) -> str:
+    """The text a run notebook (an `nbformat` node) printed: every code cell's outputs, their
+    ``text`` or ``text/plain``, one per line."""
+    return '\n'.join(
+        str(o.get('text') or o.get('data', {}).get('text/plain', ''))
+        for c in nb.cells
+        if c.cell_type == 'code'
+        for o in c.outputs
+    )
 
 
 @contextlib.contextmanager

@@ -74,6 +74,30 @@ def batch_3d() -> Layout:
     return _named((8, 6, 4), placements, "P('host', 'dev', None)")
 
 
+def layout_2d() -> Layout:
+    """float32[4, 6]: 2x2 blocks, devices 0-1 on process 0, 2-3 on process 1 (no mesh)."""
+    return Layout.from_placements(
+        (4, 6),
+        'float32',
+        [
+            ([(0, 2), (0, 3)], 0, 0),
+            ([(0, 2), (3, 6)], 1, 0),
+            ([(2, 4), (0, 3)], 2, 1),
+            ([(2, 4), (3, 6)], 3, 1),
+        ],
+    )
+
+
+def layout_3d() -> Layout:
+    """float32[4, 6, 2]: dim 0 over 2 hosts, dim 2 in 2 blocks, each block on 2 devices."""
+    placements = []
+    for h in range(2):
+        for k in range(2):
+            for r in range(2):
+                placements.append(([(2 * h, 2 * h + 2), (0, 6), (k, k + 1)], h * 4 + k * 2 + r, h))
+    return Layout.from_placements((4, 6, 2), 'float32', placements)
+
+
 def many_facets(n: int = 40) -> Layout:
     """float32[n, 4, 6]: dim 0 in n blocks dealt over the 8 devices: n facets."""
     placements = [([(i, i + 1), (0, 4), (0, 6)], IDS[i % 8], (i % 8) // 2) for i in range(n)]
@@ -100,3 +124,8 @@ def report(
             )
         )
     return ReplicaReport(layout, tuple(groups))
+
+
+def on_devices(*ids: int) -> Callable[[ShardInfo], bool]:
+    """`report`'s ``odd``: the replicas on the devices ``ids`` (no ids: all replicas agree)."""
+    return lambda s: s.device_id in ids

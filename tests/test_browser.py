@@ -7,68 +7,33 @@ Chromium fails the test; set ``MH_SKIP_BROWSER=1`` to skip it knowingly.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from _browser import (
     QUICKSTART,
     check_quickstart_views,
     chromium,
-    jupyter_env,
     need_chromium,
-    server,
+    voila,
+    voila_page,
     wait_for,
 )
-
-from multihost.local import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 
 
 @pytest.fixture(scope='module')
-def voila(tmp_path_factory):
+def quickstart(tmp_path_factory):
     need_chromium()
-    tmp = tmp_path_factory.mktemp('voila')
-    port = free_port()
-    url = f'http://127.0.0.1:{port}/'
-    log_path = tmp / 'voila.log'
-    argv = [
-        sys.executable,
-        '-m',
-        'voila',
-        QUICKSTART.name,
-        '--no-browser',
-        f'--port={port}',
-        '--Voila.ip=127.0.0.1',
-        '--show_tracebacks=True',
-    ]
-    with server(
-        argv,
-        cwd=QUICKSTART.parent,
-        env=jupyter_env(tmp),
-        log_path=log_path,
-        ready_url=url + 'voila/static/',
-        timeout=90,
-        what='voila',
-        period=0.3,
-        any_answer=True,
-    ):
-        yield url, log_path
+    with voila(QUICKSTART, tmp_path_factory.mktemp('voila')) as served:
+        yield served
 
 
-def test_quickstart_widgets_in_chromium(voila):
+def test_quickstart_widgets_in_chromium(quickstart):
     """Layout picture drawn, block click shows its shard, flagged replicas, tree diff, where,
     and the stepper's Step/Continue buttons release hosts held at the gate."""
-    url, log_path = voila
+    url, log_path = quickstart
     with chromium() as browser:
-        page = browser.new_page()
-        page.goto(url, timeout=300_000)
-        try:
-            page.wait_for_selector('.mh-stepper', timeout=300_000)
-        except Exception:
-            raise AssertionError(
-                f'no stepper rendered; voila log:\n{log_path.read_text()[-4000:]}'
-            ) from None
+        page = voila_page(browser, url, log_path, '.mh-stepper', 'stepper rendered')
 
         # every view's static picture hidden, the layout PNG, a block click shows its shard
         check_quickstart_views(page)

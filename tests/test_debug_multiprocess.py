@@ -54,6 +54,32 @@ def _site_file(rec: CollectiveRecord) -> str:
     return rec.site.rsplit(':', 1)[0]
 
 
+def _on_host_0(fn):
+    """Starts ``fn()`` in a daemon thread of host 0 (while its main thread blocks); returns
+    ``join(timeout)``, which gives ``fn``'s value or raises its error here. Other hosts: None."""
+    if jax.process_index() != 0:
+        return None
+    out: dict = {}
+
+    def run():
+        try:
+            out['value'] = fn()
+        except BaseException as exc:
+            out['error'] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join(timeout):
+        thread.join(timeout)
+        assert not thread.is_alive()
+        if 'error' in out:
+            raise out['error']
+        return out['value']
+
+    return join
+
+
 def _stepping_on_everywhere(key):
     """Process 0 switches stepping on; the others wait until it confirms for all four."""
     multihost.barrier(key + '/warm')  # every debug thread runs
@@ -108,12 +134,10 @@ def _stuck_here():
     _await_signal('test/stuck/unstick', timeout=60)
 
 
-def _collect_while_main_blocked(out):
+def _collect_while_main_blocked():
     try:
         wait_until(lambda: _arrived_at('stuck-b', (0, 1, 3)), 30, 'hosts 0, 1, 3 at stuck-b')
-        out['stacks'] = multihost.dump_stacks(timeout=20)
-    except BaseException as exc:
-        out['error'] = exc
+        return multihost.dump_stacks(timeout=20)
     finally:
         _signal('test/stuck/unstick')
 
@@ -123,21 +147,13 @@ def test_host_stuck_outside_collectives_is_located_from_a_thread():
     """Host 2 is stuck in user code; a thread of host 0 (main thread in a barrier) finds it."""
     pid = jax.process_index()
     multihost.barrier('stuck-warm')
-    out: dict = {}
-    watcher = None
-    if pid == 0:
-        watcher = threading.Thread(target=_collect_while_main_blocked, args=(out,), daemon=True)
-        watcher.start()
+    join = _on_host_0(_collect_while_main_blocked)
     if pid == 2:
         _stuck_here()
     multihost.barrier('stuck-b', timeout=60)
-    if watcher is None:
+    if join is None:
         return
-    watcher.join(30)
-    assert not watcher.is_alive()
-    if 'error' in out:
-        raise out['error']
-    stacks = out['stacks']
+    stacks = join(30)
     assert all(stacks[p].answered for p in HOSTS)
     stuck = stacks[2]
     assert '_await_signal' in stuck.where, stuck.format()
@@ -159,7 +175,7 @@ def _three_barriers():
     multihost.barrier('s3')
 
 
-def _step_through(out):
+def _step_through():
     try:
         released = []
         for name in ('s1', 's2', 's3'):
@@ -176,9 +192,7 @@ def _step_through(out):
             assert [stacks[p].gate for p in HOSTS] == [step.seq] * 4
             assert multihost.release() == (step.seq,)
             released.append(step.seq)
-        out['released'] = released
-    except BaseException as exc:
-        out['error'] = exc
+        return released
     finally:
         multihost.set_stepping(False, timeout=20)
 
@@ -187,36 +201,25 @@ def _step_through(out):
 def test_stepping_pauses_every_barrier_until_released():
     """Stepping on: every host waits at each barrier until a thread of host 0 releases that step."""
     _stepping_on_everywhere('test/step1/on')
-    out: dict = {}
-    watcher = None
-    if jax.process_index() == 0:
-        watcher = threading.Thread(target=_step_through, args=(out,), daemon=True)
-        watcher.start()
+    join = _on_host_0(_step_through)
     _three_barriers()
-    if watcher is not None:
-        watcher.join(60)
-        assert not watcher.is_alive()
-        if 'error' in out:
-            raise out['error']
-        s1, s2, s3 = out['released']
+    if join is not None:
+        s1, s2, s3 = join(60)
         assert s2 == s1 + 1 and s3 == s2 + 1
     # host 0 turned stepping off once it had released s3; wait until every host heard it
     wait_until(lambda: not multihost.stepping_enabled(), 20, 'stepping off')
     multihost.barrier('step1-end')
 
 
-def _show_divergence(out):
+def _show_divergence():
     try:
-        table = wait_until(
+        return wait_until(
             lambda: (lambda t: t if t.pending and t.pending.complete else None)(
                 multihost.step_table()
             ),
             30,
             'every host at the divergent step',
         )
-        out['table'] = table
-    except BaseException as exc:
-        out['error'] = exc
     finally:
         multihost.release_all(timeout=20)
 
@@ -225,21 +228,13 @@ def _show_divergence(out):
 def test_stepping_shows_divergence_before_release():
     """Host 3 at another barrier: divergent in the table while held; all raise once released."""
     _stepping_on_everywhere('test/step2/on')
-    out: dict = {}
-    watcher = None
-    if jax.process_index() == 0:
-        watcher = threading.Thread(target=_show_divergence, args=(out,), daemon=True)
-        watcher.start()
+    join = _on_host_0(_show_divergence)
     name = 'div-b' if jax.process_index() == 3 else 'div-a'
     with pytest.raises(multihost.BarrierMismatchError) as info:
         multihost.barrier(name)
     assert info.value.names == {0: 'div-a', 1: 'div-a', 2: 'div-a', 3: 'div-b'}
-    if watcher is not None:
-        watcher.join(60)
-        assert not watcher.is_alive()
-        if 'error' in out:
-            raise out['error']
-        table = out['table']
+    if join is not None:
+        table = join(60)
         step = table.pending
         assert step.status == 'held' and step.divergent and step.odd_processes == (3,)
         assert table.divergent == (step,)

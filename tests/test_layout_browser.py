@@ -15,7 +15,7 @@ import os
 import pathlib
 
 import pytest
-from _browser import chromium
+from _browser import chromium, show_static
 from _layout_cases import (
     batch_3d,
     did,
@@ -39,14 +39,8 @@ def page(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('layout')
 
     def show(name, view):
-        path = tmp / f'{name}.html'
-        path.write_text(
-            '<!doctype html><meta charset="utf-8">'
-            f'<body style="font-family:sans-serif;font-size:13px;margin:8px">{CSS}'
-            f'{view.static_html()}</body>',
-            encoding='utf-8',
-        )
-        pg.goto(path.as_uri())
+        style = 'font-family:sans-serif;font-size:13px;margin:8px'
+        show_static(pg, tmp / f'{name}.html', CSS + view.static_html(), style)
         pg.screenshot(path=str(SHOTS / f'layout_{name}.png'), full_page=True)
         return pg
 

@@ -1,12 +1,13 @@
-"""The layout view's geometry from synthetic models (no cluster, no browser): a replicated
-block drawn once with its replica matrix, device names, facets over the leading dimensions
-(capped), the mesh view and which axes cross hosts."""
+"""The layout view from synthetic models (no cluster, no browser): a replicated block drawn
+once with its replica matrix, device names, facets over the leading dimensions (capped), the
+mesh view and which axes cross hosts, the pure grid and picture (`layout_grid`,
+`render_layout_png`), and the widget driven as a user would (dropdowns, sliders, clicks)."""
 
 from __future__ import annotations
 
-from html.parser import HTMLParser
-
+import numpy as np
 import pytest
+from _html import elements, find, inside, is_png, one, png_size
 from _layout_cases import (
     BAD,
     GOOD,
@@ -14,17 +15,22 @@ from _layout_cases import (
     batch_3d,
     did,
     host_by_dev,
+    layout_2d,
+    layout_3d,
     many_facets,
+    on_devices,
     replicated,
     report,
     rows_by_dev,
     rows_by_host,
     rows_over_x,
 )
+from ipywidgets.widgets.widget import _instances
 
 from mhnotebook import widgets as mw
 from mhnotebook.widgets.layout.facets import MAX_FACETS, layout_facets
 from mhnotebook.widgets.layout.grid import SHARED_COLOR, block_label
+from mhnotebook.widgets.layout.html_parts import MAX_BUTTONS
 from mhnotebook.widgets.layout.mesh import MAX_MESH_CELLS, mesh_axes_info, mesh_html
 from mhnotebook.widgets.layout.png import _label_level, _label_lines
 from mhnotebook.widgets.layout.replicas import (
@@ -36,51 +42,7 @@ from mhnotebook.widgets.layout.replicas import (
 )
 from mhnotebook.widgets.layout.tree import MAX_TREE_ROWS
 from multihost import Layout
-
-
-class _Tags(HTMLParser):
-    """Start tags with their classes and the text inside them."""
-
-    VOID = {'br', 'img', 'hr', 'meta', 'input', 'col'}
-
-    def __init__(self):
-        super().__init__()
-        self.found, self.stack = [], []
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        el = {'tag': tag, 'attrs': a, 'classes': set((a.get('class') or '').split()), 'text': ''}
-        self.found.append(el)
-        if tag not in self.VOID:
-            self.stack.append(el)
-
-    def handle_endtag(self, tag):
-        while self.stack:
-            if self.stack.pop()['tag'] == tag:
-                break
-
-    def handle_data(self, data):
-        for el in self.stack:
-            if el['tag'] != 'style':
-                el['text'] += data
-
-
-def tags(html, cls=None, tag=None):
-    p = _Tags()
-    p.feed(html)
-    return [
-        e
-        for e in p.found
-        if (cls is None or cls in e['classes']) and (tag is None or e['tag'] == tag)
-    ]
-
-
-def find(widget, cls):
-    out = [widget] if cls in getattr(widget, '_dom_classes', ()) else []
-    for child in getattr(widget, 'children', ()):
-        out += find(child, cls)
-    return out
-
+from multihost._checks._layout import format_bytes
 
 # -- a replicated block is one block ------------------------------------------------------
 
@@ -95,8 +57,8 @@ def test_replicated_block_is_drawn_once_in_the_shared_colour():
     v = mw.LayoutView(report(layout))
     assert len(find(v.widget, 'mh-layout-block')) == 1
     static = v.static_html()
-    assert len(tags(static, 'mh-layout-block')) == 1
-    assert len(tags(static, 'mh-layout-facet')) == 1
+    assert len(elements(static, 'mh-layout-block')) == 1
+    assert len(elements(static, 'mh-layout-facet')) == 1
 
 
 def test_flagged_block_says_how_many_replicas_differ_and_where():
@@ -177,15 +139,15 @@ def test_replica_matrix_of_p_unspecified_has_a_cell_per_device():
     assert [c.odd for c in row.cells] == [False] * 4 + [True] * 2 + [False] * 2
     assert {c.digests for c in row.cells} == {(GOOD,), (BAD,)}
     html = replica_matrix_html(m)
-    cells = tags(html, 'mh-replica-cell', 'td')
-    assert len(cells) == 8 and len(tags(html, 'mh-replica-matrix', 'table')) == 1
-    odd = tags(html, 'mh-replica-odd', 'td')
+    cells = elements(html, 'mh-replica-cell', 'td')
+    assert len(cells) == 8 and len(elements(html, 'mh-replica-matrix', 'table')) == 1
+    odd = elements(html, 'mh-replica-odd', 'td')
     assert [c['attrs']['title'].split(':')[0] for c in odd] == [
         'host 2 · dev 0 (id 4096)',
         'host 2 · dev 1 (id 4097)',
     ]
     assert all('mh-host-2' in c['classes'] for c in odd)
-    heads = [h['text'].strip() for h in tags(html, tag='th')]
+    heads = [h['text'].strip() for h in elements(html, tag='th')]
     assert heads[:5] == ['host', 'host 0', 'host 1', 'host 2', 'host 3']
     assert heads[5:14] == ['dev', '0', '1', '0', '1', '0', '1', '0', '1']
 
@@ -205,8 +167,8 @@ def test_replica_matrix_rows_are_blocks_and_empty_cells_where_a_device_lacks_it(
     assert [sum(c is not None for c in r.cells) for r in m.rows] == [2, 2, 2, 2]
     assert [c.device_ids for c in m.cells() if c.odd] == [(did(2, 1),)]
     html = replica_matrix_html(m)
-    assert len(tags(html, 'mh-replica-empty', 'td')) == 24
-    assert len(tags(html, 'mh-flagged', 'tr')) == 1 and 'a tie' in html
+    assert len(elements(html, 'mh-replica-empty', 'td')) == 24
+    assert len(elements(html, 'mh-flagged', 'tr')) == 1 and 'a tie' in html
     # P('dev'): each block on one device of every host; host 3's copies odd in both rows
     m2 = replica_matrix(report(rows_by_dev(), lambda s: s.process_index == 3))
     assert [[c.process for c in r.cells if c is not None and c.odd] for r in m2.rows] == [[3], [3]]
@@ -239,8 +201,8 @@ def test_replica_matrix_of_many_hosts_has_host_columns_and_keeps_odd_hosts():
     odd = [c for c in row.cells if c is not None and c.odd]
     assert [(c.process, c.device_ids) for c in odd] == [(77, (77000, 77001))]
     html = replica_matrix_html(m)
-    assert len(tags(html, 'mh-replica-cell', 'td')) == 17
-    assert len(tags(html, 'mh-replica-gap', 'th')) == 2
+    assert len(elements(html, 'mh-replica-cell', 'td')) == 17
+    assert len(elements(html, 'mh-replica-gap', 'th')) == 2
     assert '83 more hosts in the … columns, none holding an odd replica' in m.caption()
 
 
@@ -280,8 +242,8 @@ def test_facets_are_capped_and_the_rest_counted():
     assert len(find(v.widget, 'mh-layout-facet')) == 16
     assert len(find(v.widget, 'mh-layout-facets-more')) == 1
     static = v.static_html()
-    assert len(tags(static, 'mh-layout-facet')) == 16
-    assert '+24 more facets' in tags(static, 'mh-layout-facets-more')[0]['text']
+    assert len(elements(static, 'mh-layout-facet')) == 16
+    assert '+24 more facets' in elements(static, 'mh-layout-facets-more')[0]['text']
     # the sliders page through the facets
     controls = find(v.widget, 'mh-layout-controls')[0]
     assert controls.children[2].layout.display == 'flex'
@@ -293,8 +255,7 @@ def test_facet_picture_renders():
     """Facets render as one PNG of the requested width; more facets, a taller picture."""
     four = mw.render_layout_png(layout_facets(batch_3d()), width=640)
     many = mw.render_layout_png(layout_facets(many_facets()), width=640)
-    size = lambda png: (int.from_bytes(png[16:20], 'big'), int.from_bytes(png[20:24], 'big'))  # noqa: E731
-    assert size(four)[0] == size(many)[0] == 640 and size(many)[1] > size(four)[1]
+    assert png_size(four)[0] == png_size(many)[0] == 640 and png_size(many)[1] > png_size(four)[1]
 
 
 # -- the mesh -----------------------------------------------------------------------------
@@ -308,12 +269,12 @@ def test_mesh_view_says_which_axes_cross_hosts():
         ('dev', 2, 1, False, (1,)),
     ]
     html = mesh_html(host_by_dev())
-    assert len(tags(html, 'mh-mesh-view')) == 1
-    crossing = tags(html, 'mh-crosses-hosts', 'tr')
-    within = tags(html, 'mh-within-host', 'tr')
+    assert len(elements(html, 'mh-mesh-view')) == 1
+    crossing = elements(html, 'mh-crosses-hosts', 'tr')
+    within = elements(html, 'mh-within-host', 'tr')
     assert [r['text'][:4] for r in crossing] == ['host'] and 'crosses hosts' in crossing[0]['text']
     assert [r['text'][:3] for r in within] == ['dev'] and 'within a host' in within[0]['text']
-    cells = tags(html, 'mh-mesh-device', 'td')
+    cells = elements(html, 'mh-mesh-device', 'td')
     assert [c['text'] for c in cells] == [
         f'host {h} · dev {d} (id {did(h, d)})' for h in range(4) for d in range(2)
     ]
@@ -325,7 +286,7 @@ def test_mesh_view_of_a_flat_mesh_and_without_a_mesh():
     (x,) = mesh_axes_info(rows_over_x())
     assert x.crosses_hosts and x.hosts == 4 and x.verdict == 'crosses hosts (4 along it)'
     html = mesh_html(rows_over_x())
-    assert len(tags(html, 'mh-mesh-device', 'td')) == 8
+    assert len(elements(html, 'mh-mesh-device', 'td')) == 8
     plain = Layout.from_placements((4,), 'float32', [([(0, 4)], 0, 0)])
     assert mesh_axes_info(plain) == () and mesh_html(plain) == ''
     abstract = Layout.from_placements(
@@ -340,7 +301,7 @@ def test_mesh_view_of_a_flat_mesh_and_without_a_mesh():
         mesh_device_ids=tuple(range(1024)),
     )
     html = mesh_html(big)
-    assert len(tags(html, 'mh-mesh-device', 'td')) == MAX_MESH_CELLS
+    assert len(elements(html, 'mh-mesh-device', 'td')) == MAX_MESH_CELLS
     assert '+768 more rows' in html
 
 
@@ -350,13 +311,13 @@ def test_layout_view_shows_mesh_and_replicas_in_widget_static_and_text():
     v = mw.LayoutView(report(replicated()))
     (replicas,) = find(v.widget, 'mh-layout-replicas')
     (mesh,) = find(v.widget, 'mh-layout-mesh')
-    assert len(tags(replicas.value, 'mh-replica-cell', 'td')) == 8
-    assert len(tags(mesh.value, 'mh-crosses-hosts', 'tr')) == 1
+    assert len(elements(replicas.value, 'mh-replica-cell', 'td')) == 8
+    assert len(elements(mesh.value, 'mh-crosses-hosts', 'tr')) == 1
     static = v.static_html()
-    assert len(tags(static, 'mh-layout-static')) == 1
-    assert len(tags(static, 'mh-replica-cell', 'td')) == 8
-    assert len(tags(static, 'mh-replica-odd', 'td')) == 2
-    assert len(tags(static, 'mh-mesh-view')) == 1
+    assert len(elements(static, 'mh-layout-static')) == 1
+    assert len(elements(static, 'mh-replica-cell', 'td')) == 8
+    assert len(elements(static, 'mh-replica-odd', 'td')) == 2
+    assert len(elements(static, 'mh-mesh-view')) == 1
     text = v.text()
     assert 'mesh host=4 crosses hosts (4 along it), dev=2 within a host' in text
     assert 'b: host 2 · dev 0 (id 4096) (odd), host 2 · dev 1 (id 4097) (odd)' in text
@@ -449,7 +410,7 @@ def test_tree_layout_view_click_shows_the_leaf_layout():
     assert view.leaf_view.layout == replicated() and not view.leaf_view.report.ok
     assert 'mh-selected' in buttons[1]._dom_classes
     html = view.static_html()
-    rows = tags(html, 'mh-tree-row', 'tr')
+    rows = elements(html, 'mh-tree-row', 'tr')
     assert len(rows) == 4 and [('mh-selected' in r['classes']) for r in rows] == [0, 1, 0, 0]
     assert [r['attrs']['data-path'] for r in rows] == ["['w']", "['b']", "['ok']", "['fn']"]
     assert 'mh-layout-static' in html  # the chosen leaf's picture follows the table
@@ -477,5 +438,332 @@ def test_tree_layout_view_of_many_leaves_is_capped():
     (more,) = find(view.widget, 'mh-tree-more')
     assert more.value.startswith(f'... {1000 - MAX_TREE_ROWS} more leaves (of 1000)')
     assert "%mh_layout big['l200']" in html.unescape(more.value)
-    assert len(tags(view.static_html(), 'mh-tree-row', 'tr')) == MAX_TREE_ROWS
+    assert len(elements(view.static_html(), 'mh-tree-row', 'tr')) == MAX_TREE_ROWS
     assert built < 5.0, built
+
+
+# -- layout grid (pure) -------------------------------------------------------------------
+
+
+def test_grid_2d_rectangles_hosts_and_labels():
+    """A 2-D grid has one rectangle per block, placed by its index, named by its device."""
+    g = mw.layout_grid(layout_2d())
+    assert g.axes == (0, 1) and g.fixed == () and g.extent == (4, 6)
+    assert [(b.rows, b.cols, b.processes, b.label) for b in g.blocks] == [
+        ((0, 2), (0, 3), (0,), 'host 0 · dev 0 (id 0)'),
+        ((0, 2), (3, 6), (0,), 'host 0 · dev 1 (id 1)'),
+        ((2, 4), (0, 3), (1,), 'host 1 · dev 0 (id 2)'),
+        ((2, 4), (3, 6), (1,), 'host 1 · dev 1 (id 3)'),
+    ]
+    assert [b.labels[1:] for b in g.blocks][2] == ('host 1 · dev 0', 'h1·d0')
+    assert g.row_cuts == (0, 2, 4) and g.col_cuts == (0, 3, 6)
+    assert [b.colors for b in g.blocks] == [(mw.host_color(0),)] * 2 + [(mw.host_color(1),)] * 2
+    assert mw.host_color(0) != mw.host_color(1)
+
+
+def test_grid_transposed_axes():
+    """Displaying axes (1, 0) puts dimension 1 on the rows."""
+    g = mw.layout_grid(layout_2d(), axes=(1, 0))
+    assert g.extent == (6, 4)
+    assert {(b.rows, b.cols) for b in g.blocks} == {
+        ((0, 3), (0, 2)),
+        ((3, 6), (0, 2)),
+        ((0, 3), (2, 4)),
+        ((3, 6), (2, 4)),
+    }
+
+
+def test_grid_3d_position_selects_visible_blocks():
+    """In 3-D, the position along the third axis decides which blocks are visible."""
+    layout = layout_3d()
+    at0 = mw.layout_grid(layout, (0, 1), {2: 0})
+    at1 = mw.layout_grid(layout, (0, 1), {2: 1})
+    assert [b.index[2] for b in at0.blocks] == [(0, 1), (0, 1)]
+    assert [b.index[2] for b in at1.blocks] == [(1, 2), (1, 2)]
+    assert at1.slice_text() == '[:, :, 1]' and at1.fixed == ((2, 1),)
+    side = mw.layout_grid(layout, (0, 2), {1: 5})  # every block spans dim 1
+    assert len(side.blocks) == 4 and side.extent == (4, 2)
+
+
+def test_grid_1d_is_one_row_and_0d_one_block():
+    """A 1-d array is one row of blocks; a 0-d array is a single block."""
+    one_d = Layout.from_placements((16,), 'int8', [([(4 * i, 4 * i + 4)], i, i) for i in range(4)])
+    g = mw.layout_grid(one_d)
+    assert g.axes == (0,) and g.extent == (1, 16)
+    assert [(b.rows, b.cols) for b in g.blocks] == [((0, 1), (4 * i, 4 * i + 4)) for i in range(4)]
+    zero_d = Layout.from_placements((), 'float32', [((), 0, 0), ((), 1, 1)])
+    g0 = mw.layout_grid(zero_d)
+    assert g0.axes == () and g0.extent == (1, 1) and g0.slice_text() == '[]'
+    (b,) = g0.blocks
+    assert (b.rows, b.cols, b.processes, b.replica_count) == ((0, 1), (0, 1), (0, 1), 2)
+
+
+def test_grid_replica_counts_and_hosts():
+    """A block held by devices on two hosts counts both replicas and lists both hosts."""
+    layout = Layout.from_placements(
+        (4,), 'float32', [([(0, 2)], 0, 0), ([(0, 2)], 2, 1), ([(2, 4)], 1, 0), ([(2, 4)], 3, 1)]
+    )
+    g = mw.layout_grid(layout)
+    assert [(b.replica_count, b.processes, b.label) for b in g.blocks] == [
+        (2, (0, 1), '2 replicas: dev 0 of hosts 0,1'),
+        (2, (0, 1), '2 replicas: dev 1 of hosts 0,1'),
+    ]
+    # drawn once, in the shared grey (no host's colour), whatever the number of hosts
+    assert all(b.fill == SHARED_COLOR for b in g.blocks)
+
+
+def test_grid_flags_exactly_the_disagreeing_blocks():
+    """Blocks whose replicas differ in the report are flagged, with the odd devices."""
+    layout = layout_3d()
+    g = mw.layout_grid(report(layout, on_devices(7)), (0, 1), {2: 1})
+    assert [(b.index, b.flagged, b.odd_devices) for b in g.blocks] == [
+        (((0, 2), (0, 6), (1, 2)), False, ()),
+        (((2, 4), (0, 6), (1, 2)), True, (7,)),
+    ]
+    assert mw.layout_grid(layout, (0, 1), {2: 0}, report(layout, on_devices(7))).flagged == ()
+
+
+def test_grid_rejects_bad_axes_and_positions():
+    """Invalid axes or positions raise ValueError naming the problem."""
+    layout = layout_3d()
+    with pytest.raises(ValueError, match='must differ'):
+        mw.layout_grid(layout, (1, 1))
+    with pytest.raises(ValueError, match='out of range'):
+        mw.layout_grid(layout, (0, 3))
+    with pytest.raises(ValueError, match='outside axis 2'):
+        mw.layout_grid(layout, (0, 1), {2: 2})
+    with pytest.raises(ValueError, match='is displayed'):
+        mw.layout_grid(layout, (0, 1), {1: 0})
+    with pytest.raises(TypeError, match='multihost.Layout'):
+        mw.layout_grid([1, 2])
+
+
+def test_png_renders_every_rank():
+    """The picture is a non-empty PNG of the requested width for 0-d to 3-d and empty arrays."""
+    layouts = [
+        Layout.from_placements((), 'float32', [((), 0, 0)]),
+        Layout.from_placements((8,), 'int8', [([(0, 4)], 0, 0), ([(4, 8)], 1, 1)]),
+        layout_2d(),
+        layout_3d(),
+        Layout.from_placements((0, 3), 'float32', [([(0, 0), (0, 3)], 0, 0)]),
+    ]
+    for layout in layouts:
+        png = mw.render_layout_png(mw.layout_grid(layout), width=500)
+        assert is_png(png), layout.shape
+        assert png_size(png)[0] == 500
+
+
+def test_png_shows_selection_and_flags():
+    """Selecting or flagging a block changes the picture."""
+    layout = layout_3d()
+    plain = mw.render_layout_png(mw.layout_grid(layout, (0, 1), {2: 1}))
+    flagged = mw.render_layout_png(mw.layout_grid(report(layout, on_devices(7)), (0, 1), {2: 1}))
+    grid = mw.layout_grid(layout, (0, 1), {2: 1})
+    selected = mw.render_layout_png(grid, selected=grid.blocks[0].index)
+    assert len({plain, flagged, selected}) == 3
+
+
+# -- layout view ------------------------------------------------------------------------
+
+
+def test_layout_view_controls_follow_rank():
+    """Rank >= 2 gets two axis dropdowns (default: the last two axes) and sliders for the
+    others; 1-d and 0-d none."""
+    v3 = mw.LayoutView(layout_3d())
+    axes = find(v3.widget, 'mh-layout-axis')
+    assert [a.value for a in axes] == [1, 2]
+    assert all(a.layout.display != 'none' for a in axes)
+    sliders = [s for s in find(v3.widget, 'mh-layout-controls')[0].children[2].children]
+    assert [s.description for s in sliders] == ['dim 0'] and sliders[0].max == 3
+    v1 = mw.LayoutView(Layout.from_placements((8,), 'int8', [([(0, 8)], 0, 0)]))
+    assert all(a.layout.display == 'none' for a in find(v1.widget, 'mh-layout-axis'))
+    assert find(v1.widget, 'mh-layout-slider') == []
+    v0 = mw.LayoutView(Layout.from_placements((), 'float32', [((), 0, 0)]))
+    assert len(find(v0.widget, 'mh-layout-block')) == 1
+    assert is_png(one(v0.widget, 'mh-layout-image').value)
+
+
+def test_layout_view_facets_show_every_slice():
+    """A 3-D array shows one facet per range of the other axis, each with its blocks; the
+    slider (hidden: every facet fits) only moves `grid`, the plane at its position."""
+    v = mw.LayoutView(layout_3d(), axes=(0, 1))
+    facets = find(v.widget, 'mh-layout-facet')
+    assert len(facets) == 2 == v.facets.total and v.facets.more == 0
+    titles = [one(f, 'mh-layout-facet-title').value for f in facets]
+    assert ['[:, :, 0]' in t for t in titles] == [True, False] and '[:, :, 1]' in titles[1]
+    per_facet = [[b.tooltip.split(': ')[0] for b in find(f, 'mh-layout-block')] for f in facets]
+    assert per_facet == [
+        ['[0:2, 0:6, 0:1]', '[2:4, 0:6, 0:1]'],
+        ['[0:2, 0:6, 1:2]', '[2:4, 0:6, 1:2]'],
+    ]
+    controls = one(v.widget, 'mh-layout-controls')
+    assert controls.children[2].layout.display == 'none'  # nothing to page through
+    before = one(v.widget, 'mh-layout-image').value
+    one(v.widget, 'mh-layout-slider-2').value = 1
+    assert v.grid.fixed == ((2, 1),) and len(find(v.widget, 'mh-layout-facet')) == 2
+    assert one(v.widget, 'mh-layout-image').value == before  # the same facets drawn
+
+
+def test_layout_view_axis_dropdowns_swap():
+    """Choosing the other dropdown's axis swaps the two; the slider follows the hidden axis."""
+    v = mw.LayoutView(layout_3d(), axes=(0, 1))
+    rows, cols = find(v.widget, 'mh-layout-axis')
+    rows.value = 1
+    assert (rows.value, cols.value) == (1, 0) and v.grid.axes == (1, 0)
+    cols.value = 2
+    assert v.grid.axes == (1, 2)
+    shown = [s for s in find(v.widget, 'mh-layout-controls')[0].children[2].children]
+    assert [s.description for s in shown] == ['dim 0']
+
+
+def test_layout_view_buttons_coloured_by_host():
+    """Every visible block has a button with its host's class and colour and its device ids."""
+    v = mw.LayoutView(layout_2d())
+    buttons = find(v.widget, 'mh-layout-block')
+    assert [b.description for b in buttons] == [
+        'host 0 · dev 0 (id 0)',
+        'host 0 · dev 1 (id 1)',
+        'host 1 · dev 0 (id 2)',
+        'host 1 · dev 1 (id 3)',
+    ]
+    for b, host in zip(buttons, [0, 0, 1, 1]):
+        assert f'mh-host-{host}' in b._dom_classes
+        assert b.style.button_color == mw.host_color(host)
+    assert [b.layout.grid_row for b in buttons] == ['1 / 2', '1 / 2', '2 / 3', '2 / 3']
+    assert [b.layout.grid_column for b in buttons] == ['1 / 2', '2 / 3', '1 / 2', '2 / 3']
+
+
+def test_layout_view_click_shows_shard_info_and_values():
+    """Clicking a block shows its index, devices, processes, replica ids, bytes and values."""
+    values = np.arange(48, dtype=np.float32).reshape(4, 6, 2)
+    v = mw.LayoutView(layout_3d(), values=values, axes=(0, 1))
+    info = one(v.widget, 'mh-layout-info')
+    assert 'Select a block' in info.value
+    button = find(v.widget, 'mh-layout-block')[1]  # [2:4, 0:6, 0:1] on devices 4, 5 of host 1
+    button.click()
+    assert v.selected == ((2, 4), (0, 6), (0, 1))
+    assert 'mh-selected' in button._dom_classes
+    assert one(v.widget, 'mh-layout-select').value == v.selected
+    (shards,) = elements(info.value, 'mh-shards', 'table')
+    rows = [
+        [td['text'].strip() for td in elements(info.value, tag='td') if inside(td, tr)]
+        for tr in elements(info.value, tag='tr')
+        if inside(tr, shards)
+    ][1:]
+    # replica, device, bytes
+    assert rows == [['0', 'host 1 · dev 0 (id 4)', '48 B'], ['1', 'host 1 · dev 1 (id 5)', '48 B']]
+    assert '[2:4, 0:6, 0:1]' in info.value and '2 replica(s)' in info.value
+    (pre,) = elements(info.value, 'mh-values')
+    expected = np.array2string(values[2:4, :, 0:1])
+    assert pre['text'] == expected
+    find(v.widget, 'mh-layout-block')[0].click()
+    assert 'mh-selected' not in button._dom_classes
+
+
+def test_layout_view_select_moves_slider_to_the_block():
+    """Selecting a block that is not at the sliders' position moves them so it is."""
+    v = mw.LayoutView(layout_3d(), axes=(0, 1))
+    v.select(((0, 2), (0, 6), (1, 2)))
+    assert one(v.widget, 'mh-layout-slider-2').value == 1
+    assert v.grid.find(v.selected) is not None
+    assert '[0:2, 0:6, 1:2]' in one(v.widget, 'mh-layout-info').value
+    with pytest.raises(ValueError, match='no block'):
+        v.select(((0, 1), (0, 6), (1, 2)))
+    v.select(None)
+    assert v.selected is None and one(v.widget, 'mh-layout-select').value is None
+
+
+def test_layout_view_select_dropdown_selects():
+    """Picking a block in the list selects it like a click."""
+    v = mw.LayoutView(layout_2d())
+    dd = one(v.widget, 'mh-layout-select')
+    dd.value = ((2, 4), (3, 6))
+    assert v.selected == ((2, 4), (3, 6))
+    assert 'mh-selected' in find(v.widget, 'mh-layout-block')[3]._dom_classes
+
+
+def test_layout_view_legend_bytes_per_host():
+    """The legend lists every host with its colour and the bytes its devices hold."""
+    layout = layout_3d()
+    v = mw.LayoutView(layout)
+    html = one(v.widget, 'mh-layout-legend').value
+    for p, n in layout.bytes_per_process().items():
+        (row,) = elements(html, f'mh-host-{p}', 'tr')
+        assert format_bytes(n) in row['text'] and f'host {p}' in row['text']
+        assert mw.host_color(p) in html
+    assert 'x2' in html  # every block is stored twice
+
+
+def test_layout_view_legend_bounded_for_many_hosts():
+    """With hundreds of hosts the legend stays short and says colours repeat."""
+    layout = Layout.from_placements((300,), 'float32', [([(i, i + 1)], i, i) for i in range(300)])
+    v = mw.LayoutView(layout)
+    html = one(v.widget, 'mh-layout-legend').value
+    assert len(elements(html, 'mh-legend-host', 'tr')) == 32
+    assert '268 more hosts' in html and 'colours repeat' in html
+    assert find(v.widget, 'mh-layout-block') == []  # 300 > MAX_BUTTONS: the list only
+    assert len(one(v.widget, 'mh-layout-select').options) == 300 > MAX_BUTTONS
+
+
+def test_layout_view_flags_disagreeing_replicas():
+    """With a report, the header says replicas differ and the odd block's button is flagged."""
+    layout = layout_3d()
+    v = mw.LayoutView(layout, report(layout, on_devices(7)), axes=(0, 1))
+    header = one(v.widget, 'mh-layout-header').value
+    (verdict,) = elements(header, 'mh-flagged')
+    assert 'DIFFER' in verdict['text'] and 'process 1' in verdict['text']
+    assert 'host 1 · dev 3 (id 7)' in verdict['text']
+    flagged = find(v.widget, 'mh-flagged')  # both facets shown: one flagged block in all
+    assert [b.tooltip.split(': ')[0] for b in flagged] == ['[2:4, 0:6, 1:2]']
+    flagged[0].click()
+    info = one(v.widget, 'mh-layout-info').value
+    odd_rows = elements(info, 'mh-odd-host', 'tr')
+    assert len(odd_rows) == 1 and 'differs' in odd_rows[0]['text']
+    ok = mw.LayoutView(report(layout, on_devices()))
+    assert elements(one(ok.widget, 'mh-layout-header').value, 'mh-ok')
+
+
+def test_layout_view_update_keeps_axes_and_position():
+    """Updating with a layout of the same shape keeps the axes, slice and selection."""
+    layout = layout_3d()
+    v = mw.LayoutView(layout, axes=(0, 2))
+    one(v.widget, 'mh-layout-slider-1').value = 4
+    v.select(((2, 4), (0, 6), (1, 2)))
+    v.update(layout, report(layout, on_devices(7)))
+    assert v.grid.axes == (0, 2) and v.grid.fixed == ((1, 4),)
+    assert v.selected == ((2, 4), (0, 6), (1, 2))
+    assert v.grid.find(v.selected).flagged
+    v.update(layout_2d())
+    assert v.grid.axes == (0, 1) and v.selected is None
+
+
+def test_layout_view_rejects_values_of_another_shape():
+    """Values whose shape is not the layout's raise ValueError with both shapes."""
+    with pytest.raises(ValueError, match=r'\(4, 6\).*\(4, 6, 2\)'):
+        mw.LayoutView(layout_3d(), values=np.zeros((4, 6)))
+
+
+def test_layout_view_rerender_does_not_leak_widgets():
+    """Moving sliders many times closes the replaced buttons (no growing comm count)."""
+    v = mw.LayoutView(layout_3d(), axes=(0, 1))
+    slider = one(v.widget, 'mh-layout-slider-2')
+    slider.value = 1
+    slider.value = 0
+    count = len(_instances)
+    for i in range(10):
+        slider.value = i % 2
+    assert len(_instances) == count
+
+
+def test_layout_view_text_fallback():
+    """The text/plain form is the layout's (and report's) own text."""
+    layout = layout_3d()
+    odd = report(layout, on_devices(7))
+    v = mw.LayoutView(layout, odd)
+    bundle = v._repr_mimebundle_()
+    matrix = replica_matrix_text(v.matrix)
+    assert bundle['text/plain'] == f'{layout}\n{matrix}\n{odd}' == str(v)
+    assert 'b: host 1 · dev 3 (id 7) (odd)' in matrix
+    assert str(mw.LayoutView(layout)) == str(layout)  # nothing compared: the layout alone
+    assert bundle['application/vnd.jupyter.widget-view+json']['model_id'] == v.widget.model_id
+    assert repr(v).startswith('<LayoutView: float32[4, 6, 2]')

@@ -26,7 +26,7 @@ import time
 import _netns
 import numpy as np
 import pytest
-from _helpers import magic_shell, wait_until
+from _helpers import magic_shell, notebook_text, wait_until
 
 import mhnotebook
 from multihost.engine import split_url
@@ -289,12 +289,7 @@ def test_real_cluster_tutorial_runs_against_the_namespace_hosts(session, control
     monkeypatch.setenv('MH_CLUSTER_URL_FILE', controller.client_file)
     monkeypatch.setenv('MH_CLUSTER_HOSTS', str(N))
     NotebookClient(nb, timeout=120, kernel_name='python3').execute()
-    text = '\n'.join(
-        str(o.get('text') or o.get('data', {}).get('text/plain', ''))
-        for c in nb.cells
-        if c.cell_type == 'code'
-        for o in c.outputs
-    )
+    text = notebook_text(nb)
     assert f'connected to {N} hosts' in text, text
     assert 'a real cluster' in text and 'stand-in' not in text, text
     for h in session.processes:

@@ -12,6 +12,7 @@ import pathlib
 
 import nbformat
 import pytest
+from _helpers import notebook_text
 from nbclient import NotebookClient
 
 pytestmark = pytest.mark.cluster
@@ -34,12 +35,7 @@ def test_notebook_runs_top_to_bottom(path):
         f'{path.name} is committed with outputs; clear them'
     )
     NotebookClient(nb, timeout=300, kernel_name='python3').execute()
-    text = '\n'.join(
-        str(o.get('text') or o.get('data', {}).get('text/plain', ''))
-        for c in nb.cells
-        if c.cell_type == 'code'
-        for o in c.outputs
-    )
+    text = notebook_text(nb)
     # Every widget leaves a static picture right after it (what a saved notebook shows).
     for c in nb.cells:
         outs = c.get('outputs', [])

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import sys
 
 import jax
 import numpy as np
@@ -275,75 +274,47 @@ def test_a_click_on_a_leaf_shows_its_picture_in_chromium(tmp_path):
     """Voila renders %mh_layout state.params (a real kernel, 2 hosts); in Chromium, one row per
     leaf; a click on a leaf shows its layout picture (a PNG) and its blocks; a click on a block
     shows its values, gathered then."""
-    from _browser import chromium, jupyter_env, need_chromium, server, wait_for
-
-    from multihost.local import free_port
+    from _browser import chromium, need_chromium, voila, voila_page, wait_for
 
     need_chromium()
     _notebook(tmp_path / 'tree.ipynb')
-    port = free_port()
-    url = f'http://127.0.0.1:{port}/'
-    log = tmp_path / 'voila.log'
-    argv = [
-        sys.executable,
-        '-m',
-        'voila',
-        'tree.ipynb',
-        '--no-browser',
-        f'--port={port}',
-        '--Voila.ip=127.0.0.1',
-        '--show_tracebacks=True',
-    ]
-    with server(
-        argv,
-        cwd=tmp_path,
-        env=jupyter_env(tmp_path),
-        log_path=log,
-        ready_url=url + 'voila/static/',
-        timeout=90,
-        what='voila',
-        period=0.3,
-        any_answer=True,
-    ):
-        with chromium() as browser:
-            page = browser.new_page(viewport={'width': 1400, 'height': 900})
-            page.goto(url, timeout=300_000)
-            try:
-                page.wait_for_selector('.mh-tree-layout .mh-tree-leaf', timeout=300_000)
-            except Exception:
-                raise AssertionError(
-                    f'no tree table; voila log:\n{log.read_text()[-4000:]}'
-                ) from None
-            view = page.locator('.mh-tree-layout').first
-            leaves = view.locator('.mh-tree-leaf')
-            assert leaves.count() == 19
-            assert view.locator('.mh-replicas-agree').count() == 19
-            assert view.locator('.mh-tree-leaf-view .mh-layout').count() == 0
-            view.locator('.mh-tree-leaf', has_text="['embed']['embedding']").click()
-            box = view.locator('.mh-tree-leaf-view')
-            wait_for(
-                lambda: (
-                    box.locator('img.mh-layout-image').count() == 1
-                    and box.locator('img.mh-layout-image').evaluate('i => i.naturalWidth') > 0
-                ),
-                60,
-                'the leaf picture',
-                page,
-            )
-            assert 'float32[64, 32]' in box.locator('.mh-layout-header').inner_text()
-            assert "P('model', None)" in box.locator('.mh-layout-header').inner_text()
-            assert box.locator('.mh-layout-block').count() == 2
-            box.locator('.mh-layout-block').first.click()
-            wait_for(
-                lambda: (
-                    'values (of the gathered array' in box.locator('.mh-layout-info').inner_text()
-                ),
-                60,
-                'the block values',
-                page,
-            )
-            assert '[0:32, 0:32]' in box.locator('.mh-layout-info').inner_text()
-            view.locator('.mh-tree-layout-table').screenshot(path=str(SHOTS / 'tree_table.png'))
-            # the static picture (for saved notebooks) is the same table, hidden while live
-            statics = page.locator('.mh-static .mh-tree-row')
-            assert statics.count() == 19 and not statics.first.is_visible()
+    with voila(tmp_path / 'tree.ipynb', tmp_path) as (url, log), chromium() as browser:
+        page = voila_page(
+            browser,
+            url,
+            log,
+            '.mh-tree-layout .mh-tree-leaf',
+            'tree table',
+            viewport={'width': 1400, 'height': 900},
+        )
+        view = page.locator('.mh-tree-layout').first
+        leaves = view.locator('.mh-tree-leaf')
+        assert leaves.count() == 19
+        assert view.locator('.mh-replicas-agree').count() == 19
+        assert view.locator('.mh-tree-leaf-view .mh-layout').count() == 0
+        view.locator('.mh-tree-leaf', has_text="['embed']['embedding']").click()
+        box = view.locator('.mh-tree-leaf-view')
+        wait_for(
+            lambda: (
+                box.locator('img.mh-layout-image').count() == 1
+                and box.locator('img.mh-layout-image').evaluate('i => i.naturalWidth') > 0
+            ),
+            60,
+            'the leaf picture',
+            page,
+        )
+        assert 'float32[64, 32]' in box.locator('.mh-layout-header').inner_text()
+        assert "P('model', None)" in box.locator('.mh-layout-header').inner_text()
+        assert box.locator('.mh-layout-block').count() == 2
+        box.locator('.mh-layout-block').first.click()
+        wait_for(
+            lambda: 'values (of the gathered array' in box.locator('.mh-layout-info').inner_text(),
+            60,
+            'the block values',
+            page,
+        )
+        assert '[0:32, 0:32]' in box.locator('.mh-layout-info').inner_text()
+        view.locator('.mh-tree-layout-table').screenshot(path=str(SHOTS / 'tree_table.png'))
+        # the static picture (for saved notebooks) is the same table, hidden while live
+        statics = page.locator('.mh-static .mh-tree-row')
+        assert statics.count() == 19 and not statics.first.is_visible()

@@ -12,7 +12,7 @@ import json
 import os
 
 import pytest
-from _browser import chromium
+from _browser import chromium, show_static
 
 from multihost import FlightRecord, Timeline
 
@@ -274,8 +274,22 @@ def test_chart_caps_rows_and_keeps_the_stragglers():
     assert render_timeline_png(Timeline.build({}, 0))[:4] == b'\x89PNG'  # empty: a picture too
 
 
+@pytest.fixture
+def show(tmp_path):
+    """Shows a view's static picture in headless Chromium (1000 x 900), as a saved notebook
+    does; after the test, a screenshot (``MH_TIMELINE_SCREENSHOT`` names a copy to look at)."""
+    with chromium() as browser:
+        page = browser.new_page(viewport={'width': 1000, 'height': 900})
+        path = tmp_path / 'timeline.html'
+        yield lambda view: show_static(page, path, view.static_bundle()['text/html'])
+        page.screenshot(path=str(tmp_path / 'timeline.png'), full_page=True)
+        shot = os.environ.get('MH_TIMELINE_SCREENSHOT')
+        if shot:
+            page.screenshot(path=shot, full_page=True)
+
+
 @pytest.mark.browser
-def test_timeline_static_picture_in_chromium(tmp_path):
+def test_timeline_static_picture_in_chromium(show):
     """The view's static HTML in headless Chromium: summary, chart image and table visible."""
     from mhnotebook.widgets import TimelineView
 
@@ -285,29 +299,18 @@ def test_timeline_static_picture_in_chromium(tmp_path):
             rec(p, 100 + k, name='log', call=k, t=100.1 + 0.2 * k + 0.003 * p, state='done')
             for k in range(20)
         ]
-    view = TimelineView(Timeline.build(records, 4))
-    page_path = tmp_path / 'timeline.html'
-    page_path.write_text(
-        f'<!doctype html><html><body>{view.static_bundle()["text/html"]}</body></html>'
-    )
-    with chromium() as browser:
-        page = browser.new_page(viewport={'width': 1000, 'height': 900})
-        page.goto(page_path.as_uri())
-        summary = page.locator('.mh-timeline-summary')
-        assert summary.is_visible()
-        assert 'process 3 arrived last in' in summary.inner_text()
-        assert 'clock skew between machines' in summary.inner_text()
-        img = page.locator('img.mh-timeline-chart')
-        assert img.is_visible()
-        size = img.evaluate('i => [i.naturalWidth, i.naturalHeight, i.complete]')
-        assert size[0] > 500 and size[1] > 300 and size[2], size
-        rows = page.locator('.mh-timeline-step')
-        assert rows.count() == 20 and rows.first.is_visible()
-        assert 'process 3' in rows.first.inner_text()
-        page.screenshot(path=str(tmp_path / 'timeline.png'), full_page=True)
-        shot = os.environ.get('MH_TIMELINE_SCREENSHOT')
-        if shot:  # to look at it
-            page.screenshot(path=shot, full_page=True)
+    page = show(TimelineView(Timeline.build(records, 4)))
+    summary = page.locator('.mh-timeline-summary')
+    assert summary.is_visible()
+    assert 'process 3 arrived last in' in summary.inner_text()
+    assert 'clock skew between machines' in summary.inner_text()
+    img = page.locator('img.mh-timeline-chart')
+    assert img.is_visible()
+    size = img.evaluate('i => [i.naturalWidth, i.naturalHeight, i.complete]')
+    assert size[0] > 500 and size[1] > 300 and size[2], size
+    rows = page.locator('.mh-timeline-step')
+    assert rows.count() == 20 and rows.first.is_visible()
+    assert 'process 3' in rows.first.inner_text()
 
 
 def _with_magics(user_steps: int, magic_steps: int) -> dict:
@@ -363,24 +366,16 @@ def test_timeline_view_marks_the_notebooks_steps():
     assert 'process 3 arrived last in 100% of the last 4 steps' in html
 
 
-def test_the_notebooks_steps_marked_in_chromium(tmp_path):
+@pytest.mark.browser
+def test_the_notebooks_steps_marked_in_chromium(show):
     """The marked rows and the summary, as a browser shows the static picture."""
     from mhnotebook.widgets import TimelineView
 
-    view = TimelineView(Timeline.build(_with_magics(user_steps=4, magic_steps=8), 4))
-    page_path = tmp_path / 'timeline.html'
-    page_path.write_text(
-        f'<!doctype html><html><body>{view.static_bundle()["text/html"]}</body></html>'
-    )
-    with chromium() as browser:
-        page = browser.new_page(viewport={'width': 1000, 'height': 900})
-        page.goto(page_path.as_uri())
-        summary = page.locator('.mh-timeline-summary').inner_text()
-        assert summary.startswith('process 3 arrived last in 100% of the last 4 steps'), summary
-        assert "8 steps of the notebook's magics" in summary, summary
-        marked = page.locator('tr.mh-timeline-notebook')
-        assert marked.count() == 8 and marked.first.is_visible()
-        assert '[%mh_diff]' in marked.first.inner_text()
-        assert 'not counted: %mh_diff' in marked.first.inner_text()
-        shot = os.environ.get('MH_TIMELINE_SCREENSHOT')
-        page.screenshot(path=shot or str(tmp_path / 'timeline.png'), full_page=True)
+    page = show(TimelineView(Timeline.build(_with_magics(user_steps=4, magic_steps=8), 4)))
+    summary = page.locator('.mh-timeline-summary').inner_text()
+    assert summary.startswith('process 3 arrived last in 100% of the last 4 steps'), summary
+    assert "8 steps of the notebook's magics" in summary, summary
+    marked = page.locator('tr.mh-timeline-notebook')
+    assert marked.count() == 8 and marked.first.is_visible()
+    assert '[%mh_diff]' in marked.first.inner_text()
+    assert 'not counted: %mh_diff' in marked.first.inner_text()

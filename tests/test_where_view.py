@@ -10,16 +10,17 @@ Chromium and measure it.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import threading
 import time
-from html.parser import HTMLParser
+from html import unescape
 
 import ipykernel
 import jax
 import pytest
-from _browser import chromium
+from _browser import chromium, show_static
+from _html import elements, inside, one
+from _view_models import host_stacks, record
 
 from mhnotebook.widgets import WhereView, _where
 from multihost import CollectiveRecord, FlightRecord, HostStacks, ThreadStack, _recorder
@@ -139,36 +140,27 @@ def host(p, state, *, waited=12.0, idle=20.0):
     at_barrier = ENGINE + (cell(p, 3, "multihost.barrier('after-eval')"),) + BARRIER
     passed = dict(current=rec(6, p, 'load'), last=flight(39, p, 'load', seq=6, state='passed'))
     after_eval = flight(40, p, 'after-eval', seq=7)
-    if state == 0:
+
+    def waiting_at(current, check, frames, **gate):
+        """Host p inside ``check`` (its last flight record) for ``waited`` s, in ``frames``."""
         return HostStacks(
             **base,
-            current=rec(7, p, 'after-eval'),
-            waiting=after_eval,
+            current=current,
+            waiting=check,
             waiting_for=waited,
-            last=after_eval,
-            threads=main(at_barrier),
+            last=check,
+            threads=main(frames),
+            **gate,
         )
+
+    if state == 0:
+        return waiting_at(rec(7, p, 'after-eval'), after_eval, at_barrier)
     if state == 1:
         gather = flight(41, p, 'x', kind='process_allgather', seq=8)
-        return HostStacks(
-            **base,
-            current=rec(8, p, 'x', kind='process_allgather'),
-            waiting=gather,
-            waiting_for=waited,
-            last=gather,
-            threads=main(ENGINE + (cell(p, 5, 'y = multihost.process_allgather(x)'),) + BARRIER),
-        )
+        frames = ENGINE + (cell(p, 5, 'y = multihost.process_allgather(x)'),) + BARRIER
+        return waiting_at(rec(8, p, 'x', kind='process_allgather'), gather, frames)
     if state == 2:
-        return HostStacks(
-            **base,
-            current=rec(7, p, 'after-eval'),
-            gate=7,
-            stepping=True,
-            waiting=after_eval,
-            waiting_for=waited,
-            last=after_eval,
-            threads=main(at_barrier),
-        )
+        return waiting_at(rec(7, p, 'after-eval'), after_eval, at_barrier, gate=7, stepping=True)
     if state == 3:
         frames = ENGINE + (
             cell(p, 2, 'params = load_shard(path)'),
@@ -188,14 +180,8 @@ def host(p, state, *, waited=12.0, idle=20.0):
         )
     if state == 7:
         step = flight(42, p, 'train_step', kind='launch', seq=9, call=412)
-        return HostStacks(
-            **base,
-            current=rec(9, p, 'train_step', kind='launch'),
-            waiting=step,
-            waiting_for=waited,
-            last=step,
-            threads=main(ENGINE + (cell(p, 7, 'state = train_step(state, batch)'),) + BARRIER),
-        )
+        frames = ENGINE + (cell(p, 7, 'state = train_step(state, batch)'),) + BARRIER
+        return waiting_at(rec(9, p, 'train_step', kind='launch'), step, frames)
     if state == 8:
         frames = ENGINE + (
             cell(p, 2, 'params = load_shard(path)'),
@@ -223,60 +209,6 @@ def many(n=1000):
 def four():
     """Hosts 0, 1 at barrier('after-eval'), 2 loading a shard, 3 silent."""
     return {p: host(p, s) for p, s in enumerate([0, 0, 3, 6])}
-
-
-class _Parsed(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.found, self.stack = [], []
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        el = {
-            'tag': tag,
-            'attrs': a,
-            'classes': set((a.get('class') or '').split()),
-            'text': '',
-            'parent': self.stack[-1] if self.stack else None,
-        }
-        self.found.append(el)
-        if tag not in {'br', 'img', 'hr', 'meta', 'input'}:
-            self.stack.append(el)
-
-    def handle_endtag(self, tag):
-        while self.stack:
-            if self.stack.pop()['tag'] == tag:
-                break
-
-    def handle_data(self, data):
-        if self.stack and self.stack[-1]['tag'] == 'style':
-            return
-        for el in self.stack:
-            el['text'] += data
-
-
-@functools.lru_cache(maxsize=16)
-def _parse(html):
-    p = _Parsed()
-    p.feed(html)
-    return tuple(p.found)
-
-
-def elements(html, cls=None, tag=None):
-    """Parsed elements of an HTML string (the same objects on every call), by class and tag."""
-    return [
-        e
-        for e in _parse(html)
-        if (cls is None or cls in e['classes']) and (tag is None or e['tag'] == tag)
-    ]
-
-
-def inside(el, ancestor):
-    while el is not None:
-        if el is ancestor:
-            return True
-        el = el['parent']
-    return False
 
 
 # -- frames: user code or framework ----------------------------------------------------------
@@ -569,6 +501,81 @@ def test_many_states_are_bounded():
     assert '... 68 more states' in v.text()
 
 
+# -- the view on four hand-built hosts -------------------------------------------------------------
+
+
+def test_where_shows_collective_and_stack():
+    """Each host's row names its current collective and gate; its main stack is shown, open."""
+    stacks = host_stacks()
+    v = WhereView(stacks)
+    table = one(v.widget, 'mh-where-table').value
+    for p, s in stacks.items():
+        (row,) = elements(table, f'mh-host-{p}', 'tr')
+        assert s.current.describe() in row['text']
+        if s.gate is not None:
+            assert f'waiting for release of #{s.gate}' in row['text']
+    html = one(v.widget, 'mh-where-stacks').value
+    mains = elements(html, 'mh-main-thread', 'details')
+    assert mains and all('open' in d['attrs'] for d in mains)
+    assert stacks[0].main_thread.stack in mains[-1]['text']
+    assert "sync_global_devices('b')" in unescape(html)
+    assert "sync_global_devices('c')" in unescape(html)
+    threads = elements(html, 'mh-thread', 'details')
+    assert threads and 'loader' in threads[0]['text'] and 'q.get()' in threads[0]['text']
+    assert 'open' not in threads[0]['attrs']
+
+
+def test_where_marks_unanswered_and_odd_hosts():
+    """A host that did not answer and a host in another collective are marked."""
+    v = WhereView(host_stacks())
+    table = one(v.widget, 'mh-where-table').value
+    assert [int(r['attrs']['data-host']) for r in elements(table, 'mh-no-answer', 'tr')] == [3]
+    assert [int(r['attrs']['data-host']) for r in elements(table, 'mh-odd-host', 'tr')] == [2, 3]
+    assert 'no answer in 5 s' in table
+    status = one(v.widget, 'mh-where-status').value
+    assert '3/4 host(s) answered' in status and 'no answer from process 3' in status
+
+
+def test_where_groups_identical_stacks():
+    """Hosts with identical stacks share one section; the odd ones come first."""
+    stacks = host_stacks()
+    stacks[2] = HostStacks(**{**stacks[0].__dict__, 'process': 2, 'hostname': 'node2'})
+    stacks[3] = HostStacks(**{**stacks[0].__dict__, 'process': 3, 'gate': None})
+    html = WhereView(stacks).widget.children[3].value
+    groups = elements(html, 'mh-stack-group', 'details')
+    assert [g['attrs']['data-hosts'] for g in groups] == ['3', '0,1,2']
+    assert 'processes 0-2 (3 hosts)' in groups[1]['text']
+
+
+def test_where_refresh_calls_and_rerenders():
+    """Refresh calls on_refresh and shows the new stacks; errors are shown, not raised."""
+    fresh = [HostStacks(process=0, answered=True, current=record(9, 0, 'later'), time=1.0)]
+    results = [fresh]
+    v = WhereView(host_stacks(), on_refresh=lambda: results.pop())
+    one(v.widget, 'mh-refresh-button').click()
+    assert list(v.stacks) == [0]
+    assert "barrier('later')" in unescape(one(v.widget, 'mh-where-table').value)
+    one(v.widget, 'mh-refresh-button').click()  # results is empty now: IndexError
+    assert 'Refresh failed: IndexError' in one(v.widget, 'mh-where-message').value
+    assert list(v.stacks) == [0]
+    assert WhereView(fresh).widget.children[0].children[0].disabled
+
+
+def test_where_text_fallback():
+    """The text/plain form is the table in words: one line per state group, then its frames."""
+    stacks = host_stacks()
+    v = WhereView(stacks.values())
+    text = v._repr_mimebundle_()['text/plain']
+    assert text == str(v) == v.text()
+    assert text.splitlines()[0].startswith('3/4 host(s) answered')
+    heads = [line for line in text.splitlines() if line.startswith('process')]
+    assert heads == [
+        "process 2: waiting for release of #4 (barrier('c'))",
+        "process 3: no answer in 5 s; last published barrier('a') #3",
+        "processes 0-1 (2 hosts): waiting for release of #4 (barrier('b'))",
+    ]
+
+
 # -- in a real browser ---------------------------------------------------------------------------
 
 
@@ -579,14 +586,9 @@ def browser():
 
 
 def _open(browser, view, tmp_path, name):
-    path = tmp_path / f'{name}.html'
-    path.write_text(
-        '<!doctype html><meta charset="utf-8"><body style="font-family:sans-serif">'
-        f'{view.static_html()}</body>'
-    )
     page = browser.new_page(viewport={'width': 1280, 'height': 720})
-    page.goto(path.as_uri())
-    return page
+    html = view.static_html()
+    return show_static(page, tmp_path / f'{name}.html', html, 'font-family:sans-serif')
 
 
 @pytest.mark.browser
