@@ -143,6 +143,11 @@ def bench_gather(session, reps: int, mib: int) -> None:
             times[key].append(time.perf_counter() - t0)
             del out
     pull.close()
+    _print_gather(times, reps, mib, total)
+
+
+def _print_gather(times: dict[str, list[float]], reps: int, mib: int, total: int) -> None:
+    """Section 1's table: medians, ranges and the goals, from each case's timings."""
     m = {k: median_ms(v) for k, v in times.items()}
     spread = {k: f'{min(v) * 1e3:.0f}-{max(v) * 1e3:.0f}' for k, v in times.items()}
     gbs = {k: total / (v / 1e3) / 1e9 for k, v in m.items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from mhnotebook._cleanup import sweep_shm
 from mhnotebook._cluster.jaxinit import (
@@ -75,20 +76,7 @@ def connect(
     # (`connection_info`); its `url_file=` keyword is ignored.
     client = ipp.Client(url_file, timeout=timeout, **kwargs)
     try:
-        if n is not None:
-            try:
-                client.wait_for_engines(n, timeout=timeout, interactive=False)
-            except TimeoutError:
-                raise SessionError(
-                    f'only {len(client.ids)} of {n} engines registered within {timeout:g} s '
-                    f"(controller {controller_url(client)}); see the engines' logs."
-                ) from None
-        engine_ids = sorted(client.ids)
-        if not engine_ids:
-            raise SessionError(
-                'the cluster has no engines; start some (ipcluster engines '
-                '-n N) or pass n=N to wait for them.'
-            )
+        engine_ids = _engine_ids(client, n, timeout)
         infos = engine_infos(client, engine_ids)
         ready = [e for e, i in infos.items() if i['initialized']]
         if ready and len(ready) != len(engine_ids):
@@ -126,3 +114,22 @@ def connect(
         f'mhnotebook: connected to {session.num_processes} hosts (engines {session.engine_ids})'
     )
     return session
+
+
+def _engine_ids(client: Any, n: int | None, timeout: float) -> list[int]:
+    """The cluster's engine ids, ascending, once ``n`` of them registered (when given)."""
+    if n is not None:
+        try:
+            client.wait_for_engines(n, timeout=timeout, interactive=False)
+        except TimeoutError:
+            raise SessionError(
+                f'only {len(client.ids)} of {n} engines registered within {timeout:g} s '
+                f"(controller {controller_url(client)}); see the engines' logs."
+            ) from None
+    engine_ids = sorted(client.ids)
+    if not engine_ids:
+        raise SessionError(
+            'the cluster has no engines; start some (ipcluster engines '
+            '-n N) or pass n=N to wait for them.'
+        )
+    return engine_ids

@@ -475,28 +475,45 @@ def stack_activity(
     """
     if not frames:
         return '', ''
-    name = label or (lambda f: frame_words(f, ours))
-    pkgs = [frame_package(f[0], ours) for f in frames]
-    users = [i for i, p in enumerate(pkgs) if p is None]
-    top = users[-1] if users else -1  # the innermost user frame
+    stack = _Stack(frames, ours, label)
+    return stack.coordination() or stack.jax() or stack.user()
 
-    def tail(i: int, via: str = '') -> str:
+
+class _Stack:
+    """One main thread's stack, read from the innermost frame out (`stack_activity`'s parts)."""
+
+    def __init__(self, frames: Sequence[Frame], ours: Sequence[str], label: Any) -> None:
+        self.frames = frames
+        self.name = label or (lambda f: frame_words(f, ours))
+        self.pkgs = [frame_package(f[0], ours) for f in frames]
+        users = [i for i, p in enumerate(self.pkgs) if p is None]
+        self.top = users[-1] if users else -1  # the innermost user frame
+
+    def tail(self, i: int, via: str = '') -> str:
         """`` (via f)`` (the library function the user called), ``, called from <user frame>``."""
-        if not via and top + 1 < i:
-            via = frames[top + 1][2]
+        if not via and self.top + 1 < i:
+            via = self.frames[self.top + 1][2]
         out = f' (via {via})' if via else ''
-        if top >= 0 and top != i:
-            out += f', called from {name(frames[top])}'
+        if self.top >= 0 and self.top != i:
+            out += f', called from {self.name(self.frames[self.top])}'
         return out
 
-    for i in range(len(frames) - 1, max(top, 0) - 1, -1):
-        m = _COORD.search(frames[i][3] or '')
-        if m:
-            call = m.group(1)
-            what = next(w for k, w in _COORD_WORDS.items() if call.startswith(k))
-            return 'coordination', f'{what} at {name(frames[i])}' + tail(i)
-    inner = pkgs[-1]
-    if inner in _JAX:
+    def coordination(self) -> tuple[str, str] | None:
+        """In the coordination service's barrier or key wait (below the innermost user frame)."""
+        frames = self.frames
+        for i in range(len(frames) - 1, max(self.top, 0) - 1, -1):
+            m = _COORD.search(frames[i][3] or '')
+            if m:
+                call = m.group(1)
+                what = next(w for k, w in _COORD_WORDS.items() if call.startswith(k))
+                return 'coordination', f'{what} at {self.name(frames[i])}' + self.tail(i)
+        return None
+
+    def jax(self) -> tuple[str, str] | None:
+        """Inside JAX: a device wait or collective, or elsewhere (tracing, compiling)."""
+        pkgs, frames = self.pkgs, self.frames
+        if pkgs[-1] not in _JAX:
+            return None
         j = len(frames) - 1
         while j > 0 and pkgs[j - 1] in _JAX:
             j -= 1
@@ -507,20 +524,25 @@ def stack_activity(
             kind, what = 'jax', f'inside JAX ({run[-1][2]})'
         if j == 0:
             return kind, what
-        return kind, f'{what} at {name(frames[j - 1])}' + tail(j - 1, run[0][2])
-    if top < 0:  # an idle engine's event loop, a daemon's wait: nothing of the user's
-        return 'idle', 'idle (no user code running)'
-    where = f'in user code at {name(frames[top])}'
-    last = frames[-1]
-    if _SLEEP.search(last[3] or '') or (inner == 'time' and last[2] == 'sleep'):
-        return 'sleep', f'{where}, in time.sleep'
-    if inner in _IO:
-        return 'io', f'{where}, in {inner} I/O ({last[2]})'
-    if inner in _LOCKS:
-        return 'lock', f'{where}, waiting in {inner} ({last[2]})'
-    if top == len(frames) - 1:
-        return 'user', f'running user code at {name(frames[top])}'
-    return 'user', f'running user code at {name(frames[top])}, in {inner} ({last[2]})'
+        return kind, f'{what} at {self.name(frames[j - 1])}' + self.tail(j - 1, run[0][2])
+
+    def user(self) -> tuple[str, str]:
+        """Idle, or in user code: sleeping, in I/O, waiting on a lock, or running."""
+        frames, top, inner = self.frames, self.top, self.pkgs[-1]
+        if top < 0:  # an idle engine's event loop, a daemon's wait: nothing of the user's
+            return 'idle', 'idle (no user code running)'
+        here = self.name(frames[top])
+        where = f'in user code at {here}'
+        last = frames[-1]
+        if _SLEEP.search(last[3] or '') or (inner == 'time' and last[2] == 'sleep'):
+            return 'sleep', f'{where}, in time.sleep'
+        if inner in _IO:
+            return 'io', f'{where}, in {inner} I/O ({last[2]})'
+        if inner in _LOCKS:
+            return 'lock', f'{where}, waiting in {inner} ({last[2]})'
+        if top == len(frames) - 1:
+            return 'user', f'running user code at {here}'
+        return 'user', f'running user code at {here}, in {inner} ({last[2]})'
 
 
 def is_user_frame(frame: Frame, ours: Sequence[str] = ()) -> bool:

@@ -342,28 +342,7 @@ class Timeline:
         if per_host:
             head += '   ' + ' '.join(f'{"p" + str(p):>8}' for p in self.hosts)
         lines.append(head)
-        for s in shown:
-            if s.complete:
-                last_h = f'process {s.last_host}'
-                skew = f'+{fmt_seconds(s.skew)}' + ('*' if s.clock_compared else ' ')
-            else:
-                last_h, skew = '', ''
-            row = f'{_row_label(s):<{width}}  {last_h:<11} {skew:>10}'
-            if per_host:
-                cells = []
-                for p in self.hosts:
-                    if p in s.lateness:
-                        cells.append(f'{s.lateness[p] * 1e3:8.1f}')
-                    elif p in s.waiting:
-                        cells.append(f'{"waiting":>8}')
-                    elif p in s.missing:
-                        cells.append(f'{"absent":>8}')
-                    else:
-                        cells.append(f'{"?":>8}')
-                row += '   ' + ' '.join(cells)
-            elif not s.complete:
-                row += '   ' + s.describe().split(': ', 1)[-1]
-            lines.append(row.rstrip())
+        lines.extend(self._format_row(s, width, per_host) for s in shown)
         if per_host:
             lines.append('(per host: ms after the first host to arrive)')
         if any(s.notebook for s in shown):
@@ -377,6 +356,20 @@ class Timeline:
                 'so clock skew between machines applies'
             )
         return '\n'.join(lines)
+
+    def _format_row(self, s: TimelineStep, width: int, per_host: bool) -> str:
+        """One step's row of `format`: label, last host, skew, then per host or what is wrong."""
+        if s.complete:
+            last_h = f'process {s.last_host}'
+            skew = f'+{fmt_seconds(s.skew)}' + ('*' if s.clock_compared else ' ')
+        else:
+            last_h, skew = '', ''
+        row = f'{_row_label(s):<{width}}  {last_h:<11} {skew:>10}'
+        if per_host:
+            row += '   ' + ' '.join(_host_cell(s, p) for p in self.hosts)
+        elif not s.complete:
+            row += '   ' + s.describe().split(': ', 1)[-1]
+        return row.rstrip()
 
     def __str__(self) -> str:
         return self.format()
@@ -459,6 +452,17 @@ class Timeline:
         with open(path, 'w', encoding='utf-8') as f:
             json.dump(self.chrome_trace(), f, separators=(',', ':'))
         return path
+
+
+def _host_cell(s: TimelineStep, p: int) -> str:
+    """Host ``p``'s cell of a step's row: ms after the first host, or why there is none."""
+    if p in s.lateness:
+        return f'{s.lateness[p] * 1e3:8.1f}'
+    if p in s.waiting:
+        return f'{"waiting":>8}'
+    if p in s.missing:
+        return f'{"absent":>8}'
+    return f'{"?":>8}'
 
 
 def _row_label(s: TimelineStep) -> str:
