@@ -12,18 +12,22 @@ from collections.abc import Iterable
 MAX_RANGES = 8  # host lists are cut after this many ranges
 
 
-def _ranges(values: Iterable[int]) -> list[str]:
-    """``[0, 1, 2, 5]`` -> ``['0-2', '5']``: sorted distinct integers, consecutive runs joined."""
+def runs(values: Iterable[int], min_run: int = 2) -> list[str]:
+    """``[0, 1, 2, 5]`` -> ``['0-2', '5']``: sorted distinct integers, runs of at least
+    ``min_run`` joined (``min_run=3``: ``[5, 6]`` stays ``['5', '6']``)."""
     vals = sorted(set(values))
-    ranges: list[str] = []
+    out: list[str] = []
     i = 0
     while i < len(vals):
         j = i
         while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
             j += 1
-        ranges.append(str(vals[i]) if i == j else f'{vals[i]}-{vals[j]}')
+        if j - i + 1 >= max(min_run, 2):
+            out.append(f'{vals[i]}-{vals[j]}')
+        else:
+            out.extend(str(v) for v in vals[i : j + 1])
         i = j + 1
-    return ranges
+    return out
 
 
 def fmt_hosts(hosts: Iterable[int], max_ranges: int = MAX_RANGES) -> str:
@@ -31,7 +35,7 @@ def fmt_hosts(hosts: Iterable[int], max_ranges: int = MAX_RANGES) -> str:
     hosts = sorted(set(hosts))
     if not hosts:
         return 'no process'
-    ranges = _ranges(hosts)
+    ranges = runs(hosts)
     text = ', '.join(ranges[:max_ranges])
     if len(ranges) > max_ranges:
         text += f', ... ({len(hosts)} in all)'
@@ -44,7 +48,7 @@ def fmt_list(values: Iterable[int | None], max_items: int = 16) -> str:
     vals = list(values)
     if len(vals) <= max_items:
         return str(vals)
-    items = [str(v) for v in vals if v is None] + _ranges(v for v in vals if v is not None)
+    items = [str(v) for v in vals if v is None] + runs(v for v in vals if v is not None)
     text = ', '.join(items[:MAX_RANGES]) + (', ...' if len(items) > MAX_RANGES else '')
     return f'[{text}] ({len(vals)} in all)'
 

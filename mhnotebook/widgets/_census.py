@@ -14,7 +14,7 @@ import io
 
 import ipywidgets as widgets
 
-from mhnotebook.widgets._common import View, add_classes, banner, esc, host_color
+from mhnotebook.widgets._common import View, add_classes, banner, esc, expect_model, host_color
 from multihost import EnvDiff, MemoryCensus
 from multihost._text import fmt_hosts
 
@@ -70,11 +70,7 @@ class EnvView(View):
     """
 
     def __init__(self, diff: EnvDiff):
-        if not isinstance(diff, EnvDiff):
-            raise TypeError(
-                'EnvView expects a multihost.EnvDiff (multihost.env_diff() on every host), got '
-                f'{type(diff).__module__}.{type(diff).__qualname__}'
-            )
+        expect_model('EnvView', diff, EnvDiff, 'multihost.env_diff() on every host')
         self.diff = diff
         if diff.ok:
             head = banner(
@@ -208,11 +204,7 @@ class MemoryView(View):
     """
 
     def __init__(self, census: MemoryCensus):
-        if not isinstance(census, MemoryCensus):
-            raise TypeError(
-                'MemoryView expects a multihost.MemoryCensus (multihost.memory_census() on every '
-                f'host), got {type(census).__module__}.{type(census).__qualname__}'
-            )
+        expect_model('MemoryView', census, MemoryCensus, 'multihost.memory_census() on every host')
         self.census = census
         odd = census.odd_processes
         head = banner(

@@ -122,6 +122,15 @@ div.mh-layout-block.mh-selected {font-weight:bold}
 </style>"""
 
 
+def expect_model(view: str, value: Any, cls: type, made_by: str) -> None:
+    """Raises TypeError unless ``value`` is a ``cls`` (naming what makes one, and what it got)."""
+    if not isinstance(value, cls):
+        raise TypeError(
+            f'{view} expects a multihost.{cls.__name__} ({made_by}), '
+            f'got {type(value).__module__}.{type(value).__qualname__}'
+        )
+
+
 def pre(text: str, cls: str = 'mh-values') -> str:
     """Preformatted, escaped text."""
     return f'<pre class="{cls}">{esc(text)}</pre>'

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from mhnotebook.widgets._common import CSS, View, add_classes, banner, esc, swatch, widget_html
+from mhnotebook.widgets._common import (
+    CSS,
+    View,
+    add_classes,
+    banner,
+    esc,
+    expect_model,
+    swatch,
+    widget_html,
+)
 from mhnotebook.widgets.layout.view import LayoutView
 from multihost import NonfiniteLeaf, NonfiniteReport, NonfiniteShard
 from multihost._checks._layout import format_index
@@ -106,11 +115,9 @@ class NonfiniteView(View):
     """
 
     def __init__(self, report: NonfiniteReport, *, name: str = ''):
-        if not isinstance(report, NonfiniteReport):
-            raise TypeError(
-                'NonfiniteView expects a multihost.NonfiniteReport (multihost.find_nonfinite(tree) '
-                f'on every host), got {type(report).__module__}.{type(report).__qualname__}'
-            )
+        expect_model(
+            'NonfiniteView', report, NonfiniteReport, 'multihost.find_nonfinite(tree) on every host'
+        )
         self.report = report
         self.name = name
         what = f'<code>{esc(name)}</code>: ' if name else ''

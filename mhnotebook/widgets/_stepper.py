@@ -30,6 +30,7 @@ from mhnotebook.widgets._common import (
     add_classes,
     banner,
     esc,
+    expect_model,
     run_action,
 )
 from multihost import CollectiveRecord, Step, StepTable
@@ -272,11 +273,7 @@ class StepperView(View):
 
     def update(self, table: StepTable) -> None:
         """Shows another step table."""
-        if not isinstance(table, StepTable):
-            raise TypeError(
-                'StepperView expects a multihost.StepTable (multihost.step_table()), '
-                f'got {type(table).__module__}.{type(table).__qualname__}'
-            )
+        expect_model('StepperView', table, StepTable, 'multihost.step_table()')
         self._table = table
         self._banner.value = banner_html(table)
         self._status.value = status_html(table)

@@ -25,6 +25,7 @@ from mhnotebook.widgets._common import (
     add_classes,
     banner,
     esc,
+    expect_model,
     host_color,
     run_action,
     swatch,
@@ -460,12 +461,12 @@ class TimelineView(View):
 
     def update(self, timeline: Timeline) -> None:
         """Shows another timeline."""
-        if not isinstance(timeline, Timeline):
-            raise TypeError(
-                'TimelineView expects a multihost.Timeline (multihost.timeline() on a host, '
-                f'session.timeline() in the notebook), got {type(timeline).__module__}.'
-                f'{type(timeline).__qualname__}'
-            )
+        expect_model(
+            'TimelineView',
+            timeline,
+            Timeline,
+            'multihost.timeline() on a host, session.timeline() in the notebook',
+        )
         self._timeline = timeline
         self._status.value = status_html(timeline)
         self._summary.value = summary_html(timeline)

@@ -25,6 +25,7 @@ from mhnotebook.widgets._common import (
     banner,
     close_widgets,
     esc,
+    expect_model,
     pre,
     widget_html,
 )
@@ -349,12 +350,7 @@ class TreeDiffView(View):
 
     def update(self, diff: TreeDiff) -> None:
         """Shows another tree diff."""
-        if not isinstance(diff, TreeDiff):
-            raise TypeError(
-                'TreeDiffView expects a multihost.TreeDiff '
-                '(multihost.tree_diff(tree) on every host), got '
-                f'{type(diff).__module__}.{type(diff).__qualname__}'
-            )
+        expect_model('TreeDiffView', diff, TreeDiff, 'multihost.tree_diff(tree) on every host')
         self._diff = diff
         self._shown = diff.leaves[: self.max_rows]
         self._summary.value = summary_html(diff)

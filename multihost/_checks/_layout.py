@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from multihost._text import runs
+
 #: A normalized index: one ``(start, stop)`` pair per dimension.
 Index = tuple[tuple[int, int], ...]
 #: What `Layout.from_placements` accepts per dimension: a pair or a slice.
@@ -57,19 +59,7 @@ def format_index(index: Index) -> str:
 
 def format_ranges(values: Iterable[int]) -> str:
     """``[0, 1, 2, 5, 6]`` -> ``'0-2,5,6'``: sorted distinct integers, runs of 3+ as ranges."""
-    vals = sorted(set(values))
-    out: list[str] = []
-    i = 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        if j - i >= 2:
-            out.append(f'{vals[i]}-{vals[j]}')
-        else:
-            out.extend(str(v) for v in vals[i : j + 1])
-        i = j + 1
-    return ','.join(out)
+    return ','.join(runs(values, min_run=3))
 
 
 #: The forms of `device_name`, longest first.
