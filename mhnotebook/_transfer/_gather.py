@@ -320,32 +320,22 @@ def allgather(
         raise SessionError(
             "transport='shm' needs every engine on this machine and /dev/shm; use transport='tcp'."
         )
+
+    def planned(send: Callable[[Any, Any], Any]) -> Any:
+        return _planned(call, state, name, index, timeout, inline, max_bytes, send)
+
     try:
         if transport == 'shm':
             n = len(machines)
-            return _planned(
-                call,
-                state,
-                name,
-                index,
-                timeout,
-                inline,
-                max_bytes,
+            return planned(
                 lambda entry, expect: _write_shm(
                     call, n, state.pool, name, index, timeout, progress, entry, expect
-                ),
+                )
             )
         if transport == 'tcp':
             try:
-                return _planned(
-                    call,
-                    state,
-                    name,
-                    index,
-                    timeout,
-                    inline,
-                    max_bytes,
-                    lambda entry, expect: _stream(call, state, name, index, timeout, entry, expect),
+                return planned(
+                    lambda entry, expect: _stream(call, state, name, index, timeout, entry, expect)
                 )
             except _Unreachable as exc:
                 state.unreachable = str(exc)
