@@ -1,26 +1,10 @@
 """Nothing a notebook kernel starts may outlive it: a watchdog process and owner-named files.
 
-A local cluster (`mhnotebook.start_local`) is an ipcontroller (plus its
-scheduler processes) and N ipengines (plus their nannies), each started by
-ipyparallel in a session of its own, so none of them notices when the kernel
-is killed (OOM, a crash, ``kill -9``), and engines ignore SIGTERM (JAX's
-preemption service catches it). So `start_watchdog` starts one small
-process per cluster, in a session of its own too, that waits for the kernel
-to die (a pidfd on Linux, else a 0.25 s poll) or to say ``stop``, then sends
-SIGKILL to every process of that cluster: the processes whose environment
-carries the cluster's ``IPP_CLUSTER_ID`` and ``IPP_PROFILE_DIR`` (ipyparallel
-sets both on everything it launches, and children inherit them), and all
-their descendants. It never touches a process of another cluster, so a
-`connect`-ed cluster (which starts no watchdog) is never killed.
-
-Shared-memory files carry their owner in their name,
-``mhnb-<pid>-<start>-<random>`` (``<start>``: the owner's start time, so a
-reused pid is not mistaken for the owner), and are created mode 0600.
-`sweep_shm` removes the files of owners that are gone; the watchdog sweeps
-its dead kernel's files, and every start sweeps whatever is left.
-
-Run as ``python -m mhnotebook._cleanup --owner PID ...`` (the watchdog);
-stdlib and psutil only (ipyparallel depends on psutil).
+`start_watchdog` starts one process per local cluster that SIGKILLs the cluster's processes
+(by their ``IPP_CLUSTER_ID`` / ``IPP_PROFILE_DIR``, and their descendants) once the kernel
+dies; shared-memory files are named ``mhnb-<pid>-<start>-...`` and swept when their owner is
+gone. Why and how: docs/ARCHITECTURE.md, "Cleanup". Run as ``python -m mhnotebook._cleanup
+--owner PID ...`` (the watchdog); stdlib and psutil only (ipyparallel depends on psutil).
 """
 
 from __future__ import annotations

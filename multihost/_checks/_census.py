@@ -1,24 +1,10 @@
 """The cross-host census: environments and memory that differ between hosts.
 
-Both are collectives (every host calls them; one `_sequence` entry each) and
-move only what differs, with `_dict_diff`: hosts first share one digest of
-their whole key -> value map; if all agree, that is the answer (one round).
-Otherwise they compare one short digest per key (`_rowdiff`: every distinct
-map up to 64 hosts, differences from a reference map above), and then the
-values of the keys whose digests differ, only those, one host per distinct
-value. Every host returns the same model.
-
-* `env_diff` -> `EnvDiff`: Python, jax, jaxlib, numpy and the backend's
-  runtime version; ``JAX_*``, ``XLA_*``, ``LIBTPU_*``, ``TPU_*``, ``NCCL_*``,
-  ``CUDA_*`` environment variables; ``jax.config`` values; the git commit of
-  the working directory; digests of the user's own source files. Keys that
-  differ per host by design (worker ids, visible devices, ranks, host names,
-  ports, addresses) are listed apart.
-* `memory_census` -> `MemoryCensus`: per device ``memory_stats()`` (None on
-  CPU, said plainly) and the bytes of live arrays; per host the live arrays
-  (`jax.live_arrays`), identified by (shape, dtype, sharding spec) and the
-  engine-namespace names that refer to them; arrays only some hosts hold
-  (leak candidates) and hosts whose live bytes stand out.
+`env_diff` -> `EnvDiff` (versions, ``JAX_*``/``XLA_*``/... variables, ``jax.config``, the git
+commit, digests of the user's own sources; keys that differ per host by design listed apart)
+and `memory_census` -> `MemoryCensus` (device memory, live arrays by shape, dtype and spec,
+arrays only some hosts hold, hosts whose bytes stand out). Both are collectives that move only
+what differs (`_dict_diff` on `_rowdiff`): docs/ARCHITECTURE.md, "The census".
 """
 
 from __future__ import annotations
