@@ -1,0 +1,237 @@
+"""A library's own barriers and key waits on the coordination client, seen (`_job._service`).
+
+orbax, marin and others call the client's `wait_at_barrier` and
+`blocking_key_value_get` through a client object they keep. Once patched,
+each call is a flight record (``service_barrier`` / ``service_wait``: id,
+timeout, call site, thread) shown while in progress by the wavefront and
+after by the timeline; the toolkit's own traffic stays unrecorded. On 4 real
+JAX processes x 2 CPU devices; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+
+import jax
+import pytest
+from _helpers import source_line, wait_until
+
+import multihost
+from multihost import _jax_adapter, _recorder
+from multihost._debug import _stacks, _wavefront
+from multihost._debug._timeline import Timeline
+from multihost._job import _service
+
+MP_CLUSTER = dict(n=4, devices_per_process=2, env={'MULTIHOST_TIMEOUT': '30'})
+multiprocess = pytest.mark.multiprocess
+METHODS = tuple(_service.METHODS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Stands in for `multihost._job._options.InstallOptions` (the install helper's)."""
+
+    check_jit: bool = False
+    timeout: float | None = None
+
+
+def _service_records(name: str | None = None) -> list[_recorder.FlightRecord]:
+    recs = _recorder.snapshot(jax.process_index())
+    return [r for r in recs if r.is_service and (name is None or r.name == name)]
+
+
+def _library_barrier(client, name: str, ms: int) -> None:
+    client.wait_at_barrier(name, ms)  # the library's line
+
+
+def _library_wait(client, key: str) -> str:
+    return client.blocking_key_value_get(key, 30000)  # the library's line
+
+
+def _ask_while_waiting(out: dict) -> None:
+    """Host 0's thread: once hosts 0-2 wait in 'lib_barrier', reads the wavefront, frees host 3."""
+    client = _jax_adapter.client()
+    try:
+
+        def all_waiting():
+            wf = _wavefront.wavefront(timeout=10)
+            waiting = [h for h in wf.hosts if h.waiting is not None]
+            return wf if len(waiting) == 4 else None
+
+        out['front'] = wait_until(all_waiting, 30, 'hosts 0-2 in lib_barrier, 3 at its key')
+        out['stacks'] = multihost.dump_stacks(timeout=10)
+    except BaseException as exc:
+        out['error'] = exc
+    finally:
+        client.key_value_set('test/svc/go', 'go', allow_overwrite=True)
+
+
+@multiprocess(timeout=60)
+def test_a_library_barrier_with_one_host_late_is_seen_while_waiting_and_after():
+    """Hosts 0-2 wait in a library's barrier for host 3, which waits for a key host 0 sets."""
+    pid = jax.process_index()
+    client = _jax_adapter.client()
+    multihost.barrier('svc-warm')  # every host's debug thread runs
+    before = len(_service_records())
+    _service.patch(Options())
+    try:
+        multihost.barrier('svc-own')  # the toolkit's own traffic: not recorded as a service call
+        multihost.process_allgather(pid)
+        out: dict = {}
+        asker = None
+        if pid == 0:
+            asker = threading.Thread(target=_ask_while_waiting, args=(out,), daemon=True)
+            asker.start()
+        if pid == 3:
+            assert _library_wait(client, 'test/svc/go') == 'go'
+        _library_barrier(client, 'lib_barrier', 30000)
+        if asker is not None:
+            asker.join(30)
+        multihost.barrier('svc-after')
+    finally:
+        _service.unpatch()
+    here = __file__
+    barrier_site = f'{here}:{source_line(_library_barrier, "client.wait_at_barrier(")}'
+    wait_site = f'{here}:{source_line(_library_wait, "return client.blocking_key_value_get(")}'
+    recs = _service_records()[before:]
+    expected = [('service_wait', 'test/svc/go')] if pid == 3 else []
+    expected.append(('service_barrier', 'lib_barrier'))
+    assert [(r.kind, r.name) for r in recs] == expected, recs  # nothing of the toolkit's
+    barrier = recs[-1]
+    assert (barrier.timeout, barrier.site, barrier.state, barrier.thread) == (
+        30.0,
+        barrier_site,
+        'passed',
+        '',
+    )
+    assert barrier.wait is not None and barrier.call == 0 and barrier.digest == ''
+    if pid == 3:
+        assert (recs[0].timeout, recs[0].site, recs[0].state) == (30.0, wait_site, 'passed')
+    if pid != 0:
+        return
+    assert 'error' not in out, out.get('error')
+    wf = out['front']
+    verdict = wf.verdict
+    assert "processes 0-2 are waiting in service barrier 'lib_barrier' at " in verdict, verdict
+    short = f'test_install_service.py:{barrier_site.rsplit(":", 1)[1]}'
+    assert f"'lib_barrier' at {short} for " in verdict, verdict
+    assert "process 3 is waiting for service key 'test/svc/go' at test_install_service.py:" in (
+        verdict
+    )
+    for h in wf.hosts[:3]:
+        assert h.doing.startswith(f"waiting in service barrier 'lib_barrier' at {short} for "), (
+            h.doing
+        )
+    stacks = out['stacks']
+    for p in (1, 2):
+        assert stacks[p].doing.startswith(f"waiting in service barrier 'lib_barrier' at {short}")
+    # After: the timeline aligns the four hosts' records; host 3 arrived last.
+    step = next(s for s in multihost.timeline().steps if s.label == "service barrier 'lib_barrier'")
+    assert step.complete and step.hosts == (0, 1, 2, 3), step
+    assert step.last_host == 3 and not step.clock_compared, step.describe()
+
+
+@multiprocess(timeout=60)
+def test_a_service_barrier_timeout_raises_what_the_client_raises():
+    """Host 3 never comes: the patched call raises the client's own error; the record failed."""
+    pid = jax.process_index()
+    client = _jax_adapter.client()
+    errors = []
+    for patched in (True, False):
+        if patched:
+            _service.patch(Options())
+        try:
+            if pid != 3:
+                try:
+                    _library_barrier(client, f'lib_timeout_{patched}', 300)
+                except Exception as exc:
+                    errors.append(exc)
+                else:
+                    raise AssertionError('the barrier did not time out')
+        finally:
+            _service.unpatch()
+        multihost.barrier(f'svc-timeout-{patched}')
+    if pid == 3:
+        assert not _service_records('lib_timeout_True')
+        return
+    (rec,) = _service_records('lib_timeout_True')
+    assert rec.state == 'failed' and rec.timeout == 0.3 and rec.wait is not None
+    assert not _service_records('lib_timeout_False')  # unpatched: not recorded
+    seen, raw = errors  # the same error, unchanged, with or without the patch
+    assert type(seen) is type(raw)
+    assert 'lib_timeout_True' in str(seen) and 'lib_timeout_False' in str(raw)
+    assert str(seen).split(':', 1)[0] == str(raw).split(':', 1)[0] == 'DEADLINE_EXCEEDED'
+    assert seen.__cause__ is None and seen.__context__ is None
+
+
+def test_patch_replaces_the_class_methods_and_unpatch_restores_them():
+    """The client's class (also before any client exists) gets recording methods, then its own."""
+    cls = _jax_adapter.client_class()
+    assert cls is not None
+    before = {m: cls.__dict__[m] for m in METHODS}
+    _service.patch(Options())
+    try:
+        _service.patch(Options(timeout=5.0))  # already patched: nothing changes
+        for m in METHODS:
+            now = cls.__dict__[m]
+            assert now is not before[m]
+            assert now.__multihost_original__ is before[m]
+        assert _service.patched()
+    finally:
+        _service.unpatch()
+    assert {m: cls.__dict__[m] for m in METHODS} == before
+    assert not _service.patched()
+    _service.unpatch()  # twice: nothing to do
+
+
+class _CalledBack:
+    """Asks `_service._site` from inside the standard library (`copy.deepcopy` calls it back)."""
+
+    def __deepcopy__(self, memo):
+        self.site = _service._site(sys._getframe(1))  # frame 1: copy.deepcopy
+        return self
+
+
+def test_the_call_site_skips_the_standard_library_for_its_caller():
+    """A call made through the standard library names the line outside it that made it."""
+    import copy
+
+    called = copy.deepcopy(_CalledBack())
+    line = source_line(test_the_call_site_skips_the_standard_library_for_its_caller, 'called =')
+    assert called.site == f'{__file__}:{line}'
+    packages, stdlib = _stacks.internal_dirs()
+    assert copy.__file__.startswith(stdlib)
+    assert any(p.rstrip('/').endswith('jax') for p in packages)
+
+
+def _orbax_subset_sync():
+    from orbax.checkpoint import multihost as ocp_multihost
+
+    pid = jax.process_index()
+    multihost.barrier('svc-orbax-warm')
+    _service.patch(Options())
+    try:
+        if pid in (0, 1):
+            ocp_multihost.sync_global_processes('ckpt_subset', timeout=30, processes={0, 1})
+        multihost.barrier('svc-orbax-done')
+    finally:
+        _service.unpatch()
+    return [dataclasses.astuple(r) for r in _service_records('ckpt_subset')]
+
+
+def test_orbax_sync_global_processes_with_a_subset_is_recorded_at_its_site(mp_cluster):
+    """orbax's subset barrier (its own client reference) is a record naming orbax's line."""
+    pytest.importorskip('orbax.checkpoint')
+    got = mp_cluster.run(_orbax_subset_sync, timeout=60)
+    assert got[2] == got[3] == []
+    for p in (0, 1):
+        (rec,) = [_recorder.FlightRecord(*r) for r in got[p]]
+        assert rec.kind == 'service_barrier' and rec.digest == '0,1', rec
+        assert rec.timeout == 30.0 and rec.state == 'passed'
+        path, line = rec.site.rsplit(':', 1)
+        assert path.endswith('orbax/checkpoint/_src/multihost/multihost.py') and line.isdigit()
+    records = {p: [_recorder.FlightRecord(*r) for r in got[p]] for p in range(4)}
+    (step,) = Timeline.build(records, 4).steps
+    assert step.complete and step.missing == (), step  # hosts 2-3 are not in that barrier
