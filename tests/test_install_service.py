@@ -57,8 +57,8 @@ def _ask_while_waiting(out: dict) -> None:
 
         def all_waiting():
             wf = _wavefront.wavefront(timeout=10)
-            waiting = [h for h in wf.hosts if h.waiting is not None]
-            return wf if len(waiting) == 4 else None
+            at = [h.waiting.name if h.waiting is not None else None for h in wf.hosts]
+            return wf if at == ['lib_barrier'] * 3 + ['test/svc/go'] else None
 
         out['front'] = wait_until(all_waiting, 30, 'hosts 0-2 in lib_barrier, 3 at its key')
         out['stacks'] = multihost.dump_stacks(timeout=10)
