@@ -166,6 +166,56 @@ def test_a_service_barrier_timeout_raises_what_the_client_raises():
     assert seen.__cause__ is None and seen.__context__ is None
 
 
+def _saver(client) -> threading.Thread:
+    t = threading.Thread(target=_library_barrier, args=(client, 'bg_barrier', 30000), name='saver')
+    t.start()
+    return t
+
+
+@multiprocess(timeout=60)
+def test_a_service_barrier_of_another_thread_is_not_the_main_threads_wait():
+    """A thread ('saver', like orbax's async save) of hosts 0-2 waits in a service barrier
+    while the main threads run: each host says so beside what its main thread does."""
+    pid = jax.process_index()
+    client = _jax_adapter.client()
+    multihost.barrier('bg-warm')
+    _service.patch(Options())
+    try:
+        saver = _saver(client) if pid != 3 else None
+        if pid == 0:
+
+            def all_in():
+                wf = _wavefront.wavefront(timeout=10)
+                names = [[(r.name, r.thread) for r in h.background] for h in wf.hosts]
+                return wf if names == [[('bg_barrier', 'saver')]] * 3 + [[]] else None
+
+            wf = wait_until(all_in, 30, "hosts 0-2's saver threads in bg_barrier")
+            stacks = multihost.dump_stacks(timeout=10)
+        multihost.barrier('bg-seen')  # hosts 1-3 wait here for host 0
+        if pid == 3:
+            saver = _saver(client)
+        assert saver is not None
+        saver.join(30)
+        multihost.barrier('bg-done')
+    finally:
+        _service.unpatch()
+    (rec,) = _service_records('bg_barrier')
+    assert (rec.thread, rec.state) == ('saver', 'passed')
+    if pid != 0:
+        return
+    line = source_line(_library_barrier, 'client.wait_at_barrier(')
+    site = f'test_install_service.py:{line}'
+    also = f"waiting in service barrier 'bg_barrier' at {site} (thread 'saver')"
+    assert wf.hosts[0].waiting is None  # the main thread asked: not waiting
+    for h in wf.hosts[:3]:
+        assert f'; also {also} for ' in h.doing, h.doing
+    assert f', and {also}' in wf.verdict, wf.verdict
+    for p in (1, 2):
+        doing = stacks[p].doing
+        assert doing.startswith("waiting at barrier('bg-seen')") and f'; also {also} for ' in doing
+    assert 'also' not in stacks[3].doing, stacks[3].doing
+
+
 def test_patch_replaces_the_class_methods_and_unpatch_restores_them():
     """The client's class (also before any client exists) gets recording methods, then its own."""
     cls = _jax_adapter.client_class()

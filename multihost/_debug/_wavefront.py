@@ -265,17 +265,24 @@ def _more(groups: list[tuple[list[int], str]]) -> list[str]:
 
 def _activity(h: HostFront) -> str:
     if h.activity:
-        return h.activity
-    return f'running user code at {_display_site(h.where)}' if h.where else 'in no user code'
+        return h.activity + _also(h)
+    where = f'running user code at {_display_site(h.where)}' if h.where else 'in no user code'
+    return where + _also(h)
 
 
 def _position(h: HostFront) -> str:
     last = f'last at {h.last.label}' if h.last is not None else 'nothing recorded yet'
     if h.waiting is not None:
-        return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}'
+        return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}' + _also(h)
     if h.activity:
-        return f'{last}, now {h.activity}'
-    return last + (f', now at {_display_site(h.where)}' if h.where else '')
+        return f'{last}, now {h.activity}' + _also(h)
+    return last + (f', now at {_display_site(h.where)}' if h.where else '') + _also(h)
+
+
+def _also(h: HostFront) -> str:
+    """``, and waiting in service barrier 'x' at f.py:3 (thread 'save')`` per service call
+    another thread is inside (no durations: hosts in the same state say the same words)."""
+    return ''.join(f', and waiting {waiting_words(r)}' for r in h.background)
 
 
 def _display_site(where: str) -> str:
