@@ -285,3 +285,87 @@ def test_orbax_sync_global_processes_with_a_subset_is_recorded_at_its_site(mp_cl
     records = {p: [_recorder.FlightRecord(*r) for r in got[p]] for p in range(4)}
     (step,) = Timeline.build(records, 4).steps
     assert step.complete and step.missing == (), step  # hosts 2-3 are not in that barrier
+
+
+# -- the views, from records in hand (pure) --------------------------------------------
+
+ORBAX = '/venv/lib/python3.11/site-packages/orbax/checkpoint/_src/multihost/multihost.py'
+NOW = 1_000_000.0
+
+
+def _svc_record(p, kind, name, *, state='waiting', wait=None, at=NOW - 40, subset='', thread=''):
+    return _recorder.FlightRecord(
+        n=0,
+        kind=kind,
+        name=name,
+        call=0,
+        seq=None,
+        digest=subset,
+        fingerprint='',
+        site=f'{ORBAX}:318',
+        time=at,
+        wait=wait,
+        state=state,
+        process=p,
+        timeout=300.0,
+        thread=thread,
+    )
+
+
+def _stacks_of(p, *, waiting=None, background=()):
+    from multihost._debug._debugmodel import HostStacks, ThreadStack
+
+    frames = (('/home/u/train.py', 12, 'save', 'mngr.save(step)'),)
+    return HostStacks(
+        process=p,
+        answered=True,
+        time=NOW,
+        threads=(ThreadStack('MainThread', 1, True, False, frames),),
+        waiting=waiting,
+        waiting_for=40.0 if waiting is not None else 0.0,
+        background=background,
+    )
+
+
+def test_the_where_view_says_which_service_barrier_at_which_library_line():
+    """%mh_where's text groups the hosts inside one service barrier, naming orbax's line."""
+    from mhnotebook.widgets._where import where_text
+
+    stacks = {
+        p: _stacks_of(p, waiting=_svc_record(p, 'service_barrier', 'ckpt_3')) for p in (0, 1, 2)
+    }
+    saver = _svc_record(3, 'service_wait', 'ckpt/done', thread='saver', at=NOW - 5)
+    stacks[3] = _stacks_of(3, background=(saver,))
+    text = where_text(stacks)
+    site = 'orbax/checkpoint/_src/multihost/multihost.py:318'
+    assert f"processes 0-2 (3 hosts): waiting in service barrier 'ckpt_3' at {site} for 40 s" in (
+        text
+    ), text
+    assert f"also waiting for service key 'ckpt/done' at {site} (thread 'saver') for 5 s" in text
+    back = type(stacks[3]).from_json(stacks[3].to_json())
+    assert back == stacks[3] and back.doing == stacks[3].doing
+
+
+def test_the_timeline_aligns_service_barriers_by_id_and_expects_only_their_processes():
+    """A subset barrier expects its processes; a key wait only its waiters; neither is a
+    straggler vote except the barrier (lateness from the waits, as at a check)."""
+    b = 'service_barrier'
+    records = {
+        0: [_svc_record(0, b, 'sub', state='passed', wait=2.0, subset='0,1')],
+        1: [_svc_record(1, b, 'sub', state='passed', wait=0.1, subset='0,1')],
+        2: [_svc_record(2, 'service_wait', 'k', state='passed', wait=1.0)],
+        3: [_svc_record(3, b, 'all', state='waiting')],
+    }
+    tl = Timeline.build(records, 4)
+    steps = {s.label: s for s in tl.steps}
+    sub = steps["service barrier 'sub'"]
+    assert sub.complete and sub.missing == () and sub.last_host == 1 and not sub.clock_compared
+    assert round(sub.lateness[1], 6) == 1.9
+    wait = steps["service wait for key 'k'"]
+    assert wait.missing == () and wait.hosts == (2,)
+    every = steps["service barrier 'all'"]
+    assert every.waiting == (3,) and every.missing == (0, 1, 2)
+    assert tl.stragglers().steps == 1
+    trace = tl.chrome_trace()['traceEvents']
+    (bar,) = [e for e in trace if e.get('name') == "service barrier 'sub'" and e['pid'] == 0]
+    assert bar['dur'] == 2e6 and bar['args']['timeout_s'] == 300.0

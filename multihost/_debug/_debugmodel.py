@@ -801,8 +801,15 @@ class HostStacks:
         """What hosts in the same state share (durations aside): the key views group by.
 
         Same activity and: the same step gate, the same check waited at, or
-        the same innermost user frame and last recorded call.
+        the same innermost user frame and last recorded call; and the same
+        service calls in progress on other threads.
         """
+        main = self._main_state()
+        if not self.background:
+            return main
+        return (*main, tuple((r.kind, r.name, r.call, r.thread) for r in self.background))
+
+    def _main_state(self) -> tuple[Any, ...]:
         # No call sites or cell paths in the key: a cell's file is in a directory
         # named after each host's pid.
         activity = self.activity
