@@ -256,35 +256,62 @@ def test_the_call_site_skips_the_standard_library_for_its_caller():
     assert any(p.rstrip('/').endswith('jax') for p in packages)
 
 
-def _orbax_subset_sync():
+def _orbax_calls():
+    """orbax's own paths to the client: a subset barrier, the distributed-barrier flag, a
+    future's wait for a signal another host sets."""
+    from absl import flags
     from orbax.checkpoint import multihost as ocp_multihost
+    from orbax.checkpoint._src.futures import future, synchronization
 
     pid = jax.process_index()
     multihost.barrier('svc-orbax-warm')
+    flag = flags.FLAGS['experimental_orbax_use_distributed_barrier']
+    signal = synchronization.HandlerAwaitableSignal.STEP_DIRECTORY_CREATION
     _service.patch(Options())
     try:
         if pid in (0, 1):
             ocp_multihost.sync_global_processes('ckpt_subset', timeout=30, processes={0, 1})
+        if not flags.FLAGS.is_parsed():  # orbax reads it at each call, if absl parsed flags
+            flags.FLAGS.mark_as_parsed()
+        flag.value = True
+        try:
+            ocp_multihost.sync_global_processes('ckpt_flag', timeout=30)
+        finally:
+            flag.value = False
+        if pid == 0:
+            future.set_signals([signal], operation_id='svc_op')
+        else:
+            future.wait_for_signals([signal], timeout_secs=30, operation_id='svc_op')
         multihost.barrier('svc-orbax-done')
     finally:
         _service.unpatch()
-    return [dataclasses.astuple(r) for r in _service_records('ckpt_subset')]
+    return [dataclasses.astuple(r) for r in _service_records()]
 
 
-def test_orbax_sync_global_processes_with_a_subset_is_recorded_at_its_site(mp_cluster):
-    """orbax's subset barrier (its own client reference) is a record naming orbax's line."""
+def test_orbax_barriers_and_signal_waits_are_recorded_at_orbax_lines(mp_cluster):
+    """orbax's subset barrier, flagged barrier and future's signal wait (its own client
+    reference) are records naming orbax's lines; the timeline aligns them."""
     pytest.importorskip('orbax.checkpoint')
-    got = mp_cluster.run(_orbax_subset_sync, timeout=60)
-    assert got[2] == got[3] == []
-    for p in (0, 1):
-        (rec,) = [_recorder.FlightRecord(*r) for r in got[p]]
-        assert rec.kind == 'service_barrier' and rec.digest == '0,1', rec
-        assert rec.timeout == 30.0 and rec.state == 'passed'
-        path, line = rec.site.rsplit(':', 1)
-        assert path.endswith('orbax/checkpoint/_src/multihost/multihost.py') and line.isdigit()
+    got = mp_cluster.run(_orbax_calls, timeout=60)
     records = {p: [_recorder.FlightRecord(*r) for r in got[p]] for p in range(4)}
-    (step,) = Timeline.build(records, 4).steps
-    assert step.complete and step.missing == (), step  # hosts 2-3 are not in that barrier
+    for p, recs in records.items():
+        want = [('service_barrier', 'ckpt_subset')] if p < 2 else []
+        want.append(('service_barrier', 'ckpt_flag'))
+        if p:
+            want.append(('service_wait', 'svc_op'))
+        assert [(r.kind, r.name.split('/')[0].split('_contract_')[-1]) for r in recs] == want
+        for r in recs:
+            path, line = r.site.rsplit(':', 1)
+            assert path.split('orbax/checkpoint/')[-1] in (
+                '_src/multihost/multihost.py',
+                '_src/futures/signaling_client.py',  # orbax's own client wrapper
+            ), r.site
+            assert line.isdigit() and r.state == 'passed' and r.timeout == 30.0, r
+        assert [r.digest for r in recs if r.name == 'ckpt_subset'] == (['0,1'] if p < 2 else [])
+    steps = {s.label: s for s in Timeline.build(records, 4).steps}
+    assert steps["service barrier 'ckpt_subset'"].complete  # hosts 2-3 are not in it
+    assert steps["service barrier 'ckpt_subset'"].missing == ()
+    assert steps["service barrier 'ckpt_flag'"].hosts == (0, 1, 2, 3)
 
 
 # -- the views, from records in hand (pure) --------------------------------------------
