@@ -33,6 +33,26 @@ def client() -> Any | None:
     return _distributed.global_state.client
 
 
+def client_class() -> type | None:
+    """The class of the coordination-service client, also before `jax.distributed.initialize`.
+
+    INTERNAL: ``type(global_state.client)`` once there is a client; before,
+    the same class from jaxlib's extension module (`jax._src.lib._jax`,
+    ``DistributedRuntimeClient``; a nanobind class whose methods can be
+    replaced on the class). `multihost._job._service` patches its barrier and
+    blocking-get methods, because libraries (orbax) keep their own reference
+    to the client object. None when neither is found (JAX moved it).
+    """
+    c = _distributed.global_state.client
+    if c is not None:
+        return type(c)
+    from jax._src import lib as _lib
+
+    ext = getattr(_lib, '_jax', None) or getattr(_lib, 'xla_extension', None)
+    cls = getattr(ext, 'DistributedRuntimeClient', None)
+    return cls if isinstance(cls, type) else None
+
+
 def preemption_sync_manager() -> Any | None:
     """The preemption sync manager, or None when the service is off.
 

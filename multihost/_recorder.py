@@ -1,7 +1,9 @@
 """The flight recorder: a bounded ring of what this host launched and entered, read only when asked.
 
-Every core collective (`_sequence`) and every watched launch (`_watch`)
-leaves one entry: what it was, where it was called from, when, how long the
+Every core collective (`_sequence`), every watched launch (`_watch`) and,
+once installed, every barrier or key wait a library makes on the
+coordination-service client itself (`_job._service`: kinds `SERVICE_BARRIER`,
+`SERVICE_WAIT`) leaves one entry: what it was, where it was called from, when, how long the
 host waited at the cross-host check, and, for a launch, a weak reference to
 one of its outputs. Nothing polls: whether a launch finished on device is
 found when someone asks (`snapshot`), by ``jax.Array.is_ready()`` of that
@@ -32,6 +34,10 @@ CAPACITY = 2000
 LAUNCHED, DONE, UNKNOWN, FAILED = 'launched', 'done', 'unknown', 'failed'
 #: A collective's state: waiting at the check / through it / it raised.
 WAITING, PASSED = 'waiting', 'passed'
+#: Kinds of a library's own calls on the coordination-service client (a barrier,
+#: a blocking key read): ``'waiting'`` while inside the call, then passed or failed.
+SERVICE_BARRIER, SERVICE_WAIT = 'service_barrier', 'service_wait'
+SERVICE_KINDS = frozenset({SERVICE_BARRIER, SERVICE_WAIT})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,28 +46,40 @@ class FlightRecord:
 
     Attributes:
         n: position in this host's flight record (0-based; every entry counts).
-        kind: ``'launch'`` for a watched call, else the core collective
-            (``'barrier'``, ``'process_allgather'``, ...).
-        name: the watched function's name, or the collective's name.
-        call: launches: this host's call number of ``name`` (0-based), the
-            same on every host that runs the same program; collectives: -1.
+        kind: ``'launch'`` for a watched call, ``'service_barrier'`` /
+            ``'service_wait'`` for a library's own barrier or blocking key
+            read on the coordination-service client, else the core
+            collective (``'barrier'``, ``'process_allgather'``, ...).
+        name: the watched function's name, the collective's name, or the
+            service barrier's id / the key waited for.
+        call: launches and service calls: this host's call number of
+            ``name`` in its kind (0-based), the same on every host that runs
+            the same program; collectives: -1.
         seq: the collective sequence number when the entry was checked across
             hosts (core collectives, watched launches with ``check=True``),
             else None.
         digest: launches: digest of the input signature (structure, shapes,
-            dtypes, shardings, static arguments); collectives: of the data.
+            dtypes, shardings, static arguments); collectives: of the data;
+            service barriers: the processes of a subset barrier (``'0,2'``;
+            empty: every process).
         fingerprint: the compiled executable's fingerprint (jitted launches),
             else empty.
         site: the caller's ``file:line``.
         time: wall-clock time (``time.time()``) of the call, on this host's clock.
         wait: seconds this host waited at the cross-host check (the last host
-            to arrive waits least); None when unchecked or still waiting.
+            to arrive waits least), or inside a service call; None when
+            unchecked or still waiting.
         state: ``'waiting'`` (at the cross-host check), ``'launched'``
             (output not ready on device), ``'done'``,
             ``'unknown'`` (output collected, donated or not an array),
             ``'failed'`` (raised); collectives: ``'waiting'``, ``'passed'``
             or ``'failed'``.
         process: the host's process index.
+        timeout: service calls: the timeout the library passed (seconds);
+            else None.
+        thread: the name of the thread that made the call when it is not
+            the main thread (orbax finalises saves from its own threads);
+            empty for the main thread.
     """
 
     n: int
@@ -76,17 +94,30 @@ class FlightRecord:
     wait: float | None
     state: str
     process: int
+    timeout: float | None = None
+    thread: str = ''
 
     @property
     def is_launch(self) -> bool:
         return self.kind == 'launch'
 
     @property
+    def is_service(self) -> bool:
+        """A library's own barrier or key wait on the coordination-service client."""
+        return self.kind in SERVICE_KINDS
+
+    @property
     def label(self) -> str:
-        """``train_step call #412`` (a launch's call number, labelled) or ``barrier('x') #57``
-        (the collective sequence number: a bare ``#`` is always that one)."""
+        """``train_step call #412`` (a launch's call number, labelled), ``barrier('x') #57``
+        (the collective sequence number: a bare ``#`` is always that one), ``service
+        barrier 'ckpt_3'`` (a library's own barrier; ``call #1`` when the id repeats)."""
         if self.is_launch:
             return f'{self.name} call #{self.call}'
+        if self.kind == SERVICE_BARRIER:
+            again = f' call #{self.call}' if self.call > 0 else ''
+            return f'service barrier {self.name!r}{again}'
+        if self.kind == SERVICE_WAIT:
+            return f'service wait for key {self.name!r}'
         what = f'{self.kind}({self.name!r})' if self.name else self.kind
         return what if self.seq is None else f'{what} #{self.seq}'
 
@@ -118,6 +149,8 @@ class Entry:
         'state',
         'out',
         'returned',
+        'timeout',
+        'thread',
     )
 
     def __init__(
@@ -145,6 +178,8 @@ class Entry:
         self.state = state
         self.out: weakref.ref[Any] | None = None
         self.returned = False  # a launch's call has returned (its output is known)
+        self.timeout: float | None = None
+        self.thread = ''
 
     def current_state(self) -> str:
         """The state now: a launch's output asked whether it is ready (never blocks)."""
@@ -180,6 +215,8 @@ class Entry:
             wait=self.wait,
             state=self.current_state(),
             process=process,
+            timeout=self.timeout,
+            thread=self.thread,
         )
 
 
@@ -189,6 +226,7 @@ class _Recorder:
         self.ring: collections.deque[Entry] = collections.deque(maxlen=CAPACITY)
         self.count = 0
         self.calls: dict[str, int] = {}
+        self.service_calls: dict[tuple[str, str], int] = {}
         self.advanced = time.time()  # when this host last entered or left a recorded call
 
 
@@ -204,11 +242,13 @@ def note(
     site: str,
     fingerprint: str = '',
     checked: bool = True,
+    timeout: float | None = None,
+    thread: str = '',
 ) -> Entry:
-    """Adds an entry (a launch about to start, or a collective being entered) and returns it.
+    """Adds an entry (a launch about to start, a collective or service call being entered).
 
-    Checked entries start ``'waiting'`` (at the cross-host check); an
-    unchecked launch starts ``'launched'``.
+    Checked entries start ``'waiting'`` (at the cross-host check, or inside
+    a service call); an unchecked launch starts ``'launched'``.
     """
     launch = kind == 'launch'
     with _rec.lock:
@@ -218,9 +258,16 @@ def note(
         if launch:
             call = _rec.calls.get(name, 0)
             _rec.calls[name] = call + 1
+        elif kind in SERVICE_KINDS:
+            call = _rec.service_calls.get((kind, name), 0)
+            _rec.service_calls[kind, name] = call + 1
         entry = Entry(
             n, kind, name, call, seq, digest, fingerprint, site, WAITING if checked else LAUNCHED
         )
+        if timeout is not None:
+            entry.timeout = timeout
+        if thread:
+            entry.thread = thread
         _rec.ring.append(entry)
     _rec.advanced = entry.time
     return entry
@@ -258,6 +305,26 @@ def snapshot(process: int, last: int | None = None) -> list[FlightRecord]:
     return [e.record(process) for e in entries]
 
 
+#: How many of its last entries a host reads to say what it waits in (`in_progress`).
+RECENT = 64
+
+
+def in_progress(
+    records: list[FlightRecord],
+) -> tuple[FlightRecord | None, FlightRecord | None, tuple[FlightRecord, ...]]:
+    """(the newest record, the main thread's newest if it is still waiting, the service calls
+    still in progress on other threads, oldest first) of ``records`` (oldest first).
+
+    A library's background thread (orbax finalising a save) may wait in a service barrier
+    while the main thread runs on: that wait is not the main thread's.
+    """
+    last = records[-1] if records else None
+    main = next((r for r in reversed(records) if not r.thread), None)
+    waiting = main if main is not None and main.state == WAITING else None
+    background = tuple(r for r in records if r.thread and r.is_service and r.state == WAITING)
+    return last, waiting, background
+
+
 def last_advanced() -> float:
     """Wall-clock time this host last entered or left a recorded call."""
     return _rec.advanced
@@ -269,6 +336,7 @@ def reset() -> None:
         _rec.ring.clear()
         _rec.count = 0
         _rec.calls.clear()
+        _rec.service_calls.clear()
         _rec.advanced = time.time()
 
 

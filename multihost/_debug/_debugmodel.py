@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from multihost._exchange._sequence import CollectiveRecord
-from multihost._recorder import FlightRecord
+from multihost._recorder import SERVICE_BARRIER, SERVICE_WAIT, FlightRecord
 from multihost._text import fmt_duration, short_site
 
 #: One stack frame: (file name, line number, function name, source line).
@@ -565,6 +565,39 @@ def framework_summary(frames: Sequence[Frame], names: int = 3) -> str:
     return f'{head} ({", ".join(top)}{more})'
 
 
+def display_site(site: str, ours: Sequence[str] = ()) -> str:
+    """A recorded ``file:line`` (or ``file:line in f``) with its file shortened (`display_path`)."""
+    path, sep, line = site.rpartition(':') if ' in ' not in site else site.partition(':')
+    if not sep:
+        return site
+    return display_path(path, ours) + sep + line
+
+
+def waiting_words(rec: FlightRecord, ours: Sequence[str] = ()) -> str:
+    """What follows "waiting" for an entry not yet left (pure): ``"at barrier('x') #7"``, ``"in
+    service barrier 'ckpt' at orbax/checkpoint/.../multihost.py:318"``, ``"for service key 'k'
+    at f.py:3"`` (a library's own calls on the coordination service name their call site)."""
+    if rec.kind == SERVICE_BARRIER:
+        where = f'in {rec.label}'
+    elif rec.kind == SERVICE_WAIT:
+        where = f'for service key {rec.name!r}'
+    elif rec.is_launch:
+        return f'at the cross-host check of launch {rec.label}'
+    else:
+        return f'at {rec.label}'
+    thread = f' (thread {rec.thread!r})' if rec.thread else ''
+    return f'{where} at {display_site(rec.site, ours)}{thread}'
+
+
+def background_words(records: Sequence[FlightRecord], now: float, ours: Sequence[str] = ()) -> str:
+    """``"; also waiting in service barrier 'x' at f.py:3 (thread 'save') for 4 s"`` per
+    service call another thread is inside (empty when none; ``now``: the host's clock)."""
+    return ''.join(
+        f'; also waiting {waiting_words(r, ours)} for {fmt_duration(max(now - r.time, 0.0))}'
+        for r in records
+    )
+
+
 def _what(kind: str, name: str) -> str:
     return f'{kind}({name!r})' if name else kind
 
@@ -631,6 +664,9 @@ class HostStacks:
         ours: the directories of this toolkit's packages on that host: frames
             there are ours (`frame_package`); a file elsewhere named like them
             is not.
+        background: service calls (a library's own barriers and key waits)
+            still in progress on threads other than the main thread, oldest
+            first.
     """
 
     process: int
@@ -651,6 +687,7 @@ class HostStacks:
     cells: tuple[tuple[str, int], ...] = ()
     engine: bool = False
     ours: tuple[str, ...] = ()
+    background: tuple[FlightRecord, ...] = ()
 
     @property
     def main_thread(self) -> ThreadStack | None:
@@ -717,7 +754,13 @@ class HostStacks:
         return 'running' if self.user_frames() else 'idle'
 
     def describe_doing(self, waited: str | None = None, idle: str | None = None) -> str:
-        """`doing`, with the durations given as text (a group shows its range)."""
+        """`doing`, with the durations given as text (a group shows its range), and the
+        service calls other threads are inside."""
+        return self._main_doing(waited, idle) + background_words(
+            self.background, self.time, self.ours
+        )
+
+    def _main_doing(self, waited: str | None, idle: str | None) -> str:
         waited = fmt_duration(self.waiting_for) if waited is None else waited
         idle = fmt_duration(self.idle) if idle is None else idle
         activity = self.activity
@@ -736,8 +779,7 @@ class HostStacks:
         if activity == 'waiting':
             w = self.waiting
             assert w is not None
-            where = f'the cross-host check of launch {w.label}' if w.is_launch else w.label
-            return f'waiting at {where} for {waited}'
+            return f'waiting {waiting_words(w, self.ours)} for {waited}'
         kind, words = self.main_activity
         if kind not in ('', 'user', 'idle') and (activity == 'running' or kind in _BUSY):
             head = words  # in a device wait, a coordination-service barrier, time.sleep...
@@ -781,8 +823,15 @@ class HostStacks:
         """What hosts in the same state share (durations aside): the key views group by.
 
         Same activity and: the same step gate, the same check waited at, or
-        the same innermost user frame and last recorded call.
+        the same innermost user frame and last recorded call; and the same
+        service calls in progress on other threads.
         """
+        main = self._main_state()
+        if not self.background:
+            return main
+        return (*main, tuple((r.kind, r.name, r.call, r.thread) for r in self.background))
+
+    def _main_state(self) -> tuple[Any, ...]:
         # No call sites or cell paths in the key: a cell's file is in a directory
         # named after each host's pid.
         activity = self.activity
@@ -843,6 +892,7 @@ class HostStacks:
         for f in ('waiting', 'last'):
             rec = d[f]
             d[f] = None if rec is None else dataclasses.astuple(rec)
+        d['background'] = [dataclasses.astuple(r) for r in self.background]
         return json.dumps(d, separators=(',', ':'))
 
     @classmethod
@@ -859,4 +909,5 @@ class HostStacks:
                 d[f] = FlightRecord(*d[f])
         d['cells'] = tuple((str(k), int(v)) for k, v in d.get('cells', ()))
         d['ours'] = tuple(str(x) for x in d.get('ours', ()))
+        d['background'] = tuple(FlightRecord(*r) for r in d.get('background', ()))
         return cls(**d)

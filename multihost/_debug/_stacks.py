@@ -25,7 +25,7 @@ MAX_FRAMES = 200
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _internal_dirs() -> tuple[tuple[str, ...], str]:
+def internal_dirs() -> tuple[tuple[str, ...], str]:
     """(package dirs of multihost, jax, jaxlib; the standard library's dir)."""
     import jax
 
@@ -61,7 +61,7 @@ def user_frame(frames: tuple) -> str:
     installed under it), so a host blocked in a barrier shows the line that
     called it.
     """
-    packages, stdlib = _internal_dirs()
+    packages, stdlib = internal_dirs()
     for filename, lineno, func, _ in reversed(frames):
         path = os.path.abspath(filename)
         if filename.startswith('<frozen') or path.startswith(packages):
@@ -131,9 +131,7 @@ def capture(process: int | None = None) -> HostStacks:
     gate = _stepgate.held_at()
     pid = _kv.process_index() if process is None else process
     now = time.time()
-    newest = _recorder.snapshot(pid, last=1)
-    last = newest[-1] if newest else None
-    waiting = last if last is not None and last.state == _recorder.WAITING else None
+    last, waiting, background = _recorder.in_progress(_recorder.snapshot(pid, _recorder.RECENT))
     cells = {f[0] for t in threads for f in t.frames if is_cell(f[0])}
     return HostStacks(
         process=pid,
@@ -148,6 +146,7 @@ def capture(process: int | None = None) -> HostStacks:
         time=now,
         waiting=waiting,
         waiting_for=now - waiting.time if waiting is not None else 0.0,
+        background=background,
         last=last,
         idle=now - _recorder.last_advanced(),
         cells=_cells(cells) if cells else (),

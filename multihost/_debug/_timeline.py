@@ -1,8 +1,9 @@
 """The timeline: every host's flight records aligned step by step, and who arrives last.
 
 A pure model (standard library only; no device, no communication):
-`Timeline.build` aligns checked entries by sequence number and unchecked
-launches by (name, call number); `Timeline.stragglers`, `Timeline.format` and
+`Timeline.build` aligns checked entries by sequence number, unchecked
+launches by (name, call number) and a library's own service barriers and key
+waits by (kind, id, call number); `Timeline.stragglers`, `Timeline.format` and
 `Timeline.to_chrome_trace` read it. `timeline` gathers the records first
 (`_wavefront.flight_records`). See docs/ARCHITECTURE.md, "The timeline".
 """
@@ -16,7 +17,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from multihost._recorder import WAITING, FlightRecord
+from multihost._recorder import SERVICE_BARRIER, SERVICE_KINDS, SERVICE_WAIT, WAITING, FlightRecord
 from multihost._text import fmt_hosts, fmt_seconds
 
 #: The call site prefix of collectives the notebook's magics ran (`_sequence.called_from`).
@@ -27,7 +28,8 @@ FORMAT_ROWS = 20
 #: Per-host lateness columns in `Timeline.format` up to this many hosts.
 MAX_HOST_COLUMNS = 8
 
-# A step's key: ('seq', seq) for checked entries, ('call', name, call) for unchecked launches.
+# A step's key: ('seq', seq) for checked entries, ('call', name, call) for unchecked launches,
+# ('service', kind, name, call) for a library's own service barriers and key waits.
 StepKey = tuple[Any, ...]
 
 
@@ -276,8 +278,9 @@ class Timeline:
             cls_, num = _class_and_number(key)
             missing = []
             outside = False
+            expected = _participants(key, recs)
             for q in hosts:
-                if q in recs:
+                if q in recs or (expected is not None and q not in expected):
                     continue
                 if (q, cls_) in oldest and oldest[q, cls_] > num:
                     outside = True  # before q's window: q's record of it dropped off
@@ -294,7 +297,8 @@ class Timeline:
     def stragglers(self) -> Stragglers:
         """Who arrived last how often, over the program's complete steps (see `Stragglers`):
         the collectives the notebook's magics ran (`TimelineStep.notebook`) are left out."""
-        complete = [s for s in self.steps if s.complete]
+        # A key wait is no rendezvous (one host waits for another's key): not counted.
+        complete = [s for s in self.steps if s.complete and s.kind != SERVICE_WAIT]
         counted = [s for s in complete if not s.notebook]
         counts: dict[int, int] = {}
         for s in counted:
@@ -396,13 +400,18 @@ class Timeline:
                 }
                 if s.seq is not None:
                     args['seq'] = s.seq
-                if r.kind == 'launch':
+                if r.kind == 'launch' or r.is_service:
                     args['call'] = r.call
+                if r.timeout is not None:
+                    args['timeout_s'] = r.timeout
+                if r.thread:
+                    args['thread'] = r.thread
                 if s.clock_compared:
                     args['clock_compared'] = True
                 if s.notebook:
                     args['notebook'] = s.magic  # the toolkit's, not the program's step
-                dur = r.wait if (s.seq is not None and r.wait is not None) else 0.0
+                timed = s.seq is not None or s.kind in SERVICE_KINDS
+                dur = r.wait if (timed and r.wait is not None) else 0.0
                 events.append(
                     {
                         'name': _row_label(s),
@@ -480,13 +489,28 @@ def _key(r: FlightRecord) -> StepKey | None:
         return ('seq', r.seq)
     if r.kind == 'launch' and r.call >= 0:
         return ('call', r.name, r.call)
+    if r.kind in SERVICE_KINDS and r.call >= 0:
+        return ('service', r.kind, r.name, r.call)
     return None
+
+
+def _participants(key: StepKey, recs: Mapping[int, FlightRecord]) -> set[int] | None:
+    """The hosts a step expects (None: every host): a subset barrier's processes (recorded in
+    its digest), only the hosts that waited for a key (a key wait is each host's own)."""
+    if key[0] != 'service':
+        return None
+    if key[1] == SERVICE_WAIT:
+        return set(recs)
+    subset = next(iter(recs.values())).digest
+    return {int(p) for p in subset.split(',') if p.isdigit()} if subset else None
 
 
 def _class_and_number(key: StepKey) -> tuple[Any, int]:
     """(the numbering the key belongs to, its number in it): ``'seq'`` or a launch's name."""
     if key[0] == 'seq':
         return 'seq', int(key[1])
+    if key[0] == 'service':
+        return ('service', key[1], key[2]), int(key[3])
     return ('call', key[1]), int(key[2])
 
 
@@ -495,8 +519,10 @@ def _step(key: StepKey, recs: dict[int, FlightRecord], missing: tuple[int, ...])
     labels = {r.label for r in recs.values()}
     label = first.label if len(labels) == 1 else f'{first.label} (hosts differ)'
     checked = key[0] == 'seq'
+    # A service barrier is a rendezvous: who arrived last waited least, as at a check.
+    by_wait = checked or first.kind == SERVICE_BARRIER
     waiting = tuple(sorted(p for p, r in recs.items() if r.state == WAITING))
-    if checked:
+    if by_wait:
         waits = {p: r.wait for p, r in recs.items() if r.wait is not None}
         top = max(waits.values(), default=0.0)
         lateness = {p: max(top - w, 0.0) for p, w in waits.items()}
@@ -509,7 +535,7 @@ def _step(key: StepKey, recs: dict[int, FlightRecord], missing: tuple[int, ...])
         name=first.name,
         seq=first.seq if checked else None,
         call=first.call,
-        clock_compared=not checked,
+        clock_compared=not by_wait,
         records=dict(sorted(recs.items())),
         lateness=dict(sorted(lateness.items())),
         waiting=waiting,

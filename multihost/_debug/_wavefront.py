@@ -31,7 +31,12 @@ from typing import Any
 
 from multihost import _recorder
 from multihost._debug import _stacks
-from multihost._debug._debugmodel import display_path, stack_activity
+from multihost._debug._debugmodel import (
+    background_words,
+    display_path,
+    stack_activity,
+    waiting_words,
+)
 from multihost._exchange import _bus, _kv
 from multihost._recorder import FlightRecord
 from multihost._text import fmt_duration, fmt_hosts
@@ -64,6 +69,9 @@ class HostFront:
         activity_kind: its kind: ``'coordination'``, ``'device'``, ``'jax'``,
             ``'sleep'``, ``'io'``, ``'lock'``, ``'user'`` (empty: not seen).
         error: why there is no answer (empty when ``answered``).
+        background: service calls (a library's own barriers and key waits on
+            the coordination service) in progress on other threads, oldest first.
+        time: when the host answered (its clock).
     """
 
     process: int
@@ -82,6 +90,8 @@ class HostFront:
     activity: str = ''
     activity_kind: str = ''
     error: str = ''
+    background: tuple[FlightRecord, ...] = ()
+    time: float = 0.0
 
     def launched(self, name: str) -> int:
         """How many times this host launched ``name``."""
@@ -92,8 +102,11 @@ class HostFront:
         """What the host is doing now, in words."""
         if not self.answered:  # the error says it: 'no answer within 10 s', ...
             return self.error or 'no answer'
+        return self._main_doing() + background_words(self.background, self.time)
+
+    def _main_doing(self) -> str:
         if self.waiting is not None:
-            return f'waiting at {self.waiting.label} for {fmt_duration(self.waiting_for)}'
+            return f'waiting {waiting_words(self.waiting)} for {fmt_duration(self.waiting_for)}'
         if self.pending is not None:
             return (
                 f'{self.pending.label} not done on device '
@@ -112,6 +125,7 @@ class HostFront:
         for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting'):
             rec = getattr(self, f)
             d[f] = None if rec is None else dataclasses.astuple(rec)
+        d['background'] = [dataclasses.astuple(r) for r in self.background]
         return json.dumps(d, separators=(',', ':'))
 
     @classmethod
@@ -121,6 +135,7 @@ class HostFront:
             if d.get(f) is not None:
                 d[f] = FlightRecord(*d[f])
         d['calls'] = tuple((str(k), int(v)) for k, v in d.get('calls', ()))
+        d['background'] = tuple(FlightRecord(*r) for r in d.get('background', ()))
         return cls(**d)
 
 
@@ -191,12 +206,12 @@ class Wavefront:
             running: list[HostFront] = []
             for h in answered:
                 if h.waiting is not None:
-                    waiting.setdefault(h.waiting.label, []).append(h)
+                    waiting.setdefault(waiting_words(h.waiting), []).append(h)
                 else:
                     running.append(h)
-            for label, hs in waiting.items():
+            for words, hs in waiting.items():
                 longest = fmt_duration(max(h.waiting_for for h in hs))
-                parts.append(f'{_are([h.process for h in hs])} waiting at {label} for {longest}')
+                parts.append(f'{_are([h.process for h in hs])} waiting {words} for {longest}')
             if waiting:
                 elsewhere = _grouped(running, _position)
                 for ps, position in elsewhere[:MAX_GROUPS]:
@@ -250,17 +265,24 @@ def _more(groups: list[tuple[list[int], str]]) -> list[str]:
 
 def _activity(h: HostFront) -> str:
     if h.activity:
-        return h.activity
-    return f'running user code at {_display_site(h.where)}' if h.where else 'in no user code'
+        return h.activity + _also(h)
+    where = f'running user code at {_display_site(h.where)}' if h.where else 'in no user code'
+    return where + _also(h)
 
 
 def _position(h: HostFront) -> str:
     last = f'last at {h.last.label}' if h.last is not None else 'nothing recorded yet'
     if h.waiting is not None:
-        return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}'
+        return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}' + _also(h)
     if h.activity:
-        return f'{last}, now {h.activity}'
-    return last + (f', now at {_display_site(h.where)}' if h.where else '')
+        return f'{last}, now {h.activity}' + _also(h)
+    return last + (f', now at {_display_site(h.where)}' if h.where else '') + _also(h)
+
+
+def _also(h: HostFront) -> str:
+    """``, and waiting in service barrier 'x' at f.py:3 (thread 'save')`` per service call
+    another thread is inside (no durations: hosts in the same state say the same words)."""
+    return ''.join(f', and waiting {waiting_words(r)}' for r in h.background)
 
 
 def _display_site(where: str) -> str:
@@ -303,7 +325,7 @@ def front(process: int | None = None) -> HostFront:
         frames = _main_stack()
         if _recorder.last_advanced() == advanced:
             break
-    last = records[-1] if records else None
+    last, waiting, background = _recorder.in_progress(records)
     last_launch = next((r for r in reversed(records) if r.is_launch), None)
     last_collective = next((r for r in reversed(records) if not r.is_launch), None)
     pending = None
@@ -314,7 +336,6 @@ def front(process: int | None = None) -> HostFront:
             break
         if r.state == _recorder.LAUNCHED:
             pending = r
-    waiting = last if last is not None and last.state == _recorder.WAITING else None
     where = kind = activity = ''
     if frames is not None:
         where = _stacks.user_frame(frames)
@@ -335,6 +356,8 @@ def front(process: int | None = None) -> HostFront:
         where=where,
         activity=activity,
         activity_kind=kind,
+        background=background,
+        time=now,
     )
 
 
