@@ -16,7 +16,10 @@ before it reports.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -115,3 +118,71 @@ def test_every_cold_host_names_every_hosts_first_call(mp_cluster, what):
         texts.add(r['text'].split('\n', 1)[1])
     assert len(texts) == 1, texts
     assert len({r['seq'] for r in results}) == 1, results
+
+
+# -- launched as a scheduler launches a job: the processes exit after the error ----------
+
+_SCRIPT = """
+import json, os, sys
+import jax
+import numpy as np
+
+jax.config.update('jax_platforms', 'cpu')
+jax.config.update('jax_num_cpu_devices', 2)
+jax.distributed.initialize(
+    coordinator_address=os.environ['COORDINATOR'],
+    num_processes=int(os.environ['NUM_PROCESSES']),
+    process_id=int(os.environ['PROCESS_ID']),
+    initialization_timeout=60,
+)
+import multihost
+
+pid = int(os.environ['PROCESS_ID'])  # jax.process_index() would start the backend
+try:
+    if pid == 2:
+        multihost.process_allgather(np.arange(3))
+    else:
+        multihost.sync_global_devices('ckpt', timeout=20)
+    out = {'error': None}
+except multihost.CollectiveMismatchError as exc:
+    out = {'error': type(exc).__name__, 'text': str(exc)}
+with open(os.path.join(sys.argv[1], f'{pid}.json'), 'w') as f:
+    json.dump(out, f)
+# Process 0's exit takes the others down (fate-sharing): everyone reports first.
+multihost.barrier('reported', timeout=20)
+jax.distributed.shutdown()  # every process leaves together (its own barrier)
+"""
+
+
+def test_a_cold_job_reports_on_every_host_before_it_exits(tmp_path):
+    """Plain processes (env vars, `jax.distributed.initialize` in the script) that exit after."""
+    from multihost.local import free_port
+
+    script = tmp_path / 'job.py'
+    script.write_text(_SCRIPT)
+    env = {**os.environ, 'COORDINATOR': f'127.0.0.1:{free_port()}', 'NUM_PROCESSES': '4'}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path)],
+            env={**env, 'PROCESS_ID': str(i)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in range(4)
+    ]
+    try:
+        for p in procs:
+            p.communicate(timeout=90)
+    finally:
+        for p in procs:
+            p.kill()
+    # Exit codes are JAX's: processes 1-3 often abort in its own exit path
+    # ("terminate called ...", also without multihost); what counts is that
+    # every host said what it knew before process 0 left.
+    site = str(script)
+    for i in range(4):
+        r = json.loads((tmp_path / f'{i}.json').read_text())
+        assert r['error'] == 'CollectiveMismatchError', (i, r)
+        assert f"\n  process 2: process_allgather('tiled=False') at {site}:" in r['text'], r
+        for other in (0, 1, 3):
+            assert f"\n  process {other}: barrier('ckpt') at {site}:" in r['text'], r
