@@ -36,20 +36,25 @@ def _process_mesh(process_count: int) -> Mesh:
     return Mesh(np.array(devices), (_PROCESS_AXIS,))
 
 
+# The process-wide distributed state (`jax.distributed.initialize` fills it in;
+# never replaced): read per collective without a function call.
+_STATE = _jax_adapter.distributed_state()
+
+
 def _process_count() -> int:
     """The number of processes, without starting the JAX backend when `jax.distributed` runs.
 
     A collective's sequence check must come before anything that starts the
     backend (see `process_allgather`); without a distributed client, JAX's count.
     """
-    state = _jax_adapter.distributed_state()
-    return int(state.num_processes) if state.client is not None else jax.process_count()
+    state = _STATE
+    return state.num_processes if state.client is not None else jax.process_count()
 
 
 def _process_index() -> int:
     """This process's index, like `_process_count` (no backend start when distributed)."""
-    state = _jax_adapter.distributed_state()
-    return int(state.process_id) if state.client is not None else jax.process_index()
+    state = _STATE
+    return state.process_id if state.client is not None else jax.process_index()
 
 
 def _identity(xs: _Tree) -> _Tree:
