@@ -81,6 +81,18 @@ def coordinator_address() -> str | None:
     return _distributed.global_state.coordinator_address
 
 
+def backends_started() -> bool:
+    """Whether this process has started its JAX backends (the first device operation does).
+
+    INTERNAL: `jax._src.xla_bridge.backends_are_initialized` — no public API
+    says it; a cold host's backend start waits for every other host's, so the
+    cold-host tests check that a collective's check ran before it.
+    """
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())
+
+
 def device_assignment(sharding: Any) -> list[Any]:
     """The ordered device list of a sharding that is not a `NamedSharding`.
 

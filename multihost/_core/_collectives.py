@@ -36,6 +36,27 @@ def _process_mesh(process_count: int) -> Mesh:
     return Mesh(np.array(devices), (_PROCESS_AXIS,))
 
 
+# The process-wide distributed state (`jax.distributed.initialize` fills it in;
+# never replaced): read per collective without a function call.
+_STATE = _jax_adapter.distributed_state()
+
+
+def _process_count() -> int:
+    """The number of processes, without starting the JAX backend when `jax.distributed` runs.
+
+    A collective's sequence check must come before anything that starts the
+    backend (see `process_allgather`); without a distributed client, JAX's count.
+    """
+    state = _STATE
+    return state.num_processes if state.client is not None else jax.process_count()
+
+
+def _process_index() -> int:
+    """This process's index, like `_process_count` (no backend start when distributed)."""
+    state = _STATE
+    return state.process_id if state.client is not None else jax.process_index()
+
+
 def _identity(xs: _Tree) -> _Tree:
     return xs
 
@@ -162,7 +183,7 @@ def _fits_exchange(arrays: list[np.ndarray]) -> bool:
     if any(a.dtype == object for a in arrays):
         return False
     per_host = sum(a.size * jax.dtypes.canonicalize_dtype(a.dtype).itemsize for a in arrays)
-    return per_host * jax.process_count() <= SMALL_EXCHANGE_BYTES
+    return per_host * _process_count() <= SMALL_EXCHANGE_BYTES
 
 
 def _split(payload: bytes, like: list[np.ndarray]) -> list[np.ndarray]:
@@ -199,7 +220,10 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
     leaves, treedef = jax.tree.flatten(in_tree)
     if not tiled and any(_is_global(x) for x in leaves):
         raise ValueError('Gathering global non-fully-addressable arrays only supports tiled=True')
-    if jax.process_count() == 1:
+    # Up to the check, nothing may start the JAX backend: a cold host's
+    # backend start waits for every other host's, which may be in another
+    # collective (then nobody would ever say so).
+    if _process_count() == 1:
         return jax.tree.unflatten(treedef, _allgather_single(leaves, tiled))
     checked = _sequence.checking_enabled()
     digest = _tree_digest('allgather', treedef, leaves, tiled) if checked else ''
@@ -231,7 +255,7 @@ def _allgather_by_exchange(host: list[np.ndarray], tiled: bool, digest: str) -> 
         b''.join(a.tobytes() for a in mine),
         tree_digest=digest,
     )
-    per_host = [_split(payloads[p], mine) for p in range(jax.process_count())]
+    per_host = [_split(payloads[p], mine) for p in range(_process_count())]
     return [np.concatenate([h[i] for h in per_host]) for i in range(len(mine))]
 
 
@@ -308,10 +332,11 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
         shapes or dtypes.
     """
     leaves, treedef = jax.tree.flatten(in_tree)
-    if jax.process_count() == 1:
+    # No backend start before the check (see `process_allgather`).
+    if _process_count() == 1:
         return jax.tree.unflatten(treedef, [np.asarray(x) for x in leaves])
     if is_source is None:
-        is_source = jax.process_index() == 0
+        is_source = _process_index() == 0
     checked = _sequence.checking_enabled()
     digest = _tree_digest('broadcast', treedef, leaves) if checked else ''
     host = [np.asarray(x) for x in leaves]
