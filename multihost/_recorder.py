@@ -62,6 +62,11 @@ class FlightRecord:
             ``'failed'`` (raised); collectives: ``'waiting'``, ``'passed'``
             or ``'failed'``.
         process: the host's process index.
+        thread: the calling thread's name when it is not the main thread, else empty.
+        lane: off the main thread, what matches the call across hosts and its
+            count there (``'n:ckpt_3#0'``: the barrier name's first use;
+            ``'t:async_save#4'``: that thread name's fifth collective; see
+            `_threads`); else empty.
     """
 
     n: int
@@ -76,6 +81,8 @@ class FlightRecord:
     wait: float | None
     state: str
     process: int
+    thread: str = ''
+    lane: str = ''
 
     @property
     def is_launch(self) -> bool:
@@ -88,6 +95,8 @@ class FlightRecord:
         if self.is_launch:
             return f'{self.name} call #{self.call}'
         what = f'{self.kind}({self.name!r})' if self.name else self.kind
+        if self.thread:
+            what += f' [thread {self.thread!r}]'
         return what if self.seq is None else f'{what} #{self.seq}'
 
     def describe(self) -> str:
@@ -118,6 +127,8 @@ class Entry:
         'state',
         'out',
         'returned',
+        'thread',
+        'lane',
     )
 
     def __init__(
@@ -145,6 +156,8 @@ class Entry:
         self.state = state
         self.out: weakref.ref[Any] | None = None
         self.returned = False  # a launch's call has returned (its output is known)
+        self.thread = ''  # set off the main thread (`_threads`)
+        self.lane = ''
 
     def current_state(self) -> str:
         """The state now: a launch's output asked whether it is ready (never blocks)."""
@@ -180,6 +193,8 @@ class Entry:
             wait=self.wait,
             state=self.current_state(),
             process=process,
+            thread=self.thread,
+            lane=self.lane,
         )
 
 

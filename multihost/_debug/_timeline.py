@@ -474,6 +474,9 @@ def _key(r: FlightRecord) -> StepKey | None:
     """How a record aligns across hosts, or None (an unchecked collective: nothing to align by)."""
     if r.seq is not None:
         return ('seq', r.seq)
+    if r.lane:  # off the main thread: its lane and count there (`_threads`)
+        lane, _, count = r.lane.rpartition('#')
+        return ('lane', lane, int(count))
     if r.kind == 'launch' and r.call >= 0:
         return ('call', r.name, r.call)
     return None
@@ -483,6 +486,8 @@ def _class_and_number(key: StepKey) -> tuple[Any, int]:
     """(the numbering the key belongs to, its number in it): ``'seq'`` or a launch's name."""
     if key[0] == 'seq':
         return 'seq', int(key[1])
+    if key[0] == 'lane':
+        return ('lane', key[1]), int(key[2])
     return ('call', key[1]), int(key[2])
 
 
@@ -490,7 +495,7 @@ def _step(key: StepKey, recs: dict[int, FlightRecord], missing: tuple[int, ...])
     first = recs[min(recs)]
     labels = {r.label for r in recs.values()}
     label = first.label if len(labels) == 1 else f'{first.label} (hosts differ)'
-    checked = key[0] == 'seq'
+    checked = key[0] in ('seq', 'lane')  # both wait at a cross-host check
     waiting = tuple(sorted(p for p, r in recs.items() if r.state == WAITING))
     if checked:
         waits = {p: r.wait for p, r in recs.items() if r.wait is not None}

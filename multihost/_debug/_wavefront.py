@@ -314,7 +314,9 @@ def front(process: int | None = None) -> HostFront:
             break
         if r.state == _recorder.LAUNCHED:
             pending = r
-    waiting = last if last is not None and last.state == _recorder.WAITING else None
+    # What the main thread waits at: another thread's entries (`_threads`) are not its.
+    last_main = next((r for r in reversed(records) if not r.thread), None)
+    waiting = last_main if last_main is not None and last_main.state == _recorder.WAITING else None
     where = kind = activity = ''
     if frames is not None:
         where = _stacks.user_frame(frames)
