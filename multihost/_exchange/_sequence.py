@@ -332,8 +332,24 @@ def _enter(
 
     ``launch``: the flight-recorder entry of a watched launch being checked
     (it gets the sequence number and the wait); otherwise a collective entry
-    is added here.
+    is added here. Off the main thread, the collective takes no number in
+    this sequence: `_threads` matches it by barrier name or thread name.
     """
+    if threading.get_ident() != _MAIN_THREAD:
+        from multihost._exchange import _threads  # it imports this module: only when needed
+
+        return _threads.enter(
+            kind,
+            name,
+            tree_digest=tree_digest,
+            timeout=timeout,
+            site=site,
+            mismatch_prefix=mismatch_prefix,
+            payload=payload,
+            fail=fail,
+            read=read,
+            launch=launch,
+        )
     pid = _kv.process_index()
     with _state.lock:
         seq = _state.next_seq
