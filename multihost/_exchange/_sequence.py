@@ -335,10 +335,8 @@ def _enter(
     is added here. Off the main thread, the collective takes no number in
     this sequence: `_threads` matches it by barrier name or thread name.
     """
-    if threading.get_ident() != _MAIN_THREAD:
-        from multihost._exchange import _threads  # it imports this module: only when needed
-
-        return _threads.enter(
+    if threading.get_ident() != _MAIN_THREAD and _off_main is not None:
+        return _off_main.enter(
             kind,
             name,
             tree_digest=tree_digest,
@@ -542,10 +540,8 @@ def stage_dir(rec: CollectiveRecord, stage: str) -> str:
     the round's values), e.g. one large value the round's other hosts read on
     demand; they are deleted with the collective's epoch.
     """
-    if rec.lane:
-        from multihost._exchange import _threads
-
-        return f'{_threads.round_dir(rec)}/{stage}'
+    if rec.lane and _off_main is not None:
+        return f'{_off_main.round_dir(rec)}/{stage}'
     return f'{_kv.epoch_dir(rec.seq)}/{rec.seq}/{stage}'
 
 
@@ -594,6 +590,18 @@ _NEW_MARK = json.dumps({'data': base64.b64encode(b'n').decode()}, separators=(',
 #: host enters a collective, starts the debug thread and, with stepping on,
 #: returns the step gate to pass before the host counts as arrived.
 _enter_hook: Callable[[Any, CollectiveRecord], Callable[[], None] | None] | None = None
+
+
+#: Set by `_threads` when it is imported (`multihost` imports it): the
+#: module that enters collectives called off the main thread (`enter`) and
+#: says where their keys live (`round_dir`).
+_off_main: Any = None
+
+
+def set_off_main(module: Any) -> None:
+    """Installs the module that handles collectives off the main thread (see `_threads`)."""
+    global _off_main
+    _off_main = module
 
 
 def set_enter_hook(hook: Callable[[Any, CollectiveRecord], Callable[[], None] | None]) -> None:

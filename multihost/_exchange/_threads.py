@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -230,3 +231,6 @@ def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTim
         missing=missing,
         positions=where,
     )
+
+
+_sequence.set_off_main(sys.modules[__name__])
