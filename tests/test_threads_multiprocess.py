@@ -240,3 +240,54 @@ def test_orbax_async_save_beside_main_thread_collectives(mp_cluster, tmp_path):
     # The thread names and the off-main barrier names are the same on every host.
     assert len({tuple(r['threads']) for r in results}) == 1
     assert len({tuple(r['off_main']) for r in results}) == 1
+
+
+# -- one process, and the views ---------------------------------------------------------
+
+
+def test_one_process_thread_collectives_are_recorded_in_lanes_not_the_sequence():
+    """Off the main thread a collective takes no sequence number; its record names the thread."""
+    before = _sequence.position()
+    out: dict = {}
+
+    def work() -> None:
+        multihost.barrier('solo')
+        multihost.barrier('solo')
+        out['gathered'] = multihost.process_allgather(np.arange(2)).tolist()
+        out['records'] = [(r.lane, r.thread, r.seq, r.label) for r in _recorder.snapshot(0)[-2:]]
+
+    t = threading.Thread(target=work, name='solo-thread')
+    t.start()
+    t.join(30)
+    assert _sequence.position() == before
+    assert out['gathered'] == [[0, 1]]
+    assert out['records'] == [
+        ('n:solo#0', 'solo-thread', None, "barrier('solo') [thread 'solo-thread']"),
+        ('n:solo#1', 'solo-thread', None, "barrier('solo') [thread 'solo-thread']"),
+    ]  # one process: process_allgather enters no collective
+
+
+def test_timeline_aligns_thread_collectives_by_lane_at_any_position():
+    """Hosts whose threads' barrier sits at different flight-record positions share one step."""
+    from multihost import FlightRecord, Timeline
+
+    def rec(p: int, n: int, kind: str, name: str, seq: int | None, lane: str, t: float):
+        thread = 'async_save' if lane else ''
+        return FlightRecord(
+            n, kind, name, -1, seq, '', '', 'x.py:1', t, 0.01, 'passed', p, thread, lane
+        )
+
+    records = {
+        0: [
+            rec(0, 0, 'barrier', 'step-0', 0, '', 1.0),
+            rec(0, 1, 'barrier', 'ckpt_0', None, 'n:ckpt_0#0', 1.1),
+        ],
+        1: [
+            rec(1, 0, 'barrier', 'ckpt_0', None, 'n:ckpt_0#0', 1.05),
+            rec(1, 1, 'barrier', 'step-0', 0, '', 1.2),
+        ],
+    }
+    tl = Timeline.build(records, 2)
+    labels = sorted(s.label for s in tl.steps)
+    assert labels == ["barrier('ckpt_0') [thread 'async_save']", "barrier('step-0') #0"]
+    assert all(s.complete and not s.clock_compared for s in tl.steps)
