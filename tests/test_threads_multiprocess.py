@@ -150,13 +150,24 @@ def _unkeyed_body(timeout: float) -> dict:
         t.join(timeout + 30)
     finally:
         del os.environ['MULTIHOST_TIMEOUT']
+
+    def mismatched() -> None:  # same thread name, other shapes on process 2: a mismatch
+        try:
+            multihost.process_allgather(np.ones(3 if pid == 2 else 2))
+        except multihost.CollectiveMismatchError as exc:
+            out['mismatch'] = str(exc)
+
+    t = threading.Thread(target=mismatched, name='checker')
+    t.start()
+    t.join(30)
     multihost.barrier('after-unkeyed')
     return out
 
 
 def test_unkeyed_collective_in_a_thread_of_another_name_times_out(mp_cluster):
     """process_allgather off the main thread is matched by thread name: a host whose thread is
-    named otherwise is reported missing, with where its threads are."""
+    named otherwise is reported missing, with where its threads are; alike-named threads
+    passing other shapes get a mismatch on every host."""
     results = mp_cluster.run(_unkeyed_body, 3.0, timeout=60)
     for pid, r in enumerate(results):
         msg = r['message']
@@ -166,6 +177,8 @@ def test_unkeyed_collective_in_a_thread_of_another_name_times_out(mp_cluster):
         assert 'process 1 did not arrive' in msg, msg
         assert "thread 'loader-1' last reached process_allgather" in msg, msg
         assert "no thread named 'loader' entered a collective" in msg, msg
+    for r in results:
+        assert "collective sequence mismatch at #0 of thread 'checker'" in r['mismatch']
 
 
 def _orbax_body(path: str) -> dict:
