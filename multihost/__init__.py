@@ -56,6 +56,7 @@ from multihost._errors import (
     ProcessFailureError,
     StepTimeoutError,
 )
+from multihost._exchange import _threads  # noqa: F401  (handles collectives off the main thread)
 from multihost._exchange._bus import start_debug_daemon
 from multihost._exchange._sequence import DEFAULT_TIMEOUT, CollectiveRecord
 from multihost._recorder import FlightRecord

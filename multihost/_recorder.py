@@ -80,6 +80,10 @@ class FlightRecord:
         thread: the name of the thread that made the call when it is not
             the main thread (orbax finalises saves from its own threads);
             empty for the main thread.
+        lane: off the main thread, what matches the call across hosts and its
+            count there (``'n:ckpt_3#0'``: the barrier name's first use;
+            ``'t:async_save#4'``: that thread name's fifth collective; see
+            `_threads`); else empty.
     """
 
     n: int
@@ -96,6 +100,7 @@ class FlightRecord:
     process: int
     timeout: float | None = None
     thread: str = ''
+    lane: str = ''
 
     @property
     def is_launch(self) -> bool:
@@ -119,6 +124,8 @@ class FlightRecord:
         if self.kind == SERVICE_WAIT:
             return f'service wait for key {self.name!r}'
         what = f'{self.kind}({self.name!r})' if self.name else self.kind
+        if self.thread:
+            what += f' [thread {self.thread!r}]'
         return what if self.seq is None else f'{what} #{self.seq}'
 
     def describe(self) -> str:
@@ -151,6 +158,7 @@ class Entry:
         'returned',
         'timeout',
         'thread',
+        'lane',
     )
 
     def __init__(
@@ -179,7 +187,8 @@ class Entry:
         self.out: weakref.ref[Any] | None = None
         self.returned = False  # a launch's call has returned (its output is known)
         self.timeout: float | None = None
-        self.thread = ''
+        self.thread = ''  # set off the main thread (`_threads`, `_job._service`)
+        self.lane = ''
 
     def current_state(self) -> str:
         """The state now: a launch's output asked whether it is ready (never blocks)."""
@@ -217,6 +226,7 @@ class Entry:
             process=process,
             timeout=self.timeout,
             thread=self.thread,
+            lane=self.lane,
         )
 
 
@@ -312,8 +322,8 @@ RECENT = 64
 def in_progress(
     records: list[FlightRecord],
 ) -> tuple[FlightRecord | None, FlightRecord | None, tuple[FlightRecord, ...]]:
-    """(the newest record, the main thread's newest if it is still waiting, the service calls
-    still in progress on other threads, oldest first) of ``records`` (oldest first).
+    """(the newest record, the main thread's newest if it is still waiting, the calls still
+    in progress on other threads, oldest first) of ``records`` (oldest first).
 
     A library's background thread (orbax finalising a save) may wait in a service barrier
     while the main thread runs on: that wait is not the main thread's.
@@ -321,7 +331,8 @@ def in_progress(
     last = records[-1] if records else None
     main = next((r for r in reversed(records) if not r.thread), None)
     waiting = main if main is not None and main.state == WAITING else None
-    background = tuple(r for r in records if r.thread and r.is_service and r.state == WAITING)
+    # Another thread's wait: a library's service call, or a collective off the main thread.
+    background = tuple(r for r in records if r.thread and r.state == WAITING)
     return last, waiting, background
 
 

@@ -487,6 +487,9 @@ def _key(r: FlightRecord) -> StepKey | None:
     """How a record aligns across hosts, or None (an unchecked collective: nothing to align by)."""
     if r.seq is not None:
         return ('seq', r.seq)
+    if r.lane:  # off the main thread: its lane and count there (`_threads`)
+        lane, _, count = r.lane.rpartition('#')
+        return ('lane', lane, int(count))
     if r.kind == 'launch' and r.call >= 0:
         return ('call', r.name, r.call)
     if r.kind in SERVICE_KINDS and r.call >= 0:
@@ -511,6 +514,8 @@ def _class_and_number(key: StepKey) -> tuple[Any, int]:
         return 'seq', int(key[1])
     if key[0] == 'service':
         return ('service', key[1], key[2]), int(key[3])
+    if key[0] == 'lane':
+        return ('lane', key[1]), int(key[2])
     return ('call', key[1]), int(key[2])
 
 
@@ -518,7 +523,7 @@ def _step(key: StepKey, recs: dict[int, FlightRecord], missing: tuple[int, ...])
     first = recs[min(recs)]
     labels = {r.label for r in recs.values()}
     label = first.label if len(labels) == 1 else f'{first.label} (hosts differ)'
-    checked = key[0] == 'seq'
+    checked = key[0] in ('seq', 'lane')  # both wait at a cross-host check
     # A service barrier is a rendezvous: who arrived last waited least, as at a check.
     by_wait = checked or first.kind == SERVICE_BARRIER
     waiting = tuple(sorted(p for p, r in recs.items() if r.state == WAITING))

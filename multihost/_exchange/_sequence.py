@@ -87,6 +87,11 @@ class CollectiveRecord:
         time: wall-clock time (``time.time()``) when the call was entered.
         process: the process index that made the call.
         fail: why this host could not take part (`fail_turn`), else empty.
+        lane: empty for the main thread's collectives; off the main thread,
+            what matches them across hosts (`_threads`): ``'n:<barrier
+            name>'`` or ``'t:<thread name>'``; ``seq`` is then the count in
+            that lane.
+        thread: the calling thread's name, off the main thread (else empty).
     """
 
     seq: int
@@ -97,12 +102,16 @@ class CollectiveRecord:
     time: float
     process: int
     fail: str = ''
+    lane: str = ''
+    thread: str = ''
 
     def to_json(self, payload: bytes | None = None) -> str:
         """The record as published; ``payload`` rides along, base64, as a last field ``data``."""
         # Fields in declaration order, "seq" first (rounds recognise a record by
         # its prefix); no `dataclasses.asdict`, which deep-copies (hot path).
-        fields: dict[str, Any] = {f: getattr(self, f) for f in _RECORD_FIELDS}
+        fields: dict[str, Any] = {f: getattr(self, f) for f in _PUBLISHED_FIELDS}
+        if self.lane:  # off the main thread only: main-thread records stay as they were
+            fields['lane'], fields['thread'] = self.lane, self.thread
         if payload is not None:
             fields['data'] = base64.b64encode(payload).decode()
         return json.dumps(fields, separators=(',', ':'))
@@ -115,10 +124,16 @@ class CollectiveRecord:
     def describe(self) -> str:
         """A one-line human description: ``sync_global_devices('ckpt') at train.py:42``."""
         what = f'{self.kind}({self.name!r})' if self.name else self.kind
+        if self.lane.startswith('n:'):  # matched by name: its count says little
+            return f'{what} at {self.site} [thread {self.thread!r}]'
+        if self.lane:
+            return f'{what} at {self.site} [thread {self.thread!r} #{self.seq}]'
         return f'{what} at {self.site} [#{self.seq}]'
 
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(CollectiveRecord))
+#: What every record publishes (``lane`` and ``thread`` only when set).
+_PUBLISHED_FIELDS = _RECORD_FIELDS[:-2]
 
 
 def digest(obj: Any) -> str:
@@ -169,7 +184,7 @@ _INSIDE: dict[str, bool] = {}
 
 
 class _State:
-    """Per-process sequence state; collectives are entered from one thread."""
+    """Per-process sequence state: the main thread's collectives (other threads': `_threads`)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -179,6 +194,8 @@ class _State:
 
 
 _state = _State()
+#: The thread whose collectives this sequence numbers (others: `_threads`).
+_MAIN_THREAD = threading.main_thread().ident
 
 
 def history() -> list[CollectiveRecord]:
@@ -315,8 +332,22 @@ def _enter(
 
     ``launch``: the flight-recorder entry of a watched launch being checked
     (it gets the sequence number and the wait); otherwise a collective entry
-    is added here.
+    is added here. Off the main thread, the collective takes no number in
+    this sequence: `_threads` matches it by barrier name or thread name.
     """
+    if threading.get_ident() != _MAIN_THREAD and _off_main is not None:
+        return _off_main.enter(
+            kind,
+            name,
+            tree_digest=tree_digest,
+            timeout=timeout,
+            site=site,
+            mismatch_prefix=mismatch_prefix,
+            payload=payload,
+            fail=fail,
+            read=read,
+            launch=launch,
+        )
     pid = _kv.process_index()
     with _state.lock:
         seq = _state.next_seq
@@ -509,6 +540,8 @@ def stage_dir(rec: CollectiveRecord, stage: str) -> str:
     the round's values), e.g. one large value the round's other hosts read on
     demand; they are deleted with the collective's epoch.
     """
+    if rec.lane and _off_main is not None:
+        return f'{_off_main.round_dir(rec)}/{stage}'
     return f'{_kv.epoch_dir(rec.seq)}/{rec.seq}/{stage}'
 
 
@@ -557,6 +590,18 @@ _NEW_MARK = json.dumps({'data': base64.b64encode(b'n').decode()}, separators=(',
 #: host enters a collective, starts the debug thread and, with stepping on,
 #: returns the step gate to pass before the host counts as arrived.
 _enter_hook: Callable[[Any, CollectiveRecord], Callable[[], None] | None] | None = None
+
+
+#: Set by `_threads` when it is imported (`multihost` imports it): the
+#: module that enters collectives called off the main thread (`enter`) and
+#: says where their keys live (`round_dir`).
+_off_main: Any = None
+
+
+def set_off_main(module: Any) -> None:
+    """Installs the module that handles collectives off the main thread (see `_threads`)."""
+    global _off_main
+    _off_main = module
 
 
 def set_enter_hook(hook: Callable[[Any, CollectiveRecord], Callable[[], None] | None]) -> None:
@@ -659,13 +704,18 @@ def _error(verdict: _kv.Verdict, rec: CollectiveRecord, mismatch_prefix: str | N
         what = next(iter(calls.values())).kind if calls else rec.kind
         lines = [f'  {fmt_hosts(ps)}: {r}' for r, ps in by_reason.items()]
         return HostFailedError(
-            f'{what} [#{rec.seq}] could not run on {fmt_hosts(reasons)}:\n'
+            f'{what} [{_at(rec)}] could not run on {fmt_hosts(reasons)}:\n'
             + '\n'.join(lines)
             + '\nEvery host left this collective; the next one lines up as usual.',
             seq=rec.seq,
             reasons=reasons,
         )
     return _mismatch_error(rec, calls, mismatch_prefix)
+
+
+def _at(rec: CollectiveRecord) -> str:
+    """``#57``, or off the main thread ``#3 of thread 'saver'`` (a count in its own lane)."""
+    return f'#{rec.seq} of thread {rec.thread!r}' if rec.lane else f'#{rec.seq}'
 
 
 def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTimeoutError:
@@ -710,7 +760,7 @@ def _mismatch_error(
         head = mismatch_prefix or f'barrier name mismatch ({rec.name!r})'
         return BarrierMismatchError(
             f'{head}: hosts passed different barrier names at collective '
-            f'#{rec.seq}:\n' + '\n'.join(lines),
+            f'{_at(rec)}:\n' + '\n'.join(lines),
             seq=rec.seq,
             calls=calls,
             names=names,
@@ -720,7 +770,7 @@ def _mismatch_error(
         why = 'hosts called different collectives'
     else:
         why = f'hosts called {rec.kind} on data of different structure, shapes or dtypes'
-    head = f'collective sequence mismatch at #{rec.seq}: {why}'
+    head = f'collective sequence mismatch at {_at(rec)}: {why}'
     if mismatch_prefix and rec.kind == 'barrier':
         head = f'{mismatch_prefix}: {head}'
     return CollectiveMismatchError(
