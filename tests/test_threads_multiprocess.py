@@ -287,7 +287,7 @@ def test_timeline_aligns_thread_collectives_by_lane_at_any_position():
     def rec(p: int, n: int, kind: str, name: str, seq: int | None, lane: str, t: float):
         thread = 'async_save' if lane else ''
         return FlightRecord(
-            n, kind, name, -1, seq, '', '', 'x.py:1', t, 0.01, 'passed', p, thread, lane
+            n, kind, name, -1, seq, '', '', 'x.py:1', t, 0.01, 'passed', p, thread=thread, lane=lane
         )
 
     records = {
