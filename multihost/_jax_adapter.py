@@ -21,6 +21,16 @@ from typing import Any
 # by any public module.
 from jax._src import distributed as _distributed
 
+# INTERNAL: `jax._src.core.trace_state_clean` (no trace is active: the eval
+# trace, or none yet) and `jax._src.config.disable_jit` (the `jax.disable_jit()`
+# state). Public JAX says neither; `multihost.install`'s jitted functions ask
+# both on every call to tell a launch from a call being traced (inside an
+# outer jit, scan, grad or vmap, with or without tracer arguments) or run
+# eagerly op by op, in well under a microsecond and without flattening the
+# arguments.
+from jax._src import config as _config
+from jax._src import core as _core
+
 
 def client() -> Any | None:
     """The coordination-service client, or None when JAX is not distributed.
@@ -108,3 +118,24 @@ def fingerprint(compiled: Any) -> str:
         except UnicodeDecodeError:
             return fp.hex()
     return str(fp)
+
+
+_trace_state_clean = _core.trace_state_clean
+_disable_jit = _config.disable_jit
+
+
+def launches_now() -> bool:
+    """Whether a jitted function called now launches a computation (nothing traces, jit on)."""
+    return _trace_state_clean() and not _disable_jit.value
+
+
+def exclude_from_tracebacks(path: str) -> None:
+    """Hides the frames of the file ``path`` in the tracebacks JAX filters, like its own.
+
+    INTERNAL: `jax._src.traceback_util.register_exclusion`; `multihost.install`
+    wraps every jitted function, and its one frame between the user's call and
+    JAX's is noise in a traceback JAX shortens.
+    """
+    from jax._src import traceback_util
+
+    traceback_util.register_exclusion(path)

@@ -62,6 +62,9 @@ class FlightRecord:
             ``'failed'`` (raised); collectives: ``'waiting'``, ``'passed'``
             or ``'failed'``.
         process: the host's process index.
+        spans: launches recorded by `multihost.install`: whether the computation
+            spans devices of more than one process (None when not known: other
+            launches, collectives, or a call whose outputs hold no array yet).
     """
 
     n: int
@@ -76,6 +79,7 @@ class FlightRecord:
     wait: float | None
     state: str
     process: int
+    spans: bool | None = None
 
     @property
     def is_launch(self) -> bool:
@@ -118,6 +122,7 @@ class Entry:
         'state',
         'out',
         'returned',
+        'spans',
     )
 
     def __init__(
@@ -145,6 +150,7 @@ class Entry:
         self.state = state
         self.out: weakref.ref[Any] | None = None
         self.returned = False  # a launch's call has returned (its output is known)
+        self.spans: bool | None = None  # the launch spans devices of other processes
 
     def current_state(self) -> str:
         """The state now: a launch's output asked whether it is ready (never blocks)."""
@@ -180,6 +186,7 @@ class Entry:
             wait=self.wait,
             state=self.current_state(),
             process=process,
+            spans=self.spans,
         )
 
 
