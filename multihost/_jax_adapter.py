@@ -21,8 +21,9 @@ from typing import Any
 # by any public module.
 from jax._src import distributed as _distributed
 
-# INTERNAL: `jax._src.core.trace_state_clean` (no trace is active: the eval
-# trace, or none yet) and `jax._src.config.disable_jit` (the `jax.disable_jit()`
+# INTERNAL: `jax._src.core`'s trace state (what `core.trace_state_clean` reads:
+# the current trace is the eval trace, or none yet, and the axis environment
+# is the top one) and `jax._src.config.disable_jit` (the `jax.disable_jit()`
 # state). Public JAX says neither; `multihost.install`'s jitted functions ask
 # both on every call to tell a launch from a call being traced (inside an
 # outer jit, scan, grad or vmap, with or without tracer arguments) or run
@@ -120,13 +121,22 @@ def fingerprint(compiled: Any) -> str:
     return str(fp)
 
 
-_trace_state_clean = _core.trace_state_clean
+_trace = _core.trace_state_strong_ref  # `trace_ctx.trace` without the property
+_axis_env = _core.axis_env_state  # `trace_ctx.axis_env`
+_eval_trace = _core.eval_trace
+_top_axis_env = _core.top_axis_env
 _disable_jit = _config.disable_jit
 
 
 def launches_now() -> bool:
-    """Whether a jitted function called now launches a computation (nothing traces, jit on)."""
-    return _trace_state_clean() and not _disable_jit.value
+    """Whether a jitted function called now launches a computation (nothing traces, jit on).
+
+    `jax._src.core.trace_state_clean` inlined (three C++ reads, no Python
+    call inside): the hot path of every installed jitted call.
+    """
+    trace = _trace.value
+    clean = trace is None or (trace is _eval_trace and _axis_env.value is _top_axis_env)
+    return clean and not _disable_jit.value
 
 
 def exclude_from_tracebacks(path: str) -> None:

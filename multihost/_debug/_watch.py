@@ -559,14 +559,18 @@ def first_array(out: Any) -> Any:
     for _ in range(4):  # (out, aux), [arrays], {name: array}: descend into the first item
         if type(out) in _CONCRETE:
             return out
-        if isinstance(out, jax.Array):
+        if isinstance(out, (tuple, list)):  # containers first: no ABC check for them
+            if not out:
+                break
+            out = out[0]
+        elif isinstance(out, dict):
+            if not out:
+                break
+            out = next(iter(out.values()))
+        elif isinstance(out, jax.Array):
             if _is_concrete_array(out):  # its type remembered: a set lookup next time
                 return out
             break
-        if isinstance(out, (tuple, list)) and out:
-            out = out[0]
-        elif isinstance(out, dict) and out:
-            out = next(iter(out.values()))
         else:
             break
     key = None

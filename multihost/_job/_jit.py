@@ -86,12 +86,22 @@ class Jitted:
     JAX's object inside.
     """
 
-    __slots__ = ('_fn', '_name', '_spans', '_watched', '_by_key', '__dict__', '__weakref__')
+    __slots__ = (
+        '_fn',
+        '_name',
+        '_spans',
+        '_sharding',
+        '_watched',
+        '_by_key',
+        '__dict__',
+        '__weakref__',
+    )
 
     def __init__(self, fn: Any) -> None:
         self._fn = fn
         self._name = _name(fn)
         self._spans: bool | None = None  # the last launch's answer
+        self._sharding: Any = None  # ... read from this output sharding
         self._watched: _watch.Watched | None = None  # check_jit only: signatures, the check
         self._by_key: dict[Any, bool] = {}  # check_jit only: signature -> spans processes
         self.__dict__.update(getattr(fn, '__dict__', {}))  # __wrapped__, __name__, _jit_info...
@@ -122,7 +132,10 @@ class Jitted:
         try:
             first = _watch.first_array(out)
             if first is not None:
-                entry.spans = self._spans = _spans_of(first.sharding)
+                sharding = first.sharding
+                if sharding is not self._sharding:  # JAX reuses a program's output shardings
+                    self._spans, self._sharding = _spans_of(sharding), sharding
+                entry.spans = self._spans
         except Exception:  # an output JAX made but this cannot read: record without it
             first = None
         _recorder.launched(entry, first)
