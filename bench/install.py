@@ -139,9 +139,7 @@ def _percentile(xs: list[float], q: float) -> float:
 
 def _paired_us(per: list[dict[str, Any]], case: str, base: str) -> list[float]:
     """Per process and repetition, ``case`` minus ``base`` CPU per call (us)."""
-    return [
-        (a - b) * 1e6 for p in per for a, b in zip(p['cpu'][case], p['cpu'][base], strict=True)
-    ]
+    return [(a - b) * 1e6 for p in per for a, b in zip(p['cpu'][case], p['cpu'][base], strict=True)]
 
 
 def _report(per: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:

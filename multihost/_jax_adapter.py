@@ -15,12 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-# INTERNAL: `jax._src.distributed.global_state` is the process-wide state that
-# `jax.distributed.initialize` fills in. Its `.client` (a
-# `DistributedRuntimeClient`) and `.preemption_sync_manager` are not exported
-# by any public module.
-from jax._src import distributed as _distributed
-
 # INTERNAL: `jax._src.core`'s trace state (what `core.trace_state_clean` reads:
 # the current trace is the eval trace, or none yet, and the axis environment
 # is the top one) and `jax._src.config.disable_jit` (the `jax.disable_jit()`
@@ -31,6 +25,12 @@ from jax._src import distributed as _distributed
 # arguments.
 from jax._src import config as _config
 from jax._src import core as _core
+
+# INTERNAL: `jax._src.distributed.global_state` is the process-wide state that
+# `jax.distributed.initialize` fills in. Its `.client` (a
+# `DistributedRuntimeClient`) and `.preemption_sync_manager` are not exported
+# by any public module.
+from jax._src import distributed as _distributed
 
 
 def client() -> Any | None:

@@ -91,7 +91,9 @@ def test_results_stages_and_attributes_are_jax_s(installed):
     assert ours.__qualname__ == raw.__qualname__ and ours.__doc__ == raw.__doc__
     assert ours.__module__ == raw.__module__
     assert inspect.signature(ours) == inspect.signature(raw)
-    assert ours._jit_info is ours._multihost_unrecorded._jit_info  # JAX's attributes, read by libraries
+    assert (
+        ours._jit_info is ours._multihost_unrecorded._jit_info
+    )  # JAX's attributes, read by libraries
     assert re.sub('0x[0-9a-f]+', '', repr(ours)) == re.sub('0x[0-9a-f]+', '', repr(raw))
     assert isinstance(ours, jax.stages.Wrapped)
     ours.clear_cache()
@@ -149,7 +151,10 @@ def _pickle_error(fn: Any) -> tuple[type, str]:
 
 
 def test_pickling_fails_exactly_as_jax_s_does(installed):
-    source = 'import jax\n@jax.jit\ndef g(x):\n    return x + 1\ndef h(x):\n    return x\nhj = jax.jit(h)\n'
+    source = (
+        'import jax\n@jax.jit\ndef g(x):\n    return x + 1\n'
+        'def h(x):\n    return x\nhj = jax.jit(h)\n'
+    )
     ours = _module('jitted_lib_ours', source)
     assert isinstance(ours.g, _jit.Jitted)
     _jit.unpatch()
@@ -207,7 +212,9 @@ def test_every_launch_is_recorded_with_name_site_and_devices(installed):
         out = train_step(x, 0.5 + k)
     out.block_until_ready()
     recs = _launches()
-    assert [(r.kind, r.name, r.call) for r in recs] == [('launch', 'train_step', k) for k in range(3)]
+    assert [(r.kind, r.name, r.call) for r in recs] == [
+        ('launch', 'train_step', k) for k in range(3)
+    ]
     line = source_line(test_every_launch_is_recorded_with_name_site_and_devices, 'out = train')
     assert {r.site for r in recs} == {f'{__file__}:{line}'}
     assert all(r.spans is False for r in recs)  # one process: its own devices only

@@ -165,7 +165,7 @@ class Watched:
         return self._key(args, kwargs)
 
     def compiled_signature(self, args: tuple, kwargs: dict) -> _Signature:
-        """A signature's description, compiled (`launch` takes it): its devices known before launch."""
+        """A signature's description, compiled (`launch` takes it): its devices known early."""
         sig = self._describe(args, kwargs)
         self._compile(sig, args, kwargs)
         return sig

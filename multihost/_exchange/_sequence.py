@@ -146,7 +146,7 @@ def called_from(site: str) -> Iterator[None]:
 
 
 def site_override() -> str | None:
-    """The site `called_from` set for this context, or None (callers that walk frames their own way)."""
+    """The site `called_from` set for this context, or None (for callers that walk frames)."""
     return _site_override.get()
 
 

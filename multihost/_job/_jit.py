@@ -117,7 +117,9 @@ class Jitted:
             return fn(*args, **kwargs)
         if _CHECK:
             return self._checked(args, kwargs)
-        entry = _recorder.note('launch', self._name, seq=None, digest='', site=_site(), checked=False)
+        entry = _recorder.note(
+            'launch', self._name, seq=None, digest='', site=_site(), checked=False
+        )
         entry.spans = self._spans
         try:
             out = fn(*args, **kwargs)
