@@ -106,6 +106,24 @@ class Jitted:
         self._by_key: dict[Any, bool] = {}  # check_jit only: signature -> spans processes
         self.__dict__.update(getattr(fn, '__dict__', {}))  # __wrapped__, __name__, _jit_info...
 
+    # JAX's stages, on the class: `jax.stages.Wrapped` (a runtime protocol) looks
+    # for them there, not through `__getattr__`.
+    @property
+    def lower(self) -> Any:
+        return self._fn.lower
+
+    @property
+    def trace(self) -> Any:
+        return self._fn.trace
+
+    @property
+    def eval_shape(self) -> Any:
+        return self._fn.eval_shape
+
+    @property
+    def clear_cache(self) -> Any:
+        return self._fn.clear_cache
+
     @property
     def _multihost_unrecorded(self) -> Any:
         """JAX's jitted function inside (`multihost.watch` records it once, not twice)."""
