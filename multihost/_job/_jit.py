@@ -318,8 +318,11 @@ def _modules() -> Iterator[dict[str, Any]]:
 
 def _replace(pairs: dict[int, tuple[Any, Any]]) -> None:
     """Every module reference to an ``old`` object becomes ``new`` (``pairs``: id(old) -> both)."""
+    ids = set(pairs)
     for namespace in _modules():
         try:
+            if ids.isdisjoint(map(id, namespace.values())):  # a loop in C: most modules
+                continue
             hits = [(k, v) for k, v in namespace.items() if id(v) in pairs]
         except RuntimeError:  # the module's namespace changed meanwhile (another thread)
             continue
