@@ -83,14 +83,42 @@ def _part1(reps: int, calls: int, leaves: int) -> dict[str, Any]:
     try:
         installed = jax.jit(_step)
         assert isinstance(installed, _jit.Jitted)
-        return _measure(
+        result = _measure(
             {'uninstalled': uninstalled, 'installed': installed, 'watch(check=False)': watched},
             reps,
             calls,
             leaves,
         )
+        result['alone_us'] = _record_path_alone(_jit, leaves)
+        return result
     finally:
         _jit.unpatch()
+
+
+class _Done:
+    """Stands for JAX's jitted function: returns a finished output at once (no dispatch)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.lower = self.trace = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.out
+
+
+def _record_path_alone(_jit: Any, leaves: int) -> float:
+    """The record path's own CPU per call (us): a `Jitted` around `_Done`, minus `_Done`."""
+    tree = {f'p{i:02d}': jnp.ones(64, jnp.float32) for i in range(leaves)}
+    inner = _Done(jax.block_until_ready(_step(tree, 1.0)))
+    outer = _jit.Jitted(inner)
+    n, best = 2000, {'inner': float('inf'), 'outer': float('inf')}
+    for _ in range(15):
+        for name, fn in (('inner', inner), ('outer', outer)):
+            t0 = time.thread_time()
+            for _ in range(n):
+                fn(tree, 1.0)
+            best[name] = min(best[name], (time.thread_time() - t0) / n)
+    return (best['outer'] - best['inner']) * 1e6
 
 
 def _measure(fns: dict[str, Any], reps: int, calls: int, leaves: int) -> dict[str, Any]:
@@ -183,6 +211,16 @@ def _report(per: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
                     f'p10-p90 {_percentile(diff, 10):.1f} to {_percentile(diff, 90):.1f}  {goal}',
                 )
             )
+    alone = statistics.median(p['alone_us'] for p in per)
+    results['record path alone us'] = alone
+    rows.append(
+        (
+            'record path alone',
+            f'{alone:.1f} us CPU',
+            '',
+            'best of 15 x 2000 calls around a stand-in returning at once: no dispatch',
+        )
+    )
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print(f'  {r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}')

@@ -168,7 +168,7 @@ class Jitted:
         key = watched.signature_key(args, kwargs)
         if key is None:  # a tracer argument (under `jax.ensure_compile_time_eval`, say)
             return self._fn(*args, **kwargs)
-        site = _site()
+        site = _site(3)
         spans = self._by_key.get(key)
         sig = None
         if spans is None:
@@ -261,15 +261,24 @@ def _skipped(filename: str) -> bool:
     return inside
 
 
-def _site() -> str:
-    """``file:line`` of the innermost frame outside JAX and `multihost` (or the cell's site)."""
+def _site(depth: int = 2) -> str:
+    """``file:line`` of the innermost frame outside JAX and `multihost` (or the cell's site).
+
+    ``depth``: how far up the user's frame usually is (2: the caller of
+    `Jitted.__call__`); reached at once, the frames between are never made
+    into frame objects (Python 3.11+ makes them lazily).
+    """
     override = _sequence.site_override()
     if override is not None:
         return override
-    frame: types.FrameType | None = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(depth)
     while frame is not None:
-        if not _skipped(frame.f_code.co_filename):
-            return f'{frame.f_code.co_filename}:{frame.f_lineno}'
+        code = frame.f_code
+        inside = _INSIDE.get(code.co_filename)
+        if inside is None:
+            inside = _skipped(code.co_filename)
+        if not inside:
+            return f'{code.co_filename}:{frame.f_lineno}'
         frame = frame.f_back
     return '<unknown>'
 
