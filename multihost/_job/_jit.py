@@ -135,20 +135,18 @@ class Jitted:
             return fn(*args, **kwargs)
         if _CHECK:
             return self._checked(args, kwargs)
-        entry = _recorder.note(
-            'launch', self._name, seq=None, digest='', site=_site(), checked=False
-        )
+        return self._recorded(_site(), args, kwargs)
+
+    def _recorded(self, site: str, args: tuple, kwargs: dict) -> Any:
+        """The launch, recorded (not checked)."""
+        entry = _recorder.note('launch', self._name, seq=None, digest='', site=site, checked=False)
         entry.spans = self._spans
         try:
-            out = fn(*args, **kwargs)
+            out = self._fn(*args, **kwargs)
         except BaseException:
             _recorder.finished(entry, failed=True)
             raise
-        self._returned(entry, out)
-        return out
-
-    def _returned(self, entry: _recorder.Entry, out: Any) -> None:
-        """The call returned ``out``: the record learns its devices and keeps an output."""
+        # The record learns the launch's devices and keeps an output to ask later.
         try:
             first = _watch.first_array(out)
             if first is not None:
@@ -159,6 +157,7 @@ class Jitted:
         except Exception:  # an output JAX made but this cannot read: record without it
             first = None
         _recorder.launched(entry, first)
+        return out
 
     def _checked(self, args: tuple, kwargs: dict) -> Any:
         """A call under ``check_jit``: checked across hosts when its computation spans processes."""
@@ -180,15 +179,7 @@ class Jitted:
                 spans = self._by_key[key] = _compiled_spans(sig.compiled)
         if spans:
             return watched.launch(key, args, kwargs, sig=sig, site=site, spans=True)
-        entry = _recorder.note('launch', self._name, seq=None, digest='', site=site, checked=False)
-        entry.spans = False
-        try:
-            out = self._fn(*args, **kwargs)
-        except BaseException:
-            _recorder.finished(entry, failed=True)
-            raise
-        _recorder.launched(entry, _watch.first_array(out))
-        return out
+        return self._recorded(site, args, kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
