@@ -15,6 +15,17 @@ from __future__ import annotations
 
 from typing import Any
 
+# INTERNAL: `jax._src.core`'s trace state (what `core.trace_state_clean` reads:
+# the current trace is the eval trace, or none yet, and the axis environment
+# is the top one) and `jax._src.config.disable_jit` (the `jax.disable_jit()`
+# state). Public JAX says neither; `multihost.install`'s jitted functions ask
+# both on every call to tell a launch from a call being traced (inside an
+# outer jit, scan, grad or vmap, with or without tracer arguments) or run
+# eagerly op by op, in well under a microsecond and without flattening the
+# arguments.
+from jax._src import config as _config
+from jax._src import core as _core
+
 # INTERNAL: `jax._src.distributed.global_state` is the process-wide state that
 # `jax.distributed.initialize` fills in. Its `.client` (a
 # `DistributedRuntimeClient`) and `.preemption_sync_manager` are not exported
@@ -140,3 +151,33 @@ def fingerprint(compiled: Any) -> str:
         except UnicodeDecodeError:
             return fp.hex()
     return str(fp)
+
+
+_trace = _core.trace_state_strong_ref  # `trace_ctx.trace` without the property
+_axis_env = _core.axis_env_state  # `trace_ctx.axis_env`
+_eval_trace = _core.eval_trace
+_top_axis_env = _core.top_axis_env
+_disable_jit = _config.disable_jit
+
+
+def launches_now() -> bool:
+    """Whether a jitted function called now launches a computation (nothing traces, jit on).
+
+    `jax._src.core.trace_state_clean` inlined (three C++ reads, no Python
+    call inside): the hot path of every installed jitted call.
+    """
+    trace = _trace.value
+    clean = trace is None or (trace is _eval_trace and _axis_env.value is _top_axis_env)
+    return clean and not _disable_jit.value
+
+
+def exclude_from_tracebacks(path: str) -> None:
+    """Hides the frames of the file ``path`` in the tracebacks JAX filters, like its own.
+
+    INTERNAL: `jax._src.traceback_util.register_exclusion`; `multihost.install`
+    wraps every jitted function, and its one frame between the user's call and
+    JAX's is noise in a traceback JAX shortens.
+    """
+    from jax._src import traceback_util
+
+    traceback_util.register_exclusion(path)

@@ -84,6 +84,9 @@ class FlightRecord:
             count there (``'n:ckpt_3#0'``: the barrier name's first use;
             ``'t:async_save#4'``: that thread name's fifth collective; see
             `_threads`); else empty.
+        spans: launches recorded by `multihost.install`: whether the computation
+            spans devices of more than one process (None when not known: other
+            launches, collectives, or a call whose outputs hold no array yet).
     """
 
     n: int
@@ -101,6 +104,7 @@ class FlightRecord:
     timeout: float | None = None
     thread: str = ''
     lane: str = ''
+    spans: bool | None = None
 
     @property
     def is_launch(self) -> bool:
@@ -159,6 +163,7 @@ class Entry:
         'timeout',
         'thread',
         'lane',
+        'spans',
     )
 
     def __init__(
@@ -189,6 +194,7 @@ class Entry:
         self.timeout: float | None = None
         self.thread = ''  # set off the main thread (`_threads`, `_job._service`)
         self.lane = ''
+        self.spans: bool | None = None  # the launch spans devices of other processes
 
     def current_state(self) -> str:
         """The state now: a launch's output asked whether it is ready (never blocks)."""
@@ -227,6 +233,7 @@ class Entry:
             timeout=self.timeout,
             thread=self.thread,
             lane=self.lane,
+            spans=self.spans,
         )
 
 

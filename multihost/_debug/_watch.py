@@ -120,6 +120,9 @@ class Watched:
     """A watched function (see `watch`); calls behave like the wrapped function's."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None, check: bool):
+        # A function jitted under `multihost.install` records its own launches:
+        # watch the jitted function inside it, so each call is recorded once.
+        fn = getattr(fn, '_multihost_unrecorded', fn)
         self.fn = fn
         self.name = str(name or _fn_name(fn))
         self.check = bool(check)
@@ -155,11 +158,42 @@ class Watched:
         key = self._key(args, kwargs)
         if key is None:  # a tracer: inside an outer jit/scan, nothing to record
             return self.fn(*args, **kwargs)
-        sig = self._signatures.get(key)
-        new = sig is None
-        if sig is None:
+        return self.launch(key, args, kwargs)
+
+    def signature_key(self, args: tuple, kwargs: dict) -> Any:
+        """The call's signature key (hashable), or None when an argument is a tracer."""
+        return self._key(args, kwargs)
+
+    def compiled_signature(self, args: tuple, kwargs: dict) -> _Signature:
+        """A signature's description, compiled (`launch` takes it): its devices known early."""
+        sig = self._describe(args, kwargs)
+        self._compile(sig, args, kwargs)
+        return sig
+
+    def launch(
+        self,
+        key: Any,
+        args: tuple,
+        kwargs: dict,
+        *,
+        sig: _Signature | None = None,
+        site: str | None = None,
+        spans: bool | None = None,
+    ) -> Any:
+        """One call of signature ``key``: recorded, checked, launched.
+
+        ``sig``: the signature's description if the caller built it
+        (`compiled_signature`); ``site``: the caller's call site, ``spans``:
+        what the record says of the devices (`multihost.install` knows both).
+        """
+        known = self._signatures.get(key)
+        new = known is None
+        if known is not None:
+            sig = known
+        elif sig is None:
             sig = self._describe(args, kwargs)
-        site = _sequence.call_site()
+        if site is None:
+            site = _sequence.call_site()
         client = _kv.client() if self.check and _sequence.checking_enabled() else None
         entry = _recorder.note(
             'launch',
@@ -170,6 +204,7 @@ class Watched:
             fingerprint=sig.fingerprint or '',
             checked=client is not None,
         )
+        entry.spans = spans
         try:
             if client is not None:
                 self._check(sig, new, site, entry, args, kwargs)
@@ -182,7 +217,7 @@ class Watched:
         except BaseException:
             _recorder.finished(entry, failed=True)
             raise
-        _recorder.launched(entry, _first_array(out))
+        _recorder.launched(entry, first_array(out))
         return out
 
     # -- signature --------------------------------------------------------------------
@@ -514,7 +549,7 @@ def _sharding_token(s: Any) -> int:
     return token
 
 
-def _first_array(out: Any) -> Any:
+def first_array(out: Any) -> Any:
     """One `jax.Array` among a call's outputs (the first), or None; cheap for the usual shapes.
 
     The recorder asks it ``is_ready()``, which key arrays lack: the first
@@ -524,14 +559,18 @@ def _first_array(out: Any) -> Any:
     for _ in range(4):  # (out, aux), [arrays], {name: array}: descend into the first item
         if type(out) in _CONCRETE:
             return out
-        if isinstance(out, jax.Array):
-            if not _is_key(out):
+        if isinstance(out, (tuple, list)):  # containers first: no ABC check for them
+            if not out:
+                break
+            out = out[0]
+        elif isinstance(out, dict):
+            if not out:
+                break
+            out = next(iter(out.values()))
+        elif isinstance(out, jax.Array):
+            if _is_concrete_array(out):  # its type remembered: a set lookup next time
                 return out
             break
-        if isinstance(out, (tuple, list)) and out:
-            out = out[0]
-        elif isinstance(out, dict) and out:
-            out = next(iter(out.values()))
         else:
             break
     key = None

@@ -160,6 +160,11 @@ def called_from(site: str) -> Iterator[None]:
         _site_override.reset(token)
 
 
+def site_override() -> str | None:
+    """The site `called_from` set for this context, or None (for callers that walk frames)."""
+    return _site_override.get()
+
+
 def call_site() -> str:
     """``file:line`` of the innermost frame outside the `multihost` package."""
     override = _site_override.get()
