@@ -99,3 +99,15 @@ try:
 except multihost.BarrierTimeoutError as exc:
     result('timed', raised=type(exc).__name__, missing=exc.missing)
 multihost.uninstall()
+
+# Both leave together (the next collective lines up after the timeout).
+multihost.sync_global_devices('end', timeout=60)
+result('end')
+# Process 0 hosts the coordination service: it leaves last, and nobody runs JAX's
+# exit-time shutdown (whose teardown at times aborts the other plain processes
+# with "terminate called", installed or not), as LocalCluster's workers do.
+sys.stdout.flush()
+sys.stderr.flush()
+if PID == 0:
+    time.sleep(1.0)
+os._exit(0)

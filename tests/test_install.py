@@ -248,6 +248,7 @@ def test_an_unedited_job_installed_before_initialize():
         assert by['traced'] == {'scenario': 'traced', 'shape': [2], 'records': 0}
         assert by['uninstalled']['by_name'] and by['uninstalled']['module']
         assert by['uninstalled']['installed'] is None
+        assert 'end' in by
         assert by['timed']['raised'] == 'BarrierTimeoutError', by['timed']
         assert by['timed']['missing'] == [1]
     # The early host waited past two periods, logging who was missing and where.
