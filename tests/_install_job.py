@@ -87,6 +87,16 @@ result(
     module=multihost_utils.sync_global_devices is JAX['sync'],
     installed=_install.installed(),
 )
+
+
+@jax.jit
+def to_global_again(x):  # a new function: traced again, now uninstalled
+    return multihost_utils.host_local_array_to_global_array(x * 2, mesh, P())
+
+
+before = len(records())
+again = to_global_again(np.arange(2.0) + PID)
+result('traced_uninstalled', records=len(records()) - before, same=bool((again == out).all()))
 sys.stdout.flush()
 
 # Installed with a timeout: the late host makes everyone raise BarrierTimeoutError.

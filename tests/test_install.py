@@ -245,7 +245,13 @@ def test_an_unedited_job_installed_before_initialize():
         }
         assert by['library_call']['kinds'] == ['barrier']
         assert by['library_call']['names'] == ['lib']
+        # Traced through the installed module: JAX's primitive, recorded as uninstalled.
         assert by['traced'] == {'scenario': 'traced', 'shape': [2], 'records': 0}
+        assert by['traced_uninstalled'] == {
+            'scenario': 'traced_uninstalled',
+            'records': by['traced']['records'],
+            'same': True,
+        }
         assert by['uninstalled']['by_name'] and by['uninstalled']['module']
         assert by['uninstalled']['installed'] is None
         assert 'end' in by
