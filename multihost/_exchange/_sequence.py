@@ -275,7 +275,9 @@ def enter(
         kind: the collective's name (``'barrier'``, ``'process_allgather'``...).
         name: the barrier name or a short description.
         tree_digest: digest of the structure/shapes/dtypes the hosts must agree on.
-        timeout: seconds to wait for every host; default `default_timeout()`.
+        timeout: seconds to wait for every host; default: `waiting`'s, else
+            `default_timeout()`. `math.inf`: never give up, logging every
+            `default_timeout()` who is missing (`waiting`).
         site: call site to record; default: the caller outside `multihost`.
         mismatch_prefix: for barriers, the start of the mismatch message
             (``sync_global_devices`` keeps JAX's wording).
