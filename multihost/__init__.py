@@ -59,6 +59,7 @@ from multihost._errors import (
 from multihost._exchange import _threads  # noqa: F401  (handles collectives off the main thread)
 from multihost._exchange._bus import start_debug_daemon
 from multihost._exchange._sequence import DEFAULT_TIMEOUT, CollectiveRecord
+from multihost._job._install import install, uninstall
 from multihost._recorder import FlightRecord
 
 # The one place the version is written: pyproject.toml reads it (setuptools dynamic
@@ -118,6 +119,7 @@ __all__ = [
     'flight_records',
     'global_array_to_host_local_array',
     'host_local_array_to_global_array',
+    'install',
     'live_devices',
     'memory_census',
     'process_allgather',
@@ -132,6 +134,7 @@ __all__ = [
     'sync_global_devices',
     'timeline',
     'tree_diff',
+    'uninstall',
     'watch',
     'wavefront',
 ]

@@ -5,7 +5,9 @@ runs the eight `multihost` APIs in all of them, and prints what each process
 got back. Then shows a diagnostic: two hosts passing different barrier names,
 caught on every host instead of hanging.
 
-    python -m multihost [--hosts N] [--devices D]
+    python -m multihost [demo] [--hosts N] [--devices D]
+    python -m multihost run [--check-jit] [--timeout S] SCRIPT [ARGS...]   (see _job._run)
+    python -m multihost run [--check-jit] [--timeout S] -m MODULE [ARGS...]
 """
 
 from __future__ import annotations
@@ -66,7 +68,20 @@ def demo_body() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog='python -m multihost', description=__doc__.split('\n')[0])
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ['run']:  # an unmodified program, installed first
+        from multihost._job import _run
+
+        _run.main(argv[1:])
+        return 0
+    if argv[:1] == ['demo']:
+        argv = argv[1:]
+    parser = argparse.ArgumentParser(
+        prog='python -m multihost',
+        description=__doc__.split('\n')[0],
+        epilog='python -m multihost run [--check-jit] [--timeout S] SCRIPT|-m MODULE [ARGS...]: '
+        'runs a program with multihost.install() applied first.',
+    )
     parser.add_argument('--hosts', type=int, default=4, help='simulated hosts (processes)')
     parser.add_argument('--devices', type=int, default=2, help='CPU devices per host')
     args = parser.parse_args(argv)

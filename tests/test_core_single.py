@@ -231,6 +231,7 @@ PUBLIC_NAMES = [
     'flight_records',
     'global_array_to_host_local_array',
     'host_local_array_to_global_array',
+    'install',
     'live_devices',
     'memory_census',
     'process_allgather',
@@ -245,6 +246,7 @@ PUBLIC_NAMES = [
     'sync_global_devices',
     'timeline',
     'tree_diff',
+    'uninstall',
     'watch',
     'wavefront',
 ]

@@ -53,6 +53,8 @@ def test_connect_discovers_process_order_and_gathers():
             )
             out = session.allgather('v')
             np.testing.assert_array_equal(out, [[0, 0], [1, 1], [2, 2]])
+            # Installed on every engine (connect's install is a no-op after initialize's).
+            assert all(session.call('multihost._job._install.installed'))
         finally:
             session.stop()
         assert not session.running

@@ -471,3 +471,37 @@ def test_nan_magic_names_host_device_and_index(session):
     finally:
         session.execute('nan_x = nan_tree = None', echo=False)
         magics.session = None
+
+
+def test_library_calls_in_cells_are_recorded_on_the_engines(session):
+    """The engines install at start-up: a library's own `multihost_utils.sync_global_devices`
+    in a %%mh cell is checked and lands in every engine's flight records, by name and site."""
+    import ast
+
+    from IPython.utils.capture import capture_output
+
+    ip, magics = _shell(session)
+    try:
+        with capture_output():
+            ip.run_cell_magic(
+                'mh',
+                '--timeout 60',
+                'from jax.experimental.multihost_utils import sync_global_devices\n'
+                "sync_global_devices('lib-in-cell')\n",
+            )
+    finally:
+        magics.session = None
+    out = session.execute(
+        'from multihost import _recorder\n'
+        'from multihost._job import _install\n'
+        '_last = _recorder.snapshot(jax.process_index())[-1]\n'
+        'print(repr((_last.kind, _last.name, _last.state, bool(_install.installed()))))',
+        echo=False,
+    )
+    for p in range(4):
+        assert ast.literal_eval(out[p].strip().splitlines()[-1]) == (
+            'barrier',
+            'lib-in-cell',
+            'passed',
+            True,
+        ), out[p]

@@ -15,6 +15,7 @@ from mhnotebook._cluster.jaxinit import (
 from mhnotebook._cluster.progress import Progress
 from mhnotebook._errors import SessionError
 from mhnotebook._session import Engines, Session, controller_url
+from mhnotebook._trampoline import call as _call
 
 __all__ = ['connect']
 
@@ -99,6 +100,8 @@ def connect(
                 platform=platform,
                 placed=placed,
             )
+        else:  # JAX was initialized elsewhere: install there too (a no-op if done)
+            client[engine_ids].apply_sync(_call, 'multihost.engine.install')
         counts = {i['process_count'] for i in infos.values()}
         if counts != {len(engine_ids)}:
             raise SessionError(

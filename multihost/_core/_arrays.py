@@ -23,6 +23,12 @@ from jax.sharding import PartitionSpec as P
 
 from multihost._exchange import _sequence
 
+#: JAX's own conversions, captured at import: `multihost.install` replaces the
+#: module's attributes with ours, and a tracer must still reach JAX's primitive
+#: (no recursion, no second record).
+_jax_to_global = _jax_multihost_utils.host_local_array_to_global_array
+_jax_to_local = _jax_multihost_utils.global_array_to_host_local_array
+
 _NONE_PSPEC = (
     '`None` is not a valid input to the pspecs argument. Please use '
     'jax.sharding.PartitionSpec() if you wanted to replicate your input.'
@@ -175,8 +181,8 @@ def _traced(x: Any, mesh: Mesh, spec: P, to_global: bool) -> Any:
     _check_contiguous(mesh)
     _factors(mesh, spec, x.ndim)
     if to_global:
-        return _jax_multihost_utils.host_local_array_to_global_array(x, mesh, spec)
-    return _jax_multihost_utils.global_array_to_host_local_array(x, mesh, spec)
+        return _jax_to_global(x, mesh, spec)
+    return _jax_to_local(x, mesh, spec)
 
 
 def _convert(x: Any, mesh: Mesh, spec: P, to_global: bool) -> Any:

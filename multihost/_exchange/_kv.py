@@ -32,6 +32,9 @@ ACK_TIMEOUT = 2.0
 _SERVICE_GRACE = 5.0
 #: Longest interval between two looks at the verdict while waiting (seconds).
 _LOOK_MAX = 4.0
+#: The service barrier of a patient round (`round_`'s ``patience``): the longest
+#: a barrier can be held (int32 milliseconds, 24.8 days), i.e. as long as any job runs.
+_PATIENT_BARRIER = (2**31 - 1) / 1000
 #: Every key `multihost` writes starts with this.
 PREFIX = 'mh'
 #: Rounds are grouped in epochs of this many collectives; process 0 deletes
@@ -348,6 +351,9 @@ Judge = Callable[[dict[int, str]], str | None]
 #: fields (e.g. where each missing host was); `round_` adds ``arrived``,
 #: ``missing``, ``by`` and ``timeout``.
 OnTimeout = Callable[[dict[int, str]], dict[str, Any]]
+#: Told, each time another ``timeout`` passes in a patient round, who has arrived
+#: (process -> value) and how long this host has waited (seconds).
+Patience = Callable[[dict[int, str], float], None]
 
 
 @dataclass(frozen=True)
@@ -465,6 +471,7 @@ def round_(
     on_timeout: OnTimeout,
     read: bool = False,
     before_arrival: Callable[[], None] | None = None,
+    patience: Patience | None = None,
 ) -> tuple[Verdict, dict[int, str]]:
     """Publishes ``value``, waits for every host, returns the shared verdict (and values).
 
@@ -491,6 +498,11 @@ def round_(
         before_arrival: the step gate: with it, the value is first published
             marked `HELD` (seen, not arrived), the gate runs, then the value
             is published as arrived.
+        patience: keep waiting past ``timeout`` (the installed calls of
+            `multihost.install`, which wait as long as JAX's would): each time
+            another ``timeout`` passes, ``patience(arrived, waited)`` is told
+            and the wait goes on, until every host arrives or another host
+            writes a verdict. The service barrier is held `_PATIENT_BARRIER`.
 
     Returns:
         ``(verdict, values)``. A failed verdict has been acknowledged by every
@@ -501,7 +513,8 @@ def round_(
             one was written already), so the others stop too.
         CoordinatorUnreachableError: the coordination service is gone.
     """
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     if before_arrival is not None:
         # Held at the step gate: visible (the step table shows it) but not arrived.
         if value is not None:
@@ -510,10 +523,15 @@ def round_(
     if value is not None:
         publish(c, rnd.data, value)
     # The service's barrier outlives this host's own deadline, which decides.
-    done = _barrier_in_background(c, f'{rnd.name}/b', timeout + _SERVICE_GRACE)
+    barrier_for = _PATIENT_BARRIER if patience is not None else timeout + _SERVICE_GRACE
+    done = _barrier_in_background(c, f'{rnd.name}/b', barrier_for)
     values: dict[int, str] = {}
     try:
         text = _wait(c, done, deadline, rnd.verdict_key)
+        while patience is not None and text is None and not done.is_set():
+            patience(rnd.arrived(c), time.monotonic() - start)
+            deadline += timeout
+            text = _wait(c, done, deadline, rnd.verdict_key)
         error = done.error
         if text is None and done.is_set() and error is None:  # everyone arrived
             values, text = rnd.read(c)

@@ -16,6 +16,8 @@ import contextlib
 import contextvars
 import dataclasses
 import json
+import logging
+import math
 import os
 import sys
 import threading
@@ -66,6 +68,37 @@ def default_timeout() -> float:
     if value <= 0:
         raise ValueError(f'MULTIHOST_TIMEOUT must be positive, got {raw!r}.')
     return value
+
+
+_wait_for: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    'multihost_wait_for', default=None
+)
+
+#: Where a patient wait (`waiting` with `math.inf`) reports, once per period.
+#: A WARNING: with no logging configured, Python's last-resort handler prints it to stderr.
+log = logging.getLogger('multihost')
+
+
+@contextlib.contextmanager
+def waiting(timeout: float) -> Iterator[None]:
+    """Within this block, collectives given no timeout wait ``timeout`` seconds.
+
+    `math.inf` (the calls `multihost.install` installs, which wait as long as
+    JAX's would): they never give up, and every `default_timeout()` seconds
+    log one line naming who is missing and where they are (`log`).
+    """
+    token = _wait_for.set(float(timeout))
+    try:
+        yield
+    finally:
+        _wait_for.reset(token)
+
+
+def _timeout(timeout: float | None) -> float:
+    """The wait of a collective: its own ``timeout``, else `waiting`'s, else `default_timeout()`."""
+    if timeout is None:
+        timeout = _wait_for.get()
+    return default_timeout() if timeout is None else float(timeout)
 
 
 def checking_enabled() -> bool:
@@ -264,7 +297,9 @@ def enter(
         kind: the collective's name (``'barrier'``, ``'process_allgather'``...).
         name: the barrier name or a short description.
         tree_digest: digest of the structure/shapes/dtypes the hosts must agree on.
-        timeout: seconds to wait for every host; default `default_timeout()`.
+        timeout: seconds to wait for every host; default: `waiting`'s, else
+            `default_timeout()`. `math.inf`: never give up, logging every
+            `default_timeout()` who is missing (`waiting`).
         site: call site to record; default: the caller outside `multihost`.
         mismatch_prefix: for barriers, the start of the mismatch message
             (``sync_global_devices`` keeps JAX's wording).
@@ -367,7 +402,7 @@ def _enter(
     if client is None:
         _recorder.finished(entry, wait=0.0, failed=bool(fail))
         return rec, {}
-    timeout = default_timeout() if timeout is None else float(timeout)
+    timeout = _timeout(timeout)
     t0: float | None = None  # the wait starts after the enter hook (stepping, a test's delay)
     while True:
         verdict, raw, started = _take_turn(client, rec, timeout, entry, payload, read)
@@ -428,6 +463,8 @@ def _take_turn(
     gate = _enter_hook(client, rec) if _enter_hook is not None else None
     started = time.monotonic()
     text = rec.to_json(payload)
+    details = _timeout_details(client, rec, rec.describe())
+    period, patience = _patience(rec, timeout, details)
     # Publish (also this host's arrival in the step table), pass the step
     # gate, wait for every host; every host judges everyone's records.
     try:
@@ -435,11 +472,12 @@ def _take_turn(
             client,
             _round(seq),
             text,
-            timeout=timeout,
+            timeout=period,
             judge=_judge,
-            on_timeout=_timeout_details(client, rec, rec.describe()),
+            on_timeout=details,
             read=read or payload is not None,
             before_arrival=gate,
+            patience=patience,
         )
         return verdict, raw, started
     except CoordinatorUnreachableError as exc:
@@ -528,11 +566,13 @@ def share(
     client = _kv.client()
     if client is None:
         return {rec.process: value}
-    timeout = default_timeout() if timeout is None else float(timeout)
     rnd = _kv.Round(name=stage_dir(rec, stage), data=f'{stage_dir(rec, stage)}/d')
 
     where = _timeout_details(client, rec, f'{rec.describe()} ({what or stage})', stage=True)
-    verdict, values = _kv.round_(client, rnd, value, timeout=timeout, on_timeout=where, read=True)
+    period, patience = _patience(rec, _timeout(timeout), where)
+    verdict, values = _kv.round_(
+        client, rnd, value, timeout=period, on_timeout=where, read=True, patience=patience
+    )
     if not verdict.ok:
         raise _error(verdict, rec, None)
     return values
@@ -663,6 +703,32 @@ def _timeout_details(
     return details
 
 
+def _patience(
+    rec: CollectiveRecord, timeout: float, details: _kv.OnTimeout
+) -> tuple[float, _kv.Patience | None]:
+    """A round's (timeout, patience): `math.inf` waits on, reporting every `default_timeout()`."""
+    if not math.isinf(timeout):
+        return timeout, None
+    period = default_timeout()
+
+    def report(arrived: dict[int, str], waited: float) -> None:
+        data = {
+            'missing': [p for p in range(_kv.process_count()) if p not in arrived],
+            **details(arrived),
+        }
+        log.warning(
+            'multihost: still waiting after %.0f s in %s: %s did not arrive; %s. Waiting on, '
+            "as JAX's own call would (a timeout, multihost.install(timeout=...) or "
+            'MULTIHOST_TIMEOUT, makes it raise instead).',
+            waited,
+            data['what'],
+            fmt_hosts(data['missing']),
+            '; '.join(_missing_lines(data, rec)),
+        )
+
+    return period, report
+
+
 def _judge(values: dict[int, str]) -> str | None:
     """Run once, by the last host to arrive: a failure verdict, or None when all agree."""
     calls = {p: CollectiveRecord.from_json(v) for p, v in values.items()}
@@ -723,18 +789,25 @@ def _at(rec: CollectiveRecord) -> str:
     return f'#{rec.seq} of thread {rec.thread!r}' if rec.lane else f'#{rec.seq}'
 
 
+def _missing_lines(data: Mapping[str, Any], rec: CollectiveRecord) -> list[str]:
+    """Where each missing host of a timeout was (``process 2: last reached ...``)."""
+    where = {int(p): CollectiveRecord.from_json(v) for p, v in data.get('positions', {}).items()}
+    lines = []
+    for p in (int(p) for p in data['missing']):
+        last = where.get(p)
+        if last is None:
+            lines.append(f'process {p}: last reached no collective yet')
+        elif data.get('stage') and last.seq == rec.seq:  # e.g. still compiling a new signature
+            lines.append(f'process {p}: still inside {last.describe()}, busy before this stage')
+        else:
+            lines.append(f'process {p}: last reached {last.describe()}')
+    return lines
+
+
 def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTimeoutError:
     missing = [int(p) for p in data['missing']]
     where = {int(p): CollectiveRecord.from_json(v) for p, v in data.get('positions', {}).items()}
-    lines = []
-    for p in missing:
-        last = where.get(p)
-        if last is None:
-            lines.append(f'  process {p}: last reached no collective yet')
-        elif data.get('stage') and last.seq == rec.seq:  # e.g. still compiling a new signature
-            lines.append(f'  process {p}: still inside {last.describe()}, busy before this stage')
-        else:
-            lines.append(f'  process {p}: last reached {last.describe()}')
+    lines = [f'  {line}' for line in _missing_lines(data, rec)]
     late = rec.process not in data['arrived']
     timeout = float(data['timeout'])
     return BarrierTimeoutError(

@@ -23,6 +23,7 @@ __all__ = [
     'diff',
     'env_diff',
     'initialize',
+    'install',
     'layout',
     'lookup_collective',
     'memory_census',
@@ -64,6 +65,9 @@ def initialize(
             once it notices one is gone); `multihost.live_devices` then
             reports the survivors.
 
+    Then `multihost.install()`, so that what libraries call in ``%%mh`` cells is
+    checked and recorded.
+
     Returns:
         `engine_info()` after initialization.
     """
@@ -86,7 +90,23 @@ def initialize(
     if coordinator_bind_address:
         kwargs['coordinator_bind_address'] = coordinator_bind_address
     jax.distributed.initialize(**kwargs)
+    install()
     return engine_info()
+
+
+def install() -> None:
+    """`multihost.install()` on this engine, unless something is installed already.
+
+    So that what libraries call in ``%%mh`` cells (`jax.experimental.multihost_utils`,
+    jitted launches) is checked and recorded like the notebook's own calls. An
+    install the engine's program made itself, with its own options, stays.
+    """
+    import multihost
+
+    try:
+        multihost.install()
+    except ValueError:  # installed already, with other options: those stay
+        pass
 
 
 def barrier(name: str, timeout: float | None = None) -> dict[str, Any]:

@@ -1,0 +1,230 @@
+"""`multihost.install`: the checked collectives in place of JAX's, in code nobody edited.
+
+`install` puts our functions (`multihost.sync_global_devices`, ...) where
+JAX's public functions of `jax.experimental.multihost_utils` were: on that
+module, and wherever an imported module took one of them by name
+(``from jax.experimental.multihost_utils import sync_global_devices``), found
+by identity in every module's globals. Then it runs the patchers
+(`PATCHERS`). `uninstall` puts every replaced reference back, also in modules
+imported while installed that took ours by name (found the same way), and
+undoes the patchers. Our own modules keep JAX's originals (captured at
+import): an installed call never reaches itself.
+
+Installed calls wait as long as JAX's would (a restore may take hours):
+unless a timeout was asked for (``install(timeout=...)`` or
+``MULTIHOST_TIMEOUT``), they never raise `BarrierTimeoutError`; every
+``MULTIHOST_TIMEOUT`` (default `DEFAULT_TIMEOUT`) they log one line naming
+who is missing and where (`_sequence.waiting`). Explicit calls of
+``multihost.*`` keep their own timeouts.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+from multihost._checks import _treediff
+from multihost._core import _arrays, _collectives, _fault
+from multihost._exchange import _sequence
+from multihost._job._options import InstallOptions
+
+#: The patcher modules `install` runs, in order, each as ``patch(options)`` and
+#: ``unpatch()`` (imported when installing; one that does not exist is skipped).
+PATCHERS: tuple[str, ...] = ('multihost._job._jit', 'multihost._job._service')
+
+#: JAX's public functions that become ours: name -> (ours, whether it waits in
+#: the collective sequence, so its installed form gets the installed timeout).
+_OURS: dict[str, tuple[Any, bool]] = {
+    'assert_equal': (_treediff.assert_equal, True),
+    'broadcast_one_to_all': (_collectives.broadcast_one_to_all, True),
+    'global_array_to_host_local_array': (_arrays.global_array_to_host_local_array, True),
+    'host_local_array_to_global_array': (_arrays.host_local_array_to_global_array, True),
+    'live_devices': (_fault.live_devices, False),
+    'process_allgather': (_collectives.process_allgather, True),
+    'reached_preemption_sync_point': (_fault.reached_preemption_sync_point, False),
+    'sync_global_devices': (_collectives.sync_global_devices, True),
+}
+
+#: Modules whose references are never swapped: ours hold JAX's originals on purpose.
+_OWN = 'multihost'
+
+
+class _Installed:
+    """What one `install` replaced, so that `uninstall` can put it back."""
+
+    def __init__(self, options: InstallOptions) -> None:
+        self.options = options
+        self.originals: dict[str, Any] = {}  # name -> JAX's function
+        self.replacements: dict[str, Any] = {}  # name -> what took its place
+        self.references = 0  # by-name references replaced at install (the module's own too)
+        self.patchers: list[types.ModuleType] = []
+
+
+_lock = threading.Lock()
+_active: _Installed | None = None
+
+
+def install(*, check_jit: bool = False, timeout: float | None = None) -> None:
+    """Makes the program's own and its libraries' multi-host calls the checked ones.
+
+    After it, the public functions of `jax.experimental.multihost_utils` are
+    `multihost`'s (sequence-checked and recorded in the flight records), in
+    that module and wherever a module already imported took them by name;
+    the patchers (jitted launches, the coordination client) are applied.
+    Callable before `jax.distributed.initialize`: nothing touches the backend
+    or the client until they exist. Functions a library bound before install
+    in other ways (a closure, a class attribute) are not seen; `python -m
+    multihost run` installs before the program imports anything.
+
+    Args:
+      check_jit: also check, across hosts and before launch, every jitted
+        launch spanning devices of more than one process (``MULTIHOST_CHECK_JIT=1``
+        turns it on too).
+      timeout: seconds after which an installed call raises
+        `BarrierTimeoutError`. None (the default): it waits as long as JAX's
+        would and logs, every ``MULTIHOST_TIMEOUT`` (default
+        `DEFAULT_TIMEOUT`), one line naming who is missing and where (a
+        WARNING of the ``multihost`` logger; stderr when logging is not
+        configured), unless ``MULTIHOST_TIMEOUT`` is set: then that is the
+        timeout.
+
+    Raises:
+      ValueError: already installed with other options (`uninstall` first).
+    """
+    global _active
+    options = InstallOptions.resolve(check_jit, timeout)
+    with _lock:
+        if _active is not None:
+            if _active.options == options:
+                return
+            raise ValueError(
+                f'multihost is already installed with {_describe(_active.options)}; '
+                f'install was called again with {_describe(options)}. '
+                'Call multihost.uninstall() first to change the options.'
+            )
+        from jax.experimental import multihost_utils
+
+        done = _Installed(options)
+        for name, (ours, timed) in _OURS.items():
+            original = getattr(multihost_utils, name, None)
+            if original is None:
+                continue  # this JAX has no such function
+            done.originals[name] = original
+            done.replacements[name] = _installed_call(ours, options) if timed else ours
+        done.references = _swap(done.originals, done.replacements)
+        try:
+            for module_name in PATCHERS:
+                patcher = _patcher(module_name)
+                if patcher is not None:
+                    patcher.patch(options)
+                    done.patchers.append(patcher)
+        except BaseException:
+            _undo(done)
+            raise
+        _active = done
+
+
+def uninstall() -> None:
+    """Undoes `install`: every replaced reference is JAX's again (no-op when not installed).
+
+    Modules imported while installed that took an installed function by name
+    get JAX's back too; the patchers restore what they replaced.
+    """
+    global _active
+    with _lock:
+        if _active is not None:
+            _undo(_active)
+            _active = None
+
+
+def installed() -> dict[str, Any] | None:
+    """What is installed (options, replaced functions, patchers), or None."""
+    with _lock:
+        if _active is None:
+            return None
+        return {
+            'check_jit': _active.options.check_jit,
+            'timeout': _active.options.timeout,
+            'functions': sorted(_active.originals),
+            'references': _active.references,
+            'patchers': [p.__name__ for p in _active.patchers],
+        }
+
+
+def _describe(options: InstallOptions) -> str:
+    return f'check_jit={options.check_jit}, timeout={options.timeout}'
+
+
+def _undo(done: _Installed) -> None:
+    """Unpatches the patchers (last first), then swaps every installed function back."""
+    try:
+        for patcher in reversed(done.patchers):
+            patcher.unpatch()
+    finally:
+        _swap(done.replacements, done.originals)
+
+
+def _patcher(name: str) -> Any:
+    """The patcher module ``name``, or None when that very module does not exist (yet)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            return None
+        raise
+
+
+def _wait_of(options: InstallOptions) -> float:
+    """An installed call's wait: the install's timeout, ``MULTIHOST_TIMEOUT``, or forever."""
+    if options.timeout is not None:
+        return options.timeout
+    if os.environ.get('MULTIHOST_TIMEOUT'):
+        return _sequence.default_timeout()
+    return math.inf
+
+
+def _installed_call(ours: Callable[..., Any], options: InstallOptions) -> Callable[..., Any]:
+    """``ours`` as installed: collectives given no timeout wait `_wait_of` (options)."""
+
+    @functools.wraps(ours)
+    def installed_call(*args: Any, **kwargs: Any) -> Any:
+        with _sequence.waiting(_wait_of(options)):
+            return ours(*args, **kwargs)
+
+    return installed_call
+
+
+def _swap(old: dict[str, Any], new: dict[str, Any]) -> int:
+    """In every imported module's globals, each value that *is* ``old[name]`` becomes ``new[name]``.
+
+    Returns how many references were replaced. One identity test per global
+    in C (`set.isdisjoint` over ids) rejects the modules holding none; our own
+    modules are skipped (they keep JAX's originals on purpose).
+    """
+    by_id = {id(f): new[name] for name, f in old.items()}
+    ids = set(by_id)
+    count = 0
+    for module_name, module in list(sys.modules.items()):
+        if module_name == _OWN or module_name.startswith(_OWN + '.'):
+            continue
+        if not isinstance(module, types.ModuleType):
+            continue
+        # Not `vars(module)`: a lazy module's attribute access would import it.
+        namespace = object.__getattribute__(module, '__dict__')
+        try:
+            if ids.isdisjoint(map(id, namespace.values())):
+                continue
+        except RuntimeError:  # another thread changed it meanwhile: look at every item
+            pass
+        for key, value in list(namespace.items()):
+            if id(value) in ids:
+                namespace[key] = by_id[id(value)]
+                count += 1
+    return count

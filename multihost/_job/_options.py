@@ -1,0 +1,34 @@
+"""What `multihost.install` was asked for, handed to every patcher (`_install.PATCHERS`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+@dataclasses.dataclass(frozen=True)
+class InstallOptions:
+    """The options of one `multihost.install`.
+
+    Attributes:
+        check_jit: check across hosts, before launch, every jitted launch whose
+            computation spans devices of more than one process
+            (``MULTIHOST_CHECK_JIT=1`` turns it on too).
+        timeout: seconds after which an installed call raises
+            `BarrierTimeoutError`; None: it waits as long as JAX's would
+            (logging who is missing every ``MULTIHOST_TIMEOUT``), unless
+            ``MULTIHOST_TIMEOUT`` is set.
+    """
+
+    check_jit: bool = False
+    timeout: float | None = None
+
+    @classmethod
+    def resolve(cls, check_jit: bool, timeout: float | None) -> InstallOptions:
+        """The options as given, ``MULTIHOST_CHECK_JIT`` read; ``timeout`` checked."""
+        env = os.environ.get('MULTIHOST_CHECK_JIT', '').strip().lower()
+        if timeout is not None:
+            timeout = float(timeout)
+            if not timeout > 0:
+                raise ValueError(f'install timeout must be positive seconds, got {timeout!r}')
+        return cls(check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'), timeout=timeout)
