@@ -69,7 +69,13 @@ def to_global(x):
 
 before = len(records())
 out = to_global(np.arange(2.0) + PID)
-result('traced', shape=list(out.shape), records=len(records()) - before)
+new = records()[before:]  # the jitted launch (installed: jax.jit records), no collective
+result(
+    'traced',
+    shape=list(out.shape),
+    records=sum(not r.is_launch for r in new),
+    launches=[r.name for r in new if r.is_launch],
+)
 
 # Patient: the late host arrives after several periods; nobody raises, the others log.
 _sequence.DEFAULT_TIMEOUT = 1.0
@@ -96,7 +102,13 @@ def to_global_again(x):  # a new function: traced again, now uninstalled
 
 before = len(records())
 again = to_global_again(np.arange(2.0) + PID)
-result('traced_uninstalled', records=len(records()) - before, same=bool((again == out).all()))
+new = records()[before:]
+result(
+    'traced_uninstalled',
+    records=sum(not r.is_launch for r in new),
+    launches=[r.name for r in new if r.is_launch],
+    same=bool((again == out).all()),
+)
 sys.stdout.flush()
 
 # Installed with a timeout: the late host makes everyone raise BarrierTimeoutError.

@@ -245,11 +245,18 @@ def test_an_unedited_job_installed_before_initialize():
         }
         assert by['library_call']['kinds'] == ['barrier']
         assert by['library_call']['names'] == ['lib']
-        # Traced through the installed module: JAX's primitive, recorded as uninstalled.
-        assert by['traced'] == {'scenario': 'traced', 'shape': [2], 'records': 0}
+        # Traced through the installed module: JAX's primitive, no collective recorded (as
+        # uninstalled); installed, the jitted function's launch is recorded, uninstalled not.
+        assert by['traced'] == {
+            'scenario': 'traced',
+            'shape': [2],
+            'records': 0,
+            'launches': ['to_global'],
+        }
         assert by['traced_uninstalled'] == {
             'scenario': 'traced_uninstalled',
-            'records': by['traced']['records'],
+            'records': 0,
+            'launches': [],
             'same': True,
         }
         assert by['uninstalled']['by_name'] and by['uninstalled']['module']
