@@ -281,8 +281,11 @@ def test_release_ahead_lets_hosts_through_without_pausing():
         assert time.monotonic() - t0 < 10
     finally:
         os.environ['MULTIHOST_STEP_TIMEOUT'] = '60'
-    assert multihost.stepping_enabled()
+    assert multihost.stepping_enabled()  # released ahead: passed, and still stepping
+    _signal(f'test/step4/checked/{jax.process_index()}')
     if jax.process_index() == 0:
+        for p in HOSTS:  # every host looked before it is switched off (a slow one may not yet)
+            _await_signal(f'test/step4/checked/{p}')
         multihost.set_stepping(False, timeout=20)
         _signal('test/step4/off')
     else:
