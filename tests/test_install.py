@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 
 import multihost
 from multihost._core import _arrays
+from multihost._exchange import _sequence
 from multihost._job import _install
 from multihost.local import free_port
 
@@ -118,10 +119,10 @@ def test_environment_options(clean, monkeypatch):
     assert _install.installed()['check_jit'] is True
     multihost.install(check_jit=True)  # the same options
     options = _install._active.options
-    assert _install._wait_of(options) == math.inf  # waits as long as JAX's would
+    assert options.wait(_sequence.default_timeout()) == math.inf  # waits as long as JAX's would
     monkeypatch.setenv('MULTIHOST_TIMEOUT', '7')
-    assert _install._wait_of(options) == 7.0  # a timeout was asked for
-    assert _install._wait_of(_install.InstallOptions(timeout=3.0)) == 3.0
+    assert options.wait(_sequence.default_timeout()) == 7.0  # a timeout was asked for
+    assert _install.InstallOptions(timeout=3.0).wait(600.0) == 3.0
     with pytest.raises(ValueError, match='positive'):
         multihost.install(timeout=-1)
 

@@ -6,7 +6,6 @@ Single-process tests run in the pytest process (4 CPU devices); the
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import os
@@ -30,19 +29,12 @@ import multihost
 from multihost import _recorder
 from multihost._exchange import _sequence
 from multihost._job import _jit
+from multihost._job._options import InstallOptions as Options
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
 #: JAX's jit, out of the patcher's reach (it replaces module globals that are the original).
 JAX = types.SimpleNamespace(jit=jax.jit)
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """The fields of `multihost._job._options.InstallOptions` the jit patcher reads."""
-
-    check_jit: bool = False
-    timeout: float | None = None
 
 
 @pytest.fixture
@@ -55,6 +47,27 @@ def installed() -> Iterator[None]:
         _jit.unpatch()
         _recorder.reset()
     assert jax.jit is JAX.jit
+
+
+def test_checked_launches_wait_as_installed_calls_do(monkeypatch):
+    """check_jit's check waits like an installed call: forever (logging) unless a timeout is
+    asked for, by install(timeout=...) or MULTIHOST_TIMEOUT in the environment."""
+    monkeypatch.delenv('MULTIHOST_TIMEOUT', raising=False)
+    for options, wait in (
+        (Options(check_jit=True), float('inf')),
+        (Options(check_jit=True, timeout=7.0), 7.0),
+    ):
+        _jit.patch(options)
+        try:
+            assert _jit._state.wait == wait, options
+        finally:
+            _jit.unpatch()
+    monkeypatch.setenv('MULTIHOST_TIMEOUT', '9')
+    _jit.patch(Options(check_jit=True))
+    try:
+        assert _jit._state.wait == 9.0
+    finally:
+        _jit.unpatch()
 
 
 def _launches() -> list[_recorder.FlightRecord]:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
-import os
 import sys
 import threading
 import types
@@ -181,21 +179,12 @@ def _patcher(name: str) -> Any:
         raise
 
 
-def _wait_of(options: InstallOptions) -> float:
-    """An installed call's wait: the install's timeout, ``MULTIHOST_TIMEOUT``, or forever."""
-    if options.timeout is not None:
-        return options.timeout
-    if os.environ.get('MULTIHOST_TIMEOUT'):
-        return _sequence.default_timeout()
-    return math.inf
-
-
 def _installed_call(ours: Callable[..., Any], options: InstallOptions) -> Callable[..., Any]:
-    """``ours`` as installed: collectives given no timeout wait `_wait_of` (options)."""
+    """``ours`` as installed: collectives given no timeout wait `InstallOptions.wait`."""
 
     @functools.wraps(ours)
     def installed_call(*args: Any, **kwargs: Any) -> Any:
-        with _sequence.waiting(_wait_of(options)):
+        with _sequence.waiting(options.wait(_sequence.default_timeout())):
             return ours(*args, **kwargs)
 
     return installed_call

@@ -61,6 +61,7 @@ class _State:
     def __init__(self) -> None:
         self.active = False
         self.check = False
+        self.wait = 0.0  # check_jit's wait at a check (`InstallOptions.wait`)
         self.jit: Any = None  # JAX's jax.jit
         self.pjit: Any = None  # JAX's pjit, when it has one
         self.jit_patched: Any = None
@@ -177,8 +178,9 @@ class Jitted:
                 spans = True
             else:
                 spans = self._by_key[key] = _compiled_spans(sig.compiled)
-        if spans:
-            return watched.launch(key, args, kwargs, sig=sig, site=site, spans=True)
+        if spans:  # checked as installed calls wait: as long as JAX's would, unless asked
+            with _sequence.waiting(_state.wait):
+                return watched.launch(key, args, kwargs, sig=sig, site=site, spans=True)
         return self._recorded(site, args, kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -389,6 +391,8 @@ def patch(options: Any) -> None:
     """
     global _ACTIVE, _CHECK
     _CHECK = _state.check = bool(getattr(options, 'check_jit', False))
+    wait = getattr(options, 'wait', None)  # a test's stand-in options may lack it
+    _state.wait = wait(_sequence.default_timeout()) if wait else _sequence.default_timeout()
     if _state.active:
         return
     if not _state.excluded:

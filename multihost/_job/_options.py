@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 
@@ -32,3 +33,12 @@ class InstallOptions:
             if not timeout > 0:
                 raise ValueError(f'install timeout must be positive seconds, got {timeout!r}')
         return cls(check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'), timeout=timeout)
+
+    def wait(self, default: float) -> float:
+        """An installed call's wait: this timeout, ``MULTIHOST_TIMEOUT`` (``default``) when set,
+        else forever (`math.inf`: the round logs who is missing each period, and waits on)."""
+        if self.timeout is not None:
+            return self.timeout
+        if os.environ.get('MULTIHOST_TIMEOUT'):
+            return default
+        return math.inf
