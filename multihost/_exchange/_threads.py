@@ -114,7 +114,10 @@ def enter(
     if client is None:
         _recorder.finished(entry, wait=0.0, failed=bool(fail))
         return rec, {}
-    timeout = _sequence.default_timeout() if timeout is None else float(timeout)
+    # Its own timeout, else an installed call's wait (`_sequence.waiting`: patient ones log
+    # each period and wait on), else MULTIHOST_TIMEOUT; as on the main thread.
+    details = _timeout_details(client, rec)
+    period, patience = _sequence._patience(rec, _sequence._timeout(timeout), details)
     t0 = time.monotonic()
     try:
         _kv.publish(client, _kv.key('th'), mine)  # where this host's threads are
@@ -124,10 +127,11 @@ def enter(
             client,
             _kv.Round(name=round_dir(rec), data=round_dir(rec) + '/d'),
             rec.to_json(payload),
-            timeout=timeout,
+            timeout=period,
             judge=_sequence._judge,
-            on_timeout=_timeout_details(client, rec),
+            on_timeout=details,
             read=read or payload is not None,
+            patience=patience,
         )
     except CoordinatorUnreachableError as exc:
         _recorder.finished(entry, failed=True)
