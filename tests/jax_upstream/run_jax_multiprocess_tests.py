@@ -54,7 +54,7 @@ EXPECTED_DIFFERENCES: dict[tuple[str, str], tuple[str, str, str]] = {
     ('multihost_utils_test', 'MultiHostUtilsTest.test_process_allgather_cache_hit'): (
         'OK',
         'FAILED',
-        'small gathers travel in the sequence check\'s key-value exchange and compile '
+        "small gathers travel in the sequence check's key-value exchange and compile "
         'nothing (docs/API.md section 3, "Cost"), so the test\'s "exactly one C++ '
         'jit-cache miss" counts none',
     ),
@@ -94,10 +94,11 @@ _ERROR_LINE = re.compile(r'^(ERROR|FAIL): (\S+) \((\S+)\)', re.MULTILINE)
 
 def fetch_hint(version: str) -> str:
     """How to get the test files for this jax (CI has no network: it skips)."""
+    clone = f'git clone --depth 1 --branch jax-v{version} https://github.com/jax-ml/jax'
     return textwrap.dedent(f"""\
         JAX's multi-process tests are not in this repository (they are JAX's code).
         Fetch them for the installed jax {version}:
-            git clone --depth 1 --branch jax-v{version} https://github.com/jax-ml/jax {ROOT / 'build' / 'jax'}
+            {clone} {ROOT / 'build' / 'jax'}
         then run (the default location is {DEFAULT_DIR}):
             python {pathlib.Path(__file__).relative_to(ROOT)} --jax-tests {DEFAULT_DIR}
         or set MH_JAX_TESTS to a copy of jax's tests/multiprocess directory.""")
@@ -125,7 +126,9 @@ def combine(per_worker: list[dict[str, str]]) -> dict[str, str]:
     out = {}
     for name in names:
         seen = [w.get(name, 'ABSENT') for w in per_worker]
-        out[name] = seen[0] if len(set(seen)) == 1 else ' '.join(f'p{i}:{v}' for i, v in enumerate(seen))
+        out[name] = (
+            seen[0] if len(set(seen)) == 1 else ' '.join(f'p{i}:{v}' for i, v in enumerate(seen))
+        )
     return out
 
 
@@ -152,7 +155,9 @@ def run_file(
         JAX_PLATFORMS='cpu',
         JAX_NUM_CPU_DEVICES=str(args.devices),
         TEST_UNDECLARED_OUTPUTS_DIR=str(out),
-        PYTHONPATH=os.pathsep.join(p for p in (str(support), str(ROOT), env.get('PYTHONPATH', '')) if p),
+        PYTHONPATH=os.pathsep.join(
+            p for p in (str(support), str(ROOT), env.get('PYTHONPATH', '')) if p
+        ),
     )
     cmd = [
         sys.executable,
@@ -162,7 +167,9 @@ def run_file(
     ]
     start = time.monotonic()
     with open(out / 'controller.log', 'wb') as log:
-        proc = subprocess.Popen(cmd, env=env, cwd=out, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=out, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             rc: int | str = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -180,7 +187,9 @@ def run_file(
     return combine([parse_worker_log(t) for t in texts]), note
 
 
-def compare(file: str, plain: dict[str, str], installed: dict[str, str]) -> tuple[list[str], list[str]]:
+def compare(
+    file: str, plain: dict[str, str], installed: dict[str, str]
+) -> tuple[list[str], list[str]]:
     """Table rows and the unexpected differences of one file."""
     rows, unexpected = [], []
     expected_here = {t: e for (f, t), e in EXPECTED_DIFFERENCES.items() if f == file}
@@ -195,9 +204,11 @@ def compare(file: str, plain: dict[str, str], installed: dict[str, str]) -> tupl
                 mark = 'UNEXPECTED'
                 unexpected.append(f'{file}: {name}: plain {a}, installed {b}')
         rows.append(f'  {name:<78} {a:<8} {b:<8} {mark}')
-    for name, exp in expected_here.items():
+    for name in expected_here:
         if plain.get(name, 'ABSENT') == installed.get(name, 'ABSENT'):
-            rows.append(f'  (expected difference not seen: {name}: both {plain.get(name, "ABSENT")})')
+            rows.append(
+                f'  (expected difference not seen: {name}: both {plain.get(name, "ABSENT")})'
+            )
     return rows, unexpected
 
 
@@ -210,12 +221,20 @@ def counts(verdicts: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Runs the files plain and installed; 1 on an unexpected difference."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--jax-tests', type=pathlib.Path, default=pathlib.Path(os.environ.get('MH_JAX_TESTS', DEFAULT_DIR)))
-    p.add_argument('--files', default=','.join(FILES), help='comma-separated file stems (default: all six)')
+    p.add_argument(
+        '--jax-tests',
+        type=pathlib.Path,
+        default=pathlib.Path(os.environ.get('MH_JAX_TESTS', DEFAULT_DIR)),
+    )
+    p.add_argument(
+        '--files', default=','.join(FILES), help='comma-separated file stems (default: all six)'
+    )
     p.add_argument('--timeout', type=float, default=900.0, help='seconds per file and mode')
     p.add_argument('--num-processes', type=int, default=4)
     p.add_argument('--devices', type=int, default=2, help='CPU devices per process')
-    p.add_argument('--work', type=pathlib.Path, default=None, help='where the logs go (default: a temp dir)')
+    p.add_argument(
+        '--work', type=pathlib.Path, default=None, help='where the logs go (default: a temp dir)'
+    )
     args = p.parse_args(argv)
     version = importlib.metadata.version('jax')
     files = [f.strip().removesuffix('.py') for f in args.files.split(',') if f.strip()]
@@ -226,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     for f in sorted(set(files) - set(present)):
         print(f'skipped: {f}.py is not in {args.jax_tests}')
     work = args.work or pathlib.Path(tempfile.mkdtemp(prefix='mh-jax-upstream-'))
-    print(f'jax {version}, python {sys.version.split()[0]}, tests from {args.jax_tests}, logs in {work}')
+    print(
+        f'jax {version}, python {sys.version.split()[0]}, '
+        f'tests from {args.jax_tests}, logs in {work}'
+    )
     unexpected: list[str] = []
     summary = []
     for f in present:
@@ -242,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         if not results['plain'] and not results['installed']:
             bad.append(f'{f}: no test ran in either mode (see the logs)')
         unexpected += bad
-        summary.append(f'  {f:<22} plain: {counts(results["plain"]):<28} installed: {counts(results["installed"])}')
+        summary.append(
+            f'  {f:<22} plain: {counts(results["plain"]):<28} '
+            f'installed: {counts(results["installed"])}'
+        )
     print('summary:\n' + '\n'.join(summary))
     if unexpected:
         print('UNEXPECTED differences:\n  ' + '\n  '.join(unexpected))
