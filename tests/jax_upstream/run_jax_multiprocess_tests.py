@@ -65,7 +65,8 @@ PORTPICKER = '''\
 import socket
 
 
-def pick_unused_port():
+def pick_unused_port(pid=None, portserver_address=None):
+    del pid, portserver_address  # portpicker's arguments: the OS needs no port server
     with socket.socket() as s:
         s.bind(('localhost', 0))
         return s.getsockname()[1]
@@ -180,7 +181,9 @@ def run_file(
     logs = [out / f'jax_{i}_stderr.log' for i in range(args.num_processes)]
     texts = [p.read_text(errors='replace') if p.exists() else '' for p in logs]
     note = f'rc={rc}, {elapsed:.0f} s, logs in {out}'
-    if mode == 'installed':
+    if not any(texts):
+        note += '; no worker started (see controller.log)'
+    elif mode == 'installed':
         missing = [i for i, t in enumerate(texts) if MARKER not in t]
         if missing:
             note += f'; INSTALL NOT ACTIVE in workers {missing}'
