@@ -1,0 +1,127 @@
+"""An unmodified flax + optax + orbax training job, launched like a scheduler launches one.
+
+Nothing here imports `multihost`. Every process reads what a scheduler sets:
+``COORDINATOR_ADDRESS``, ``NUM_PROCESSES``, ``PROCESS_ID`` (for
+`jax.distributed.initialize`), ``CKPT_DIR`` (one directory for every process),
+``STEPS`` (default 6). The program is `_flax_program`'s (a linen transformer
+with `nn.with_partitioning`, a ('data', 'model') mesh over every process, a
+`TrainState`, `optax.adamw`, a jitted `train_step` with ``donate_argnums``,
+batches from `jax.make_array_from_process_local_data`) with an orbax
+`CheckpointManager` saving every 2 steps, async checkpointing on (orbax's
+default). Each step prints ``LOSS <step> <float.hex>`` and ``STEP <step>
+<seconds>`` (wall time of the step, blocked until the loss is ready).
+
+Two inputs a real job also reads from its environment:
+
+* ``BAD_BATCH_HOST=p``: process p's local batch has one example more (a data
+  pipeline bug: that host's global batch, and so its program, differ).
+* ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
+  `multihost` was loaded into this process by someone else (``python -m
+  multihost run``: the script never imports it), each process writes its own
+  flight records to ``DIR/records-<p>.json`` before the final barrier. It is
+  written by the program's last lines, not at exit: the job leaves with
+  ``os._exit`` (below), which runs no ``atexit`` hook.
+
+A failing step prints ``FAILED <exception type>: <its first line>``. Every
+process ends with a barrier and ``os._exit``: process 0 hosts the coordination
+service, and when it exits JAX kills the others within milliseconds, before
+they print; so process 0 leaves last and nobody runs JAX's exit-time shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+
+jax.config.update('jax_num_cpu_devices', int(os.environ.get('LOCAL_DEVICES', '2')))
+
+import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+from _flax_program import create_state, local_batch, make_mesh, train_step  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+PROCESS_ID = int(os.environ['PROCESS_ID'])
+NUM_PROCESSES = int(os.environ['NUM_PROCESSES'])
+STEPS = int(os.environ.get('STEPS', '6'))
+BAD_BATCH_HOST = int(os.environ.get('BAD_BATCH_HOST', '-1'))
+
+
+def batch_for(mesh, step):
+    """The global batch, sharded over 'data', from this host's slice."""
+    sharding = NamedSharding(mesh, P('data'))
+    tokens, targets = local_batch(step)
+    if jax.process_index() == BAD_BATCH_HOST:
+        tokens, targets = (
+            np.concatenate([tokens, tokens[:1]]),
+            np.concatenate([targets, targets[:1]]),
+        )
+    return {
+        'tokens': jax.make_array_from_process_local_data(sharding, tokens),
+        'targets': jax.make_array_from_process_local_data(sharding, targets),
+    }
+
+
+def train():
+    mesh = make_mesh()
+    state = create_state(mesh)
+    options = ocp.CheckpointManagerOptions(
+        save_interval_steps=2, max_to_keep=2, enable_async_checkpointing=True
+    )
+    manager = ocp.CheckpointManager(os.environ['CKPT_DIR'], options=options)
+    for step in range(STEPS):
+        batch = batch_for(mesh, step)
+        t0 = time.perf_counter()
+        state, loss = train_step(state, batch)
+        loss = float(loss)
+        print(f'STEP {step} {time.perf_counter() - t0!r}', flush=True)
+        print(f'LOSS {step} {loss.hex()}', flush=True)
+        manager.save(step, args=ocp.args.StandardSave(state))
+    manager.wait_until_finished()
+    manager.close()
+
+
+def report():
+    """This process's flight records, when asked for and `multihost` is in the process."""
+    directory = os.environ.get('JOB_RECORDS')
+    recorder = sys.modules.get('multihost._recorder')
+    if not directory or recorder is None:
+        return
+    records = [json.loads(r.to_json()) for r in recorder.snapshot(jax.process_index())]
+    with open(os.path.join(directory, f'records-{jax.process_index()}.json'), 'w') as f:
+        json.dump(records, f)
+
+
+def leave(status):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if jax.process_index() == 0:
+        time.sleep(1.0 if status == 0 else 5.0)
+    os._exit(status)
+
+
+def main():
+    jax.distributed.initialize(
+        coordinator_address=os.environ['COORDINATOR_ADDRESS'],
+        num_processes=NUM_PROCESSES,
+        process_id=PROCESS_ID,
+        initialization_timeout=120,
+    )
+    try:
+        train()
+    except Exception as exc:
+        print(f'FAILED {type(exc).__name__}: {str(exc).splitlines()[0]}', flush=True)
+        leave(1)
+    report()
+    multihost_utils.sync_global_devices('flax_job_end')
+    print('DONE', flush=True)
+    leave(0)
+
+
+if __name__ == '__main__':
+    main()
