@@ -181,3 +181,20 @@ def exclude_from_tracebacks(path: str) -> None:
     from jax._src import traceback_util
 
     traceback_util.register_exclusion(path)
+
+
+def exit_cleanup() -> None:
+    """What JAX does at interpreter exit, done now: backends cleared, distributed shut down.
+
+    INTERNAL: `jax._src.api.clean_up` is the `atexit` handler JAX registers at
+    import (clear the backends, clear caches, `jax.distributed.shutdown()`);
+    calling it twice is harmless (the second finds nothing to clear or shut).
+    `multihost`'s exit handler runs it before joining the debug thread, so that
+    thread leaves its blocking coordination-service call (cancelled by the
+    shutdown) while the interpreter still runs: a thread that returns from that
+    C++ call after finalization began is ended inside it, which aborts the
+    process (``terminate called ... FATAL: exception not rethrown``, exit -6).
+    """
+    from jax._src import api
+
+    api.clean_up()

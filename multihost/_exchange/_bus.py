@@ -10,6 +10,7 @@ docs/ARCHITECTURE.md, "Debug thread, stacks and the step gate", and its key map.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -63,6 +64,26 @@ class _State:
 
 
 _state = _State()
+
+
+def _at_exit() -> None:
+    """Ends the debug thread before the interpreter finalizes (see `_jax_adapter.exit_cleanup`).
+
+    Registered at import, right after JAX's own exit handler in the usual order (``import jax``
+    then ``multihost``; ``python -m multihost run`` imports both first), so it runs just
+    before JAX's; it does nothing unless the debug thread runs.
+    """
+    thread = _state.thread
+    if thread is None or not thread.is_alive():
+        return
+    _state.stop.set()
+    try:
+        _jax_adapter.exit_cleanup()  # cancels the thread's long-poll
+    finally:
+        thread.join(timeout=5.0)
+
+
+atexit.register(_at_exit)
 
 
 def thread_ident() -> int | None:
