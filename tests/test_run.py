@@ -130,7 +130,14 @@ def test_a_module_runs_as_main_with_its_argv(program, tmp_path):
 def test_usage_errors_and_the_demo_stays(tmp_path):
     from multihost._job import _run as run
 
-    for args in ([], ['--bogus', 'x.py'], ['--timeout', 'soon', 'x.py'], ['-m']):
+    for args in (
+        [],
+        ['--bogus', 'x.py'],
+        ['--timeout', 'soon', 'x.py'],
+        ['--timeout=-3', 'x.py'],
+        ['--timeout', '0', 'x.py'],
+        ['-m'],
+    ):
         with pytest.raises(run.UsageError):
             run.parse(args)
     assert run.parse(['--timeout=2', '-m', 'pkg.mod', '-m', 'x']) == (
@@ -141,6 +148,9 @@ def test_usage_errors_and_the_demo_stays(tmp_path):
     )
     out = _run(['-m', 'multihost', 'run', '--bogus', 'x.py'], cwd=str(tmp_path))
     assert out.returncode == 2 and 'usage: python -m multihost run' in out.stderr
+    out = _run(['-m', 'multihost', 'run', '-m', 'no_such_module_here'], cwd=str(tmp_path))
+    assert out.returncode == 1, out.stderr  # as python -m says it: one line, no traceback
+    assert out.stderr.strip() == 'python -m multihost run: No module named no_such_module_here'
     out = _run(['-m', 'multihost', 'demo', '--help'], cwd=str(tmp_path))
     assert out.returncode == 0 and '--hosts' in out.stdout, out.stderr
 

@@ -15,6 +15,7 @@ and that every function jitted afterwards is seen.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
@@ -53,6 +54,8 @@ def parse(argv: list[str]) -> tuple[dict[str, object], str, bool, list[str]]:
                 options['timeout'] = float(value)
             except ValueError:
                 raise UsageError(f'--timeout needs a number of seconds, got {value!r}') from None
+            if not options['timeout'] > 0:  # type: ignore[operator]
+                raise UsageError(f'--timeout needs a positive number of seconds, got {value!r}')
         elif arg == '-m':
             if i + 1 == len(argv):
                 raise UsageError('-m needs a module name')
@@ -79,6 +82,9 @@ def main(argv: list[str]) -> None:
     install(**options)  # type: ignore[arg-type]
     if is_module:
         sys.argv = [target, *args]  # run_module sets argv[0] to the module's file
+        if importlib.util.find_spec(target.split('.')[0]) is None:  # as python -m says it
+            print(f'python -m multihost run: No module named {target}', file=sys.stderr)
+            raise SystemExit(1)
         # python -m puts the current directory first: so does ``python -m multihost``.
         runpy.run_module(target, run_name='__main__', alter_sys=True)
         return
