@@ -109,9 +109,7 @@ def _child(i: int, n: int, address: str, reps: int, out_path: str) -> None:
 
     from multihost import _jax_adapter
 
-    jax.distributed.initialize(
-        address, num_processes=n, process_id=i, initialization_timeout=600
-    )
+    jax.distributed.initialize(address, num_processes=n, process_id=i, initialization_timeout=600)
     state = _jax_adapter.distributed_state()
     real = state.client
     counting = Counting(real)
@@ -248,9 +246,9 @@ def summarize(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per check: medians over reps of per-host and service-wide figures."""
     per, reps = raw['per'], raw['reps']
     out: dict[str, dict[str, float]] = {}
+    med = statistics.median
     for name in CHECKS:
         rows = [[host[name][r] for host in per] for r in range(reps)]
-        med = statistics.median
 
         def over(f: Callable[[list[dict[str, float]]], float], rows: Any = rows) -> float:
             return float(med(f(row) for row in rows))
@@ -264,16 +262,26 @@ def summarize(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
             'wall_ms': over(lambda row: max(h['wall'] for h in row)) * 1e3,
             'rpc_ms': over(lambda row: med(h['rpc_median'] for h in row)) * 1e3,
             'cpu_ms': over(lambda row: med(h['cpu'] for h in row)) * 1e3,
-            'service_cpu_ms': over(
-                lambda row: row[0]['cpu'] - med(h['cpu'] for h in row[1:])
-            )
+            'service_cpu_ms': over(lambda row: row[0]['cpu'] - med(h['cpu'] for h in row[1:]))
             * 1e3,
         }
     return out
 
 
+def measure(n: int, reps: int = 3) -> dict[str, Any]:
+    """`run` and `summarize`: one JSON-able record (what ``bench/scale.py --many`` reads)."""
+    raw = run(n, reps)
+    return {
+        'n': n,
+        'reps': reps,
+        'pss_mib': raw['pss_peak_kib'] / 1024,
+        'elapsed_s': raw['elapsed_s'],
+        'backend_started': any(host['backend_started'] for host in raw['per']),
+        'checks': summarize(raw),
+    }
+
+
 if __name__ == '__main__':
+    # python bench/manyhost.py N [REPS]: one JSON line (run it in a fresh process).
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
-    raw = run(n, reps=int(sys.argv[2]) if len(sys.argv) > 2 else 3)
-    print(json.dumps({'pss_mib': raw['pss_peak_kib'] / 1024, 'elapsed_s': raw['elapsed_s']}))
-    print(json.dumps(summarize(raw), indent=1))
+    print(json.dumps(measure(n, int(sys.argv[2]) if len(sys.argv) > 2 else 3)))
