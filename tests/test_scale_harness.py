@@ -41,12 +41,15 @@ def test_256_hosts_read_o1_per_host_and_the_service_serves_o_n(tmp_path):
     if proc.returncode != 0:
         raise RuntimeError(f'the harness failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}')
     lo, hi = json.loads(out.read_text())['records']
-    assert (lo['n'], hi['n']) == (16, 256)
-    assert not hi['backend_started'], 'a KV-only check started the JAX backend'
+    # The harness itself must work: these raise (a failure, never the expected xfail).
+    if (lo['n'], hi['n']) != (16, 256) or hi['backend_started']:
+        raise RuntimeError(
+            f'bad harness run: N={lo["n"]},{hi["n"]}, backend {hi["backend_started"]}'
+        )
     for check in FLAT:
         a, b = lo['checks'][check], hi['checks'][check]
-        # Every check made RPCs and read replies at both sizes (the counters work).
-        assert min(a['served_rpcs'], b['served_rpcs'], a['read_max'], b['read_max']) > 0, check
+        if min(a['served_rpcs'], b['served_rpcs'], a['read_max'], b['read_max']) <= 0:
+            raise RuntimeError(f'{check}: the harness counted no RPC or no byte read')
     for check in FLAT:
         a, b = lo['checks'][check], hi['checks'][check]
         assert b['read_max'] <= 1024, f'{check}: a host read {b["read_max"]:.0f} B at N=256'
