@@ -4,6 +4,13 @@ Usage::
 
     python bench/scale.py [--hosts 2,4,8,16,32] [--reps 7] [--png scale.png] [--json PATH]
     python bench/scale.py --quick            # smoke run: 2 and 4 hosts, 2 repetitions
+    python bench/scale.py --many 16,64,256,512 [--check]   # forked simulated hosts
+
+``--many``: the key-value checks at many simulated hosts (``bench/manyhost.py``:
+N forked clients of one real coordination service, bytes and RPCs counted per
+check), side by side per N, with the log-log slope of each curve; ``--check``
+exits 1 unless bytes read per host grow <= 1.5x and bytes served <= 20x from
+the smallest N to the largest (issue 21's targets). The older method follows.
 
 Method
 ------
@@ -189,6 +196,114 @@ def _at(fit: dict[str, Any], n: int) -> float:
     return a * (n if fit['best'] == 'O(N)' else n * math.log2(n)) + b
 
 
+#: ``--many`` columns: (title, key of `manyhost.summarize`, scale, format).
+MANY_METRICS = (
+    ('bytes read per host, median', 'read_median', 1, '.0f'),
+    ('bytes read per host, max', 'read_max', 1, '.0f'),
+    ('bytes served (KB, all hosts)', 'served_bytes', 1e-3, '.1f'),
+    ('RPCs served', 'served_rpcs', 1, '.0f'),
+    ('wall of the slowest host (ms)', 'wall_ms', 1, '.1f'),
+    ('RPC latency, median (ms)', 'rpc_ms', 1, '.2f'),
+    ('CPU per host, median (ms)', 'cpu_ms', 1, '.2f'),
+    ('service CPU, process 0 - median (ms)', 'service_cpu_ms', 1, '.2f'),
+)
+#: Checks whose no-error path must be O(1) per host (`--check`); an allgather's payload is O(N).
+FLAT = ('sync_global_devices', 'broadcast (small)', 'assert_equal (small)')
+
+
+def slope(ns: list[int], ys: list[float]) -> float:
+    """The log-log slope of ``ys`` over ``ns`` (0: flat, 1: linear, 2: quadratic)."""
+    pts = [(math.log(n), math.log(y)) for n, y in zip(ns, ys) if y > 0]
+    if len(pts) < 2:
+        return float('nan')
+    return float(np.polyfit([p[0] for p in pts], [p[1] for p in pts], 1)[0])
+
+
+def many(ns: list[int], reps: int) -> list[dict[str, Any]]:
+    """One fresh `bench/manyhost.py` process per N (it forks the hosts); their records."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, 'OPENBLAS_NUM_THREADS': '1', 'JAX_PLATFORMS': 'cpu'}
+    out = []
+    for n in ns:
+        proc = subprocess.run(
+            [sys.executable, os.path.join(here, 'manyhost.py'), str(n), str(reps)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600 + 10 * n,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f'manyhost.py {n} failed:\n{proc.stderr[-3000:]}')
+        out.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(
+            f'{n} hosts: PSS {out[-1]["pss_mib"]:.0f} MiB, {out[-1]["elapsed_s"]:.1f} s', flush=True
+        )
+    return out
+
+
+def many_table(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Prints one table per metric (checks x N, with the log-log slope); returns the slopes."""
+    ns = [r['n'] for r in records]
+    slopes: dict[str, dict[str, float]] = {}
+    for title, k, scale, fmt in MANY_METRICS:
+        head = f'{title:<40}' + ''.join(f'{f"N={n}":>11}' for n in ns) + f'{"slope":>8}'
+        print('\n' + head + '\n' + '-' * len(head))
+        for check in records[0]['checks']:
+            ys = [r['checks'][check][k] for r in records]
+            slopes.setdefault(check, {})[k] = s = slope(ns, ys)
+            cells = ''.join(f'{format(y * scale, fmt):>11}' for y in ys)
+            print(f'  {check:<38}{cells}{s:>8.2f}')
+    print(
+        f'\n{"total PSS of the hosts (MiB)":<40}'
+        + ''.join(f'{r["pss_mib"]:>11.0f}' for r in records)
+    )
+    return slopes
+
+
+def many_verdict(records: list[dict[str, Any]]) -> list[str]:
+    """Issue 21's targets from the smallest N to the largest: what fails (empty: all met)."""
+    lo, hi = records[0], records[-1]
+    span = f'from N={lo["n"]} to {hi["n"]}'
+    fails = []
+    for check in FLAT:
+        a, b = lo['checks'][check], hi['checks'][check]
+        per_host = b['read_max'] / max(1.0, a['read_max'])
+        served = b['served_bytes'] / max(1.0, a['served_bytes'])
+        if per_host > 1.5:
+            fails.append(f'{check}: bytes read per host x{per_host:.1f} {span} (target <= 1.5)')
+        if served > 20 * (hi['n'] / lo['n']) / 16:
+            fails.append(
+                f'{check}: bytes served x{served:.1f} {span} (target <= 20x per 16x hosts)'
+            )
+    return fails
+
+
+def main_many(ns: list[int], reps: int, check: bool, path: str | None) -> int:
+    records = many(ns, reps)
+    if any(r['backend_started'] for r in records):
+        print('WARNING: a simulated host started its JAX backend', flush=True)
+    slopes = many_table(records)
+    fails = many_verdict(records) if len(records) > 1 else []
+    print(
+        '\n'
+        + (
+            '\n'.join(fails)
+            if fails
+            else 'issue 21 targets met (per host <= 1.5x, served <= 20x per 16x hosts)'
+        )
+    )
+    if path:
+        with open(path, 'w') as f:
+            json.dump(
+                {'env': _common.environment(0, 1), 'records': records, 'slopes': slopes},
+                f,
+                indent=1,
+            )
+    return 1 if check and fails else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--hosts', nargs='+', default=['2,4,8,16,32'], help='e.g. 2,4,8,16,32')
@@ -196,7 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--png', default='scale.png', help='where to write the chart')
     parser.add_argument('--json', help='also write the results here')
     parser.add_argument('--quick', action='store_true', help='smoke run: 2,4 hosts, 2 reps')
+    parser.add_argument('--many', nargs='+', help='forked simulated hosts, e.g. 16,64,256,512')
+    parser.add_argument('--check', action='store_true', help='with --many: exit 1 off target')
     args = parser.parse_args(argv)
+    if args.many:
+        return main_many(
+            _hosts(args.many), args.reps if args.reps != 7 else 3, args.check, args.json
+        )
     ns = [2, 4] if args.quick else _hosts(args.hosts)
     reps = 2 if args.quick else args.reps
     cores = os.cpu_count() or 1

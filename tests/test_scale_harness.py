@@ -1,0 +1,61 @@
+"""Issue 21's scale targets, measured on 256 simulated hosts (`bench/manyhost.py`).
+
+256 forked clients of one real coordination service run the no-error checks
+that need no JAX backend (`sync_global_devices`, a sequence-checked small
+broadcast, `assert_equal` of a small equal tree); the harness counts every
+RPC and reply byte per host. The same run as ``python bench/scale.py --many
+16,256 --check``. About 30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bench')
+FLAT = ('sync_global_devices', 'broadcast (small)', 'assert_equal (small)')
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason='every host reads every host value (O(N) per host) until issue 21 item 1 lands; '
+    'then this passes and the strict xfail must go',
+)
+def test_256_hosts_read_o1_per_host_and_the_service_serves_o_n(tmp_path):
+    out = tmp_path / 'many.json'
+    env = {**os.environ, 'OPENBLAS_NUM_THREADS': '1', 'JAX_PLATFORMS': 'cpu'}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH, 'scale.py'), '--many', '16,256', '--reps', '2']
+        + ['--json', str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f'the harness failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}')
+    lo, hi = json.loads(out.read_text())['records']
+    # The harness itself must work: these raise (a failure, never the expected xfail).
+    if (lo['n'], hi['n']) != (16, 256) or hi['backend_started']:
+        raise RuntimeError(
+            f'bad harness run: N={lo["n"]},{hi["n"]}, backend {hi["backend_started"]}'
+        )
+    for check in FLAT:
+        a, b = lo['checks'][check], hi['checks'][check]
+        if min(a['served_rpcs'], b['served_rpcs'], a['read_max'], b['read_max']) <= 0:
+            raise RuntimeError(f'{check}: the harness counted no RPC or no byte read')
+    for check in FLAT:
+        a, b = lo['checks'][check], hi['checks'][check]
+        assert b['read_max'] <= 1024, f'{check}: a host read {b["read_max"]:.0f} B at N=256'
+        assert b['read_max'] <= 1.5 * a['read_max'], (
+            f'{check}: per host x{b["read_max"] / a["read_max"]:.1f}'
+        )
+        assert b['served_bytes'] <= 20 * a['served_bytes'], (
+            f'{check}: served x{b["served_bytes"] / a["served_bytes"]:.1f} for 16x hosts'
+        )
