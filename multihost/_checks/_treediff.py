@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from multihost._checks import _fingerprint as _kernel
 from multihost._checks import _rowdiff
 from multihost._checks._diffmodel import (
     MAX_TEXT_CHARS,
@@ -57,6 +58,23 @@ def _leaf_data(x: Any) -> tuple[np.ndarray, str]:
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     return a, dtype_name or str(a.dtype)
+
+
+def _device_leaf(x: Any) -> tuple[jax.Array, str] | None:
+    """A fully addressable device leaf fingerprinted where it lives: (its data, dtype name)."""
+    if not isinstance(x, jax.Array) or not x.is_fully_addressable:
+        return None
+    dtype_name = str(x.dtype)
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if not _kernel.supported(x.dtype) or x.size == 0:
+        return None
+    return x, dtype_name
+
+
+def _host(x: Any) -> np.ndarray:
+    """The numpy data of a compared leaf kept in ``data`` (a device leaf is copied here)."""
+    return x if isinstance(x, np.ndarray) else _leaf_data(x)[0]
 
 
 def _text_of(x: Any) -> tuple[str, str] | None:
@@ -146,9 +164,17 @@ def _global_row(
         ix = blocks.where[int(shard.device.id)]
         if ix not in blocks.shared or ix in fingerprints:
             continue
-        a, dtype_name = _leaf_data(shard.data)
-        data[f'{path}\x00{blocks.shared[ix]}'] = a  # _block_key
-        sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
+        dev = _device_leaf(shard.data)
+        if dev is not None:  # fingerprinted on its device, copied only if it differs
+            a_dev, dtype_name = dev
+            data[f'{path}\x00{blocks.shared[ix]}'] = a_dev  # _block_key
+            digest = _kernel.fingerprints([a_dev])[0].hex()
+            nbytes = int(a_dev.size) * a_dev.dtype.itemsize
+            sig = _Print(tuple(a_dev.shape), dtype_name, digest, nbytes, True)
+        else:
+            a, dtype_name = _leaf_data(shard.data)
+            data[f'{path}\x00{blocks.shared[ix]}'] = a  # _block_key
+            sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
         fingerprints[ix] = _row_value(sig)
     held = [[blocks.shared[ix], fingerprints[ix]] for ix in sorted(fingerprints)]
     return f'G[{blocks.head},{json.dumps(held, separators=(",", ":"))}]'
@@ -169,7 +195,13 @@ def _comparable(a: np.ndarray) -> bool:
 
 
 def _digest(a: np.ndarray) -> str:
-    """16 hex digits: CRC-32 then Adler-32 of the bytes (fast; a random collision is ~2^-64)."""
+    """The leaf's fingerprint in hex: `_fingerprint` for numeric dtypes (the same on device).
+
+    Other dtypes (strings, structured, object): 16 hex digits, CRC-32 then
+    Adler-32 of the bytes (a random collision is ~2^-64).
+    """
+    if _kernel.supported(a.dtype) and a.size:
+        return _kernel.numpy_lanes(a).astype('<u4').tobytes().hex()
     data: bytes | memoryview
     if a.dtype.hasobject:  # no stable bytes: fall back to the values' repr
         data = repr(a.tolist()).encode()
@@ -393,7 +425,7 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
     # Small values: one host per distinct fingerprint sends them (the lowest);
     # strings and other non-array leaves always (they are cut to a bounded length).
     small = {
-        str(i): _encode_array(data[p.key])
+        str(i): _encode_array(_host(data[p.key]))
         for i, p in enumerate(pending)
         if p.key in data
         and (own := p.sigs.get(rec.process)) is not None
@@ -414,7 +446,7 @@ def _is_text(a: np.ndarray, sig: _Print) -> bool:
     return not sig.comparable and a.ndim == 0 and a.dtype.kind == 'U'
 
 
-def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[str]]]:
+def _fingerprint(flat: list[Any]) -> tuple[dict[str, Any], list[list[str]]]:
     """Phase 1 (local): the data compared and every leaf's row ``[path, fingerprint]``.
 
     A host-local leaf's row is `_row_value` and its data is under its path; a
@@ -422,13 +454,20 @@ def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[str]
     `_block_key`.
     """
     paths = leaf_paths(flat)
-    data: dict[str, np.ndarray] = {}
+    data: dict[str, Any] = {}  # numpy arrays, or device arrays copied only when they differ
     rows = []
+    on_device: list[tuple[int, str, jax.Array, str]] = []  # row, path, data, dtype name
     placements: dict[Any, _Blocks] = {}
     for path, (_, leaf) in zip(paths, flat):
         try:
             if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
                 rows.append([path, _global_row(path, leaf, placements, data)])
+                continue
+            dev = _device_leaf(leaf)
+            if dev is not None:  # fingerprinted below, all at once, on the devices
+                data[path] = dev[0]
+                on_device.append((len(rows), path, dev[0], dev[1]))
+                rows.append([path, ''])
                 continue
             text = _text_of(leaf)
             if text is not None:
@@ -445,6 +484,13 @@ def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[str]
         except Exception as exc:
             raise _LeafError(f'leaf {path}: {type(exc).__name__}: {exc}') from exc
         rows.append([path, _row_value(sig)])
+    try:
+        prints = _kernel.fingerprints([x for _, _, x, _ in on_device])
+    except Exception as exc:
+        raise _LeafError(f'fingerprints of device leaves: {type(exc).__name__}: {exc}') from exc
+    for (row, path, x, dtype_name), fp in zip(on_device, prints):
+        nbytes = int(x.size) * x.dtype.itemsize
+        rows[row] = [path, _row_value(_Print(tuple(x.shape), dtype_name, fp.hex(), nbytes, True))]
     return data, rows
 
 
@@ -568,7 +614,7 @@ def _first_alike(p: _Pending) -> dict[int, int]:
 
 
 def _compare_with_reference(
-    pending: list[_Pending], data: dict[str, np.ndarray], pid: int
+    pending: list[_Pending], data: dict[str, Any], pid: int
 ) -> dict[str, Any]:
     """Phase 4: the lowest majority host broadcasts each comparable leaf; odd hosts compare."""
     to_compare: dict[int, list[int]] = {}
@@ -591,12 +637,12 @@ def _compare_with_reference(
         sizes = [_nbytes(pending[i], source) for i in group]
         buf = None
         if pid == source:
-            buf = np.concatenate([data[pending[i].key].reshape(-1).view(np.uint8) for i in group])
+            buf = np.concatenate([_host(data[pending[i].key]).reshape(-1).view(np.uint8) for i in group])
         got = _broadcast_bytes(buf, sum(sizes), pid == source)
         offset = 0
         for i, size in zip(group, sizes):
             if pid in compared[i]:
-                own = data[pending[i].key]
+                own = _host(data[pending[i].key])
                 ref_value = got[offset : offset + size].view(own.dtype).reshape(own.shape)
                 summary[str(i)] = list(_compare(own, ref_value))
             offset += size
