@@ -301,36 +301,98 @@ def _device_ok(x: jax.Array) -> bool:
     return dt.itemsize in (1, 2, 4) or jnp.issubdtype(dt, jnp.complexfloating) or dt.itemsize == 8
 
 
-_GROUP = 256  # blocks per compiled program (bounds program size; the same tree, the same groups)
+_SMALL = 1 << 16  # elements: whole leaves up to this size are packed together, per dtype class
+
+
+def _bucket(n: int, least: int) -> int:
+    return max(least, 1 << (max(1, n) - 1).bit_length())
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _pack(xs: tuple[jax.Array, ...], total: int) -> tuple[jax.Array, ...]:
+    """Small leaves of one dtype class, flat, word by word, concatenated and zero-padded."""
+    per_leaf = [_jnp_words(x) for x in xs]
+    out = []
+    for p in range(len(per_leaf[0])):
+        flat = jnp.concatenate([w[p] for w in per_leaf])
+        out.append(jnp.pad(flat, (0, total - flat.shape[0])))
+    return tuple(out)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _segments(words: tuple[jax.Array, ...], seg: jax.Array, e: jax.Array, nseg: int, size: int) -> jax.Array:
+    """Lanes (nseg, sets, 4) of packed leaves: element e of leaf seg (padding: seg = nseg)."""
+    sets = []
+    for w in words:
+        if size in (1, 2):
+            hi, lo, k = _halves_of_elements(jnp, w, size, e)
+        else:
+            hi, lo, k = _g16(jnp, w >> 16), _g16(jnp, w & 0xFFFF), e
+        c = k * jnp.uint32(2) + jnp.uint32(1)
+        c2 = (k >> 16) * jnp.uint32(2) + jnp.uint32(1)
+        terms = jnp.stack([hi * c, lo * c, hi * c2, lo * c2], axis=1)
+        sums = jax.ops.segment_sum(terms, seg, num_segments=nseg)
+        sets.append(sums * jnp.array([K1, K1, K2, K2], jnp.uint32))
+    return jnp.stack(sets, axis=1)
+
+
+_INDEX_CACHE: dict[Any, tuple[jax.Array, jax.Array]] = {}
+
+
+def _indices(sizes: tuple[int, ...], total: int, nseg: int, device: Any) -> tuple[jax.Array, jax.Array]:
+    """Segment ids and element indices of packed leaves (host-made once per tree of sizes)."""
+    key = (sizes, total, nseg, device)
+    if key not in _INDEX_CACHE:
+        seg = np.full(total, nseg, np.int32)
+        e = np.zeros(total, np.uint32)
+        pos = 0
+        for i, n in enumerate(sizes):
+            seg[pos : pos + n] = i
+            e[pos : pos + n] = np.arange(n, dtype=np.uint32)
+            pos += n
+        if len(_INDEX_CACHE) > 32:
+            _INDEX_CACHE.clear()
+        _INDEX_CACHE[key] = (jax.device_put(seg, device), jax.device_put(e, device))
+    return _INDEX_CACHE[key]
+
+
+def _whole(block: tuple[jax.Array, Sequence[int], Sequence[int]]) -> bool:
+    x, o, shape = block
+    return not any(o) and (not shape or tuple(shape) == tuple(x.shape))
 
 
 def device_lanes(blocks: Sequence[tuple[jax.Array, Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
     """Lanes (sets x 4, uint32) of single-device arrays, each a block at offsets of a shape.
 
     Computed by XLA on each block's device; only the lanes are copied to the
-    host (one `jax.device_get` per group of blocks on one device).
+    host. Compiles stay bounded: small whole leaves are packed per device and
+    dtype class into buckets of power-of-two lengths (one kernel per bucket);
+    larger ones get one program per shape and dtype, reused.
     """
     out: list[np.ndarray | None] = [None] * len(blocks)
-    groups: dict[Any, list[int]] = {}
-    for i, (x, _, _) in enumerate(blocks):
-        groups.setdefault(next(iter(x.devices())), []).append(i)
-    pending = []
-    for device, idx in groups.items():
-        for s in range(0, len(idx), _GROUP):
-            part = idx[s : s + _GROUP]
-            xs, offs, strs = [], [], []
-            for i in part:
-                x, o, shape = blocks[i]
-                full = tuple(shape) if shape else tuple(x.shape)
-                st = [int(np.prod(full[d + 1 :], dtype=np.uint64)) & 0xFFFFFFFF for d in range(len(full))]
-                oo = list(o) if o else [0] * x.ndim
-                xs.append(x)
-                offs.append(jax.device_put(np.array(oo, np.uint32).reshape(x.ndim), device))
-                strs.append(jax.device_put(np.array(st, np.uint32).reshape(x.ndim), device))
-            whole = tuple(not any(blocks[i][1]) and tuple(blocks[i][2]) == tuple(blocks[i][0].shape) for i in part)
-            pending.append((part, _many(tuple(xs), tuple(offs), tuple(strs), whole)))
+    small: dict[Any, list[int]] = {}
+    pending: list[tuple[list[int], Any]] = []
+    for i, (x, o, shape) in enumerate(blocks):
+        if _whole(blocks[i]) and x.size <= _SMALL:
+            dt = np.dtype(x.dtype)
+            cls = (next(iter(x.devices())), dt.itemsize, lane_sets(dt), dt == np.bool_)
+            small.setdefault(cls, []).append(i)
+            continue
+        device = next(iter(x.devices()))
+        full = tuple(shape) if shape else tuple(x.shape)
+        st = [int(np.prod(full[d + 1 :], dtype=np.uint64)) & 0xFFFFFFFF for d in range(len(full))]
+        oo = list(o) if o else [0] * x.ndim
+        offs = jax.device_put(np.array(oo, np.uint32).reshape(x.ndim), device)
+        strs = jax.device_put(np.array(st, np.uint32).reshape(x.ndim), device)
+        pending.append(([i], _many((x,), (offs,), (strs,), (_whole(blocks[i]),))))
+    for (device, size, _, _), idx in small.items():
+        sizes = tuple(int(blocks[i][0].size) for i in idx)
+        total, nseg = _bucket(sum(sizes), 1024), _bucket(len(idx), 8)
+        words = _pack(tuple(blocks[i][0] for i in idx), total)
+        seg, e = _indices(sizes, total, nseg, device)
+        pending.append((idx, _segments(words, seg, e, nseg, size)))
     for part, lanes in pending:
-        flat = np.asarray(jax.device_get(lanes))
+        flat = np.asarray(jax.device_get(lanes)).reshape(-1)
         pos = 0
         for i in part:
             n = lane_sets(blocks[i][0].dtype) * LANES
