@@ -40,7 +40,9 @@ def _run(reps: int) -> dict[str, Any]:
 
     rng = np.random.default_rng(0)
     words = LEAF_MIB * _common.MIB // 4
-    tree = {f'p{i:02d}': jax.device_put(rng.standard_normal(words, np.float32)) for i in range(LEAVES)}
+    tree = {
+        f'p{i:02d}': jax.device_put(rng.standard_normal(words, np.float32)) for i in range(LEAVES)
+    }
     leaves = list(tree.values())
     nbytes = LEAVES * LEAF_MIB * _common.MIB
     total = jax.jit(lambda t: sum(jnp.sum(x) for x in jax.tree.leaves(t)))
@@ -105,15 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     names = list(per[0]['times'])
     ms = {k: _common.slowest_median_ms([p['times'][k] for p in per]) for k in names}
     mb = per[0]['nbytes'] / 1e6
-    print(f'\n256 MiB of device arrays per host ({LEAVES} x {LEAF_MIB} MiB float32), {len(per)} hosts')
+    print(
+        f'\n256 MiB of device arrays per host ({LEAVES} x {LEAF_MIB} MiB float32), {len(per)} hosts'
+    )
     for k in names:
         print(f'  {k:20s} {ms[k]:9.1f} ms  {mb / (ms[k] / 1e3):8.0f} MB/s per host  '
               f'{ms[k] / ms["sum"]:6.1f} x the sum')  # fmt: skip
-    print(f'  kernel, first call (compiles): {statistics.median(p["first_kernel_s"] for p in per):.2f} s')
+    first = statistics.median(p['first_kernel_s'] for p in per)
+    print(f'  kernel, first call (compiles): {first:.2f} s')
     for h, p in enumerate(per):
         m = p['moved']
-        print(f'tree_diff, one odd element in 64 MiB: host {h} moved {m["broadcast"]:,} B broadcast '
-              f'+ {m["kv"]:,} B of KV values; first index {p["first_index"]}')  # fmt: skip
+        print(f'tree_diff, one odd element in 64 MiB: host {h} moved {m["broadcast"]:,} B '
+              f'broadcast + {m["kv"]:,} B of KV values; first index '
+              f'{p["first_index"]}')  # fmt: skip
     return 0
 
 

@@ -84,7 +84,9 @@ def test_every_single_bit_flip_changes_the_fingerprint(dt):
             if np.dtype(dt) == np.bool_:
                 new[0] = not old[0]
             else:
-                new.view(np.uint8)[int(rng.integers(0, size))] ^= np.uint8(1 << int(rng.integers(0, 8)))
+                new.view(np.uint8)[int(rng.integers(0, size))] ^= np.uint8(
+                    1 << int(rng.integers(0, 8))
+                )
             assert (_element_lanes(old, e, n) != _element_lanes(new, e, n)).any(), (n, e)
             checked += 1
     assert checked >= 1000
@@ -97,7 +99,9 @@ def test_every_single_bit_flip_changes_the_fingerprint(dt):
             i = int(rng.integers(0, b.size))
             b[i] = not b[i]
         else:
-            b.view(np.uint8)[int(rng.integers(0, b.nbytes))] ^= np.uint8(1 << int(rng.integers(0, 8)))
+            b.view(np.uint8)[int(rng.integers(0, b.nbytes))] ^= np.uint8(
+                1 << int(rng.integers(0, 8))
+            )
         assert F.fingerprints([b])[0] != base
         assert F.fingerprints([jnp.asarray(b)])[0] != base
 
@@ -140,7 +144,7 @@ def test_every_swap_of_unequal_elements_changes_the_fingerprint(dt):
 
 
 def test_signed_zeros_nan_payloads_dtype_and_shape():
-    """-0.0 vs 0.0 and NaN payloads differ; the same bytes as another dtype or shape differ in the row."""
+    """-0.0 vs 0.0 and NaN payloads differ; another dtype or shape of the same bytes: the row."""
     zeros = np.array([0.0, 1.0], np.float32)
     neg = np.array([-0.0, 1.0], np.float32)
     nan1 = np.array([np.nan], np.float32)
@@ -151,7 +155,13 @@ def test_signed_zeros_nan_payloads_dtype_and_shape():
         assert F.fingerprints([jnp.asarray(a)])[0] != F.fingerprints([jnp.asarray(b)])[0]
     assert F.fingerprints([jnp.asarray(nan2)]) == F.fingerprints([nan2])  # payload kept on device
     x = np.arange(12, dtype=np.float32)
-    variants = [x, x.reshape(3, 4), x.view(np.int32), x.view(np.uint8), jnp.asarray(x.reshape(4, 3))]
+    variants = [
+        x,
+        x.reshape(3, 4),
+        x.view(np.int32),
+        x.view(np.uint8),
+        jnp.asarray(x.reshape(4, 3)),
+    ]
     _, rows = _treediff._fingerprint([((), v) for v in variants])
     values = [v for _, v in rows]
     assert len(set(values)) == len(values)  # shape and dtype are in the row, beside the bytes

@@ -81,7 +81,7 @@ def lane_sets(dtype: Any) -> int:
 
 
 def supported(dtype: Any) -> bool:
-    """Whether the kernel defines a fingerprint for arrays of ``dtype`` (numeric, bool, ml_dtypes)."""
+    """Whether the kernel defines a fingerprint for ``dtype`` (numeric, bool, ml_dtypes)."""
     dt = np.dtype(dtype)
     numeric = dt.kind in 'biufc' or (dt.kind == 'V' and dt.fields is None)
     return numeric and dt.itemsize in (1, 2, 4, 8, 16)
@@ -168,13 +168,20 @@ def _flat_lanes(xp: Any, words: list[Any], size: int, start: int) -> Any:
             elif size == 2:
                 hi, lo = _g16(xp, m[..., 1]), _g16(xp, m[..., 0])
             else:
-                hi, lo = _g16(xp, m[..., 0] >> xp.uint32(16)), _g16(xp, m[..., 0] & xp.uint32(0xFFFF))
+                hi, lo = (
+                    _g16(xp, m[..., 0] >> xp.uint32(16)),
+                    _g16(xp, m[..., 0] & xp.uint32(0xFFFF)),
+                )
             if xp is jnp:  # materialise the halves once: XLA's plain reductions are fast
                 hi, lo = jax.lax.optimization_barrier((hi, lo))
             got = _rows(xp, hi, lo)
             if start:  # rows shifted by base: k = (r + base) * 2^16 + c
-                shift = [_sum(xp, hi) * (base * xp.uint32(2 * _C)), _sum(xp, lo) * (base * xp.uint32(2 * _C)),
-                         _sum(xp, hi) * (base * xp.uint32(2)), _sum(xp, lo) * (base * xp.uint32(2))]
+                shift = [
+                    _sum(xp, hi) * (base * xp.uint32(2 * _C)),
+                    _sum(xp, lo) * (base * xp.uint32(2 * _C)),
+                    _sum(xp, hi) * (base * xp.uint32(2)),
+                    _sum(xp, lo) * (base * xp.uint32(2)),
+                ]
                 got = [g + s for g, s in zip(got, shift)]
             lanes = got
         if n > fast:
@@ -185,8 +192,16 @@ def _flat_lanes(xp: Any, words: list[Any], size: int, start: int) -> Any:
             else:
                 hi, lo, k = _g16(xp, t >> xp.uint32(16)), _g16(xp, t & xp.uint32(0xFFFF)), e
             lanes = [a + b for a, b in zip(lanes, _direct(xp, hi, lo, k))]
-        sets.append(xp.stack([lanes[0] * xp.uint32(K1), lanes[1] * xp.uint32(K1),
-                              lanes[2] * xp.uint32(K2), lanes[3] * xp.uint32(K2)]))
+        sets.append(
+            xp.stack(
+                [
+                    lanes[0] * xp.uint32(K1),
+                    lanes[1] * xp.uint32(K1),
+                    lanes[2] * xp.uint32(K2),
+                    lanes[3] * xp.uint32(K2),
+                ]
+            )
+        )
     return xp.stack(sets)
 
 
@@ -204,7 +219,9 @@ def _np_words(a: np.ndarray) -> list[np.ndarray]:
     return [np.ascontiguousarray(w[:, p]) for p in range(size // 4)]
 
 
-def numpy_lanes(a: np.ndarray, offsets: Sequence[int] = (), shape: Sequence[int] = ()) -> np.ndarray:
+def numpy_lanes(
+    a: np.ndarray, offsets: Sequence[int] = (), shape: Sequence[int] = ()
+) -> np.ndarray:
     """The lanes (sets x 4, uint32) of numpy array ``a``, a block at ``offsets`` of ``shape``.
 
     With no offsets, ``a`` is the whole leaf. The lanes of a leaf's blocks add
@@ -247,7 +264,11 @@ def _jnp_words(x: jax.Array) -> list[jax.Array]:
     if dt.itemsize in (1, 2):
         if dt == np.bool_:
             return [flat.astype(jnp.uint32)]
-        return [jax.lax.bitcast_convert_type(flat, jnp.uint8 if dt.itemsize == 1 else jnp.uint16).astype(jnp.uint32)]
+        return [
+            jax.lax.bitcast_convert_type(
+                flat, jnp.uint8 if dt.itemsize == 1 else jnp.uint16
+            ).astype(jnp.uint32)
+        ]
     if jnp.issubdtype(dt, jnp.complexfloating):
         return [w for p in (jnp.real(flat), jnp.imag(flat)) for w in _jnp_words(p)]
     if dt.itemsize == 4:
@@ -270,9 +291,17 @@ def _block_lanes(x: jax.Array, offsets: jax.Array, strides: jax.Array) -> jax.Ar
             hi, lo, k = _halves_of_elements(jnp, w, size, e)
         else:
             hi, lo, k = _g16(jnp, w >> 16), _g16(jnp, w & 0xFFFF), e
-        d = _direct(jnp, hi, lo, k)
-        sets.append(jnp.stack([d[0] * jnp.uint32(K1), d[1] * jnp.uint32(K1),
-                               d[2] * jnp.uint32(K2), d[3] * jnp.uint32(K2)]))
+        got = _direct(jnp, hi, lo, k)
+        sets.append(
+            jnp.stack(
+                [
+                    got[0] * jnp.uint32(K1),
+                    got[1] * jnp.uint32(K1),
+                    got[2] * jnp.uint32(K2),
+                    got[3] * jnp.uint32(K2),
+                ]
+            )
+        )
     return jnp.stack(sets)
 
 
@@ -320,7 +349,9 @@ def _pack(xs: tuple[jax.Array, ...], total: int) -> tuple[jax.Array, ...]:
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
-def _segments(words: tuple[jax.Array, ...], seg: jax.Array, e: jax.Array, nseg: int, size: int) -> jax.Array:
+def _segments(
+    words: tuple[jax.Array, ...], seg: jax.Array, e: jax.Array, nseg: int, size: int
+) -> jax.Array:
     """Lanes (nseg, sets, 4) of packed leaves: element e of leaf seg (padding: seg = nseg)."""
     sets = []
     for w in words:
@@ -339,7 +370,9 @@ def _segments(words: tuple[jax.Array, ...], seg: jax.Array, e: jax.Array, nseg: 
 _INDEX_CACHE: dict[Any, tuple[jax.Array, jax.Array]] = {}
 
 
-def _indices(sizes: tuple[int, ...], total: int, nseg: int, device: Any) -> tuple[jax.Array, jax.Array]:
+def _indices(
+    sizes: tuple[int, ...], total: int, nseg: int, device: Any
+) -> tuple[jax.Array, jax.Array]:
     """Segment ids and element indices of packed leaves (host-made once per tree of sizes)."""
     key = (sizes, total, nseg, device)
     if key not in _INDEX_CACHE:
@@ -361,7 +394,9 @@ def _whole(block: tuple[jax.Array, Sequence[int], Sequence[int]]) -> bool:
     return not any(o) and (not shape or tuple(shape) == tuple(x.shape))
 
 
-def device_lanes(blocks: Sequence[tuple[jax.Array, Sequence[int], Sequence[int]]]) -> list[np.ndarray]:
+def device_lanes(
+    blocks: Sequence[tuple[jax.Array, Sequence[int], Sequence[int]]],
+) -> list[np.ndarray]:
     """Lanes (sets x 4, uint32) of single-device arrays, each a block at offsets of a shape.
 
     Computed by XLA on each block's device; only the lanes are copied to the

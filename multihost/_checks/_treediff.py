@@ -138,9 +138,7 @@ def _block_key(path: str, ix: Index) -> str:
     return f'{path}\x00{_index_text(ix)}'
 
 
-def _global_row(
-    path: str, x: jax.Array, cache: dict[Any, _Blocks], data: dict[str, np.ndarray]
-) -> str:
+def _global_row(path: str, x: jax.Array, cache: dict[Any, _Blocks], data: dict[str, Any]) -> str:
     """The row value of a global array: its placement, and a fingerprint per shared block held.
 
     Only blocks held by two or more hosts are fingerprinted (one replica each,
@@ -637,7 +635,9 @@ def _compare_with_reference(
         sizes = [_nbytes(pending[i], source) for i in group]
         buf = None
         if pid == source:
-            buf = np.concatenate([_host(data[pending[i].key]).reshape(-1).view(np.uint8) for i in group])
+            buf = np.concatenate(
+                [_host(data[pending[i].key]).reshape(-1).view(np.uint8) for i in group]
+            )
         got = _broadcast_bytes(buf, sum(sizes), pid == source)
         offset = 0
         for i, size in zip(group, sizes):
