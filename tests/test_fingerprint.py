@@ -184,6 +184,14 @@ def test_a_1000_leaf_tree_compiles_once():
     print(f'1,000 leaves: first call {t1 - t0:.2f} s, second {t2 - t1:.3f} s')
 
 
+def test_sub_byte_dtypes_are_fingerprinted_on_the_host_alike():
+    """int4 / uint4 / float4 device leaves: the numpy definition, the same bytes."""
+    for dt in (jnp.int4, jnp.uint4, ml_dtypes.float4_e2m1fn):
+        a = np.arange(-3, 5).astype(dt)
+        assert not F.on_device(dt)
+        assert F.fingerprints([jnp.asarray(a)]) == F.fingerprints([a])
+
+
 def test_unsupported_dtypes_raise_one_line():
     with pytest.raises(TypeError, match='no fingerprint defined for dtype'):
         F.numpy_lanes(np.array(['a']))

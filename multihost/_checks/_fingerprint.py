@@ -323,11 +323,19 @@ def _many(
     return jnp.concatenate(out)
 
 
+# Sub-byte dtypes: numpy keeps a byte per element, a device fewer bits; their
+# (small) data is fingerprinted on the host, by the numpy definition.
+_SUB_BYTE = frozenset({'int2', 'uint2', 'int4', 'uint4', 'float4_e2m1fn'})
+
+
+def on_device(dtype: Any) -> bool:
+    """Whether leaves of ``dtype`` are fingerprinted on their device (else copied to the host)."""
+    dt = np.dtype(dtype)
+    return supported(dt) and dt.name not in _SUB_BYTE
+
+
 def _device_ok(x: jax.Array) -> bool:
-    dt = np.dtype(x.dtype)
-    if not supported(dt):
-        return False
-    return dt.itemsize in (1, 2, 4) or jnp.issubdtype(dt, jnp.complexfloating) or dt.itemsize == 8
+    return on_device(x.dtype)
 
 
 _SMALL = 1 << 16  # elements: whole leaves up to this size are packed together, per dtype class

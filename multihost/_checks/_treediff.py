@@ -67,7 +67,7 @@ def _device_leaf(x: Any) -> tuple[jax.Array, str] | None:
     dtype_name = str(x.dtype)
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         x = jax.random.key_data(x)
-    if not _kernel.supported(x.dtype) or x.size == 0:
+    if not _kernel.on_device(x.dtype) or x.size == 0:
         return None
     return x, dtype_name
 
