@@ -419,7 +419,7 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
             num_leaves=diff.num_keys,
             global_leaves=_global_leaves(rows, diff),
         )
-    summary = _compare_with_reference(pending, data, rec.process)
+    summary = _compare_with_reference(pending, data, rec.process, rec, timeout)
     # Small values: one host per distinct fingerprint sends them (the lowest);
     # strings and other non-array leaves always (they are cut to a bounded length).
     small = {
@@ -612,11 +612,20 @@ def _first_alike(p: _Pending) -> dict[int, int]:
 
 
 def _compare_with_reference(
-    pending: list[_Pending], data: dict[str, Any], pid: int
+    pending: list[_Pending],
+    data: dict[str, Any],
+    pid: int,
+    rec: Any = None,
+    timeout: float | None = None,
 ) -> dict[str, Any]:
-    """Phase 4: the lowest majority host broadcasts each comparable leaf; odd hosts compare."""
+    """Phase 4: the lowest majority host broadcasts each comparable leaf; odd hosts compare.
+
+    A leaf larger than `NARROW_BYTES` is narrowed first (`_narrow`): only its
+    first differing block moves.
+    """
     to_compare: dict[int, list[int]] = {}
     compared: dict[int, tuple[int, ...]] = {}
+    narrowed: list[tuple[int, tuple[int, ...]]] = []
     for i, p in enumerate(pending):
         ref = p.sigs[p.majority[0]]
         if ref is None or not ref.comparable or ref.nbytes == 0:
@@ -626,10 +635,16 @@ def _compare_with_reference(
             for h in p.odd
             if (sig := p.sigs[h]) is not None and (sig.shape, sig.dtype) == (ref.shape, ref.dtype)
         )
-        if peers:
+        if peers and rec is not None and ref.nbytes > NARROW_BYTES:
+            narrowed.append((i, peers))
+        elif peers:
             compared[i] = peers
             to_compare.setdefault(p.majority[0], []).append(i)
     summary: dict[str, Any] = {}
+    for i, peers in narrowed:
+        got = _narrow(pending[i], peers, data, pid, rec, timeout, f'n{i}')
+        if got is not None:
+            summary[str(i)] = got
     for source in sorted(to_compare):
         group = to_compare[source]
         sizes = [_nbytes(pending[i], source) for i in group]
@@ -647,6 +662,93 @@ def _compare_with_reference(
                 summary[str(i)] = list(_compare(own, ref_value))
             offset += size
     return summary
+
+
+NARROW_BYTES = 64 << 10  # a differing leaf larger than this is narrowed on device first
+_SPLIT = 64  # blocks per narrowing round (16 bytes of fingerprint each)
+
+
+def _flat_block(x: Any, a: int, b: int) -> Any:
+    """Elements [a, b) of a leaf in C order, where the leaf lives (a device slice stays there)."""
+    if isinstance(x, np.ndarray):
+        return x.reshape(-1)[a:b]
+    return jax.lax.dynamic_slice_in_dim(x.reshape(-1), a, b - a)
+
+
+def _narrow(
+    p: _Pending,
+    peers: tuple[int, ...],
+    data: dict[str, Any],
+    pid: int,
+    rec: Any,
+    timeout: float | None,
+    tag: str,
+) -> list[Any] | None:
+    """The odd hosts' first differing block of a large leaf, found without moving the leaf.
+
+    Rounds: the reference host broadcasts the fingerprints of `_SPLIT` blocks of
+    each range some odd host still looks at; each odd host keeps its first
+    differing block; the hosts share their ranges. Once a range is at most
+    `NARROW_BYTES`, the reference broadcasts it and the odd host compares it:
+    ``[num_different, first_index, max_abs_diff]`` of that block (the count
+    and the distance are block-local: lower bounds for the leaf; the index is
+    exact). None on hosts that are not odd here.
+    """
+    source = p.majority[0]
+    ref = p.sigs[source]
+    assert ref is not None
+    n = math.prod(ref.shape)
+    item = ref.nbytes // max(1, n)
+    x = data.get(p.key) if (pid == source or pid in peers) else None
+    ranges = {h: (0, n) for h in peers}
+    step = 0
+    while any((b - a) * item > NARROW_BYTES for a, b in ranges.values()):
+        mine = ranges.get(pid)
+        for a, b in sorted(set(ranges.values())):
+            if (b - a) * item <= NARROW_BYTES:
+                continue
+            sub = -(-(b - a) // _SPLIT)
+            cuts = [(s, min(b, s + sub)) for s in range(a, b, sub)]
+            prints = None
+            if x is not None and (pid == source or mine == (a, b)):
+                prints = b''.join(_kernel.fingerprints([_flat_block(x, s, t) for s, t in cuts]))
+            size = 16 * _kernel.lane_sets(np.dtype(_host_dtype(ref.dtype))) * len(cuts)
+            buf = np.frombuffer(prints, np.uint8) if pid == source and prints else None
+            got = _broadcast_bytes(buf, size, pid == source).tobytes()
+            if mine == (a, b) and prints is not None:
+                width = len(got) // len(cuts)
+                diff = [
+                    j
+                    for j in range(len(cuts))
+                    if got[j * width : (j + 1) * width] != prints[j * width : (j + 1) * width]
+                ]
+                mine = cuts[diff[0] if diff else 0]
+        step += 1
+        value = json.dumps(list(mine) if mine else None)
+        shared = _sequence.share(rec, f'{tag}r{step}', value, timeout=timeout)
+        ranges = {h: tuple(json.loads(shared[h])) for h in peers}  # type: ignore[misc]
+    out = None
+    for a, b in sorted(set(ranges.values())):
+        buf = (
+            _host(_flat_block(x, a, b)).view(np.uint8) if pid == source and x is not None else None
+        )
+        got = _broadcast_bytes(buf, (b - a) * item, pid == source)
+        if ranges.get(pid) == (a, b) and x is not None:
+            own = _host(_flat_block(x, a, b))
+            count, where, worst = _compare(own, got.view(own.dtype))
+            first = (
+                tuple(int(i) for i in np.unravel_index(a + where[0], ref.shape)) if where else ()
+            )
+            out = [count, list(first), worst]
+    return out
+
+
+def _host_dtype(name: str) -> Any:
+    """A dtype from its reported name (a PRNG key's: its uint32 data)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.uint32
 
 
 def _nbytes(p: _Pending, host: int) -> int:
