@@ -642,9 +642,9 @@ def _compare_with_reference(
             to_compare.setdefault(p.majority[0], []).append(i)
     summary: dict[str, Any] = {}
     for i, peers in narrowed:
-        got = _narrow(pending[i], peers, data, pid, rec, timeout, f'n{i}')
-        if got is not None:
-            summary[str(i)] = got
+        stats = _narrow(pending[i], peers, data, pid, rec, timeout, f'n{i}')
+        if stats is not None:
+            summary[str(i)] = stats
     for source in sorted(to_compare):
         group = to_compare[source]
         sizes = [_nbytes(pending[i], source) for i in group]
@@ -726,16 +726,16 @@ def _narrow(
         step += 1
         value = json.dumps(list(mine) if mine else None)
         shared = _sequence.share(rec, f'{tag}r{step}', value, timeout=timeout)
-        ranges = {h: tuple(json.loads(shared[h])) for h in peers}  # type: ignore[misc]
+        ranges = {h: tuple(json.loads(shared[h])) for h in peers}
     out = None
     for a, b in sorted(set(ranges.values())):
         buf = (
             _host(_flat_block(x, a, b)).view(np.uint8) if pid == source and x is not None else None
         )
-        got = _broadcast_bytes(buf, (b - a) * item, pid == source)
+        ref_block = _broadcast_bytes(buf, (b - a) * item, pid == source)
         if ranges.get(pid) == (a, b) and x is not None:
             own = _host(_flat_block(x, a, b))
-            count, where, worst = _compare(own, got.view(own.dtype))
+            count, where, worst = _compare(own, ref_block.view(own.dtype))
             first = (
                 tuple(int(i) for i in np.unravel_index(a + where[0], ref.shape)) if where else ()
             )
