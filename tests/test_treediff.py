@@ -475,3 +475,12 @@ def test_numpy_on_one_host_equals_device_leaves_on_the_others():
     (leaf,) = diff.leaves
     assert leaf.kind == 'value' and leaf.odd_processes == (3,)
     assert leaf.first_index == {3: (123_456,)} and leaf.num_different == {3: 1}
+    # Two odd hosts, each narrowed to its own block (hosts 0, 1 the majority).
+    grid = np.zeros((1024, 1024), np.float32)
+    if pid == 2:
+        grid[1000, 3] = 1.0
+    if pid == 3:
+        grid[7, 9] = grid[7, 10] = -2.0
+    (leaf,) = multihost.tree_diff({'grid': jnp.asarray(grid)}).leaves
+    assert leaf.odd_processes == (2, 3) and leaf.first_index == {2: (1000, 3), 3: (7, 9)}
+    assert leaf.num_different == {2: 1, 3: 2} and leaf.max_abs_diff == {2: 1.0, 3: 2.0}
