@@ -443,4 +443,44 @@ def test_digest_changes_with_any_bit():
     assert _treediff._digest(a) == _treediff._digest(b)
     b.view(np.uint8)[12345] ^= 1
     assert _treediff._digest(a) != _treediff._digest(b)
-    assert len(_treediff._digest(a)) == 16
+    assert len(_treediff._digest(a)) == 32  # 16 bytes: one lane set (see _fingerprint)
+
+
+@multiprocess
+def test_numpy_on_one_host_equals_device_leaves_on_the_others():
+    """The fingerprint has one definition: numpy on host 0, device arrays elsewhere, alike.
+
+    A large device leaf that differs on one host is moved and compared exactly;
+    a sharded leaf (two local devices) is fingerprinted over its blocks.
+    """
+    pid = jax.process_index()
+    rng = np.random.default_rng(7)
+    values = {
+        'f32': rng.standard_normal((300, 301)).astype(np.float32),
+        'bf16': rng.standard_normal(1001).astype(jnp.bfloat16),
+        'i8': rng.integers(-100, 100, 77).astype(np.int8),
+        'c64': (rng.standard_normal(9) + 1j).astype(np.complex64),
+        'b': rng.integers(0, 2, 13).astype(bool),
+    }
+    local = jax.sharding.Mesh(np.array(jax.local_devices()), ('d',))
+    split = jax.device_put(values['f32'], NamedSharding(local, P('d')))
+    tree = values if pid == 0 else {k: jnp.asarray(v) for k, v in values.items()}
+    multihost.assert_equal(
+        {**tree, 'split': values['f32'] if pid == 0 else split}, 'one definition'
+    )
+    big = rng.standard_normal(1 << 20).astype(np.float32)
+    if pid == 3:
+        big[123_456] = -big[123_456]
+    diff = multihost.tree_diff({'big': jnp.asarray(big)})
+    (leaf,) = diff.leaves
+    assert leaf.kind == 'value' and leaf.odd_processes == (3,)
+    assert leaf.first_index == {3: (123_456,)} and leaf.num_different == {3: 1}
+    # Two odd hosts, each narrowed to its own block (hosts 0, 1 the majority).
+    grid = np.zeros((1024, 1024), np.float32)
+    if pid == 2:
+        grid[1000, 3] = 1.0
+    if pid == 3:
+        grid[7, 9] = grid[7, 10] = -2.0
+    (leaf,) = multihost.tree_diff({'grid': jnp.asarray(grid)}).leaves
+    assert leaf.odd_processes == (2, 3) and leaf.first_index == {2: (1000, 3), 3: (7, 9)}
+    assert leaf.num_different == {2: 1, 3: 2} and leaf.max_abs_diff == {2: 1.0, 3: 2.0}

@@ -47,7 +47,8 @@ class ReplicaDigest:
         device_id: the device holding the replica.
         process_index: the process owning the device.
         replica_id: the replica's id (see `ShardInfo.replica_id`).
-        digest: hex BLAKE2b-64 digest of the replica's bytes.
+        digest: hex fingerprint of the replica's bytes, computed on its device
+            (`_fingerprint`; BLAKE2b-64 for dtypes it does not cover).
     """
 
     device_id: int | None
@@ -223,11 +224,24 @@ def _local_digests(arr: Any, layout: Layout) -> dict[int, str]:
     # By device, not by `shard.index`: a PRNG key array's shards report the
     # index of the underlying key data, one dimension longer than the array.
     index_of = {s.device_id: s.index for s in layout.shards}
+    import jax
+
+    from multihost._checks import _fingerprint as _kernel
+
     out = {}
+    on_device: list[tuple[int, Any]] = []
     for shard in arr.addressable_shards:
         device_id = int(shard.device.id)
         if counts[index_of[device_id]] > 1:
-            out[device_id] = _digest_bytes(shard.data)
+            data = shard.data
+            if jax.dtypes.issubdtype(data.dtype, jax.dtypes.prng_key):
+                data = jax.random.key_data(data)
+            if _kernel.on_device(data.dtype) and data.size:
+                on_device.append((device_id, data))  # fingerprinted where it lives
+            else:
+                out[device_id] = _digest_bytes(data)
+    prints = _kernel.fingerprints([data for _, data in on_device])
+    out.update({device_id: fp.hex() for (device_id, _), fp in zip(on_device, prints)})
     return out
 
 

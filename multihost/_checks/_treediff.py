@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from multihost._checks import _fingerprint as _kernel
 from multihost._checks import _rowdiff
 from multihost._checks._diffmodel import (
     MAX_TEXT_CHARS,
@@ -57,6 +58,23 @@ def _leaf_data(x: Any) -> tuple[np.ndarray, str]:
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     return a, dtype_name or str(a.dtype)
+
+
+def _device_leaf(x: Any) -> tuple[jax.Array, str] | None:
+    """A fully addressable device leaf fingerprinted where it lives: (its data, dtype name)."""
+    if not isinstance(x, jax.Array) or not x.is_fully_addressable:
+        return None
+    dtype_name = str(x.dtype)
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if not _kernel.on_device(x.dtype) or x.size == 0:
+        return None
+    return x, dtype_name
+
+
+def _host(x: Any) -> np.ndarray:
+    """The numpy data of a compared leaf kept in ``data`` (a device leaf is copied here)."""
+    return x if isinstance(x, np.ndarray) else _leaf_data(x)[0]
 
 
 def _text_of(x: Any) -> tuple[str, str] | None:
@@ -120,9 +138,7 @@ def _block_key(path: str, ix: Index) -> str:
     return f'{path}\x00{_index_text(ix)}'
 
 
-def _global_row(
-    path: str, x: jax.Array, cache: dict[Any, _Blocks], data: dict[str, np.ndarray]
-) -> str:
+def _global_row(path: str, x: jax.Array, cache: dict[Any, _Blocks], data: dict[str, Any]) -> str:
     """The row value of a global array: its placement, and a fingerprint per shared block held.
 
     Only blocks held by two or more hosts are fingerprinted (one replica each,
@@ -146,9 +162,17 @@ def _global_row(
         ix = blocks.where[int(shard.device.id)]
         if ix not in blocks.shared or ix in fingerprints:
             continue
-        a, dtype_name = _leaf_data(shard.data)
-        data[f'{path}\x00{blocks.shared[ix]}'] = a  # _block_key
-        sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
+        dev = _device_leaf(shard.data)
+        if dev is not None:  # fingerprinted on its device, copied only if it differs
+            a_dev, dtype_name = dev
+            data[f'{path}\x00{blocks.shared[ix]}'] = a_dev  # _block_key
+            digest = _kernel.fingerprints([a_dev])[0].hex()
+            nbytes = int(a_dev.size) * a_dev.dtype.itemsize
+            sig = _Print(tuple(a_dev.shape), dtype_name, digest, nbytes, True)
+        else:
+            a, dtype_name = _leaf_data(shard.data)
+            data[f'{path}\x00{blocks.shared[ix]}'] = a  # _block_key
+            sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
         fingerprints[ix] = _row_value(sig)
     held = [[blocks.shared[ix], fingerprints[ix]] for ix in sorted(fingerprints)]
     return f'G[{blocks.head},{json.dumps(held, separators=(",", ":"))}]'
@@ -169,7 +193,13 @@ def _comparable(a: np.ndarray) -> bool:
 
 
 def _digest(a: np.ndarray) -> str:
-    """16 hex digits: CRC-32 then Adler-32 of the bytes (fast; a random collision is ~2^-64)."""
+    """The leaf's fingerprint in hex: `_fingerprint` for numeric dtypes (the same on device).
+
+    Other dtypes (strings, structured, object): 16 hex digits, CRC-32 then
+    Adler-32 of the bytes (a random collision is ~2^-64).
+    """
+    if _kernel.supported(a.dtype) and a.size:
+        return _kernel.numpy_lanes(a).astype('<u4').tobytes().hex()
     data: bytes | memoryview
     if a.dtype.hasobject:  # no stable bytes: fall back to the values' repr
         data = repr(a.tolist()).encode()
@@ -389,11 +419,11 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
             num_leaves=diff.num_keys,
             global_leaves=_global_leaves(rows, diff),
         )
-    summary = _compare_with_reference(pending, data, rec.process)
+    summary = _compare_with_reference(pending, data, rec.process, rec, timeout)
     # Small values: one host per distinct fingerprint sends them (the lowest);
     # strings and other non-array leaves always (they are cut to a bounded length).
     small = {
-        str(i): _encode_array(data[p.key])
+        str(i): _encode_array(_host(data[p.key]))
         for i, p in enumerate(pending)
         if p.key in data
         and (own := p.sigs.get(rec.process)) is not None
@@ -414,7 +444,7 @@ def _is_text(a: np.ndarray, sig: _Print) -> bool:
     return not sig.comparable and a.ndim == 0 and a.dtype.kind == 'U'
 
 
-def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[str]]]:
+def _fingerprint(flat: list[Any]) -> tuple[dict[str, Any], list[list[str]]]:
     """Phase 1 (local): the data compared and every leaf's row ``[path, fingerprint]``.
 
     A host-local leaf's row is `_row_value` and its data is under its path; a
@@ -422,13 +452,20 @@ def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[str]
     `_block_key`.
     """
     paths = leaf_paths(flat)
-    data: dict[str, np.ndarray] = {}
+    data: dict[str, Any] = {}  # numpy arrays, or device arrays copied only when they differ
     rows = []
+    on_device: list[tuple[int, str, jax.Array, str]] = []  # row, path, data, dtype name
     placements: dict[Any, _Blocks] = {}
     for path, (_, leaf) in zip(paths, flat):
         try:
             if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
                 rows.append([path, _global_row(path, leaf, placements, data)])
+                continue
+            dev = _device_leaf(leaf)
+            if dev is not None:  # fingerprinted below, all at once, on the devices
+                data[path] = dev[0]
+                on_device.append((len(rows), path, dev[0], dev[1]))
+                rows.append([path, ''])
                 continue
             text = _text_of(leaf)
             if text is not None:
@@ -445,6 +482,13 @@ def _fingerprint(flat: list[Any]) -> tuple[dict[str, np.ndarray], list[list[str]
         except Exception as exc:
             raise _LeafError(f'leaf {path}: {type(exc).__name__}: {exc}') from exc
         rows.append([path, _row_value(sig)])
+    try:
+        prints = _kernel.fingerprints([x for _, _, x, _ in on_device])
+    except Exception as exc:
+        raise _LeafError(f'fingerprints of device leaves: {type(exc).__name__}: {exc}') from exc
+    for (row, path, x, dtype_name), fp in zip(on_device, prints):
+        nbytes = int(x.size) * x.dtype.itemsize
+        rows[row] = [path, _row_value(_Print(tuple(x.shape), dtype_name, fp.hex(), nbytes, True))]
     return data, rows
 
 
@@ -568,11 +612,20 @@ def _first_alike(p: _Pending) -> dict[int, int]:
 
 
 def _compare_with_reference(
-    pending: list[_Pending], data: dict[str, np.ndarray], pid: int
+    pending: list[_Pending],
+    data: dict[str, Any],
+    pid: int,
+    rec: Any = None,
+    timeout: float | None = None,
 ) -> dict[str, Any]:
-    """Phase 4: the lowest majority host broadcasts each comparable leaf; odd hosts compare."""
+    """Phase 4: the lowest majority host broadcasts each comparable leaf; odd hosts compare.
+
+    A leaf larger than `NARROW_BYTES` is narrowed first (`_narrow`): only its
+    first differing block moves.
+    """
     to_compare: dict[int, list[int]] = {}
     compared: dict[int, tuple[int, ...]] = {}
+    narrowed: list[tuple[int, tuple[int, ...]]] = []
     for i, p in enumerate(pending):
         ref = p.sigs[p.majority[0]]
         if ref is None or not ref.comparable or ref.nbytes == 0:
@@ -582,25 +635,120 @@ def _compare_with_reference(
             for h in p.odd
             if (sig := p.sigs[h]) is not None and (sig.shape, sig.dtype) == (ref.shape, ref.dtype)
         )
-        if peers:
+        if peers and rec is not None and ref.nbytes > NARROW_BYTES:
+            narrowed.append((i, peers))
+        elif peers:
             compared[i] = peers
             to_compare.setdefault(p.majority[0], []).append(i)
     summary: dict[str, Any] = {}
+    for i, peers in narrowed:
+        stats = _narrow(pending[i], peers, data, pid, rec, timeout, f'n{i}')
+        if stats is not None:
+            summary[str(i)] = stats
     for source in sorted(to_compare):
         group = to_compare[source]
         sizes = [_nbytes(pending[i], source) for i in group]
         buf = None
         if pid == source:
-            buf = np.concatenate([data[pending[i].key].reshape(-1).view(np.uint8) for i in group])
+            buf = np.concatenate(
+                [_host(data[pending[i].key]).reshape(-1).view(np.uint8) for i in group]
+            )
         got = _broadcast_bytes(buf, sum(sizes), pid == source)
         offset = 0
         for i, size in zip(group, sizes):
             if pid in compared[i]:
-                own = data[pending[i].key]
+                own = _host(data[pending[i].key])
                 ref_value = got[offset : offset + size].view(own.dtype).reshape(own.shape)
                 summary[str(i)] = list(_compare(own, ref_value))
             offset += size
     return summary
+
+
+NARROW_BYTES = 64 << 10  # a differing leaf larger than this is narrowed on device first
+_SPLIT = 64  # blocks per narrowing round (16 bytes of fingerprint each)
+
+
+def _flat_block(x: Any, a: int, b: int) -> Any:
+    """Elements [a, b) of a leaf in C order, where the leaf lives (a device slice stays there)."""
+    if isinstance(x, np.ndarray):
+        return x.reshape(-1)[a:b]
+    return jax.lax.dynamic_slice_in_dim(x.reshape(-1), a, b - a)
+
+
+def _narrow(
+    p: _Pending,
+    peers: tuple[int, ...],
+    data: dict[str, Any],
+    pid: int,
+    rec: Any,
+    timeout: float | None,
+    tag: str,
+) -> list[Any] | None:
+    """The odd hosts' first differing block of a large leaf, found without moving the leaf.
+
+    Rounds: the reference host broadcasts the fingerprints of `_SPLIT` blocks of
+    each range some odd host still looks at; each odd host keeps its first
+    differing block; the hosts share their ranges. Once a range is at most
+    `NARROW_BYTES`, the reference broadcasts it and the odd host compares it:
+    ``[num_different, first_index, max_abs_diff]`` of that block (the count
+    and the distance are block-local: lower bounds for the leaf; the index is
+    exact). None on hosts that are not odd here.
+    """
+    source = p.majority[0]
+    ref = p.sigs[source]
+    assert ref is not None
+    n = math.prod(ref.shape)
+    item = ref.nbytes // max(1, n)
+    x = data.get(p.key) if (pid == source or pid in peers) else None
+    ranges = {h: (0, n) for h in peers}
+    step = 0
+    while any((b - a) * item > NARROW_BYTES for a, b in ranges.values()):
+        mine = ranges.get(pid)
+        for a, b in sorted(set(ranges.values())):
+            if (b - a) * item <= NARROW_BYTES:
+                continue
+            sub = -(-(b - a) // _SPLIT)
+            cuts = [(s, min(b, s + sub)) for s in range(a, b, sub)]
+            prints = None
+            if x is not None and (pid == source or mine == (a, b)):
+                prints = b''.join(_kernel.fingerprints([_flat_block(x, s, t) for s, t in cuts]))
+            size = 16 * _kernel.lane_sets(np.dtype(_host_dtype(ref.dtype))) * len(cuts)
+            buf = np.frombuffer(prints, np.uint8) if pid == source and prints else None
+            got = _broadcast_bytes(buf, size, pid == source).tobytes()
+            if mine == (a, b) and prints is not None:
+                width = len(got) // len(cuts)
+                diff = [
+                    j
+                    for j in range(len(cuts))
+                    if got[j * width : (j + 1) * width] != prints[j * width : (j + 1) * width]
+                ]
+                mine = cuts[diff[0] if diff else 0]
+        step += 1
+        value = json.dumps(list(mine) if mine else None)
+        shared = _sequence.share(rec, f'{tag}r{step}', value, timeout=timeout)
+        ranges = {h: tuple(json.loads(shared[h])) for h in peers}
+    out = None
+    for a, b in sorted(set(ranges.values())):
+        buf = (
+            _host(_flat_block(x, a, b)).view(np.uint8) if pid == source and x is not None else None
+        )
+        ref_block = _broadcast_bytes(buf, (b - a) * item, pid == source)
+        if ranges.get(pid) == (a, b) and x is not None:
+            own = _host(_flat_block(x, a, b))
+            count, where, worst = _compare(own, ref_block.view(own.dtype))
+            first = (
+                tuple(int(i) for i in np.unravel_index(a + where[0], ref.shape)) if where else ()
+            )
+            out = [count, list(first), worst]
+    return out
+
+
+def _host_dtype(name: str) -> Any:
+    """A dtype from its reported name (a PRNG key's: its uint32 data)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.uint32
 
 
 def _nbytes(p: _Pending, host: int) -> int:

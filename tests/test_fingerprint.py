@@ -1,0 +1,198 @@
+"""Exactness of the leaf fingerprints (multihost/_checks/_fingerprint.py), single process.
+
+The kernel is per host: every host fingerprints what it holds, so one process
+tests it. Every single flipped bit and every swap of unequal elements must
+change the fingerprint (by construction, see the module's docstring), and the
+numpy and XLA implementations must give the same bytes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from multihost._checks import _fingerprint as F
+from multihost._checks import _treediff
+
+DTYPES = [
+    np.float32, np.int32, np.uint32, np.float16, ml_dtypes.bfloat16, np.int8, np.uint8,
+    np.bool_, np.complex64, ml_dtypes.float8_e4m3fn,
+]  # fmt: skip
+# Sizes around the kernel's rows of 2^16 words (fast path + tail), and tiny ones.
+SIZES = [1, 2, 3, 5, 7, 64, 1000, (1 << 16) + 3, (1 << 17) + 5, 3 * (1 << 18) + 1]
+
+
+def _random(rng: np.random.Generator, n: int, dt: type) -> np.ndarray:
+    if np.dtype(dt) == np.bool_:
+        return rng.integers(0, 2, n).astype(bool)
+    raw = rng.integers(0, 256, n * np.dtype(dt).itemsize, dtype=np.uint8)
+    return raw.view(dt)
+
+
+@pytest.mark.parametrize('dt', DTYPES, ids=lambda d: np.dtype(d).name)
+def test_numpy_and_device_give_the_same_bytes(dt):
+    """Every dtype, sizes across the 2^16-word rows, several shapes: the same 16 bytes."""
+    rng = np.random.default_rng(1)
+    arrays = [_random(rng, n, dt) for n in SIZES]
+    arrays += [_random(rng, 60, dt).reshape(3, 4, 5), _random(rng, 1, dt).reshape(())]
+    on_host = F.fingerprints(arrays)
+    on_device = F.fingerprints([jnp.asarray(a) for a in arrays])
+    assert on_host == on_device
+    assert all(len(b) == 16 * F.lane_sets(dt) for b in on_host)
+    # Different data of one size, different fingerprints (the size itself is in the row).
+    distinct = {(a.size, a.tobytes()) for a in arrays}
+    assert len({(a.size, b) for a, b in zip(arrays, on_host)}) == len(distinct)
+
+
+def test_blocks_add_up_to_the_leaf_on_host_and_device():
+    """A leaf's blocks (rows, columns, with their offsets) sum to the leaf's lanes."""
+    a = np.random.default_rng(2).standard_normal((300, 1000)).astype(np.float32)
+    whole = F.numpy_lanes(a)
+    rows = F.numpy_lanes(a[:100], (0, 0), a.shape) + F.numpy_lanes(a[100:], (100, 0), a.shape)
+    cols = [(a[:, :400], (0, 0), a.shape), (a[:, 400:], (0, 400), a.shape)]
+    assert (rows == whole).all()
+    assert (F.numpy_lanes(*cols[0]) + F.numpy_lanes(*cols[1]) == whole).all()
+    dev = F.device_lanes([(jnp.asarray(x), o, s) for x, o, s in cols])
+    assert (dev[0] + dev[1] == whole).all()
+
+
+def _element_lanes(x: np.ndarray, e: int, n: int) -> np.ndarray:
+    """The lanes one element adds at element index ``e`` of a flat leaf of ``n`` elements."""
+    return F.numpy_lanes(x.reshape(1), (e,), (n,))
+
+
+@pytest.mark.parametrize('dt', DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_single_bit_flip_changes_the_fingerprint(dt):
+    """1,000+ random flips per dtype (>= 10,000 in all) in leaves of 1 element to 64 MiB.
+
+    A flip changes one element; the fingerprint changes iff that element's
+    lanes at its index change (the lanes are sums), checked at random
+    indices over leaves up to 64 MiB, and, for a few flips, on whole leaves.
+    """
+    rng = np.random.default_rng(3)
+    size = np.dtype(dt).itemsize
+    checked = 0
+    for n_bytes in (size, 4, 1 << 10, 1 << 20, 64 << 20):
+        n = max(1, n_bytes // size)
+        for _ in range(220):
+            e = int(rng.integers(0, n))
+            old = _random(rng, 1, dt)
+            new = old.copy()
+            if np.dtype(dt) == np.bool_:
+                new[0] = not old[0]
+            else:
+                new.view(np.uint8)[int(rng.integers(0, size))] ^= np.uint8(
+                    1 << int(rng.integers(0, 8))
+                )
+            assert (_element_lanes(old, e, n) != _element_lanes(new, e, n)).any(), (n, e)
+            checked += 1
+    assert checked >= 1000
+    # Whole leaves, on host and device: 1 element, and a few flips in 64 KiB.
+    a = _random(rng, max(1, (64 << 10) // size), dt)
+    base = F.fingerprints([a])[0]
+    for _ in range(5):
+        b = a.copy()
+        if np.dtype(dt) == np.bool_:
+            i = int(rng.integers(0, b.size))
+            b[i] = not b[i]
+        else:
+            b.view(np.uint8)[int(rng.integers(0, b.nbytes))] ^= np.uint8(
+                1 << int(rng.integers(0, 8))
+            )
+        assert F.fingerprints([b])[0] != base
+        assert F.fingerprints([jnp.asarray(b)])[0] != base
+
+
+def test_flips_in_a_64_mib_device_leaf():
+    """A 64 MiB device leaf: a flip anywhere (first, last, random words) is seen on device."""
+    n = (64 << 20) // 4
+    a = jnp.zeros((n,), jnp.uint32)
+    base = F.fingerprints([a])[0]
+    assert base == F.fingerprints([np.zeros(n, np.uint32)])[0]
+    rng = np.random.default_rng(4)
+    for i in [0, n - 1, 1 << 16, *rng.integers(0, n, 3)]:
+        bit = jnp.uint32(1 << int(rng.integers(0, 32)))
+        assert F.fingerprints([a.at[int(i)].set(bit)])[0] != base, i
+
+
+@pytest.mark.parametrize('dt', DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_swap_of_unequal_elements_changes_the_fingerprint(dt):
+    """Swaps at random distances, neighbours, the same word, and distances of m * 2^16 words."""
+    rng = np.random.default_rng(5)
+    size = np.dtype(dt).itemsize
+    per_word = {1: 4, 2: 2}.get(size, 1)
+    n = (64 << 20) // size
+    pairs = [(0, 1), (1, 2), (0, 2), (0, 3), (2, 3), (0, per_word), (0, per_word * (1 << 16))]
+    pairs += [(0, per_word * (1 << 16) * 255), (5, 5 + per_word * (3 << 16))]
+    pairs += [tuple(sorted(rng.choice(n, 2, replace=False))) for _ in range(300)]
+    for e, f in [(e, f) for e, f in pairs if f < n]:
+        x, y = _random(rng, 1, dt), _random(rng, 1, dt)
+        while x.view(np.uint8).tobytes() == y.view(np.uint8).tobytes():
+            y = _random(rng, 1, dt)
+        before = _element_lanes(x, e, n) + _element_lanes(y, f, n)
+        after = _element_lanes(y, e, n) + _element_lanes(x, f, n)
+        assert (before != after).any(), (e, f)
+    a = _random(rng, 4096, dt)
+    for e, f in [(0, 1), (1, 2), (0, 4095), (17, 1000)]:
+        b = a.copy()
+        b[[e, f]] = b[[f, e]]
+        if b.view(np.uint8).tobytes() != a.view(np.uint8).tobytes():
+            assert F.fingerprints([jnp.asarray(b)])[0] != F.fingerprints([a])[0]
+
+
+def test_signed_zeros_nan_payloads_dtype_and_shape():
+    """-0.0 vs 0.0 and NaN payloads differ; another dtype or shape of the same bytes: the row."""
+    zeros = np.array([0.0, 1.0], np.float32)
+    neg = np.array([-0.0, 1.0], np.float32)
+    nan1 = np.array([np.nan], np.float32)
+    nan2 = nan1.copy()
+    nan2.view(np.uint32)[0] |= 1
+    for a, b in [(zeros, neg), (nan1, nan2)]:
+        assert F.fingerprints([a])[0] != F.fingerprints([b])[0]
+        assert F.fingerprints([jnp.asarray(a)])[0] != F.fingerprints([jnp.asarray(b)])[0]
+    assert F.fingerprints([jnp.asarray(nan2)]) == F.fingerprints([nan2])  # payload kept on device
+    x = np.arange(12, dtype=np.float32)
+    variants = [
+        x,
+        x.reshape(3, 4),
+        x.view(np.int32),
+        x.view(np.uint8),
+        jnp.asarray(x.reshape(4, 3)),
+    ]
+    _, rows = _treediff._fingerprint([((), v) for v in variants])
+    values = [v for _, v in rows]
+    assert len(set(values)) == len(values)  # shape and dtype are in the row, beside the bytes
+    assert len({v.split('|')[2] for v in values[:3]}) == 1  # the same bytes: the same digest
+
+
+def test_a_1000_leaf_tree_compiles_once():
+    """The first call over 1,000 device leaves of many shapes compiles; the second reuses it."""
+    import time
+
+    shapes = [(i % 50 + 1, i % 7 + 1) for i in range(1000)]
+    leaves = [jax.device_put(np.full(s, i, np.float32)) for i, s in enumerate(shapes)]
+    t0 = time.perf_counter()
+    first = F.fingerprints(leaves)
+    t1 = time.perf_counter()
+    second = F.fingerprints(leaves)
+    t2 = time.perf_counter()
+    assert first == second == F.fingerprints([np.asarray(x) for x in leaves])
+    assert t2 - t1 < (t1 - t0)  # the second call compiles nothing
+    print(f'1,000 leaves: first call {t1 - t0:.2f} s, second {t2 - t1:.3f} s')
+
+
+def test_sub_byte_dtypes_are_fingerprinted_on_the_host_alike():
+    """int4 / uint4 / float4 device leaves: the numpy definition, the same bytes."""
+    for dt in (jnp.int4, jnp.uint4, ml_dtypes.float4_e2m1fn):
+        a = np.arange(-3, 5).astype(dt)
+        assert not F.on_device(dt)
+        assert F.fingerprints([jnp.asarray(a)]) == F.fingerprints([a])
+
+
+def test_unsupported_dtypes_raise_one_line():
+    with pytest.raises(TypeError, match='no fingerprint defined for dtype'):
+        F.numpy_lanes(np.array(['a']))
+    assert not F.supported(np.dtype(object)) and F.supported(jax.numpy.bfloat16)
