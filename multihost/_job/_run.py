@@ -1,7 +1,11 @@
 """``python -m multihost run``: an unmodified program, with `multihost.install` applied first.
 
-    python -m multihost run [--check-jit] [--timeout S] SCRIPT [ARGS...]
-    python -m multihost run [--check-jit] [--timeout S] -m MODULE [ARGS...]
+    python -m multihost run [--check-jit] [--timeout S] [--control-file PATH]
+                            [--control-address HOST] SCRIPT [ARGS...]
+    python -m multihost run [OPTIONS] -m MODULE [ARGS...]
+
+``--control-file PATH``: process 0 serves the control endpoint and writes its
+connection file there (``mhnotebook.attach(PATH)``; see `_attach`).
 
 Installs, then runs the program as ``__main__`` the way ``python SCRIPT`` /
 ``python -m MODULE`` would (`runpy`): the same ``sys.argv`` (the program's),
@@ -21,9 +25,12 @@ import runpy
 import sys
 
 USAGE = (
-    'usage: python -m multihost run [--check-jit] [--timeout S] SCRIPT [ARGS...]\n'
-    '       python -m multihost run [--check-jit] [--timeout S] -m MODULE [ARGS...]'
+    'usage: python -m multihost run [--check-jit] [--timeout S] [--control-file PATH]\n'
+    '                               [--control-address HOST] SCRIPT [ARGS...]\n'
+    '       python -m multihost run [OPTIONS] -m MODULE [ARGS...]'
 )
+#: Options taking a string value -> the `install` keyword they set.
+_STRINGS = {'--control-file': 'control_file', '--control-address': 'control_address'}
 
 
 class UsageError(Exception):
@@ -56,6 +63,16 @@ def parse(argv: list[str]) -> tuple[dict[str, object], str, bool, list[str]]:
                 raise UsageError(f'--timeout needs a number of seconds, got {value!r}') from None
             if not options['timeout'] > 0:  # type: ignore[operator]
                 raise UsageError(f'--timeout needs a positive number of seconds, got {value!r}')
+        elif arg.split('=', 1)[0] in _STRINGS:
+            name, eq, value = arg.partition('=')
+            if not eq:
+                i += 1
+                if i == len(argv):
+                    raise UsageError(f'{name} needs a value')
+                value = argv[i]
+            if not value:
+                raise UsageError(f'{name} needs a non-empty value')
+            options[_STRINGS[name]] = value
         elif arg == '-m':
             if i + 1 == len(argv):
                 raise UsageError('-m needs a module name')
