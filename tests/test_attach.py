@@ -113,9 +113,7 @@ def _stalled_wavefront(path: str) -> Any:
     with mhnotebook.attach(path) as j:
         front = j.wavefront(timeout=15.0)
         where = j.where(timeout=15.0)
-    if STALLED not in front.groups()['never'] and 'process 2' not in (front.verdict or ''):
-        return None
-    if 'save_start' not in str(where[0].waiting or ''):
+    if 'process 2 is not there' not in (front.verdict or ''):
         return None
     return front, where
 
@@ -134,13 +132,17 @@ def test_the_connection_file_is_private_and_says_how_to_connect(job):
 def test_attach_names_the_stalled_host_and_the_orbax_barrier_the_others_wait_in(job):
     front, where = _until('the stall', lambda: _stalled_wavefront(job['control']), 90.0)
     verdict = front.verdict
-    print(verdict)
-    assert 'process 2' in verdict or 'p2' in verdict, verdict
+    # processes 0-1 are waiting at barrier('CheckpointManager:save_start') #2 for 1 s;
+    # process 2 is not there: last at train_step call #0, now in user code at
+    # _flax_job.py:65 in stall, in time.sleep
+    assert "processes 0-1 are waiting at barrier('CheckpointManager:save_start')" in verdict
+    assert 'process 2 is not there' in verdict and '_flax_job.py' in verdict, verdict
+    assert 'in stall, in time.sleep' in verdict, verdict
     assert front.silent == ()
     for p in (0, 1):
         assert 'CheckpointManager:save_start' in str(where[p].waiting), where[p].waiting
     stalled = where[STALLED]
-    assert '_flax_job.py' in stalled.where and 'stall' in str(stalled.threads), stalled.where
+    assert '_flax_job.py' in stalled.where and 'in stall' in stalled.where, stalled.where
     assert stalled.waiting is None  # it is in time.sleep, not in a collective
 
 
@@ -168,7 +170,7 @@ def test_the_magics_act_on_the_attached_job_and_refuse_to_run_code(job):
         assert isinstance(attached, mhnotebook.AttachedJob)
         view = ip.run_line_magic('mh_where', '')
         assert type(view).__name__ == 'WhereView'
-        assert 'process 2' in str(view.verdict) or 'p2' in str(view.verdict), view.verdict
+        assert 'process 2 is not there' in str(view.verdict), view.verdict
         assert type(ip.run_line_magic('mh_step', '')).__name__ == 'StepperView'
         for line in ('mh_diff', 'mh_allgather', 'mh_layout'):
             with pytest.raises(UsageError, match='attached to a job started outside the notebook'):
@@ -187,7 +189,14 @@ def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_runni
         j.set_stepping(True)
         assert j.stepping
         open(job['go'], 'w').close()  # the stall ends: the next train_step is held
-        table = _until('a held launch', lambda: len(j.step_table().launches) == N and j.step_table())
+
+        def held_launch() -> Any:
+            table = j.step_table()
+            if table.pending is not None and table.pending.complete:
+                j.release()  # orbax's checked barriers are steps of their own
+            return len(table.launches) == N and table
+
+        table = _until('a held launch', held_launch)
         held = table.launches
         assert {h.name for h in held} == {'train_step'}, held
         assert all(h.site.endswith(f'_flax_job.py:{_step_line()}') for h in held), held
@@ -196,8 +205,14 @@ def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_runni
         still = j.step_table().launches
         assert [(h.process, h.n) for h in still] == [(h.process, h.n) for h in held]  # held
         assert j.release() == ()
-        _until('the launch released', lambda: {(h.process, h.n) for h in j.step_table().launches}
-               .isdisjoint({(h.process, h.n) for h in held}) and True)
+        before = {(h.process, h.n) for h in held}
+        _until(
+            'the launch released',
+            lambda: before.isdisjoint((h.process, h.n) for h in j.step_table().launches),
+        )
+        records = j.records(last=20)
+        for p in range(N):  # each host went on into the launch it was held before
+            assert [r.call for r in records[p] if r.name == 'train_step'][-1] == 1, records[p]
         j.release_all()
         assert not j.step_table().stepping
     finally:

@@ -2,9 +2,8 @@
 
 A patcher of `_install.PATCHERS`. With ``control_file`` (``install(control_file=...)``,
 ``python -m multihost run --control-file PATH``, ``MULTIHOST_CONTROL_FILE``), `patch`
-starts one daemon thread that waits for ``jax.distributed.initialize`` (it
-polls the distributed state every `_POLL_S` seconds: install runs before
-it), then starts this process's debug thread (so that stacks, wavefront and
+wraps ``jax.distributed.initialize`` (install runs before it); when it has
+returned, it starts this process's debug thread (so that stacks, wavefront and
 stepping reach every host from the start, not only after its first checked
 collective) and, on process 0 only, serves `_control.serve_control` on
 ``control_address`` (default loopback) with a fresh random key and writes the
@@ -22,7 +21,9 @@ A job killed with SIGKILL leaves it behind: attach then says the job is gone.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
+import logging
 import os
 import secrets
 import socket
@@ -34,8 +35,7 @@ from multihost import _jax_adapter
 from multihost._debug import _control
 from multihost._exchange import _bus, _kv
 
-#: How often the waiting thread looks for ``jax.distributed.initialize``'s client.
-_POLL_S = 0.1
+log = logging.getLogger('multihost')
 #: The interface bound unless ``control_address`` says otherwise.
 LOOPBACK = '127.0.0.1'
 
@@ -43,7 +43,8 @@ LOOPBACK = '127.0.0.1'
 class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.stop: threading.Event | None = None
+        self.original: Any = None  # JAX's jax.distributed.initialize, while patched
+        self.patched: Any = None
         self.written: tuple[str, int] | None = None  # (path, this pid) once written
         self.address: tuple[str, int] | None = None
 
@@ -52,35 +53,49 @@ _state = _State()
 
 
 def patch(options: Any) -> None:
-    """Starts the waiting thread when ``options.control_file`` is set (nothing otherwise)."""
+    """With ``options.control_file``: serve once ``jax.distributed.initialize`` has returned.
+
+    Replaces ``jax.distributed.initialize`` by a version that serves right
+    after JAX's returns (the client exists before it connects: nothing may
+    talk to the service until initialize is done); when JAX is initialized
+    already, serves now.
+    """
     path = getattr(options, 'control_file', None)
     if not path:
         return
-    with _state.lock:
-        if _state.stop is not None:
-            return
-        folder = os.path.dirname(path) or '.'
-        if not os.path.isdir(folder):
-            raise ValueError(
-                f'control_file {path!r}: the folder {folder!r} does not exist; '
-                'create it or give a path in an existing folder'
-            )
-        stop = _state.stop = threading.Event()
+    folder = os.path.dirname(path) or '.'
+    if not os.path.isdir(folder):
+        raise ValueError(
+            f'control_file {path!r}: the folder {folder!r} does not exist; '
+            'create it or give a path in an existing folder'
+        )
     address = getattr(options, 'control_address', None) or LOOPBACK
-    threading.Thread(
-        target=_serve_when_initialized,
-        args=(path, address, stop),
-        name='multihost-attach',
-        daemon=True,
-    ).start()
+    import jax.distributed
+
+    with _state.lock:
+        if _state.original is not None:
+            return
+        original = _state.original = jax.distributed.initialize
+
+        @functools.wraps(original)
+        def initialize(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            _serve(path, address)
+            return out
+
+        _state.patched = jax.distributed.initialize = initialize
+    if _jax_adapter.client() is not None:
+        _serve(path, address)
 
 
 def unpatch() -> None:
-    """Stops waiting and removes the connection file (the endpoint itself serves on)."""
+    """Puts JAX's initialize back and removes the connection file (the endpoint serves on)."""
+    import jax.distributed
+
     with _state.lock:
-        if _state.stop is not None:
-            _state.stop.set()
-            _state.stop = None
+        if _state.original is not None and jax.distributed.initialize is _state.patched:
+            jax.distributed.initialize = _state.original
+        _state.original = _state.patched = None
     remove_file()
 
 
@@ -92,30 +107,33 @@ def served() -> dict[str, Any] | None:
     return {'control_file': written[0], 'address': address}
 
 
-def _serve_when_initialized(path: str, address: str, stop: threading.Event) -> None:
-    while _jax_adapter.client() is None:
-        if stop.wait(_POLL_S):
-            return
-    _bus.start_debug_daemon()
-    if _kv.process_index() != 0 or stop.is_set():
+def _serve(path: str, address: str) -> None:
+    """Every process: the debug thread; process 0: the endpoint and its file (once)."""
+    if _state.address is not None:
         return
-    key = secrets.token_bytes(32)
-    host, port = _control.serve_control(key, (address, 0))
-    if address not in ('', '0.0.0.0'):
-        host = address
-    _state.address = (host, port)
-    _write(
-        path,
-        {
-            'address': host,
-            'port': port,
-            'key': key.hex(),
-            'pid': os.getpid(),
-            'num_processes': _kv.process_count(),
-            'started': time.time(),
-            'hostname': socket.gethostname(),
-        },
-    )
+    try:
+        _bus.start_debug_daemon()
+        if _kv.process_index() != 0:
+            return
+        key = secrets.token_bytes(32)
+        host, port = _control.serve_control(key, (address, 0))
+        if address not in ('', '0.0.0.0'):
+            host = address
+        _state.address = (host, port)
+        _write(
+            path,
+            {
+                'address': host,
+                'port': port,
+                'key': key.hex(),
+                'pid': os.getpid(),
+                'num_processes': _kv.process_count(),
+                'started': time.time(),
+                'hostname': socket.gethostname(),
+            },
+        )
+    except Exception as exc:  # the job runs on without an endpoint: say so once
+        log.warning('multihost: no control endpoint (%s: %s)', type(exc).__name__, exc)
 
 
 def _write(path: str, content: dict[str, Any]) -> None:
