@@ -40,7 +40,7 @@ def _read(path: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise AttachError(
             f'no connection file {path}: start the job with `{run}` (process 0 writes it '
-            'once jax.distributed.initialize ran), or copy it here from the job\'s machine'
+            "once jax.distributed.initialize ran), or copy it here from the job's machine"
         ) from None
     except (OSError, ValueError) as exc:
         raise AttachError(
@@ -115,7 +115,8 @@ class AttachedJob:
 
     def __init__(self, path: str, info: dict[str, Any], client: ControlClient):
         self.path = path
-        self.num_processes = int(info.get('num_processes', 0)) or int(client.info()['num_processes'])
+        count = int(info.get('num_processes', 0))
+        self.num_processes = count or int(client.info()['num_processes'])
         self.pid = info.get('pid')
         self.started = info.get('started')
         self.control: ControlClient | None = client

@@ -174,7 +174,9 @@ def memory_view(session: Session) -> MemoryView:
     return MemoryView(session.memory_census())
 
 
-def timeline_view(session: Session | AttachedJob, *, last: int = 200, timeout: float = 10.0) -> TimelineView:
+def timeline_view(
+    session: Session | AttachedJob, *, last: int = 200, timeout: float = 10.0
+) -> TimelineView:
     """A refreshable `TimelineView` of every host's last ``last`` flight records."""
     from mhnotebook.widgets import TimelineView
 

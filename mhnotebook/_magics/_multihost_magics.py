@@ -17,6 +17,7 @@ from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, magics_class
 
+from mhnotebook._attach import AttachedJob, AttachError, attach
 from mhnotebook._magics import _cluster_actions, _help, _results, _run
 from mhnotebook._magics._entry import cell_magic, delegate, held, hold, line_magic, running
 from mhnotebook._magics._options import (
@@ -29,7 +30,6 @@ from mhnotebook._magics._options import (
     timeout_option,
     valid_name,
 )
-from mhnotebook._attach import AttachedJob, AttachError, attach
 from mhnotebook._session import Session
 from mhnotebook._views import (
     diff_view,
@@ -480,7 +480,7 @@ class MultihostMagics(Magics):
     @timeout_option(15.0, 'seconds to connect')
     @line_magic
     def mh_attach(self, line: str) -> Any:
-        """My batch job hangs: attach to it (started outside the notebook) through its file.
+        """Is my batch job stuck? Attach to it (started elsewhere) through its file.
 
         The job runs under ``python -m multihost run --control-file PATH``
         (or ``MULTIHOST_CONTROL_FILE``); its process 0 wrote ``PATH``. While

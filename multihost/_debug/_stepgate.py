@@ -355,15 +355,19 @@ def launch_gate(name: str, site: str) -> bool:
         _kv.put(client, held, json.dumps({'n': n, 'name': name, 'site': site, 'time': time.time()}))
         go = _key('step', 'lgo', pid, n)
         threading.Thread(
-            target=_wait_release, args=(client, go, released), name='multihost-gate-launch', daemon=True
+            target=_wait_release,
+            args=(client, go, released),
+            name='multihost-gate-launch',
+            daemon=True,
         ).start()
         deadline = time.monotonic() + timeout
         while not released.wait(0.5):
             if time.monotonic() > deadline:
                 raise StepTimeoutError(
                     f'step gate: the launch of {name!r} ({site}) was not released within '
-                    f'{timeout:g} s. Stepping is on: release it with multihost.release() or '
-                    'multihost.release_all() (or a ControlClient), or raise MULTIHOST_STEP_TIMEOUT.',
+                    f'{timeout:g} s. Stepping is on: release it with multihost.release() '
+                    'or multihost.release_all() (or a ControlClient), or raise '
+                    'MULTIHOST_STEP_TIMEOUT.',
                     seq=-1,
                     timeout=timeout,
                 )

@@ -35,7 +35,11 @@ from multihost._job._options import InstallOptions
 
 #: The patcher modules `install` runs, in order, each as ``patch(options)`` and
 #: ``unpatch()`` (imported when installing; one that does not exist is skipped).
-PATCHERS: tuple[str, ...] = ('multihost._job._jit', 'multihost._job._service', 'multihost._job._attach')
+PATCHERS: tuple[str, ...] = (
+    'multihost._job._jit',
+    'multihost._job._service',
+    'multihost._job._attach',
+)
 
 #: JAX's public functions that become ours: name -> (ours, whether it waits in
 #: the collective sequence, so its installed form gets the installed timeout).

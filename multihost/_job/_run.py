@@ -49,14 +49,8 @@ def parse(argv: list[str]) -> tuple[dict[str, object], str, bool, list[str]]:
         arg = argv[i]
         if arg == '--check-jit':
             options['check_jit'] = True
-        elif arg == '--timeout' or arg.startswith('--timeout='):
-            if arg == '--timeout':
-                i += 1
-                if i == len(argv):
-                    raise UsageError('--timeout needs a number of seconds')
-                value = argv[i]
-            else:
-                value = arg.split('=', 1)[1]
+        elif arg.split('=', 1)[0] == '--timeout':
+            i, value = _value(argv, i, 'a number of seconds')
             try:
                 options['timeout'] = float(value)
             except ValueError:
@@ -64,15 +58,10 @@ def parse(argv: list[str]) -> tuple[dict[str, object], str, bool, list[str]]:
             if not options['timeout'] > 0:  # type: ignore[operator]
                 raise UsageError(f'--timeout needs a positive number of seconds, got {value!r}')
         elif arg.split('=', 1)[0] in _STRINGS:
-            name, eq, value = arg.partition('=')
-            if not eq:
-                i += 1
-                if i == len(argv):
-                    raise UsageError(f'{name} needs a value')
-                value = argv[i]
+            i, value = _value(argv, i, 'a value')
             if not value:
-                raise UsageError(f'{name} needs a non-empty value')
-            options[_STRINGS[name]] = value
+                raise UsageError(f'{arg.split("=", 1)[0]} needs a non-empty value')
+            options[_STRINGS[arg.split('=', 1)[0]]] = value
         elif arg == '-m':
             if i + 1 == len(argv):
                 raise UsageError('-m needs a module name')
@@ -85,6 +74,16 @@ def parse(argv: list[str]) -> tuple[dict[str, object], str, bool, list[str]]:
             return options, arg, False, argv[i + 1 :]
         i += 1
     raise UsageError('no script or -m MODULE given')
+
+
+def _value(argv: list[str], i: int, what: str) -> tuple[int, str]:
+    """The value of the option at ``argv[i]`` (``--name VALUE`` or ``--name=VALUE``), its index."""
+    name, eq, value = argv[i].partition('=')
+    if eq:
+        return i, value
+    if i + 1 == len(argv):
+        raise UsageError(f'{name} needs {what}')
+    return i + 1, argv[i + 1]
 
 
 def main(argv: list[str]) -> None:
