@@ -93,6 +93,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         for p in range(N)
     ]
     try:
+        _until('the control file', lambda: os.path.exists(control), 90.0)
         yield {'procs': procs, 'control': control, 'go': go}
     finally:
         open(go, 'w').close()
@@ -119,7 +120,7 @@ def _stalled_wavefront(path: str) -> Any:
 
 
 def test_the_connection_file_is_private_and_says_how_to_connect(job):
-    path = _until('the control file', lambda: os.path.exists(job['control']) and job['control'])
+    path = job['control']
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path) as f:
         info = json.load(f)
@@ -160,11 +161,10 @@ def test_a_wrong_key_is_refused_in_one_line(job, tmp_path):
 
 
 def test_the_magics_act_on_the_attached_job_and_refuse_to_run_code(job):
+    from _helpers import magic_shell
     from IPython.core.error import UsageError
-    from IPython.core.interactiveshell import InteractiveShell
 
-    ip = InteractiveShell.instance()
-    ip.run_line_magic('load_ext', 'mhnotebook')
+    ip, magics = magic_shell(None)
     attached = ip.run_line_magic('mh_attach', job['control'])
     try:
         assert isinstance(attached, mhnotebook.AttachedJob)
@@ -179,6 +179,7 @@ def test_the_magics_act_on_the_attached_job_and_refuse_to_run_code(job):
             ip.run_cell_magic('mh', '', 'print(1)')
     finally:
         ip.run_line_magic('mh_detach', '')
+    assert magics.attached is None
     with pytest.raises(UsageError, match='not attached'):
         ip.run_line_magic('mh_detach', '')
 
