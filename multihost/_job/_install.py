@@ -35,7 +35,11 @@ from multihost._job._options import InstallOptions
 
 #: The patcher modules `install` runs, in order, each as ``patch(options)`` and
 #: ``unpatch()`` (imported when installing; one that does not exist is skipped).
-PATCHERS: tuple[str, ...] = ('multihost._job._jit', 'multihost._job._service')
+PATCHERS: tuple[str, ...] = (
+    'multihost._job._jit',
+    'multihost._job._service',
+    'multihost._job._attach',
+)
 
 #: JAX's public functions that become ours: name -> (ours, whether it waits in
 #: the collective sequence, so its installed form gets the installed timeout).
@@ -69,7 +73,13 @@ _lock = threading.Lock()
 _active: _Installed | None = None
 
 
-def install(*, check_jit: bool = False, timeout: float | None = None) -> None:
+def install(
+    *,
+    check_jit: bool = False,
+    timeout: float | None = None,
+    control_file: str | None = None,
+    control_address: str | None = None,
+) -> None:
     """Makes the program's own and its libraries' multi-host calls the checked ones.
 
     After it, the public functions of `jax.experimental.multihost_utils` are
@@ -92,12 +102,19 @@ def install(*, check_jit: bool = False, timeout: float | None = None) -> None:
         WARNING of the ``multihost`` logger; stderr when logging is not
         configured), unless ``MULTIHOST_TIMEOUT`` is set: then that is the
         timeout.
+      control_file: process 0 serves the control endpoint (`ControlClient`,
+        ``mhnotebook.attach``) once ``jax.distributed.initialize`` ran, and
+        writes its connection file here (JSON, mode 0600, removed at a clean
+        exit); ``MULTIHOST_CONTROL_FILE`` sets it too. None: no endpoint.
+      control_address: the interface the endpoint binds; default loopback
+        (``MULTIHOST_CONTROL_ADDRESS``). An address on the cluster network
+        lets a notebook on another machine attach.
 
     Raises:
       ValueError: already installed with other options (`uninstall` first).
     """
     global _active
-    options = InstallOptions.resolve(check_jit, timeout)
+    options = InstallOptions.resolve(check_jit, timeout, control_file, control_address)
     with _lock:
         if _active is not None:
             if _active.options == options:
@@ -150,6 +167,7 @@ def installed() -> dict[str, Any] | None:
         return {
             'check_jit': _active.options.check_jit,
             'timeout': _active.options.timeout,
+            'control_file': _active.options.control_file,
             'functions': sorted(_active.originals),
             'references': _active.references,
             'patchers': [p.__name__ for p in _active.patchers],
@@ -157,7 +175,10 @@ def installed() -> dict[str, Any] | None:
 
 
 def _describe(options: InstallOptions) -> str:
-    return f'check_jit={options.check_jit}, timeout={options.timeout}'
+    out = f'check_jit={options.check_jit}, timeout={options.timeout}'
+    if options.control_file:
+        out += f', control_file={options.control_file!r}'
+    return out
 
 
 def _undo(done: _Installed) -> None:

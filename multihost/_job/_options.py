@@ -19,20 +19,40 @@ class InstallOptions:
             `BarrierTimeoutError`; None: it waits as long as JAX's would
             (logging who is missing every ``MULTIHOST_TIMEOUT``), unless
             ``MULTIHOST_TIMEOUT`` is set.
+        control_file: where process 0 writes the control endpoint's connection
+            file (`_attach`; ``MULTIHOST_CONTROL_FILE``); None: no endpoint.
+        control_address: the interface the endpoint binds (default loopback;
+            ``MULTIHOST_CONTROL_ADDRESS``).
     """
 
     check_jit: bool = False
     timeout: float | None = None
+    control_file: str | None = None
+    control_address: str | None = None
 
     @classmethod
-    def resolve(cls, check_jit: bool, timeout: float | None) -> InstallOptions:
-        """The options as given, ``MULTIHOST_CHECK_JIT`` read; ``timeout`` checked."""
+    def resolve(
+        cls,
+        check_jit: bool,
+        timeout: float | None,
+        control_file: str | None = None,
+        control_address: str | None = None,
+    ) -> InstallOptions:
+        """The options as given, ``MULTIHOST_CHECK_JIT`` (and the control variables) read;
+        ``timeout`` checked."""
         env = os.environ.get('MULTIHOST_CHECK_JIT', '').strip().lower()
         if timeout is not None:
             timeout = float(timeout)
             if not timeout > 0:
                 raise ValueError(f'install timeout must be positive seconds, got {timeout!r}')
-        return cls(check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'), timeout=timeout)
+        control_file = control_file or os.environ.get('MULTIHOST_CONTROL_FILE') or None
+        control_address = control_address or os.environ.get('MULTIHOST_CONTROL_ADDRESS') or None
+        return cls(
+            check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'),
+            timeout=timeout,
+            control_file=os.path.abspath(control_file) if control_file else None,
+            control_address=control_address,
+        )
 
     def wait(self, default: float) -> float:
         """An installed call's wait: this timeout, ``MULTIHOST_TIMEOUT`` (``default``) when set,
