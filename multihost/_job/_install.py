@@ -69,7 +69,9 @@ _lock = threading.Lock()
 _active: _Installed | None = None
 
 
-def install(*, check_jit: bool = False, timeout: float | None = None) -> None:
+def install(
+    *, check_jit: bool = False, timeout: float | None = None, dump_dir: str | None = None
+) -> None:
     """Makes the program's own and its libraries' multi-host calls the checked ones.
 
     After it, the public functions of `jax.experimental.multihost_utils` are
@@ -97,7 +99,7 @@ def install(*, check_jit: bool = False, timeout: float | None = None) -> None:
       ValueError: already installed with other options (`uninstall` first).
     """
     global _active
-    options = InstallOptions.resolve(check_jit, timeout)
+    options = InstallOptions.resolve(check_jit, timeout, dump_dir)
     with _lock:
         if _active is not None:
             if _active.options == options:
@@ -127,6 +129,10 @@ def install(*, check_jit: bool = False, timeout: float | None = None) -> None:
             _undo(done)
             raise
         _active = done
+        if options.dump_dir is not None:
+            from multihost._job import _triggers
+
+            _triggers.enable(options.dump_dir)
 
 
 def uninstall() -> None:
@@ -138,6 +144,10 @@ def uninstall() -> None:
     global _active
     with _lock:
         if _active is not None:
+            if _active.options.dump_dir is not None:
+                from multihost._job import _triggers
+
+                _triggers.disable()
             _undo(_active)
             _active = None
 
@@ -150,6 +160,7 @@ def installed() -> dict[str, Any] | None:
         return {
             'check_jit': _active.options.check_jit,
             'timeout': _active.options.timeout,
+            'dump_dir': _active.options.dump_dir,
             'functions': sorted(_active.originals),
             'references': _active.references,
             'patchers': [p.__name__ for p in _active.patchers],
@@ -157,7 +168,7 @@ def installed() -> dict[str, Any] | None:
 
 
 def _describe(options: InstallOptions) -> str:
-    return f'check_jit={options.check_jit}, timeout={options.timeout}'
+    return f'check_jit={options.check_jit}, timeout={options.timeout}, dump_dir={options.dump_dir}'
 
 
 def _undo(done: _Installed) -> None:

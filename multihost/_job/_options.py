@@ -19,20 +19,31 @@ class InstallOptions:
             `BarrierTimeoutError`; None: it waits as long as JAX's would
             (logging who is missing every ``MULTIHOST_TIMEOUT``), unless
             ``MULTIHOST_TIMEOUT`` is set.
+        dump_dir: where each host writes its dump when something goes wrong
+            (`_job._dump`; ``MULTIHOST_DUMP_DIR`` too); None: no dumps.
     """
 
     check_jit: bool = False
     timeout: float | None = None
+    dump_dir: str | None = None
 
     @classmethod
-    def resolve(cls, check_jit: bool, timeout: float | None) -> InstallOptions:
-        """The options as given, ``MULTIHOST_CHECK_JIT`` read; ``timeout`` checked."""
+    def resolve(
+        cls, check_jit: bool, timeout: float | None, dump_dir: str | None = None
+    ) -> InstallOptions:
+        """The options as given, ``MULTIHOST_CHECK_JIT`` / ``MULTIHOST_DUMP_DIR`` read;
+        ``timeout`` checked."""
         env = os.environ.get('MULTIHOST_CHECK_JIT', '').strip().lower()
         if timeout is not None:
             timeout = float(timeout)
             if not timeout > 0:
                 raise ValueError(f'install timeout must be positive seconds, got {timeout!r}')
-        return cls(check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'), timeout=timeout)
+        dump_dir = dump_dir or os.environ.get('MULTIHOST_DUMP_DIR', '').strip() or None
+        return cls(
+            check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'),
+            timeout=timeout,
+            dump_dir=os.path.abspath(dump_dir) if dump_dir else None,
+        )
 
     def wait(self, default: float) -> float:
         """An installed call's wait: this timeout, ``MULTIHOST_TIMEOUT`` (``default``) when set,

@@ -1,7 +1,7 @@
 """``python -m multihost run``: an unmodified program, with `multihost.install` applied first.
 
-    python -m multihost run [--check-jit] [--timeout S] SCRIPT [ARGS...]
-    python -m multihost run [--check-jit] [--timeout S] -m MODULE [ARGS...]
+    python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] SCRIPT [ARGS...]
+    python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] -m MODULE [ARGS...]
 
 Installs, then runs the program as ``__main__`` the way ``python SCRIPT`` /
 ``python -m MODULE`` would (`runpy`): the same ``sys.argv`` (the program's),
@@ -21,8 +21,8 @@ import runpy
 import sys
 
 USAGE = (
-    'usage: python -m multihost run [--check-jit] [--timeout S] SCRIPT [ARGS...]\n'
-    '       python -m multihost run [--check-jit] [--timeout S] -m MODULE [ARGS...]'
+    'usage: python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] SCRIPT [ARGS...]\n'
+    '       python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] -m MODULE [ARGS...]'
 )
 
 
@@ -56,6 +56,14 @@ def parse(argv: list[str]) -> tuple[dict[str, object], str, bool, list[str]]:
                 raise UsageError(f'--timeout needs a number of seconds, got {value!r}') from None
             if not options['timeout'] > 0:  # type: ignore[operator]
                 raise UsageError(f'--timeout needs a positive number of seconds, got {value!r}')
+        elif arg == '--dump-dir' or arg.startswith('--dump-dir='):
+            if arg == '--dump-dir':
+                i += 1
+                if i == len(argv):
+                    raise UsageError('--dump-dir needs a directory')
+                options['dump_dir'] = argv[i]
+            else:
+                options['dump_dir'] = arg.split('=', 1)[1]
         elif arg == '-m':
             if i + 1 == len(argv):
                 raise UsageError('-m needs a module name')
