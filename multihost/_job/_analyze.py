@@ -98,12 +98,24 @@ def _position(d: Dump) -> tuple[str, float | None]:
     return f'in user code at {where or "?"}{last}', f.idle
 
 
+def _at(d: Dump) -> tuple[FlightRecord | None, float]:
+    """The record ``d``'s main thread waits in (or, for a timeout or mismatch dump, the one
+    that just failed there), and for how long (seconds, at the dump)."""
+    f = d.front
+    if f.waiting is not None:
+        return f.waiting, f.waiting_for
+    last = next((r for r in reversed(d.records) if not r.thread), None)
+    if d.trigger in ('timeout', 'mismatch') and last is not None and last.state == 'failed':
+        return last, max(0.0, d.trigger_time - last.time)
+    return None, 0.0
+
+
 def _target(dumps: Sequence[Dump]) -> FlightRecord | None:
     """The record the most advanced group waits in (highest sequence number, most hosts)."""
     counts: collections.Counter[tuple[str, str, int | None, int]] = collections.Counter()
     recs: dict[tuple[str, str, int | None, int], FlightRecord] = {}
     for d in dumps:
-        w = d.front.waiting
+        w = _at(d)[0]
         if w is not None:
             k = _key_of(w)
             counts[k] += 1
@@ -162,8 +174,9 @@ def analyze(dumps: Sequence[Dump]) -> Verdict:
     lag: dict[int, int] = {}
     for d in dumps:
         f = d.front
-        if target is not None and f.waiting is not None and _key_of(f.waiting) == _key_of(target):
-            waiting_at.append((d.process, target.label, f.waiting_for))
+        at, waited = _at(d)
+        if target is not None and at is not None and _key_of(at) == _key_of(target):
+            waiting_at.append((d.process, target.label, waited))
             continue
         what, since = _position(d)
         last_seq = f.last_collective.seq if f.last_collective is not None else None
@@ -230,6 +243,8 @@ def format_verdict(v: Verdict) -> list[str]:
         lines.append(f'culprit: {fmt_hosts(v.culprits)}')
     if v.waiting is not None:
         lines.append(f'{fmt_hosts(v.waiting.processes)} wait in {v.target}{_since(v.waiting)}')
+    elif v.target:
+        lines.append(f'the furthest hosts are in {v.target}')
     if v.behind:
         lines += _groups_lines('never arrived there: ', v.behind, MAX_GROUPS)
     if v.mismatches:

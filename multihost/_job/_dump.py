@@ -41,9 +41,15 @@ class _State:
         self.last_doc: dict[str, Any] | None = None
         self.requested = False  # this host asked the others already (once per process)
         self.writes = 0
+        self.errors: set[int] = set()  # ids of errors already dumped (not again at exit)
 
 
 _state = _State()
+
+
+def already_dumped(exc: BaseException) -> bool:
+    """Whether ``exc`` was dumped where it was raised (the excepthook does not dump it again)."""
+    return id(exc) in _state.errors
 
 
 def configure(directory: str | None) -> None:
@@ -196,5 +202,6 @@ def on_error(exc: Exception) -> None:
     if _state.directory is None:
         return
     what, details = error_details(exc)
+    _state.errors.add(id(exc))
     dump(what, details)
     request_all(f'process {_process()[0]}: {what} in {details.get("name", "a collective")}')

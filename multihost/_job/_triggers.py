@@ -110,13 +110,13 @@ def disable() -> None:
 
 
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
-    if not issubclass(tp, (KeyboardInterrupt, SystemExit)):
+    if not issubclass(tp, (KeyboardInterrupt, SystemExit)) and not _dump.already_dumped(value):
         _dump.dump('exception', _exception_details(tp, value, tb, 'MainThread'))
     (_w.prev_excepthook or sys.__excepthook__)(tp, value, tb)
 
 
 def _thread_hook(args: Any) -> None:
-    if args.exc_type is not SystemExit:
+    if args.exc_type is not SystemExit and not _dump.already_dumped(args.exc_value):
         name = args.thread.name if args.thread is not None else ''
         _dump.dump('exception', _exception_details(args.exc_type, args.exc_value, args.exc_traceback, name))
     (_w.prev_thread_hook or threading.__excepthook__)(args)

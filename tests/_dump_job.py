@@ -1,0 +1,43 @@
+"""A plain JAX job for the dump tests (imports nothing of multihost: run it under
+``python -m multihost run --dump-dir DIR``). What it does is set by ``MODE``:
+
+- ``loop``: ``STEPS`` barriers, 0.1 s apart (the dump signal test);
+- ``clean``: a few barriers, exits 0;
+- ``late``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``ckpt``, the others
+  wait there (a timeout, or a kill of that process, is the test's to make).
+"""
+
+import os
+import sys
+import time
+
+import jax
+
+jax.config.update('jax_platforms', 'cpu')
+if os.environ.get('RECOVERABLE'):
+    jax.config.update('jax_enable_recoverability', True)
+jax.distributed.initialize(
+    coordinator_address=os.environ['COORDINATOR_ADDRESS'],
+    num_processes=int(os.environ['NUM_PROCESSES']),
+    process_id=int(os.environ['PROCESS_ID']),
+)
+from jax.experimental import multihost_utils  # noqa: E402
+
+pid = jax.process_index()
+mode = os.environ['MODE']
+multihost_utils.sync_global_devices('start')
+print('started', flush=True)
+if mode == 'loop':
+    for i in range(int(os.environ.get('STEPS', '100'))):
+        multihost_utils.sync_global_devices(f'step {i}')
+        time.sleep(0.1)
+elif mode == 'clean':
+    for i in range(3):
+        multihost_utils.sync_global_devices(f'step {i}')
+elif mode == 'late':
+    multihost_utils.sync_global_devices('before')
+    if pid == int(os.environ['LATE']):
+        time.sleep(float(os.environ['SLEEP']))
+    multihost_utils.sync_global_devices('ckpt')
+print('done', flush=True)
+sys.stdout.flush()
