@@ -193,6 +193,11 @@ def analyze(dumps: Sequence[Dump]) -> Verdict:
     for p in sorted(said_missing - set(dumped)):
         behind.append((p, 'no dump (the others timed out waiting for it)', None))
         lag.setdefault(p, -2)
+    if target is not None and not behind:  # the hosts without a dump are not where the rest are
+        for p in missing:
+            why = f'gone ({gone[p]})' if p in gone else 'no dump'
+            behind.append((p, why, None))
+            lag.setdefault(p, -2)
     waiting = _grouped(waiting_at)
     straggler, why = None, ''
     if lag:
