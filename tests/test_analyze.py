@@ -44,7 +44,9 @@ def test_cli_reads_several_dirs_and_refuses_bad_files(tmp_path: Any) -> None:
     bad = subprocess.run([*run, str(a)], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad
     assert 'version 2' in bad.stderr
-    none = subprocess.run([*run, str(tmp_path / 'x')], env=env, capture_output=True, text=True, timeout=60)
+    none = subprocess.run(
+        [*run, str(tmp_path / 'x')], env=env, capture_output=True, text=True, timeout=60
+    )
     assert none.returncode == 2 and 'no such directory' in none.stderr
 
 

@@ -165,7 +165,9 @@ def test_kill_9_of_process_3_the_others_say_it_is_gone(job: Any) -> None:
     j.procs[3].wait(timeout=10)
     dumps = j.dumps(N - 1, timeout=60)
     deadline = time.monotonic() + 40
-    while time.monotonic() < deadline and not all(3 in d.gone for d in dumps if d.trigger == 'hang'):
+    while time.monotonic() < deadline and not all(
+        3 in d.gone for d in dumps if d.trigger == 'hang'
+    ):
         time.sleep(0.5)
         dumps = _dumpfile.read_dirs([j.dir])
     assert [d.process for d in dumps] == [0, 1, 2]
@@ -190,7 +192,10 @@ def test_dump_file_format_round_trip_and_trim(tmp_path: Any) -> None:
     print(f'dump size at {_recorder.CAPACITY} records: {size} bytes')
     assert size < _dumpfile.MAX_BYTES
     d = _dumpfile.parse(json.loads(text))
-    assert len(d.records) == _recorder.CAPACITY and d.records[-1].name == f'step {_recorder.CAPACITY - 1}'
+    assert (
+        len(d.records) == _recorder.CAPACITY
+        and d.records[-1].name == f'step {_recorder.CAPACITY - 1}'
+    )
     small = json.loads(_dumpfile.encode(doc | {'format': 'multihost-dump', 'version': 1}, 60_000))
     assert small['trimmed']['records'] > 0 and len(small['records']) < _recorder.CAPACITY
     assert small['records'][-1][2] == f'step {_recorder.CAPACITY - 1}'  # the newest kept

@@ -253,7 +253,7 @@ def format_verdict(v: Verdict) -> list[str]:
     if v.behind:
         lines += _groups_lines('never arrived there: ', v.behind, MAX_GROUPS)
     if v.mismatches:
-        lines.append('mismatch, each side\'s call:')
+        lines.append("mismatch, each side's call:")
         lines += _groups_lines('  ', v.mismatches, 4)
     if v.elsewhere:
         lines += _groups_lines('', v.elsewhere, max(1, MAX_LINES - len(lines) - 2))

@@ -1,4 +1,4 @@
-"""The dump file format: ``DIR/process-<i>.json``, what one host left behind (write, read, validate).
+"""The dump file format: ``DIR/process-<i>.json``, what one host left (write, read, validate).
 
 One JSON object per host, written atomically (a temporary file in ``DIR``,
 then `os.replace`), at most `MAX_BYTES`. Format ``multihost-dump`` version
@@ -178,7 +178,9 @@ def read(path: str) -> Dump:
         with open(path) as f:
             doc = json.load(f)
     except json.JSONDecodeError as exc:
-        raise DumpFormatError(f'{path}: not JSON ({exc}); a dump is written whole or not at all')
+        raise DumpFormatError(
+            f'{path}: not JSON ({exc}); a dump is written whole or not at all'
+        ) from None
     return parse(doc, path)
 
 

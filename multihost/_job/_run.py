@@ -22,7 +22,10 @@ import sys
 
 USAGE = (
     'usage: python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] SCRIPT [ARGS...]\n'
-    '       python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] -m MODULE [ARGS...]'
+    '       python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] '
+    '-m MODULE [ARGS...]'
+    '\n(--dump-dir DIR: each host writes DIR/process-<i>.json when something goes wrong;'
+    ' read them with python -m multihost analyze DIR)'
 )
 
 

@@ -118,7 +118,9 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
 def _thread_hook(args: Any) -> None:
     if args.exc_type is not SystemExit and not _dump.already_dumped(args.exc_value):
         name = args.thread.name if args.thread is not None else ''
-        _dump.dump('exception', _exception_details(args.exc_type, args.exc_value, args.exc_traceback, name))
+        _dump.dump(
+            'exception', _exception_details(args.exc_type, args.exc_value, args.exc_traceback, name)
+        )
     (_w.prev_thread_hook or threading.__excepthook__)(args)
 
 
