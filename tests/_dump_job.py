@@ -2,6 +2,7 @@
 ``python -m multihost run --dump-dir DIR``). What it does is set by ``MODE``:
 
 - ``loop``: ``STEPS`` barriers, 0.1 s apart (the dump signal test);
+- ``preempt``: steps until `reached_preemption_sync_point` is True (after a SIGTERM);
 - ``clean``: a few barriers, exits 0;
 - ``late``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``ckpt``, the others
   wait there (a timeout, or a kill of that process, is the test's to make).
@@ -31,6 +32,12 @@ if mode == 'loop':
     for i in range(int(os.environ.get('STEPS', '100'))):
         multihost_utils.sync_global_devices(f'step {i}')
         time.sleep(0.1)
+elif mode == 'preempt':  # until JAX's preemption sync point says so (a SIGTERM somewhere)
+    for step in range(600):
+        if multihost_utils.reached_preemption_sync_point(step):
+            print(f'sync point at {step}', flush=True)
+            break
+        time.sleep(0.05)
 elif mode == 'clean':
     for i in range(3):
         multihost_utils.sync_global_devices(f'step {i}')

@@ -157,6 +157,21 @@ def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
     assert cli.returncode == 0 and 'culprit: process 2' in cli.stdout, cli
 
 
+def test_a_preemption_notice_dumps_and_the_sync_point_still_works(job: Any) -> None:
+    j = job(2, MODE='preempt')
+    j.wait_started()
+    time.sleep(1.0)
+    j.procs[1].send_signal(signal.SIGTERM)  # JAX's preemption notifier's: chained, not replaced
+    results = j.finish()
+    assert [rc for rc, _, _ in results] == [0, 0], [e[-2000:] for _, _, e in results]
+    points = {out.strip().splitlines()[-2] for _, out, _ in results}
+    assert len(points) == 1 and next(iter(points)).startswith('sync point at '), results
+    points_at = next(iter(points)).rsplit(' ', 1)[1]
+    dumps = _dumpfile.read_dirs([j.dir])
+    assert [(d.process, d.trigger) for d in dumps] == [(0, 'preemption'), (1, 'preemption')]
+    assert {d.details['sync_point'] for d in dumps} == {int(points_at)}
+
+
 def test_kill_9_of_process_3_the_others_say_it_is_gone(job: Any) -> None:
     j = job(N, MODE='late', LATE='3', SLEEP='60', RECOVERABLE='1', MULTIHOST_HANG_DUMP_S='4')
     j.wait_started()

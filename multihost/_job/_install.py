@@ -46,7 +46,7 @@ _OURS: dict[str, tuple[Any, bool]] = {
     'host_local_array_to_global_array': (_arrays.host_local_array_to_global_array, True),
     'live_devices': (_fault.live_devices, False),
     'process_allgather': (_collectives.process_allgather, True),
-    'reached_preemption_sync_point': (_fault.reached_preemption_sync_point, False),
+    'reached_preemption_sync_point': (_fault.reached_preemption_sync_point, False),  # + dump
     'sync_global_devices': (_collectives.sync_global_devices, True),
 }
 
@@ -118,6 +118,8 @@ def install(
                 continue  # this JAX has no such function
             done.originals[name] = original
             done.replacements[name] = _installed_call(ours, options) if timed else ours
+            if name == 'reached_preemption_sync_point':
+                done.replacements[name] = _preemption_point(ours)
         done.references = _swap(done.originals, done.replacements)
         try:
             for module_name in PATCHERS:
@@ -199,6 +201,21 @@ def _installed_call(ours: Callable[..., Any], options: InstallOptions) -> Callab
             return ours(*args, **kwargs)
 
     return installed_call
+
+
+def _preemption_point(ours: Callable[..., Any]) -> Callable[..., Any]:
+    """``reached_preemption_sync_point``, dumping (with a dump directory) when it says True."""
+
+    @functools.wraps(ours)
+    def reached_preemption_sync_point(step_id: int) -> bool:
+        reached = ours(step_id)
+        if reached:
+            from multihost._job import _triggers
+
+            _triggers.preempted(step_id)
+        return bool(reached)
+
+    return reached_preemption_sync_point
 
 
 def _swap(old: dict[str, Any], new: dict[str, Any]) -> int:
