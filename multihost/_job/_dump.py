@@ -30,7 +30,7 @@ from multihost._job import _dumpfile
 #: A host asked to dump by another that wrote its own less than this long ago keeps it.
 QUIET_S = 20.0
 #: How long the dump request waits for the other hosts' answers.
-REQUEST_TIMEOUT_S = 20.0
+REQUEST_TIMEOUT_S = 10.0
 
 
 class _State:
