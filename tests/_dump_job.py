@@ -3,6 +3,7 @@
 
 - ``loop``: ``STEPS`` barriers, 0.1 s apart (the dump signal test);
 - ``preempt``: steps until `reached_preemption_sync_point` is True (after a SIGTERM);
+- ``raise``: an uncaught ValueError after a barrier;
 - ``clean``: a few barriers, exits 0;
 - ``late``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``ckpt``, the others
   wait there (a timeout, or a kill of that process, is the test's to make).
@@ -38,6 +39,9 @@ elif mode == 'preempt':  # until JAX's preemption sync point says so (a SIGTERM 
             print(f'sync point at {step}', flush=True)
             break
         time.sleep(0.05)
+elif mode == 'raise':
+    multihost_utils.sync_global_devices('before')
+    raise ValueError(f'bad batch on process {pid}')
 elif mode == 'clean':
     for i in range(3):
         multihost_utils.sync_global_devices(f'step {i}')

@@ -111,6 +111,17 @@ def test_a_clean_run_writes_nothing(job: Any) -> None:
     assert not os.path.exists(j.dir) or os.listdir(j.dir) == []
 
 
+def test_an_uncaught_exception_dumps_and_still_prints_its_traceback(job: Any) -> None:
+    j = job(2, MODE='raise')
+    results = j.finish()
+    assert [rc for rc, _, _ in results] == [1, 1], results
+    assert all('ValueError: bad batch on process' in err for _, _, err in results)
+    dumps = _dumpfile.read_dirs([j.dir])
+    assert [(d.process, d.trigger) for d in dumps] == [(0, 'exception'), (1, 'exception')]
+    assert dumps[1].details['message'] == 'bad batch on process 1'
+    assert dumps[1].details['traceback'][-1][0] == JOB
+
+
 def test_the_dump_signal_makes_every_process_dump_while_the_job_goes_on(job: Any) -> None:
     j = job(N, MODE='loop', STEPS='50')
     j.wait_started()
