@@ -102,9 +102,20 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
     d = _state.directory
     if d is None:
         return None
+    if what != 'request':
+        _state.last_written = time.time()  # a request arriving meanwhile keeps this one
     try:
         doc = document(what, details)
         with _state.lock:
+            if (
+                what == 'request'
+                and _state.last_doc is not None
+                and (
+                    _state.last_doc['trigger']['what'] != 'request'
+                    and time.time() - _state.last_written < QUIET_S
+                )
+            ):
+                return None  # this host's own trigger wrote meanwhile: keep it
             path = _dumpfile.write(d, doc)
             _state.last_written, _state.last_doc = time.time(), doc
             _state.writes += 1
