@@ -8,6 +8,7 @@ caught on every host instead of hanging.
     python -m multihost [demo] [--hosts N] [--devices D]
     python -m multihost run [--check-jit] [--timeout S] SCRIPT [ARGS...]   (see _job._run)
     python -m multihost run [--check-jit] [--timeout S] -m MODULE [ARGS...]
+    python -m multihost analyze DIR [DIR...]   (the dumps of --dump-dir: see _job._analyze)
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
 
         _run.main(argv[1:])
         return 0
+    if argv[:1] == ['analyze']:  # the verdict from the dumps a job left
+        from multihost._job import _analyze
+
+        return _analyze.main(argv[1:])
     if argv[:1] == ['demo']:
         argv = argv[1:]
     parser = argparse.ArgumentParser(

@@ -753,7 +753,20 @@ def _by_int(item: tuple[str, Any]) -> int:
     return int(item[0])
 
 
+#: Called with every timeout or mismatch error just before it is raised (`_job._dump`).
+ERROR_HOOKS: list[Callable[[Exception], None]] = []
+
+
 def _error(verdict: _kv.Verdict, rec: CollectiveRecord, mismatch_prefix: str | None) -> Exception:
+    exc = _error_of(verdict, rec, mismatch_prefix)
+    for hook in ERROR_HOOKS:
+        hook(exc)
+    return exc
+
+
+def _error_of(
+    verdict: _kv.Verdict, rec: CollectiveRecord, mismatch_prefix: str | None
+) -> Exception:
     """The exception every host raises for a failed round (built from the shared verdict)."""
     data = verdict.data
     if verdict.kind == 'timeout':

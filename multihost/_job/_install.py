@@ -50,7 +50,7 @@ _OURS: dict[str, tuple[Any, bool]] = {
     'host_local_array_to_global_array': (_arrays.host_local_array_to_global_array, True),
     'live_devices': (_fault.live_devices, False),
     'process_allgather': (_collectives.process_allgather, True),
-    'reached_preemption_sync_point': (_fault.reached_preemption_sync_point, False),
+    'reached_preemption_sync_point': (_fault.reached_preemption_sync_point, False),  # + dump
     'sync_global_devices': (_collectives.sync_global_devices, True),
 }
 
@@ -79,6 +79,7 @@ def install(
     timeout: float | None = None,
     control_file: str | None = None,
     control_address: str | None = None,
+    dump_dir: str | None = None,
 ) -> None:
     """Makes the program's own and its libraries' multi-host calls the checked ones.
 
@@ -114,7 +115,7 @@ def install(
       ValueError: already installed with other options (`uninstall` first).
     """
     global _active
-    options = InstallOptions.resolve(check_jit, timeout, control_file, control_address)
+    options = InstallOptions.resolve(check_jit, timeout, control_file, control_address, dump_dir)
     with _lock:
         if _active is not None:
             if _active.options == options:
@@ -133,6 +134,8 @@ def install(
                 continue  # this JAX has no such function
             done.originals[name] = original
             done.replacements[name] = _installed_call(ours, options) if timed else ours
+            if name == 'reached_preemption_sync_point':
+                done.replacements[name] = _preemption_point(ours)
         done.references = _swap(done.originals, done.replacements)
         try:
             for module_name in PATCHERS:
@@ -144,6 +147,10 @@ def install(
             _undo(done)
             raise
         _active = done
+        if options.dump_dir is not None:
+            from multihost._job import _triggers
+
+            _triggers.enable(options.dump_dir)
 
 
 def uninstall() -> None:
@@ -155,6 +162,10 @@ def uninstall() -> None:
     global _active
     with _lock:
         if _active is not None:
+            if _active.options.dump_dir is not None:
+                from multihost._job import _triggers
+
+                _triggers.disable()
             _undo(_active)
             _active = None
 
@@ -168,6 +179,7 @@ def installed() -> dict[str, Any] | None:
             'check_jit': _active.options.check_jit,
             'timeout': _active.options.timeout,
             'control_file': _active.options.control_file,
+            'dump_dir': _active.options.dump_dir,
             'functions': sorted(_active.originals),
             'references': _active.references,
             'patchers': [p.__name__ for p in _active.patchers],
@@ -178,6 +190,8 @@ def _describe(options: InstallOptions) -> str:
     out = f'check_jit={options.check_jit}, timeout={options.timeout}'
     if options.control_file:
         out += f', control_file={options.control_file!r}'
+    if options.dump_dir:
+        out += f', dump_dir={options.dump_dir!r}'
     return out
 
 
@@ -209,6 +223,21 @@ def _installed_call(ours: Callable[..., Any], options: InstallOptions) -> Callab
             return ours(*args, **kwargs)
 
     return installed_call
+
+
+def _preemption_point(ours: Callable[..., Any]) -> Callable[..., Any]:
+    """``reached_preemption_sync_point``, dumping (with a dump directory) when it says True."""
+
+    @functools.wraps(ours)
+    def reached_preemption_sync_point(step_id: int) -> bool:
+        reached = ours(step_id)
+        if reached:
+            from multihost._job import _triggers
+
+            _triggers.preempted(step_id)
+        return bool(reached)
+
+    return reached_preemption_sync_point
 
 
 def _swap(old: dict[str, Any], new: dict[str, Any]) -> int:

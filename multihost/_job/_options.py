@@ -23,12 +23,15 @@ class InstallOptions:
             file (`_attach`; ``MULTIHOST_CONTROL_FILE``); None: no endpoint.
         control_address: the interface the endpoint binds (default loopback;
             ``MULTIHOST_CONTROL_ADDRESS``).
+        dump_dir: where each host writes its dump when something goes wrong
+            (`_job._dump`; ``MULTIHOST_DUMP_DIR`` too); None: no dumps.
     """
 
     check_jit: bool = False
     timeout: float | None = None
     control_file: str | None = None
     control_address: str | None = None
+    dump_dir: str | None = None
 
     @classmethod
     def resolve(
@@ -37,8 +40,9 @@ class InstallOptions:
         timeout: float | None,
         control_file: str | None = None,
         control_address: str | None = None,
+        dump_dir: str | None = None,
     ) -> InstallOptions:
-        """The options as given, ``MULTIHOST_CHECK_JIT`` (and the control variables) read;
+        """The options as given, ``MULTIHOST_CHECK_JIT`` (and the control and dump variables) read;
         ``timeout`` checked."""
         env = os.environ.get('MULTIHOST_CHECK_JIT', '').strip().lower()
         if timeout is not None:
@@ -47,11 +51,13 @@ class InstallOptions:
                 raise ValueError(f'install timeout must be positive seconds, got {timeout!r}')
         control_file = control_file or os.environ.get('MULTIHOST_CONTROL_FILE') or None
         control_address = control_address or os.environ.get('MULTIHOST_CONTROL_ADDRESS') or None
+        dump_dir = dump_dir or os.environ.get('MULTIHOST_DUMP_DIR', '').strip() or None
         return cls(
             check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'),
             timeout=timeout,
             control_file=os.path.abspath(control_file) if control_file else None,
             control_address=control_address,
+            dump_dir=os.path.abspath(dump_dir) if dump_dir else None,
         )
 
     def wait(self, default: float) -> float:

@@ -1,11 +1,13 @@
 """``python -m multihost run``: an unmodified program, with `multihost.install` applied first.
 
     python -m multihost run [--check-jit] [--timeout S] [--control-file PATH]
-                            [--control-address HOST] SCRIPT [ARGS...]
+                            [--control-address HOST] [--dump-dir DIR] SCRIPT [ARGS...]
     python -m multihost run [OPTIONS] -m MODULE [ARGS...]
 
 ``--control-file PATH``: process 0 serves the control endpoint and writes its
 connection file there (``mhnotebook.attach(PATH)``; see `_attach`).
+``--dump-dir DIR``: each host writes ``DIR/process-<i>.json`` when something
+goes wrong (`_dump`); ``python -m multihost analyze DIR`` reads them.
 
 Installs, then runs the program as ``__main__`` the way ``python SCRIPT`` /
 ``python -m MODULE`` would (`runpy`): the same ``sys.argv`` (the program's),
@@ -26,11 +28,17 @@ import sys
 
 USAGE = (
     'usage: python -m multihost run [--check-jit] [--timeout S] [--control-file PATH]\n'
-    '                               [--control-address HOST] SCRIPT [ARGS...]\n'
+    '                               [--control-address HOST] [--dump-dir DIR] SCRIPT [ARGS...]\n'
     '       python -m multihost run [OPTIONS] -m MODULE [ARGS...]'
+    '\n(--dump-dir DIR: each host writes DIR/process-<i>.json when something goes wrong;'
+    ' read them with python -m multihost analyze DIR)'
 )
 #: Options taking a string value -> the `install` keyword they set.
-_STRINGS = {'--control-file': 'control_file', '--control-address': 'control_address'}
+_STRINGS = {
+    '--control-file': 'control_file',
+    '--control-address': 'control_address',
+    '--dump-dir': 'dump_dir',
+}
 
 
 class UsageError(Exception):

@@ -1,0 +1,281 @@
+"""``python -m multihost analyze DIR...``: the verdict from the dumps a job left (pure functions).
+
+`analyze` turns `_dumpfile.Dump` s into a frozen `Verdict`; `Verdict.lines`
+says it in at most `MAX_LINES` lines at any number of hosts (hosts grouped as
+ranges). The culprit is a host whose position is *behind* or *different*
+(it never reached the collective the others wait in, or called another one
+there), never the one that wrote first: a host that dumped because its
+timeout fired is healthy when it stands where the rest stand.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+from collections.abc import Iterable, Sequence
+
+from multihost._job._dumpfile import Dump, DumpFormatError, read_dirs
+from multihost._recorder import FlightRecord
+from multihost._text import fmt_duration, fmt_hosts, short_site
+
+MAX_LINES = 20
+MAX_GROUPS = 5  # positions shown; more are counted on one line
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Hosts at one position: ``what`` in words, for at most ``since`` seconds at their dumps."""
+
+    processes: tuple[int, ...]
+    what: str
+    since: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What the dumps say.
+
+    Attributes:
+        num_processes: the job's size (the largest ``num_processes`` of the dumps).
+        dumped: processes with a dump.
+        missing: processes without one (``no dump from process 7``).
+        gone: process -> why another host's dump says it is gone.
+        triggers: trigger -> the processes that dumped for it.
+        target: where the leading hosts wait (the record label), or empty.
+        waiting: the hosts waiting at ``target``.
+        behind: hosts that never arrived at ``target``, grouped by where they are.
+        mismatches: for a mismatch: each distinct call and who made it.
+        elsewhere: the other positions (hosts not waiting, not behind).
+        straggler: the host furthest behind, or None.
+        straggler_why: why it is the straggler.
+    """
+
+    num_processes: int
+    dumped: tuple[int, ...]
+    missing: tuple[int, ...]
+    gone: dict[int, str]
+    triggers: dict[str, tuple[int, ...]]
+    target: str = ''
+    waiting: Group | None = None
+    behind: tuple[Group, ...] = ()
+    mismatches: tuple[Group, ...] = ()
+    elsewhere: tuple[Group, ...] = ()
+    straggler: int | None = None
+    straggler_why: str = ''
+
+    @property
+    def culprits(self) -> tuple[int, ...]:
+        """The hosts behind or different (never one that is where the others are)."""
+        out = {p for g in self.behind for p in g.processes}
+        if self.mismatches:
+            minority = sorted(self.mismatches, key=lambda g: len(g.processes))[:-1]
+            out.update(p for g in minority for p in g.processes)
+        return tuple(sorted(out))
+
+    def lines(self) -> list[str]:
+        return format_verdict(self)
+
+    def __str__(self) -> str:
+        return '\n'.join(self.lines())
+
+
+def _key_of(rec: FlightRecord) -> tuple[str, str, int | None, int]:
+    return (rec.kind, rec.name, rec.seq, rec.call)
+
+
+def _position(d: Dump) -> tuple[str, float | None]:
+    f = d.front
+    if f.pending is not None and f.waiting is None:
+        return (
+            f'inside {f.pending.label} at {short_site(f.pending.site)} (not done on device)',
+            f.pending_age,
+        )
+    where = f.where or (d.stacks.where if d.stacks is not None else '')
+    if f.activity:
+        return f.activity, f.idle
+    last = f' (last {f.last.label})' if f.last is not None else ''
+    return f'in user code at {where or "?"}{last}', f.idle
+
+
+def _at(d: Dump) -> tuple[FlightRecord | None, float]:
+    """The record ``d``'s main thread waits in (or, for a timeout or mismatch dump, the one
+    that just failed there), and for how long (seconds, at the dump)."""
+    f = d.front
+    if f.waiting is not None:
+        return f.waiting, f.waiting_for
+    last = next((r for r in reversed(d.records) if not r.thread), None)
+    if d.trigger in ('timeout', 'mismatch') and last is not None and last.state == 'failed':
+        return last, max(0.0, d.trigger_time - last.time)
+    return None, 0.0
+
+
+def _target(dumps: Sequence[Dump]) -> FlightRecord | None:
+    """The record the most advanced group waits in (highest sequence number, most hosts)."""
+    counts: collections.Counter[tuple[str, str, int | None, int]] = collections.Counter()
+    recs: dict[tuple[str, str, int | None, int], FlightRecord] = {}
+    for d in dumps:
+        w = _at(d)[0]
+        if w is not None:
+            k = _key_of(w)
+            counts[k] += 1
+            recs.setdefault(k, w)
+    if not counts:
+        return None
+    best = max(counts, key=lambda k: (k[2] if k[2] is not None else -1, counts[k]))
+    return recs[best]
+
+
+def _mismatch_groups(dumps: Sequence[Dump]) -> tuple[Group, ...]:
+    """From the mismatch triggers' details: each distinct call (describe) and its processes."""
+    calls: dict[str, set[int]] = collections.defaultdict(set)
+    for d in dumps:
+        if d.trigger != 'mismatch':
+            continue
+        for p, c in dict(d.details.get('calls') or {}).items():
+            calls[str(c.get('describe', c)) if isinstance(c, dict) else str(c)].add(int(p))
+    return tuple(
+        Group(tuple(sorted(ps)), what)
+        for what, ps in sorted(calls.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    )
+
+
+def _grouped(items: Iterable[tuple[int, str, float | None]]) -> tuple[Group, ...]:
+    by: dict[str, list[tuple[int, float | None]]] = collections.defaultdict(list)
+    for p, what, since in items:
+        by[what].append((p, since))
+    groups = []
+    for what, members in by.items():
+        times = [s for _, s in members if s is not None]
+        groups.append(Group(tuple(sorted(p for p, _ in members)), what, max(times, default=None)))
+    return tuple(sorted(groups, key=lambda g: (-len(g.processes), g.processes[0])))
+
+
+def analyze(dumps: Sequence[Dump]) -> Verdict:
+    """The verdict of ``dumps`` (one per process; `_dumpfile.read_dirs`)."""
+    if not dumps:
+        raise DumpFormatError('no dump files (process-*.json) in the directories given')
+    n = max(d.num_processes for d in dumps)
+    dumped = tuple(sorted(d.process for d in dumps))
+    missing = tuple(sorted(set(range(n)) - set(dumped)))
+    gone: dict[int, str] = {}
+    triggers: dict[str, list[int]] = collections.defaultdict(list)
+    said_missing: set[int] = set()
+    for d in dumps:
+        triggers[d.trigger].append(d.process)
+        for p, why in d.gone.items():
+            gone.setdefault(p, why)
+        if d.trigger == 'timeout':
+            said_missing.update(int(p) for p in d.details.get('missing') or ())
+    target = _target(dumps)
+    waiting_at: list[tuple[int, str, float | None]] = []
+    behind: list[tuple[int, str, float | None]] = []
+    elsewhere: list[tuple[int, str, float | None]] = []
+    lag: dict[int, int] = {}
+    for d in dumps:
+        f = d.front
+        at, waited = _at(d)
+        if target is not None and at is not None and _key_of(at) == _key_of(target):
+            waiting_at.append((d.process, target.label, waited))
+            continue
+        what, since = _position(d)
+        last_seq = f.last_collective.seq if f.last_collective is not None else None
+        is_behind = target is not None and (
+            target.seq is None or last_seq is None or last_seq < target.seq
+        )
+        is_behind = is_behind or d.process in said_missing
+        if is_behind:
+            last = f'last at {f.last.label}' if f.last is not None else 'no recorded call yet'
+            behind.append((d.process, f'{last}, now {what}', since))
+            lag[d.process] = last_seq if last_seq is not None else -1
+        else:
+            elsewhere.append((d.process, what, since))
+    for p in sorted(said_missing - set(dumped)):
+        behind.append((p, 'no dump (the others timed out waiting for it)', None))
+        lag.setdefault(p, -2)
+    if target is not None and not behind:  # the hosts without a dump are not where the rest are
+        for p in missing:
+            why = f'gone ({gone[p]})' if p in gone else 'no dump'
+            behind.append((p, why, None))
+            lag.setdefault(p, -2)
+    waiting = _grouped(waiting_at)
+    straggler, why = None, ''
+    if lag:
+        straggler = min(lag, key=lambda p: (lag[p], p))
+        why = 'furthest behind' + (
+            f' (its last collective #{lag[straggler]})' if lag[straggler] >= 0 else ''
+        )
+    return Verdict(
+        num_processes=n,
+        dumped=dumped,
+        missing=missing,
+        gone=gone,
+        triggers={k: tuple(sorted(v)) for k, v in sorted(triggers.items())},
+        target=target.describe() if target is not None else '',
+        waiting=waiting[0] if waiting else None,
+        behind=_grouped(behind),
+        mismatches=_mismatch_groups(dumps),
+        elsewhere=_grouped(elsewhere),
+        straggler=straggler,
+        straggler_why=why,
+    )
+
+
+def _since(g: Group) -> str:
+    return f' (for {fmt_duration(g.since)})' if g.since is not None else ''
+
+
+def _groups_lines(head: str, groups: Sequence[Group], room: int) -> list[str]:
+    out = [f'{head}{fmt_hosts(g.processes)}: {g.what}{_since(g)}' for g in groups[:room]]
+    if len(groups) > room:
+        rest = [p for g in groups[room:] for p in g.processes]
+        out.append(f'{head}{fmt_hosts(rest)}: {len(groups) - room} more positions')
+    return out
+
+
+def format_verdict(v: Verdict) -> list[str]:
+    """`Verdict` -> at most `MAX_LINES` lines."""
+    why = '; '.join(f'{k}: {fmt_hosts(ps)}' for k, ps in v.triggers.items())
+    lines = [f'{len(v.dumped)} dumps of {v.num_processes} processes (written for {why})']
+    if v.missing:
+        lines.append(f'no dump from {fmt_hosts(v.missing)}')
+    by_reason: dict[str, list[int]] = collections.defaultdict(list)
+    for p, reason in v.gone.items():
+        by_reason[reason].append(p)
+    for reason, ps in sorted(by_reason.items())[:2]:
+        lines.append(f'gone, say the others: {fmt_hosts(ps)}: {reason}')
+    if v.culprits:
+        lines.append(f'culprit: {fmt_hosts(v.culprits)}')
+    if v.waiting is not None:
+        lines.append(f'{fmt_hosts(v.waiting.processes)} wait in {v.target}{_since(v.waiting)}')
+    elif v.target:
+        lines.append(f'the furthest hosts are in {v.target}')
+    if v.behind:
+        lines += _groups_lines('never arrived there: ', v.behind, MAX_GROUPS)
+    if v.mismatches:
+        lines.append("mismatch, each side's call:")
+        lines += _groups_lines('  ', v.mismatches, 4)
+    if v.elsewhere:
+        lines += _groups_lines('', v.elsewhere, max(1, MAX_LINES - len(lines) - 2))
+    if v.straggler is not None:
+        lines.append(f'straggler: process {v.straggler} ({v.straggler_why})')
+    if len(lines) > MAX_LINES:
+        lines = lines[: MAX_LINES - 1] + [f'... {len(lines) - MAX_LINES + 1} more lines']
+    return lines
+
+
+USAGE = 'usage: python -m multihost analyze DIR [DIR...]'
+
+
+def main(argv: list[str]) -> int:
+    """Prints the verdict of the dumps in the directories; 2 on bad usage or files."""
+    if not argv or argv[0] in ('-h', '--help'):
+        print(USAGE, file=sys.stderr)
+        return 0 if argv else 2
+    try:
+        verdict = analyze(read_dirs(argv))
+    except DumpFormatError as exc:
+        print(f'python -m multihost analyze: {exc}', file=sys.stderr)
+        return 2
+    print(verdict)
+    return 0

@@ -1,0 +1,218 @@
+"""Writing this host's dump (`_dumpfile` format) when something went wrong, and asking the others.
+
+`configure` sets the directory (``install(dump_dir=...)``, ``--dump-dir``,
+``MULTIHOST_DUMP_DIR``); without one nothing is ever written. `dump` builds
+the document from this host's own state only (flight records, every
+thread's stack, the wavefront position): it never waits on another host and
+never raises (a dump that cannot be written prints one line to stderr).
+`request_all` asks every other host's debug thread (`_bus`, command
+``dump``) to write its own, from a background thread, bounded by a timeout:
+the processes that do not answer are written into this host's dump as gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from multihost import _recorder
+from multihost._debug import _stacks, _wavefront
+from multihost._exchange import _bus, _kv
+from multihost._job import _dumpfile
+
+#: A host asked to dump by another that wrote its own less than this long ago keeps it.
+QUIET_S = 20.0
+#: How long the dump request waits for the other hosts' answers.
+REQUEST_TIMEOUT_S = 10.0
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.directory: str | None = None
+        self.last_written = 0.0
+        self.last_doc: dict[str, Any] | None = None
+        self.requested = False  # this host asked the others already (once per process)
+        self.writes = 0
+        self.errors: set[int] = set()  # ids of errors already dumped (not again at exit)
+
+
+_state = _State()
+
+
+def already_dumped(exc: BaseException) -> bool:
+    """Whether ``exc`` was dumped where it was raised (the excepthook does not dump it again)."""
+    return id(exc) in _state.errors
+
+
+def configure(directory: str | None) -> None:
+    """Dumps go to ``directory`` from now on (None: no dumps)."""
+    _state.directory = os.path.abspath(directory) if directory else None
+
+
+def directory() -> str | None:
+    return _state.directory
+
+
+def _process() -> tuple[int, int]:
+    try:
+        return _kv.process_index(), _kv.process_count()
+    except Exception:
+        return 0, 1
+
+
+def _jax_version() -> str:
+    jax = sys.modules.get('jax')
+    return str(getattr(jax, '__version__', '')) if jax is not None else ''
+
+
+def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """This host's dump document (`_dumpfile` format, without ``format`` / ``version``)."""
+    pid, n = _process()
+    now = time.time()
+    records = _recorder.snapshot(pid)
+    front = _wavefront.front(pid)
+    stacks = _stacks.capture(pid)
+    return {
+        'process': pid,
+        'num_processes': n,
+        'pid': os.getpid(),
+        'hostname': socket.gethostname(),
+        'jax_version': _jax_version(),
+        'python': sys.version.split()[0],
+        'written': now,
+        'trigger': {'what': what, 'time': now, 'details': dict(details or {})},
+        'front': json.loads(front.to_json()),
+        'stacks': json.loads(stacks.to_json()),
+        'record_fields': list(_dumpfile.RECORD_FIELDS),
+        'records': [list(dataclasses.astuple(r)) for r in records],
+        'gone': {},
+    }
+
+
+def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
+    """Writes this host's dump (``what``: one of `_dumpfile.TRIGGERS`); its path, or None."""
+    d = _state.directory
+    if d is None:
+        return None
+    if what != 'request':
+        _state.last_written = time.time()  # a request arriving meanwhile keeps this one
+    try:
+        doc = document(what, details)
+        with _state.lock:
+            if (
+                what == 'request'
+                and _state.last_doc is not None
+                and (
+                    _state.last_doc['trigger']['what'] != 'request'
+                    and time.time() - _state.last_written < QUIET_S
+                )
+            ):
+                return None  # this host's own trigger wrote meanwhile: keep it
+            path = _dumpfile.write(d, doc)
+            _state.last_written, _state.last_doc = time.time(), doc
+            _state.writes += 1
+        return path
+    except Exception as exc:  # a dump must never take the program down
+        print(f'multihost: could not write the dump to {d}: {exc}', file=sys.stderr)
+        return None
+
+
+def _mark_gone(gone: Mapping[int, str]) -> None:
+    """Rewrites this host's last dump with the processes that did not answer."""
+    d, doc = _state.directory, _state.last_doc
+    if d is None or doc is None or not gone:
+        return
+    doc = {**doc, 'gone': {str(p): w for p, w in gone.items()}}
+    try:
+        with _state.lock:
+            _dumpfile.write(d, doc)
+            _state.last_doc = doc
+    except Exception as exc:
+        print(f'multihost: could not rewrite the dump in {d}: {exc}', file=sys.stderr)
+
+
+def request_all(why: str, *, wait: bool = False) -> threading.Thread | None:
+    """Asks every other host to write its dump (once per process; in a background thread)."""
+    if _state.directory is None or _state.requested:
+        return None
+    client = _kv.client()
+    if client is None:
+        return None
+    _state.requested = True
+
+    def ask() -> None:
+        try:
+            me, n = _process()
+            replies, _ = _bus.command(client, 'dump', REQUEST_TIMEOUT_S, why=why)
+            gone = {
+                p: 'did not answer the dump request (dead, or its debug thread was not running)'
+                for p in range(n)
+                if p not in replies and p != me
+            }
+            _mark_gone(gone)
+        except Exception as exc:
+            print(f'multihost: could not ask the other hosts to dump: {exc}', file=sys.stderr)
+
+    t = threading.Thread(target=ask, name='multihost-dump-request', daemon=True)
+    t.start()
+    if wait:
+        t.join(REQUEST_TIMEOUT_S + 10)
+    return t
+
+
+def _on_request(client: Any, order: dict[str, Any]) -> str:
+    """The ``dump`` command: write this host's dump, unless it wrote one just now."""
+    if _state.directory is None:
+        return json.dumps({'path': None})
+    if order.get('by') == _process()[0] or time.time() - _state.last_written < QUIET_S:
+        return json.dumps({'path': 'kept'})
+    details = {'by': order.get('by'), 'why': order.get('why', '')}
+    return json.dumps({'path': dump('request', details)})
+
+
+_bus.register('dump', _on_request)
+
+
+def error_details(exc: BaseException) -> tuple[str, dict[str, Any]]:
+    """(trigger, details) of a raised timeout or mismatch error."""
+    from multihost._errors import BarrierTimeoutError, CollectiveMismatchError
+
+    details: dict[str, Any] = {'error': type(exc).__name__, 'message': str(exc)[:4000]}
+    if isinstance(exc, BarrierTimeoutError):
+        details.update(
+            name=exc.name,
+            timeout=exc.timeout,
+            missing=list(exc.missing),
+            positions={str(p): _describe(r) for p, r in exc.positions.items()},
+        )
+        return 'timeout', details
+    if isinstance(exc, CollectiveMismatchError):
+        details.update(seq=exc.seq, calls={str(p): _describe(r) for p, r in exc.calls.items()})
+        return 'mismatch', details
+    return 'exception', details
+
+
+def _describe(rec: Any) -> dict[str, Any]:
+    out = {'describe': rec.describe() if hasattr(rec, 'describe') else str(rec)}
+    for f in ('kind', 'name', 'seq', 'site'):
+        if hasattr(rec, f):
+            out[f] = getattr(rec, f)
+    return out
+
+
+def on_error(exc: Exception) -> None:
+    """`_sequence.ERROR_HOOKS`: a checked collective timed out or mismatched."""
+    if _state.directory is None:
+        return
+    what, details = error_details(exc)
+    _state.errors.add(id(exc))
+    dump(what, details)
+    request_all(f'process {_process()[0]}: {what} in {details.get("name", "a collective")}')

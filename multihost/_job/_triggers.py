@@ -1,0 +1,258 @@
+"""What makes a host write its dump (`_dump`): errors, a signal, an uncaught exception, a hang.
+
+`enable` (from `multihost.install` given a dump directory) wires:
+
+- a checked collective or barrier that times out or mismatches
+  (`_sequence.ERROR_HOOKS`, called where the error is raised);
+- the dump signal, `SIGNALS` in order, the first whose handler is still the
+  default (``LocalCluster`` workers give SIGUSR1 to faulthandler: then
+  SIGUSR2; none free: no signal trigger, `signal_used` says None). Python
+  runs a signal handler only when the main thread returns to bytecode, so the
+  C handler's write to a wakeup fd (`signal.set_wakeup_fd`) is read by a
+  watcher thread, which dumps while the main thread is still blocked in
+  native code. A wakeup fd someone else set (asyncio) is kept: then the
+  Python handler alone dumps, when the main thread gets back;
+- an uncaught exception (chains `sys.excepthook` and `threading.excepthook`);
+- the hang watchdog: a host whose main thread has waited longer than
+  ``MULTIHOST_HANG_DUMP_S`` (default `HANG_DEFAULT_S`, below JAX's 100 s
+  heartbeat timeout) in one collective, barrier or launch dumps once and asks
+  every other host to dump (`_dump.request_all`).
+
+- a preemption notice: SIGTERM stays JAX's preemption sync manager's (never
+  replaced, so ``reached_preemption_sync_point`` and orbax's preemption saves
+  work as before); the watchdog reads the notice the manager publishes in the
+  coordination service (`PREEMPTION_KEY`), one non-blocking read every
+  `PREEMPTION_POLL_S` per host (100 reads/s at 1,000 hosts), and every host
+  dumps; sooner when the installed ``reached_preemption_sync_point`` says True
+  (`preempted`, before the program's own preemption save).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from multihost import _jax_adapter, _recorder
+from multihost._exchange import _kv, _sequence
+from multihost._job import _dump
+
+HANG_DEFAULT_S = 60.0
+#: The key JAX's preemption sync manager sets when a task gets SIGTERM (its time).
+PREEMPTION_KEY = 'RECEIVED_PREEMPTION_NOTICE'
+PREEMPTION_POLL_S = 10.0
+SIGNALS = ('SIGUSR1', 'SIGUSR2')
+
+
+class _Wired:
+    def __init__(self) -> None:
+        self.enabled = False
+        self.signum: int | None = None
+        self.watcher_reads = False  # a watcher thread reads the wakeup fd
+        self.prev_excepthook: Any = None
+        self.prev_thread_hook: Any = None
+        self.hang_fired = False
+        self.preempted = False
+        self.exiting = False
+        self.exit_hooked = False  # `_at_exit` registered after JAX's own exit hook
+        self.stop = threading.Event()
+
+
+_w = _Wired()
+
+
+def hang_seconds() -> float:
+    """``MULTIHOST_HANG_DUMP_S`` (seconds; 0 turns the watchdog off)."""
+    raw = os.environ.get('MULTIHOST_HANG_DUMP_S', '').strip()
+    if not raw:
+        return HANG_DEFAULT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(
+            f'MULTIHOST_HANG_DUMP_S must be seconds (0: no hang watchdog), got {raw!r}'
+        ) from None
+    if value < 0:
+        raise ValueError(f'MULTIHOST_HANG_DUMP_S must be >= 0 seconds, got {raw!r}')
+    return value
+
+
+def signal_used() -> int | None:
+    """The dump signal's number, or None (none free, or not enabled)."""
+    return _w.signum
+
+
+def enable(directory: str) -> None:
+    """Dumps go to ``directory``; wires every trigger (idempotent)."""
+    hang = hang_seconds()
+    _dump.configure(directory)
+    if _w.enabled:
+        return
+    _w.enabled = True
+    if _dump.on_error not in _sequence.ERROR_HOOKS:
+        _sequence.ERROR_HOOKS.append(_dump.on_error)
+    _w.prev_excepthook, sys.excepthook = sys.excepthook, _excepthook
+    _w.prev_thread_hook, threading.excepthook = threading.excepthook, _thread_hook
+    if threading.current_thread() is threading.main_thread():
+        _wire_signal()
+    threading.Thread(
+        target=_watchdog, args=(hang,), name='multihost-hang-watchdog', daemon=True
+    ).start()
+
+
+def disable() -> None:
+    """Unwires what `enable` wired (the signal keeps our handler's no-op if not main thread)."""
+    if not _w.enabled:
+        return
+    _w.enabled = False
+    _w.stop.set()
+    _dump.configure(None)
+    if _dump.on_error in _sequence.ERROR_HOOKS:
+        _sequence.ERROR_HOOKS.remove(_dump.on_error)
+    if sys.excepthook is _excepthook:
+        sys.excepthook = _w.prev_excepthook
+    if threading.excepthook is _thread_hook:
+        threading.excepthook = _w.prev_thread_hook
+    _w.stop = threading.Event()
+
+
+def _excepthook(tp: Any, value: Any, tb: Any) -> None:
+    if not issubclass(tp, (KeyboardInterrupt, SystemExit)) and not _dump.already_dumped(value):
+        _dump.dump('exception', _exception_details(tp, value, tb, 'MainThread'))
+    (_w.prev_excepthook or sys.__excepthook__)(tp, value, tb)
+
+
+def _thread_hook(args: Any) -> None:
+    if args.exc_type is not SystemExit and not _dump.already_dumped(args.exc_value):
+        name = args.thread.name if args.thread is not None else ''
+        _dump.dump(
+            'exception', _exception_details(args.exc_type, args.exc_value, args.exc_traceback, name)
+        )
+    (_w.prev_thread_hook or threading.__excepthook__)(args)
+
+
+def _exception_details(tp: Any, value: Any, tb: Any, thread: str) -> dict[str, Any]:
+    frames = traceback.extract_tb(tb)[-30:] if tb is not None else []
+    return {
+        'error': getattr(tp, '__name__', str(tp)),
+        'message': str(value)[:4000],
+        'thread': thread,
+        'traceback': [[f.filename, f.lineno or 0, f.name, f.line or ''] for f in frames],
+    }
+
+
+def _wire_signal() -> None:
+    for name in SIGNALS:
+        signum = getattr(signal, name, None)
+        if signum is None or signal.getsignal(signum) is not signal.SIG_DFL:
+            continue  # taken (faulthandler's C handler reads as None), or no such signal
+        signal.signal(signum, _on_signal)
+        _w.signum = signum
+        break
+    if _w.signum is None:
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:
+        old = -2
+    if old != -1:  # someone else's wakeup fd: keep it; the Python handler alone dumps
+        if old >= 0:
+            signal.set_wakeup_fd(old)
+        os.close(r)
+        os.close(w)
+        return
+    _w.watcher_reads = True
+    threading.Thread(target=_watch_fd, args=(r,), name='multihost-dump-signal', daemon=True).start()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if not _w.watcher_reads:
+        _dump.dump('signal', {'signal': signal.Signals(signum).name})
+
+
+def _watch_fd(fd: int) -> None:
+    while True:
+        try:
+            data = os.read(fd, 512)
+        except OSError:
+            return
+        if not data:
+            return
+        if _w.signum is not None and _w.signum in data and _dump.directory() is not None:
+            _dump.dump('signal', {'signal': signal.Signals(_w.signum).name})
+
+
+def _stuck() -> _recorder.FlightRecord | None:
+    """The main thread's open record: waiting at a check, or inside a launch that has not
+    returned."""
+    records = _recorder.snapshot(0, _recorder.RECENT)
+    main = next((r for r in reversed(records) if not r.thread), None)
+    if main is None:
+        return None
+    return main if main.state == _recorder.WAITING else None
+
+
+def _preempted(next_poll: float) -> float:
+    """Reads JAX's preemption notice when due (dumps once); returns the next poll time."""
+    now = time.monotonic()
+    if _w.preempted or now < next_poll or _w.exiting:
+        return next_poll
+    if _jax_adapter.preemption_sync_manager() is None:
+        return now + PREEMPTION_POLL_S
+    client = _jax_adapter.client()
+    if client is None:
+        return now + PREEMPTION_POLL_S
+    if not _w.exit_hooked:  # after JAX's initialize: our hook runs before its shutdown
+        _w.exit_hooked = True
+        atexit.register(_at_exit)
+    try:
+        notice = _kv.get(client, PREEMPTION_KEY)
+    except Exception:  # the service is going away
+        return now + PREEMPTION_POLL_S
+    if notice is None:
+        return now + PREEMPTION_POLL_S
+    _w.preempted = True
+    _dump.dump('preemption', {'notice': str(notice)})
+    return now + PREEMPTION_POLL_S
+
+
+def preempted(step: int) -> None:
+    """``reached_preemption_sync_point(step)`` said True: dump (once), before the program saves."""
+    if _w.preempted or _dump.directory() is None:
+        return
+    _w.preempted = True
+    _dump.dump('preemption', {'sync_point': step})
+
+
+def _at_exit() -> None:
+    _w.exiting = True
+    _w.stop.set()
+
+
+def _watchdog(hang: float) -> None:
+    period = min(5.0, max(0.2, hang / 4)) if hang > 0 else 5.0
+    stop = _w.stop
+    next_poll = 0.0
+    while not stop.wait(period):
+        if _dump.directory() is None:
+            continue
+        next_poll = _preempted(next_poll)
+        if hang <= 0 or _w.hang_fired:
+            continue
+        rec = _stuck()
+        if rec is None:
+            continue
+        waited = time.time() - rec.time
+        if waited < hang:
+            continue
+        _w.hang_fired = True
+        details = {'record': rec.label, 'site': rec.site, 'waited': waited, 'limit': hang}
+        _dump.dump('hang', details)
+        _dump.request_all(f'hang: waited {waited:.0f} s in {rec.label}')

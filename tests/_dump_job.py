@@ -1,0 +1,54 @@
+"""A plain JAX job for the dump tests (imports nothing of multihost: run it under
+``python -m multihost run --dump-dir DIR``). What it does is set by ``MODE``:
+
+- ``loop``: ``STEPS`` barriers, 0.1 s apart (the dump signal test);
+- ``preempt``: steps until `reached_preemption_sync_point` is True (after a SIGTERM);
+- ``raise``: an uncaught ValueError after a barrier;
+- ``clean``: a few barriers, exits 0;
+- ``late``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``ckpt``, the others
+  wait there (a timeout, or a kill of that process, is the test's to make).
+"""
+
+import os
+import sys
+import time
+
+import jax
+
+jax.config.update('jax_platforms', 'cpu')
+if os.environ.get('RECOVERABLE'):
+    jax.config.update('jax_enable_recoverability', True)
+jax.distributed.initialize(
+    coordinator_address=os.environ['COORDINATOR_ADDRESS'],
+    num_processes=int(os.environ['NUM_PROCESSES']),
+    process_id=int(os.environ['PROCESS_ID']),
+)
+from jax.experimental import multihost_utils  # noqa: E402
+
+pid = jax.process_index()
+mode = os.environ['MODE']
+multihost_utils.sync_global_devices('start')
+print('started', flush=True)
+if mode == 'loop':
+    for i in range(int(os.environ.get('STEPS', '100'))):
+        multihost_utils.sync_global_devices(f'step {i}')
+        time.sleep(0.1)
+elif mode == 'preempt':  # until JAX's preemption sync point says so (a SIGTERM somewhere)
+    for step in range(600):
+        if multihost_utils.reached_preemption_sync_point(step):
+            print(f'sync point at {step}', flush=True)
+            break
+        time.sleep(0.05)
+elif mode == 'raise':
+    multihost_utils.sync_global_devices('before')
+    raise ValueError(f'bad batch on process {pid}')
+elif mode == 'clean':
+    for i in range(3):
+        multihost_utils.sync_global_devices(f'step {i}')
+elif mode == 'late':
+    multihost_utils.sync_global_devices('before')
+    if pid == int(os.environ['LATE']):
+        time.sleep(float(os.environ['SLEEP']))
+    multihost_utils.sync_global_devices('ckpt')
+print('done', flush=True)
+sys.stdout.flush()

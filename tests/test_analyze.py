@@ -1,0 +1,81 @@
+"""``python -m multihost analyze`` on 1,000 synthetic dumps: bounded, and names the right hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from multihost._job import _analyze, _dumpfile
+from tests import _dump_cases
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_1000_dumps_verdict_fits_20_lines_and_names_the_hosts_behind() -> None:
+    dumps = [_dumpfile.parse(d) for d in _dump_cases.job_dumps(1000)]
+    verdict = _analyze.analyze(dumps)
+    lines = verdict.lines()
+    text = '\n'.join(lines)
+    assert len(lines) <= _analyze.MAX_LINES, text
+    assert verdict.missing == (7,) and 'no dump from process 7' in text
+    # the hosts that dumped at their timeout are healthy: only the ones behind are culprits
+    assert verdict.culprits == (7, 500, 501), text
+    assert 'culprit: processes 7, 500-501' in text
+    assert "wait in barrier('ckpt') #412" in text
+    assert 'data.py:88 in load' in text
+    assert verdict.straggler == 7  # no dump at all: furthest behind as far as anyone knows
+
+
+def test_cli_reads_several_dirs_and_refuses_bad_files(tmp_path: Any) -> None:
+    a, b = tmp_path / 'a', tmp_path / 'b'
+    docs = _dump_cases.job_dumps(8)
+    for d in docs:
+        _dumpfile.write(str(a if d['process'] < 4 else b), d)
+    run = [sys.executable, '-m', 'multihost', 'analyze']
+    env = {**os.environ, 'PYTHONPATH': ROOT}
+    ok = subprocess.run([*run, str(a), str(b)], env=env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and 'no dump from process 7' in ok.stdout, ok
+    (a / 'process-9.json').write_text(json.dumps({'format': 'multihost-dump', 'version': 2}))
+    bad = subprocess.run([*run, str(a)], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad
+    assert 'version 2' in bad.stderr
+    none = subprocess.run(
+        [*run, str(tmp_path / 'x')], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert none.returncode == 2 and 'no such directory' in none.stderr
+
+
+@pytest.mark.parametrize('size', [60_000])
+def test_a_dump_too_big_is_trimmed_oldest_records_first(size: int) -> None:
+    doc = _dump_cases.doc(3, 8)
+    doc['records'] = doc['records'] * 40
+    text = _dumpfile.encode(doc, size)
+    assert len(text.encode()) <= size
+    got = json.loads(text)
+    assert got['trimmed']['records'] > 0 and got['records'][-1] == doc['records'][-1]
+
+
+def test_a_mismatch_names_each_sides_call_and_the_minority_as_culprit() -> None:
+    docs = _dump_cases.job_dumps(8)
+
+    def call(p: int) -> str:
+        name, line = ('eval', 41) if p == 5 else ('ckpt', 40)
+        return f"barrier('{name}') #412 at train.py:{line}"
+
+    calls = {str(p): {'describe': call(p)} for p in range(8)}
+    for d in docs:
+        d['trigger'] = {
+            'what': 'mismatch',
+            'time': d['written'],
+            'details': {'seq': 412, 'calls': calls},
+        }
+    verdict = _analyze.analyze([_dumpfile.parse(d) for d in docs])
+    text = str(verdict)
+    assert 5 in verdict.culprits and "process 5: barrier('eval') #412 at train.py:41" in text, text
+    assert "processes 0-4, 6-7: barrier('ckpt') #412 at train.py:40" in text, text
+    assert len(text.splitlines()) <= _analyze.MAX_LINES

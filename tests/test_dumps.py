@@ -1,0 +1,230 @@
+"""Dumps and ``python -m multihost analyze`` on real processes (issue 20, items 2-4).
+
+`_dump_job.py` (plain JAX, nothing of multihost) is launched the way a
+scheduler does: plain processes under ``python -m multihost run --dump-dir
+DIR``, the coordinator address and process index in the environment. Every
+wait is bounded; every process is killed at the end whatever happened.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from multihost._job import _analyze, _dumpfile
+from multihost.local import free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+JOB = os.path.join(HERE, '_dump_job.py')
+N = 4
+TIMEOUT = 90.0
+
+pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
+
+
+class Job:
+    def __init__(self, tmp: str, n: int, *run_args: str, **env: str) -> None:
+        self.dir = os.path.join(tmp, 'dumps')
+        base = {k: v for k, v in os.environ.items() if not k.startswith('MULTIHOST_')}
+        base.update(
+            PYTHONPATH=ROOT,
+            JAX_PLATFORMS='cpu',
+            COORDINATOR_ADDRESS=f'127.0.0.1:{free_port()}',
+            NUM_PROCESSES=str(n),
+            **env,
+        )
+        command = [sys.executable, '-m', 'multihost', 'run', '--dump-dir', self.dir, *run_args]
+        self.procs = [
+            subprocess.Popen(
+                [*command, JOB],
+                env={**base, 'PROCESS_ID': str(p)},
+                cwd=tmp,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for p in range(n)
+        ]
+
+    def wait_started(self) -> None:
+        for p in self.procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()  # bounded by the test's kill in `finish`
+            assert line.strip() == 'started', (line, self.finish())
+
+    def dumps(self, count: int, timeout: float = 45.0) -> list[_dumpfile.Dump]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(glob.glob(os.path.join(self.dir, 'process-*.json'))) >= count:
+                time.sleep(0.5)  # a rewrite (gone processes) may follow the first write
+                return _dumpfile.read_dirs([self.dir])
+            time.sleep(0.2)
+        raise AssertionError(f'fewer than {count} dumps in {timeout} s: {os.listdir(self.dir)}')
+
+    def finish(self, timeout: float = TIMEOUT) -> list[tuple[int, str, str]]:
+        deadline = time.monotonic() + timeout
+        out = []
+        for p in self.procs:
+            try:
+                stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                stdout, stderr = p.communicate(timeout=10)
+            out.append((p.returncode, stdout, stderr))
+        return out
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait(timeout=10)
+
+
+@pytest.fixture
+def job(tmp_path: Any) -> Iterator[Any]:
+    made: list[Job] = []
+
+    def start(n: int, *run_args: str, **env: str) -> Job:
+        made.append(Job(str(tmp_path), n, *run_args, **env))
+        return made[-1]
+
+    yield start
+    for j in made:
+        j.kill_all()
+
+
+def test_a_clean_run_writes_nothing(job: Any) -> None:
+    j = job(2, MODE='clean')
+    results = j.finish()
+    assert [rc for rc, _, _ in results] == [0, 0], results
+    assert not os.path.exists(j.dir) or os.listdir(j.dir) == []
+
+
+def test_an_uncaught_exception_dumps_and_still_prints_its_traceback(job: Any) -> None:
+    j = job(2, MODE='raise')
+    results = j.finish()
+    assert [rc for rc, _, _ in results] == [1, 1], results
+    assert all('ValueError: bad batch on process' in err for _, _, err in results)
+    dumps = _dumpfile.read_dirs([j.dir])
+    assert [(d.process, d.trigger) for d in dumps] == [(0, 'exception'), (1, 'exception')]
+    assert dumps[1].details['message'] == 'bad batch on process 1'
+    assert dumps[1].details['traceback'][-1][0] == JOB
+
+
+def test_the_dump_signal_makes_every_process_dump_while_the_job_goes_on(job: Any) -> None:
+    j = job(N, MODE='loop', STEPS='50')
+    j.wait_started()
+    time.sleep(1.0)
+    for p in j.procs:
+        p.send_signal(signal.SIGUSR1)
+    dumps = j.dumps(N)
+    assert [p.poll() for p in j.procs] == [None] * N, 'the job must go on after dumping'
+    assert [d.process for d in dumps] == list(range(N))
+    for d in dumps:
+        assert d.trigger == 'signal' and d.details == {'signal': 'SIGUSR1'}
+        assert d.num_processes == N and d.pid == j.procs[d.process].pid
+        assert any(r.kind == 'barrier' and r.name.startswith('step ') for r in d.records)
+        assert d.stacks.threads[0].main  # user frames first: the main thread leads
+        assert d.jax_version
+    results = j.finish()
+    assert [rc for rc, _, _ in results] == [0] * N, [e[-2000:] for _, _, e in results]
+
+
+def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
+    j = job(N, '--timeout', '4', MODE='late', LATE='2', SLEEP='10')
+    j.wait_started()
+    dumps = j.dumps(N)
+    deadline = time.monotonic() + 20  # a host asked first rewrites its dump at its own timeout
+    while time.monotonic() < deadline and [d.trigger for d in dumps].count('timeout') < 3:
+        time.sleep(0.3)
+        dumps = _dumpfile.read_dirs([j.dir])
+    by = {d.process: d for d in dumps}
+    assert {by[p].trigger for p in (0, 1, 3)} == {'timeout'}, [d.trigger for d in dumps]
+    assert by[0].details['missing'] == [2]
+    assert by[2].trigger == 'request'  # asked by the others while it slept
+    verdict = _analyze.analyze(dumps)
+    assert verdict.culprits == (2,) and verdict.straggler == 2
+    text = str(verdict)
+    assert 'culprit: process 2' in text and "barrier('ckpt')" in text, text
+    assert len(text.splitlines()) <= _analyze.MAX_LINES
+    cli = subprocess.run(
+        [sys.executable, '-m', 'multihost', 'analyze', j.dir],
+        env={**os.environ, 'PYTHONPATH': ROOT},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 0 and 'culprit: process 2' in cli.stdout, cli
+
+
+def test_a_preemption_notice_dumps_and_the_sync_point_still_works(job: Any) -> None:
+    j = job(2, MODE='preempt')
+    j.wait_started()
+    time.sleep(1.0)
+    j.procs[1].send_signal(signal.SIGTERM)  # JAX's preemption notifier's: chained, not replaced
+    results = j.finish()
+    assert [rc for rc, _, _ in results] == [0, 0], [e[-2000:] for _, _, e in results]
+    points = {out.strip().splitlines()[-2] for _, out, _ in results}
+    assert len(points) == 1 and next(iter(points)).startswith('sync point at '), results
+    points_at = next(iter(points)).rsplit(' ', 1)[1]
+    dumps = _dumpfile.read_dirs([j.dir])
+    assert [(d.process, d.trigger) for d in dumps] == [(0, 'preemption'), (1, 'preemption')]
+    assert {d.details['sync_point'] for d in dumps} == {int(points_at)}
+
+
+def test_kill_9_of_process_3_the_others_say_it_is_gone(job: Any) -> None:
+    j = job(N, MODE='late', LATE='3', SLEEP='60', RECOVERABLE='1', MULTIHOST_HANG_DUMP_S='4')
+    j.wait_started()
+    time.sleep(1.5)  # everyone past 'before': process 3 sleeps, the others wait in 'ckpt'
+    j.procs[3].send_signal(signal.SIGKILL)
+    j.procs[3].wait(timeout=10)
+    dumps = j.dumps(N - 1, timeout=60)
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and not all(
+        3 in d.gone for d in dumps if d.trigger == 'hang'
+    ):
+        time.sleep(0.5)
+        dumps = _dumpfile.read_dirs([j.dir])
+    assert [d.process for d in dumps] == [0, 1, 2]
+    hang = [d for d in dumps if d.trigger == 'hang']
+    assert hang and all(3 in d.gone for d in hang), [(d.trigger, d.gone) for d in dumps]
+    text = str(_analyze.analyze(dumps))
+    assert 'no dump from process 3' in text, text
+    assert 'culprit: process 3' in text or 'never arrived' in text, text
+
+
+def test_dump_file_format_round_trip_and_trim(tmp_path: Any) -> None:
+    from multihost import _recorder
+    from multihost._job import _dump
+
+    _recorder.reset()
+    for i in range(_recorder.CAPACITY):
+        e = _recorder.note('barrier', f'step {i}', seq=i, digest='d' * 16, site=f'{__file__}:{i}')
+        _recorder.finished(e, wait=0.01)
+    doc = _dump.document('signal', {'signal': 'SIGUSR1'})
+    text = _dumpfile.encode({'format': _dumpfile.FORMAT, 'version': _dumpfile.VERSION, **doc})
+    size = len(text.encode())
+    print(f'dump size at {_recorder.CAPACITY} records: {size} bytes')
+    assert size < _dumpfile.MAX_BYTES
+    d = _dumpfile.parse(json.loads(text))
+    assert (
+        len(d.records) == _recorder.CAPACITY
+        and d.records[-1].name == f'step {_recorder.CAPACITY - 1}'
+    )
+    small = json.loads(_dumpfile.encode(doc | {'format': 'multihost-dump', 'version': 1}, 60_000))
+    assert small['trimmed']['records'] > 0 and len(small['records']) < _recorder.CAPACITY
+    assert small['records'][-1][2] == f'step {_recorder.CAPACITY - 1}'  # the newest kept
+    with pytest.raises(_dumpfile.DumpFormatError, match='version 99'):
+        _dumpfile.parse({**json.loads(text), 'version': 99}, 'x.json')
+    _recorder.reset()
