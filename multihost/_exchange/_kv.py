@@ -11,6 +11,7 @@ and has a deadline. See docs/ARCHITECTURE.md, "One key-value exchange".
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import queue
 import threading
@@ -42,6 +43,53 @@ PREFIX = 'mh'
 EPOCH = 64
 
 _CHUNK_MARK = '\x00chunks:'
+#: The entry a host that gave up or was interrupted adds to a round's agreement
+#: directory before it writes its verdict: the round is no longer one digest.
+_GAVE_UP = '!'
+
+
+@dataclass
+class Counters:
+    """What this process asked of the coordination service (cheap ints; tests and benches).
+
+    Attributes:
+        rpcs: calls made (sets, gets, directory reads, increments; not barriers).
+        bytes_read: bytes of values (and keys of directory reads) received.
+        values_written: values stored (chunks included).
+        bytes_written: bytes of values stored.
+    """
+
+    rpcs: int = 0
+    bytes_read: int = 0
+    values_written: int = 0
+    bytes_written: int = 0
+
+    def snapshot(self) -> Counters:
+        return Counters(self.rpcs, self.bytes_read, self.values_written, self.bytes_written)
+
+    def since(self, before: Counters) -> Counters:
+        """What was counted after ``before`` (a `snapshot`)."""
+        return Counters(
+            self.rpcs - before.rpcs,
+            self.bytes_read - before.bytes_read,
+            self.values_written - before.values_written,
+            self.bytes_written - before.bytes_written,
+        )
+
+
+#: This process's counts (module-level; read with ``COUNTERS.snapshot()``).
+COUNTERS = Counters()
+
+
+def _count_read(*texts: str | bytes) -> None:
+    COUNTERS.rpcs += 1
+    COUNTERS.bytes_read += sum(len(t) for t in texts)
+
+
+def _count_write(text: str | bytes) -> None:
+    COUNTERS.rpcs += 1
+    COUNTERS.values_written += 1
+    COUNTERS.bytes_written += len(text)
 #: Prefix of a value published by a host held at the step gate: seen, not arrived.
 HELD = '\x01held:'
 
@@ -174,8 +222,10 @@ def put(c: Any, k: str, value: str, *, once: bool = False, inline: int | None = 
     with _rpc(f'writing {k}'):
         value, chunks = layout(value, MAX_BYTES if inline is None else inline, _chunk_root(k))
         for i, chunk in enumerate(chunks):
+            _count_write(chunk)
             c.key_value_set_bytes(f'{_chunk_root(k)}/{i}', chunk, True)
         try:
+            _count_write(value)
             c.key_value_set(k, value, allow_overwrite=not once)
         except Exception as exc:
             if once and classify(exc) == 'exists':
@@ -191,6 +241,8 @@ def _resolve(c: Any, value: str) -> str:
     n, root = value[len(_CHUNK_MARK) :].split(':', 1)
     with _rpc(f'reading {root}'):
         parts = [c.key_value_try_get_bytes(f'{root}/{i}') for i in range(int(n))]
+    for part in parts:
+        _count_read(part)
     return b''.join(parts).decode()
 
 
@@ -200,9 +252,11 @@ def get(c: Any, k: str) -> str | None:
         with _rpc(f'reading {k}'):
             value = c.key_value_try_get(k)
     except Exception as exc:
+        _count_read()
         if classify(exc) == 'missing':
             return None
         raise
+    _count_read(value)
     return _resolve(c, value)
 
 
@@ -223,6 +277,7 @@ def _listing(c: Any, directory: str) -> list[tuple[str, str]]:
     prefix = directory.rstrip('/') + '/'
     with _rpc(f'reading {prefix}'):
         items = c.key_value_dir_get(prefix)
+    _count_read(*(k for k, _ in items), *(v for _, v in items))
     return [(k[len(prefix) :].strip('/'), v) for k, v in items if k.startswith(prefix)]
 
 
@@ -260,9 +315,11 @@ def poll(c: Any, k: str, seconds: float) -> str | None:
         with _rpc(f'waiting for {k}'):
             value = c.blocking_key_value_get(k, max(1, int(seconds * 1000)))
     except Exception as exc:
+        _count_read()
         if classify(exc) == 'timeout':
             return None
         raise
+    _count_read(value)
     return _resolve(c, value)
 
 
@@ -279,6 +336,7 @@ def delete(c: Any, prefix: str) -> None:
 
 def increment(c: Any, k: str, by: int = 1) -> int:
     """Atomically adds ``by`` to the counter ``k``; returns the new value."""
+    COUNTERS.rpcs += 1
     with _rpc(f'counting at {k}'):
         return int(c.key_value_increment(k, by))
 
@@ -378,6 +436,34 @@ class Round:
     def verdict_key(self) -> str:
         return f'{self.data.rstrip("/")}/v/{self.id}'
 
+    @property
+    def agree_dir(self) -> str:
+        """Where hosts create ``<digest>`` keys (first writer wins): one entry = all agree."""
+        return f'{self.name.rstrip("/")}/g'
+
+    def give_up(self, c: Any) -> None:
+        """Marks the round failed for hosts that read only its agreement directory.
+
+        Written before a timeout or interrupted verdict, so that a host which
+        would have seen that verdict in a full read sees two entries and reads
+        in full.
+        """
+        with contextlib.suppress(Exception):
+            put(c, f'{self.agree_dir}/{_GAVE_UP}', '', once=True)
+
+    def agreed(self, c: Any, digest: str) -> bool:
+        """Creates ``digest``'s key (first writer wins; cheap when it exists)."""
+        return put(c, f'{self.agree_dir}/{digest}', '', once=True)
+
+    def one_digest(self, c: Any) -> bool:
+        """One bounded read of the agreement directory: whether it holds exactly one digest."""
+        return len(_listing(c, self.agree_dir)) == 1
+
+
+def agreement(text: str) -> str:
+    """The key-safe digest of what hosts must agree on (`round_`'s ``agree``)."""
+    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
+
     def arrived(self, c: Any) -> dict[int, str]:
         """The values published for this round by hosts that have arrived (not held)."""
         return self.read(c)[0]
@@ -472,6 +558,7 @@ def round_(
     read: bool = False,
     before_arrival: Callable[[], None] | None = None,
     patience: Patience | None = None,
+    agree: str | None = None,
 ) -> tuple[Verdict, dict[int, str]]:
     """Publishes ``value``, waits for every host, returns the shared verdict (and values).
 
@@ -503,6 +590,13 @@ def round_(
             another ``timeout`` passes, ``patience(arrived, waited)`` is told
             and the wait goes on, until every host arrives or another host
             writes a verdict. The service barrier is held `_PATIENT_BARRIER`.
+        agree: what the judge needs to agree on, when equal everywhere means
+            success (`agreement` of it names a key in `Round.agree_dir`,
+            created first-writer-wins). After the barrier a host reads only
+            that directory: one entry is success (O(1) bytes per host, O(N)
+            at the service); more than one (a difference, a failure marked
+            unique, a host that gave up) reads everything and judges as
+            without it. Ignored with ``read``.
 
     Returns:
         ``(verdict, values)``. A failed verdict has been acknowledged by every
@@ -522,6 +616,10 @@ def round_(
         before_arrival()
     if value is not None:
         publish(c, rnd.data, value)
+    if agree is not None and not read:
+        rnd.agreed(c, agreement(agree))
+    else:
+        agree = None
     # The service's barrier outlives this host's own deadline, which decides.
     barrier_for = _PATIENT_BARRIER if patience is not None else timeout + _SERVICE_GRACE
     done = _barrier_in_background(c, f'{rnd.name}/b', barrier_for)
@@ -534,6 +632,8 @@ def round_(
             text = _wait(c, done, deadline, rnd.verdict_key)
         error = done.error
         if text is None and done.is_set() and error is None:  # everyone arrived
+            if agree is not None and rnd.one_digest(c):
+                return Verdict(True, 'ok', {}), {}
             values, text = rnd.read(c)
             if text is None:
                 text = (judge(values) if judge is not None else None) or 'ok'
@@ -545,6 +645,7 @@ def round_(
         if text is None:  # this host's deadline passed, or the barrier was dropped
             text = _timeout_verdict(c, rnd, timeout, on_timeout)
     except KeyboardInterrupt:
+        rnd.give_up(c)
         with contextlib.suppress(Exception):
             put(
                 c,
@@ -594,6 +695,7 @@ def _timeout_verdict(c: Any, rnd: Round, timeout: float, on_timeout: OnTimeout) 
         missing=[p for p in range(process_count()) if p not in arrived],
         **on_timeout(arrived),
     )
+    rnd.give_up(c)
     if not put(c, rnd.verdict_key, mine, once=True):
         return get(c, rnd.verdict_key) or mine
     _drop_stale_verdicts(c, rnd)
