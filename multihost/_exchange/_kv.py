@@ -459,11 +459,6 @@ class Round:
         """One bounded read of the agreement directory: whether it holds exactly one digest."""
         return len(_listing(c, self.agree_dir)) == 1
 
-
-def agreement(text: str) -> str:
-    """The key-safe digest of what hosts must agree on (`round_`'s ``agree``)."""
-    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
-
     def arrived(self, c: Any) -> dict[int, str]:
         """The values published for this round by hosts that have arrived (not held)."""
         return self.read(c)[0]
@@ -482,6 +477,11 @@ def agreement(text: str) -> str:
             if not v.startswith(HELD) and (self.belongs is None or self.belongs(v)):
                 values[int(rest)] = v
         return values, verdict
+
+
+def agreement(text: str) -> str:
+    """The key-safe digest of what hosts must agree on (`round_`'s ``agree``)."""
+    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
 
 
 class _Done:
@@ -596,7 +596,8 @@ def round_(
             that directory: one entry is success (O(1) bytes per host, O(N)
             at the service); more than one (a difference, a failure marked
             unique, a host that gave up) reads everything and judges as
-            without it. Ignored with ``read``.
+            without it. With ``read`` the digest is still written (other
+            hosts may rely on it) but everything is read.
 
     Returns:
         ``(verdict, values)``. A failed verdict has been acknowledged by every
@@ -616,10 +617,8 @@ def round_(
         before_arrival()
     if value is not None:
         publish(c, rnd.data, value)
-    if agree is not None and not read:
+    if agree is not None:  # written with ``read`` too: other hosts may read only digests
         rnd.agreed(c, agreement(agree))
-    else:
-        agree = None
     # The service's barrier outlives this host's own deadline, which decides.
     barrier_for = _PATIENT_BARRIER if patience is not None else timeout + _SERVICE_GRACE
     done = _barrier_in_background(c, f'{rnd.name}/b', barrier_for)
@@ -632,7 +631,7 @@ def round_(
             text = _wait(c, done, deadline, rnd.verdict_key)
         error = done.error
         if text is None and done.is_set() and error is None:  # everyone arrived
-            if agree is not None and rnd.one_digest(c):
+            if agree is not None and not read and rnd.one_digest(c):
                 return Verdict(True, 'ok', {}), {}
             values, text = rnd.read(c)
             if text is None:
