@@ -36,6 +36,10 @@ _LOOK_MAX = 4.0
 #: The service barrier of a patient round (`round_`'s ``patience``): the longest
 #: a barrier can be held (int32 milliseconds, 24.8 days), i.e. as long as any job runs.
 _PATIENT_BARRIER = (2**31 - 1) / 1000
+#: Rounds among more hosts than this agree through one digest key (`round_`'s
+#: ``agree``); up to this many, reading every record (<= ~1 KiB) is cheaper
+#: than the digest's extra RPC on the critical path (docs/SCALE.md).
+DIGEST_ABOVE = 4
 #: Every key `multihost` writes starts with this.
 PREFIX = 'mh'
 #: Rounds are grouped in epochs of this many collectives; process 0 deletes
@@ -597,7 +601,8 @@ def round_(
             at the service); more than one (a difference, a failure marked
             unique, a host that gave up) reads everything and judges as
             without it. With ``read`` the digest is still written (other
-            hosts may rely on it) but everything is read.
+            hosts may rely on it) but everything is read. Used only among
+            more than `DIGEST_ABOVE` hosts.
 
     Returns:
         ``(verdict, values)``. A failed verdict has been acknowledged by every
@@ -617,6 +622,8 @@ def round_(
         before_arrival()
     if value is not None:
         publish(c, rnd.data, value)
+    if agree is not None and process_count() <= DIGEST_ABOVE:
+        agree = None  # few hosts: everyone's records are as small as a digest's read
     if agree is not None:  # written with ``read`` too: other hosts may read only digests
         rnd.agreed(c, agreement(agree))
     # The service's barrier outlives this host's own deadline, which decides.
