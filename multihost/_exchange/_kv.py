@@ -94,6 +94,8 @@ def _count_write(text: str | bytes) -> None:
     COUNTERS.rpcs += 1
     COUNTERS.values_written += 1
     COUNTERS.bytes_written += len(text)
+
+
 #: Prefix of a value published by a host held at the step gate: seen, not arrived.
 HELD = '\x01held:'
 
@@ -615,17 +617,7 @@ def round_(
     """
     start = time.monotonic()
     deadline = start + timeout
-    if before_arrival is not None:
-        # Held at the step gate: visible (the step table shows it) but not arrived.
-        if value is not None:
-            publish(c, rnd.data, HELD + value)
-        before_arrival()
-    if value is not None:
-        publish(c, rnd.data, value)
-    if agree is not None and process_count() <= DIGEST_ABOVE:
-        agree = None  # few hosts: everyone's records are as small as a digest's read
-    if agree is not None:  # written with ``read`` too: other hosts may read only digests
-        rnd.agreed(c, agreement(agree))
+    digests = _arrive(c, rnd, value, before_arrival, agree)
     # The service's barrier outlives this host's own deadline, which decides.
     barrier_for = _PATIENT_BARRIER if patience is not None else timeout + _SERVICE_GRACE
     done = _barrier_in_background(c, f'{rnd.name}/b', barrier_for)
@@ -638,7 +630,7 @@ def round_(
             text = _wait(c, done, deadline, rnd.verdict_key)
         error = done.error
         if text is None and done.is_set() and error is None:  # everyone arrived
-            if agree is not None and not read and rnd.one_digest(c):
+            if digests and not read and rnd.one_digest(c):
                 return Verdict(True, 'ok', {}), {}
             values, text = rnd.read(c)
             if text is None:
@@ -668,6 +660,27 @@ def round_(
         participants = list(range(process_count()))
     ack(c, f'{rnd.name}/ack', [int(p) for p in participants])
     return verdict, values
+
+
+def _arrive(
+    c: Any,
+    rnd: Round,
+    value: str | None,
+    before_arrival: Callable[[], None] | None,
+    agree: str | None,
+) -> bool:
+    """Publishes this host's value (held first, with a step gate) and its digest; whether one."""
+    if before_arrival is not None:
+        # Held at the step gate: visible (the step table shows it) but not arrived.
+        if value is not None:
+            publish(c, rnd.data, HELD + value)
+        before_arrival()
+    if value is not None:
+        publish(c, rnd.data, value)
+    if agree is None or process_count() <= DIGEST_ABOVE:
+        return False  # few hosts: everyone's records are as small as a digest's read
+    rnd.agreed(c, agreement(agree))  # with ``read`` too: other hosts may read only digests
+    return True
 
 
 def _wait(c: Any, done: _Done, deadline: float, verdict_key: str) -> str | None:
