@@ -48,3 +48,24 @@ def test_agreeing_barriers_read_under_1_kib_per_host_at_8_hosts():
     assert info.value.names[5] == 'eval' and info.value.names[0] == 'save'
     gathered = multihost.process_allgather(np.array([jax.process_index()]))
     assert gathered.ravel().tolist() == list(range(8))
+
+
+def _late_barrier(timeout: float) -> list[int] | None:
+    """Host 6 arrives after the others gave up: every host gets the same timeout verdict."""
+    import time
+
+    multihost.barrier('warm-up late')
+    if jax.process_index() == 6:
+        time.sleep(timeout + 1.5)
+    try:
+        multihost.barrier('late', timeout=timeout)
+    except multihost.BarrierTimeoutError as exc:
+        return list(exc.missing)
+    return None
+
+
+def test_a_late_host_gets_the_timeout_verdict_of_the_digest_round(mp_cluster):
+    """The hosts that gave up mark the agreement directory before writing their verdict."""
+    missing = mp_cluster.run(_late_barrier, 2.0, timeout=60)
+    mp_cluster.get().broken = True  # whatever the late host did next, start afresh
+    assert missing == [[6]] * 8, missing
