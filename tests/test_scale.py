@@ -348,3 +348,22 @@ def test_a_structure_difference_and_20_odd_hosts_at_1000_hosts_stay_bounded_per_
     assert [k for k, _ in result.differing] == [base[7][0], base[100][0]]
     assert dict(result.differing)[base[100][0]][500] is None
     assert dict(result.differing)[base[7][0]][1] == base[7][1]
+
+
+# -- the no-error round: bytes read per host per check ---------------------------------------
+
+
+def _agreeing_barrier_reads(n_checks: int = 20) -> float:
+    import multihost
+
+    multihost.barrier('warm-up for counting')
+    before = _kv.COUNTERS.snapshot()
+    for i in range(n_checks):
+        multihost.barrier(f'counted {i}')
+    return _kv.COUNTERS.since(before).bytes_read / n_checks
+
+
+def test_an_agreeing_barrier_reads_under_1_kib_per_host_at_4_hosts(mp_cluster):
+    """At 4 hosts (`_kv.DIGEST_ABOVE`) every record is read, and that is under 1 KiB."""
+    per_host = mp_cluster.run(_agreeing_barrier_reads, timeout=120)
+    assert all(0 < b <= 1024 for b in per_host), per_host

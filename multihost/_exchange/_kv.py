@@ -11,6 +11,7 @@ and has a deadline. See docs/ARCHITECTURE.md, "One key-value exchange".
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import queue
 import threading
@@ -35,6 +36,10 @@ _LOOK_MAX = 4.0
 #: The service barrier of a patient round (`round_`'s ``patience``): the longest
 #: a barrier can be held (int32 milliseconds, 24.8 days), i.e. as long as any job runs.
 _PATIENT_BARRIER = (2**31 - 1) / 1000
+#: Rounds among more hosts than this agree through one digest key (`round_`'s
+#: ``agree``); up to this many, reading every record (<= ~1 KiB) is cheaper
+#: than the digest's extra RPC on the critical path (docs/SCALE.md).
+DIGEST_ABOVE = 4
 #: Every key `multihost` writes starts with this.
 PREFIX = 'mh'
 #: Rounds are grouped in epochs of this many collectives; process 0 deletes
@@ -42,6 +47,55 @@ PREFIX = 'mh'
 EPOCH = 64
 
 _CHUNK_MARK = '\x00chunks:'
+#: The entry a host that gave up or was interrupted adds to a round's agreement
+#: directory before it writes its verdict: the round is no longer one digest.
+_GAVE_UP = '!'
+
+
+@dataclass
+class Counters:
+    """What this process asked of the coordination service (cheap ints; tests and benches).
+
+    Attributes:
+        rpcs: calls made (sets, gets, directory reads, increments; not barriers).
+        bytes_read: bytes of values (and keys of directory reads) received.
+        values_written: values stored (chunks included).
+        bytes_written: bytes of values stored.
+    """
+
+    rpcs: int = 0
+    bytes_read: int = 0
+    values_written: int = 0
+    bytes_written: int = 0
+
+    def snapshot(self) -> Counters:
+        return Counters(self.rpcs, self.bytes_read, self.values_written, self.bytes_written)
+
+    def since(self, before: Counters) -> Counters:
+        """What was counted after ``before`` (a `snapshot`)."""
+        return Counters(
+            self.rpcs - before.rpcs,
+            self.bytes_read - before.bytes_read,
+            self.values_written - before.values_written,
+            self.bytes_written - before.bytes_written,
+        )
+
+
+#: This process's counts (module-level; read with ``COUNTERS.snapshot()``).
+COUNTERS = Counters()
+
+
+def _count_read(*texts: str | bytes) -> None:
+    COUNTERS.rpcs += 1
+    COUNTERS.bytes_read += sum(len(t) for t in texts)
+
+
+def _count_write(text: str | bytes) -> None:
+    COUNTERS.rpcs += 1
+    COUNTERS.values_written += 1
+    COUNTERS.bytes_written += len(text)
+
+
 #: Prefix of a value published by a host held at the step gate: seen, not arrived.
 HELD = '\x01held:'
 
@@ -174,8 +228,10 @@ def put(c: Any, k: str, value: str, *, once: bool = False, inline: int | None = 
     with _rpc(f'writing {k}'):
         value, chunks = layout(value, MAX_BYTES if inline is None else inline, _chunk_root(k))
         for i, chunk in enumerate(chunks):
+            _count_write(chunk)
             c.key_value_set_bytes(f'{_chunk_root(k)}/{i}', chunk, True)
         try:
+            _count_write(value)
             c.key_value_set(k, value, allow_overwrite=not once)
         except Exception as exc:
             if once and classify(exc) == 'exists':
@@ -191,6 +247,8 @@ def _resolve(c: Any, value: str) -> str:
     n, root = value[len(_CHUNK_MARK) :].split(':', 1)
     with _rpc(f'reading {root}'):
         parts = [c.key_value_try_get_bytes(f'{root}/{i}') for i in range(int(n))]
+    for part in parts:
+        _count_read(part)
     return b''.join(parts).decode()
 
 
@@ -200,9 +258,11 @@ def get(c: Any, k: str) -> str | None:
         with _rpc(f'reading {k}'):
             value = c.key_value_try_get(k)
     except Exception as exc:
+        _count_read()
         if classify(exc) == 'missing':
             return None
         raise
+    _count_read(value)
     return _resolve(c, value)
 
 
@@ -223,6 +283,7 @@ def _listing(c: Any, directory: str) -> list[tuple[str, str]]:
     prefix = directory.rstrip('/') + '/'
     with _rpc(f'reading {prefix}'):
         items = c.key_value_dir_get(prefix)
+    _count_read(*(k for k, _ in items), *(v for _, v in items))
     return [(k[len(prefix) :].strip('/'), v) for k, v in items if k.startswith(prefix)]
 
 
@@ -260,9 +321,11 @@ def poll(c: Any, k: str, seconds: float) -> str | None:
         with _rpc(f'waiting for {k}'):
             value = c.blocking_key_value_get(k, max(1, int(seconds * 1000)))
     except Exception as exc:
+        _count_read()
         if classify(exc) == 'timeout':
             return None
         raise
+    _count_read(value)
     return _resolve(c, value)
 
 
@@ -279,6 +342,7 @@ def delete(c: Any, prefix: str) -> None:
 
 def increment(c: Any, k: str, by: int = 1) -> int:
     """Atomically adds ``by`` to the counter ``k``; returns the new value."""
+    COUNTERS.rpcs += 1
     with _rpc(f'counting at {k}'):
         return int(c.key_value_increment(k, by))
 
@@ -378,6 +442,29 @@ class Round:
     def verdict_key(self) -> str:
         return f'{self.data.rstrip("/")}/v/{self.id}'
 
+    @property
+    def agree_dir(self) -> str:
+        """Where hosts create ``<digest>`` keys (first writer wins): one entry = all agree."""
+        return f'{self.name.rstrip("/")}/g'
+
+    def give_up(self, c: Any) -> None:
+        """Marks the round failed for hosts that read only its agreement directory.
+
+        Written before a timeout or interrupted verdict, so that a host which
+        would have seen that verdict in a full read sees two entries and reads
+        in full.
+        """
+        with contextlib.suppress(Exception):
+            put(c, f'{self.agree_dir}/{_GAVE_UP}', '', once=True)
+
+    def agreed(self, c: Any, digest: str) -> bool:
+        """Creates ``digest``'s key (first writer wins; cheap when it exists)."""
+        return put(c, f'{self.agree_dir}/{digest}', '', once=True)
+
+    def one_digest(self, c: Any) -> bool:
+        """One bounded read of the agreement directory: whether it holds exactly one digest."""
+        return len(_listing(c, self.agree_dir)) == 1
+
     def arrived(self, c: Any) -> dict[int, str]:
         """The values published for this round by hosts that have arrived (not held)."""
         return self.read(c)[0]
@@ -396,6 +483,11 @@ class Round:
             if not v.startswith(HELD) and (self.belongs is None or self.belongs(v)):
                 values[int(rest)] = v
         return values, verdict
+
+
+def agreement(text: str) -> str:
+    """The key-safe digest of what hosts must agree on (`round_`'s ``agree``)."""
+    return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
 
 
 class _Done:
@@ -472,6 +564,7 @@ def round_(
     read: bool = False,
     before_arrival: Callable[[], None] | None = None,
     patience: Patience | None = None,
+    agree: str | None = None,
 ) -> tuple[Verdict, dict[int, str]]:
     """Publishes ``value``, waits for every host, returns the shared verdict (and values).
 
@@ -503,6 +596,15 @@ def round_(
             another ``timeout`` passes, ``patience(arrived, waited)`` is told
             and the wait goes on, until every host arrives or another host
             writes a verdict. The service barrier is held `_PATIENT_BARRIER`.
+        agree: what the judge needs to agree on, when equal everywhere means
+            success (`agreement` of it names a key in `Round.agree_dir`,
+            created first-writer-wins). After the barrier a host reads only
+            that directory: one entry is success (O(1) bytes per host, O(N)
+            at the service); more than one (a difference, a failure marked
+            unique, a host that gave up) reads everything and judges as
+            without it. With ``read`` the digest is still written (other
+            hosts may rely on it) but everything is read. Used only among
+            more than `DIGEST_ABOVE` hosts.
 
     Returns:
         ``(verdict, values)``. A failed verdict has been acknowledged by every
@@ -515,13 +617,7 @@ def round_(
     """
     start = time.monotonic()
     deadline = start + timeout
-    if before_arrival is not None:
-        # Held at the step gate: visible (the step table shows it) but not arrived.
-        if value is not None:
-            publish(c, rnd.data, HELD + value)
-        before_arrival()
-    if value is not None:
-        publish(c, rnd.data, value)
+    digests = _arrive(c, rnd, value, before_arrival, agree)
     # The service's barrier outlives this host's own deadline, which decides.
     barrier_for = _PATIENT_BARRIER if patience is not None else timeout + _SERVICE_GRACE
     done = _barrier_in_background(c, f'{rnd.name}/b', barrier_for)
@@ -534,6 +630,8 @@ def round_(
             text = _wait(c, done, deadline, rnd.verdict_key)
         error = done.error
         if text is None and done.is_set() and error is None:  # everyone arrived
+            if digests and not read and rnd.one_digest(c):
+                return Verdict(True, 'ok', {}), {}
             values, text = rnd.read(c)
             if text is None:
                 text = (judge(values) if judge is not None else None) or 'ok'
@@ -545,6 +643,7 @@ def round_(
         if text is None:  # this host's deadline passed, or the barrier was dropped
             text = _timeout_verdict(c, rnd, timeout, on_timeout)
     except KeyboardInterrupt:
+        rnd.give_up(c)
         with contextlib.suppress(Exception):
             put(
                 c,
@@ -561,6 +660,27 @@ def round_(
         participants = list(range(process_count()))
     ack(c, f'{rnd.name}/ack', [int(p) for p in participants])
     return verdict, values
+
+
+def _arrive(
+    c: Any,
+    rnd: Round,
+    value: str | None,
+    before_arrival: Callable[[], None] | None,
+    agree: str | None,
+) -> bool:
+    """Publishes this host's value (held first, with a step gate) and its digest; whether one."""
+    if before_arrival is not None:
+        # Held at the step gate: visible (the step table shows it) but not arrived.
+        if value is not None:
+            publish(c, rnd.data, HELD + value)
+        before_arrival()
+    if value is not None:
+        publish(c, rnd.data, value)
+    if agree is None or process_count() <= DIGEST_ABOVE:
+        return False  # few hosts: everyone's records are as small as a digest's read
+    rnd.agreed(c, agreement(agree))  # with ``read`` too: other hosts may read only digests
+    return True
 
 
 def _wait(c: Any, done: _Done, deadline: float, verdict_key: str) -> str | None:
@@ -594,6 +714,7 @@ def _timeout_verdict(c: Any, rnd: Round, timeout: float, on_timeout: OnTimeout) 
         missing=[p for p in range(process_count()) if p not in arrived],
         **on_timeout(arrived),
     )
+    rnd.give_up(c)
     if not put(c, rnd.verdict_key, mine, once=True):
         return get(c, rnd.verdict_key) or mine
     _drop_stale_verdicts(c, rnd)

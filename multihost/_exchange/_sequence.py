@@ -478,6 +478,7 @@ def _take_turn(
             read=read or payload is not None,
             before_arrival=gate,
             patience=patience,
+            agree=_agreement(rec),
         )
         return verdict, raw, started
     except CoordinatorUnreachableError as exc:
@@ -496,6 +497,13 @@ def _round(seq: int) -> _kv.Round:
         id=str(seq),
         belongs=_starts(f'{{"seq":{seq},'),  # records are JSON, "seq" first
     )
+
+
+def _agreement(rec: CollectiveRecord) -> str:
+    """What `_judge` passes when equal on every host: the signature; a failing host's is its own."""
+    if rec.fail:
+        return f'fail/{rec.process}'
+    return json.dumps(_signature(rec))
 
 
 def _signature(rec: CollectiveRecord) -> list[str]:

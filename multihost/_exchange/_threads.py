@@ -132,6 +132,7 @@ def enter(
             on_timeout=details,
             read=read or payload is not None,
             patience=patience,
+            agree=_sequence._agreement(rec),
         )
     except CoordinatorUnreachableError as exc:
         _recorder.finished(entry, failed=True)

@@ -1,0 +1,71 @@
+"""A check with no error reads O(1) bytes per host: 8 real JAX processes, counters of `_kv`.
+
+Each host counts what it asks of the coordination service (`_kv.COUNTERS`)
+around barriers and gathers that agree: at most 1 KiB read per host per
+check, whatever the number of hosts (the hosts' records are not read, only
+the one digest they agree on). A disagreement still reads everything and
+raises on every host.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import multihost
+from multihost._exchange import _kv
+
+MP_CLUSTER = dict(n=8, devices_per_process=1)
+#: The most a host may read per check that finds nothing wrong (issue 21).
+PER_CHECK = 1024
+CHECKS = 20
+
+
+def per_check_reads(n_checks: int = CHECKS) -> dict[str, float]:
+    """Per host: bytes read, RPCs and values written per agreeing barrier (after a warm-up)."""
+    multihost.barrier('warm-up')
+    before = _kv.COUNTERS.snapshot()
+    for i in range(n_checks):
+        multihost.barrier(f'step {i}')
+    used = _kv.COUNTERS.since(before)
+    return {
+        'bytes_read': used.bytes_read / n_checks,
+        'rpcs': used.rpcs / n_checks,
+        'values_written': used.values_written / n_checks,
+    }
+
+
+@pytest.mark.multiprocess
+def test_agreeing_barriers_read_under_1_kib_per_host_at_8_hosts():
+    used = per_check_reads()
+    assert used['bytes_read'] <= PER_CHECK, used
+    assert used['rpcs'] <= 4, used  # record, digest, one directory read (+ slack)
+    # the error path is unchanged: a different name still raises on every host
+    name = 'eval' if jax.process_index() == 5 else 'save'
+    with pytest.raises(multihost.BarrierMismatchError) as info:
+        multihost.barrier(name, timeout=30)
+    assert info.value.names[5] == 'eval' and info.value.names[0] == 'save'
+    gathered = multihost.process_allgather(np.array([jax.process_index()]))
+    assert gathered.ravel().tolist() == list(range(8))
+
+
+def _late_barrier(timeout: float) -> list[int] | None:
+    """Host 6 arrives after the others gave up: every host gets the same timeout verdict."""
+    import time
+
+    multihost.barrier('warm-up late')
+    if jax.process_index() == 6:
+        time.sleep(timeout + 1.5)
+    try:
+        multihost.barrier('late', timeout=timeout)
+    except multihost.BarrierTimeoutError as exc:
+        return list(exc.missing)
+    return None
+
+
+def test_a_late_host_gets_the_timeout_verdict_of_the_digest_round(mp_cluster):
+    """The hosts that gave up mark the agreement directory before writing their verdict."""
+    missing = mp_cluster.run(_late_barrier, 2.0, timeout=60)
+    mp_cluster.get().broken = True  # whatever the late host did next, start afresh
+    assert missing == [[6]] * 8, missing
