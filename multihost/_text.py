@@ -7,7 +7,7 @@ unit (``850 ms``, ``12 s``, ``5 min``), so hosts described by it group alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 MAX_RANGES = 8  # host lists are cut after this many ranges
 
@@ -87,3 +87,34 @@ def fmt_duration(seconds: float) -> str:
 def short_site(site: str) -> str:
     """``/long/path/train.py:42`` -> ``train.py:42``: a call site by its file's name only."""
     return site.rsplit('/', 1)[-1]
+
+
+MAX_GROUP_LINES = 12  # an error message lists at most this many groups of hosts
+
+
+def grouped_lines(
+    by_host: Mapping[int, str],
+    *,
+    max_lines: int = MAX_GROUP_LINES,
+    what: str = 'distinct calls',
+    attr: str = 'calls',
+) -> list[str]:
+    """One line per distinct text, its hosts as ranges: ``'  processes 0-998: x'``.
+
+    Groups keep the order of their first host; with more distinct texts than
+    ``max_lines``, the largest groups are kept (still in host order) and one
+    last line counts the rest: ``'  ... and 7 more distinct calls (see .calls)'``.
+    """
+    groups: dict[str, list[int]] = {}
+    for p, text in sorted(by_host.items()):
+        groups.setdefault(text, []).append(p)
+    items = list(groups.items())
+    if len(items) > max_lines:
+        keep = sorted(items, key=lambda kv: (-len(kv[1]), kv[1][0]))[: max_lines - 1]
+        rest = len(items) - len(keep)
+        hosts = sum(len(ps) for _, ps in items) - sum(len(ps) for _, ps in keep)
+        items = sorted(keep, key=lambda kv: kv[1][0])
+        tail = [f'  ... and {rest} more {what} on {hosts} hosts (see .{attr})']
+    else:
+        tail = []
+    return [f'  {fmt_hosts(ps)}: {text}' for text, ps in items] + tail

@@ -149,3 +149,41 @@ def test_heatmap_labels_never_read_a_small_value_as_zero(tmp_path):
     import matplotlib.image
 
     assert matplotlib.image.imread(path).shape[2] in (3, 4)
+
+
+def test_memory_view_at_1000_hosts_shows_the_hosts_that_stand_out_first():
+    """1,000 hosts: the odd ones (beyond the first 64) come first, the rest grouped, one screen."""
+    from mhnotebook.widgets._census import MAX_HEAT_ROWS, memory_html, rest_groups, shown_hosts
+
+    def host(p: int) -> HostMemory:
+        extra = {717: 512 * MIB, 950: 64 * MIB}.get(p, 0) + (MIB // 4 if 300 <= p < 400 else 0)
+        devs = tuple(
+            DeviceMemory(id=p * 2 + d, process=p, local=d, live_bytes=4 * MIB + extra // 2)
+            for d in range(2)
+        )
+        return HostMemory(process=p, live_count=3, live_bytes=8 * MIB + extra, devices=devs)
+
+    counts = tuple(1 if p in (717, 950) else 0 for p in range(1000))
+    census = MemoryCensus(
+        hosts=tuple(host(p) for p in range(1000)),
+        only_some=(ArrayGroup((16, 1024, 1024), 'float32', 'P()', counts, 64 * MIB, ('c',)),),
+    )
+    shown = shown_hosts(census)
+    assert [h.process for h in shown[:2]] == [717, 950], [h.process for h in shown[:4]]
+    assert len(shown) == MAX_HEAT_ROWS // 2
+    rest = rest_groups(census)
+    assert len(rest) <= 9
+    drawn = {h.process for h in shown}
+    assert rest == [
+        ('processes 0-299, 400-716, 718-949, 951-999', '898 hosts, 8.0 MiB, 3 arrays'),
+        ('processes 330-399', '70 hosts, 8.2 MiB, 3 arrays'),
+    ]
+    # every host is either drawn or in a group row, and the group rows count them all
+    grouped = sum(int(what.split(' hosts')[0]) for _, what in rest)
+    assert grouped + len(drawn) == 1000, rest
+    html = memory_html(census)
+    assert html.count('<tr') <= 1 + MAX_HEAT_ROWS // 2 + 9
+    assert html.index('host 717') < html.index('host 950') < html.index('mh-mem-rest')
+    assert 'processes 717, 950: 1' in html
+    png = render_memory_png(census)
+    assert png.startswith(b'\x89PNG')

@@ -11,6 +11,8 @@ hold. Both are pure functions of their model, with a text/plain fallback.
 from __future__ import annotations
 
 import io
+import statistics
+from typing import Any
 
 import ipywidgets as widgets
 
@@ -113,9 +115,56 @@ def mib_label(mib: float) -> str:
     return f'{mib:.0f}'
 
 
+MAX_REST_GROUPS = 8  # rows for the hosts not drawn one by one, grouped by live bytes
+
+
+def shown_hosts(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> tuple[Any, ...]:
+    """The hosts drawn one by one: all, in process order, up to ``max_rows``; beyond, those
+    that stand out first (odd hosts, then the farthest from the median), ``max_rows // 2``."""
+    if len(census.hosts) <= max_rows:
+        return census.hosts
+    odd, med = set(census.odd_processes), census.median_bytes
+    ranked = sorted(
+        census.hosts, key=lambda h: (h.process not in odd, -abs(h.live_bytes - med), h.process)
+    )
+    return tuple(ranked[: max_rows // 2])
+
+
+def rest_groups(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> list[tuple[str, str]]:
+    """The hosts not shown one by one, grouped by live bytes (to 0.1 MiB): (hosts, summary)
+    rows, largest groups first, at most `MAX_REST_GROUPS`, then one row counting the rest."""
+    drawn = {h.process for h in shown_hosts(census, max_rows)}
+    by: dict[str, list[Any]] = {}
+    for h in census.hosts:
+        if h.process not in drawn:
+            by.setdefault(f'{h.live_bytes / (1 << 20):.1f} MiB', []).append(h)
+    groups = sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[1][0].process))
+    rows = [
+        (fmt_hosts(h.process for h in hs), f'{len(hs)} hosts, {mib}, {_counts(hs)} arrays')
+        for mib, hs in groups[:MAX_REST_GROUPS]
+    ]
+    left = [h for _, hs in groups[MAX_REST_GROUPS:] for h in hs]
+    if left:
+        sizes = sorted(h.live_bytes for h in left)
+        rows.append(
+            (
+                fmt_hosts(h.process for h in left),
+                f'{len(left)} hosts, {sizes[0] / (1 << 20):.1f} to '
+                f'{sizes[-1] / (1 << 20):.1f} MiB (median '
+                f'{statistics.median(sizes) / (1 << 20):.1f} MiB)',
+            )
+        )
+    return rows
+
+
+def _counts(hosts: list[Any]) -> str:
+    counts = sorted(h.live_count for h in hosts)
+    return str(counts[0]) if counts[0] == counts[-1] else f'{counts[0]}-{counts[-1]}'
+
+
 def heatmap_cells(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> list[list[float]]:
     """The heatmap's values (MiB), row per host drawn, column per local device (NaN: none)."""
-    hosts = census.hosts[:max_rows]
+    hosts = shown_hosts(census, max_rows)
     width = max((len(h.devices) for h in hosts), default=1)
     grid = [[float('nan')] * width for _ in hosts]
     for i, h in enumerate(hosts):
@@ -133,7 +182,7 @@ def render_memory_png(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> by
     import matplotlib.pyplot as plt
     import numpy as np
 
-    hosts = census.hosts[:max_rows]
+    hosts = shown_hosts(census, max_rows)
     grid = np.array(heatmap_cells(census, max_rows), dtype=float).reshape(len(hosts), -1)
     width = grid.shape[1] if hosts else 1
     top = np.nanmax(grid) if np.isfinite(grid).any() else 0.0
@@ -169,7 +218,10 @@ def memory_html(census: MemoryCensus) -> str:
         f'<tr class="mh-mem-host{" mh-odd-host" if h.process in heavy else ""}">'
         f'<td>host {h.process}</td><td>{h.live_count}</td>'
         f'<td>{h.live_bytes / (1 << 20):.1f} MiB</td></tr>'
-        for h in census.hosts[:MAX_HEAT_ROWS]
+        for h in shown_hosts(census)
+    ) + ''.join(
+        f'<tr class="mh-mem-rest"><td>{esc(who)}</td><td colspan="2">{esc(what)}</td></tr>'
+        for who, what in rest_groups(census)
     )
     table = (
         '<table class="mh-mem-table mh-table"><tr><th>host</th><th>live arrays</th>'
@@ -180,7 +232,11 @@ def memory_html(census: MemoryCensus) -> str:
         items = []
         for g in census.only_some[:12]:
             names = f' ({esc(", ".join(g.names[:3]))})' if g.names else ''
-            who = ', '.join(f'host {p}: {c}' for p, c in enumerate(g.counts) if c)
+            per: dict[int, list[int]] = {}
+            for p, c in enumerate(g.counts):
+                if c:
+                    per.setdefault(c, []).append(p)
+            who = '; '.join(f'{fmt_hosts(ps)}: {c}' for c, ps in sorted(per.items())[:8])
             items.append(
                 f'<li class="mh-mem-leak"><code>{esc(g.kind)}</code>{names}, '
                 f'{g.host_bytes / (1 << 20):.1f} MiB each — {esc(who)}</li>'

@@ -28,7 +28,7 @@ from multihost import _jax_adapter, _recorder, _structure
 from multihost._errors import CollectiveMismatchError, HostFailedError
 from multihost._exchange import _kv, _sequence
 from multihost._exchange._sequence import CollectiveRecord
-from multihost._text import fmt_hosts
+from multihost._text import fmt_hosts, grouped_lines
 
 #: Collectives named when two hosts' programs differ: at most this many per host.
 _MAX_COLLECTIVES = 256
@@ -342,7 +342,7 @@ class Watched:
                 raise error  # fails everywhere: the user's own error, as without watch
             raise HostFailedError(
                 f'{self.name} [#{rec.seq}] could not be compiled on {fmt_hosts(failed)}:\n'
-                + '\n'.join(f'  process {p}: {r}' for p, r in sorted(failed.items()))
+                + '\n'.join(grouped_lines(failed, what='distinct reasons', attr='reasons'))
                 + '\nNo host launched it.',
                 seq=rec.seq,
                 reasons=failed,

@@ -225,15 +225,42 @@ def command(
         info = json.loads(value)
         daemons[int(info['process'])] = info
     expected = sorted(p for p, info in daemons.items() if info['since'] < g and p not in skip)
-    replies: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
-    for p in expected:
-        got = _kv.wait_get(client, _key('rep', g, p), deadline)
-        if got is None:
-            break  # out of time: pick up whoever answered below
-        replies[p] = got
     prefix = _key('rep', g)
+    replies = _collect(client, g, expected, time.monotonic() + timeout)
     if len(replies) < _kv.process_count():  # late replies, or a thread not yet listed
         replies.update(_kv.read_dir(client, prefix, skip=replies))
     _kv.delete(client, prefix + '/')
     return replies, daemons
+
+
+def _collect(client: Any, g: int, expected: list[int], deadline: float) -> dict[int, str]:
+    """The replies of ``expected`` to command ``g`` read in bounded batches, until ``deadline``.
+
+    One blocking get waits for the first host still missing (so a fast
+    answer is read at once); then one directory read of ``mh/rep/<g>/``
+    (each <= 1 MiB: replies are inline up to a host's share, larger ones
+    chunked) picks up every reply that came meanwhile. Sweeps are at least
+    `_SWEEP_GAP` apart, growing, so 1,000 hosts cost a few dozen RPCs, not
+    one get per host.
+    """
+    replies: dict[int, str] = {}
+    gap = _SWEEP_GAP
+    while True:
+        missing = [p for p in expected if p not in replies]
+        if not missing:
+            return replies
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return replies
+        got = _kv.wait_get(client, _key('rep', g, missing[0]), deadline)
+        if got is None:
+            return replies  # out of time: the caller sweeps once more
+        replies[missing[0]] = got
+        if len(missing) > 1:
+            time.sleep(min(gap, max(0.0, deadline - time.monotonic())))
+            gap = min(gap * 2, _MAX_SWEEP_GAP)
+            replies.update(_kv.read_dir(client, _key('rep', g), skip=replies))
+
+
+_SWEEP_GAP = 0.005  # first wait before a directory sweep of the replies (doubling)
+_MAX_SWEEP_GAP = 0.5

@@ -161,9 +161,20 @@ def unreachable(during: str) -> CoordinatorUnreachableError:
     )
 
 
+_calls = threading.local()  # this thread's count of coordination-service RPCs
+
+
+def rpc_count() -> int:
+    """How many coordination-service RPCs this thread has made through `_kv` so far
+    (measures an issuer's reads; a difference of two calls is what a step cost)."""
+    return int(getattr(_calls, 'n', 0))
+
+
 @contextlib.contextmanager
-def _rpc(during: str) -> Iterator[None]:
-    """Turns an unreachable coordination service into `CoordinatorUnreachableError`."""
+def _rpc(during: str, n: int = 1) -> Iterator[None]:
+    """Turns an unreachable coordination service into `CoordinatorUnreachableError`
+    (and counts the ``n`` RPCs made inside, `rpc_count`)."""
+    _calls.n = getattr(_calls, 'n', 0) + n
     try:
         yield
     except Exception as exc:
@@ -245,7 +256,7 @@ def _resolve(c: Any, value: str) -> str:
     if not value.startswith(_CHUNK_MARK):
         return value
     n, root = value[len(_CHUNK_MARK) :].split(':', 1)
-    with _rpc(f'reading {root}'):
+    with _rpc(f'reading {root}', int(n)):
         parts = [c.key_value_try_get_bytes(f'{root}/{i}') for i in range(int(n))]
     for part in parts:
         _count_read(part)

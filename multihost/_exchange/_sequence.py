@@ -37,7 +37,7 @@ from multihost._errors import (
     HostFailedError,
 )
 from multihost._exchange import _kv
-from multihost._text import fmt_hosts
+from multihost._text import fmt_hosts, grouped_lines
 
 #: Default timeout (seconds) of every barrier and collective check, unless
 #: ``MULTIHOST_TIMEOUT`` says otherwise. Generous on purpose: a real job may
@@ -48,7 +48,7 @@ DEFAULT_TIMEOUT = 600.0
 _RING_SIZE = 256
 _SLOTS = 8  # key-value slots for records, a ring overwritten (a host at k + 8: all read k)
 _MAX_TEXT = 300  # names and call sites are cut to this many characters
-_MAX_POSITIONS = 64  # a timeout verdict carries where this many missing hosts were, at most
+_MAX_POSITIONS = 1024  # a timeout verdict carries where this many missing hosts were, at most
 _MAX_CALLS = 16  # ... and at most this many distinct calls of the hosts that arrived
 
 
@@ -731,7 +731,7 @@ def _patience(
             waited,
             data['what'],
             fmt_hosts(data['missing']),
-            '; '.join(_missing_lines(data, rec)),
+            '; '.join(line.strip() for line in _missing_lines(data, rec)),
         )
 
     return period, report
@@ -790,11 +790,8 @@ def _error_of(
     calls = _records(data['records'])
     if verdict.kind == 'failed':
         reasons = {int(p): r for p, r in data['reasons'].items()}
-        by_reason: dict[str, list[int]] = {}
-        for p, r in sorted(reasons.items()):
-            by_reason.setdefault(r, []).append(p)
         what = next(iter(calls.values())).kind if calls else rec.kind
-        lines = [f'  {fmt_hosts(ps)}: {r}' for r, ps in by_reason.items()]
+        lines = grouped_lines(reasons, what='distinct reasons', attr='reasons')
         return HostFailedError(
             f'{what} [{_at(rec)}] could not run on {fmt_hosts(reasons)}:\n'
             + '\n'.join(lines)
@@ -811,24 +808,27 @@ def _at(rec: CollectiveRecord) -> str:
 
 
 def _missing_lines(data: Mapping[str, Any], rec: CollectiveRecord) -> list[str]:
-    """Where each missing host of a timeout was (``process 2: last reached ...``)."""
+    """Where the missing hosts of a timeout were, hosts in the same place grouped
+    (``  processes 2-9: last reached ...``), at most `MAX_GROUP_LINES` lines."""
     where = {int(p): CollectiveRecord.from_json(v) for p, v in data.get('positions', {}).items()}
-    lines = []
+    state: dict[int, str] = {}
     for p in (int(p) for p in data['missing']):
         last = where.get(p)
-        if last is None:
-            lines.append(f'process {p}: last reached no collective yet')
+        if last is None and len(where) >= _MAX_POSITIONS:
+            state[p] = f'position not carried (only {_MAX_POSITIONS} missing hosts are)'
+        elif last is None:
+            state[p] = 'last reached no collective yet'
         elif data.get('stage') and last.seq == rec.seq:  # e.g. still compiling a new signature
-            lines.append(f'process {p}: still inside {last.describe()}, busy before this stage')
+            state[p] = f'still inside {last.describe()}, busy before this stage'
         else:
-            lines.append(f'process {p}: last reached {last.describe()}')
-    return lines
+            state[p] = f'last reached {last.describe()}'
+    return grouped_lines(state, what='distinct positions', attr='positions')
 
 
 def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTimeoutError:
     missing = [int(p) for p in data['missing']]
     where = {int(p): CollectiveRecord.from_json(v) for p, v in data.get('positions', {}).items()}
-    lines = [f'  {line}' for line in _missing_lines(data, rec)]
+    lines = _missing_lines(data, rec)
     late = rec.process not in data['arrived']
     timeout = float(data['timeout'])
     return BarrierTimeoutError(
@@ -853,7 +853,7 @@ def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTim
 def _mismatch_error(
     rec: CollectiveRecord, calls: dict[int, CollectiveRecord], mismatch_prefix: str | None
 ) -> CollectiveMismatchError:
-    lines = [f'  process {p}: {c.describe()}' for p, c in sorted(calls.items())]
+    lines = grouped_lines({p: c.describe() for p, c in calls.items()})
     if all(c.kind == 'barrier' for c in calls.values()):
         names = {p: c.name for p, c in calls.items()}
         head = mismatch_prefix or f'barrier name mismatch ({rec.name!r})'

@@ -30,7 +30,7 @@ from multihost import _recorder
 from multihost._errors import BarrierTimeoutError, CoordinatorUnreachableError
 from multihost._exchange import _kv, _sequence
 from multihost._exchange._sequence import CollectiveRecord
-from multihost._text import fmt_hosts
+from multihost._text import fmt_hosts, grouped_lines
 
 #: Seconds after which process 0 deletes the keys of a name-matched barrier
 #: that passed (a barrier moves no data: a host reading it after that finds
@@ -39,7 +39,7 @@ NAME_GRACE = 60.0
 #: Threads whose latest call a host publishes (the most recently active ones).
 _MAX_THREADS = 16
 #: At most this many missing hosts' positions ride in a timeout verdict.
-_MAX_POSITIONS = 64
+_MAX_POSITIONS = 256
 
 
 class _Lanes:
@@ -203,19 +203,22 @@ def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTim
         int(p): [CollectiveRecord.from_json(v) for v in vs]
         for p, vs in data.get('threads', {}).items()
     }
-    lines = []
+    state: dict[int, str] = {}
     for p in missing:
         last = where.get(p)
         parts = [
             f'main thread last reached {last.describe()}'
             if last is not None
+            else f'position not carried (only {_MAX_POSITIONS} missing hosts are)'
+            if len(where) >= _MAX_POSITIONS
             else 'main thread reached no collective yet'
         ]
         same = [t for t in threads.get(p, []) if t.thread == rec.thread]
         if not same:
             parts.append(f'no thread named {rec.thread!r} entered a collective')
         parts += [f'thread {t.thread!r} last reached {t.describe()}' for t in threads.get(p, [])]
-        lines.append(f'  process {p}: ' + '; '.join(parts))
+        state[p] = '; '.join(parts)
+    lines = grouped_lines(state, what='distinct positions', attr='positions')
     timeout = float(data['timeout'])
     late = rec.process not in data['arrived']
     return BarrierTimeoutError(
