@@ -17,11 +17,12 @@ import sys
 import pytest
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bench')
-#: O(1) per host now: the sequence check's digest round (above 4 hosts).
-FLAT = ('sync_global_devices',)
+#: O(1) per host now: the sequence check's digest round (above 4 hosts), and
+#: assert_equal's fingerprint digests agreed on the same way.
+FLAT = ('sync_global_devices', 'assert_equal (small)')
 #: Still every host's value per host: a small broadcast's payload rides in every host's
-#: record, and assert_equal's fingerprint round reads every host's fingerprints.
-NOT_YET = ('broadcast (small)', 'assert_equal (small)')
+#: record.
+NOT_YET = ('broadcast (small)',)
 
 
 @pytest.fixture(scope='module')
@@ -65,7 +66,7 @@ def _targets(lo, hi, checks):
 
 
 @pytest.mark.slow
-def test_256_hosts_barriers_read_o1_per_host_and_the_service_serves_o_n(many):
+def test_256_hosts_barriers_and_assert_equal_read_o1_per_host_and_the_service_serves_o_n(many):
     _targets(*many, FLAT)
 
 
@@ -73,8 +74,8 @@ def test_256_hosts_barriers_read_o1_per_host_and_the_service_serves_o_n(many):
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason='a small broadcast and assert_equal still read every host value (O(N) per host); '
+    reason='a small broadcast still reads every host record (O(N) per host); '
     'when they are made O(1) this passes and the strict xfail must go',
 )
-def test_256_hosts_broadcast_and_assert_equal_read_o1_per_host(many):
+def test_256_hosts_small_broadcast_reads_o1_per_host(many):
     _targets(*many, NOT_YET)

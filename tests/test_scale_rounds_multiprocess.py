@@ -69,3 +69,26 @@ def test_a_late_host_gets_the_timeout_verdict_of_the_digest_round(mp_cluster):
     missing = mp_cluster.run(_late_barrier, 2.0, timeout=60)
     mp_cluster.get().broken = True  # whatever the late host did next, start afresh
     assert missing == [[6]] * 8, missing
+
+
+def _assert_equal_reads() -> tuple[float, tuple[int, ...]]:
+    tree = {'w': np.arange(64, dtype=np.float32), 'b': np.ones(3, np.int32), 'step': 7}
+    multihost.assert_equal(tree)  # warm-up
+    before = _kv.COUNTERS.snapshot()
+    for _ in range(5):
+        multihost.assert_equal(tree)
+    used = _kv.COUNTERS.since(before)
+    drifted = dict(tree, w=tree['w'] + (1.0 if jax.process_index() == 3 else 0.0))
+    diff = multihost.tree_diff(drifted)
+    assert [leaf.path for leaf in diff.leaves] == ["['w']"], diff
+    return used.bytes_read / 5, diff.leaves[0].odd_processes
+
+
+def test_assert_equal_of_equal_trees_reads_a_digest_not_every_hosts_and_a_drift_is_named(
+    mp_cluster,
+):
+    """Equal trees agree through the fingerprint round's agreement directory; a drift reads all."""
+    got = mp_cluster.run(_assert_equal_reads, timeout=120)
+    # Every host's fingerprint digest (8 x ~80 B) would be read without the agreement round.
+    assert all(read <= 256 for read, _ in got), got
+    assert all(odd == (3,) for _, odd in got), got

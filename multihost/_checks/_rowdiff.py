@@ -210,7 +210,7 @@ def compare(
     and gets the same answer. The rounds: docs/ARCHITECTURE.md, "Tree diff".
     """
     blob = dumps(rows)
-    heads = _sequence.share(rec, 'head', head(blob), timeout=timeout)
+    heads = _sequence.share(rec, 'head', head(blob), timeout=timeout, same=True)
     if len(set(heads.values())) <= 1:
         return None
     plan = Plan.of(heads)

@@ -576,6 +576,7 @@ def round_(
     before_arrival: Callable[[], None] | None = None,
     patience: Patience | None = None,
     agree: str | None = None,
+    read_unless_agreed: bool = False,
 ) -> tuple[Verdict, dict[int, str]]:
     """Publishes ``value``, waits for every host, returns the shared verdict (and values).
 
@@ -616,6 +617,10 @@ def round_(
             without it. With ``read`` the digest is still written (other
             hosts may rely on it) but everything is read. Used only among
             more than `DIGEST_ABOVE` hosts.
+        read_unless_agreed: return everyone's values unless the agreement
+            directory alone said success (then ``{}``: every host's ``agree``
+            was the same; with ``agree`` = the value, every value is this
+            host's own).
 
     Returns:
         ``(verdict, values)``. A failed verdict has been acknowledged by every
@@ -665,7 +670,7 @@ def round_(
         raise
     verdict = Verdict.parse(text)
     if verdict.ok:
-        return verdict, values if read else {}
+        return verdict, values if read or read_unless_agreed else {}
     participants = verdict.data.get('arrived')
     if participants is None:  # judged: everyone had arrived
         participants = list(range(process_count()))

@@ -557,6 +557,7 @@ def share(
     *,
     timeout: float | None = None,
     what: str = '',
+    same: bool = False,
 ) -> dict[int, str]:
     """A further exchange inside collective ``rec``: every host's ``value`` (process -> text).
 
@@ -566,6 +567,10 @@ def share(
     every host when a host does not arrive. ``what`` names the stage in a
     timeout's message (default: ``stage``); a host missing there that is
     inside ``rec`` is said to be busy before the stage (not elsewhere).
+    ``same``: values are expected equal everywhere (a digest): above
+    `_kv.DIGEST_ABOVE` hosts they are agreed on through the round's agreement
+    directory, so equal values cost a host O(1) bytes (every host's value is
+    then its own); only differing ones are read.
 
     Raises:
         BarrierTimeoutError: some host did not arrive within ``timeout``.
@@ -579,10 +584,20 @@ def share(
     where = _timeout_details(client, rec, f'{rec.describe()} ({what or stage})', stage=True)
     period, patience = _patience(rec, _timeout(timeout), where)
     verdict, values = _kv.round_(
-        client, rnd, value, timeout=period, on_timeout=where, read=True, patience=patience
+        client,
+        rnd,
+        value,
+        timeout=period,
+        on_timeout=where,
+        read=not same,
+        read_unless_agreed=same,
+        patience=patience,
+        agree=value if same else None,
     )
     if not verdict.ok:
         raise _error(verdict, rec, None)
+    if same and not values:  # the agreement directory held one digest: all alike
+        return dict.fromkeys(range(_kv.process_count()), value)
     return values
 
 
