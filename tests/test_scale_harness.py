@@ -17,12 +17,10 @@ import sys
 import pytest
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bench')
-#: O(1) per host now: the sequence check's digest round (above 4 hosts), and
-#: assert_equal's fingerprint digests agreed on the same way.
-FLAT = ('sync_global_devices', 'assert_equal (small)')
-#: Still every host's value per host: a small broadcast's payload rides in every host's
-#: record.
-NOT_YET = ('broadcast (small)',)
+#: O(1) per host: the sequence check's digest round (above 4 hosts), a small
+#: broadcast's source payload read beside it, assert_equal's fingerprint digests agreed
+#: on the same way. (A small allgather is O(N) per host by nature: every host's data.)
+FLAT = ('sync_global_devices', 'broadcast (small)', 'assert_equal (small)')
 
 
 @pytest.fixture(scope='module')
@@ -46,7 +44,7 @@ def many(tmp_path_factory):
         raise RuntimeError(
             f'bad harness run: N={lo["n"]},{hi["n"]}, backend {hi["backend_started"]}'
         )
-    for check in FLAT + NOT_YET:
+    for check in FLAT:
         a, b = lo['checks'][check], hi['checks'][check]
         if min(a['served_rpcs'], b['served_rpcs'], a['read_max'], b['read_max']) <= 0:
             raise RuntimeError(f'{check}: the harness counted no RPC or no byte read')
@@ -66,16 +64,7 @@ def _targets(lo, hi, checks):
 
 
 @pytest.mark.slow
-def test_256_hosts_barriers_and_assert_equal_read_o1_per_host_and_the_service_serves_o_n(many):
+def test_256_hosts_barriers_broadcast_and_assert_equal_read_o1_per_host_and_the_service_serves_o_n(
+    many,
+):
     _targets(*many, FLAT)
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason='a small broadcast still reads every host record (O(N) per host); '
-    'when they are made O(1) this passes and the strict xfail must go',
-)
-def test_256_hosts_small_broadcast_reads_o1_per_host(many):
-    _targets(*many, NOT_YET)

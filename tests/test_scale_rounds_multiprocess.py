@@ -92,3 +92,29 @@ def test_assert_equal_of_equal_trees_reads_a_digest_not_every_hosts_and_a_drift_
     # Every host's fingerprint digest (8 x ~80 B) would be read without the agreement round.
     assert all(read <= 256 for read, _ in got), got
     assert all(odd == (3,) for _, odd in got), got
+
+
+def _broadcast_reads() -> tuple[float, list[float], list[int], str]:
+    x = np.full((4,), float(jax.process_index()), np.float32)
+    multihost.broadcast_one_to_all(x)  # warm-up
+    before = _kv.COUNTERS.snapshot()
+    for _ in range(5):
+        got = multihost.broadcast_one_to_all(x, is_source=jax.process_index() == 5)
+    used = _kv.COUNTERS.since(before)
+    two = multihost.broadcast_one_to_all(x, is_source=jax.process_index() in (2, 3))
+    odd = np.zeros(5 if jax.process_index() == 7 else 4, np.float32)
+    try:
+        multihost.broadcast_one_to_all(odd)
+        error = ''
+    except multihost.CollectiveMismatchError as exc:
+        error = type(exc).__name__
+    return used.bytes_read / 5, np.asarray(got).tolist(), np.asarray(two).tolist(), error
+
+
+def test_a_small_broadcast_reads_the_sources_payload_not_every_hosts_record(mp_cluster):
+    got = mp_cluster.run(_broadcast_reads, timeout=120)
+    # One source's 16 bytes (base64 in its record) and a digest, not 8 records.
+    assert all(read <= 512 for read, *_ in got), got
+    assert all(one == [5.0] * 4 for _, one, _, _ in got), got
+    assert all(two == [5.0] * 4 for _, _, two, _ in got), got  # sources 2 + 3 summed
+    assert all(error == 'CollectiveMismatchError' for *_, error in got), got

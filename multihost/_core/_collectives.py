@@ -349,6 +349,7 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
             '',
             b''.join(a.tobytes() for a in mine) if is_source else b'',
             tree_digest=digest,
+            sources_only=True,
         )
         sources = [_split(b, mine) for _, b in sorted(payloads.items()) if b]
         outs = []

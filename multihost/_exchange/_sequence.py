@@ -340,17 +340,38 @@ def fail_turn(kind: str, name: str, reason: str, *, timeout: float | None = None
 
 
 def exchange(
-    kind: str, name: str, payload: bytes, *, tree_digest: str, timeout: float | None = None
+    kind: str,
+    name: str,
+    payload: bytes,
+    *,
+    tree_digest: str,
+    timeout: float | None = None,
+    sources_only: bool = False,
 ) -> dict[int, bytes]:
     """Like `enter`, and every host's ``payload`` rides along: process index -> bytes.
 
     For small data only (it travels through the coordinator, base64 in the
     record, chunked by `_kv` beyond its per-host bound): the check and the
     data movement are one exchange, no device work. Requires more than one
-    process.
+    process. ``sources_only`` (a broadcast: most payloads are empty): above
+    `_kv.DIGEST_ABOVE` hosts on the main thread, non-empty payloads go beside
+    the round (``<round>/src/<pid>``) and the round agrees through its digest,
+    so a host reads the sources' payloads, not every host's record; the result
+    then holds the hosts with a non-empty payload only.
     """
+    beside = (
+        sources_only
+        and threading.get_ident() == _MAIN_THREAD
+        and _kv.process_count() > _kv.DIGEST_ABOVE
+    )
     _, raw = _enter(
-        kind, name, tree_digest=tree_digest, timeout=timeout, site=call_site(), payload=payload
+        kind,
+        name,
+        tree_digest=tree_digest,
+        timeout=timeout,
+        site=call_site(),
+        payload=payload,
+        beside=beside,
     )
     return {p: base64.b64decode(json.loads(v)['data']) for p, v in raw.items()}
 
@@ -367,6 +388,7 @@ def _enter(
     fail: str = '',
     read: bool = False,
     launch: _recorder.Entry | None = None,
+    beside: bool = False,
 ) -> tuple[CollectiveRecord, dict[int, str]]:
     """`enter`, also returning every host's raw published record (process -> JSON).
 
@@ -405,7 +427,7 @@ def _enter(
     timeout = _timeout(timeout)
     t0: float | None = None  # the wait starts after the enter hook (stepping, a test's delay)
     while True:
-        verdict, raw, started = _take_turn(client, rec, timeout, entry, payload, read)
+        verdict, raw, started = _take_turn(client, rec, timeout, entry, payload, read, beside)
         t0 = started if t0 is None else t0
         if verdict.ok:
             break
@@ -451,10 +473,14 @@ def _take_turn(
     entry: _recorder.Entry,
     payload: bytes | None,
     read: bool,
+    beside: bool = False,
 ) -> tuple[_kv.Verdict, dict[int, str], float]:
     """One round of collective ``rec``: publish its record, wait for every host, judge.
 
     Also returns when this host's wait began (`time.monotonic`, after the enter hook).
+    ``beside``: a non-empty ``payload`` is published before the round under
+    ``<round>/src`` (with the record), the round itself carries none and
+    agrees through its digest; on success those are the values returned.
     """
     seq = rec.seq
     _kv.collect_garbage(client, seq)
@@ -462,6 +488,11 @@ def _take_turn(
     # started); with stepping on, the host marks itself waiting at the gate.
     gate = _enter_hook(client, rec) if _enter_hook is not None else None
     started = time.monotonic()
+    beside_dir = f'{_round(seq).name}/src'
+    if beside:
+        if payload:  # a source: its data is there before it arrives
+            _kv.publish(client, beside_dir, rec.to_json(payload))
+        payload = None
     text = rec.to_json(payload)
     details = _timeout_details(client, rec, rec.describe())
     period, patience = _patience(rec, timeout, details)
@@ -480,6 +511,8 @@ def _take_turn(
             patience=patience,
             agree=_agreement(rec),
         )
+        if beside and verdict.ok:
+            raw = _kv.read_dir(client, beside_dir)
         return verdict, raw, started
     except CoordinatorUnreachableError as exc:
         _recorder.finished(entry, failed=True)
