@@ -6,6 +6,7 @@ engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
 
 from typing import TYPE_CHECKING, Any
 
+from mhnotebook._attach import AttachedJob, AttachError, attach
 from mhnotebook._cluster.connect import connect
 from mhnotebook._cluster.local import start_local
 from mhnotebook._errors import (
@@ -21,6 +22,8 @@ from mhnotebook._errors import (
 from mhnotebook._session import HostInfo, Session
 
 __all__ = [
+    'AttachError',
+    'AttachedJob',
     'HostDied',
     'HostGone',
     'HostInfo',
@@ -32,6 +35,7 @@ __all__ = [
     'SessionError',
     'SessionInterrupted',
     'SessionTimeout',
+    'attach',
     'connect',
     'current_session',
     'start_local',

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from mhnotebook._attach import AttachedJob
 from mhnotebook._session import Session
 from mhnotebook._transfer._gather import host_copy
 
@@ -140,7 +141,7 @@ def nonfinite_view(session: Session, name: str) -> NonfiniteView:
     return NonfiniteView(session.nonfinite(name), name=name)
 
 
-def where_view(session: Session, *, timeout: float = 10.0) -> WhereView:
+def where_view(session: Session | AttachedJob, *, timeout: float = 10.0) -> WhereView:
     """A refreshable `WhereView`: every host's current collective and stacks."""
     from mhnotebook.widgets import WhereView
 
@@ -173,7 +174,9 @@ def memory_view(session: Session) -> MemoryView:
     return MemoryView(session.memory_census())
 
 
-def timeline_view(session: Session, *, last: int = 200, timeout: float = 10.0) -> TimelineView:
+def timeline_view(
+    session: Session | AttachedJob, *, last: int = 200, timeout: float = 10.0
+) -> TimelineView:
     """A refreshable `TimelineView` of every host's last ``last`` flight records."""
     from mhnotebook.widgets import TimelineView
 
@@ -190,8 +193,12 @@ def stacks_view(stacks: Mapping[int, HostStacks]) -> WhereView:
     return WhereView(dict(stacks))
 
 
-def stepper_view(session: Session) -> StepperView:
-    """A `StepperView` wired to ``session``: Step, Continue (release all), Stop."""
+def stepper_view(session: Session | AttachedJob) -> StepperView:
+    """A `StepperView` wired to ``session``: Step, Continue (release all), Stop.
+
+    Attached to a job (`AttachedJob`), Stop turns stepping off without
+    interrupting anyone: the job was not started here.
+    """
     from mhnotebook.widgets import StepperView
 
     # After Step and Continue the view shows where the hosts went, not the
@@ -207,7 +214,8 @@ def stepper_view(session: Session) -> StepperView:
         return session.moved_on(before)
 
     def stop() -> StepTable:
-        session.interrupt()  # hosts held at the gate raise KeyboardInterrupt
+        if isinstance(session, Session):
+            session.interrupt()  # hosts held at the gate raise KeyboardInterrupt
         session.set_stepping(False)
         return session.step_table()
 

@@ -15,6 +15,9 @@ Two inputs a real job also reads from its environment:
 
 * ``BAD_BATCH_HOST=p``: process p's local batch has one example more (a data
   pipeline bug: that host's global batch, and so its program, differ).
+* ``STALL_HOST=p`` with ``STALL_UNTIL=PATH``: process p stalls before its first
+  orbax save (a slow disk, a stuck data loader) in ``time.sleep`` until PATH
+  exists (at most 300 s); the others wait for it in orbax's barrier.
 * ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
   `multihost` was loaded into this process by someone else (``python -m
   multihost run``: the script never imports it), each process writes its own
@@ -50,6 +53,16 @@ PROCESS_ID = int(os.environ['PROCESS_ID'])
 NUM_PROCESSES = int(os.environ['NUM_PROCESSES'])
 STEPS = int(os.environ.get('STEPS', '6'))
 BAD_BATCH_HOST = int(os.environ.get('BAD_BATCH_HOST', '-1'))
+STALL_HOST = int(os.environ.get('STALL_HOST', '-1'))
+
+
+def stall(step):
+    """Process STALL_HOST sleeps before its first save until STALL_UNTIL exists (bounded)."""
+    if step != 0 or jax.process_index() != STALL_HOST:
+        return
+    deadline = time.monotonic() + 300.0
+    while not os.path.exists(os.environ['STALL_UNTIL']) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def batch_for(mesh, step):
@@ -81,6 +94,7 @@ def train():
         loss = float(loss)
         print(f'STEP {step} {time.perf_counter() - t0!r}', flush=True)
         print(f'LOSS {step} {loss.hex()}', flush=True)
+        stall(step)
         manager.save(step, args=ocp.args.StandardSave(state))
     manager.wait_until_finished()
     manager.close()

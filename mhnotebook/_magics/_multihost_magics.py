@@ -10,12 +10,14 @@ session for models and returns a widget), or to this room's helpers for
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, magics_class
 
+from mhnotebook._attach import AttachedJob, AttachError, attach
 from mhnotebook._magics import _cluster_actions, _help, _results, _run
 from mhnotebook._magics._entry import cell_magic, delegate, held, hold, line_magic, running
 from mhnotebook._magics._options import (
@@ -48,9 +50,21 @@ class MultihostMagics(Magics):
     def __init__(self, shell: Any):
         super().__init__(shell)
         self.background: dict[int, Any] | None = None
+        self.attached: AttachedJob | None = None
 
     def _session(self) -> Session:
+        """The running session, for magics that run code on the hosts (refused while attached)."""
+        if self.attached is not None:
+            raise UsageError(
+                f'attached to a job started outside the notebook ({self.attached.path}): '
+                'this magic runs code on the hosts, which only a %mh_cluster session can; '
+                '%mh_where, %mh_timeline and %mh_step work here, %mh_detach ends the attachment'
+            )
         return running(self.session)
+
+    def _inspected(self) -> Session | AttachedJob:
+        """The attached job if any, else the running session (where, timeline, step)."""
+        return self.attached if self.attached is not None else running(self.session)
 
     @property
     def stepping(self) -> bool:
@@ -359,7 +373,7 @@ class MultihostMagics(Magics):
             %mh_step continue
         """
         args = magic_arguments.parse_argstring(self.mh_step, line)
-        session = self._session()
+        session = self._inspected()
         if args.action == 'step' and args.count < 1:
             raise UsageError('step releases at least one collective: %mh_step step 1')
         actions = {
@@ -423,7 +437,7 @@ class MultihostMagics(Magics):
             %mh_where
         """
         no_arguments(line, '%mh_where takes no arguments.')
-        session = self._session()
+        session = self._inspected()
         return delegate(lambda: where_view(session))
 
     @magic_arguments.magic_arguments()
@@ -454,11 +468,60 @@ class MultihostMagics(Magics):
             raise UsageError(
                 f'--last takes a positive number of records, got {args.last}; e.g. 200'
             )
-        session = self._session()
+        session = self._inspected()
         view = delegate(lambda: timeline_view(session, last=args.last))
         if args.chrome:
             _results.write_chrome_trace(view, args.chrome)
         return view
+
+    # -- %mh_attach / %mh_detach -------------------------------------------------------
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument('path', help='the connection file the job wrote (--control-file)')
+    @timeout_option(15.0, 'seconds to connect')
+    @line_magic
+    def mh_attach(self, line: str) -> Any:
+        """Is my batch job stuck? Attach to it (started elsewhere) through its file.
+
+        The job runs under ``python -m multihost run --control-file PATH``
+        (or ``MULTIHOST_CONTROL_FILE``); its process 0 wrote ``PATH``. While
+        attached, ``%mh_where``, ``%mh_timeline`` and ``%mh_step`` act on
+        that job (they work while every host is blocked); magics that run
+        code on the hosts refuse. ``%mh_detach`` ends it; the job goes on.
+
+        Examples::
+
+            %mh_attach /shared/job42/control.json
+            %mh_attach ~/control.json --timeout 30
+        """
+        args = magic_arguments.parse_argstring(self.mh_attach, line)
+        check_timeout(args.timeout, '%mh_attach PATH --timeout 30')
+        path = os.path.expanduser(args.path.strip('"\''))
+        try:
+            job = attach(path, timeout=args.timeout or 15.0)
+        except AttachError as exc:
+            raise UsageError(str(exc)) from None
+        if self.attached is not None:
+            self.attached.detach()
+        self.attached = job
+        return job
+
+    @magic_arguments.magic_arguments()
+    @line_magic
+    def mh_detach(self, line: str) -> None:
+        """Done with the batch job: detach from it (it goes on running).
+
+        The magics act on the ``%mh_cluster`` session again, if there is one.
+        Stepping stays as it was left: ``%mh_step continue`` first to let it run freely.
+
+        Example::
+
+            %mh_detach
+        """
+        no_arguments(line, '%mh_detach takes no arguments.')
+        if self.attached is None:
+            raise UsageError('not attached to a job: %mh_attach PATH attaches to one')
+        self.attached.detach()
+        self.attached = None
 
     # -- %mh_help --------------------------------------------------------------------
     @magic_arguments.magic_arguments()

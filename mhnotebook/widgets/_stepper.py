@@ -137,6 +137,14 @@ def status_html(table: StepTable) -> str:
         text = f'no step held; Step releases #{table.next_release} ahead of the hosts'
     else:
         text = 'no collective in flight'
+    held = getattr(table, 'launches', ())  # an older engine's table has none
+    if held:
+        by_call: dict[str, list[int]] = {}
+        for h in held:
+            by_call.setdefault(f'{h.name} @ {short_site(h.site)}', []).append(h.process)
+        text += '; held before a launch (Step releases it): ' + ', '.join(
+            f'<code>{esc(call)}</code>: {esc(fmt_hosts(ps))}' for call, ps in by_call.items()
+        )
     return CSS + (
         f'<div class="mh-stepper-state">{head}: {text}'
         + (f' <span class="mh-time">(as of {when})</span>' if when else '')

@@ -124,6 +124,28 @@ class Step:
 
 
 @dataclasses.dataclass(frozen=True)
+class HeldLaunch:
+    """A host held by the step gate before a recorded launch (under `multihost.install`).
+
+    Attributes:
+        process: the host.
+        n: the host's count of gated launches (its n-th).
+        name: the jitted function's name.
+        site: its call site (``file:line``).
+        since: when the host started waiting (``time.time()``).
+    """
+
+    process: int
+    n: int
+    name: str
+    site: str
+    since: float = 0.0
+
+    def describe(self) -> str:
+        return f'p{self.process} before launch {self.name!r} @ {short_site(self.site)}'
+
+
+@dataclasses.dataclass(frozen=True)
 class StepTable:
     """Host x step: what every host published at the steps still in flight.
 
@@ -142,6 +164,7 @@ class StepTable:
         released: every released step number, also steps no host has
             reached yet (released ahead).
         time: when the table was read (``time.time()``).
+        launches: hosts held before a recorded launch (under install), by process.
     """
 
     num_processes: int
@@ -150,6 +173,7 @@ class StepTable:
     positions: tuple[int | None, ...]
     released: tuple[int, ...] = ()
     time: float = 0.0
+    launches: tuple[HeldLaunch, ...] = ()
 
     @classmethod
     def build(
@@ -160,6 +184,7 @@ class StepTable:
         stepping: bool,
         waiting: Iterable[tuple[int, int]] = (),
         time: float | None = None,
+        launches: Iterable[HeldLaunch] = (),
     ) -> StepTable:
         """Builds a table (pure).
 
@@ -170,6 +195,7 @@ class StepTable:
             stepping: the stepping setting.
             waiting: (step, process) pairs of hosts paused at a step's gate.
             time: the reading time (default: now).
+            launches: hosts held before a recorded launch.
         """
         by_seq: dict[int, list[CollectiveRecord | None]] = {}
         positions: list[int | None] = [None] * num_processes
@@ -202,6 +228,7 @@ class StepTable:
             positions=tuple(positions),
             released=tuple(sorted(released)),
             time=_time.time() if time is None else time,
+            launches=tuple(sorted(launches, key=lambda h: h.process)),
         )
 
     def step(self, seq: int) -> Step | None:
@@ -235,6 +262,10 @@ class StepTable:
     def format(self) -> str:
         """A plain-text grid: one row per host, one column per step."""
         head = f'stepping {"on" if self.stepping else "off"}, {self.num_processes} host(s)'
+        if self.launches:
+            held = self.launches
+            head += f'\nheld before a launch: {", ".join(h.describe() for h in held[:8])}'
+            head += f' (+{len(held) - 8} more)' if len(held) > 8 else ''
         if not self.steps:
             return head + ', no collective in flight'
         cols = []

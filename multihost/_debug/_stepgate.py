@@ -12,6 +12,14 @@ Keys (``mh/`` prefix)::
     mh/step/go/<k>      step k is released
     mh/step/wait/<k>/<pid>  pid waits at step k's gate (written before its arrival)
     mh/seq/<k>/<pid>    (from `_sequence`) what pid called at step k: its arrival
+    mh/step/launch/<pid>    pid waits before its n-th recorded launch (JSON: n, name, site)
+    mh/step/lgo/<pid>/<n>   that launch is released
+
+Under `multihost.install` the gate also holds recorded jitted launches
+(`launch_gate`, called by `_job._jit`): a host-local gate, outside the
+collective sequence (a launch recorded, not checked, is not a step every
+host takes in the same order), released by the same `release` and
+`release_all`, and shown in `StepTable.launches`.
 
 Switching stepping on or off goes to every host's debug thread through the
 command bus (`_bus`, command ``stepping``).
@@ -23,10 +31,10 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from multihost._debug._debugmodel import StepTable
+from multihost._debug._debugmodel import HeldLaunch, StepTable
 from multihost._errors import StepTimeoutError
 from multihost._exchange import _bus, _kv, _sequence
 
@@ -64,6 +72,8 @@ class _State:
         self.lock = threading.Lock()
         self.stepping = False  # read by the gate without a lock: a bool is atomic
         self.gate: tuple[int, threading.Event] | None = None
+        self.launch: threading.Event | None = None  # the launch gate's, while held
+        self.launches = 0  # launches gated so far (numbers their release keys)
 
 
 _state = _State()
@@ -89,6 +99,8 @@ def _apply_stepping(on: bool) -> None:
         _state.stepping = on
         if not on and _state.gate is not None:
             _state.gate[1].set()  # stepping off releases this host's gate
+        if not on and _state.launch is not None:
+            _state.launch.set()
 
 
 def stepping_enabled() -> bool:
@@ -152,24 +164,51 @@ def step_table() -> StepTable:
     released = list(_kv.read_dir(client, _key('step', 'go')))
     waiting = sorted(_kv.read_dir2(client, _key('step', 'wait')))
     on = _kv.get(client, _key('step', 'on')) == '1'
-    return StepTable.build(records, released, _kv.process_count(), on, waiting)
+    return StepTable.build(
+        records, released, _kv.process_count(), on, waiting, launches=_held_launches(client)
+    )
+
+
+def _held_launches(client: Any) -> list[HeldLaunch]:
+    out = []
+    for p, raw in _kv.read_dir(client, _key('step', 'launch')).items():
+        try:
+            d = json.loads(raw)
+            out.append(HeldLaunch(p, int(d['n']), str(d['name']), str(d['site']), d['time']))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _release_launches(client: Any, held: Iterable[HeldLaunch]) -> None:
+    for h in held:
+        _kv.put(client, _key('step', 'lgo', h.process, h.n), '1')
 
 
 def release(steps: int = 1) -> tuple[int, ...]:
     """Releases the next ``steps`` steps (`StepTable.next_release` onwards).
 
     Hosts waiting at a released step go on into its barrier; a step released
-    before the hosts arrive lets them through without pausing.
+    before the hosts arrive lets them through without pausing. Hosts held
+    before a recorded launch (`StepTable.launches`) go first: letting them
+    all through counts as one of the ``steps``.
 
     Returns:
-        The step numbers released (empty in a single process).
+        The step numbers released (empty in a single process, or when only
+        held launches were let through).
     """
     if steps < 1:
         raise ValueError(f'steps must be >= 1, got {steps!r}')
     client = _bus.distributed()
     if client is None:
         return ()
-    first = step_table().next_release
+    table = step_table()
+    if table.launches:
+        _release_launches(client, table.launches)
+        steps -= 1
+        if steps == 0:
+            return ()
+    first = table.next_release
     released = tuple(range(first, first + steps))
     for k in released:
         _kv.put(client, _key('step', 'go', k), '1')
@@ -186,8 +225,10 @@ def release_all(*, timeout: float = 10.0) -> tuple[int, ...]:
     if client is None:
         _apply_stepping(False)
         return ()
-    held = tuple(s.seq for s in step_table().steps if s.status == 'held')
+    table = step_table()
+    held = tuple(s.seq for s in table.steps if s.status == 'held')
     set_stepping(False, timeout=timeout)
+    _release_launches(client, table.launches)
     # Hosts whose debug thread did not confirm are released through the keys.
     for k in held:
         _kv.put(client, _key('step', 'go', k), '1')
@@ -241,7 +282,7 @@ def gate(client: Any, rec: _sequence.CollectiveRecord, gated: bool) -> bool:
             _kv.delete(client, _key('step', 'go', rec.seq - 1))
         threading.Thread(
             target=_wait_release,
-            args=(client, rec.seq, released),
+            args=(client, _key('step', 'go', rec.seq), released),
             name=f'multihost-gate-{rec.seq}',
             daemon=True,
         ).start()
@@ -269,8 +310,7 @@ def _clear_wait(client: Any, rec: _sequence.CollectiveRecord) -> None:
     _kv.delete(client, _key('step', 'wait', rec.seq, rec.process))  # only informative
 
 
-def _wait_release(client: Any, seq: int, released: threading.Event) -> None:
-    key = _key('step', 'go', seq)
+def _wait_release(client: Any, key: str, released: threading.Event) -> None:
     while not released.is_set():
         try:
             got = _kv.poll(client, key, _SLICE_S)
@@ -282,6 +322,62 @@ def _wait_release(client: Any, seq: int, released: threading.Event) -> None:
         if got is not None:
             released.set()
             return
+
+
+def launch_gate(name: str, site: str) -> bool:
+    """The step gate before a recorded launch: with stepping on, waits until it is released.
+
+    Called by `_job._jit` (under `multihost.install`) before each recorded
+    launch while `stepping_enabled` (a flag read, no RPC, when off). The host
+    publishes ``mh/step/launch/<pid>`` and waits, in 0.5 s local slices, for
+    ``mh/step/lgo/<pid>/<n>`` or stepping off.
+
+    Returns:
+        Whether the host waited.
+
+    Raises:
+        StepTimeoutError: not released within ``MULTIHOST_STEP_TIMEOUT`` seconds.
+    """
+    client = _bus.distributed()
+    if client is None or not _state.stepping:
+        return False
+    pid = _kv.process_index()
+    released = threading.Event()
+    with _state.lock:
+        if not _state.stepping or _state.launch is not None:
+            return False  # off meanwhile, or another thread of this host holds the gate
+        _state.launches += 1
+        n = _state.launches
+        _state.launch = released
+    held = _key('step', 'launch', pid)
+    timeout = step_timeout()
+    try:
+        _kv.put(client, held, json.dumps({'n': n, 'name': name, 'site': site, 'time': time.time()}))
+        go = _key('step', 'lgo', pid, n)
+        threading.Thread(
+            target=_wait_release,
+            args=(client, go, released),
+            name='multihost-gate-launch',
+            daemon=True,
+        ).start()
+        deadline = time.monotonic() + timeout
+        while not released.wait(0.5):
+            if time.monotonic() > deadline:
+                raise StepTimeoutError(
+                    f'step gate: the launch of {name!r} ({site}) was not released within '
+                    f'{timeout:g} s. Stepping is on: release it with multihost.release() '
+                    'or multihost.release_all() (or a ControlClient), or raise '
+                    'MULTIHOST_STEP_TIMEOUT.',
+                    seq=-1,
+                    timeout=timeout,
+                )
+    finally:
+        with _state.lock:
+            _state.launch = None
+        released.set()
+        _kv.delete(client, held)
+        _kv.delete(client, _key('step', 'lgo', pid, n))
+    return True
 
 
 def _on_enter(client: Any, rec: _sequence.CollectiveRecord) -> Callable[[], None] | None:

@@ -35,7 +35,11 @@ from multihost._job._options import InstallOptions
 
 #: The patcher modules `install` runs, in order, each as ``patch(options)`` and
 #: ``unpatch()`` (imported when installing; one that does not exist is skipped).
-PATCHERS: tuple[str, ...] = ('multihost._job._jit', 'multihost._job._service')
+PATCHERS: tuple[str, ...] = (
+    'multihost._job._jit',
+    'multihost._job._service',
+    'multihost._job._attach',
+)
 
 #: JAX's public functions that become ours: name -> (ours, whether it waits in
 #: the collective sequence, so its installed form gets the installed timeout).
@@ -70,7 +74,12 @@ _active: _Installed | None = None
 
 
 def install(
-    *, check_jit: bool = False, timeout: float | None = None, dump_dir: str | None = None
+    *,
+    check_jit: bool = False,
+    timeout: float | None = None,
+    dump_dir: str | None = None,
+    control_file: str | None = None,
+    control_address: str | None = None,
 ) -> None:
     """Makes the program's own and its libraries' multi-host calls the checked ones.
 
@@ -94,12 +103,19 @@ def install(
         WARNING of the ``multihost`` logger; stderr when logging is not
         configured), unless ``MULTIHOST_TIMEOUT`` is set: then that is the
         timeout.
+      control_file: process 0 serves the control endpoint (`ControlClient`,
+        ``mhnotebook.attach``) once ``jax.distributed.initialize`` ran, and
+        writes its connection file here (JSON, mode 0600, removed at a clean
+        exit); ``MULTIHOST_CONTROL_FILE`` sets it too. None: no endpoint.
+      control_address: the interface the endpoint binds; default loopback
+        (``MULTIHOST_CONTROL_ADDRESS``). An address on the cluster network
+        lets a notebook on another machine attach.
 
     Raises:
       ValueError: already installed with other options (`uninstall` first).
     """
     global _active
-    options = InstallOptions.resolve(check_jit, timeout, dump_dir)
+    options = InstallOptions.resolve(check_jit, timeout, dump_dir, control_file, control_address)
     with _lock:
         if _active is not None:
             if _active.options == options:
@@ -163,6 +179,7 @@ def installed() -> dict[str, Any] | None:
             'check_jit': _active.options.check_jit,
             'timeout': _active.options.timeout,
             'dump_dir': _active.options.dump_dir,
+            'control_file': _active.options.control_file,
             'functions': sorted(_active.originals),
             'references': _active.references,
             'patchers': [p.__name__ for p in _active.patchers],
@@ -170,7 +187,10 @@ def installed() -> dict[str, Any] | None:
 
 
 def _describe(options: InstallOptions) -> str:
-    return f'check_jit={options.check_jit}, timeout={options.timeout}, dump_dir={options.dump_dir}'
+    out = f'check_jit={options.check_jit}, timeout={options.timeout}, dump_dir={options.dump_dir}'
+    if options.control_file:
+        out += f', control_file={options.control_file!r}'
+    return out
 
 
 def _undo(done: _Installed) -> None:

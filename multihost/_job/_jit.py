@@ -23,6 +23,10 @@ launch to learn its devices, and only the signatures that span devices of
 more than one process take `watch`'s cross-host check (`_sequence.check_launch`
 and the program comparison); the others are recorded only.
 
+With stepping on (`multihost.set_stepping`, a `ControlClient`, ``mhnotebook.attach``),
+a recorded launch waits at `_stepgate.launch_gate` until released; a checked
+one waits at the collective step gate.
+
 Functions jitted before `patch` are not seen. `unpatch` puts every replaced
 reference back, including the ones modules imported meanwhile took by name;
 functions jitted meanwhile keep working and stop recording.
@@ -42,7 +46,7 @@ import jax
 import jaxlib
 
 from multihost import _jax_adapter, _recorder
-from multihost._debug import _watch
+from multihost._debug import _stepgate, _watch
 from multihost._exchange import _sequence
 
 #: Module name prefixes whose references are never replaced: JAX's own (which
@@ -139,7 +143,9 @@ class Jitted:
         return self._recorded(_site(), args, kwargs)
 
     def _recorded(self, site: str, args: tuple, kwargs: dict) -> Any:
-        """The launch, recorded (not checked)."""
+        """The launch, recorded (not checked); with stepping on, held at the launch gate first."""
+        if _stepgate.stepping_enabled():
+            _stepgate.launch_gate(self._name, site)
         entry = _recorder.note('launch', self._name, seq=None, digest='', site=site, checked=False)
         entry.spans = self._spans
         try:

@@ -21,17 +21,29 @@ class InstallOptions:
             ``MULTIHOST_TIMEOUT`` is set.
         dump_dir: where each host writes its dump when something goes wrong
             (`_job._dump`; ``MULTIHOST_DUMP_DIR`` too); None: no dumps.
+        control_file: where process 0 writes the control endpoint's connection
+            file (`_attach`; ``MULTIHOST_CONTROL_FILE``); None: no endpoint.
+        control_address: the interface the endpoint binds (default loopback;
+            ``MULTIHOST_CONTROL_ADDRESS``).
     """
 
     check_jit: bool = False
     timeout: float | None = None
     dump_dir: str | None = None
+    control_file: str | None = None
+    control_address: str | None = None
 
     @classmethod
     def resolve(
-        cls, check_jit: bool, timeout: float | None, dump_dir: str | None = None
+        cls,
+        check_jit: bool,
+        timeout: float | None,
+        dump_dir: str | None = None,
+        control_file: str | None = None,
+        control_address: str | None = None,
     ) -> InstallOptions:
-        """The options as given, ``MULTIHOST_CHECK_JIT`` / ``MULTIHOST_DUMP_DIR`` read;
+        """The options as given, ``MULTIHOST_CHECK_JIT`` / ``MULTIHOST_DUMP_DIR`` (and the
+        control variables) read;
         ``timeout`` checked."""
         env = os.environ.get('MULTIHOST_CHECK_JIT', '').strip().lower()
         if timeout is not None:
@@ -39,10 +51,14 @@ class InstallOptions:
             if not timeout > 0:
                 raise ValueError(f'install timeout must be positive seconds, got {timeout!r}')
         dump_dir = dump_dir or os.environ.get('MULTIHOST_DUMP_DIR', '').strip() or None
+        control_file = control_file or os.environ.get('MULTIHOST_CONTROL_FILE') or None
+        control_address = control_address or os.environ.get('MULTIHOST_CONTROL_ADDRESS') or None
         return cls(
             check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'),
             timeout=timeout,
             dump_dir=os.path.abspath(dump_dir) if dump_dir else None,
+            control_file=os.path.abspath(control_file) if control_file else None,
+            control_address=control_address,
         )
 
     def wait(self, default: float) -> float:

@@ -1,7 +1,12 @@
 """``python -m multihost run``: an unmodified program, with `multihost.install` applied first.
 
-    python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] SCRIPT [ARGS...]
-    python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] -m MODULE [ARGS...]
+    python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] [--control-file PATH]
+                            [--control-address HOST] SCRIPT [ARGS...]
+    python -m multihost run [OPTIONS] -m MODULE [ARGS...]
+
+``--control-file PATH``: process 0 serves the control endpoint and writes its
+connection file there (``mhnotebook.attach(PATH)``; see `_attach`).
+``--dump-dir DIR``: each host writes ``DIR/process-<i>.json`` when something goes wrong.
 
 Installs, then runs the program as ``__main__`` the way ``python SCRIPT`` /
 ``python -m MODULE`` would (`runpy`): the same ``sys.argv`` (the program's),
@@ -21,12 +26,19 @@ import runpy
 import sys
 
 USAGE = (
-    'usage: python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] SCRIPT [ARGS...]\n'
-    '       python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR] '
-    '-m MODULE [ARGS...]'
+    'usage: python -m multihost run [--check-jit] [--timeout S] [--dump-dir DIR]\n'
+    '                               [--control-file PATH] [--control-address HOST]\n'
+    '                               SCRIPT [ARGS...]\n'
+    '       python -m multihost run [OPTIONS] -m MODULE [ARGS...]'
     '\n(--dump-dir DIR: each host writes DIR/process-<i>.json when something goes wrong;'
     ' read them with python -m multihost analyze DIR)'
 )
+#: Options taking a string value -> the `install` keyword they set.
+_STRINGS = {
+    '--dump-dir': 'dump_dir',
+    '--control-file': 'control_file',
+    '--control-address': 'control_address',
+}
 
 
 class UsageError(Exception):
@@ -45,28 +57,19 @@ def parse(argv: list[str]) -> tuple[dict[str, object], str, bool, list[str]]:
         arg = argv[i]
         if arg == '--check-jit':
             options['check_jit'] = True
-        elif arg == '--timeout' or arg.startswith('--timeout='):
-            if arg == '--timeout':
-                i += 1
-                if i == len(argv):
-                    raise UsageError('--timeout needs a number of seconds')
-                value = argv[i]
-            else:
-                value = arg.split('=', 1)[1]
+        elif arg.split('=', 1)[0] == '--timeout':
+            i, value = _value(argv, i, 'a number of seconds')
             try:
                 options['timeout'] = float(value)
             except ValueError:
                 raise UsageError(f'--timeout needs a number of seconds, got {value!r}') from None
             if not options['timeout'] > 0:  # type: ignore[operator]
                 raise UsageError(f'--timeout needs a positive number of seconds, got {value!r}')
-        elif arg == '--dump-dir' or arg.startswith('--dump-dir='):
-            if arg == '--dump-dir':
-                i += 1
-                if i == len(argv):
-                    raise UsageError('--dump-dir needs a directory')
-                options['dump_dir'] = argv[i]
-            else:
-                options['dump_dir'] = arg.split('=', 1)[1]
+        elif arg.split('=', 1)[0] in _STRINGS:
+            i, value = _value(argv, i, 'a value')
+            if not value:
+                raise UsageError(f'{arg.split("=", 1)[0]} needs a non-empty value')
+            options[_STRINGS[arg.split('=', 1)[0]]] = value
         elif arg == '-m':
             if i + 1 == len(argv):
                 raise UsageError('-m needs a module name')
@@ -79,6 +82,16 @@ def parse(argv: list[str]) -> tuple[dict[str, object], str, bool, list[str]]:
             return options, arg, False, argv[i + 1 :]
         i += 1
     raise UsageError('no script or -m MODULE given')
+
+
+def _value(argv: list[str], i: int, what: str) -> tuple[int, str]:
+    """The value of the option at ``argv[i]`` (``--name VALUE`` or ``--name=VALUE``), its index."""
+    name, eq, value = argv[i].partition('=')
+    if eq:
+        return i, value
+    if i + 1 == len(argv):
+        raise UsageError(f'{name} needs {what}')
+    return i + 1, argv[i + 1]
 
 
 def main(argv: list[str]) -> None:

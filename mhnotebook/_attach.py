@@ -1,0 +1,215 @@
+"""`attach`: the inspection methods of a `Session` for a job the notebook did not start.
+
+A batch job run under ``python -m multihost run --control-file PATH`` (or
+``install(control_file=...)``, ``MULTIHOST_CONTROL_FILE``) has its process 0
+serve the control endpoint and write ``PATH`` (`multihost._job._attach`).
+`attach` reads that file and returns an `AttachedJob`: a `ControlClient` on
+the endpoint, with the methods of a `Session` that make sense without
+engines (where, wavefront, records, timeline, the step table, stepping).
+Every answer comes from the hosts' debug threads, so it works while every
+main thread is blocked; nothing changes in the job unless asked (stepping),
+and `AttachedJob.detach` leaves it running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from multiprocessing import AuthenticationError
+from typing import TYPE_CHECKING, Any
+
+from mhnotebook._errors import SessionError
+
+if TYPE_CHECKING:
+    from multihost import ControlClient, FlightRecord, HostStacks, StepTable, Timeline, Wavefront
+
+#: The fields a connection file must hold.
+_FIELDS = ('address', 'port', 'key')
+
+
+class AttachError(SessionError):
+    """The job of a connection file cannot be reached (one line: which file, why, what to do)."""
+
+
+def _read(path: str) -> dict[str, Any]:
+    run = f'python -m multihost run --control-file {path} SCRIPT'
+    try:
+        with open(path) as f:
+            content = json.load(f)
+    except FileNotFoundError:
+        raise AttachError(
+            f'no connection file {path}: start the job with `{run}` (process 0 writes it '
+            "once jax.distributed.initialize ran), or copy it here from the job's machine"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise AttachError(
+            f'cannot read the connection file {path} ({type(exc).__name__}: {exc}); '
+            f'it is written by `{run}`: check its permissions (mode 0600: the same user)'
+        ) from None
+    missing = [k for k in _FIELDS if not isinstance(content, dict) or k not in content]
+    if missing:
+        raise AttachError(
+            f'{path} is not a multihost connection file (no {", ".join(missing)}); '
+            f'give the file that `{run}` writes'
+        )
+    return content
+
+
+def attach(path: str | os.PathLike[str], *, timeout: float = 15.0) -> AttachedJob:
+    """Attaches to a running job through its connection file (see `AttachedJob`).
+
+    Args:
+        path: the file given to ``--control-file`` (``MULTIHOST_CONTROL_FILE``).
+        timeout: seconds to connect, and the margin on top of each call's own.
+
+    Raises:
+        AttachError: the file is missing or unreadable, the job is gone (the
+            connection is refused) or does not answer, or it refused the key.
+    """
+    from multihost import ControlClient
+
+    path = os.fspath(path)
+    if not timeout > 0:
+        raise ValueError(f'timeout must be positive seconds, got {timeout!r}')
+    info = _read(path)
+    address = (str(info['address']), int(info['port']))
+    where = f'{address[0]}:{address[1]}'
+    try:
+        client = ControlClient(address, bytes.fromhex(str(info['key'])), timeout=timeout)
+    except AuthenticationError:
+        raise AttachError(
+            f'the job at {where} refused the key of {path}: the file is from another run; '
+            'attach with the file the running job wrote'
+        ) from None
+    except ConnectionRefusedError:
+        raise AttachError(
+            f'the job of {path} is gone: nothing listens at {where} (connection refused). '
+            'It ended without removing its file (killed?): delete the file, start the job again'
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise AttachError(
+            f'cannot reach the job of {path} at {where} ({exc}); from another machine use '
+            f'--control-address on the cluster network, or `ssh -L {address[1]}:localhost:'
+            f'{address[1]} HOST` and set "address" in a copy of the file to 127.0.0.1'
+        ) from None
+    return AttachedJob(path, info, client)
+
+
+class AttachedJob:
+    """A job the notebook did not start, reached through its control endpoint.
+
+    The inspection methods of a `Session` that make sense without engines:
+    `where`, `wavefront`, `records`, `timeline`, `step_table`, `stepping`,
+    `set_stepping`, `release`, `release_all`. Hosts that died or do not
+    answer are named by the answers themselves (``silent`` in the wavefront
+    and the where view). `detach` closes the connection; the job goes on.
+
+    Attributes:
+        path: the connection file.
+        num_processes: the job's process count (from the file).
+        pid: process 0's OS pid.
+        started: when process 0 started serving (``time.time()``).
+        control: the `multihost.ControlClient`.
+    """
+
+    def __init__(self, path: str, info: dict[str, Any], client: ControlClient):
+        self.path = path
+        count = int(info.get('num_processes', 0))
+        self.num_processes = count or int(client.info()['num_processes'])
+        self.pid = info.get('pid')
+        self.started = info.get('started')
+        self.control: ControlClient | None = client
+        self._stepping = False
+
+    def __repr__(self) -> str:
+        state = 'attached' if self.control is not None else 'detached'
+        return f'<AttachedJob {self.path} {self.num_processes} processes, {state}>'
+
+    @property
+    def running(self) -> bool:
+        """Whether still attached (`detach` not called)."""
+        return self.control is not None
+
+    def _client(self) -> ControlClient:
+        if self.control is None:
+            raise AttachError(f'detached from {self.path}: mhnotebook.attach({self.path!r}) again')
+        return self.control
+
+    def where(self, *, timeout: float = 10.0) -> dict[int, HostStacks]:
+        """Per process index: its Python stacks and current collective (`multihost.HostStacks`)."""
+        return self._client().stacks(timeout=timeout)
+
+    def wavefront(self, *, timeout: float = 10.0) -> Wavefront:
+        """How far every host got, and the verdict (`multihost.Wavefront`)."""
+        return self._client().wavefront(timeout=timeout)
+
+    def records(self, *, last: int = 200, timeout: float = 10.0) -> dict[int, list[FlightRecord]]:
+        """Every host's last ``last`` flight records (`multihost.FlightRecord`), oldest first."""
+        return self._client().records(last=last, timeout=timeout)
+
+    def timeline(self, *, last: int = 200, timeout: float = 10.0) -> Timeline:
+        """Every host's last ``last`` flight records aligned into a `multihost.Timeline`."""
+        from multihost import Timeline
+
+        return Timeline.build(self.records(last=last, timeout=timeout), self.num_processes)
+
+    def step_table(self) -> StepTable:
+        """The host x step table of the step gate, with the hosts held before a launch."""
+        table = self._client().step_table()
+        self._stepping = bool(table.stepping)
+        return table
+
+    @property
+    def stepping(self) -> bool:
+        """Whether the step gate is on, as the hosts say (the last value seen if they cannot)."""
+        if self.control is not None:
+            try:
+                self.step_table()
+            except Exception:
+                pass
+        return self._stepping
+
+    def set_stepping(self, on: bool) -> None:
+        """Turns the step gate on (every host pauses before each collective and launch) or off."""
+        self._client().set_stepping(on)
+        self._stepping = bool(on)
+
+    def release(self, steps: int = 1) -> tuple[int, ...]:
+        """Releases the next ``steps`` gated collectives (held launches count as one)."""
+        return self._client().release(steps)
+
+    def release_all(self) -> tuple[int, ...]:
+        """Turns stepping off and releases every waiting collective and launch."""
+        held = self._client().release_all()
+        self._stepping = False
+        return held
+
+    def moved_on(self, before: StepTable, timeout: float = 3.0) -> StepTable:
+        """The step table once the hosts moved on from ``before`` (at most ``timeout`` s)."""
+        first_held = before.pending.seq if before.pending is not None else -1
+        held_launches = {(h.process, h.n) for h in before.launches}
+        deadline = time.monotonic() + timeout
+        while True:
+            table = self.step_table()
+            held = table.pending
+            if held is not None and held.seq > first_held and held.complete:
+                return table
+            now = {(h.process, h.n) for h in table.launches}
+            if held_launches and now and not now & held_launches:
+                return table
+            if time.monotonic() >= deadline:
+                return table
+            time.sleep(0.1)
+
+    def detach(self) -> None:
+        """Closes the connection (idempotent); the job goes on, stepping as it was left."""
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+
+    def __enter__(self) -> AttachedJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()

@@ -1,0 +1,287 @@
+"""Attach to a batch job the notebook did not start (issue 20, item 1).
+
+`_flax_job.py` (flax + optax + orbax, nothing of `multihost` imported) runs
+as three plain processes under ``python -m multihost run --control-file``,
+launched as a scheduler launches them. Process 2 stalls in ``time.sleep``
+before its first orbax save, so processes 0 and 1 wait in orbax's barrier.
+From this test process (not a JAX process): `mhnotebook.attach` names
+process 2 and the barrier, with process 2's user frame; a wrong key is
+refused; the magics act on the job and refuse to run code on it; stepping
+holds the next recorded launch and releases it; detaching leaves the job
+running to its end; then attaching says the job is gone. One small job,
+exiting normally, shows that a clean run removes its file and writes
+nothing else.
+
+Three processes x 1 CPU device, two steps: ~30 s here. Every wait is
+bounded; every process is killed if anything fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import mhnotebook
+from multihost.local import free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+JOB = os.path.join(HERE, '_flax_job.py')
+N = 3
+STALLED = 2
+TIMEOUT = 150.0
+
+pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith('MULTIHOST_')}
+    env.update(PYTHONPATH=ROOT, JAX_PLATFORMS='cpu', **extra)
+    return env
+
+
+def _until(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except mhnotebook.AttachError:
+            last = None
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
+
+
+@pytest.fixture(scope='module')
+def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The stalled job: its processes, control file and the file that ends the stall."""
+    tmp = str(tmp_path_factory.mktemp('attach'))
+    control = os.path.join(tmp, 'ctl', 'control.json')
+    os.makedirs(os.path.dirname(control))
+    go = os.path.join(tmp, 'go')
+    env = _env(
+        COORDINATOR_ADDRESS=f'127.0.0.1:{free_port()}',
+        NUM_PROCESSES=str(N),
+        CKPT_DIR=os.path.join(tmp, 'ckpt'),
+        STEPS='2',
+        LOCAL_DEVICES='1',
+        STALL_HOST=str(STALLED),
+        STALL_UNTIL=go,
+    )
+    command = [sys.executable, '-m', 'multihost', 'run', '--control-file', control, JOB]
+    procs = [
+        subprocess.Popen(
+            command,
+            env={**env, 'PROCESS_ID': str(p)},
+            cwd=tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in range(N)
+    ]
+    try:
+        _until('the control file', lambda: os.path.exists(control), 90.0)
+        yield {'procs': procs, 'control': control, 'go': go}
+    finally:
+        open(go, 'w').close()
+        try:  # a failed test may have left stepping on
+            with mhnotebook.attach(control, timeout=5.0) as j:
+                j.release_all()
+        except Exception:
+            pass
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def _stalled_wavefront(path: str) -> Any:
+    with mhnotebook.attach(path) as j:
+        front = j.wavefront(timeout=15.0)
+        where = j.where(timeout=15.0)
+    if 'process 2 is not there' not in (front.verdict or ''):
+        return None
+    return front, where
+
+
+def test_the_connection_file_is_private_and_says_how_to_connect(job):
+    path = job['control']
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with open(path) as f:
+        info = json.load(f)
+    assert info['address'] == '127.0.0.1' and info['num_processes'] == N
+    assert len(bytes.fromhex(info['key'])) == 32
+    assert info['pid'] == job['procs'][0].pid
+    assert os.listdir(os.path.dirname(path)) == ['control.json']  # no temporary left
+
+
+def test_attach_names_the_stalled_host_and_the_orbax_barrier_the_others_wait_in(job):
+    front, where = _until('the stall', lambda: _stalled_wavefront(job['control']), 90.0)
+    verdict = front.verdict
+    # processes 0-1 are waiting at barrier('CheckpointManager:save_start') #2 for 1 s;
+    # process 2 is not there: last at train_step call #0, now in user code at
+    # _flax_job.py:65 in stall, in time.sleep
+    assert "processes 0-1 are waiting at barrier('CheckpointManager:save_start')" in verdict
+    assert 'process 2 is not there' in verdict and '_flax_job.py' in verdict, verdict
+    assert 'in stall, in time.sleep' in verdict, verdict
+    assert front.silent == ()
+    for p in (0, 1):
+        assert 'CheckpointManager:save_start' in str(where[p].waiting), where[p].waiting
+    stalled = where[STALLED]
+    assert '_flax_job.py' in stalled.where and 'in stall' in stalled.where, stalled.where
+    assert stalled.waiting is None  # it is in time.sleep, not in a collective
+
+
+def test_a_wrong_key_is_refused_in_one_line(job, tmp_path):
+    with open(job['control']) as f:
+        info = json.load(f)
+    info['key'] = '00' * 32
+    forged = tmp_path / 'forged.json'
+    forged.write_text(json.dumps(info))
+    with pytest.raises(mhnotebook.AttachError) as err:
+        mhnotebook.attach(forged)
+    assert 'refused the key' in str(err.value) and '\n' not in str(err.value)
+    with pytest.raises(mhnotebook.AttachError, match='no connection file'):
+        mhnotebook.attach(tmp_path / 'missing.json')
+
+
+def test_the_magics_act_on_the_attached_job_and_refuse_to_run_code(job):
+    from _helpers import magic_shell
+    from IPython.core.error import UsageError
+
+    ip, magics = magic_shell(None)
+    attached = ip.run_line_magic('mh_attach', job['control'])
+    try:
+        assert isinstance(attached, mhnotebook.AttachedJob)
+        view = ip.run_line_magic('mh_where', '')
+        assert type(view).__name__ == 'WhereView'
+        assert 'process 2 is not there' in str(view.verdict), view.verdict
+        assert type(ip.run_line_magic('mh_step', '')).__name__ == 'StepperView'
+        for line in ('mh_diff', 'mh_allgather', 'mh_layout'):
+            with pytest.raises(UsageError, match='attached to a job started outside the notebook'):
+                ip.run_line_magic(line, 'state')
+        with pytest.raises(UsageError, match='%mh_detach'):
+            ip.run_cell_magic('mh', '', 'print(1)')
+    finally:
+        ip.run_line_magic('mh_detach', '')
+    assert magics.attached is None
+    with pytest.raises(UsageError, match='not attached'):
+        ip.run_line_magic('mh_detach', '')
+
+
+def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_running(job):
+    j = mhnotebook.attach(job['control'])
+    try:
+        j.set_stepping(True)
+        assert j.stepping
+        open(job['go'], 'w').close()  # the stall ends: the next train_step is held
+
+        def held_launch() -> Any:
+            table = j.step_table()
+            if table.pending is not None and table.pending.complete:
+                j.release()  # orbax's checked barriers are steps of their own
+            return len(table.launches) == N and table
+
+        table = _until('a held launch', held_launch)
+        held = table.launches
+        assert {h.name for h in held} == {'train_step'}, held
+        assert all(h.site.endswith(f'_flax_job.py:{_step_line()}') for h in held), held
+        assert 'held before a launch' in table.format()
+        from mhnotebook.widgets._stepper import status_html
+
+        assert 'held before a launch' in status_html(table) and 'train_step' in status_html(table)
+        time.sleep(1.0)
+        still = j.step_table().launches
+        assert [(h.process, h.n) for h in still] == [(h.process, h.n) for h in held]  # held
+        assert j.release() == ()
+        before = {(h.process, h.n) for h in held}
+        _until(
+            'the launch released',
+            lambda: before.isdisjoint((h.process, h.n) for h in j.step_table().launches),
+        )
+        records = j.records(last=20)
+        for p in range(N):  # each host went on into the launch it was held before
+            assert [r.call for r in records[p] if r.name == 'train_step'][-1] == 1, records[p]
+        j.release_all()
+        assert not j.step_table().stepping
+    finally:
+        j.detach()
+    assert all(p.poll() is None for p in job['procs'])  # detaching ended nobody
+    outs = [p.communicate(timeout=TIMEOUT) for p in job['procs']]
+    for p, (out, err) in zip(job['procs'], outs):
+        assert p.returncode == 0 and 'DONE' in out, err[-3000:]
+    # The job left with os._exit (no atexit): its file names a job that is gone.
+    with pytest.raises(mhnotebook.AttachError, match='is gone') as gone:
+        mhnotebook.attach(job['control'], timeout=5.0)
+    assert job['control'] in str(gone.value) and '\n' not in str(gone.value)
+
+
+def _step_line() -> int:
+    with open(JOB) as f:
+        hits = [i + 1 for i, line in enumerate(f) if 'train_step(state, batch)' in line]
+    assert len(hits) == 1, hits
+    return hits[0]
+
+
+CLEAN = textwrap.dedent(
+    """
+    import os, sys, time
+    import jax
+    pid, port, control = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    jax.distributed.initialize(f'127.0.0.1:{port}', 2, pid)
+    if pid == 0:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(control) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print('SERVED', os.path.exists(control), flush=True)
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices('end')
+    """
+)
+
+
+def test_a_clean_run_removes_its_control_file_and_writes_nothing_else(tmp_path):
+    script = tmp_path / 'job.py'
+    script.write_text(CLEAN)
+    folder = tmp_path / 'ctl'
+    folder.mkdir()
+    control = str(folder / 'control.json')
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, '-m', 'multihost', 'run', '--control-file', control, str(script)]
+            + [str(p), port, control],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for p in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=90)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert 'SERVED True' in outs[0], outs[0]
+    assert os.listdir(folder) == []
+    assert sorted(os.listdir(tmp_path)) == ['ctl', 'job.py']
+    shutil.rmtree(folder)
