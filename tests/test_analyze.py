@@ -58,3 +58,24 @@ def test_a_dump_too_big_is_trimmed_oldest_records_first(size: int) -> None:
     assert len(text.encode()) <= size
     got = json.loads(text)
     assert got['trimmed']['records'] > 0 and got['records'][-1] == doc['records'][-1]
+
+
+def test_a_mismatch_names_each_sides_call_and_the_minority_as_culprit() -> None:
+    docs = _dump_cases.job_dumps(8)
+
+    def call(p: int) -> str:
+        name, line = ('eval', 41) if p == 5 else ('ckpt', 40)
+        return f"barrier('{name}') #412 at train.py:{line}"
+
+    calls = {str(p): {'describe': call(p)} for p in range(8)}
+    for d in docs:
+        d['trigger'] = {
+            'what': 'mismatch',
+            'time': d['written'],
+            'details': {'seq': 412, 'calls': calls},
+        }
+    verdict = _analyze.analyze([_dumpfile.parse(d) for d in docs])
+    text = str(verdict)
+    assert 5 in verdict.culprits and "process 5: barrier('eval') #412 at train.py:41" in text, text
+    assert "processes 0-4, 6-7: barrier('ckpt') #412 at train.py:40" in text, text
+    assert len(text.splitlines()) <= _analyze.MAX_LINES

@@ -39,7 +39,7 @@ import traceback
 from typing import Any
 
 from multihost import _jax_adapter, _recorder
-from multihost._exchange import _sequence
+from multihost._exchange import _kv, _sequence
 from multihost._job import _dump
 
 HANG_DEFAULT_S = 60.0
@@ -213,8 +213,10 @@ def _preempted(next_poll: float) -> float:
         _w.exit_hooked = True
         atexit.register(_at_exit)
     try:
-        notice = client.key_value_try_get(PREEMPTION_KEY)
-    except Exception:  # not set (NOT_FOUND), or the service is going away
+        notice = _kv.get(client, PREEMPTION_KEY)
+    except Exception:  # the service is going away
+        return now + PREEMPTION_POLL_S
+    if notice is None:
         return now + PREEMPTION_POLL_S
     _w.preempted = True
     _dump.dump('preemption', {'notice': str(notice)})
