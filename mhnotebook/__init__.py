@@ -19,6 +19,7 @@ from mhnotebook._errors import (
     SessionInterrupted,
     SessionTimeout,
 )
+from mhnotebook._postmortem import PostMortem, PostMortemError, postmortem
 from mhnotebook._session import HostInfo, Session
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     'HostsError',
     'InterruptReport',
     'KeyData',
+    'PostMortem',
+    'PostMortemError',
     'RemoteFailure',
     'Session',
     'SessionError',
@@ -38,6 +41,7 @@ __all__ = [
     'attach',
     'connect',
     'current_session',
+    'postmortem',
     'start_local',
 ]
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from mhnotebook._attach import AttachedJob
+from mhnotebook._postmortem import PostMortem
 from mhnotebook._session import Session
 from mhnotebook._transfer._gather import host_copy
 
@@ -141,7 +142,7 @@ def nonfinite_view(session: Session, name: str) -> NonfiniteView:
     return NonfiniteView(session.nonfinite(name), name=name)
 
 
-def where_view(session: Session | AttachedJob, *, timeout: float = 10.0) -> WhereView:
+def where_view(session: Session | AttachedJob | PostMortem, *, timeout: float = 10.0) -> WhereView:
     """A refreshable `WhereView`: every host's current collective and stacks."""
     from mhnotebook.widgets import WhereView
 
@@ -175,7 +176,7 @@ def memory_view(session: Session) -> MemoryView:
 
 
 def timeline_view(
-    session: Session | AttachedJob, *, last: int = 200, timeout: float = 10.0
+    session: Session | AttachedJob | PostMortem, *, last: int = 200, timeout: float = 10.0
 ) -> TimelineView:
     """A refreshable `TimelineView` of every host's last ``last`` flight records."""
     from mhnotebook.widgets import TimelineView

@@ -96,6 +96,14 @@ def test_notebook_runs_top_to_bottom(path):
         assert 'other arguments are the same on every host' in text, text
         # The whole state in the notebook, its dropout key a key array.
         assert 'gathered = state gathered from 2 hosts' in text and 'key<fry>' in text, text
+    if path.name == '07_batch_job.ipynb':
+        # Attached while it hangs: the wavefront names the late host and its own frame.
+        assert "processes 0-1, 3 are waiting at barrier('checkpoint 5')" in text, text
+        assert 'process 2 is not there' in text and 'in save_checkpoint, in time.sleep' in text
+        # After it died: four dumps (the watchdog's, and process 2's on request), one verdict.
+        assert '4 of 4 processes dumped in' in text and 'process 2 (' in text, text
+        assert text.count('culprit: process 2') >= 2, text  # postmortem and analyze
+        assert 'still running: none' in text, text
     if path.name == '05_real_cluster.ipynb':
         # Without MH_CLUSTER_URL_FILE: its stand-in cluster on this machine.
         # tests/test_netns_cluster.py runs it against hosts with their own addresses.

@@ -122,6 +122,7 @@ FLOORS = {
         '_poll': 1,  # one wait for many hosts' results (the session's calls, JAX start-up)
         '_session': 2,
         '_attach': 2,  # a job started elsewhere, through its control endpoint
+        '_postmortem': 2,  # a job's dump files: the same models, no cluster
         '_cluster': 3,  # start / connect engines, JAX initialization
         '_views': 3,  # Session -> models -> widgets
         '_magics': 4,

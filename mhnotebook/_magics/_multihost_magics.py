@@ -30,6 +30,7 @@ from mhnotebook._magics._options import (
     timeout_option,
     valid_name,
 )
+from mhnotebook._postmortem import PostMortemError, postmortem
 from mhnotebook._session import Session
 from mhnotebook._views import (
     diff_view,
@@ -522,6 +523,44 @@ class MultihostMagics(Magics):
             raise UsageError('not attached to a job: %mh_attach PATH attaches to one')
         self.attached.detach()
         self.attached = None
+
+    # -- %mh_postmortem ----------------------------------------------------------------
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument('dirs', nargs='+', help="the job's --dump-dir (one or several)")
+    @magic_arguments.argument(
+        '--view',
+        choices=('summary', 'where', 'timeline', 'verdict'),
+        default='summary',
+        help='what to show: the dumps and verdict (default), where view, timeline, verdict text',
+    )
+    @line_magic
+    def mh_postmortem(self, line: str) -> Any:
+        """My batch job died: what do its dumps say? No cluster needed.
+
+        Reads the ``process-<i>.json`` files a job run with ``--dump-dir``
+        wrote (`mhnotebook.postmortem`): who dumped and why, whose dump is
+        missing, and the ``python -m multihost analyze`` verdict; ``--view
+        where`` / ``--view timeline`` show the views ``%mh_where`` and
+        ``%mh_timeline`` show for a live job.
+
+        Examples::
+
+            %mh_postmortem /shared/job42/dumps
+            %mh_postmortem host0/dumps host1/dumps --view where
+        """
+        args = magic_arguments.parse_argstring(self.mh_postmortem, line)
+        try:
+            pm = postmortem(*(os.path.expanduser(d.strip('"\'')) for d in args.dirs))
+        except PostMortemError as exc:
+            raise UsageError(str(exc)) from None
+        if args.view == 'where':
+            return where_view(pm)
+        if args.view == 'timeline':
+            return timeline_view(pm)
+        if args.view == 'verdict':
+            print(pm.verdict())
+            return None
+        return pm
 
     # -- %mh_help --------------------------------------------------------------------
     @magic_arguments.magic_arguments()
