@@ -199,3 +199,26 @@ def test_what_a_host_sends_stays_bounded_at_any_host_count():
     assert 'process 7 found 96 more offending shard(s), not listed (at most 4 per host' in str(
         report
     )
+
+
+def test_a_64_mib_device_leaf_is_not_copied_to_the_host(monkeypatch):
+    # One NaN in a 64 MiB leaf on one device: the exact first index, and what is
+    # read back to the host (every jax.Array the module converts, spied) stays
+    # a small fraction of the leaf (the screen, the row flags, three counts).
+    n = 1 << 24  # float32: 64 MiB
+    x = jax.device_put(jnp.zeros((n // 4096, 4096), jnp.float32), jax.devices()[0])
+    x = x.at[2345, 678].set(jnp.nan)
+    moved = []
+    real = np.asarray
+
+    def spy(a, *args, **kwargs):
+        if isinstance(a, jax.Array):
+            moved.append(int(a.nbytes))
+        return real(a, *args, **kwargs)
+
+    monkeypatch.setattr(_nonfinite.np, 'asarray', spy)
+    report = multihost.find_nonfinite({'w': x})
+    monkeypatch.undo()
+    (s,) = report.shards
+    assert (s.nan, s.inf, s.first, s.device) == (1, 0, (2345, 678), 0)
+    assert moved and sum(moved) <= (64 << 20) // 512, moved

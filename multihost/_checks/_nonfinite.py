@@ -43,6 +43,8 @@ MAX_TEXT_SHARDS = 16
 _CHUNK = 1 << 30  # elements per detail pass: counts and positions fit int32
 _SMALL_SHARD = 1 << 20  # elements: smaller offending shards get the full detail pass at once
 _ROW_WIDTHS = (1024, 2048, 4096, 512, 256)  # row widths tried for the row pass
+_PACK = 1 << 16  # elements: device shards up to this size are screened together, per device
+_PACK_LEAVES = 4096  # shards per packed screen program
 _NUMPY_CHUNK = 1 << 20  # elements per numpy pass (bounds temporaries)
 _MAX_PATH = 300  # characters of a leaf path that travel
 
@@ -309,6 +311,45 @@ def _screen(x: jax.Array) -> jax.Array:
     return jnp.sum(x * jnp.zeros((), x.dtype))
 
 
+@jax.jit
+def _screen_many(xs: tuple[jax.Array, ...]) -> jax.Array:
+    """`_screen` of each of ``xs`` (on one device), as float32: one program per tree of shapes.
+
+    The screen is exactly 0 or NaN, so the cast to float32 (and real + imaginary
+    part for complex values) keeps the verdict.
+    """
+    out = []
+    for x in xs:
+        s = jnp.sum(x * jnp.zeros((), x.dtype))
+        if jnp.iscomplexobj(s):
+            s = jnp.real(s) + jnp.imag(s)
+        out.append(s.astype(jnp.float32))
+    return jnp.stack(out)
+
+
+def _dispatch_screens(pieces: list[_Piece]) -> None:
+    """Every device shard's screen, dispatched: small shards packed per device.
+
+    Shards of at most `_PACK` elements on one device share one `_screen_many`
+    program (compiled once per tree of shapes, not once per shape); larger
+    ones get their own `_screen` (one program per shape and dtype).
+    """
+    groups: dict[int, list[_Piece]] = {}
+    for p in pieces:
+        if isinstance(p.data, np.ndarray) or not p.data.size:
+            continue
+        if p.data.size <= _PACK:
+            groups.setdefault(p.device if p.device is not None else -1, []).append(p)
+        else:
+            p.screen = _screen(p.data)
+    for group in groups.values():
+        for lo in range(0, len(group), _PACK_LEAVES):
+            part = group[lo : lo + _PACK_LEAVES]
+            screens = _screen_many(tuple(p.data for p in part))
+            for k, p in enumerate(part):
+                p.screen = (screens, k)
+
+
 def _details_impl(x: jax.Array, lo: int, hi: int) -> jax.Array:
     """NaN count, Inf count and first non-finite position of ``x.reshape(-1)[lo:hi]``."""
     flat = x.reshape(-1)[lo:hi]
@@ -504,17 +545,16 @@ def _check(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
     only those rows are counted; otherwise (or for small or odd-sized shards)
     the whole shard is, in chunks of `_CHUNK` elements.
     """
-    for p in pieces:
-        if not isinstance(p.data, np.ndarray) and p.data.size:
-            p.screen = _screen(p.data)
+    _dispatch_screens(pieces)
     out: list[tuple[_Piece, int, int, int | None]] = []
     suspects = []
+    read: dict[int, np.ndarray] = {}  # id of a packed screen -> its values on the host
     for p in pieces:
         if isinstance(p.data, np.ndarray):
             nan, inf, first = _numpy_stats(p.data)
             if nan + inf:
                 out.append((p, nan, inf, first))
-        elif p.screen is not None and not bool(np.isfinite(np.asarray(p.screen))):
+        elif p.screen is not None and not _screen_ok(p.screen, read):
             suspects.append(p)
         p.screen = None
     # Rows of the large suspects (dispatched together), then which rows to count.
@@ -543,6 +583,16 @@ def _check(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
             out.append((p, *stats))
     out.sort(key=lambda t: (t[0].leaf, -1 if t[0].device is None else t[0].device))
     return out
+
+
+def _screen_ok(screen: Any, read: dict[int, np.ndarray]) -> bool:
+    """Whether a shard's screen (its own, or (packed screens, position)) says finite."""
+    if isinstance(screen, tuple):
+        packed, k = screen
+        if id(packed) not in read:
+            read[id(packed)] = np.asarray(packed)
+        return bool(np.isfinite(read[id(packed)][k]))
+    return bool(np.isfinite(np.asarray(screen)))
 
 
 def _global_first(piece: _Piece, flat: int | None) -> tuple[int, ...] | None:
