@@ -8,10 +8,10 @@ import subprocess
 import sys
 from typing import Any
 
+import _dump_cases
 import pytest
 
 from multihost._job import _analyze, _dumpfile
-from tests import _dump_cases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 from _html import elements
+from test_dumps import Job
 
 import mhnotebook
 from multihost._job import _dumpfile
-from tests.test_dumps import Job
 
 N = 4
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
