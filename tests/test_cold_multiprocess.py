@@ -108,9 +108,9 @@ def test_every_cold_host_names_every_hosts_first_call(mp_cluster, what):
         assert r['cold_before'] and r['cold_after'] and r['cold_at_end'], (pid, r)
         assert r['elapsed'] < TIMEOUT / 2, (pid, r)  # the verdict, not a timeout
         assert 'hosts called different collectives' in r['text'], r['text']
+        # Hosts with the same call are one line (ranges): bounded at any number of hosts.
         assert f'\n  process 2: {described} at {HERE}:' in r['text'], (pid, r['text'])
-        for other in (0, 1, 3):
-            assert f"\n  process {other}: barrier('ckpt') at {HERE}:" in r['text'], r['text']
+        assert f"\n  processes 0-1, 3: barrier('ckpt') at {HERE}:" in r['text'], r['text']
         assert r['calls'][2][0] == described.split('(')[0], r['calls']
         assert {r['calls'][p] for p in (0, 1, 3)} == {('barrier', 'ckpt')}, r['calls']
         # One verdict: every host's message lists the same calls (its first line
@@ -184,5 +184,4 @@ def test_a_cold_job_reports_on_every_host_before_it_exits(tmp_path):
         r = json.loads((tmp_path / f'{i}.json').read_text())
         assert r['error'] == 'CollectiveMismatchError', (i, r)
         assert f"\n  process 2: process_allgather('tiled=False') at {site}:" in r['text'], r
-        for other in (0, 1, 3):
-            assert f"\n  process {other}: barrier('ckpt') at {site}:" in r['text'], r
+        assert f"\n  processes 0-1, 3: barrier('ckpt') at {site}:" in r['text'], r
