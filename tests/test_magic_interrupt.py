@@ -53,12 +53,18 @@ LINES = [
 
 
 def test_every_magic_that_waits_on_the_hosts_is_tried_here():
-    """A new magic is added to LINES (%mh_help alone asks the hosts nothing)."""
+    """A new magic is added to LINES.
+
+    Exempt: %mh_help asks the hosts nothing; %mh_postmortem reads files; %mh_attach /
+    %mh_detach talk to a job's control endpoint, not through the session's wait loop (each
+    call bounded by its timeout: tests/test_attach.py).
+    """
     ip, _ = magic_shell(None)
     table = ip.magics_manager.registry['MultihostMagics'].magics
     registered = {f'%{name}' for name in table['line']} | {f'%%{name}' for name in table['cell']}
     tried = {line.split()[0] for line in LINES}
-    assert registered - tried == {'%mh_help'}, registered - tried
+    exempt = {'%mh_help', '%mh_postmortem', '%mh_attach', '%mh_detach'}
+    assert registered - tried == exempt, registered - tried
 
 
 @pytest.mark.parametrize('line', LINES)
