@@ -34,6 +34,7 @@ from typing import Any
 from multihost import _jax_adapter
 from multihost._debug import _control
 from multihost._exchange import _bus, _kv
+from multihost._job import _dumpfile
 
 log = logging.getLogger('multihost')
 #: The interface bound unless ``control_address`` says otherwise.
@@ -138,19 +139,7 @@ def _serve(path: str, address: str) -> None:
 
 def _write(path: str, content: dict[str, Any]) -> None:
     """Writes ``content`` as JSON to ``path`` atomically, readable by this user only."""
-    tmp = f'{path}.{os.getpid()}.tmp'
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, 'w') as f:
-            json.dump(content, f)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _dumpfile.write_atomic(path, json.dumps(content))
     _state.written = (path, os.getpid())
 
 

@@ -115,7 +115,19 @@ def write(directory: str, doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> st
     os.makedirs(directory, exist_ok=True)
     text = encode({'format': FORMAT, 'version': VERSION, **doc}, max_bytes)
     path = os.path.join(directory, file_name(int(doc['process'])))
-    fd, tmp = tempfile.mkstemp(prefix='.process-', suffix='.tmp', dir=directory)
+    write_atomic(path, text)
+    return path
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` whole or not at all, readable by this user only (0600).
+
+    A temporary file in the same folder (`tempfile.mkstemp` creates it 0600),
+    flushed to disk, then `os.replace`: a reader sees the old file or the new
+    one, never a part. The dumps and the control endpoint's connection file.
+    """
+    folder = os.path.dirname(path) or '.'
+    fd, tmp = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '-', suffix='.tmp', dir=folder)
     try:
         with os.fdopen(fd, 'w') as f:
             f.write(text)
@@ -128,7 +140,6 @@ def write(directory: str, doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> st
         except OSError:
             pass
         raise
-    return path
 
 
 def _record(fields: list[str], row: list[Any]) -> FlightRecord:
