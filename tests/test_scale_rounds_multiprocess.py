@@ -118,3 +118,59 @@ def test_a_small_broadcast_reads_the_sources_payload_not_every_hosts_record(mp_c
     assert all(one == [5.0] * 4 for _, one, _, _ in got), got
     assert all(two == [5.0] * 4 for _, _, two, _ in got), got  # sources 2 + 3 summed
     assert all(error == 'CollectiveMismatchError' for *_, error in got), got
+
+
+def _replica_reads() -> dict[str, object]:
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    pid = jax.process_index()
+    flat = Mesh(np.array(jax.devices()), ('x',))
+    pairs = Mesh(np.array(jax.devices()).reshape(4, 2), ('a', 'b'))  # 2 hosts per block
+
+    def global_(value: np.ndarray, mesh: Mesh, spec: P) -> jax.Array:
+        return jax.make_array_from_callback(
+            value.shape, NamedSharding(mesh, spec), lambda i: value[i]
+        )
+
+    value = np.arange(32, dtype=np.float32)
+    replicated = global_(value, flat, P())
+    by_pairs = global_(value.reshape(4, 8), pairs, P('a'))
+    multihost.check_replicas(replicated)  # warm-up
+    before = _kv.COUNTERS.snapshot()
+    for _ in range(5):
+        ok_replicated = multihost.check_replicas(replicated)
+        ok_pairs = multihost.check_replicas(by_pairs)
+    used = _kv.COUNTERS.since(before)
+    odd_replicated = multihost.check_replicas(global_(value + (pid == 6), flat, P()))
+    odd_pairs = multihost.check_replicas(global_(value.reshape(4, 8) + (pid == 3), pairs, P('a')))
+    return {
+        'read': used.bytes_read / 10,
+        'reports': (ok_replicated, ok_pairs, odd_replicated, odd_pairs),
+    }
+
+
+def test_check_replicas_that_agree_reads_a_reference_per_block_and_a_difference_is_named(
+    mp_cluster,
+):
+    """Each host compares its replicas with one reference per block; only an odd one reads all."""
+    got = mp_cluster.run(_replica_reads, timeout=120)
+    # Eight hosts' digests would be read without the reference (8 x ~40 B per check, plus records).
+    assert all(r['read'] <= PER_CHECK / 4 for r in got), [r['read'] for r in got]
+    reports = [r['reports'] for r in got]
+    assert all(r == reports[0] for r in reports[1:])  # every host has the same reports
+    ok_replicated, ok_pairs, odd_replicated, odd_pairs = reports[0]
+    assert ok_replicated.ok and ok_pairs.ok
+    # every host holds the replicated block: its digest is known everywhere; the pairs' are not
+    assert len({r.digest for r in ok_replicated.groups[0].replicas}) == 1
+    assert ok_replicated.groups[0].replicas[0].digest != ''
+    assert {r.digest for g in ok_pairs.groups for r in g.replicas} == {''}
+    assert len(ok_pairs.groups) == 4
+    # a difference: the full read, as among few hosts
+    assert not odd_replicated.ok and odd_replicated.odd_processes == (6,)
+    (group,) = odd_replicated.mismatches
+    assert len(group.digests[group.majority]) == 7 and '' not in group.digests
+    assert not odd_pairs.ok and len(odd_pairs.mismatches) == 1
+    (pair,) = odd_pairs.mismatches
+    assert pair.tied and {r.process_index for r in pair.replicas} == {2, 3}
+    assert odd_pairs.groups[0].ok and odd_pairs.groups[0].replicas[0].digest != ''

@@ -30,7 +30,7 @@ from multihost._checks._layout import (
     describe_layout,
     format_index,
 )
-from multihost._exchange import _sequence
+from multihost._exchange import _kv, _sequence
 from multihost._text import fmt_hosts, fmt_list
 
 #: Digests named per block in the text (most common first); the rest are counted.
@@ -48,7 +48,10 @@ class ReplicaDigest:
         process_index: the process owning the device.
         replica_id: the replica's id (see `ShardInfo.replica_id`).
         digest: hex fingerprint of the replica's bytes, computed on its device
-            (`_fingerprint`; BLAKE2b-64 for dtypes it does not cover).
+            (`_fingerprint`; BLAKE2b-64 for dtypes it does not cover). ``''``
+            in a report whose replicas all agree among more than
+            `_kv.DIGEST_ABOVE` hosts, for a block not every host holds: only
+            the agreement was read, not each host's digests.
     """
 
     device_id: int | None
@@ -325,10 +328,71 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
         tree_digest=_sequence.digest(('check_replicas', signature)),
         timeout=timeout,
     )
+    mine = _local_digests(arr, layout)
     # Every host shares its digests (one `_kv` round under the collective's keys).
+    # Among many hosts each host first checks its blocks against one reference
+    # replica each and the round agrees on the outcome: nobody reads every
+    # host's digests unless some replica differs (`_agree_by_reference`).
+    agree = None
+    if _kv.process_count() > _kv.DIGEST_ABOVE:
+        agree = _agree_by_reference(rec, layout, mine)
+    shared = _sequence.share(rec, 'digests', json.dumps(mine), timeout=timeout, agree=agree)
+    if not shared:  # every host found its replicas equal to their block's reference
+        return _agreed_report(layout, mine)
     digests: dict[int, str] = {}
-    for text in _sequence.share(
-        rec, 'digests', json.dumps(_local_digests(arr, layout)), timeout=timeout
-    ).values():
+    for text in shared.values():
         digests.update({int(d): h for d, h in json.loads(text).items()})
+    return _report(layout, digests)
+
+
+def _agree_by_reference(rec: Any, layout: Layout, mine: dict[int, str]) -> str:
+    """This host's outcome of comparing its replicas with each block's reference.
+
+    For every replicated block held by more than one process and by this one,
+    the first holder to get there stores its digest as the block's reference
+    (first writer wins) and every later holder reads it (one RPC of ~32
+    bytes) and compares. Replicas held only on this host are compared here.
+    Any two differing replicas of a block mean at least one holder differs
+    from the reference, and that holder says so before it arrives at the
+    round; so when every host says ``'ok'`` every replica agrees. The keys
+    live under the collective's `share` stage and go with its epoch.
+
+    Returns:
+        ``'ok'``, or ``'odd:<process>'`` (unique to this host: the round then
+        reads everyone's digests and every host builds the full report).
+    """
+    client = _kv.client()
+    me = _kv.process_index()
+    root = _sequence.stage_dir(rec, 'digests') + '/ref'
+    ok = True
+    for b, block in enumerate(layout.blocks()):
+        held = [mine[s.device_id] for s in block.shards if s.device_id in mine]
+        if not held or block.replica_count < 2:
+            continue
+        if len(set(held)) > 1:
+            ok = False  # replicas on this host differ already
+        if len({s.process_index for s in block.shards}) < 2:
+            continue  # only on this host: compared above
+        k = f'{root}/{b}'
+        if not _kv.put(client, k, held[0], once=True) and _kv.get(client, k) != held[0]:
+            ok = False
+    return 'ok' if ok else f'odd:{me}'
+
+
+def _agreed_report(layout: Layout, mine: dict[int, str]) -> ReplicaReport:
+    """The report when every replica agrees and only the agreement was read.
+
+    Every host must build the same report, so a block's digest is named only
+    when every process holds a replica of it (then every host knows it,
+    e.g. a fully replicated array); other blocks' replicas say ``''`` (agreed,
+    digest not read).
+    """
+    everywhere = set(range(_kv.process_count()))
+    digests: dict[Any, str] = {}  # device id -> digest
+    for block in layout.blocks():
+        if block.replica_count < 2:
+            continue
+        held = [mine[s.device_id] for s in block.shards if s.device_id in mine]
+        known = bool(held) and {s.process_index for s in block.shards} >= everywhere
+        digests.update({s.device_id: held[0] if known else '' for s in block.shards})
     return _report(layout, digests)

@@ -591,6 +591,7 @@ def share(
     timeout: float | None = None,
     what: str = '',
     same: bool = False,
+    agree: str | None = None,
 ) -> dict[int, str]:
     """A further exchange inside collective ``rec``: every host's ``value`` (process -> text).
 
@@ -604,6 +605,10 @@ def share(
     `_kv.DIGEST_ABOVE` hosts they are agreed on through the round's agreement
     directory, so equal values cost a host O(1) bytes (every host's value is
     then its own); only differing ones are read.
+    ``agree``: like ``same``, but hosts agree on ``agree`` instead of their
+    (differing) values: when every host's ``agree`` is the same, above
+    `_kv.DIGEST_ABOVE` hosts nobody reads the values and this returns ``{}``;
+    otherwise everyone's values, as without it.
 
     Raises:
         BarrierTimeoutError: some host did not arrive within ``timeout``.
@@ -616,16 +621,17 @@ def share(
 
     where = _timeout_details(client, rec, f'{rec.describe()} ({what or stage})', stage=True)
     period, patience = _patience(rec, _timeout(timeout), where)
+    agree_on = value if same else agree
     verdict, values = _kv.round_(
         client,
         rnd,
         value,
         timeout=period,
         on_timeout=where,
-        read=not same,
-        read_unless_agreed=same,
+        read=agree_on is None,
+        read_unless_agreed=agree_on is not None,
         patience=patience,
-        agree=value if same else None,
+        agree=agree_on,
     )
     if not verdict.ok:
         raise _error(verdict, rec, None)
