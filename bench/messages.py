@@ -125,6 +125,16 @@ class Cost:
             if s > cap:
                 self.value(s)
 
+    def agreed(self, n: int, sizes: list[int], publish: int = 2) -> None:
+        """A round that agrees (`_kv.round_`'s ``agree``): above `_kv.DIGEST_ABOVE` hosts
+        one more create (the digest key) and one listing of the agreement directory, which
+        holds one key (`mh/e/<epoch>/<k>/g/<20 hex digits>`); else `round_`."""
+        if n <= _kv.DIGEST_ABOVE:
+            self.round_(n, sizes, publish)
+            return
+        self.rpcs += publish + 1
+        self.read(len(f'mh/e/{n // 64}/{n}/g/') + 20)
+
     def __add__(self, other: Cost) -> Cost:
         return Cost(
             self.total + other.total, max(self.largest, other.largest), self.rpcs + other.rpcs
@@ -146,17 +156,19 @@ def _costs(n: int, m: dict[str, int], leaves: int) -> dict[str, Cost]:
         return Cost()
 
     c = out['barrier / sequence check'] = new()
-    c.round_(n, [m['record']] * n)
+    c.agreed(n, [m['record']] * n)
     c = out['watched call (signature seen)'] = new()
-    c.round_(n, [m['launch record']] * n)
+    c.agreed(n, [m['launch record']] * n)
     c = out[f'assert_equal, equal trees ({leaves:,} leaves)'] = new()
-    c.round_(n, [m['record']] * n)
-    c.round_(n, [32] * n)
+    c.agreed(n, [m['record']] * n)
+    c.agreed(n, [32] * n)  # the fingerprint heads (`share(same=True)`)
 
     label = f'tree_diff, 1 host differs in 1 leaf ({leaves:,} leaves)'
     c = out[label] = new()
-    c.round_(n, [m['record']] * n)
-    c.round_(n, [32] * n)
+    c.agreed(n, [m['record']] * n)
+    c.agreed(n, [32] * n)
+    if n > _kv.DIGEST_ABOVE:
+        c.round_(n, [32] * n, publish=0)  # the heads differ: every host's is read
     if n <= _rowdiff.REFERENCE_ABOVE:
         c.round_(n, [tree_list, tree_list] + [0] * (n - 2))
     else:
@@ -170,13 +182,16 @@ def _costs(n: int, m: dict[str, int], leaves: int) -> dict[str, Cost]:
     c.round_(n, [tree_list] * n)
     c.round_(n, [120] + [20] * (n - 1))
 
-    c = out['check_replicas (8 devices per host)'] = new()
-    c.round_(n, [m['record']] * n)
-    c.round_(n, [8 * 26] * n)
+    c = out['check_replicas, P() (8 devices per host)'] = new()
+    c.agreed(n, [m['record']] * n)
+    if n > _kv.DIGEST_ABOVE:
+        c.rpcs += 1  # the block's reference: a create (first writer) ...
+        c.read(32)  # ... or, for every other holder, one get of the reference digest
+    c.agreed(n, [8 * 26] * n)
 
     env_delta = 4 * 60  # the host name's row (and a few per-host keys) against the reference
     c = out['env_diff (host names differ)'] = new()
-    c.round_(n, [m['record']] * n)
+    c.agreed(n, [m['record']] * n)
     c.round_(n, [32] * n)
     if n <= _rowdiff.REFERENCE_ABOVE:
         c.round_(n, [m['env rows']] * n)
@@ -186,7 +201,7 @@ def _costs(n: int, m: dict[str, int], leaves: int) -> dict[str, Cost]:
         c.round_(n, [env_delta] * n)
     c.round_(n, [40] * n)  # 'vals': each host's name
     c = out['memory_census (all hosts alike)'] = new()
-    c.round_(n, [m['record']] * n)
+    c.agreed(n, [m['record']] * n)
     c.round_(n, [m['memory summary']] * n)
     c.round_(n, [32] * n)
 
