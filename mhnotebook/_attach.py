@@ -13,9 +13,11 @@ and `AttachedJob.detach` leaves it running.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from multiprocessing import AuthenticationError
 from typing import TYPE_CHECKING, Any
 
@@ -136,17 +138,40 @@ class AttachedJob:
             raise AttachError(f'detached from {self.path}: mhnotebook.attach({self.path!r}) again')
         return self.control
 
+    @contextlib.contextmanager
+    def _answering(self) -> Iterator[None]:
+        """Turns a job that went away mid-session into one `AttachError` that says so."""
+        try:
+            yield
+        except TimeoutError as exc:
+            raise AttachError(
+                f'the job of {self.path} did not answer: {exc}. Process 0 (os pid {self.pid}) '
+                'may be stopped or overloaded; try again with a larger timeout'
+            ) from None
+        except (OSError, EOFError) as exc:  # refused, reset, or the endpoint closed on us
+            self.detach()
+            why = f'{type(exc).__name__}: {exc}' if str(exc) else type(exc).__name__
+            raise AttachError(
+                f'the job of {self.path} is gone: its control endpoint (process 0, os pid '
+                f'{self.pid}) closed the connection ({why}). If it ran with --dump-dir, '
+                'read what it left with mhnotebook.postmortem(DIR) or '
+                '`python -m multihost analyze DIR`'
+            ) from None
+
     def where(self, *, timeout: float = 10.0) -> dict[int, HostStacks]:
         """Per process index: its Python stacks and current collective (`multihost.HostStacks`)."""
-        return self._client().stacks(timeout=timeout)
+        with self._answering():
+            return self._client().stacks(timeout=timeout)
 
     def wavefront(self, *, timeout: float = 10.0) -> Wavefront:
         """How far every host got, and the verdict (`multihost.Wavefront`)."""
-        return self._client().wavefront(timeout=timeout)
+        with self._answering():
+            return self._client().wavefront(timeout=timeout)
 
     def records(self, *, last: int = 200, timeout: float = 10.0) -> dict[int, list[FlightRecord]]:
         """Every host's last ``last`` flight records (`multihost.FlightRecord`), oldest first."""
-        return self._client().records(last=last, timeout=timeout)
+        with self._answering():
+            return self._client().records(last=last, timeout=timeout)
 
     def timeline(self, *, last: int = 200, timeout: float = 10.0) -> Timeline:
         """Every host's last ``last`` flight records aligned into a `multihost.Timeline`."""
@@ -156,7 +181,8 @@ class AttachedJob:
 
     def step_table(self) -> StepTable:
         """The host x step table of the step gate, with the hosts held before a launch."""
-        table = self._client().step_table()
+        with self._answering():
+            table = self._client().step_table()
         self._stepping = bool(table.stepping)
         return table
 
@@ -172,16 +198,19 @@ class AttachedJob:
 
     def set_stepping(self, on: bool) -> None:
         """Turns the step gate on (every host pauses before each collective and launch) or off."""
-        self._client().set_stepping(on)
+        with self._answering():
+            self._client().set_stepping(on)
         self._stepping = bool(on)
 
     def release(self, steps: int = 1) -> tuple[int, ...]:
         """Releases the next ``steps`` gated collectives (held launches count as one)."""
-        return self._client().release(steps)
+        with self._answering():
+            return self._client().release(steps)
 
     def release_all(self) -> tuple[int, ...]:
         """Turns stepping off and releases every waiting collective and launch."""
-        held = self._client().release_all()
+        with self._answering():
+            held = self._client().release_all()
         self._stepping = False
         return held
 

@@ -285,3 +285,56 @@ def test_a_clean_run_removes_its_control_file_and_writes_nothing_else(tmp_path):
     assert os.listdir(folder) == []
     assert sorted(os.listdir(tmp_path)) == ['ctl', 'job.py']
     shutil.rmtree(folder)
+
+
+WAITING = textwrap.dedent(
+    """
+    import sys, time
+    import jax
+    pid, port = int(sys.argv[1]), sys.argv[2]
+    jax.distributed.initialize(f'127.0.0.1:{port}', 2, pid)
+    from jax.experimental import multihost_utils
+    if pid == 1:
+        time.sleep(120)
+    multihost_utils.sync_global_devices('end')
+    """
+)
+
+
+def test_kill_9_of_process_0_while_attached_is_one_line_that_the_job_is_gone(tmp_path):
+    """The endpoint's process dies under an attached notebook: every call says so, at once."""
+    script = tmp_path / 'job.py'
+    script.write_text(WAITING)
+    control = str(tmp_path / 'control.json')
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, '-m', 'multihost', 'run', '--control-file', control, str(script)]
+            + [str(p), port],
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for p in range(2)
+    ]
+    try:
+        _until('the control file', lambda: os.path.exists(control))
+        attached = _until('attach', lambda: mhnotebook.attach(control))
+        assert 'waiting at' in str(attached.wavefront())
+        procs[0].kill()
+        procs[0].wait(10)
+        start = time.monotonic()
+        with pytest.raises(mhnotebook.AttachError) as info:
+            attached.wavefront()
+        message = str(info.value)
+        assert 'is gone' in message and 'postmortem' in message, message
+        assert '\n' not in message and time.monotonic() - start < 10
+        with pytest.raises(mhnotebook.AttachError, match='detached from'):
+            attached.where()
+        with pytest.raises(mhnotebook.AttachError, match='is gone: nothing listens'):
+            mhnotebook.attach(control)  # the file outlived its job (kill -9 removes nothing)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
