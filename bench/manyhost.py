@@ -123,11 +123,36 @@ def _issuers() -> dict[str, Callable[[], int]]:
     }
 
 
+#: Flight records each host holds before the issuers run (`flight_records(200)` reads them all).
+RECORDS = 200
+
+
+def _fill_recorder(k: int) -> None:
+    """``k`` local records of a watched training step, as a training loop leaves (no RPC)."""
+    import hashlib
+
+    from multihost import _recorder
+
+    for s in range(k):
+        digest = hashlib.sha256(b'train_step').hexdigest()[:16]
+        entry = _recorder.note(
+            'launch',
+            'train_step',
+            seq=None,
+            digest=digest,
+            site='train.py:123 in main',
+            fingerprint=hashlib.sha256(str(s % 2).encode()).hexdigest()[:16],
+        )
+        _recorder.finished(entry, wait=0.001)
+        _recorder.launched(entry, None)
+
+
 def _issue(i: int, reps: int, counting: Counting, together: Callable[[str], None]) -> Any:
     """Host 0 issues every debug command ``reps`` times; the others wait in one barrier."""
     import multihost
 
     multihost.start_debug_daemon()  # already running (the checks' enter hook started it)
+    _fill_recorder(RECORDS)
     together('debug-ready')
     if i != 0:
         together('issued')  # blocked in a real barrier: the debug thread answers
