@@ -159,7 +159,7 @@ def _issue(i: int, reps: int, counting: Counting, together: Callable[[str], None
         return None
     issuers = _issuers()
     out: dict[str, list[dict[str, float]]] = {k: [] for k in issuers}
-    for name, fn in issuers.items():
+    for fn in issuers.values():
         fn()  # warm-up
     for _ in range(reps):
         for name, fn in issuers.items():
