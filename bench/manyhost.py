@@ -190,7 +190,16 @@ def _child(i: int, n: int, address: str, reps: int, out_path: str, issue: bool =
 
     from multihost import _jax_adapter
 
-    jax.distributed.initialize(address, num_processes=n, process_id=i, initialization_timeout=600)
+    # 1,000 clients on 2 cores (shared): generous heartbeat and shutdown bounds, or a host
+    # starved for 100 s is declared dead and aborts (seen once at 1,000 hosts, load ~80).
+    jax.distributed.initialize(
+        address,
+        num_processes=n,
+        process_id=i,
+        initialization_timeout=600,
+        heartbeat_timeout_seconds=900,
+        shutdown_timeout_seconds=900,
+    )
     state = _jax_adapter.distributed_state()
     real = state.client
     counting = Counting(real)
