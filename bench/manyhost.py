@@ -9,6 +9,10 @@ of a job does) and runs checks that need no JAX backend: everything rides on
 the key-value store (`sync_global_devices`, a sequence-checked small
 `broadcast_one_to_all` / `process_allgather` carried by the exchange,
 `assert_equal` of a small equal tree). The backend is never started (checked).
+Then every host holds 200 local flight records and host 0 issues
+`dump_stacks`, `wavefront` and `flight_records(200)` while the others wait in
+a real barrier (their debug threads, started in each child after the fork,
+answer); only host 0's main-thread RPCs are counted (``--no-issuers`` skips).
 
 Measured per check and host, with the harness's own instrumentation (not
 `_kv`'s): the child replaces its distributed state's client by `Counting`, a

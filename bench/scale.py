@@ -10,7 +10,9 @@ Usage::
 N forked clients of one real coordination service, bytes and RPCs counted per
 check), side by side per N, with the log-log slope of each curve; ``--check``
 exits 1 unless bytes read per host grow <= 1.5x and bytes served <= 20x from
-the smallest N to the largest (issue 21's targets). The older method follows.
+the smallest N to the largest, and the issuers (`dump_stacks`, `wavefront`,
+`flight_records`, from host 0 while the others wait) read every reply in <= 50
+RPCs at every N (issue 21's targets). The older method follows.
 
 Method
 ------
