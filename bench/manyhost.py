@@ -9,6 +9,10 @@ of a job does) and runs checks that need no JAX backend: everything rides on
 the key-value store (`sync_global_devices`, a sequence-checked small
 `broadcast_one_to_all` / `process_allgather` carried by the exchange,
 `assert_equal` of a small equal tree). The backend is never started (checked).
+Then every host holds 200 local flight records and host 0 issues
+`dump_stacks`, `wavefront` and `flight_records(200)` while the others wait in
+a real barrier (their debug threads, started in each child after the fork,
+answer); only host 0's main-thread RPCs are counted (``--no-issuers`` skips).
 
 Measured per check and host, with the harness's own instrumentation (not
 `_kv`'s): the child replaces its distributed state's client by `Counting`, a
@@ -37,6 +41,10 @@ from typing import Any
 
 #: Checks in table order.
 CHECKS = ('sync_global_devices', 'broadcast (small)', 'allgather (small)', 'assert_equal (small)')
+#: Debug-bus issuers, called by host 0 while every other host waits in a barrier.
+ISSUERS = ('dump_stacks', 'wavefront', 'flight_records')
+#: The issuers' reply timeout: N debug threads answer on 2 cores (the default 10 s is for machines).
+ISSUE_TIMEOUT_S = 300.0
 #: Reading the reply size of these client methods (the rest reply with nothing or a number).
 _READS = ('key_value_try_get', 'key_value_try_get_bytes', 'blocking_key_value_get')
 
@@ -55,6 +63,8 @@ class Counting:
     def __init__(self, real: Any) -> None:
         self._real = real
         self._lock = threading.Lock()
+        #: When set, only this thread's RPCs are counted (the issuer's, not its debug thread's).
+        self.thread: int | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -70,6 +80,8 @@ class Counting:
             return fn
 
         def counted(*args: Any, **kwargs: Any) -> Any:
+            if self.thread is not None and threading.get_ident() != self.thread:
+                return fn(*args, **kwargs)
             t0 = time.perf_counter()
             try:
                 out = fn(*args, **kwargs)
@@ -103,13 +115,95 @@ def _checks() -> dict[str, Callable[[], Any]]:
     }
 
 
-def _child(i: int, n: int, address: str, reps: int, out_path: str) -> None:
+def _issuers() -> dict[str, Callable[[], int]]:
+    """Each issuer, returning how many hosts answered."""
+    import multihost
+
+    t = ISSUE_TIMEOUT_S
+    return {
+        'dump_stacks': lambda: sum(s.answered for s in multihost.dump_stacks(timeout=t).values()),
+        'wavefront': lambda: sum(h.answered for h in multihost.wavefront(timeout=t).hosts),
+        'flight_records': lambda: len(multihost.flight_records(200, timeout=t)),
+    }
+
+
+#: Flight records each host holds before the issuers run (`flight_records(200)` reads them all).
+RECORDS = 200
+
+
+def _fill_recorder(k: int) -> None:
+    """``k`` local records of a watched training step, as a training loop leaves (no RPC)."""
+    import hashlib
+
+    from multihost import _recorder
+
+    for s in range(k):
+        digest = hashlib.sha256(b'train_step').hexdigest()[:16]
+        entry = _recorder.note(
+            'launch',
+            'train_step',
+            seq=None,
+            digest=digest,
+            site='train.py:123 in main',
+            fingerprint=hashlib.sha256(str(s % 2).encode()).hexdigest()[:16],
+        )
+        _recorder.finished(entry, wait=0.001)
+        _recorder.launched(entry, None)
+
+
+def _issue(i: int, reps: int, counting: Counting, together: Callable[[str], None]) -> Any:
+    """Host 0 issues every debug command ``reps`` times; the others wait in one barrier."""
+    import multihost
+
+    multihost.start_debug_daemon()  # already running (the checks' enter hook started it)
+    _fill_recorder(RECORDS)
+    together('debug-ready')
+    if i != 0:
+        together('issued')  # blocked in a real barrier: the debug thread answers
+        return None
+    issuers = _issuers()
+    out: dict[str, list[dict[str, float]]] = {k: [] for k in issuers}
+    issuers['wavefront']()  # warm-up (one command: the bus and every handler are imported)
+    for _ in range(reps):
+        for name, fn in issuers.items():
+            counting.reset()
+            counting.thread = threading.get_ident()
+            c0, t0 = time.thread_time(), time.perf_counter()
+            try:
+                answered = fn()
+            finally:
+                counting.thread = None
+            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            out[name].append(
+                {
+                    'wall': wall,
+                    'cpu': cpu,
+                    'rpcs': counting.rpcs,
+                    'read': counting.read,
+                    'sent': counting.sent,
+                    'answered': answered,
+                }
+            )
+    together('issued')
+    return out
+
+
+def _child(i: int, n: int, address: str, reps: int, out_path: str, issue: bool = True) -> None:
     """One simulated host: initialize, run every check ``reps`` times, write its counts."""
     import jax
 
     from multihost import _jax_adapter
 
-    jax.distributed.initialize(address, num_processes=n, process_id=i, initialization_timeout=600)
+    # 1,000 clients on 2 cores (shared): generous heartbeat and shutdown bounds, or a host
+    # starved for 100 s is declared dead and aborts (seen once at 1,000 hosts, load ~80).
+    jax.distributed.initialize(
+        address,
+        num_processes=n,
+        process_id=i,
+        initialization_timeout=600,
+        heartbeat_timeout_seconds=900,
+        shutdown_timeout_seconds=900,
+    )
     state = _jax_adapter.distributed_state()
     real = state.client
     counting = Counting(real)
@@ -141,6 +235,7 @@ def _child(i: int, n: int, address: str, reps: int, out_path: str) -> None:
                     'rpc_median': rpc[len(rpc) // 2] if rpc else 0.0,
                 }
             )
+    result['issuers'] = _issue(i, reps, counting, together) if issue else None
     result['backend_started'] = _jax_adapter.backends_started()
     together('measured')  # the parent reads PSS now
     with open(f'{out_path}.tmp', 'w') as f:
@@ -184,7 +279,7 @@ def prepare() -> None:
         )
 
 
-def run(n: int, reps: int = 5, timeout: float = 1800.0) -> dict[str, Any]:
+def run(n: int, reps: int = 5, timeout: float = 1800.0, issue: bool = True) -> dict[str, Any]:
     """Runs N forked hosts; per check, per-rep lists over hosts, plus PSS and timings."""
     prepare()
     address = f'127.0.0.1:{_free_port()}'
@@ -196,7 +291,7 @@ def run(n: int, reps: int = 5, timeout: float = 1800.0) -> dict[str, Any]:
         if pid == 0:
             code = 0
             try:
-                _child(i, n, address, reps, os.path.join(tmp, str(i)))
+                _child(i, n, address, reps, os.path.join(tmp, str(i)), issue)
             except BaseException as exc:  # noqa: BLE001 - a child must exit, never return
                 print(f'host {i}: {type(exc).__name__}: {exc}', file=sys.stderr, flush=True)
                 code = 1
@@ -268,10 +363,30 @@ def summarize(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
-def measure(n: int, reps: int = 3) -> dict[str, Any]:
-    """`run` and `summarize`: one JSON-able record (what ``bench/scale.py --many`` reads)."""
-    raw = run(n, reps)
+def summarize_issuers(raw: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per issuer (host 0): medians over reps of its RPCs, bytes read, wall, CPU, answers."""
+    issued = raw['per'][0].get('issuers')
+    if not issued:
+        return {}
+    med = statistics.median
     return {
+        name: {
+            'rpcs': float(med(r['rpcs'] for r in rows)),
+            'rpcs_max': float(max(r['rpcs'] for r in rows)),
+            'read_bytes': float(med(r['read'] for r in rows)),
+            'wall_ms': float(med(r['wall'] for r in rows)) * 1e3,
+            'cpu_ms': float(med(r['cpu'] for r in rows)) * 1e3,
+            'answered_min': float(min(r['answered'] for r in rows)),
+        }
+        for name, rows in issued.items()
+    }
+
+
+def measure(n: int, reps: int = 3, issue: bool = True) -> dict[str, Any]:
+    """`run` and `summarize`: one JSON-able record (what ``bench/scale.py --many`` reads)."""
+    raw = run(n, reps, issue=issue)
+    return {
+        'issuers': summarize_issuers(raw),
         'n': n,
         'reps': reps,
         'pss_mib': raw['pss_peak_kib'] / 1024,
@@ -282,6 +397,8 @@ def measure(n: int, reps: int = 3) -> dict[str, Any]:
 
 
 if __name__ == '__main__':
-    # python bench/manyhost.py N [REPS]: one JSON line (run it in a fresh process).
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
-    print(json.dumps(measure(n, int(sys.argv[2]) if len(sys.argv) > 2 else 3)))
+    # python bench/manyhost.py N [REPS] [--no-issuers]: one JSON line (in a fresh process).
+    args = [a for a in sys.argv[1:] if a != '--no-issuers']
+    n = int(args[0]) if args else 16
+    reps = int(args[1]) if len(args) > 1 else 3
+    print(json.dumps(measure(n, reps, issue='--no-issuers' not in sys.argv)))

@@ -35,7 +35,7 @@ import _common
 import numpy as np
 
 from multihost._checks import _rowdiff, _treediff
-from multihost._exchange import _kv
+from multihost._exchange import _bus, _kv
 
 KEY = 24  # bytes of a key in a directory listing, e.g. 'mh/e/15/1000/delta/d/999'
 HEADER = 40  # a chunked value's header under its key
@@ -211,14 +211,20 @@ def _costs(n: int, m: dict[str, int], leaves: int) -> dict[str, Cost]:
         ('flight_records(200) (the issuer)', m['records reply (200)']),
     ):
         c = out[label] = new()
-        c.rpcs += 3  # counter, command, ...
+        c.rpcs += 4  # counter, command, the wait for mh/rep/<g>/all, the delete
         c.read(sum(KEY + min(m['daemon info'], _kv.MAX_BYTES) for _ in range(n)))  # mh/dmn/
-        cap = _kv.dir_cap(n)
-        for _ in range(n):  # one blocking get per host, then its chunks
-            c.read(min(reply, cap) if reply <= cap else HEADER)
-            if reply > cap:
-                c.value(reply)
-        # (no listing of every reply at the end: every host answered)
+        # Batches of mh/rep/<g>/ as `_bus._reply` places them (offset // _BATCH_BYTES).
+        inline = reply if reply <= _bus._INLINE else _bus._HEADER
+        batches: dict[int, int] = {}
+        offset = 0
+        for _ in range(n):
+            batches[offset // _bus._BATCH_BYTES] = batches.get(offset // _bus._BATCH_BYTES, 0)
+            batches[offset // _bus._BATCH_BYTES] += KEY + inline
+            offset += inline + _bus._KEY_BYTES
+        for nbytes in batches.values():  # one read per batch, then chunked replies
+            c.read(nbytes)
+        for _ in range(n if reply > _bus._INLINE else 0):
+            c.value(reply)
     c = out['step_table'] = new()
     for _ in range(8):  # the ring's slots
         c.read(n * (KEY + min(m['record'], _kv.dir_cap(n))))

@@ -10,7 +10,9 @@ Usage::
 N forked clients of one real coordination service, bytes and RPCs counted per
 check), side by side per N, with the log-log slope of each curve; ``--check``
 exits 1 unless bytes read per host grow <= 1.5x and bytes served <= 20x from
-the smallest N to the largest (issue 21's targets). The older method follows.
+the smallest N to the largest, and the issuers (`dump_stacks`, `wavefront`,
+`flight_records`, from host 0 while the others wait) read every reply in <= 50
+RPCs at every N (issue 21's targets). The older method follows.
 
 Method
 ------
@@ -207,6 +209,16 @@ MANY_METRICS = (
     ('CPU per host, median (ms)', 'cpu_ms', 1, '.2f'),
     ('service CPU, process 0 - median (ms)', 'service_cpu_ms', 1, '.2f'),
 )
+#: Issuer columns (host 0's own RPCs, its debug thread's left out): (title, key, scale, format).
+ISSUER_METRICS = (
+    ('issuer RPCs per command, median', 'rpcs', 1, '.0f'),
+    ('issuer bytes read (KB)', 'read_bytes', 1e-3, '.1f'),
+    ('issuer wall (ms)', 'wall_ms', 1, '.0f'),
+    ('issuer main-thread CPU (ms)', 'cpu_ms', 1, '.1f'),
+    ('hosts that answered (min)', 'answered_min', 1, '.0f'),
+)
+#: Issue 21: an issuer reads every reply in at most this many RPCs, at any N.
+ISSUER_RPCS = 50
 #: Checks whose no-error path must be O(1) per host (`--check`); an allgather's payload is O(N).
 FLAT = ('sync_global_devices', 'broadcast (small)', 'assert_equal (small)')
 
@@ -255,6 +267,17 @@ def many_table(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             slopes.setdefault(check, {})[k] = s = slope(ns, ys)
             cells = ''.join(f'{format(y * scale, fmt):>11}' for y in ys)
             print(f'  {check:<38}{cells}{s:>8.2f}')
+    issued = [r for r in records if r.get('issuers')]
+    for title, k, scale, fmt in ISSUER_METRICS if issued else ():
+        cols = ''.join(f'{"N=" + str(r["n"]):>11}' for r in issued)
+        head = f'{title:<40}{cols}{"slope":>8}'
+        print('\n' + head + '\n' + '-' * len(head))
+        for name in issued[0]['issuers']:
+            ys = [r['issuers'][name][k] for r in issued]
+            s = slope([r['n'] for r in issued], ys)
+            slopes.setdefault(name, {})[k] = s
+            cells = ''.join(f'{format(y * scale, fmt):>11}' for y in ys)
+            print(f'  {name:<38}{cells}{s:>8.2f}')
     print(
         f'\n{"total PSS of the hosts (MiB)":<40}'
         + ''.join(f'{r["pss_mib"]:>11.0f}' for r in records)
@@ -277,6 +300,13 @@ def many_verdict(records: list[dict[str, Any]]) -> list[str]:
             fails.append(
                 f'{check}: bytes served x{served:.1f} {span} (target <= 20x per 16x hosts)'
             )
+    for r in records:
+        for name, m in (r.get('issuers') or {}).items():
+            if m['rpcs'] > ISSUER_RPCS or m['answered_min'] < r['n']:
+                fails.append(
+                    f'{name} at N={r["n"]}: {m["rpcs"]:.0f} RPCs (target <= {ISSUER_RPCS}), '
+                    f'{m["answered_min"]:.0f} of {r["n"]} hosts answered'
+                )
     return fails
 
 
@@ -285,13 +315,14 @@ def main_many(ns: list[int], reps: int, check: bool, path: str | None) -> int:
     if any(r['backend_started'] for r in records):
         print('WARNING: a simulated host started its JAX backend', flush=True)
     slopes = many_table(records)
-    fails = many_verdict(records) if len(records) > 1 else []
+    fails = many_verdict(records)
     print(
         '\n'
         + (
             '\n'.join(fails)
             if fails
-            else 'issue 21 targets met (per host <= 1.5x, served <= 20x per 16x hosts)'
+            else 'issue 21 targets met (per host <= 1.5x, served <= 20x per 16x hosts, '
+            f'issuers <= {ISSUER_RPCS} RPCs)'
         )
     )
     if path:

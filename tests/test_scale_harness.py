@@ -3,7 +3,9 @@
 256 forked clients of one real coordination service run the no-error checks
 that need no JAX backend (`sync_global_devices`, a sequence-checked small
 broadcast, `assert_equal` of a small equal tree); the harness counts every
-RPC and reply byte per host. The same run as ``python bench/scale.py --many
+RPC and reply byte per host. Then host 0 issues `dump_stacks`, `wavefront`
+and `flight_records(200)` while the others wait in a barrier (their debug
+threads answer), counting host 0's own RPCs. The same run as ``python bench/scale.py --many
 16,256 --check``. About 30 s on 2 cores.
 """
 
@@ -21,6 +23,7 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: broadcast's source payload read beside it, assert_equal's fingerprint digests agreed
 #: on the same way. (A small allgather is O(N) per host by nature: every host's data.)
 FLAT = ('sync_global_devices', 'broadcast (small)', 'assert_equal (small)')
+ISSUERS = ('dump_stacks', 'wavefront', 'flight_records')
 
 
 @pytest.fixture(scope='module')
@@ -44,6 +47,8 @@ def many(tmp_path_factory):
         raise RuntimeError(
             f'bad harness run: N={lo["n"]},{hi["n"]}, backend {hi["backend_started"]}'
         )
+    if set(hi['issuers']) != set(ISSUERS):
+        raise RuntimeError(f'bad harness run: issuers {sorted(hi["issuers"])}')
     for check in FLAT:
         a, b = lo['checks'][check], hi['checks'][check]
         if min(a['served_rpcs'], b['served_rpcs'], a['read_max'], b['read_max']) <= 0:
@@ -68,3 +73,17 @@ def test_256_hosts_barriers_broadcast_and_assert_equal_read_o1_per_host_and_the_
     many,
 ):
     _targets(*many, FLAT)
+
+
+@pytest.mark.slow
+def test_256_hosts_dump_stacks_wavefront_and_flight_records_read_every_reply_in_at_most_50_rpcs(
+    many,
+):
+    lo, hi = many
+    for name in ISSUERS:
+        for rec in (lo, hi):
+            m = rec['issuers'][name]
+            assert m['answered_min'] == rec['n'], f'{name}: {m["answered_min"]:.0f} answered'
+            assert m['rpcs_max'] <= 50, f'{name} at N={rec["n"]}: {m["rpcs_max"]:.0f} RPCs'
+        # Every reply is read (200 flight records of 256 hosts: ~8 MB, in <= 1 MiB batches).
+        assert hi['issuers'][name]['read_bytes'] >= 16 * lo['issuers'][name]['read_bytes'] * 0.9
