@@ -11,6 +11,7 @@ tests assert the very verdicts they assert on the read-all path
 
 from __future__ import annotations
 
+import pytest
 from _digest_path import ENV, check_on_the_digest_path, digest_path_everywhere, on_the_digest_path
 from test_never_hangs_watch import (
     test_a_dead_host_is_named_by_the_wavefront_records_and_watched_launches,
@@ -32,6 +33,8 @@ from test_threads_multiprocess import (
     test_unkeyed_collective_in_a_thread_of_another_name_times_out,
 )
 
+from multihost._exchange import _kv
+
 MP_CLUSTER = dict(n=4, devices_per_process=2, env=ENV)
 
 __all__ = [
@@ -52,3 +55,14 @@ __all__ = [
 
 def test_the_cluster_is_on_the_digest_path(mp_cluster):
     check_on_the_digest_path(mp_cluster.run(on_the_digest_path, timeout=60))
+
+
+def test_the_knob_takes_a_whole_number_of_hosts_and_says_so_otherwise():
+    assert _kv.digest_above(None) == _kv.digest_above('') == _kv.DEFAULT_DIGEST_ABOVE == 4
+    assert _kv.digest_above('0') == 0 and _kv.digest_above(' 16 ') == 16
+    for bad in ('-1', 'four', '2.5'):
+        with pytest.raises(
+            ValueError, match=r'^MULTIHOST_DIGEST_ABOVE must be a whole number'
+        ) as info:
+            _kv.digest_above(bad)
+        assert repr(bad) in str(info.value) and '\n' not in str(info.value)
