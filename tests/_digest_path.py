@@ -5,6 +5,17 @@ them again with ``MULTIHOST_DIGEST_ABOVE=0``: at 4 hosts every round agrees
 through its digest directory (`_kv.Round.agree_dir`) instead of reading every
 record, and the verdicts (which hosts, which calls, the messages) must be the
 ones those tests assert on the read-all path.
+
+Only the cases in which some host reads the digest directory after a failure
+are re-run: a mismatch or a failing host (more than one digest), a host late
+at a barrier that is still open, an interrupt seen by a late host (``g/!``).
+Each fails with the digest path's error handling broken (`Round.give_up`
+writing nothing, or `Round.one_digest` taking any listing for agreement).
+Not re-run, because no host reads the directory there whatever the knob:
+hosts that never arrive or die (no barrier completes), a barrier the service
+dropped, rounds that carry a payload (a skipper's next gather, watched
+launches: ``read``), lanes whose threads time out. (Their modules, whole,
+passed with ``MULTIHOST_DIGEST_ABOVE=0`` too, run by hand.)
 """
 
 from __future__ import annotations
