@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import queue
 import threading
 import time
@@ -38,8 +39,34 @@ _LOOK_MAX = 4.0
 _PATIENT_BARRIER = (2**31 - 1) / 1000
 #: Rounds among more hosts than this agree through one digest key (`round_`'s
 #: ``agree``); up to this many, reading every record (<= ~1 KiB) is cheaper
-#: than the digest's extra RPC on the critical path (docs/SCALE.md).
-DIGEST_ABOVE = 4
+#: than the digest's extra RPC on the critical path (docs/SCALE.md). The
+#: default; ``MULTIHOST_DIGEST_ABOVE`` sets it (read once, at import: `DIGEST_ABOVE`).
+DEFAULT_DIGEST_ABOVE = 4
+
+
+def digest_above(raw: str | None) -> int:
+    """`DIGEST_ABOVE` from the text of ``MULTIHOST_DIGEST_ABOVE`` (None or empty: the default).
+
+    A testing and tuning knob: ``0`` puts every round of two or more hosts on
+    the digest path (the reliability tests run so at 4 hosts).
+    """
+    if raw is None or raw.strip() == '':
+        return DEFAULT_DIGEST_ABOVE
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            f'MULTIHOST_DIGEST_ABOVE must be a whole number of hosts >= 0, got {raw!r}: rounds '
+            'among more hosts than it agree through one digest (0: always); unset it for the '
+            f'default of {DEFAULT_DIGEST_ABOVE}.'
+        )
+    return value
+
+
+#: The number of hosts above which rounds agree through a digest (see `digest_above`).
+DIGEST_ABOVE = digest_above(os.environ.get('MULTIHOST_DIGEST_ABOVE'))
 #: Every key `multihost` writes starts with this.
 PREFIX = 'mh'
 #: Rounds are grouped in epochs of this many collectives; process 0 deletes
