@@ -4,7 +4,9 @@
 agrees through its digest directory, as above 4 hosts by default, and the
 imported tests assert the very verdicts they assert on the read-all path
 (`_digest_path`). Not copies: the tests themselves, from
-`test_sequence_multiprocess` and `test_real_program_align`; only the cases in
+`test_sequence_multiprocess`, `test_real_program_align` and
+`test_layout_multiprocess` (replica checks: each block's reference, then
+the agreement); only the cases in
 which some host reads the digest directory after a failure (the others are
 the read-all path's code whatever the knob: see notes in `_digest_path`).
 """
@@ -14,6 +16,11 @@ from __future__ import annotations
 import pytest
 import test_real_program_align as align
 from _digest_path import ENV, check_on_the_digest_path, digest_path_everywhere, on_the_digest_path
+from test_layout_multiprocess import (
+    test_check_replicas_finds_disagreement_within_and_across_hosts,
+    test_check_replicas_names_the_odd_host,
+    test_check_replicas_ok_for_consistent_data,
+)
 from test_real_program_align import test_a_skipper_late_at_a_later_failed_collective_raises_that_one
 from test_sequence_multiprocess import (
     test_barrier_names_differ_raises_on_every_host,
@@ -29,6 +36,9 @@ __all__ = [
     'digest_path_everywhere',
     'test_a_skipper_late_at_a_later_failed_collective_raises_that_one',
     'test_barrier_names_differ_raises_on_every_host',
+    'test_check_replicas_finds_disagreement_within_and_across_hosts',
+    'test_check_replicas_names_the_odd_host',
+    'test_check_replicas_ok_for_consistent_data',
     'test_different_collective_raises_on_every_host',
     'test_shapes_differ_raises_before_device_collective',
 ]
