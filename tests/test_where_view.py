@@ -576,6 +576,18 @@ def test_where_text_fallback():
     ]
 
 
+def test_stacks_read_from_dumps_count_who_left_a_dump_not_who_answered():
+    """A post-mortem's stacks are what each host wrote before it died: 3 of a 5-host job."""
+    stacks = {p: s for p, s in host_stacks().items() if s.answered}
+    v = WhereView(stacks, dumps=5)
+    status = unescape(one(v.widget, 'mh-where-status').value)
+    assert '3 of 5 hosts left a dump' in status, status
+    assert 'no dump from processes 3-4' in status and 'answered' not in status, status
+    assert v.text().splitlines()[0].startswith('3 of 5 hosts left a dump')
+    assert 'no dump' not in _where.status_text(stacks, dumps=3)
+    assert _where.status_text(stacks).startswith('3/3 host(s) answered')  # a live job's
+
+
 # -- in a real browser ---------------------------------------------------------------------------
 
 
