@@ -29,6 +29,7 @@ from multihost.local import LocalCluster
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
+from tests import _jobs as jobs  # noqa: E402, F401  (plain-process jobs: the tests' launcher)
 
 NUM_PROCESSES = 4
 DEVICES_PER_PROCESS = 2
