@@ -27,6 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+import _common  # noqa: E402
+
 JOB = textwrap.dedent(
     """
     import os, sys, time
@@ -62,23 +64,23 @@ def main() -> None:
     import mhnotebook
     from multihost.local import free_port
 
+    _jobs = _common.jobs
+
     tmp = tempfile.mkdtemp(prefix='mh-attach-bench-')
     script, control, go = (os.path.join(tmp, f) for f in ('job.py', 'control.json', 'go'))
     with open(script, 'w') as f:
         f.write(JOB)
-    env = {k: v for k, v in os.environ.items() if not k.startswith('MULTIHOST_')}
-    env.update(PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+    command = ['-m', 'multihost', 'run', '--control-file', control, script]
     port = str(free_port())
-    command = [sys.executable, '-m', 'multihost', 'run', '--control-file', control, script]
-    procs = [
-        subprocess.Popen(
-            [*command, str(p), str(args.hosts), port, go],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for p in range(args.hosts)
-    ]
+    procs = _jobs.start(
+        args.hosts,
+        command,
+        _jobs.job_env(),
+        args=lambda p: [str(p), str(args.hosts), port, go],
+        process_id=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:  # every main thread blocked: the others inside the barrier
@@ -112,12 +114,7 @@ def main() -> None:
         )
     finally:
         open(go, 'w').close()
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        procs.finish(60.0)
 
 
 if __name__ == '__main__':

@@ -267,46 +267,20 @@ def _report(per: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
 def _job_run(installed: bool, hosts: int, steps: int) -> tuple[list[list[float]], list[str]]:
     """One run of `_flax_job.py` in ``hosts`` plain processes: per process its step seconds,
     and process 0's losses (``float.hex``)."""
-    from multihost.local import free_port
-
+    _jobs = _common.jobs
     command = ['-m', 'multihost', 'run', _JOB] if installed else [_JOB]
     with tempfile.TemporaryDirectory(prefix='mh-bench-job-') as tmp:
-        env = {k: v for k, v in os.environ.items() if not k.startswith('MULTIHOST_')}
-        env.update(
-            PYTHONPATH=_ROOT,
-            JAX_PLATFORMS='cpu',
-            COORDINATOR_ADDRESS=f'127.0.0.1:{free_port()}',
-            NUM_PROCESSES=str(hosts),
-            CKPT_DIR=os.path.join(tmp, 'ckpt'),
-            STEPS=str(steps),
-        )
-        procs = []
-        try:
-            for pid in range(hosts):
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, *command],
-                        env={**env, 'PROCESS_ID': str(pid)},
-                        cwd=tmp,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                    )
-                )
-            outs = [p.communicate(timeout=900) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(10)
+        env = _jobs.scheduler_env(hosts, CKPT_DIR=os.path.join(tmp, 'ckpt'), STEPS=str(steps))
+        with _jobs.start(hosts, command, env, cwd=tmp) as job:
+            results = job.finish(900)
     per: list[list[float]] = []
-    for p, (out, err) in zip(procs, outs, strict=True):
-        if p.returncode != 0 or 'DONE' not in out:
-            raise RuntimeError(f'the job failed (exit {p.returncode}):\n{err[-3000:]}')
+    for rc, out, err in results:
+        if rc != 0 or 'DONE' not in out:
+            raise RuntimeError(f'the job failed (exit {rc}):\n{err[-3000:]}')
         per.append(
             [float(line.split()[2]) for line in out.splitlines() if line.startswith('STEP ')]
         )
-    losses = [line.split()[2] for line in outs[0][0].splitlines() if line.startswith('LOSS ')]
+    losses = [line.split()[2] for line in results[0][1].splitlines() if line.startswith('LOSS ')]
     return per, losses
 
 

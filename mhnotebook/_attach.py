@@ -16,12 +16,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 from collections.abc import Iterator
 from multiprocessing import AuthenticationError
 from typing import TYPE_CHECKING, Any
 
 from mhnotebook._errors import SessionError
+from mhnotebook._poll import moved_on as _moved_on
 
 if TYPE_CHECKING:
     from multihost import ControlClient, FlightRecord, HostStacks, StepTable, Timeline, Wavefront
@@ -215,21 +215,9 @@ class AttachedJob:
         return held
 
     def moved_on(self, before: StepTable, timeout: float = 3.0) -> StepTable:
-        """The step table once the hosts moved on from ``before`` (at most ``timeout`` s)."""
-        first_held = before.pending.seq if before.pending is not None else -1
-        held_launches = {(h.process, h.n) for h in before.launches}
-        deadline = time.monotonic() + timeout
-        while True:
-            table = self.step_table()
-            held = table.pending
-            if held is not None and held.seq > first_held and held.complete:
-                return table
-            now = {(h.process, h.n) for h in table.launches}
-            if held_launches and now and not now & held_launches:
-                return table
-            if time.monotonic() >= deadline:
-                return table
-            time.sleep(0.1)
+        """The step table once the hosts moved on from ``before`` (at most ``timeout`` s;
+        `_poll.moved_on`)."""
+        return _moved_on(self.step_table, before, timeout)
 
     def detach(self) -> None:
         """Closes the connection (idempotent); the job goes on, stepping as it was left."""

@@ -64,17 +64,22 @@ class PostMortem:
 
     # -- the models a Session answers (the keyword arguments are accepted, unused) ----
     def where(self, *, timeout: float = 0.0) -> dict[int, HostStacks]:
-        """Each dumped host's stacks, as it wrote them."""
+        """Each dumped host's stacks, as it wrote them (one that dumped at its timeout:
+        waiting in the check that failed, as the verdict says, `_analyze.at_dump`)."""
+        from multihost._job._analyze import at_dump
+
         del timeout
-        return {d.process: d.stacks for d in self.dumps}
+        return {d.process: at_dump(d)[1] for d in self.dumps}
 
     def wavefront(self, *, timeout: float = 0.0) -> Wavefront:
-        """Every host's position at its dump; a host without a dump is silent, and why."""
+        """Every host's position at its dump (as the verdict reads it, `_analyze.at_dump`);
+        a host without a dump is silent, and why."""
         from multihost import Wavefront
         from multihost._debug._wavefront import HostFront
+        from multihost._job._analyze import at_dump
 
         del timeout
-        by = {d.process: d.front for d in self.dumps}
+        by = {d.process: at_dump(d)[0] for d in self.dumps}
         hosts = tuple(
             by.get(p) or HostFront(process=p, answered=False, error=self._why_missing(p))
             for p in range(self.num_processes)

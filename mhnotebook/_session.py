@@ -38,6 +38,7 @@ from mhnotebook._errors import (
 )
 from mhnotebook._interrupt import realign, settle, wait_idle
 from mhnotebook._poll import Poll
+from mhnotebook._poll import moved_on as _moved_on
 from mhnotebook._trampoline import call as _call
 from mhnotebook._trampoline import call_ns as _call_ns
 
@@ -757,20 +758,14 @@ class Session:
     def moved_on(self, before: StepTable, timeout: float = 3.0) -> StepTable:
         """The step table once the hosts moved on from ``before`` after a release.
 
-        Returns when every host arrived at a later gate, or when every host is
-        idle (the cell ran to its end), or after ``timeout`` seconds with
-        where they are then.
+        Returns when every host arrived at a later gate or past the launches
+        it was held before (`_poll.moved_on`), or when every host is idle (the
+        cell ran to its end), or after ``timeout`` seconds with where they are
+        then.
         """
-        first_held = before.pending.seq if before.pending is not None else -1
-        deadline = time.monotonic() + timeout
-        while True:
-            table = self.step_table()
-            held = table.pending
-            if held is not None and held.seq > first_held and held.complete:
-                return table
-            if time.monotonic() >= deadline or not self._busy(self._check(), None, 0.0):
-                return table
-            time.sleep(0.1)
+        return _moved_on(
+            self.step_table, before, timeout, idle=lambda: not self._busy(self._check(), None, 0.0)
+        )
 
     # -- interrupts --------------------------------------------------------------
     def interrupt(

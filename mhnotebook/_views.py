@@ -143,7 +143,8 @@ def nonfinite_view(session: Session, name: str) -> NonfiniteView:
 
 
 def where_view(session: Session | AttachedJob | PostMortem, *, timeout: float = 10.0) -> WhereView:
-    """A refreshable `WhereView`: every host's current collective and stacks."""
+    """A refreshable `WhereView`: every host's current collective and stacks (of a
+    `PostMortem`: those its hosts dumped, the status counting who left a dump)."""
     from mhnotebook.widgets import WhereView
 
     def verdict() -> str | None:
@@ -158,6 +159,7 @@ def where_view(session: Session | AttachedJob | PostMortem, *, timeout: float = 
         session.where(timeout=timeout),
         on_refresh=lambda: session.where(timeout=timeout),
         verdict=verdict,
+        dumps=session.num_processes if isinstance(session, PostMortem) else None,
     )
 
 

@@ -74,3 +74,21 @@ def doc(p: int, n: int) -> dict[str, Any]:
 
 def job_dumps(n: int = 1000) -> list[dict[str, Any]]:
     return [doc(p, n) for p in range(n) if p != MISSING]
+
+
+def at_timeout(p: int, n: int) -> dict[str, Any]:
+    """Process ``p``'s dump as a host writes it at its own timeout in ``barrier('ckpt') #412``:
+    written while the error is built, so its wait is over (the entry ``failed``, nothing
+    ``waiting``) and its front and stacks show the main thread running."""
+    d = doc(p, n)
+    failed = _rec(p, 412, 'ckpt', 'failed')
+    d['records'][-1] = list(dataclasses.astuple(failed))
+    d['front'].update(waiting=None, waiting_for=0.0, activity='', last=d['records'][-1])
+    d['front']['last_collective'] = d['records'][-1]
+    d['stacks'].update(waiting=None)
+    d['trigger'] = {
+        'what': 'timeout',
+        'time': T0 + 500,
+        'details': {'error': 'BarrierTimeoutError', 'name': 'ckpt', 'missing': [n - 1]},
+    }
+    return d

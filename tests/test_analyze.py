@@ -79,3 +79,30 @@ def test_a_mismatch_names_each_sides_call_and_the_minority_as_culprit() -> None:
     assert 5 in verdict.culprits and "process 5: barrier('eval') #412 at train.py:41" in text, text
     assert "processes 0-4, 6-7: barrier('ckpt') #412 at train.py:40" in text, text
     assert len(text.splitlines()) <= _analyze.MAX_LINES
+
+
+def test_hosts_that_dumped_at_their_timeout_wait_in_the_barrier_in_every_view() -> None:
+    """The wavefront and the where view of a post-mortem say what analyze says: hosts that
+    dumped at their timeout wait in the barrier that failed (not "running user code": their
+    dump was written after the wait ended, while the error was built)."""
+    from mhnotebook._postmortem import PostMortem
+    from mhnotebook.widgets._where import where_text
+    from multihost import Wavefront
+
+    dumps = [_dumpfile.parse(_dump_cases.at_timeout(p, 4)) for p in range(3)]
+    text = str(_analyze.analyze(dumps))
+    assert "processes 0-2 wait in barrier('ckpt') #412" in text and 'culprit: process 3' in text
+    raw = Wavefront(hosts=tuple(d.front for d in dumps)).verdict  # the dumps' own fronts
+    assert 'running user code' in raw, raw
+    pm = PostMortem(('dumps',), tuple(dumps), 4)
+    front = pm.wavefront()
+    assert "processes 0-2 are waiting at barrier('ckpt') #412 for 88 s" in front.verdict, (
+        front.verdict
+    )
+    assert 'running user code' not in front.verdict
+    assert [h.waiting.name for h in front.hosts[:3]] == ['ckpt'] * 3
+    where = where_text(pm.where(), dumps=4)
+    assert "processes 0-2 (3 hosts): waiting at barrier('ckpt') #412" in where, where
+    assert 'running' not in where
+    asked = _dumpfile.parse(_dump_cases.doc(1, 4))  # asked while waiting: its front says so
+    assert _analyze.at_dump(asked) == (asked.front, asked.stacks)

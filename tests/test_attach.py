@@ -23,12 +23,12 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import _jobs
 import pytest
 
 import mhnotebook
@@ -42,12 +42,6 @@ STALLED = 2
 TIMEOUT = 150.0
 
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith('MULTIHOST_')}
-    env.update(PYTHONPATH=ROOT, JAX_PLATFORMS='cpu', **extra)
-    return env
 
 
 def _until(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
@@ -71,43 +65,27 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     control = os.path.join(tmp, 'ctl', 'control.json')
     os.makedirs(os.path.dirname(control))
     go = os.path.join(tmp, 'go')
-    env = _env(
-        COORDINATOR_ADDRESS=f'127.0.0.1:{free_port()}',
-        NUM_PROCESSES=str(N),
+    env = _jobs.scheduler_env(
+        N,
         CKPT_DIR=os.path.join(tmp, 'ckpt'),
         STEPS='2',
         LOCAL_DEVICES='1',
         STALL_HOST=str(STALLED),
         STALL_UNTIL=go,
     )
-    command = [sys.executable, '-m', 'multihost', 'run', '--control-file', control, JOB]
-    procs = [
-        subprocess.Popen(
-            command,
-            env={**env, 'PROCESS_ID': str(p)},
-            cwd=tmp,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for p in range(N)
-    ]
-    try:
-        _until('the control file', lambda: os.path.exists(control), 90.0)
-        yield {'procs': procs, 'control': control, 'go': go}
-    finally:
-        open(go, 'w').close()
-        try:  # a failed test may have left stepping on
-            with mhnotebook.attach(control, timeout=5.0) as j:
-                j.release_all()
-        except Exception:
-            pass
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+    command = ['-m', 'multihost', 'run', '--control-file', control, JOB]
+    with _jobs.start(N, command, env, cwd=tmp) as started:
+        try:
+            _until('the control file', lambda: os.path.exists(control), 90.0)
+            yield {'procs': started.procs, 'control': control, 'go': go}
+        finally:
+            open(go, 'w').close()
+            try:  # a failed test may have left stepping on
+                with mhnotebook.attach(control, timeout=5.0) as j:
+                    j.release_all()
+            except Exception:
+                pass
+            started.finish(60.0)
 
 
 def _stalled_wavefront(path: str) -> Any:
@@ -262,24 +240,17 @@ def test_a_clean_run_removes_its_control_file_and_writes_nothing_else(tmp_path):
     folder.mkdir()
     control = str(folder / 'control.json')
     port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, '-m', 'multihost', 'run', '--control-file', control, str(script)]
-            + [str(p), port, control],
-            env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for p in range(2)
-    ]
-    try:
-        outs = [p.communicate(timeout=90)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+    command = ['-m', 'multihost', 'run', '--control-file', control, str(script)]
+    with _jobs.start(
+        2,
+        command,
+        _jobs.job_env(),
+        args=lambda p: [str(p), port, control],
+        process_id=False,
+        stderr=subprocess.STDOUT,
+    ) as started:
+        procs = started.procs
+        outs = [out for _, out, _ in started.finish(90.0)]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert 'SERVED True' in outs[0], outs[0]
     assert os.listdir(folder) == []
@@ -307,17 +278,17 @@ def test_kill_9_of_process_0_while_attached_is_one_line_that_the_job_is_gone(tmp
     script.write_text(WAITING)
     control = str(tmp_path / 'control.json')
     port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, '-m', 'multihost', 'run', '--control-file', control, str(script)]
-            + [str(p), port],
-            env=_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for p in range(2)
-    ]
-    try:
+    command = ['-m', 'multihost', 'run', '--control-file', control, str(script)]
+    with _jobs.start(
+        2,
+        command,
+        _jobs.job_env(),
+        args=lambda p: [str(p), port],
+        process_id=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as started:
+        procs = started.procs
         _until('the control file', lambda: os.path.exists(control))
         attached = _until('attach', lambda: mhnotebook.attach(control))
         assert 'waiting at' in str(attached.wavefront())
@@ -333,8 +304,3 @@ def test_kill_9_of_process_0_while_attached_is_one_line_that_the_job_is_gone(tmp
             attached.where()
         with pytest.raises(mhnotebook.AttachError, match='is gone: nothing listens'):
             mhnotebook.attach(control)  # the file outlived its job (kill -9 removes nothing)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)

@@ -18,10 +18,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import _jobs
 import pytest
 
 from multihost._job import _analyze, _dumpfile
-from multihost.local import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -35,26 +35,9 @@ pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster 
 class Job:
     def __init__(self, tmp: str, n: int, *run_args: str, **env: str) -> None:
         self.dir = os.path.join(tmp, 'dumps')
-        base = {k: v for k, v in os.environ.items() if not k.startswith('MULTIHOST_')}
-        base.update(
-            PYTHONPATH=ROOT,
-            JAX_PLATFORMS='cpu',
-            COORDINATOR_ADDRESS=f'127.0.0.1:{free_port()}',
-            NUM_PROCESSES=str(n),
-            **env,
-        )
-        command = [sys.executable, '-m', 'multihost', 'run', '--dump-dir', self.dir, *run_args]
-        self.procs = [
-            subprocess.Popen(
-                [*command, JOB],
-                env={**base, 'PROCESS_ID': str(p)},
-                cwd=tmp,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for p in range(n)
-        ]
+        command = ['-m', 'multihost', 'run', '--dump-dir', self.dir, *run_args, JOB]
+        self.job = _jobs.start(n, command, _jobs.scheduler_env(n, **env), cwd=tmp)
+        self.procs = self.job.procs
 
     def wait_started(self) -> None:
         for p in self.procs:
@@ -72,23 +55,10 @@ class Job:
         raise AssertionError(f'fewer than {count} dumps in {timeout} s: {os.listdir(self.dir)}')
 
     def finish(self, timeout: float = TIMEOUT) -> list[tuple[int, str, str]]:
-        deadline = time.monotonic() + timeout
-        out = []
-        for p in self.procs:
-            try:
-                stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                stdout, stderr = p.communicate(timeout=10)
-            out.append((p.returncode, stdout, stderr))
-        return out
+        return self.job.finish(timeout)
 
     def kill_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs:
-            p.wait(timeout=10)
+        self.job.kill()
 
 
 @pytest.fixture

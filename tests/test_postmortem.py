@@ -53,7 +53,9 @@ def test_postmortem_models_from_the_files_alone(dumps: str) -> None:
     assert sorted(where) == [0, 1, 2, 3] and all(s.answered for s in where.values())
     front = pm.wavefront()
     assert front.silent == () and len(front.hosts) == N
-    assert 'process 2 is in user code' in front.verdict and 'time.sleep' in front.verdict
+    # The hosts that dumped at their timeout wait in the barrier, as the verdict says.
+    assert "processes 0-1, 3 are waiting at barrier('ckpt')" in front.verdict, front.verdict
+    assert 'process 2 is not there' in front.verdict and 'time.sleep' in front.verdict
     assert [r.name for r in pm.records(last=2)[0]] == ['before', 'ckpt']
     assert [r.name for r in pm.records()[2]][-1] == 'before'  # it never reached ckpt
     timeline = pm.timeline()
@@ -79,6 +81,10 @@ def test_a_missing_dump_is_named_and_silent(dumps: str, tmp_path: Any) -> None:
     assert 'no dump from process 3' in str(pm.verdict())
     assert 'no dump from process 3' in pm._repr_html_()
     assert pm.timeline().silent == (3,) and sorted(pm.where()) == [0, 1, 2]
+    from mhnotebook._views import where_view
+
+    status = where_view(pm)._status.value
+    assert '3 of 4 hosts left a dump' in status and 'no dump from process 3' in status, status
 
 
 def test_views_render_from_the_dumps(dumps: str) -> None:
@@ -88,7 +94,7 @@ def test_views_render_from_the_dumps(dumps: str) -> None:
     where = where_view(pm)
     verdict = elements(where._verdict_box.value, 'mh-where-verdict')
     assert verdict and verdict[0]['text'] == pm.wavefront().verdict, where._verdict_box.value
-    assert '4/4 host(s) answered' in where._status.value, where._status.value
+    assert '4 of 4 hosts left a dump' in where._status.value, where._status.value
     timeline = timeline_view(pm)
     assert timeline._table.value and 'mh-timeline' in timeline._table.value
 

@@ -17,14 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from typing import Any
 
+import _jobs
 import pytest
-
-from multihost.local import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -50,46 +46,17 @@ def launch(tmp: str, *command: str, **extra: str) -> list[dict[str, Any]]:
     """The job in `N` plain processes: per process its return code, stdout, stderr, records."""
     ckpt, records = os.path.join(tmp, 'ckpt'), os.path.join(tmp, 'records')
     os.makedirs(records)
-    env = {k: v for k, v in os.environ.items() if not k.startswith('MULTIHOST_')}
-    env.update(
-        PYTHONPATH=ROOT,
-        JAX_PLATFORMS='cpu',
-        COORDINATOR_ADDRESS=f'127.0.0.1:{free_port()}',
-        NUM_PROCESSES=str(N),
-        CKPT_DIR=ckpt,
-        JOB_RECORDS=records,
-        STEPS='6',
-        **extra,
-    )
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        for pid in range(N):
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, *command, JOB],
-                    env={**env, 'PROCESS_ID': str(pid)},
-                    cwd=tmp,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
-        deadline = time.monotonic() + TIMEOUT
+    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, JOB_RECORDS=records, STEPS='6', **extra)
+    with _jobs.start(N, [*command, JOB], env, cwd=tmp) as job:
         outs = []
-        for pid, p in enumerate(procs):
-            stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        for pid, (rc, stdout, stderr) in enumerate(job.finish(TIMEOUT)):
             path = os.path.join(records, f'records-{pid}.json')
             recs = None
             if os.path.exists(path):
                 with open(path) as f:
                     recs = json.load(f)
-            outs.append({'rc': p.returncode, 'out': stdout, 'err': stderr, 'records': recs})
+            outs.append({'rc': rc, 'out': stdout, 'err': stderr, 'records': recs})
         return outs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
 
 
 def _losses(stdout: str) -> list[str]:

@@ -119,7 +119,7 @@ FLOORS = {
         'widgets': 0,  # views: pure functions of multihost's models
         '_transfer': 1,  # gathered blocks: /dev/shm files, a tcp stream
         '_interrupt': 1,
-        '_poll': 1,  # one wait for many hosts' results (the session's calls, JAX start-up)
+        '_poll': 1,  # the waits: hosts' results (calls, JAX start-up), hosts moving on
         '_session': 2,
         '_attach': 2,  # a job started elsewhere, through its control endpoint
         '_postmortem': 2,  # a job's dump files: the same models, no cluster

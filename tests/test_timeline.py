@@ -379,3 +379,41 @@ def test_the_notebooks_steps_marked_in_chromium(show):
     assert marked.count() == 8 and marked.first.is_visible()
     assert '[%mh_diff]' in marked.first.inner_text()
     assert 'not counted: %mh_diff' in marked.first.inner_text()
+
+
+def test_an_exact_tie_names_nobody_last():
+    """Hosts sharing the latest arrival exactly: no host was last (process 0 was, before)."""
+
+    def tied(num, steps, early=()):
+        # Every host released at the same moment; ``early`` hosts waited 50 ms longer.
+        return {
+            p: [
+                rec(p, k, call=k, seq=10 + k, t=100.0 + k, wait=0.06 if p in early else 0.01)
+                for k in range(steps)
+            ]
+            for p in range(num)
+        }
+
+    tl = Timeline.build(tied(3, 4), 3)
+    s = tl.steps[0]
+    assert s.complete and s.tied == (0, 1, 2) and s.last_host is None
+    assert s.tie == 'tied: all arrived together'
+    assert s.describe() == 'train_step call #0: tied: all arrived together, +0.00 ms'
+    straggle = tl.stragglers()
+    assert straggle.steps == 4 and straggle.counts == {} and straggle.host is None
+    assert 'process 0' not in tl.format() and 'tied' in tl.format()
+    assert not any(
+        e['args'].get('arrived_last') for e in tl.chrome_trace()['traceEvents'] if 'args' in e
+    )
+
+    tl = Timeline.build(tied(3, 4, early=(0,)), 3)
+    s = tl.steps[0]
+    assert s.tied == (1, 2) and s.last_host is None and s.first_host == 0
+    assert s.tie == 'tied: processes 1-2' and '+50 ms' in s.describe()
+
+    from mhnotebook.widgets import TimelineView
+
+    view = TimelineView(tl)  # the chart colours a tie as nobody's
+    table = view._table.value
+    assert 'tied: processes 1-2' in table and 'mh-odd-host">' not in table
+    assert view.text() == tl.format()

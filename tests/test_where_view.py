@@ -576,6 +576,41 @@ def test_where_text_fallback():
     ]
 
 
+def test_stacks_read_from_dumps_count_who_left_a_dump_not_who_answered():
+    """A post-mortem's stacks are what each host wrote before it died: 3 of a 5-host job."""
+    stacks = {p: s for p, s in host_stacks().items() if s.answered}
+    v = WhereView(stacks, dumps=5)
+    status = unescape(one(v.widget, 'mh-where-status').value)
+    assert '3 of 5 hosts left a dump' in status, status
+    assert 'no dump from processes 3-4' in status and 'answered' not in status, status
+    assert v.text().splitlines()[0].startswith('3 of 5 hosts left a dump')
+    assert 'no dump' not in _where.status_text(stacks, dumps=3)
+    assert _where.status_text(stacks).startswith('3/3 host(s) answered')  # a live job's
+
+
+def test_widget_html_of_a_where_view_exports_its_content():
+    """`widget_html(view)` of a where view made from this process's real stacks: the view's
+    rows and words, as its static picture has them (it exported nothing before)."""
+    from mhnotebook._views import stacks_view
+    from mhnotebook.widgets._common import widget_html
+
+    entry = _recorder.note('barrier', 'export', seq=None, digest='', site='here.py:1')
+    try:
+        view = stacks_view({0: _stacks.capture(0)})
+    finally:
+        _recorder.finished(entry, wait=0.0)
+    html = widget_html(view)
+    assert html == view.static_html() == widget_html(view.widget)
+    rows = elements(html, 'mh-where-row')
+    assert len(rows) == 1 and "waiting at barrier('export')" in rows[0]['text'], rows
+    assert '1/1 host(s) answered' in unescape(html)
+    assert elements(html, 'mh-main-thread')
+    with pytest.raises(
+        TypeError, match='widget_html takes an ipywidgets widget.*got builtins.dict'
+    ):
+        widget_html({0: 'stacks'})
+
+
 # -- in a real browser ---------------------------------------------------------------------------
 
 

@@ -154,12 +154,25 @@ def widget_html(widget: Any, replace: Mapping[int, str] | None = None) -> str:
     (buttons, sliders, dropdowns) and hidden widgets are left out.
 
     Args:
-        widget: the root widget.
+        widget: the root widget, or a `View` (its `View.static_html`: the view's
+            own picture, with the parts it fills only on demand).
         replace: ``id(widget)`` -> HTML to show instead of that widget's own
             content (e.g. sections filled only when expanded).
+
+    Raises:
+        TypeError: ``widget`` is neither an ipywidgets widget nor a view.
     """
     import ipywidgets as w
 
+    if isinstance(widget, View) and not replace:
+        return widget.static_html()
+    if isinstance(widget, View):
+        widget = widget.widget
+    if not isinstance(widget, w.Widget):
+        raise TypeError(
+            'widget_html takes an ipywidgets widget or a mhnotebook view (e.g. where_view(...)), '
+            f'got {type(widget).__module__}.{type(widget).__qualname__}'
+        )
     replace = replace or {}
 
     def walk(x: Any) -> str:

@@ -52,6 +52,7 @@ _LEGEND_IN = 1.45  # right margin for the legend
 _BOTTOM_IN = 0.5  # x axis label
 _GAP_IN = 0.3
 _LAST_MARK = '#000000'  # black: no host colour is black
+_TIED = '#555555'  # a step whose latest arrival is a tie: nobody's colour (none is this)
 _MAGIC = '#e4e4e4'  # the notebook's own collectives (%mh_diff...): grey, hatched
 
 
@@ -219,13 +220,13 @@ def _draw_skew(ax: Any, timeline: Timeline, origin: float) -> None:
     for s in timeline.steps:
         if not s.complete or s.notebook:  # the notebook's own collectives: not the program's
             continue
-        last = s.last_host
-        assert last is not None
+        last = s.last_host  # None: a tie, nobody was last
         xs.append(s.start - origin)
         ys.append(s.skew * 1e3)
-        colors.append(host_color(last))
+        colors.append(_TIED if last is None else host_color(last))
         hollow.append(s.clock_compared)
-        lasts[last] = lasts.get(last, 0) + 1
+        if last is not None:
+            lasts[last] = lasts.get(last, 0) + 1
     if xs:
         ax.vlines(xs, 0, ys, colors=colors, linewidth=1.0, alpha=0.7)
         solid = [i for i, h in enumerate(hollow) if not h]
@@ -348,6 +349,8 @@ def steps_table_html(timeline: Timeline, rows: int = TABLE_ROWS) -> str:
         elif last is not None:
             who = f'{swatch(last)} process {last}'
             skew = f'+{esc(fmt_seconds(s.skew))}{star}'
+        elif s.complete and s.tied:
+            who, skew = esc(s.tie), f'+{esc(fmt_seconds(s.skew))}{star}'
         else:
             who, skew = esc(s.describe().split(': ', 1)[-1]), ''
         mark = f' <span class="mh-timeline-magic">[{esc(s.magic)}]</span>' if s.notebook else ''

@@ -293,14 +293,29 @@ def stacks_html(
     return CSS + _WHERE_CSS + ''.join(parts)
 
 
-def status_text(stacks: Mapping[int, HostStacks], groups: Sequence[Any] | None = None) -> str:
-    """How many hosts answered, when, in how many states; who is silent or elsewhere."""
-    answered = sum(s.answered for s in stacks.values())
+def status_text(
+    stacks: Mapping[int, HostStacks],
+    groups: Sequence[Any] | None = None,
+    dumps: int | None = None,
+) -> str:
+    """How many hosts answered, when, in how many states; who is silent or elsewhere.
+
+    ``dumps``: the job's size when the stacks were read from dump files (one per host
+    that wrote one): then it says how many of the job's hosts left a dump, and which not.
+    """
     times = [s.time for s in stacks.values() if s.time]
     when = f' at {time.strftime("%H:%M:%S", time.localtime(min(times)))}' if times else ''
-    text = f'{answered}/{len(stacks)} host(s) answered{when}'
+    if dumps is None:
+        answered = sum(s.answered for s in stacks.values())
+        text = f'{answered}/{len(stacks)} host(s) answered{when}'
+    else:
+        text = f'{len(stacks)} of {dumps} host{"" if dumps == 1 else "s"} left a dump{when}'
     n = len(state_groups(stacks) if groups is None else groups)
     text += f'; {n} state{"" if n == 1 else "s"}'
+    if dumps is not None:
+        missing = [p for p in range(dumps) if p not in stacks]
+        if missing:
+            text += f'; no dump from {fmt_hosts(missing, _RANGES)}'
     missing = [p for p, s in stacks.items() if not s.answered]
     if missing:
         text += f'; no answer from {fmt_hosts(missing, _RANGES)}'
@@ -310,8 +325,10 @@ def status_text(stacks: Mapping[int, HostStacks], groups: Sequence[Any] | None =
     return text
 
 
-def status_html(stacks: Mapping[int, HostStacks], groups: Sequence[Any] | None = None) -> str:
-    return CSS + f'<span class="mh-where-state">{esc(status_text(stacks, groups))}</span>'
+def status_html(
+    stacks: Mapping[int, HostStacks], groups: Sequence[Any] | None = None, dumps: int | None = None
+) -> str:
+    return CSS + f'<span class="mh-where-state">{esc(status_text(stacks, groups, dumps))}</span>'
 
 
 # -- text ----------------------------------------------------------------------------------
@@ -337,14 +354,15 @@ def where_text(
     stacks: Mapping[int, HostStacks],
     verdict: str | None = None,
     max_groups: int = MAX_GROUPS,
+    dumps: int | None = None,
 ) -> str:
     """The view as plain text: verdict, status, then per state group what it is doing and its
-    main thread's user frames (framework frames as one line)."""
+    main thread's user frames (framework frames as one line); ``dumps``: `status_text`."""
     if not stacks:
         return (verdict + '\n' if verdict else '') + 'no host stacks'
     groups = state_groups(stacks)
     lines = [verdict] if verdict else []
-    lines.append(status_text(stacks, groups))
+    lines.append(status_text(stacks, groups, dumps))
     for g in groups[:max_groups]:
         s = stacks[g[0]]
         lines.append(f'{who(g)}: {group_doing(stacks, g)}')
@@ -374,6 +392,9 @@ class WhereView(View):
         verdict: a one-line verdict shown first (e.g. ``Wavefront.verdict``),
             or a callable returning it, called again at every refresh. A
             string describes these stacks only: a refresh drops it.
+        dumps: the job's size when the stacks come from the hosts' dump files
+            (`mhnotebook.postmortem`): the status says how many of its hosts
+            left a dump and which did not, not how many answered.
 
     Stable CSS classes: ``mh-where`` (the view), ``mh-where-verdict`` (the
     verdict line, in the ``mh-where-verdict-box`` widget), ``mh-where-status``,
@@ -393,8 +414,10 @@ class WhereView(View):
         *,
         on_refresh: Callable[[], StacksLike] | None = None,
         verdict: VerdictLike = None,
+        dumps: int | None = None,
     ):
         self._on_refresh = on_refresh
+        self._dumps = dumps
         self._verdict_source = verdict
         self._verdict: str | None = None
         self._refresh_button = add_classes(
@@ -430,7 +453,7 @@ class WhereView(View):
 
     def text(self) -> str:
         """The verdict, status, and per state group its words and user frames."""
-        return where_text(self._stacks, self._verdict)
+        return where_text(self._stacks, self._verdict, dumps=self._dumps)
 
     def _call_verdict(self) -> str | None:
         source = self._verdict_source
@@ -446,7 +469,7 @@ class WhereView(View):
         groups = state_groups(self._stacks)
         self._verdict_box.value = verdict_html(self._verdict)
         self._verdict_box.layout.display = None if self._verdict else 'none'
-        self._status.value = status_html(self._stacks, groups)
+        self._status.value = status_html(self._stacks, groups, self._dumps)
         self._table.value = table_html(self._stacks, groups=groups)
         self._stacks_html.value = stacks_html(self._stacks, groups=groups)
 

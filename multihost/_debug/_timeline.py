@@ -95,10 +95,31 @@ class TimelineStep:
 
     @property
     def last_host(self) -> int | None:
-        """The host that arrived last (None with fewer than two known arrivals)."""
-        if len(self.lateness) < 2:
+        """The host that arrived last (None with fewer than two known arrivals, or when the
+        latest arrival is a tie: nobody was last, see `tied`)."""
+        if len(self.lateness) < 2 or self.tied:
             return None
         return max(sorted(self.lateness), key=lambda p: self.lateness[p])
+
+    @property
+    def tied(self) -> tuple[int, ...]:
+        """The hosts that share the latest known arrival exactly, when more than one does
+        (every host, when all arrived together); empty otherwise."""
+        if len(self.lateness) < 2:
+            return ()
+        latest = max(self.lateness.values())
+        hosts = tuple(p for p, t in sorted(self.lateness.items()) if t == latest)
+        return hosts if len(hosts) > 1 else ()
+
+    @property
+    def tie(self) -> str:
+        """`tied` in words: ``'tied: processes 1-2'``, ``'tied: all arrived together'``;
+        empty when one host was last."""
+        if not self.tied:
+            return ''
+        if len(self.tied) == len(self.lateness):
+            return 'tied: all arrived together'
+        return f'tied: {fmt_hosts(self.tied)}'
 
     @property
     def first_host(self) -> int | None:
@@ -131,9 +152,11 @@ class TimelineStep:
             if self.missing:
                 parts.append(f'{fmt_hosts(self.missing)} not there yet')
             return f'{self.label}: ' + '; '.join(parts)
+        clock = ' (wall clocks)' if self.clock_compared else ''
+        if self.tied:
+            return f'{self.label}: {self.tie}, +{fmt_seconds(self.skew)}{clock}'
         if self.last_host is None:
             return f'{self.label}: one host'
-        clock = ' (wall clocks)' if self.clock_compared else ''
         return f'{self.label}: process {self.last_host} last, +{fmt_seconds(self.skew)}{clock}'
 
 
@@ -188,7 +211,11 @@ class Stragglers:
             what = 'step of the program' if self.notebook else 'step'
             return f'no {what} with two or more hosts recorded yet: no straggler to name'
         top = self.most_often
-        assert top is not None
+        if top is None:  # every counted step's latest arrival a tie
+            return (
+                f'no straggler over the last {self.steps} steps: in each the latest arrival '
+                'was a tie (hosts arrived together), so no host arrived last'
+            )
         pct = f'{self.share * 100:.0f}%'
         clock = ''
         if self.clock_compared:
@@ -364,7 +391,7 @@ class Timeline:
     def _format_row(self, s: TimelineStep, width: int, per_host: bool) -> str:
         """One step's row of `format`: label, last host, skew, then per host or what is wrong."""
         if s.complete:
-            last_h = f'process {s.last_host}'
+            last_h = 'tied' if s.tied else f'process {s.last_host}'
             skew = f'+{fmt_seconds(s.skew)}' + ('*' if s.clock_compared else ' ')
         else:
             last_h, skew = '', ''

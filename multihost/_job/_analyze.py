@@ -15,6 +15,8 @@ import dataclasses
 import sys
 from collections.abc import Iterable, Sequence
 
+from multihost._debug._debugmodel import HostStacks
+from multihost._debug._wavefront import HostFront
 from multihost._job._dumpfile import Dump, DumpFormatError, read_dirs
 from multihost._recorder import FlightRecord
 from multihost._text import fmt_duration, fmt_hosts, short_site
@@ -108,6 +110,25 @@ def _at(d: Dump) -> tuple[FlightRecord | None, float]:
     if d.trigger in ('timeout', 'mismatch') and last is not None and last.state == 'failed':
         return last, max(0.0, d.trigger_time - last.time)
     return None, 0.0
+
+
+def at_dump(d: Dump) -> tuple[HostFront, HostStacks]:
+    """``d``'s wavefront position and stacks as `analyze` reads them.
+
+    A host that dumped at its own timeout or mismatch wrote the dump while the
+    error was built, once its wait had ended: its front and stacks say it runs
+    (user code, the error's frames), yet it was waiting in the check that failed
+    there (`_at`). It is given that entry as ``waiting``, so the wavefront and
+    the where view say what ``python -m multihost analyze`` says.
+    """
+    f, stacks = d.front, d.stacks
+    at, waited = _at(d)
+    if at is None or f.waiting is not None:
+        return f, stacks
+    f = dataclasses.replace(f, waiting=at, waiting_for=waited)
+    if stacks is not None and stacks.waiting is None:
+        stacks = dataclasses.replace(stacks, waiting=at, waiting_for=waited)
+    return f, stacks
 
 
 def _target(dumps: Sequence[Dump]) -> FlightRecord | None:
