@@ -213,17 +213,17 @@ def _costs(n: int, m: dict[str, int], leaves: int) -> dict[str, Cost]:
         c = out[label] = new()
         c.rpcs += 4  # counter, command, the wait for mh/rep/<g>/all, the delete
         c.read(sum(KEY + min(m['daemon info'], _kv.MAX_BYTES) for _ in range(n)))  # mh/dmn/
-        # Batches of mh/rep/<g>/ as `_bus._reply` places them (offset // _BATCH_BYTES).
-        inline = reply if reply <= _bus._INLINE else _bus._HEADER
+        # Batches of mh/rep/<g>/ as `_bus._reply` places them (offset // `_batch_bytes()`).
+        inline = reply if reply <= _bus._inline() else _bus._HEADER
         batches: dict[int, int] = {}
         offset = 0
         for _ in range(n):
-            batches[offset // _bus._BATCH_BYTES] = batches.get(offset // _bus._BATCH_BYTES, 0)
-            batches[offset // _bus._BATCH_BYTES] += KEY + inline
+            batches[offset // _bus._batch_bytes()] = batches.get(offset // _bus._batch_bytes(), 0)
+            batches[offset // _bus._batch_bytes()] += KEY + inline
             offset += inline + _bus._KEY_BYTES
         for nbytes in batches.values():  # one read per batch, then chunked replies
             c.read(nbytes)
-        for _ in range(n if reply > _bus._INLINE else 0):
+        for _ in range(n if reply > _bus._inline() else 0):
             c.value(reply)
     c = out['step_table'] = new()
     for _ in range(8):  # the ring's slots

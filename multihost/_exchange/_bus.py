@@ -209,14 +209,14 @@ def _reply(client: Any, pid: int, g: int, reply: str, order: dict[str, Any]) -> 
     """Stores ``reply`` in its batch of ``mh/rep/<g>/`` and counts it (see `_collect`).
 
     The offset counter ``n`` places the reply: its batch is where its first
-    byte falls, so a batch holds at most `_BATCH_BYTES` plus one reply (each
+    byte falls, so a batch holds at most `_batch_bytes()` plus one reply (each
     directory read <= `_kv.MAX_BYTES`). The host whose answer is the last one
     the issuer expects (counter ``d``) writes ``all`` with the total.
     """
-    size = len(reply.encode())
-    size = (size if size <= _INLINE else _HEADER) + _KEY_BYTES
+    size, inline = len(reply.encode()), _inline()
+    size = (size if size <= inline else _HEADER) + _KEY_BYTES
     end = _kv.increment(client, _key('rep', g, 'n'), size)
-    _kv.put(client, _key('rep', g, (end - size) // _BATCH_BYTES, pid), reply, inline=_INLINE)
+    _kv.put(client, _key('rep', g, (end - size) // _batch_bytes(), pid), reply, inline=inline)
     if pid in order.get('skip', ()) or not isinstance(order.get('expect'), int):
         return
     if _kv.increment(client, _key('rep', g, 'd'), 1) == order['expect']:
@@ -259,8 +259,8 @@ def _collect(client: Any, g: int, expected: list[int], deadline: float) -> dict[
     """The replies to command ``g``, read in bounded batches, until ``deadline``.
 
     Each replier adds its reply's size to the counter ``mh/rep/<g>/n``; the
-    value places it in batch ``mh/rep/<g>/<offset // _BATCH_BYTES>/<pid>``
-    (replies inline up to `_INLINE`, larger ones chunked), so each directory
+    value places it in batch ``mh/rep/<g>/<offset // _batch_bytes()>/<pid>``
+    (replies inline up to `_inline()`, larger ones chunked), so each directory
     read of a batch is <= 1 MiB. The last expected replier writes
     ``mh/rep/<g>/all`` (the total). The issuer waits for that one key (native
     slices of 0.5 s growing to 2 s: a SIGINT lands within 2 s), then reads
@@ -300,18 +300,29 @@ def _wait_all(client: Any, k: str, deadline: float) -> int | None:
 
 def _sweep(client: Any, root: str, total: int, replies: dict[int, str], first: int) -> int:
     """Reads batches ``first``.. of ``total`` counted bytes into ``replies``; returns the end."""
-    end = (total + _BATCH_BYTES - 1) // _BATCH_BYTES
+    batch = _batch_bytes()
+    end = (total + batch - 1) // batch
     for b in range(first, end):
         replies.update(_kv.read_dir(client, f'{root}/{b}', skip=replies))
     return end
 
 
-#: Largest reply stored inline in its batch (larger ones are chunked, one RPC per MiB).
-_INLINE = 64 << 10
 #: Bytes counted for a chunked reply's header and for every reply's key.
 _HEADER, _KEY_BYTES = 128, 64
-#: Bytes of replies that start in one batch: with the last reply and the keys, <= 1 MiB read.
-_BATCH_BYTES = _kv.MAX_BYTES - _INLINE - _HEADER - _KEY_BYTES
+
+
+def _inline() -> int:
+    """Largest reply stored inline in its batch (64 KiB of a 1 MiB read; larger ones are
+    chunked, one RPC per chunk). Read from `_kv.MAX_BYTES` when used, as `_kv` bounds are."""
+    return max(256, _kv.MAX_BYTES // 16)
+
+
+def _batch_bytes() -> int:
+    """Bytes of replies that start in one batch: with the last reply and the keys, one read
+    of the batch is <= `_kv.MAX_BYTES`."""
+    return _kv.MAX_BYTES - _inline() - _HEADER - _KEY_BYTES
+
+
 _SWEEP_GAP = 0.05  # first wait before sweeping again after an early 'all' (doubling)
 _MAX_SWEEP_GAP = 1.0
 _MAX_WAIT_SLICE = 2.0
