@@ -269,9 +269,8 @@ def _collect(client: Any, g: int, expected: list[int], deadline: float) -> dict[
     it reads the counter and every batch once, and returns what came.
     """
     root = _key('rep', g)
-    total = _wait_all(client, root + '/all', deadline)
-    if total is None:
-        total = _kv.increment(client, root + '/n', 0)
+    written = _kv.wait_get(client, root + '/all', deadline, longest=_MAX_WAIT_SLICE)
+    total = int(written) if written is not None else _kv.increment(client, root + '/n', 0)
     replies: dict[int, str] = {}
     read = _sweep(client, root, total, replies, 0)
     gap = _SWEEP_GAP
@@ -285,17 +284,6 @@ def _collect(client: Any, g: int, expected: list[int], deadline: float) -> dict[
         if now > total:
             _sweep(client, root, now, replies, max(0, read - 1))
     return replies
-
-
-def _wait_all(client: Any, k: str, deadline: float) -> int | None:
-    """Waits for ``k`` (the total written by the last replier); None when out of time."""
-    wait = _kv.SLICE
-    while (left := deadline - time.monotonic()) > 0:
-        value = _kv.poll(client, k, min(left, wait))
-        if value is not None:
-            return int(value)
-        wait = min(wait * 2, _MAX_WAIT_SLICE)
-    return None
 
 
 def _sweep(client: Any, root: str, total: int, replies: dict[int, str], first: int) -> int:

@@ -304,15 +304,19 @@ def get(c: Any, k: str) -> str | None:
     return _resolve(c, value)
 
 
-def wait_get(c: Any, k: str, deadline: float) -> str | None:
+def wait_get(c: Any, k: str, deadline: float, *, longest: float = SLICE) -> str | None:
     """Waits for ``k`` until ``deadline`` (``time.monotonic()``); None if it never came.
 
-    Waits in native slices of at most `SLICE` seconds, so a SIGINT lands in time.
+    Waits in native slices of `SLICE` seconds, doubling up to ``longest``
+    (default: `SLICE` throughout), so a SIGINT lands within ``longest``; a
+    longer wait makes fewer RPCs (an issuer waiting seconds for 1,000 hosts).
     """
+    wait = SLICE
     while (left := deadline - time.monotonic()) > 0:
-        value = poll(c, k, min(left, SLICE))
+        value = poll(c, k, min(left, wait))
         if value is not None:
             return value
+        wait = min(wait * 2, longest)
     return None
 
 
