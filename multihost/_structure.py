@@ -25,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import hashlib
 import re
 import types
 from typing import Any
 
 import numpy as np
+import xxhash
 
 #: Static data nested deeper than this is described by its type alone.
 _MAX_DEPTH = 8
@@ -113,7 +113,10 @@ def _static(v: Any, depth: int) -> str:
     if isinstance(v, tuple | list | dict | set | frozenset):
         return _container(v, d)
     if isinstance(v, np.ndarray):
-        digest = hashlib.blake2b(np.ascontiguousarray(v).tobytes(), digest_size=8).hexdigest()
+        # XXH3 of the bytes read in place (no copy of a contiguous array), as fingerprints do.
+        a = np.ascontiguousarray(v)
+        data = repr(a.tolist()).encode() if a.dtype.hasobject or not a.itemsize else a.reshape(-1).view(np.uint8)
+        digest = xxhash.xxh3_64_hexdigest(data)
         return f'ndarray {v.dtype}{list(v.shape)} {digest}'
     if isinstance(v, np.generic):
         return f'{v.dtype} {v!r}'

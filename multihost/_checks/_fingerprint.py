@@ -1,12 +1,27 @@
-"""Leaf fingerprints computed where the data lives: XLA on the device, numpy on the host.
+"""Leaf fingerprints: XXH3-128 of the bytes in host memory, an exact kernel on the device.
 
-One definition, two implementations that give the same bytes (numpy uint32
-wrap-around arithmetic and XLA's): a numpy leaf on one host and the same
-values as a device leaf on another have the same fingerprint. Only the
-16 bytes per 32-bit word of an element (16 for <= 4-byte dtypes) leave the
-device.
+Two definitions; each leaf uses one, and its digest says which (`digests`):
 
-Definition. The leaf's elements in C order, element ``e`` (0-based). Each
+* **host** (``'x'`` + 32 hex digits): XXH3-128 (the ``xxhash`` package) of a
+  header (dtype name, shape) and the leaf's bytes in C order, little-endian.
+  For data in host memory: numpy leaves, and `jax.Array` shards on CPU
+  devices, read through zero-copy views (``np.asarray(shard.data)``), at
+  memory speed. No construction proof: a collision of unrelated data is about
+  2^-128; not for adversarial input.
+* **kernel** (32 hex digits per lane set): the exact construction below,
+  computed by XLA on the device for data on an accelerator (only the lanes
+  leave it) and by numpy on the host, the two giving the same bytes.
+
+``MULTIHOST_FINGERPRINT=auto|device|host`` (`mode`) picks: ``auto`` (the
+default) as above; ``device`` the kernel everywhere (numpy leaves by its
+numpy implementation: the kernel's tests run on CPU); ``host`` XXH3
+everywhere (accelerator data copied to the host). Hosts exchange digests,
+so a leaf held in different kinds on two hosts (numpy here, a GPU array
+there) would differ for where it lives: the callers (`_treediff`,
+`_replicas`) then recompute the host-kind side with the kernel, the
+definition every host can compute (`kernel_digests`).
+
+The kernel's definition. The leaf's elements in C order, element ``e`` (0-based). Each
 element is cut into 32-bit words (little-endian); a 1-, 2- or 4-byte element
 is part of word ``k`` of the packed, zero-padded byte string (``k = e >> 2``,
 ``e >> 1``, ``e``), an 8- or 16-byte element has ``W = itemsize / 4`` words,
@@ -58,12 +73,14 @@ Shape and dtype are not part of the bytes: callers compare them separately.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import xxhash
 
 K1 = 0x9E3779B1
 K2 = 0x85EBCA77
@@ -494,3 +511,134 @@ def fingerprints(leaves: Sequence[Any]) -> list[bytes]:
 def block_fingerprints(blocks: Sequence[Any]) -> list[bytes]:
     """Fingerprints of blocks as arrays of their own (block-local indices): = `fingerprints`."""
     return fingerprints(blocks)
+
+
+# -- the host definition (XXH3-128) and the choice per leaf ----------------------
+
+ENV = 'MULTIHOST_FINGERPRINT'
+MODES = ('auto', 'device', 'host')
+HOST_PREFIX = 'x'  # a host-definition digest: 'x' + 32 hex digits (a kernel one: hex only)
+
+
+def mode(value: str | None = None) -> str:
+    """``auto``, ``device`` or ``host``: ``value``, else ``MULTIHOST_FINGERPRINT`` (default auto).
+
+    Raises:
+        ValueError: another value (one line, naming it and the choices).
+    """
+    raw = os.environ.get(ENV, '') if value is None else value
+    got = raw.strip().lower() or 'auto'
+    if got not in MODES:
+        raise ValueError(
+            f'{ENV}={raw!r} is not one of auto, device, host: '
+            'unset it (auto: XXH3 for host memory, the kernel on accelerators) or set one of them'
+        )
+    return got
+
+
+def is_host_digest(digest: str) -> bool:
+    """Whether a hex digest is of the host definition (XXH3), not the kernel's."""
+    return digest.startswith(HOST_PREFIX)
+
+
+def _in_host_memory(x: jax.Array) -> bool:
+    return all(d.platform == 'cpu' for d in x.devices())
+
+
+def host_kind(leaf: Any, how: str) -> bool:
+    """Whether ``leaf`` (numpy or a fully addressable `jax.Array`) takes the host definition."""
+    if how == 'host':
+        return True
+    if how == 'device':
+        return False
+    return not isinstance(leaf, jax.Array) or _in_host_memory(leaf)
+
+
+def host_view(x: jax.Array) -> np.ndarray | None:
+    """A zero-copy numpy view of a single-device array in host memory; else None.
+
+    On a CPU device ``np.asarray`` shares the device buffer (no copy; checked
+    in tests/test_fingerprint.py by the buffer address).
+    """
+    if len(x.addressable_shards) != 1 or not _in_host_memory(x):
+        return None
+    a = np.asarray(x)
+    return a if a.flags.c_contiguous else None
+
+
+def _header(dtype: np.dtype, shape: Sequence[int]) -> bytes:
+    return f'{dtype.name}[{",".join(str(int(d)) for d in shape)}]'.encode()
+
+
+def _le_bytes(a: np.ndarray) -> np.ndarray:
+    """``a``'s bytes, C order, little-endian, as a flat uint8 view (a copy only if needed)."""
+    if a.dtype.byteorder == '>':
+        a = a.astype(a.dtype.newbyteorder('<'))
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return a.reshape(-1).view(np.uint8)
+
+
+def _host_parts(x: jax.Array) -> list[np.ndarray]:
+    """A host-memory array's bytes in C order as zero-copy pieces (a copy if it must).
+
+    One device, or blocks cut along the first axis only (each a run of the
+    leaf's C order), are read in place; other layouts are assembled by
+    ``np.asarray`` (one copy). Accelerator data is copied to the host.
+    """
+    view = host_view(x)
+    if view is not None:
+        return [view]
+    if _in_host_memory(x) and x.ndim:
+        blocks = _parts(x)
+        rest = tuple(int(d) for d in x.shape[1:])
+        if all(not any(o[1:]) and tuple(b.shape[1:]) == rest for b, o, _ in blocks):
+            views = [np.asarray(b) for b, _, _ in blocks]
+            if all(v.flags.c_contiguous for v in views):
+                return views
+    return [np.asarray(x)]
+
+
+def host_digest(leaf: Any) -> bytes:
+    """The host definition of a leaf (numpy, or a fully addressable `jax.Array`): 16 bytes.
+
+    XXH3-128 of the header (dtype name, shape) and the bytes in C order,
+    little-endian: the same for a numpy leaf and a jax.Array of the same values.
+    """
+    parts = _host_parts(leaf) if isinstance(leaf, jax.Array) else [np.asarray(leaf)]
+    dtype = np.dtype(parts[0].dtype)
+    h = xxhash.xxh3_128(_header(dtype, np.shape(leaf)))
+    for p in parts:
+        h.update(_le_bytes(p))
+    return h.digest()
+
+
+def kernel_digests(leaves: Sequence[Any]) -> list[str]:
+    """Hex digests of the kernel definition (`fingerprints`), whatever the mode."""
+    return [b.hex() for b in fingerprints(leaves)]
+
+
+def digests(leaves: Sequence[Any], how: str | None = None) -> list[str]:
+    """Each leaf's hex digest by the definition its kind takes (see the module docstring).
+
+    Args:
+        leaves: numpy arrays or fully addressable `jax.Array` s of `supported`
+            dtypes (PRNG keys as their key data).
+        how: ``auto``, ``device`` or ``host``; default `mode` (the environment).
+
+    Returns:
+        ``'x' + hex`` (XXH3-128) for a leaf in host memory under ``auto``
+        (every leaf under ``host``), else the kernel's hex (every leaf under
+        ``device``).
+    """
+    how = mode(how)
+    out: list[str | None] = [None] * len(leaves)
+    kernel: list[int] = []
+    for i, leaf in enumerate(leaves):
+        if host_kind(leaf, how):
+            out[i] = HOST_PREFIX + host_digest(leaf).hex()
+        else:
+            kernel.append(i)
+    for i, d in zip(kernel, kernel_digests([leaves[i] for i in kernel])):
+        out[i] = d
+    return [d or '' for d in out]

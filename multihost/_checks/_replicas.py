@@ -47,8 +47,9 @@ class ReplicaDigest:
         device_id: the device holding the replica.
         process_index: the process owning the device.
         replica_id: the replica's id (see `ShardInfo.replica_id`).
-        digest: hex fingerprint of the replica's bytes, computed on its device
-            (`_fingerprint`; BLAKE2b-64 for dtypes it does not cover). ``''``
+        digest: hex fingerprint of the replica's bytes (`_fingerprint`:
+            ``'x'`` + XXH3-128 for a replica in host memory, the exact kernel
+            computed on an accelerator; BLAKE2b-64 for dtypes it does not cover). ``''``
             in a report whose replicas all agree among more than
             `_kv.DIGEST_ABOVE` hosts, for a block not every host holds: only
             the agreement was read, not each host's digests.
@@ -243,9 +244,50 @@ def _local_digests(arr: Any, layout: Layout) -> dict[int, str]:
                 on_device.append((device_id, data))  # fingerprinted where it lives
             else:
                 out[device_id] = _digest_bytes(data)
-    prints = _kernel.fingerprints([data for _, data in on_device])
-    out.update({device_id: fp.hex() for (device_id, _), fp in zip(on_device, prints)})
+    prints = _kernel.digests([data for _, data in on_device])
+    out.update({device_id: fp for (device_id, _), fp in zip(on_device, prints)})
     return out
+
+
+def _settle_kinds(
+    rec: Any, layout: Layout, arr: Any, digests: dict[int, str], timeout: float
+) -> dict[int, str]:
+    """Blocks whose replicas were hashed by two definitions: their XXH3 ones by the kernel.
+
+    Replicas in host memory on one host and on an accelerator on another (or
+    under different ``MULTIHOST_FINGERPRINT`` modes) differ by definition
+    whatever their bytes. Every host holds the same ``digests``, so all agree
+    on the mixed blocks; the hosts that used XXH3 there recompute with the
+    kernel and share (one round, only when some block is mixed).
+    """
+    from multihost._checks import _fingerprint as _kernel
+
+    redo: set[int] = set()
+    for block in layout.blocks():
+        got = [digests.get(s.device_id, '') for s in block.shards]
+        kinds = {_kernel.is_host_digest(d) for d in got if d}
+        if len(kinds) == 2:
+            redo.update(s.device_id for s in block.shards if s.device_id is not None)
+    if not redo:
+        return digests
+    mine = {}
+    for shard in arr.addressable_shards:
+        device_id = int(shard.device.id)
+        if device_id in redo and _kernel.is_host_digest(digests.get(device_id, '')):
+            mine[device_id] = _kernel.kernel_digests([_key_data(shard.data)])[0]
+    shared = _sequence.share(rec, 'kernel', json.dumps(mine), timeout=timeout)
+    out = dict(digests)
+    for text in shared.values():
+        out.update({int(d): h for d, h in json.loads(text).items()})
+    return out
+
+
+def _key_data(data: Any) -> Any:
+    import jax
+
+    if jax.dtypes.issubdtype(data.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(data)
+    return data
 
 
 def _report(layout: Layout, digests: dict[int, str]) -> ReplicaReport:
@@ -277,7 +319,9 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
 
     Collective for a global (non-fully-addressable) array: every host must
     call it, with the same array. Each host digests the replicas it holds
-    (BLAKE2b-64 of the raw bytes; blocks held by a single device are skipped)
+    (XXH3-128 of a replica in host memory, read in place; the exact kernel of
+    `multihost._checks._fingerprint` on an accelerator; blocks held by a
+    single device are skipped)
     and publishes the digests through the coordination service; every host
     then builds the same report. A host-local (fully addressable) array is
     checked locally, without communication.
@@ -309,6 +353,8 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
             f'{type(arr).__module__}.{type(arr).__qualname__}; to compare host-local '
             'values across hosts use multihost.assert_equal'
         )
+    from multihost._checks import _fingerprint as _kernel
+
     layout = describe_layout(arr)
     if jax.process_count() == 1 or arr.is_fully_addressable:
         return _report(layout, _local_digests(arr, layout))
@@ -322,6 +368,10 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
         tuple((s.index, s.device_id) for s in layout.shards),
     )
     timeout = _sequence.default_timeout() if timeout is None else float(timeout)
+    try:
+        _kernel.mode()
+    except ValueError as exc:  # a bad MULTIHOST_FINGERPRINT: every host hears of it
+        _sequence.fail_turn('check_replicas', '', str(exc), timeout=timeout)
     rec = _sequence.enter(
         'check_replicas',
         '',
@@ -342,7 +392,7 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
     digests: dict[int, str] = {}
     for text in shared.values():
         digests.update({int(d): h for d, h in json.loads(text).items()})
-    return _report(layout, digests)
+    return _report(layout, _settle_kinds(rec, layout, arr, digests, timeout))
 
 
 def _agree_by_reference(rec: Any, layout: Layout, mine: dict[int, str]) -> str:

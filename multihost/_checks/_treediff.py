@@ -4,8 +4,9 @@
 compare a digest of their fingerprint lists (then the lists, through
 `_rowdiff`), and only the differing, comparable leaves are broadcast and
 compared; every host builds the same `TreeDiff` (`_diffmodel`). One function
-per phase: `_fingerprint`, `_rowdiff.compare`, `_classify`,
-`_compare_with_reference`, `_assemble`. See docs/ARCHITECTURE.md, "Tree diff".
+per phase: `_fingerprint`, `_rowdiff.compare`, `_classify` (then
+`_settle_kinds` for leaves hashed by two definitions), `_compare_with_reference`,
+`_assemble`. See docs/ARCHITECTURE.md, "Tree diff".
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ def _block_key(path: str, ix: Index) -> str:
     return f'{path}\x00{_index_text(ix)}'
 
 
-def _global_row(path: str, x: jax.Array, cache: dict[Any, _Blocks], data: dict[str, Any]) -> str:
+def _global_row(
+    path: str, x: jax.Array, cache: dict[Any, _Blocks], data: dict[str, Any], how: str
+) -> str:
     """The row value of a global array: its placement, and a fingerprint per shared block held.
 
     Only blocks held by two or more hosts are fingerprinted (one replica each,
@@ -163,16 +166,18 @@ def _global_row(path: str, x: jax.Array, cache: dict[Any, _Blocks], data: dict[s
         if ix not in blocks.shared or ix in fingerprints:
             continue
         dev = _device_leaf(shard.data)
-        if dev is not None:  # fingerprinted on its device, copied only if it differs
+        if dev is not None:  # fingerprinted where it lives, copied only if it differs
             a_dev, dtype_name = dev
             data[f'{path}\x00{blocks.shared[ix]}'] = a_dev  # _block_key
-            digest = _kernel.fingerprints([a_dev])[0].hex()
+            digest = _kernel.digests([a_dev], how)[0]
             nbytes = int(a_dev.size) * a_dev.dtype.itemsize
             sig = _Print(tuple(a_dev.shape), dtype_name, digest, nbytes, True)
         else:
             a, dtype_name = _leaf_data(shard.data)
             data[f'{path}\x00{blocks.shared[ix]}'] = a  # _block_key
-            sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
+            sig = _Print(
+                tuple(a.shape), dtype_name, _digest(a, how), int(a.nbytes), _comparable(a)
+            )
         fingerprints[ix] = _row_value(sig)
     held = [[blocks.shared[ix], fingerprints[ix]] for ix in sorted(fingerprints)]
     return f'G[{blocks.head},{json.dumps(held, separators=(",", ":"))}]'
@@ -192,14 +197,18 @@ def _comparable(a: np.ndarray) -> bool:
     return not a.dtype.hasobject and a.dtype.itemsize > 0
 
 
-def _digest(a: np.ndarray) -> str:
-    """The leaf's fingerprint in hex: `_fingerprint` for numeric dtypes (the same on device).
+def _digest(a: np.ndarray, how: str = 'auto') -> str:
+    """The leaf's fingerprint in hex: `_fingerprint.digests` for numeric dtypes.
 
-    Other dtypes (strings, structured, object): 16 hex digits, CRC-32 then
-    Adler-32 of the bytes (a random collision is ~2^-64).
+    (XXH3-128 under ``auto``, the kernel under ``device``: the same as a
+    device leaf of the same values takes.) Other dtypes (strings, structured,
+    object): 16 hex digits, CRC-32 then Adler-32 of the bytes (a random
+    collision is ~2^-64).
     """
     if _kernel.supported(a.dtype) and a.size:
-        return _kernel.numpy_lanes(a).astype('<u4').tobytes().hex()
+        if _kernel.host_kind(a, how):
+            return _kernel.HOST_PREFIX + _kernel.host_digest(a).hex()
+        return _kernel.kernel_digests([a])[0]
     data: bytes | memoryview
     if a.dtype.hasobject:  # no stable bytes: fall back to the values' repr
         data = repr(a.tolist()).encode()
@@ -310,8 +319,9 @@ def tree_diff(in_tree: Any, *, timeout: float | None = None) -> TreeDiff:
 
     A collective: every host must call it (with its own version of the tree),
     and every host gets the same `TreeDiff`. Hosts exchange per-leaf
-    fingerprints (path, shape, dtype, 64-bit digest: a few dozen bytes per
-    leaf) through the coordination service, then move only the leaves that
+    fingerprints (path, shape, dtype, 128-bit digest: a few dozen bytes per
+    leaf; XXH3-128 of the bytes for data in host memory, an exact kernel on
+    accelerators, see ``MULTIHOST_FINGERPRINT`` in docs/API.md) through the coordination service, then move only the leaves that
     differ, to summarise them. Trees of different structure, shapes or dtypes
     are reported, not raised.
 
@@ -368,6 +378,7 @@ def assert_equal(in_tree: Any, fail_message: str = '', *, timeout: float | None 
         ``.diff`` holds the full `TreeDiff`.
     """
     if _kv.process_count() == 1:
+        _kernel.mode()  # a bad MULTIHOST_FINGERPRINT is an error here too
         return
     diff = diff_as('assert_equal', in_tree, timeout)
     if not diff.ok:
@@ -395,6 +406,7 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
     """`tree_diff`, recorded in the collective sequence as ``kind`` (e.g. ``'assert_equal'``)."""
     flat, _ = jax.tree_util.tree_flatten_with_path(in_tree)
     if _kv.process_count() == 1:
+        _kernel.mode()  # a bad MULTIHOST_FINGERPRINT is an error here too
         return TreeDiff(leaves=(), num_processes=1, num_leaves=len(flat))
     try:
         data, rows = _fingerprint(flat)
@@ -411,7 +423,7 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
             num_leaves=len(rows),
             global_leaves=_global_leaves(rows, None),
         )
-    pending = _classify(diff)
+    pending = _settle_kinds(_classify(diff), data, rec, timeout)
     if not pending:  # only blocks no two hosts hold differ: nothing differs
         return TreeDiff(
             leaves=(),
@@ -451,6 +463,10 @@ def _fingerprint(flat: list[Any]) -> tuple[dict[str, Any], list[list[str]]]:
     global array's row is `_global_row` and its blocks' data under
     `_block_key`.
     """
+    try:
+        how = _kernel.mode()
+    except ValueError as exc:
+        raise _LeafError(str(exc)) from exc
     paths = leaf_paths(flat)
     data: dict[str, Any] = {}  # numpy arrays, or device arrays copied only when they differ
     rows = []
@@ -459,10 +475,10 @@ def _fingerprint(flat: list[Any]) -> tuple[dict[str, Any], list[list[str]]]:
     for path, (_, leaf) in zip(paths, flat):
         try:
             if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-                rows.append([path, _global_row(path, leaf, placements, data)])
+                rows.append([path, _global_row(path, leaf, placements, data, how)])
                 continue
             dev = _device_leaf(leaf)
-            if dev is not None:  # fingerprinted below, all at once, on the devices
+            if dev is not None:  # fingerprinted below, all at once, where they live
                 data[path] = dev[0]
                 on_device.append((len(rows), path, dev[0], dev[1]))
                 rows.append([path, ''])
@@ -478,17 +494,18 @@ def _fingerprint(flat: list[Any]) -> tuple[dict[str, Any], list[list[str]]]:
             else:
                 a, dtype_name = _leaf_data(leaf)
                 data[path] = a
-                sig = _Print(tuple(a.shape), dtype_name, _digest(a), int(a.nbytes), _comparable(a))
+                digest = _digest(a, how)
+                sig = _Print(tuple(a.shape), dtype_name, digest, int(a.nbytes), _comparable(a))
         except Exception as exc:
             raise _LeafError(f'leaf {path}: {type(exc).__name__}: {exc}') from exc
         rows.append([path, _row_value(sig)])
     try:
-        prints = _kernel.fingerprints([x for _, _, x, _ in on_device])
+        prints = _kernel.digests([x for _, _, x, _ in on_device], how)
     except Exception as exc:
         raise _LeafError(f'fingerprints of device leaves: {type(exc).__name__}: {exc}') from exc
     for (row, path, x, dtype_name), fp in zip(on_device, prints):
         nbytes = int(x.size) * x.dtype.itemsize
-        rows[row] = [path, _row_value(_Print(tuple(x.shape), dtype_name, fp.hex(), nbytes, True))]
+        rows[row] = [path, _row_value(_Print(tuple(x.shape), dtype_name, fp, nbytes, True))]
     return data, rows
 
 
@@ -600,6 +617,55 @@ def _verdict(
     return _Pending(path, sigs, tuple(groups[major_key]), odd, what, block)
 
 
+def _mixed_kinds(p: _Pending) -> bool:
+    """Whether hosts holding leaf ``p`` alike (shape, dtype) used both definitions."""
+    kinds: dict[tuple[Any, str], set[bool]] = {}
+    for sig in p.sigs.values():
+        if sig is not None and sig.comparable:
+            kinds.setdefault((sig.shape, sig.dtype), set()).add(_kernel.is_host_digest(sig.digest))
+    return any(len(k) == 2 for k in kinds.values())
+
+
+def _settle_kinds(
+    pending: list[_Pending], data: dict[str, Any], rec: Any, timeout: float | None
+) -> list[_Pending]:
+    """Leaves some hosts hashed by XXH3 and others by the kernel: compared by the kernel.
+
+    A leaf held in host memory on one host and on an accelerator on another
+    (or under different ``MULTIHOST_FINGERPRINT`` modes) has digests of two
+    definitions, unequal whatever the values. Every host sees the same
+    ``pending``, so all agree on which leaves are mixed; the hosts that used
+    XXH3 for one recompute it with the kernel (the definition every host can
+    compute) and share it (one round, only when some leaf is mixed), and the
+    leaf is judged again.
+    """
+    mixed = [i for i, p in enumerate(pending) if _mixed_kinds(p)]
+    if not mixed or rec is None:
+        return pending
+    own: dict[str, str] = {}
+    for i in mixed:
+        p = pending[i]
+        sig = p.sigs.get(rec.process)
+        if sig is not None and _kernel.is_host_digest(sig.digest) and p.key in data:
+            own[str(i)] = _kernel.kernel_digests([data[p.key]])[0]
+    shared = _sequence.share(rec, 'kernel', json.dumps(own), timeout=timeout)
+    redone = {h: json.loads(text) for h, text in shared.items()}
+    out = []
+    for i, p in enumerate(pending):
+        if i in mixed:
+            sigs = dict(p.sigs)
+            for h, got in redone.items():
+                old = sigs.get(h)
+                if str(i) in got and old is not None:
+                    sigs[h] = dataclasses.replace(old, digest=got[str(i)])
+            again = _verdict(p.path, sigs, p.block)
+            if again is None:
+                continue  # the same values, in different places
+            p = again
+        out.append(p)
+    return out
+
+
 def _first_alike(p: _Pending) -> dict[int, int]:
     """Host -> the lowest host holding the same fingerprint of leaf ``p`` (the same bytes)."""
     first: dict[_Print, int] = {}
@@ -700,6 +766,12 @@ def _narrow(
     n = math.prod(ref.shape)
     item = ref.nbytes // max(1, n)
     x = data.get(p.key) if (pid == source or pid in peers) else None
+    # Blocks by the definition the leaf's digests used (the same on every host here:
+    # `_settle_kinds` made mixed leaves the kernel's): XXH3 reads host memory in place.
+    host = _kernel.is_host_digest(ref.digest)
+    if host and x is not None and not isinstance(x, np.ndarray):
+        x = _host(x)  # zero-copy on a CPU device; copied from an accelerator
+    width = 16 if host else 16 * _kernel.lane_sets(np.dtype(_host_dtype(ref.dtype)))
     ranges = {h: (0, n) for h in peers}
     step = 0
     while any((b - a) * item > NARROW_BYTES for a, b in ranges.values()):
@@ -711,12 +783,15 @@ def _narrow(
             cuts = [(s, min(b, s + sub)) for s in range(a, b, sub)]
             prints = None
             if x is not None and (pid == source or mine == (a, b)):
-                prints = b''.join(_kernel.fingerprints([_flat_block(x, s, t) for s, t in cuts]))
-            size = 16 * _kernel.lane_sets(np.dtype(_host_dtype(ref.dtype))) * len(cuts)
+                blocks = [_flat_block(x, s, t) for s, t in cuts]
+                if host:
+                    prints = b''.join(_kernel.host_digest(blk) for blk in blocks)
+                else:
+                    prints = b''.join(_kernel.fingerprints(blocks))
+            size = width * len(cuts)
             buf = np.frombuffer(prints, np.uint8) if pid == source and prints else None
             got = _broadcast_bytes(buf, size, pid == source).tobytes()
             if mine == (a, b) and prints is not None:
-                width = len(got) // len(cuts)
                 diff = [
                     j
                     for j in range(len(cuts))
