@@ -1,9 +1,12 @@
 """Exactness of the leaf fingerprints (multihost/_checks/_fingerprint.py), single process.
 
-The kernel is per host: every host fingerprints what it holds, so one process
-tests it. Every single flipped bit and every swap of unequal elements must
-change the fingerprint (by construction, see the module's docstring), and the
-numpy and XLA implementations must give the same bytes.
+Both definitions are per host: every host fingerprints what it holds, so one
+process tests them. The kernel (forced with ``MULTIHOST_FINGERPRINT=device``
+where it goes through the callers): every single flipped bit and every swap
+of unequal elements must change the fingerprint (by construction, see the
+module's docstring), and the numpy and XLA implementations must give the same
+bytes. The host definition (XXH3-128 of the bytes, read in place): the same
+cases, checked on whole leaves, numpy equal to CPU-device arrays, and no copy.
 """
 
 from __future__ import annotations
@@ -14,6 +17,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import contextlib
+import os
+import tracemalloc
+
+import multihost
 from multihost._checks import _fingerprint as F
 from multihost._checks import _treediff
 
@@ -23,6 +31,19 @@ DTYPES = [
 ]  # fmt: skip
 # Sizes around the kernel's rows of 2^16 words (fast path + tail), and tiny ones.
 SIZES = [1, 2, 3, 5, 7, 64, 1000, (1 << 16) + 3, (1 << 17) + 5, 3 * (1 << 18) + 1]
+
+
+@contextlib.contextmanager
+def _fingerprint_mode(how):
+    old = os.environ.get(F.ENV)
+    os.environ[F.ENV] = how
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(F.ENV, None)
+        else:
+            os.environ[F.ENV] = old
 
 
 def _random(rng: np.random.Generator, n: int, dt: type) -> np.ndarray:
@@ -162,10 +183,13 @@ def test_signed_zeros_nan_payloads_dtype_and_shape():
         x.view(np.uint8),
         jnp.asarray(x.reshape(4, 3)),
     ]
-    _, rows = _treediff._fingerprint([((), v) for v in variants])
-    values = [v for _, v in rows]
-    assert len(set(values)) == len(values)  # shape and dtype are in the row, beside the bytes
-    assert len({v.split('|')[2] for v in values[:3]}) == 1  # the same bytes: the same digest
+    for how, same in [('device', True), ('host', False)]:
+        with _fingerprint_mode(how):
+            _, rows = _treediff._fingerprint([((), v) for v in variants])
+        values = [v for _, v in rows]
+        assert len(set(values)) == len(values)  # shape and dtype are in the row, beside the bytes
+        # The kernel: the same bytes, the same digest; XXH3 hashes shape and dtype too.
+        assert len({v.split('|')[2] for v in values[:3]}) == (1 if same else 3)
 
 
 def test_a_1000_leaf_tree_compiles_once():
@@ -196,3 +220,138 @@ def test_unsupported_dtypes_raise_one_line():
     with pytest.raises(TypeError, match='no fingerprint defined for dtype'):
         F.numpy_lanes(np.array(['a']))
     assert not F.supported(np.dtype(object)) and F.supported(jax.numpy.bfloat16)
+
+
+# -- the host definition (XXH3-128) and the choice of definition -----------------
+
+
+def _flip(rng: np.random.Generator, a: np.ndarray) -> np.ndarray:
+    b = a.copy()
+    if a.dtype == np.bool_:
+        i = int(rng.integers(0, b.size))
+        b.reshape(-1)[i] = not b.reshape(-1)[i]
+    else:
+        b.reshape(-1).view(np.uint8)[int(rng.integers(0, b.nbytes))] ^= np.uint8(
+            1 << int(rng.integers(0, 8))
+        )
+    return b
+
+
+HOST_DTYPES = [*DTYPES, np.complex128, np.float64, np.int64]
+
+
+@pytest.mark.parametrize('dt', HOST_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_host_definition_sees_flips_and_swaps_and_equals_on_cpu_devices(dt):
+    """XXH3: 200 single-bit flips per dtype in leaves of 1 element to 64 MiB, swaps; numpy = CPU.
+
+    No construction proof here (a random collision is ~2^-128): the flips and
+    swaps are tried on whole leaves, on numpy and on the same values on a CPU
+    device (read in place), which must give the same digest.
+    """
+    rng = np.random.default_rng(7)
+    size = np.dtype(dt).itemsize
+    for n_bytes in (size, 1 << 10, 1 << 20, 64 << 20):
+        a = _random(rng, max(1, n_bytes // size), dt)
+        base = F.host_digest(a)
+        if jax.dtypes.canonicalize_dtype(dt) == np.dtype(dt):  # x64 dtypes: numpy only
+            x = jax.device_put(a)
+            assert F.host_digest(x) == base
+            assert F.digests([a, x]) == ['x' + base.hex()] * 2  # auto: both in host memory
+        flips = 20 if n_bytes >= (64 << 20) else 60
+        seen = {base}
+        for _ in range(flips):
+            b = _flip(rng, a)
+            d = F.host_digest(b)
+            assert d != base
+            seen.add(d)
+        assert len(seen) > 1
+    a = _random(rng, 4096, dt)
+    for e, f in [(0, 1), (1, 2), (0, 4095), (17, 1000)]:
+        b = a.copy()
+        b[[e, f]] = b[[f, e]]
+        if b.tobytes() != a.tobytes():
+            assert F.host_digest(b) != F.host_digest(a)
+            if jax.dtypes.canonicalize_dtype(dt) == np.dtype(dt):
+                assert F.host_digest(jax.device_put(b)) != F.host_digest(a)
+
+
+def test_host_definition_zeros_nans_shape_dtype_and_byte_order():
+    """-0.0 vs 0.0 and NaN payloads differ; shape and dtype are hashed; big-endian = its values."""
+    zeros, neg = np.array([0.0, 1.0], np.float32), np.array([-0.0, 1.0], np.float32)
+    nan1 = np.array([np.nan], np.float32)
+    nan2 = nan1.copy()
+    nan2.view(np.uint32)[0] |= 1
+    for a, b in [(zeros, neg), (nan1, nan2)]:
+        assert F.host_digest(a) != F.host_digest(b)
+        assert F.host_digest(jax.device_put(a)) != F.host_digest(jax.device_put(b))
+    x = np.arange(12, dtype=np.float32)
+    assert len({F.host_digest(v) for v in (x, x.reshape(3, 4), x.view(np.int32))}) == 3
+    assert F.host_digest(x.astype('>f4')) == F.host_digest(x)
+    assert F.host_digest(x.reshape(3, 4).T) == F.host_digest(np.ascontiguousarray(x.reshape(3, 4).T))
+    bf = np.arange(8).astype(ml_dtypes.bfloat16)
+    assert F.host_digest(bf) != F.host_digest(bf.view(np.float16))  # same bytes, other dtype
+
+
+def test_sharded_cpu_arrays_hash_their_c_order_bytes():
+    """Sharded, column-sharded and replicated arrays on local CPU devices: the numpy digest."""
+    a = np.random.default_rng(8).standard_normal((64, 48)).astype(np.float32)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ('d',))
+    P = jax.sharding.PartitionSpec
+    for spec in (P('d'), P(None, 'd'), P()):
+        y = jax.device_put(a, jax.sharding.NamedSharding(mesh, spec))
+        assert F.host_digest(y) == F.host_digest(a), spec
+    rows = jax.device_put(a, jax.sharding.NamedSharding(mesh, P('d')))
+    parts = F._host_parts(rows)  # read in place: one view per device
+    pointers = sorted(s.data.unsafe_buffer_pointer() for s in rows.addressable_shards)
+    assert sorted(p.ctypes.data for p in parts) == pointers
+
+
+def test_zero_copy_views_do_not_copy():
+    """A 256 MiB tree of CPU-device arrays: the view shares the buffer; the peak stays tiny."""
+    tree = [jnp.full((4 << 20,), float(i), jnp.float32) for i in range(16)]
+    jax.block_until_ready(tree)
+    for x in tree[:2]:
+        assert F.host_view(x).ctypes.data == x.unsafe_buffer_pointer()
+    tracemalloc.start()
+    try:
+        prints = F.digests(tree)
+        _treediff._fingerprint([((), x) for x in tree])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert all(F.is_host_digest(d) for d in prints)
+    assert peak < (1 << 20), f'{peak:,} B traced while hashing 256 MiB in place'
+
+
+def test_the_switch_forces_a_definition_and_rejects_others(monkeypatch):
+    """MULTIHOST_FINGERPRINT: device = the kernel for numpy and device leaves, host = XXH3."""
+    a = np.arange(1000, dtype=np.float32)
+    x = jnp.asarray(a)
+    kernel = F.fingerprints([a])[0].hex()
+    for how, want in [('device', kernel), ('host', 'x' + F.host_digest(a).hex())]:
+        monkeypatch.setenv(F.ENV, f' {how.upper()} ')
+        assert F.mode() == how
+        assert F.digests([a, x]) == [want, want]
+        _, rows = _treediff._fingerprint([((), a), ((), x)])
+        assert rows[0][1] == rows[1][1] and want in rows[0][1]
+    monkeypatch.setenv(F.ENV, '')
+    assert F.mode() == 'auto'
+    monkeypatch.setenv(F.ENV, 'gpu')
+    for call in (F.mode, lambda: multihost.assert_equal({'a': a}), lambda: F.digests([a])):
+        with pytest.raises(ValueError, match=r"MULTIHOST_FINGERPRINT='gpu' is not one of") as e:
+            call()
+        assert '\n' not in str(e.value)
+    with pytest.raises(ValueError, match='MULTIHOST_FINGERPRINT'):
+        multihost.tree_diff({'a': a})
+
+
+def test_watched_static_arrays_are_digested_by_value_in_place():
+    """A static numpy argument of a watched launch: digest of its values, like-for-like."""
+    from multihost import _structure
+
+    a = np.arange(12, dtype=np.float32)
+    assert _structure.static(a) == _structure.static(a.copy())
+    assert _structure.static(a) != _structure.static(_flip(np.random.default_rng(9), a))
+    assert _structure.static(a.reshape(3, 4).T) == _structure.static(
+        np.ascontiguousarray(a.reshape(3, 4).T)
+    )
