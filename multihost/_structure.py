@@ -115,7 +115,11 @@ def _static(v: Any, depth: int) -> str:
     if isinstance(v, np.ndarray):
         # XXH3 of the bytes read in place (no copy of a contiguous array), as fingerprints do.
         a = np.ascontiguousarray(v)
-        data = repr(a.tolist()).encode() if a.dtype.hasobject or not a.itemsize else a.reshape(-1).view(np.uint8)
+        data: bytes | memoryview = b''
+        if a.dtype.hasobject or not a.itemsize:
+            data = repr(a.tolist()).encode()
+        else:
+            data = a.reshape(-1).view(np.uint8).data  # read in place
         digest = xxhash.xxh3_64_hexdigest(data)
         return f'ndarray {v.dtype}{list(v.shape)} {digest}'
     if isinstance(v, np.generic):

@@ -11,15 +11,15 @@ cases, checked on whole leaves, numpy equal to CPU-device arrays, and no copy.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tracemalloc
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-
-import contextlib
-import os
-import tracemalloc
 
 import multihost
 from multihost._checks import _fingerprint as F
@@ -287,7 +287,9 @@ def test_host_definition_zeros_nans_shape_dtype_and_byte_order():
     x = np.arange(12, dtype=np.float32)
     assert len({F.host_digest(v) for v in (x, x.reshape(3, 4), x.view(np.int32))}) == 3
     assert F.host_digest(x.astype('>f4')) == F.host_digest(x)
-    assert F.host_digest(x.reshape(3, 4).T) == F.host_digest(np.ascontiguousarray(x.reshape(3, 4).T))
+    assert F.host_digest(x.reshape(3, 4).T) == F.host_digest(
+        np.ascontiguousarray(x.reshape(3, 4).T)
+    )
     bf = np.arange(8).astype(ml_dtypes.bfloat16)
     assert F.host_digest(bf) != F.host_digest(bf.view(np.float16))  # same bytes, other dtype
 

@@ -264,7 +264,7 @@ def _settle_kinds(
 
     redo: set[int] = set()
     for block in layout.blocks():
-        got = [digests.get(s.device_id, '') for s in block.shards]
+        got = [digests.get(s.device_id, '') for s in block.shards if s.device_id is not None]
         kinds = {_kernel.is_host_digest(d) for d in got if d}
         if len(kinds) == 2:
             redo.update(s.device_id for s in block.shards if s.device_id is not None)

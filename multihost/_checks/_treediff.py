@@ -175,9 +175,7 @@ def _global_row(
         else:
             a, dtype_name = _leaf_data(shard.data)
             data[f'{path}\x00{blocks.shared[ix]}'] = a  # _block_key
-            sig = _Print(
-                tuple(a.shape), dtype_name, _digest(a, how), int(a.nbytes), _comparable(a)
-            )
+            sig = _Print(tuple(a.shape), dtype_name, _digest(a, how), int(a.nbytes), _comparable(a))
         fingerprints[ix] = _row_value(sig)
     held = [[blocks.shared[ix], fingerprints[ix]] for ix in sorted(fingerprints)]
     return f'G[{blocks.head},{json.dumps(held, separators=(",", ":"))}]'
@@ -321,8 +319,9 @@ def tree_diff(in_tree: Any, *, timeout: float | None = None) -> TreeDiff:
     and every host gets the same `TreeDiff`. Hosts exchange per-leaf
     fingerprints (path, shape, dtype, 128-bit digest: a few dozen bytes per
     leaf; XXH3-128 of the bytes for data in host memory, an exact kernel on
-    accelerators, see ``MULTIHOST_FINGERPRINT`` in docs/API.md) through the coordination service, then move only the leaves that
-    differ, to summarise them. Trees of different structure, shapes or dtypes
+    accelerators, see ``MULTIHOST_FINGERPRINT`` in docs/API.md) through the
+    coordination service, then move only the leaves that differ, to summarise
+    them. Trees of different structure, shapes or dtypes
     are reported, not raised.
 
     Args:
