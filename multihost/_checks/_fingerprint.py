@@ -547,7 +547,7 @@ def _in_host_memory(x: jax.Array) -> bool:
 
 def host_kind(leaf: Any, how: str) -> bool:
     """Whether ``leaf`` (numpy or a fully addressable `jax.Array`) takes the host definition."""
-    if how == 'host':
+    if how == 'host' or (how == 'auto' and type(leaf) is np.ndarray):
         return True
     if how == 'device':
         return False
@@ -566,17 +566,37 @@ def host_view(x: jax.Array) -> np.ndarray | None:
     return a if a.flags.c_contiguous else None
 
 
-def _header(dtype: np.dtype, shape: Sequence[int]) -> bytes:
-    return f'{dtype.name}[{",".join(str(int(d)) for d in shape)}]'.encode()
+_NAMES: dict[tuple[int, str, int], tuple[str, str]] = {}
 
 
-def _le_bytes(a: np.ndarray) -> np.ndarray:
-    """``a``'s bytes, C order, little-endian, as a flat uint8 view (a copy only if needed)."""
+def dtype_names(dt: np.dtype) -> tuple[str, str]:
+    """``(dt.name, str(dt))``, remembered: numpy builds both anew at each use (slow, ~40 us).
+
+    Remembered for numeric and ml_dtypes dtypes only (their type number, byte
+    order and size say which dtype it is); others are built each time.
+    """
+    key = (dt.num, dt.byteorder, dt.itemsize)
+    got = _NAMES.get(key)
+    if got is None:
+        got = (dt.name, str(dt))
+        simple = dt.fields is None and dt.subdtype is None
+        if simple and (dt.kind in 'biufc' or (dt.kind == 'V' and dt.num >= 256)):
+            _NAMES[key] = got
+    return got
+
+
+def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    return (dtype_names(dtype)[0] + repr(tuple(int(d) for d in shape))).encode()
+
+
+def _update(h: Any, a: np.ndarray) -> None:
+    """Hashes ``a``'s bytes in C order, little-endian: in place when they are already so."""
     if a.dtype.byteorder == '>':
         a = a.astype(a.dtype.newbyteorder('<'))
-    if not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a)
-    return a.reshape(-1).view(np.uint8)
+    try:
+        h.update(a)  # the array's own buffer (any dtype; C-contiguous only): no copy
+    except (BufferError, ValueError):  # not C-contiguous: one copy, in C order
+        h.update(np.ascontiguousarray(a))
 
 
 def _host_parts(x: jax.Array) -> list[np.ndarray]:
@@ -605,11 +625,12 @@ def host_digest(leaf: Any) -> bytes:
     XXH3-128 of the header (dtype name, shape) and the bytes in C order,
     little-endian: the same for a numpy leaf and a jax.Array of the same values.
     """
-    parts = _host_parts(leaf) if isinstance(leaf, jax.Array) else [np.asarray(leaf)]
-    dtype = np.dtype(parts[0].dtype)
-    h = xxhash.xxh3_128(_header(dtype, np.shape(leaf)))
+    parts = [leaf] if type(leaf) is np.ndarray else None
+    if parts is None:
+        parts = _host_parts(leaf) if isinstance(leaf, jax.Array) else [np.asarray(leaf)]
+    h = xxhash.xxh3_128(_header(parts[0].dtype, getattr(leaf, 'shape', None) or np.shape(leaf)))
     for p in parts:
-        h.update(_le_bytes(p).data)  # a memoryview of the bytes: no copy
+        _update(h, p)
     return h.digest()
 
 

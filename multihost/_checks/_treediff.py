@@ -49,7 +49,7 @@ _COMPARE_CHUNK = 1 << 20  # elements compared at a time (bounds temporaries)
 def _leaf_data(x: Any) -> tuple[np.ndarray, str]:
     """The contiguous numpy data compared for one array leaf, and the dtype name reported."""
     if type(x) is np.ndarray and x.flags.c_contiguous:  # the common case, fast
-        return x, str(x.dtype)
+        return x, _kernel.dtype_names(x.dtype)[1]
     dtype_name = None
     if isinstance(x, jax.Array):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -63,7 +63,7 @@ def _leaf_data(x: Any) -> tuple[np.ndarray, str]:
 
 def _device_leaf(x: Any) -> tuple[jax.Array, str] | None:
     """A fully addressable device leaf fingerprinted where it lives: (its data, dtype name)."""
-    if not isinstance(x, jax.Array) or not x.is_fully_addressable:
+    if type(x) is np.ndarray or not isinstance(x, jax.Array) or not x.is_fully_addressable:
         return None
     dtype_name = str(x.dtype)
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
