@@ -169,3 +169,16 @@ def test_check_replicas_with_mixed_kinds_and_a_bad_switch():
         assert "MULTIHOST_FINGERPRINT='gpu' is not one of" in str(e.value)
         with pytest.raises(multihost.HostFailedError, match='MULTIHOST_FINGERPRINT'):
             multihost.check_replicas(arr)
+
+
+@multiprocess(timeout=120)
+def test_a_large_string_leaf_is_narrowed_by_xxh3_of_its_bytes():
+    """A > 64 KiB string array (no kernel for it): blocks hashed by XXH3, the index found."""
+    pid = jax.process_index()
+    words = np.array([f'w{i % 997:03d}' for i in range(20_000)])  # <U4: 320,000 bytes
+    assert words.nbytes > _treediff.NARROW_BYTES
+    if pid == 1:
+        words[12_345] = 'odd!'
+    (leaf,) = multihost.tree_diff({'words': words}).leaves
+    assert leaf.odd_processes == (1,) and leaf.first_index == {1: (12_345,)}
+    assert leaf.num_different == {1: 1}

@@ -541,6 +541,11 @@ def is_host_digest(digest: str) -> bool:
     return digest.startswith(HOST_PREFIX)
 
 
+def is_kernel_digest(digest: str) -> bool:
+    """Whether a hex digest is of the kernel's definition (16 bytes per lane set)."""
+    return bool(digest) and len(digest) % 32 == 0 and not is_host_digest(digest)
+
+
 def _in_host_memory(x: jax.Array) -> bool:
     return all(d.platform == 'cpu' for d in x.devices())
 

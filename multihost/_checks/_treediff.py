@@ -61,6 +61,10 @@ def _leaf_data(x: Any) -> tuple[np.ndarray, str]:
     return a, dtype_name or str(a.dtype)
 
 
+def _is_global(x: Any) -> bool:
+    return isinstance(x, jax.Array) and not x.is_fully_addressable
+
+
 def _device_leaf(x: Any) -> tuple[jax.Array, str] | None:
     """A fully addressable device leaf fingerprinted where it lives: (its data, dtype name)."""
     if type(x) is np.ndarray or not isinstance(x, jax.Array) or not x.is_fully_addressable:
@@ -473,7 +477,7 @@ def _fingerprint(flat: list[Any]) -> tuple[dict[str, Any], list[list[str]]]:
     placements: dict[Any, _Blocks] = {}
     for path, (_, leaf) in zip(paths, flat):
         try:
-            if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            if type(leaf) is not np.ndarray and _is_global(leaf):
                 rows.append([path, _global_row(path, leaf, placements, data, how)])
                 continue
             dev = _device_leaf(leaf)
@@ -767,7 +771,8 @@ def _narrow(
     x = data.get(p.key) if (pid == source or pid in peers) else None
     # Blocks by the definition the leaf's digests used (the same on every host here:
     # `_settle_kinds` made mixed leaves the kernel's): XXH3 reads host memory in place.
-    host = _kernel.is_host_digest(ref.digest)
+    # A dtype the kernel does not cover (strings, structured: a CRC digest) takes XXH3.
+    host = not _kernel.is_kernel_digest(ref.digest)
     if host and x is not None and not isinstance(x, np.ndarray):
         x = _host(x)  # zero-copy on a CPU device; copied from an accelerator
     width = 16 if host else 16 * _kernel.lane_sets(np.dtype(_host_dtype(ref.dtype)))
