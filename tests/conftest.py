@@ -1,6 +1,6 @@
 """Test harness: real multi-process JAX on CPU.
 
-Two ways to use a local cluster (`multihost.local.LocalCluster`: N real
+Two ways to use a local cluster (`multihost.testing.LocalCluster`: N real
 processes, D CPU devices each, `jax.distributed.initialize` on a free loopback
 port, gloo collectives):
 
@@ -38,7 +38,7 @@ import _cluster_state  # noqa: E402  (this folder is on the path, as for every t
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from multihost.local import LocalCluster  # noqa: E402
+from multihost.testing import LocalCluster  # noqa: E402
 
 jax.config.update('jax_num_cpu_devices', 4)
 
