@@ -27,6 +27,9 @@ from typing import Any
 #: (a function or a class patched in place); mutable containers are not compared.
 _BY_VALUE = (bool, int, float, complex, str, bytes, type(None))
 _WATCHED_PREFIXES = ('multihost', 'jax.experimental.multihost_utils', 'jax.distributed')
+#: multihost's own threads that a fresh process starts at its first collective and keeps:
+#: the debug thread (`_bus`) and the barrier waiter (`_kv`). One of each is no difference.
+SERVICE_THREADS = ('multihost-debug', 'multihost-waiter')
 
 
 def _attributes(mod: types.ModuleType) -> dict[str, Any]:
@@ -97,6 +100,8 @@ def differences(fresh: dict[str, Any], now: dict[str, Any]) -> list[str]:
                 for name in sorted(set(before) | set(attrs)):
                     if name in before and before.get(name) != attrs.get(name):
                         out.append(f'{mod}.{name}: {before.get(name)!r} -> {attrs.get(name)!r}')
+        elif key == 'threads':
+            out += _thread_differences(fresh[key], now[key])
         elif key in ('environ', 'signals', 'jax_config'):
             for name in sorted(set(fresh[key]) | set(now[key]), key=str):
                 if fresh[key].get(name) != now[key].get(name):
@@ -105,6 +110,20 @@ def differences(fresh: dict[str, Any], now: dict[str, Any]) -> list[str]:
                     )
         elif fresh[key] != now[key]:
             out.append(f'{key}: {fresh[key]!r} -> {now[key]!r}')
+    return out
+
+
+def _thread_differences(fresh: list[str], now: list[str]) -> list[str]:
+    extra = list(now)
+    out = []
+    for name in fresh:
+        if name in extra:
+            extra.remove(name)
+        else:
+            out.append(f'thread {name!r} ended')
+    for name in sorted(set(extra)):
+        if name not in SERVICE_THREADS or extra.count(name) > 1:
+            out.append(f'thread {name!r} left running ({extra.count(name)})')
     return out
 
 

@@ -126,7 +126,10 @@ class ClusterHolder:
                 if len(set(seq)) != 1 or not seq[0][1]:
                     why.append(f"the hosts' collective counts differ: {seq}")
             if why:
-                self.restarts.append(f'{module.__name__}: ' + '; '.join(why[:3]))
+                line = f'{module.__name__}: ' + '; '.join(why[:3])
+                self.restarts.append(line)
+                with open(os.path.join(self.log_dir, 'restarts.txt'), 'a') as f:
+                    f.write(line + '\n')
                 cluster.stop()
             else:
                 cluster.run(_cluster_state.forget, timeout=CHECK_TIMEOUT)
