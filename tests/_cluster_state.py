@@ -127,6 +127,25 @@ def _thread_differences(fresh: list[str], now: list[str]) -> list[str]:
     return out
 
 
+#: What `push_environ` replaced, for `pop_environ` (in the worker).
+_saved_environ: list[dict[str, str | None]] = []
+
+
+def push_environ(values: dict[str, str]) -> None:
+    """Sets environment variables a module's workers read at call time (``MP_CLUSTER_ENV``)."""
+    _saved_environ.append({name: os.environ.get(name) for name in values})
+    os.environ.update(values)
+
+
+def pop_environ() -> None:
+    """Restores what the last `push_environ` replaced."""
+    for name, value in _saved_environ.pop().items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def forget() -> None:
     """Forgets the flight records (a fresh process has none yet)."""
     from multihost import _recorder

@@ -19,9 +19,11 @@ before the next module whenever its workers no longer look as they did right
 after they started (`_cluster_state`: environment, signal handlers, threads,
 patched module attributes, a cold backend that started, collective counts that
 differ), so what one module does to its hosts cannot fail another. What a module
-needs in its workers beyond the shape, ``MP_CLUSTER_ENTER`` (run in every worker
-when it takes the cluster, and after every restart) sets and
-``MP_CLUSTER_LEAVE`` undoes. Every call has a hard timeout that kills the whole
+needs in its workers beyond the shape: ``MP_CLUSTER_ENV`` (variables the workers
+read at call time, such as ``MULTIHOST_TIMEOUT``: set in the shared workers while
+the module runs), ``MP_CLUSTER_ENTER`` (a function run in every worker when the
+module takes the cluster, and after every restart) and ``MP_CLUSTER_LEAVE`` (one
+that undoes it). Every call has a hard timeout that kills the whole
 cluster, and the error carries each process's traceback, Python stacks and log.
 
 Tests not marked run in this process, where JAX is single-process: they
@@ -80,7 +82,7 @@ class ClusterHolder:
         self.log_dir = log_dir
         self.cluster: LocalCluster | None = None
         self.fresh: list[dict] | None = None
-        self.enter = None
+        self.enter: list = []
         self.starts = 0
         self.reused = 0
         self.restarts: list[str] = []  # why a shared cluster was not reused
@@ -102,16 +104,17 @@ class ClusterHolder:
             self.starts += 1
             # What every later module must find again (`claim`).
             self.fresh = self.cluster.run(_cluster_state.state, timeout=CHECK_TIMEOUT)
-            if self.enter is not None:
-                self.cluster.run(self.enter, timeout=CHECK_TIMEOUT)
+            for fn, args in self.enter:
+                self.cluster.run(fn, *args, timeout=CHECK_TIMEOUT)
         return self.cluster
 
-    def claim(self, module, enter=None) -> None:
+    def claim(self, module, enter: list) -> None:
         """Before ``module``'s first test: a fresh cluster, or a shared one checked clean.
 
-        ``enter`` (the module's ``MP_CLUSTER_ENTER``) runs in every worker then,
-        and again after every restart while the module runs."""
-        self.enter = None
+        ``enter`` (``(function, args)`` pairs: the module's ``MP_CLUSTER_ENV`` and
+        ``MP_CLUSTER_ENTER``) runs in every worker then, and again after every
+        restart while the module runs."""
+        self.enter = []
         cluster = self.cluster
         if cluster is not None and cluster.alive and self.fresh is not None:
             why: list[str] = []
@@ -135,19 +138,21 @@ class ClusterHolder:
                 cluster.run(_cluster_state.forget, timeout=CHECK_TIMEOUT)
                 self.reused += 1
         self.enter = enter
-        if self.cluster is not None and self.cluster.alive and enter is not None:
-            self.cluster.run(enter, timeout=CHECK_TIMEOUT)
+        if self.cluster is not None and self.cluster.alive:
+            for fn, args in enter:
+                self.cluster.run(fn, *args, timeout=CHECK_TIMEOUT)
         self.get()
 
-    def release(self, leave=None) -> None:
-        """After the module's last test: ``leave`` (its ``MP_CLUSTER_LEAVE``) in every worker.
+    def release(self, leave: list) -> None:
+        """After the module's last test: ``leave`` (``(function, args)`` pairs) in every worker.
 
         If it fails the cluster is stopped; if it is not run (a broken cluster),
         the next `claim` finds the difference."""
-        self.enter = None
-        if leave is not None and self.cluster is not None and self.cluster.alive:
+        self.enter = []
+        if leave and self.cluster is not None and self.cluster.alive:
             try:
-                self.cluster.run(leave, timeout=CHECK_TIMEOUT)
+                for fn, args in leave:
+                    self.cluster.run(fn, *args, timeout=CHECK_TIMEOUT)
             except Exception:  # noqa: BLE001 - stopped: the next module starts afresh
                 self.cluster.stop()
 
@@ -198,9 +203,18 @@ def mp_cluster_pool(tmp_path_factory):
 def mp_cluster(request, mp_cluster_pool):
     module = request.module
     holder = mp_cluster_pool.holder(module_config(module))
-    holder.claim(module, getattr(module, 'MP_CLUSTER_ENTER', None))
+    env = getattr(module, 'MP_CLUSTER_ENV', None)
+    enter = [(_cluster_state.push_environ, (env,))] if env else []
+    leave = []
+    if hasattr(module, 'MP_CLUSTER_ENTER'):
+        enter.append((module.MP_CLUSTER_ENTER, ()))
+    if hasattr(module, 'MP_CLUSTER_LEAVE'):
+        leave.append((module.MP_CLUSTER_LEAVE, ()))
+    if env:
+        leave.append((_cluster_state.pop_environ, ()))
+    holder.claim(module, enter)
     yield holder
-    holder.release(getattr(module, 'MP_CLUSTER_LEAVE', None))
+    holder.release(leave)
 
 
 def pytest_terminal_summary(terminalreporter):
