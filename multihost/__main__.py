@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--devices', type=int, default=2, help='CPU devices per host')
     args = parser.parse_args(argv)
 
-    from multihost.testing import LocalCluster
+    from multihost.local import LocalCluster
 
     t0 = time.perf_counter()
     print(f'starting {args.hosts} local JAX processes x {args.devices} CPU devices ...', flush=True)
