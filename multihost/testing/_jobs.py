@@ -21,14 +21,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import multihost
 from multihost._net import free_port
 
 __all__ = ['Job', 'Result', 'job_env', 'scheduler_env', 'start_job']
 
 #: The folder that holds the `multihost` package this process imported: first on
 #: the jobs' path, so they run this very copy (a source tree's, say).
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(multihost.__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: What `Job.finish` gives per process: exit code, stdout, stderr (None when not piped).
 Result = tuple[int, Any, Any]
