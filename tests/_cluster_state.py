@@ -27,9 +27,11 @@ from typing import Any
 #: (a function or a class patched in place); mutable containers are not compared.
 _BY_VALUE = (bool, int, float, complex, str, bytes, type(None))
 _WATCHED_PREFIXES = ('multihost', 'jax.experimental.multihost_utils', 'jax.distributed')
-#: multihost's own threads that a fresh process starts at its first collective and keeps:
-#: the debug thread (`_bus`) and the barrier waiter (`_kv`). One of each is no difference.
-SERVICE_THREADS = ('multihost-debug', 'multihost-waiter')
+#: multihost's own thread that a fresh process starts at its first collective and keeps:
+#: the debug thread (`_bus`); one is no difference. The barrier waiters (`_kv._Waiter`)
+#: are not listed while idle (a fresh process starts one, an abandoned barrier another
+#: that is reused once the service ends it); a busy one is a difference.
+SERVICE_THREADS = ('multihost-debug',)
 
 
 def _attributes(mod: types.ModuleType) -> dict[str, Any]:
@@ -51,7 +53,10 @@ def state() -> dict[str, Any]:
     import jax
 
     from multihost import _jax_adapter
+    from multihost._exchange import _kv
 
+    with _kv._Waiter._lock:
+        idle = list(_kv._Waiter._idle)
     handlers = {}
     for sig in signal.valid_signals():
         try:
@@ -70,7 +75,7 @@ def state() -> dict[str, Any]:
     return dict(
         environ=dict(os.environ),
         signals=handlers,
-        threads=sorted(t.name for t in threading.enumerate()),
+        threads=sorted(t.name for t in threading.enumerate() if t not in idle),
         modules=modules,
         jax_config=config,
         jax_jit=id(jax.jit),
@@ -78,11 +83,11 @@ def state() -> dict[str, Any]:
     )
 
 
-def sequence() -> tuple[int, bool]:
-    """The next collective's number on this host, and whether none is under way."""
+def sequence() -> int:
+    """The next collective's number on this host (the main thread's sequence)."""
     from multihost._exchange import _sequence
 
-    return _sequence._state.next_seq, _sequence._state.current is None
+    return _sequence._state.next_seq
 
 
 def differences(fresh: dict[str, Any], now: dict[str, Any]) -> list[str]:

@@ -126,7 +126,7 @@ class ClusterHolder:
             else:
                 for p, (before, after) in enumerate(zip(self.fresh, now)):
                     why += [f'process {p}: {d}' for d in _cluster_state.differences(before, after)]
-                if len(set(seq)) != 1 or not seq[0][1]:
+                if len(set(seq)) != 1:
                     why.append(f"the hosts' collective counts differ: {seq}")
             if why:
                 line = f'{module.__name__}: ' + '; '.join(why[:3])
