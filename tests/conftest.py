@@ -33,6 +33,7 @@ cover the single-process fast paths.
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
@@ -217,8 +218,24 @@ def mp_cluster(request, mp_cluster_pool):
     holder.release(leave)
 
 
+def pytest_sessionfinish(session):
+    """The shared notebook-side sessions (`_helpers.local_session`) stop with the test session."""
+    helpers = sys.modules.get('_helpers')
+    if helpers is not None:
+        helpers.stop_shared_sessions()
+
+
 def pytest_terminal_summary(terminalreporter):
     """How many clusters the session started, and why a shared one was not reused."""
+    helpers = sys.modules.get('_helpers')
+    if helpers is not None and sum(helpers.SESSION_STARTS):
+        started, reused = helpers.SESSION_STARTS
+        terminalreporter.write_line(
+            f'notebook-side sessions, shared by shape: {started} started, '
+            f'{reused} time(s) handed on to the next module'
+        )
+        for line in helpers.SESSION_RESTARTS:
+            terminalreporter.write_line(f'  restarted: {line}'[:300])
     if _POOL is None or not _POOL.holders:
         return
     starts = sum(h.starts for h in _POOL.holders.values())
