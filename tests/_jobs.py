@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 
-from multihost.testing import Job, Result, job_env, scheduler_env
+from multihost.testing import Job, job_env, scheduler_env
 from multihost.testing import start_job as start
+from multihost.testing._jobs import Result
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

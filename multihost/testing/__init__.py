@@ -40,13 +40,12 @@ from __future__ import annotations
 
 from multihost._net import free_port
 from multihost.testing._cluster import ClusterError, LocalCluster
-from multihost.testing._jobs import Job, Result, job_env, scheduler_env, start_job
+from multihost.testing._jobs import Job, job_env, scheduler_env, start_job
 
 __all__ = [
     'ClusterError',
     'Job',
     'LocalCluster',
-    'Result',
     'free_port',
     'job_env',
     'scheduler_env',
