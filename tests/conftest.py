@@ -23,7 +23,8 @@ needs in its workers beyond the shape: ``MP_CLUSTER_ENV`` (variables the workers
 read at call time, such as ``MULTIHOST_TIMEOUT``: set in the shared workers while
 the module runs), ``MP_CLUSTER_ENTER`` (a function run in every worker when the
 module takes the cluster, and after every restart) and ``MP_CLUSTER_LEAVE`` (one
-that undoes it). Every call has a hard timeout that kills the whole
+that undoes it); ``MP_CLUSTER_FRESH = True`` when a test needs processes that
+no other module used (no debug thread yet, say). Every call has a hard timeout that kills the whole
 cluster, and the error carries each process's traceback, Python stacks and log.
 
 Tests not marked run in this process, where JAX is single-process: they
@@ -109,7 +110,7 @@ class ClusterHolder:
                 self.cluster.run(fn, *args, timeout=CHECK_TIMEOUT)
         return self.cluster
 
-    def claim(self, module, enter: list) -> None:
+    def claim(self, module, enter: list, fresh: bool = False) -> None:
         """Before ``module``'s first test: a fresh cluster, or a shared one checked clean.
 
         ``enter`` (``(function, args)`` pairs: the module's ``MP_CLUSTER_ENV`` and
@@ -119,6 +120,8 @@ class ClusterHolder:
         cluster = self.cluster
         if cluster is not None and cluster.alive and self.fresh is not None:
             why: list[str] = []
+            if fresh:
+                why.append('the module asks for processes no other module used (MP_CLUSTER_FRESH)')
             try:
                 now = cluster.run(_cluster_state.state, timeout=CHECK_TIMEOUT)
                 seq = cluster.run(_cluster_state.sequence, timeout=CHECK_TIMEOUT)
@@ -213,7 +216,7 @@ def mp_cluster(request, mp_cluster_pool):
         leave.append((module.MP_CLUSTER_LEAVE, ()))
     if env:
         leave.append((_cluster_state.pop_environ, ()))
-    holder.claim(module, enter)
+    holder.claim(module, enter, fresh=getattr(module, 'MP_CLUSTER_FRESH', False))
     yield holder
     holder.release(leave)
 
