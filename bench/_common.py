@@ -7,8 +7,8 @@ program waits for its slowest host), then the median over repetitions.
 
 Imported by the scripts as ``import _common`` (their folder is on the path),
 in the parent and in the workers of `local_cluster` (which puts this folder
-on their ``PYTHONPATH``). ``_common.jobs`` is `tests/_jobs.py`: programs we
-did not start, launched as plain processes the way a scheduler does.
+on their ``PYTHONPATH``). Programs we did not start are launched with
+`multihost.testing.start_job`: plain processes, the way a scheduler does.
 """
 
 from __future__ import annotations
@@ -24,12 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from multihost.local import LocalCluster
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:
-    sys.path.append(_ROOT)
-from tests import _jobs as jobs  # noqa: E402, F401  (plain-process jobs: the tests' launcher)
+from multihost.testing import LocalCluster
 
 NUM_PROCESSES = 4
 DEVICES_PER_PROCESS = 2

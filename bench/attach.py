@@ -18,16 +18,9 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-
-import _common  # noqa: E402
 
 JOB = textwrap.dedent(
     """
@@ -62,9 +55,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import mhnotebook
-    from multihost.local import free_port
-
-    _jobs = _common.jobs
+    from multihost.testing import free_port, job_env, start_job
 
     tmp = tempfile.mkdtemp(prefix='mh-attach-bench-')
     script, control, go = (os.path.join(tmp, f) for f in ('job.py', 'control.json', 'go'))
@@ -72,10 +63,10 @@ def main() -> None:
         f.write(JOB)
     command = ['-m', 'multihost', 'run', '--control-file', control, script]
     port = str(free_port())
-    procs = _jobs.start(
+    procs = start_job(
         args.hosts,
         command,
-        _jobs.job_env(),
+        job_env(),
         args=lambda p: [str(p), str(args.hosts), port, go],
         process_id=False,
         stdout=subprocess.DEVNULL,

@@ -49,7 +49,7 @@ from _common import MIB, NUM_PROCESSES, per_call, slowest_median_ms
 from jax.experimental import multihost_utils as jax_mhu
 
 import multihost
-from multihost.local import LocalCluster
+from multihost.testing import LocalCluster
 
 SECTION_TIMEOUT_S = 1800.0
 

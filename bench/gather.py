@@ -220,7 +220,7 @@ def _bare_start(n: int, d: int) -> float:
     import ipyparallel as ipp
 
     from mhnotebook._trampoline import call as _call
-    from multihost.local import free_port
+    from multihost.testing import free_port
 
     t0 = time.perf_counter()
     cluster = ipp.Cluster(n=n, log_level=logging.WARNING)

@@ -267,11 +267,12 @@ def _report(per: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
 def _job_run(installed: bool, hosts: int, steps: int) -> tuple[list[list[float]], list[str]]:
     """One run of `_flax_job.py` in ``hosts`` plain processes: per process its step seconds,
     and process 0's losses (``float.hex``)."""
-    _jobs = _common.jobs
+    from multihost.testing import scheduler_env, start_job
+
     command = ['-m', 'multihost', 'run', _JOB] if installed else [_JOB]
     with tempfile.TemporaryDirectory(prefix='mh-bench-job-') as tmp:
-        env = _jobs.scheduler_env(hosts, CKPT_DIR=os.path.join(tmp, 'ckpt'), STEPS=str(steps))
-        with _jobs.start(hosts, command, env, cwd=tmp) as job:
+        env = scheduler_env(hosts, CKPT_DIR=os.path.join(tmp, 'ckpt'), STEPS=str(steps))
+        with start_job(hosts, command, env, cwd=tmp) as job:
             results = job.finish(900)
     per: list[list[float]] = []
     for rc, out, err in results:

@@ -1,6 +1,6 @@
 """Addresses and ports: parse ``host:port``, find a route's source address, probe a free port.
 
-Stdlib only, shared by both sides (the engine, `multihost.local`, the
+Stdlib only, shared by both sides (the engine, `multihost.testing`, the
 notebook's launcher and gather stream), so they read addresses alike.
 """
 

@@ -1,7 +1,8 @@
 """Shared by the digest-path re-runs of the reliability tests (`test_digest_path_*`).
 
 Their modules import the error-path tests of the reliability modules and run
-them again with ``MULTIHOST_DIGEST_ABOVE=0``: at 4 hosts every round agrees
+them again with ``MULTIHOST_DIGEST_ABOVE=0`` (in the shared cluster's workers:
+`use_the_digest_path`): at 4 hosts every round agrees
 through its digest directory (`_kv.Round.agree_dir`) instead of reading every
 record, and the verdicts (which hosts, which calls, the messages) must be the
 ones those tests assert on the read-all path.
@@ -20,6 +21,7 @@ passed with ``MULTIHOST_DIGEST_ABOVE=0`` too, run by hand.)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -28,8 +30,20 @@ import multihost
 from multihost._exchange import _kv
 
 KNOB = 'MULTIHOST_DIGEST_ABOVE'
-#: For the module's cluster (`MP_CLUSTER['env']`).
-ENV = {KNOB: '0'}
+
+
+def use_the_digest_path() -> None:
+    """In a worker (the module's ``MP_CLUSTER_ENTER``): what ``MULTIHOST_DIGEST_ABOVE=0`` sets.
+
+    The knob is read once, at import (`_kv.DIGEST_ABOVE`), and the shared cluster's
+    workers imported `_kv` long ago: set what it set, so these modules share the
+    cluster of their shape instead of starting one with the variable."""
+    _kv.DIGEST_ABOVE = _kv.digest_above('0')
+
+
+def use_the_default_path() -> None:
+    """In a worker (``MP_CLUSTER_LEAVE``): the knob as the worker's environment gives it."""
+    _kv.DIGEST_ABOVE = _kv.digest_above(os.environ.get(KNOB))
 
 
 @pytest.fixture(autouse=True, scope='module')

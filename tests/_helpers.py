@@ -106,15 +106,118 @@ def notebook_text(nb: Any) -> str:
 
 @contextlib.contextmanager
 def local_session(setup: str, n: int = 4, devices: int = 2) -> Iterator[Any]:
-    """A real local cluster (``mhnotebook.start_local``) with ``setup`` run on every host."""
-    import mhnotebook
+    """A real local cluster (``mhnotebook.start_local``) with ``setup`` run on every host.
 
-    s = mhnotebook.start_local(n, devices, progress=False)
+    Shared across the test session by shape, as the multi-process harness shares
+    its clusters: a module gets the running session of its shape when every host
+    is alive and idle, none is held at a step, and each engine looks as it did
+    right after it started (`_cluster_state`, run on the engines: environment,
+    signal handlers, threads, patched module attributes; the hosts' collective
+    counts agree); its variables are then removed and its flight records
+    forgotten. Otherwise a fresh session is started. `stop_shared_sessions`
+    (conftest, at the end of the session) stops them."""
+    s = _SHARED.pop((n, devices), None)
+    if s is not None and not _clean(s):
+        s.stop()
+        s = None
+    if s is None:
+        import mhnotebook
+
+        s = mhnotebook.start_local(n, devices, progress=False)
+        try:
+            _FRESH[id(s)] = _engine_state(s)
+        except BaseException:
+            s.stop()
+            raise
+        SESSION_STARTS[0] += 1
+    else:
+        SESSION_STARTS[1] += 1
     try:
         s.execute(setup, timeout=120, echo=False)
         yield s
-    finally:
+    except BaseException:
         s.stop()
+        raise
+    _SHARED[(n, devices)] = s
+
+
+#: Running sessions by shape, between the modules that use them (`local_session`).
+_SHARED: dict[tuple[int, int], Any] = {}
+#: id(session) -> per engine: its pid, user names and `_cluster_state.state()` when fresh.
+_FRESH: dict[int, list[dict[str, Any]]] = {}
+#: [sessions started, sessions handed on to the next module] (reported at the end).
+SESSION_STARTS = [0, 0]
+#: Why a shared session was not reused, one line each.
+SESSION_RESTARTS: list[str] = []
+_STATE_FILE = __file__.replace('_helpers.py', '_cluster_state.py')
+_STATE_CODE = f"""
+import importlib.util as _mh_u
+_mh_spec = _mh_u.spec_from_file_location('_mh_cluster_state', {_STATE_FILE!r})
+_mh_m = _mh_u.module_from_spec(_mh_spec)
+_mh_spec.loader.exec_module(_mh_m)
+_mh_probe = dict(
+    names=sorted(n for n in globals() if not n.startswith('_mh_')),
+    state=_mh_m.state(),
+    seq=_mh_m.sequence(),
+)
+del _mh_u, _mh_spec
+"""
+#: On an engine: removes every user variable not in ``_mh_keep`` (pushed first).
+_FORGET_CODE = """
+for _mh_n in [n for n in globals() if n not in _mh_keep]:
+    globals().pop(_mh_n, None)
+globals().pop('_mh_n', None)
+"""
+
+
+def _engine_state(s: Any) -> list[dict[str, Any]]:
+    """Per host (process order): engine pid, user names, `_cluster_state` state, sequence."""
+    view = s.client[s.engine_ids]
+    view.execute(_STATE_CODE, block=True)
+    probes = view.pull('_mh_probe', block=True)
+    view.execute('_mh_m.forget()\ndel _mh_m, _mh_probe', block=True)
+    return [dict(pid=h.pid, **p) for h, p in zip(s.processes, probes)]
+
+
+def _clean(s: Any) -> bool:
+    """Whether a running session may serve the next module (then: its variables removed)."""
+    import _cluster_state
+
+    why: list[str] = []
+    fresh = _FRESH.get(id(s))
+    try:
+        if fresh is None or s._stopped or s.dead or s._unaligned:
+            why.append('stopped, a host gone or hosts unaligned')
+        elif any(st['busy'] for st in s.status().values()) or s.stepping:
+            why.append('a host busy, or stepping on')
+        else:
+            now = _engine_state(s)
+            if [e['pid'] for e in now] != [e['pid'] for e in fresh]:
+                why.append('engines restarted')
+            for p, (before, after) in enumerate(zip(fresh, now)):
+                why += [
+                    f'host {p}: {d}'
+                    for d in _cluster_state.differences(before['state'], after['state'])
+                ]
+            if len({e['seq'] for e in now}) != 1:
+                why.append(f"the hosts' collective counts differ: {[e['seq'] for e in now]}")
+    except Exception as exc:  # any failure: start afresh
+        why.append(f'the check failed: {str(exc).splitlines()[0] if str(exc) else exc!r}')
+    if why:
+        SESSION_RESTARTS.append('; '.join(why[:3]))
+        return False
+    assert fresh is not None
+    for h, e in zip(s.processes, fresh):  # the module's variables go; the fresh ones stay
+        engine = s.client[h.engine_id]
+        engine.push({'_mh_keep': set(e['names'])}, block=True)
+        engine.execute(_FORGET_CODE, block=True)
+    return True
+
+
+def stop_shared_sessions() -> None:
+    """Stops every shared session (conftest, at the end of the test session)."""
+    while _SHARED:
+        _SHARED.popitem()[1].stop()
 
 
 def magic_shell(session: Any) -> tuple[Any, Any]:

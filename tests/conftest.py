@@ -1,6 +1,6 @@
 """Test harness: real multi-process JAX on CPU.
 
-Two ways to use a local cluster (`multihost.local.LocalCluster`: N real
+Two ways to use a local cluster (`multihost.testing.LocalCluster`: N real
 processes, D CPU devices each, `jax.distributed.initialize` on a free loopback
 port, gloo collectives):
 
@@ -10,10 +10,22 @@ port, gloo collectives):
 * request the ``mp_cluster`` fixture and call ``mp_cluster.run(fn)`` to get
   every process's return value and check them together in the test process.
 
-The cluster is started once per module (``MP_CLUSTER = dict(n=..., ...)`` at
-module level configures it) and restarted automatically after a test that
-broke it. Every call has a hard timeout that kills the whole cluster, and the
-error carries each process's traceback, Python stacks and log.
+``MP_CLUSTER = dict(n=..., ...)`` at module level configures the module's
+cluster (its *shape*; the default is 4 processes x 2 devices). Clusters are
+shared across the session by shape, as ipyparallel's own test suite shares its
+engines: the modules of one shape run one after another, and the cluster starts
+once for them. It is restarted automatically after a test that broke it, and
+before the next module whenever its workers no longer look as they did right
+after they started (`_cluster_state`: environment, signal handlers, threads,
+patched module attributes, a cold backend that started, collective counts that
+differ), so what one module does to its hosts cannot fail another. What a module
+needs in its workers beyond the shape: ``MP_CLUSTER_ENV`` (variables the workers
+read at call time, such as ``MULTIHOST_TIMEOUT``: set in the shared workers while
+the module runs), ``MP_CLUSTER_ENTER`` (a function run in every worker when the
+module takes the cluster, and after every restart) and ``MP_CLUSTER_LEAVE`` (one
+that undoes it); ``MP_CLUSTER_FRESH = True`` when a test needs processes that
+no other module used (no debug thread yet, say). Every call has a hard timeout that kills the whole
+cluster, and the error carries each process's traceback, Python stacks and log.
 
 Tests not marked run in this process, where JAX is single-process: they
 cover the single-process fast paths.
@@ -22,33 +34,131 @@ cover the single-process fast paths.
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+import _cluster_state  # noqa: E402  (this folder is on the path, as for every test module)
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from multihost.local import LocalCluster  # noqa: E402
+from multihost.testing import LocalCluster  # noqa: E402
 
 jax.config.update('jax_num_cpu_devices', 4)
 
 DEFAULT_CLUSTER = dict(n=4, devices_per_process=2)
+HERE = os.path.dirname(os.path.abspath(__file__))
+#: Seconds a shared cluster gets to report its state between modules.
+CHECK_TIMEOUT = 60.0
+
+
+def shape_of(config: dict) -> tuple:
+    """The key modules share a cluster by: every option, ``env`` as sorted pairs."""
+    return tuple(
+        sorted(
+            (k, tuple(sorted(v.items())) if isinstance(v, dict) else v) for k, v in config.items()
+        )
+    )
+
+
+def module_config(module) -> dict:
+    config = dict(DEFAULT_CLUSTER)
+    config.update(getattr(module, 'MP_CLUSTER', {}))
+    # Workers import a test module by its path; this folder on their path lets
+    # it import the shared `_helpers`, as it does in this process.
+    paths = [HERE, os.environ.get('PYTHONPATH', '')]
+    config['env'] = {**config.get('env', {}), 'PYTHONPATH': os.pathsep.join(filter(None, paths))}
+    return config
 
 
 class ClusterHolder:
-    """Starts the module's cluster lazily and restarts it after it broke."""
+    """One shape's cluster for the whole session: started lazily, restarted after it broke.
+
+    `claim` hands it to the next module: a cluster that is not alive, or whose
+    workers no longer look as they did right after they started (`_cluster_state`),
+    is replaced by a fresh one, so what one module did to its hosts cannot fail
+    another module. ``starts`` counts the processes' starts (reported at the end)."""
 
     def __init__(self, config: dict, log_dir: str):
         self.config = config
         self.log_dir = log_dir
         self.cluster: LocalCluster | None = None
+        self.fresh: list[dict] | None = None
+        self.enter: list = []
+        self.starts = 0
+        self.reused = 0
+        self.restarts: list[str] = []  # why a shared cluster was not reused
 
     def get(self) -> LocalCluster:
         if self.cluster is None or not self.cluster.alive:
             if self.cluster is not None:
                 self.cluster.stop()
-            self.cluster = LocalCluster(log_dir=self.log_dir, **self.config).start()
+            log_dir = os.path.join(self.log_dir, f'start-{self.starts}')
+            os.makedirs(log_dir, exist_ok=True)
+            # Workers inherit this process's environment: the session's, not what
+            # the module running now set (a shared cluster outlives the module).
+            with pytest.MonkeyPatch.context() as mp:
+                for name in set(os.environ) - set(_SESSION_ENV):
+                    mp.delenv(name)
+                for name, value in _SESSION_ENV.items():
+                    mp.setenv(name, value)
+                self.cluster = LocalCluster(log_dir=log_dir, **self.config).start()
+            self.starts += 1
+            # What every later module must find again (`claim`).
+            self.fresh = self.cluster.run(_cluster_state.state, timeout=CHECK_TIMEOUT)
+            for fn, args in self.enter:
+                self.cluster.run(fn, *args, timeout=CHECK_TIMEOUT)
         return self.cluster
+
+    def claim(self, module, enter: list, fresh: bool = False) -> None:
+        """Before ``module``'s first test: a fresh cluster, or a shared one checked clean.
+
+        ``enter`` (``(function, args)`` pairs: the module's ``MP_CLUSTER_ENV`` and
+        ``MP_CLUSTER_ENTER``) runs in every worker then, and again after every
+        restart while the module runs."""
+        self.enter = []
+        cluster = self.cluster
+        if cluster is not None and cluster.alive and self.fresh is not None:
+            why: list[str] = []
+            if fresh:
+                why.append('the module asks for processes no other module used (MP_CLUSTER_FRESH)')
+            try:
+                now = cluster.run(_cluster_state.state, timeout=CHECK_TIMEOUT)
+                seq = cluster.run(_cluster_state.sequence, timeout=CHECK_TIMEOUT)
+            except Exception as exc:  # noqa: BLE001 - any failure: start afresh
+                why.append(f'the state check failed: {str(exc).splitlines()[0]}')
+            else:
+                for p, (before, after) in enumerate(zip(self.fresh, now)):
+                    why += [f'process {p}: {d}' for d in _cluster_state.differences(before, after)]
+                if len(set(seq)) != 1:
+                    why.append(f"the hosts' collective counts differ: {seq}")
+            if why:
+                line = f'{module.__name__}: ' + '; '.join(why[:3])
+                self.restarts.append(line)
+                with open(os.path.join(self.log_dir, 'restarts.txt'), 'a') as f:
+                    f.write(line + '\n')
+                cluster.stop()
+            else:
+                cluster.run(_cluster_state.forget, timeout=CHECK_TIMEOUT)
+                self.reused += 1
+        self.enter = enter
+        if self.cluster is not None and self.cluster.alive:
+            for fn, args in enter:
+                self.cluster.run(fn, *args, timeout=CHECK_TIMEOUT)
+        self.get()
+
+    def release(self, leave: list) -> None:
+        """After the module's last test: ``leave`` (``(function, args)`` pairs) in every worker.
+
+        If it fails the cluster is stopped; if it is not run (a broken cluster),
+        the next `claim` finds the difference."""
+        self.enter = []
+        if leave and self.cluster is not None and self.cluster.alive:
+            try:
+                for fn, args in leave:
+                    self.cluster.run(fn, *args, timeout=CHECK_TIMEOUT)
+            except Exception:  # noqa: BLE001 - stopped: the next module starts afresh
+                self.cluster.stop()
 
     def run(self, fn, *args, **kwargs):
         return self.get().run(fn, *args, **kwargs)
@@ -58,23 +168,121 @@ class ClusterHolder:
             self.cluster.stop()
 
 
+class ClusterPool:
+    """The session's clusters by shape; one runs at a time (modules of a shape run together)."""
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+        self.holders: dict[tuple, ClusterHolder] = {}
+
+    def holder(self, config: dict) -> ClusterHolder:
+        key = shape_of(config)
+        self.stop(but=key)
+        if key not in self.holders:
+            self.holders[key] = ClusterHolder(
+                config, os.path.join(self.log_dir, f'shape-{len(self.holders)}')
+            )
+        return self.holders[key]
+
+    def stop(self, but: tuple | None = None) -> None:
+        for key, h in self.holders.items():
+            if key != but:
+                h.stop()
+
+
+_POOL: ClusterPool | None = None
+#: This process's environment when the session began (what the workers inherit).
+_SESSION_ENV = dict(os.environ)
+
+
+@pytest.fixture(scope='session')
+def mp_cluster_pool(tmp_path_factory):
+    global _POOL
+    _POOL = ClusterPool(str(tmp_path_factory.mktemp('cluster-logs')))
+    yield _POOL
+    _POOL.stop()
+
+
 @pytest.fixture(scope='module')
-def mp_cluster(request, tmp_path_factory):
-    config = dict(DEFAULT_CLUSTER)
-    config.update(getattr(request.module, 'MP_CLUSTER', {}))
-    # Workers import a test module by its path; this folder on their path lets
-    # it import the shared `_helpers`, as it does in this process.
-    paths = [os.path.dirname(os.path.abspath(__file__)), os.environ.get('PYTHONPATH', '')]
-    config['env'] = {**config.get('env', {}), 'PYTHONPATH': os.pathsep.join(filter(None, paths))}
-    holder = ClusterHolder(config, str(tmp_path_factory.mktemp('cluster-logs')))
+def mp_cluster(request, mp_cluster_pool):
+    module = request.module
+    holder = mp_cluster_pool.holder(module_config(module))
+    env = getattr(module, 'MP_CLUSTER_ENV', None)
+    enter = [(_cluster_state.push_environ, (env,))] if env else []
+    leave = []
+    if hasattr(module, 'MP_CLUSTER_ENTER'):
+        enter.append((module.MP_CLUSTER_ENTER, ()))
+    if hasattr(module, 'MP_CLUSTER_LEAVE'):
+        leave.append((module.MP_CLUSTER_LEAVE, ()))
+    if env:
+        leave.append((_cluster_state.pop_environ, ()))
+    holder.claim(module, enter, fresh=getattr(module, 'MP_CLUSTER_FRESH', False))
     yield holder
-    holder.stop()
+    holder.release(leave)
+
+
+def pytest_sessionfinish(session):
+    """The shared notebook-side sessions (`_helpers.local_session`) stop with the test session."""
+    helpers = sys.modules.get('_helpers')
+    if helpers is not None:
+        helpers.stop_shared_sessions()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many clusters the session started, and why a shared one was not reused."""
+    helpers = sys.modules.get('_helpers')
+    if helpers is not None and sum(helpers.SESSION_STARTS):
+        started, reused = helpers.SESSION_STARTS
+        terminalreporter.write_line(
+            f'notebook-side sessions, shared by shape: {started} started, '
+            f'{reused} time(s) handed on to the next module'
+        )
+        for line in helpers.SESSION_RESTARTS:
+            terminalreporter.write_line(f'  restarted: {line}'[:300])
+    if _POOL is None or not _POOL.holders:
+        return
+    starts = sum(h.starts for h in _POOL.holders.values())
+    reused = sum(h.reused for h in _POOL.holders.values())
+    terminalreporter.write_line(
+        f'multi-process clusters: {starts} started for {len(_POOL.holders)} shape(s), '
+        f'{reused} time(s) handed on to the next module'
+    )
+    for h in _POOL.holders.values():
+        for line in h.restarts:
+            terminalreporter.write_line(f'  restarted: {line}'[:300])
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker('multiprocess') and 'mp_cluster' not in item.fixturenames:
             item.fixturenames.append('mp_cluster')
+    # The modules of one cluster shape run one after another (where the first of
+    # them was), so the shared cluster of that shape starts once.
+    for item in items:
+        module = getattr(item, 'module', None)
+        if module is not None and 'mp_cluster' in item.fixturenames and module not in _SHAPES:
+            _SHAPES[module] = shape_of(module_config(module))
+    order: dict = {}
+    for item in items:
+        order.setdefault(_group(item), len(order))
+    items.sort(key=lambda item: order[_group(item)])
+
+
+def _group(item) -> object:
+    """The item's cluster shape if its module uses the shared clusters, else its module."""
+    module = getattr(item, 'module', None)
+    return _SHAPES.get(module) or module or item.nodeid.split('::')[0]
+
+
+#: Test module -> its cluster shape, for the modules that use `mp_cluster`.
+_SHAPES: dict = {}
+
+
+def pytest_runtest_setup(item):
+    """A module of another shape (or none) comes next: the shared cluster is not needed again."""
+    if _POOL is not None:
+        group = _group(item)
+        _POOL.stop(but=group if isinstance(group, tuple) else None)
 
 
 @pytest.hookimpl(tryfirst=True)

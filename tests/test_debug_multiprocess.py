@@ -26,9 +26,9 @@ from multihost import _jax_adapter
 from multihost._exchange import _kv
 from multihost._exchange._sequence import CollectiveRecord
 
-MP_CLUSTER = dict(
-    n=4, devices_per_process=2, env={'MULTIHOST_TIMEOUT': '60', 'MULTIHOST_STEP_TIMEOUT': '60'}
-)
+MP_CLUSTER = dict(n=4, devices_per_process=2)
+#: Read at call time: set in the shared cluster's workers while this module runs.
+MP_CLUSTER_ENV = {'MULTIHOST_TIMEOUT': '60', 'MULTIHOST_STEP_TIMEOUT': '60'}
 multiprocess = pytest.mark.multiprocess
 HOSTS = (0, 1, 2, 3)
 

@@ -9,7 +9,13 @@ the read-all path (`_digest_path`). Not copies: the tests themselves, from
 
 from __future__ import annotations
 
-from _digest_path import ENV, check_on_the_digest_path, digest_path_everywhere, on_the_digest_path
+from _digest_path import (
+    check_on_the_digest_path,
+    digest_path_everywhere,
+    on_the_digest_path,
+    use_the_default_path,
+    use_the_digest_path,
+)
 from test_cold_multiprocess import (
     test_a_cold_job_reports_on_every_host_before_it_exits,
     test_every_cold_host_names_every_hosts_first_call,
@@ -21,7 +27,9 @@ from test_never_hangs import (
     test_tree_diff_of_an_unconvertible_leaf_on_one_host,
 )
 
-MP_CLUSTER = dict(n=4, devices_per_process=2, init_backend=False, env=ENV)
+MP_CLUSTER = dict(n=4, devices_per_process=2, init_backend=False)
+MP_CLUSTER_ENTER = use_the_digest_path
+MP_CLUSTER_LEAVE = use_the_default_path
 
 __all__ = [
     'digest_path_everywhere',

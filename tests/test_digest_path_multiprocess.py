@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import pytest
 import test_real_program_align as align
-from _digest_path import ENV, check_on_the_digest_path, digest_path_everywhere, on_the_digest_path
+from _digest_path import (
+    check_on_the_digest_path,
+    digest_path_everywhere,
+    on_the_digest_path,
+    use_the_default_path,
+    use_the_digest_path,
+)
 from test_layout_multiprocess import (
     test_check_replicas_finds_disagreement_within_and_across_hosts,
     test_check_replicas_names_the_odd_host,
@@ -30,7 +36,9 @@ from test_sequence_multiprocess import (
 
 from multihost._exchange import _kv
 
-MP_CLUSTER = dict(n=4, devices_per_process=2, env=ENV)
+MP_CLUSTER = dict(n=4, devices_per_process=2)
+MP_CLUSTER_ENTER = use_the_digest_path
+MP_CLUSTER_LEAVE = use_the_default_path
 
 __all__ = [
     'digest_path_everywhere',

@@ -24,7 +24,9 @@ from multihost._debug import _stacks, _wavefront
 from multihost._debug._timeline import Timeline
 from multihost._job import _service
 
-MP_CLUSTER = dict(n=4, devices_per_process=2, env={'MULTIHOST_TIMEOUT': '30'})
+MP_CLUSTER = dict(n=4, devices_per_process=2)
+#: Read at call time: set in the shared cluster's workers while this module runs.
+MP_CLUSTER_ENV = {'MULTIHOST_TIMEOUT': '30'}
 multiprocess = pytest.mark.multiprocess
 METHODS = tuple(_service.METHODS)
 

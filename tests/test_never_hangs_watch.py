@@ -35,6 +35,8 @@ from multihost._exchange import _bus, _kv
 from multihost.local import LocalCluster
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
+#: Its first test needs hosts that have not entered a collective yet (no debug thread).
+MP_CLUSTER_FRESH = True
 #: Every wait measured here: a failure must surface within T + SLACK seconds.
 T = 2.0
 #: Scheduling on a 2-core machine running 4 JAX processes, plus a few RPCs.

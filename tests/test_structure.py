@@ -86,8 +86,8 @@ def test_only_the_exchange_talks_to_the_coordination_service():
             for n in ast.walk(ast.parse(p.read_text()))
         )
     )
-    # local.py is the test harness (its own start/end barriers around each call).
-    assert users == ['multihost/_exchange/_kv.py', 'multihost/local.py'], users
+    # The test harness's worker: its own start/end barriers around each call.
+    assert users == ['multihost/_exchange/_kv.py', 'multihost/testing/_worker.py'], users
 
 
 #: Each package's rooms by floor: a module may import its own room and rooms on
@@ -101,14 +101,14 @@ FLOORS = {
         '_recorder': 0,
         '_structure': 0,
         '_names': 0,
-        '_net': 0,  # addresses, routes, free ports (stdlib): engine, local and the notebook
+        '_net': 0,  # addresses, routes, free ports (stdlib): engine, testing and the notebook
         '_exchange': 1,  # kv rounds, the collective sequence, the debug bus
         '_core': 2,  # the drop-in collectives and array conversions
         '_debug': 2,  # stacks, step gate, watch, wavefront, timeline, control
         '_checks': 3,  # tree diff, layout, replicas, census, non-finite values
         '_job': 4,  # install, run, dumps, signal handlers (programs we did not start)
         'engine': 4,  # what the notebook calls on an engine
-        'local': 4,  # LocalCluster: N local processes
+        'testing': 4,  # the test harness: LocalCluster, its worker, the plain-process jobs
         '__main__': 5,
         '__init__': 5,  # the public surface re-exports every room
     },
@@ -133,10 +133,15 @@ FLOORS = {
 }
 
 
+#: Modules that are another room's old name (they only re-export it): in that room.
+ALIASES = {('multihost', 'local'): 'testing'}
+
+
 def _room(module: str) -> tuple[str, str]:
     """``multihost._exchange._kv`` -> ('multihost', '_exchange'); the package -> '__init__'."""
     parts = module.split('.')
-    return parts[0], parts[1] if len(parts) > 1 else '__init__'
+    pkg, room = parts[0], parts[1] if len(parts) > 1 else '__init__'
+    return pkg, ALIASES.get((pkg, room), room)
 
 
 def test_every_module_lives_in_a_room_of_the_floor_map():

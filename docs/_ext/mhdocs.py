@@ -37,7 +37,7 @@ DOCS = pathlib.Path(__file__).resolve().parent.parent
 ROOT = DOCS.parent
 NOTEBOOKS = ROOT / 'notebooks'
 EXECUTED = ROOT / 'build' / 'executed'  # written by tests/test_notebooks.py
-MODULES = ('multihost', 'mhnotebook', 'mhnotebook.widgets')
+MODULES = ('multihost', 'multihost.testing', 'mhnotebook', 'mhnotebook.widgets')
 WIDGET = 'application/vnd.jupyter.widget-view+json'
 STATIC = 'class="mh-static '
 RUN_TESTS = (

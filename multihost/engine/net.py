@@ -2,7 +2,7 @@
 
 The address helpers both sides share (`split_url`, `host_port`,
 `route_source`, `free_port`) live in `multihost._net` (stdlib only, also used
-by `multihost.local`); they are re-exported here for the notebook.
+by `multihost.testing`); they are re-exported here for the notebook.
 """
 
 from __future__ import annotations
