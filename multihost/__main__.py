@@ -78,15 +78,15 @@ def main(argv: list[str] | None = None, prog: str = 'python -m multihost') -> in
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = _cli.parse(argv, prog, __version__)
-        if args.command == 'run':  # an unmodified program, installed first
-            from multihost._job import _run
-
-            options, target, is_module, program_args = args.target
-            _run.run(options, target, is_module, program_args, prog=f'{prog} run')
-            return 0
     except _cli.UsageError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if args.command == 'run':  # an unmodified program, installed first
+        from multihost._job import _run
+
+        options, target, is_module, program_args = args.target
+        _run.run(options, target, is_module, program_args, prog=f'{prog} run')
+        return 0
     if args.command == 'analyze':  # the verdict from the dumps a job left
         from multihost._job import _analyze
 
