@@ -27,7 +27,7 @@ with this repository, and does that:
 Memory is the sum of PSS (shared pages split between the processes that map
 them: a container's memory counts them once); the sum of RSS (shared pages
 counted in every process) is reported beside it. Deviations from a real
-Binder build are listed in the README.
+Binder build are listed in CONTRIBUTING.md.
 
 Usage: ``python3 .ci/binder_check.py`` (Python 3.11+; it installs what it needs).
 """

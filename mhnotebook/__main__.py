@@ -1,7 +1,7 @@
-"""``python -m mhnotebook demo``: see `mhnotebook._demo`."""
+"""``python -m mhnotebook demo``: the ``mhnotebook`` command; see `mhnotebook._demo`."""
 
 import sys
 
 from mhnotebook._demo import main
 
-sys.exit(main())
+sys.exit(main(prog='python -m mhnotebook'))

@@ -17,7 +17,6 @@ Everything lands in ``OUT/`` (PNG + HTML + a text report) and is printed.
 
 from __future__ import annotations
 
-import argparse
 import html
 import os
 import sys
@@ -166,16 +165,57 @@ def run(out: str, hosts: int, devices: int) -> int:
     return 0 if exact and not rep_b.ok and not diff.ok else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog='mhnotebook', description='Debug multi-host JAX programs from a notebook.'
+def main(argv: list[str] | None = None, prog: str = 'mhnotebook') -> int:
+    """The ``mhnotebook`` command (also ``python -m mhnotebook``): ``demo``.
+
+    Returns the exit status: 0 when every check of the demo came out as it should, 1 when one
+    did not, 2 (after one line naming the mistake) for a command line it cannot use.
+    """
+    from multihost._job._cli import Parser, UsageError, count
+
+    parser = Parser(
+        prog=prog,
+        description='Debug multi-host JAX programs from a notebook. In a notebook: '
+        '%load_ext mhnotebook, then %mh_cluster start; this command runs the toolkit end to end.',
+        epilog=f'"{prog} demo --help" describes the demo\'s options.',
     )
-    sub = parser.add_subparsers(dest='command', required=True)
-    demo = sub.add_parser('demo', help='run the toolkit end to end on simulated local hosts')
-    demo.add_argument('--out', default='mhnotebook-demo', help='output folder')
-    demo.add_argument('--hosts', type=int, default=4)
-    demo.add_argument('--devices', type=int, default=2)
-    args = parser.parse_args(argv)
+    sub = parser.add_subparsers(dest='command', metavar='COMMAND', parser_class=Parser)
+    demo = sub.add_parser(
+        'demo',
+        help='The toolkit end to end on simulated local hosts, written to a folder.',
+        description='Start simulated hosts (ipyparallel engines, one JAX process each), then, '
+        'as a notebook would: gather a sharded array, draw its layout, flag replicas that '
+        'disagree, diff a pytree that drifted on one host, catch a barrier-name divergence and '
+        'show where every host is while one is stuck. Writes PNG, HTML and a text report.',
+    )
+    demo.add_argument(
+        '--out',
+        default='mhnotebook-demo',
+        metavar='DIR',
+        help='The folder the pictures, pages and report are written to (default: %(default)s).',
+    )
+    demo.add_argument(
+        '--hosts',
+        type=count,
+        default=4,
+        metavar='N',
+        help='How many simulated hosts (engines, one JAX process each) to start '
+        '(default: %(default)s).',
+    )
+    demo.add_argument(
+        '--devices',
+        type=count,
+        default=2,
+        metavar='D',
+        help='How many CPU devices each simulated host has (default: %(default)s).',
+    )
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        if args.command is None:
+            parser.error('name a command: demo')
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return run(args.out, args.hosts, args.devices)
 
 

@@ -1,19 +1,18 @@
-"""``python -m multihost``: every drop-in API on simulated local hosts.
+"""The ``multihost`` command (also ``python -m multihost``): demo, run, analyze.
 
-Starts N local JAX processes (default 4) with D CPU devices each (default 2),
+    multihost [demo] [--hosts N] [--devices D]
+    multihost run [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]   (see _job._run)
+    multihost analyze DIR [DIR ...]   (the dumps of --dump-dir: see _job._analyze)
+
+The parser and every option's help are in `multihost._job._cli`. The demo
+starts N local JAX processes (default 4) with D CPU devices each (default 2),
 runs the eight `multihost` APIs in all of them, and prints what each process
 got back. Then shows a diagnostic: two hosts passing different barrier names,
 caught on every host instead of hanging.
-
-    python -m multihost [demo] [--hosts N] [--devices D]
-    python -m multihost run [--check-jit] [--timeout S] SCRIPT [ARGS...]   (see _job._run)
-    python -m multihost run [--check-jit] [--timeout S] -m MODULE [ARGS...]
-    python -m multihost analyze DIR [DIR...]   (the dumps of --dump-dir: see _job._analyze)
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -68,34 +67,45 @@ def demo_body() -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = 'python -m multihost') -> int:
+    """The command (`multihost._job._cli`): ``demo`` (also bare), ``run``, ``analyze``.
+
+    Returns the exit status; a mistake on the command line prints one line and returns 2.
+    """
+    from multihost import __version__
+    from multihost._job import _cli
+
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ['run']:  # an unmodified program, installed first
+    try:
+        args = _cli.parse(argv, prog, __version__)
+    except _cli.UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.command == 'run':  # an unmodified program, installed first
         from multihost._job import _run
 
-        _run.main(argv[1:])
+        options, target, is_module, program_args = args.target
+        _run.run(options, target, is_module, program_args, prog=f'{prog} run')
         return 0
-    if argv[:1] == ['analyze']:  # the verdict from the dumps a job left
+    if args.command == 'analyze':  # the verdict from the dumps a job left
         from multihost._job import _analyze
 
-        return _analyze.main(argv[1:])
-    if argv[:1] == ['demo']:
-        argv = argv[1:]
-    parser = argparse.ArgumentParser(
-        prog='python -m multihost',
-        description=__doc__.split('\n')[0],
-        epilog='python -m multihost run [--check-jit] [--timeout S] SCRIPT|-m MODULE [ARGS...]: '
-        'runs a program with multihost.install() applied first.',
-    )
-    parser.add_argument('--hosts', type=int, default=4, help='simulated hosts (processes)')
-    parser.add_argument('--devices', type=int, default=2, help='CPU devices per host')
-    args = parser.parse_args(argv)
+        return _analyze.report(args.dirs, prog=f'{prog} analyze')
+    return demo(args.hosts, args.devices)
 
+
+def cli() -> int:
+    """The ``multihost`` console script: `main` under its own name."""
+    return main(prog='multihost')
+
+
+def demo(hosts: int, devices: int) -> int:
+    """Runs `demo_body` on ``hosts`` local processes of ``devices`` CPU devices; prints it."""
     from multihost.local import LocalCluster
 
     t0 = time.perf_counter()
-    print(f'starting {args.hosts} local JAX processes x {args.devices} CPU devices ...', flush=True)
-    with LocalCluster(args.hosts, args.devices) as cluster:
+    print(f'starting {hosts} local JAX processes x {devices} CPU devices ...', flush=True)
+    with LocalCluster(hosts, devices) as cluster:
         print(f'  up in {time.perf_counter() - t0:.1f} s', flush=True)
         results = cluster.run(demo_body, timeout=300)
     for pid, lines in enumerate(results):

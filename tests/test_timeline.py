@@ -69,7 +69,7 @@ def test_unchecked_launches_align_by_name_and_call_comparing_clocks():
     s = tl.steps[5]
     assert s.seq is None and s.call == 5 and s.clock_compared and s.last_host == 3
     assert s.lateness[3] == pytest.approx(0.05)
-    # A skewed clock shows up in wall-clock lateness (what the README warns about).
+    # A skewed clock shows up in wall-clock lateness (what docs/guides/your-job.md warns about).
     tl = Timeline.build(straggler_records(unchecked=True, skewed_clock=(1, 0.5)), 4)
     assert tl.steps[0].last_host == 1 and tl.steps[0].skew == pytest.approx(0.5 + 0.001)
 

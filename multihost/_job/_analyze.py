@@ -1,4 +1,4 @@
-"""``python -m multihost analyze DIR...``: the verdict from the dumps a job left (pure functions).
+"""``multihost analyze DIR...``: the verdict from the dumps a job left (pure functions).
 
 `analyze` turns `_dumpfile.Dump` s into a frozen `Verdict`; `Verdict.lines`
 says it in at most `MAX_LINES` lines at any number of hosts (hosts grouped as
@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from multihost._debug._debugmodel import HostStacks
 from multihost._debug._wavefront import HostFront
+from multihost._job import _cli
 from multihost._job._dumpfile import Dump, DumpFormatError, read_dirs
 from multihost._recorder import FlightRecord
 from multihost._text import fmt_duration, fmt_hosts, short_site
@@ -285,18 +286,26 @@ def format_verdict(v: Verdict) -> list[str]:
     return lines
 
 
-USAGE = 'usage: python -m multihost analyze DIR [DIR...]'
+#: The name in messages when run as ``python -m multihost analyze`` (``multihost`` passes its own).
+PROG = 'python -m multihost analyze'
 
 
-def main(argv: list[str]) -> int:
-    """Prints the verdict of the dumps in the directories; 2 on bad usage or files."""
-    if not argv or argv[0] in ('-h', '--help'):
-        print(USAGE, file=sys.stderr)
-        return 0 if argv else 2
+def main(argv: list[str], prog: str = PROG) -> int:
+    """Prints the verdict of the dumps in the directories; 2 on bad usage or files (one line)."""
     try:
-        verdict = analyze(read_dirs(argv))
+        dirs = _cli.analyze_parser(prog).parse_args(argv).dirs
+    except _cli.UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return report(dirs, prog)
+
+
+def report(dirs: Sequence[str], prog: str = PROG) -> int:
+    """Prints the verdict of the dumps in ``dirs``; a bad or missing file: one line, 2."""
+    try:
+        verdict = analyze(read_dirs(dirs))
     except DumpFormatError as exc:
-        print(f'python -m multihost analyze: {exc}', file=sys.stderr)
+        print(f'{prog}: {exc}', file=sys.stderr)
         return 2
     print(verdict)
     return 0
