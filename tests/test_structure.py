@@ -102,6 +102,7 @@ FLOORS = {
         '_structure': 0,
         '_names': 0,
         '_net': 0,  # addresses, routes, free ports (stdlib): engine, local and the notebook
+        '_cells': 0,  # notebook cells as IPython names them (Cell In[4]), looked up lazily
         '_exchange': 1,  # kv rounds, the collective sequence, the debug bus
         '_core': 2,  # the drop-in collectives and array conversions
         '_debug': 2,  # stacks, step gate, watch, wavefront, timeline, control
