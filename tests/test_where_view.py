@@ -431,7 +431,8 @@ def test_user_frames_first_framework_frames_folded():
     (fold,) = [d for d in elements(html, 'mh-where-fold', 'details') if inside(d, main)]
     assert 'open' not in fold['attrs']
     assert '22 framework frames (ipykernel, IPython, ipyparallel, ...)' in fold['text']
-    assert stacks[2].main_thread.stack in fold['text']  # the full stack, every frame
+    full = stacks[2].thread_text(stacks[2].main_thread)  # the full stack, every frame
+    assert full in fold['text'] and 'Cell In[4], line 2, in <module>' in full, full
     order = [id(e) for e in elements(html) if inside(e, main)]
     assert order.index(id(frames[-1])) < order.index(id(fold))  # user frames come first
     (threads,) = [d for d in elements(html, 'mh-where-threads', 'details') if inside(d, g2)]

@@ -247,7 +247,7 @@ def _frames_html(s: HostStacks, t: ThreadStack) -> str:
         parts.append('<div class="mh-where-frame">no user frames</div>')
     parts.append(
         f'<details class="mh-where-fold"><summary>... {esc(framework_summary(t.frames))}: '
-        f'full stack</summary>{pre(t.stack, "mh-stack-text")}</details>'
+        f'full stack</summary>{pre(s.thread_text(t), "mh-stack-text")}</details>'
     )
     return ''.join(parts)
 

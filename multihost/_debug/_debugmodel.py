@@ -26,7 +26,7 @@ import functools
 import json
 import re
 import time as _time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from multihost._cells import cell_number, is_cell
@@ -636,9 +636,19 @@ class ThreadStack:
     @property
     def stack(self) -> str:
         """The stack formatted like a traceback."""
+        return self.format()
+
+    def format(self, cells: Mapping[str, int] | None = None) -> str:
+        """The stack formatted like a traceback; a cell as IPython's tracebacks name it,
+        ``Cell In[4], line 3, in f``, when ``cells`` (file -> count) or its name numbers it."""
         out = []
         for filename, lineno, func, line in self.frames:
-            out.append(f'  File "{filename}", line {lineno}, in {func}\n')
+            n = None
+            if is_cell(filename):
+                n = (cells or {}).get(filename)
+                n = cell_number(filename) if n is None else n
+            head = f'Cell In[{n}]' if n is not None else f'File "{filename}"'
+            out.append(f'  {head}, line {lineno}, in {func}\n')
             if line:
                 out.append(f'    {line}\n')
         return ''.join(out)
@@ -730,6 +740,10 @@ class HostStacks:
             inside = '' if func == '<module>' else f' in {func}'
             return f'{cell}, line {lineno}{inside}'
         return f'{display_path(filename, self.ours)}:{lineno} in {func}'
+
+    def thread_text(self, thread: ThreadStack) -> str:
+        """A thread's stack like a traceback, its cells as this host's IPython numbered them."""
+        return thread.format(dict(self.cells))
 
     def user_frames(self, thread: ThreadStack | None = None) -> tuple[Frame, ...]:
         """The user's frames of a thread (default: the main thread), outermost first."""
@@ -894,7 +908,7 @@ class HostStacks:
             f'  where: {self.where}' if self.where else '',
         ]
         for t in self.threads:
-            parts.append(f'Thread {t.name!r}{" (main)" if t.main else ""}:\n{t.stack}')
+            parts.append(f'Thread {t.name!r}{" (main)" if t.main else ""}:\n{self.thread_text(t)}')
         return '\n'.join(p for p in parts if p)
 
     def __str__(self) -> str:
