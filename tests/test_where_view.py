@@ -468,6 +468,24 @@ def test_text_fallback_in_sync_with_the_table():
     assert WhereView({}).text() == 'no host stacks'
 
 
+def test_hosts_whose_cell_numbers_differ_say_whose_cell_is_shown():
+    """Each engine numbers its own cells: hosts waiting together in one cell whose numbers
+    differ stay one group, and the view says whose number it shows and the others'."""
+    renumbered = HostStacks(**{**host(2, 0).__dict__, 'cells': ((cell_file(2), 5),)})
+    stacks = {0: host(0, 0), 1: host(1, 0), 2: renumbered}
+    v = WhereView(stacks)
+    note = " (process 0's cell; Cell In[5] on process 2)"
+    assert _where.cells_note(stacks, (0, 1, 2)) == note
+    assert _where.cells_note(stacks, (0, 1)) == ''
+    text = v.text()
+    assert f"processes 0-2 (3 hosts): waiting at barrier('after-eval') #7 for 12 s{note}" in text
+    assert "    > Cell In[4], line 3: multihost.barrier('after-eval')" in text, text
+    (at,) = elements(v._table.value, 'mh-where-at')
+    assert at['text'].endswith(note), at
+    (group,) = elements(v._stacks_html.value, 'mh-stack-group', 'details')
+    assert note in unescape(group['text']), group['text']
+
+
 def test_verdict_line_comes_first():
     """A verdict is the view's first line (class mh-where-verdict); a string is dropped by a
     refresh, a callable is asked again."""
