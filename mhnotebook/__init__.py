@@ -1,7 +1,9 @@
 """mhnotebook: debug multi-host JAX programs from a notebook.
 
 Sessions (`start_local`, `connect`) drive one JAX process per ipyparallel
-engine; ``%load_ext mhnotebook`` adds the ``%mh_*`` magics.
+engine; an attached job (`attach`) and a post-mortem (`postmortem`) answer the
+same questions of a job (`JobView`); ``%load_ext mhnotebook`` adds the
+``%mh_*`` magics.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,7 @@ from mhnotebook._errors import (
     SessionInterrupted,
     SessionTimeout,
 )
+from mhnotebook._jobview import JobView, UnsupportedError
 from mhnotebook._postmortem import PostMortem, PostMortemError, postmortem
 from mhnotebook._session import HostInfo, Session
 
@@ -30,6 +33,7 @@ __all__ = [
     'HostInfo',
     'HostsError',
     'InterruptReport',
+    'JobView',
     'KeyData',
     'PostMortem',
     'PostMortemError',
@@ -38,6 +42,7 @@ __all__ = [
     'SessionError',
     'SessionInterrupted',
     'SessionTimeout',
+    'UnsupportedError',
     'attach',
     'connect',
     'current_session',

@@ -4,7 +4,7 @@ A batch job run under ``python -m multihost run --control-file PATH`` (or
 ``install(control_file=...)``, ``MULTIHOST_CONTROL_FILE``) has its process 0
 serve the control endpoint and write ``PATH`` (`multihost._job._attach`).
 `attach` reads that file and returns an `AttachedJob`: a `ControlClient` on
-the endpoint, with the methods of a `Session` that make sense without
+the endpoint, a job view (`_jobview.JobView`) like a `Session` without
 engines (where, wavefront, records, timeline, the step table, stepping).
 Every answer comes from the hosts' debug threads, so it works while every
 main thread is blocked; nothing changes in the job unless asked (stepping),
@@ -21,10 +21,10 @@ from multiprocessing import AuthenticationError
 from typing import TYPE_CHECKING, Any
 
 from mhnotebook._errors import SessionError
-from mhnotebook._poll import moved_on as _moved_on
+from mhnotebook._jobview import JobViewBase
 
 if TYPE_CHECKING:
-    from multihost import ControlClient, FlightRecord, HostStacks, StepTable, Timeline, Wavefront
+    from multihost import ControlClient
 
 #: The fields a connection file must hold.
 _FIELDS = ('address', 'port', 'key')
@@ -98,12 +98,14 @@ def attach(path: str | os.PathLike[str], *, timeout: float = 15.0) -> AttachedJo
     return AttachedJob(path, info, client)
 
 
-class AttachedJob:
+class AttachedJob(JobViewBase):
     """A job the notebook did not start, reached through its control endpoint.
 
-    The inspection methods of a `Session` that make sense without engines:
-    `where`, `wavefront`, `records`, `timeline`, `step_table`, `stepping`,
-    `set_stepping`, `release`, `release_all`. Hosts that died or do not
+    A `JobView` (`_jobview`): the questions a `Session` answers without
+    engines, through the same implementation: `where`, `wavefront`,
+    `records`, `timeline`, and the step gate (`step_table`, `stepping`,
+    `set_stepping`, `release`, `release_all`, `moved_on`, `stop_stepping`:
+    Stop lets the hosts go, never interrupts them). Hosts that died or do not
     answer are named by the answers themselves (``silent`` in the wavefront
     and the where view). `detach` closes the connection; the job goes on.
 
@@ -114,6 +116,9 @@ class AttachedJob:
         started: when process 0 started serving (``time.time()``).
         control: the `multihost.ControlClient`.
     """
+
+    kind = 'attached job'
+    live = True
 
     def __init__(self, path: str, info: dict[str, Any], client: ControlClient):
         self.path = path
@@ -139,7 +144,7 @@ class AttachedJob:
         return self.control
 
     @contextlib.contextmanager
-    def _answering(self) -> Iterator[None]:
+    def _answering(self) -> Iterator[None]:  # the job view's hook
         """Turns a job that went away mid-session into one `AttachError` that says so."""
         try:
             yield
@@ -158,66 +163,15 @@ class AttachedJob:
                 '`python -m multihost analyze DIR`'
             ) from None
 
-    def where(self, *, timeout: float = 10.0) -> dict[int, HostStacks]:
-        """Per process index: its Python stacks and current collective (`multihost.HostStacks`)."""
-        with self._answering():
-            return self._client().stacks(timeout=timeout)
+    # -- the job view's hooks (`_jobview.JobViewBase`) --------------------------------------
+    def _process_count(self) -> int:
+        return self.num_processes
 
-    def wavefront(self, *, timeout: float = 10.0) -> Wavefront:
-        """How far every host got, and the verdict (`multihost.Wavefront`)."""
-        with self._answering():
-            return self._client().wavefront(timeout=timeout)
+    def _is_running(self) -> bool:
+        return self.control is not None
 
-    def records(self, *, last: int = 200, timeout: float = 10.0) -> dict[int, list[FlightRecord]]:
-        """Every host's last ``last`` flight records (`multihost.FlightRecord`), oldest first."""
-        with self._answering():
-            return self._client().records(last=last, timeout=timeout)
-
-    def timeline(self, *, last: int = 200, timeout: float = 10.0) -> Timeline:
-        """Every host's last ``last`` flight records aligned into a `multihost.Timeline`."""
-        from multihost import Timeline
-
-        return Timeline.build(self.records(last=last, timeout=timeout), self.num_processes)
-
-    def step_table(self) -> StepTable:
-        """The host x step table of the step gate, with the hosts held before a launch."""
-        with self._answering():
-            table = self._client().step_table()
-        self._stepping = bool(table.stepping)
-        return table
-
-    @property
-    def stepping(self) -> bool:
-        """Whether the step gate is on, as the hosts say (the last value seen if they cannot)."""
-        if self.control is not None:
-            try:
-                self.step_table()
-            except Exception:
-                pass
-        return self._stepping
-
-    def set_stepping(self, on: bool) -> None:
-        """Turns the step gate on (every host pauses before each collective and launch) or off."""
-        with self._answering():
-            self._client().set_stepping(on)
-        self._stepping = bool(on)
-
-    def release(self, steps: int = 1) -> tuple[int, ...]:
-        """Releases the next ``steps`` gated collectives (held launches count as one)."""
-        with self._answering():
-            return self._client().release(steps)
-
-    def release_all(self) -> tuple[int, ...]:
-        """Turns stepping off and releases every waiting collective and launch."""
-        with self._answering():
-            held = self._client().release_all()
-        self._stepping = False
-        return held
-
-    def moved_on(self, before: StepTable, timeout: float = 3.0) -> StepTable:
-        """The step table once the hosts moved on from ``before`` (at most ``timeout`` s;
-        `_poll.moved_on`)."""
-        return _moved_on(self.step_table, before, timeout)
+    def _endpoint(self) -> ControlClient:
+        return self._client()
 
     def detach(self) -> None:
         """Closes the connection (idempotent); the job goes on, stepping as it was left."""

@@ -1,24 +1,19 @@
-"""The notebook's waits: many hosts' ipyparallel results, and hosts moving on after a release.
+"""The notebook's wait for many hosts' ipyparallel results.
 
 `Poll`: `Session` waits for every call through it, and so does the JAX
 start-up (`_cluster.jaxinit`); each adds its own reading of the results.
-`moved_on`: after Step or Continue, `Session.moved_on` and
-`AttachedJob.moved_on` wait in this one loop for the hosts to leave the
-step table they were released from.
+(The wait after Step or Continue, `moved_on`, is stepping's: `_jobview`.)
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mhnotebook._errors import RemoteFailure
 
-if TYPE_CHECKING:
-    from multihost import StepTable
-
-__all__ = ['Poll', 'moved_on']
+__all__ = ['Poll']
 
 _SLICE = 0.05  # seconds between looks at the results
 _TICK = 0.5  # seconds between ``on_tick`` calls
@@ -81,40 +76,3 @@ class Poll:
             self.failures[p] = RemoteFailure.from_exception(p, exc)
         if self._on_ready is not None:
             self._on_ready(p)
-
-
-def _left(before: StepTable, table: StepTable) -> bool:
-    """Whether the hosts of ``table`` moved on from ``before``: every host at a later
-    gate, or hosts held before launches again and none of them the launches held then."""
-    first_held = before.pending.seq if before.pending is not None else -1
-    held = table.pending
-    if held is not None and held.seq > first_held and held.complete:
-        return True
-    was = {(h.process, h.n) for h in before.launches}
-    now = {(h.process, h.n) for h in table.launches}
-    return bool(was and now and not now & was)
-
-
-def moved_on(
-    read: Callable[[], StepTable],
-    before: StepTable,
-    timeout: float,
-    *,
-    idle: Callable[[], bool] | None = None,
-) -> StepTable:
-    """The step table (``read()``) once the hosts moved on from ``before`` after a release.
-
-    Returns when every host arrived at a later gate, when the hosts held
-    before launches in ``before`` are all past them and others (or the same
-    hosts at later launches) are held, when ``idle()`` says every host is
-    idle (the cell ran to its end), or after ``timeout`` seconds with where
-    they are then.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        table = read()
-        if _left(before, table) or time.monotonic() >= deadline:
-            return table
-        if idle is not None and idle():
-            return table
-        time.sleep(0.1)

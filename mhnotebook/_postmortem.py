@@ -2,10 +2,12 @@
 
 Each host of a job run with ``--dump-dir DIR`` wrote ``DIR/process-<i>.json``
 (`multihost._job._dumpfile`). `postmortem` reads them into a `PostMortem`:
-the same models a `Session` or an `AttachedJob` answers (`where`, `wavefront`,
-`records`, `timeline`), so the same views (`_views.where_view`,
-`timeline_view`) show them, and `verdict` is what ``python -m multihost
-analyze`` prints. No cluster, no process is reached: the files are all.
+a read-only job view (`_jobview.JobView`): the same models a `Session` or
+an `AttachedJob` answers (`where`, `wavefront`, `records`, `timeline`), so
+the same views (`_views.where_view`, `timeline_view`) show them, and
+`verdict` is what ``python -m multihost analyze`` prints. No cluster, no
+process is reached: the files are all, so the ``timeout`` the protocol's
+reads take waits for nothing here, and stepping raises `UnsupportedError`.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from mhnotebook._errors import SessionError
+from mhnotebook._jobview import FEATURES, JobViewBase
 
 if TYPE_CHECKING:
-    from multihost import FlightRecord, HostStacks, Timeline, Wavefront
+    from multihost import FlightRecord, HostStacks, Wavefront
     from multihost._job._analyze import Verdict
     from multihost._job._dumpfile import Dump
 
@@ -30,14 +33,18 @@ class PostMortemError(SessionError):
 
 
 @dataclasses.dataclass(frozen=True)
-class PostMortem:
-    """What a job's dumps say, by process.
+class PostMortem(JobViewBase):
+    """What a job's dumps say, by process: a read-only `JobView` (no ``'step'`` feature).
 
     Attributes:
         directories: the directories read.
         dumps: one `Dump` per process that wrote one, in process order.
         num_processes: the job's size (the largest any dump names).
     """
+
+    kind: ClassVar[str] = 'post-mortem'
+    features: ClassVar[frozenset[str]] = frozenset(FEATURES) - {'step'}
+    live: ClassVar[bool] = False
 
     directories: tuple[str, ...]
     dumps: tuple[Dump, ...]
@@ -62,23 +69,40 @@ class PostMortem:
         why = self.gone.get(p)
         return f'no dump from process {p}' + (f' (gone: {why})' if why else '')
 
-    # -- the models a Session answers (the keyword arguments are accepted, unused) ----
-    def where(self, *, timeout: float = 0.0) -> dict[int, HostStacks]:
-        """Each dumped host's stacks, as it wrote them (one that dumped at its timeout:
-        waiting in the check that failed, as the verdict says, `_analyze.at_dump`)."""
+    # -- the job view's hooks (`_jobview.JobViewBase`: read-only, from the files) ----------
+    def _process_count(self) -> int:
+        return self.num_processes
+
+    def _is_running(self) -> bool:
+        return False
+
+    @property
+    def running(self) -> bool:
+        """False: a post-mortem reaches no host (the files are all)."""
+        return False
+
+    def _unsupported(self, feature: str) -> str:
+        dirs = ', '.join(self.directories)
+        return (
+            f'a post-mortem is read-only: it reads the dump files in {dirs} and reaches no host, '
+            'so it cannot step; to step a running job, attach to it: mhnotebook.attach(PATH), '
+            "PATH the job's --control-file"
+        )
+
+    def _stacks(self, timeout: float) -> dict[int, HostStacks]:
+        # Each dumped host's stacks, as it wrote them (one that dumped at its timeout:
+        # waiting in the check that failed, as the verdict says, `_analyze.at_dump`).
         from multihost._job._analyze import at_dump
 
-        del timeout
         return {d.process: at_dump(d)[1] for d in self.dumps}
 
-    def wavefront(self, *, timeout: float = 0.0) -> Wavefront:
-        """Every host's position at its dump (as the verdict reads it, `_analyze.at_dump`);
-        a host without a dump is silent, and why."""
+    def _wavefront(self, timeout: float) -> Wavefront:
+        # Every host's position at its dump (as the verdict reads it); a host without a
+        # dump is silent, and why.
         from multihost import Wavefront
         from multihost._debug._wavefront import HostFront
         from multihost._job._analyze import at_dump
 
-        del timeout
         by = {d.process: at_dump(d)[0] for d in self.dumps}
         hosts = tuple(
             by.get(p) or HostFront(process=p, answered=False, error=self._why_missing(p))
@@ -87,17 +111,9 @@ class PostMortem:
         written = max((d.written for d in self.dumps), default=time.time())
         return Wavefront(hosts=hosts, time=written)
 
-    def records(self, *, last: int = 200, timeout: float = 0.0) -> dict[int, list[FlightRecord]]:
-        """Each dumped host's last ``last`` flight records, oldest first."""
-        del timeout
+    def _records(self, last: int, timeout: float) -> dict[int, list[FlightRecord]]:
+        # Each dumped host's last ``last`` flight records, oldest first.
         return {d.process: list(d.records[-last:]) if last else [] for d in self.dumps}
-
-    def timeline(self, *, last: int = 200, timeout: float = 0.0) -> Timeline:
-        """The hosts' records aligned into steps (hosts without a dump are silent)."""
-        from multihost import Timeline
-
-        del timeout
-        return Timeline.build(self.records(last=last), self.num_processes)
 
     def verdict(self) -> Verdict:
         """The ``python -m multihost analyze`` verdict (``str()`` of it is its text)."""

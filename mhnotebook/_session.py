@@ -37,8 +37,8 @@ from mhnotebook._errors import (
     how_ended,
 )
 from mhnotebook._interrupt import realign, settle, wait_idle
+from mhnotebook._jobview import JobViewBase
 from mhnotebook._poll import Poll
-from mhnotebook._poll import moved_on as _moved_on
 from mhnotebook._trampoline import call as _call
 from mhnotebook._trampoline import call_ns as _call_ns
 
@@ -50,17 +50,12 @@ if TYPE_CHECKING:  # the notebook imports jax (multihost) only when needed
     from multihost import (
         ControlClient,
         EnvDiff,
-        FlightRecord,
-        HostStacks,
         Layout,
         MemoryCensus,
         NonfiniteReport,
         ReplicaReport,
-        StepTable,
-        Timeline,
         TreeDiff,
         TreeLayout,
-        Wavefront,
     )
 
 
@@ -180,8 +175,12 @@ def _positive_timeout(timeout: float | None, what: str = 'timeout') -> None:
         )
 
 
-class Session:
+class Session(JobViewBase):
     """A set of hosts (ipyparallel engines) that each run one JAX process.
+
+    A `JobView` (`_jobview`) with every feature: where, wavefront, records,
+    timeline and the step gate, read through process 0's control endpoint,
+    plus what only engines can do (call, execute, gather, layout, diff...).
 
     Create one with `start_local` (simulated hosts on this machine) or
     `connect` (an existing ipyparallel cluster anywhere). Use it as a context
@@ -195,6 +194,9 @@ class Session:
             by the engines; never assumed equal to engine ids).
         processes: `HostInfo` per process index.
     """
+
+    kind = 'session'
+    live = True
 
     client: Any
     processes: tuple[HostInfo, ...]
@@ -676,96 +678,28 @@ class Session:
             self._control = ControlClient(self._control_address, self._control_key, timeout=15.0)
         return self._control
 
+    # -- the job view's hooks (`_jobview.JobViewBase`: where, wavefront, records, timeline,
+    # the step gate) ---------------------------------------------------------------------------
+    def _process_count(self) -> int:
+        return self.num_processes
+
+    def _is_running(self) -> bool:
+        return not self._stopped
+
+    def _endpoint(self) -> ControlClient:
+        # A recoverable session answers without its dead hosts (named in the answers).
+        self._check(need_all=not self.recoverable)
+        return self.control
+
     def _gone(self) -> dict[int, str]:
         """Dead hosts (a recoverable session goes on without them) -> why: nobody waits for them."""
         return {p: 'gone' if how == 'died' else f'gone ({how})' for p, how in self.dead.items()}
 
-    def where(self, *, timeout: float = 10.0) -> dict[int, HostStacks]:
-        """Per process index: its Python stacks and current collective (`multihost.HostStacks`).
+    def _hosts_idle(self) -> bool:
+        return not self._busy(self._check(), None, 0.0)
 
-        Works while the engines are busy or hung (through the control endpoint,
-        which every session starts up front).
-        """
-        self._check(need_all=not self.recoverable)
-        return self.control.stacks(timeout=timeout, gone=self._gone())
-
-    def wavefront(self, *, timeout: float = 10.0) -> Wavefront:
-        """How far every host got: last watched launch and collective, what is not done, a verdict.
-
-        `multihost.Wavefront`, read from the hosts' flight recorders through
-        the control endpoint, so it works while every engine is blocked.
-        """
-        self._check(need_all=not self.recoverable)
-        return self.control.wavefront(timeout=timeout, gone=self._gone())
-
-    def records(self, *, last: int = 200, timeout: float = 10.0) -> dict[int, list[FlightRecord]]:
-        """Every host's last ``last`` flight records (`multihost.FlightRecord`), oldest first."""
-        self._check(need_all=not self.recoverable)
-        return self.control.records(last=last, timeout=timeout, gone=self._gone())
-
-    def timeline(self, *, last: int = 200, timeout: float = 10.0) -> Timeline:
-        """Every host's last ``last`` flight records aligned into a `multihost.Timeline`.
-
-        Who arrived last at each collective and watched launch, by how much,
-        and which host is late most often (``str(timeline.stragglers())``).
-        Read through the control endpoint, so it works while engines are busy.
-        """
-        from multihost import Timeline
-
-        return Timeline.build(self.records(last=last, timeout=timeout), self.num_processes)
-
-    def step_table(self) -> StepTable:
-        """The host x step table of the step gate (`multihost.StepTable`)."""
-        self._check(need_all=not self.recoverable)
-        table = self.control.step_table()
-        self._stepping = bool(table.stepping)
-        return table
-
-    @property
-    def stepping(self) -> bool:
-        """Whether the step gate is on, as the hosts say.
-
-        The setting lives in the coordination service, so `%mh_step`, the
-        stepper's buttons and ``multihost.set_stepping`` in a cell all change
-        the one value read here. If the hosts cannot be asked, the last
-        value seen.
-        """
-        if not self._stopped:
-            try:
-                self.step_table()
-            except Exception as exc:
-                log.info('stepping: asking the hosts failed (%s); last known value', exc)
-        return self._stepping
-
-    def set_stepping(self, on: bool) -> None:
-        """Turns the step gate on (every host pauses before each collective) or off."""
-        self._check(need_all=not self.recoverable)
-        self.control.set_stepping(on)
-        self._stepping = bool(on)
-
-    def release(self, steps: int = 1) -> tuple[int, ...]:
-        """Releases the next ``steps`` gated collectives."""
-        self._check(need_all=not self.recoverable)
-        return self.control.release(steps)
-
-    def release_all(self) -> tuple[int, ...]:
-        """Turns stepping off and releases every waiting collective."""
-        self._check(need_all=not self.recoverable)
-        held = self.control.release_all()
-        self._stepping = False
-        return held
-
-    def moved_on(self, before: StepTable, timeout: float = 3.0) -> StepTable:
-        """The step table once the hosts moved on from ``before`` after a release.
-
-        Returns when every host arrived at a later gate or past the launches
-        it was held before (`_poll.moved_on`), or when every host is idle (the
-        cell ran to its end), or after ``timeout`` seconds with where they are
-        then.
-        """
-        return _moved_on(
-            self.step_table, before, timeout, idle=lambda: not self._busy(self._check(), None, 0.0)
-        )
+    def _stop_held(self) -> None:
+        self.interrupt()  # hosts held at the gate raise KeyboardInterrupt
 
     # -- interrupts --------------------------------------------------------------
     def interrupt(

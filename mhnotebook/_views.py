@@ -1,4 +1,7 @@
-"""Widgets for a session: each function takes a `Session`, asks it for models, returns a view.
+"""Widgets for a job: each function takes a job view, asks it for models, returns a view.
+
+The where, timeline and stepper views take any `JobView` (a `Session`, an
+`AttachedJob`, a `PostMortem`: `_jobview`); the data views take a `Session`.
 
 The views themselves (`mhnotebook.widgets`) are pure functions of the models;
 this module only fetches the models and wires the views' callbacks (refresh,
@@ -10,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mhnotebook._attach import AttachedJob
-from mhnotebook._postmortem import PostMortem
+from mhnotebook._jobview import JobView
 from mhnotebook._session import Session
 from mhnotebook._transfer._gather import host_copy
 
@@ -142,9 +144,10 @@ def nonfinite_view(session: Session, name: str) -> NonfiniteView:
     return NonfiniteView(session.nonfinite(name), name=name)
 
 
-def where_view(session: Session | AttachedJob | PostMortem, *, timeout: float = 10.0) -> WhereView:
+def where_view(session: JobView, *, timeout: float = 10.0) -> WhereView:
     """A refreshable `WhereView`: every host's current collective and stacks (of a
-    `PostMortem`: those its hosts dumped, the status counting who left a dump)."""
+    view read from files, a `PostMortem`: those its hosts dumped, the status counting who
+    left a dump)."""
     from mhnotebook.widgets import WhereView
 
     def verdict() -> str | None:
@@ -159,7 +162,7 @@ def where_view(session: Session | AttachedJob | PostMortem, *, timeout: float = 
         session.where(timeout=timeout),
         on_refresh=lambda: session.where(timeout=timeout),
         verdict=verdict,
-        dumps=session.num_processes if isinstance(session, PostMortem) else None,
+        dumps=None if session.live else session.num_processes,
     )
 
 
@@ -177,9 +180,7 @@ def memory_view(session: Session) -> MemoryView:
     return MemoryView(session.memory_census())
 
 
-def timeline_view(
-    session: Session | AttachedJob | PostMortem, *, last: int = 200, timeout: float = 10.0
-) -> TimelineView:
+def timeline_view(session: JobView, *, last: int = 200, timeout: float = 10.0) -> TimelineView:
     """A refreshable `TimelineView` of every host's last ``last`` flight records."""
     from mhnotebook.widgets import TimelineView
 
@@ -196,11 +197,15 @@ def stacks_view(stacks: Mapping[int, HostStacks]) -> WhereView:
     return WhereView(dict(stacks))
 
 
-def stepper_view(session: Session | AttachedJob) -> StepperView:
+def stepper_view(session: JobView) -> StepperView:
     """A `StepperView` wired to ``session``: Step, Continue (release all), Stop.
 
-    Attached to a job (`AttachedJob`), Stop turns stepping off without
-    interrupting anyone: the job was not started here.
+    Stop is `JobView.stop_stepping`: a `Session` interrupts its hosts held at
+    the gate; attached to a job (`AttachedJob`), Stop turns stepping off
+    without interrupting anyone: the job was not started here.
+
+    Raises:
+        UnsupportedError: a view that cannot step (a `PostMortem`).
     """
     from mhnotebook.widgets import StepperView
 
@@ -216,16 +221,10 @@ def stepper_view(session: Session | AttachedJob) -> StepperView:
         session.release_all()
         return session.moved_on(before)
 
-    def stop() -> StepTable:
-        if isinstance(session, Session):
-            session.interrupt()  # hosts held at the gate raise KeyboardInterrupt
-        session.set_stepping(False)
-        return session.step_table()
-
     return StepperView(
         session.step_table(),
         on_step=step,
         on_continue=cont,
-        on_stop=stop,
+        on_stop=session.stop_stepping,
         on_refresh=session.step_table,
     )

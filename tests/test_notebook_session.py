@@ -239,6 +239,73 @@ def test_stuck_cell_shows_where_every_host_is(session):
     magics.session = None
 
 
+def test_a_stuck_cell_reads_as_ipython_names_it(session, tmp_path):
+    """%mh_where of a host stuck in a cell says ``Cell In[N], line L`` (N: that engine's
+    execution count, as its IPython numbers the cell), and so do the wavefront, the timeline
+    and an error; never the kernel's cell file ``/tmp/ipykernel_<pid>/<hash>.py``."""
+    import re
+
+    from mhnotebook.widgets import WhereView
+
+    ip, magics = _shell(session)
+    go = tmp_path / 'go'
+    code = (
+        'import os, sys, time\n'
+        'here = sys._getframe().f_code.co_filename\n'
+        "print('label', *get_ipython().compile.format_code_name(here))\n"
+        f'while jax.process_index() == 3 and not os.path.exists({str(go)!r}):\n'
+        '    time.sleep(0.05)\n'
+        "multihost.barrier('cellsite', timeout=300)\n"
+    )
+    pending = session.execute_async(code)
+    try:
+        wait_until(
+            lambda: 'process 3 is not there' in (session.wavefront().verdict or ''),
+            120,
+            'hosts 0-2 in the barrier, host 3 in its loop',
+        )
+        view = ip.run_line_magic('mh_where', '')
+        assert isinstance(view, WhereView)
+        text = view.text()
+        html = view._stacks_html.value + view._table.value
+    finally:
+        go.touch()
+        outputs = session.wait_outputs(pending, timeout=120, echo=False)
+    # The count each engine's own IPython gave the cell (its label), printed by the cell itself.
+    counts = {
+        p: int(re.search(r'label Cell In\[(\d+)\]', out).group(1)) for p, out in outputs.items()
+    }
+    n = counts[3]
+    assert set(counts.values()) == {n}, counts  # the same cells ran on every host
+    verdict = text.splitlines()[0]
+    assert "processes 0-2 are waiting at barrier('cellsite')" in verdict, text
+    assert re.search(rf'process 3 is not there.*Cell In\[{n}\], line [45]', verdict), verdict
+    assert re.search(rf'process 3: .*Cell In\[{n}\], line [45]', text), text
+    assert f'> Cell In[{n}], line 6: ' in text, text  # hosts 0-2's innermost frame
+    assert f'Cell In[{n}], line 6, in &lt;module&gt;' in html  # the full stack, as IPython's
+    shown = re.sub(r' title="[^"]*"', '', html)  # a frame's hover title keeps its file
+    assert 'ipykernel_' not in text and 'ipykernel_' not in shown, text  # no kernel cell file
+    # The wavefront and the timeline name the call site the same way, on every host.
+    front = session.wavefront()
+    assert front.hosts[0].last_collective.site == f'Cell In[{n}], line 6', front.hosts[0]
+    step = next(s for s in session.timeline(last=20).steps if s.name == 'cellsite')
+    assert {r.site for r in step.records.values()} == {f'Cell In[{n}], line 6'}, step.records
+    # An error names each host's call in the same words (its traceback, IPython's, agrees).
+    with pytest.raises(HostsError) as err:
+        session.execute(
+            "multihost.barrier('a' if jax.process_index() != 1 else 'b', timeout=60)",
+            timeout=120,
+            echo=False,
+        )
+    failure = err.value.failures[0]
+    plain = re.sub(r'\x1b\[[0-9;]*m', '', failure.traceback)
+    m = re.search(r'Cell In\[(\d+)\], line 1', plain)
+    assert m, plain
+    assert f"barrier('b') at Cell In[{m.group(1)}], line 1" in failure.evalue, failure.evalue
+    assert 'ipykernel_' not in failure.evalue, failure.evalue
+    magics.session = None
+
+
 def test_stepping_from_the_notebook(session):
     """%mh_step on: hosts pause before each barrier; %mh_step step releases them one at a time."""
 

@@ -1,4 +1,4 @@
-"""`_poll.moved_on`: the one wait after Step / Continue that `Session` and `AttachedJob` share.
+"""`_jobview.moved_on`: the one wait after Step / Continue that every job view that steps shares.
 
 Pure: the step tables are built by `StepTable.build` from records, as the hosts'
 debug threads build them; ``read`` hands out the tables a job would show in turn.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from mhnotebook._poll import moved_on
+from mhnotebook._jobview import moved_on
 from multihost import StepTable
 from multihost._debug._debugmodel import HeldLaunch
 from multihost._exchange._sequence import CollectiveRecord

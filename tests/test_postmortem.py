@@ -99,6 +99,34 @@ def test_views_render_from_the_dumps(dumps: str) -> None:
     assert timeline._table.value and 'mh-timeline' in timeline._table.value
 
 
+def test_a_postmortem_is_a_read_only_job_view(dumps: str) -> None:
+    """The same protocol as a live job (`JobView`); stepping refused in one line that says
+    why and what to use, by the view and by the stepper built on it."""
+    from mhnotebook._views import stepper_view
+
+    pm = mhnotebook.postmortem(dumps)
+    assert isinstance(pm, mhnotebook.JobView) and not pm.live and not pm.running
+    assert pm.supports('where') and pm.supports('records') and not pm.supports('step')
+    assert pm.stepping is False
+    assert pm.timeline(last=5).num_processes == N
+    before = None
+    for ask in (
+        pm.step_table,
+        lambda: pm.set_stepping(True),
+        pm.release,
+        pm.release_all,
+        lambda: pm.moved_on(before),  # type: ignore[arg-type]
+        pm.stop_stepping,
+        lambda: stepper_view(pm),
+    ):
+        with pytest.raises(mhnotebook.UnsupportedError) as exc:
+            ask()
+        message = str(exc.value)
+        assert message.startswith('a post-mortem is read-only') and '\n' not in message
+        assert dumps in message and 'mhnotebook.attach(PATH)' in message, message
+        assert exc.value.feature == 'step' and exc.value.kind == 'post-mortem'
+
+
 def test_mh_postmortem_magic_in_a_real_shell(dumps: str, tmp_path: Any) -> None:
     from _helpers import magic_shell
     from IPython.core.error import UsageError

@@ -102,6 +102,7 @@ FLOORS = {
         '_structure': 0,
         '_names': 0,
         '_net': 0,  # addresses, routes, free ports (stdlib): engine, testing and the notebook
+        '_cells': 0,  # notebook cells as IPython names them (Cell In[4]), looked up lazily
         '_exchange': 1,  # kv rounds, the collective sequence, the debug bus
         '_core': 2,  # the drop-in collectives and array conversions
         '_debug': 2,  # stacks, step gate, watch, wavefront, timeline, control
@@ -119,7 +120,8 @@ FLOORS = {
         'widgets': 0,  # views: pure functions of multihost's models
         '_transfer': 1,  # gathered blocks: /dev/shm files, a tcp stream
         '_interrupt': 1,
-        '_poll': 1,  # the waits: hosts' results (calls, JAX start-up), hosts moving on
+        '_poll': 1,  # the wait for hosts' results (calls, JAX start-up)
+        '_jobview': 1,  # the one protocol of every job view; stepping's wait (moved_on)
         '_session': 2,
         '_attach': 2,  # a job started elsewhere, through its control endpoint
         '_postmortem': 2,  # a job's dump files: the same models, no cluster

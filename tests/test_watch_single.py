@@ -129,3 +129,16 @@ def test_single_process_wavefront_and_records():
     assert front.verdict.endswith('in test_single_process_wavefront_and_records'), front.verdict
     records = multihost.flight_records(last=5)
     assert [r.kind for r in records[0]] == ['launch', 'barrier']
+
+
+def test_a_group_site_says_whose_cell_when_the_hosts_numbers_differ():
+    """Each engine numbers its own cells: a group of hosts names its first host's site and the
+    others' (one site when all agree)."""
+    from multihost._debug._watch import _group_site
+
+    same = {0: 'Cell In[4], line 3', 1: 'Cell In[4], line 3'}
+    assert _group_site(same) == 'Cell In[4], line 3'
+    differ = {**same, 2: 'Cell In[5], line 3'}
+    assert (
+        _group_site(differ) == "Cell In[4], line 3 (process 0's; Cell In[5], line 3 on process 2)"
+    )

@@ -264,18 +264,19 @@ def test_frame_package_of_the_real_modules():
 
 
 def test_cells_and_their_numbers():
-    """Cell files are recognised; only <ipython-input-N-...> carries its number."""
+    """Cell files are recognised; only <ipython-input-N-...> carries its number; a cell reads
+    as IPython says it (Cell In[4], line 3), on an engine as on a kernel."""
     assert is_cell('/tmp/ipykernel_1234/123456.py') and is_cell('<ipython-input-4-0a1b>')
     assert not is_cell('/tmp/ipykernel_1234/notes.py') and not is_cell('/home/u/123.py')
     assert cell_number('<ipython-input-4-0a1b>') == 4
     assert cell_number('/tmp/ipykernel_1234/123456.py') is None
     engine = host(0, 4)
-    assert engine.frame_label(cell(0, 3, 'x')) == 'engine cell 4, line 3'
+    assert engine.frame_label(cell(0, 3, 'x')) == 'Cell In[4], line 3'
     kernel = HostStacks(**{**engine.__dict__, 'engine': False})
-    assert kernel.frame_label(cell(0, 3, 'x')) == 'cell 4, line 3'
+    assert kernel.frame_label(cell(0, 3, 'x')) == 'Cell In[4], line 3'
     unknown = host(0, 9)  # no cell numbers from its IPython
     assert unknown.frame_label(cell(0, 3, 'x')) == 'a notebook cell, line 3'
-    assert unknown.frame_label(('<ipython-input-7-ab>', 2, 'f', '')) == 'engine cell 7, line 2 in f'
+    assert unknown.frame_label(('<ipython-input-7-ab>', 2, 'f', '')) == 'Cell In[7], line 2 in f'
     assert unknown.frame_label(('/home/u/proj/data.py', 20, 'read', '')) == 'data.py:20 in read'
 
 
@@ -301,7 +302,7 @@ def test_doing_says_what_each_state_is_doing_now():
         2: "waiting for release of #7 (barrier('after-eval')) for 12 s",
         3: "running user code at train.py:88 in load_shard, last collective barrier('load') #6 "
         '(20 s ago)',
-        4: 'in user code at engine cell 4, line 3, in time.sleep, last collective '
+        4: 'in user code at Cell In[4], line 3, in time.sleep, last collective '
         "barrier('load') #6 (20 s ago)",
         5: "idle (no user code running), last collective barrier('load') #6 (20 s ago)",
         6: 'no answer within 10 s (process dead, frozen, or its debug thread stopped); '
@@ -423,14 +424,15 @@ def test_user_frames_first_framework_frames_folded():
     (main,) = [d for d in elements(html, 'mh-main-thread', 'details') if inside(d, g2)]
     frames = [e for e in elements(html, 'mh-where-frame') if inside(e, main)]
     assert [e['text'] for e in frames] == [
-        'engine cell 4, line 2: params = load_shard(path)',
+        'Cell In[4], line 2: params = load_shard(path)',
         'train.py:88 in load_shard: data = np.load(path)',
     ]
     assert ['mh-where-innermost' in e['classes'] for e in frames] == [False, True]
     (fold,) = [d for d in elements(html, 'mh-where-fold', 'details') if inside(d, main)]
     assert 'open' not in fold['attrs']
     assert '22 framework frames (ipykernel, IPython, ipyparallel, ...)' in fold['text']
-    assert stacks[2].main_thread.stack in fold['text']  # the full stack, every frame
+    full = stacks[2].thread_text(stacks[2].main_thread)  # the full stack, every frame
+    assert full in fold['text'] and 'Cell In[4], line 2, in <module>' in full, full
     order = [id(e) for e in elements(html) if inside(e, main)]
     assert order.index(id(frames[-1])) < order.index(id(fold))  # user frames come first
     (threads,) = [d for d in elements(html, 'mh-where-threads', 'details') if inside(d, g2)]
@@ -438,7 +440,7 @@ def test_user_frames_first_framework_frames_folded():
     g0 = groups[2]
     inner = [e['text'] for e in elements(html, 'mh-where-innermost') if inside(e, g0)]
     assert inner == [  # main thread's, then the loader thread's
-        "engine cell 4, line 3: multihost.barrier('after-eval')",
+        "Cell In[4], line 3: multihost.barrier('after-eval')",
         'data.py:51 in prefetch: item = q.get()',
     ]
     assert 'no answer within 10 s' in groups[1]['text']
@@ -460,10 +462,28 @@ def test_text_fallback_in_sync_with_the_table():
     doings = elements(v._table.value, 'mh-where-doing')
     expected = [f'{h["text"]}: {d["text"]}' for h, d in zip(cells, doings)]
     assert len(expected) == len(rows) and heads == expected
-    assert "    > engine cell 4, line 3: multihost.barrier('after-eval')" in lines
+    assert "    > Cell In[4], line 3: multihost.barrier('after-eval')" in lines
     assert '      ... 27 framework frames (ipykernel, IPython, ipyparallel, ...)' in lines
     assert len(lines) < 80
     assert WhereView({}).text() == 'no host stacks'
+
+
+def test_hosts_whose_cell_numbers_differ_say_whose_cell_is_shown():
+    """Each engine numbers its own cells: hosts waiting together in one cell whose numbers
+    differ stay one group, and the view says whose number it shows and the others'."""
+    renumbered = HostStacks(**{**host(2, 0).__dict__, 'cells': ((cell_file(2), 5),)})
+    stacks = {0: host(0, 0), 1: host(1, 0), 2: renumbered}
+    v = WhereView(stacks)
+    note = " (process 0's cell; Cell In[5] on process 2)"
+    assert _where.cells_note(stacks, (0, 1, 2)) == note
+    assert _where.cells_note(stacks, (0, 1)) == ''
+    text = v.text()
+    assert f"processes 0-2 (3 hosts): waiting at barrier('after-eval') #7 for 12 s{note}" in text
+    assert "    > Cell In[4], line 3: multihost.barrier('after-eval')" in text, text
+    (at,) = elements(v._table.value, 'mh-where-at')
+    assert at['text'].endswith(note), at
+    (group,) = elements(v._stacks_html.value, 'mh-stack-group', 'details')
+    assert note in unescape(group['text']), group['text']
 
 
 def test_verdict_line_comes_first():

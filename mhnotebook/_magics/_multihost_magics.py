@@ -18,6 +18,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, magics_class
 
 from mhnotebook._attach import AttachedJob, AttachError, attach
+from mhnotebook._jobview import JobView
 from mhnotebook._magics import _cluster_actions, _help, _results, _run
 from mhnotebook._magics._entry import cell_magic, delegate, held, hold, line_magic, running
 from mhnotebook._magics._options import (
@@ -63,7 +64,7 @@ class MultihostMagics(Magics):
             )
         return running(self.session)
 
-    def _inspected(self) -> Session | AttachedJob:
+    def _inspected(self) -> JobView:
         """The attached job if any, else the running session (where, timeline, step)."""
         return self.attached if self.attached is not None else running(self.session)
 

@@ -32,7 +32,7 @@ from mhnotebook.widgets._common import (
     run_action,
 )
 from multihost import HostStacks, ThreadStack
-from multihost._debug._debugmodel import Frame, framework_summary
+from multihost._debug._debugmodel import Frame, framework_summary, is_cell
 from multihost._text import fmt_duration, fmt_hosts
 
 #: State groups listed in the table; more groups are counted.
@@ -139,6 +139,24 @@ def _innermost(s: HostStacks) -> str:
     return _frame_line(s, frames[-1]) if frames else (s.where or '')
 
 
+def cells_note(stacks: Mapping[int, HostStacks], group: Sequence[int]) -> str:
+    """``''``, or which host's cell numbers a group's frames show when its hosts numbered the
+    cell they are in differently (each engine counts its own cells): ``" (process 0's cell;
+    Cell In[5] on process 2)"``."""
+    names: dict[str | None, list[int]] = {}
+    for p in group:
+        s = stacks[p]
+        cells = [f for f in s.user_frames() if is_cell(f[0])]
+        names.setdefault(s.cell_name(cells[-1][0]) if cells else None, []).append(p)
+    if len(names) <= 1:
+        return ''
+    shown = next(iter(names))
+    others = ', '.join(
+        f'{n or "no cell"} on {fmt_hosts(ps)}' for n, ps in names.items() if n != shown
+    )
+    return f" (process {group[0]}'s cell; {others})"
+
+
 def _natural(name: str) -> list[Any]:
     """Sort key: ``node2`` before ``node10``."""
     return [int(x) if x.isdigit() else x for x in re.split(r'(\d+)', name)]
@@ -195,7 +213,7 @@ def table_html(
             f'<tr class="{" ".join(cls)}" data-host="{g[0]}" data-hosts="{",".join(map(str, g))}">'
             f'<td class="mh-where-hosts"{title}>{esc(who(g))}</td>'
             f'<td class="mh-where-doing">{esc(group_doing(stacks, g))}</td>'
-            f'<td class="mh-where-at">{esc(_innermost(s))}</td>'
+            f'<td class="mh-where-at">{esc(_innermost(s) + cells_note(stacks, g))}</td>'
             f'<td{cur_cls}>{esc(current)}</td></tr>'
         )
     more = ''
@@ -229,7 +247,7 @@ def _frames_html(s: HostStacks, t: ThreadStack) -> str:
         parts.append('<div class="mh-where-frame">no user frames</div>')
     parts.append(
         f'<details class="mh-where-fold"><summary>... {esc(framework_summary(t.frames))}: '
-        f'full stack</summary>{pre(t.stack, "mh-stack-text")}</details>'
+        f'full stack</summary>{pre(s.thread_text(t), "mh-stack-text")}</details>'
     )
     return ''.join(parts)
 
@@ -248,7 +266,7 @@ def _group_html(stacks: Mapping[int, HostStacks], g: tuple[int, ...], odd: set[i
         body.append(banner(esc(f'no answer: {s.error}'), 'mh-error'))
     else:
         inner = _innermost(s)
-        head = f'{who(g)}: ' + (f'stack at {inner}' if inner else 'stack')
+        head = f'{who(g)}: ' + (f'stack at {inner}' if inner else 'stack') + cells_note(stacks, g)
         machines = _machines(stacks, g)
         if machines:
             body.append(f'<div class="mh-where-machines">{esc(machines)}</div>')
@@ -365,7 +383,7 @@ def where_text(
     lines.append(status_text(stacks, groups, dumps))
     for g in groups[:max_groups]:
         s = stacks[g[0]]
-        lines.append(f'{who(g)}: {group_doing(stacks, g)}')
+        lines.append(f'{who(g)}: {group_doing(stacks, g)}{cells_note(stacks, g)}')
         main = s.main_thread
         if main is not None:
             lines += _frames_text(s, main, '    ')

@@ -26,9 +26,10 @@ import functools
 import json
 import re
 import time as _time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from multihost._cells import cell_number, is_cell
 from multihost._exchange._sequence import CollectiveRecord
 from multihost._recorder import SERVICE_BARRIER, SERVICE_WAIT, FlightRecord
 from multihost._text import fmt_duration, short_site
@@ -321,30 +322,11 @@ FRAMEWORKS = frozenset(
     }
 )
 
-# ipykernel >= 6 compiles a cell to <tmp>/ipykernel_<pid>/<hash of its code>.py;
-# older IPython to <ipython-input-<execution count>-<hash>>.
-_CELL_FILE = re.compile(r'[/\\]ipykernel_\d+[/\\]\d+\.py$')
-_INPUT_CELL = re.compile(r'^<ipython-input-(\d+)-[0-9a-f]+>$')
+# Cells (ipykernel's <tmp>/ipykernel_<pid>/<hash>.py, <ipython-input-<n>-<hash>>): `_cells`.
 _FROZEN = re.compile(r'^<frozen ([\w.]+)>$')
 # .../lib/python3.11/<module>..., also .../lib/python3.13t/ and Windows' ...\Lib\<module>
 _STDLIB = re.compile(r'[/\\](?:lib[/\\]python\d+(?:\.\d+)?t?|Lib)[/\\]([^/\\]+)')
 _SITE = re.compile(r'[/\\](?:site|dist)-packages[/\\]([^/\\]+)')
-
-
-def is_cell(filename: str) -> bool:
-    """Whether a frame's file is a notebook (IPython) cell."""
-    return bool(_CELL_FILE.search(filename) or _INPUT_CELL.match(filename))
-
-
-def cell_number(filename: str) -> int | None:
-    """The execution count in a cell's file name, if it carries one (``<ipython-input-4-...>``).
-
-    ipykernel's names (``/tmp/ipykernel_12/345.py``) carry a hash of the
-    code instead; `HostStacks.cells` then says which number the host's
-    IPython gave it.
-    """
-    m = _INPUT_CELL.match(filename)
-    return int(m.group(1)) if m else None
 
 
 def _module(name: str) -> str:
@@ -473,11 +455,11 @@ _LOCKS = frozenset({'threading', 'queue', 'concurrent', 'multiprocessing'})
 
 def frame_words(frame: Frame, ours: Sequence[str] = ()) -> str:
     """``'train.py:88 in load'``, ``'orbax/checkpoint/...py:309 in _fn'``, ``'a notebook cell,
-    line 3'`` (pure; `HostStacks.frame_label` also numbers cells)."""
+    line 3'``, ``'Cell In[4], line 3'`` (pure; `HostStacks.frame_label` also numbers cells)."""
     filename, lineno, func, _ = frame
     if is_cell(filename):
         n = cell_number(filename)
-        cell = 'a notebook cell' if n is None else f'cell {n}'
+        cell = 'a notebook cell' if n is None else f'Cell In[{n}]'
         return f'{cell}, line {lineno}' + ('' if func == '<module>' else f' in {func}')
     return f'{display_path(filename, ours)}:{lineno} in {func}'
 
@@ -654,9 +636,19 @@ class ThreadStack:
     @property
     def stack(self) -> str:
         """The stack formatted like a traceback."""
+        return self.format()
+
+    def format(self, cells: Mapping[str, int] | None = None) -> str:
+        """The stack formatted like a traceback; a cell as IPython's tracebacks name it,
+        ``Cell In[4], line 3, in f``, when ``cells`` (file -> count) or its name numbers it."""
         out = []
         for filename, lineno, func, line in self.frames:
-            out.append(f'  File "{filename}", line {lineno}, in {func}\n')
+            n = None
+            if is_cell(filename):
+                n = (cells or {}).get(filename)
+                n = cell_number(filename) if n is None else n
+            head = f'Cell In[{n}]' if n is not None else f'File "{filename}"'
+            out.append(f'  {head}, line {lineno}, in {func}\n')
             if line:
                 out.append(f'    {line}\n')
         return ''.join(out)
@@ -691,7 +683,8 @@ class HostStacks:
         cells: file name -> the execution count the host's IPython gave that
             cell, for the cells in ``threads``.
         engine: the host is an ipyparallel engine (its cell numbers count the
-            cells the engine ran, not the notebook's ``In[n]``).
+            cells the engine ran, as the tracebacks of a failed ``%%mh`` cell
+            do, not the notebook's ``In[n]``).
         ours: the directories of this toolkit's packages on that host: frames
             there are ours (`frame_package`); a file elsewhere named like them
             is not.
@@ -728,7 +721,8 @@ class HostStacks:
     # -- frames in words ------------------------------------------------------------------
 
     def cell_name(self, filename: str) -> str | None:
-        """``'cell 4'``, ``'engine cell 4'``, ``'a notebook cell'`` (a cell's file) or None."""
+        """``'Cell In[4]'`` (as the host's IPython numbered the cell, the words of its
+        tracebacks), ``'a notebook cell'`` (a cell's file it did not number) or None."""
         if not is_cell(filename):
             return None
         n = dict(self.cells).get(filename)
@@ -736,16 +730,20 @@ class HostStacks:
             n = cell_number(filename)
         if n is None:
             return 'a notebook cell'
-        return f'{"engine cell" if self.engine else "cell"} {n}'
+        return f'Cell In[{n}]'
 
     def frame_label(self, frame: Frame) -> str:
-        """``'cell 4, line 3'``, ``'cell 4, line 3 in f'``, ``'data.py:88 in load_shard'``."""
+        """``'Cell In[4], line 3'``, ``'Cell In[4], line 3 in f'``, ``'data.py:88 in load'``."""
         filename, lineno, func, _ = frame
         cell = self.cell_name(filename)
         if cell is not None:
             inside = '' if func == '<module>' else f' in {func}'
             return f'{cell}, line {lineno}{inside}'
         return f'{display_path(filename, self.ours)}:{lineno} in {func}'
+
+    def thread_text(self, thread: ThreadStack) -> str:
+        """A thread's stack like a traceback, its cells as this host's IPython numbered them."""
+        return thread.format(dict(self.cells))
 
     def user_frames(self, thread: ThreadStack | None = None) -> tuple[Frame, ...]:
         """The user's frames of a thread (default: the main thread), outermost first."""
@@ -910,7 +908,7 @@ class HostStacks:
             f'  where: {self.where}' if self.where else '',
         ]
         for t in self.threads:
-            parts.append(f'Thread {t.name!r}{" (main)" if t.main else ""}:\n{t.stack}')
+            parts.append(f'Thread {t.name!r}{" (main)" if t.main else ""}:\n{self.thread_text(t)}')
         return '\n'.join(p for p in parts if p)
 
     def __str__(self) -> str:

@@ -15,9 +15,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from multihost import _recorder
+from multihost import _cells, _recorder
 from multihost._debug import _stepgate
-from multihost._debug._debugmodel import HostStacks, ThreadStack, is_cell
+from multihost._debug._debugmodel import Frame, HostStacks, ThreadStack, frame_words, is_cell
 from multihost._exchange import _bus, _kv, _sequence
 
 MAX_FRAMES = 200
@@ -55,7 +55,8 @@ def our_dirs() -> tuple[str, ...]:
 
 
 def user_frame(frames: tuple) -> str:
-    """``file:line in function`` of the innermost frame in user code.
+    """``file:line in function`` of the innermost frame in user code (a notebook cell:
+    ``Cell In[4], line 3``, as this host's IPython numbered it).
 
     Skips multihost, jax, jaxlib and the standard library (but not packages
     installed under it), so a host blocked in a barrier shows the line that
@@ -70,26 +71,23 @@ def user_frame(frames: tuple) -> str:
             d in path for d in ('site-packages', 'dist-packages')
         ):
             continue
-        return f'{filename}:{lineno} in {func}'
+        return _cells.place(filename, lineno, func)  # a cell: Cell In[4], line 3
     return ''
 
 
-def _cells(filenames: set[str]) -> tuple[tuple[str, int], ...]:
+def frame_here(frame: Frame, ours: tuple[str, ...] = ()) -> str:
+    """A frame in words, on the host that took it: `frame_words`, with a cell this host's
+    IPython numbered as it says it (``Cell In[4], line 3``)."""
+    filename, lineno, func, _ = frame
+    if is_cell(filename) and _cells.cell_count(filename) is not None:
+        return _cells.place(filename, lineno, func)
+    return frame_words(frame, ours)
+
+
+def _cell_counts(filenames: set[str]) -> tuple[tuple[str, int], ...]:
     """The execution counts this process's IPython gave the cells ``filenames`` (if any)."""
-    ipython = sys.modules.get('IPython')  # never imported here: only if the host runs one
-    shell = ipython.get_ipython() if ipython is not None else None
-    names = getattr(getattr(shell, 'compile', None), '_filename_map', None)
-    if not isinstance(names, dict):
-        return ()
-    out = []
-    for f in sorted(filenames):
-        try:
-            n = names.get(f)
-        except Exception:  # read from the debug thread while the shell adds a cell
-            n = None
-        if isinstance(n, int):
-            out.append((f, n))
-    return tuple(out)
+    counts = ((f, _cells.cell_count(f)) for f in sorted(filenames))
+    return tuple((f, n) for f, n in counts if n is not None)
 
 
 def _is_engine() -> bool:
@@ -149,7 +147,7 @@ def capture(process: int | None = None) -> HostStacks:
         background=background,
         last=last,
         idle=now - _recorder.last_advanced(),
-        cells=_cells(cells) if cells else (),
+        cells=_cell_counts(cells) if cells else (),
         engine=_is_engine(),
         ours=our_dirs(),
     )

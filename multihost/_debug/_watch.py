@@ -392,7 +392,7 @@ class Watched:
             head += 'hosts are about to launch different functions: ' + _fmt_groups(names) + tail
             body = [
                 f'  {fmt_hosts(ps)}: {name}({_fmt_args(_args(infos.get(ps[0])), 3)}) '
-                f'at {calls[ps[0]].site}'
+                f'at {_group_site({p: calls[p].site for p in ps})}'
                 for (name, _), ps in list(groups.items())[:_MAX_GROUPS]
             ]
             if len(groups) > _MAX_GROUPS:
@@ -664,6 +664,17 @@ def _fmt_groups(by: dict[str, list[int]], limit: int = _MAX_VALUES) -> str:
         rest = [p for _, ps in items[limit:] for p in ps]
         text += f'; {len(items) - limit} other values on {fmt_hosts(rest, _MAX_RANGES)}'
     return text
+
+
+def _group_site(sites: dict[int, str]) -> str:
+    """A group's call site: the same on every host, or its first host's and whose it is,
+    then the others' (each engine numbers its own cells: ``Cell In[4]`` here, ``In[5]`` there)."""
+    by = _grouped(sites)
+    first = min(sites)
+    if len(by) == 1:
+        return sites[first]
+    others = ', '.join(f'{s} on {fmt_hosts(ps)}' for s, ps in by.items() if s != sites[first])
+    return f"{sites[first]} (process {first}'s; {others})"
 
 
 def _grouped(values: dict[int, str]) -> dict[str, list[int]]:

@@ -339,7 +339,8 @@ def front(process: int | None = None) -> HostFront:
     where = kind = activity = ''
     if frames is not None:
         where = _stacks.user_frame(frames)
-        kind, activity = stack_activity(frames, _stacks.our_dirs())
+        ours = _stacks.our_dirs()
+        kind, activity = stack_activity(frames, ours, lambda f: _stacks.frame_here(f, ours))
     return HostFront(
         process=pid,
         answered=True,

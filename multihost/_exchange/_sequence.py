@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
-from multihost import _recorder
+from multihost import _cells, _recorder
 from multihost._errors import (
     BarrierMismatchError,
     BarrierTimeoutError,
@@ -199,7 +199,8 @@ def site_override() -> str | None:
 
 
 def call_site() -> str:
-    """``file:line`` of the innermost frame outside the `multihost` package."""
+    """``file:line`` of the innermost frame outside the `multihost` package (a notebook cell:
+    ``Cell In[4], line 3``, numbered by this host's IPython, `_cells.place`)."""
     override = _site_override.get()
     if override is not None:
         return override
@@ -210,7 +211,7 @@ def call_site() -> str:
         if inside is None:
             inside = _INSIDE[filename] = os.path.abspath(filename).startswith(_HERE)
         if not inside:
-            return f'{filename}:{frame.f_lineno}'
+            return _cells.place(filename, frame.f_lineno)
         frame = frame.f_back
     return '<unknown>'
 

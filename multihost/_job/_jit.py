@@ -45,7 +45,7 @@ from typing import Any
 import jax
 import jaxlib
 
-from multihost import _jax_adapter, _recorder
+from multihost import _cells, _jax_adapter, _recorder
 from multihost._debug import _stepgate, _watch
 from multihost._exchange import _sequence
 
@@ -277,7 +277,7 @@ def _site(depth: int = 2) -> str:
         if inside is None:
             inside = _skipped(code.co_filename)
         if not inside:
-            return f'{code.co_filename}:{frame.f_lineno}'
+            return _cells.place(code.co_filename, frame.f_lineno)  # a cell: Cell In[4], line 3
         frame = frame.f_back
     return '<unknown>'
 

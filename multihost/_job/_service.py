@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from multihost import _jax_adapter, _recorder
+from multihost import _cells, _jax_adapter, _recorder
 from multihost._debug import _stacks
 
 #: Client method -> the flight-record kind of its calls.
@@ -187,7 +187,7 @@ def _site(frame: Any) -> str:
         filename = f.f_code.co_filename
         path = os.path.abspath(filename)
         if not filename.startswith('<frozen') and not path.startswith(packages):
-            here = f'{filename}:{f.f_lineno}'
+            here = _cells.place(filename, f.f_lineno)  # a cell: Cell In[4], line 3
             if not path.startswith(stdlib) or any(d in path for d in _INSTALLED):
                 return here
             first = first or here
