@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -102,6 +103,23 @@ def notebook_text(nb: Any) -> str:
         if c.cell_type == 'code'
         for o in c.outputs
     )
+
+
+@contextlib.contextmanager
+def env_var(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name] = value`` (None: unset) inside the block, restored after it."""
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 @contextlib.contextmanager

@@ -12,7 +12,6 @@ cases, checked on whole leaves, numpy equal to CPU-device arrays, and no copy.
 from __future__ import annotations
 
 import contextlib
-import os
 import tracemalloc
 
 import jax
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _helpers import env_var
 
 import multihost
 from multihost._checks import _fingerprint as F
@@ -33,17 +33,8 @@ DTYPES = [
 SIZES = [1, 2, 3, 5, 7, 64, 1000, (1 << 16) + 3, (1 << 17) + 5, 3 * (1 << 18) + 1]
 
 
-@contextlib.contextmanager
-def _fingerprint_mode(how):
-    old = os.environ.get(F.ENV)
-    os.environ[F.ENV] = how
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(F.ENV, None)
-        else:
-            os.environ[F.ENV] = old
+def _fingerprint_mode(how: str | None) -> contextlib.AbstractContextManager[None]:
+    return env_var(F.ENV, how)
 
 
 def _random(rng: np.random.Generator, n: int, dt: type) -> np.ndarray:

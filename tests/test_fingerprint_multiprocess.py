@@ -11,14 +11,13 @@ first differing index, under either definition.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from _helpers import host_mesh
+from _helpers import env_var, host_mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -30,20 +29,8 @@ MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
 
 
-@contextlib.contextmanager
-def _mode(how: str | None):
-    old = os.environ.get(F.ENV)
-    if how is None:
-        os.environ.pop(F.ENV, None)
-    else:
-        os.environ[F.ENV] = how
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(F.ENV, None)
-        else:
-            os.environ[F.ENV] = old
+def _mode(how: str | None) -> contextlib.AbstractContextManager[None]:
+    return env_var(F.ENV, how)
 
 
 def _values() -> dict[str, np.ndarray]:
