@@ -92,9 +92,19 @@ def _stalled_wavefront(path: str) -> Any:
     with mhnotebook.attach(path) as j:
         front = j.wavefront(timeout=15.0)
         where = j.where(timeout=15.0)
-    if 'process 2 is not there' not in (front.verdict or ''):
+    verdict = front.verdict or ''
+    # Not before the stall itself: early on, process 2 may still be "not there"
+    # because it is slower through create_state, with the others in another barrier.
+    if 'process 2 is not there' not in verdict or 'in stall' not in verdict:
+        return None
+    if any('save_start' not in str(where[p].waiting) for p in range(N) if p != STALLED):
         return None
     return front, where
+
+
+def _wait_for_the_stall(job: dict[str, Any]) -> tuple[Any, Any]:
+    """The wavefront and where of the stall, once every other process waits for process 2."""
+    return _until('the stall', lambda: _stalled_wavefront(job['control']), 90.0)
 
 
 def test_the_connection_file_is_private_and_says_how_to_connect(job):
@@ -109,7 +119,7 @@ def test_the_connection_file_is_private_and_says_how_to_connect(job):
 
 
 def test_attach_names_the_stalled_host_and_the_orbax_barrier_the_others_wait_in(job):
-    front, where = _until('the stall', lambda: _stalled_wavefront(job['control']), 90.0)
+    front, where = _wait_for_the_stall(job)
     verdict = front.verdict
     # processes 0-1 are waiting at barrier('CheckpointManager:save_start') #2 for 1 s;
     # process 2 is not there: last at train_step call #0, now in user code at
@@ -142,6 +152,7 @@ def test_the_magics_act_on_the_attached_job_and_refuse_to_run_code(job):
     from _helpers import magic_shell
     from IPython.core.error import UsageError
 
+    _wait_for_the_stall(job)  # a test run on its own must not look before the stall either
     ip, magics = magic_shell(None)
     attached = ip.run_line_magic('mh_attach', job['control'])
     try:
