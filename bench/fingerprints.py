@@ -13,9 +13,10 @@ the slowest process, then the median over reps):
 * ``assert_equal`` of 1,000 numpy leaves (31.25 MiB, bench/diagnostics.py's
   tree) against ``jax.experimental.multihost_utils.assert_equal`` (``--jax-reps``
   repetitions of it, ~20 s each here; ours ``--reps``), interleaved;
-* the first fingerprints of a 1,000-leaf device tree of many shapes: under
-  ``auto`` (CPU: no compile) and ``device`` (the kernel compiles, as on an
-  accelerator), then the second call;
+* the first fingerprints of two 1,000-leaf device trees (bench/diagnostics.py's
+  tree, the one issue 22's 2.8 s compile was measured on; then one of 350 shapes
+  never seen before): under ``auto`` (CPU: no compile) and ``device`` (the
+  kernel compiles, as on an accelerator), then the second call;
 * ``tree_diff`` with one odd element in a 64 MiB leaf: bytes each host moved
   (reference broadcast + coordination-service values), counted by wrapping the
   two calls that move them.
@@ -103,16 +104,21 @@ def _run(reps: int, jax_reps: int) -> dict[str, Any]:
         if r < jax_reps:
             vs_jax['jax'] += _common.per_call(theirs_small, 1, 1)
 
-    # First call over a 1,000-leaf device tree of shapes never fingerprinted here.
+    # First call over a 1,000-leaf device tree of shapes never fingerprinted here (350 shapes).
     shapes = [(i % 50 + 3, i % 7 + 2) for i in range(1000)]
     many = [jax.device_put(np.full(s, i, np.float32)) for i, s in enumerate(shapes)]
     jax.block_until_ready(many)
+    # And bench/diagnostics.py's 1,000-leaf tree (few shapes) on the device: the tree whose
+    # first call issue 22 measured (2.8 s to compile the kernel).
+    alike = [jax.device_put(x) for x in jax.tree.leaves(small)]
+    jax.block_until_ready(alike)
     first: dict[str, float] = {}
-    for how in ('auto', 'device'):
-        for call in ('first', 'second'):
-            t0 = time.perf_counter()
-            _fingerprint.digests(many, how)
-            first[f'{how}, {call}'] = time.perf_counter() - t0
+    for label, leaves_ in (('diagnostics tree', alike), ('350 shapes', many)):
+        for how in ('auto', 'device'):
+            for call in ('first', 'second'):
+                t0 = time.perf_counter()
+                _fingerprint.digests(leaves_, how)
+                first[f'{label}, {how}, {call}'] = time.perf_counter() - t0
 
     # tree_diff with one odd element in a 64 MiB leaf: count what moves.
     big = rng.standard_normal(64 * _common.MIB // 4, np.float32)
@@ -169,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
           f'jax {theirs:.0f} ms: {theirs / ours:.0f}x faster')  # fmt: skip
     for k in per[0]['first_s']:
         got = statistics.median(p['first_s'][k] for p in per)
-        print(f'fingerprints of a 1,000-leaf device tree, {k} call: {got:.3f} s')
+        print(f'fingerprints of a 1,000-leaf device tree ({k} call): {got:.3f} s')
     for h, p in enumerate(per):
         m = p['moved']
-        print(f'tree_diff, one odd element in 64 MiB: host {h} moved {m["broadcast"]:,} B '
+        print(f'tree_diff, one odd element in 64 MiB: process {h} moved {m["broadcast"]:,} B '
               f'broadcast + {m["kv"]:,} B of KV values; first index '
               f'{p["first_index"]}')  # fmt: skip
     return 0
