@@ -67,5 +67,8 @@ def check_on_the_digest_path(results: list[dict]) -> None:
     """Every host wrote its record and its digest and read ~a digest, not 4 records (~600 B)."""
     for pid, r in enumerate(results):
         assert r['above'] == 0, (pid, r)
-        assert r['written'] == 2, (pid, r)  # the record and `g/<digest>`
+        # the record and `g/<digest>`; the last to arrive at the round's barrier
+        # also writes its one-byte completion key (`_kv.arrive`)
+        assert r['written'] in (2, 3), (pid, r)
         assert r['read'] <= 128, (pid, r)
+    assert sorted(r['written'] for r in results) == [2] * (len(results) - 1) + [3], results

@@ -40,7 +40,8 @@ def per_check_reads(n_checks: int = CHECKS) -> dict[str, float]:
 def test_agreeing_barriers_read_under_1_kib_per_host_at_8_hosts():
     used = per_check_reads()
     assert used['bytes_read'] <= PER_CHECK, used
-    assert used['rpcs'] <= 4, used  # record, digest, one directory read (+ slack)
+    # record, digest, the barrier's count and wait (counted since it is made of keys), one read
+    assert used['rpcs'] <= 5, used
     # the error path is unchanged: a different name still raises on every host
     name = 'eval' if jax.process_index() == 5 else 'save'
     with pytest.raises(multihost.BarrierMismatchError) as info:

@@ -30,12 +30,12 @@ MAX_BYTES = 1 << 20
 SLICE = 0.5
 #: How long hosts that saw a failure wait for each other to have read it.
 ACK_TIMEOUT = 2.0
-#: How much longer than a host's own deadline the service keeps its barrier.
+#: How much longer than a host's own deadline its waiter stays in the round's barrier.
 _SERVICE_GRACE = 5.0
 #: Longest interval between two looks at the verdict while waiting (seconds).
 _LOOK_MAX = 4.0
-#: The service barrier of a patient round (`round_`'s ``patience``): the longest
-#: a barrier can be held (int32 milliseconds, 24.8 days), i.e. as long as any job runs.
+#: The barrier wait of a patient round (`round_`'s ``patience``): the longest
+#: a blocking wait can be (int32 milliseconds, 24.8 days), i.e. as long as any job runs.
 _PATIENT_BARRIER = (2**31 - 1) / 1000
 #: Rounds among more hosts than this agree through one digest key (`round_`'s
 #: ``agree``); up to this many, reading every record (<= ~1 KiB) is cheaper
@@ -389,12 +389,49 @@ def increment(c: Any, k: str, by: int = 1) -> int:
         return int(c.key_value_increment(k, by))
 
 
-def ack(c: Any, barrier: str, processes: list[int], timeout: float = ACK_TIMEOUT) -> bool:
+def arrive(c: Any, name: str, n: int) -> str | None:
+    """Counts this process in at barrier ``name`` of ``n``; the key to wait for, or None.
+
+    A barrier made of keys under ``name``, not the coordination service's own:
+    the service keeps every barrier id it has seen for good (about 0.9 KB of
+    process 0's memory each, measured on jax 0.10.2: bench/soak.py), while
+    these keys live in a round's directory and go with it (`collect_garbage`),
+    so a job checking collectives for days leaves process 0 flat. Each caller
+    counts itself in ``name/n``; the n-th (of a use: a name used again pairs
+    the k-th calls of every host, as the service's barrier counters do) writes
+    ``name/all<k>`` and is through (None); the others wait for that key.
+    """
+    COUNTERS.rpcs += 1
+    with _rpc(f'arriving at {name}'):
+        count = int(c.key_value_increment(f'{name}/n', 1))
+    done = f'{name}/all{(count - 1) // n}'
+    if count % n:
+        return done
+    _count_write('1')
+    with _rpc(f'completing {name}'):
+        c.key_value_set(done, '1')
+    return None
+
+
+def wait_through(c: Any, done: str | None, seconds: float) -> None:
+    """Waits (at most ``seconds``) for the barrier key `arrive` named; raises the
+    service's deadline error (`classify`: ``'timeout'``) when the time passes first."""
+    if done is not None:
+        _count_read()
+        c.blocking_key_value_get(done, max(1, int(seconds * 1000)))
+
+
+def barrier(c: Any, name: str, n: int, seconds: float) -> None:
+    """`arrive` and `wait_through`: ``n`` processes meet at ``name`` (at most ``seconds``)."""
+    wait_through(c, arrive(c, name, n), seconds)
+
+
+def ack(c: Any, name: str, processes: list[int], timeout: float = ACK_TIMEOUT) -> bool:
     """A barrier of ``processes`` only, bounded by ``timeout``; False if it did not complete."""
     if process_index() not in processes or len(processes) < 2:
         return True
     try:
-        c.wait_at_barrier(barrier, max(1, int(timeout * 1000)), sorted(processes))
+        barrier(c, name, len(processes), timeout)
     except Exception:
         return False
     return True
@@ -591,8 +628,14 @@ class _Waiter(threading.Thread):
         return done
 
 
-def _barrier_in_background(c: Any, barrier: str, seconds: float) -> _Done:
-    return _Waiter.call(lambda: c.wait_at_barrier(barrier, max(1, int(seconds * 1000))))
+def _barrier_in_background(c: Any, name: str, seconds: float) -> _Done:
+    """Arrives at barrier ``name`` (this thread: one quick RPC) and waits in a waiter thread."""
+    done = arrive(c, name, process_count())
+    if done is None:  # the last to arrive: through already
+        through = _Done()
+        through.set()
+        return through
+    return _Waiter.call(lambda: wait_through(c, done, seconds))
 
 
 def round_(
@@ -611,16 +654,16 @@ def round_(
 ) -> tuple[Verdict, dict[int, str]]:
     """Publishes ``value``, waits for every host, returns the shared verdict (and values).
 
-    The success path is the coordination service's own barrier (made by a
-    waiter thread, so this thread waits in `SLICE` slices and a SIGINT lands)
+    The success path is the round's `barrier` (keys in the round's directory,
+    made by a waiter thread, so this thread waits in `SLICE` slices and a
+    SIGINT lands)
     followed by one read of the round's directory, in which every host finds
     everyone's values and judges them alike. Failures go through the verdict
     key ``data/v/<id>``, written once: a host whose own deadline passes writes
     who is missing; an interrupted host writes that. A waiting host looks for
     it between slices (at growing intervals, from 0.5 s up to 4 s); a late
-    host finds it in its read (its barrier completes against the waiter
-    threads of hosts that gave up, or fails at once once the service has
-    dropped it).
+    host finds it in its read (its barrier completes at once: the hosts that
+    gave up had counted themselves in).
 
     Args:
         c: the coordination client.
@@ -638,7 +681,7 @@ def round_(
             `multihost.install`, which wait as long as JAX's would): each time
             another ``timeout`` passes, ``patience(arrived, waited)`` is told
             and the wait goes on, until every host arrives or another host
-            writes a verdict. The service barrier is held `_PATIENT_BARRIER`.
+            writes a verdict. The barrier is waited for `_PATIENT_BARRIER`.
         agree: what the judge needs to agree on, when equal everywhere means
             success (`agreement` of it names a key in `Round.agree_dir`,
             created first-writer-wins). After the barrier a host reads only
@@ -665,11 +708,11 @@ def round_(
     start = time.monotonic()
     deadline = start + timeout
     digests = _arrive(c, rnd, value, before_arrival, agree)
-    # The service's barrier outlives this host's own deadline, which decides.
+    # The barrier's wait outlives this host's own deadline, which decides.
     barrier_for = _PATIENT_BARRIER if patience is not None else timeout + _SERVICE_GRACE
-    done = _barrier_in_background(c, f'{rnd.name}/b', barrier_for)
     values: dict[int, str] = {}
     try:
+        done = _barrier_in_background(c, f'{rnd.name}/b', barrier_for)
         text = _wait(c, done, deadline, rnd.verdict_key)
         while patience is not None and text is None and not done.is_set():
             patience(rnd.arrived(c), time.monotonic() - start)
