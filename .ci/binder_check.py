@@ -30,6 +30,7 @@ counted in every process) is reported beside it. Deviations from a real
 Binder build are listed in CONTRIBUTING.md.
 
 Usage: ``python3 .ci/binder_check.py`` (Python 3.11+; it installs what it needs).
+CI splits it in two (``--build-only`` while the tests run, ``--run-built`` after them).
 """
 
 from __future__ import annotations
@@ -342,18 +343,50 @@ def execute(paths: list[str]) -> None:
         log(f'{path.name}: ran top to bottom in {time.monotonic() - start:.0f} s')
 
 
-def check(args: argparse.Namespace) -> None:
-    # `timeout` in CI sends SIGTERM: clean up (the finally below) as on any failure.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    start = time.monotonic()
+BUILT = WORK / 'built.json'  # what --build-only leaves for --run-built
+
+
+def build(start: float) -> tuple[Path, Path, dict[str, str], dict[str, Any], float]:
+    """Steps 1-3: the context, repo2docker's plan, the environment in a fresh home."""
     WORK.mkdir(parents=True, exist_ok=True)
+    BUILT.unlink(missing_ok=True)
     context = copy_context()
     plan = repo2docker_plan(context)
     repo = WORK / 'home'  # repo2docker's REPO_DIR: the home of a new container
     shutil.rmtree(repo, ignore_errors=True)
     repo.mkdir()
     env_dir, variables = build_env(plan, context, repo)
-    built = time.monotonic() - start
+    return repo, env_dir, variables, plan, time.monotonic() - start
+
+
+def check(args: argparse.Namespace) -> None:
+    # `timeout` in CI sends SIGTERM: clean up (the finally below) as on any failure.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    start = time.monotonic()
+    if args.run_built:  # the environment a --build-only run left (CI builds it early)
+        if not BUILT.exists():
+            raise SystemExit(
+                f'binder-check: no built environment at {BUILT}: run with --build-only first'
+            )
+        saved = json.loads(BUILT.read_text())
+        repo, env_dir = Path(saved['repo']), Path(saved['env_dir'])
+        variables, plan, built = saved['variables'], saved['plan'], saved['built_s']
+    else:
+        repo, env_dir, variables, plan, built = build(start)
+    if args.build_only:
+        BUILT.write_text(
+            json.dumps(
+                {
+                    'repo': str(repo),
+                    'env_dir': str(env_dir),
+                    'variables': variables,
+                    'plan': plan,
+                    'built_s': built,
+                }  # fmt: skip
+            )
+        )
+        log(f'environment built in {built:.0f} s; --run-built runs the tutorials in it')
+        return
 
     notebooks = [
         p
@@ -401,7 +434,7 @@ def check(args: argparse.Namespace) -> None:
                 pass
     log(
         f'environment built in {built:.0f} s; tutorials ran in {ran:.0f} s; '
-        f'total {time.monotonic() - start:.0f} s'
+        f'this run took {time.monotonic() - start:.0f} s'
     )
     log(
         f'peak memory of the server, the kernel and the simulated hosts '
@@ -421,6 +454,14 @@ def main() -> None:
     parser.add_argument('--execute', nargs='+', help=argparse.SUPPRESS)  # inside the env
     parser.add_argument('--plan', action='store_true', help=argparse.SUPPRESS)  # the tools venv
     parser.add_argument('--timeout', type=float, default=900, help='seconds for the tutorials')
+    parser.add_argument(
+        '--build-only', action='store_true', help='build the environment (steps 1-3) and stop'
+    )
+    parser.add_argument(
+        '--run-built',
+        action='store_true',
+        help='run the tutorials (steps 4-5) in the environment a --build-only run left',
+    )
     args = parser.parse_args()
     if args.plan:
         plan_here()

@@ -29,7 +29,7 @@ def test_the_readme_is_short_and_says_both_commands_exactly():
     assert not readme.splitlines()[2].startswith('[!['), 'no badge before the first words'
     # CI runs the README's test command: the same install and the same pytest.
     ci = _read('.ci', 'run')
-    assert "pip install -q -e '.[test]'" in ci and 'pytest "${@:3}"' in ci
+    assert "pip install -q -e '.[test]'" in ci and 'pytest "${@:2}"' in ci
 
 
 def test_every_relative_link_of_the_front_pages_leads_to_a_file():
