@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import re
 import secrets
 import signal
 import threading
@@ -148,6 +149,21 @@ def _stop_all() -> None:
             session.stop()
         except Exception:  # interpreter is exiting; best effort
             pass
+
+
+#: The collectives library's connection report, one line per process the first time a
+#: program spans processes on CPU devices (XLA's Gloo, through the engine's captured fd 1):
+#: chatter above the lines that matter, never the user's own output or an error.
+_GLOO_CHATTER = re.compile(
+    r'^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. '
+    r'Expected number of connected peer ranks is : \d+\n?',
+    re.MULTILINE,
+)
+
+
+def _quiet(text: str) -> str:
+    """``text`` without the collectives library's connection chatter (`_GLOO_CHATTER`)."""
+    return _GLOO_CHATTER.sub('', text) if '[Gloo]' in text else text
 
 
 def _echo(outputs: dict[int, str]) -> None:
@@ -534,7 +550,7 @@ class Session(JobViewBase):
                         # The reply can come before the last output message (a dead
                         # engine sends no more).
                         ar.wait_for_output(5.0)
-                    outputs[p] = ''.join(getattr(ar, 'stdout', '') or '')
+                    outputs[p] = _quiet(''.join(getattr(ar, 'stdout', '') or ''))
             if echo:
                 _echo(outputs)
         return outputs

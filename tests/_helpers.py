@@ -141,7 +141,10 @@ def local_session(setup: str, n: int = 4, devices: int = 2) -> Iterator[Any]:
     if s is None:
         import mhnotebook
 
-        s = mhnotebook.start_local(n, devices, progress=False)
+        # Engines as in a notebook: ipykernel captures what C code writes to fd 1/2 (XLA's
+        # own lines) only where PYTEST_CURRENT_TEST is not in their environment.
+        with env_var('PYTEST_CURRENT_TEST', None):
+            s = mhnotebook.start_local(n, devices, progress=False)
         try:
             _FRESH[id(s)] = _engine_state(s)
         except BaseException:

@@ -129,6 +129,31 @@ def test_execute_reports_every_failing_host(session, capsys):
     assert '[host 2] p 2' in capsys.readouterr().out
 
 
+def test_a_cells_output_leaves_out_the_collectives_librarys_connection_chatter(session, capsys):
+    """Issue 32 item 6: XLA's Gloo reports each new clique on fd 1 of every process in it; the
+    cell's output (echoed and returned) keeps the user's lines and drops only that report."""
+    code = (
+        'import jax.numpy as jnp\n'
+        'pair = Mesh(np.array([d for d in jax.devices() if d.process_index in (1, 3)][1::2]), ("p",))\n'
+        'if jax.process_index() in (1, 3):\n'
+        '    v = jax.make_array_from_callback((2,), NamedSharding(pair, P("p")),'
+        ' lambda i: np.arange(2.0)[i])\n'
+        '    print("sum", float(jax.jit(jnp.sum, out_shardings=NamedSharding(pair, P()))(v)))\n'
+        'print("[Gloo] my own line")\n'
+    )
+    capsys.readouterr()
+    pending = session.execute_async(code)
+    out = session.wait_outputs(pending, timeout=120)
+    raw = {p: ''.join(ar.stdout) for p, ar in pending.items()}
+    assert all('peer ranks' in raw[p] for p in (1, 3)), raw  # it did chatter
+    echoed = capsys.readouterr().out
+    for text in (echoed, *out.values()):
+        assert 'peer ranks' not in text, (echoed, out)
+    assert out[1] == out[3] == 'sum 1.0\n[Gloo] my own line\n', out
+    assert out[0] == '[Gloo] my own line\n', out
+    assert '[host 3] sum 1.0' in echoed and '[host 0] [Gloo] my own line' in echoed, echoed
+
+
 def test_barrier_through_session(session):
     """Session.barrier runs a timed barrier on every host and reports per host."""
     results = session.barrier('nb-barrier', timeout=30)
