@@ -134,7 +134,8 @@ def test_a_cells_output_leaves_out_the_collectives_librarys_connection_chatter(s
     cell's output (echoed and returned) keeps the user's lines and drops only that report."""
     code = (
         'import jax.numpy as jnp\n'
-        'pair = Mesh(np.array([d for d in jax.devices() if d.process_index in (1, 3)][1::2]), ("p",))\n'
+        'pair = [d for d in jax.devices() if d.process_index in (1, 3)][1::2]\n'
+        'pair = Mesh(np.array(pair), ("p",))\n'
         'if jax.process_index() in (1, 3):\n'
         '    v = jax.make_array_from_callback((2,), NamedSharding(pair, P("p")),'
         ' lambda i: np.arange(2.0)[i])\n'
