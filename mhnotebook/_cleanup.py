@@ -184,6 +184,37 @@ def kill_cluster(cluster_id: str, profile_dir: str, *, rounds: int = 3) -> list[
 # -- the watchdog -----------------------------------------------------------------------
 
 
+#: Watchdog logs kept in a profile's ``log/`` (one per cluster started; older ones go).
+KEEP_LOGS = 5
+
+
+def prune_watchdog_logs(log_dir: str, keep: int = KEEP_LOGS) -> list[str]:
+    """Removes all but the ``keep`` newest ``mhnotebook-watchdog-*.log`` in ``log_dir``, never
+    one whose kernel still runs (its cluster id ``mhnb-<pid>-...`` names it); the removed paths."""
+    try:
+        names = [n for n in os.listdir(log_dir) if n.startswith('mhnotebook-watchdog-')]
+    except OSError:
+        return []
+    paths = sorted(
+        (os.path.join(log_dir, n) for n in names if n.endswith('.log')),
+        key=lambda p: os.stat(p).st_mtime if os.path.exists(p) else 0.0,
+        reverse=True,
+    )
+    removed = []
+    for path in paths[keep:]:
+        owner = os.path.basename(path)[len('mhnotebook-watchdog-') :].split('-')
+        if len(owner) > 1 and owner[0] == 'mhnb' and owner[1].isdigit():
+            pid = int(owner[1])
+            if pid != os.getpid() and is_alive(pid, None):
+                continue  # another running kernel's cluster: its log stays
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 def start_watchdog(
     cluster_id: str, profile_dir: str, log_path: str | None = None
 ) -> subprocess.Popen[bytes]:

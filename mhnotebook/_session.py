@@ -107,6 +107,9 @@ class LocalEngines(Protocol):
     def stop(self) -> None:
         """Kills the engines and stops the cluster (and its watchdog)."""
 
+    def left_running(self, wait: float = 3.0) -> list[int]:
+        """Pids of its processes still alive after `stop` (empty: nothing left running)."""
+
     def relaunch(self, timeout: float) -> Engines:
         """A fresh cluster started with the same options."""
 
@@ -816,15 +819,21 @@ class Session(JobViewBase):
             )
         return out
 
-    def stop(self) -> None:
+    def stop(self) -> str:
         """Stops the session: closes the client, and stops the cluster if this session started it.
 
         Idempotent.
+
+        Returns:
+            One line saying what was stopped and whether anything is left running
+            (``%mh_cluster stop`` prints it).
         """
         with self._lock:
             if self._stopped:
-                return
+                return 'the session was stopped already: nothing of it is running.'
             self._stopped = True
+        n, d = self.shape
+        what = f'{n} process{"es" * (n != 1)} x {d} device{"s" * (d != 1)}'
         _live_sessions.discard(self)
         if self._control is not None:
             self._control.close()
@@ -835,8 +844,20 @@ class Session(JobViewBase):
             self.client.close()
         except Exception:
             pass
-        if self._local is not None:
-            self._local.stop()  # engines, cluster, and the watchdog
+        if self._local is None:
+            return (
+                f'disconnected from the cluster of {what}; its engines were started elsewhere '
+                'and keep running (stop them with the launcher that started them).'
+            )
+        self._local.stop()  # engines, cluster, and the watchdog
+        left = self._local.left_running()
+        if left:
+            pids = ' '.join(map(str, left))
+            return f'stopped the cluster of {what}, but pids {pids} still run: kill -9 {pids}'
+        return (
+            f'stopped the cluster of {what}: its engines, controller and watchdog ended; '
+            'nothing of it is left running.'
+        )
 
     @property
     def shape(self) -> tuple[int, int]:

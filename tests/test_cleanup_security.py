@@ -168,25 +168,65 @@ def local_session():
     assert os.stat(path).st_mode & 0o777 == 0o600
     live_pool = ShmPool()
     live = live_pool.acquire(1 << 16)  # this process is alive: its file must stay
-    session = mhnotebook.start_local(1, 1, progress=False)
+    logs = _old_watchdog_logs()
     try:
-        yield session, path, live.path
+        session = mhnotebook.start_local(1, 1, progress=False)
+        try:
+            yield session, path, live.path, logs
+        finally:
+            session.stop()
     finally:
-        session.stop()
         live_pool.release(live)
         live_pool.close()
+        for log in logs:
+            if os.path.exists(log):
+                os.unlink(log)
+
+
+def _old_watchdog_logs() -> list[str]:
+    """Watchdog logs of 7 clusters of a dead kernel, a day old and older, and an older one
+    of a kernel that still runs (this test's parent process), in the profile's ``log/``."""
+    from IPython.paths import get_ipython_dir
+
+    log_dir = os.path.join(get_ipython_dir(), 'profile_default', 'log')
+    os.makedirs(log_dir, exist_ok=True)
+    dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    owners = [dead] * 7 + [str(os.getppid())]
+    logs = []
+    for i, owner in enumerate(owners):
+        log = os.path.join(log_dir, f'mhnotebook-watchdog-mhnb-{owner}-{i:08x}.log')
+        with open(log, 'w') as f:
+            f.write('watchdog: ...\n')
+        old = time.time() - 86400 * (1 + i)
+        os.utime(log, (old, old))
+        logs.append(log)
+    return logs
 
 
 def test_next_start_sweeps_shared_memory_of_dead_owners_only(local_session):
-    session, stale, live = local_session
+    session, stale, live, _ = local_session
     assert not os.path.exists(stale)
     assert os.path.exists(live)
+
+
+def test_next_start_keeps_the_last_few_watchdog_logs_and_a_running_kernels(local_session):
+    """Issue 32 item 9: one watchdog log per cluster started no longer piles up in the
+    profile's ``log/``; a log whose kernel still runs stays, however old."""
+    session, _, _, seeded = local_session
+    log_dir = os.path.join(session._local.cluster.profile_dir, 'log')
+    mine = f'mhnotebook-watchdog-{session._local.cluster.cluster_id}.log'
+    left = [n for n in os.listdir(log_dir) if n.startswith('mhnotebook-watchdog-')]
+    assert mine in left, left
+    assert not os.path.exists(seeded[0]) and os.path.exists(seeded[-1]), left
+    others = [n for n in left if n != os.path.basename(seeded[-1])]
+    assert len(others) <= _cleanup.KEEP_LOGS + 1, left  # the newest few and this start's own
 
 
 def test_local_cluster_listens_on_loopback_only(local_session):
     """Controller, schedulers, engines, nannies: every listening socket is on loopback,
     the JAX coordination service and the control endpoint included."""
-    session, _, _ = local_session
+    session, _, _, _ = local_session
     cluster = session._local.cluster
     pids = _cleanup.cluster_processes(cluster.cluster_id, cluster.profile_dir)
     engine = session.processes[0].pid
@@ -200,7 +240,7 @@ def test_local_cluster_listens_on_loopback_only(local_session):
 
 
 def test_control_endpoint_refuses_a_wrong_key_and_unpickles_nothing(local_session, tmp_path):
-    session, _, _ = local_session
+    session, _, _, _ = local_session
     address = session._control_address
     with pytest.raises(AuthenticationError, match='refused the authkey'):
         ControlClient(address, b'not the key 0123', timeout=10)

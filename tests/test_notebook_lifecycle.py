@@ -7,7 +7,7 @@ import logging
 
 import numpy as np
 import pytest
-from _helpers import wait_until
+from _helpers import magic_shell, wait_until
 
 import mhnotebook
 from mhnotebook import SessionError
@@ -56,10 +56,13 @@ def test_connect_discovers_process_order_and_gathers():
             # Installed on every engine (connect's install is a no-op after initialize's).
             assert all(session.call('multihost._job._install.installed'))
         finally:
-            session.stop()
+            said = session.stop()
         assert not session.running
         # The cluster belongs to whoever started it: a connected session leaves it running.
         assert len(client.ids) == 3
+        assert said.startswith('disconnected from the cluster of 3 processes') and (
+            'keep running' in said
+        ), said
     finally:
         client.close()
         cluster.signal_engines_sync(9)
@@ -67,8 +70,12 @@ def test_connect_discovers_process_order_and_gathers():
 
 
 def test_restart_and_stop_are_safe():
-    """restart() gives fresh initialized engines; stop() is idempotent; stopped says so."""
+    """restart() gives fresh initialized engines; stop() is idempotent; stopped says so;
+    ``%mh_cluster stop`` says what it stopped and that nothing of it is left running."""
+    from IPython.utils.capture import capture_output
+
     session = mhnotebook.start_local(2, 1, progress=False)
+    cap = None
     try:
         old_pids = {h.pid for h in session.processes}
         session.execute('x = 41', echo=False)
@@ -78,9 +85,18 @@ def test_restart_and_stop_are_safe():
             session.allgather('x')
         session.execute('import jax\nx = jax.process_index() + 1', echo=False)
         np.testing.assert_array_equal(session.allgather('x'), [1, 2])
+        pids = {h.pid for h in session.processes}
+        ip, _ = magic_shell(session)
+        with capture_output() as cap:
+            ip.run_line_magic('mh_cluster', 'stop')
     finally:
         session.stop()
-        session.stop()
+    assert cap is not None and cap.stdout == (
+        '%mh_cluster stop: stopped the cluster of 2 processes x 1 device: its engines, '
+        'controller and watchdog ended; nothing of it is left running.\n'
+    ), cap.stdout
+    assert not pids & _engine_processes()
+    assert session.stop().startswith('the session was stopped already')
     with pytest.raises(SessionError, match='this session is stopped'):
         session.allgather('x')
 

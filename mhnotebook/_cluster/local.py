@@ -14,7 +14,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mhnotebook._cleanup import start_watchdog, stop_watchdog, sweep_shm, watchdog_ready
+from mhnotebook._cleanup import (
+    cluster_processes,
+    prune_watchdog_logs,
+    start_watchdog,
+    stop_watchdog,
+    sweep_shm,
+    watchdog_ready,
+)
 from mhnotebook._cluster.jaxinit import (
     engine_infos,
     hosts_from_infos,
@@ -118,6 +125,16 @@ class StartedCluster:
         if self.watchdog is not None:
             watchdog, self.watchdog = self.watchdog, None
             stop_watchdog(watchdog)
+
+    def left_running(self, wait: float = 3.0) -> list[int]:
+        """Pids of the cluster's processes still alive after `stop` (waiting up to ``wait`` s
+        for the killed ones to go); empty when nothing of it is left running."""
+        deadline = time.monotonic() + wait
+        while True:
+            left = cluster_processes(self.cluster.cluster_id, self.cluster.profile_dir)
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.1)
 
     def relaunch(self, timeout: float) -> Engines:
         """A fresh cluster with the same options (for `Session.restart`)."""
@@ -294,6 +311,7 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
     cluster = ipp.Cluster(n=n, **cluster_options)
     log_dir = os.path.join(cluster.profile_dir, 'log')
     os.makedirs(log_dir, exist_ok=True)
+    prune_watchdog_logs(log_dir)  # one log per cluster started: the last few are kept
     watchdog = start_watchdog(
         cluster.cluster_id,
         cluster.profile_dir,

@@ -199,7 +199,7 @@ def restart(session: Session | None, args: Namespace, line: str) -> Session | No
 def stop(session: Session | None, args: Namespace, line: str) -> Session | None:
     """End the hosts (the magics keep the stopped session: `current_session` says so)."""
     live = running(session)
-    live.stop()
+    print(f'%mh_cluster stop: {live.stop()}')
     return live
 
 
