@@ -84,7 +84,8 @@ def run(out: str, hosts: int, devices: int) -> int:
 
     t0 = time.perf_counter()
     with mhnotebook.start_local(hosts, devices) as session:
-        say(
+        # The start's progress line has said it on the terminal: the report only.
+        report.append(
             f'{hosts} hosts x {devices} CPU devices up in {time.perf_counter() - t0:.1f} s '
             f'(engines by process index: {session.engine_ids})'
         )

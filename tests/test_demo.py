@@ -36,6 +36,10 @@ def test_demo_writes_its_files_and_says_what_it_found(tmp_path):
         'where.html',
     ]
     report = (out / 'report.txt').read_text()
+    said = run.stdout + run.stderr
+    ready = re.findall(r'.*(?:ready|devices up) in [\d.]+ s.*', said)
+    assert len(ready) == 1 and 'ready' in ready[0], said  # the cluster's start, said once
+    assert report.startswith('4 hosts x 2 CPU devices up in '), report
     assert report.count('caught BarrierMismatchError') == 4, report
     # While host 2 is busy elsewhere, the others wait in the next barrier; host 2 is
     # not said to be "in" the barrier it already left.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 
 import nbformat
 import pytest
@@ -104,6 +105,9 @@ def test_notebook_runs_top_to_bottom(path):
         assert '4 of 4 processes dumped in' in text and 'process 2 (' in text, text
         assert text.count('culprit: process 2') >= 2, text  # postmortem and analyze
         assert 'still running: none' in text, text
+        # ... and nothing left behind: its folder (control file, logs, dumps) is removed.
+        folder = re.search(r"removed the job's folder (\S+): True", text)
+        assert folder and not os.path.exists(folder.group(1)), text
     if path.name == '05_real_cluster.ipynb':
         # Without MH_CLUSTER_URL_FILE: its stand-in cluster on this machine.
         # tests/test_netns_cluster.py runs it against hosts with their own addresses.
