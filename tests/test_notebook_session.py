@@ -491,6 +491,36 @@ def test_timeline_magic_names_the_late_host(session, tmp_path):
     magics.session = None
 
 
+def test_timeline_counts_a_users_barrier_marks_jaxs_own_and_names_no_one_from_one_step(
+    session,
+):
+    """Issue 32 item 8, in a real shell: ``%mh_barrier`` is a step of the user's; the
+    ``assert_equal`` that ``jax.device_put`` makes inside JAX says so, at the user's line;
+    from fewer steps than it needs, no straggler is named."""
+    from IPython.utils.capture import capture_output
+
+    ip, magics = _shell(session)
+    with capture_output():
+        ip.run_cell_magic(
+            'mh', '', 'nb_put = jax.device_put(np.arange(8.0), NamedSharding(mesh, P()))'
+        )
+        ip.run_line_magic('mh_barrier', 'nb-ckpt --timeout 30')
+    view = ip.run_line_magic('mh_timeline', '--last 2')
+    put, ckpt = view.timeline.steps[-2:]
+    assert put.inside == 'jax.device_put' and not put.notebook, view.text()
+    assert all(r.site.endswith(', line 1 (inside jax.device_put)') for r in put.records.values()), (
+        put.records
+    )
+    assert ckpt.name == 'nb-ckpt' and not ckpt.notebook, view.text()
+    st = view.timeline.stragglers()
+    assert st.host is None and st.steps == 2 and st.notebook == 0, view.text()
+    assert view.text().startswith('too few steps to name a straggler: 2 of the 5 it needs')
+    assert '[inside jax.device_put]' in view.text() and 'inside jax.device_put' in (
+        view.static_html()
+    )
+    magics.session = None
+
+
 def test_census_magics_name_the_odd_host(session):
     """%mh_env names a flag set on host 2 only; %mh_mem names the 64 MiB array host 1 keeps."""
     from mhnotebook.widgets import EnvView, MemoryView

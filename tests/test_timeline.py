@@ -339,12 +339,12 @@ def _with_magics(user_steps: int, magic_steps: int) -> dict:
 
 
 def test_the_notebooks_own_collectives_are_left_out_of_the_straggler_verdict():
-    tl = Timeline.build(_with_magics(user_steps=4, magic_steps=8), 4)
+    tl = Timeline.build(_with_magics(user_steps=6, magic_steps=8), 4)
     magic = [s for s in tl.steps if s.notebook]
     assert len(magic) == 8 and {s.magic for s in magic} == {'%mh_diff'}
-    assert all(s.last_host == 1 for s in magic)  # counted, host 1 would be named (8 of 12)
+    assert all(s.last_host == 1 for s in magic)  # counted, host 1 would be named (8 of 14)
     st = tl.stragglers()
-    assert (st.host, st.steps, st.notebook) == (3, 4, 8)
+    assert (st.host, st.steps, st.notebook) == (3, 6, 8)
     assert str(st).endswith("; 8 steps of the notebook's magics (%mh_diff...) left out"), str(st)
     text = tl.format()
     assert "tree_diff('params') #1 [%mh_diff]" in text and '[%mh_...]: a collective' in text
@@ -360,10 +360,10 @@ def test_the_notebooks_own_collectives_are_left_out_of_the_straggler_verdict():
 def test_timeline_view_marks_the_notebooks_steps():
     from mhnotebook.widgets import TimelineView
 
-    view = TimelineView(Timeline.build(_with_magics(user_steps=4, magic_steps=8), 4))
+    view = TimelineView(Timeline.build(_with_magics(user_steps=6, magic_steps=8), 4))
     html = view.static_html()
     assert html.count('mh-timeline-notebook') == 8 and '(not counted: %mh_diff)' in html
-    assert 'process 3 arrived last in 100% of the last 4 steps' in html
+    assert 'process 3 arrived last in 100% of the last 6 steps' in html
 
 
 @pytest.mark.browser
@@ -371,9 +371,9 @@ def test_the_notebooks_steps_marked_in_chromium(show):
     """The marked rows and the summary, as a browser shows the static picture."""
     from mhnotebook.widgets import TimelineView
 
-    page = show(TimelineView(Timeline.build(_with_magics(user_steps=4, magic_steps=8), 4)))
+    page = show(TimelineView(Timeline.build(_with_magics(user_steps=6, magic_steps=8), 4)))
     summary = page.locator('.mh-timeline-summary').inner_text()
-    assert summary.startswith('process 3 arrived last in 100% of the last 4 steps'), summary
+    assert summary.startswith('process 3 arrived last in 100% of the last 6 steps'), summary
     assert "8 steps of the notebook's magics" in summary, summary
     marked = page.locator('tr.mh-timeline-notebook')
     assert marked.count() == 8 and marked.first.is_visible()
@@ -417,3 +417,47 @@ def test_an_exact_tie_names_nobody_last():
     table = view._table.value
     assert 'tied: processes 1-2' in table and 'mh-odd-host">' not in table
     assert view.text() == tl.format()
+
+
+def _steps_at(sites: list[str], slow: int = 2, num: int = 4) -> dict:
+    """One checked barrier per site (host ``slow`` late to each), every host at that site."""
+    out: dict = {p: [] for p in range(num)}
+    for k, site in enumerate(sites):
+        t = 100.0 + k * 0.1
+        for p in range(num):
+            arrive = t + (0.05 if p == slow else 0.001 * p)
+            out[p].append(
+                FlightRecord(k, 'barrier', f'b{k}', -1, k, 'd', '', site, arrive,
+                             t + 0.05 - arrive + 0.0002, 'passed', p)
+            )  # fmt: skip
+    return out
+
+
+def test_too_few_steps_name_no_straggler_and_say_how_many_it_needs():
+    """Issue 32 item 8: one step is not a straggler (it was 'last in 100% of the last 1')."""
+    from multihost._debug._timeline import MIN_STEPS
+
+    for n in range(1, MIN_STEPS):
+        st = Timeline.build(_steps_at(['train.py:7'] * n), 4).stragglers()
+        assert st.host is None and st.steps == n, st
+        assert str(st) == (
+            f'too few steps to name a straggler: {n} of the {MIN_STEPS} it needs '
+            f'(process 2 arrived last in {n} of {n})'
+        ), str(st)
+    st = Timeline.build(_steps_at(['train.py:7'] * MIN_STEPS), 4).stragglers()
+    assert st.host == 2 and str(st).startswith('process 2 arrived last in 100% of the last 5')
+
+
+def test_a_users_mh_barrier_is_a_step_and_jax_made_collectives_say_where_from():
+    """Issue 32 item 8: ``%mh_barrier`` counts (the user asked for it, as the program's own
+    barrier would); a collective JAX made itself is marked with the function it was made in."""
+    sites = ['notebook: %mh_barrier ckpt'] * 4 + ['Cell In[3], line 1 (inside jax.device_put)']
+    tl = Timeline.build(_steps_at(sites), 4)
+    assert not any(s.notebook for s in tl.steps)
+    st = tl.stragglers()
+    assert (st.host, st.steps, st.notebook) == (2, 5, 0), str(st)
+    assert tl.steps[-1].inside == 'jax.device_put' and tl.steps[0].inside == ''
+    assert "barrier('b4') #4 [inside jax.device_put]" in tl.format(), tl.format()
+    # the other magics' collectives stay left out
+    tl = Timeline.build(_steps_at(['notebook: %mh_diff params'] * 5), 4)
+    assert tl.stragglers().steps == 0 and tl.stragglers().notebook == 5

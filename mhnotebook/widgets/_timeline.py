@@ -354,6 +354,8 @@ def steps_table_html(timeline: Timeline, rows: int = TABLE_ROWS) -> str:
         else:
             who, skew = esc(s.describe().split(': ', 1)[-1]), ''
         mark = f' <span class="mh-timeline-magic">[{esc(s.magic)}]</span>' if s.notebook else ''
+        if s.inside and not s.notebook:
+            mark = f' <span class="mh-timeline-magic">[inside {esc(s.inside)}]</span>'
         cells = [f'<td><code>{esc(s.label)}</code>{mark}</td><td>{who}</td><td>{skew}</td>']
         for p in hosts:
             cls = f'mh-host-{p}' + (' mh-odd-host' if p == last else '')

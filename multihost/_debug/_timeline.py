@@ -23,6 +23,12 @@ from multihost._text import fmt_hosts, fmt_seconds
 #: The call site prefix of collectives the notebook's magics ran (`_sequence.called_from`).
 NOTEBOOK_SITE = 'notebook:'
 
+#: Magics whose collectives are the user's own steps (``%mh_barrier ckpt``: a barrier the
+#: user asked for, as the program's would be), counted in the straggler verdict.
+USER_STEP_SITES = (f'{NOTEBOOK_SITE} %mh_barrier',)
+#: Fewest counted steps from which a straggler is named (from fewer, who was last is chance).
+MIN_STEPS = 5
+
 #: Rows `Timeline.format` shows by default (the newest steps).
 FORMAT_ROWS = 20
 #: Per-host lateness columns in `Timeline.format` up to this many hosts.
@@ -77,7 +83,20 @@ class TimelineStep:
         """A collective the notebook's magics ran (``%mh_diff``...), not a step of the program:
         every host recorded a call site ``notebook: ...`` (`_sequence.called_from`)."""
         return bool(self.records) and all(
-            r.site.startswith(NOTEBOOK_SITE) for r in self.records.values()
+            r.site.startswith(NOTEBOOK_SITE) and not r.site.startswith(USER_STEP_SITES)
+            for r in self.records.values()
+        )
+
+    @property
+    def inside(self) -> str:
+        """``'jax.device_put'``: the JAX function that made this collective itself (its call
+        site ends ``(inside jax.device_put)``, `_sequence.call_site`); empty for the user's."""
+        sites = {r.site for r in self.records.values()}
+        found = {t.rsplit(' (inside ', 1)[1].rstrip(')') for t in sites if ' (inside ' in t}
+        return (
+            found.pop()
+            if len(found) == 1 and len(sites) and all(' (inside ' in t for t in sites)
+            else ''
         )
 
     @property
@@ -217,6 +236,11 @@ class Stragglers:
                 'was a tie (hosts arrived together), so no host arrived last'
             )
         pct = f'{self.share * 100:.0f}%'
+        if self.steps < MIN_STEPS:
+            return (
+                f'too few steps to name a straggler: {self.steps} of the {MIN_STEPS} it needs '
+                f'(process {top} arrived last in {self.counts[top]} of {self.steps})'
+            )
         clock = ''
         if self.clock_compared:
             clock = (
@@ -338,7 +362,9 @@ class Timeline:
         share = counts[top] / n if top is not None and n else 0.0
         # Named only when it stands out: at least half of the steps, and 1.5x
         # what chance would give (with two hosts, each is last half the time).
-        stands_out = top is not None and share >= max(0.5, 1.5 / max(num_hosts, 1))
+        stands_out = (
+            top is not None and n >= MIN_STEPS and share >= max(0.5, 1.5 / max(num_hosts, 1))
+        )
         behind = [s.skew for s in counted if s.last_host == top]
         return Stragglers(
             steps=n,
@@ -502,8 +528,11 @@ def _host_cell(s: TimelineStep, p: int) -> str:
 
 
 def _row_label(s: TimelineStep) -> str:
-    """The step's label, marked ``[%mh_diff]`` when the notebook's magic ran it."""
-    return f'{s.label} [{s.magic}]' if s.notebook else s.label
+    """The step's label, marked ``[%mh_diff]`` when the notebook's magic ran it, ``[inside
+    jax.device_put]`` when JAX made it (the user's line that called JAX: its records' site)."""
+    if s.notebook:
+        return f'{s.label} [{s.magic}]'
+    return f'{s.label} [inside {s.inside}]' if s.inside else s.label
 
 
 def _meta(name: str, p: int, args: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,9 @@ from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
+import jax
+import jaxlib
+
 from multihost import _cells, _recorder
 from multihost._errors import (
     BarrierMismatchError,
@@ -199,27 +202,59 @@ def site_override() -> str | None:
 
 
 def call_site() -> str:
-    """``file:line`` of the innermost frame outside the `multihost` package (a notebook cell:
-    ``Cell In[4], line 3``, numbered by this host's IPython, `_cells.place`)."""
+    """``file:line`` of the innermost frame outside the `multihost` package and JAX (a notebook
+    cell: ``Cell In[4], line 3``, numbered by this host's IPython, `_cells.place`).
+
+    A collective JAX itself made (``jax.device_put`` of data for other processes checks it
+    with ``assert_equal``) is placed at the user's line that called into JAX, and says so:
+    ``Cell In[4], line 3 (inside jax.device_put)``.
+    """
     override = _site_override.get()
     if override is not None:
         return override
     frame: FrameType | None = sys._getframe(1)
+    entered = ''  # the outermost JAX function seen since the last of ours: what the user called
     while frame is not None:
         filename = frame.f_code.co_filename
-        inside = _INSIDE.get(filename)
-        if inside is None:
-            inside = _INSIDE[filename] = os.path.abspath(filename).startswith(_HERE)
-        if not inside:
-            return _cells.place(filename, frame.f_lineno)
+        where = _WHERE.get(filename)
+        if where is None:
+            where = _WHERE[filename] = _where(filename)
+        if where == 'user':
+            site = _cells.place(filename, frame.f_lineno)
+            return f'{site} (inside {entered})' if entered else site
+        if where == 'jax':
+            entered = _public_name(frame)
+        else:
+            entered = ''
         frame = frame.f_back
     return '<unknown>'
 
 
 #: The multihost package's directory (this file is in one of its rooms).
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-#: File name -> whether it is inside the `multihost` package (call_site's cache).
-_INSIDE: dict[str, bool] = {}
+#: JAX's package directories (jax, jaxlib): frames there are JAX's, not the user's.
+_JAX_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (jax, jaxlib))
+#: File name -> 'ours' (the multihost package), 'jax' or 'user' (call_site's cache).
+_WHERE: dict[str, str] = {}
+
+
+def _where(filename: str) -> str:
+    path = os.path.abspath(filename)
+    if path.startswith(_HERE):
+        return 'ours'
+    return 'jax' if path.startswith(_JAX_DIRS) else 'user'
+
+
+def _public_name(frame: FrameType) -> str:
+    """``jax.device_put`` for JAX's function of that frame (``jax._src.api``'s ``device_put``):
+    the name a user knows; ``jax.numpy.sum`` for ``jax._src.numpy``'s."""
+    module = str(frame.f_globals.get('__name__', 'jax'))
+    name = frame.f_code.co_name
+    if module.startswith('jax._src.numpy'):
+        return f'jax.numpy.{name}'
+    if module.startswith('jax._src') or module == 'jax':
+        return f'jax.{name}'
+    return f'{module}.{name}'
 
 
 class _State:
