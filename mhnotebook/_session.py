@@ -42,6 +42,7 @@ from mhnotebook._jobview import JobViewBase
 from mhnotebook._poll import Poll
 from mhnotebook._trampoline import call as _call
 from mhnotebook._trampoline import call_ns as _call_ns
+from multihost._text import fmt_hosts
 
 __all__ = ['Engines', 'HostInfo', 'LocalEngines', 'Session']
 
@@ -176,6 +177,12 @@ def _echo(outputs: dict[int, str]) -> None:
 
 
 _DEATH_GRACE = 3.0  # seconds the other hosts get to finish after one died
+#: Seconds past a bounded call's own timeout before a host that has not answered is taken
+#: to be busy with another task (its call still queued: then withdrawn).
+_ANSWER_GRACE = 2.0
+#: ``Session.barrier`` / ``%mh_barrier`` without a timeout: as the core's (`MULTIHOST_TIMEOUT`'s
+#: default; an interrupt ends it sooner).
+DEFAULT_BARRIER_TIMEOUT = 600.0
 
 
 def _state(p: int, poll: Poll, died: dict[int, str]) -> str:
@@ -381,7 +388,47 @@ class Session(JobViewBase):
             p: self.client[self.engine_ids[p]].apply_async(tramp, qualname, *args, **kwargs)
             for p in procs
         }
-        return self._wait(pending, timeout, qualname, on_done)
+        try:
+            return self._wait(pending, timeout, qualname, on_done)
+        except SessionTimeout as exc:
+            raise self._withdrawn(pending, exc, qualname, timeout) from None
+
+    def _withdrawn(
+        self, pending: dict[int, Any], exc: SessionTimeout, what: str, timeout: float
+    ) -> SessionTimeout:
+        """After a call timed out: withdraws it from the hosts that have not run it (their
+        engines are busy with another task, so it waits in their queues, and would run there
+        later, stale: ipyparallel aborts a queued task), and says what those hosts run."""
+        for p in exc.pending:
+            try:
+                pending[p].abort()
+            except Exception:  # started meanwhile, or done: nothing queued to withdraw
+                pass
+        self._unaligned = True  # the others' collective count moved on: realign once idle
+        busy = self.busy_note(exc.pending)
+        return SessionTimeout(
+            f'{what}: {fmt_hosts(exc.pending)} did not answer within {timeout:g} s: {busy}; '
+            'the call was withdrawn there, so it never runs late (%mh_where shows where '
+            'they are).',
+            pending=exc.pending,
+            finished=exc.finished,
+        )
+
+    def busy_note(self, processes: Sequence[int]) -> str:
+        """``process 3 is busy in Cell In[4], line 2`` (its innermost user frame, asked of its
+        debug thread, which answers while the engine is busy), or why that is unknown."""
+        try:
+            stacks = self.where(timeout=3.0)
+        except Exception as exc:  # no control endpoint, or it did not answer
+            return f'busy or stuck (where they are is unknown: {exc})'
+        parts = []
+        for p in processes:
+            st = stacks.get(p)
+            if st is None or getattr(st, 'error', None):
+                parts.append(f'process {p} is busy or stuck (its stacks did not come)')
+            else:
+                parts.append(f'process {p} is busy in {st.where}')
+        return '; '.join(parts)
 
     def _wait(
         self,
@@ -626,9 +673,27 @@ class Session(JobViewBase):
         and ``message`` (plus ``missing`` or ``names``).
         """
         _positive_timeout(timeout)
-        wait = 60.0 + (timeout if timeout is not None else 600.0)
-        results = self.call('multihost.engine.barrier', name, timeout, timeout=wait)
-        return dict(enumerate(results))
+        # Every host's barrier is bounded by ``timeout``: a host not answering a few seconds
+        # after it never ran it (its engine is busy with another task).
+        wait = _ANSWER_GRACE + (timeout if timeout is not None else DEFAULT_BARRIER_TIMEOUT)
+        procs = self._check()
+        if self._unaligned:
+            self._realign_if_idle()
+        pending = {
+            p: self.client[self.engine_ids[p]].apply_async(
+                _call, 'multihost.engine.barrier', name, timeout
+            )
+            for p in procs
+        }
+        try:
+            return dict(zip(sorted(pending), self._wait(pending, wait, 'barrier')))
+        except SessionTimeout as exc:
+            withdrawn = self._withdrawn(pending, exc, f'barrier {name!r}', wait)
+            out = {p: pending[p].get(0) for p in exc.finished}
+            note = str(withdrawn).split(': ', 1)[1]
+            for p in exc.pending:
+                out[p] = dict(ok=False, error='busy', message=note, elapsed=wait, busy=True)
+            return dict(sorted(out.items()))
 
     # -- diagnostics -----------------------------------------------------------
     def layout(

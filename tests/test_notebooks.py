@@ -57,7 +57,7 @@ def test_notebook_runs_top_to_bottom(path):
         assert 'full = x gathered from 4 hosts: float32[16, 12]' in text
         assert 'replicas DIFFER' in text and 'odd process(es) [2]' in text
         assert "['kernel'] [value] on process 3" in text
-        assert "host 3: passed 'ckpt'" in text
+        assert "process 3: passed 'ckpt'" in text
         assert 'still running after 3 s' in text and "barrier('after-eval')" in text
     if path.name == '03_jitted_hang.ipynb':
         # The other batch shape is caught before launch, on every host, naming host 2 ...

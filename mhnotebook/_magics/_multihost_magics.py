@@ -54,15 +54,22 @@ class MultihostMagics(Magics):
         self.background: dict[int, Any] | None = None
         self.attached: AttachedJob | None = None
 
-    def _session(self) -> Session:
-        """The running session, for magics that run code on the hosts (refused while attached)."""
+    def _session(self, what: str | None = None) -> Session:
+        """The running session, for magics that run code on the hosts (refused while attached).
+
+        ``what`` (the magic, ``'%mh_diff'``): it runs on the engines, so a background cell
+        still running there refuses it, and one that finished is shown first
+        (`_run.before_another`)."""
         if self.attached is not None:
             raise UsageError(
                 f'attached to a job started outside the notebook ({self.attached.path}): '
                 'this magic runs code on the hosts, which only a %mh_cluster session can; '
                 '%mh_where, %mh_timeline and %mh_step work here, %mh_detach ends the attachment'
             )
-        return running(self.session)
+        session = running(self.session)
+        if what is not None:
+            _run.before_another(self, session, what)
+        return session
 
     def _inspected(self) -> JobView:
         """The attached job if any, else the running session (where, timeline, step)."""
@@ -215,7 +222,7 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_allgather, compact_subscripts(line))
         out = gather_target(args.name, args.out)
         max_bytes = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
-        session = self._session()
+        session = self._session('%mh_allgather')
         value = delegate(
             lambda: session.allgather(args.name, transport=args.transport, max_bytes=max_bytes)
         )
@@ -227,14 +234,19 @@ class MultihostMagics(Magics):
     # -- %mh_barrier -----------------------------------------------------------------
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('name', help='barrier name (the same on every host)')
-    @timeout_option(30.0, 'seconds to wait')
+    @timeout_option(
+        None, 'seconds to wait (default: MULTIHOST_TIMEOUT, 600 s, as multihost.barrier)'
+    )
     @line_magic
     def mh_barrier(self, line: str) -> None:
         """Do all hosts get here? A timed barrier: who arrived, how long it took.
 
-        Every host waits at barrier ``NAME`` for up to ``--timeout`` seconds;
-        each one's time in it, or the error that names the hosts that never
-        arrived, is printed per host.
+        Every host waits at barrier ``NAME`` for up to ``--timeout`` seconds (default: as
+        long as ``multihost.barrier`` does, ``MULTIHOST_TIMEOUT``, 600 s unless set; Ctrl-C
+        ends it sooner); each one's time in it, or the error that names the hosts that never
+        arrived, is printed per host. It returns at its timeout even when a host's engine is
+        busy with another task: that host is named busy (where it is) and its barrier call
+        is withdrawn, so it never runs late.
 
         Examples::
 
@@ -243,7 +255,7 @@ class MultihostMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.mh_barrier, line)
         check_timeout(args.timeout, '%mh_barrier NAME --timeout 30')
-        session = self._session()
+        session = self._session('%mh_barrier')
         results = delegate(lambda: session.barrier(args.name, timeout=args.timeout))
         _results.print_barrier(args.name, results)
 
@@ -285,7 +297,7 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_layout, compact_subscripts(line))
         name = valid_name(args.name)
         axes = parse_axes(args.axes) if args.axes else None
-        session = self._session()
+        session = self._session('%mh_layout')
         try:
             view = delegate(
                 lambda: layout_view(session, name, values=not args.no_values, axes=axes)
@@ -317,7 +329,7 @@ class MultihostMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.mh_diff, compact_subscripts(line))
         name = valid_name(args.name)
-        session = self._session()
+        session = self._session('%mh_diff')
         return delegate(lambda: diff_view(session, name))
 
     @magic_arguments.magic_arguments()
@@ -342,7 +354,7 @@ class MultihostMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.mh_nan, compact_subscripts(line))
         name = valid_name(args.name)
-        session = self._session()
+        session = self._session('%mh_nan')
         return delegate(lambda: nonfinite_view(session, name))
 
     @magic_arguments.magic_arguments()
@@ -403,7 +415,7 @@ class MultihostMagics(Magics):
             %mh_env
         """
         no_arguments(line, '%mh_env takes no arguments.')
-        session = self._session()
+        session = self._session('%mh_env')
         return delegate(lambda: env_view(session))
 
     @magic_arguments.magic_arguments()
@@ -421,7 +433,7 @@ class MultihostMagics(Magics):
             %mh_mem
         """
         no_arguments(line, '%mh_mem takes no arguments.')
-        session = self._session()
+        session = self._session('%mh_mem')
         return delegate(lambda: memory_view(session))
 
     @magic_arguments.magic_arguments()

@@ -50,9 +50,11 @@ def print_barrier(name: str, results: dict[int, dict[str, Any]]) -> None:
     """Each host's time in barrier ``name``, or the error that names who never arrived."""
     for p, r in sorted(results.items()):
         if r['ok']:
-            print(f'host {p}: passed {name!r} in {r["elapsed"] * 1e3:.1f} ms')
+            print(f'process {p}: passed {name!r} in {r["elapsed"] * 1e3:.1f} ms')
+        elif r.get('busy'):
+            print(f'process {p}: busy, its barrier call withdrawn: {r["message"]}')
         else:
-            print(f'host {p}: {r["error"]}: {r["message"].splitlines()[0]}')
+            print(f'process {p}: {r["error"]}: {r["message"].splitlines()[0]}')
 
 
 def note_host_local(name: str, view: LayoutView | TreeLayoutView) -> None:

@@ -22,8 +22,9 @@ from mhnotebook._errors import (
     hosts_phrase,
 )
 from mhnotebook._magics._entry import delegate, print_errors, show_interrupt
-from mhnotebook._session import Session
+from mhnotebook._session import Session, _echo, _quiet
 from mhnotebook._views import where_view
+from multihost._text import fmt_hosts
 
 Pending = dict[int, Any]  # process -> its AsyncResult
 
@@ -64,11 +65,69 @@ class Holder(Protocol):
     background: Pending | None
 
 
+def still_running(holder: Holder, session: Session) -> list[int]:
+    """The living processes still running the background cell (empty: none runs)."""
+    if holder.background is None:
+        return []
+    dead = set(session.dead)
+    return sorted(p for p, ar in holder.background.items() if p not in dead and not ar.ready())
+
+
+def before_another(holder: Holder, session: Session, what: str) -> None:
+    """Called before anything else runs on the hosts (``what``: the magic, e.g. ``%%mh``).
+
+    A background cell still running refuses it in one line (the engines would queue it
+    behind that cell, silently); one that has finished is collected first, so its output
+    is shown, never lost.
+    """
+    running = still_running(holder, session)
+    if running:
+        done = sorted(set(holder.background or ()) - set(running))
+        finished = f' (finished on {fmt_hosts(done)})' if done else ''
+        raise UsageError(
+            f'{what}: a %%mh cell is still running in the background on '
+            f'{fmt_hosts(running)}{finished}; %mh_wait collects its output, %mh_where shows '
+            f'where they are (nothing was run: run {what} again once it is done).'
+        )
+    if holder.background is not None:
+        pending, holder.background = holder.background, None
+        _show_finished(session, pending)
+
+
+def _show_finished(session: Session, pending: Pending) -> None:
+    """A finished background cell's output and errors (an interrupt, such as the stepper's
+    Stop, in one line: it was asked for); nothing when it printed nothing and raised nothing."""
+    dead = set(session.dead)
+    for p, ar in pending.items():
+        if p not in dead:
+            try:
+                ar.wait_for_output(2.0)  # the reply can come before the last output message
+            except Exception:
+                pass
+    outputs = {p: _quiet(''.join(getattr(ar, 'stdout', '') or '')) for p, ar in pending.items()}
+    failures = {}
+    try:
+        session.wait_outputs(pending, timeout=10.0, echo=False)
+    except HostsError as exc:
+        failures = dict(exc.failures)
+    except SessionError as exc:  # a host died meanwhile
+        print(f'%%mh: the background cell: {exc}')
+    interrupted = sorted(p for p, f in failures.items() if f.ename == 'KeyboardInterrupt')
+    errors = {p: f for p, f in failures.items() if p not in interrupted}
+    if any(outputs.values()) or errors:
+        print('%%mh: the background cell had finished; its output:')
+        _echo(outputs)
+        print_errors(errors)
+    if interrupted:
+        print(f'%%mh: the background cell was interrupted on {fmt_hosts(interrupted)}.')
+
+
 def run_cell(
     holder: Holder, session: Session, cell: str, *, timeout: float | None, bg: bool
 ) -> None:
     """Runs ``cell`` on every living host and prints its output, unless it runs in the
     background (``bg``, or stepping: the kernel must stay free for the stepper's buttons)."""
+    before_another(holder, session, '%%mh')
     background = bg or session.stepping  # the hosts' own setting
     pending = delegate(lambda: session.execute_async(cell))
     dead = session.dead
