@@ -521,6 +521,26 @@ def test_timeline_counts_a_users_barrier_marks_jaxs_own_and_names_no_one_from_on
     magics.session = None
 
 
+def test_diff_of_a_tie_blames_no_host_and_shows_both_values(session):
+    """Issue 32 item 3, in a real shell: processes 0-1 hold one value, 2-3 another: no
+    majority, so ``%mh_diff`` names no odd host, says so, and shows both values."""
+    from IPython.utils.capture import capture_output
+
+    ip, magics = _shell(session)
+    session.execute('tie_w = {"w": np.full(3, 1.5 if jax.process_index() >= 2 else 0.5)}',
+                    echo=False)  # fmt: skip
+    with capture_output():
+        view = ip.run_line_magic('mh_diff', 'tie_w')
+    (leaf,) = view.diff.leaves
+    assert leaf.tie and leaf.odd_processes == () and view.diff.odd_processes == ()
+    text = view.text()
+    assert 'no majority, so no host is odd' in text and 'odd hosts' not in text, text
+    assert "['w'] [value]: processes 0-1 and 2-3 differ; no majority" in text, text
+    assert 'process 0: [0.5 0.5 0.5]' in text and 'process 2: [1.5 1.5 1.5]' in text, text
+    assert 'no majority, so no host is odd' in view.static_html()
+    magics.session = None
+
+
 def test_census_magics_name_the_odd_host(session):
     """%mh_env names a flag set on host 2 only; %mh_mem names the 64 MiB array host 1 keeps."""
     from mhnotebook.widgets import EnvView, MemoryView

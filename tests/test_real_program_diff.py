@@ -130,8 +130,9 @@ def test_partially_replicated_blocks_are_compared_over_their_replicas():
     (leaf,) = diff.leaves
     assert leaf.block == ((0, 2), (0, 4))
     assert sorted(leaf.shapes) == [0, 1]  # only the hosts holding that block
-    assert leaf.majority_processes == (0,) and leaf.odd_processes == (1,)
-    assert leaf.num_different == {1: 8}
+    # one host against one: no majority, so nobody is blamed; host 1 compared with host 0
+    assert leaf.tie and leaf.odd_processes == () and leaf.compared_processes == (1,)
+    assert leaf.majority_processes == (0,) and leaf.num_different == {1: 8}
     healthy = jax.make_array_from_callback((4, 4), NamedSharding(mesh, P('a')), lambda i: value[i])
     ok = multihost.tree_diff({'x': healthy})
     assert ok.ok and ok.not_compared == ()

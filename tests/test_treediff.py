@@ -148,13 +148,21 @@ def test_two_hosts_differ_from_majority():
 
 
 @multiprocess
-def test_tie_goes_to_group_with_lowest_host():
-    """Two against two: the group holding process 0 is the majority."""
+def test_a_tie_blames_no_host():
+    """Two against two (issue 32 item 3): no majority, so no host is odd; the group holding
+    process 0 is only the reference the others are compared with, and the text says so."""
     pid = jax.process_index()
     tree = {'x': np.full(3, 1 if pid in (2, 3) else 0, np.int8)}
-    leaf = multihost.tree_diff(tree).leaves[0]
-    assert leaf.majority_processes == (0, 1) and leaf.odd_processes == (2, 3)
+    diff = multihost.tree_diff(tree)
+    leaf = diff.leaves[0]
+    assert leaf.tie and leaf.odd_processes == () and diff.odd_processes == ()
+    assert leaf.majority_processes == (0, 1) and leaf.compared_processes == (2, 3)
     assert leaf.num_different == {2: 3, 3: 3} and leaf.max_abs_diff == {2: 1.0, 3: 1.0}
+    assert leaf.describe().startswith("['x'] [value]: processes 0-1 and 2-3 differ; no majority")
+    assert 'no majority, so no host is odd' in diff.summary(), diff.summary()
+    # three against one is a majority: process 3 is odd, no tie
+    odd = multihost.tree_diff({'x': np.int8(pid == 3)}).leaves[0]
+    assert not odd.tie and odd.odd_processes == (3,)
 
 
 @multiprocess
@@ -323,7 +331,9 @@ def test_assert_equal_message_is_bounded_for_huge_diffs():
     assert len(text) < 3000, len(text)
     assert '... and 990 more' in text and text.count('\n') <= 12
     assert len(info.value.diff.leaves) == 1000
-    assert info.value.diff.leaves[0].odd_processes == (1, 2, 3)
+    # four values, four groups of one: no majority, nobody odd; all compared with process 0
+    first = info.value.diff.leaves[0]
+    assert first.tie and first.odd_processes == () and first.compared_processes == (1, 2, 3)
 
 
 @multiprocess
@@ -357,7 +367,8 @@ def test_every_host_gets_an_identical_tree_diff(mp_cluster):
     assert [pickle.dumps(d.to_dict()) for d in diffs[1:]] == [pickle.dumps(diffs[0].to_dict())] * 3
     d = diffs[0]
     assert [leaf.path for leaf in d.leaves] == ["['big']", "['w']", "['extra']"]
-    assert d["['w']"].odd_processes == (1, 2, 3)  # every host differs from process 0's value
+    w = d["['w']"]  # every host differs from process 0's value: no majority, nobody odd
+    assert w.tie and w.odd_processes == () and w.compared_processes == (1, 2, 3)
     json.dumps(d.to_dict())
 
 

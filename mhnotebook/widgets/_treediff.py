@@ -93,16 +93,17 @@ def leaf_summary(leaf: LeafDiff) -> str:
             for sig, hosts in sorted(groups.items(), key=lambda g: g[1][0])
         ]
         return '; '.join(parts[:4]) + (f'; ... ({len(parts)} variants)' if len(parts) > 4 else '')
-    stats = [h for h in leaf.odd_processes if h in leaf.num_different]
+    stats = [h for h in leaf.compared_processes if h in leaf.num_different]
+    tie = 'no majority: ' if leaf.tie else ''
     if not stats:
-        return f'bytes differ on {fmt_hosts(leaf.odd_processes)}'
+        return f'{tie}bytes differ on {fmt_hosts(leaf.compared_processes)}'
     total = sum(leaf.num_different[h] for h in stats)
     diffs = [leaf.max_abs_diff[h] for h in stats]
     worst = math.nan if any(math.isnan(d) for d in diffs) else max(diffs)
     first = stats[0]
     size = math.prod(leaf.shapes[first] or ())
     return (
-        f'{total} element(s) differ ({leaf.num_different[first]} of {size} on process '
+        f'{tie}{total} element(s) differ ({leaf.num_different[first]} of {size} on process '
         f'{first}), max |diff| {_num(worst)}, first at {leaf.first_index[first]}'
     )
 
@@ -120,9 +121,11 @@ def _cell(leaf: LeafDiff, host: int) -> tuple[str, str]:
     if leaf.kind != 'value':
         return _sig(leaf.shapes.get(host), leaf.dtypes.get(host)), ''
     if leaf.text_values is not None and host in leaf.values:
-        same = host not in leaf.odd_processes
+        same = host not in leaf.compared_processes
         return _text(str(leaf.values[host])), 'same as the majority' if same else ''
-    if host not in leaf.odd_processes:
+    if host not in leaf.compared_processes:
+        if leaf.tie:
+            return 'reference', 'no majority: compared with this group (the lowest process)'
         return ('reference' if host == leaf.reference_process else '='), 'same as the majority'
     if host not in leaf.num_different:
         return 'bytes differ', ''
@@ -195,15 +198,17 @@ def leaf_detail_html(leaf: LeafDiff) -> str:
     Odd hosts are listed in full; of the majority, the reference host and a
     few others (the rest hold the same bytes).
     """
-    majority = [h for h in sorted(leaf.shapes) if h not in leaf.odd_processes]
+    majority = [h for h in sorted(leaf.shapes) if h not in leaf.compared_processes]
     shown_majority = [leaf.reference_process] + [
         h for h in majority if h != leaf.reference_process
     ][:MAX_DETAIL_MAJORITY]
-    hosts = sorted(set(leaf.odd_processes) | (set(shown_majority) & set(leaf.shapes)))
+    hosts = sorted(set(leaf.compared_processes) | (set(shown_majority) & set(leaf.shapes)))
     rows = []
     for h in hosts:
         odd = h in leaf.odd_processes
         role = 'odd' if odd else ('reference' if h == leaf.reference_process else 'majority')
+        if leaf.tie:  # no majority: two sides, neither odd
+            role = 'reference side' if h in leaf.majority_processes else 'other side'
         if h in leaf.values:
             value = pre(_values_text(leaf.values[h]))
         elif leaf.shapes.get(h) is None:
@@ -295,8 +300,12 @@ def summary_html(diff: TreeDiff) -> str:
         CSS
         + banner(
             f'<b>{len(diff.differing_paths)} of {diff.num_leaves} leaves differ</b> across '
-            f'{diff.num_processes} hosts; odd hosts: <span class="mh-odd-host">'
-            f'{esc(fmt_hosts(diff.odd_processes))}</span>',
+            f'{diff.num_processes} hosts; '
+            + (
+                f'odd hosts: <span class="mh-odd-host">{esc(fmt_hosts(diff.odd_processes))}</span>'
+                if diff.odd_processes
+                else 'no majority, so no host is odd'
+            ),
             'mh-flagged',
         )
         + notes

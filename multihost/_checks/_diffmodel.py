@@ -91,18 +91,19 @@ class LeafDiff:
             (a global array whose hosts place its blocks differently:
             ``digests`` are then digests of each host's placement) or
             ``'value'``.
-        odd_processes: sorted hosts outside the majority (the odd ones out).
+        odd_processes: sorted hosts outside the majority (the odd ones out);
+            empty on a `tie`, where no host is odd.
         majority_processes: sorted hosts holding the most common fingerprint (on a
-            tie: the group with the lowest process index).
+            `tie`: the group with the lowest process index, the reference only).
         shapes: host -> shape of the compared data, or None where the leaf is
             missing (for a global array: the shape of the block compared; for
             a PRNG key array: the shape of its key data).
         dtypes: host -> dtype name (``'float32'``, ``'key<fry>'``; ``'str'``,
             ``'bytes'`` or the type's name for a non-array leaf), or None.
         digests: host -> 16-hex-digit digest of the bytes, or None.
-        num_different: odd host -> number of elements that differ from the
-            majority value (bitwise). Only for odd hosts whose shape and dtype
-            match the majority's.
+        num_different: compared host (`compared_processes`) -> number of
+            elements that differ from the majority value (bitwise). Only for
+            those whose shape and dtype match the majority's.
         max_abs_diff: odd host -> max ``|x - majority|`` over the differing
             elements (float64; NaN when a NaN is involved or the dtype is not
             numeric). Same hosts as ``num_different``.
@@ -119,6 +120,11 @@ class LeafDiff:
             the hosts holding that block appear in the per-host mappings, and
             a global array has one `LeafDiff` per differing block. None for a
             host-local leaf.
+        tie: no group of hosts is a majority (1 vs 1 on two hosts, 2 vs 2 on
+            four): which side is wrong cannot be told, so no host is odd
+            (`odd_processes` is empty) and `describe` says ``no majority``; the
+            other hosts are still compared with the reference group
+            (`compared_processes`: ``num_different`` and the rest are theirs).
     """
 
     path: str
@@ -133,6 +139,13 @@ class LeafDiff:
     first_index: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     values: Mapping[int, np.ndarray] = dataclasses.field(default_factory=dict)
     block: Index | None = None
+    tie: bool = False
+
+    @property
+    def compared_processes(self) -> tuple[int, ...]:
+        """The hosts compared with the reference: `odd_processes`, or on a `tie` every host
+        outside the reference group."""
+        return tuple(h for h in sorted(self.shapes) if h not in self.majority_processes)
 
     @property
     def reference_process(self) -> int:
@@ -173,6 +186,18 @@ class LeafDiff:
     def describe(self) -> str:
         """One bounded line: the path (and block), the odd hosts and how they differ."""
         head = f'{self.where} [{self.kind}] on {_fmt_hosts(self.odd_processes)}'
+        if self.tie:
+            groups = sorted(
+                {
+                    tuple(h for h in sorted(self.shapes) if self.digests[h] == d)
+                    for d in self.digests.values()
+                }  # fmt: skip
+            )
+            if len(groups) == 2:
+                sides = ' and '.join(_fmt_hosts(g).split(' ', 1)[1] for g in groups)
+                head = f'{self.where} [{self.kind}]: processes {sides} differ; no majority'
+            else:
+                head = f'{self.where} [{self.kind}]: no majority, {len(groups)} values'
         if self.kind == 'sharding':
             return f'{head}: {self.placements()}'
         if self.kind != 'value':
@@ -193,8 +218,9 @@ class LeafDiff:
                 parts.append(f'... ({len(texts)} values)')
             return f'{head}: ' + '; '.join(parts)
         shown = []
-        for h in self.odd_processes[:3]:
-            who = '' if len(self.odd_processes) == 1 else f'{_fmt_hosts([h])}: '
+        compared = self.compared_processes
+        for h in compared[:3]:
+            who = '' if len(compared) == 1 and not self.tie else f'{_fmt_hosts([h])}: '
             if h in self.num_different:
                 shown.append(
                     f'{who}{self.num_different[h]} of {math.prod(self.shapes[h] or ())} '
@@ -203,8 +229,13 @@ class LeafDiff:
                 )
             else:
                 shown.append(f'{who}bytes differ')
-        if len(self.odd_processes) > 3:
-            shown.append(f'... and {len(self.odd_processes) - 3} more hosts')
+        if len(compared) > 3:
+            shown.append(f'... and {len(compared) - 3} more hosts')
+        if self.tie and self.values and len(set(self.digests.values())) == 2:  # both sides
+            shown.append('values: ' + '; '.join(
+                f'{_fmt_hosts([h])}: '
+                f'{np.array2string(self.values[h], threshold=6, precision=5, max_line_width=10**6)}'
+                for h in sorted(self.values)[:4]))  # fmt: skip
         return f'{head} (vs {_fmt_hosts(self.majority_processes)}): ' + '; '.join(shown)
 
     def to_dict(self) -> dict[str, Any]:
@@ -363,9 +394,14 @@ class TreeDiff:
                 f'All {self.num_processes} hosts agree on every leaf they can compare '
                 f'({self.num_leaves} leaves). ' + ' '.join(notes)
             )
+        odd = (
+            f'odd hosts: {_fmt_hosts(self.odd_processes)}'
+            if self.odd_processes
+            else 'no majority, so no host is odd'
+        )
         lines = [
             f'{len(self.differing_paths)} of {self.num_leaves} leaves differ across '
-            f'{self.num_processes} hosts; odd hosts: {_fmt_hosts(self.odd_processes)}.'
+            f'{self.num_processes} hosts; {odd}.'
         ]
         lines += ['  ' + leaf.describe() for leaf in self.leaves[:max_leaves]]
         if len(self.leaves) > max_leaves:

@@ -398,6 +398,7 @@ class _Pending:
     odd: tuple[int, ...]
     kind: str
     block: Index | None = None
+    tie: bool = False  # no group is a majority: ``majority`` is the reference group only
 
     @property
     def key(self) -> str:
@@ -617,7 +618,9 @@ def _verdict(
     else:
         what = 'value'
     odd = tuple(h for h in hosts if keys[h] != major_key)
-    return _Pending(path, sigs, tuple(groups[major_key]), odd, what, block)
+    # 1 vs 1, 2 vs 2: another group as large as the reference's; nobody is the odd one out
+    tie = sum(len(g) == len(groups[major_key]) for g in groups.values()) > 1
+    return _Pending(path, sigs, tuple(groups[major_key]), odd, what, block, tie)
 
 
 def _mixed_kinds(p: _Pending) -> bool:
@@ -859,7 +862,7 @@ def _assemble(
             LeafDiff(
                 path=p.path,
                 kind=p.kind,
-                odd_processes=p.odd,
+                odd_processes=() if p.tie else p.odd,
                 majority_processes=p.majority,
                 shapes={h: None if s is None else s.shape for h, s in p.sigs.items()},
                 dtypes={h: None if s is None else s.dtype for h, s in p.sigs.items()},
@@ -869,6 +872,7 @@ def _assemble(
                 max_abs_diff={h: float(s[2]) for h, s in stats.items()},
                 values=values,
                 block=p.block,
+                tie=p.tie,
             )
         )
     return TreeDiff(
