@@ -318,9 +318,10 @@ def resolve(
     head, steps = parse(text, cuts=cuts)
     full = format_steps(head, steps)
     if head not in namespace:
+        mine = [k for k in namespace if isinstance(k, str) and not k.startswith('_')]
         raise BadName(
-            f'name {head!r} is not defined on this engine. Define it in a %%mh cell first '
-            '(every host runs the cell).'
+            f'name {head!r} is not defined on this engine{_suggest(head, mine) or "."} '
+            'Define it in a %%mh cell first (every host runs the cell).'
         )
     obj = namespace[head]
     for i, step in enumerate(steps):

@@ -106,6 +106,20 @@ def test_gather_errors_are_clear(session):
     """Unknown names, non-names and non-numeric values give errors that say what to do."""
     with pytest.raises(SessionError, match="name 'nope' is not defined on this engine"):
         session.allgather('nope')
+    # Issue 32 item 4: a close name is suggested, and the hosts lacking one are named.
+    session.execute('params = {"w": np.ones(2)}\nif jax.process_index() == 0:\n    only0 = 1',
+                    echo=False)  # fmt: skip
+    with pytest.raises(SessionError) as info:
+        session.allgather('parms')
+    assert str(info.value) == (
+        "cannot gather 'parms' on processes 0-3: name 'parms' is not defined on this engine; "
+        "did you mean 'params'? Define it in a %%mh cell first (every host runs the cell)."
+    ), str(info.value)
+    with pytest.raises(SessionError) as info:
+        session.allgather('only0')
+    assert str(info.value).startswith(
+        "cannot gather 'only0' on processes 1-3: name 'only0' is not defined on this engine"
+    ), str(info.value)
     with pytest.raises(ValueError, match='is not a name of an engine value'):
         session.allgather('x[0]; import os')
     session.execute('obj = object()', echo=False)

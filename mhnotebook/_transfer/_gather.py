@@ -29,6 +29,7 @@ import numpy as np
 
 from mhnotebook._errors import HostsError, SessionError
 from mhnotebook._transfer._shm import SHM_DIR, HeapPool, ShmPool
+from multihost._text import fmt_hosts
 
 # `Session.call`: runs an installed engine function on the hosts, results by process index.
 Call = Callable[..., list[Any]]
@@ -347,11 +348,14 @@ def allgather(
         return _gather_zmq(call, name, index, timeout, max_bytes)
     except HostsError as exc:
         # A GatherError is the same on every host: show it once, without the remote traceback.
-        first = exc.failures[min(exc.failures)] if exc.failures else None
-        if first is not None and first.ename == 'GatherError':
-            raise SessionError(
-                f'cannot gather {_fmt_target(name, index)!r}: {first.evalue}'
-            ) from None
+        # Grouped by message, each group naming its hosts (a name only some hosts lack).
+        failures = exc.failures
+        if failures and all(f.ename == 'GatherError' for f in failures.values()):
+            groups: dict[str, list[int]] = {}
+            for p, f in sorted(failures.items()):
+                groups.setdefault(f.evalue, []).append(p)
+            said = '; '.join(f'on {fmt_hosts(ps)}: {ev}' for ev, ps in groups.items())
+            raise SessionError(f'cannot gather {_fmt_target(name, index)!r} {said}') from None
         raise
 
 
