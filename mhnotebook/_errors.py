@@ -203,6 +203,24 @@ class SessionInterrupted(SessionError):
         self.report = report
 
 
+def processes_phrase(processes: Sequence[int]) -> str:
+    """``[3]`` -> ``'process 3'``; ``[0, 1, 2, 5]`` -> ``'processes 0-2, 5'`` (the words of
+    `multihost._text.fmt_hosts`, here without importing `multihost`, which imports jax)."""
+    ps = sorted(set(processes))
+    if not ps:
+        return 'no process'
+    runs: list[str] = []
+    start = prev = ps[0]
+    for p in [*ps[1:], None]:
+        if p is not None and p == prev + 1:
+            prev = p
+            continue
+        runs.append(str(start) if start == prev else f'{start}-{prev}')
+        if p is not None:
+            start = prev = p
+    return ('process ' if len(ps) == 1 else 'processes ') + ', '.join(runs)
+
+
 def hosts_phrase(processes: Sequence[int]) -> str:
     """``[2]`` -> ``'host 2'``; ``[0, 1, 3]`` -> ``'hosts 0, 1, 3'``; ``[]`` -> ``'no host'``."""
     ps = sorted(processes)

@@ -36,13 +36,13 @@ from mhnotebook._errors import (
     fate_note,
     hosts_phrase,
     how_ended,
+    processes_phrase,
 )
 from mhnotebook._interrupt import realign, settle, wait_idle
 from mhnotebook._jobview import JobViewBase
 from mhnotebook._poll import Poll
 from mhnotebook._trampoline import call as _call
 from mhnotebook._trampoline import call_ns as _call_ns
-from multihost._text import fmt_hosts
 
 __all__ = ['Engines', 'HostInfo', 'LocalEngines', 'Session']
 
@@ -407,7 +407,7 @@ class Session(JobViewBase):
         self._unaligned = True  # the others' collective count moved on: realign once idle
         busy = self.busy_note(exc.pending)
         return SessionTimeout(
-            f'{what}: {fmt_hosts(exc.pending)} did not answer within {timeout:g} s: {busy}; '
+            f'{what}: {processes_phrase(exc.pending)} did not answer within {timeout:g} s: {busy}; '
             'the call was withdrawn there, so it never runs late (%mh_where shows where '
             'they are).',
             pending=exc.pending,

@@ -20,11 +20,11 @@ from mhnotebook._errors import (
     SessionInterrupted,
     SessionTimeout,
     hosts_phrase,
+    processes_phrase,
 )
 from mhnotebook._magics._entry import delegate, print_errors, show_interrupt
 from mhnotebook._session import Session, _echo, _quiet
 from mhnotebook._views import where_view
-from multihost._text import fmt_hosts
 
 Pending = dict[int, Any]  # process -> its AsyncResult
 
@@ -83,10 +83,10 @@ def before_another(holder: Holder, session: Session, what: str) -> None:
     running = still_running(holder, session)
     if running:
         done = sorted(set(holder.background or ()) - set(running))
-        finished = f' (finished on {fmt_hosts(done)})' if done else ''
+        finished = f' (finished on {processes_phrase(done)})' if done else ''
         raise UsageError(
             f'{what}: a %%mh cell is still running in the background on '
-            f'{fmt_hosts(running)}{finished}; %mh_wait collects its output, %mh_where shows '
+            f'{processes_phrase(running)}{finished}; %mh_wait collects its output, %mh_where shows '
             f'where they are (nothing was run: run {what} again once it is done).'
         )
     if holder.background is not None:
@@ -119,7 +119,7 @@ def _show_finished(session: Session, pending: Pending) -> None:
         _echo(outputs)
         print_errors(errors)
     if interrupted:
-        print(f'%%mh: the background cell was interrupted on {fmt_hosts(interrupted)}.')
+        print(f'%%mh: the background cell was interrupted on {processes_phrase(interrupted)}.')
 
 
 def run_cell(

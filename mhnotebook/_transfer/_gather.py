@@ -27,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from mhnotebook._errors import HostsError, SessionError
+from mhnotebook._errors import HostsError, SessionError, processes_phrase
 from mhnotebook._transfer._shm import SHM_DIR, HeapPool, ShmPool
-from multihost._text import fmt_hosts
 
 # `Session.call`: runs an installed engine function on the hosts, results by process index.
 Call = Callable[..., list[Any]]
@@ -354,7 +353,7 @@ def allgather(
             groups: dict[str, list[int]] = {}
             for p, f in sorted(failures.items()):
                 groups.setdefault(f.evalue, []).append(p)
-            said = '; '.join(f'on {fmt_hosts(ps)}: {ev}' for ev, ps in groups.items())
+            said = '; '.join(f'on {processes_phrase(ps)}: {ev}' for ev, ps in groups.items())
             raise SessionError(f'cannot gather {_fmt_target(name, index)!r} {said}') from None
         raise
 
