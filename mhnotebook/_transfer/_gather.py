@@ -144,6 +144,21 @@ def _check_size(
     )
 
 
+def _leaf_name(path: str) -> str:
+    return f'leaf {path}' if path and path != '<root>' else 'the value'
+
+
+def _held(leaf: list[dict[str, Any]]) -> str:
+    """``processes 0-2: local int64 (1,); process 3: local int64 (2,)``: the processes grouped
+    by what they hold (kind, dtype, shape), each group once."""
+    groups: dict[str, list[int]] = {}
+    for p, lm in enumerate(leaf):
+        impl = f' key<{lm["key_impl"]}>' if lm.get('key_impl') else ''
+        what = f'{lm["kind"]} {lm["dtype"]}{impl} {tuple(lm["shape"])}'
+        groups.setdefault(what, []).append(p)
+    return '; '.join(f'{processes_phrase(ps)}: {what}' for what, ps in groups.items())
+
+
 def _plan(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per leaf: result shape and dtype, checked to agree across hosts."""
     first = metas[0]
@@ -162,17 +177,8 @@ def _plan(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
         shapes = {lm['shape'] for lm in leaf}
         dtypes = {(lm['dtype'], lm.get('key_impl')) for lm in leaf}
         if len(kinds) > 1 or len(dtypes) > 1 or len(shapes) > 1:
-            per = {
-                p: (
-                    lm['kind'],
-                    lm['shape'],
-                    lm['dtype'],
-                    *([lm['key_impl']] if 'key_impl' in lm else []),
-                )
-                for p, lm in enumerate(leaf)
-            }
             raise SessionError(
-                f'leaf {path} differs between hosts (kind, shape, dtype): {per}. '
+                f'{_leaf_name(path)} differs between processes: {_held(leaf)}. '
                 'Compare them with %mh_diff.'
             )
         kind, shape, (dtype, key_impl) = kinds.pop(), shapes.pop(), dtypes.pop()
