@@ -90,11 +90,13 @@ def test_notebook_runs_top_to_bottom(path):
         assert "NamedSharding P('model') on mesh (data=2, model=2)" in text, text
         # Healthy sharded leaves are compared over their replicas: nothing differs ...
         assert 'All 2 hosts hold the same tree (19 leaves).' in text, text
-        # ... then the drifted bias is named, block by block; two hosts: no majority, no blame.
+        # ... then the drifted bias is named once, its two blocks listed (issue 32 item 7);
+        # two hosts: no majority, no blame (item 3).
         assert (
-            "['block_0']['Dense_0']['bias'] block [0:32] [value]: processes 0 and 1 differ; "
-            'no majority' in text
+            "['block_0']['Dense_0']['bias'] blocks [0:32], [32:64] (2 of its blocks differ; "
+            'the first:) [value]: processes 0 and 1 differ; no majority' in text
         ), text
+        assert text.count("['Dense_0']['bias'] block") == 1, text
         assert 'no majority, so no host is odd' in text, text
         # The other batch shape: caught before launch, first difference first.
         assert 'first difference: argument "batch[' in text and 'on process 1' in text, text

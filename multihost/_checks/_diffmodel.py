@@ -250,6 +250,27 @@ class LeafDiff:
     __hash__ = None  # type: ignore[assignment]  # mutable-looking mappings: unhashable
 
 
+#: Blocks a leaf's one entry lists by index (`describe_blocks`); more are counted.
+_MAX_BLOCKS_SHOWN = 4
+
+
+def describe_blocks(leaves: list[LeafDiff]) -> str:
+    """One bounded line for one leaf, whichever of its blocks differ: `LeafDiff.describe`
+    of the only one, or of the first with the others' blocks listed after the path
+    (``['w'] blocks [0:4, 0:8], [4:8, 0:8] (2 of its blocks differ; the first): ...``)."""
+    first = leaves[0]
+    text = first.describe()
+    if len(leaves) == 1 or first.block is None:
+        return text
+    shown = ', '.join(format_index(leaf.block) for leaf in leaves[:_MAX_BLOCKS_SHOWN] if leaf.block)
+    more = f', ... ({len(leaves)} in all)' if len(leaves) > _MAX_BLOCKS_SHOWN else ''
+    head = (
+        f'{_fmt_path(first.path)} blocks {shown}{more} '
+        f'({len(leaves)} of its blocks differ; the first:)'
+    )
+    return head + text[len(first.where) :]
+
+
 @dataclasses.dataclass(frozen=True)
 class GlobalLeaf:
     """How one global (non-fully-addressable) `jax.Array` leaf was compared.
@@ -403,10 +424,13 @@ class TreeDiff:
             f'{len(self.differing_paths)} of {self.num_leaves} leaves differ across '
             f'{self.num_processes} hosts; {odd}.'
         ]
-        lines += ['  ' + leaf.describe() for leaf in self.leaves[:max_leaves]]
-        if len(self.leaves) > max_leaves:
+        groups: dict[str, list[LeafDiff]] = {}
+        for leaf in self.leaves:  # one entry per leaf, its differing blocks listed compactly
+            groups.setdefault(leaf.path, []).append(leaf)
+        lines += ['  ' + describe_blocks(g) for g in list(groups.values())[:max_leaves]]
+        if len(groups) > max_leaves:
             lines.append(
-                f'  ... and {len(self.leaves) - max_leaves} more differing '
+                f'  ... and {len(groups) - max_leaves} more differing '
                 'leaves (all of them are in the TreeDiff).'
             )
         lines += ['  ' + note for note in notes]
