@@ -173,7 +173,7 @@ def _quiet(text: str) -> str:
 def _echo(outputs: dict[int, str]) -> None:
     for p, text in sorted(outputs.items()):
         if text:
-            print(f'[host {p}] ' + text.rstrip('\n').replace('\n', f'\n[host {p}] '))
+            print(f'[process {p}] ' + text.rstrip('\n').replace('\n', f'\n[process {p}] '))
 
 
 _DEATH_GRACE = 3.0  # seconds the other hosts get to finish after one died

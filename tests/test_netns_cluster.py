@@ -218,7 +218,7 @@ def test_every_magic_on_namespace_hosts(session, hosts):
     try:
         with capture_output() as cap:
             ip.run_cell_magic('mh', '--timeout 60', 'y = x * 2\nprint("ok", pid)')
-        assert all(f'[host {p}] ok {p}' in cap.stdout for p in range(N)), cap.stdout
+        assert all(f'[process {p}] ok {p}' in cap.stdout for p in range(N)), cap.stdout
         with capture_output() as cap:
             ip.run_line_magic('mh_allgather', 'y -o full')
         np.testing.assert_array_equal(ip.user_ns['full'], np.arange(48.0).reshape(8, 6) * 2)
@@ -231,7 +231,8 @@ def test_every_magic_on_namespace_hosts(session, hosts):
         with capture_output() as cap:
             ip.run_line_magic('mh_cluster', 'status')
         for p, h in enumerate(session.processes):
-            assert f'host {p}: engine {h.engine_id} on {h.hostname} ({h.address}, pid' in cap.stdout
+            said = f'process {p}: engine {h.engine_id} on {h.hostname} ({h.address}, pid'
+            assert said in cap.stdout, cap.stdout
         # Stepping: every host pauses at the gate; where and the stepper answer meanwhile.
         ip.run_line_magic('mh_step', 'on')
         with capture_output() as cap:
@@ -271,7 +272,7 @@ def test_cluster_connect_magic_attaches_to_initialized_engines(session, controll
         assert [h.address for h in attached.processes] == [h.address for h in session.processes]
         with capture_output() as cap:
             ip.run_cell_magic('mh', '--timeout 60', 'print("again", pid)')
-        assert all(f'[host {p}] again {p}' in cap.stdout for p in range(N)), cap.stdout
+        assert all(f'[process {p}] again {p}' in cap.stdout for p in range(N)), cap.stdout
         assert sorted(attached.where()) == list(range(N))
         ip.run_line_magic('mh_cluster', 'stop')
         assert not attached.running and session.running  # the engines stay: not ours
@@ -335,7 +336,7 @@ def test_ssh_launcher_starts_engines_on_the_namespace_hosts(hosts, tmp_path):
             code = SETUP + 'print("on", multihost.engine.engine_info()["address"])'
             ip.run_cell_magic('mh', '--timeout 60', code)
         for h in session.processes:
-            assert f'[host {h.process_index}] on {h.address}' in cap.stdout, cap.stdout
+            assert f'[process {h.process_index}] on {h.address}' in cap.stdout, cap.stdout
         np.testing.assert_array_equal(
             session.allgather('x', transport='zmq'), np.arange(48.0).reshape(8, 6)
         )

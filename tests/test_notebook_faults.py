@@ -78,7 +78,7 @@ def test_kernel_interrupt_stops_every_host_and_the_next_cell_runs(session, capsy
         ip.run_cell_magic('mh', '', 'print("next", jax.process_index())')
     next_cell = time.monotonic() - t1
     assert next_cell < 5.0, f'the next cell took {next_cell:.1f} s'
-    assert '[host 3] next 3' in cap.stdout, cap.stdout
+    assert '[process 3] next 3' in cap.stdout, cap.stdout
     assert 'TaskAborted' not in cap.stdout + cap.stderr
     with capsys.disabled():
         print(
@@ -224,7 +224,7 @@ def test_a_magic_while_a_background_cell_runs_is_refused_and_its_output_kept(ses
         ip.run_cell_magic('mh', '', 'print("fg", jax.process_index())')
     out = cap.stdout
     assert out.index('the background cell had finished; its output:') < out.index('] fg 0'), out
-    assert all(f'[host {p}] bg end {p}' in out for p in range(4)), out
+    assert all(f'[process {p}] bg end {p}' in out for p in range(4)), out
     assert out.count('] fg ') == 4 and magics.background is None, out
     magics.session = None
 
@@ -321,7 +321,7 @@ def test_stepper_refreshes_itself_and_its_stop_reaches_the_magics(session):
     # the stepper's Stop interrupted the background cell: said in one line, no tracebacks
     assert (
         cap.stdout.startswith('%%mh: the background cell was interrupted on processes 0-3.\n')
-        and '[host 2] foreground 2' in cap.stdout
+        and '[process 2] foreground 2' in cap.stdout
     ), cap.stdout
     assert 'Traceback' not in cap.stdout, cap.stdout
     # Stepping switched on by code on the hosts is what the magic sees too.
@@ -489,11 +489,11 @@ def test_dead_host_is_reported_and_restart_recovers():
         assert len(lines) == 1, cap.stdout
         assert lines[0].startswith('%%mh: host 2 died (exit code 1) while running this cell.')
         assert "JAX's default fate-sharing" in lines[0] and '--recoverable' in lines[0]
-        assert '[host 0] alive' in cap.stdout
+        assert '[process 0] alive' in cap.stdout
         with capture_output() as cap:
             ip.run_line_magic('mh_cluster', 'status')
-        assert 'host 2: engine' in cap.stdout and 'dead (exit code 1)' in cap.stdout
-        assert 'host 0: engine' in cap.stdout and 'idle' in cap.stdout
+        assert 'process 2: engine' in cap.stdout and 'dead (exit code 1)' in cap.stdout
+        assert 'process 0: engine' in cap.stdout and 'idle' in cap.stdout
         gone = r'^host 2 is gone \(exit code 1\): %mh_cluster restart'
         for magic, line in [
             ('mh_barrier', 'b'),
@@ -513,7 +513,7 @@ def test_dead_host_is_reported_and_restart_recovers():
         assert s.dead == {} and set(h.pid for h in s.processes).isdisjoint(old_pids)
         with capture_output() as cap:
             ip.run_cell_magic('mh', '', 'import jax\nprint("back", jax.process_index())')
-        assert '[host 2] back 2' in cap.stdout
+        assert '[process 2] back 2' in cap.stdout
         magics.session = None
     finally:
         s.stop()
@@ -557,7 +557,7 @@ def test_recoverable_cluster_keeps_survivors_inspectable():
                 '    print("live", sorted({d.process_index for d in devices}))',
             )
         assert 'host 2 gone; running on hosts 0, 1' in cap.stdout
-        assert '[host 0] live [0, 1]' in cap.stdout and '[host 1] live [0, 1]' in cap.stdout
+        assert '[process 0] live [0, 1]' in cap.stdout and '[process 1] live [0, 1]' in cap.stdout
         assert time.monotonic() - t0 < 30
         with pytest.raises(UsageError, match=r'^host 2 is gone \(signal 9\): %mh_cluster restart'):
             ip.run_line_magic('mh_barrier', 'b')

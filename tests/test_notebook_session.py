@@ -140,7 +140,7 @@ def test_execute_reports_every_failing_host(session, capsys):
     assert 'bad 3' in info.value.errors[3]
     out = session.execute('print("p", jax.process_index())')
     assert out[2].strip() == 'p 2'
-    assert '[host 2] p 2' in capsys.readouterr().out
+    assert '[process 2] p 2' in capsys.readouterr().out
 
 
 def test_a_cells_output_leaves_out_the_collectives_librarys_connection_chatter(session, capsys):
@@ -166,7 +166,7 @@ def test_a_cells_output_leaves_out_the_collectives_librarys_connection_chatter(s
         assert 'peer ranks' not in text, (echoed, out)
     assert out[1] == out[3] == 'sum 1.0\n[Gloo] my own line\n', out
     assert out[0] == '[Gloo] my own line\n', out
-    assert '[host 3] sum 1.0' in echoed and '[host 0] [Gloo] my own line' in echoed, echoed
+    assert '[process 3] sum 1.0' in echoed and '[process 0] [Gloo] my own line' in echoed, echoed
 
 
 def test_barrier_through_session(session):
@@ -192,7 +192,7 @@ def test_magics_in_a_real_shell(session):
         ip.run_cell_magic(
             'mh', '--timeout 60', 'z = np.arange(3) * jax.process_index()\nprint("ok")'
         )
-    assert '[host 3] ok' in cap.stdout
+    assert '[process 3] ok' in cap.stdout
     with capture_output() as cap:
         ip.run_line_magic('mh_allgather', 'z -o zz')
     np.testing.assert_array_equal(ip.user_ns['zz'], np.arange(3)[None] * np.arange(4)[:, None])

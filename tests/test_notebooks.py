@@ -119,7 +119,7 @@ def test_notebook_runs_top_to_bottom(path):
         # tests/test_netns_cluster.py runs it against hosts with their own addresses.
         assert 'a stand-in on this machine' in text, text
         assert 'mhnotebook: connected to 4 hosts' in text, text
-        assert 'JAX coordinator: 127.0.0.1:' in text and 'host 3: engine' in text, text
+        assert 'JAX coordinator: 127.0.0.1:' in text and 'process 3: engine' in text, text
         assert 'full = x gathered from 4 hosts: float32[4, 4]' in text, text
     _save_executed(nb, path.name)
 

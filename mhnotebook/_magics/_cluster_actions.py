@@ -177,7 +177,7 @@ def status(session: Session | None, args: Namespace, line: str) -> Session | Non
         state = f'dead ({st["how"]})' if not st['alive'] else 'busy' if st['busy'] else 'idle'
         address = live.processes[p].address
         print(
-            f'host {p}: engine {st["engine_id"]} on {st["hostname"]} '
+            f'process {p}: engine {st["engine_id"]} on {st["hostname"]} '
             f'({address}, pid {st["pid"]}), {state}'
         )
     dead = [p for p, st in states.items() if not st['alive']]

@@ -40,7 +40,7 @@ class _LiveStatus:
         self.handle = display({'text/plain': 'starting …'}, raw=True, display_id=True)
 
     def __call__(self, state: dict[int, str], elapsed: float) -> None:
-        text = '  '.join(f'host {p} {self.SYMBOL[s]}' for p, s in sorted(state.items()))
+        text = '  '.join(f'process {p} {self.SYMBOL[s]}' for p, s in sorted(state.items()))
         if self.handle is not None:
             self.handle.update({'text/plain': f'[{elapsed:5.1f} s]  {text}'}, raw=True)
 
