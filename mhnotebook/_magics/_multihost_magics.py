@@ -124,6 +124,9 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_cluster, line)
         check_timeout(args.timeout, '180')
         self.session = _cluster_actions.ACTIONS[args.action](self.session, args, line)
+        if args.action in ('restart', 'stop') and self.background is not None:
+            self.background = None  # its engines are gone
+            print(f'%mh_cluster {args.action}: the background %%mh cell ended with its engines.')
 
     # -- %%mh ----------------------------------------------------------------------
     @magic_arguments.magic_arguments('%mh')  # its usage line then says %%mh
