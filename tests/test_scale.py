@@ -169,7 +169,9 @@ def test_tree_diff_is_the_same_with_a_small_cap_and_the_reference_path(mp_cluste
         assert [leaf.path for leaf in first.leaves] == ["['a_first']", "['w001']", "['w100']"]
         assert first.odd_processes == (0,)
     if scenario == 'two hosts alike':
-        assert first.odd_processes == (1, 3)
+        # two against two: no majority, nobody odd (issue 32 item 3); 1 and 3 compared with 0, 2
+        assert first.odd_processes == () and first["['w010']"].tie
+        assert first["['w010']"].compared_processes == (1, 3)
         assert first["['w010']"].majority_processes == (0, 2)
     if scenario == 'every host its own rng':
         rng = first["['rng']"]
