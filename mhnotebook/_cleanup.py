@@ -90,12 +90,12 @@ def sweep_shm(directory: str = SHM_DIR, *, owner: int | None = None) -> list[str
         directory: where the files live.
         owner: only files of this (dead) pid, whatever its start time.
     """
-    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError:
-        return removed
+        return []
     uid = os.geteuid()
+    stale: list[str] = []
     for name in names:
         who = shm_owner(name)
         if who is None:
@@ -111,6 +111,14 @@ def sweep_shm(directory: str = SHM_DIR, *, owner: int | None = None) -> list[str
             continue
         if owner is None and is_alive(pid, start):
             continue
+        stale.append(path)
+    return _unlink(stale)
+
+
+def _unlink(paths: list[str]) -> list[str]:
+    """Removes ``paths``; the ones it removed (one already gone or not ours is skipped)."""
+    removed = []
+    for path in paths:
         try:
             os.unlink(path)
             removed.append(path)
@@ -200,19 +208,15 @@ def prune_watchdog_logs(log_dir: str, keep: int = KEEP_LOGS) -> list[str]:
         key=lambda p: os.stat(p).st_mtime if os.path.exists(p) else 0.0,
         reverse=True,
     )
-    removed = []
+    stale = []
     for path in paths[keep:]:
         owner = os.path.basename(path)[len('mhnotebook-watchdog-') :].split('-')
         if len(owner) > 1 and owner[0] == 'mhnb' and owner[1].isdigit():
             pid = int(owner[1])
             if pid != os.getpid() and is_alive(pid, None):
                 continue  # another running kernel's cluster: its log stays
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:
-            pass
-    return removed
+        stale.append(path)
+    return _unlink(stale)
 
 
 def start_watchdog(
