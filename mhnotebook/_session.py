@@ -377,6 +377,25 @@ class Session(JobViewBase):
             SessionInterrupted: the wait was interrupted (Ctrl-C); every host
                 was sent SIGINT.
         """
+        pending = self._submit(qualname, args, kwargs, processes, namespace)
+        try:
+            return self._wait(pending, timeout, qualname, on_done)
+        except SessionTimeout as exc:
+            raise SessionTimeout(
+                f'{qualname}: {self._withdraw(pending, exc.pending, timeout)}',
+                pending=exc.pending,
+                finished=exc.finished,
+            ) from None
+
+    def _submit(
+        self,
+        qualname: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        processes: Sequence[int] | None,
+        namespace: bool = False,
+    ) -> dict[int, Any]:
+        """Sends installed function ``qualname`` to the hosts (all, or ``processes``)."""
         self._check(need_all=processes is None)
         if self._unaligned:
             self._realign_if_idle()
@@ -384,34 +403,26 @@ class Session(JobViewBase):
         if any(p in self._dead for p in procs):
             self._check()  # names the dead host(s)
         tramp = _call_ns if namespace else _call
-        pending = {
+        return {
             p: self.client[self.engine_ids[p]].apply_async(tramp, qualname, *args, **kwargs)
             for p in procs
         }
-        try:
-            return self._wait(pending, timeout, qualname, on_done)
-        except SessionTimeout as exc:
-            raise self._withdrawn(pending, exc, qualname, timeout) from None
 
-    def _withdrawn(
-        self, pending: dict[int, Any], exc: SessionTimeout, what: str, timeout: float
-    ) -> SessionTimeout:
-        """After a call timed out: withdraws it from the hosts that have not run it (their
-        engines are busy with another task, so it waits in their queues, and would run there
-        later, stale: ipyparallel aborts a queued task), and says what those hosts run."""
-        for p in exc.pending:
+    def _withdraw(self, pending: dict[int, Any], left: Sequence[int], waited: float) -> str:
+        """After a call timed out: withdraws it from the hosts ``left`` that have not run it
+        (their engines are busy with another task, so it waits in their queues and would
+        run there later, stale: ipyparallel aborts a queued task); the sentence saying so
+        and what those hosts run."""
+        for p in left:
             try:
                 pending[p].abort()
             except Exception:  # started meanwhile, or done: nothing queued to withdraw
                 pass
         self._unaligned = True  # the others' collective count moved on: realign once idle
-        busy = self.busy_note(exc.pending)
-        return SessionTimeout(
-            f'{what}: {processes_phrase(exc.pending)} did not answer within {timeout:g} s: {busy}; '
-            'the call was withdrawn there, so it never runs late (%mh_where shows where '
-            'they are).',
-            pending=exc.pending,
-            finished=exc.finished,
+        return (
+            f'{processes_phrase(left)} did not answer within {waited:g} s: '
+            f'{self.busy_note(left)}; the call was withdrawn there, so it never runs late '
+            '(%mh_where shows where they are).'
         )
 
     def busy_note(self, processes: Sequence[int]) -> str:
@@ -676,21 +687,12 @@ class Session(JobViewBase):
         # Every host's barrier is bounded by ``timeout``: a host not answering a few seconds
         # after it never ran it (its engine is busy with another task).
         wait = _ANSWER_GRACE + (timeout if timeout is not None else DEFAULT_BARRIER_TIMEOUT)
-        procs = self._check()
-        if self._unaligned:
-            self._realign_if_idle()
-        pending = {
-            p: self.client[self.engine_ids[p]].apply_async(
-                _call, 'multihost.engine.barrier', name, timeout
-            )
-            for p in procs
-        }
+        pending = self._submit('multihost.engine.barrier', (name, timeout), {}, None)
         try:
             return dict(zip(sorted(pending), self._wait(pending, wait, 'barrier')))
         except SessionTimeout as exc:
-            withdrawn = self._withdrawn(pending, exc, f'barrier {name!r}', wait)
+            note = self._withdraw(pending, exc.pending, wait)
             out = {p: pending[p].get(0) for p in exc.finished}
-            note = str(withdrawn).split(': ', 1)[1]
             for p in exc.pending:
                 out[p] = dict(ok=False, error='busy', message=note, elapsed=wait, busy=True)
             return dict(sorted(out.items()))
