@@ -556,6 +556,7 @@ def test_diff_of_a_tie_blames_no_host_and_shows_both_values(session):
     assert "['w'] [value]: processes 0-1 and 2-3 differ; no majority" in text, text
     assert 'process 0: [0.5 0.5 0.5]' in text and 'process 2: [1.5 1.5 1.5]' in text, text
     assert 'no majority, so no host is odd' in view.static_html()
+    assert view._details.titles == ("['w']  [value]  no majority",), view._details.titles
     magics.session = None
 
 

@@ -370,7 +370,8 @@ class TreeDiffView(View):
             add_classes(widgets.HTML(), 'mh-treediff-detail') for _ in self._shown
         ]
         self._details.titles = tuple(
-            f'{leaf.where}  [{leaf.kind}]  odd: {fmt_hosts(leaf.odd_processes)}'
+            f'{leaf.where}  [{leaf.kind}]  '
+            + ('no majority' if leaf.tie else f'odd: {fmt_hosts(leaf.odd_processes)}')
             for leaf in self._shown
         )
         self._details.layout.display = 'none' if diff.ok else 'flex'
