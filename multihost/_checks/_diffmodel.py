@@ -187,17 +187,17 @@ class LeafDiff:
         """One bounded line: the path (and block), the odd hosts and how they differ."""
         head = f'{self.where} [{self.kind}] on {_fmt_hosts(self.odd_processes)}'
         if self.tie:
-            groups = sorted(
+            sides = sorted(
                 {
                     tuple(h for h in sorted(self.shapes) if self.digests[h] == d)
                     for d in self.digests.values()
                 }  # fmt: skip
             )
-            if len(groups) == 2:
-                sides = ' and '.join(_fmt_hosts(g).split(' ', 1)[1] for g in groups)
-                head = f'{self.where} [{self.kind}]: processes {sides} differ; no majority'
+            if len(sides) == 2:
+                both = ' and '.join(_fmt_hosts(g).split(' ', 1)[1] for g in sides)
+                head = f'{self.where} [{self.kind}]: processes {both} differ; no majority'
             else:
-                head = f'{self.where} [{self.kind}]: no majority, {len(groups)} values'
+                head = f'{self.where} [{self.kind}]: no majority, {len(sides)} values'
         if self.kind == 'sharding':
             return f'{head}: {self.placements()}'
         if self.kind != 'value':

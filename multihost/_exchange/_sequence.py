@@ -233,7 +233,9 @@ def call_site() -> str:
 #: The multihost package's directory (this file is in one of its rooms).
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: JAX's package directories (jax, jaxlib): frames there are JAX's, not the user's.
-_JAX_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (jax, jaxlib))
+_JAX_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__ or '')) + os.sep for m in (jax, jaxlib)
+)
 #: File name -> 'ours' (the multihost package), 'jax' or 'user' (call_site's cache).
 _WHERE: dict[str, str] = {}
 
