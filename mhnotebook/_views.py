@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from multihost import HostStacks, Layout, StepTable, Timeline
 
 __all__ = [
+    'Shown',
     'check_axes',
     'diff_view',
     'env_view',
@@ -44,6 +45,36 @@ __all__ = [
     'timeline_view',
     'where_view',
 ]
+
+
+class Shown:
+    """The view each view magic showed last, by what it shows (``'%mh_layout x'``,
+    ``'%mh_where'``): a new one closes the widgets of the one it replaces, so a notebook
+    that re-runs ``%mh_layout x`` a few hundred times does not keep hundreds of widget
+    trees alive. A view the user keeps under a name of their own (``v = %mh_layout x``)
+    is left open; the static picture each view left in the notebook stays.
+    """
+
+    def __init__(self, user_ns: Mapping[str, Any] | None = None):
+        self._user_ns = user_ns
+        self._last: dict[str, Any] = {}
+
+    def replace(self, key: str, view: Any) -> Any:
+        """Records ``view`` as what ``key`` shows, closing the view it replaces; ``view``."""
+        old = self._last.get(key)
+        self._last[key] = view
+        if old is not None and old is not view and not self._kept(old):
+            old.close()
+        return view
+
+    def _kept(self, view: Any) -> bool:
+        """Whether a name of the user's holds ``view`` (IPython's ``_``, ``_3``, ``Out`` do not
+        count: the output history holds every value shown)."""
+        ns = self._user_ns or {}
+        return any(
+            value is view for key, value in list(ns.items()) if not key.startswith('_')
+        )  # fmt: skip
+
 
 _VALUES_BYTES = 256 << 20  # a layout view gathers the values of arrays up to this size
 

@@ -539,6 +539,36 @@ def test_timeline_counts_a_users_barrier_marks_jaxs_own_and_names_no_one_from_on
     magics.session = None
 
 
+def test_a_view_magic_run_again_closes_the_view_it_replaces(session):
+    """Issue 33 item 3: re-running ``%mh_layout x`` (or ``%mh_where``) closes the widgets of
+    the view it replaces, so the kernel's widgets stay flat; a view kept under a user's
+    name stays open; a closed view still has its text."""
+    import ipywidgets.widgets.widget as ww
+
+    ip, magics = _shell(session)
+    first = ip.run_line_magic('mh_layout', 'a_xy')
+    alive = len(ww._instances)
+    second = ip.run_line_magic('mh_layout', 'a_xy')
+    assert first._closed and first.widget is None and not second._closed
+    assert first._repr_mimebundle_() == {'text/plain': second.text()}
+    assert len(ww._instances) <= alive, (len(ww._instances), alive)
+    steady = len(ww._instances)
+    for _ in range(3):
+        ip.run_line_magic('mh_layout', 'a_xy')
+        assert len(ww._instances) == steady, (len(ww._instances), steady)
+    other = ip.run_line_magic('mh_layout', 'a_3d')  # another name: both stay
+    last = magics.shown._last['%mh_layout a_xy']
+    assert not other._closed and not last._closed
+    ip.user_ns['kept_view'] = last  # the user keeps it: left open
+    ip.run_line_magic('mh_layout', 'a_xy')
+    assert not last._closed
+    del ip.user_ns['kept_view']
+    where = ip.run_line_magic('mh_where', '')
+    ip.run_line_magic('mh_where', '')
+    assert where._closed and 'process' in where.text()
+    magics.session = None
+
+
 def test_diff_of_a_tie_blames_no_host_and_shows_both_values(session):
     """Issue 32 item 3, in a real shell: processes 0-1 hold one value, 2-3 another: no
     majority, so ``%mh_diff`` names no odd host, says so, and shows both values."""

@@ -34,6 +34,7 @@ from mhnotebook._magics._options import (
 from mhnotebook._postmortem import PostMortemError, postmortem
 from mhnotebook._session import Session
 from mhnotebook._views import (
+    Shown,
     diff_view,
     env_view,
     layout_view,
@@ -53,6 +54,7 @@ class MultihostMagics(Magics):
         super().__init__(shell)
         self.background: dict[int, Any] | None = None
         self.attached: AttachedJob | None = None
+        self.shown = Shown(getattr(shell, 'user_ns', None))
 
     def _session(self, what: str | None = None) -> Session:
         """The running session, for magics that run code on the hosts (refused while attached).
@@ -310,7 +312,7 @@ class MultihostMagics(Magics):
                 raise UsageError(f'--{exc}') from None
             raise
         _results.note_host_local(name, view)
-        return view
+        return self.shown.replace(f'%mh_layout {name}', view)
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(
@@ -333,7 +335,7 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_diff, compact_subscripts(line))
         name = valid_name(args.name)
         session = self._session('%mh_diff')
-        return delegate(lambda: diff_view(session, name))
+        return self.shown.replace(f'%mh_diff {name}', delegate(lambda: diff_view(session, name)))
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(
@@ -358,7 +360,9 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_nan, compact_subscripts(line))
         name = valid_name(args.name)
         session = self._session('%mh_nan')
-        return delegate(lambda: nonfinite_view(session, name))
+        return self.shown.replace(
+            f'%mh_nan {name}', delegate(lambda: nonfinite_view(session, name))
+        )
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(
@@ -401,7 +405,7 @@ class MultihostMagics(Magics):
             'show': lambda: None,
         }
         delegate(actions[args.action])
-        return delegate(lambda: stepper_view(session))
+        return self.shown.replace('%mh_step', delegate(lambda: stepper_view(session)))
 
     @magic_arguments.magic_arguments()
     @line_magic
@@ -419,7 +423,7 @@ class MultihostMagics(Magics):
         """
         no_arguments(line, '%mh_env takes no arguments.')
         session = self._session('%mh_env')
-        return delegate(lambda: env_view(session))
+        return self.shown.replace('%mh_env', delegate(lambda: env_view(session)))
 
     @magic_arguments.magic_arguments()
     @line_magic
@@ -437,7 +441,7 @@ class MultihostMagics(Magics):
         """
         no_arguments(line, '%mh_mem takes no arguments.')
         session = self._session('%mh_mem')
-        return delegate(lambda: memory_view(session))
+        return self.shown.replace('%mh_mem', delegate(lambda: memory_view(session)))
 
     @magic_arguments.magic_arguments()
     @line_magic
@@ -455,7 +459,7 @@ class MultihostMagics(Magics):
         """
         no_arguments(line, '%mh_where takes no arguments.')
         session = self._inspected()
-        return delegate(lambda: where_view(session))
+        return self.shown.replace('%mh_where', delegate(lambda: where_view(session)))
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(
@@ -489,7 +493,7 @@ class MultihostMagics(Magics):
         view = delegate(lambda: timeline_view(session, last=args.last))
         if args.chrome:
             _results.write_chrome_trace(view, args.chrome)
-        return view
+        return self.shown.replace('%mh_timeline', view)
 
     # -- %mh_attach / %mh_detach -------------------------------------------------------
     @magic_arguments.magic_arguments()

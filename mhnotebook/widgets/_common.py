@@ -274,6 +274,7 @@ class View:
     widget: Any
     _static_token: str | None = None
     _live_widget: Any = None
+    _closed: bool = False
 
     def text(self) -> str:
         """The plain-text form of what the view shows (the model's own text)."""
@@ -323,12 +324,50 @@ class View:
             self._live_widget.layout.padding = '0'
         return self._live_widget
 
+    def close(self) -> int:
+        """Closes every widget of the view (ipywidgets' ``close()``, the layouts and styles
+        too) and drops them, so the kernel frees them; the model and `text` stay. The
+        magics call it on the view that a new run of theirs replaces. The number closed."""
+        import ipywidgets as w
+
+        seen: set[int] = set()
+
+        def walk(widget: Any) -> None:
+            if not isinstance(widget, w.Widget) or id(widget) in seen:
+                return
+            seen.add(id(widget))
+            for key in widget.keys:
+                value = getattr(widget, key, None)
+                for child in value if isinstance(value, (tuple, list)) else (value,):
+                    walk(child)
+            widget.close()
+
+        closed = 0
+        for key, value in list(vars(self).items()):
+            items = (
+                list(value.values() if isinstance(value, dict) else value)
+                if isinstance(value, (tuple, list, dict))
+                else [value]
+            )
+            held = False
+            for item in items:
+                if isinstance(item, View) and item is not self:  # a view inside this one
+                    closed += item.close()
+                    held = True
+                elif isinstance(item, w.Widget):
+                    walk(item)
+                    held = True
+            if held:  # nothing will show it again: let the kernel free it (PNGs, HTML)
+                setattr(self, key, None)
+        self._closed = True
+        return closed + len(seen)
+
     def _ipython_display_(self) -> None:
         from IPython import get_ipython
         from IPython.display import display
 
         shell = get_ipython()
-        if shell is None or getattr(shell, 'kernel', None) is None:
+        if shell is None or getattr(shell, 'kernel', None) is None or self._closed:
             display(self._repr_mimebundle_(), raw=True)  # a terminal: the text
             return
         bundle = dict(self._live()._repr_mimebundle_() or {})
@@ -337,6 +376,8 @@ class View:
         display(self.static_bundle(), raw=True)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        if self._closed:  # its widgets are gone: the text is what is left to show
+            return {'text/plain': self.text()}
         data = dict(self.widget._repr_mimebundle_() or {})
         data['text/plain'] = self.text()
         return data
@@ -347,10 +388,6 @@ class View:
     def __repr__(self) -> str:
         first = self.text().split('\n', 1)[0]
         return f'<{type(self).__name__}: {first}>'
-
-    def close(self) -> None:
-        """Closes the widgets (frees their comms); the view cannot be shown afterwards."""
-        _close_tree(self._live_widget if self._live_widget is not None else self.widget)
 
 
 def _close_tree(widget: Any) -> None:
