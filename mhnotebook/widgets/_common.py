@@ -325,11 +325,16 @@ class View:
         return self._live_widget
 
     def close(self) -> int:
-        """Closes every widget of the view (ipywidgets' ``close()``, the layouts and styles
-        too) and drops them, so the kernel frees them; the model and `text` stay. The
-        magics call it on the view that a new run of theirs replaces. The number closed."""
+        """Closes every widget of the view (ipywidgets' ``close()``; their layouts and styles
+        and the views inside it too) and lets the kernel free all it held (widgets, PNGs,
+        gathered values, the model): what is left is its text, which showing it again
+        shows. The magics call it on the view that a new run of theirs replaces. Returns
+        the number of widgets closed."""
         import ipywidgets as w
 
+        if self._closed:
+            return 0
+        text = self.text()
         seen: set[int] = set()
 
         def walk(widget: Any) -> None:
@@ -343,23 +348,16 @@ class View:
             widget.close()
 
         closed = 0
-        for key, value in list(vars(self).items()):
-            items = (
-                list(value.values() if isinstance(value, dict) else value)
-                if isinstance(value, (tuple, list, dict))
-                else [value]
-            )
-            held = False
-            for item in items:
+        for value in list(vars(self).values()):
+            items = value.values() if isinstance(value, dict) else value
+            for item in items if isinstance(value, (tuple, list, dict)) else (value,):
                 if isinstance(item, View) and item is not self:  # a view inside this one
                     closed += item.close()
-                    held = True
-                elif isinstance(item, w.Widget):
+                else:
                     walk(item)
-                    held = True
-            if held:  # nothing will show it again: let the kernel free it (PNGs, HTML)
-                setattr(self, key, None)
+        vars(self).clear()  # nothing will show it again: the kernel frees what it held
         self._closed = True
+        self.text = lambda: text  # type: ignore[method-assign]
         return closed + len(seen)
 
     def _ipython_display_(self) -> None:
