@@ -549,7 +549,7 @@ def test_a_view_magic_run_again_closes_the_view_it_replaces(session):
     first = ip.run_line_magic('mh_layout', 'a_xy')
     alive = len(ww._instances)
     second = ip.run_line_magic('mh_layout', 'a_xy')
-    assert first._closed and not hasattr(first, "layout") and not second._closed
+    assert first._closed and not hasattr(first, 'layout') and not second._closed
     assert first._repr_mimebundle_() == {'text/plain': second.text()}
     assert len(ww._instances) <= alive, (len(ww._instances), alive)
     steady = len(ww._instances)
