@@ -210,8 +210,9 @@ def check_quickstart_views(page: Any) -> Any:
     """What the quickstart shows in any front end (Voila, JupyterLab); returns the first layout.
 
     Every view left its static picture (for saved notebooks), which the live
-    widget hides (a replaced view's, closed, shows); the layout picture is a real PNG; a click on a layout block
-    (the first layout: x, 8 blocks) shows its shard.
+    widget hides (a replaced view's, closed, shows); the layout picture is a
+    real PNG; a click on a layout block (the first layout: x, 8 blocks) shows
+    its shard.
     """
     statics = page.locator('.mh-static')
     assert statics.count() >= 5
