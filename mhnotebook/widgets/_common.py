@@ -330,23 +330,10 @@ class View:
         gathered values, the model): what is left is its text, which showing it again
         shows. The magics call it on the view that a new run of theirs replaces. Returns
         the number of widgets closed."""
-        import ipywidgets as w
-
         if self._closed:
             return 0
         text = self.text()
         seen: set[int] = set()
-
-        def walk(widget: Any) -> None:
-            if not isinstance(widget, w.Widget) or id(widget) in seen:
-                return
-            seen.add(id(widget))
-            for key in widget.keys:
-                value = getattr(widget, key, None)
-                for child in value if isinstance(value, (tuple, list)) else (value,):
-                    walk(child)
-            widget.close()
-
         closed = 0
         for value in list(vars(self).values()):
             items = value.values() if isinstance(value, dict) else value
@@ -354,7 +341,7 @@ class View:
                 if isinstance(item, View) and item is not self:  # a view inside this one
                     closed += item.close()
                 else:
-                    walk(item)
+                    _close_tree(item, seen)
         vars(self).clear()  # nothing will show it again: the kernel frees what it held
         self._closed = True
         self.text = lambda: text  # type: ignore[method-assign]
@@ -388,13 +375,19 @@ class View:
         return f'<{type(self).__name__}: {first}>'
 
 
-def _close_tree(widget: Any) -> None:
-    """Closes a widget, its children, and its layout and style (widgets of their own)."""
-    for child in getattr(widget, 'children', ()):
-        _close_tree(child)
-    for part in (getattr(widget, 'layout', None), getattr(widget, 'style', None)):
-        if part is not None and hasattr(part, 'close'):
-            part.close()
+def _close_tree(widget: Any, seen: set[int] | None = None) -> None:
+    """Closes a widget and every widget its traits hold (children, layout, style), each once
+    (``seen``: the ids closed so far, shared across calls)."""
+    import ipywidgets as w
+
+    seen = set() if seen is None else seen
+    if not isinstance(widget, w.Widget) or id(widget) in seen:
+        return
+    seen.add(id(widget))
+    for key in widget.keys:
+        value = getattr(widget, key, None)
+        for child in value if isinstance(value, (tuple, list)) else (value,):
+            _close_tree(child, seen)
     widget.close()
 
 
