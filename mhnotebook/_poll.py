@@ -3,20 +3,24 @@
 `Poll`: `Session` waits for every call through it, and so does the JAX
 start-up (`_cluster.jaxinit`); each adds its own reading of the results.
 (The wait after Step or Continue, `moved_on`, is stepping's: `_jobview`.)
+`Forget`: once read, the toolkit's own results leave ipyparallel's caches.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mhnotebook._errors import RemoteFailure
 
-__all__ = ['Poll']
+__all__ = ['Forget', 'Poll']
 
 _SLICE = 0.05  # seconds between looks at the results
 _TICK = 0.5  # seconds between ``on_tick`` calls
+_HUB_BATCH = 64  # results forgotten in the client before the hub is told, in one request
+_KEEP = 1024  # at most this many read results wait to be forgotten (the rest are let go)
 
 
 class Poll:
@@ -76,3 +80,58 @@ class Poll:
             self.failures[p] = RemoteFailure.from_exception(p, exc)
         if self._on_ready is not None:
             self._on_ready(p)
+
+
+class Forget:
+    """Makes ipyparallel forget the results the toolkit has read, so a long session stays flat.
+
+    The client keeps every result with its metadata (``Client.results``, ``metadata``,
+    ``history``) and the hub keeps it in its database (up to 1,024 records or 1 GB), unless
+    purged. `retire` takes the AsyncResults a call is done with; `purge` (run before the
+    next call is sent) drops those that are done from the client, and tells the hub in
+    batches, on a thread of its own (the hub's reply has no timeout in ipyparallel; the
+    notebook never waits for it). The user's own ipyparallel results are left alone.
+    """
+
+    def __init__(self, client: Any):
+        self._client = client
+        self._read: list[Any] = []  # AsyncResults the toolkit is done with
+        self._hub: list[str] = []  # msg_ids dropped from the client, not yet from the hub
+        self._telling: threading.Thread | None = None
+
+    def retire(self, results: Iterable[Any]) -> None:
+        """``results`` (AsyncResults) were read: forget them at the next `purge`."""
+        self._read.extend(results)
+        del self._read[:-_KEEP]
+
+    def purge(self) -> None:
+        """Drops every retired result that is done from the client; tells the hub by batch."""
+        done: list[Any] = []
+        waiting: list[Any] = []
+        for ar in self._read:
+            (done if ar.ready() else waiting).append(ar)
+        self._read = waiting
+        if not done:
+            return
+        ids = [m for ar in done for m in ar.msg_ids]
+        client = self._client
+        try:
+            client.purge_local_results(jobs=ids)
+        except Exception:  # outstanding after all: let them go, never fail a call for this
+            return
+        gone = set(ids)
+        client.history[:] = [m for m in client.history if m not in gone]
+        self._hub.extend(ids)
+        del self._hub[:-_KEEP]
+        if len(self._hub) >= _HUB_BATCH and (self._telling is None or not self._telling.is_alive()):
+            batch, self._hub = self._hub, []
+            self._telling = threading.Thread(
+                target=self._tell_hub, args=(batch,), name='mhnotebook-purge', daemon=True
+            )
+            self._telling.start()
+
+    def _tell_hub(self, ids: list[str]) -> None:
+        try:
+            self._client.purge_hub_results(jobs=ids)
+        except Exception:  # the hub still counts one as pending, or is gone: it culls its own
+            pass

@@ -40,7 +40,7 @@ from mhnotebook._errors import (
 )
 from mhnotebook._interrupt import realign, settle, wait_idle
 from mhnotebook._jobview import JobViewBase
-from mhnotebook._poll import Poll
+from mhnotebook._poll import Forget, Poll
 from mhnotebook._trampoline import call as _call
 from mhnotebook._trampoline import call_ns as _call_ns
 
@@ -252,6 +252,7 @@ class Session(JobViewBase):
         self._stepping = False  # last step-gate setting seen (the hosts are asked first)
         self._unaligned = False  # an interrupt left hosts busy: realign once they are idle
         self._gathers: Any = None  # a `_gather.GatherState`, made by the first gather
+        self._forget = Forget(engines.client)  # results read leave ipyparallel's caches
         host = engines.control_host
         self._serve_control(self.processes[0].address if host is None else host)
 
@@ -386,6 +387,8 @@ class Session(JobViewBase):
                 pending=exc.pending,
                 finished=exc.finished,
             ) from None
+        finally:
+            self._forget.retire(pending.values())
 
     def _submit(
         self,
@@ -403,6 +406,7 @@ class Session(JobViewBase):
         if any(p in self._dead for p in procs):
             self._check()  # names the dead host(s)
         tramp = _call_ns if namespace else _call
+        self._forget.purge()
         return {
             p: self.client[self.engine_ids[p]].apply_async(tramp, qualname, *args, **kwargs)
             for p in procs
@@ -581,6 +585,7 @@ class Session(JobViewBase):
         live = self._check(need_all=not self.recoverable)
         if self._unaligned:
             self._realign_if_idle()
+        self._forget.purge()
         return {
             p: self.client[self.engine_ids[p]].execute(code, silent=False, block=False)
             for p in live
@@ -612,6 +617,7 @@ class Session(JobViewBase):
                         # engine sends no more).
                         ar.wait_for_output(5.0)
                     outputs[p] = _quiet(''.join(getattr(ar, 'stdout', '') or ''))
+            self._forget.retire(pending.values())
             if echo:
                 _echo(outputs)
         return outputs
@@ -696,6 +702,8 @@ class Session(JobViewBase):
             for p in exc.pending:
                 out[p] = dict(ok=False, error='busy', message=note, elapsed=wait, busy=True)
             return dict(sorted(out.items()))
+        finally:
+            self._forget.retire(pending.values())
 
     # -- diagnostics -----------------------------------------------------------
     def layout(

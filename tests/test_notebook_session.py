@@ -569,6 +569,37 @@ def test_a_view_magic_run_again_closes_the_view_it_replaces(session):
     magics.session = None
 
 
+def test_the_toolkits_calls_leave_ipyparallels_caches_flat(session):
+    """Issue 33 item 2: ipyparallel keeps every message id in the client's ``history`` and
+    every result in the hub's database (up to 1,024 records or 1 GB) unless purged; the
+    toolkit's calls, cells and barriers forget theirs once read, so 40 more rounds leave
+    both as they were (the hub is told in batches of 64); a user's own entry stays."""
+    import time
+
+    c = session.client
+
+    def sizes():
+        return len(c.history), len(c.hub_history())
+
+    def round_():
+        session.call('multihost.engine.engine_info')
+        session.execute('_soak = 1', echo=False)
+        session.barrier('soak')
+
+    round_()
+    history0, hub0 = sizes()
+    mine = c[session.engine_ids[0]].apply_async(int, '7')  # a user's own call
+    assert mine.get(10) == 7
+    for _ in range(40):
+        round_()
+    time.sleep(1.0)  # the hub is told on a thread of its own
+    history, hub = sizes()
+    n = session.num_processes
+    assert history <= history0 + 1 + 3 * n, (history0, history)  # one round in flight
+    assert hub <= hub0 + 1 + 3 * n + 64, (hub0, hub)  # 40 rounds sent 480 messages
+    assert mine.msg_ids[0] in c.history and mine.msg_ids[0] in c.hub_history()
+
+
 def test_diff_of_a_tie_blames_no_host_and_shows_both_values(session):
     """Issue 32 item 3, in a real shell: processes 0-1 hold one value, 2-3 another: no
     majority, so ``%mh_diff`` names no odd host, says so, and shows both values."""
