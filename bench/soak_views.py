@@ -82,6 +82,7 @@ def _soak(ip: Any, magics: Any, cell: str, calls: int, pids: list[int]) -> dict[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--calls', type=int, default=60, help='calls per case (default 60)')
+    parser.add_argument('--only', default='', help='run only the cases containing this text')
     args = parser.parse_args(argv)
 
     from IPython.testing.globalipapp import get_ipython, start_ipython
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f'{"case":18} {"mode":8} {"kernel KB":>10} {"engines KB":>11} {"widgets":>8} '
               f'{"ms first":>9} {"ms last":>8}')  # fmt: skip
         kept = Shown._kept
-        for cell in CASES:
+        for cell in [c for c in CASES if args.only in c]:
             for mode in ('keep', 'replace'):
                 Shown._kept = (lambda self, view: True) if mode == 'keep' else kept  # type: ignore[method-assign]
                 r = _soak(ip, magics, cell, args.calls, pids)

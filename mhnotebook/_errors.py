@@ -22,7 +22,6 @@ __all__ = [
     'SessionInterrupted',
     'SessionTimeout',
     'fate_note',
-    'hosts_phrase',
     'how_ended',
 ]
 
@@ -181,11 +180,11 @@ class InterruptReport:
     @property
     def message(self) -> str:
         """One line: who stopped, who did not and what to do about it."""
-        text = f'interrupted: {hosts_phrase(self.stopped)} stopped'
+        text = f'interrupted: {processes_phrase(self.stopped)} stopped'
         if not self.running:
             return text + f' in {self.seconds:.1f} s.'
         return (
-            text + f'; {hosts_phrase(self.running)} did not stop within {self.waited:g} s '
+            text + f'; {processes_phrase(self.running)} did not stop within {self.waited:g} s '
             '(blocked in native code such as a device collective, which SIGINT cannot '
             'interrupt): %mh_cluster restart (session.restart()).'
         )
@@ -221,14 +220,6 @@ def processes_phrase(processes: Sequence[int]) -> str:
     return ('process ' if len(ps) == 1 else 'processes ') + ', '.join(runs)
 
 
-def hosts_phrase(processes: Sequence[int]) -> str:
-    """``[2]`` -> ``'host 2'``; ``[0, 1, 3]`` -> ``'hosts 0, 1, 3'``; ``[]`` -> ``'no host'``."""
-    ps = sorted(processes)
-    if not ps:
-        return 'no host'
-    return ('host ' if len(ps) == 1 else 'hosts ') + ', '.join(map(str, ps))
-
-
 def how_ended(code: int | None) -> str:
     """An exit code (negative: the signal that killed it) as ``'exit code 1'`` / ``'signal 9'``."""
     if code is None:
@@ -244,20 +235,21 @@ def fate_note(
         return ''
     if 0 in died:
         return (
-            f" Host 0 ran JAX's coordination service: {hosts_phrase(others)} can run no more "
-            'collectives (and are terminated unless the session is recoverable): '
+            " Process 0 ran JAX's coordination service: "
+            f'{processes_phrase(others)} can run no more collectives'
+            ' (and are terminated unless the session is recoverable): '
             '%mh_cluster restart.'
         )
     if recoverable:
         return (
-            f' {hosts_phrase(others).capitalize()} {"keeps" if len(others) == 1 else "keep"} '
+            f' {processes_phrase(others).capitalize()} {"keeps" if len(others) == 1 else "keep"} '
             'running (recoverable): %%mh runs there '
             'and multihost.live_devices(jax.devices()) reports the survivors; '
             '%mh_cluster restart for a whole cluster again.'
         )
     return (
         f" With JAX's default fate-sharing the coordination service will terminate "
-        f'{hosts_phrase(others)} too (within about {heartbeat:g} s, its heartbeat timeout): '
+        f'{processes_phrase(others)} too (within about {heartbeat:g} s, its heartbeat timeout): '
         '%mh_cluster restart; start with --recoverable '
         '(start_local(..., recoverable=True)) to keep survivors inspectable.'
     )

@@ -34,7 +34,6 @@ from mhnotebook._errors import (
     SessionInterrupted,
     SessionTimeout,
     fate_note,
-    hosts_phrase,
     how_ended,
     processes_phrase,
 )
@@ -305,7 +304,7 @@ class Session(JobViewBase):
             first = min(dead)
             how = '' if dead[first] == 'died' else f' ({dead[first]})'
             raise HostGone(
-                f'{hosts_phrase(sorted(dead))} {"is" if len(dead) == 1 else "are"} gone{how}: '
+                f'{processes_phrase(sorted(dead))} {"is" if len(dead) == 1 else "are"} gone{how}: '
                 '%mh_cluster restart (session.restart()).',
                 dead,
             )
@@ -522,9 +521,9 @@ class Session(JobViewBase):
         else:
             how = ' (' + '; '.join(f'{p}: {h}' for p, h in sorted(known.items())) + ')'
             how = how if known else ''
-        still = f' {hosts_phrase(sorted(poll.left))} still running it.' if poll.left else ''
+        still = f' {processes_phrase(sorted(poll.left))} still running it.' if poll.left else ''
         return HostDied(
-            f'{hosts_phrase(sorted(died))} died{how} while running {what}.{still}'
+            f'{processes_phrase(sorted(died))} died{how} while running {what}.{still}'
             + self._fate_note(list(died)),
             died=died,
             finished=sorted(poll.results),

@@ -71,7 +71,7 @@ def test_memory_census_odd_host_and_view():
 def _census_1000(stats: bool) -> MemoryCensus:
     """1,000 hosts x 8 devices, 8 MiB of live arrays each, but hosts 17 and 503 hold 72 MiB (a
     64 MiB cache only they keep) and hosts 600-639 each another number of arrays; with
-    ``stats``, device 0 of each of hosts 600-639 has another figure in use."""
+    ``stats``, device 0 of each of processes 600-639 has another figure in use."""
     hosts = []
     for p in range(1000):
         extra = 64 * MIB if p in (17, 503) else 0
@@ -109,7 +109,7 @@ def test_memory_census_text_is_bounded_at_1000_hosts(stats):
         most = '7944 devices of processes 0-16, 18-502, 504-999: in use 1.0 MiB of 16384.0 MiB'
         assert lines[17] == f'  {most}, peak 2.0 MiB'
         assert '  16 devices of processes 17, 503: in use 9.0 MiB of 16384.0 MiB' in text
-        assert '  host 639 · dev 0 (id 5112): in use 5.0 MiB' in text  # the most in use
+        assert '  process 639 · dev 0 (id 5112): in use 5.0 MiB' in text  # the most in use
         assert '  ... and 27 more devices (27 other lines), in use 1.1 MiB to 3.7 MiB' in lines
     assert MemoryView(census).text() == text  # what %mh_mem shows as text
 
@@ -183,7 +183,7 @@ def test_memory_view_at_1000_hosts_shows_the_hosts_that_stand_out_first():
     assert grouped + len(drawn) == 1000, rest
     html = memory_html(census)
     assert html.count('<tr') <= 1 + MAX_HEAT_ROWS // 2 + 9
-    assert html.index('host 717') < html.index('host 950') < html.index('mh-mem-rest')
+    assert html.index('process 717') < html.index('process 950') < html.index('mh-mem-rest')
     assert 'processes 717, 950: 1' in html
     png = render_memory_png(census)
     assert png.startswith(b'\x89PNG')

@@ -176,7 +176,7 @@ def _saver(client) -> threading.Thread:
 
 @multiprocess(timeout=60)
 def test_a_service_barrier_of_another_thread_is_not_the_main_threads_wait():
-    """A thread ('saver', like orbax's async save) of hosts 0-2 waits in a service barrier
+    """A thread ('saver', like orbax's async save) of processes 0-2 waits in a service barrier
     while the main threads run: each host says so beside what its main thread does."""
     pid = jax.process_index()
     client = _jax_adapter.client()

@@ -155,7 +155,7 @@ def test_text_summary_names_blocks_devices_and_bytes():
     """str(layout) gives the headline, each block with its devices, and bytes per host."""
     text = str(_rows_layout())
     assert text.splitlines()[0] == "float32[4, 2] (32 B) P('host', None) on mesh (host=2, dev=2)"
-    assert '[2:4, 0:2] 16 B x2: host 1 · dev 0 (id 2), host 1 · dev 1 (id 3)' in text
+    assert '[2:4, 0:2] 16 B x2: process 1 · dev 0 (id 2), process 1 · dev 1 (id 3)' in text
     assert 'bytes per host: 0: 32 B, 1: 32 B' in text
     many = Layout.from_placements((100,), 'float32', [([(i, i + 1)], i, 0) for i in range(100)])
     assert '... 84 more block(s)' in str(many)
@@ -165,11 +165,11 @@ def test_device_name_forms():
     """Every view names a device as host (process) · dev (index on the host) (id)."""
     from multihost._checks._layout import device_name, format_ranges
 
-    assert device_name(1, 0, 2048) == 'host 1 · dev 0 (id 2048)'
-    assert device_name(1, 0, 2048, 'short') == 'host 1 · dev 0'
-    assert device_name(1, 0, 2048, 'tiny') == 'h1·d0'
-    assert device_name(0, None, None) == 'host 0 · host memory'
-    assert device_name(2, None, 7) == 'host 2 · id 7'
+    assert device_name(1, 0, 2048) == 'process 1 · dev 0 (id 2048)'
+    assert device_name(1, 0, 2048, 'short') == 'process 1 · dev 0'
+    assert device_name(1, 0, 2048, 'tiny') == 'p1·d0'
+    assert device_name(0, None, None) == 'process 0 · host memory'
+    assert device_name(2, None, 7) == 'process 2 · id 7'
     with pytest.raises(ValueError, match='form'):
         device_name(0, 0, 0, 'medium')
     assert format_ranges([5, 0, 1, 2, 6]) == '0-2,5,6' and format_ranges([]) == ''
@@ -182,13 +182,16 @@ def test_local_indices_default_and_given():
         (4,), 'float32', [([(i, i + 1)], d, i // 2) for i, d in enumerate(ids)]
     )
     assert layout.local_indices == ((0, 0), (1, 1), (2048, 0), (2049, 1))
-    assert layout.device_name(2049) == 'host 1 · dev 1 (id 2049)'
+    assert layout.device_name(2049) == 'process 1 · dev 1 (id 2049)'
     assert layout.devices_by_process() == {0: (0, 1), 1: (2048, 2049)}
     # a sharding over devices 1 and 3 of one host: their own indices, not 0 and 1
     sub = Layout.from_placements(
         (2,), 'float32', [([(0, 1)], 1, 0), ([(1, 2)], 3, 0)], local_indices=((1, 1), (3, 3))
     )
-    assert [sub.device_name(d, 'short') for d in (1, 3)] == ['host 0 · dev 1', 'host 0 · dev 3']
+    assert [sub.device_name(d, 'short') for d in (1, 3)] == [
+        'process 0 · dev 1',
+        'process 0 · dev 3',
+    ]
     assert pickle.loads(pickle.dumps(sub)) == sub
 
 

@@ -3,7 +3,7 @@ Playwright): synthetic layouts, no kernel, no cluster.
 
 What a user sees must not mislead: a `P()` array is one block with a replica matrix beside it
 (a cell per device, only the odd host's replicas marked), devices read
-"host 1 · dev 0 (id 2048)", a 3-D array is facets (capped, the rest counted), and the mesh view
+"process 1 · dev 0 (id 2048)", a 3-D array is facets (capped, the rest counted), and the mesh view
 says which axes cross hosts. Screenshots go to ``/tmp/layout_*.png`` (``MH_SHOTS`` elsewhere).
 
 Needs Chromium (``MH_CHROMIUM``, default ``/usr/bin/chromium``); ``MH_SKIP_BROWSER=1`` skips.
@@ -62,13 +62,13 @@ def test_p_unspecified_is_one_block_with_a_replica_cell_per_device(page):
     the picture, exactly host 2's two cells marked."""
     pg = page('replicated', mw.LayoutView(report(replicated())))
     assert pg.locator('.mh-layout-block').count() == 1
-    assert _texts(pg, '.mh-layout-block') == ['⚠ 8 replicas: dev 0,1 of hosts 0-3']
+    assert _texts(pg, '.mh-layout-block') == ['⚠ 8 replicas: dev 0,1 of processes 0-3']
     assert pg.locator('.mh-replica-matrix').count() == 1
     assert pg.locator('.mh-replica-cell').count() == 8
     odd = pg.eval_on_selector_all(
         '.mh-replica-odd', 'els => els.map(e => e.getAttribute("title").split(":")[0])'
     )
-    assert odd == [f'host 2 · dev {d} (id {did(2, d)})' for d in range(2)]
+    assert odd == [f'process 2 · dev {d} (id {did(2, d)})' for d in range(2)]
     # the odd cells look different from the others (outline), the others do not
     outlines = pg.eval_on_selector_all(
         '.mh-replica-cell', 'els => els.map(e => getComputedStyle(e).outlineStyle)'
@@ -87,7 +87,7 @@ def test_devices_read_host_dev_id_and_fit_their_blocks(page):
     """P('host', 'dev'): 8 blocks named 'host h · dev d (id n)', each label inside its block;
     the mesh view shows the same names by mesh position."""
     pg = page('host_by_dev', mw.LayoutView(host_by_dev()))
-    names = [f'host {h} · dev {d} (id {did(h, d)})' for h in range(4) for d in range(2)]
+    names = [f'process {h} · dev {d} (id {did(h, d)})' for h in range(4) for d in range(2)]
     assert _texts(pg, '.mh-layout-block') == names
     overflow = pg.eval_on_selector_all(
         '.mh-layout-block', 'els => els.filter(e => e.scrollWidth > e.clientWidth + 1).length'

@@ -63,7 +63,7 @@ def describe_all() -> dict[str, multihost.Layout]:
             local = jax.local_devices().index(shard.device)
             assert layout.local_index(shard.device.id) == local, (name, info)
             assert layout.device_name(shard.device.id) == (
-                f'host {jax.process_index()} · dev {local} (id {shard.device.id})'
+                f'process {jax.process_index()} · dev {local} (id {shard.device.id})'
             )
         out[name] = layout
     return out

@@ -53,7 +53,7 @@ def test_replicated_block_is_drawn_once_in_the_shared_colour():
     layout = replicated()
     (b,) = mw.layout_grid(layout).blocks
     assert b.fill == SHARED_COLOR and b.replica_count == 8
-    assert b.labels == ('8 replicas: dev 0,1 of hosts 0-3', 'x8 dev 0,1 of hosts 0-3', 'x8')
+    assert b.labels == ('8 replicas: dev 0,1 of processes 0-3', 'x8 dev 0,1 of processes 0-3', 'x8')
     v = mw.LayoutView(report(layout))
     assert len(find(v.widget, 'mh-layout-block')) == 1
     static = v.static_html()
@@ -65,8 +65,8 @@ def test_flagged_block_says_how_many_replicas_differ_and_where():
     """The flagged block's label says which hosts hold odd replicas, not the whole bar."""
     (b,) = mw.layout_grid(report(replicated())).blocks
     assert b.flagged and b.odd_devices == (did(2, 0), did(2, 1)) and b.odd_processes == (2,)
-    assert b.odd_text == '2 of 8 replicas differ (host 2)'
-    assert _label_lines(b, 600, 60) == ['8 replicas: dev 0,1 of hosts 0-3', '! ' + b.odd_text]
+    assert b.odd_text == '2 of 8 replicas differ (process 2)'
+    assert _label_lines(b, 600, 60) == ['8 replicas: dev 0,1 of processes 0-3', '! ' + b.odd_text]
     assert _label_lines(b, 40, 14) == ['! x8']
 
 
@@ -75,9 +75,9 @@ def test_block_on_one_host_keeps_the_host_colour_and_names_its_devices():
     g = mw.layout_grid(rows_by_host())
     assert [b.fill for b in g.blocks] == [mw.host_color(h) for h in range(4)]
     assert g.blocks[1].labels == (
-        'host 1 · dev 0,1 (ids 2048,2049)',
-        'host 1 · dev 0,1',
-        'h1·d0,1',
+        'process 1 · dev 0,1 (ids 2048,2049)',
+        'process 1 · dev 0,1',
+        'p1·d0,1',
     )
 
 
@@ -86,15 +86,15 @@ def test_blocks_across_hosts_say_which_devices_when_alike():
     only the hosts."""
     g = mw.layout_grid(rows_by_dev())
     assert [b.label for b in g.blocks] == [
-        '4 replicas: dev 0 of hosts 0-3',
-        '4 replicas: dev 1 of hosts 0-3',
+        '4 replicas: dev 0 of processes 0-3',
+        '4 replicas: dev 1 of processes 0-3',
     ]
     mixed = Layout.from_placements(
         (2,), 'float32', [([(0, 2)], 0, 0), ([(0, 2)], 2049, 1)], local_indices=((0, 0), (2049, 1))
     )
     assert mw.layout_grid(mixed).blocks[0].labels == (
-        '2 replicas on hosts 0,1',
-        'x2 hosts 0,1',
+        '2 replicas on processes 0,1',
+        'x2 processes 0,1',
         'x2',
     )
 
@@ -103,10 +103,10 @@ def test_device_labels_read_host_dev_id():
     """Every single-device block reads 'host p · dev i (id n)'; no bare id lists."""
     g = mw.layout_grid(host_by_dev())
     assert [b.label for b in g.blocks] == [
-        f'host {h} · dev {d} (id {did(h, d)})' for h in range(4) for d in range(2)
+        f'process {h} · dev {d} (id {did(h, d)})' for h in range(4) for d in range(2)
     ]
     numpy_value = Layout.from_placements((3,), 'int8', [([(0, 3)], None, 0)], sharding='numpy')
-    assert mw.layout_grid(numpy_value).blocks[0].label == 'host 0 · host memory'
+    assert mw.layout_grid(numpy_value).blocks[0].label == 'process 0 · host memory'
     with pytest.raises(ValueError, match='form'):
         block_label(numpy_value, numpy_value.blocks()[0], 'huge')
 
@@ -116,11 +116,11 @@ def test_labels_take_one_form_per_grid():
     form (not one block named with its id and its neighbour without)."""
     grid = mw.layout_grid(host_by_dev())  # blocks 6 elements wide
     first, third = grid.blocks[0], grid.blocks[2]  # ids 0 and 2048
-    w = 23 * 6  # px: 'host 0 · dev 0 (id 0)' fits, 'host 1 · dev 0 (id 2048)' does not
-    assert _label_lines(first, w, 40) == ['host 0 · dev 0 (id 0)']
-    assert _label_lines(third, w, 40) == ['host 1 · dev 0']
-    assert _label_level(grid, 23, 10) == 1
-    assert _label_lines(first, w, 40, 1) == ['host 0 · dev 0']
+    w = 26 * 6  # px: 'process 0 · dev 0 (id 0)' fits, 'process 1 · dev 0 (id 2048)' does not
+    assert _label_lines(first, w, 40) == ['process 0 · dev 0 (id 0)']
+    assert _label_lines(third, w, 40) == ['process 1 · dev 0']
+    assert _label_level(grid, 26, 10) == 1
+    assert _label_lines(first, w, 40, 1) == ['process 0 · dev 0']
     assert _label_level(grid, 40, 10) == 0
 
 
@@ -143,12 +143,12 @@ def test_replica_matrix_of_p_unspecified_has_a_cell_per_device():
     assert len(cells) == 8 and len(elements(html, 'mh-replica-matrix', 'table')) == 1
     odd = elements(html, 'mh-replica-odd', 'td')
     assert [c['attrs']['title'].split(':')[0] for c in odd] == [
-        'host 2 · dev 0 (id 4096)',
-        'host 2 · dev 1 (id 4097)',
+        'process 2 · dev 0 (id 4096)',
+        'process 2 · dev 1 (id 4097)',
     ]
     assert all('mh-host-2' in c['classes'] for c in odd)
     heads = [h['text'].strip() for h in elements(html, tag='th')]
-    assert heads[:5] == ['host', 'host 0', 'host 1', 'host 2', 'host 3']
+    assert heads[:5] == ['process', 'process 0', 'process 1', 'process 2', 'process 3']
     assert heads[5:14] == ['dev', '0', '1', '0', '1', '0', '1', '0', '1']
 
 
@@ -276,7 +276,7 @@ def test_mesh_view_says_which_axes_cross_hosts():
     assert [r['text'][:3] for r in within] == ['dev'] and 'within a host' in within[0]['text']
     cells = elements(html, 'mh-mesh-device', 'td')
     assert [c['text'] for c in cells] == [
-        f'host {h} · dev {d} (id {did(h, d)})' for h in range(4) for d in range(2)
+        f'process {h} · dev {d} (id {did(h, d)})' for h in range(4) for d in range(2)
     ]
     assert 'mh-host-3' in cells[-1]['classes']
 
@@ -320,7 +320,7 @@ def test_layout_view_shows_mesh_and_replicas_in_widget_static_and_text():
     assert len(elements(static, 'mh-mesh-view')) == 1
     text = v.text()
     assert 'mesh host=4 crosses hosts (4 along it), dev=2 within a host' in text
-    assert 'b: host 2 · dev 0 (id 4096) (odd), host 2 · dev 1 (id 4097) (odd)' in text
+    assert 'b: process 2 · dev 0 (id 4096) (odd), process 2 · dev 1 (id 4097) (odd)' in text
     # no replicated block: no matrix; no mesh: no mesh view
     plain = mw.LayoutView(Layout.from_placements((4,), 'float32', [([(0, 4)], 0, 0)]))
     assert find(plain.widget, 'mh-layout-replicas')[0].layout.display == 'none'
@@ -450,12 +450,12 @@ def test_grid_2d_rectangles_hosts_and_labels():
     g = mw.layout_grid(layout_2d())
     assert g.axes == (0, 1) and g.fixed == () and g.extent == (4, 6)
     assert [(b.rows, b.cols, b.processes, b.label) for b in g.blocks] == [
-        ((0, 2), (0, 3), (0,), 'host 0 · dev 0 (id 0)'),
-        ((0, 2), (3, 6), (0,), 'host 0 · dev 1 (id 1)'),
-        ((2, 4), (0, 3), (1,), 'host 1 · dev 0 (id 2)'),
-        ((2, 4), (3, 6), (1,), 'host 1 · dev 1 (id 3)'),
+        ((0, 2), (0, 3), (0,), 'process 0 · dev 0 (id 0)'),
+        ((0, 2), (3, 6), (0,), 'process 0 · dev 1 (id 1)'),
+        ((2, 4), (0, 3), (1,), 'process 1 · dev 0 (id 2)'),
+        ((2, 4), (3, 6), (1,), 'process 1 · dev 1 (id 3)'),
     ]
-    assert [b.labels[1:] for b in g.blocks][2] == ('host 1 · dev 0', 'h1·d0')
+    assert [b.labels[1:] for b in g.blocks][2] == ('process 1 · dev 0', 'p1·d0')
     assert g.row_cuts == (0, 2, 4) and g.col_cuts == (0, 3, 6)
     assert [b.colors for b in g.blocks] == [(mw.host_color(0),)] * 2 + [(mw.host_color(1),)] * 2
     assert mw.host_color(0) != mw.host_color(1)
@@ -505,8 +505,8 @@ def test_grid_replica_counts_and_hosts():
     )
     g = mw.layout_grid(layout)
     assert [(b.replica_count, b.processes, b.label) for b in g.blocks] == [
-        (2, (0, 1), '2 replicas: dev 0 of hosts 0,1'),
-        (2, (0, 1), '2 replicas: dev 1 of hosts 0,1'),
+        (2, (0, 1), '2 replicas: dev 0 of processes 0,1'),
+        (2, (0, 1), '2 replicas: dev 1 of processes 0,1'),
     ]
     # drawn once, in the shared grey (no host's colour), whatever the number of hosts
     assert all(b.fill == SHARED_COLOR for b in g.blocks)
@@ -621,10 +621,10 @@ def test_layout_view_buttons_coloured_by_host():
     v = mw.LayoutView(layout_2d())
     buttons = find(v.widget, 'mh-layout-block')
     assert [b.description for b in buttons] == [
-        'host 0 · dev 0 (id 0)',
-        'host 0 · dev 1 (id 1)',
-        'host 1 · dev 0 (id 2)',
-        'host 1 · dev 1 (id 3)',
+        'process 0 · dev 0 (id 0)',
+        'process 0 · dev 1 (id 1)',
+        'process 1 · dev 0 (id 2)',
+        'process 1 · dev 1 (id 3)',
     ]
     for b, host in zip(buttons, [0, 0, 1, 1]):
         assert f'mh-host-{host}' in b._dom_classes
@@ -651,7 +651,10 @@ def test_layout_view_click_shows_shard_info_and_values():
         if inside(tr, shards)
     ][1:]
     # replica, device, bytes
-    assert rows == [['0', 'host 1 · dev 0 (id 4)', '48 B'], ['1', 'host 1 · dev 1 (id 5)', '48 B']]
+    assert rows == [
+        ['0', 'process 1 · dev 0 (id 4)', '48 B'],
+        ['1', 'process 1 · dev 1 (id 5)', '48 B'],
+    ]
     assert '[2:4, 0:6, 0:1]' in info.value and '2 replica(s)' in info.value
     (pre,) = elements(info.value, 'mh-values')
     expected = np.array2string(values[2:4, :, 0:1])
@@ -689,7 +692,7 @@ def test_layout_view_legend_bytes_per_host():
     html = one(v.widget, 'mh-layout-legend').value
     for p, n in layout.bytes_per_process().items():
         (row,) = elements(html, f'mh-host-{p}', 'tr')
-        assert format_bytes(n) in row['text'] and f'host {p}' in row['text']
+        assert format_bytes(n) in row['text'] and f'process {p}' in row['text']
         assert mw.host_color(p) in html
     assert 'x2' in html  # every block is stored twice
 
@@ -712,7 +715,7 @@ def test_layout_view_flags_disagreeing_replicas():
     header = one(v.widget, 'mh-layout-header').value
     (verdict,) = elements(header, 'mh-flagged')
     assert 'DIFFER' in verdict['text'] and 'process 1' in verdict['text']
-    assert 'host 1 · dev 3 (id 7)' in verdict['text']
+    assert 'process 1 · dev 3 (id 7)' in verdict['text']
     flagged = find(v.widget, 'mh-flagged')  # both facets shown: one flagged block in all
     assert [b.tooltip.split(': ')[0] for b in flagged] == ['[2:4, 0:6, 1:2]']
     flagged[0].click()
@@ -763,7 +766,7 @@ def test_layout_view_text_fallback():
     bundle = v._repr_mimebundle_()
     matrix = replica_matrix_text(v.matrix)
     assert bundle['text/plain'] == f'{layout}\n{matrix}\n{odd}' == str(v)
-    assert 'b: host 1 · dev 3 (id 7) (odd)' in matrix
+    assert 'b: process 1 · dev 3 (id 7) (odd)' in matrix
     assert str(mw.LayoutView(layout)) == str(layout)  # nothing compared: the layout alone
     assert bundle['application/vnd.jupyter.widget-view+json']['model_id'] == v.widget.model_id
     assert repr(v).startswith('<LayoutView: float32[4, 6, 2]')

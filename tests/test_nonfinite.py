@@ -109,7 +109,7 @@ def test_text_names_block_process_device_and_first():
         first=(1, 9),
     )
     assert s.describe() == (
-        "['params']['w'] block [0:4, 8:16] on process 2, device 5 (host 2 · dev 1): "
+        "['params']['w'] block [0:4, 8:16] on process 2, device 5 (dev 1): "
         '3 NaN, 0 Inf, first at (1, 9)'
     )
     local = multihost.NonfiniteShard(

@@ -56,14 +56,14 @@ def test_a_nan_in_one_shard_on_host_2_is_named_with_its_host_device_and_index():
     assert not s.host_local
     text = str(report)
     assert (
-        f"['params']['w'] block [8:12, 4:8] on process 2, device {device.id} (host 2 · dev 1): "
+        f"['params']['w'] block [8:12, 4:8] on process 2, device {device.id} (dev 1): "
         '2 NaN, 0 Inf, first at (9, 6)'
     ) in text
     leaf = report["['params']['w']"]
     assert leaf.processes == (2,) and leaf.nan == 2 and leaf.shards == 1
     assert leaf.layout is not None and leaf.layout.shape == (16, 8)
     assert len(leaf.layout.shards) == 8
-    assert leaf.marked(report) == {target: f'2 NaN, 0 Inf on host 2, device {device.id}'}
+    assert leaf.marked(report) == {target: f'2 NaN, 0 Inf on process 2, device {device.id}'}
     # What was checked: every device's shard once, the host-local zeros on every host.
     assert report.checked == {'leaves': 2, 'shards': 8 + 4, 'elements': 128 + 12, 'skipped': 1}
     # Every host holds the same report.

@@ -75,7 +75,7 @@ def test_nonfinite_view_lists_shards_and_marks_the_offending_block():
     html = view.static_html()
     assert 'mh-nonfinite-shards' in html and html.count('mh-nonfinite-shard ') == 2
     assert 'mh-flagged' in html and 'params' in html
-    assert '[4:8, 2:4]' in html and 'host 0 · dev 3 (id 3)' in html and '(5, 3)' in html
+    assert '[4:8, 2:4]' in html and 'process 0 · dev 3 (id 3)' in html and '(5, 3)' in html
     assert 'Select a block' not in html  # no hint about buttons a static page lacks
     assert 'mh-nonfinite-leaves' in html  # two offending leaves
     assert 'data:image/png' in html  # the layout picture
@@ -84,7 +84,7 @@ def test_nonfinite_view_lists_shards_and_marks_the_offending_block():
     view.show("['w']")
     assert view.leaf.path == "['w']"
     (marked,) = view.layout_view.grid.marked
-    assert marked.index == ((4, 8), (2, 4)) and marked.mark == '2 NaN, 0 Inf on host 0, device 3'
+    assert marked.index == ((4, 8), (2, 4)) and marked.mark == '2 NaN, 0 Inf on process 0, device 3'
     png_w = view.layout_view._image.value
     plain = mw.render_layout_png(mw.layout_grid(report["['w']"].layout))
     assert png_w != plain  # the offending block is hatched
@@ -133,7 +133,7 @@ def _replicated_nan_report():
 
 def test_a_replicated_block_names_the_host_whose_replica_holds_the_nan(tmp_path):
     report, leaf, block = _replicated_nan_report()
-    note = "3 NaN, 0 Inf in host 2's replica (device 5, replica 3 of 4)"
+    note = "3 NaN, 0 Inf in process 2's replica (device 5, replica 3 of 4)"
     assert leaf.marked(report) == {block: note}
     view = mw.NonfiniteView(report, name='w')
     (marked,) = view.layout_view.grid.marked

@@ -68,8 +68,8 @@ def test_kernel_interrupt_stops_every_host_and_the_next_cell_runs(session, capsy
     interrupted = time.monotonic() - t0
     timer.join()
     assert interrupted < 2.0 + 7.0, f'the interrupt took {interrupted - 2:.1f} s'
-    assert 'interrupted: hosts 0, 1, 2, 3 stopped in' in cap.stdout, cap.stdout
-    assert 'Where each host was' in cap.stdout
+    assert 'interrupted: processes 0-3 stopped in' in cap.stdout, cap.stdout
+    assert 'Where each process was' in cap.stdout
     where = [o for o in cap.outputs if 'text/plain' in o.data and 'host' in o.data['text/plain']]
     assert where, 'no where view displayed'
     assert magics.background is None
@@ -111,7 +111,7 @@ def test_interrupt_names_the_host_that_does_not_stop(session):
     time.sleep(0.5)
     report = session.interrupt(timeout=2.0)
     assert report.running == (1,) and report.stopped == (0, 2, 3)
-    assert 'host 1 did not stop within 2 s' in report.message
+    assert 'process 1 did not stop within 2 s' in report.message
     assert '%mh_cluster restart' in report.message
     assert report.position is None  # not realigned while a host is busy
     with pytest.raises(mhnotebook.HostsError) as info:
@@ -166,7 +166,7 @@ def test_kernel_interrupt_inside_a_barrier_then_the_next_barrier_lines_up(sessio
             'multihost.barrier("never-complete", timeout=120)',
         )
     timer.join()
-    assert 'interrupted: hosts 0, 1, 2, 3 stopped in' in cap.stdout, cap.stdout
+    assert 'interrupted: processes 0-3 stopped in' in cap.stdout, cap.stdout
     assert len(set(session.call('multihost.engine.sequence_position'))) == 1
     t0 = time.monotonic()
     with capture_output() as cap:
@@ -487,14 +487,14 @@ def test_dead_host_is_reported_and_restart_recovers():
         assert time.monotonic() - t0 < 15
         lines = [ln for ln in cap.stdout.splitlines() if 'died' in ln]
         assert len(lines) == 1, cap.stdout
-        assert lines[0].startswith('%%mh: host 2 died (exit code 1) while running this cell.')
+        assert lines[0].startswith('%%mh: process 2 died (exit code 1) while running this cell.')
         assert "JAX's default fate-sharing" in lines[0] and '--recoverable' in lines[0]
         assert '[process 0] alive' in cap.stdout
         with capture_output() as cap:
             ip.run_line_magic('mh_cluster', 'status')
         assert 'process 2: engine' in cap.stdout and 'dead (exit code 1)' in cap.stdout
         assert 'process 0: engine' in cap.stdout and 'idle' in cap.stdout
-        gone = r'^host 2 is gone \(exit code 1\): %mh_cluster restart'
+        gone = r'^process 2 is gone \(exit code 1\): %mh_cluster restart'
         for magic, line in [
             ('mh_barrier', 'b'),
             ('mh_allgather', 'x'),
@@ -546,7 +546,7 @@ def test_recoverable_cluster_keeps_survivors_inspectable():
             )
         died = [ln for ln in cap.stdout.splitlines() if 'died' in ln]
         assert len(died) == 1, cap.stdout
-        assert died[0].startswith('%%mh: host 2 died (signal 9) while running this cell.')
+        assert died[0].startswith('%%mh: process 2 died (signal 9) while running this cell.')
         assert 'keep running (recoverable)' in died[0]
         t0 = time.monotonic()
         with capture_output() as cap:
@@ -556,10 +556,12 @@ def test_recoverable_cluster_keeps_survivors_inspectable():
                 'with multihost.live_devices(jax.devices()) as devices:\n'
                 '    print("live", sorted({d.process_index for d in devices}))',
             )
-        assert 'host 2 gone; running on hosts 0, 1' in cap.stdout
+        assert 'process 2 gone; running on processes 0-1' in cap.stdout
         assert '[process 0] live [0, 1]' in cap.stdout and '[process 1] live [0, 1]' in cap.stdout
         assert time.monotonic() - t0 < 30
-        with pytest.raises(UsageError, match=r'^host 2 is gone \(signal 9\): %mh_cluster restart'):
+        with pytest.raises(
+            UsageError, match=r'^process 2 is gone \(signal 9\): %mh_cluster restart'
+        ):
             ip.run_line_magic('mh_barrier', 'b')
         # The session knows host 2 died: nobody waits for it, and it is named as gone.
         t0 = time.monotonic()
@@ -603,7 +605,7 @@ def test_interrupt_names_a_host_blocked_in_a_real_device_collective():
         time.sleep(3)
         report = s.interrupt(timeout=3.0)
         assert report.running == (0,) and report.stopped == (1,), report
-        assert 'host 0 did not stop within 3 s' in report.message
+        assert 'process 0 did not stop within 3 s' in report.message
         assert 'device collective' in report.message and '%mh_cluster restart' in report.message
         s.restart(timeout=180)
         s.execute('import jax, multihost\nmultihost.barrier("after restart")', echo=False)

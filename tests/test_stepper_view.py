@@ -133,8 +133,8 @@ def test_stepper_groups_identical_hosts_when_many():
     v = mw.StepperView(table)
     html = one(v.widget, 'mh-stepper-grid').value
     heads = [th['text'] for th in elements(html, tag='th')[1:]]
-    assert heads == ['processes 0-12, 14-39 (39 hosts)', 'host 13']
-    assert [th['text'] for th in elements(html, 'mh-odd-host', 'th')] == ['host 13']
+    assert heads == ['processes 0-12, 14-39 (39 processes)', 'process 13']
+    assert [th['text'] for th in elements(html, 'mh-odd-host', 'th')] == ['process 13']
 
 
 def test_stepper_text_fallback():

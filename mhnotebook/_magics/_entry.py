@@ -116,7 +116,7 @@ def show_interrupt(report: InterruptReport) -> None:
     if report.where:
         from IPython.display import display
 
-        print('Where each host was:')
+        print('Where each process was:')
         display(stacks_view(report.where))
 
 

@@ -350,7 +350,7 @@ class MultihostMagics(Magics):
         own copy); only the offending shards' counts travel. Shows the
         offending shards, and the layout picture with their blocks marked:
         ``%mh_nan params`` names e.g. ``['w'] block [8:12, 4:8] on
-        process 2, device 5 (host 2 · dev 1): 2 NaN, 0 Inf, first at (9, 6)``.
+        process 2, device 5 (dev 1): 2 NaN, 0 Inf, first at (9, 6)``.
 
         Examples::
 

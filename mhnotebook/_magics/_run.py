@@ -19,7 +19,6 @@ from mhnotebook._errors import (
     SessionError,
     SessionInterrupted,
     SessionTimeout,
-    hosts_phrase,
     processes_phrase,
 )
 from mhnotebook._magics._entry import delegate, print_errors, show_interrupt
@@ -133,7 +132,8 @@ def run_cell(
     dead = session.dead
     if dead:  # a recoverable session: the cell runs on the survivors
         print(
-            f'%%mh: {hosts_phrase(sorted(dead))} gone; running on {hosts_phrase(sorted(pending))}.'
+            f'%%mh: {processes_phrase(sorted(dead))} gone; '
+            f'running on {processes_phrase(sorted(pending))}.'
         )
     if background:
         holder.background = pending

@@ -189,7 +189,7 @@ def render_memory_png(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> by
     fig, ax = plt.subplots(figsize=(1.6 + 0.9 * width, 0.8 + 0.32 * len(hosts)), dpi=100)
     im = ax.imshow(grid, aspect='auto', cmap='viridis')
     ax.set_xticks(range(width), [f'dev {j}' for j in range(width)])
-    ax.set_yticks(range(len(hosts)), [f'host {h.process}' for h in hosts])
+    ax.set_yticks(range(len(hosts)), [f'process {h.process}' for h in hosts])
     odd = set(census.odd_processes)
     for i, h in enumerate(hosts):
         if h.process in odd:
@@ -216,7 +216,7 @@ def memory_html(census: MemoryCensus) -> str:
     heavy = set(census.heavy_processes)
     rows = ''.join(
         f'<tr class="mh-mem-host{" mh-odd-host" if h.process in heavy else ""}">'
-        f'<td>host {h.process}</td><td>{h.live_count}</td>'
+        f'<td>process {h.process}</td><td>{h.live_count}</td>'
         f'<td>{h.live_bytes / (1 << 20):.1f} MiB</td></tr>'
         for h in shown_hosts(census)
     ) + ''.join(
@@ -224,7 +224,7 @@ def memory_html(census: MemoryCensus) -> str:
         for who, what in rest_groups(census)
     )
     table = (
-        '<table class="mh-mem-table mh-table"><tr><th>host</th><th>live arrays</th>'
+        '<table class="mh-mem-table mh-table"><tr><th>process</th><th>live arrays</th>'
         f'<th>live bytes</th></tr>{rows}</table>'
     )
     leaks = ''

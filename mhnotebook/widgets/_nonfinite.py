@@ -35,7 +35,7 @@ def _device(s: NonfiniteShard) -> str:
     if s.device is None:
         return 'host memory'
     local = '' if s.local_device is None else f' · dev {s.local_device}'
-    return f'host {s.process}{local} (id {s.device})'
+    return f'process {s.process}{local} (id {s.device})'
 
 
 def shards_html(report: NonfiniteReport, max_rows: int = MAX_ROWS) -> str:
@@ -57,13 +57,13 @@ def shards_html(report: NonfiniteReport, max_rows: int = MAX_ROWS) -> str:
     if len(report.shards) > max_rows:
         more.append(f'… {len(report.shards) - max_rows} more shard(s) in the report')
     more += [
-        f'… host {p} found {n} more offending shard(s), not listed'
+        f'… process {p} found {n} more offending shard(s), not listed'
         for p, n in report.truncated.items()
     ]
     foot = ''.join(f'<tr><td colspan="8">{esc(m)}</td></tr>' for m in more)
     return (
         '<table class="mh-table mh-nonfinite-shards"><tr><th>leaf</th><th>block</th>'
-        '<th>host</th><th>device</th><th>replica</th><th>NaN</th><th>Inf</th>'
+        '<th>process</th><th>device</th><th>replica</th><th>NaN</th><th>Inf</th>'
         f'<th>first at</th></tr>{"".join(rows)}{foot}</table>'
     )
 
@@ -94,7 +94,7 @@ def leaves_html(report: NonfiniteReport, max_leaves: int = MAX_LEAVES) -> str:
 
 
 def _leaf_label(leaf: NonfiniteLeaf) -> str:
-    local = f' (host-local, host {leaf.processes[0]})' if leaf.host_local else ''
+    local = f' (host-local, process {leaf.processes[0]})' if leaf.host_local else ''
     return f'{leaf.path or "<value>"}{local}: {leaf.nan:,} NaN, {leaf.inf:,} Inf'
 
 

@@ -161,7 +161,7 @@ def grid_html(table: StepTable) -> str:
     for g in groups:
         odd = any(p in s.odd_processes for s in table.steps for p in g)
         cls = f'mh-host-{g[0]}' + (' mh-odd-host' if odd else '')
-        name = f'host {g[0]}' if len(g) == 1 else f'{fmt_hosts(g)} ({len(g)} hosts)'
+        name = f'process {g[0]}' if len(g) == 1 else f'{fmt_hosts(g)} ({len(g)} processes)'
         head.append(f'<th class="{cls}" data-hosts="{",".join(map(str, g[:64]))}">{esc(name)}</th>')
     position = ['<td>at step</td>']
     for g in groups:

@@ -128,7 +128,7 @@ def _chart_axes(
         (left, (_BOTTOM_IN + _SKEW_IN + _GAP_IN) / fig_h, right - left, top_h / fig_h)
     )
     ax_skew = fig.add_axes((left, _BOTTOM_IN / fig_h, right - left, _SKEW_IN / fig_h), sharex=ax)
-    title = 'host x time: bar = wait at a checked step (long: waited for others), '
+    title = 'process x time: bar = wait at a checked step (long: waited for others), '
     title += '| = unchecked launch, ▼ = arrived last'
     if magic:
         title += (
@@ -459,7 +459,7 @@ class TimelineView(View):
         """The widget's picture; its parts keep their ``mh-timeline*`` classes."""
         chart = (
             f'<img class="mh-timeline-chart" src="data:image/png;base64,'
-            f'{_png_b64(self._chart.value)}" alt="host x time chart of the timeline">'
+            f'{_png_b64(self._chart.value)}" alt="process x time chart of the timeline">'
         )
         inner = widget_html(self.widget, {id(self._chart): chart})
         return f'<div class="mh-timeline">{inner}</div>'

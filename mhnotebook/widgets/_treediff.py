@@ -148,7 +148,7 @@ def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
     head = ['<th>#</th><th>leaf</th><th>kind</th>']
     for h in hosts:
         cls = f'mh-host-{h}' + (' mh-odd-host' if h in odd_any else '')
-        head.append(f'<th class="{cls}" data-host="{h}">host {h}</th>')
+        head.append(f'<th class="{cls}" data-host="{h}">process {h}</th>')
     if others:
         head.append('<th class="mh-other-hosts">other hosts</th>')
     head.append('<th>summary</th>')
@@ -235,7 +235,7 @@ def leaf_detail_html(leaf: LeafDiff) -> str:
     )
     return (
         f'{CSS}<div class="mh-leaf-detail"><div>{esc(leaf.describe())}</div>'
-        '<table class="mh-table"><tr><th>host</th><th>role</th><th>shape</th>'
+        '<table class="mh-table"><tr><th>process</th><th>role</th><th>shape</th>'
         '<th>dtype</th><th>digest</th><th>differing</th><th>max |diff|</th>'
         f'<th>first index</th><th>value</th></tr>{"".join(rows)}</table>{more}</div>'
     )

@@ -320,7 +320,7 @@ class DeviceMemory:
 
     @property
     def label(self) -> str:
-        return f'host {self.process} · dev {self.local} (id {self.id})'
+        return f'process {self.process} · dev {self.local} (id {self.id})'
 
 
 @dataclasses.dataclass(frozen=True)

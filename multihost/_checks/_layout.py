@@ -69,34 +69,36 @@ DEVICE_NAME_FORMS = ('long', 'short', 'tiny')
 def device_name(
     process_index: int, local_index: int | None, device_id: int | None, form: str = 'long'
 ) -> str:
-    """How every view names a device: ``'host 1 · dev 0 (id 2048)'``.
+    """How every view names a device: ``'process 1 · dev 0 (id 2048)'``.
 
-    ``host`` is the process index, ``dev`` the device's index among its
-    process's devices (``jax.local_devices(process_index=host)``), ``id``
+    ``process`` is the process index, ``dev`` the device's index among its
+    process's devices (``jax.local_devices(process_index=process)``), ``id``
     the `jax.Device.id`. A value in host memory (``device_id`` None) is
-    ``'host 1 · host memory'``.
+    ``'process 1 · host memory'``.
 
     Args:
         process_index: the process (host) holding the device.
         local_index: the device's index on its host; None if unknown (then
             the id alone names it).
         device_id: ``jax.Device.id``, or None for host memory.
-        form: ``'long'`` (``'host 1 · dev 0 (id 2048)'``), ``'short'``
-            (``'host 1 · dev 0'``) or ``'tiny'`` (``'h1·d0'``).
+        form: ``'long'`` (``'process 1 · dev 0 (id 2048)'``), ``'short'``
+            (``'process 1 · dev 0'``) or ``'tiny'`` (``'p1·d0'``).
     """
     if form not in DEVICE_NAME_FORMS:
         raise ValueError(f'form must be one of {DEVICE_NAME_FORMS}, got {form!r}')
     if device_id is None:
-        return f'h{process_index}·mem' if form == 'tiny' else f'host {process_index} · host memory'
+        return (
+            f'p{process_index}·mem' if form == 'tiny' else f'process {process_index} · host memory'
+        )
     if local_index is None:
         return (
-            f'h{process_index}·#{device_id}'
+            f'p{process_index}·#{device_id}'
             if form == 'tiny'
-            else (f'host {process_index} · id {device_id}')
+            else (f'process {process_index} · id {device_id}')
         )
     if form == 'tiny':
-        return f'h{process_index}·d{local_index}'
-    short = f'host {process_index} · dev {local_index}'
+        return f'p{process_index}·d{local_index}'
+    short = f'process {process_index} · dev {local_index}'
     return short if form == 'short' else f'{short} (id {device_id})'
 
 
@@ -438,7 +440,7 @@ class Layout:
         return self._process_of.get(device_id)
 
     def device_name(self, device_id: int | None, form: str = 'long') -> str:
-        """``'host 1 · dev 0 (id 2048)'`` (see `device_name`; forms long, short, tiny)."""
+        """``'process 1 · dev 0 (id 2048)'`` (see `device_name`; forms long, short, tiny)."""
         process = self.device_process(device_id)
         return device_name(
             -1 if process is None else process, self.local_index(device_id), device_id, form

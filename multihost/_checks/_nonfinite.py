@@ -91,14 +91,14 @@ class NonfiniteShard:
         return self.nan + self.inf
 
     def where(self) -> str:
-        """``'process 2, device 5 (host 2 · dev 1)'``, or ``'process 1, host memory'``."""
+        """``'process 2, device 5 (dev 1)'``, or ``'process 1, host memory'``."""
         if self.device is None:
             return f'process {self.process}, host memory'
-        local = '' if self.local_device is None else f' · dev {self.local_device}'
-        return f'process {self.process}, device {self.device} (host {self.process}{local})'
+        local = '' if self.local_device is None else f' (dev {self.local_device})'
+        return f'process {self.process}, device {self.device}{local}'
 
     def describe(self) -> str:
-        """``"['w'] block [0:4, 8:16] on process 2, device 5 (host 2 · dev 1): 3 NaN, 0 Inf,
+        """``"['w'] block [0:4, 8:16] on process 2, device 5 (dev 1): 3 NaN, 0 Inf,
         first at (1, 9)"``."""
         path = _short_path(self.path) or '<value>'
         if self.host_local:
@@ -156,14 +156,14 @@ class NonfiniteLeaf:
         for s in report.shards_of(self):
             counts = f'{s.nan} NaN, {s.inf} Inf'
             if s.device is None:
-                note = f'{counts} in host {s.process} memory'
+                note = f'{counts} in process {s.process} memory'
             elif holders.get(s.index, 1) > 1:
                 note = (
-                    f"{counts} in host {s.process}'s replica (device {s.device}, "
+                    f"{counts} in process {s.process}'s replica (device {s.device}, "
                     f'replica {s.replica + 1} of {holders[s.index]})'
                 )
             else:
-                note = f'{counts} on host {s.process}, device {s.device}'
+                note = f'{counts} on process {s.process}, device {s.device}'
             out.setdefault(s.index, []).append(note)
         return {index: '; '.join(notes) for index, notes in out.items()}
 

@@ -3,7 +3,7 @@
 `layout_grid` picks the two displayed axes and a position along every other
 axis, and returns the visible blocks as rectangles of the displayed plane,
 with their hosts, devices, replica counts and replica verdicts;
-`block_label` says which devices hold a block (``'host 1 · dev 0 (id 2048)'``).
+`block_label` says which devices hold a block (``'process 1 · dev 0 (id 2048)'``).
 A block is drawn once, whatever its number of replicas: in its host's colour
 when one host holds every copy, in a neutral grey (`SHARED_COLOR`) when
 several do.
@@ -29,16 +29,16 @@ FLAGGED_EDGE = '#000000'
 def block_label(layout: Layout, block: LayoutBlock, form: str = 'long') -> str:
     """Which devices hold a block, as every part of the view says it.
 
-    One device: ``'host 1 · dev 0 (id 2048)'``. Several devices of one host:
-    ``'host 1 · dev 0,1 (ids 2048,2049)'``. Several hosts, the same devices on
-    each: ``'8 replicas: dev 0,1 of hosts 0-3'``; otherwise
-    ``'8 replicas on hosts 0-3'``. Pure (no widgets, no devices).
+    One device: ``'process 1 · dev 0 (id 2048)'``. Several devices of one host:
+    ``'process 1 · dev 0,1 (ids 2048,2049)'``. Several hosts, the same devices on
+    each: ``'8 replicas: dev 0,1 of processes 0-3'``; otherwise
+    ``'8 replicas on processes 0-3'``. Pure (no widgets, no devices).
 
     Args:
         layout: the layout (it knows each device's index on its host).
         block: one of ``layout.blocks()``.
-        form: ``'long'``, ``'short'`` (``'host 1 · dev 0'``, ``'x8 hosts 0-3'``)
-            or ``'tiny'`` (``'h1·d0'``, ``'x8'``).
+        form: ``'long'``, ``'short'`` (``'process 1 · dev 0'``, ``'x8 processes 0-3'``)
+            or ``'tiny'`` (``'p1·d0'``, ``'x8'``).
     """
     if form not in ('long', 'short', 'tiny'):
         raise ValueError(f"form must be 'long', 'short' or 'tiny', got {form!r}")
@@ -55,7 +55,7 @@ def block_label(layout: Layout, block: LayoutBlock, form: str = 'long') -> str:
         for s in block.shards:
             per_host.setdefault(s.process_index, set()).add(layout.local_index(s.device_id))
         sets = {frozenset(v) for v in per_host.values()}
-        where = f'hosts {format_ranges(hosts)}'
+        where = f'processes {format_ranges(hosts)}'
         if len(sets) == 1 and None not in next(iter(sets)):
             devs = format_ranges(i for i in next(iter(sets)) if i is not None)
             if form == 'short':
@@ -72,10 +72,10 @@ def block_label(layout: Layout, block: LayoutBlock, form: str = 'long') -> str:
         return f'x{n}' if form == 'tiny' else f'x{n}: {names}'
     devs = format_ranges(i for i in locals_ if i is not None)
     if form == 'tiny':
-        return f'h{host}·d{devs}'
+        return f'p{host}·d{devs}'
     if form == 'short':
-        return f'host {host} · dev {devs}'
-    return f'host {host} · dev {devs} (ids {format_ranges(ids)})'
+        return f'process {host} · dev {devs}'
+    return f'process {host} · dev {devs} (ids {format_ranges(ids)})'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,17 +136,18 @@ class GridBlock:
 
     @property
     def label(self) -> str:
-        """Who holds the block: ``'host 1 · dev 0 (id 2048)'``, ``'8 replicas on hosts 0-3'``."""
+        """Who holds the block: ``'process 1 · dev 0 (id 2048)'``, ``'8 replicas on processes
+        0-3'``."""
         return self.labels[0] if self.labels else ''
 
     @property
     def odd_text(self) -> str:
-        """``'2 of 8 replicas differ (host 2)'``; ``''`` when the replicas agree."""
+        """``'2 of 8 replicas differ (process 2)'``; ``''`` when the replicas agree."""
         if not self.flagged:
             return ''
         return (
             f'{len(self.odd_devices)} of {self.replica_count} replicas differ '
-            f'({"host" if len(self.odd_processes) == 1 else "hosts"} '
+            f'({"process" if len(self.odd_processes) == 1 else "processes"} '
             f'{format_ranges(self.odd_processes)})'
         )
 

@@ -33,7 +33,7 @@ def legend_html(layout: Layout, max_processes: int = MAX_LEGEND) -> str:
     rows = []
     for p in sorted(per_host)[:max_processes]:
         rows.append(
-            f'<tr class="mh-legend-host mh-host-{p}"><td>{swatch(p)} host {p}</td>'
+            f'<tr class="mh-legend-host mh-host-{p}"><td>{swatch(p)} process {p}</td>'
             f'<td>{format_bytes(per_host[p])}</td><td>{shards.get(p, 0)}</td></tr>'
         )
     if len(per_host) > max_processes:
@@ -58,7 +58,7 @@ def legend_html(layout: Layout, max_processes: int = MAX_LEGEND) -> str:
     if layout.num_processes > len(PALETTE):
         foot += f'; colours repeat every {len(PALETTE)} hosts'
     return (
-        f'{CSS}<table class="mh-table mh-legend"><tr><th>host</th><th>bytes</th>'
+        f'{CSS}<table class="mh-table mh-legend"><tr><th>process</th><th>bytes</th>'
         f'<th>shards</th></tr>{"".join(rows)}</table><div class="mh-legend-foot">'
         f'{esc(foot)}</div>'
     )
@@ -96,7 +96,7 @@ def header_html(layout: Layout, report: ReplicaReport | None) -> str:
 
 
 def _group_text(layout: Layout, group: ReplicaGroup) -> str:
-    """``'digest 1a2b… (majority) on host 0 · dev 0 (id 0), ...; digest ...'``."""
+    """``'digest 1a2b… (majority) on process 0 · dev 0 (id 0), ...; digest ...'``."""
     parts = []
     for i, (digest, devices) in enumerate(group.digests.items()):
         names = first_names(devices, layout.device_name)

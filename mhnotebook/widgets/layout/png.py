@@ -101,8 +101,8 @@ def render_layout_png(
     """Draws a layout as a PNG: every block once, coloured by the host holding it.
 
     A block held by one host has its colour and names its device(s)
-    (``'host 1 · dev 0 (id 2048)'``); a block held by several hosts is drawn
-    once in a neutral grey (``'8 replicas on hosts 0-3'``; which replica is
+    (``'process 1 · dev 0 (id 2048)'``); a block held by several hosts is drawn
+    once in a neutral grey (``'8 replicas on processes 0-3'``; which replica is
     where, and which differ, is the replica matrix's job). A block whose
     replicas differ gets a red outline and says how many and on which hosts.
     An array of rank 3 or more is drawn as facets (small multiples over the
@@ -232,8 +232,8 @@ def _rect(b: GridBlock, **style: Any) -> Any:
 def _label_candidates(b: GridBlock) -> list[list[str]]:
     """A block's labels, most informative first.
 
-    Long (``'host 1 · dev 0 (id 2048)'``), then short (``'host 1 · dev 0'``),
-    then tiny (``'h1·d0'``); a block whose replicas differ adds what differs,
+    Long (``'process 1 · dev 0 (id 2048)'``), then short (``'process 1 · dev 0'``),
+    then tiny (``'p1·d0'``); a block whose replicas differ adds what differs,
     a marked block its mark.
     """
     labels = b.labels or ('',)

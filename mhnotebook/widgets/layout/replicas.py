@@ -51,7 +51,7 @@ class ReplicaCell:
     Attributes:
         process: the host holding the replica(s).
         device_ids: the devices behind the cell (one, or a host's for a host column).
-        name: ``'host 1 · dev 0 (id 2048)'`` (or ``'host 1 · 2 devices'``).
+        name: ``'process 1 · dev 0 (id 2048)'`` (or ``'process 1 · 2 devices'``).
         groups: digest group per device of the cell (0: the most common
             digest); ``()`` without a report.
         digests: the digests, in the same order; ``()`` without a report.
@@ -92,8 +92,8 @@ class ReplicaColumn:
     Attributes:
         process: the host.
         device_id: the device; None for a host column or a gap.
-        label: the header (``'0'``: dev 0 of its host; ``'host 3'``; ``'… 40'``: 40 hosts).
-        title: the tooltip (``'host 1 · dev 0 (id 2048)'``).
+        label: the header (``'0'``: dev 0 of its host; ``'process 3'``; ``'… 40'``: 40 hosts).
+        title: the tooltip (``'process 1 · dev 0 (id 2048)'``).
         gap: how many hosts this column stands for without showing them (0: a real column).
     """
 
@@ -267,7 +267,7 @@ def _host_columns(
     if per_host:
         return [
             ReplicaColumn(
-                process, None, f'host {process}', f'host {process}: {len(devices)} device(s)'
+                process, None, f'process {process}', f'process {process}: {len(devices)} device(s)'
             )
         ]
     columns = []
@@ -310,7 +310,7 @@ def _row(
                 device_ids=tuple(ids),
                 name=layout.device_name(ids[0])
                 if len(ids) == 1
-                else f'host {c.process} · {len(ids)} devices',
+                else f'process {c.process} · {len(ids)} devices',
                 groups=tuple(rank[h] for h in digests),
                 digests=digests,
                 odd=any(d in odd for d in ids),
@@ -362,7 +362,7 @@ def replica_matrix_html(matrix: ReplicaMatrix) -> str:
 def _head_html(matrix: ReplicaMatrix) -> tuple[list[str], list[str]]:
     """The header rows' cells: hosts (and gaps), then devices (one cell only: per host)."""
     span = '' if matrix.per_host else ' rowspan="2"'
-    head1 = ['<th>host</th>']
+    head1 = ['<th>process</th>']
     head2 = ['<th>dev</th>']
     for _, group in itertools.groupby(matrix.columns, key=lambda c: (c.process, c.gap)):
         members = list(group)
@@ -378,10 +378,10 @@ def _head_html(matrix: ReplicaMatrix) -> tuple[list[str], list[str]]:
                 f'{swatch(c0.process)}<br>{c0.process}</th>'
             )
             continue
-        name = f'host {c0.process}' if len(members) > 1 else f'{c0.process}'
+        name = f'process {c0.process}' if len(members) > 1 else f'{c0.process}'
         head1.append(
             f'<th colspan="{len(members)}" class="mh-host-{c0.process}" '
-            f'title="host {c0.process}">{swatch(c0.process)} {name}</th>'
+            f'title="process {c0.process}">{swatch(c0.process)} {name}</th>'
         )
         head2 += [f'<th title="{esc(c.title)}">{esc(c.label)}</th>' for c in members]
     return head1, head2

@@ -76,8 +76,8 @@ class LayoutView(View):
     """Interactive layout picture: pick two axes, see the others as facets, select a block.
 
     Every block is drawn once: in its host's colour and named by its device
-    (``'host 1 · dev 0 (id 2048)'``) when one host holds it, in grey when
-    several hosts hold copies (``'8 replicas on hosts 0-3'``). Beside the
+    (``'process 1 · dev 0 (id 2048)'``) when one host holds it, in grey when
+    several hosts hold copies (``'8 replicas on processes 0-3'``). Beside the
     picture, the replica matrix shows every replicated block against the
     devices holding it (with a `ReplicaReport`, cells coloured by digest and
     odd replicas marked), the mesh view shows the mesh's axes, devices and
