@@ -3,7 +3,9 @@
 
 - ``loop``: ``STEPS`` barriers, 0.1 s apart (the dump signal test);
 - ``preempt``: steps until `reached_preemption_sync_point` is True (after a SIGTERM);
-- ``raise``: an uncaught ValueError after a barrier;
+- ``raise``: an uncaught ValueError after a barrier (on process ``RAISE`` only, if set; the
+  others wait in the next barrier);
+- ``exit``: process ``RAISE`` calls ``sys.exit(3)`` after a barrier, the others wait;
 - ``clean``: a few barriers, exits 0;
 - ``late``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``ckpt``, the others
   wait there (a timeout, or a kill of that process, is the test's to make).
@@ -41,7 +43,14 @@ elif mode == 'preempt':  # until JAX's preemption sync point says so (a SIGTERM 
         time.sleep(0.05)
 elif mode == 'raise':
     multihost_utils.sync_global_devices('before')
-    raise ValueError(f'bad batch on process {pid}')
+    if os.environ.get('RAISE', str(pid)) == str(pid):
+        raise ValueError(f'bad batch on process {pid}')
+    multihost_utils.sync_global_devices('after')
+elif mode == 'exit':
+    multihost_utils.sync_global_devices('before')
+    if os.environ['RAISE'] == str(pid):
+        sys.exit(3)
+    multihost_utils.sync_global_devices('after')
 elif mode == 'clean':
     for i in range(3):
         multihost_utils.sync_global_devices(f'step {i}')

@@ -28,9 +28,9 @@ from multihost._exchange import _kv
 _IDLE_SLICE_S = 30.0
 THREAD_NAME = 'multihost-debug'
 
-#: Command name -> handler ((client, the command's order) -> JSON reply),
-#: filled by the owning modules.
-_HANDLERS: dict[str, Callable[[Any, dict[str, Any]], str]] = {}
+#: Command name -> handler ((client, the command's order) -> JSON reply, or (reply, a
+#: callable run once the reply is stored)), filled by the owning modules.
+_HANDLERS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {}
 #: Run (with the client) when the thread starts, after the command counter is
 #: read and before the thread registers: state a command may have changed.
 _ON_START: list[Callable[[Any], None]] = []
@@ -38,7 +38,7 @@ _ON_START: list[Callable[[Any], None]] = []
 
 def register(
     cmd: str,
-    handler: Callable[[Any, dict[str, Any]], str],
+    handler: Callable[[Any, dict[str, Any]], Any],
     on_start: Callable[[Any], None] | None = None,
 ) -> None:
     """Registers what command ``cmd`` does (and state to read when a thread starts).
@@ -202,7 +202,12 @@ def _handle(client: Any, pid: int, g: int, raw: str) -> None:
         order, cmd = {}, None
     handler = _HANDLERS.get(cmd) if isinstance(cmd, str) else None
     reply = handler(client, order) if handler is not None else json.dumps({'unknown': cmd})
+    after = None
+    if isinstance(reply, tuple):  # (reply, what to do once it is stored): `_fate` ends the host
+        reply, after = reply
     _reply(client, pid, g, reply, order)
+    if after is not None:
+        after()
 
 
 def _reply(client: Any, pid: int, g: int, reply: str, order: dict[str, Any]) -> None:

@@ -39,6 +39,7 @@ PATCHERS: tuple[str, ...] = (
     'multihost._job._jit',
     'multihost._job._service',
     'multihost._job._attach',
+    'multihost._job._fate',
 )
 
 #: JAX's public functions that become ours: name -> (ours, whether it waits in

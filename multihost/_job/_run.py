@@ -27,6 +27,7 @@ import importlib.util
 import os
 import runpy
 import sys
+from typing import Any
 
 from multihost._job import _cli
 
@@ -73,11 +74,23 @@ def run(
         if importlib.util.find_spec(target.split('.')[0]) is None:  # as python -m says it
             print(f'{prog}: No module named {target}', file=sys.stderr)
             raise SystemExit(1)
-        runpy.run_module(target, run_name='__main__', alter_sys=True)
+        _program(runpy.run_module, target, run_name='__main__', alter_sys=True)
         return
     if not os.path.exists(target):
         print(f"{prog}: can't open file {target!r}", file=sys.stderr)
         raise SystemExit(2)
     sys.argv = [target, *args]
     sys.path[0] = os.path.dirname(os.path.realpath(target))  # as python does
-    runpy.run_path(target, run_name='__main__')
+    _program(runpy.run_path, target, run_name='__main__')
+
+
+def _program(runner: Any, target: str, **kwargs: Any) -> None:
+    """Runs the program; a ``SystemExit`` with a non-zero code tells the other hosts first
+    (`_fate.failed_exit`: an uncaught exception reaches them through the excepthook)."""
+    try:
+        runner(target, **kwargs)
+    except SystemExit as exc:
+        from multihost._job import _fate
+
+        _fate.failed_exit(exc.code, exc.__traceback__)
+        raise

@@ -1,0 +1,275 @@
+"""One host's error ends the job in seconds, every host saying why (fate-sharing with a verdict).
+
+A patcher of `multihost.install` (`_install.PATCHERS`): it arms once
+``jax.distributed.initialize`` has returned (or at once if it has), in every
+process of a job run under install (``multihost run``, ``MULTIHOST_INSTALL``).
+``MULTIHOST_FATE=0`` leaves it off.
+
+- **This host fails**: an uncaught exception (``sys.excepthook``; under
+  ``multihost run`` also ``SystemExit`` with a non-zero code, `failed_exit`).
+  Before anything else it tells every other host, through their debug threads
+  (`_bus` command ``fate``, answered whatever their main threads do: inside a
+  launch, a device wait, a barrier, user code); then Python prints the
+  traceback (and writes the dump) as usual; at exit it waits at most
+  `ANNOUNCE_S` for the others to have heard, and ends with its own code (1 for
+  an exception, as Python's; the ``SystemExit`` code) without JAX's shutdown
+  barrier, which would wait for hosts that will not come.
+- **Another host failed**: the debug thread logs one line to stderr (who
+  failed, with what, where; where this host was), writes this host's dump
+  (trigger ``peer``) when a dump directory is set, answers, and ends the
+  process with `EXIT_PEER_FAILED`. A host that fails itself within `GRACE_S`
+  keeps its own verdict and code.
+
+A job where nothing fails is untouched: no key is written, the exit is JAX's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from multihost import _jax_adapter
+from multihost._exchange import _bus, _kv
+from multihost._text import short_site
+
+#: The exit code of a host ended because another host failed (``EX_TEMPFAIL``: the
+#: job may be retried; the failing host exits with its own code).
+EXIT_PEER_FAILED = 75
+#: How long a failing host waits, at exit, for the other hosts to have heard it.
+ANNOUNCE_S = 10.0
+#: A host told of another's failure first waits this long: one that fails too keeps its own.
+GRACE_S = 1.0
+
+_LIB_MARKERS = ('/site-packages/', '/dist-packages/', '/lib/python', '<frozen ')
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.original: Any = None  # JAX's jax.distributed.initialize, while patched
+        self.patched: Any = None
+        self.armed = False
+        self.prev_hook: Any = None
+        self.failed: int | None = None  # this host's exit code once it failed
+        self.announcing: threading.Thread | None = None
+        self.heard: dict[int, str] = {}  # replies to this host's announcement
+
+
+_state = _State()
+
+
+def enabled() -> bool:
+    """``MULTIHOST_FATE`` is not ``0`` (default on)."""
+    return os.environ.get('MULTIHOST_FATE', '1').strip() not in ('0', 'false', 'no', 'off')
+
+
+def patch(options: Any) -> None:
+    """Arms once ``jax.distributed.initialize`` has returned (now, if it has)."""
+    if not enabled():
+        return
+    import jax.distributed
+
+    with _state.lock:
+        if _state.original is None:
+            original = _state.original = jax.distributed.initialize
+
+            @functools.wraps(original)
+            def initialize(*args: Any, **kwargs: Any) -> Any:
+                out = original(*args, **kwargs)
+                _arm()
+                return out
+
+            _state.patched = jax.distributed.initialize = initialize
+    if _jax_adapter.client() is not None:
+        _arm()
+
+
+def unpatch() -> None:
+    """Puts JAX's initialize back and the previous excepthook (the exit handler stays inert)."""
+    import jax.distributed
+
+    with _state.lock:
+        if _state.original is not None and jax.distributed.initialize is _state.patched:
+            jax.distributed.initialize = _state.original
+        _state.original = _state.patched = None
+        if _state.armed and sys.excepthook is _excepthook:
+            sys.excepthook = _state.prev_hook
+        _state.armed = False
+
+
+def _arm() -> None:
+    """The debug thread (so the others reach this host), the excepthook, the exit handler."""
+    with _state.lock:
+        if _state.armed or _kv.client() is None:
+            return
+        _state.armed = True
+        _state.prev_hook, sys.excepthook = sys.excepthook, _excepthook
+        # Registered after multihost's and JAX's own exit handlers: runs before them.
+        atexit.register(_at_exit)
+    _bus.start_debug_daemon()
+
+
+def _script_site(tb: Any) -> tuple[str, str]:
+    """(``file:line``, function) of the innermost frame of the program itself (not of a
+    library or of Python), else the innermost frame."""
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    if not frames:
+        return '?', '?'
+    own = [f for f in frames if not any(m in f.filename for m in _LIB_MARKERS)]
+    own = [f for f in own if '/multihost/' not in f.filename and 'runpy' not in f.filename]
+    f = (own or frames)[-1]
+    return f'{f.filename}:{f.lineno}', f.name
+
+
+def _excepthook(tp: Any, value: Any, tb: Any) -> None:
+    try:
+        if _state.failed is None and not issubclass(tp, SystemExit):
+            site, function = _script_site(tb)
+            code = 130 if issubclass(tp, KeyboardInterrupt) else 1
+            _announce(code, getattr(tp, '__name__', str(tp)), str(value), site, function)
+    finally:
+        (_state.prev_hook or sys.__excepthook__)(tp, value, tb)
+
+
+def failed_exit(code: Any, tb: Any) -> None:
+    """``multihost run``: the program raised ``SystemExit(code)``; a non-zero code is a failure."""
+    if not _state.armed or _state.failed is not None or code in (None, 0):
+        return
+    exit_code = code if isinstance(code, int) else 1
+    site, function = _script_site(tb)
+    _announce(exit_code, 'SystemExit', str(code), site, function)
+
+
+def _announce(code: int, error: str, message: str, site: str, function: str) -> None:
+    """Tells every other host (on a thread of its own; `_at_exit` waits for it)."""
+    if not _state.armed:
+        return
+    client = _kv.client()
+    if client is None:
+        return
+    _state.failed = code
+    details = {
+        'error': error,
+        'message': message[:500],
+        'site': site,
+        'function': function,
+        'code': code,
+        'failed_at': time.time(),
+    }
+
+    def tell() -> None:
+        try:
+            replies, _ = _bus.command(client, 'fate', ANNOUNCE_S, **details)
+            _state.heard = replies
+        except Exception as exc:  # the service is gone: JAX's own fate-sharing takes over
+            print(f'multihost: could not tell the other hosts of this failure: {exc}',
+                  file=sys.stderr)  # fmt: skip
+
+    _state.announcing = threading.Thread(target=tell, name='multihost-fate', daemon=True)
+    _state.announcing.start()
+
+
+def _at_exit() -> None:
+    """A failing host ends with its own code once the others heard (bounded), not in JAX's
+    shutdown barrier. Nothing happens in a job where this host did not fail."""
+    code = _state.failed
+    if code is None:
+        return
+    t = _state.announcing
+    if t is not None:
+        t.join(ANNOUNCE_S + 5.0)
+    _leave(code)
+
+
+def _leave(code: int) -> None:
+    """Ends this host, process 0 last: it runs JAX's coordination service, whose end makes
+    JAX abort every process still connected to it (before it has said why). The others
+    count themselves out first (key ``mh/fate/out``); process 0 waits for that, bounded."""
+    try:
+        client, me, n = _kv.client(), _kv.process_index(), _kv.process_count()
+        if client is not None and me != 0:
+            _kv.increment(client, _kv.key('fate', 'out'), 1)
+        elif client is not None:
+            deadline = time.monotonic() + ANNOUNCE_S
+            while time.monotonic() < deadline:
+                if _kv.increment(client, _kv.key('fate', 'out'), 0) >= n - 1:
+                    time.sleep(0.3)  # their os._exit, after the count
+                    break
+                time.sleep(0.05)
+    except Exception:  # the service is gone already: nothing to wait for
+        pass
+    _end(code)
+
+
+def _end(code: int) -> None:
+    """Flushes what the program wrote and ends the process now (no interpreter teardown)."""
+    try:
+        logging.shutdown()
+    except Exception:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def phrase(order: dict[str, Any]) -> str:
+    """``process 2 failed: ValueError('bad batch') at train.py:118`` (from a fate order)."""
+    error, message = order.get('error', 'an error'), order.get('message', '')
+    what = f'exited with code {message}' if error == 'SystemExit' else f'{error}({message!r})'
+    if error != 'SystemExit':
+        what = f'failed: {what}'
+    return f"process {order.get('by')} {what} at {short_site(str(order.get('site', '?')))}"
+
+
+def _position() -> str:
+    """Where this host's main thread is, in words (its own records and stack only)."""
+    from multihost._debug import _wavefront
+
+    f = _wavefront.front(_kv.process_index())
+    if f.waiting is not None:
+        return f'waiting in {f.waiting.label} at {short_site(f.waiting.site)}'
+    if f.pending is not None:
+        return f'inside {f.pending.label} (not done on device), waiting for it'
+    if f.activity:
+        return f.activity
+    return f'in user code at {f.where or "?"}'
+
+
+def _on_fate(client: Any, order: dict[str, Any]) -> Any:
+    """The ``fate`` command, on another host's debug thread: log, dump, answer, end."""
+    me = _kv.process_index()
+    if order.get('by') == me or not _state.armed:
+        return json.dumps({'self' if order.get('by') == me else 'off': True})
+    time.sleep(GRACE_S)
+    if _state.failed is not None:  # this host failed too: it keeps its own verdict
+        return json.dumps({'failed_too': _state.failed})
+    try:
+        where = _position()
+    except Exception as exc:
+        where = f'somewhere unknown ({exc})'
+    line = (
+        f'multihost: {phrase(order)}; this host (process {me}) was {where}; '
+        f'ending (exit code {EXIT_PEER_FAILED})'
+    )
+    print(line, file=sys.stderr, flush=True)
+    from multihost._job import _dump
+
+    details = {k: order.get(k) for k in ('by', 'error', 'message', 'site', 'function', 'code')}
+    _dump.dump('peer', {**details, 'where': where, 'line': line})
+    return json.dumps({'ending': EXIT_PEER_FAILED, 'where': where}), functools.partial(
+        _leave, EXIT_PEER_FAILED
+    )
+
+
+_bus.register('fate', _on_fate)
