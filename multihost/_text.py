@@ -8,6 +8,7 @@ unit (``850 ms``, ``12 s``, ``5 min``), so hosts described by it group alike.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 MAX_RANGES = 8  # host lists are cut after this many ranges
 
@@ -87,6 +88,24 @@ def fmt_duration(seconds: float) -> str:
 def short_site(site: str) -> str:
     """``/long/path/train.py:42`` -> ``train.py:42``: a call site by its file's name only."""
     return site.rsplit('/', 1)[-1]
+
+
+def first_line(text: str, limit: int = 160) -> str:
+    """The first line of ``text``, cut to ``limit`` characters (``...`` when cut)."""
+    line = str(text).split('\n', 1)[0]
+    return line if len(line) <= limit else line[: limit - 3] + '...'
+
+
+def failure_phrase(failure: dict[str, Any]) -> str:
+    """``process 2 failed: ValueError('bad batch') at train.py:118`` (or ``process 2 exited
+    with code 3 at ...``) from a failure's fields (``by``, ``error``, ``message``, ``site``):
+    what every host logs and `analyze` says when one host failed."""
+    error, message = failure.get('error', 'an error'), first_line(failure.get('message', ''))
+    if error == 'SystemExit':
+        what = f'exited with code {message}'
+    else:
+        what = f'failed: {error}({message!r})'
+    return f'process {failure.get("by")} {what} at {short_site(str(failure.get("site", "?")))}'
 
 
 MAX_GROUP_LINES = 12  # an error message lists at most this many groups of hosts

@@ -18,6 +18,10 @@ Two inputs a real job also reads from its environment:
 * ``STALL_HOST=p`` with ``STALL_UNTIL=PATH``: process p stalls before its first
   orbax save (a slow disk, a stuck data loader) in ``time.sleep`` until PATH
   exists (at most 300 s); the others wait for it in orbax's barrier.
+* ``RAISE_HOST=p`` with ``RAISE_STEP=s``: process p raises ``ValueError('bad batch')`` in
+  user code just before step s's ``train_step`` (uncaught: the job's own handler below
+  reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
+  ``sys.exit(3)`` there instead.
 * ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
   `multihost` was loaded into this process by someone else (``python -m
   multihost run``: the script never imports it), each process writes its own
@@ -54,6 +58,20 @@ NUM_PROCESSES = int(os.environ['NUM_PROCESSES'])
 STEPS = int(os.environ.get('STEPS', '6'))
 BAD_BATCH_HOST = int(os.environ.get('BAD_BATCH_HOST', '-1'))
 STALL_HOST = int(os.environ.get('STALL_HOST', '-1'))
+RAISE_HOST = int(os.environ.get('RAISE_HOST', '-1'))
+EXIT_HOST = int(os.environ.get('EXIT_HOST', '-1'))
+RAISE_STEP = int(os.environ.get('RAISE_STEP', '2'))
+
+
+class BadBatch(ValueError):
+    """What a data pipeline raises on a broken batch (``RAISE_HOST``)."""
+
+
+def check_batch(step):
+    if step == RAISE_STEP and jax.process_index() == RAISE_HOST:
+        raise BadBatch('bad batch')
+    if step == RAISE_STEP and jax.process_index() == EXIT_HOST:
+        sys.exit(3)
 
 
 def stall(step):
@@ -89,6 +107,7 @@ def train():
     manager = ocp.CheckpointManager(os.environ['CKPT_DIR'], options=options)
     for step in range(STEPS):
         batch = batch_for(mesh, step)
+        check_batch(step)
         t0 = time.perf_counter()
         state, loss = train_step(state, batch)
         loss = float(loss)
@@ -128,6 +147,8 @@ def main():
     )
     try:
         train()
+    except BadBatch:
+        raise  # uncaught, as a real job's data error is
     except Exception as exc:
         print(f'FAILED {type(exc).__name__}: {str(exc).splitlines()[0]}', flush=True)
         leave(1)

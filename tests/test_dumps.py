@@ -119,10 +119,17 @@ def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
     while time.monotonic() < deadline and [d.trigger for d in dumps].count('timeout') < 3:
         time.sleep(0.3)
         dumps = _dumpfile.read_dirs([j.dir])
+    # The others' timeouts end the job (issue 34): each exits 1, process 2 is ended (75).
+    codes = [rc for rc, _, _ in j.finish()]
+    assert codes == [1, 1, 75, 1], codes
+    dumps = _dumpfile.read_dirs([j.dir])
     by = {d.process: d for d in dumps}
     assert {by[p].trigger for p in (0, 1, 3)} == {'timeout'}, [d.trigger for d in dumps]
     assert by[0].details['missing'] == [2]
-    assert by[2].trigger == 'request'  # asked by the others while it slept
+    # Asked by the others while it slept, then ended by their failure (issue 34): its dump
+    # says so, and where it was.
+    assert by[2].trigger == 'peer' and by[2].details['by'] in (0, 1, 3), by[2].details
+    assert 'in time.sleep' in by[2].details['where'], by[2].details
     verdict = _analyze.analyze(dumps)
     assert verdict.culprits == (2,) and verdict.straggler == 2
     text = str(verdict)

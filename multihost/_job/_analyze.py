@@ -20,7 +20,7 @@ from multihost._debug._wavefront import HostFront
 from multihost._job import _cli
 from multihost._job._dumpfile import Dump, DumpFormatError, read_dirs
 from multihost._recorder import FlightRecord
-from multihost._text import fmt_duration, fmt_hosts, short_site
+from multihost._text import failure_phrase, first_line, fmt_duration, fmt_hosts, short_site
 
 MAX_LINES = 20
 MAX_GROUPS = 5  # positions shown; more are counted on one line
@@ -52,6 +52,9 @@ class Verdict:
         elsewhere: the other positions (hosts not waiting, not behind).
         straggler: the host furthest behind, or None.
         straggler_why: why it is the straggler.
+        cause: the first failure, when a host raised or exited with an error
+            (``process 2 raised ValueError('bad batch') at train.py:118``), from its
+            own dump or, when it left none, from the others' ``peer`` dumps.
     """
 
     num_processes: int
@@ -66,6 +69,7 @@ class Verdict:
     elsewhere: tuple[Group, ...] = ()
     straggler: int | None = None
     straggler_why: str = ''
+    cause: str = ''
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -87,7 +91,34 @@ def _key_of(rec: FlightRecord) -> tuple[str, str, int | None, int]:
     return (rec.kind, rec.name, rec.seq, rec.call)
 
 
+def _raised(d: Dump) -> str:
+    """``raised ValueError('bad batch') at train.py:118`` for an exception dump, else ''."""
+    if d.trigger != 'exception':
+        return ''
+    error = d.details.get('error', 'an error')
+    message = first_line(d.details.get('message', ''))
+    frames = d.details.get('traceback') or []
+    own = [f for f in frames if '/multihost/' not in str(f[0]) and 'runpy' not in str(f[0])]
+    site = f' at {short_site(f"{own[-1][0]}:{own[-1][1]}")}' if own else ''
+    if error == 'SystemExit':
+        return f'exited with code {message}{site}'
+    return f'raised {error}({message!r}){site}'
+
+
+def _cause(dumps: Sequence[Dump]) -> str:
+    """The first failure: an exception dump (earliest), else what the ``peer`` dumps say."""
+    raised = sorted((d for d in dumps if _raised(d)), key=lambda d: d.trigger_time)
+    if raised:
+        return f'process {raised[0].process} {_raised(raised[0])}'
+    for d in dumps:
+        if d.trigger == 'peer':
+            return failure_phrase(dict(d.details)) + ' (its own dump is missing)'
+    return ''
+
+
 def _position(d: Dump) -> tuple[str, float | None]:
+    if _raised(d):
+        return _raised(d), None
     f = d.front
     if f.pending is not None and f.waiting is None:
         return (
@@ -240,6 +271,7 @@ def analyze(dumps: Sequence[Dump]) -> Verdict:
         elsewhere=_grouped(elsewhere),
         straggler=straggler,
         straggler_why=why,
+        cause=_cause(dumps),
     )
 
 
@@ -258,7 +290,8 @@ def _groups_lines(head: str, groups: Sequence[Group], room: int) -> list[str]:
 def format_verdict(v: Verdict) -> list[str]:
     """`Verdict` -> at most `MAX_LINES` lines."""
     why = '; '.join(f'{k}: {fmt_hosts(ps)}' for k, ps in v.triggers.items())
-    lines = [f'{len(v.dumped)} dumps of {v.num_processes} processes (written for {why})']
+    lines = [v.cause] if v.cause else []
+    lines.append(f'{len(v.dumped)} dumps of {v.num_processes} processes (written for {why})')
     if v.missing:
         lines.append(f'no dump from {fmt_hosts(v.missing)}')
     by_reason: dict[str, list[int]] = collections.defaultdict(list)

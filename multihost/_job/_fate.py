@@ -38,7 +38,7 @@ from typing import Any
 
 from multihost import _jax_adapter
 from multihost._exchange import _bus, _kv
-from multihost._text import short_site
+from multihost._text import failure_phrase, short_site
 
 #: The exit code of a host ended because another host failed (``EX_TEMPFAIL``: the
 #: job may be retried; the failing host exits with its own code).
@@ -146,6 +146,9 @@ def failed_exit(code: Any, tb: Any) -> None:
     exit_code = code if isinstance(code, int) else 1
     site, function = _script_site(tb)
     _announce(exit_code, 'SystemExit', str(code), site, function)
+    from multihost._job import _dump, _triggers
+
+    _dump.dump('exception', _triggers.exception_details(SystemExit, code, tb, 'MainThread'))
 
 
 def _announce(code: int, error: str, message: str, site: str, function: str) -> None:
@@ -156,7 +159,7 @@ def _announce(code: int, error: str, message: str, site: str, function: str) -> 
     if client is None:
         return
     _state.failed = code
-    details = {
+    details: dict[str, Any] = {
         'error': error,
         'message': message[:500],
         'site': site,
@@ -223,15 +226,6 @@ def _end(code: int) -> None:
     os._exit(code)
 
 
-def phrase(order: dict[str, Any]) -> str:
-    """``process 2 failed: ValueError('bad batch') at train.py:118`` (from a fate order)."""
-    error, message = order.get('error', 'an error'), order.get('message', '')
-    what = f'exited with code {message}' if error == 'SystemExit' else f'{error}({message!r})'
-    if error != 'SystemExit':
-        what = f'failed: {what}'
-    return f"process {order.get('by')} {what} at {short_site(str(order.get('site', '?')))}"
-
-
 def _position() -> str:
     """Where this host's main thread is, in words (its own records and stack only)."""
     from multihost._debug import _wavefront
@@ -259,7 +253,7 @@ def _on_fate(client: Any, order: dict[str, Any]) -> Any:
     except Exception as exc:
         where = f'somewhere unknown ({exc})'
     line = (
-        f'multihost: {phrase(order)}; this host (process {me}) was {where}; '
+        f'multihost: {failure_phrase(order)}; this host (process {me}) was {where}; '
         f'ending (exit code {EXIT_PEER_FAILED})'
     )
     print(line, file=sys.stderr, flush=True)

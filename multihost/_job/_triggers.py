@@ -123,7 +123,7 @@ def disable() -> None:
 
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
     if not issubclass(tp, (KeyboardInterrupt, SystemExit)) and not _dump.already_dumped(value):
-        _dump.dump('exception', _exception_details(tp, value, tb, 'MainThread'))
+        _dump.dump('exception', exception_details(tp, value, tb, 'MainThread'))
     (_w.prev_excepthook or sys.__excepthook__)(tp, value, tb)
 
 
@@ -131,12 +131,12 @@ def _thread_hook(args: Any) -> None:
     if args.exc_type is not SystemExit and not _dump.already_dumped(args.exc_value):
         name = args.thread.name if args.thread is not None else ''
         _dump.dump(
-            'exception', _exception_details(args.exc_type, args.exc_value, args.exc_traceback, name)
+            'exception', exception_details(args.exc_type, args.exc_value, args.exc_traceback, name)
         )
     (_w.prev_thread_hook or threading.__excepthook__)(args)
 
 
-def _exception_details(tp: Any, value: Any, tb: Any, thread: str) -> dict[str, Any]:
+def exception_details(tp: Any, value: Any, tb: Any, thread: str) -> dict[str, Any]:
     frames = traceback.extract_tb(tb)[-30:] if tb is not None else []
     return {
         'error': getattr(tp, '__name__', str(tp)),

@@ -1,0 +1,93 @@
+"""One host's error ends the job in seconds, every host saying why (issue 34).
+
+`_flax_job.py` (flax + optax + orbax, nothing of `multihost` imported) in 4 plain
+processes under ``python -m multihost run``, launched the way a scheduler does.
+Process 2 raises ``ValueError('bad batch')`` (uncaught) in user code just before its
+step-2 ``train_step``, or calls ``sys.exit(3)`` there, while the others are already
+inside that launch, waiting in its device collective for a host that will never come.
+Without the toolkit every process is still alive minutes later; here every process ends
+within 30 s, the failing one with its own code, the others with 75, each logging one
+line that names process 2 and what it did; with ``--dump-dir`` every host dumps and
+``multihost analyze`` leads with the cause.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import _jobs
+import pytest
+
+from multihost._job._fate import EXIT_PEER_FAILED
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = os.path.join(HERE, '_flax_job.py')
+N = 4
+
+pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
+
+
+def _run(tmp: str, **env: str) -> tuple[list[tuple[int, str, str]], float, str]:
+    """(per process: exit code, stdout, stderr; when the last one ended; the dump folder)."""
+    ckpt, dumps = os.path.join(tmp, 'ckpt'), os.path.join(tmp, 'dumps')
+    command = ['-m', 'multihost', 'run', '--dump-dir', dumps, JOB]
+    with _jobs.start(N, command, _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', **env),
+                     cwd=tmp) as job:  # fmt: skip
+        results = job.finish(150.0)  # bounded: the job is killed after it, whatever happened
+    return results, time.time(), dumps
+
+
+def _ended_lines(results: list[tuple[int, str, str]]) -> dict[int, list[str]]:
+    return {
+        p: [line for line in err.splitlines() if line.startswith('multihost: process 2 ')]
+        for p, (_, _, err) in enumerate(results)
+    }
+
+
+def _ended_within(dumps: str, results_at: float) -> float:
+    """Seconds from process 2's failure (its dump's trigger time) to the last process's end."""
+    from multihost._job import _dumpfile
+
+    (failed,) = [d for d in _dumpfile.read_dirs([dumps]) if d.process == 2]
+    return results_at - failed.trigger_time
+
+
+def test_a_host_raising_before_its_launch_ends_every_host_saying_why(tmp_path: Any) -> None:
+    results, ended, dumps = _run(str(tmp_path), RAISE_HOST='2', RAISE_STEP='2')
+    codes = [rc for rc, _, _ in results]
+    assert codes == [EXIT_PEER_FAILED, EXIT_PEER_FAILED, 1, EXIT_PEER_FAILED], (
+        codes, [err[-2000:] for _, _, err in results])  # fmt: skip
+    assert 'ValueError: bad batch' in results[2][2] or 'BadBatch: bad batch' in results[2][2]
+    lines = _ended_lines(results)
+    for p in (0, 1, 3):
+        (line,) = lines[p]
+        assert "process 2 failed: BadBatch('bad batch') at _flax_job.py:" in line, line
+        assert f'this host (process {p}) was ' in line and line.endswith('(exit code 75)'), line
+    # the others were inside step 2's launch (or about to wait for it): they say so
+    assert any('train_step' in lines[p][0] for p in (0, 1, 3)), lines
+    assert _ended_within(dumps, ended) < 30.0
+    # every host dumped; the verdict's first line is the cause
+    names = sorted(os.listdir(dumps))
+    assert names == [f'process-{p}.json' for p in range(N)], names
+    out = subprocess.run([sys.executable, '-m', 'multihost', 'analyze', dumps],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("process 2 raised BadBatch('bad batch') at _flax_job.py:"), out.stdout
+    assert 'not done on device' not in out.stdout.split('process 2:')[-1].split('\n')[0]
+
+
+def test_a_host_calling_sys_exit_3_ends_every_host_with_its_code(tmp_path: Any) -> None:
+    results, ended, dumps = _run(str(tmp_path), EXIT_HOST='2', RAISE_STEP='1')
+    codes = [rc for rc, _, _ in results]
+    assert codes == [EXIT_PEER_FAILED, EXIT_PEER_FAILED, 3, EXIT_PEER_FAILED], (
+        codes, [err[-2000:] for _, _, err in results])  # fmt: skip
+    lines = _ended_lines(results)
+    for p in (0, 1, 3):
+        (line,) = lines[p]
+        assert 'process 2 exited with code 3 at _flax_job.py:' in line, line
+    assert _ended_within(dumps, ended) < 30.0
+    assert sorted(os.listdir(dumps)) == [f'process-{p}.json' for p in range(N)]
