@@ -322,6 +322,24 @@ def snapshot(process: int, last: int | None = None) -> list[FlightRecord]:
     return [e.record(process) for e in entries]
 
 
+def awaited_launch(process: int) -> FlightRecord | None:
+    """The main thread's newest launch whose call has returned but whose output is not ready
+    on device (a device wait: a collective whose peer has not come), among its last `RECENT`
+    entries; None when the newest known is done (a launch still inside its call, compiling or
+    blocking, is not one)."""
+    with _rec.lock:
+        entries = list(_rec.ring)[-RECENT:]
+    for e in reversed(entries):
+        if e.kind != 'launch' or e.thread:
+            continue
+        state = e.current_state()
+        if state == DONE:
+            return None
+        if state == LAUNCHED and e.returned:
+            return e.record(process)
+    return None
+
+
 #: How many of its last entries a host reads to say what it waits in (`in_progress`).
 RECENT = 64
 

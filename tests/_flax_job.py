@@ -17,7 +17,9 @@ Two inputs a real job also reads from its environment:
   pipeline bug: that host's global batch, and so its program, differ).
 * ``STALL_HOST=p`` with ``STALL_UNTIL=PATH``: process p stalls before its first
   orbax save (a slow disk, a stuck data loader) in ``time.sleep`` until PATH
-  exists (at most 300 s); the others wait for it in orbax's barrier.
+  exists (at most 300 s); the others wait for it in orbax's barrier. With
+  ``STALL_BEFORE_STEP=s`` it stalls so just before step s's ``train_step`` instead: the
+  others wait inside that launch, in its device collective.
 * ``RAISE_HOST=p`` with ``RAISE_STEP=s``: process p raises ``ValueError('bad batch')`` in
   user code just before step s's ``train_step`` (uncaught: the job's own handler below
   reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
@@ -74,9 +76,17 @@ def check_batch(step):
         sys.exit(3)
 
 
-def stall(step):
-    """Process STALL_HOST sleeps before its first save until STALL_UNTIL exists (bounded)."""
-    if step != 0 or jax.process_index() != STALL_HOST:
+STALL_BEFORE_STEP = int(os.environ.get('STALL_BEFORE_STEP', '-1'))
+
+
+def stall(step, before_step=False):
+    """Process STALL_HOST sleeps before its first save (or before step STALL_BEFORE_STEP's
+    launch) until STALL_UNTIL exists (bounded)."""
+    if jax.process_index() != STALL_HOST:
+        return
+    if (before_step and step != STALL_BEFORE_STEP) or (
+        not before_step and (step != 0 or STALL_BEFORE_STEP >= 0)
+    ):
         return
     deadline = time.monotonic() + 300.0
     while not os.path.exists(os.environ['STALL_UNTIL']) and time.monotonic() < deadline:
@@ -108,6 +118,7 @@ def train():
     for step in range(STEPS):
         batch = batch_for(mesh, step)
         check_batch(step)
+        stall(step, before_step=True)
         t0 = time.perf_counter()
         state, loss = train_step(state, batch)
         loss = float(loss)

@@ -91,3 +91,35 @@ def test_a_host_calling_sys_exit_3_ends_every_host_with_its_code(tmp_path: Any) 
         assert 'process 2 exited with code 3 at _flax_job.py:' in line, line
     assert _ended_within(dumps, ended) < 30.0
     assert sorted(os.listdir(dumps)) == [f'process-{p}.json' for p in range(N)]
+
+
+def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path: Any) -> None:
+    """Item 2: process 2 stalls just before its step-2 ``train_step``; the others are inside
+    that launch (not done on device) and record nothing more. With ``MULTIHOST_HANG_DUMP_S=5``
+    their watchdog dumps for the hang and asks every host, process 2 included, to dump."""
+    from multihost._job import _dumpfile
+
+    go = os.path.join(str(tmp_path), 'go')
+    ckpt, dumps = os.path.join(str(tmp_path), 'ckpt'), os.path.join(str(tmp_path), 'dumps')
+    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', STALL_HOST='2', STALL_UNTIL=go,
+                              STALL_BEFORE_STEP='2', MULTIHOST_HANG_DUMP_S='5')  # fmt: skip
+    command = ['-m', 'multihost', 'run', '--dump-dir', dumps, JOB]
+    with _jobs.start(N, command, env, cwd=str(tmp_path)) as job:
+        deadline = time.monotonic() + 120
+        found: list[Any] = []
+        while time.monotonic() < deadline:
+            if os.path.isdir(dumps) and len(os.listdir(dumps)) == N:
+                time.sleep(1.0)
+                found = _dumpfile.read_dirs([dumps])
+                if sorted(d.trigger for d in found).count('hang') >= 1:
+                    break
+            time.sleep(0.5)
+        open(go, 'w').close()  # let process 2 go on: the job ends normally
+        results = job.finish(120.0)
+    by = {d.process: d for d in found}
+    assert sorted(by) == list(range(N)), [(d.process, d.trigger) for d in found]
+    hung = [p for p, d in by.items() if d.trigger == 'hang']
+    assert hung and set(hung) <= {0, 1, 3}, [(d.process, d.trigger) for d in found]
+    assert 'train_step' in by[hung[0]].details['record'], by[hung[0]].details
+    assert by[2].trigger == 'request', by[2].trigger
+    assert [rc for rc, _, _ in results] == [0] * N, [err[-1500:] for _, _, err in results]

@@ -10,10 +10,12 @@ process of a job run under install (``multihost run``, ``MULTIHOST_INSTALL``).
   Before anything else it tells every other host, through their debug threads
   (`_bus` command ``fate``, answered whatever their main threads do: inside a
   launch, a device wait, a barrier, user code); then Python prints the
-  traceback (and writes the dump) as usual; at exit it waits at most
-  `ANNOUNCE_S` for the others to have heard, and ends with its own code (1 for
-  an exception, as Python's; the ``SystemExit`` code) without JAX's shutdown
-  barrier, which would wait for hosts that will not come.
+  traceback (and writes the dump) as usual; then, still in the hook, it waits
+  at most `ANNOUNCE_S` for the others to have heard and ends with its own code
+  (1 for an exception, as Python's; the ``SystemExit`` code), before the
+  interpreter's teardown (the program's threads joined, the exit handlers of
+  its libraries, JAX's shutdown barrier), which would wait for hosts that will
+  not come.
 - **Another host failed**: the debug thread logs one line to stderr (who
   failed, with what, where; where this host was), writes this host's dump
   (trigger ``peer``) when a dump directory is set, answers, and ends the
@@ -59,6 +61,7 @@ class _State:
         self.armed = False
         self.prev_hook: Any = None
         self.failed: int | None = None  # this host's exit code once it failed
+        self.ending = False  # another host's failure is ending this one (exit 75)
         self.announcing: threading.Thread | None = None
         self.heard: dict[int, str] = {}  # replies to this host's announcement
 
@@ -130,34 +133,46 @@ def _script_site(tb: Any) -> tuple[str, str]:
 
 
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
+    announced = False
     try:
-        if _state.failed is None and not issubclass(tp, SystemExit):
+        # Not while another's failure ends this host: its main thread's wait may fail as the
+        # others leave, and that is not a failure of its own.
+        if _state.failed is None and not _state.ending and not issubclass(tp, SystemExit):
             site, function = _script_site(tb)
             code = 130 if issubclass(tp, KeyboardInterrupt) else 1
-            _announce(code, getattr(tp, '__name__', str(tp)), str(value), site, function)
+            announced = _announce(code, getattr(tp, '__name__', str(tp)), str(value), site,
+                                  function)  # fmt: skip
     finally:
         (_state.prev_hook or sys.__excepthook__)(tp, value, tb)
+    if announced:
+        # Ends here, not at exit: the interpreter's teardown joins the program's own threads
+        # and runs the exit handlers registered after ours (orbax's), which may wait for the
+        # hosts being ended.
+        _finish()
 
 
 def failed_exit(code: Any, tb: Any) -> None:
     """``multihost run``: the program raised ``SystemExit(code)``; a non-zero code is a failure."""
-    if not _state.armed or _state.failed is not None or code in (None, 0):
+    if not _state.armed or _state.failed is not None or _state.ending or code in (None, 0):
         return
     exit_code = code if isinstance(code, int) else 1
     site, function = _script_site(tb)
-    _announce(exit_code, 'SystemExit', str(code), site, function)
+    if not _announce(exit_code, 'SystemExit', str(code), site, function):
+        return
     from multihost._job import _dump, _triggers
 
     _dump.dump('exception', _triggers.exception_details(SystemExit, code, tb, 'MainThread'))
+    _finish()
 
 
-def _announce(code: int, error: str, message: str, site: str, function: str) -> None:
-    """Tells every other host (on a thread of its own; `_at_exit` waits for it)."""
+def _announce(code: int, error: str, message: str, site: str, function: str) -> bool:
+    """Tells every other host (on a thread of its own; `_finish` waits for it); whether
+    it did (armed, and the coordination service is there)."""
     if not _state.armed:
-        return
+        return False
     client = _kv.client()
     if client is None:
-        return
+        return False
     _state.failed = code
     details: dict[str, Any] = {
         'error': error,
@@ -178,18 +193,24 @@ def _announce(code: int, error: str, message: str, site: str, function: str) -> 
 
     _state.announcing = threading.Thread(target=tell, name='multihost-fate', daemon=True)
     _state.announcing.start()
+    return True
 
 
 def _at_exit() -> None:
     """A failing host ends with its own code once the others heard (bounded), not in JAX's
     shutdown barrier. Nothing happens in a job where this host did not fail."""
-    code = _state.failed
-    if code is None:
-        return
+    if _state.ending:  # the debug thread ends this host (75) once the others are out
+        _leave(EXIT_PEER_FAILED)
+    if _state.failed is not None:
+        _finish()
+
+
+def _finish() -> None:
+    """The failing host: once the others heard (bounded), ends with its own code."""
     t = _state.announcing
     if t is not None:
         t.join(ANNOUNCE_S + 5.0)
-    _leave(code)
+    _leave(_state.failed if _state.failed is not None else 1)
 
 
 def _leave(code: int) -> None:
@@ -204,7 +225,7 @@ def _leave(code: int) -> None:
             deadline = time.monotonic() + ANNOUNCE_S
             while time.monotonic() < deadline:
                 if _kv.increment(client, _kv.key('fate', 'out'), 0) >= n - 1:
-                    time.sleep(0.3)  # their os._exit, after the count
+                    time.sleep(1.0)  # their os._exit, after the count
                     break
                 time.sleep(0.05)
     except Exception:  # the service is gone already: nothing to wait for
@@ -248,6 +269,7 @@ def _on_fate(client: Any, order: dict[str, Any]) -> Any:
     time.sleep(GRACE_S)
     if _state.failed is not None:  # this host failed too: it keeps its own verdict
         return json.dumps({'failed_too': _state.failed})
+    _state.ending = True
     try:
         where = _position()
     except Exception as exc:

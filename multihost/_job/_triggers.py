@@ -15,8 +15,9 @@
 - an uncaught exception (chains `sys.excepthook` and `threading.excepthook`);
 - the hang watchdog: a host whose main thread has waited longer than
   ``MULTIHOST_HANG_DUMP_S`` (default `HANG_DEFAULT_S`, below JAX's 100 s
-  heartbeat timeout) in one collective, barrier or launch dumps once and asks
-  every other host to dump (`_dump.request_all`).
+  heartbeat timeout) in one collective, barrier or launch (also a recorded
+  launch not done on device, with nothing new recorded meanwhile) dumps once
+  and asks every other host to dump (`_dump.request_all`).
 
 - a preemption notice: SIGTERM stays JAX's preemption sync manager's (never
   replaced, so ``reached_preemption_sync_point`` and orbax's preemption saves
@@ -199,6 +200,17 @@ def _stuck() -> _recorder.FlightRecord | None:
     return main if main.state == _recorder.WAITING else None
 
 
+def _stuck_on_device(hang: float) -> tuple[_recorder.FlightRecord | None, float]:
+    """A recorded launch not done on device for ``hang`` seconds while the host recorded
+    nothing new (its main thread waits for it: a device collective whose peer never came),
+    and how long; else (None, 0)."""
+    rec = _recorder.awaited_launch(_kv.process_index())
+    now = time.time()
+    if rec is None or now - rec.time < hang or now - _recorder.last_advanced() < hang:
+        return None, 0.0
+    return rec, now - rec.time
+
+
 def _preempted(next_poll: float) -> float:
     """Reads JAX's preemption notice when due (dumps once); returns the next poll time."""
     now = time.monotonic()
@@ -247,10 +259,10 @@ def _watchdog(hang: float) -> None:
         if hang <= 0 or _w.hang_fired:
             continue
         rec = _stuck()
+        waited = time.time() - rec.time if rec is not None else 0.0
         if rec is None:
-            continue
-        waited = time.time() - rec.time
-        if waited < hang:
+            rec, waited = _stuck_on_device(hang)
+        if rec is None or waited < hang:
             continue
         _w.hang_fired = True
         details = {'record': rec.label, 'site': rec.site, 'waited': waited, 'limit': hang}
