@@ -115,3 +115,26 @@ def test_treediff_text_fallback():
     diff = tree_diff()
     v = mw.TreeDiffView(diff)
     assert v._repr_mimebundle_()['text/plain'] == diff.summary() == str(v)
+
+
+def test_a_leaf_differing_in_several_blocks_is_one_row_and_one_section():
+    """Issue 32 item 7: a sharded leaf whose blocks [0:2] and [2:4] both differ (the model
+    keeps one `LeafDiff` per block) is one table row listing its blocks, and one section
+    whose details show each block."""
+    import dataclasses
+
+    a = dataclasses.replace(value_leaf(odd=2), block=((0, 2), (0, 2)))
+    b = dataclasses.replace(value_leaf(odd=2), block=((2, 4), (0, 2)))
+    diff = TreeDiff(leaves=(a, b, shape_leaf()), num_processes=4, num_leaves=7)
+    v = mw.TreeDiffView(diff)
+    rows = elements(one(v.widget, 'mh-treediff-table').value, 'mh-leaf', 'tr')
+    assert [r['attrs']['data-path'] for r in rows] == ["['params']['w']", "['b']"]
+    assert 'blocks [0:2, 0:2], [2:4, 0:2] (2 of its blocks differ)' in rows[0]['text']
+    assert 'the first, block [0:2, 0:2]' in rows[0]['text']
+    assert len(v._details.children) == 2, v._details.titles
+    assert v._details.titles[0].startswith(
+        "['params']['w']  blocks [0:2, 0:2], [2:4, 0:2] (2 of its blocks differ)  [value]"
+    ), v._details.titles
+    v.expand("['params']['w']")
+    detail = v._details.children[0].value
+    assert detail.count('mh-block-detail') == 2 and 'block [2:4, 0:2]' in detail

@@ -13,6 +13,7 @@ of the `multihost.TreeDiff` model.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as widgets
@@ -58,7 +59,7 @@ def _all_hosts(diff: TreeDiff) -> list[int]:
     return sorted(hosts) if hosts else list(range(diff.num_processes))
 
 
-def host_columns(diff: TreeDiff, leaves: tuple[LeafDiff, ...]) -> tuple[list[int], bool]:
+def host_columns(diff: TreeDiff, leaves: Sequence[LeafDiff]) -> tuple[list[int], bool]:
     """The hosts that get a column, and whether an "other hosts" column follows.
 
     Every host when there are at most `MAX_HOST_COLUMNS`; otherwise the odd
@@ -135,6 +136,26 @@ def _cell(leaf: LeafDiff, host: int) -> tuple[str, str]:
     )
 
 
+#: Blocks of one leaf whose details a section shows (the rest are counted).
+MAX_BLOCK_DETAILS = 4
+
+
+def leaf_groups(leaves: Sequence[LeafDiff]) -> list[tuple[LeafDiff, ...]]:
+    """The differing leaves by path, in order: a sharded leaf whose blocks differ is one
+    entry (its `LeafDiff` per block, the model's unit, kept together)."""
+    groups: dict[str, list[LeafDiff]] = {}
+    for leaf in leaves:
+        groups.setdefault(leaf.path, []).append(leaf)
+    return [tuple(g) for g in groups.values()]
+
+
+def _blocks_note(group: Sequence[LeafDiff]) -> str:
+    """``'blocks [0:32], [32:64], ... (3 of its blocks differ)'`` for a group of several."""
+    shown = ', '.join(format_index(leaf.block) for leaf in group[:3] if leaf.block is not None)
+    more = ', ...' if len(group) > 3 else ''
+    return f'blocks {shown}{more} ({len(group)} of its blocks differ)'
+
+
 def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
     """The table of differing leaves x hosts; cells of odd hosts have class ``mh-odd-host``.
 
@@ -142,8 +163,10 @@ def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
     """
     if diff.ok:
         return ''
-    leaves = diff.leaves[:max_rows]
-    hosts, others = host_columns(diff, leaves)
+    groups = leaf_groups(diff.leaves)
+    leaves = [g[0] for g in groups[:max_rows]]
+    several = {id(g[0]): g for g in groups if len(g) > 1}
+    hosts, others = host_columns(diff, [leaf for g in groups[:max_rows] for leaf in g])
     odd_any = set(diff.odd_processes)
     head = ['<th>#</th><th>leaf</th><th>kind</th>']
     for h in hosts:
@@ -155,7 +178,10 @@ def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
     rows = []
     for i, leaf in enumerate(leaves):
         where = f'<code>{esc(leaf.path)}</code>'
-        if leaf.block is not None:
+        group = several.get(id(leaf))
+        if group is not None:  # one row per leaf: its differing blocks listed, the first shown
+            where += f' <span class="mh-block">{esc(_blocks_note(group))}</span>'
+        elif leaf.block is not None:
             where += f' <span class="mh-block">block {esc(format_index(leaf.block))}</span>'
         cells = [f'<td>{i}</td><td>{where}</td><td>{esc(leaf.kind)}</td>']
         for h in hosts:
@@ -169,21 +195,47 @@ def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
                 + (esc(f'also odd: {fmt_hosts(rest)}') if rest else 'same as majority')
                 + '</td>'
             )
-        cells.append(f'<td>{esc(leaf_summary(leaf))}</td>')
+        summary = leaf_summary(leaf)
+        if group is not None and leaf.block is not None:
+            summary = f'the first, block {format_index(leaf.block)}: {summary}'
+        cells.append(f'<td>{esc(summary)}</td>')
         block = '' if leaf.block is None else f' data-block="{esc(format_index(leaf.block))}"'
         rows.append(
             f'<tr class="mh-leaf" data-path="{esc(leaf.path)}"{block}>{"".join(cells)}</tr>'
         )
     more = ''
-    if len(diff.leaves) > max_rows:
+    if len(groups) > max_rows:
         more = (
-            f'<div>... and {len(diff.leaves) - max_rows} more differing leaves (all of '
+            f'<div>... and {len(groups) - max_rows} more differing leaves (all of '
             'them are in the TreeDiff: view.diff.leaves).</div>'
         )
     return (
         f'{CSS}<div class="mh-scroll"><table class="mh-table mh-treediff-grid">'
         f'<tr>{"".join(head)}</tr>{"".join(rows)}</table></div>{more}'
     )
+
+
+def _group_title(group: Sequence[LeafDiff]) -> str:
+    """A section's title: ``"['w']  [value]  odd: process 2"`` (its blocks when several)."""
+    leaf = group[0]
+    where = f'{leaf.path}  {_blocks_note(group)}' if len(group) > 1 else leaf.where
+    odd = sorted({p for g in group for p in g.odd_processes})
+    who = 'no majority' if all(g.tie for g in group) else f'odd: {fmt_hosts(odd)}'
+    return f'{where}  [{leaf.kind}]  {who}'
+
+
+def _group_detail_html(group: Sequence[LeafDiff]) -> str:
+    """One leaf's section: each differing block's details (the first few; the rest counted)."""
+    if len(group) == 1:
+        return leaf_detail_html(group[0])
+    parts = [
+        f'<div class="mh-block-detail"><b>{esc(leaf.where)}</b>{leaf_detail_html(leaf)}</div>'
+        for leaf in group[:MAX_BLOCK_DETAILS]
+    ]
+    if len(group) > MAX_BLOCK_DETAILS:
+        parts.append(f'<div>... and {len(group) - MAX_BLOCK_DETAILS} more differing blocks '
+                     '(view.diff.leaves has each).</div>')  # fmt: skip
+    return ''.join(parts)
 
 
 def _values_text(value: np.ndarray) -> str:
@@ -351,8 +403,8 @@ class TreeDiffView(View):
         (The live view fills a leaf's section only when it is expanded.)
         """
         fill = {
-            id(child): leaf_detail_html(leaf)
-            for child, leaf in list(zip(self._details.children, self._shown))[:STATIC_DETAILS]
+            id(child): _group_detail_html(group)
+            for child, group in list(zip(self._details.children, self._shown))[:STATIC_DETAILS]
             if not child.value
         }
         return widget_html(self.widget, fill)
@@ -361,7 +413,7 @@ class TreeDiffView(View):
         """Shows another tree diff."""
         expect_model('TreeDiffView', diff, TreeDiff, 'multihost.tree_diff(tree) on every host')
         self._diff = diff
-        self._shown = diff.leaves[: self.max_rows]
+        self._shown = leaf_groups(diff.leaves)[: self.max_rows]  # one section per leaf
         self._summary.value = summary_html(diff)
         self._table.value = diff_table_html(diff, self.max_rows)
         old = self._details.children
@@ -369,11 +421,7 @@ class TreeDiffView(View):
         self._details.children = [
             add_classes(widgets.HTML(), 'mh-treediff-detail') for _ in self._shown
         ]
-        self._details.titles = tuple(
-            f'{leaf.where}  [{leaf.kind}]  '
-            + ('no majority' if leaf.tie else f'odd: {fmt_hosts(leaf.odd_processes)}')
-            for leaf in self._shown
-        )
+        self._details.titles = tuple(_group_title(group) for group in self._shown)
         self._details.layout.display = 'none' if diff.ok else 'flex'
         close_widgets(old)
 
@@ -386,13 +434,13 @@ class TreeDiffView(View):
         if path is None:
             self._details.selected_index = None
             return
-        for i, leaf in enumerate(self._shown):
-            if leaf.path == path:
+        for i, group in enumerate(self._shown):
+            if group[0].path == path:
                 self._details.selected_index = i
                 return
         raise KeyError(
             f'{path!r} is not a listed differing leaf; differing: '
-            + ', '.join(leaf.path for leaf in self._shown[:8])
+            + ', '.join(group[0].path for group in self._shown[:8])
         )
 
     def _on_expand(self, change: dict[str, Any]) -> None:
@@ -401,4 +449,4 @@ class TreeDiffView(View):
             return
         child = self._details.children[i]
         if not child.value:  # filled lazily: only the sections someone opens
-            child.value = leaf_detail_html(self._shown[i])
+            child.value = _group_detail_html(self._shown[i])
