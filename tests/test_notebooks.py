@@ -80,7 +80,7 @@ def test_notebook_runs_top_to_bottom(path):
     if path.name == '04_census.ipynb':
         assert "env.XLA_FLAGS: (unset) on most; process 1: '--xla_cpu_enable_fast" in text
         assert 'process 3: 2 arrays, 65.0 MiB <-- stands out' in text and 'cache[0]' in text
-        assert 'on process 2, device 4096 (process 2 · dev 0): 1 NaN' in text, text
+        assert 'on process 2, device 4096 (dev 0): 1 NaN' in text, text
         assert 'odd process(es) [2]' in text and '1 distinct block(s), 8 replica(s)' in text
     if path.name == '06_flax_training.ipynb':
         # A healthy flax TrainState watched (typed key, functions in static fields): no false alarm.
