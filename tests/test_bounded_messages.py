@@ -13,7 +13,7 @@ from multihost import (
     CollectiveMismatchError,
     HostFailedError,
 )
-from multihost._exchange import _kv, _sequence, _threads
+from multihost._exchange import _kv, _sequence, _threads, _verdicts
 from multihost._exchange._sequence import CollectiveRecord
 from multihost._text import grouped_lines
 
@@ -52,7 +52,7 @@ def _lines(exc: BaseException) -> list[str]:
 def test_collective_mismatch_at_1000_hosts_is_bounded_and_names_every_call() -> None:
     calls = {p: _rec(p, *_kind_of(p)) for p in range(N)}
     verdict = _kv.Verdict.parse(
-        _kv.Verdict.failure('mismatch', records=_sequence._records_json(calls))
+        _kv.Verdict.failure('mismatch', records=_verdicts.records_json(calls))
     )
     exc = _sequence._error(verdict, calls[0], None)
     assert isinstance(exc, CollectiveMismatchError)
@@ -71,7 +71,7 @@ def test_mismatch_with_more_distinct_calls_than_fit_keeps_the_largest_and_counts
     # 1,000 hosts; 900 at one site, then 100 hosts each at its own line: 101 distinct calls.
     calls = {p: _rec(p, site='train.py:42' if p < 900 else f'odd.py:{p}') for p in range(N)}
     verdict = _kv.Verdict.parse(
-        _kv.Verdict.failure('mismatch', records=_sequence._records_json(calls))
+        _kv.Verdict.failure('mismatch', records=_verdicts.records_json(calls))
     )
     exc = _sequence._error(verdict, calls[0], None)
     lines = _lines(exc)
@@ -84,7 +84,7 @@ def test_mismatch_with_more_distinct_calls_than_fit_keeps_the_largest_and_counts
 def test_barrier_name_mismatch_at_1000_hosts() -> None:
     calls = {p: _rec(p, 'barrier', 'ckpt' if p != 7 else 'eval') for p in range(N)}
     verdict = _kv.Verdict.parse(
-        _kv.Verdict.failure('mismatch', records=_sequence._records_json(calls))
+        _kv.Verdict.failure('mismatch', records=_verdicts.records_json(calls))
     )
     exc = _sequence._error(verdict, calls[0], None)
     assert isinstance(exc, BarrierMismatchError)
@@ -101,7 +101,7 @@ def test_host_failed_at_1000_hosts() -> None:
     calls = {p: _rec(p, fail='x' if p % 3 == 0 else '') for p in range(N)}
     reasons = {p: f"name 'w{p % 30}' is not defined" for p in range(0, N, 3)}
     verdict = _kv.Verdict.parse(
-        _kv.Verdict.failure('failed', records=_sequence._records_json(calls), reasons=reasons)
+        _kv.Verdict.failure('failed', records=_verdicts.records_json(calls), reasons=reasons)
     )
     exc = _sequence._error(verdict, calls[1], None)
     assert isinstance(exc, HostFailedError)

@@ -103,15 +103,16 @@ FLOORS = {
         '_names': 0,
         '_net': 0,  # addresses, routes, free ports (stdlib): engine, testing and the notebook
         '_cells': 0,  # notebook cells as IPython names them (Cell In[4]), looked up lazily
-        '_exchange': 1,  # kv rounds, the collective sequence, the debug bus
-        '_core': 2,  # the drop-in collectives and array conversions
-        '_debug': 2,  # stacks, step gate, watch, wavefront, timeline, control
-        '_checks': 3,  # tree diff, layout, replicas, census, non-finite values
-        '_job': 4,  # install, run, dumps, signal handlers (programs we did not start)
-        'engine': 4,  # what the notebook calls on an engine
-        'testing': 4,  # the test harness: LocalCluster, its worker, the plain-process jobs
-        '__main__': 5,
-        '__init__': 5,  # the public surface re-exports every room
+        '_models': 1,  # the frozen models that cross the wire: numpy + stdlib, no engine code
+        '_exchange': 2,  # kv rounds, the collective sequence, the debug bus
+        '_core': 3,  # the drop-in collectives and array conversions
+        '_debug': 3,  # stacks, step gate, watch, wavefront, timeline, control
+        '_checks': 4,  # tree diff, layout, replicas, census, non-finite values
+        '_job': 5,  # install, run, dumps, signal handlers (programs we did not start)
+        'engine': 5,  # what the notebook calls on an engine
+        'testing': 5,  # the test harness: LocalCluster, its worker, the plain-process jobs
+        '__main__': 6,
+        '__init__': 6,  # the public surface re-exports every room
     },
     'mhnotebook': {
         '_errors': 0,
@@ -205,3 +206,79 @@ def test_every_engine_function_the_notebook_calls_is_in_engine_all():
     missing = sorted(called - set(engine.__all__))
     assert not missing, f'called by the notebook but not in multihost.engine.__all__: {missing}'
     assert all(callable(getattr(engine, name)) for name in called), called
+
+
+def _imported_modules(path: pathlib.Path) -> set[str]:
+    """The modules ``path``'s import statements name (``from a.b import c``: ``a.b``, and
+    ``a.b.c`` only when it is a project module), lazy ones included."""
+    modules = _modules()
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f'{node.module}.{a.name}' for a in node.names} & set(modules)
+            out.update(subs or {node.module})
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_the_models_room_imports_no_engine_code():
+    """multihost/_models imports numpy, the standard library and floor-0 helpers only: no jax."""
+    import sys
+
+    wrong = []
+    for m, path in _modules().items():
+        if not m.startswith('multihost._models'):
+            continue
+        for dep in _imported_modules(path):
+            parts = dep.split('.')
+            if parts[0] == 'multihost':
+                room = parts[1] if len(parts) > 1 else '__init__'
+                if room != '_models' and FLOORS['multihost'].get(room) != 0:
+                    wrong.append(f'{m} -> {dep} (neither a model nor a floor-0 helper)')
+            elif parts[0] not in sys.stdlib_module_names and parts[0] != 'numpy':
+                wrong.append(f'{m} -> {dep}')
+    assert not wrong, 'the models room imports engine code:\n' + '\n'.join(sorted(wrong))
+
+
+#: What the widgets may import from multihost: the models, and the floor-0 helpers for text
+#: (`_text`) and notebook cells (`_cells`). Not `multihost` itself: it imports every room.
+WIDGET_ALLOWED = ('multihost._models', 'multihost._text', 'multihost._cells')
+
+
+def _engine_imports(path: pathlib.Path) -> list[str]:
+    """The multihost modules ``path`` imports that a widget may not."""
+    return sorted(
+        dep
+        for dep in _imported_modules(path)
+        if dep.split('.')[0] == 'multihost'
+        and not any(dep == a or dep.startswith(a + '.') for a in WIDGET_ALLOWED)
+    )
+
+
+def test_widgets_import_models_and_text_helpers_only():
+    """mhnotebook/widgets draw models: from multihost they import `_models`, `_text`, `_cells`."""
+    wrong = [
+        f'{m} -> {dep}'
+        for m, path in _modules().items()
+        if m.startswith('mhnotebook.widgets')
+        for dep in _engine_imports(path)
+    ]
+    assert not wrong, 'widgets importing engine code:\n' + '\n'.join(wrong)
+
+
+def test_the_widget_check_catches_an_engine_import(tmp_path: pathlib.Path):
+    """The check above is real: a widget importing `multihost._checks` (even lazily) fails it."""
+    bad = tmp_path / 'bad.py'
+    bad.write_text(
+        'from multihost._checks._layout import format_index\n'
+        'from multihost._models._layout import Index\n'
+        'from multihost import Layout\n'
+        'def f():\n'
+        '    import multihost._debug._stacks\n'
+    )
+    assert _engine_imports(bad) == [
+        'multihost',
+        'multihost._checks._layout',
+        'multihost._debug._stacks',
+    ]

@@ -17,7 +17,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from mhnotebook.widgets._common import View, add_classes, banner, esc, expect_model, host_color
-from multihost import EnvDiff, MemoryCensus
+from multihost._models import EnvDiff, MemoryCensus
 from multihost._text import fmt_hosts
 
 #: Keys listed in the environment table; more are counted.

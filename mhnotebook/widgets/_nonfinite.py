@@ -22,8 +22,8 @@ from mhnotebook.widgets._common import (
     widget_html,
 )
 from mhnotebook.widgets.layout.view import LayoutView
-from multihost import NonfiniteLeaf, NonfiniteReport, NonfiniteShard
-from multihost._checks._layout import format_index
+from multihost._models import NonfiniteLeaf, NonfiniteReport, NonfiniteShard
+from multihost._models._layout import format_index
 
 #: Offending shards listed in the table (the report's text has the same bound per host).
 MAX_ROWS = 64

@@ -33,7 +33,7 @@ from mhnotebook.widgets._common import (
     expect_model,
     run_action,
 )
-from multihost import CollectiveRecord, Step, StepTable
+from multihost._models import CollectiveRecord, Step, StepTable
 from multihost._text import fmt_hosts, short_site
 
 #: More hosts than this: hosts whose columns are identical share one column.

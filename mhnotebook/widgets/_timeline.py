@@ -31,7 +31,7 @@ from mhnotebook.widgets._common import (
     swatch,
     widget_html,
 )
-from multihost import Timeline
+from multihost._models import Timeline
 from multihost._text import fmt_hosts, fmt_seconds
 
 #: Host rows drawn at most; with more hosts, those most often last are drawn.

@@ -30,8 +30,8 @@ from mhnotebook.widgets._common import (
     pre,
     widget_html,
 )
-from multihost import LeafDiff, TreeDiff
-from multihost._checks._layout import format_index
+from multihost._models import LeafDiff, TreeDiff
+from multihost._models._layout import format_index
 from multihost._text import fmt_hosts
 
 #: Differing leaves listed in the table and the expandable sections.

@@ -31,8 +31,9 @@ from mhnotebook.widgets._common import (
     pre,
     run_action,
 )
-from multihost import HostStacks, ThreadStack
-from multihost._debug._debugmodel import Frame, framework_summary, is_cell
+from multihost._cells import is_cell
+from multihost._models import HostStacks, ThreadStack
+from multihost._models._stacks import Frame, framework_summary
 from multihost._text import fmt_duration, fmt_hosts
 
 #: State groups listed in the table; more groups are counted.

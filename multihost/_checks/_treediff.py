@@ -25,18 +25,18 @@ import numpy as np
 
 from multihost._checks import _fingerprint as _kernel
 from multihost._checks import _rowdiff
-from multihost._checks._diffmodel import (
+from multihost._checks._layout import Index, normalize_index
+from multihost._checks._paths import leaf_paths
+from multihost._core._collectives import broadcast_one_to_all
+from multihost._errors import HostMismatchError
+from multihost._exchange import _kv, _sequence
+from multihost._models._treediff import (  # noqa: F401  (the models live there; re-exported)
     MAX_TEXT_CHARS,
     SMALL_LEAF,
     GlobalLeaf,
     LeafDiff,
     TreeDiff,
 )
-from multihost._checks._layout import Index, normalize_index
-from multihost._checks._paths import leaf_paths
-from multihost._core._collectives import broadcast_one_to_all
-from multihost._errors import HostMismatchError
-from multihost._exchange import _kv, _sequence
 
 _ADDRESS = re.compile(r' at 0x[0-9a-fA-F]+')  # object reprs: the same object, another address
 _BROADCAST_CHUNK = 64 << 20  # bytes per broadcast of reference values

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -32,15 +32,14 @@ import jaxlib
 
 from multihost import _cells, _recorder
 from multihost._errors import (
-    BarrierMismatchError,
-    BarrierTimeoutError,
-    CollectiveInterruptedError,
-    CollectiveMismatchError,
     CoordinatorUnreachableError,
     HostFailedError,
 )
-from multihost._exchange import _kv
-from multihost._text import fmt_hosts, grouped_lines
+from multihost._exchange import _kv, _verdicts
+from multihost._models._records import (  # noqa: F401  (the models live there; re-exported)
+    CollectiveRecord,
+)
+from multihost._text import fmt_hosts
 
 #: Default timeout (seconds) of every barrier and collective check, unless
 #: ``MULTIHOST_TIMEOUT`` says otherwise. Generous on purpose: a real job may
@@ -51,7 +50,6 @@ DEFAULT_TIMEOUT = 600.0
 _RING_SIZE = 256
 _SLOTS = 8  # key-value slots for records, a ring overwritten (a host at k + 8: all read k)
 _MAX_TEXT = 300  # names and call sites are cut to this many characters
-_MAX_POSITIONS = 1024  # a timeout verdict carries where this many missing hosts were, at most
 _MAX_CALLS = 16  # ... and at most this many distinct calls of the hosts that arrived
 
 
@@ -107,69 +105,6 @@ def _timeout(timeout: float | None) -> float:
 def checking_enabled() -> bool:
     """Whether device collectives are sequence-checked (``MULTIHOST_CHECK``, on by default)."""
     return os.environ.get('MULTIHOST_CHECK', '1').strip().lower() not in ('0', 'false', 'off', 'no')
-
-
-@dataclasses.dataclass(frozen=True)
-class CollectiveRecord:
-    """One collective call as a host recorded it.
-
-    Attributes:
-        seq: position in this process's collective sequence (0-based).
-        kind: which collective (``'barrier'``, ``'process_allgather'``, ...).
-        name: barrier name, or a short description for other collectives.
-        digest: hex digest of the tree structure, shapes and dtypes involved
-            (empty for barriers).
-        site: the caller's ``file:line`` outside `multihost`.
-        time: wall-clock time (``time.time()``) when the call was entered.
-        process: the process index that made the call.
-        fail: why this host could not take part (`fail_turn`), else empty.
-        lane: empty for the main thread's collectives; off the main thread,
-            what matches them across hosts (`_threads`): ``'n:<barrier
-            name>'`` or ``'t:<thread name>'``; ``seq`` is then the count in
-            that lane.
-        thread: the calling thread's name, off the main thread (else empty).
-    """
-
-    seq: int
-    kind: str
-    name: str
-    digest: str
-    site: str
-    time: float
-    process: int
-    fail: str = ''
-    lane: str = ''
-    thread: str = ''
-
-    def to_json(self, payload: bytes | None = None) -> str:
-        """The record as published; ``payload`` rides along, base64, as a last field ``data``."""
-        # Fields in declaration order, "seq" first (rounds recognise a record by
-        # its prefix); no `dataclasses.asdict`, which deep-copies (hot path).
-        fields: dict[str, Any] = {f: getattr(self, f) for f in _PUBLISHED_FIELDS}
-        if self.lane:  # off the main thread only: main-thread records stay as they were
-            fields['lane'], fields['thread'] = self.lane, self.thread
-        if payload is not None:
-            fields['data'] = base64.b64encode(payload).decode()
-        return json.dumps(fields, separators=(',', ':'))
-
-    @classmethod
-    def from_json(cls, text: str) -> CollectiveRecord:
-        raw = json.loads(text)
-        return cls(**{f: raw[f] for f in _RECORD_FIELDS if f in raw})
-
-    def describe(self) -> str:
-        """A one-line human description: ``sync_global_devices('ckpt') at train.py:42``."""
-        what = f'{self.kind}({self.name!r})' if self.name else self.kind
-        if self.lane.startswith('n:'):  # matched by name: its count says little
-            return f'{what} at {self.site} [thread {self.thread!r}]'
-        if self.lane:
-            return f'{what} at {self.site} [thread {self.thread!r} #{self.seq}]'
-        return f'{what} at {self.site} [#{self.seq}]'
-
-
-_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(CollectiveRecord))
-#: What every record publishes (``lane`` and ``thread`` only when set).
-_PUBLISHED_FIELDS = _RECORD_FIELDS[:-2]
 
 
 def digest(obj: Any) -> str:
@@ -554,7 +489,7 @@ def _take_turn(
         return verdict, raw, started
     except CoordinatorUnreachableError as exc:
         _recorder.finished(entry, failed=True)
-        raise _unreachable(exc, rec) from exc.__cause__
+        raise _verdicts.unreachable_error(exc, rec) from exc.__cause__
     except BaseException:
         _recorder.finished(entry, failed=True)
         raise
@@ -755,24 +690,12 @@ def set_enter_hook(hook: Callable[[Any, CollectiveRecord], Callable[[], None] | 
     _enter_hook = hook
 
 
-def _unreachable(
-    exc: CoordinatorUnreachableError, rec: CollectiveRecord
-) -> CoordinatorUnreachableError:
-    """The one-line error, with the last positions this host knows (its own, at least)."""
-    known = {rec.process: rec}
-    return CoordinatorUnreachableError(
-        f'{exc} This host (process {rec.process}) was at {rec.describe()}.',
-        during=exc.during,
-        positions=known,
-    )
-
-
 def _timeout_details(
     client: Any, rec: CollectiveRecord, what: str, *, stage: bool = False
 ) -> _kv.OnTimeout:
     """What a timeout verdict of ``rec``'s round says: the call, and where the missing hosts were.
 
-    At most `_MAX_POSITIONS` positions (a bounded verdict); the message names
+    At most `_verdicts.MAX_POSITIONS` positions (a bounded verdict); the message names
     every missing host anyway. ``stage``: a further round inside ``rec``
     (`share`), where a missing host may be inside ``rec`` itself. A
     collective's own round also records what the hosts that arrived called
@@ -783,7 +706,7 @@ def _timeout_details(
 
     def details(arrived: dict[int, str]) -> dict[str, Any]:
         where = positions(client)
-        missing = sorted(p for p in where if p not in arrived)[:_MAX_POSITIONS]
+        missing = sorted(p for p in where if p not in arrived)[: _verdicts.MAX_POSITIONS]
         out: dict[str, Any] = {
             'what': what,
             'name': rec.name,
@@ -823,7 +746,7 @@ def _patience(
             waited,
             data['what'],
             fmt_hosts(data['missing']),
-            '; '.join(line.strip() for line in _missing_lines(data, rec)),
+            '; '.join(line.strip() for line in _verdicts.missing_lines(data, rec)),
         )
 
     return period, report
@@ -834,23 +757,11 @@ def _judge(values: dict[int, str]) -> str | None:
     calls = {p: CollectiveRecord.from_json(v) for p, v in values.items()}
     failed = {p: c.fail for p, c in calls.items() if c.fail}
     if failed:
-        return _kv.Verdict.failure('failed', reasons=failed, records=_records_json(calls))
+        return _kv.Verdict.failure('failed', reasons=failed, records=_verdicts.records_json(calls))
     signature = {p: (c.kind, c.name, c.digest) for p, c in calls.items()}
     if len(set(signature.values())) <= 1:
         return None
-    return _kv.Verdict.failure('mismatch', records=_records_json(calls))
-
-
-def _records_json(calls: dict[int, CollectiveRecord]) -> dict[int, str]:
-    return {p: c.to_json() for p, c in sorted(calls.items())}
-
-
-def _records(raw: dict[str, str]) -> dict[int, CollectiveRecord]:
-    return {int(p): CollectiveRecord.from_json(v) for p, v in sorted(raw.items(), key=_by_int)}
-
-
-def _by_int(item: tuple[str, Any]) -> int:
-    return int(item[0])
+    return _kv.Verdict.failure('mismatch', records=_verdicts.records_json(calls))
 
 
 #: Called with every timeout or mismatch error just before it is raised (`_job._dump`).
@@ -858,120 +769,10 @@ ERROR_HOOKS: list[Callable[[Exception], None]] = []
 
 
 def _error(verdict: _kv.Verdict, rec: CollectiveRecord, mismatch_prefix: str | None) -> Exception:
-    exc = _error_of(verdict, rec, mismatch_prefix)
+    exc = _verdicts.error_of(verdict, rec, mismatch_prefix)
     for hook in ERROR_HOOKS:
         hook(exc)
     return exc
-
-
-def _error_of(
-    verdict: _kv.Verdict, rec: CollectiveRecord, mismatch_prefix: str | None
-) -> Exception:
-    """The exception every host raises for a failed round (built from the shared verdict)."""
-    data = verdict.data
-    if verdict.kind == 'timeout':
-        return _timeout_error(data, rec)
-    if verdict.kind == 'interrupted':
-        by = int(data['by'])
-        return CollectiveInterruptedError(
-            f'{rec.describe()} was interrupted on process {by} (SIGINT / Ctrl-C / the '
-            "notebook's stop button), so every host left it. Run the next step on every host.",
-            seq=rec.seq,
-            by=by,
-        )
-    calls = _records(data['records'])
-    if verdict.kind == 'failed':
-        reasons = {int(p): r for p, r in data['reasons'].items()}
-        what = next(iter(calls.values())).kind if calls else rec.kind
-        lines = grouped_lines(reasons, what='distinct reasons', attr='reasons')
-        return HostFailedError(
-            f'{what} [{_at(rec)}] could not run on {fmt_hosts(reasons)}:\n'
-            + '\n'.join(lines)
-            + '\nEvery host left this collective; the next one lines up as usual.',
-            seq=rec.seq,
-            reasons=reasons,
-        )
-    return _mismatch_error(rec, calls, mismatch_prefix)
-
-
-def _at(rec: CollectiveRecord) -> str:
-    """``#57``, or off the main thread ``#3 of thread 'saver'`` (a count in its own lane)."""
-    return f'#{rec.seq} of thread {rec.thread!r}' if rec.lane else f'#{rec.seq}'
-
-
-def _missing_lines(data: Mapping[str, Any], rec: CollectiveRecord) -> list[str]:
-    """Where the missing hosts of a timeout were, hosts in the same place grouped
-    (``  processes 2-9: last reached ...``), at most `MAX_GROUP_LINES` lines."""
-    where = {int(p): CollectiveRecord.from_json(v) for p, v in data.get('positions', {}).items()}
-    state: dict[int, str] = {}
-    for p in (int(p) for p in data['missing']):
-        last = where.get(p)
-        if last is None and len(where) >= _MAX_POSITIONS:
-            state[p] = f'position not carried (only {_MAX_POSITIONS} missing hosts are)'
-        elif last is None:
-            state[p] = 'last reached no collective yet'
-        elif data.get('stage') and last.seq == rec.seq:  # e.g. still compiling a new signature
-            state[p] = f'still inside {last.describe()}, busy before this stage'
-        else:
-            state[p] = f'last reached {last.describe()}'
-    return grouped_lines(state, what='distinct positions', attr='positions')
-
-
-def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTimeoutError:
-    missing = [int(p) for p in data['missing']]
-    where = {int(p): CollectiveRecord.from_json(v) for p, v in data.get('positions', {}).items()}
-    lines = _missing_lines(data, rec)
-    late = rec.process not in data['arrived']
-    timeout = float(data['timeout'])
-    return BarrierTimeoutError(
-        f'timed out after {timeout:g} s in {data.get("what", rec.describe())}: '
-        f'{fmt_hosts(missing)} did not arrive (seen by process {data["by"]}).\n'
-        + '\n'.join(lines)
-        + (
-            f'\nThis host (process {rec.process}) arrived after the others had given up.'
-            if late
-            else ''
-        )
-        + '\nA host that skips or reorders a collective, or is stuck in other work, leaves '
-        'the others waiting; look at its stack (multihost.dump_stacks) or raise the timeout '
-        '(timeout=..., or MULTIHOST_TIMEOUT).',
-        name=str(data.get('name', rec.name)),
-        timeout=timeout,
-        missing=missing,
-        positions=where,
-    )
-
-
-def _mismatch_error(
-    rec: CollectiveRecord, calls: dict[int, CollectiveRecord], mismatch_prefix: str | None
-) -> CollectiveMismatchError:
-    lines = grouped_lines({p: c.describe() for p, c in calls.items()})
-    if all(c.kind == 'barrier' for c in calls.values()):
-        names = {p: c.name for p, c in calls.items()}
-        head = mismatch_prefix or f'barrier name mismatch ({rec.name!r})'
-        return BarrierMismatchError(
-            f'{head}: hosts passed different barrier names at collective '
-            f'{_at(rec)}:\n' + '\n'.join(lines),
-            seq=rec.seq,
-            calls=calls,
-            names=names,
-        )
-    kinds = {c.kind for c in calls.values()}
-    if len(kinds) > 1 or len({c.name for c in calls.values()}) > 1:
-        why = 'hosts called different collectives'
-    else:
-        why = f'hosts called {rec.kind} on data of different structure, shapes or dtypes'
-    head = f'collective sequence mismatch at {_at(rec)}: {why}'
-    if mismatch_prefix and rec.kind == 'barrier':
-        head = f'{mismatch_prefix}: {head}'
-    return CollectiveMismatchError(
-        head
-        + ':\n'
-        + '\n'.join(lines)
-        + ('\nEvery host must call the same collectives, in the same order, with the same shapes.'),
-        seq=rec.seq,
-        calls=calls,
-    )
 
 
 def position() -> int:

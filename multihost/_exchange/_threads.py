@@ -28,7 +28,7 @@ from typing import Any
 
 from multihost import _recorder
 from multihost._errors import BarrierTimeoutError, CoordinatorUnreachableError
-from multihost._exchange import _kv, _sequence
+from multihost._exchange import _kv, _sequence, _verdicts
 from multihost._exchange._sequence import CollectiveRecord
 from multihost._text import fmt_hosts, grouped_lines
 
@@ -136,7 +136,7 @@ def enter(
         )
     except CoordinatorUnreachableError as exc:
         _recorder.finished(entry, failed=True)
-        raise _sequence._unreachable(exc, rec) from exc.__cause__
+        raise _verdicts.unreachable_error(exc, rec) from exc.__cause__
     except BaseException:
         _recorder.finished(entry, failed=True)
         raise

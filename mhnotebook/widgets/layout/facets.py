@@ -19,8 +19,8 @@ from mhnotebook.widgets.layout.grid import (
     layout_grid,
     normalize_axes,
 )
-from multihost import Layout, ReplicaReport
-from multihost._checks._layout import Index
+from multihost._models import Layout, ReplicaReport
+from multihost._models._layout import Index
 
 #: Facets (small multiples over the non-displayed axes) shown at a time.
 MAX_FACETS = 16

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from mhnotebook.widgets._common import host_color
-from multihost import Layout, LayoutBlock, ReplicaGroup, ReplicaReport
-from multihost._checks._layout import Index, format_ranges
+from multihost._models import Layout, LayoutBlock, ReplicaGroup, ReplicaReport
+from multihost._models._layout import Index, format_ranges
 
 #: The fill of a block held by several hosts (not any host's colour).
 SHARED_COLOR = '#c8c8c8'

@@ -12,8 +12,8 @@ from mhnotebook.widgets._common import CSS, PALETTE, banner, esc, pre, swatch, t
 from mhnotebook.widgets.layout.facets import LayoutFacets
 from mhnotebook.widgets.layout.grid import SHARED_COLOR, GridBlock, LayoutGrid
 from mhnotebook.widgets.layout.replicas import first_names, group_letter
-from multihost import Layout, ReplicaGroup, ReplicaReport
-from multihost._checks._layout import Index, format_bytes, format_index
+from multihost._models import Layout, ReplicaGroup, ReplicaReport
+from multihost._models._layout import Index, format_bytes, format_index
 from multihost._text import fmt_hosts
 
 #: More visible blocks than this (over all facets shown): no buttons, the block list only.

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from mhnotebook.widgets._common import CSS, esc, host_color, text_color
-from multihost import Layout
+from multihost._models import Layout
 
 #: Mesh positions drawn in the mesh view's device table.
 MAX_MESH_CELLS = 256

@@ -15,8 +15,8 @@ from typing import Any
 from mhnotebook.widgets._common import text_color
 from mhnotebook.widgets.layout.facets import MAX_FACET_COLUMNS, Facet, LayoutFacets, layout_facets
 from mhnotebook.widgets.layout.grid import FLAGGED_EDGE, GridBlock, LayoutGrid
-from multihost import Layout, ReplicaReport
-from multihost._checks._layout import Index
+from multihost._models import Layout, ReplicaReport
+from multihost._models._layout import Index
 
 #: More visible blocks than this: the picture draws no labels.
 MAX_LABELS = 400

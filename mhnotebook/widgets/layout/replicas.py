@@ -15,8 +15,8 @@ from typing import TypeVar
 
 from mhnotebook.widgets._common import CSS, esc, swatch
 from mhnotebook.widgets.layout.grid import layout_and_report
-from multihost import Layout, LayoutBlock, ReplicaGroup, ReplicaReport
-from multihost._checks._layout import Index, format_index
+from multihost._models import Layout, LayoutBlock, ReplicaGroup, ReplicaReport
+from multihost._models._layout import Index, format_index
 
 T = TypeVar('T')
 

@@ -12,7 +12,7 @@ import ipywidgets as widgets
 
 from mhnotebook.widgets._common import CSS, View, add_classes, close_widgets, esc, run_action
 from mhnotebook.widgets.layout.view import LayoutView, show_selected
-from multihost import LeafLayout, TreeLayout
+from multihost._models import LeafLayout, TreeLayout
 
 _TREE_HEAD = ('leaf', 'shape', 'dtype', 'spec', 'bytes per host', 'replicas')
 _TREE_CSS = """<style>

@@ -52,8 +52,8 @@ from mhnotebook.widgets.layout.replicas import (
     replica_matrix_html,
     replica_matrix_text,
 )
-from multihost import Layout, LayoutBlock, ReplicaReport
-from multihost._checks._layout import Index, format_index
+from multihost._models import Layout, LayoutBlock, ReplicaReport
+from multihost._models._layout import Index, format_index
 
 K = TypeVar('K')
 

@@ -1,0 +1,263 @@
+"""The wavefront, as plain data: how far every host got (`HostFront`, `Wavefront`; gathered by
+`multihost._debug._wavefront.wavefront`), with the verdict in words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from multihost._models._stacks import background_words, display_path, waiting_words
+from multihost._recorder import FlightRecord
+from multihost._text import fmt_duration, fmt_hosts
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFront:
+    """Where one host's flight recorder says it is.
+
+    Attributes:
+        process: the host's process index.
+        answered: whether the host's debug thread answered in time.
+        hostname: the machine's name.
+        last: the newest entry of any kind (what the host last did).
+        last_launch: the newest watched launch.
+        last_collective: the newest core collective.
+        pending: the oldest launch whose output is not ready on device
+            (async dispatch lets a host run ahead of it), or None.
+        pending_age: seconds since ``pending`` was launched (host's clock).
+        waiting: the entry whose cross-host check the main thread waits at, or None.
+        waiting_for: seconds it has waited there.
+        idle: seconds since the host last entered or left a recorded call.
+        calls: watched function name -> how many times this host launched it.
+        where: the main thread's innermost user frame, ``file:line in function``.
+        activity: what the main thread's stack says it does, in words, durations
+            aside (`_debugmodel.stack_activity`): ``'waiting in a
+            coordination-service barrier at orbax/...:309 in _fn (via
+            sync_global_processes), called from ckpt.py:12 in save'``, ``'in user
+            code at train.py:88 in load, in time.sleep'``...
+        activity_kind: its kind: ``'coordination'``, ``'device'``, ``'jax'``,
+            ``'sleep'``, ``'io'``, ``'lock'``, ``'user'`` (empty: not seen).
+        error: why there is no answer (empty when ``answered``).
+        background: service calls (a library's own barriers and key waits on
+            the coordination service) in progress on other threads, oldest first.
+        time: when the host answered (its clock).
+    """
+
+    process: int
+    answered: bool
+    hostname: str = ''
+    last: FlightRecord | None = None
+    last_launch: FlightRecord | None = None
+    last_collective: FlightRecord | None = None
+    pending: FlightRecord | None = None
+    pending_age: float = 0.0
+    waiting: FlightRecord | None = None
+    waiting_for: float = 0.0
+    idle: float = 0.0
+    calls: tuple[tuple[str, int], ...] = ()
+    where: str = ''
+    activity: str = ''
+    activity_kind: str = ''
+    error: str = ''
+    background: tuple[FlightRecord, ...] = ()
+    time: float = 0.0
+
+    def launched(self, name: str) -> int:
+        """How many times this host launched ``name``."""
+        return dict(self.calls).get(name, 0)
+
+    @property
+    def doing(self) -> str:
+        """What the host is doing now, in words."""
+        if not self.answered:  # the error says it: 'no answer within 10 s', ...
+            return self.error or 'no answer'
+        return self._main_doing() + background_words(self.background, self.time)
+
+    def _main_doing(self) -> str:
+        if self.waiting is not None:
+            return f'waiting {waiting_words(self.waiting)} for {fmt_duration(self.waiting_for)}'
+        if self.pending is not None:
+            return (
+                f'{self.pending.label} not done on device '
+                f'(launched {fmt_duration(self.pending_age)} ago)'
+                + (f', now at {self.where}' if self.where else '')
+            )
+        last = f', last {self.last.label} {fmt_duration(self.idle)} ago' if self.last else ''
+        return (self.activity or f'running user code at {self.where or "?"}') + last
+
+    def to_json(self) -> str:
+        d = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if not isinstance(getattr(self, f.name), FlightRecord)
+        }
+        for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting'):
+            rec = getattr(self, f)
+            d[f] = None if rec is None else dataclasses.astuple(rec)
+        d['background'] = [dataclasses.astuple(r) for r in self.background]
+        return json.dumps(d, separators=(',', ':'))
+
+    @classmethod
+    def from_json(cls, text: str) -> HostFront:
+        d = json.loads(text)
+        for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting'):
+            if d.get(f) is not None:
+                d[f] = FlightRecord(*d[f])
+        d['calls'] = tuple((str(k), int(v)) for k, v in d.get('calls', ()))
+        d['background'] = tuple(FlightRecord(*r) for r in d.get('background', ()))
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wavefront:
+    """Every host's `HostFront`, and the verdict about the oldest launch not done.
+
+    Attributes:
+        hosts: one `HostFront` per process, in process order.
+        time: when it was read (``time.time()`` of the asking host).
+    """
+
+    hosts: tuple[HostFront, ...]
+    time: float = 0.0
+
+    @property
+    def silent(self) -> tuple[int, ...]:
+        """Hosts that did not answer."""
+        return tuple(h.process for h in self.hosts if not h.answered)
+
+    @property
+    def target(self) -> FlightRecord | None:
+        """The oldest launch not done on device on any host (what the verdict is about)."""
+        pending = [h.pending for h in self.hosts if h.answered and h.pending is not None]
+        return min(pending, key=lambda r: (r.time, r.process)) if pending else None
+
+    def groups(self) -> dict[str, tuple[int, ...]]:
+        """``'inside'``, ``'past'``, ``'never'`` (launched the target or not), ``'silent'``."""
+        target = self.target
+        out: dict[str, list[int]] = {'inside': [], 'past': [], 'never': [], 'silent': []}
+        for h in self.hosts:
+            if not h.answered:
+                out['silent'].append(h.process)
+            elif target is None:
+                continue
+            elif h.launched(target.name) <= target.call:
+                out['never'].append(h.process)
+            elif h.pending is not None and (
+                h.pending.name != target.name or h.pending.call <= target.call
+            ):
+                out['inside'].append(h.process)
+            else:
+                out['past'].append(h.process)
+        return {k: tuple(v) for k, v in out.items()}
+
+    @property
+    def verdict(self) -> str:
+        """One line: who is inside the oldest launch not done, who never launched it, and where."""
+        parts: list[str] = []
+        target = self.target
+        answered = [h for h in self.hosts if h.answered]
+        if target is not None:
+            g = self.groups()
+            inside = [self.hosts[p] for p in g['inside']]
+            age = max((h.pending_age for h in inside), default=0.0)
+            what = target.label
+            if inside:
+                launched = f'launched {fmt_duration(age)} ago'
+                parts.append(f'{_are(g["inside"])} inside {what} ({launched}, not done)')
+            if g['past']:
+                parts.append(f'{_are(g["past"])} past it')
+            never = _grouped([self.hosts[p] for p in g['never']], _position)
+            for ps, position in never[:MAX_GROUPS]:
+                parts.append(f'{fmt_hosts(ps)} never launched call #{target.call}: {position}')
+            parts.extend(_more(never))
+        else:
+            waiting: dict[str, list[HostFront]] = {}
+            running: list[HostFront] = []
+            for h in answered:
+                if h.waiting is not None:
+                    waiting.setdefault(waiting_words(h.waiting), []).append(h)
+                else:
+                    running.append(h)
+            for words, hs in waiting.items():
+                longest = fmt_duration(max(h.waiting_for for h in hs))
+                parts.append(f'{_are([h.process for h in hs])} waiting {words} for {longest}')
+            if waiting:
+                elsewhere = _grouped(running, _position)
+                for ps, position in elsewhere[:MAX_GROUPS]:
+                    parts.append(f'{_are(ps)} not there: {position}')
+                parts.extend(_more(elsewhere))
+            elif answered:
+                # Nothing watched is pending and no check is waited at: say what the stacks
+                # show (a JAX collective, a library's coordination-service barrier, user code).
+                states = _grouped(answered, _activity)
+                for ps, words in states[:MAX_GROUPS]:
+                    parts.append(f'{_are(ps)} {words}')
+                parts.extend(_more(states))
+        if self.silent:
+            parts.append(f'{_are(self.silent)} silent (dead, frozen, or no debug thread)')
+        return '; '.join(parts) or 'no host answered'
+
+    def format(self) -> str:
+        """The verdict, then one line per host saying what it is doing."""
+        lines = [self.verdict]
+        for h in self.hosts:
+            lines.append(f'  process {h.process}: {h.doing}')
+        return '\n'.join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _are(processes: Any) -> str:
+    ps = list(processes)
+    return f'{fmt_hosts(ps)} {"is" if len(ps) == 1 else "are"}'
+
+
+#: Groups of hosts (same words) a verdict names; the rest are counted.
+MAX_GROUPS = 8
+
+
+def _grouped(hosts: list[HostFront], words: Any) -> list[tuple[list[int], str]]:
+    """Hosts grouped by ``words(host)``, largest group first (ties: lowest process)."""
+    groups: dict[str, list[int]] = {}
+    for h in hosts:
+        groups.setdefault(words(h), []).append(h.process)
+    return sorted(((ps, w) for w, ps in groups.items()), key=lambda g: (-len(g[0]), g[0][0]))
+
+
+def _more(groups: list[tuple[list[int], str]]) -> list[str]:
+    if len(groups) <= MAX_GROUPS:
+        return []
+    rest = [p for ps, _ in groups[MAX_GROUPS:] for p in ps]
+    return [f'{fmt_hosts(rest)} in {len(groups) - MAX_GROUPS} more states']
+
+
+def _activity(h: HostFront) -> str:
+    if h.activity:
+        return h.activity + _also(h)
+    where = f'running user code at {_display_site(h.where)}' if h.where else 'in no user code'
+    return where + _also(h)
+
+
+def _position(h: HostFront) -> str:
+    last = f'last at {h.last.label}' if h.last is not None else 'nothing recorded yet'
+    if h.waiting is not None:
+        return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}' + _also(h)
+    if h.activity:
+        return f'{last}, now {h.activity}' + _also(h)
+    return last + (f', now at {_display_site(h.where)}' if h.where else '') + _also(h)
+
+
+def _also(h: HostFront) -> str:
+    """``, and waiting in service barrier 'x' at f.py:3 (thread 'save')`` per service call
+    another thread is inside (no durations: hosts in the same state say the same words)."""
+    return ''.join(f', and waiting {waiting_words(r)}' for r in h.background)
+
+
+def _display_site(where: str) -> str:
+    """``/long/path/data.py:88 in load_shard`` -> ``data.py:88 in load_shard`` (a file named
+    like ours keeps its folder: `_debugmodel.display_path`)."""
+    path, sep, rest = where.partition(':')
+    return display_path(path) + sep + rest
