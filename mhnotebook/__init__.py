@@ -13,13 +13,17 @@ from mhnotebook._cluster.connect import connect
 from mhnotebook._cluster.local import start_local
 from mhnotebook._errors import (
     HostDied,
+    HostDiedError,
     HostGone,
+    HostGoneError,
     HostsError,
     InterruptReport,
     RemoteFailure,
     SessionError,
     SessionInterrupted,
+    SessionInterruptedError,
     SessionTimeout,
+    SessionTimeoutError,
 )
 from mhnotebook._jobview import JobView, UnsupportedError
 from mhnotebook._postmortem import PostMortem, PostMortemError, postmortem
@@ -29,7 +33,9 @@ __all__ = [
     'AttachError',
     'AttachedJob',
     'HostDied',
+    'HostDiedError',
     'HostGone',
+    'HostGoneError',
     'HostInfo',
     'HostsError',
     'InterruptReport',
@@ -41,7 +47,9 @@ __all__ = [
     'Session',
     'SessionError',
     'SessionInterrupted',
+    'SessionInterruptedError',
     'SessionTimeout',
+    'SessionTimeoutError',
     'UnsupportedError',
     'attach',
     'connect',

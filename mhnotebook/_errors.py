@@ -14,13 +14,17 @@ from typing import Any
 
 __all__ = [
     'HostDied',
+    'HostDiedError',
     'HostGone',
+    'HostGoneError',
     'HostsError',
     'InterruptReport',
     'RemoteFailure',
     'SessionError',
     'SessionInterrupted',
+    'SessionInterruptedError',
     'SessionTimeout',
+    'SessionTimeoutError',
     'fate_note',
     'how_ended',
 ]
@@ -87,7 +91,7 @@ class SessionError(RuntimeError):
     """A session could not start, connect, or reach its engines (the message says what to do)."""
 
 
-class SessionTimeout(SessionError):
+class SessionTimeoutError(SessionError, TimeoutError):
     """Hosts did not finish in time; the work keeps running on them.
 
     Attributes:
@@ -116,7 +120,7 @@ class HostsError(RuntimeError):
         self.errors: dict[int, str] = {p: f.text for p, f in self.failures.items()}
 
 
-class HostDied(SessionError):
+class HostDiedError(SessionError):
     """A host's engine process ended while it was running work of this session.
 
     Attributes:
@@ -142,7 +146,7 @@ class HostDied(SessionError):
         self.errors: dict[int, str] = {p: f.text for p, f in self.failures.items()}
 
 
-class HostGone(SessionError):
+class HostGoneError(SessionError):
     """A host of this session is dead and the operation needs every host.
 
     Attributes:
@@ -190,7 +194,7 @@ class InterruptReport:
         )
 
 
-class SessionInterrupted(SessionError):
+class SessionInterruptedError(SessionError):
     """The notebook was interrupted while it waited; every host was sent SIGINT.
 
     Attributes:
@@ -200,6 +204,13 @@ class SessionInterrupted(SessionError):
     def __init__(self, report: InterruptReport):
         super().__init__(report.message)
         self.report = report
+
+
+# The old names (before the exceptions users catch ended in ``Error``): the same classes.
+HostDied = HostDiedError
+HostGone = HostGoneError
+SessionTimeout = SessionTimeoutError
+SessionInterrupted = SessionInterruptedError
 
 
 def processes_phrase(processes: Sequence[int]) -> str:

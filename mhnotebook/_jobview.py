@@ -44,6 +44,7 @@ __all__ = [
     'FEATURES',
     'JobView',
     'JobViewBase',
+    'OLD_FEATURES',
     'UnsupportedError',
     'moved_on',
 ]
@@ -51,10 +52,12 @@ __all__ = [
 log = logging.getLogger('mhnotebook')
 
 #: The features a job view may have, by the methods that need them:
-#: ``'where'``, ``'wavefront'``, ``'records'`` (and `JobView.timeline`, built
+#: ``'where'``, ``'wavefront'``, ``'flight_records'`` (and `JobView.timeline`, built
 #: from them) read; ``'step'`` is the step gate (`JobView.step_table`,
 #: `set_stepping`, `release`, `release_all`, `moved_on`, `stop_stepping`).
-FEATURES = ('where', 'wavefront', 'records', 'step')
+FEATURES = ('where', 'wavefront', 'flight_records', 'step')
+#: Features' old names `JobView.supports` still takes.
+OLD_FEATURES = {'records': 'flight_records'}
 
 #: Seconds a live view waits for the hosts' answers unless told otherwise.
 ANSWER_TIMEOUT = 10.0
@@ -106,9 +109,13 @@ class JobView(Protocol):
 
     def wavefront(self, *, timeout: float = ANSWER_TIMEOUT) -> Wavefront: ...
 
-    def records(
+    def flight_records(
         self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT
     ) -> dict[int, list[FlightRecord]]: ...
+
+    def records(
+        self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT
+    ) -> dict[int, list[FlightRecord]]: ...  # the old name of flight_records
 
     def timeline(self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT) -> Timeline: ...
 
@@ -185,7 +192,7 @@ class JobViewBase:
     # -- reads (hooks a read-only view overrides) -------------------------------------------
     def _stacks(self, timeout: float) -> dict[int, HostStacks]:
         with self._answering():
-            return self._endpoint().stacks(timeout=timeout, gone=self._gone())
+            return self._endpoint().where(timeout=timeout, gone=self._gone())
 
     def _wavefront(self, timeout: float) -> Wavefront:
         with self._answering():
@@ -193,11 +200,12 @@ class JobViewBase:
 
     def _records(self, last: int, timeout: float) -> dict[int, list[FlightRecord]]:
         with self._answering():
-            return self._endpoint().records(last=last, timeout=timeout, gone=self._gone())
+            return self._endpoint().flight_records(last=last, timeout=timeout, gone=self._gone())
 
     # -- the protocol -----------------------------------------------------------------------
     def supports(self, feature: str) -> bool:
         """Whether this view has ``feature`` (one of `FEATURES`)."""
+        feature = OLD_FEATURES.get(feature, feature)
         if feature not in FEATURES:
             raise ValueError(f'unknown feature {feature!r}; one of {", ".join(FEATURES)}')
         return feature in self.features
@@ -220,11 +228,11 @@ class JobViewBase:
         self._require('wavefront')
         return self._wavefront(_check_timeout(timeout))
 
-    def records(
+    def flight_records(
         self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT
     ) -> dict[int, list[FlightRecord]]:
         """Every host's last ``last`` flight records (`multihost.FlightRecord`), oldest first."""
-        self._require('records')
+        self._require('flight_records')
         if not (isinstance(last, int) and last >= 0):
             raise ValueError(f'last must be a count of records >= 0, got {last!r}; e.g. last=200')
         return self._records(last, _check_timeout(timeout))
@@ -238,7 +246,12 @@ class JobViewBase:
         """
         from multihost import Timeline
 
-        return Timeline.build(self.records(last=last, timeout=timeout), self._process_count())
+        return Timeline.build(
+            self.flight_records(last=last, timeout=timeout), self._process_count()
+        )
+
+    #: The old name of `flight_records` (the same method).
+    records = flight_records
 
     # -- the step gate ------------------------------------------------------------------------
     def step_table(self) -> StepTable:

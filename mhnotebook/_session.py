@@ -26,13 +26,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mhnotebook._errors import (
-    HostDied,
-    HostGone,
+    HostDiedError,
+    HostGoneError,
     HostsError,
     InterruptReport,
     SessionError,
-    SessionInterrupted,
-    SessionTimeout,
+    SessionInterruptedError,
+    SessionTimeoutError,
     fate_note,
     how_ended,
     processes_phrase,
@@ -230,9 +230,9 @@ class Session(JobViewBase):
     def __init__(self, engines: Engines):
         self._lock = threading.Lock()
         _track(self)
-        self._attach(engines)
+        self._take_engines(engines)
 
-    def _attach(self, engines: Engines) -> None:
+    def _take_engines(self, engines: Engines) -> None:
         """Sets every attribute that belongs to one cluster; the only place they are set.
 
         Used by the constructor and by `restart`, which attaches fresh engines
@@ -303,7 +303,7 @@ class Session(JobViewBase):
         if dead and need_all:
             first = min(dead)
             how = '' if dead[first] == 'died' else f' ({dead[first]})'
-            raise HostGone(
+            raise HostGoneError(
                 f'{processes_phrase(sorted(dead))} {"is" if len(dead) == 1 else "are"} gone{how}: '
                 '%mh_cluster restart (session.restart()).',
                 dead,
@@ -372,16 +372,16 @@ class Session(JobViewBase):
             HostsError: the function raised on some hosts (``.failures``: each
                 host's ``ename``, ``evalue`` and traceback).
             SessionError: some host did not answer within ``timeout``.
-            HostGone: a host it needs is dead.
-            HostDied: a host died while running it.
-            SessionInterrupted: the wait was interrupted (Ctrl-C); every host
+            HostGoneError: a host it needs is dead.
+            HostDiedError: a host died while running it.
+            SessionInterruptedError: the wait was interrupted (Ctrl-C); every host
                 was sent SIGINT.
         """
         pending = self._submit(qualname, args, kwargs, processes, namespace)
         try:
             return self._wait(pending, timeout, qualname, on_done)
-        except SessionTimeout as exc:
-            raise SessionTimeout(
+        except SessionTimeoutError as exc:
+            raise SessionTimeoutError(
                 f'{qualname}: {self._withdraw(pending, exc.pending, timeout)}',
                 pending=exc.pending,
                 finished=exc.finished,
@@ -454,14 +454,14 @@ class Session(JobViewBase):
     ) -> list[Any]:
         """The results of ``pending`` (process index -> AsyncResult) by process index.
 
-        Raises, in this order: `HostDied` (a host died meanwhile), `SessionTimeout`
+        Raises, in this order: `HostDiedError` (a host died meanwhile), `SessionTimeoutError`
         (some did not answer within ``timeout``), `HostsError` (some raised).
         """
         poll, died = self._collect(pending, timeout, on_done, on_tick)
         if died:
             raise self._died(poll, died, what)
         if poll.left:
-            raise SessionTimeout(
+            raise SessionTimeoutError(
                 f'{what}: host(s) {sorted(poll.left)} did not answer within {timeout:g} s. '
                 'They may be stuck in a collective: look with session.where() '
                 '(%mh_where), or restart with session.restart() (%mh_cluster restart).',
@@ -510,10 +510,10 @@ class Session(JobViewBase):
             poll.run()
         except KeyboardInterrupt:
             # The kernel was interrupted (Jupyter's stop button, Ctrl-C): stop the hosts too.
-            raise SessionInterrupted(self.interrupt(pending=poll.left)) from None
+            raise SessionInterruptedError(self.interrupt(pending=poll.left)) from None
         return poll, died
 
-    def _died(self, poll: Poll, died: dict[int, str], what: str) -> HostDied:
+    def _died(self, poll: Poll, died: dict[int, str], what: str) -> HostDiedError:
         """The error for hosts that died while running ``what`` (how, who still runs it)."""
         known = {p: how for p, how in died.items() if how != 'died'}
         if len(died) == 1:
@@ -522,7 +522,7 @@ class Session(JobViewBase):
             how = ' (' + '; '.join(f'{p}: {h}' for p, h in sorted(known.items())) + ')'
             how = how if known else ''
         still = f' {processes_phrase(sorted(poll.left))} still running it.' if poll.left else ''
-        return HostDied(
+        return HostDiedError(
             f'{processes_phrase(sorted(died))} died{how} while running {what}.{still}'
             + self._fate_note(list(died)),
             died=died,
@@ -554,12 +554,12 @@ class Session(JobViewBase):
         Raises:
             HostsError: the code raised on some hosts; ``.failures`` holds each
                 host's ``ename``, ``evalue`` and traceback (``.errors`` the text).
-            SessionTimeout: not finished within ``timeout`` (the code keeps
+            SessionTimeoutError: not finished within ``timeout`` (the code keeps
                 running on the engines).
-            HostDied: a host died while running it (``.died`` says how).
-            HostGone: a host is dead (in a recoverable session the code runs
+            HostDiedError: a host died while running it (``.died`` says how).
+            HostGoneError: a host is dead (in a recoverable session the code runs
                 on the live hosts instead).
-            SessionInterrupted: interrupted while waiting (every host was sent
+            SessionInterruptedError: interrupted while waiting (every host was sent
                 SIGINT; ``.report`` says who stopped).
         """
         _positive_timeout(timeout)
@@ -695,7 +695,7 @@ class Session(JobViewBase):
         pending = self._submit('multihost.engine.barrier', (name, timeout), {}, None)
         try:
             return dict(zip(sorted(pending), self._wait(pending, wait, 'barrier')))
-        except SessionTimeout as exc:
+        except SessionTimeoutError as exc:
             note = self._withdraw(pending, exc.pending, wait)
             out = {p: pending[p].get(0) for p in exc.finished}
             for p in exc.pending:
@@ -745,7 +745,7 @@ class Session(JobViewBase):
         """`multihost.NonfiniteReport` of engine value ``name``: which shards hold NaN or Inf.
 
         Every host counts NaN and Inf in its own shards, on device; only the
-        offending shards' records travel (`multihost.find_nonfinite`).
+        offending shards' records travel (`multihost.nonfinite`).
         """
         results = self.call(
             'multihost.engine.nonfinite', name, timeout, namespace=True, timeout=timeout + 10
@@ -821,7 +821,7 @@ class Session(JobViewBase):
         live = self._check(need_all=False)
         where = None
         try:  # where each host is, before the signal moves it
-            where = self.control.stacks(timeout=2.0)
+            where = self.control.where(timeout=2.0)
         except Exception as exc:
             log.info('interrupt: no stacks (%s)', exc)
         t0 = time.monotonic()
@@ -968,7 +968,7 @@ class Session(JobViewBase):
         """Replaces every engine by a fresh one (JAX cannot re-initialize in place).
 
         The session stays the same object: the fresh engines are attached to
-        it (`_attach` resets every per-cluster attribute), so whoever holds it
+        it (`_take_engines` resets every per-cluster attribute), so whoever holds it
         (a variable, the magics) keeps working. Only for sessions made by
         `start_local`; for a connected cluster, restart its engines with your
         launcher and `connect` again.
@@ -981,6 +981,6 @@ class Session(JobViewBase):
                 'and call mhnotebook.connect(...) again.'
             )
         self.stop()
-        self._attach(local.relaunch(timeout))
+        self._take_engines(local.relaunch(timeout))
         _track(self)
         return self

@@ -15,6 +15,7 @@ from multihost._checks._nonfinite import (
     NonfiniteReport,
     NonfiniteShard,
     find_nonfinite,
+    nonfinite,
 )
 from multihost._checks._replicas import ReplicaDigest, ReplicaGroup, ReplicaReport, check_replicas
 from multihost._checks._treediff import assert_equal, tree_diff
@@ -32,7 +33,7 @@ from multihost._core._collectives import (
 from multihost._core._fault import live_devices, reached_preemption_sync_point
 from multihost._debug._control import ControlClient, serve_control
 from multihost._debug._debugmodel import HostStacks, Step, StepTable, ThreadStack
-from multihost._debug._stacks import dump_stacks
+from multihost._debug._stacks import dump_stacks, where
 from multihost._debug._stepgate import (
     DEFAULT_STEP_TIMEOUT,
     release,
@@ -122,6 +123,7 @@ __all__ = [
     'install',
     'live_devices',
     'memory_census',
+    'nonfinite',
     'process_allgather',
     'reached_preemption_sync_point',
     'release',
@@ -137,4 +139,5 @@ __all__ = [
     'uninstall',
     'watch',
     'wavefront',
+    'where',
 ]

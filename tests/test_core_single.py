@@ -234,6 +234,7 @@ PUBLIC_NAMES = [
     'install',
     'live_devices',
     'memory_census',
+    'nonfinite',
     'process_allgather',
     'reached_preemption_sync_point',
     'release',
@@ -249,6 +250,7 @@ PUBLIC_NAMES = [
     'uninstall',
     'watch',
     'wavefront',
+    'where',
 ]
 
 

@@ -17,6 +17,7 @@ from mhnotebook._jobview import FEATURES, JobViewBase
 QUESTIONS = (
     'where',
     'wavefront',
+    'flight_records',
     'records',
     'timeline',
     'step_table',

@@ -13,7 +13,7 @@ import pytest
 from _helpers import magic_shell
 from IPython.utils.capture import capture_output
 
-from mhnotebook import InterruptReport, SessionInterrupted
+from mhnotebook import InterruptReport, SessionInterruptedError
 
 REPORT = InterruptReport(
     stopped=(0, 1), running=(), where=None, position=None, seconds=0.5, waited=5.0
@@ -27,7 +27,7 @@ class InterruptedSession:
 
     def __getattr__(self, name: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            raise SessionInterrupted(REPORT)
+            raise SessionInterruptedError(REPORT)
 
         return call
 
@@ -40,10 +40,12 @@ LINES = [
     '%mh_barrier ckpt',
     '%mh_layout x',
     '%mh_diff params',
+    '%mh_nonfinite grads',
     '%mh_nan grads',
     '%mh_step on',
     '%mh_step',
     '%mh_env',
+    '%mh_memory_census',
     '%mh_mem',
     '%mh_where',
     '%mh_timeline --chrome /nonexistent/dir/trace.json',

@@ -20,6 +20,7 @@ from IPython.core.error import UsageError
 # The one import of the startup functions in this room.
 from mhnotebook._cluster.connect import connect
 from mhnotebook._cluster.local import start_local
+from mhnotebook._errors import SessionTimeoutError
 from mhnotebook._magics._entry import delegate, running
 from mhnotebook._magics._options import literal, options, unquote
 from mhnotebook._session import Session
@@ -162,6 +163,8 @@ def attach(session: Session | None, args: Namespace, line: str) -> Session | Non
             coordinator=args.coordinator,
             timeout=args.timeout,
         )
+    except SessionTimeoutError:  # a TimeoutError too, but the session's own: raised as it is
+        raise
     except (OSError, TimeoutError) as exc:
         raise UsageError(
             f'cannot connect: {exc}. Pass --profile, --cluster-id or '

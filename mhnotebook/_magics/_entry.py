@@ -21,7 +21,7 @@ from mhnotebook._errors import (
     InterruptReport,
     RemoteFailure,
     SessionError,
-    SessionInterrupted,
+    SessionInterruptedError,
 )
 from mhnotebook._session import Session
 from mhnotebook._views import stacks_view
@@ -78,7 +78,7 @@ def delegate(fn: Callable[[], R]) -> R:
     """
     try:
         return fn()
-    except SessionInterrupted as exc:
+    except SessionInterruptedError as exc:
         raise _Interrupted(exc.report) from None
     except HostsError as exc:
         raise UsageError(first_error(exc)) from None

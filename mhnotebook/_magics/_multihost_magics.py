@@ -45,6 +45,9 @@ from mhnotebook._views import (
     where_view,
 )
 
+#: What a tree-taking magic's ``name`` is (`%mh_nonfinite`, under both its names).
+_TREE_NAME = "engine value (an array or any pytree): grads, state.params['embed']"
+
 
 @magics_class
 class MultihostMagics(Magics):
@@ -338,30 +341,45 @@ class MultihostMagics(Magics):
         return self.shown.replace(f'%mh_diff {name}', delegate(lambda: diff_view(session, name)))
 
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument(
-        'name', help="engine value (an array or any pytree): grads, state.params['embed']"
-    )
+    @magic_arguments.argument('name', help=_TREE_NAME)
     @line_magic
-    def mh_nan(self, line: str) -> Any:
+    def mh_nonfinite(self, line: str) -> Any:
         """Where are the NaNs? The shards holding NaN/Inf: host, device, block.
 
         Every host counts NaN and Inf in each of its shards on device (global
         arrays shard by shard, replicas included; host-local values in their
         own copy); only the offending shards' counts travel. Shows the
         offending shards, and the layout picture with their blocks marked:
-        ``%mh_nan params`` names e.g. ``['w'] block [8:12, 4:8] on
+        ``%mh_nonfinite params`` names e.g. ``['w'] block [8:12, 4:8] on
         process 2, device 5 (dev 1): 2 NaN, 0 Inf, first at (9, 6)``.
+        ``%mh_nan`` is its old name.
 
         Examples::
 
-            %mh_nan grads
-            %mh_nan state.params
+            %mh_nonfinite grads
+            %mh_nonfinite state.params
         """
-        args = magic_arguments.parse_argstring(self.mh_nan, compact_subscripts(line))
+        return self._nonfinite(self.mh_nonfinite, '%mh_nonfinite', line)
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument('name', help=_TREE_NAME)
+    @line_magic
+    def mh_nan(self, line: str) -> Any:
+        """Where are the NaNs? The old name of %mh_nonfinite.
+
+        Example::
+
+            %mh_nan grads
+        """
+        return self._nonfinite(self.mh_nan, '%mh_nan', line)
+
+    def _nonfinite(self, magic: Any, form: str, line: str) -> Any:
+        """``%mh_nonfinite`` under either name (its usage errors name the one typed)."""
+        args = magic_arguments.parse_argstring(magic, compact_subscripts(line))
         name = valid_name(args.name)
-        session = self._session('%mh_nan')
+        session = self._session(form)
         return self.shown.replace(
-            f'%mh_nan {name}', delegate(lambda: nonfinite_view(session, name))
+            f'%mh_nonfinite {name}', delegate(lambda: nonfinite_view(session, name))
         )
 
     @magic_arguments.magic_arguments()
@@ -427,21 +445,35 @@ class MultihostMagics(Magics):
 
     @magic_arguments.magic_arguments()
     @line_magic
-    def mh_mem(self, line: str) -> Any:
+    def mh_memory_census(self, line: str) -> Any:
         """Which host holds more memory, and what? Per device; arrays few hosts hold.
 
         A host x device heatmap of live-array bytes (``memory_stats()`` where
         the backend reports it), the hosts whose live bytes stand out, and the
         kinds of arrays (shape, dtype, sharding, engine names) that only some
-        hosts hold: leak candidates.
+        hosts hold: leak candidates. ``%mh_mem`` is its old name.
+
+        Example::
+
+            %mh_memory_census
+        """
+        return self._memory_census('%mh_memory_census', line)
+
+    @magic_arguments.magic_arguments()
+    @line_magic
+    def mh_mem(self, line: str) -> Any:
+        """Which host holds more memory? The old name of %mh_memory_census.
 
         Example::
 
             %mh_mem
         """
-        no_arguments(line, '%mh_mem takes no arguments.')
-        session = self._session('%mh_mem')
-        return self.shown.replace('%mh_mem', delegate(lambda: memory_view(session)))
+        return self._memory_census('%mh_mem', line)
+
+    def _memory_census(self, form: str, line: str) -> Any:
+        no_arguments(line, f'{form} takes no arguments.')
+        session = self._session(form)
+        return self.shown.replace('%mh_memory_census', delegate(lambda: memory_view(session)))
 
     @magic_arguments.magic_arguments()
     @line_magic

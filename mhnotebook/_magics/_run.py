@@ -14,11 +14,11 @@ from typing import Any, Protocol
 from IPython.core.error import UsageError
 
 from mhnotebook._errors import (
-    HostDied,
+    HostDiedError,
     HostsError,
     SessionError,
-    SessionInterrupted,
-    SessionTimeout,
+    SessionInterruptedError,
+    SessionTimeoutError,
     processes_phrase,
 )
 from mhnotebook._magics._entry import delegate, print_errors, show_interrupt
@@ -142,17 +142,17 @@ def run_cell(
     holder.background = None
     try:
         session.wait_outputs(pending, timeout=timeout, on_status=_LiveStatus())
-    except SessionTimeout as exc:
+    except SessionTimeoutError as exc:
         holder.background = pending  # %mh_wait collects it later
         print(
             f'%%mh: hosts {exc.pending} still running after {timeout:g} s '
             f'(finished: {exc.finished}); %mh_wait collects the output. Where they are:'
         )
         _show_where(session)
-    except SessionInterrupted as exc:
+    except SessionInterruptedError as exc:
         holder.background = pending if exc.report.running else None
         show_interrupt(exc.report)
-    except HostDied as exc:
+    except HostDiedError as exc:
         holder.background = pending if exc.pending else None
         print(f'%%mh: {exc}')
         print_errors(exc.failures)
@@ -166,14 +166,14 @@ def wait(holder: Holder, session: Session, *, timeout: float | None) -> None:
         raise UsageError('no %%mh cell is running in the background.')
     try:
         session.wait_outputs(holder.background, timeout=timeout)
-    except SessionTimeout as exc:
+    except SessionTimeoutError as exc:
         print(f'%mh_wait: hosts {exc.pending} still running; see %mh_where or the stepper.')
         return
-    except SessionInterrupted as exc:
+    except SessionInterruptedError as exc:
         show_interrupt(exc.report)
         if exc.report.running:
             return
-    except HostDied as exc:
+    except HostDiedError as exc:
         print(f'%mh_wait: {exc}')
         if exc.pending:
             return

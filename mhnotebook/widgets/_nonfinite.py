@@ -102,7 +102,7 @@ class NonfiniteView(View):
     """A `multihost.NonfiniteReport`: offending shards, and the layout picture with them marked.
 
     Args:
-        report: the report (``multihost.find_nonfinite(tree)``, or
+        report: the report (``multihost.nonfinite(tree)``, or
             ``session.nonfinite(name)``).
         name: what was checked, for the verdict line (e.g. the engine name).
 
@@ -116,7 +116,7 @@ class NonfiniteView(View):
 
     def __init__(self, report: NonfiniteReport, *, name: str = ''):
         expect_model(
-            'NonfiniteView', report, NonfiniteReport, 'multihost.find_nonfinite(tree) on every host'
+            'NonfiniteView', report, NonfiniteReport, 'multihost.nonfinite(tree) on every host'
         )
         self.report = report
         self.name = name

@@ -74,7 +74,7 @@ def _normalize(stacks: StacksLike) -> dict[int, HostStacks]:
         if not isinstance(s, HostStacks):
             raise TypeError(
                 'WhereView expects multihost.HostStacks (one per host, e.g. from '
-                f'multihost.dump_stacks), got {type(s).__module__}.'
+                f'multihost.where), got {type(s).__module__}.'
                 f'{type(s).__qualname__}'
             )
         out[int(p)] = s

@@ -1,6 +1,6 @@
 """Where the NaNs and Infs are: per shard, on every host, without moving the data.
 
-`find_nonfinite` screens every addressable shard where it lives (one
+`nonfinite` screens every addressable shard where it lives (one
 ``sum(x * 0)`` per shard on device, all dispatched before any is read; numpy
 values with numpy), looks closer only at the shards that fail, and shares
 their counts in one `_sequence.exchange`: every host gets the same
@@ -233,7 +233,7 @@ def _classify(
         if isinstance(x, jax.Array):
             if isinstance(x, jax.core.Tracer):
                 raise TypeError(
-                    f'leaf {path or "<value>"} is a tracer: find_nonfinite looks at concrete '
+                    f'leaf {path or "<value>"} is a tracer: nonfinite looks at concrete '
                     'arrays; call it outside jit (or use jax.debug_nans inside)'
                 )
             if not _is_float(x.dtype):
@@ -519,7 +519,7 @@ def _assemble(
 # -- the collective -------------------------------------------------------------------
 
 
-def find_nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteReport:
+def nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteReport:
     """Finds every shard holding NaN or Inf, on every host, naming its host, device and index.
 
     A collective: every host calls it with its tree and gets the same
@@ -577,3 +577,7 @@ def find_nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteRe
     )
     payloads = {p: json.loads(b) for p, b in raw.items()}
     return _assemble(payloads, leaves, n, records_per_host(n))
+
+
+#: The old name of `nonfinite` (the same function).
+find_nonfinite = nonfinite

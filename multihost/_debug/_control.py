@@ -3,7 +3,7 @@
 A notebook kernel is not a JAX process, and ipyparallel cannot run code on
 an engine whose main thread is busy (blocked in a barrier, paused at a step).
 `serve_control` starts a listener, served by daemon threads of any one JAX
-process, that answers `ControlClient` calls with `dump_stacks`,
+process, that answers `ControlClient` calls with `where`,
 `step_table`, `set_stepping`, `release` and `release_all`, whatever that
 process's main thread is doing.
 
@@ -50,9 +50,11 @@ def _info() -> dict[str, Any]:
     }
 
 
+#: The wire's command names ('stacks', 'records') stay as they were, so a client and a job of
+#: different versions still understand each other; the Python names are the features' nouns.
 _METHODS: dict[str, Callable[..., Any]] = {
     'info': _info,
-    'stacks': _stacks.dump_stacks,
+    'stacks': _stacks.where,
     'wavefront': _wavefront.wavefront,
     'records': _wavefront.flight_records,
     'step_table': _stepgate.step_table,
@@ -252,11 +254,14 @@ class ControlClient:
         """The serving process: its index, the process count, host name and OS pid."""
         return self._call('info', 0.0)
 
-    def stacks(
+    def where(
         self, timeout: float = 10.0, *, gone: Mapping[int, str] | None = None
     ) -> dict[int, HostStacks]:
-        """Every host's stacks and current collective (see `multihost.dump_stacks`)."""
+        """Every host's stacks and current collective (see `multihost.where`)."""
         return self._call('stacks', timeout, timeout=timeout, **_gone(gone))
+
+    #: The old name of `where` (the same method).
+    stacks = where
 
     def wavefront(
         self, timeout: float = 10.0, *, gone: Mapping[int, str] | None = None
@@ -264,11 +269,14 @@ class ControlClient:
         """How far every host got (see `multihost.wavefront`)."""
         return self._call('wavefront', timeout, timeout=timeout, **_gone(gone))
 
-    def records(
+    def flight_records(
         self, last: int = 200, timeout: float = 10.0, *, gone: Collection[int] = ()
     ) -> dict[int, list[FlightRecord]]:
         """Every host's last flight records (see `multihost.flight_records`)."""
         return self._call('records', timeout, last=last, timeout=timeout, **_gone(gone))
+
+    #: The old name of `flight_records` (the same method).
+    records = flight_records
 
     def step_table(self) -> StepTable:
         """The host x step table (see `multihost.step_table`)."""

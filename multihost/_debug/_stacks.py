@@ -1,7 +1,7 @@
 """Stack capture: every host's Python stacks and current collective, also from blocked hosts.
 
 Each host's debug thread (`_bus`) answers the ``stacks`` command with
-`capture`; `dump_stacks` issues it and waits, bounded, for every answer.
+`capture`; `where` issues it and waits, bounded, for every answer.
 """
 
 from __future__ import annotations
@@ -153,9 +153,7 @@ def capture(process: int | None = None) -> HostStacks:
     )
 
 
-def dump_stacks(
-    timeout: float = 10.0, *, gone: Mapping[int, str] | None = None
-) -> dict[int, HostStacks]:
+def where(timeout: float = 10.0, *, gone: Mapping[int, str] | None = None) -> dict[int, HostStacks]:
     """Every host's Python stacks and current collective, also from blocked hosts.
 
     Callable from any process and any thread, including while the main
@@ -218,3 +216,8 @@ def dump_stacks(
 
 
 _bus.register('stacks', lambda client, order: capture(_kv.process_index()).to_json())
+
+
+#: The old name of `where` (the same function): it dumps nothing, while "dump" names the dump
+#: files (`multihost run --dump-dir`).
+dump_stacks = where

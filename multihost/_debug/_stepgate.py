@@ -162,7 +162,7 @@ def step_table() -> StepTable:
         )
     records = _sequence.all_records(client)
     released = list(_kv.read_dir(client, _key('step', 'go')))
-    waiting = sorted(_kv.read_dir2(client, _key('step', 'wait')))
+    waiting = sorted(_kv.read_nested_dir(client, _key('step', 'wait')))
     on = _kv.get(client, _key('step', 'on')) == '1'
     return StepTable.build(
         records, released, _kv.process_count(), on, waiting, launches=_held_launches(client)

@@ -3,7 +3,7 @@
 The only module that talks to the coordination service of
 ``jax.distributed`` (reached through `_jax_adapter`): values and reads bounded
 by `MAX_BYTES` (larger values chunked), process indices parsed from keys in one
-place (`read_dir`), and the round (`round_`: publish, wait for every host, read
+place (`read_dir`), and the round (`run_round`: publish, wait for every host, read
 everyone's values, one verdict for all hosts). Every wait is sliced (`SLICE`)
 and has a deadline. See docs/ARCHITECTURE.md, "One key-value exchange".
 """
@@ -34,10 +34,10 @@ ACK_TIMEOUT = 2.0
 _SERVICE_GRACE = 5.0
 #: Longest interval between two looks at the verdict while waiting (seconds).
 _LOOK_MAX = 4.0
-#: The barrier wait of a patient round (`round_`'s ``patience``): the longest
+#: The barrier wait of a patient round (`run_round`'s ``patience``): the longest
 #: a blocking wait can be (int32 milliseconds, 24.8 days), i.e. as long as any job runs.
 _PATIENT_BARRIER = (2**31 - 1) / 1000
-#: Rounds among more hosts than this agree through one digest key (`round_`'s
+#: Rounds among more hosts than this agree through one digest key (`run_round`'s
 #: ``agree``); up to this many, reading every record (<= ~1 KiB) is cheaper
 #: than the digest's extra RPC on the critical path (docs/SCALE.md). The
 #: default; ``MULTIHOST_DIGEST_ABOVE`` sets it (read once, at import: `DIGEST_ABOVE`).
@@ -343,7 +343,7 @@ def read_dir(c: Any, directory: str, skip: Container[int] = ()) -> dict[int, str
     }
 
 
-def read_dir2(c: Any, directory: str) -> dict[tuple[int, int], str]:
+def read_nested_dir(c: Any, directory: str) -> dict[tuple[int, int], str]:
     """``(k, process) -> value`` of the keys ``<directory>/<k>/<process>`` (one bounded read)."""
     out = {}
     for rest, v in _listing(c, directory):
@@ -491,7 +491,7 @@ class Verdict:
 #: None when all is well, else a failure verdict made with `Verdict.failure`.
 Judge = Callable[[dict[int, str]], str | None]
 #: Adds details to a timeout verdict: (arrived values: process -> text) -> JSON-able
-#: fields (e.g. where each missing host was); `round_` adds ``arrived``,
+#: fields (e.g. where each missing host was); `run_round` adds ``arrived``,
 #: ``missing``, ``by`` and ``timeout``.
 OnTimeout = Callable[[dict[int, str]], dict[str, Any]]
 #: Told, each time another ``timeout`` passes in a patient round, who has arrived
@@ -565,7 +565,7 @@ class Round:
 
 
 def agreement(text: str) -> str:
-    """The key-safe digest of what hosts must agree on (`round_`'s ``agree``)."""
+    """The key-safe digest of what hosts must agree on (`run_round`'s ``agree``)."""
     return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
 
 
@@ -638,7 +638,7 @@ def _barrier_in_background(c: Any, name: str, seconds: float) -> _Done:
     return _Waiter.call(lambda: wait_through(c, done, seconds))
 
 
-def round_(
+def run_round(
     c: Any,
     rnd: Round,
     value: str | None,

@@ -1,6 +1,6 @@
 """The collective sequence: every core collective is numbered, recorded and checked.
 
-Collective ``k`` is one `_kv.round_`: each host publishes its record (kind,
+Collective ``k`` is one `_kv.run_round`: each host publishes its record (kind,
 name, digest, call site) in ring slot ``k mod _SLOTS``, waits at the
 collective's barrier, and judges every host's record alike; a timeout or a
 skipped collective goes through a verdict key, so the next common collective
@@ -472,7 +472,7 @@ def _take_turn(
     # Publish (also this host's arrival in the step table), pass the step
     # gate, wait for every host; every host judges everyone's records.
     try:
-        verdict, raw = _kv.round_(
+        verdict, raw = _kv.run_round(
             client,
             _round(seq),
             text,
@@ -569,7 +569,7 @@ def share(
     """A further exchange inside collective ``rec``: every host's ``value`` (process -> text).
 
     For collectives that move data after their check (`tree_diff`'s
-    fingerprints, `check_replicas`' digests): one `_kv.round_` under the
+    fingerprints, `check_replicas`' digests): one `_kv.run_round` under the
     collective's keys (cleaned up with its epoch), with the same verdict on
     every host when a host does not arrive. ``what`` names the stage in a
     timeout's message (default: ``stage``); a host missing there that is
@@ -595,7 +595,7 @@ def share(
     where = _timeout_details(client, rec, f'{rec.describe()} ({what or stage})', stage=True)
     period, patience = _patience(rec, _timeout(timeout), where)
     agree_on = value if same else agree
-    verdict, values = _kv.round_(
+    verdict, values = _kv.run_round(
         client,
         rnd,
         value,

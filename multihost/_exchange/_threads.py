@@ -7,7 +7,7 @@ number there: a named barrier is matched by its name and how many times this
 host used that name off the main thread (orbax's names are unique per call);
 any other collective by its thread's name and how many such collectives
 threads of that name entered (orbax names its threads, e.g. ``async_save``).
-Each match is one `_kv.round_` under ``mh/t/<lane hash>/<count>``, judged like
+Each match is one `_kv.run_round` under ``mh/t/<lane hash>/<count>``, judged like
 the main sequence's; each host publishes its latest call per thread under
 ``mh/th/<process>`` before waiting, so a timeout says where a missing host's
 threads are. No skip-ahead: a lane's hosts move on together, late ones raise
@@ -123,7 +123,7 @@ def enter(
         _kv.publish(client, _kv.key('th'), mine)  # where this host's threads are
         if pid == 0:
             _collect_garbage(client, rec)
-        verdict, raw = _kv.round_(
+        verdict, raw = _kv.run_round(
             client,
             _kv.Round(name=round_dir(rec), data=round_dir(rec) + '/d'),
             rec.to_json(payload),
@@ -233,7 +233,7 @@ def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTim
         + '\nOff the main thread, a barrier is matched across hosts by its name, any other '
         "collective by its thread's name and count: a host that never calls it (or calls "
         'it from a thread of another name) leaves the others waiting; look at its stack '
-        '(multihost.dump_stacks) or raise the timeout (timeout=..., or MULTIHOST_TIMEOUT).',
+        '(multihost.where) or raise the timeout (timeout=..., or MULTIHOST_TIMEOUT).',
         name=rec.name,
         timeout=timeout,
         missing=missing,

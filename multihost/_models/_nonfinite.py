@@ -1,6 +1,6 @@
 """Where the non-finite values (NaN, inf) of a pytree are, as plain data: `NonfiniteShard`,
 `NonfiniteLeaf`, `NonfiniteReport` (built by the collective
-`multihost._checks._nonfinite.find_nonfinite`).
+`multihost._checks._nonfinite.nonfinite`).
 """
 
 from __future__ import annotations
@@ -148,9 +148,9 @@ class NonfiniteLeaf:
 
 @dataclasses.dataclass(frozen=True)
 class NonfiniteReport:
-    """Which shards of a pytree hold NaN or Inf, on which hosts and devices (`find_nonfinite`).
+    """Which shards of a pytree hold NaN or Inf, on which hosts and devices (`multihost.nonfinite`).
 
-    Every host of a `find_nonfinite` call gets an equal report.
+    Every host of a `multihost.nonfinite` call gets an equal report.
 
     Attributes:
         shards: the offending shards (at most ``max_records`` per host), in

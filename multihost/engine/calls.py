@@ -201,12 +201,12 @@ def memory_census(namespace: dict[str, Any], timeout: float | None = None) -> An
 def nonfinite(
     namespace: dict[str, Any], name: str, timeout: float | None = None
 ) -> NonfiniteReport:
-    """`multihost.find_nonfinite` of engine value ``name`` (a collective: every host calls it)."""
+    """`multihost.nonfinite` of engine value ``name`` (a collective: every host calls it)."""
     import multihost
 
     with _sequence.called_from(f'notebook: %mh_nan {name}'):
         value = lookup_collective(namespace, name, 'find_nonfinite', timeout=timeout)
-        return multihost.find_nonfinite(value, timeout=timeout)
+        return multihost.nonfinite(value, timeout=timeout)
 
 
 def lookup_collective(
