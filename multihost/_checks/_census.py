@@ -4,7 +4,8 @@
 commit, digests of the user's own sources; keys that differ per host by design listed apart)
 and `memory_census` -> `MemoryCensus` (device memory, live arrays by shape, dtype and spec,
 arrays only some hosts hold, hosts whose bytes stand out). Both are collectives that move only
-what differs (`_dict_diff` on `_rowdiff`): docs/ARCHITECTURE.md, "The census".
+what differs (`_dict_diff` on `_rowdiff`): docs/ARCHITECTURE.md, "The census". The models
+live in `multihost._models._census` (re-exported here).
 """
 
 from __future__ import annotations

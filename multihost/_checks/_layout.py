@@ -6,13 +6,8 @@ index, device, process, replica id and size, plus the mesh and partition
 spec. Whether the replicas agree is `_replicas.check_replicas`
 (a collective).
 
-The model (`ShardInfo`, `LayoutBlock`, `Layout`) is plain, picklable data:
-frozen dataclasses of ints, strings and tuples. The notebook receives it from
-the engines and draws it; tests and views build it by hand (`Layout(...)` or
-`Layout.from_placements(...)`) without any device.
-
-Indices are normalized to concrete ``(start, stop)`` pairs per dimension, in
-global coordinates (a 0-d array has the empty index ``()``).
+The model (`ShardInfo`, `LayoutBlock`, `Layout`) and the index helpers live in
+`multihost._models._layout` (plain, picklable data, no jax); this module re-exports them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Where the NaNs and Infs are: per shard, on every host, without moving the data.
 
-`nonfinite` screens every addressable shard where it lives (one
-``sum(x * 0)`` per shard on device, all dispatched before any is read; numpy
-values with numpy), looks closer only at the shards that fail, and shares
-their counts in one `_sequence.exchange`: every host gets the same
-`NonfiniteReport` (plain, picklable data). See docs/ARCHITECTURE.md, "The
-census and non-finite values".
+`nonfinite` screens every addressable shard where it lives (one ``sum(x * 0)`` per shard on
+device, all dispatched before any is read; numpy values with numpy), looks closer only at the
+shards that fail, and shares their counts in one `_sequence.exchange`: every host gets the same
+`NonfiniteReport` (plain, picklable data: `multihost._models._nonfinite`). See
+docs/ARCHITECTURE.md, "The census and non-finite values".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ behaviour that JAX never reports, e.g.
 one host.
 
 `ReplicaDigest`, `ReplicaGroup` and `ReplicaReport` are plain, picklable data
-(frozen dataclasses), like the layout model they refer to.
+(frozen dataclasses, in `multihost._models._replicas`), like the layout model they refer to.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The layout of a whole pytree: one row per leaf (``%mh_layout state.params``).
 
-`TreeLayout` is plain, picklable data (frozen dataclasses of the layout and
-replica models): per leaf its path, its `Layout` (shape, dtype, spec, bytes
-per host) and, when checked, its `ReplicaReport`. `tree_layout` builds it on
-every host; with ``check`` it runs `check_replicas` once per global array leaf
-(collectives, in leaf order, so every host must call it with the same tree).
+`TreeLayout` is plain, picklable data (`multihost._models._treelayout`: frozen dataclasses of
+the layout and replica models): per leaf its path, its `Layout` (shape, dtype, spec, bytes per
+host) and, when checked, its `ReplicaReport`. `tree_layout` builds it on every host; with
+``check`` it runs `check_replicas` once per global array leaf (collectives, in leaf order, so
+every host must call it with the same tree).
 """
 
 from __future__ import annotations

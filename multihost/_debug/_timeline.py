@@ -1,8 +1,8 @@
 """The timeline: every host's flight records aligned step by step, and who arrives last.
 
-A pure model (standard library only; no device, no communication):
-`Timeline.build` aligns checked entries by sequence number, unchecked
-launches by (name, call number) and a library's own service barriers and key
+The model lives in `multihost._models._timeline` (re-exported here), a pure one (standard
+library only; no device, no communication): `Timeline.build` aligns checked entries by sequence
+number, unchecked launches by (name, call number) and a library's own service barriers and key
 waits by (kind, id, call number); `Timeline.stragglers`, `Timeline.format` and
 `Timeline.to_chrome_trace` read it. `timeline` gathers the records first
 (`_wavefront.flight_records`). See docs/ARCHITECTURE.md, "The timeline".

@@ -16,7 +16,8 @@ coordination-service barrier at orbax/...:309 in _fn (via
 sync_global_processes), ...; process 2 is in user code at train.py:88 in load,
 in time.sleep``.
 
-``records`` answers with the host's last flight records (for timelines).
+``records`` answers with the host's last flight records (for timelines). The models
+(`HostFront`, `Wavefront`, the verdict's words) live in `multihost._models._wavefront`.
 """
 
 from __future__ import annotations

@@ -461,7 +461,7 @@ def _take_turn(
     # started); with stepping on, the host marks itself waiting at the gate.
     gate = _enter_hook(client, rec) if _enter_hook is not None else None
     started = time.monotonic()
-    beside_dir = f'{_round(seq).name}/src'
+    beside_dir = f'{_round_of(seq).name}/src'
     if beside:
         if payload:  # a source: its data is there before it arrives
             _kv.publish(client, beside_dir, rec.to_json(payload))
@@ -474,7 +474,7 @@ def _take_turn(
     try:
         verdict, raw = _kv.run_round(
             client,
-            _round(seq),
+            _round_of(seq),
             text,
             timeout=period,
             judge=_judge,
@@ -495,7 +495,7 @@ def _take_turn(
         raise
 
 
-def _round(seq: int) -> _kv.Round:
+def _round_of(seq: int) -> _kv.Round:
     """Where collective ``seq``'s round lives: its barrier, its ring slot, its verdict key."""
     return _kv.Round(
         name=f'{_kv.epoch_dir(seq)}/{seq}',
@@ -547,7 +547,7 @@ def _skip_ahead(client: Any, rec: CollectiveRecord) -> tuple[int, _kv.Verdict]:
     seq = rec.seq
     while True:
         seq += 1
-        text = _kv.get(client, _round(seq).verdict_key)
+        text = _kv.get(client, _round_of(seq).verdict_key)
         if text is None:
             return seq, _kv.Verdict.parse('ok')
         _kv.collect_garbage(client, seq)  # an epoch this host jumps over is still cleaned up
