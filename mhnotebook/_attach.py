@@ -5,7 +5,7 @@ A batch job run under ``python -m multihost run --control-file PATH`` (or
 serve the control endpoint and write ``PATH`` (`multihost._job._attach`).
 `attach` reads that file and returns an `AttachedJob`: a `ControlClient` on
 the endpoint, a job view (`_jobview.JobView`) like a `Session` without
-engines (where, wavefront, records, timeline, the step table, stepping).
+engines (where, wavefront, flight_records, timeline, the step table, stepping).
 Every answer comes from the hosts' debug threads, so it works while every
 main thread is blocked; nothing changes in the job unless asked (stepping),
 and `AttachedJob.detach` leaves it running.
@@ -103,7 +103,7 @@ class AttachedJob(JobViewBase):
 
     A `JobView` (`_jobview`): the questions a `Session` answers without
     engines, through the same implementation: `where`, `wavefront`,
-    `records`, `timeline`, and the step gate (`step_table`, `stepping`,
+    `flight_records`, `timeline`, and the step gate (`step_table`, `stepping`,
     `set_stepping`, `release`, `release_all`, `moved_on`, `stop_stepping`:
     Stop lets the hosts go, never interrupts them). Hosts that died or do not
     answer are named by the answers themselves (``silent`` in the wavefront

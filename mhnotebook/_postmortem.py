@@ -3,7 +3,7 @@
 Each host of a job run with ``--dump-dir DIR`` wrote ``DIR/process-<i>.json``
 (`multihost._job._dumpfile`). `postmortem` reads them into a `PostMortem`:
 a read-only job view (`_jobview.JobView`): the same models a `Session` or
-an `AttachedJob` answers (`where`, `wavefront`, `records`, `timeline`), so
+an `AttachedJob` answers (`where`, `wavefront`, `flight_records`, `timeline`), so
 the same views (`_views.where_view`, `timeline_view`) show them, and
 `verdict` is what ``python -m multihost analyze`` prints. No cluster, no
 process is reached: the files are all, so the ``timeout`` the protocol's

@@ -203,7 +203,7 @@ def _positive_timeout(timeout: float | None, what: str = 'timeout') -> None:
 class Session(JobViewBase):
     """A set of hosts (ipyparallel engines) that each run one JAX process.
 
-    A `JobView` (`_jobview`) with every feature: where, wavefront, records,
+    A `JobView` (`_jobview`) with every feature: where, wavefront, flight_records,
     timeline and the step gate, read through process 0's control endpoint,
     plus what only engines can do (call, execute, gather, layout, diff...).
 
@@ -771,7 +771,7 @@ class Session(JobViewBase):
             self._control = ControlClient(self._control_address, self._control_key, timeout=15.0)
         return self._control
 
-    # -- the job view's hooks (`_jobview.JobViewBase`: where, wavefront, records, timeline,
+    # -- the job view's hooks (`_jobview.JobViewBase`: where, wavefront, flight_records, timeline,
     # the step gate) ---------------------------------------------------------------------------
     def _process_count(self) -> int:
         return self.num_processes
