@@ -100,8 +100,8 @@ class PostMortem(JobViewBase):
         # Every host's position at its dump (as the verdict reads it); a host without a
         # dump is silent, and why.
         from multihost import Wavefront
-        from multihost._debug._wavefront import HostFront
         from multihost._job._analyze import at_dump
+        from multihost._models._wavefront import HostFront
 
         by = {d.process: at_dump(d)[0] for d in self.dumps}
         hosts = tuple(

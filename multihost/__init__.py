@@ -7,19 +7,11 @@ sequence-checked across hosts, and barriers time out naming who is missing.
 Runs on every host (one JAX process per host); depends on jax and numpy only.
 """
 
-from multihost._checks._census import EnvDiff, MemoryCensus, env_diff, memory_census
-from multihost._checks._diffmodel import GlobalLeaf, LeafDiff, TreeDiff
-from multihost._checks._layout import Layout, LayoutBlock, ShardInfo, describe_layout
-from multihost._checks._nonfinite import (
-    NonfiniteLeaf,
-    NonfiniteReport,
-    NonfiniteShard,
-    find_nonfinite,
-    nonfinite,
-)
-from multihost._checks._replicas import ReplicaDigest, ReplicaGroup, ReplicaReport, check_replicas
+from multihost._checks._census import env_diff, memory_census
+from multihost._checks._layout import describe_layout
+from multihost._checks._nonfinite import find_nonfinite, nonfinite
+from multihost._checks._replicas import check_replicas
 from multihost._checks._treediff import assert_equal, tree_diff
-from multihost._checks._treelayout import LeafLayout, TreeLayout
 from multihost._core._arrays import (
     global_array_to_host_local_array,
     host_local_array_to_global_array,
@@ -32,7 +24,6 @@ from multihost._core._collectives import (
 )
 from multihost._core._fault import live_devices, reached_preemption_sync_point
 from multihost._debug._control import ControlClient, serve_control
-from multihost._debug._debugmodel import HostStacks, Step, StepTable, ThreadStack
 from multihost._debug._stacks import dump_stacks, where
 from multihost._debug._stepgate import (
     DEFAULT_STEP_TIMEOUT,
@@ -42,9 +33,9 @@ from multihost._debug._stepgate import (
     step_table,
     stepping_enabled,
 )
-from multihost._debug._timeline import Stragglers, Timeline, TimelineStep, timeline
+from multihost._debug._timeline import timeline
 from multihost._debug._watch import Watched, watch
-from multihost._debug._wavefront import HostFront, Wavefront, flight_records, wavefront
+from multihost._debug._wavefront import flight_records, wavefront
 from multihost._errors import (
     BarrierMismatchError,
     BarrierTimeoutError,
@@ -59,9 +50,37 @@ from multihost._errors import (
 )
 from multihost._exchange import _threads  # noqa: F401  (handles collectives off the main thread)
 from multihost._exchange._bus import start_debug_daemon
-from multihost._exchange._sequence import DEFAULT_TIMEOUT, CollectiveRecord
+from multihost._exchange._sequence import DEFAULT_TIMEOUT
 from multihost._job._install import install, uninstall
-from multihost._recorder import FlightRecord
+from multihost._models import (
+    CollectiveRecord,
+    EnvDiff,
+    FlightRecord,
+    GlobalLeaf,
+    HostFront,
+    HostStacks,
+    Layout,
+    LayoutBlock,
+    LeafDiff,
+    LeafLayout,
+    MemoryCensus,
+    NonfiniteLeaf,
+    NonfiniteReport,
+    NonfiniteShard,
+    ReplicaDigest,
+    ReplicaGroup,
+    ReplicaReport,
+    ShardInfo,
+    Step,
+    StepTable,
+    Stragglers,
+    ThreadStack,
+    Timeline,
+    TimelineStep,
+    TreeDiff,
+    TreeLayout,
+    Wavefront,
+)
 
 # The one place the version is written: pyproject.toml reads it (setuptools dynamic
 # version) and mhnotebook.__version__ returns it.

@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from multihost._checks._layout import Index, Layout, describe_layout
+from multihost._checks._layout import describe_layout
 from multihost._checks._paths import leaf_paths
 from multihost._exchange import _kv, _sequence
+from multihost._models._layout import Index, Layout
 from multihost._models._nonfinite import (  # noqa: F401  (the models live there; re-exported)
     MAX_RECORDS,
     MAX_TEXT_SHARDS,

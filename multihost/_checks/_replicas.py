@@ -20,13 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from multihost._checks._layout import (
-    Layout,
-    _is_jax_array,
-    describe_layout,
-    format_index,
-)
+from multihost._checks._layout import _is_jax_array, describe_layout
 from multihost._exchange import _kv, _sequence
+from multihost._models._layout import Layout, format_index
 from multihost._models._replicas import (  # noqa: F401  (the models live there; re-exported)
     MAX_DIGEST_DEVICES,
     MAX_TEXT_DIGESTS,

@@ -3,7 +3,7 @@
 `tree_diff` and `assert_equal`: every host fingerprints its leaves, the hosts
 compare a digest of their fingerprint lists (then the lists, through
 `_rowdiff`), and only the differing, comparable leaves are broadcast and
-compared; every host builds the same `TreeDiff` (`_diffmodel`). One function
+compared; every host builds the same `TreeDiff` (`_models._treediff`). One function
 per phase: `_fingerprint`, `_rowdiff.compare`, `_classify` (then
 `_settle_kinds` for leaves hashed by two definitions), `_compare_with_reference`,
 `_assemble`. See docs/ARCHITECTURE.md, "Tree diff".
@@ -25,11 +25,11 @@ import numpy as np
 
 from multihost._checks import _fingerprint as _kernel
 from multihost._checks import _rowdiff
-from multihost._checks._layout import Index, normalize_index
 from multihost._checks._paths import leaf_paths
 from multihost._core._collectives import broadcast_one_to_all
 from multihost._errors import HostMismatchError
 from multihost._exchange import _kv, _sequence
+from multihost._models._layout import Index, normalize_index
 from multihost._models._treediff import (  # noqa: F401  (the models live there; re-exported)
     MAX_TEXT_CHARS,
     SMALL_LEAF,

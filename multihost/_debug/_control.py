@@ -30,9 +30,10 @@ from multiprocessing.connection import (
 from typing import Any
 
 from multihost._debug import _stacks, _stepgate, _wavefront
-from multihost._debug._debugmodel import HostStacks, StepTable
-from multihost._debug._wavefront import Wavefront
 from multihost._exchange import _bus
+from multihost._models._stacks import HostStacks
+from multihost._models._steps import StepTable
+from multihost._models._wavefront import Wavefront
 from multihost._recorder import FlightRecord
 
 _HANDSHAKE_TIMEOUT = 10.0

@@ -16,9 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from multihost import _cells, _recorder
+from multihost._cells import is_cell
 from multihost._debug import _stepgate
-from multihost._debug._debugmodel import Frame, HostStacks, ThreadStack, frame_words, is_cell
 from multihost._exchange import _bus, _kv, _sequence
+from multihost._models._stacks import Frame, HostStacks, ThreadStack, frame_words
 
 MAX_FRAMES = 200
 #: The multihost package's directory (this file is in one of its rooms).

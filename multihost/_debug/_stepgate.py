@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from multihost._debug._debugmodel import HeldLaunch, StepTable
 from multihost._errors import StepTimeoutError
 from multihost._exchange import _bus, _kv, _sequence
+from multihost._models._steps import HeldLaunch, StepTable
 
 #: Default timeout (seconds) of the step gate, unless ``MULTIHOST_STEP_TIMEOUT``
 #: says otherwise: how long a host waits for a step to be released.

@@ -27,7 +27,7 @@ import numpy as np
 from multihost import _jax_adapter, _recorder, _structure
 from multihost._errors import CollectiveMismatchError, HostFailedError
 from multihost._exchange import _kv, _sequence
-from multihost._exchange._sequence import CollectiveRecord
+from multihost._models._records import CollectiveRecord
 from multihost._text import fmt_hosts, grouped_lines
 
 #: Collectives named when two hosts' programs differ: at most this many per host.

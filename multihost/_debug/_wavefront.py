@@ -32,10 +32,10 @@ from typing import Any
 
 from multihost import _recorder
 from multihost._debug import _stacks
-from multihost._debug._debugmodel import (
+from multihost._exchange import _bus, _kv
+from multihost._models._stacks import (
     stack_activity,
 )
-from multihost._exchange import _bus, _kv
 from multihost._models._wavefront import (  # noqa: F401  (the models live there; re-exported)
     MAX_GROUPS,
     HostFront,

@@ -29,7 +29,7 @@ from typing import Any
 from multihost import _recorder
 from multihost._errors import BarrierTimeoutError, CoordinatorUnreachableError
 from multihost._exchange import _kv, _sequence, _verdicts
-from multihost._exchange._sequence import CollectiveRecord
+from multihost._models._records import CollectiveRecord
 from multihost._text import fmt_hosts, grouped_lines
 
 #: Seconds after which process 0 deletes the keys of a name-matched barrier

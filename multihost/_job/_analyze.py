@@ -15,10 +15,10 @@ import dataclasses
 import sys
 from collections.abc import Iterable, Sequence
 
-from multihost._debug._debugmodel import HostStacks
-from multihost._debug._wavefront import HostFront
 from multihost._job import _cli
 from multihost._job._dumpfile import Dump, DumpFormatError, read_dirs
+from multihost._models._stacks import HostStacks
+from multihost._models._wavefront import HostFront
 from multihost._recorder import FlightRecord
 from multihost._text import failure_phrase, first_line, fmt_duration, fmt_hosts, short_site
 

@@ -33,8 +33,8 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from multihost._debug._debugmodel import HostStacks
-from multihost._debug._wavefront import HostFront
+from multihost._models._stacks import HostStacks
+from multihost._models._wavefront import HostFront
 from multihost._recorder import FlightRecord
 
 FORMAT = 'multihost-dump'

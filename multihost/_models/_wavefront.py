@@ -33,7 +33,7 @@ class HostFront:
         calls: watched function name -> how many times this host launched it.
         where: the main thread's innermost user frame, ``file:line in function``.
         activity: what the main thread's stack says it does, in words, durations
-            aside (`_debugmodel.stack_activity`): ``'waiting in a
+            aside (`_stacks.stack_activity`): ``'waiting in a
             coordination-service barrier at orbax/...:309 in _fn (via
             sync_global_processes), called from ckpt.py:12 in save'``, ``'in user
             code at train.py:88 in load, in time.sleep'``...
@@ -258,6 +258,6 @@ def _also(h: HostFront) -> str:
 
 def _display_site(where: str) -> str:
     """``/long/path/data.py:88 in load_shard`` -> ``data.py:88 in load_shard`` (a file named
-    like ours keeps its folder: `_debugmodel.display_path`)."""
+    like ours keeps its folder: `_stacks.display_path`)."""
     path, sep, rest = where.partition(':')
     return display_path(path) + sep + rest
