@@ -20,11 +20,21 @@ from collections.abc import Iterator
 from multiprocessing import AuthenticationError
 from typing import TYPE_CHECKING, Any
 
-from mhnotebook._errors import SessionError
-from mhnotebook._jobview import JobViewBase
+from mhnotebook._errors import HostsError, RemoteFailure, SessionError, processes_phrase
+from mhnotebook._jobview import FEATURES, JobViewBase
 
 if TYPE_CHECKING:
-    from multihost import ControlClient
+    from mhnotebook._transfer._gather import GatherState
+    from multihost import (
+        ControlClient,
+        EnvDiff,
+        Layout,
+        MemoryCensus,
+        NonfiniteReport,
+        ReplicaReport,
+        TreeDiff,
+        TreeLayout,
+    )
 
 #: The fields a connection file must hold.
 _FIELDS = ('address', 'port', 'key')
@@ -119,6 +129,7 @@ class AttachedJob(JobViewBase):
 
     kind = 'attached job'
     live = True
+    features = frozenset(FEATURES) | {'data'}
 
     def __init__(self, path: str, info: dict[str, Any], client: ControlClient):
         self.path = path
@@ -128,6 +139,9 @@ class AttachedJob(JobViewBase):
         self.started = info.get('started')
         self.control: ControlClient | None = client
         self._stepping = False
+        self._gathers: GatherState | None = None
+        #: The frame the data tools read (0: the innermost frame of the program; see `frames`).
+        self.frame: int | None = None
 
     def __repr__(self) -> str:
         state = 'attached' if self.control is not None else 'detached'
@@ -173,8 +187,160 @@ class AttachedJob(JobViewBase):
     def _endpoint(self) -> ControlClient:
         return self._client()
 
+    # -- the data tools, answered in each host's held frame (`multihost.engine.held`) -------
+    def frames(self, *, timeout: float = 10.0) -> dict[int, dict[str, Any]]:
+        """Each host's state and its program's frames, by process.
+
+        Every value is a dict: ``held`` (whether the main thread waits inside a
+        call of JAX, of a library or of ours: the data tools read it then),
+        ``in`` (that call, or ``'its own code'``), ``at`` (the program's innermost
+        line), and ``frames``: one dict per frame of the program, innermost first
+        (``n``, ``site``, ``names``: its locals). A frame's number is the
+        ``frame=`` of the data tools (``--frame N`` of the magics); 0 by default.
+        """
+        answers = self._ask('state', timeout=timeout)
+        return {p: {**a['state'], 'frames': a['frames']} for p, a in sorted(answers.items())}
+
+    def _ask(
+        self, op: str, *, timeout: float, processes: list[int] | None = None, **kw: Any
+    ) -> dict[int, dict[str, Any]]:
+        with self._answering():
+            try:
+                answers = self._client().inspect(op, processes=processes, timeout=timeout, **kw)
+            except RuntimeError as exc:
+                if "unknown method 'inspect'" in str(exc):
+                    raise AttachError(
+                        f'the job of {self.path} cannot answer the data tools: its multihost '
+                        'is older or not installed there (run it with `multihost run`)'
+                    ) from None
+                raise
+        wanted = list(range(self.num_processes)) if processes is None else list(processes)
+        silent = [p for p in wanted if p not in answers]
+        if silent:
+            raise SessionError(
+                f'{processes_phrase(silent)} did not answer within {timeout:g} s (gone, or '
+                'its debug thread is busy); job.where() shows what each host does'
+            )
+        return answers
+
+    def _host_call(
+        self,
+        fname: str,
+        *args: Any,
+        namespace: bool = True,
+        timeout: float = 60.0,
+        processes: list[int] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """A session's `call` for this job: engine function ``fname`` on every host, in its
+        held frame, results by process index (`mhnotebook._transfer` reaches hosts so)."""
+        del namespace  # every tool that names values reads the held frame
+        fn = fname.rsplit('.', 1)[-1]
+        answers = self._ask(
+            'call',
+            timeout=timeout,
+            processes=processes,
+            fn=fn,
+            args=(args, kwargs),
+            frame=self.frame if self._frame is None else self._frame,
+        )
+        running = {p: a['running'] for p, a in answers.items() if 'running' in a}
+        if running:
+            said = '; '.join(
+                f'process {p} at {s["at"] or "?"}' for p, s in sorted(running.items())[:4]
+            )
+            raise SessionError(
+                f'{processes_phrase(sorted(running))} running its own code, not held ({said}): '
+                'hold the job first (job.set_stepping(True) or %mh_step on: the hosts stop '
+                'before their next launch), then ask again'
+            )
+        failures = {
+            p: RemoteFailure(p, *a['error'][:3]) for p, a in answers.items() if 'error' in a
+        }
+        if failures:
+            first = next(iter(failures.values()))
+            raise HostsError(
+                f'{fn} failed on {processes_phrase(sorted(failures))}: '
+                f'{first.ename}: {first.evalue}',
+                failures,
+            )
+        return [answers[p]['ok'] for p in sorted(answers)]
+
+    _frame: int | None = None  # the frame= of the current data call (else `frame`)
+
+    @contextlib.contextmanager
+    def _in_frame(self, frame: int | None) -> Iterator[None]:
+        if frame is not None and (not isinstance(frame, int) or frame < 0):
+            raise ValueError(f'frame must be a frame number >= 0 (see job.frames()), got {frame!r}')
+        self._frame = frame
+        try:
+            yield
+        finally:
+            self._frame = None
+
+    def _one(self, fname: str, *args: Any, timeout: float, frame: int | None) -> Any:
+        with self._in_frame(frame):
+            return self._host_call(fname, *args, timeout=timeout)[0]
+
+    def allgather(
+        self,
+        name: str,
+        *,
+        timeout: float = 600.0,
+        max_bytes: int | None = None,
+        frame: int | None = None,
+    ) -> Any:
+        """The global value ``name`` names in the hosts' held frames, as numpy (see
+        `Session.allgather`: the same name syntax, cuts and ``max_bytes``); each host
+        streams its blocks to this notebook over TCP."""
+        from mhnotebook._transfer._gather import GatherState, allgather
+
+        if self._gathers is None:
+            address = self._client().address
+            self._gathers = GatherState(f'tcp://{address[0]}:{address[1]}')
+        with self._in_frame(frame):
+            return allgather(
+                self._host_call,
+                name,
+                machines=[f'attached-{p}' for p in range(self.num_processes)],
+                state=self._gathers,
+                timeout=timeout,
+                transport='tcp',
+                progress=False,
+                max_bytes=max_bytes,
+            )
+
+    def layout(
+        self, name: str, *, check: bool = True, timeout: float = 120.0, frame: int | None = None
+    ) -> tuple[Layout | TreeLayout, ReplicaReport | None]:
+        """(`multihost.Layout`, `multihost.ReplicaReport` or None) of ``name`` in the held
+        frames, as `Session.layout` gives it (a pytree: its `TreeLayout`, None)."""
+        return self._one('multihost.engine.layout', name, check, timeout=timeout, frame=frame)
+
+    def diff(self, name: str, *, timeout: float = 120.0, frame: int | None = None) -> TreeDiff:
+        """`multihost.TreeDiff` of ``name`` across hosts, in their held frames."""
+        return self._one('multihost.engine.diff', name, timeout, timeout=timeout, frame=frame)
+
+    def nonfinite(
+        self, name: str, *, timeout: float = 120.0, frame: int | None = None
+    ) -> NonfiniteReport:
+        """`multihost.NonfiniteReport` of ``name`` in the held frames: which shards hold
+        NaN or Inf, on which host and device."""
+        return self._one('multihost.engine.nonfinite', name, timeout, timeout=timeout, frame=frame)
+
+    def env_diff(self, *, timeout: float = 120.0) -> EnvDiff:
+        """`multihost.EnvDiff` of the job's hosts."""
+        return self._one('multihost.engine.env_diff', timeout, timeout=timeout, frame=None)
+
+    def memory_census(self, *, timeout: float = 120.0, frame: int | None = None) -> MemoryCensus:
+        """`multihost.MemoryCensus` of the job's hosts, arrays named by the held frames."""
+        return self._one('multihost.engine.memory_census', timeout, timeout=timeout, frame=frame)
+
     def detach(self) -> None:
         """Closes the connection (idempotent); the job goes on, stepping as it was left."""
+        if self._gathers is not None:
+            self._gathers.close()
+            self._gathers = None
         if self.control is not None:
             self.control.close()
             self.control = None

@@ -300,6 +300,11 @@ def _key(obj: Any, key: Any, where: str, full: str) -> Any:
     )
 
 
+#: Keys a namespace may hold to name itself in a missing name's message (``'in frame 0
+#: (train.py:93 in train)'``) and to say what helps there (`multihost.engine.held`).
+HELD_PLACE, HELD_HINT = '__mh_place__', '__mh_hint__'
+
+
 def resolve(
     namespace: Mapping[str, Any], text: str, *, cuts: bool = False
 ) -> tuple[Any, tuple[int | slice, ...] | None]:
@@ -319,10 +324,12 @@ def resolve(
     full = format_steps(head, steps)
     if head not in namespace:
         mine = [k for k in namespace if isinstance(k, str) and not k.startswith('_')]
-        raise BadName(
-            f'name {head!r} is not defined on this engine{_suggest(head, mine) or "."} '
-            'Define it in a %%mh cell first (every host runs the cell).'
+        # A held frame's namespace (`engine.held`) says where it is and what helps there.
+        place = namespace.get(HELD_PLACE, 'on this engine')
+        hint = namespace.get(
+            HELD_HINT, 'Define it in a %%mh cell first (every host runs the cell).'
         )
+        raise BadName(f'name {head!r} is not defined {place}{_suggest(head, mine) or "."} {hint}')
     obj = namespace[head]
     for i, step in enumerate(steps):
         where = format_steps(head, steps[:i])

@@ -63,6 +63,18 @@ _METHODS: dict[str, Callable[..., Any]] = {
     'release': _stepgate.release,
     'release_all': _stepgate.release_all,
 }
+_BUILTIN = frozenset(_METHODS)
+
+
+def register_method(name: str, fn: Callable[..., Any]) -> None:
+    """Adds endpoint method ``name`` (a room above this one serves it: `engine.held`)."""
+    _METHODS[name] = fn
+
+
+def unregister_method(name: str) -> None:
+    """Removes a method `register_method` added (the built-in ones stay)."""
+    if name not in _BUILTIN:
+        _METHODS.pop(name, None)
 
 
 def _set_io_timeout(conn: Connection, seconds: float | None) -> None:
@@ -294,6 +306,33 @@ class ControlClient:
     def release_all(self, *, timeout: float = 10.0) -> tuple[int, ...]:
         """Stepping off, every waiting step released (see `multihost.release_all`)."""
         return self._call('release_all', timeout, timeout=timeout)
+
+    def inspect(
+        self,
+        op: str,
+        *,
+        fn: str = '',
+        args: Any = ((), {}),
+        frame: int | None = None,
+        processes: list[int] | None = None,
+        timeout: float = 60.0,
+    ) -> dict[int, dict[str, Any]]:
+        """Every host's answer from its held frame (see `multihost.engine.held.inspect`).
+
+        Needs a job installed with `multihost.install` (``multihost run``): its hosts
+        answer the data tools of `mhnotebook.AttachedJob` from their debug threads.
+        """
+        wait = timeout + 25.0 if op == 'call' else timeout + 5.0
+        return self._call(
+            'inspect',
+            wait,
+            op=op,
+            fn=fn,
+            args=args,
+            frame=frame,
+            processes=processes,
+            timeout=timeout,
+        )
 
     def close(self) -> None:
         """Closes the connection (idempotent; the next call reconnects)."""

@@ -51,6 +51,11 @@ def register(
         _ON_START.append(on_start)
 
 
+def unregister(cmd: str) -> None:
+    """Forgets what command ``cmd`` does (a thread then answers it ``{"unknown": cmd}``)."""
+    _HANDLERS.pop(cmd, None)
+
+
 def _key(*parts: object) -> str:
     return _kv.key(*parts)
 

@@ -40,6 +40,7 @@ PATCHERS: tuple[str, ...] = (
     'multihost._job._service',
     'multihost._job._attach',
     'multihost._job._fate',
+    'multihost.engine.held',  # every host answers an attached notebook's data tools
 )
 
 #: JAX's public functions that become ours: name -> (ours, whether it waits in

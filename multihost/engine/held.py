@@ -1,0 +1,276 @@
+"""The data tools on a job the notebook did not start, answered in each host's held frame.
+
+An attached job (`mhnotebook.attach`) has no ipyparallel engines: its hosts'
+main threads run the user's script. When they are held (at the step gate,
+before a recorded launch, in a checked collective or barrier, in a
+library's wait), each host's debug thread answers `%mh_allgather`,
+`%mh_layout`, `%mh_diff`, `%mh_nan`, `%mh_env` and `%mh_mem` with the same
+engine functions a session's engines run (`multihost.engine`), over the
+namespace of the main thread's *held frame*: the innermost frame of the
+script (a frame of another library, of JAX or of ours is skipped), its
+locals over its module's globals; `frames` lists the script's frames and a
+frame number picks another. Names are parsed, never evaluated, as in every
+magic.
+
+The tool runs on a thread of its own named ``multihost-inspect-<tag>``, the
+tag the same on every host (the command's), so the collectives it makes
+(replica checks, tree diffs) form a lane of their own (`_exchange._threads`)
+and never take a number in the main thread's collective sequence. Bulk data
+(a gather) streams from each host to the notebook over TCP, never through
+the coordination service.
+
+Process 0's control endpoint (`serve_control`) serves the method
+``inspect``: one bus command (`_bus`) to every debug thread, whose replies
+(pickled, base64 in JSON) it returns by process. Only the functions in
+`TOOLS` can be asked for: the control key grants inspection, not running
+code.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import secrets
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from multihost import _names
+from multihost._debug import _control, _stacks
+from multihost._exchange import _bus
+from multihost.engine import calls, gather
+
+__all__ = ['TOOLS', 'inspect', 'patch', 'script_frames', 'unpatch']
+
+#: The engine functions an attached notebook may run in a held frame: name ->
+#: (function, whether its first argument is the held frame's namespace).
+TOOLS: dict[str, tuple[Callable[..., Any], bool]] = {
+    'gather_meta': (gather.gather_meta, True),
+    'gather_send': (gather.gather_send, True),
+    'gather_local': (gather.gather_local, True),
+    'layout': (calls.layout, True),
+    'diff': (calls.diff, True),
+    'nonfinite': (calls.nonfinite, True),
+    'memory_census': (calls.memory_census, True),
+    'env_diff': (calls.env_diff, False),
+}
+
+#: Seconds the debug thread waits for a tool beyond the tool's own timeout.
+_MARGIN_S = 10.0
+#: Names of a frame's locals listed by `frames` (the rest counted).
+_MAX_NAMES = 40
+
+
+def _encode(value: Any) -> str:
+    return base64.b64encode(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).decode()
+
+
+def _decode(text: str) -> Any:
+    return pickle.loads(base64.b64decode(text))
+
+
+def _main_stack() -> list[FrameType]:
+    """The main thread's frames, innermost first (empty when it has none, at exit)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    out = []
+    while frame is not None:
+        out.append(frame)
+        frame = frame.f_back
+    return out
+
+
+def _is_script(filename: str, internal: tuple[tuple[str, ...], str]) -> bool:
+    """Whether ``filename`` is the user's program: not ours, JAX's, a library's or Python's."""
+    if filename.startswith('<'):
+        return False
+    path = os.path.abspath(filename)
+    packages, stdlib = internal
+    if path.startswith(packages) or path.startswith(stdlib):
+        return False
+    return not any(d in path for d in (os.sep + 'site-packages' + os.sep, 'dist-packages'))
+
+
+def script_frames() -> list[FrameType]:
+    """The main thread's frames in the user's program, innermost first (frame 0 is held)."""
+    internal = _stacks.internal_dirs()
+    return [f for f in _main_stack() if _is_script(f.f_code.co_filename, internal)]
+
+
+def _site(frame: FrameType) -> str:
+    code = frame.f_code
+    return f'{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}'
+
+
+def _state() -> dict[str, Any]:
+    """Whether the main thread is held (inside a call of ours, JAX's or a library's) or
+    running the program's own code, and where: ``{'held': bool, 'at': str, 'in': str}``."""
+    stack = _main_stack()
+    if not stack:
+        return {'held': False, 'at': '', 'in': 'no main thread (the process is ending)'}
+    internal = _stacks.internal_dirs()
+    script = [f for f in stack if _is_script(f.f_code.co_filename, internal)]
+    at = _site(script[0]) if script else ''
+    if _is_script(stack[0].f_code.co_filename, internal):
+        return {'held': False, 'at': at, 'in': 'its own code'}
+    # The call it waits in: the innermost frame outside Python's own library (a threading
+    # wait says little; the step gate, barrier or library call that waits says it all).
+    stdlib = internal[1]
+    inner = next((f for f in stack if not f.f_code.co_filename.startswith(stdlib)), stack[0])
+    module = inner.f_globals.get('__name__', '') or os.path.basename(inner.f_code.co_filename)
+    return {'held': True, 'at': at, 'in': f'{module}.{inner.f_code.co_name}'}
+
+
+def _frames_info() -> list[dict[str, Any]]:
+    out = []
+    for n, frame in enumerate(script_frames()):
+        names = sorted(k for k in frame.f_locals if not k.startswith('__'))
+        out.append(
+            {
+                'n': n,
+                'site': _site(frame),
+                'file': frame.f_code.co_filename,
+                'names': names[:_MAX_NAMES],
+                'more': max(0, len(names) - _MAX_NAMES),
+            }
+        )
+    return out
+
+
+def _namespace(frame_no: int | None) -> dict[str, Any]:
+    """The held frame's names: its module's globals, then its locals over them."""
+    frames = script_frames()
+    n = 0 if frame_no is None else int(frame_no)
+    if not frames:
+        raise gather.GatherError(
+            'the main thread is in no frame of the program (it has not started or is ending)'
+        )
+    if not 0 <= n < len(frames):
+        raise gather.GatherError(
+            f'no frame {n}: the program has {len(frames)} frames here (0 = '
+            f'{_site(frames[0])}, innermost); see job.frames()'
+        )
+    frame = frames[n]
+    namespace = dict(frame.f_globals)
+    if frame.f_locals is not frame.f_globals:
+        namespace.update(frame.f_locals)
+    namespace[_names.HELD_PLACE] = f'in frame {n} ({_site(frame)})'
+    outer = f'; frame {n + 1} is {_site(frames[n + 1])}' if n + 1 < len(frames) else ''
+    namespace[_names.HELD_HINT] = (
+        f'job.frames() lists every frame and its names{outer} (frame=N, --frame N)'
+    )
+    return namespace
+
+
+def _run_tool(order: dict[str, Any]) -> dict[str, Any]:
+    """Runs the ordered tool on a thread named for the command (its lane), bounded."""
+    name = order.get('fn')
+    if name not in TOOLS:
+        return {'error': ['ValueError', f'no tool {name!r}; known: {sorted(TOOLS)}', '']}
+    fn, takes_namespace = TOOLS[name]
+    args, kwargs = _decode(order['args']) if order.get('args') else ((), {})
+    timeout = float(order.get('seconds') or 60.0)
+    result: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            if takes_namespace:
+                value = fn(_namespace(order.get('frame')), *args, **kwargs)
+            else:
+                value = fn(*args, **kwargs)
+            result['ok'] = _encode(value)
+        except BaseException as exc:  # sent back, named by host
+            result['error'] = [type(exc).__name__, str(exc), traceback.format_exc()]
+
+    tag = str(order.get('tag', 'x'))[:32]
+    thread = threading.Thread(target=work, name=f'multihost-inspect-{tag}', daemon=True)
+    thread.start()
+    thread.join(timeout + _MARGIN_S)
+    if thread.is_alive():
+        why = f'{name} did not finish within {timeout + _MARGIN_S:g} s'
+        return {'error': ['TimeoutError', why, '']}
+    return result
+
+
+def _handle(client: Any, order: dict[str, Any]) -> str:
+    """The bus command ``inspect`` on this host's debug thread."""
+    only = order.get('only')
+    from multihost._exchange import _kv
+
+    if only is not None and _kv.process_index() not in only:
+        return json.dumps({'skipped': True})
+    op = order.get('op')
+    if op == 'state':
+        return json.dumps({'state': _state(), 'frames': _frames_info()})
+    if op == 'call':
+        state = _state()
+        if not state['held'] and not order.get('running_ok'):
+            return json.dumps({'running': state})
+        return json.dumps(_run_tool(order))
+    return json.dumps({'error': ['ValueError', f'unknown inspect op {op!r}', '']})
+
+
+def inspect(
+    op: str,
+    *,
+    fn: str = '',
+    args: Any = ((), {}),
+    frame: int | None = None,
+    processes: list[int] | None = None,
+    timeout: float = 60.0,
+    running_ok: bool = False,
+) -> dict[int, dict[str, Any]]:
+    """Process 0's control method: asks every host's debug thread (`_handle`), by process.
+
+    ``op``: ``'state'`` (held or running, where, and the program's frames) or
+    ``'call'`` (tool ``fn`` with ``args`` = (positional, keyword) in frame
+    ``frame``). Each host's answer is a dict: ``{'ok': value}``, ``{'error':
+    [type, message, traceback]}``, ``{'running': state}`` (not held: nothing
+    was run), ``{'state': ..., 'frames': [...]}``; a host that did not answer
+    in time is absent.
+    """
+    client = _bus.distributed()
+    if client is None:
+        raise RuntimeError('inspect needs a multi-process JAX job (jax.distributed)')
+    params: dict[str, Any] = {
+        'op': op,
+        'fn': fn,
+        'args': _encode(args) if op == 'call' else '',
+        'frame': frame,
+        'seconds': float(timeout),
+        'tag': secrets.token_hex(6),
+        'running_ok': bool(running_ok),
+    }
+    if processes is not None:
+        params['only'] = sorted(int(p) for p in processes)
+    wait = (timeout + 2 * _MARGIN_S) if op == 'call' else timeout
+    replies, _ = _bus.command(client, 'inspect', wait, **params)
+    out: dict[int, dict[str, Any]] = {}
+    for p, raw in replies.items():
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = {'error': ['ValueError', f'unreadable reply {raw[:80]!r}', '']}
+        if answer.get('skipped'):
+            continue
+        if 'ok' in answer:
+            answer['ok'] = _decode(answer['ok'])
+        out[int(p)] = answer
+    return out
+
+
+def patch(options: Any) -> None:
+    """An install patcher (`_job._install.PATCHERS`): every host answers ``inspect``."""
+    del options
+    _bus.register('inspect', _handle)
+    _control.register_method('inspect', inspect)
+
+
+def unpatch() -> None:
+    """Undoes `patch` (a host no longer answers ``inspect``)."""
+    _bus.unregister('inspect')
+    _control.unregister_method('inspect')
