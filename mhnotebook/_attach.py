@@ -21,7 +21,7 @@ from multiprocessing import AuthenticationError
 from typing import TYPE_CHECKING, Any
 
 from mhnotebook._errors import HostsError, RemoteFailure, SessionError, processes_phrase
-from mhnotebook._jobview import FEATURES, JobViewBase
+from mhnotebook._jobview import JobViewBase
 
 if TYPE_CHECKING:
     from mhnotebook._transfer._gather import GatherState
@@ -129,7 +129,6 @@ class AttachedJob(JobViewBase):
 
     kind = 'attached job'
     live = True
-    features = frozenset(FEATURES) | {'data'}
 
     def __init__(self, path: str, info: dict[str, Any], client: ControlClient):
         self.path = path
@@ -269,17 +268,28 @@ class AttachedJob(JobViewBase):
     _frame: int | None = None  # the frame= of the current data call (else `frame`)
 
     @contextlib.contextmanager
-    def _in_frame(self, frame: int | None) -> Iterator[None]:
-        if frame is not None and (not isinstance(frame, int) or frame < 0):
+    def in_frame(self, frame: int | None) -> Iterator[AttachedJob]:
+        """The data tools read frame ``frame`` (see `frames`) inside the block; None: as
+        before (``job.frame``, 0 unless set)."""
+        if frame is None:
+            yield self
+            return
+        if not isinstance(frame, int) or isinstance(frame, bool) or frame < 0:
             raise ValueError(f'frame must be a frame number >= 0 (see job.frames()), got {frame!r}')
-        self._frame = frame
+        before, self._frame = self._frame, frame
         try:
-            yield
+            yield self
         finally:
-            self._frame = None
+            self._frame = before
+
+    #: A session's `call` (`mhnotebook._views` reaches hosts through it).
+    def call(self, fname: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Runs data tool ``fname`` (``'multihost.engine.gather_local'``...) on every host in
+        its held frame; results by process (only the tools `multihost.engine.held.TOOLS`)."""
+        return self._host_call(fname, *args, **kwargs)
 
     def _one(self, fname: str, *args: Any, timeout: float, frame: int | None) -> Any:
-        with self._in_frame(frame):
+        with self.in_frame(frame):
             return self._host_call(fname, *args, timeout=timeout)[0]
 
     def allgather(
@@ -298,7 +308,7 @@ class AttachedJob(JobViewBase):
         if self._gathers is None:
             address = self._client().address
             self._gathers = GatherState(f'tcp://{address[0]}:{address[1]}')
-        with self._in_frame(frame):
+        with self.in_frame(frame):
             return allgather(
                 self._host_call,
                 name,

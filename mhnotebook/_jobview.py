@@ -33,14 +33,29 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from mhnotebook._errors import SessionError
 
 if TYPE_CHECKING:
-    from multihost import ControlClient, FlightRecord, HostStacks, StepTable, Timeline, Wavefront
+    from multihost import (
+        ControlClient,
+        EnvDiff,
+        FlightRecord,
+        HostStacks,
+        Layout,
+        MemoryCensus,
+        NonfiniteReport,
+        ReplicaReport,
+        StepTable,
+        Timeline,
+        TreeDiff,
+        TreeLayout,
+        Wavefront,
+    )
 
 __all__ = [
+    'DataView',
     'FEATURES',
     'JobView',
     'JobViewBase',
@@ -54,8 +69,10 @@ log = logging.getLogger('mhnotebook')
 #: The features a job view may have, by the methods that need them:
 #: ``'where'``, ``'wavefront'``, ``'flight_records'`` (and `JobView.timeline`, built
 #: from them) read; ``'step'`` is the step gate (`JobView.step_table`,
-#: `set_stepping`, `release`, `release_all`, `moved_on`, `stop_stepping`).
-FEATURES = ('where', 'wavefront', 'flight_records', 'step')
+#: `set_stepping`, `release`, `release_all`, `moved_on`, `stop_stepping`); ``'data'`` are
+#: the data tools of a `DataView` (`allgather`, `layout`, `diff`, `nonfinite`, `env_diff`,
+#: `memory_census`), answered by live hosts.
+FEATURES = ('where', 'wavefront', 'flight_records', 'step', 'data')
 #: Features' old names `JobView.supports` still takes.
 OLD_FEATURES = {'records': 'flight_records'}
 
@@ -133,6 +150,35 @@ class JobView(Protocol):
     def moved_on(self, before: StepTable, timeout: float = 3.0) -> StepTable: ...
 
     def stop_stepping(self) -> StepTable: ...
+
+
+@runtime_checkable
+class DataView(JobView, Protocol):
+    """A job view whose hosts answer the data tools (feature ``'data'``): a `Session`
+    (its engines) and an `AttachedJob` (each host's held frame); the data views
+    (`mhnotebook._views`: layout, diff, non-finite, env, memory) take one. A post-mortem
+    has none: its hosts are gone.
+    """
+
+    def call(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Runs an engine function (``'multihost.engine.gather_local'``...) on the hosts."""
+        ...
+
+    def allgather(
+        self, name: str, *, timeout: float = 600.0, max_bytes: int | None = None
+    ) -> Any: ...
+
+    def layout(
+        self, name: str, *, check: bool = True, timeout: float = 120.0
+    ) -> tuple[Layout | TreeLayout, ReplicaReport | None]: ...
+
+    def diff(self, name: str, *, timeout: float = 120.0) -> TreeDiff: ...
+
+    def nonfinite(self, name: str, *, timeout: float = 120.0) -> NonfiniteReport: ...
+
+    def env_diff(self, *, timeout: float = 120.0) -> EnvDiff: ...
+
+    def memory_census(self, *, timeout: float = 120.0) -> MemoryCensus: ...
 
 
 def _check_timeout(timeout: float) -> float:

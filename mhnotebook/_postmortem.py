@@ -43,7 +43,7 @@ class PostMortem(JobViewBase):
     """
 
     kind: ClassVar[str] = 'post-mortem'
-    features: ClassVar[frozenset[str]] = frozenset(FEATURES) - {'step'}
+    features: ClassVar[frozenset[str]] = frozenset(FEATURES) - {'step', 'data'}
     live: ClassVar[bool] = False
 
     directories: tuple[str, ...]
@@ -83,6 +83,12 @@ class PostMortem(JobViewBase):
 
     def _unsupported(self, feature: str) -> str:
         dirs = ', '.join(self.directories)
+        if feature == 'data':
+            return (
+                f'a post-mortem reads the dump files in {dirs}; its hosts are gone with their '
+                "values, so it has nothing to gather, lay out or compare; to inspect a job's "
+                'values, attach to it while it runs: mhnotebook.attach(PATH)'
+            )
         return (
             f'a post-mortem is read-only: it reads the dump files in {dirs} and reaches no host, '
             'so it cannot step; to step a running job, attach to it: mhnotebook.attach(PATH), '

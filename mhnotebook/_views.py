@@ -1,7 +1,8 @@
 """Widgets for a job: each function takes a job view, asks it for models, returns a view.
 
 The where, timeline and stepper views take any `JobView` (a `Session`, an
-`AttachedJob`, a `PostMortem`: `_jobview`); the data views take a `Session`.
+`AttachedJob`, a `PostMortem`: `_jobview`); the data views take a `DataView` (a
+`Session`, or an `AttachedJob` whose hosts answer from their held frames).
 
 The views themselves (`mhnotebook.widgets`) are pure functions of the models;
 this module only fetches the models and wires the views' callbacks (refresh,
@@ -13,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mhnotebook._jobview import JobView
-from mhnotebook._session import Session
+from mhnotebook._jobview import DataView, JobView
 from mhnotebook._transfer._gather import host_copy
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def check_axes(name: str, shape: tuple[int, ...], axes: Any) -> tuple[int, ...] 
 
 
 def layout_view(
-    session: Session, name: str, *, values: bool = True, axes: Any = None
+    session: DataView, name: str, *, values: bool = True, axes: Any = None
 ) -> LayoutView | TreeLayoutView:
     """A `LayoutView` of engine array ``name``: blocks by host, replicas checked.
 
@@ -161,14 +161,14 @@ def layout_view(
     return LayoutView(layout, report, data, axes=axes)
 
 
-def diff_view(session: Session, name: str) -> TreeDiffView:
+def diff_view(session: DataView, name: str) -> TreeDiffView:
     """A `TreeDiffView` of engine value ``name`` across hosts."""
     from mhnotebook.widgets import TreeDiffView
 
     return TreeDiffView(session.diff(name))
 
 
-def nonfinite_view(session: Session, name: str) -> NonfiniteView:
+def nonfinite_view(session: DataView, name: str) -> NonfiniteView:
     """A `NonfiniteView` of engine value ``name``: its shards holding NaN or Inf, marked."""
     from mhnotebook.widgets import NonfiniteView
 
@@ -197,14 +197,14 @@ def where_view(session: JobView, *, timeout: float = 10.0) -> WhereView:
     )
 
 
-def env_view(session: Session) -> EnvView:
+def env_view(session: DataView) -> EnvView:
     """An `EnvView`: what differs between the hosts' environments."""
     from mhnotebook.widgets import EnvView
 
     return EnvView(session.env_diff())
 
 
-def memory_view(session: Session) -> MemoryView:
+def memory_view(session: DataView) -> MemoryView:
     """A `MemoryView`: device and live-array memory per host, what only some hosts hold."""
     from mhnotebook.widgets import MemoryView
 

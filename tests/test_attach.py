@@ -161,9 +161,14 @@ def test_the_magics_act_on_the_attached_job_and_refuse_to_run_code(job):
         assert type(view).__name__ == 'WhereView'
         assert 'process 2 is not there' in str(view.verdict), view.verdict
         assert type(ip.run_line_magic('mh_step', '')).__name__ == 'StepperView'
-        for line in ('mh_diff', 'mh_allgather', 'mh_layout'):
-            with pytest.raises(UsageError, match='attached to a job started outside the notebook'):
+        # The data magics read the held hosts' frames; process 2 is in its own code (a
+        # sleep), so they say so, naming it, and how to hold it.
+        for line in ('mh_diff', 'mh_allgather', 'mh_layout', 'mh_nonfinite'):
+            with pytest.raises(UsageError, match='process 2 running its own code, not held') as e:
                 ip.run_line_magic(line, 'state')
+            assert 'set_stepping(True)' in str(e.value) and '\n' not in str(e.value)
+        with pytest.raises(UsageError, match='--frame is for an attached job|N >= 0'):
+            ip.run_line_magic('mh_diff', 'state --frame -1')
         with pytest.raises(UsageError, match='%mh_detach'):
             ip.run_cell_magic('mh', '', 'print(1)')
     finally:
@@ -197,6 +202,7 @@ def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_runni
         time.sleep(1.0)
         still = j.step_table().launches
         assert [(h.process, h.n) for h in still] == [(h.process, h.n) for h in held]  # held
+        _the_data_tools_read_the_held_frames(j)
         assert j.release() == ()
         before = {(h.process, h.n) for h in held}
         _until(
@@ -218,6 +224,62 @@ def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_runni
     with pytest.raises(mhnotebook.AttachError, match='is gone') as gone:
         mhnotebook.attach(job['control'], timeout=5.0)
     assert job['control'] in str(gone.value) and '\n' not in str(gone.value)
+
+
+def _the_data_tools_read_the_held_frames(j: mhnotebook.AttachedJob) -> None:
+    """Held before train_step: every data tool answers from the loop's frame (issue 29)."""
+    import numpy as np
+    from _flax_program import LOCAL_BATCH, SEQ, VOCAB
+    from _helpers import magic_shell
+
+    import multihost
+
+    frames = j.frames()
+    for p in range(N):
+        assert frames[p]['held'] and frames[p]['at'] == f'_flax_job.py:{_step_line()} in train'
+        assert frames[p]['frames'][0]['site'] == frames[p]['at']
+        assert {'state', 'batch', 'step'} <= set(frames[p]['frames'][0]['names'])
+    steps = j.allgather('step')  # a host-local int: one row per process
+    assert steps.tolist() == [steps[0]] * N
+    tokens = j.allgather("batch['tokens']")  # the global batch, each host's block streamed
+    want = np.concatenate(
+        [
+            np.random.default_rng(1000 * int(steps[0]) + p).integers(
+                0, VOCAB, size=(LOCAL_BATCH, SEQ + 1), dtype=np.int32
+            )[:, :-1]
+            for p in range(N)
+        ]
+    )
+    np.testing.assert_array_equal(tokens, want)
+    assert np.asarray(j.allgather("batch['tokens'][::2, :3]")).shape == (want.shape[0] // 2, 3)
+    layout, report = j.layout('state.params')
+    assert isinstance(layout, multihost.TreeLayout) and report is None and layout.leaves
+    one, replicas = j.layout("batch['tokens']")
+    assert isinstance(one, multihost.Layout) and one.shape == want.shape
+    assert sorted(one.processes) == list(range(N))
+    diff = j.diff('state.params')
+    assert diff.ok and not diff.odd_processes, diff
+    assert j.nonfinite('state.params').ok
+    assert j.env_diff().ok
+    assert 'memory of 3 hosts' in str(j.memory_census())
+    with pytest.raises(mhnotebook.SessionError, match=r"'stat' is not defined in frame 0") as e:
+        j.allgather('stat.params')
+    assert "did you mean 'state'?" in str(e.value) and 'job.frames()' in str(e.value)
+    with pytest.raises(mhnotebook.SessionError, match='not defined in frame 1'):
+        j.allgather('batch', frame=1)  # main(): the loop's locals are not there
+    # The magics, in a real IPython shell, act on the attached job.
+    ip, _ = magic_shell(None)
+    ip.run_line_magic('mh_attach', j.path)
+    try:
+        ip.run_line_magic('mh_allgather', "batch['tokens'] -o toks")
+        np.testing.assert_array_equal(ip.user_ns['toks'], want)
+        assert type(ip.run_line_magic('mh_layout', 'state.params')).__name__ == 'TreeLayoutView'
+        assert type(ip.run_line_magic('mh_diff', 'state.params --frame 0')).__name__ == (
+            'TreeDiffView'
+        )
+        assert type(ip.run_line_magic('mh_nan', 'state.params')).__name__ == 'NonfiniteView'
+    finally:
+        ip.run_line_magic('mh_detach', '')
 
 
 def _step_line() -> int:

@@ -11,7 +11,7 @@ import pytest
 
 import mhnotebook
 from mhnotebook import AttachedJob, AttachError, JobView, PostMortem, Session, UnsupportedError
-from mhnotebook._jobview import FEATURES, JobViewBase
+from mhnotebook._jobview import FEATURES, DataView, JobViewBase
 
 #: The protocol's questions; each is written once, in `JobViewBase`.
 QUESTIONS = (
@@ -48,9 +48,10 @@ def test_the_three_views_share_one_implementation():
 def test_features_say_what_each_view_can_do():
     """Live views step; a post-mortem reads only; an unknown feature is named."""
     assert Session.features == AttachedJob.features == frozenset(FEATURES)
-    assert PostMortem.features == frozenset(FEATURES) - {'step'}
+    assert PostMortem.features == frozenset(FEATURES) - {'step', 'data'}
     job = AttachedJob('/x/control.json', {'num_processes': 3}, None)  # type: ignore[arg-type]
-    assert job.supports('step') and job.supports('where')
+    assert job.supports('step') and job.supports('where') and job.supports('data')
+    assert isinstance(job, DataView) and not hasattr(PostMortem, 'allgather')
     with pytest.raises(ValueError, match="unknown feature 'steps'; one of where, wavefront"):
         job.supports('steps')
 

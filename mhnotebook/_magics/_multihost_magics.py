@@ -10,6 +10,7 @@ session for models and returns a widget), or to this room's helpers for
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -18,7 +19,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, magics_class
 
 from mhnotebook._attach import AttachedJob, AttachError, attach
-from mhnotebook._jobview import JobView
+from mhnotebook._jobview import DataView, JobView
 from mhnotebook._magics import _cluster_actions, _help, _results, _run
 from mhnotebook._magics._entry import cell_magic, delegate, held, hold, line_magic, running
 from mhnotebook._magics._options import (
@@ -69,12 +70,36 @@ class MultihostMagics(Magics):
             raise UsageError(
                 f'attached to a job started outside the notebook ({self.attached.path}): '
                 'this magic runs code on the hosts, which only a %mh_cluster session can; '
-                '%mh_where, %mh_timeline and %mh_step work here, %mh_detach ends the attachment'
+                '%mh_where, %mh_timeline, %mh_step and the data magics (%mh_allgather, '
+                '%mh_layout, %mh_diff, %mh_nonfinite, %mh_env, %mh_memory_census: they read '
+                "the held hosts' frames) work here, %mh_detach ends the attachment"
             )
         session = running(self.session)
         if what is not None:
             _run.before_another(self, session, what)
         return session
+
+    def _data(self, form: str, frame: int | None = None) -> DataView:
+        """Where a data magic (``%mh_allgather``, ``%mh_layout``, ...) reads: the attached
+        job (in its hosts' held frames, ``--frame N``), else the running session."""
+        if self.attached is not None:
+            if frame is not None and frame < 0:
+                raise UsageError(
+                    f'{form} --frame N: N >= 0 (0: the innermost frame of the program)'
+                )
+            return self.attached
+        if frame is not None:
+            raise UsageError(
+                f"{form} --frame is for an attached job (its hosts' held frames); a session's "
+                'engines have one namespace'
+            )
+        return self._session(form)
+
+    def _frame(self, frame: int | None) -> Any:
+        """A context in which the attached job reads frame ``frame`` (nothing otherwise)."""
+        if self.attached is not None:
+            return self.attached.in_frame(frame)
+        return contextlib.nullcontext()
 
     def _inspected(self) -> JobView:
         """The attached job if any, else the running session (where, timeline, step)."""
@@ -203,6 +228,12 @@ class MultihostMagics(Magics):
         '--max-bytes',
         help='refuse a larger result (default: half the available memory), e.g. 8GiB',
     )
+    @magic_arguments.argument(
+        '--frame',
+        type=int,
+        help='attached job: read the names in this frame of the program (0, the innermost, '
+        'by default; job.frames() lists them)',
+    )
     @line_magic
     def mh_allgather(self, line: str) -> None:
         """What is the global value? Gather an engine variable here, as numpy.
@@ -230,10 +261,14 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_allgather, compact_subscripts(line))
         out = gather_target(args.name, args.out)
         max_bytes = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
-        session = self._session('%mh_allgather')
-        value = delegate(
-            lambda: session.allgather(args.name, transport=args.transport, max_bytes=max_bytes)
-        )
+        session = self._data('%mh_allgather', args.frame)
+        if isinstance(session, Session):
+            value = delegate(
+                lambda: session.allgather(args.name, transport=args.transport, max_bytes=max_bytes)
+            )
+        else:
+            with self._frame(args.frame):
+                value = delegate(lambda: session.allgather(args.name, max_bytes=max_bytes))
         if self.shell is None:  # a Magics made without a shell has no namespace to fill
             raise UsageError(f'%mh_allgather: no IPython shell to define {out} in')
         self.shell.user_ns[out] = value
@@ -278,6 +313,12 @@ class MultihostMagics(Magics):
         action='store_true',
         help='do not gather the values (selecting a block shows no data)',
     )
+    @magic_arguments.argument(
+        '--frame',
+        type=int,
+        help='attached job: read the names in this frame of the program (0, the innermost, '
+        'by default; job.frames() lists them)',
+    )
     @line_magic
     def mh_layout(self, line: str) -> Any:
         """Which host and device holds which block? An array's layout, drawn.
@@ -305,11 +346,12 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_layout, compact_subscripts(line))
         name = valid_name(args.name)
         axes = parse_axes(args.axes) if args.axes else None
-        session = self._session('%mh_layout')
+        session = self._data('%mh_layout', args.frame)
         try:
-            view = delegate(
-                lambda: layout_view(session, name, values=not args.no_values, axes=axes)
-            )
+            with self._frame(args.frame):
+                view = delegate(
+                    lambda: layout_view(session, name, values=not args.no_values, axes=axes)
+                )
         except UsageError as exc:
             if str(exc).startswith('axes '):  # the view's complaint names the option
                 raise UsageError(f'--{exc}') from None
@@ -320,6 +362,12 @@ class MultihostMagics(Magics):
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(
         'name', help='engine value (any pytree): params, state.params, state.opt_state[0].mu'
+    )
+    @magic_arguments.argument(
+        '--frame',
+        type=int,
+        help='attached job: read the names in this frame of the program (0, the innermost, '
+        'by default; job.frames() lists them)',
     )
     @line_magic
     def mh_diff(self, line: str) -> Any:
@@ -337,11 +385,19 @@ class MultihostMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.mh_diff, compact_subscripts(line))
         name = valid_name(args.name)
-        session = self._session('%mh_diff')
-        return self.shown.replace(f'%mh_diff {name}', delegate(lambda: diff_view(session, name)))
+        session = self._data('%mh_diff', args.frame)
+        with self._frame(args.frame):
+            view = delegate(lambda: diff_view(session, name))
+        return self.shown.replace(f'%mh_diff {name}', view)
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('name', help=_TREE_NAME)
+    @magic_arguments.argument(
+        '--frame',
+        type=int,
+        help='attached job: read the names in this frame of the program (0, the innermost, '
+        'by default; job.frames() lists them)',
+    )
     @line_magic
     def mh_nonfinite(self, line: str) -> Any:
         """Where are the NaNs? The shards holding NaN/Inf: host, device, block.
@@ -363,6 +419,12 @@ class MultihostMagics(Magics):
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('name', help=_TREE_NAME)
+    @magic_arguments.argument(
+        '--frame',
+        type=int,
+        help='attached job: read the names in this frame of the program (0, the innermost, '
+        'by default; job.frames() lists them)',
+    )
     @line_magic
     def mh_nan(self, line: str) -> Any:
         """Where are the NaNs? The old name of %mh_nonfinite.
@@ -377,10 +439,10 @@ class MultihostMagics(Magics):
         """``%mh_nonfinite`` under either name (its usage errors name the one typed)."""
         args = magic_arguments.parse_argstring(magic, compact_subscripts(line))
         name = valid_name(args.name)
-        session = self._session(form)
-        return self.shown.replace(
-            f'%mh_nonfinite {name}', delegate(lambda: nonfinite_view(session, name))
-        )
+        session = self._data(form, args.frame)
+        with self._frame(args.frame):
+            view = delegate(lambda: nonfinite_view(session, name))
+        return self.shown.replace(f'%mh_nonfinite {name}', view)
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(
@@ -440,10 +502,16 @@ class MultihostMagics(Magics):
             %mh_env
         """
         no_arguments(line, '%mh_env takes no arguments.')
-        session = self._session('%mh_env')
+        session = self._data('%mh_env')
         return self.shown.replace('%mh_env', delegate(lambda: env_view(session)))
 
     @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        '--frame',
+        type=int,
+        help='attached job: read the names in this frame of the program (0, the innermost, '
+        'by default; job.frames() lists them)',
+    )
     @line_magic
     def mh_memory_census(self, line: str) -> Any:
         """Which host holds more memory, and what? Per device; arrays few hosts hold.
@@ -457,9 +525,15 @@ class MultihostMagics(Magics):
 
             %mh_memory_census
         """
-        return self._memory_census('%mh_memory_census', line)
+        return self._memory_census(self.mh_memory_census, '%mh_memory_census', line)
 
     @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        '--frame',
+        type=int,
+        help='attached job: read the names in this frame of the program (0, the innermost, '
+        'by default; job.frames() lists them)',
+    )
     @line_magic
     def mh_mem(self, line: str) -> Any:
         """Which host holds more memory? The old name of %mh_memory_census.
@@ -468,12 +542,14 @@ class MultihostMagics(Magics):
 
             %mh_mem
         """
-        return self._memory_census('%mh_mem', line)
+        return self._memory_census(self.mh_mem, '%mh_mem', line)
 
-    def _memory_census(self, form: str, line: str) -> Any:
-        no_arguments(line, f'{form} takes no arguments.')
-        session = self._session(form)
-        return self.shown.replace('%mh_memory_census', delegate(lambda: memory_view(session)))
+    def _memory_census(self, magic: Any, form: str, line: str) -> Any:
+        args = magic_arguments.parse_argstring(magic, line)
+        session = self._data(form, args.frame)
+        with self._frame(args.frame):
+            view = delegate(lambda: memory_view(session))
+        return self.shown.replace('%mh_memory_census', view)
 
     @magic_arguments.magic_arguments()
     @line_magic

@@ -42,7 +42,7 @@ from typing import Any
 
 from multihost import _names
 from multihost._debug import _control, _stacks
-from multihost._exchange import _bus
+from multihost._exchange import _bus, _kv
 from multihost.engine import calls, gather
 
 __all__ = ['TOOLS', 'inspect', 'patch', 'script_frames', 'unpatch']
@@ -199,8 +199,6 @@ def _run_tool(order: dict[str, Any]) -> dict[str, Any]:
 def _handle(client: Any, order: dict[str, Any]) -> str:
     """The bus command ``inspect`` on this host's debug thread."""
     only = order.get('only')
-    from multihost._exchange import _kv
-
     if only is not None and _kv.process_index() not in only:
         return json.dumps({'skipped': True})
     op = order.get('op')
@@ -229,9 +227,9 @@ def inspect(
     ``op``: ``'state'`` (held or running, where, and the program's frames) or
     ``'call'`` (tool ``fn`` with ``args`` = (positional, keyword) in frame
     ``frame``). Each host's answer is a dict: ``{'ok': value}``, ``{'error':
-    [type, message, traceback]}``, ``{'running': state}`` (not held: nothing
-    was run), ``{'state': ..., 'frames': [...]}``; a host that did not answer
-    in time is absent.
+    [type, message, traceback]}``, ``{'running': state}`` (not held; then no
+    host ran the tool, and the held ones answer ``{'held': state}``), ``{'state':
+    ..., 'frames': [...]}``; a host that did not answer in time is absent.
     """
     client = _bus.distributed()
     if client is None:
@@ -247,6 +245,17 @@ def inspect(
     }
     if processes is not None:
         params['only'] = sorted(int(p) for p in processes)
+    if op == 'call' and not running_ok:
+        # Every host asked must be held before any runs the tool: a tool's collectives
+        # (its own lane) would otherwise wait out their timeout for a host that runs on.
+        states = inspect('state', processes=processes, timeout=min(timeout, _MARGIN_S))
+        asked = list(range(_kv.process_count())) if processes is None else list(processes)
+        if any(p not in states or not states[p]['state']['held'] for p in asked):
+            # Nothing ran: each host's state (``running`` for those not held).
+            return {
+                p: {'running' if not a['state']['held'] else 'held': a['state']}
+                for p, a in states.items()
+            }
     wait = (timeout + 2 * _MARGIN_S) if op == 'call' else timeout
     replies, _ = _bus.command(client, 'inspect', wait, **params)
     out: dict[int, dict[str, Any]] = {}
