@@ -36,6 +36,9 @@ if TYPE_CHECKING:
         TreeLayout,
     )
 
+#: A frame of the program on each host: its number (0: innermost) or a function's name.
+Frame = int | str | None
+
 #: The fields a connection file must hold.
 _FIELDS = ('address', 'port', 'key')
 
@@ -140,7 +143,7 @@ class AttachedJob(JobViewBase):
         self._stepping = False
         self._gathers: GatherState | None = None
         #: The frame the data tools read (0: the innermost frame of the program; see `frames`).
-        self.frame: int | None = None
+        self.frame: Frame = None
 
     def __repr__(self) -> str:
         state = 'attached' if self.control is not None else 'detached'
@@ -265,17 +268,22 @@ class AttachedJob(JobViewBase):
             )
         return [answers[p]['ok'] for p in sorted(answers)]
 
-    _frame: int | None = None  # the frame= of the current data call (else `frame`)
+    _frame: Frame = None  # the frame= of the current data call (else `frame`)
 
     @contextlib.contextmanager
-    def in_frame(self, frame: int | None) -> Iterator[AttachedJob]:
+    def in_frame(self, frame: Frame) -> Iterator[AttachedJob]:
         """The data tools read frame ``frame`` (see `frames`) inside the block; None: as
         before (``job.frame``, 0 unless set)."""
         if frame is None:
             yield self
             return
-        if not isinstance(frame, int) or isinstance(frame, bool) or frame < 0:
-            raise ValueError(f'frame must be a frame number >= 0 (see job.frames()), got {frame!r}')
+        if isinstance(frame, bool) or not (
+            (isinstance(frame, int) and frame >= 0) or (isinstance(frame, str) and frame)
+        ):
+            raise ValueError(
+                'frame must be a frame number >= 0 or a function name (see job.frames()), '
+                f'got {frame!r}'
+            )
         before, self._frame = self._frame, frame
         try:
             yield self
@@ -288,7 +296,7 @@ class AttachedJob(JobViewBase):
         its held frame; results by process (only the tools `multihost.engine.held.TOOLS`)."""
         return self._host_call(fname, *args, **kwargs)
 
-    def _one(self, fname: str, *args: Any, timeout: float, frame: int | None) -> Any:
+    def _one(self, fname: str, *args: Any, timeout: float, frame: Frame) -> Any:
         with self.in_frame(frame):
             return self._host_call(fname, *args, timeout=timeout)[0]
 
@@ -298,7 +306,7 @@ class AttachedJob(JobViewBase):
         *,
         timeout: float = 600.0,
         max_bytes: int | None = None,
-        frame: int | None = None,
+        frame: Frame = None,
     ) -> Any:
         """The global value ``name`` names in the hosts' held frames, as numpy (see
         `Session.allgather`: the same name syntax, cuts and ``max_bytes``); each host
@@ -321,18 +329,23 @@ class AttachedJob(JobViewBase):
             )
 
     def layout(
-        self, name: str, *, check: bool = True, timeout: float = 120.0, frame: int | None = None
+        self,
+        name: str,
+        *,
+        check: bool = True,
+        timeout: float = 120.0,
+        frame: Frame = None,
     ) -> tuple[Layout | TreeLayout, ReplicaReport | None]:
         """(`multihost.Layout`, `multihost.ReplicaReport` or None) of ``name`` in the held
         frames, as `Session.layout` gives it (a pytree: its `TreeLayout`, None)."""
         return self._one('multihost.engine.layout', name, check, timeout=timeout, frame=frame)
 
-    def diff(self, name: str, *, timeout: float = 120.0, frame: int | None = None) -> TreeDiff:
+    def diff(self, name: str, *, timeout: float = 120.0, frame: Frame = None) -> TreeDiff:
         """`multihost.TreeDiff` of ``name`` across hosts, in their held frames."""
         return self._one('multihost.engine.diff', name, timeout, timeout=timeout, frame=frame)
 
     def nonfinite(
-        self, name: str, *, timeout: float = 120.0, frame: int | None = None
+        self, name: str, *, timeout: float = 120.0, frame: Frame = None
     ) -> NonfiniteReport:
         """`multihost.NonfiniteReport` of ``name`` in the held frames: which shards hold
         NaN or Inf, on which host and device."""
@@ -342,7 +355,7 @@ class AttachedJob(JobViewBase):
         """`multihost.EnvDiff` of the job's hosts."""
         return self._one('multihost.engine.env_diff', timeout, timeout=timeout, frame=None)
 
-    def memory_census(self, *, timeout: float = 120.0, frame: int | None = None) -> MemoryCensus:
+    def memory_census(self, *, timeout: float = 120.0, frame: Frame = None) -> MemoryCensus:
         """`multihost.MemoryCensus` of the job's hosts, arrays named by the held frames."""
         return self._one('multihost.engine.memory_census', timeout, timeout=timeout, frame=frame)
 

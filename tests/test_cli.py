@@ -36,6 +36,8 @@ RUN_OPTIONS = (
     '--control-file PATH',
     '--control-address HOST',
     '--dump-dir DIR',
+    '--hold-on-error',
+    '--hold-for S',
     '-m MODULE ...',
     'SCRIPT',
     'ARGS',

@@ -50,6 +50,11 @@ from mhnotebook._views import (
 _TREE_NAME = "engine value (an array or any pytree): grads, state.params['embed']"
 
 
+def _frame_arg(text: str) -> int | str:
+    """``--frame``: a frame number, or the name of a function of the program."""
+    return int(text) if text.lstrip('-').isdigit() else text
+
+
 @magics_class
 class MultihostMagics(Magics):
     """The ``%mh_*`` magics. One session per IPython shell."""
@@ -79,11 +84,11 @@ class MultihostMagics(Magics):
             _run.before_another(self, session, what)
         return session
 
-    def _data(self, form: str, frame: int | None = None) -> DataView:
+    def _data(self, form: str, frame: int | str | None = None) -> DataView:
         """Where a data magic (``%mh_allgather``, ``%mh_layout``, ...) reads: the attached
         job (in its hosts' held frames, ``--frame N``), else the running session."""
         if self.attached is not None:
-            if frame is not None and frame < 0:
+            if isinstance(frame, int) and frame < 0:
                 raise UsageError(
                     f'{form} --frame N: N >= 0 (0: the innermost frame of the program)'
                 )
@@ -95,7 +100,7 @@ class MultihostMagics(Magics):
             )
         return self._session(form)
 
-    def _frame(self, frame: int | None) -> Any:
+    def _frame(self, frame: int | str | None) -> Any:
         """A context in which the attached job reads frame ``frame`` (nothing otherwise)."""
         if self.attached is not None:
             return self.attached.in_frame(frame)

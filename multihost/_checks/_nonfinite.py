@@ -9,9 +9,11 @@ docs/ARCHITECTURE.md, "The census and non-finite values".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -280,6 +282,31 @@ def _classify(
     return leaves, pieces, signature, skipped
 
 
+class _HostReads(threading.local):
+    on = False
+
+
+_host_reads = _HostReads()
+
+
+@contextlib.contextmanager
+def host_reads() -> Iterator[None]:
+    """In this thread, shards in host memory are counted by numpy, never by a device launch
+    (`engine.held`: the main thread's launch may hold the device's stream)."""
+    before, _host_reads.on = _host_reads.on, True
+    try:
+        yield
+    finally:
+        _host_reads.on = before
+
+
+def _in_host_memory(x: Any) -> bool:
+    try:
+        return x.devices().pop().platform == 'cpu' and x.is_ready()
+    except Exception:
+        return False
+
+
 def _check(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
     """(piece, NaN count, Inf count, first flat position) of every offending piece.
 
@@ -290,6 +317,13 @@ def _check(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
     only those rows are counted; otherwise (or for small or odd-sized shards)
     the whole shard is, in chunks of `_CHUNK` elements.
     """
+    if _host_reads.on:
+        # A debug thread inspecting a held job (`engine.held`): a device whose stream is
+        # blocked by the main thread's launch would never run a screen. Shards in host
+        # memory (CPU devices) are read in place instead, as numpy.
+        for p in pieces:
+            if not isinstance(p.data, np.ndarray) and _in_host_memory(p.data):
+                p.data = np.asarray(p.data)
     _dispatch_screens(pieces)
     out: list[tuple[_Piece, int, int, int | None]] = []
     suspects = []

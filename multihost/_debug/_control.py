@@ -313,7 +313,7 @@ class ControlClient:
         *,
         fn: str = '',
         args: Any = ((), {}),
-        frame: int | None = None,
+        frame: int | str | None = None,
         processes: list[int] | None = None,
         timeout: float = 60.0,
     ) -> dict[int, dict[str, Any]]:

@@ -2,7 +2,8 @@
 
     multihost [demo] [--hosts N] [--devices D]
     multihost run [--check-jit] [--timeout S] [--control-file PATH]
-                  [--control-address HOST] [--dump-dir DIR] (SCRIPT | -m MODULE) [ARGS ...]
+                  [--control-address HOST] [--dump-dir DIR] [--hold-on-error]
+                  [--hold-for S] (SCRIPT | -m MODULE) [ARGS ...]
     multihost analyze DIR [DIR ...]
 
 ``python -m multihost`` is the same program (`multihost.__main__`); only the
@@ -133,6 +134,21 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help='Each host writes DIR/process-<i>.json when something goes wrong (a timeout, a '
         'mismatch, an uncaught exception, a hang, a preemption notice, or SIGUSR1 sent to it); '
         "read them with 'analyze DIR' (MULTIHOST_DUMP_DIR too).",
+    )
+    parser.add_argument(
+        '--hold-on-error',
+        action='store_true',
+        help='When the program raises on a host, hold every host where it is (the failing one '
+        'at its error, the others at their next collective, barrier or launch) so a notebook '
+        'can attach (--control-file) and inspect the values; job.release_all() in the notebook '
+        'ends the hold and the error goes on (MULTIHOST_HOLD_ON_ERROR=1 too).',
+    )
+    parser.add_argument(
+        '--hold-for',
+        type=_seconds,
+        metavar='S',
+        help='With --hold-on-error: the longest hold, in seconds; then the error goes on as '
+        'without the flag (default: 1800; MULTIHOST_HOLD_FOR too).',
     )
     parser.add_argument(
         '-m',
@@ -269,7 +285,9 @@ def run_target(
     options: dict[str, object] = {}
     if args.check_jit:
         options['check_jit'] = True
-    for name in ('timeout', 'control_file', 'control_address', 'dump_dir'):
+    if args.hold_on_error:
+        options['hold_on_error'] = True
+    for name in ('timeout', 'control_file', 'control_address', 'dump_dir', 'hold_for'):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if args.module is not None:

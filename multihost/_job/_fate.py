@@ -39,6 +39,7 @@ import traceback
 from typing import Any
 
 from multihost import _jax_adapter
+from multihost._debug import _hold
 from multihost._exchange import _bus, _kv
 from multihost._text import failure_phrase, short_site
 
@@ -78,6 +79,11 @@ def patch(options: Any) -> None:
     """Arms once ``jax.distributed.initialize`` has returned (now, if it has)."""
     if not enabled():
         return
+    _hold.configure(  # --hold-on-error: a failing host holds the job first (`_debug._hold`)
+        bool(getattr(options, 'hold_on_error', False)),
+        float(getattr(options, 'hold_for', 1800.0)),
+        getattr(options, 'control_file', None),
+    )
     import jax.distributed
 
     with _state.lock:
@@ -106,6 +112,7 @@ def unpatch() -> None:
         if _state.armed and sys.excepthook is _excepthook:
             sys.excepthook = _state.prev_hook
         _state.armed = False
+    _hold.configure(False, 0.0)
 
 
 def _arm() -> None:
@@ -133,17 +140,24 @@ def _script_site(tb: Any) -> tuple[str, str]:
 
 
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
-    announced = False
+    announced = printed = False
     try:
         # Not while another's failure ends this host: its main thread's wait may fail as the
         # others leave, and that is not a failure of its own.
         if _state.failed is None and not _state.ending and not issubclass(tp, SystemExit):
             site, function = _script_site(tb)
             code = 130 if issubclass(tp, KeyboardInterrupt) else 1
+            if _hold.enabled() and code == 1:
+                # The traceback first (the log shows the error while held), then the hold.
+                (_state.prev_hook or sys.__excepthook__)(tp, value, tb)
+                printed = True
+                name = getattr(tp, '__name__', str(tp))
+                _hold.hold(f'{name}({str(value)!r})', site.rsplit('/', 1)[-1], tb)
             announced = _announce(code, getattr(tp, '__name__', str(tp)), str(value), site,
                                   function)  # fmt: skip
     finally:
-        (_state.prev_hook or sys.__excepthook__)(tp, value, tb)
+        if not printed:
+            (_state.prev_hook or sys.__excepthook__)(tp, value, tb)
     if announced:
         # Ends here, not at exit: the interpreter's teardown joins the program's own threads
         # and runs the exit handlers registered after ours (orbax's), which may wait for the

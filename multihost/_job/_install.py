@@ -82,6 +82,8 @@ def install(
     control_file: str | None = None,
     control_address: str | None = None,
     dump_dir: str | None = None,
+    hold_on_error: bool = False,
+    hold_for: float | None = None,
 ) -> None:
     """Makes the program's own and its libraries' multi-host calls the checked ones.
 
@@ -112,12 +114,22 @@ def install(
       control_address: the interface the endpoint binds; default loopback
         (``MULTIHOST_CONTROL_ADDRESS``). An address on the cluster network
         lets a notebook on another machine attach.
+      dump_dir: each host writes a dump there when something goes wrong
+        (``MULTIHOST_DUMP_DIR``).
+      hold_on_error: when the program raises on a host, every host is held
+        (the failing one at its error, the others at their next collective,
+        barrier or recorded launch) for at most ``hold_for`` seconds (default
+        1800), so a notebook can attach and inspect; ``release_all`` ends the
+        hold and the error goes on (``MULTIHOST_HOLD_ON_ERROR=1``,
+        ``MULTIHOST_HOLD_FOR``).
 
     Raises:
       ValueError: already installed with other options (`uninstall` first).
     """
     global _active
-    options = InstallOptions.resolve(check_jit, timeout, control_file, control_address, dump_dir)
+    options = InstallOptions.resolve(
+        check_jit, timeout, control_file, control_address, dump_dir, hold_on_error, hold_for
+    )
     with _lock:
         if _active is not None:
             if _active.options == options:

@@ -6,6 +6,9 @@ import dataclasses
 import math
 import os
 
+#: The longest hold of `hold_on_error` unless told (seconds): 30 minutes.
+DEFAULT_HOLD_S = 1800.0
+
 
 @dataclasses.dataclass(frozen=True)
 class InstallOptions:
@@ -25,6 +28,9 @@ class InstallOptions:
             ``MULTIHOST_CONTROL_ADDRESS``).
         dump_dir: where each host writes its dump when something goes wrong
             (`_job._dump`; ``MULTIHOST_DUMP_DIR`` too); None: no dumps.
+        hold_on_error: a host whose program raises holds every host (`_debug._hold`)
+            for at most ``hold_for`` seconds before the error goes on
+            (``MULTIHOST_HOLD_ON_ERROR=1``, ``MULTIHOST_HOLD_FOR``).
     """
 
     check_jit: bool = False
@@ -32,6 +38,8 @@ class InstallOptions:
     control_file: str | None = None
     control_address: str | None = None
     dump_dir: str | None = None
+    hold_on_error: bool = False
+    hold_for: float = DEFAULT_HOLD_S
 
     @classmethod
     def resolve(
@@ -41,6 +49,8 @@ class InstallOptions:
         control_file: str | None = None,
         control_address: str | None = None,
         dump_dir: str | None = None,
+        hold_on_error: bool = False,
+        hold_for: float | None = None,
     ) -> InstallOptions:
         """The options as given, ``MULTIHOST_CHECK_JIT`` (and the control and dump variables) read;
         ``timeout`` checked."""
@@ -52,8 +62,21 @@ class InstallOptions:
         control_file = control_file or os.environ.get('MULTIHOST_CONTROL_FILE') or None
         control_address = control_address or os.environ.get('MULTIHOST_CONTROL_ADDRESS') or None
         dump_dir = dump_dir or os.environ.get('MULTIHOST_DUMP_DIR', '').strip() or None
+        hold_env = os.environ.get('MULTIHOST_HOLD_ON_ERROR', '').strip().lower()
+        if hold_for is None:
+            raw = os.environ.get('MULTIHOST_HOLD_FOR', '').strip()
+            try:
+                hold_for = float(raw) if raw else DEFAULT_HOLD_S
+            except ValueError:
+                raise ValueError(
+                    f'MULTIHOST_HOLD_FOR={raw!r}: give the longest hold in seconds, e.g. 1800'
+                ) from None
+        if not float(hold_for) > 0:
+            raise ValueError(f'hold_for must be positive seconds, got {hold_for!r}')
         return cls(
             check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'),
+            hold_on_error=bool(hold_on_error) or hold_env in ('1', 'true', 'on', 'yes'),
+            hold_for=float(hold_for),
             timeout=timeout,
             control_file=os.path.abspath(control_file) if control_file else None,
             control_address=control_address,

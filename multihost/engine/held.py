@@ -41,7 +41,8 @@ from types import FrameType
 from typing import Any
 
 from multihost import _names
-from multihost._debug import _control, _stacks
+from multihost._checks import _nonfinite
+from multihost._debug import _control, _hold, _stacks
 from multihost._exchange import _bus, _kv
 from multihost.engine import calls, gather
 
@@ -60,6 +61,8 @@ TOOLS: dict[str, tuple[Callable[..., Any], bool]] = {
     'env_diff': (calls.env_diff, False),
 }
 
+#: The tools whose first argument is a name (probed on every host before any runs).
+_NAMED = ('gather_meta', 'gather_send', 'gather_local', 'layout', 'diff', 'nonfinite')
 #: Seconds the debug thread waits for a tool beyond the tool's own timeout.
 _MARGIN_S = 10.0
 #: Names of a frame's locals listed by `frames` (the rest counted).
@@ -96,9 +99,11 @@ def _is_script(filename: str, internal: tuple[tuple[str, ...], str]) -> bool:
 
 
 def script_frames() -> list[FrameType]:
-    """The main thread's frames in the user's program, innermost first (frame 0 is held)."""
+    """The main thread's frames in the user's program, innermost first (frame 0 is held);
+    on a host held on its error (`_debug._hold`), the frames of its traceback."""
     internal = _stacks.internal_dirs()
-    return [f for f in _main_stack() if _is_script(f.f_code.co_filename, internal)]
+    stack = _hold.traceback_frames() if _hold.held_here() else _main_stack()
+    return [f for f in stack if _is_script(f.f_code.co_filename, internal)]
 
 
 def _site(frame: FrameType) -> str:
@@ -109,6 +114,13 @@ def _site(frame: FrameType) -> str:
 def _state() -> dict[str, Any]:
     """Whether the main thread is held (inside a call of ours, JAX's or a library's) or
     running the program's own code, and where: ``{'held': bool, 'at': str, 'in': str}``."""
+    error = _hold.held_here()
+    if error is not None:
+        frames = script_frames()
+        at = _site(frames[0]) if frames else error['site']
+        return {'held': True, 'at': at, 'in': f'held on its error: {_hold.describe(error)}'}
+    told = _hold.held_error()
+    because = {'because': _hold.describe(told)} if told is not None else {}
     stack = _main_stack()
     if not stack:
         return {'held': False, 'at': '', 'in': 'no main thread (the process is ending)'}
@@ -116,13 +128,13 @@ def _state() -> dict[str, Any]:
     script = [f for f in stack if _is_script(f.f_code.co_filename, internal)]
     at = _site(script[0]) if script else ''
     if _is_script(stack[0].f_code.co_filename, internal):
-        return {'held': False, 'at': at, 'in': 'its own code'}
+        return {'held': False, 'at': at, 'in': 'its own code', **because}
     # The call it waits in: the innermost frame outside Python's own library (a threading
     # wait says little; the step gate, barrier or library call that waits says it all).
     stdlib = internal[1]
     inner = next((f for f in stack if not f.f_code.co_filename.startswith(stdlib)), stack[0])
     module = inner.f_globals.get('__name__', '') or os.path.basename(inner.f_code.co_filename)
-    return {'held': True, 'at': at, 'in': f'{module}.{inner.f_code.co_name}'}
+    return {'held': True, 'at': at, 'in': f'{module}.{inner.f_code.co_name}', **because}
 
 
 def _frames_info() -> list[dict[str, Any]]:
@@ -141,14 +153,20 @@ def _frames_info() -> list[dict[str, Any]]:
     return out
 
 
-def _namespace(frame_no: int | None) -> dict[str, Any]:
+def _namespace(frame_no: int | str | None) -> dict[str, Any]:
     """The held frame's names: its module's globals, then its locals over them."""
     frames = script_frames()
-    n = 0 if frame_no is None else int(frame_no)
     if not frames:
         raise gather.GatherError(
             'the main thread is in no frame of the program (it has not started or is ending)'
         )
+    if isinstance(frame_no, str):  # a function's name: its innermost frame (hosts may differ)
+        named = [i for i, f in enumerate(frames) if f.f_code.co_name == frame_no]
+        if not named:
+            sites = ', '.join(f'{i}: {_site(f)}' for i, f in enumerate(frames[:8]))
+            raise gather.GatherError(f'no frame of function {frame_no!r} here ({sites})')
+        frame_no = named[0]
+    n = 0 if frame_no is None else int(frame_no)
     if not 0 <= n < len(frames):
         raise gather.GatherError(
             f'no frame {n}: the program has {len(frames)} frames here (0 = '
@@ -178,13 +196,16 @@ def _run_tool(order: dict[str, Any]) -> dict[str, Any]:
 
     def work() -> None:
         try:
-            if takes_namespace:
-                value = fn(_namespace(order.get('frame')), *args, **kwargs)
-            else:
-                value = fn(*args, **kwargs)
+            with _nonfinite.host_reads():
+                value = run()
             result['ok'] = _encode(value)
         except BaseException as exc:  # sent back, named by host
             result['error'] = [type(exc).__name__, str(exc), traceback.format_exc()]
+
+    def run() -> Any:
+        if takes_namespace:
+            return fn(_namespace(order.get('frame')), *args, **kwargs)
+        return fn(*args, **kwargs)
 
     tag = str(order.get('tag', 'x'))[:32]
     thread = threading.Thread(target=work, name=f'multihost-inspect-{tag}', daemon=True)
@@ -196,6 +217,34 @@ def _run_tool(order: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _probe(name: str, frame: int | str | None) -> str | None:
+    """Why the value ``name`` names in ``frame`` cannot be read now (None: it can): missing,
+    or a leaf donated to a launch (deleted) or produced by one that has not finished."""
+    try:
+        value, _ = gather.lookup(_namespace(frame), name, cuts=True)
+    except gather.GatherError as exc:
+        return str(exc)
+    import jax
+
+    flat = jax.tree_util.tree_flatten_with_path(value)[0]
+    for path, leaf in flat:
+        if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer):
+            continue
+        where = name + jax.tree_util.keystr(path)
+        if leaf.is_deleted():
+            return (
+                f'{where} was deleted (donated to a launch, e.g. donate_argnums): its buffers '
+                "are gone; name the launch's output instead, or an outer frame's value"
+            )
+        ready = getattr(leaf, 'is_ready', None)
+        if ready is not None and not ready():
+            return (
+                f'{where} is the output of a launch that has not finished on this host '
+                '(reading it would wait for that launch); name its inputs instead'
+            )
+    return None
+
+
 def _handle(client: Any, order: dict[str, Any]) -> str:
     """The bus command ``inspect`` on this host's debug thread."""
     only = order.get('only')
@@ -203,7 +252,10 @@ def _handle(client: Any, order: dict[str, Any]) -> str:
         return json.dumps({'skipped': True})
     op = order.get('op')
     if op == 'state':
-        return json.dumps({'state': _state(), 'frames': _frames_info()})
+        answer: dict[str, Any] = {'state': _state(), 'frames': _frames_info()}
+        if order.get('probe') and answer['state']['held']:
+            answer['unreadable'] = _probe(str(order['probe']), order.get('frame'))
+        return json.dumps(answer)
     if op == 'call':
         state = _state()
         if not state['held'] and not order.get('running_ok'):
@@ -217,10 +269,11 @@ def inspect(
     *,
     fn: str = '',
     args: Any = ((), {}),
-    frame: int | None = None,
+    frame: int | str | None = None,
     processes: list[int] | None = None,
     timeout: float = 60.0,
     running_ok: bool = False,
+    probe: str | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Process 0's control method: asks every host's debug thread (`_handle`), by process.
 
@@ -242,18 +295,30 @@ def inspect(
         'seconds': float(timeout),
         'tag': secrets.token_hex(6),
         'running_ok': bool(running_ok),
+        'probe': probe,
     }
     if processes is not None:
         params['only'] = sorted(int(p) for p in processes)
     if op == 'call' and not running_ok:
         # Every host asked must be held before any runs the tool: a tool's collectives
         # (its own lane) would otherwise wait out their timeout for a host that runs on.
-        states = inspect('state', processes=processes, timeout=min(timeout, _MARGIN_S))
+        name = args[0][0] if fn in _NAMED and args and args[0] else None
+        states = inspect(
+            'state', processes=processes, timeout=min(timeout, _MARGIN_S), probe=name, frame=frame
+        )
         asked = list(range(_kv.process_count())) if processes is None else list(processes)
         if any(p not in states or not states[p]['state']['held'] for p in asked):
             # Nothing ran: each host's state (``running`` for those not held).
             return {
                 p: {'running' if not a['state']['held'] else 'held': a['state']}
+                for p, a in states.items()
+            }
+        unreadable = {p: a['unreadable'] for p, a in states.items() if a.get('unreadable')}
+        if unreadable:  # nothing runs: a tool's collective would wait for the others
+            return {
+                p: {'error': ['GatherError', unreadable[p], '']}
+                if p in unreadable
+                else {'held': a['state']}
                 for p, a in states.items()
             }
     wait = (timeout + 2 * _MARGIN_S) if op == 'call' else timeout

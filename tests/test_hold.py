@@ -1,0 +1,129 @@
+"""Hold it where it went wrong, and use the data tools on it (issue 29).
+
+`_flax_job.py` (flax + optax + orbax, nothing of `multihost` imported) in 3 plain
+processes under ``python -m multihost run --hold-on-error --control-file F``, launched
+the way a scheduler does. Process 2 raises ``BadBatch('bad batch')`` (uncaught) in
+user code just before its step-1 ``train_step``; the others are already inside that
+launch or held before it. The job is held, not ended: a notebook (this test process)
+attaches, sees process 2 held on its error with its traceback's frames, gathers the
+step's global batch from the frames of ``train`` on every host, is told in one line
+that the others' ``state`` is the output of a launch that has not finished (never a
+hang), and ``release_all`` lets the error go on: exit codes as without the flag.
+
+~40 s here. Every wait is bounded; every process is killed if anything fails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import _jobs
+import numpy as np
+import pytest
+
+import mhnotebook
+from multihost._job._fate import EXIT_PEER_FAILED
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB = os.path.join(HERE, '_flax_job.py')
+N = 3
+FAILING = 2
+STEP = 1
+
+pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
+
+
+def _until(what: str, check: Callable[[], Any], timeout: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except mhnotebook.AttachError:
+            last = None
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
+
+
+def _global_tokens(step: int) -> np.ndarray:
+    from _flax_program import LOCAL_BATCH, SEQ, VOCAB
+
+    rows = [
+        np.random.default_rng(1000 * step + p).integers(
+            0, VOCAB, size=(LOCAL_BATCH, SEQ + 1), dtype=np.int32
+        )[:, :-1]
+        for p in range(N)
+    ]
+    return np.concatenate(rows)
+
+
+def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp_path):
+    tmp = str(tmp_path)
+    control = os.path.join(tmp, 'control.json')
+    env = _jobs.scheduler_env(
+        N,
+        CKPT_DIR=os.path.join(tmp, 'ckpt'),
+        STEPS='3',
+        LOCAL_DEVICES='1',
+        RAISE_HOST=str(FAILING),
+        RAISE_STEP=str(STEP),
+    )
+    command = ['-m', 'multihost', 'run', '--control-file', control, '--hold-on-error']
+    command += ['--hold-for', '120', JOB]
+    with _jobs.start(N, command, env, cwd=tmp) as job:
+        _until('the control file', lambda: os.path.exists(control))
+        j = mhnotebook.attach(control)
+        try:
+
+            def held() -> Any:
+                frames = j.frames()
+                failing = frames[FAILING]
+                ok = all(f['held'] for f in frames.values())
+                return ok and 'held on its error' in failing['in'] and frames
+
+            frames = _until('the job held on the error', held)
+            failing = frames[FAILING]
+            assert failing['in'].startswith(
+                f"held on its error: process {FAILING} raised BadBatch('bad batch') at "
+                '_flax_job.py:'
+            ), failing
+            # The traceback's frames, innermost first: where it raised, then the loop.
+            sites = [f['site'] for f in failing['frames']]
+            assert sites[0].startswith('_flax_job.py:') and sites[0].endswith('in check_batch')
+            assert sites[1].endswith('in train'), sites
+            assert 'batch' in failing['frames'][1]['names']
+            # Every host's loop frame, by the function's name (hosts' frame numbers differ).
+            tokens = j.allgather("batch['tokens']", frame='train')
+            np.testing.assert_array_equal(tokens, _global_tokens(STEP))
+            assert j.allgather('step', frame='train').tolist() == [STEP] * N
+            assert j.nonfinite('batch', frame='train').ok  # int batch: nothing to find
+            with pytest.raises(mhnotebook.SessionError, match="no frame of function 'trian'"):
+                j.allgather('batch', frame='trian')
+            # Hosts whose train_step was dispatched hold its unfinished outputs as `state`:
+            # named in one line, in well under the tools' timeout (never a wait on the launch).
+            inside = [p for p, f in frames.items() if f['at'].endswith('in train') and p != 2]
+            t0 = time.monotonic()
+            try:
+                j.diff('state.params', frame='train')
+            except mhnotebook.HostsError as exc:
+                assert 'output of a launch that has not finished' in str(exc), exc
+            assert time.monotonic() - t0 < 20.0, inside
+            released_at = time.monotonic()
+            j.release_all()
+        finally:
+            j.detach()
+        results = job.finish(120.0)
+    ended = time.monotonic() - released_at
+    codes = [code for code, _, _ in results]
+    assert codes == [EXIT_PEER_FAILED] * FAILING + [1], (codes, [e[-2000:] for *_, e in results])
+    assert ended < 30.0, ended
+    _, _, err = results[FAILING]
+    assert 'holding every host for at most 120 s' in err and 'mhnotebook.attach(' in err, err
+    assert "BadBatch('bad batch')" in err and 'released; the error of process 2 goes on' in err
+    for p in range(FAILING):
+        assert f'this host (process {p}) holds at its next collective' in results[p][2]
