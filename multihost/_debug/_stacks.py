@@ -17,7 +17,7 @@ from typing import Any
 
 from multihost import _cells, _recorder
 from multihost._cells import is_cell
-from multihost._debug import _stepgate
+from multihost._debug import _hold, _stepgate
 from multihost._exchange import _bus, _kv, _sequence
 from multihost._models._stacks import Frame, HostStacks, ThreadStack, frame_words
 
@@ -132,7 +132,11 @@ def capture(process: int | None = None) -> HostStacks:
     now = time.time()
     last, waiting, background = _recorder.in_progress(_recorder.snapshot(pid, _recorder.RECENT))
     cells = {f[0] for t in threads for f in t.frames if is_cell(f[0])}
+    error = _hold.held_here()
+    if error is not None:  # held on its error: where it raised, not where it waits
+        where = error['site']
     return HostStacks(
+        held_error=_hold.describe(error) if error is not None else '',
         process=pid,
         answered=True,
         hostname=socket.gethostname(),

@@ -418,6 +418,8 @@ class HostStacks:
         background: service calls (a library's own barriers and key waits)
             still in progress on threads other than the main thread, oldest
             first.
+        held_error: the host is held on its own error (``--hold-on-error``):
+            ``"process 2 raised ValueError('bad batch') at train.py:74"``.
     """
 
     process: int
@@ -439,6 +441,7 @@ class HostStacks:
     engine: bool = False
     ours: tuple[str, ...] = ()
     background: tuple[FlightRecord, ...] = ()
+    held_error: str = ''
 
     @property
     def main_thread(self) -> ThreadStack | None:
@@ -520,6 +523,8 @@ class HostStacks:
         waited = fmt_duration(self.waiting_for) if waited is None else waited
         idle = fmt_duration(self.idle) if idle is None else idle
         activity = self.activity
+        if self.held_error and activity != 'no answer':
+            return f'held on its error: {self.held_error} (--hold-on-error; release_all ends it)'
         if activity == 'no answer':
             last = self.current
             why = self.error if self.error.startswith('no answer') else f'no answer: {self.error}'
