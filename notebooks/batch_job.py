@@ -8,9 +8,12 @@ its environment. It fits a line to its own shard of the data with
 (`multihost_utils.process_allgather`) and, every ``CKPT_EVERY`` steps, lines
 all hosts up before "saving" (`multihost_utils.sync_global_devices`).
 
-The knob: ``STALL_HOST=2`` makes process 2 stall before its first
+The knobs: ``STALL_HOST=2`` makes process 2 stall before its first
 checkpoint (a slow file system, a stuck data loader...) for ``STALL_S``
-seconds, so the other hosts wait for it in the checkpoint barrier.
+seconds, so the other hosts wait for it in the checkpoint barrier
+(tutorial 07). ``NAN_HOST=2`` puts a NaN into process 2's data at step
+``NAN_STEP`` (a corrupt record); the job's own NaN guard then raises on
+that host (tutorial 08).
 """
 
 import os
@@ -32,6 +35,8 @@ STEPS = int(os.environ.get('STEPS', '20'))
 CKPT_EVERY = int(os.environ.get('CKPT_EVERY', '5'))
 STALL_HOST = int(os.environ.get('STALL_HOST', '-1'))
 STALL_S = float(os.environ.get('STALL_S', '600'))
+NAN_HOST = int(os.environ.get('NAN_HOST', '-1'))
+NAN_STEP = int(os.environ.get('NAN_STEP', '3'))
 
 
 def load_shard(process: int) -> tuple[jax.Array, jax.Array]:
@@ -61,7 +66,11 @@ def main() -> None:
     x, y = load_shard(jax.process_index())
     params = {'w': jnp.zeros(()), 'b': jnp.zeros(())}
     for step in range(1, STEPS + 1):
+        if step == NAN_STEP and jax.process_index() == NAN_HOST:
+            x = x.at[7].set(jnp.nan)  # a corrupt record in this host's data
         value, grads = grad_fn(params, x, y)
+        if not jnp.isfinite(value):  # the job's NaN guard
+            raise FloatingPointError(f'loss is {float(value)} at step {step}')
         grads = jax.tree.map(lambda g: multihost_utils.process_allgather(g).mean(), grads)
         params = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
         if step % CKPT_EVERY == 0:

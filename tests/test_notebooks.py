@@ -114,6 +114,18 @@ def test_notebook_runs_top_to_bottom(path):
         # ... and nothing left behind: its folder (control file, logs, dumps) is removed.
         folder = re.search(r"removed the job's folder (\S+): True", text)
         assert folder and not os.path.exists(folder.group(1)), text
+    if path.name == '08_hold_and_inspect.ipynb':
+        # Held on its error; the data tools read the held frames; released, it ends as usual.
+        assert "process 2: held on its error: process 2 raised FloatingPointError('loss is nan" in (
+            text
+        ), text
+        assert 'NaN/Inf in 1 shard of 1 leaf on process 2: 1 NaN' in text, text
+        assert 'first at (7,)' in text and 'NaN at [(2, 7)]' in text, text
+        assert 'All 4 hosts hold the same tree (2 leaves).' in text, text
+        assert 'exit codes: [75, 75, 1, 75]' in text and 'still running: none' in text, text
+        assert "multihost: process 2 failed: FloatingPointError('loss is nan at step 3')" in text
+        folder = re.search(r"removed the job's folder (\S+): True", text)
+        assert folder and not os.path.exists(folder.group(1)), text
     if path.name == '05_real_cluster.ipynb':
         # Without MH_CLUSTER_URL_FILE: its stand-in cluster on this machine.
         # tests/test_netns_cluster.py runs it against hosts with their own addresses.

@@ -55,6 +55,15 @@ def _frame_arg(text: str) -> int | str:
     return int(text) if text.lstrip('-').isdigit() else text
 
 
+#: ``--frame N`` of the data magics: which frame of an attached job's program names are read in.
+_frame_option = magic_arguments.argument(
+    '--frame',
+    type=_frame_arg,
+    help='attached job: read the names in this frame of the program: a number (0, the '
+    "innermost, by default) or a function's name (job.frames() lists them)",
+)
+
+
 @magics_class
 class MultihostMagics(Magics):
     """The ``%mh_*`` magics. One session per IPython shell."""
@@ -233,12 +242,7 @@ class MultihostMagics(Magics):
         '--max-bytes',
         help='refuse a larger result (default: half the available memory), e.g. 8GiB',
     )
-    @magic_arguments.argument(
-        '--frame',
-        type=int,
-        help='attached job: read the names in this frame of the program (0, the innermost, '
-        'by default; job.frames() lists them)',
-    )
+    @_frame_option
     @line_magic
     def mh_allgather(self, line: str) -> None:
         """What is the global value? Gather an engine variable here, as numpy.
@@ -318,12 +322,7 @@ class MultihostMagics(Magics):
         action='store_true',
         help='do not gather the values (selecting a block shows no data)',
     )
-    @magic_arguments.argument(
-        '--frame',
-        type=int,
-        help='attached job: read the names in this frame of the program (0, the innermost, '
-        'by default; job.frames() lists them)',
-    )
+    @_frame_option
     @line_magic
     def mh_layout(self, line: str) -> Any:
         """Which host and device holds which block? An array's layout, drawn.
@@ -368,12 +367,7 @@ class MultihostMagics(Magics):
     @magic_arguments.argument(
         'name', help='engine value (any pytree): params, state.params, state.opt_state[0].mu'
     )
-    @magic_arguments.argument(
-        '--frame',
-        type=int,
-        help='attached job: read the names in this frame of the program (0, the innermost, '
-        'by default; job.frames() lists them)',
-    )
+    @_frame_option
     @line_magic
     def mh_diff(self, line: str) -> Any:
         """Do the hosts agree? Which leaves differ, on which host, by how much.
@@ -397,12 +391,7 @@ class MultihostMagics(Magics):
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('name', help=_TREE_NAME)
-    @magic_arguments.argument(
-        '--frame',
-        type=int,
-        help='attached job: read the names in this frame of the program (0, the innermost, '
-        'by default; job.frames() lists them)',
-    )
+    @_frame_option
     @line_magic
     def mh_nonfinite(self, line: str) -> Any:
         """Where are the NaNs? The shards holding NaN/Inf: host, device, block.
@@ -424,12 +413,7 @@ class MultihostMagics(Magics):
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('name', help=_TREE_NAME)
-    @magic_arguments.argument(
-        '--frame',
-        type=int,
-        help='attached job: read the names in this frame of the program (0, the innermost, '
-        'by default; job.frames() lists them)',
-    )
+    @_frame_option
     @line_magic
     def mh_nan(self, line: str) -> Any:
         """Where are the NaNs? The old name of %mh_nonfinite.
@@ -511,12 +495,7 @@ class MultihostMagics(Magics):
         return self.shown.replace('%mh_env', delegate(lambda: env_view(session)))
 
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument(
-        '--frame',
-        type=int,
-        help='attached job: read the names in this frame of the program (0, the innermost, '
-        'by default; job.frames() lists them)',
-    )
+    @_frame_option
     @line_magic
     def mh_memory_census(self, line: str) -> Any:
         """Which host holds more memory, and what? Per device; arrays few hosts hold.
@@ -533,12 +512,7 @@ class MultihostMagics(Magics):
         return self._memory_census(self.mh_memory_census, '%mh_memory_census', line)
 
     @magic_arguments.magic_arguments()
-    @magic_arguments.argument(
-        '--frame',
-        type=int,
-        help='attached job: read the names in this frame of the program (0, the innermost, '
-        'by default; job.frames() lists them)',
-    )
+    @_frame_option
     @line_magic
     def mh_mem(self, line: str) -> Any:
         """Which host holds more memory? The old name of %mh_memory_census.
