@@ -102,6 +102,9 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
             assert where[FAILING].where.startswith('_flax_job.py:') or '_flax_job.py:' in (
                 where[FAILING].where
             ), where[FAILING].where
+            verdict = j.wavefront().verdict or ''
+            assert 'process 2 never launched' in verdict or 'process 2 is not there' in verdict
+            assert 'now held on its error: process 2 raised BadBatch' in verdict, verdict
             # Every host's loop frame, by the function's name (hosts' frame numbers differ).
             tokens = j.allgather("batch['tokens']", frame='train')
             np.testing.assert_array_equal(tokens, _global_tokens(STEP))

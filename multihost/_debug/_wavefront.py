@@ -31,7 +31,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from multihost import _recorder
-from multihost._debug import _stacks
+from multihost._debug import _hold, _stacks
 from multihost._exchange import _bus, _kv
 from multihost._models._stacks import (
     stack_activity,
@@ -92,6 +92,10 @@ def front(process: int | None = None) -> HostFront:
         where = _stacks.user_frame(frames)
         ours = _stacks.our_dirs()
         kind, activity = stack_activity(frames, ours, lambda f: _stacks.frame_here(f, ours))
+    error = _hold.held_here()
+    if error is not None:  # --hold-on-error: where it raised, and that it is held there
+        where, kind = error['site'], 'held'
+        activity = f'held on its error: {_hold.describe(error)}'
     return HostFront(
         process=pid,
         answered=True,
