@@ -24,6 +24,8 @@ Two inputs a real job also reads from its environment:
   user code just before step s's ``train_step`` (uncaught: the job's own handler below
   reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
   ``sys.exit(3)`` there instead.
+* ``HEARTBEAT_S=s``: ``heartbeat_timeout_seconds`` of `jax.distributed.initialize`
+  (default 100, JAX's): how long the coordination service waits for a silent host.
 * ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
   `multihost` was loaded into this process by someone else (``python -m
   multihost run``: the script never imports it), each process writes its own
@@ -155,6 +157,7 @@ def main():
         num_processes=NUM_PROCESSES,
         process_id=PROCESS_ID,
         initialization_timeout=120,
+        heartbeat_timeout_seconds=int(os.environ.get('HEARTBEAT_S', '100')),
     )
     try:
         train()

@@ -22,7 +22,20 @@ process of a job run under install (``multihost run``, ``MULTIHOST_INSTALL``).
   process with `EXIT_PEER_FAILED`. A host that fails itself within `GRACE_S`
   keeps its own verdict and code.
 
-A job where nothing fails is untouched: no key is written, the exit is JAX's.
+- **A host vanishes** (SIGKILL, the out-of-memory killer, a lost machine): it tells
+  nobody. Every host's watcher thread (``multihost-fate-watch``) stamps its key
+  ``mh/alive/<p>`` every `watch_period` seconds (one RPC: a counter and its main
+  thread's last flight record); process 0's watcher reads them all (one directory
+  read) and, when a host's stamp has not changed for `lost_after` seconds (a quarter
+  of ``heartbeat_timeout_seconds``: before JAX's own missed-heartbeat verdict, which
+  comes half to all of it after the host went silent and aborts every survivor with
+  SIGABRT before it can say anything), issues the ``fate``
+  command with ``lost`` set: every survivor logs one line naming the lost host and
+  where it was last, dumps (trigger ``lost``), and ends with `EXIT_PEER_FAILED`.
+  A host that ends normally writes ``done`` there first (never called lost).
+
+A job where nothing fails is untouched: the exit is JAX's (the only keys written are
+the liveness stamps, ``mh/alive/``).
 """
 
 from __future__ import annotations
@@ -64,6 +77,9 @@ class _State:
         self.ending = False  # another host's failure is ending this one (exit 75)
         self.announcing: threading.Thread | None = None
         self.heard: dict[int, str] = {}  # replies to this host's announcement
+        self.heartbeat_s = 100.0  # the job's heartbeat_timeout_seconds (JAX's default)
+        self.lost: int | None = None  # a host found lost: the others out but this one
+        self.watching = False
 
 
 _state = _State()
@@ -86,6 +102,7 @@ def patch(options: Any) -> None:
 
             @functools.wraps(original)
             def initialize(*args: Any, **kwargs: Any) -> Any:
+                _state.heartbeat_s = _heartbeat_of(original, args, kwargs)
                 out = original(*args, **kwargs)
                 _arm()
                 return out
@@ -108,6 +125,130 @@ def unpatch() -> None:
         _state.armed = False
 
 
+def _heartbeat_of(initialize: Any, args: Any, kwargs: Any) -> float:
+    """The ``heartbeat_timeout_seconds`` an ``initialize`` call gives (100 s: JAX's default)."""
+    import inspect
+
+    try:
+        value = (
+            inspect.signature(initialize)
+            .bind(*args, **kwargs)
+            .arguments.get('heartbeat_timeout_seconds')
+        )
+        return float(value) if value else 100.0
+    except (TypeError, ValueError):
+        return 100.0
+
+
+def lost_after() -> float:
+    """Seconds without a new stamp after which a host is lost: ``MULTIHOST_LOST_S``, else a
+    quarter of the heartbeat timeout (JAX's service declares a silent host dead between half
+    and all of it after its last heartbeat, then aborts every survivor); 0: no watcher."""
+    raw = os.environ.get('MULTIHOST_LOST_S', '').strip()
+    try:
+        return max(0.0, float(raw)) if raw else max(2.0, _state.heartbeat_s / 4)
+    except ValueError:
+        return max(2.0, _state.heartbeat_s / 4)
+
+
+def watch_period() -> float:
+    """How often each host stamps (and process 0 reads) the liveness keys: a fifth of
+    `lost_after`, between 0.5 s and 5 s."""
+    return min(5.0, max(0.5, lost_after() / 5))
+
+
+def _last_record() -> str:
+    """The main thread's newest flight record, ``train_step call #5 at train.py:120``."""
+    from multihost import _recorder
+
+    for r in reversed(_recorder.snapshot(_kv.process_index(), 8)):
+        if not r.thread:
+            return f'{r.label} at {short_site(r.site)}' if r.site else r.label
+    return ''
+
+
+def _stamp(client: Any, me: int, n: int) -> None:
+    _kv.put(client, _kv.key('alive', me), json.dumps({'n': n, 'last': _last_record()}))
+
+
+def _watch(client: Any) -> None:
+    """Each host stamps its liveness key; process 0 also reads them all and says who is lost."""
+    me, count = _kv.process_index(), _kv.process_count()
+    period, limit = watch_period(), lost_after()
+    seen: dict[int, tuple[str, float]] = {}  # process -> (its last stamp, when it changed)
+    n = 0
+    while _kv.client() is client and _state.failed is None and not _state.ending:
+        n += 1
+        try:
+            _stamp(client, me, n)
+            if me == 0:
+                now = time.monotonic()
+                for p, raw in _kv.read_dir(client, _kv.key('alive')).items():
+                    if raw == 'done':
+                        seen[p] = (raw, float('inf'))
+                    elif seen.get(p, ('', 0.0))[0] != raw:
+                        seen[p] = (raw, now)
+                silent = [p for p, (_, t) in seen.items() if p != 0 and now - t > limit]
+                if silent and count > 1:  # the one silent longest went first
+                    p = min(silent, key=lambda q: (seen[q][1], q))
+                    _lost(client, p, now - seen[p][1], seen[p][0])
+                    return
+        except Exception:  # the service is going away (a normal end, or process 0 gone)
+            pass
+        time.sleep(period)
+
+
+def _lost(client: Any, p: int, silent: float, raw: str) -> None:
+    """Process 0: host ``p`` is lost; tells every other host (``fate`` with ``lost``), says
+    it itself, dumps, and ends last."""
+    try:
+        last = json.loads(raw).get('last', '')
+    except (ValueError, AttributeError):
+        last = ''
+    order = {'lost': p, 'silent': round(silent), 'lost_at': time.time() - silent, 'last': last}
+    _state.ending, _state.lost = True, p
+    threading.Thread(
+        target=_bus.command,
+        args=(client, 'fate', ANNOUNCE_S),
+        kwargs={'skip': [p], **order},
+        name='multihost-fate',
+        daemon=True,
+    ).start()
+    _ending({**order, 'by': 0}, 0)
+    _leave(EXIT_PEER_FAILED)
+
+
+def lost_phrase(order: dict[str, Any]) -> str:
+    """``process 2 lost at 07:02:11 (no heartbeat for 10 s); it was last at ...``."""
+    at = time.strftime('%H:%M:%S', time.localtime(float(order.get('lost_at') or time.time())))
+    last = f'; it was last at {order["last"]}' if order.get('last') else ''
+    return (
+        f'process {order.get("lost")} lost at {at} (no heartbeat for {order.get("silent")} s){last}'
+    )
+
+
+def _ending(order: dict[str, Any], me: int) -> str:
+    """Logs this host's one line and writes its dump (``peer``, or ``lost``); the line."""
+    try:
+        where = _position()
+    except Exception as exc:
+        where = f'somewhere unknown ({exc})'
+    lost = order.get('lost') is not None
+    what = lost_phrase(order) if lost else failure_phrase(order)
+    line = (
+        f'multihost: {what}; this host (process {me}) was {where}; '
+        f'ending (exit code {EXIT_PEER_FAILED})'
+    )
+    print(line, file=sys.stderr, flush=True)
+    from multihost._job import _dump
+
+    keys = ('lost', 'silent', 'lost_at', 'last') if lost else (
+        'by', 'error', 'message', 'site', 'function', 'code')  # fmt: skip
+    details = {k: order.get(k) for k in keys}
+    _dump.dump('lost' if lost else 'peer', {**details, 'where': where, 'line': line})
+    return where
+
+
 def _arm() -> None:
     """The debug thread (so the others reach this host), the excepthook, the exit handler."""
     with _state.lock:
@@ -117,6 +258,12 @@ def _arm() -> None:
         _state.prev_hook, sys.excepthook = sys.excepthook, _excepthook
         # Registered after multihost's and JAX's own exit handlers: runs before them.
         atexit.register(_at_exit)
+        client = _kv.client()
+        if lost_after() > 0 and not _state.watching:
+            _state.watching = True
+            threading.Thread(
+                target=_watch, args=(client,), name='multihost-fate-watch', daemon=True
+            ).start()
     _bus.start_debug_daemon()
 
 
@@ -199,10 +346,22 @@ def _announce(code: int, error: str, message: str, site: str, function: str) -> 
 def _at_exit() -> None:
     """A failing host ends with its own code once the others heard (bounded), not in JAX's
     shutdown barrier. Nothing happens in a job where this host did not fail."""
+    _done()
     if _state.ending:  # the debug thread ends this host (75) once the others are out
         _leave(EXIT_PEER_FAILED)
     if _state.failed is not None:
         _finish()
+
+
+def _done() -> None:
+    """This host ends (normally or not): its liveness key says so, it is never called lost."""
+    client = _kv.client()
+    if client is None or not _state.watching:
+        return
+    try:
+        _kv.put(client, _kv.key('alive', _kv.process_index()), 'done')
+    except Exception:
+        pass
 
 
 def _finish() -> None:
@@ -220,11 +379,13 @@ def _leave(code: int) -> None:
     try:
         client, me, n = _kv.client(), _kv.process_index(), _kv.process_count()
         if client is not None and me != 0:
+            _done()
             _kv.increment(client, _kv.key('fate', 'out'), 1)
         elif client is not None:
             deadline = time.monotonic() + ANNOUNCE_S
+            others = n - 1 - (_state.lost is not None)
             while time.monotonic() < deadline:
-                if _kv.increment(client, _kv.key('fate', 'out'), 0) >= n - 1:
+                if _kv.increment(client, _kv.key('fate', 'out'), 0) >= others:
                     time.sleep(1.0)  # their os._exit, after the count
                     break
                 time.sleep(0.05)
@@ -266,23 +427,14 @@ def _on_fate(client: Any, order: dict[str, Any]) -> Any:
     me = _kv.process_index()
     if order.get('by') == me or not _state.armed:
         return json.dumps({'self' if order.get('by') == me else 'off': True})
-    time.sleep(GRACE_S)
+    if order.get('lost') is None:
+        time.sleep(GRACE_S)
     if _state.failed is not None:  # this host failed too: it keeps its own verdict
         return json.dumps({'failed_too': _state.failed})
     _state.ending = True
-    try:
-        where = _position()
-    except Exception as exc:
-        where = f'somewhere unknown ({exc})'
-    line = (
-        f'multihost: {failure_phrase(order)}; this host (process {me}) was {where}; '
-        f'ending (exit code {EXIT_PEER_FAILED})'
-    )
-    print(line, file=sys.stderr, flush=True)
-    from multihost._job import _dump
-
-    details = {k: order.get(k) for k in ('by', 'error', 'message', 'site', 'function', 'code')}
-    _dump.dump('peer', {**details, 'where': where, 'line': line})
+    if order.get('lost') is not None:
+        _state.lost = int(order['lost'])
+    where = _ending(order, me)
     return json.dumps({'ending': EXIT_PEER_FAILED, 'where': where}), functools.partial(
         _leave, EXIT_PEER_FAILED
     )
