@@ -123,3 +123,23 @@ def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path
     assert 'train_step' in by[hung[0]].details['record'], by[hung[0]].details
     assert by[2].trigger == 'request', by[2].trigger
     assert [rc for rc, _, _ in results] == [0] * N, [err[-1500:] for _, _, err in results]
+
+
+def test_sys_exit_3_under_a_plain_install_ends_every_host(tmp_path: Any) -> None:
+    """``MULTIHOST_INSTALL=1 python train.py`` (no ``multihost run`` to catch ``SystemExit``):
+    the installed ``sys.exit`` notes the code; once the script has unwound, before the
+    interpreter's teardown, process 2 tells the others and ends with 3."""
+    ckpt = os.path.join(str(tmp_path), 'ckpt')
+    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', EXIT_HOST='2', RAISE_STEP='1',
+                              MULTIHOST_INSTALL='1')  # fmt: skip
+    t0 = time.monotonic()
+    with _jobs.start(N, [JOB], env, cwd=str(tmp_path)) as job:
+        results = job.finish(150.0)
+    codes = [rc for rc, _, _ in results]
+    assert codes == [EXIT_PEER_FAILED, EXIT_PEER_FAILED, 3, EXIT_PEER_FAILED], (
+        codes, [err[-2000:] for _, _, err in results])  # fmt: skip
+    lines = _ended_lines(results)
+    for p in (0, 1, 3):
+        (line,) = lines[p]
+        assert 'process 2 exited with code 3 at _flax_job.py:' in line, line
+    assert time.monotonic() - t0 < 120

@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from multihost import _jax_adapter
 from multihost._exchange import _bus, _kv
@@ -63,6 +63,7 @@ ANNOUNCE_S = 10.0
 #: A host told of another's failure first waits this long: one that fails too keeps its own.
 GRACE_S = 1.0
 
+_PY_EXIT = sys.exit  # Python's, whatever is patched later
 _LIB_MARKERS = ('/site-packages/', '/dist-packages/', '/lib/python', '<frozen ')
 
 
@@ -80,6 +81,8 @@ class _State:
         self.heartbeat_s = 100.0  # the job's heartbeat_timeout_seconds (JAX's default)
         self.lost: int | None = None  # a host found lost: the others out but this one
         self.watching = False
+        self.exit_call: tuple[Any, Any] | None = None  # (code, frame) of a sys.exit call
+        self.sys_exit: Any = None  # Python's sys.exit, while patched
 
 
 _state = _State()
@@ -122,6 +125,9 @@ def unpatch() -> None:
         _state.original = _state.patched = None
         if _state.armed and sys.excepthook is _excepthook:
             sys.excepthook = _state.prev_hook
+        if _state.sys_exit is not None and sys.exit is _sys_exit:
+            sys.exit = _state.sys_exit
+        _state.sys_exit = None
         _state.armed = False
 
 
@@ -258,6 +264,15 @@ def _arm() -> None:
         _state.prev_hook, sys.excepthook = sys.excepthook, _excepthook
         # Registered after multihost's and JAX's own exit handlers: runs before them.
         atexit.register(_at_exit)
+        # A plain run (``MULTIHOST_INSTALL=1 python train.py``): nothing catches SystemExit;
+        # sys.exit notes its code, and this runs after the program unwound, before the
+        # interpreter's teardown (threads joined, exit handlers, JAX's shutdown barrier).
+        if _state.sys_exit is None:
+            _state.sys_exit, sys.exit = sys.exit, _sys_exit
+            try:
+                threading._register_atexit(_before_teardown)  # type: ignore[attr-defined]
+            except (AttributeError, RuntimeError):
+                pass
         client = _kv.client()
         if lost_after() > 0 and not _state.watching:
             _state.watching = True
@@ -296,6 +311,33 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
         # and runs the exit handlers registered after ours (orbax's), which may wait for the
         # hosts being ended.
         _finish()
+
+
+def _sys_exit(code: Any = None) -> NoReturn:
+    """``sys.exit``, noting its code and caller for `_before_teardown` (then Python's)."""
+    _state.exit_call = (code, sys._getframe(1))
+    _PY_EXIT(code)
+
+
+def _before_teardown() -> None:
+    """The main module ended: after a ``sys.exit(N != 0)`` (not caught by ``multihost
+    run``), tell the others and end with N, as `failed_exit` does."""
+    call, _state.exit_call = _state.exit_call, None
+    if call is None or _state.failed is not None or _state.ending:
+        return
+    code, frame = call
+    if code in (None, 0) or not _state.armed:
+        return
+    site = f'{frame.f_code.co_filename}:{frame.f_lineno}' if frame is not None else '?'
+    exit_code = code if isinstance(code, int) else 1
+    if not _announce(exit_code, 'SystemExit', str(code), site, frame.f_code.co_name):
+        return
+    from multihost._job import _dump
+
+    tb = {'error': 'SystemExit', 'message': str(code), 'thread': 'MainThread'}
+    _dump.dump('exception', {**tb, 'traceback': [[site.rsplit(':', 1)[0], frame.f_lineno,
+                                                   frame.f_code.co_name, '']]})  # fmt: skip
+    _finish()
 
 
 def failed_exit(code: Any, tb: Any) -> None:
