@@ -13,7 +13,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import sys
+import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from multihost._job import _cli
 from multihost._job._dumpfile import Dump, DumpFormatError, read_dirs
@@ -107,6 +109,9 @@ def _raised(d: Dump) -> str:
 
 def _cause(dumps: Sequence[Dump]) -> str:
     """The first failure: an exception dump (earliest), else what the ``peer`` dumps say."""
+    lost = [d for d in dumps if d.trigger == 'lost' and d.details.get('lost') is not None]
+    if lost:
+        return _lost_line(lost[0].details, {d.process for d in dumps})
     raised = sorted((d for d in dumps if _raised(d)), key=lambda d: d.trigger_time)
     if raised:
         return f'process {raised[0].process} {_raised(raised[0])}'
@@ -116,9 +121,26 @@ def _cause(dumps: Sequence[Dump]) -> str:
     return ''
 
 
+def _lost_line(details: Any, dumped: set[int]) -> str:
+    """``process 2 was lost at 07:02:11 (no dump: killed or its machine gone); last seen at
+    train_step call #5 at train.py:120`` from a survivor's ``lost`` dump."""
+    p = details.get('lost')
+    at = time.strftime('%H:%M:%S', time.localtime(float(details.get('lost_at') or 0)))
+    why = 'no dump: killed or its machine gone' if p not in dumped else 'its last stamp'
+    last = f'; last seen at {details["last"]}' if details.get('last') else ''
+    return f'process {p} was lost at {at} ({why}){last}'
+
+
 def _position(d: Dump) -> tuple[str, float | None]:
     if _raised(d):
         return _raised(d), None
+    if d.trigger in ('lost', 'peer') and d.details.get('where'):
+        because = (
+            f'process {d.details.get("lost")} was lost'
+            if d.trigger == 'lost'
+            else f'process {d.details.get("by")} failed'
+        )
+        return f'ending because {because}; it was {d.details["where"]}', None
     f = d.front
     if f.pending is not None and f.waiting is None:
         return (

@@ -41,7 +41,17 @@ FORMAT = 'multihost-dump'
 VERSION = 1
 MAX_BYTES = 4 * 1024 * 1024
 #: What can make a host write its dump.
-TRIGGERS = ('timeout', 'mismatch', 'preemption', 'signal', 'exception', 'hang', 'request', 'peer')
+TRIGGERS = (
+    'timeout',
+    'mismatch',
+    'preemption',
+    'signal',
+    'exception',
+    'hang',
+    'request',
+    'peer',
+    'lost',
+)
 RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(FlightRecord))
 _REQUIRED = ('process', 'num_processes', 'trigger', 'front', 'stacks', 'records')
 

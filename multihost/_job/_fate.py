@@ -22,7 +22,20 @@ process of a job run under install (``multihost run``, ``MULTIHOST_INSTALL``).
   process with `EXIT_PEER_FAILED`. A host that fails itself within `GRACE_S`
   keeps its own verdict and code.
 
-A job where nothing fails is untouched: no key is written, the exit is JAX's.
+- **A host vanishes** (SIGKILL, the out-of-memory killer, a lost machine): it tells
+  nobody. Every host's watcher thread (``multihost-fate-watch``) stamps its key
+  ``mh/alive/<p>`` every `watch_period` seconds (one RPC: a counter and its main
+  thread's last flight record); process 0's watcher reads them all (one directory
+  read) and, when a host's stamp has not changed for `lost_after` seconds (a quarter
+  of ``heartbeat_timeout_seconds``: before JAX's own missed-heartbeat verdict, which
+  comes half to all of it after the host went silent and aborts every survivor with
+  SIGABRT before it can say anything), issues the ``fate``
+  command with ``lost`` set: every survivor logs one line naming the lost host and
+  where it was last, dumps (trigger ``lost``), and ends with `EXIT_PEER_FAILED`.
+  A host that ends normally writes ``done`` there first (never called lost).
+
+A job where nothing fails is untouched: the exit is JAX's (the only keys written are
+the liveness stamps, ``mh/alive/``).
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from multihost import _jax_adapter
 from multihost._debug import _hold
@@ -51,6 +64,7 @@ ANNOUNCE_S = 10.0
 #: A host told of another's failure first waits this long: one that fails too keeps its own.
 GRACE_S = 1.0
 
+_PY_EXIT = sys.exit  # Python's, whatever is patched later
 _LIB_MARKERS = ('/site-packages/', '/dist-packages/', '/lib/python', '<frozen ')
 
 
@@ -65,6 +79,12 @@ class _State:
         self.ending = False  # another host's failure is ending this one (exit 75)
         self.announcing: threading.Thread | None = None
         self.heard: dict[int, str] = {}  # replies to this host's announcement
+        self.heartbeat_s = 100.0  # the job's heartbeat_timeout_seconds (JAX's default)
+        self.lost: int | None = None  # a host found lost: the others out but this one
+        self.watching = False
+        self.done_written = False
+        self.exit_call: tuple[Any, Any] | None = None  # (code, frame) of a sys.exit call
+        self.sys_exit: Any = None  # Python's sys.exit, while patched
 
 
 _state = _State()
@@ -92,6 +112,7 @@ def patch(options: Any) -> None:
 
             @functools.wraps(original)
             def initialize(*args: Any, **kwargs: Any) -> Any:
+                _state.heartbeat_s = _heartbeat_of(original, args, kwargs)
                 out = original(*args, **kwargs)
                 _arm()
                 return out
@@ -111,8 +132,230 @@ def unpatch() -> None:
         _state.original = _state.patched = None
         if _state.armed and sys.excepthook is _excepthook:
             sys.excepthook = _state.prev_hook
+        if _state.sys_exit is not None and sys.exit is _sys_exit:
+            sys.exit = _state.sys_exit
+        _state.sys_exit = None
         _state.armed = False
     _hold.configure(False, 0.0)
+
+
+def _heartbeat_of(initialize: Any, args: Any, kwargs: Any) -> float:
+    """The ``heartbeat_timeout_seconds`` an ``initialize`` call gives (100 s: JAX's default)."""
+    import inspect
+
+    try:
+        value = (
+            inspect.signature(initialize)
+            .bind(*args, **kwargs)
+            .arguments.get('heartbeat_timeout_seconds')
+        )
+        return float(value) if value else 100.0
+    except (TypeError, ValueError):
+        return 100.0
+
+
+def lost_after() -> float:
+    """Seconds without a new stamp after which a host is lost: ``MULTIHOST_LOST_S``, else a
+    quarter of the heartbeat timeout (JAX's service declares a silent host dead between half
+    and all of it after its last heartbeat, then aborts every survivor); 0: no watcher."""
+    raw = os.environ.get('MULTIHOST_LOST_S', '').strip()
+    try:
+        return max(0.0, float(raw)) if raw else max(2.0, _state.heartbeat_s / 4)
+    except ValueError:
+        return max(2.0, _state.heartbeat_s / 4)
+
+
+def watch_period() -> float:
+    """How often each host stamps (and process 0 reads) the liveness keys: a fifth of
+    `lost_after`, between 0.5 s and 5 s."""
+    return min(5.0, max(0.5, lost_after() / 5))
+
+
+def _last_record() -> str:
+    """The main thread's newest flight record, ``train_step call #5 at train.py:120``."""
+    from multihost import _recorder
+
+    for r in reversed(_recorder.snapshot(_kv.process_index(), 8)):
+        if not r.thread:
+            return f'{r.label} at {short_site(r.site)}' if r.site else r.label
+    return ''
+
+
+def _waiting() -> float:
+    """Seconds the main thread has been in its current wait (a collective, a barrier, a
+    launch not done on device), else 0."""
+    from multihost import _recorder
+
+    now = time.time()
+    for r in reversed(_recorder.snapshot(_kv.process_index(), _recorder.RECENT)):
+        if not r.thread:
+            if r.state == _recorder.WAITING:
+                return now - r.time
+            break
+    rec = _recorder.awaited_launch(_kv.process_index())
+    return now - rec.time if rec is not None else 0.0
+
+
+def _stamp(client: Any, me: int, n: int) -> None:
+    info = {'n': n, 'last': _last_record(), 'wait': round(_waiting(), 1)}
+    _kv.put(client, _kv.key('alive', me), json.dumps(info))
+
+
+def _parse(raw: str) -> dict[str, Any]:
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        return {'done': 1} if raw == 'done' else {}
+    return info if isinstance(info, dict) else {}
+
+
+def _watch(client: Any) -> None:
+    """Each host stamps its liveness key; process 0 also reads them all and says who is lost."""
+    me, count = _kv.process_index(), _kv.process_count()
+    period, limit = watch_period(), lost_after()
+    seen: dict[int, tuple[str, float]] = {}  # process -> (its last stamp, when it changed)
+    done: dict[int, tuple[float, dict[str, Any]]] = {}  # process -> (seen done at, its stamp)
+    n = 0
+    while _kv.client() is client and _state.failed is None and not _state.ending:
+        n += 1
+        try:
+            _stamp(client, me, n)
+            if me == 0:
+                now = time.monotonic()
+                for p, raw in _kv.read_dir(client, _kv.key('alive')).items():
+                    info = _parse(raw)
+                    if info.get('done'):
+                        seen[p] = (raw, float('inf'))
+                        done.setdefault(p, (now, info))
+                    elif seen.get(p, ('', 0.0))[0] != raw:
+                        seen[p] = (raw, now)
+                early = _early(done, seen, now)
+                if early is not None and count > 1:
+                    _ended(client, *early)
+                    return
+                silent = [p for p, (_, t) in seen.items() if p != 0 and now - t > limit]
+                if silent and count > 1:  # the one silent longest went first
+                    p = min(silent, key=lambda q: (seen[q][1], q))
+                    _lost(client, p, now - seen[p][1], seen[p][0])
+                    return
+        except Exception:  # the service is going away (a normal end, or process 0 gone)
+            pass
+        time.sleep(period)
+
+
+def _lost(client: Any, p: int, silent: float, raw: str) -> None:
+    """Process 0: host ``p`` is lost; tells every other host (``fate`` with ``lost``), says
+    it itself, dumps, and ends last."""
+    try:
+        last = json.loads(raw).get('last', '')
+    except (ValueError, AttributeError):
+        last = ''
+    order = {'lost': p, 'silent': round(silent), 'lost_at': time.time() - silent, 'last': last}
+    _state.ending, _state.lost = True, p
+    threading.Thread(
+        target=_bus.command,
+        args=(client, 'fate', ANNOUNCE_S),
+        kwargs={'skip': [p], **order},
+        name='multihost-fate',
+        daemon=True,
+    ).start()
+    _ending({**order, 'by': 0}, 0)
+    _leave(EXIT_PEER_FAILED)
+
+
+#: A host that ended (code 0) this long ago, while another has been waiting this long in
+#: one collective, barrier or launch, ended early: that wait can never complete.
+EARLY_S = 10.0
+
+
+def _early(
+    done: dict[int, tuple[float, dict[str, Any]]], seen: dict[int, tuple[str, float]], now: float
+) -> tuple[int, dict[str, Any]] | None:
+    """(the host that ended early, its stamp) when one did (see `EARLY_S`), else None.
+
+    A host that ended its script has made every collective call it will make: a wait of
+    another host still going on `EARLY_S` after it ended, and that long already, waits for
+    it (a wait it was part of completes at once; a longer launch that began before it ended
+    had `EARLY_S` to complete)."""
+    for d, (t_done, info) in sorted(done.items()):
+        if now - t_done < EARLY_S:
+            continue
+        waits = {0: _waiting()}
+        for p, (raw, changed) in seen.items():
+            if p not in done and p != 0:
+                wait = float(_parse(raw).get('wait') or 0.0)
+                waits[p] = wait + (now - changed) if wait > 0 else 0.0  # as of now
+        if any(w > EARLY_S for w in waits.values()):
+            return d, info
+    return None
+
+
+def _ended(client: Any, d: int, info: dict[str, Any]) -> None:
+    """Process 0: host ``d`` ended early (code 0) and others wait for it; ends every host."""
+    order = {'ended': d, 'code': info.get('code', 0), 'site': info.get('site', '')}
+    _state.ending = True
+    threading.Thread(
+        target=_bus.command,
+        args=(client, 'fate', ANNOUNCE_S),
+        kwargs=order,
+        name='multihost-fate',
+        daemon=True,
+    ).start()
+    _ending({**order, 'by': 0}, 0)
+    _leave(EXIT_PEER_FAILED)
+
+
+def ended_early(code: Any, site: str) -> None:
+    """This host's script ended with code 0 (``multihost run``'s ``SystemExit``, or the end
+    of a plain run): its liveness key says so, with where; when other hosts still run it
+    says so in its log once the others are found waiting for it (`EARLY_S`)."""
+    client = _kv.client()
+    if client is None or not _state.watching or _state.failed is not None or _state.ending:
+        return
+    me = _kv.process_index()
+    try:
+        _state.done_written = True
+        _kv.put(client, _kv.key('alive', me), json.dumps({'done': 1, 'code': 0, 'site': site}))
+    except Exception:
+        pass
+
+
+def lost_phrase(order: dict[str, Any]) -> str:
+    """``process 2 lost at 07:02:11 (no heartbeat for 10 s); it was last at ...``."""
+    at = time.strftime('%H:%M:%S', time.localtime(float(order.get('lost_at') or time.time())))
+    last = f'; it was last at {order["last"]}' if order.get('last') else ''
+    return (
+        f'process {order.get("lost")} lost at {at} (no heartbeat for {order.get("silent")} s){last}'
+    )
+
+
+def _ending(order: dict[str, Any], me: int) -> str:
+    """Logs this host's one line and writes its dump (``peer``, or ``lost``); the line."""
+    try:
+        where = _position()
+    except Exception as exc:
+        where = f'somewhere unknown ({exc})'
+    lost = order.get('lost') is not None
+    if order.get('ended') is not None:
+        what = (
+            f'process {order["ended"]} ended early (exit code {order.get("code", 0)}) at '
+            f'{short_site(str(order.get("site") or "?"))}'
+        )
+        order = {**order, 'by': order['ended'], 'error': 'SystemExit', 'message': '0'}
+    else:
+        what = lost_phrase(order) if lost else failure_phrase(order)
+    line = (
+        f'multihost: {what}; this host (process {me}) was {where}; '
+        f'ending (exit code {EXIT_PEER_FAILED})'
+    )
+    print(line, file=sys.stderr, flush=True)
+    from multihost._job import _dump
+
+    keys = ('lost', 'silent', 'lost_at', 'last') if lost else (
+        'by', 'error', 'message', 'site', 'function', 'code')  # fmt: skip
+    details = {k: order.get(k) for k in keys}
+    _dump.dump('lost' if lost else 'peer', {**details, 'where': where, 'line': line})
+    return where
 
 
 def _arm() -> None:
@@ -124,10 +367,25 @@ def _arm() -> None:
         _state.prev_hook, sys.excepthook = sys.excepthook, _excepthook
         # Registered after multihost's and JAX's own exit handlers: runs before them.
         atexit.register(_at_exit)
+        # A plain run (``MULTIHOST_INSTALL=1 python train.py``): nothing catches SystemExit;
+        # sys.exit notes its code, and this runs after the program unwound, before the
+        # interpreter's teardown (threads joined, exit handlers, JAX's shutdown barrier).
+        if _state.sys_exit is None:
+            _state.sys_exit, sys.exit = sys.exit, _sys_exit
+            try:
+                threading._register_atexit(_before_teardown)  # type: ignore[attr-defined]
+            except (AttributeError, RuntimeError):
+                pass
+        client = _kv.client()
+        if lost_after() > 0 and not _state.watching:
+            _state.watching = True
+            threading.Thread(
+                target=_watch, args=(client,), name='multihost-fate-watch', daemon=True
+            ).start()
     _bus.start_debug_daemon()
 
 
-def _script_site(tb: Any) -> tuple[str, str]:
+def script_site(tb: Any) -> tuple[str, str]:
     """(``file:line``, function) of the innermost frame of the program itself (not of a
     library or of Python), else the innermost frame."""
     frames = traceback.extract_tb(tb) if tb is not None else []
@@ -145,7 +403,7 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
         # Not while another's failure ends this host: its main thread's wait may fail as the
         # others leave, and that is not a failure of its own.
         if _state.failed is None and not _state.ending and not issubclass(tp, SystemExit):
-            site, function = _script_site(tb)
+            site, function = script_site(tb)
             code = 130 if issubclass(tp, KeyboardInterrupt) else 1
             if _hold.enabled() and code == 1:
                 # The traceback first (the log shows the error while held), then the hold.
@@ -165,12 +423,41 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
         _finish()
 
 
+def _sys_exit(code: Any = None) -> NoReturn:
+    """``sys.exit``, noting its code and caller for `_before_teardown` (then Python's)."""
+    _state.exit_call = (code, sys._getframe(1))
+    _PY_EXIT(code)
+
+
+def _before_teardown() -> None:
+    """The main module ended: after a ``sys.exit(N != 0)`` (not caught by ``multihost
+    run``), tell the others and end with N, as `failed_exit` does."""
+    call, _state.exit_call = _state.exit_call, None
+    if _state.failed is not None or _state.ending or not _state.armed:
+        return
+    code, frame = call if call is not None else (None, None)
+    if code in (None, 0) or frame is None:
+        site = f'{frame.f_code.co_filename}:{frame.f_lineno}' if frame is not None else ''
+        ended_early(code if call is not None else None, site)
+        return
+    site = f'{frame.f_code.co_filename}:{frame.f_lineno}'
+    exit_code = code if isinstance(code, int) else 1
+    if not _announce(exit_code, 'SystemExit', str(code), site, frame.f_code.co_name):
+        return
+    from multihost._job import _dump
+
+    tb = {'error': 'SystemExit', 'message': str(code), 'thread': 'MainThread'}
+    _dump.dump('exception', {**tb, 'traceback': [[site.rsplit(':', 1)[0], frame.f_lineno,
+                                                   frame.f_code.co_name, '']]})  # fmt: skip
+    _finish()
+
+
 def failed_exit(code: Any, tb: Any) -> None:
     """``multihost run``: the program raised ``SystemExit(code)``; a non-zero code is a failure."""
     if not _state.armed or _state.failed is not None or _state.ending or code in (None, 0):
         return
     exit_code = code if isinstance(code, int) else 1
-    site, function = _script_site(tb)
+    site, function = script_site(tb)
     if not _announce(exit_code, 'SystemExit', str(code), site, function):
         return
     from multihost._job import _dump, _triggers
@@ -213,10 +500,22 @@ def _announce(code: int, error: str, message: str, site: str, function: str) -> 
 def _at_exit() -> None:
     """A failing host ends with its own code once the others heard (bounded), not in JAX's
     shutdown barrier. Nothing happens in a job where this host did not fail."""
+    _done()
     if _state.ending:  # the debug thread ends this host (75) once the others are out
         _leave(EXIT_PEER_FAILED)
     if _state.failed is not None:
         _finish()
+
+
+def _done() -> None:
+    """This host ends (normally or not): its liveness key says so, it is never called lost."""
+    client = _kv.client()
+    if client is None or not _state.watching or _state.done_written:
+        return
+    try:
+        _kv.put(client, _kv.key('alive', _kv.process_index()), 'done')
+    except Exception:
+        pass
 
 
 def _finish() -> None:
@@ -234,11 +533,13 @@ def _leave(code: int) -> None:
     try:
         client, me, n = _kv.client(), _kv.process_index(), _kv.process_count()
         if client is not None and me != 0:
+            _done()
             _kv.increment(client, _kv.key('fate', 'out'), 1)
         elif client is not None:
             deadline = time.monotonic() + ANNOUNCE_S
+            others = n - 1 - (_state.lost is not None)
             while time.monotonic() < deadline:
-                if _kv.increment(client, _kv.key('fate', 'out'), 0) >= n - 1:
+                if _kv.increment(client, _kv.key('fate', 'out'), 0) >= others:
                     time.sleep(1.0)  # their os._exit, after the count
                     break
                 time.sleep(0.05)
@@ -280,23 +581,23 @@ def _on_fate(client: Any, order: dict[str, Any]) -> Any:
     me = _kv.process_index()
     if order.get('by') == me or not _state.armed:
         return json.dumps({'self' if order.get('by') == me else 'off': True})
-    time.sleep(GRACE_S)
+    if order.get('ended') == me:  # this host ended early: it leaves now, with its code 0
+        print(
+            f'multihost: this host (process {me}) ended early (exit code 0) at '
+            f'{short_site(str(order.get("site") or "?"))} while the others waited for it; '
+            'they are being ended (exit code 75)',
+            file=sys.stderr,
+            flush=True,
+        )
+        return json.dumps({'ended': 0}), functools.partial(_leave, 0)
+    if order.get('lost') is None and order.get('ended') is None:
+        time.sleep(GRACE_S)
     if _state.failed is not None:  # this host failed too: it keeps its own verdict
         return json.dumps({'failed_too': _state.failed})
     _state.ending = True
-    try:
-        where = _position()
-    except Exception as exc:
-        where = f'somewhere unknown ({exc})'
-    line = (
-        f'multihost: {failure_phrase(order)}; this host (process {me}) was {where}; '
-        f'ending (exit code {EXIT_PEER_FAILED})'
-    )
-    print(line, file=sys.stderr, flush=True)
-    from multihost._job import _dump
-
-    details = {k: order.get(k) for k in ('by', 'error', 'message', 'site', 'function', 'code')}
-    _dump.dump('peer', {**details, 'where': where, 'line': line})
+    if order.get('lost') is not None:
+        _state.lost = int(order['lost'])
+    where = _ending(order, me)
     return json.dumps({'ending': EXIT_PEER_FAILED, 'where': where}), functools.partial(
         _leave, EXIT_PEER_FAILED
     )
