@@ -23,7 +23,7 @@ Two inputs a real job also reads from its environment:
 * ``RAISE_HOST=p`` with ``RAISE_STEP=s``: process p raises ``ValueError('bad batch')`` in
   user code just before step s's ``train_step`` (uncaught: the job's own handler below
   reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
-  ``sys.exit(3)`` there instead (``EXIT_CODE=c``: ``sys.exit(c)``).
+  ``sys.exit(3)`` there instead.
 * ``HEARTBEAT_S=s``: ``heartbeat_timeout_seconds`` of `jax.distributed.initialize`
   (default 100, JAX's): how long the coordination service waits for a silent host.
 * ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
@@ -65,7 +65,6 @@ STALL_HOST = int(os.environ.get('STALL_HOST', '-1'))
 RAISE_HOST = int(os.environ.get('RAISE_HOST', '-1'))
 EXIT_HOST = int(os.environ.get('EXIT_HOST', '-1'))
 RAISE_STEP = int(os.environ.get('RAISE_STEP', '2'))
-EXIT_CODE = int(os.environ.get('EXIT_CODE', '3'))
 
 
 class BadBatch(ValueError):
@@ -76,7 +75,7 @@ def check_batch(step):
     if step == RAISE_STEP and jax.process_index() == RAISE_HOST:
         raise BadBatch('bad batch')
     if step == RAISE_STEP and jax.process_index() == EXIT_HOST:
-        sys.exit(EXIT_CODE)
+        sys.exit(3)
 
 
 STALL_BEFORE_STEP = int(os.environ.get('STALL_BEFORE_STEP', '-1'))

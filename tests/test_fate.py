@@ -143,34 +143,3 @@ def test_sys_exit_3_under_a_plain_install_ends_every_host(tmp_path: Any) -> None
         (line,) = lines[p]
         assert 'process 2 exited with code 3 at _flax_job.py:' in line, line
     assert time.monotonic() - t0 < 120
-
-
-def test_a_host_ending_early_with_code_0_ends_the_hosts_waiting_for_it(tmp_path: Any) -> None:
-    """Issue 34 item 4: process 3 calls ``sys.exit(0)`` before step 1's ``train_step``
-    while the others are inside that launch. Not a failure (it exits 0, saying so), but
-    the others, waiting for it 10 s after it ended (`_fate.EARLY_S`), end with 75, each
-    logging one line naming it."""
-    from multihost._job._fate import EARLY_S
-
-    ckpt, dumps = os.path.join(str(tmp_path), 'ckpt'), os.path.join(str(tmp_path), 'dumps')
-    # HEARTBEAT_S=20: stamps every 1 s. With JAX's default (100 s: every 5 s) the verdict
-    # did not come here within 150 s: open (see the report of issue 34 item 4).
-    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', EXIT_HOST='3', EXIT_CODE='0',
-                              RAISE_STEP='1', HEARTBEAT_S='20')  # fmt: skip
-    command = ['-m', 'multihost', 'run', '--dump-dir', dumps, JOB]
-    with _jobs.start(N, command, env, cwd=str(tmp_path)) as job:
-        results = job.finish(150.0)
-    ended = time.time()
-    codes = [rc for rc, _, _ in results]
-    assert codes == [EXIT_PEER_FAILED] * 3 + [0], (codes, [e[-2000:] for _, _, e in results])
-    assert 'multihost: this host (process 3) ended early (exit code 0) at _flax_job.py:' in (
-        results[3][2])  # fmt: skip
-    for p in (0, 1, 2):
-        (line,) = [x for x in results[p][2].splitlines() if x.startswith('multihost: process 3')]
-        assert 'process 3 ended early (exit code 0) at _flax_job.py:' in line, line
-        assert f'this host (process {p}) was ' in line and line.endswith('(exit code 75)'), line
-    from multihost._job import _dumpfile
-
-    first = min(d.trigger_time for d in _dumpfile.read_dirs([dumps]))
-    assert ended - first < 30.0, ended - first
-    assert EARLY_S <= 10.0

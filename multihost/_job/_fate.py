@@ -82,7 +82,6 @@ class _State:
         self.heartbeat_s = 100.0  # the job's heartbeat_timeout_seconds (JAX's default)
         self.lost: int | None = None  # a host found lost: the others out but this one
         self.watching = False
-        self.done_written = False
         self.exit_call: tuple[Any, Any] | None = None  # (code, frame) of a sys.exit call
         self.sys_exit: Any = None  # Python's sys.exit, while patched
 
@@ -181,32 +180,8 @@ def _last_record() -> str:
     return ''
 
 
-def _waiting() -> float:
-    """Seconds the main thread has been in its current wait (a collective, a barrier, a
-    launch not done on device), else 0."""
-    from multihost import _recorder
-
-    now = time.time()
-    for r in reversed(_recorder.snapshot(_kv.process_index(), _recorder.RECENT)):
-        if not r.thread:
-            if r.state == _recorder.WAITING:
-                return now - r.time
-            break
-    rec = _recorder.awaited_launch(_kv.process_index())
-    return now - rec.time if rec is not None else 0.0
-
-
 def _stamp(client: Any, me: int, n: int) -> None:
-    info = {'n': n, 'last': _last_record(), 'wait': round(_waiting(), 1)}
-    _kv.put(client, _kv.key('alive', me), json.dumps(info))
-
-
-def _parse(raw: str) -> dict[str, Any]:
-    try:
-        info = json.loads(raw)
-    except ValueError:
-        return {'done': 1} if raw == 'done' else {}
-    return info if isinstance(info, dict) else {}
+    _kv.put(client, _kv.key('alive', me), json.dumps({'n': n, 'last': _last_record()}))
 
 
 def _watch(client: Any) -> None:
@@ -214,7 +189,6 @@ def _watch(client: Any) -> None:
     me, count = _kv.process_index(), _kv.process_count()
     period, limit = watch_period(), lost_after()
     seen: dict[int, tuple[str, float]] = {}  # process -> (its last stamp, when it changed)
-    done: dict[int, tuple[float, dict[str, Any]]] = {}  # process -> (seen done at, its stamp)
     n = 0
     while _kv.client() is client and _state.failed is None and not _state.ending:
         n += 1
@@ -223,16 +197,10 @@ def _watch(client: Any) -> None:
             if me == 0:
                 now = time.monotonic()
                 for p, raw in _kv.read_dir(client, _kv.key('alive')).items():
-                    info = _parse(raw)
-                    if info.get('done'):
+                    if raw == 'done':
                         seen[p] = (raw, float('inf'))
-                        done.setdefault(p, (now, info))
                     elif seen.get(p, ('', 0.0))[0] != raw:
                         seen[p] = (raw, now)
-                early = _early(done, seen, now)
-                if early is not None and count > 1:
-                    _ended(client, *early)
-                    return
                 silent = [p for p, (_, t) in seen.items() if p != 0 and now - t > limit]
                 if silent and count > 1:  # the one silent longest went first
                     p = min(silent, key=lambda q: (seen[q][1], q))
@@ -263,63 +231,6 @@ def _lost(client: Any, p: int, silent: float, raw: str) -> None:
     _leave(EXIT_PEER_FAILED)
 
 
-#: A host that ended (code 0) this long ago, while another has been waiting this long in
-#: one collective, barrier or launch, ended early: that wait can never complete.
-EARLY_S = 10.0
-
-
-def _early(
-    done: dict[int, tuple[float, dict[str, Any]]], seen: dict[int, tuple[str, float]], now: float
-) -> tuple[int, dict[str, Any]] | None:
-    """(the host that ended early, its stamp) when one did (see `EARLY_S`), else None.
-
-    A host that ended its script has made every collective call it will make: a wait of
-    another host still going on `EARLY_S` after it ended, and that long already, waits for
-    it (a wait it was part of completes at once; a longer launch that began before it ended
-    had `EARLY_S` to complete)."""
-    for d, (t_done, info) in sorted(done.items()):
-        if now - t_done < EARLY_S:
-            continue
-        waits = {0: _waiting()}
-        for p, (raw, changed) in seen.items():
-            if p not in done and p != 0:
-                wait = float(_parse(raw).get('wait') or 0.0)
-                waits[p] = wait + (now - changed) if wait > 0 else 0.0  # as of now
-        if any(w > EARLY_S for w in waits.values()):
-            return d, info
-    return None
-
-
-def _ended(client: Any, d: int, info: dict[str, Any]) -> None:
-    """Process 0: host ``d`` ended early (code 0) and others wait for it; ends every host."""
-    order = {'ended': d, 'code': info.get('code', 0), 'site': info.get('site', '')}
-    _state.ending = True
-    threading.Thread(
-        target=_bus.command,
-        args=(client, 'fate', ANNOUNCE_S),
-        kwargs=order,
-        name='multihost-fate',
-        daemon=True,
-    ).start()
-    _ending({**order, 'by': 0}, 0)
-    _leave(EXIT_PEER_FAILED)
-
-
-def ended_early(code: Any, site: str) -> None:
-    """This host's script ended with code 0 (``multihost run``'s ``SystemExit``, or the end
-    of a plain run): its liveness key says so, with where; when other hosts still run it
-    says so in its log once the others are found waiting for it (`EARLY_S`)."""
-    client = _kv.client()
-    if client is None or not _state.watching or _state.failed is not None or _state.ending:
-        return
-    me = _kv.process_index()
-    try:
-        _state.done_written = True
-        _kv.put(client, _kv.key('alive', me), json.dumps({'done': 1, 'code': 0, 'site': site}))
-    except Exception:
-        pass
-
-
 def lost_phrase(order: dict[str, Any]) -> str:
     """``process 2 lost at 07:02:11 (no heartbeat for 10 s); it was last at ...``."""
     at = time.strftime('%H:%M:%S', time.localtime(float(order.get('lost_at') or time.time())))
@@ -336,14 +247,7 @@ def _ending(order: dict[str, Any], me: int) -> str:
     except Exception as exc:
         where = f'somewhere unknown ({exc})'
     lost = order.get('lost') is not None
-    if order.get('ended') is not None:
-        what = (
-            f'process {order["ended"]} ended early (exit code {order.get("code", 0)}) at '
-            f'{short_site(str(order.get("site") or "?"))}'
-        )
-        order = {**order, 'by': order['ended'], 'error': 'SystemExit', 'message': '0'}
-    else:
-        what = lost_phrase(order) if lost else failure_phrase(order)
+    what = lost_phrase(order) if lost else failure_phrase(order)
     line = (
         f'multihost: {what}; this host (process {me}) was {where}; '
         f'ending (exit code {EXIT_PEER_FAILED})'
@@ -385,7 +289,7 @@ def _arm() -> None:
     _bus.start_debug_daemon()
 
 
-def script_site(tb: Any) -> tuple[str, str]:
+def _script_site(tb: Any) -> tuple[str, str]:
     """(``file:line``, function) of the innermost frame of the program itself (not of a
     library or of Python), else the innermost frame."""
     frames = traceback.extract_tb(tb) if tb is not None else []
@@ -403,7 +307,7 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
         # Not while another's failure ends this host: its main thread's wait may fail as the
         # others leave, and that is not a failure of its own.
         if _state.failed is None and not _state.ending and not issubclass(tp, SystemExit):
-            site, function = script_site(tb)
+            site, function = _script_site(tb)
             code = 130 if issubclass(tp, KeyboardInterrupt) else 1
             if _hold.enabled() and code == 1:
                 # The traceback first (the log shows the error while held), then the hold.
@@ -433,14 +337,12 @@ def _before_teardown() -> None:
     """The main module ended: after a ``sys.exit(N != 0)`` (not caught by ``multihost
     run``), tell the others and end with N, as `failed_exit` does."""
     call, _state.exit_call = _state.exit_call, None
-    if _state.failed is not None or _state.ending or not _state.armed:
+    if call is None or _state.failed is not None or _state.ending:
         return
-    code, frame = call if call is not None else (None, None)
-    if code in (None, 0) or frame is None:
-        site = f'{frame.f_code.co_filename}:{frame.f_lineno}' if frame is not None else ''
-        ended_early(code if call is not None else None, site)
+    code, frame = call
+    if code in (None, 0) or not _state.armed:
         return
-    site = f'{frame.f_code.co_filename}:{frame.f_lineno}'
+    site = f'{frame.f_code.co_filename}:{frame.f_lineno}' if frame is not None else '?'
     exit_code = code if isinstance(code, int) else 1
     if not _announce(exit_code, 'SystemExit', str(code), site, frame.f_code.co_name):
         return
@@ -457,7 +359,7 @@ def failed_exit(code: Any, tb: Any) -> None:
     if not _state.armed or _state.failed is not None or _state.ending or code in (None, 0):
         return
     exit_code = code if isinstance(code, int) else 1
-    site, function = script_site(tb)
+    site, function = _script_site(tb)
     if not _announce(exit_code, 'SystemExit', str(code), site, function):
         return
     from multihost._job import _dump, _triggers
@@ -510,7 +412,7 @@ def _at_exit() -> None:
 def _done() -> None:
     """This host ends (normally or not): its liveness key says so, it is never called lost."""
     client = _kv.client()
-    if client is None or not _state.watching or _state.done_written:
+    if client is None or not _state.watching:
         return
     try:
         _kv.put(client, _kv.key('alive', _kv.process_index()), 'done')
@@ -581,16 +483,7 @@ def _on_fate(client: Any, order: dict[str, Any]) -> Any:
     me = _kv.process_index()
     if order.get('by') == me or not _state.armed:
         return json.dumps({'self' if order.get('by') == me else 'off': True})
-    if order.get('ended') == me:  # this host ended early: it leaves now, with its code 0
-        print(
-            f'multihost: this host (process {me}) ended early (exit code 0) at '
-            f'{short_site(str(order.get("site") or "?"))} while the others waited for it; '
-            'they are being ended (exit code 75)',
-            file=sys.stderr,
-            flush=True,
-        )
-        return json.dumps({'ended': 0}), functools.partial(_leave, 0)
-    if order.get('lost') is None and order.get('ended') is None:
+    if order.get('lost') is None:
         time.sleep(GRACE_S)
     if _state.failed is not None:  # this host failed too: it keeps its own verdict
         return json.dumps({'failed_too': _state.failed})

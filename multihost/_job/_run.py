@@ -93,6 +93,4 @@ def _program(runner: Any, target: str, **kwargs: Any) -> None:
         from multihost._job import _fate
 
         _fate.failed_exit(exc.code, exc.__traceback__)
-        if exc.code in (None, 0):
-            _fate.ended_early(exc.code, _fate.script_site(exc.__traceback__)[0])
         raise
