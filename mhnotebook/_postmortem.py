@@ -132,9 +132,17 @@ class PostMortem(JobViewBase):
         """One line for the job, one per dump (its trigger), one per missing dump."""
         dirs = ', '.join(self.directories)
         lines = [f'{len(self.dumps)} of {self.num_processes} processes dumped in {dirs}']
+        from multihost._job._analyze import position
+
         for d in self.dumps:
             at = time.strftime('%H:%M:%S', time.localtime(d.trigger_time or d.written))
-            lines.append(f'  process {d.process} ({d.hostname}): {d.trigger} at {at}')
+            line = f'  process {d.process} ({d.hostname}): {d.trigger} at {at}'
+            if d.trigger == 'request':  # asked by another host: what it was doing then
+                line += f': {position(d)[0]}'
+            if d.asked is not None:  # its dump at another's request, kept by this later one
+                then = time.strftime('%H:%M:%S', time.localtime(d.asked.trigger_time))
+                line += f' (at the dump request of {then}: {position(d.asked)[0]})'
+            lines.append(line)
         lines.extend(f'  {self._why_missing(p)}' for p in self.missing)
         return lines
 

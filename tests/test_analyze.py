@@ -106,3 +106,28 @@ def test_hosts_that_dumped_at_their_timeout_wait_in_the_barrier_in_every_view() 
     assert 'running' not in where
     asked = _dumpfile.parse(_dump_cases.doc(1, 4))  # asked while waiting: its front says so
     assert _analyze.at_dump(asked) == (asked.front, asked.stacks)
+
+
+def test_a_later_dump_keeps_the_one_written_at_another_hosts_request(tmp_path: Any) -> None:
+    """Asked while it slept, then ended by a trigger of its own: the file keeps both moments."""
+    from multihost._job import _dump
+
+    _dump.configure(str(tmp_path))
+    try:
+        _dump.dump('request', {'by': 0, 'why': 'process 0: timeout in ckpt'})
+        first = _dumpfile.read_dirs([str(tmp_path)])[0]
+        assert first.trigger == 'request' and first.asked is None
+        _dump.dump('peer', {'by': 0, 'where': 'in user code at train.py:9'})
+        got = _dumpfile.read_dirs([str(tmp_path)])[0]
+        assert got.trigger == 'peer' and got.asked is not None
+        assert got.asked.trigger == 'request' and got.asked.details['by'] == 0
+        assert got.asked.trigger_time == first.trigger_time
+        assert len(got.asked.stacks.threads) == 1  # the main thread's stack only
+        assert any('test_analyze.py' in f[0] for f in got.asked.stacks.threads[0].frames)
+        what, _ = _analyze.position(got)
+        assert 'when asked at' in what and 'then ended: process 0 failed' in what, what
+        _dump.dump('exception', {'error': 'ValueError', 'message': 'x'})  # still kept
+        assert _dumpfile.read_dirs([str(tmp_path)])[0].asked is not None
+    finally:
+        _dump.configure(None)
+        _dump._state.last_doc, _dump._state.last_written = None, 0.0

@@ -120,7 +120,8 @@ def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
         time.sleep(0.3)
         dumps = _dumpfile.read_dirs([j.dir])
     # The others' timeouts end the job (issue 34): each exits 1, process 2 is ended (75).
-    codes = [rc for rc, _, _ in j.finish()]
+    results = j.finish()
+    codes = [rc for rc, _, _ in results]
     assert codes == [1, 1, 75, 1], codes
     dumps = _dumpfile.read_dirs([j.dir])
     by = {d.process: d for d in dumps}
@@ -130,9 +131,18 @@ def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
     # says so, and where it was.
     assert by[2].trigger == 'peer' and by[2].details['by'] in (0, 1, 3), by[2].details
     assert 'in time.sleep' in by[2].details['where'], by[2].details
+    # When the dump request reached it before the others' failure did, its later dump
+    # keeps the one written then (the moment it was missed; issue 30 item 1).
+    asked = by[2].asked
+    if asked is not None:
+        assert asked.trigger == 'request' and asked.trigger_time <= by[2].trigger_time
+        assert 'time.sleep' in _analyze.position(asked)[0], asked
     verdict = _analyze.analyze(dumps)
     assert verdict.culprits == (2,) and verdict.straggler == 2
     text = str(verdict)
+    behind = next(ln for ln in text.splitlines() if ln.startswith('never arrived there'))
+    assert 'process 2' in behind and 'time.sleep' in behind, text
+    assert ('when asked at' in behind) == (asked is not None), text
     assert 'culprit: process 2' in text and "barrier('ckpt')" in text, text
     assert len(text.splitlines()) <= _analyze.MAX_LINES
     cli = subprocess.run(

@@ -83,16 +83,28 @@ class StartedCluster:
             return True
 
     def exit_code(self, pid: int, wait: float = 1.0) -> int | None:
-        """That engine's exit code (negative: killed by that signal), if known."""
-        process = getattr(self._launcher(pid), 'process', None)
+        """That engine's exit code (negative: killed by that signal), if known within ``wait`` s.
+
+        Never reaps the process itself: the launcher's waiter thread does, and two
+        waiters race (the one that loses gets no code). The status is peeked at while
+        the process is a zombie, else read from what the launcher recorded at its end.
+        """
+        launcher = self._launcher(pid)
+        process = getattr(launcher, 'process', None)
         if process is None:
             return None
-        try:
-            # psutil caches the code once its launcher's waiter thread reaped the process.
-            code = process.wait(timeout=wait)
-        except Exception:  # still running, or reaped by someone else
-            return None
-        return None if code is None else int(code)
+        deadline = time.monotonic() + wait
+        while True:
+            code = _peek_exit(pid)
+            if code is None:  # reaped: the code psutil kept for the launcher's own wait()
+                code = getattr(process, '_exitcode', None)
+            if code is None or not isinstance(code, int):
+                code = (getattr(launcher, 'stop_data', None) or {}).get('exit_code')
+            if isinstance(code, int):
+                return code
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def _kill_engines(self) -> None:
         """SIGKILLs every engine, one by one.
@@ -376,3 +388,14 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
         control_host='127.0.0.1' if local else None,
         local=StartedCluster(cluster, watchdog, options),
     )
+
+
+def _peek_exit(pid: int) -> int | None:
+    """The exit code of child ``pid`` if it has ended and is not reaped yet (it stays so)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError):  # not our child, or reaped already
+        return None
+    if info is None:  # still running
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status

@@ -131,7 +131,12 @@ def _lost_line(details: Any, dumped: set[int]) -> str:
     return f'process {p} was lost at {at} ({why}){last}'
 
 
-def _position(d: Dump) -> tuple[str, float | None]:
+def _clock(t: float) -> str:
+    return time.strftime('%H:%M:%S', time.localtime(t))
+
+
+def position(d: Dump) -> tuple[str, float | None]:
+    """Where ``d``'s host was, in words, and for how long (None: not known)."""
     if _raised(d):
         return _raised(d), None
     if d.trigger in ('lost', 'peer') and d.details.get('where'):
@@ -140,6 +145,10 @@ def _position(d: Dump) -> tuple[str, float | None]:
             if d.trigger == 'lost'
             else f'process {d.details.get("by")} failed'
         )
+        if d.asked is not None:  # the moment the others missed it, kept by this later dump
+            then, since = position(d.asked)
+            at = _clock(d.asked.trigger_time)
+            return f'{then} when asked at {at}; then ended: {because}', since
         return f'ending because {because}; it was {d.details["where"]}', None
     f = d.front
     if f.pending is not None and f.waiting is None:
@@ -253,7 +262,7 @@ def analyze(dumps: Sequence[Dump]) -> Verdict:
         if target is not None and at is not None and _key_of(at) == _key_of(target):
             waiting_at.append((d.process, target.label, waited))
             continue
-        what, since = _position(d)
+        what, since = position(d)
         last_seq = f.last_collective.seq if f.last_collective is not None else None
         is_behind = target is not None and (
             target.seq is None or last_seq is None or last_seq < target.seq

@@ -116,6 +116,9 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
                 )
             ):
                 return None  # this host's own trigger wrote meanwhile: keep it
+            asked = _asked(_state.last_doc) if what != 'request' else None
+            if asked is not None:
+                doc['asked'] = asked
             path = _dumpfile.write(d, doc)
             _state.last_written, _state.last_doc = time.time(), doc
             _state.writes += 1
@@ -123,6 +126,21 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
     except Exception as exc:  # a dump must never take the program down
         print(f'multihost: could not write the dump to {d}: {exc}', file=sys.stderr)
         return None
+
+
+def _asked(last: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a later dump keeps of the one written at another host's request: the moment
+    the others missed this host (its position and main stack then), which a later
+    trigger (``peer``, ``exception``...) must not overwrite."""
+    if last is None:
+        return None
+    if last.get('asked'):
+        return dict(last['asked'])
+    if last['trigger']['what'] != 'request':
+        return None
+    stacks = dict(last['stacks'])
+    stacks['threads'] = list(stacks.get('threads') or ())[:1]  # the main thread's only
+    return {'trigger': last['trigger'], 'front': last['front'], 'stacks': stacks}
 
 
 def _mark_gone(gone: Mapping[int, str]) -> None:

@@ -13,9 +13,13 @@ then `os.replace`), at most `MAX_BYTES`. Format ``multihost-dump`` version
      "record_fields": [...],    # the `FlightRecord` field names, in order
      "records": [[...], ...],   # flight records oldest first, `dataclasses.astuple`
      "gone": {"3": "no answer to the dump request"},
+     "asked": {"trigger": {...}, "front": {...}, "stacks": {...}},  # optional
      "trimmed": {"records": 0, "frames": 0}}
 
-``trigger.what`` is one of `TRIGGERS`. ``trimmed`` says what was cut to stay
+``trigger.what`` is one of `TRIGGERS`. ``asked`` (optional) is what a host wrote
+when another asked for its dump (trigger ``request``, the position and main
+thread then), kept when a later trigger of its own rewrote the file: the moment
+the others missed it. ``trimmed`` says what was cut to stay
 under `MAX_BYTES`: the oldest records first, then the deepest frames of
 each thread (the outermost ones; the innermost are kept).
 
@@ -83,6 +87,8 @@ class Dump:
     records: tuple[FlightRecord, ...]
     gone: Mapping[int, str]
     trimmed: Mapping[str, int]
+    #: The dump this host wrote when another asked (``request``), kept by a later one.
+    asked: Dump | None = None
 
 
 def encode(doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> str:
@@ -172,7 +178,7 @@ def parse(doc: Any, path: str = '<dump>') -> Dump:
     try:
         fields = list(doc.get('record_fields') or RECORD_FIELDS)
         trigger = doc['trigger']
-        return Dump(
+        dump = Dump(
             path=path,
             process=int(doc['process']),
             num_processes=int(doc['num_processes']),
@@ -189,6 +195,24 @@ def parse(doc: Any, path: str = '<dump>') -> Dump:
             gone={int(p): str(w) for p, w in (doc.get('gone') or {}).items()},
             trimmed=dict(doc.get('trimmed') or {}),
         )
+        asked = doc.get('asked')
+        if isinstance(asked, dict) and asked:
+            when = float(asked['trigger'].get('time', 0.0))
+            dump = dataclasses.replace(
+                dump,
+                asked=dataclasses.replace(
+                    dump,
+                    trigger=str(asked['trigger']['what']),
+                    trigger_time=when,
+                    written=when,
+                    details=dict(asked['trigger'].get('details') or {}),
+                    front=HostFront.from_json(json.dumps(asked['front'])),
+                    stacks=HostStacks.from_json(json.dumps(asked['stacks'])),
+                    records=tuple(r for r in dump.records if r.time <= when),
+                    gone={},
+                ),
+            )
+        return dump
     except (KeyError, TypeError, ValueError) as exc:
         raise DumpFormatError(f'{path}: malformed dump ({type(exc).__name__}: {exc})') from None
 
