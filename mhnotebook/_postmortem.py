@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from multihost import FlightRecord, HostStacks, Wavefront
     from multihost._job._analyze import Verdict
     from multihost._job._dumpfile import Dump
+    from multihost._job._gil import GilStacks
 
 __all__ = ['PostMortem', 'PostMortemError', 'postmortem']
 
@@ -40,6 +41,8 @@ class PostMortem(JobViewBase):
         directories: the directories read.
         dumps: one `Dump` per process that wrote one, in process order.
         num_processes: the job's size (the largest any dump names).
+        gil_stacks: the faulthandler stacks of hosts that held the GIL
+            (``process-<i>.stacks.txt``, written from C when no Python could run).
     """
 
     kind: ClassVar[str] = 'post-mortem'
@@ -49,6 +52,7 @@ class PostMortem(JobViewBase):
     directories: tuple[str, ...]
     dumps: tuple[Dump, ...]
     num_processes: int
+    gil_stacks: tuple[GilStacks, ...] = ()
 
     @property
     def missing(self) -> tuple[int, ...]:
@@ -125,14 +129,14 @@ class PostMortem(JobViewBase):
         """The ``python -m multihost analyze`` verdict (``str()`` of it is its text)."""
         from multihost._job._analyze import analyze
 
-        return analyze(list(self.dumps))
+        return analyze(list(self.dumps), self.gil_stacks)
 
     # -- summary ---------------------------------------------------------------------
     def summary(self) -> list[str]:
         """One line for the job, one per dump (its trigger), one per missing dump."""
         dirs = ', '.join(self.directories)
         lines = [f'{len(self.dumps)} of {self.num_processes} processes dumped in {dirs}']
-        from multihost._job._analyze import position
+        from multihost._job._analyze import gil_lines, position
 
         for d in self.dumps:
             at = time.strftime('%H:%M:%S', time.localtime(d.trigger_time or d.written))
@@ -144,6 +148,7 @@ class PostMortem(JobViewBase):
                 line += f' (at the dump request of {then}: {position(d.asked)[0]})'
             lines.append(line)
         lines.extend(f'  {self._why_missing(p)}' for p in self.missing)
+        lines.extend(f'  {g}' for g in gil_lines(self.gil_stacks, self.dumps))
         return lines
 
     def __repr__(self) -> str:
@@ -166,6 +171,7 @@ def postmortem(*directories: str | os.PathLike[str]) -> PostMortem:
         dump, or a file there that is not a dump (one line naming the path).
     """
     from multihost._job._dumpfile import DumpFormatError, read_dirs
+    from multihost._job._gil import read_dirs as read_gil_dirs
 
     if not directories:
         raise PostMortemError('postmortem needs a directory: the --dump-dir the job was run with')
@@ -180,4 +186,5 @@ def postmortem(*directories: str | os.PathLike[str]) -> PostMortem:
             'that dumped? a job where nothing goes wrong writes none)'
         )
     n = max(max(d.num_processes for d in dumps), max(d.process for d in dumps) + 1)
-    return PostMortem(directories=dirs, dumps=tuple(dumps), num_processes=n)
+    gil = tuple(read_gil_dirs(dirs))
+    return PostMortem(directories=dirs, dumps=tuple(dumps), num_processes=n, gil_stacks=gil)

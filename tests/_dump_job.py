@@ -8,7 +8,10 @@
 - ``exit``: process ``RAISE`` calls ``sys.exit(3)`` after a barrier, the others wait;
 - ``clean``: a few barriers, exits 0;
 - ``late``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``ckpt``, the others
-  wait there (a timeout, or a kill of that process, is the test's to make).
+  wait there (a timeout, or a kill of that process, is the test's to make);
+- ``gil``: as ``late``, but process ``LATE`` sleeps in a C call that keeps the GIL
+  (libc's ``sleep`` through ``ctypes.PyDLL``, which does not release it): no Python
+  thread of that process runs meanwhile.
 """
 
 import os
@@ -59,5 +62,14 @@ elif mode == 'late':
     if pid == int(os.environ['LATE']):
         time.sleep(float(os.environ['SLEEP']))
     multihost_utils.sync_global_devices('ckpt')
+elif mode == 'gil':
+    multihost_utils.sync_global_devices('before')
+    if pid == int(os.environ['LATE']):
+        import ctypes
+
+        print('holding the GIL', flush=True)
+        ctypes.PyDLL(None).sleep(int(os.environ['SLEEP']))  # the GIL stays held
+    multihost_utils.sync_global_devices('ckpt')
+    time.sleep(2)  # the job goes on (its dump signal's JSON dump is written meanwhile)
 print('done', flush=True)
 sys.stdout.flush()

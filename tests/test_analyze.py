@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -131,3 +132,34 @@ def test_a_later_dump_keeps_the_one_written_at_another_hosts_request(tmp_path: A
     finally:
         _dump.configure(None)
         _dump._state.last_doc, _dump._state.last_written = None, 0.0
+
+
+def test_faulthandler_stacks_parse_and_a_signal_with_no_json_after_says_the_gil_was_held() -> None:
+    """`_gil.parse` on faulthandler's own text; `gil_lines` says what it means, bounded."""
+    import faulthandler
+    import tempfile
+    import threading
+
+    from multihost._job import _gil
+
+    main = threading.main_thread().ident or 0
+    with tempfile.TemporaryFile('w+') as f:
+        f.write(f'{_gil.HEADER}: process 3 of 8, pid 42, main thread 0x{main:016x}, hang 60 s\n')
+        f.flush()
+        faulthandler.dump_traceback(file=f, all_threads=True)  # the signal's block
+        f.seek(0)
+        text = f.read()
+    got = _gil.parse(text, '/d/process-3.stacks.txt', written=1000.0)
+    assert got is not None and got.process == 3 and got.pid == 42 and not got.by_watchdog
+    assert (
+        got.frames[0][2]
+        == 'test_faulthandler_stacks_parse_and_a_signal_with_no_json_after_says_the_gil_was_held'
+    )
+    assert _gil.parse('not a stacks file\n') is None
+    assert _gil.parse(text.splitlines()[0] + '\n') is None  # the header alone: nothing written
+    lines = _analyze.gil_lines([got], [])
+    assert len(lines) == 1 and lines[0].startswith('process 3 held the GIL (signalled) at ')
+    assert lines[0].endswith('process-3.stacks.txt; no JSON dump followed'), lines
+    many = [dataclasses.replace(got, process=p) for p in range(10)]
+    lines = _analyze.gil_lines(many, [])
+    assert len(lines) == _analyze.MAX_GIL_LINES and lines[-1].startswith('8 more processes')

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -19,6 +20,8 @@ from typing import Any
 
 from multihost._job import _cli
 from multihost._job._dumpfile import Dump, DumpFormatError, read_dirs
+from multihost._job._gil import GilStacks
+from multihost._job._gil import read_dirs as read_gil_dirs
 from multihost._models._stacks import HostStacks
 from multihost._models._wavefront import HostFront
 from multihost._recorder import FlightRecord
@@ -57,6 +60,8 @@ class Verdict:
         cause: the first failure, when a host raised or exited with an error
             (``process 2 raised ValueError('bad batch') at train.py:118``), from its
             own dump or, when it left none, from the others' ``peer`` dumps.
+        gil: one line per host that held the GIL (its faulthandler stacks, `_gil`):
+            where, and whether its JSON dump followed.
     """
 
     num_processes: int
@@ -72,6 +77,7 @@ class Verdict:
     straggler: int | None = None
     straggler_why: str = ''
     cause: str = ''
+    gil: tuple[str, ...] = ()
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -235,10 +241,58 @@ def _grouped(items: Iterable[tuple[int, str, float | None]]) -> tuple[Group, ...
     return tuple(sorted(groups, key=lambda g: (-len(g.processes), g.processes[0])))
 
 
-def analyze(dumps: Sequence[Dump]) -> Verdict:
-    """The verdict of ``dumps`` (one per process; `_dumpfile.read_dirs`)."""
-    if not dumps:
+MAX_GIL_LINES = 3
+
+
+def gil_lines(stacks: Sequence[GilStacks], dumps: Sequence[Dump]) -> tuple[str, ...]:
+    """The hosts whose faulthandler stacks say they held the GIL, one line each (bounded).
+
+    A block from the GIL watchdog means no Python thread ran for its limit; a block from
+    the dump signal counts when no JSON dump followed within a second (the signal's
+    Python handler could not run).
+    """
+    by = {d.process: d for d in dumps}
+    out: list[str] = []
+    for s in stacks:
+        d = by.get(s.process)
+        late = None if d is None else d.written - s.written
+        if not s.by_watchdog and late is not None and late < 1.0:
+            continue  # the signal's JSON dump followed at once: Python ran
+        file, line, function = s.frames[0] if s.frames else ('?', 0, '?')
+        site = f'{short_site(f"{file}:{line}")} in {function}'
+        if late is None:
+            follow = 'no JSON dump followed'
+        elif late >= 1.0:
+            follow = f'its JSON dump followed {fmt_duration(late)} later'
+        else:
+            follow = 'its JSON dump followed'
+        held = f'no Python ran for {s.hang:g} s' if s.by_watchdog else 'signalled'
+        out.append(
+            f'process {s.process} held the GIL ({held}) at {site}, stacks at '
+            f'{_clock(s.written)} in {os.path.basename(s.path)}; {follow}'
+        )
+    if len(out) > MAX_GIL_LINES:
+        rest = len(out) - MAX_GIL_LINES + 1
+        out = out[: MAX_GIL_LINES - 1] + [
+            f'{rest} more processes held the GIL (their *.stacks.txt)'
+        ]
+    return tuple(out)
+
+
+def analyze(dumps: Sequence[Dump], stacks: Sequence[GilStacks] = ()) -> Verdict:
+    """The verdict of ``dumps`` (one per process; `_dumpfile.read_dirs`) and of the
+    faulthandler stacks (`_gil.read_dirs`) when there are any."""
+    if not dumps and not stacks:
         raise DumpFormatError('no dump files (process-*.json) in the directories given')
+    if not dumps:
+        return Verdict(
+            num_processes=max(s.process for s in stacks) + 1,
+            dumped=(),
+            missing=(),
+            gone={},
+            triggers={},
+            gil=gil_lines(stacks, ()),
+        )
     n = max(d.num_processes for d in dumps)
     dumped = tuple(sorted(d.process for d in dumps))
     missing = tuple(sorted(set(range(n)) - set(dumped)))
@@ -251,6 +305,9 @@ def analyze(dumps: Sequence[Dump]) -> Verdict:
             gone.setdefault(p, why)
         if d.trigger == 'timeout':
             said_missing.update(int(p) for p in d.details.get('missing') or ())
+    for s in stacks:  # a host that held the GIL could not answer: say why
+        if s.process in gone and s.by_watchdog:
+            gone[s.process] = 'did not answer the dump request: it held the GIL'
     target = _target(dumps)
     waiting_at: list[tuple[int, str, float | None]] = []
     behind: list[tuple[int, str, float | None]] = []
@@ -303,6 +360,7 @@ def analyze(dumps: Sequence[Dump]) -> Verdict:
         straggler=straggler,
         straggler_why=why,
         cause=_cause(dumps),
+        gil=gil_lines(stacks, dumps),
     )
 
 
@@ -322,6 +380,7 @@ def format_verdict(v: Verdict) -> list[str]:
     """`Verdict` -> at most `MAX_LINES` lines."""
     why = '; '.join(f'{k}: {fmt_hosts(ps)}' for k, ps in v.triggers.items())
     lines = [v.cause] if v.cause else []
+    lines.extend(v.gil)
     lines.append(f'{len(v.dumped)} dumps of {v.num_processes} processes (written for {why})')
     if v.missing:
         lines.append(f'no dump from {fmt_hosts(v.missing)}')
@@ -367,7 +426,7 @@ def main(argv: list[str], prog: str = PROG) -> int:
 def report(dirs: Sequence[str], prog: str = PROG) -> int:
     """Prints the verdict of the dumps in ``dirs``; a bad or missing file: one line, 2."""
     try:
-        verdict = analyze(read_dirs(dirs))
+        verdict = analyze(read_dirs(dirs), read_gil_dirs(dirs))
     except DumpFormatError as exc:
         print(f'{prog}: {exc}', file=sys.stderr)
         return 2

@@ -49,6 +49,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from multihost import _jax_adapter
@@ -94,6 +95,11 @@ def enabled() -> bool:
     return os.environ.get('MULTIHOST_FATE', '1').strip() not in ('0', 'false', 'no', 'off')
 
 
+#: Called after ``jax.distributed.initialize`` returns (the process index is known then):
+#: `_triggers` opens its faulthandler file there, before the program's first line after it.
+AFTER_INITIALIZE: list[Callable[[], None]] = []
+
+
 def patch(options: Any) -> None:
     """Arms once ``jax.distributed.initialize`` has returned (now, if it has)."""
     if not enabled():
@@ -114,6 +120,11 @@ def patch(options: Any) -> None:
                 _state.heartbeat_s = _heartbeat_of(original, args, kwargs)
                 out = original(*args, **kwargs)
                 _arm()
+                for hook in list(AFTER_INITIALIZE):
+                    try:
+                        hook()
+                    except Exception as exc:  # a hook must never break initialize
+                        print(f'multihost: after initialize: {exc}', file=sys.stderr)
                 return out
 
             _state.patched = jax.distributed.initialize = initialize
@@ -461,6 +472,9 @@ def _end(code: int) -> None:
             stream.flush()
         except Exception:
             pass
+    from multihost._job import _gil
+
+    _gil.disarm()  # its faulthandler file goes when nothing was written there
     os._exit(code)
 
 

@@ -19,6 +19,10 @@
   launch not done on device, with nothing new recorded meanwhile) dumps once
   and asks every other host to dump (`_dump.request_all`).
 
+- the GIL held in a C call (no Python runs: neither of the above can write): the dump
+  signal also goes to `faulthandler`, and a `faulthandler` watchdog re-armed by the
+  hang watchdog fires when this thread cannot run for the hang limit; both write every
+  thread's stack to ``DIR/process-<i>.stacks.txt`` at the C level (`_gil`).
 - a preemption notice: SIGTERM stays JAX's preemption sync manager's (never
   replaced, so ``reached_preemption_sync_point`` and orbax's preemption saves
   work as before); the watchdog reads the notice the manager publishes in the
@@ -41,7 +45,7 @@ from typing import Any
 
 from multihost import _jax_adapter, _recorder
 from multihost._exchange import _kv, _sequence
-from multihost._job import _dump
+from multihost._job import _dump, _gil
 
 HANG_DEFAULT_S = 60.0
 #: The key JAX's preemption sync manager sets when a task gets SIGTERM (its time).
@@ -58,6 +62,7 @@ class _Wired:
         self.prev_excepthook: Any = None
         self.prev_thread_hook: Any = None
         self.hang_fired = False
+        self.hang = HANG_DEFAULT_S
         self.preempted = False
         self.exiting = False
         self.exit_hooked = False  # `_at_exit` registered after JAX's own exit hook
@@ -101,6 +106,11 @@ def enable(directory: str) -> None:
     _w.prev_thread_hook, threading.excepthook = threading.excepthook, _thread_hook
     if threading.current_thread() is threading.main_thread():
         _wire_signal()
+    from multihost._job import _fate
+
+    _w.hang = hang
+    if _arm_gil_now not in _fate.AFTER_INITIALIZE:
+        _fate.AFTER_INITIALIZE.append(_arm_gil_now)
     threading.Thread(
         target=_watchdog, args=(hang,), name='multihost-hang-watchdog', daemon=True
     ).start()
@@ -112,6 +122,7 @@ def disable() -> None:
         return
     _w.enabled = False
     _w.stop.set()
+    _gil.disarm()
     _dump.configure(None)
     if _dump.on_error in _sequence.ERROR_HOOKS:
         _sequence.ERROR_HOOKS.remove(_dump.on_error)
@@ -246,15 +257,37 @@ def preempted(step: int) -> None:
 def _at_exit() -> None:
     _w.exiting = True
     _w.stop.set()
+    _gil.disarm()
+
+
+def _arm_gil_now() -> None:
+    _arm_gil(_w.hang)
+
+
+def _arm_gil(hang: float) -> None:
+    """Once the process index is known: the faulthandler file and signal (`_gil.arm`); then
+    the GIL watchdog pushed back by ``hang`` (it fires only if this thread cannot run)."""
+    directory = _dump.directory()
+    if directory is None or _w.exiting:
+        return
+    if _kv.client() is not None:
+        _gil.arm(directory, _kv.process_index(), _kv.process_count(), _w.signum, hang)
+        _gil.rearm()
 
 
 def _watchdog(hang: float) -> None:
     period = min(5.0, max(0.2, hang / 4)) if hang > 0 else 5.0
     stop = _w.stop
     next_poll = 0.0
+    # Until JAX is initialized, looks often (the faulthandler file needs the process index;
+    # `_fate`'s initialize hook arms it at once, this is for MULTIHOST_FATE=0).
+    fast_until = time.monotonic() + 120
+    while _kv.client() is None and time.monotonic() < fast_until and not stop.wait(0.05):
+        pass
     while not stop.wait(period):
         if _dump.directory() is None:
             continue
+        _arm_gil(hang)
         next_poll = _preempted(next_poll)
         if hang <= 0 or _w.hang_fired:
             continue
