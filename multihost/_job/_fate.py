@@ -49,7 +49,6 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any, NoReturn
 
 from multihost import _jax_adapter
@@ -95,11 +94,6 @@ def enabled() -> bool:
     return os.environ.get('MULTIHOST_FATE', '1').strip() not in ('0', 'false', 'no', 'off')
 
 
-#: Called after ``jax.distributed.initialize`` returns (the process index is known then):
-#: `_triggers` opens its faulthandler file there, before the program's first line after it.
-AFTER_INITIALIZE: list[Callable[[], None]] = []
-
-
 def patch(options: Any) -> None:
     """Arms once ``jax.distributed.initialize`` has returned (now, if it has)."""
     if not enabled():
@@ -120,11 +114,14 @@ def patch(options: Any) -> None:
                 _state.heartbeat_s = _heartbeat_of(original, args, kwargs)
                 out = original(*args, **kwargs)
                 _arm()
-                for hook in list(AFTER_INITIALIZE):
-                    try:
-                        hook()
-                    except Exception as exc:  # a hook must never break initialize
-                        print(f'multihost: after initialize: {exc}', file=sys.stderr)
+                # The process index is known now: the dumps' faulthandler file (when dumps
+                # are on) is opened before the program's next line.
+                from multihost._job import _triggers
+
+                try:
+                    _triggers.after_initialize()
+                except Exception as exc:  # must never break initialize
+                    print(f'multihost: after initialize: {exc}', file=sys.stderr)
                 return out
 
             _state.patched = jax.distributed.initialize = initialize

@@ -106,11 +106,7 @@ def enable(directory: str) -> None:
     _w.prev_thread_hook, threading.excepthook = threading.excepthook, _thread_hook
     if threading.current_thread() is threading.main_thread():
         _wire_signal()
-    from multihost._job import _fate
-
     _w.hang = hang
-    if _arm_gil_now not in _fate.AFTER_INITIALIZE:
-        _fate.AFTER_INITIALIZE.append(_arm_gil_now)
     threading.Thread(
         target=_watchdog, args=(hang,), name='multihost-hang-watchdog', daemon=True
     ).start()
@@ -260,8 +256,10 @@ def _at_exit() -> None:
     _gil.disarm()
 
 
-def _arm_gil_now() -> None:
-    _arm_gil(_w.hang)
+def after_initialize() -> None:
+    """``jax.distributed.initialize`` returned (`_fate`'s wrapper): the faulthandler file."""
+    if _w.enabled:
+        _arm_gil(_w.hang)
 
 
 def _arm_gil(hang: float) -> None:
@@ -280,7 +278,7 @@ def _watchdog(hang: float) -> None:
     stop = _w.stop
     next_poll = 0.0
     # Until JAX is initialized, looks often (the faulthandler file needs the process index;
-    # `_fate`'s initialize hook arms it at once, this is for MULTIHOST_FATE=0).
+    # `after_initialize` arms it at once, this is for MULTIHOST_FATE=0).
     fast_until = time.monotonic() + 120
     while _kv.client() is None and time.monotonic() < fast_until and not stop.wait(0.05):
         pass
