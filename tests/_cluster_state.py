@@ -31,7 +31,7 @@ _WATCHED_PREFIXES = ('multihost', 'jax.experimental.multihost_utils', 'jax.distr
 #: the debug thread (`_bus`); one is no difference. The barrier waiters (`_kv._Waiter`)
 #: are not listed while idle (a fresh process starts one, an abandoned barrier another
 #: that is reused once the service ends it); a busy one is a difference.
-SERVICE_THREADS = ('multihost-debug',)
+SERVICE_THREADS = ('multihost-debug', 'multihost-pulse')
 
 
 def _attributes(mod: types.ModuleType) -> dict[str, Any]:

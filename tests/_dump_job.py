@@ -11,7 +11,9 @@
   wait there (a timeout, or a kill of that process, is the test's to make);
 - ``gil``: as ``late``, but process ``LATE`` sleeps in a C call that keeps the GIL
   (libc's ``sleep`` through ``ctypes.PyDLL``, which does not release it): no Python
-  thread of that process runs meanwhile.
+  thread of that process runs meanwhile;
+- ``busy``: before the barrier ``ckpt``, process ``SPIN`` spins the CPU in Python and
+  process ``LATE`` sleeps, ``SLEEP`` s each; the others wait there.
 """
 
 import os
@@ -71,5 +73,15 @@ elif mode == 'gil':
         ctypes.PyDLL(None).sleep(int(os.environ['SLEEP']))  # the GIL stays held
     multihost_utils.sync_global_devices('ckpt')
     time.sleep(2)  # the job goes on (its dump signal's JSON dump is written meanwhile)
+elif mode == 'busy':
+    multihost_utils.sync_global_devices('before')
+    end = time.time() + float(os.environ['SLEEP'])
+    if pid == int(os.environ['SPIN']):
+        n = 0
+        while time.time() < end:
+            n += 1
+    elif pid == int(os.environ['LATE']):
+        time.sleep(float(os.environ['SLEEP']))
+    multihost_utils.sync_global_devices('ckpt')
 print('done', flush=True)
 sys.stdout.flush()

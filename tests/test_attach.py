@@ -133,6 +133,21 @@ def test_attach_names_the_stalled_host_and_the_orbax_barrier_the_others_wait_in(
     stalled = where[STALLED]
     assert '_flax_job.py' in stalled.where and 'in stall' in stalled.where, stalled.where
     assert stalled.waiting is None  # it is in time.sleep, not in a collective
+    # Busy or wedged (issue 30, 2): the sleeping host uses no CPU and its stack stays
+    # (once its last step's work on the CPU device is done: asked again until then).
+    with mhnotebook.attach(job['control']) as j:
+        front = _until(
+            'process 2 wedged',
+            lambda: (f := j.wavefront()).hosts[STALLED].pulse.state == 'wedged' and f,
+            30.0,
+        )
+    pulse, verdict = front.hosts[STALLED].pulse, front.verdict
+    assert pulse.cpu < 5 and pulse.moved is False, pulse
+    assert 'in time.sleep, wedged (no CPU, stack unchanged)' in verdict, verdict
+    line = next(ln for ln in front.format().splitlines() if ln.startswith('  process 2:'))
+    assert '% CPU over the last' in line and line.endswith(': wedged'), line
+    assert where[STALLED].pulse is not None and '% CPU' in where[STALLED].format()
+    assert front.hosts[0].pulse is not None  # the waiting ones carry it too (not in words)
 
 
 def test_a_wrong_key_is_refused_in_one_line(job, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,6 +220,36 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c_and_analyze_says_so(job
     import mhnotebook
 
     assert gil[0] in repr(mhnotebook.postmortem(j.dir))
+
+
+def test_busy_told_from_wedged_in_the_dumps_and_analyze(job: Any) -> None:
+    """Process 1 spins the CPU, process 2 sleeps, process 0 waits in ``ckpt`` (issue 30, 2).
+
+    Process 0's hang watchdog asks the others for their dumps: each carries its CPU share
+    and whether its stack moved, and analyze says who is progressing and who is wedged.
+    """
+    j = job(3, '--timeout', '60', MODE='busy', SPIN='1', LATE='2', SLEEP='16',
+            MULTIHOST_HANG_DUMP_S='6')  # fmt: skip
+    j.wait_started()
+    dumps = j.dumps(3, timeout=30)
+    results = j.finish()
+    assert [rc for rc, _, _ in results] == [0, 0, 0], [e[-2000:] for _, _, e in results]
+    by = {d.process: d for d in dumps}
+    assert by[0].trigger == 'hang' and {by[1].trigger, by[2].trigger} == {'request'}, dumps
+    spin, late = by[1].front.pulse, by[2].front.pulse
+    assert spin is not None and late is not None, (by[1].front, by[2].front)
+    assert spin.cpu > 50 and spin.progressing and spin.window >= 3, spin
+    assert late.cpu < 5 and late.moved is False and late.state == 'wedged', late
+    assert re.fullmatch(r'\d+% CPU over the last [56] s, stack unchanged: wedged', late.words)
+    text = str(_analyze.analyze(dumps))
+    behind = {ln.split(':')[1].strip(): ln for ln in text.splitlines() if 'never arrived' in ln}
+    assert 'progressing (busy CPU)' in behind['process 1'], text
+    assert (
+        'in time.sleep' in behind['process 2']
+        and 'wedged (no CPU, stack unchanged)' in behind['process 2']
+    ), text
+    # Each host's own line has the figures (the where text of its dump).
+    assert '% CPU over the last' in by[2].stacks.format().splitlines()[0], by[2].stacks.format()
 
 
 def test_a_preemption_notice_dumps_and_the_sync_point_still_works(job: Any) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from multihost import _cells, _recorder
 from multihost._cells import is_cell
-from multihost._debug import _hold, _stepgate
+from multihost._debug import _hold, _pulse, _stepgate
 from multihost._exchange import _bus, _kv, _sequence
 from multihost._models._stacks import Frame, HostStacks, ThreadStack, frame_words
 
@@ -155,6 +155,7 @@ def capture(process: int | None = None) -> HostStacks:
         cells=_cell_counts(cells) if cells else (),
         engine=_is_engine(),
         ours=our_dirs(),
+        pulse=_pulse.pulse(),
     )
 
 

@@ -31,7 +31,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from multihost import _recorder
-from multihost._debug import _hold, _stacks
+from multihost._debug import _hold, _pulse, _stacks
 from multihost._exchange import _bus, _kv
 from multihost._models._stacks import (
     stack_activity,
@@ -114,6 +114,7 @@ def front(process: int | None = None) -> HostFront:
         activity_kind=kind,
         background=background,
         time=now,
+        pulse=_pulse.pulse(),
     )
 
 

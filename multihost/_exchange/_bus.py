@@ -51,6 +51,12 @@ def register(
         _ON_START.append(on_start)
 
 
+def on_start(fn: Callable[[Any], None]) -> None:
+    """Runs ``fn(client)`` whenever a debug thread starts (before it registers)."""
+    if fn not in _ON_START:
+        _ON_START.append(fn)
+
+
 def unregister(cmd: str) -> None:
     """Forgets what command ``cmd`` does (a thread then answers it ``{"unknown": cmd}``)."""
     _HANDLERS.pop(cmd, None)

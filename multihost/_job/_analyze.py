@@ -163,10 +163,12 @@ def position(d: Dump) -> tuple[str, float | None]:
             f.pending_age,
         )
     where = f.where or (d.stacks.where if d.stacks is not None else '')
+    # Busy or wedged (no figures: hosts in a group share the words).
+    brief = f', {f.pulse.brief}' if f.pulse is not None and f.waiting is None else ''
     if f.activity:
-        return f.activity, f.idle
+        return f.activity + brief, f.idle
     last = f' (last {f.last.label})' if f.last is not None else ''
-    return f'in user code at {where or "?"}{last}', f.idle
+    return f'in user code at {where or "?"}{last}{brief}', f.idle
 
 
 def _at(d: Dump) -> tuple[FlightRecord | None, float]:

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from multihost._cells import cell_number, is_cell
+from multihost._models._pulse import Pulse
 from multihost._models._records import CollectiveRecord
 from multihost._recorder import SERVICE_BARRIER, SERVICE_WAIT, FlightRecord
 from multihost._text import fmt_duration
@@ -420,6 +421,8 @@ class HostStacks:
             first.
         held_error: the host is held on its own error (``--hold-on-error``):
             ``"process 2 raised ValueError('bad batch') at train.py:74"``.
+        pulse: its CPU share and whether its main thread's stack moved over the last
+            few seconds (`Pulse`), or None (not sampled).
     """
 
     process: int
@@ -442,6 +445,7 @@ class HostStacks:
     ours: tuple[str, ...] = ()
     background: tuple[FlightRecord, ...] = ()
     held_error: str = ''
+    pulse: Pulse | None = None
 
     @property
     def main_thread(self) -> ThreadStack | None:
@@ -631,6 +635,8 @@ class HostStacks:
         if self.hostname:
             head += f' ({self.hostname}, pid {self.os_pid})'
         head += f': {self.doing}'
+        if self.pulse is not None and self.answered and self.waiting is None:
+            head += f'; {self.pulse.words}'
         if not self.answered:
             last = self.current
             return head + (f'\n  last collective: {last.describe()}' if last else '')
@@ -654,11 +660,13 @@ class HostStacks:
             rec = d[f]
             d[f] = None if rec is None else dataclasses.astuple(rec)
         d['background'] = [dataclasses.astuple(r) for r in self.background]
+        d['pulse'] = None if self.pulse is None else self.pulse.to_dict()
         return json.dumps(d, separators=(',', ':'))
 
     @classmethod
     def from_json(cls, text: str) -> HostStacks:
         d: dict[str, Any] = json.loads(text)
+        d['pulse'] = Pulse.from_dict(d.get('pulse'))
         if d.get('current') is not None:
             d['current'] = CollectiveRecord(**d['current'])
         d['threads'] = tuple(

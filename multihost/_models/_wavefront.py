@@ -8,6 +8,7 @@ import dataclasses
 import json
 from typing import Any
 
+from multihost._models._pulse import Pulse
 from multihost._models._stacks import background_words, display_path, waiting_words
 from multihost._recorder import FlightRecord
 from multihost._text import fmt_duration, fmt_hosts
@@ -43,6 +44,8 @@ class HostFront:
         background: service calls (a library's own barriers and key waits on
             the coordination service) in progress on other threads, oldest first.
         time: when the host answered (its clock).
+        pulse: its CPU share and whether its main thread's stack moved over the last
+            few seconds (`Pulse`: busy told from wedged), or None (not sampled).
     """
 
     process: int
@@ -63,6 +66,7 @@ class HostFront:
     error: str = ''
     background: tuple[FlightRecord, ...] = ()
     time: float = 0.0
+    pulse: Pulse | None = None
 
     def launched(self, name: str) -> int:
         """How many times this host launched ``name``."""
@@ -97,11 +101,13 @@ class HostFront:
             rec = getattr(self, f)
             d[f] = None if rec is None else dataclasses.astuple(rec)
         d['background'] = [dataclasses.astuple(r) for r in self.background]
+        d['pulse'] = None if self.pulse is None else self.pulse.to_dict()
         return json.dumps(d, separators=(',', ':'))
 
     @classmethod
     def from_json(cls, text: str) -> HostFront:
         d = json.loads(text)
+        d['pulse'] = Pulse.from_dict(d.get('pulse'))
         for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting'):
             if d.get(f) is not None:
                 d[f] = FlightRecord(*d[f])
@@ -203,7 +209,7 @@ class Wavefront:
         """The verdict, then one line per host saying what it is doing."""
         lines = [self.verdict]
         for h in self.hosts:
-            lines.append(f'  process {h.process}: {h.doing}')
+            lines.append(f'  process {h.process}: {h.doing}{_pulse_words(h)}')
         return '\n'.join(lines)
 
     def __str__(self) -> str:
@@ -236,9 +242,9 @@ def _more(groups: list[tuple[list[int], str]]) -> list[str]:
 
 def _activity(h: HostFront) -> str:
     if h.activity:
-        return h.activity + _also(h)
+        return h.activity + _brief(h) + _also(h)
     where = f'running user code at {_display_site(h.where)}' if h.where else 'in no user code'
-    return where + _also(h)
+    return where + _brief(h) + _also(h)
 
 
 def _position(h: HostFront) -> str:
@@ -246,8 +252,23 @@ def _position(h: HostFront) -> str:
     if h.waiting is not None:
         return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}' + _also(h)
     if h.activity:
-        return f'{last}, now {h.activity}' + _also(h)
-    return last + (f', now at {_display_site(h.where)}' if h.where else '') + _also(h)
+        return f'{last}, now {h.activity}' + _brief(h) + _also(h)
+    where = f', now at {_display_site(h.where)}' if h.where else ''
+    return last + where + _brief(h) + _also(h)
+
+
+def _brief(h: HostFront) -> str:
+    """``, wedged (no CPU, stack unchanged)`` for a host not waiting at a check (no figures:
+    hosts in a group share the words; each host's line has them, `_pulse_words`)."""
+    return f', {h.pulse.brief}' if h.pulse is not None and h.waiting is None else ''
+
+
+def _pulse_words(h: HostFront) -> str:
+    """``; 0% CPU over the last 5 s, stack unchanged: wedged`` (not for a host waiting at
+    a check: it waits for the others, busy or not)."""
+    if h.pulse is None or h.waiting is not None or not h.answered:
+        return ''
+    return f'; {h.pulse.words}'
 
 
 def _also(h: HostFront) -> str:

@@ -1,0 +1,149 @@
+"""The sampler behind `Pulse`: this host's CPU time and main-thread stack, about once a second.
+
+A daemon thread (``multihost-pulse``, started with the debug thread, or by the first
+`pulse` call) keeps the last `KEEP` samples: monotonic time, the process's CPU time
+(`os.times`), the main thread's (``/proc/self/task/<tid>/stat`` on Linux) and a signature
+of the main thread's Python stack (each frame's code object and line; the innermost
+one's code object only, so a loop polling inside one function stands still). `pulse` compares
+the newest sample with one about `WINDOW_S` older. Each sample costs tens of
+microseconds; memory is bounded (`KEEP` tuples). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+from multihost._exchange import _bus
+from multihost._models._pulse import Pulse
+
+PERIOD_S = 1.0
+WINDOW_S = 5.0
+KEEP = 16
+THREAD_NAME = 'multihost-pulse'
+_TICK = os.sysconf('SC_CLK_TCK') if hasattr(os, 'sysconf') else 100
+
+
+class _Sample(NamedTuple):
+    t: float
+    cpu: float
+    main_cpu: float | None
+    stack: int | None
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.samples: collections.deque[_Sample] = collections.deque(maxlen=KEEP)
+        self.thread: threading.Thread | None = None
+
+
+_s = _State()
+
+
+def _thread_cpu(native_id: int | None) -> float | None:
+    """CPU seconds of one thread of this process (Linux ``/proc``), or None."""
+    if native_id is None:
+        return None
+    try:
+        with open(f'/proc/self/task/{native_id}/stat', 'rb') as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b')') + 2 :].split()  # after the command name, which may hold spaces
+    try:
+        return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14, 15)
+    except (IndexError, ValueError):
+        return None
+
+
+def _stack_signature() -> int | None:
+    main = threading.main_thread()
+    frame = sys._current_frames().get(main.ident) if main.ident is not None else None
+    if frame is None:
+        return None
+    # The innermost frame by its function only: a loop that polls in one function (sleep,
+    # check, sleep) stands still; a call made or returned from anywhere moves it.
+    key: list[tuple[int, int]] = [(id(frame.f_code), -1)]
+    frame, depth = frame.f_back, 1
+    while frame is not None and depth < 64:
+        key.append((id(frame.f_code), frame.f_lineno))
+        frame, depth = frame.f_back, depth + 1
+    return hash(tuple(key))
+
+
+def sample() -> _Sample:
+    times = os.times()
+    return _Sample(
+        time.monotonic(),
+        times.user + times.system,
+        _thread_cpu(threading.main_thread().native_id),
+        _stack_signature(),
+    )
+
+
+def _run() -> None:
+    while True:
+        try:
+            s = sample()
+            with _s.lock:
+                _s.samples.append(s)
+        except Exception:  # a sample must never end the sampler
+            pass
+        time.sleep(PERIOD_S)
+
+
+def ensure_started() -> None:
+    """Starts the sampler thread unless it runs."""
+    if _s.thread is not None and _s.thread.is_alive():
+        return
+    with _s.lock:
+        if _s.thread is not None and _s.thread.is_alive():
+            return
+        _s.samples.append(sample())
+        _s.thread = threading.Thread(target=_run, name=THREAD_NAME, daemon=True)
+        _s.thread.start()
+
+
+def pulse(window: float = WINDOW_S, wait: float = 1.0) -> Pulse | None:
+    """This host's `Pulse` over about the last ``window`` seconds (now against the newest
+    sample at least that old, else the oldest). With no sample older than half a second
+    (the sampler just started), waits up to ``wait`` seconds for one; None if still none."""
+    ensure_started()
+    now = sample()
+    with _s.lock:
+        history = list(_s.samples)
+    if not history or now.t - history[0].t < 0.5:
+        first = history[0] if history else now
+        time.sleep(max(0.0, min(wait, first.t + 1.0 - now.t)))
+        history = history or [now]
+        now = sample()
+    old = [s for s in history if now.t - s.t >= window]
+    ref = old[-1] if old else history[0]
+    span = now.t - ref.t
+    if span < 0.2:
+        return None
+    inside = [s for s in history if s.t >= ref.t] + [now]
+    stacks = [s.stack for s in inside if s.stack is not None]
+    moved = None if len(stacks) < 2 else len(set(stacks)) > 1
+    main = None
+    if now.main_cpu is not None and ref.main_cpu is not None:
+        main = max(0.0, (now.main_cpu - ref.main_cpu) / span * 100)
+    return Pulse(
+        window=span,
+        cpu=max(0.0, (now.cpu - ref.cpu) / span * 100),
+        main_cpu=main,
+        moved=moved,
+        samples=len(inside),
+    )
+
+
+def _on_debug_start(client: object) -> None:
+    ensure_started()  # history from the start: the first question has its window
+
+
+_bus.on_start(_on_debug_start)
