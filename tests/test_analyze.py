@@ -163,3 +163,24 @@ def test_faulthandler_stacks_parse_and_a_signal_with_no_json_after_says_the_gil_
     many = [dataclasses.replace(got, process=p) for p in range(10)]
     lines = _analyze.gil_lines(many, [])
     assert len(lines) == _analyze.MAX_GIL_LINES and lines[-1].startswith('8 more processes')
+
+
+def test_pulse_words_and_its_round_trip_through_a_dump() -> None:
+    """`Pulse`: the documented words, the state, and JSON through `HostFront` / `HostStacks`."""
+    from multihost._models._pulse import Pulse
+    from multihost._models._stacks import HostStacks
+    from multihost._models._wavefront import HostFront
+
+    wedged = Pulse(window=5.2, cpu=0.4, main_cpu=0.0, moved=False, samples=6)
+    busy = Pulse(window=5.0, cpu=97.0, main_cpu=3.0, moved=False, samples=6)
+    moving = Pulse(window=5.0, cpu=1.0, main_cpu=1.0, moved=True, samples=6)
+    assert wedged.words == '0% CPU over the last 5 s, stack unchanged: wedged'
+    assert wedged.brief == 'wedged (no CPU, stack unchanged)'
+    assert busy.words == '97% CPU over the last 5 s (main thread 3%), stack unchanged: progressing'
+    assert busy.brief == 'progressing (busy CPU)' and moving.brief == 'progressing (stack moving)'
+    front = HostFront(process=2, answered=True, where='train.py:60 in f', pulse=wedged)
+    assert HostFront.from_json(front.to_json()) == front
+    assert HostFront.from_json(HostFront(process=1, answered=True).to_json()).pulse is None
+    stacks = HostStacks(process=2, answered=True, pulse=busy)
+    assert HostStacks.from_json(stacks.to_json()) == stacks
+    assert stacks.format().splitlines()[0].endswith('; ' + busy.words)

@@ -112,7 +112,10 @@ def ensure_started() -> None:
 def pulse(window: float = WINDOW_S, wait: float = 1.0) -> Pulse | None:
     """This host's `Pulse` over about the last ``window`` seconds (now against the newest
     sample at least that old, else the oldest). With no sample older than half a second
-    (the sampler just started), waits up to ``wait`` seconds for one; None if still none."""
+    (the sampler just started), waits up to ``wait`` seconds for one; None if still none,
+    and None when the main thread asks (its stack is the asking code: nothing to judge)."""
+    if threading.current_thread() is threading.main_thread():
+        return None
     ensure_started()
     now = sample()
     with _s.lock:
