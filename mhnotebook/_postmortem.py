@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from multihost import FlightRecord, HostStacks, Wavefront
     from multihost._job._analyze import Verdict
     from multihost._job._dumpfile import Dump
-    from multihost._job._gil import GilStacks
+    from multihost._job._native import NativeStacks
 
 __all__ = ['PostMortem', 'PostMortemError', 'postmortem']
 
@@ -41,7 +41,7 @@ class PostMortem(JobViewBase):
         directories: the directories read.
         dumps: one `Dump` per process that wrote one, in process order.
         num_processes: the job's size (the largest any dump names).
-        gil_stacks: the faulthandler stacks of hosts that held the GIL
+        native_stacks: the faulthandler stacks of hosts that held the GIL
             (``process-<i>.stacks.txt``, written from C when no Python could run).
     """
 
@@ -52,7 +52,7 @@ class PostMortem(JobViewBase):
     directories: tuple[str, ...]
     dumps: tuple[Dump, ...]
     num_processes: int
-    gil_stacks: tuple[GilStacks, ...] = ()
+    native_stacks: tuple[NativeStacks, ...] = ()
 
     @property
     def missing(self) -> tuple[int, ...]:
@@ -129,14 +129,14 @@ class PostMortem(JobViewBase):
         """The ``python -m multihost analyze`` verdict (``str()`` of it is its text)."""
         from multihost._job._analyze import analyze
 
-        return analyze(list(self.dumps), self.gil_stacks)
+        return analyze(list(self.dumps), self.native_stacks)
 
     # -- summary ---------------------------------------------------------------------
     def summary(self) -> list[str]:
         """One line for the job, one per dump (its trigger), one per missing dump."""
         dirs = ', '.join(self.directories)
         lines = [f'{len(self.dumps)} of {self.num_processes} processes dumped in {dirs}']
-        from multihost._job._analyze import gil_lines, position
+        from multihost._job._analyze import native_lines, position
 
         for d in self.dumps:
             at = time.strftime('%H:%M:%S', time.localtime(d.trigger_time or d.written))
@@ -148,7 +148,7 @@ class PostMortem(JobViewBase):
                 line += f' (at the dump request of {then}: {position(d.asked)[0]})'
             lines.append(line)
         lines.extend(f'  {self._why_missing(p)}' for p in self.missing)
-        lines.extend(f'  {g}' for g in gil_lines(self.gil_stacks, self.dumps))
+        lines.extend(f'  {g}' for g in native_lines(self.native_stacks, self.dumps))
         return lines
 
     def __repr__(self) -> str:
@@ -171,7 +171,7 @@ def postmortem(*directories: str | os.PathLike[str]) -> PostMortem:
         dump, or a file there that is not a dump (one line naming the path).
     """
     from multihost._job._dumpfile import DumpFormatError, read_dirs
-    from multihost._job._gil import read_dirs as read_gil_dirs
+    from multihost._job._native import read_dirs as read_native_dirs
 
     if not directories:
         raise PostMortemError('postmortem needs a directory: the --dump-dir the job was run with')
@@ -180,11 +180,14 @@ def postmortem(*directories: str | os.PathLike[str]) -> PostMortem:
         dumps = read_dirs(dirs)
     except DumpFormatError as exc:
         raise PostMortemError(str(exc)) from None
+    native = tuple(read_native_dirs(dirs))
+    if not dumps and native:  # only C-level stacks: every host was ended at once
+        n = max(max(s.num_processes, s.process + 1) for s in native)
+        return PostMortem(directories=dirs, dumps=(), num_processes=n, native_stacks=native)
     if not dumps:
         raise PostMortemError(
             f'{", ".join(dirs)}: no process-<i>.json dump there (is this the --dump-dir of a job '
             'that dumped? a job where nothing goes wrong writes none)'
         )
     n = max(max(d.num_processes for d in dumps), max(d.process for d in dumps) + 1)
-    gil = tuple(read_gil_dirs(dirs))
-    return PostMortem(directories=dirs, dumps=tuple(dumps), num_processes=n, gil_stacks=gil)
+    return PostMortem(directories=dirs, dumps=tuple(dumps), num_processes=n, native_stacks=native)

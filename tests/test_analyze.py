@@ -135,34 +135,34 @@ def test_a_later_dump_keeps_the_one_written_at_another_hosts_request(tmp_path: A
 
 
 def test_faulthandler_stacks_parse_and_a_signal_with_no_json_after_says_the_gil_was_held() -> None:
-    """`_gil.parse` on faulthandler's own text; `gil_lines` says what it means, bounded."""
+    """`_native.parse` on faulthandler's own text; `native_lines` says what it means, bounded."""
     import faulthandler
     import tempfile
     import threading
 
-    from multihost._job import _gil
+    from multihost._job import _native
 
     main = threading.main_thread().ident or 0
     with tempfile.TemporaryFile('w+') as f:
-        f.write(f'{_gil.HEADER}: process 3 of 8, pid 42, main thread 0x{main:016x}, hang 60 s\n')
+        f.write(f'{_native.HEADER}: process 3 of 8, pid 42, main thread 0x{main:016x}, hang 60 s\n')
         f.flush()
         faulthandler.dump_traceback(file=f, all_threads=True)  # the signal's block
         f.seek(0)
         text = f.read()
-    got = _gil.parse(text, '/d/process-3.stacks.txt', written=1000.0)
+    got = _native.parse(text, '/d/process-3.stacks.txt', written=1000.0)
     assert got is not None and got.process == 3 and got.pid == 42 and not got.by_watchdog
     assert (
         got.frames[0][2]
         == 'test_faulthandler_stacks_parse_and_a_signal_with_no_json_after_says_the_gil_was_held'
     )
-    assert _gil.parse('not a stacks file\n') is None
-    assert _gil.parse(text.splitlines()[0] + '\n') is None  # the header alone: nothing written
-    lines = _analyze.gil_lines([got], [])
+    assert _native.parse('not a stacks file\n') is None
+    assert _native.parse(text.splitlines()[0] + '\n') is None  # the header alone: nothing written
+    lines = _analyze.native_lines([got], [])
     assert len(lines) == 1 and lines[0].startswith('process 3 held the GIL (signalled) at ')
     assert lines[0].endswith('process-3.stacks.txt; no JSON dump followed'), lines
     many = [dataclasses.replace(got, process=p) for p in range(10)]
-    lines = _analyze.gil_lines(many, [])
-    assert len(lines) == _analyze.MAX_GIL_LINES and lines[-1].startswith('8 more processes')
+    lines = _analyze.native_lines(many, [])
+    assert len(lines) == _analyze.MAX_NATIVE_LINES and lines[-1].startswith('7 more lines in the')
 
 
 def test_pulse_words_and_its_round_trip_through_a_dump() -> None:
@@ -184,3 +184,31 @@ def test_pulse_words_and_its_round_trip_through_a_dump() -> None:
     stacks = HostStacks(process=2, answered=True, pulse=busy)
     assert HostStacks.from_json(stacks.to_json()) == stacks
     assert stacks.format().splitlines()[0].endswith('; ' + busy.words)
+
+
+def test_fatal_blocks_name_the_lost_coordination_service_only_when_process_0_left_nothing() -> None:
+    from multihost._job import _native
+
+    def ended(p: int, fatal: str = 'Aborted') -> Any:
+        frames = (('/x/multihost/_exchange/_kv.py', 9, 'wait'), ('/job/train.py', 71, 'step'))
+        return _native.NativeStacks(
+            f'/d/process-{p}.stacks.txt', p, 100 + p, 1000.0, frames, False, 60.0, fatal, 4
+        )
+
+    lines = _analyze.native_lines([ended(1), ended(2), ended(3)], [])
+    assert lines[0].startswith('process 0 (the coordination service) was lost at about ')
+    assert 'JAX aborted processes 1-3 then' in lines[0]
+    assert lines[1].startswith('processes 1-3 were ended by a fatal error (Aborted) at ')
+    assert 'main thread at train.py:71 in step' in lines[1], lines  # the program's frame
+    # Process 0 left a file: not called lost; a segfault is not JAX's abort.
+    lines = _analyze.native_lines([ended(0, 'Segmentation fault'), ended(1)], [])
+    assert not any('coordination service' in ln for ln in lines), lines
+    assert any(
+        ln.startswith('process 0 was ended by a fatal error (Segmentation fault)') for ln in lines
+    )
+    verdict = _analyze.analyze([], [ended(1), ended(2)])
+    assert verdict.num_processes == 4 and verdict.missing == (0, 1, 2, 3)
+    assert str(verdict).splitlines()[2:4] == [
+        '0 dumps of 4 processes',
+        'no dump from processes 0-3',
+    ]

@@ -22,7 +22,7 @@ from typing import Any
 import _jobs
 import pytest
 
-from multihost._job import _analyze, _dumpfile, _gil
+from multihost._job import _analyze, _dumpfile, _native
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -172,7 +172,7 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c_and_analyze_says_so(job
     stacks = os.path.join(j.dir, 'process-1.stacks.txt')
 
     def main_block() -> Any:
-        return next((g for g in _gil.read_dirs([j.dir]) if g.process == 1), None)
+        return next((g for g in _native.read_dirs([j.dir]) if g.process == 1), None)
 
     deadline = held + 9
     while time.monotonic() < deadline and not (main_block() and main_block().by_watchdog):
@@ -202,7 +202,7 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c_and_analyze_says_so(job
     dumps = _dumpfile.read_dirs([j.dir])
     by = {d.process: d for d in dumps}
     assert by[0].trigger == 'hang' and by[1].trigger == 'signal', dumps  # the GIL came back
-    verdict = _analyze.analyze(dumps, _gil.read_dirs([j.dir]))
+    verdict = _analyze.analyze(dumps, _native.read_dirs([j.dir]))
     text = str(verdict)
     gil = [ln for ln in text.splitlines() if ln.startswith('process 1 held the GIL')]
     assert len(gil) == 1 and gil[0].startswith('process 1 held the GIL (no Python ran for 3 s)')
@@ -220,6 +220,42 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c_and_analyze_says_so(job
     import mhnotebook
 
     assert gil[0] in repr(mhnotebook.postmortem(j.dir))
+
+
+def test_when_process_0_dies_jax_aborts_the_others_and_their_stacks_say_so(job: Any) -> None:
+    """SIGKILL of process 0 (the coordination service): JAX aborts every other host at once,
+    before any Python can run (issue 30, 3). faulthandler writes each one's stacks from C;
+    the exit status stays JAX's (SIGABRT); analyze says process 0 was lost."""
+    j = job(3, MODE='loop', STEPS='100000')
+    j.wait_started()
+    time.sleep(1.0)
+    j.procs[0].kill()
+    t0 = time.monotonic()
+    results = j.finish()
+    assert time.monotonic() - t0 < 30
+    assert [rc for rc, _, _ in results] == [-9, -6, -6], [e[-1500:] for _, _, e in results]
+    stacks = _native.read_dirs([j.dir])
+    assert [(s.process, s.fatal) for s in stacks] == [(1, 'Aborted'), (2, 'Aborted')], stacks
+    assert all(any(f[0].endswith('_dump_job.py') for f in s.frames) for s in stacks), stacks
+    assert _dumpfile.read_dirs([j.dir]) == []  # no Python ran: no JSON dump
+    cli = subprocess.run(
+        [sys.executable, '-m', 'multihost', 'analyze', j.dir],
+        env={**os.environ, 'PYTHONPATH': ROOT},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = cli.stdout.splitlines()
+    assert cli.returncode == 0 and lines[0].startswith(
+        'process 0 (the coordination service) was lost at about '
+    ), cli
+    assert 'JAX aborted processes 1-2 then' in lines[0], cli.stdout
+    assert lines[1].startswith('processes 1-2 were ended by a fatal error (Aborted) at '), lines
+    assert 'main thread at _dump_job.py:' in lines[1], lines
+    assert 'no dump from processes 0-2' in cli.stdout, cli.stdout
+    import mhnotebook
+
+    assert lines[0] in repr(mhnotebook.postmortem(j.dir))
 
 
 def test_busy_told_from_wedged_in_the_dumps_and_analyze(job: Any) -> None:

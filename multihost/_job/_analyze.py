@@ -20,9 +20,9 @@ from typing import Any
 
 from multihost._job import _cli
 from multihost._job._dumpfile import Dump, DumpFormatError, read_dirs
-from multihost._job._gil import GilStacks
-from multihost._job._gil import read_dirs as read_gil_dirs
-from multihost._models._stacks import HostStacks
+from multihost._job._native import NativeStacks
+from multihost._job._native import read_dirs as read_native_dirs
+from multihost._models._stacks import HostStacks, frame_package
 from multihost._models._wavefront import HostFront
 from multihost._recorder import FlightRecord
 from multihost._text import failure_phrase, first_line, fmt_duration, fmt_hosts, short_site
@@ -60,8 +60,8 @@ class Verdict:
         cause: the first failure, when a host raised or exited with an error
             (``process 2 raised ValueError('bad batch') at train.py:118``), from its
             own dump or, when it left none, from the others' ``peer`` dumps.
-        gil: one line per host that held the GIL (its faulthandler stacks, `_gil`):
-            where, and whether its JSON dump followed.
+        native: what the hosts' faulthandler stacks say (`_native`): a lost coordination
+            service, hosts ended by a fatal error, hosts that held the GIL.
     """
 
     num_processes: int
@@ -77,7 +77,7 @@ class Verdict:
     straggler: int | None = None
     straggler_why: str = ''
     cause: str = ''
-    gil: tuple[str, ...] = ()
+    native: tuple[str, ...] = ()
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -243,57 +243,82 @@ def _grouped(items: Iterable[tuple[int, str, float | None]]) -> tuple[Group, ...
     return tuple(sorted(groups, key=lambda g: (-len(g.processes), g.processes[0])))
 
 
-MAX_GIL_LINES = 3
+MAX_NATIVE_LINES = 4
 
 
-def gil_lines(stacks: Sequence[GilStacks], dumps: Sequence[Dump]) -> tuple[str, ...]:
-    """The hosts whose faulthandler stacks say they held the GIL, one line each (bounded).
+def native_lines(stacks: Sequence[NativeStacks], dumps: Sequence[Dump]) -> tuple[str, ...]:
+    """What the hosts' faulthandler stacks (`_native`) say, a few lines at most.
 
-    A block from the GIL watchdog means no Python thread ran for its limit; a block from
-    the dump signal counts when no JSON dump followed within a second (the signal's
-    Python handler could not run).
+    A fatal error (JAX aborts the hosts whose coordination service is gone; a segfault):
+    the hosts it ended, grouped, and, when they were aborted and process 0 left nothing,
+    that process 0 (the service) was lost. A held GIL: a block from the GIL watchdog
+    means no Python thread ran for its limit; a block from the dump signal counts when no
+    JSON dump followed within a second (the signal's Python handler could not run).
     """
     by = {d.process: d for d in dumps}
     out: list[str] = []
+    fatal: dict[tuple[str, str], list[NativeStacks]] = collections.defaultdict(list)
+    held: list[str] = []
     for s in stacks:
+        # The innermost frame of the program itself (not of multihost, JAX or Python).
+        own = [f for f in s.frames if frame_package(f[0]) is None] or list(s.frames)
+        file, line, function = own[0] if own else ('?', 0, '?')
+        site = f'{short_site(f"{file}:{line}")} in {function}' if own else 'no Python frame'
         d = by.get(s.process)
+        if s.fatal and (d is None or d.written <= s.written):
+            fatal[(s.fatal, site)].append(s)
+            continue
         late = None if d is None else d.written - s.written
         if not s.by_watchdog and late is not None and late < 1.0:
             continue  # the signal's JSON dump followed at once: Python ran
-        file, line, function = s.frames[0] if s.frames else ('?', 0, '?')
-        site = f'{short_site(f"{file}:{line}")} in {function}'
         if late is None:
             follow = 'no JSON dump followed'
         elif late >= 1.0:
             follow = f'its JSON dump followed {fmt_duration(late)} later'
         else:
             follow = 'its JSON dump followed'
-        held = f'no Python ran for {s.hang:g} s' if s.by_watchdog else 'signalled'
-        out.append(
-            f'process {s.process} held the GIL ({held}) at {site}, stacks at '
+        how = f'no Python ran for {s.hang:g} s' if s.by_watchdog else 'signalled'
+        held.append(
+            f'process {s.process} held the GIL ({how}) at {site}, stacks at '
             f'{_clock(s.written)} in {os.path.basename(s.path)}; {follow}'
         )
-    if len(out) > MAX_GIL_LINES:
-        rest = len(out) - MAX_GIL_LINES + 1
-        out = out[: MAX_GIL_LINES - 1] + [
-            f'{rest} more processes held the GIL (their *.stacks.txt)'
-        ]
+    ended = [s for group in fatal.values() for s in group]
+    aborted = sorted(s.process for s in ended if s.fatal == 'Aborted')
+    leader_left_nothing = 0 not in by and all(s.process != 0 for s in stacks)
+    if aborted and leader_left_nothing:
+        at = _clock(min(s.written for s in ended if s.fatal == 'Aborted'))
+        out.append(
+            f'process 0 (the coordination service) was lost at about {at} (no dump): JAX '
+            f'aborted {fmt_hosts(aborted)} then (a lost service ends every host at once)'
+        )
+    for (what, site), group in sorted(fatal.items(), key=lambda kv: -len(kv[1])):
+        ps = sorted(s.process for s in group)
+        were = 'was' if len(ps) == 1 else 'were'
+        out.append(
+            f'{fmt_hosts(ps)} {were} ended by a fatal error ({what}) at '
+            f'{_clock(max(s.written for s in group))}, main thread at {site} (*.stacks.txt)'
+        )
+    out.extend(held)
+    if len(out) > MAX_NATIVE_LINES:
+        rest = len(out) - MAX_NATIVE_LINES + 1
+        out = out[: MAX_NATIVE_LINES - 1] + [f'{rest} more lines in the *.stacks.txt files']
     return tuple(out)
 
 
-def analyze(dumps: Sequence[Dump], stacks: Sequence[GilStacks] = ()) -> Verdict:
+def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdict:
     """The verdict of ``dumps`` (one per process; `_dumpfile.read_dirs`) and of the
-    faulthandler stacks (`_gil.read_dirs`) when there are any."""
+    faulthandler stacks (`_native.read_dirs`) when there are any."""
     if not dumps and not stacks:
         raise DumpFormatError('no dump files (process-*.json) in the directories given')
     if not dumps:
+        n = max(max(s.num_processes, s.process + 1) for s in stacks)
         return Verdict(
-            num_processes=max(s.process for s in stacks) + 1,
+            num_processes=n,
             dumped=(),
-            missing=(),
+            missing=tuple(range(n)),
             gone={},
             triggers={},
-            gil=gil_lines(stacks, ()),
+            native=native_lines(stacks, ()),
         )
     n = max(d.num_processes for d in dumps)
     dumped = tuple(sorted(d.process for d in dumps))
@@ -362,7 +387,7 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[GilStacks] = ()) -> Verdict:
         straggler=straggler,
         straggler_why=why,
         cause=_cause(dumps),
-        gil=gil_lines(stacks, dumps),
+        native=native_lines(stacks, dumps),
     )
 
 
@@ -382,8 +407,9 @@ def format_verdict(v: Verdict) -> list[str]:
     """`Verdict` -> at most `MAX_LINES` lines."""
     why = '; '.join(f'{k}: {fmt_hosts(ps)}' for k, ps in v.triggers.items())
     lines = [v.cause] if v.cause else []
-    lines.extend(v.gil)
-    lines.append(f'{len(v.dumped)} dumps of {v.num_processes} processes (written for {why})')
+    lines.extend(v.native)
+    written = f' (written for {why})' if why else ''
+    lines.append(f'{len(v.dumped)} dumps of {v.num_processes} processes{written}')
     if v.missing:
         lines.append(f'no dump from {fmt_hosts(v.missing)}')
     by_reason: dict[str, list[int]] = collections.defaultdict(list)
@@ -428,7 +454,7 @@ def main(argv: list[str], prog: str = PROG) -> int:
 def report(dirs: Sequence[str], prog: str = PROG) -> int:
     """Prints the verdict of the dumps in ``dirs``; a bad or missing file: one line, 2."""
     try:
-        verdict = analyze(read_dirs(dirs), read_gil_dirs(dirs))
+        verdict = analyze(read_dirs(dirs), read_native_dirs(dirs))
     except DumpFormatError as exc:
         print(f'{prog}: {exc}', file=sys.stderr)
         return 2

@@ -469,9 +469,9 @@ def _end(code: int) -> None:
             stream.flush()
         except Exception:
             pass
-    from multihost._job import _gil
+    from multihost._job import _native
 
-    _gil.disarm()  # its faulthandler file goes when nothing was written there
+    _native.disarm()  # its faulthandler file goes when nothing was written there
     os._exit(code)
 
 

@@ -22,7 +22,7 @@
 - the GIL held in a C call (no Python runs: neither of the above can write): the dump
   signal also goes to `faulthandler`, and a `faulthandler` watchdog re-armed by the
   hang watchdog fires when this thread cannot run for the hang limit; both write every
-  thread's stack to ``DIR/process-<i>.stacks.txt`` at the C level (`_gil`).
+  thread's stack to ``DIR/process-<i>.stacks.txt`` at the C level (`_native`).
 - a preemption notice: SIGTERM stays JAX's preemption sync manager's (never
   replaced, so ``reached_preemption_sync_point`` and orbax's preemption saves
   work as before); the watchdog reads the notice the manager publishes in the
@@ -45,7 +45,7 @@ from typing import Any
 
 from multihost import _jax_adapter, _recorder
 from multihost._exchange import _kv, _sequence
-from multihost._job import _dump, _gil
+from multihost._job import _dump, _native
 
 HANG_DEFAULT_S = 60.0
 #: The key JAX's preemption sync manager sets when a task gets SIGTERM (its time).
@@ -118,7 +118,7 @@ def disable() -> None:
         return
     _w.enabled = False
     _w.stop.set()
-    _gil.disarm()
+    _native.disarm()
     _dump.configure(None)
     if _dump.on_error in _sequence.ERROR_HOOKS:
         _sequence.ERROR_HOOKS.remove(_dump.on_error)
@@ -253,24 +253,24 @@ def preempted(step: int) -> None:
 def _at_exit() -> None:
     _w.exiting = True
     _w.stop.set()
-    _gil.disarm()
+    _native.disarm()
 
 
 def after_initialize() -> None:
     """``jax.distributed.initialize`` returned (`_fate`'s wrapper): the faulthandler file."""
     if _w.enabled:
-        _arm_gil(_w.hang)
+        _arm_native(_w.hang)
 
 
-def _arm_gil(hang: float) -> None:
-    """Once the process index is known: the faulthandler file and signal (`_gil.arm`); then
+def _arm_native(hang: float) -> None:
+    """Once the process index is known: the faulthandler file and signal (`_native.arm`); then
     the GIL watchdog pushed back by ``hang`` (it fires only if this thread cannot run)."""
     directory = _dump.directory()
     if directory is None or _w.exiting:
         return
     if _kv.client() is not None:
-        _gil.arm(directory, _kv.process_index(), _kv.process_count(), _w.signum, hang)
-        _gil.rearm()
+        _native.arm(directory, _kv.process_index(), _kv.process_count(), _w.signum, hang)
+        _native.rearm()
 
 
 def _watchdog(hang: float) -> None:
@@ -285,7 +285,7 @@ def _watchdog(hang: float) -> None:
     while not stop.wait(period):
         if _dump.directory() is None:
             continue
-        _arm_gil(hang)
+        _arm_native(hang)
         next_poll = _preempted(next_poll)
         if hang <= 0 or _w.hang_fired:
             continue

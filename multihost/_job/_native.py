@@ -1,20 +1,24 @@
-"""Stacks written from C when the GIL is held: ``DIR/process-<i>.stacks.txt`` (faulthandler).
+"""Stacks written from C, where Python cannot write: ``DIR/process-<i>.stacks.txt``.
 
-A host stuck in a C call that keeps the GIL runs no Python at all: neither its debug
-thread nor a Python signal handler answers, so no JSON dump can be written until the
-call returns. Two writers at the C level cover it, both into one file opened beforehand
-(once the process index is known, `arm`):
+Two cases leave a host unable to write its JSON dump: a C call that keeps the GIL (no
+Python runs: neither the debug thread nor a Python signal handler answers until it
+returns), and a fatal error (JAX aborts every host whose coordination service is gone,
+at once, when process 0 dies; a segfault in native code). `faulthandler` writes every
+thread's Python stack from C into one file opened beforehand (once the process index is
+known, `arm`), for:
 
-- the dump signal: `faulthandler.register` (every thread, chained to Python's own
-  handler, so the JSON dump still follows when the GIL comes back);
+- the dump signal: `faulthandler.register` (chained to Python's own handler, so the
+  JSON dump still follows when the GIL comes back);
 - the GIL watchdog: `faulthandler.dump_traceback_later`, re-armed by the hang watchdog
   thread every period (`rearm`). When no Python thread can run for the hang limit, the
-  watchdog is not re-armed and faulthandler's own C thread writes every stack.
+  watchdog is not re-armed and faulthandler's own C thread writes every stack;
+- a fatal signal (SIGABRT, SIGSEGV, ...): `faulthandler.enable` (when the program has
+  not enabled it itself), which then lets the signal end the process as before.
 
-The file starts with one header line this module writes (process, pid, the main
-thread's id); faulthandler appends its blocks after it. `read_dirs` parses it back for
-``analyze`` and ``postmortem`` (`GilStacks`: the main thread's latest frames, what wrote
-them, when).
+The file starts with one header line this module writes (process, count, pid, the main
+thread's id, the hang limit); faulthandler appends its blocks after it. `read_dirs`
+parses it back for ``analyze`` and ``postmortem`` (`NativeStacks`: the main thread's
+latest frames, what wrote them, when).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class _Armed:
         self.signum: int | None = None
         self.hang = 0.0
         self.header = 0  # bytes of the header line
+        self.fatal = False  # faulthandler.enable is ours (to undo in disarm)
 
 
 _a = _Armed()
@@ -75,6 +80,12 @@ def arm(directory: str, process: int, count: int, signum: int | None, hang: floa
             return None
         _a.file, _a.hang, _a.header = f, hang, header
         atexit.register(disarm)  # a clean exit leaves no empty file
+        if not faulthandler.is_enabled():  # the program's own choice stays
+            try:
+                faulthandler.enable(file=f, all_threads=True)
+                _a.fatal = True
+            except (RuntimeError, ValueError, OSError):
+                pass
         if signum is not None:
             try:  # after Python's handler is set: faulthandler chains to it
                 faulthandler.register(signum, file=f, all_threads=True, chain=True)
@@ -107,6 +118,9 @@ def disarm() -> None:
             except (RuntimeError, ValueError):
                 pass
         _a.signum = None
+        if _a.fatal:
+            faulthandler.disable()
+            _a.fatal = False
         f, _a.file = _a.file, None
         try:
             empty = os.fstat(f.fileno()).st_size <= _a.header  # only this module's header
@@ -118,7 +132,7 @@ def disarm() -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class GilStacks:
+class NativeStacks:
     """One host's faulthandler file, read back.
 
     Attributes:
@@ -131,6 +145,9 @@ class GilStacks:
         by_watchdog: the GIL watchdog wrote in this run (no Python thread ran for
             ``hang`` seconds), not only the dump signal.
         hang: the watchdog's limit, seconds.
+        fatal: the fatal error that ended the process (``'Aborted'``, ``'Segmentation
+            fault'``: faulthandler's words), or empty.
+        num_processes: the job's size, from the header.
     """
 
     path: str
@@ -140,9 +157,11 @@ class GilStacks:
     frames: tuple[tuple[str, int, str], ...]
     by_watchdog: bool
     hang: float
+    fatal: str = ''
+    num_processes: int = 0
 
 
-def parse(text: str, path: str = '<stacks>', written: float = 0.0) -> GilStacks | None:
+def parse(text: str, path: str = '<stacks>', written: float = 0.0) -> NativeStacks | None:
     """The latest main-thread block of a stacks file; None if it holds none (or no header)."""
     lines = text.splitlines()
     head = _HEAD.match(lines[0]) if lines else None
@@ -153,7 +172,12 @@ def parse(text: str, path: str = '<stacks>', written: float = 0.0) -> GilStacks 
     latest: list[tuple[str, int, str]] | None = None
     watchdog = False
     current: list[tuple[str, int, str]] | None = None
+    fatal = ''
     for line in lines[1:]:
+        if line.startswith('Fatal Python error: '):
+            fatal = line[len('Fatal Python error: ') :].strip()
+            current = None
+            continue
         if line.startswith('Timeout ('):
             watchdog = True
             current = None
@@ -169,20 +193,22 @@ def parse(text: str, path: str = '<stacks>', written: float = 0.0) -> GilStacks 
             current.append((f.group(1), int(f.group(2)), f.group(3)))
     if latest is None:
         return None
-    return GilStacks(
+    return NativeStacks(
         path=path,
         process=int(head.group(1)),
         pid=int(head.group(3)),
         written=written,
         frames=tuple(latest),
         by_watchdog=watchdog,
+        fatal=fatal,
+        num_processes=int(head.group(2)),
         hang=float(hang.group(1)) if hang else 0.0,
     )
 
 
-def read_dirs(directories: Iterable[str]) -> list[GilStacks]:
+def read_dirs(directories: Iterable[str]) -> list[NativeStacks]:
     """Every ``process-*.stacks.txt`` with a main-thread block (the newest per process)."""
-    out: dict[int, GilStacks] = {}
+    out: dict[int, NativeStacks] = {}
     for d in directories:
         for path in sorted(glob.glob(os.path.join(d, 'process-*.stacks.txt'))):
             try:
