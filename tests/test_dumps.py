@@ -128,6 +128,8 @@ def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
     by = {d.process: d for d in dumps}
     assert {by[p].trigger for p in (0, 1, 3)} == {'timeout'}, [d.trigger for d in dumps]
     assert by[0].details['missing'] == [2]
+    # No host is called gone: each answered, or had dumped for its own reason and ended.
+    assert all(not d.gone for d in dumps), {d.process: d.gone for d in dumps}
     # Asked by the others while it slept, then ended by their failure (issue 34): its dump
     # says so, and where it was.
     assert by[2].trigger == 'peer' and by[2].details['by'] in (0, 1, 3), by[2].details

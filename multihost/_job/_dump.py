@@ -169,11 +169,13 @@ def request_all(why: str, *, wait: bool = False) -> threading.Thread | None:
     def ask() -> None:
         try:
             me, n = _process()
+            asked = time.time()
             replies, _ = _bus.command(client, 'dump', REQUEST_TIMEOUT_S, why=why)
+            silent = [p for p in range(n) if p not in replies and p != me]
             gone = {
                 p: 'did not answer the dump request (dead, or its debug thread was not running)'
-                for p in range(n)
-                if p not in replies and p != me
+                for p in silent
+                if not _accounted_for(client, p, asked)
             }
             _mark_gone(gone)
         except Exception as exc:
@@ -184,6 +186,24 @@ def request_all(why: str, *, wait: bool = False) -> threading.Thread | None:
     if wait:
         t.join(REQUEST_TIMEOUT_S + 10)
     return t
+
+
+def _accounted_for(client: Any, p: int, since: float) -> bool:
+    """Host ``p`` did not answer the dump request, yet is not gone: it had ended cleanly
+    (its liveness key says ``done``), or its own dump is in this host's directory, written
+    since ``since`` minus `QUIET_S` (it dumped for its own reason, then ended)."""
+    try:
+        if _kv.get(client, _kv.key('alive', p)) == 'done':
+            return True
+    except Exception:
+        pass
+    d = _state.directory
+    if d is None:
+        return False
+    try:
+        return os.path.getmtime(os.path.join(d, _dumpfile.file_name(p))) >= since - QUIET_S
+    except OSError:
+        return False
 
 
 def _on_request(client: Any, order: dict[str, Any]) -> str:
