@@ -141,9 +141,9 @@ class PostMortem(JobViewBase):
         for d in self.dumps:
             at = time.strftime('%H:%M:%S', time.localtime(d.trigger_time or d.written))
             line = f'  process {d.process} ({d.hostname}): {d.trigger} at {at}'
-            if d.trigger == 'request':  # asked by another host: what it was doing then
-                line += f': {position(d)[0]}'
-            if d.asked is not None:  # its dump at another's request, kept by this later one
+            if d.trigger in ('request', 'peer', 'lost'):  # asked, or ended by another host:
+                line += f': {position(d)[0]}'  # what it was doing (when the others missed it)
+            elif d.asked is not None:  # its dump at another's request, kept by this later one
                 then = time.strftime('%H:%M:%S', time.localtime(d.asked.trigger_time))
                 line += f' (at the dump request of {then}: {position(d.asked)[0]})'
             lines.append(line)

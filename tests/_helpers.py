@@ -95,14 +95,24 @@ def source_line(fn: Callable[..., Any], marker: str) -> int:
 
 
 def notebook_text(nb: Any) -> str:
-    """The text a run notebook (an `nbformat` node) printed: every code cell's outputs, their
-    ``text`` or ``text/plain``, one per line."""
-    return '\n'.join(
-        str(o.get('text') or o.get('data', {}).get('text/plain', ''))
-        for c in nb.cells
-        if c.cell_type == 'code'
-        for o in c.outputs
-    )
+    """The text a run notebook (an `nbformat` node) printed: per code cell, its stdout as one
+    text (a kernel may flush one ``print`` in pieces, stderr between them), then its other
+    outputs' ``text`` or ``text/plain``, one per line."""
+    out: list[str] = []
+    for c in nb.cells:
+        if c.cell_type != 'code':
+            continue
+        stdout = [
+            o for o in c.outputs if o.get('output_type') == 'stream' and o.get('name') == 'stdout'
+        ]
+        if stdout:
+            out.append(''.join(str(o.get('text', '')) for o in stdout))
+        out.extend(
+            str(o.get('text') or o.get('data', {}).get('text/plain', ''))
+            for o in c.outputs
+            if not any(o is s for s in stdout)
+        )
+    return '\n'.join(out)
 
 
 @contextlib.contextmanager
