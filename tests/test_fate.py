@@ -13,6 +13,7 @@ line that names process 2 and what it did; with ``--dump-dir`` every host dumps 
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -108,7 +109,7 @@ def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path
         deadline = time.monotonic() + 120
         found: list[Any] = []
         while time.monotonic() < deadline:
-            if os.path.isdir(dumps) and len(os.listdir(dumps)) == N:
+            if os.path.isdir(dumps) and len(glob.glob(os.path.join(dumps, '*.json'))) == N:
                 time.sleep(1.0)
                 found = _dumpfile.read_dirs([dumps])
                 if sorted(d.trigger for d in found).count('hang') >= 1:
