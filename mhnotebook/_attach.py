@@ -359,6 +359,43 @@ class AttachedJob(JobViewBase):
         """`multihost.MemoryCensus` of the job's hosts, arrays named by the held frames."""
         return self._one('multihost.engine.memory_census', timeout, timeout=timeout, frame=frame)
 
+    def execute(
+        self, code: str, *, timeout: float = 60.0, echo: bool = True, frame: Frame = None
+    ) -> dict[int, str]:
+        """Runs ``code`` on every host, in its held frame (a ``%%mh`` cell on this job).
+
+        Only on a job started with ``--allow-exec``: the host refuses otherwise. The cell
+        sees the frame's names (its module's globals, its locals over them) in a copy:
+        what it assigns stays in the cell. Every host must be held.
+
+        Returns:
+            Process index -> what that host printed (echoed, labelled, when ``echo``).
+
+        Raises:
+            SessionError: a host is running its own code (hold the job first).
+            HostsError: the cell raised on some hosts, or the job does not allow it.
+        """
+        if not isinstance(code, str) or not code.strip():
+            raise ValueError('execute needs the code to run (a %%mh cell), got nothing')
+        try:
+            with self.in_frame(frame):
+                outs = self._host_call('multihost.engine.run_cell', code, timeout=timeout)
+        except HostsError as exc:
+            if all(f.ename == 'PermissionError' for f in exc.failures.values()):
+                raise HostsError(
+                    f'the job of {self.path} was started without --allow-exec: the control '
+                    'key grants inspection only (the data magics); start it with multihost run '
+                    '--allow-exec to run cells on its hosts',
+                    exc.failures,
+                ) from None
+            raise
+        result = dict(enumerate(outs))
+        if echo:
+            for p, text in result.items():
+                for line in text.splitlines():
+                    print(f'[process {p}] {line}')
+        return result
+
     def detach(self) -> None:
         """Closes the connection (idempotent); the job goes on, stepping as it was left."""
         if self._gathers is not None:

@@ -184,8 +184,12 @@ def test_the_magics_act_on_the_attached_job_and_refuse_to_run_code(job):
             assert 'set_stepping(True)' in str(e.value) and '\n' not in str(e.value)
         with pytest.raises(UsageError, match='--frame is for an attached job|N >= 0'):
             ip.run_line_magic('mh_diff', 'state --frame -1')
-        with pytest.raises(UsageError, match='%mh_detach'):
+        # Code runs on an attached job only when it was started with --allow-exec.
+        with pytest.raises(UsageError, match='started without --allow-exec') as e:
             ip.run_cell_magic('mh', '', 'print(1)')
+        assert '\n' not in str(e.value)
+        with pytest.raises(UsageError, match='%mh_detach'):
+            ip.run_line_magic('mh_barrier', 'x')
     finally:
         ip.run_line_magic('mh_detach', '')
     assert magics.attached is None

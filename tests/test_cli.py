@@ -38,6 +38,7 @@ RUN_OPTIONS = (
     '--dump-dir DIR',
     '--hold-on-error',
     '--hold-for S',
+    '--allow-exec',
     '-m MODULE ...',
     'SCRIPT',
     'ARGS',

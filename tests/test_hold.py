@@ -23,6 +23,7 @@ from typing import Any
 import _jobs
 import numpy as np
 import pytest
+from IPython.utils.capture import capture_output
 
 import mhnotebook
 from multihost._job._fate import EXIT_PEER_FAILED
@@ -74,7 +75,7 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
         RAISE_STEP=str(STEP),
     )
     command = ['-m', 'multihost', 'run', '--control-file', control, '--hold-on-error']
-    command += ['--hold-for', '120', JOB]
+    command += ['--hold-for', '120', '--allow-exec', JOB]
     with _jobs.start(N, command, env, cwd=tmp) as job:
         _until('the control file', lambda: os.path.exists(control))
         j = mhnotebook.attach(control)
@@ -121,6 +122,26 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
             except mhnotebook.HostsError as exc:
                 assert 'output of a launch that has not finished' in str(exc), exc
             assert time.monotonic() - t0 < 20.0, inside
+            # --allow-exec: a %%mh cell runs in each host's held frame (a copy of its names).
+            from _helpers import magic_shell
+
+            outs = j.execute(
+                "print(step, batch['tokens'].shape[0], len(dir()) > 3)", frame='train', echo=False
+            )
+            assert sorted(outs) == list(range(N)), outs
+            assert {o.split()[0] for o in outs.values()} == {str(STEP)}, outs
+            with pytest.raises(mhnotebook.HostsError, match='ZeroDivisionError') as e:
+                j.execute('step = 0\nprint(1 / step)', frame='train', echo=False)
+            assert sorted(e.value.failures) == list(range(N))
+            assert j.allgather('step', frame='train').tolist() == [STEP] * N  # untouched
+            ip, magics = magic_shell(None)
+            ip.run_line_magic('mh_attach', control)
+            try:
+                with capture_output() as cap:
+                    ip.run_cell_magic('mh', '', "print('in', step)")
+                assert f'[process 0] in {STEP}' in cap.stdout, cap.stdout
+            finally:
+                ip.run_line_magic('mh_detach', '')
             released_at = time.monotonic()
             j.release_all()
         finally:

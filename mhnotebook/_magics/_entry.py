@@ -130,4 +130,4 @@ def first_error(exc: HostsError) -> str:
 def print_errors(failures: dict[int, RemoteFailure]) -> None:
     """Each failing host's traceback text, under its name."""
     for p, failure in sorted(failures.items()):
-        print(f'--- host {p} ---\n{failure.text}')
+        print(f'--- process {p} ---\n{failure.text}')

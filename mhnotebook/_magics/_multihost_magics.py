@@ -19,9 +19,18 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, magics_class
 
 from mhnotebook._attach import AttachedJob, AttachError, attach
+from mhnotebook._errors import HostsError, SessionError
 from mhnotebook._jobview import DataView, JobView
 from mhnotebook._magics import _cluster_actions, _help, _results, _run
-from mhnotebook._magics._entry import cell_magic, delegate, held, hold, line_magic, running
+from mhnotebook._magics._entry import (
+    cell_magic,
+    delegate,
+    held,
+    hold,
+    line_magic,
+    print_errors,
+    running,
+)
 from mhnotebook._magics._options import (
     check_timeout,
     compact_subscripts,
@@ -86,7 +95,8 @@ class MultihostMagics(Magics):
                 'this magic runs code on the hosts, which only a %mh_cluster session can; '
                 '%mh_where, %mh_timeline, %mh_step and the data magics (%mh_allgather, '
                 '%mh_layout, %mh_diff, %mh_nonfinite, %mh_env, %mh_memory_census: they read '
-                "the held hosts' frames) work here, %mh_detach ends the attachment"
+                "the held hosts' frames) work here, and %%mh when the job was started with "
+                '--allow-exec; %mh_detach ends the attachment'
             )
         session = running(self.session)
         if what is not None:
@@ -201,6 +211,19 @@ class MultihostMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.mh, line)
         check_timeout(args.timeout, '%%mh --timeout 30')
+        if self.attached is not None:  # in the held frames, if the job allows it
+            if args.bg:
+                raise UsageError('%%mh --bg is for a %mh_cluster session, not an attached job')
+            try:
+                self.attached.execute(cell, timeout=args.timeout or 60.0)
+            except HostsError as exc:
+                if any(f.ename == 'PermissionError' for f in exc.failures.values()):
+                    raise UsageError(f'%%mh: {exc}') from None
+                print(f'%%mh: {exc}')
+                print_errors(dict(exc.failures))
+            except SessionError as exc:  # not held, a host gone, no answer
+                raise UsageError(f'%%mh: {exc}') from None
+            return
         _run.run_cell(self, self._session(), cell, timeout=args.timeout, bg=args.bg)
 
     @magic_arguments.magic_arguments()

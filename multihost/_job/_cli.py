@@ -3,7 +3,7 @@
     multihost [demo] [--hosts N] [--devices D]
     multihost run [--check-jit] [--timeout S] [--control-file PATH]
                   [--control-address HOST] [--dump-dir DIR] [--hold-on-error]
-                  [--hold-for S] (SCRIPT | -m MODULE) [ARGS ...]
+                  [--hold-for S] [--allow-exec] (SCRIPT | -m MODULE) [ARGS ...]
     multihost analyze DIR [DIR ...]
 
 ``python -m multihost`` is the same program (`multihost.__main__`); only the
@@ -151,6 +151,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         'without the flag (default: 1800; MULTIHOST_HOLD_FOR too).',
     )
     parser.add_argument(
+        '--allow-exec',
+        action='store_true',
+        help='Let a notebook attached with the control key run code cells on the hosts, in '
+        'their held frames: whoever holds the key then runs code as the job (off by default, '
+        'the key grants inspection only; MULTIHOST_ALLOW_EXEC=1 too).',
+    )
+    parser.add_argument(
         '-m',
         dest='module',
         nargs=argparse.REMAINDER,
@@ -287,6 +294,8 @@ def run_target(
         options['check_jit'] = True
     if args.hold_on_error:
         options['hold_on_error'] = True
+    if args.allow_exec:
+        options['allow_exec'] = True
     for name in ('timeout', 'control_file', 'control_address', 'dump_dir', 'hold_for'):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)

@@ -84,6 +84,7 @@ def install(
     dump_dir: str | None = None,
     hold_on_error: bool = False,
     hold_for: float | None = None,
+    allow_exec: bool = False,
 ) -> None:
     """Makes the program's own and its libraries' multi-host calls the checked ones.
 
@@ -122,13 +123,24 @@ def install(
         1800), so a notebook can attach and inspect; ``release_all`` ends the
         hold and the error goes on (``MULTIHOST_HOLD_ON_ERROR=1``,
         ``MULTIHOST_HOLD_FOR``).
+      allow_exec: a notebook attached with the control key may run ``%%mh`` cells
+        on the hosts, in their held frames (``MULTIHOST_ALLOW_EXEC=1``). Off by
+        default: the key then grants inspection only (the data tools parse names,
+        they evaluate nothing); on, whoever holds the key runs code as the job.
 
     Raises:
       ValueError: already installed with other options (`uninstall` first).
     """
     global _active
     options = InstallOptions.resolve(
-        check_jit, timeout, control_file, control_address, dump_dir, hold_on_error, hold_for
+        check_jit,
+        timeout,
+        control_file,
+        control_address,
+        dump_dir,
+        hold_on_error,
+        hold_for,
+        allow_exec,
     )
     with _lock:
         if _active is not None:

@@ -31,6 +31,9 @@ class InstallOptions:
         hold_on_error: a host whose program raises holds every host (`_debug._hold`)
             for at most ``hold_for`` seconds before the error goes on
             (``MULTIHOST_HOLD_ON_ERROR=1``, ``MULTIHOST_HOLD_FOR``).
+        allow_exec: an attached notebook's ``%%mh`` cells run on the hosts, in their
+            held frames (``MULTIHOST_ALLOW_EXEC=1``); off, the control key grants
+            inspection only.
     """
 
     check_jit: bool = False
@@ -40,6 +43,7 @@ class InstallOptions:
     dump_dir: str | None = None
     hold_on_error: bool = False
     hold_for: float = DEFAULT_HOLD_S
+    allow_exec: bool = False
 
     @classmethod
     def resolve(
@@ -51,6 +55,7 @@ class InstallOptions:
         dump_dir: str | None = None,
         hold_on_error: bool = False,
         hold_for: float | None = None,
+        allow_exec: bool = False,
     ) -> InstallOptions:
         """The options as given, ``MULTIHOST_CHECK_JIT`` (and the control and dump variables) read;
         ``timeout`` checked."""
@@ -63,6 +68,7 @@ class InstallOptions:
         control_address = control_address or os.environ.get('MULTIHOST_CONTROL_ADDRESS') or None
         dump_dir = dump_dir or os.environ.get('MULTIHOST_DUMP_DIR', '').strip() or None
         hold_env = os.environ.get('MULTIHOST_HOLD_ON_ERROR', '').strip().lower()
+        exec_env = os.environ.get('MULTIHOST_ALLOW_EXEC', '').strip().lower()
         if hold_for is None:
             raw = os.environ.get('MULTIHOST_HOLD_FOR', '').strip()
             try:
@@ -77,6 +83,7 @@ class InstallOptions:
             check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'),
             hold_on_error=bool(hold_on_error) or hold_env in ('1', 'true', 'on', 'yes'),
             hold_for=float(hold_for),
+            allow_exec=bool(allow_exec) or exec_env in ('1', 'true', 'on', 'yes'),
             timeout=timeout,
             control_file=os.path.abspath(control_file) if control_file else None,
             control_address=control_address,

@@ -5,7 +5,8 @@ package on the engine and calls ``multihost.engine.<name>``, so the real code
 is installed, versioned and tested here rather than pickled from the
 notebook. Everything returns plain, picklable data. Where this engine is:
 `net`; the gather export: `gather` (structure made portable: `portable`);
-the other calls: `calls`.
+the other calls: `calls`; on a job the notebook attached to, the data tools in each
+host's held frame and, with ``--allow-exec``, its ``%%mh`` cells (`run_cell`): `held`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from multihost.engine.gather import (
     lookup,
     meta_digest,
 )
+from multihost.engine.held import run_cell
 from multihost.engine.net import (
     controller_address,
     engine_info,
@@ -58,6 +60,7 @@ __all__ = [
     'gather_send',
     'gather_write',
     'host_port',
+    'run_cell',
     'initialize',
     'install',
     'layout',

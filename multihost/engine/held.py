@@ -23,7 +23,10 @@ Process 0's control endpoint (`serve_control`) serves the method
 ``inspect``: one bus command (`_bus`) to every debug thread, whose replies
 (pickled, base64 in JSON) it returns by process. Only the functions in
 `TOOLS` can be asked for: the control key grants inspection, not running
-code.
+code. A job started with ``--allow-exec`` (``install(allow_exec=True)``)
+also runs ``run_cell``: an attached notebook's ``%%mh`` cell, in each host's
+held frame (`run_cell`), its output captured; the host decides, never the
+notebook.
 """
 
 from __future__ import annotations
@@ -60,6 +63,34 @@ TOOLS: dict[str, tuple[Callable[..., Any], bool]] = {
     'memory_census': (calls.memory_census, True),
     'env_diff': (calls.env_diff, False),
 }
+
+
+class _Exec:
+    allowed = False  # install(allow_exec=True) / --allow-exec on this host
+
+
+def run_cell(namespace: dict[str, Any], code: str) -> str:
+    """``%%mh`` on an attached job: runs ``code`` over the held frame's names (its module's
+    globals, its locals over them: a copy, so what the cell assigns stays in the cell) on
+    this thread; what it printed. Only with ``--allow-exec``."""
+    import contextlib
+    import io
+
+    if not _Exec.allowed:
+        raise PermissionError(
+            'this job was started without --allow-exec: the control key grants inspection '
+            'only (the data magics); restart it with multihost run --allow-exec to run cells'
+        )
+    namespace.pop(_names.HELD_PLACE, None)
+    namespace.pop(_names.HELD_HINT, None)
+    out = io.StringIO()
+    # Every thread's prints go to the cell while it runs: the main thread is held.
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, '<%%mh cell>', 'exec'), namespace)  # noqa: S102 (opted in)
+    return out.getvalue()
+
+
+TOOLS['run_cell'] = (run_cell, True)
 
 #: The tools whose first argument is a name (probed on every host before any runs).
 _NAMED = ('gather_meta', 'gather_send', 'gather_local', 'layout', 'diff', 'nonfinite')
@@ -299,6 +330,12 @@ def inspect(
     }
     if processes is not None:
         params['only'] = sorted(int(p) for p in processes)
+    if op == 'call' and fn == 'run_cell' and not _Exec.allowed:  # said at once, held or not
+        asked = list(range(_kv.process_count())) if processes is None else list(processes)
+        try:
+            run_cell({}, '')
+        except PermissionError as exc:
+            return {p: {'error': ['PermissionError', str(exc), '']} for p in asked}
     if op == 'call' and not running_ok:
         # Every host asked must be held before any runs the tool: a tool's collectives
         # (its own lane) would otherwise wait out their timeout for a host that runs on.
@@ -338,13 +375,15 @@ def inspect(
 
 
 def patch(options: Any) -> None:
-    """An install patcher (`_job._install.PATCHERS`): every host answers ``inspect``."""
-    del options
+    """An install patcher (`_job._install.PATCHERS`): every host answers ``inspect``
+    (``run_cell`` too with ``allow_exec``)."""
+    _Exec.allowed = bool(getattr(options, 'allow_exec', False))
     _bus.register('inspect', _handle)
     _control.register_method('inspect', inspect)
 
 
 def unpatch() -> None:
     """Undoes `patch` (a host no longer answers ``inspect``)."""
+    _Exec.allowed = False
     _bus.unregister('inspect')
     _control.unregister_method('inspect')
