@@ -244,8 +244,24 @@ def _run_tool(order: dict[str, Any]) -> dict[str, Any]:
     thread.join(timeout + _MARGIN_S)
     if thread.is_alive():
         why = f'{name} did not finish within {timeout + _MARGIN_S:g} s'
+        if name == 'run_cell' and _interrupt(thread):  # a cell is the user's code: stop it
+            why += '; it was interrupted (KeyboardInterrupt raised in it)'
         return {'error': ['TimeoutError', why, '']}
     return result
+
+
+def _interrupt(thread: threading.Thread, wait: float = 5.0) -> bool:
+    """Raises KeyboardInterrupt in ``thread`` (at its next Python instruction; a C call
+    finishes first); whether it ended within ``wait`` seconds."""
+    import ctypes
+
+    if thread.ident is None:
+        return False
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt)
+    )
+    thread.join(wait)
+    return not thread.is_alive()
 
 
 def _probe(name: str, frame: int | str | None) -> str | None:
