@@ -41,9 +41,11 @@ Part 2: a training step of a real program
 checkpoints every 2 steps; it imports nothing of `multihost`) in
 ``--job-hosts`` (default 2) plain processes x 2 CPU devices launched like a
 scheduler, alternately as ``python _flax_job.py`` (uninstalled) and
-``python -m multihost run _flax_job.py`` (installed): ``--job-blocks``
-process groups per mode (default 3), the order flipped every block
-(uninstalled, installed, installed, uninstalled, ...). The interleaving is
+``python -m multihost run _flax_job.py`` (installed), and with everything a
+user may turn on (``--hold-on-error --dump-dir DIR --control-file F``: the
+hold armed, the dump triggers, the faulthandler stacks file, the control
+endpoint, the CPU sampler): ``--job-blocks`` process groups per mode
+(default 3), the order reversed every block. The interleaving is
 per process group, not per step: a process cannot switch between an
 installed and an uninstalled step of an unmodified program. Each run's first
 two steps compile and are dropped; a step's figure is the slowest process's
@@ -264,13 +266,22 @@ def _report(per: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
 # -- part 2: a training step of a real program ---------------------------------------------
 
 
-def _job_run(installed: bool, hosts: int, steps: int) -> tuple[list[list[float]], list[str]]:
+def _job_run(mode: str, hosts: int, steps: int) -> tuple[list[list[float]], list[str]]:
     """One run of `_flax_job.py` in ``hosts`` plain processes: per process its step seconds,
-    and process 0's losses (``float.hex``)."""
+    and process 0's losses (``float.hex``). ``mode``: ``'uninstalled'`` (plain python),
+    ``'installed'`` (``multihost run``) or ``'everything'`` (``multihost run --hold-on-error
+    --dump-dir DIR --control-file F``: hold on error armed, dumps with their triggers, the
+    faulthandler stacks file, the control endpoint)."""
     from multihost.testing import scheduler_env, start_job
 
-    command = ['-m', 'multihost', 'run', _JOB] if installed else [_JOB]
     with tempfile.TemporaryDirectory(prefix='mh-bench-job-') as tmp:
+        command = {
+            'uninstalled': [_JOB],
+            'installed': ['-m', 'multihost', 'run', _JOB],
+            'everything': ['-m', 'multihost', 'run', '--hold-on-error', '--dump-dir',
+                           os.path.join(tmp, 'dumps'), '--control-file',
+                           os.path.join(tmp, 'control.json'), _JOB],
+        }[mode]  # fmt: skip
         env = scheduler_env(hosts, CKPT_DIR=os.path.join(tmp, 'ckpt'), STEPS=str(steps))
         with start_job(hosts, command, env, cwd=tmp) as job:
             results = job.finish(900)
@@ -285,15 +296,19 @@ def _job_run(installed: bool, hosts: int, steps: int) -> tuple[list[list[float]]
     return per, losses
 
 
+#: Part 2's modes (`_job_run`), run in this order, then reversed, block after block.
+MODES = ('uninstalled', 'installed', 'everything')
+
+
 def _part2(hosts: int, steps: int, blocks: int) -> dict[str, Any]:
     """Both modes, ``blocks`` process groups each, the order flipped every block."""
-    modes = ('uninstalled', 'installed')
+    modes = MODES
     slowest: dict[str, list[float]] = {m: [] for m in modes}
     per_block: dict[str, list[float]] = {m: [] for m in modes}
     losses: dict[str, set[tuple[str, ...]]] = {m: set() for m in modes}
     for block in range(blocks):
         for mode in modes if block % 2 == 0 else modes[::-1]:
-            per, lo = _job_run(mode == 'installed', hosts, steps)
+            per, lo = _job_run(mode, hosts, steps)
             times = [max(p[s] for p in per) for s in range(2, steps)]  # 0 and 1 compile
             slowest[mode] += times
             per_block[mode].append(statistics.median(times))
@@ -310,7 +325,8 @@ def _part2(hosts: int, steps: int, blocks: int) -> dict[str, Any]:
             'block_medians_ms': [t * 1e3 for t in per_block[mode]],
         }
     out['ratio'] = out['installed']['median_ms'] / out['uninstalled']['median_ms']
-    out['losses_bitwise_equal'] = len(losses['uninstalled'] | losses['installed']) == 1
+    out['ratio_everything'] = out['everything']['median_ms'] / out['uninstalled']['median_ms']
+    out['losses_bitwise_equal'] = len(set.union(*losses.values())) == 1
     return out
 
 
@@ -432,7 +448,7 @@ def _part3(fresh: int, starts: int) -> dict[str, Any]:
 def _report23(part2: dict[str, Any] | None, part3: dict[str, Any] | None) -> None:
     rows: list[tuple[str, str, str]] = []
     if part2 is not None:
-        for mode in ('uninstalled', 'installed'):
+        for mode in MODES:
             r = part2[mode]
             blocks = ', '.join(f'{b:.1f}' for b in r['block_medians_ms'])
             rows.append(
@@ -449,6 +465,13 @@ def _report23(part2: dict[str, Any] | None, part3: dict[str, Any] | None) -> Non
                 f'{part2["ratio"]:.3f}',
                 'installed / uninstalled medians; losses bitwise equal: '
                 f'{"yes" if part2["losses_bitwise_equal"] else "NO"}',
+            )
+        )
+        rows.append(
+            (
+                'train step ratio, everything on',
+                f'{part2["ratio_everything"]:.3f}',
+                '--hold-on-error --dump-dir --control-file / uninstalled medians',
             )
         )
     if part3 is not None:
