@@ -109,11 +109,11 @@ def ensure_started() -> None:
         _s.thread.start()
 
 
-def pulse(window: float = WINDOW_S, wait: float = 1.0) -> Pulse | None:
+def pulse(window: float = WINDOW_S) -> Pulse | None:
     """This host's `Pulse` over about the last ``window`` seconds (now against the newest
-    sample at least that old, else the oldest). With no sample older than half a second
-    (the sampler just started), waits up to ``wait`` seconds for one; None if still none,
-    and None when the main thread asks (its stack is the asking code: nothing to judge)."""
+    sample at least that old, else the oldest). Never waits: None when no sample is half a
+    second old yet (the sampler just started: it starts with the debug thread, so a host
+    asked has history), and when the main thread asks (its stack is the asking code)."""
     if threading.current_thread() is threading.main_thread():
         return None
     ensure_started()
@@ -121,10 +121,7 @@ def pulse(window: float = WINDOW_S, wait: float = 1.0) -> Pulse | None:
     with _s.lock:
         history = list(_s.samples)
     if not history or now.t - history[0].t < 0.5:
-        first = history[0] if history else now
-        time.sleep(max(0.0, min(wait, first.t + 1.0 - now.t)))
-        history = history or [now]
-        now = sample()
+        return None
     old = [s for s in history if now.t - s.t >= window]
     ref = old[-1] if old else history[0]
     span = now.t - ref.t

@@ -164,7 +164,8 @@ def position(d: Dump) -> tuple[str, float | None]:
         )
     where = f.where or (d.stacks.where if d.stacks is not None else '')
     # Busy or wedged (no figures: hosts in a group share the words).
-    brief = f', {f.pulse.brief}' if f.pulse is not None and f.waiting is None else ''
+    waits = f.waiting is not None or f.activity_kind in ('coordination', 'device')
+    brief = f', {f.pulse.brief}' if f.pulse is not None and not waits else ''
     if f.activity:
         return f.activity + brief, f.idle
     last = f' (last {f.last.label})' if f.last is not None else ''

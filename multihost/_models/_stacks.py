@@ -635,7 +635,8 @@ class HostStacks:
         if self.hostname:
             head += f' ({self.hostname}, pid {self.os_pid})'
         head += f': {self.doing}'
-        if self.pulse is not None and self.answered and self.waiting is None:
+        waits = self.waiting is not None or self.main_activity[0] in ('coordination', 'device')
+        if self.pulse is not None and self.answered and not waits:
             head += f'; {self.pulse.words}'
         if not self.answered:
             last = self.current

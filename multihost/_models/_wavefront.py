@@ -242,9 +242,9 @@ def _more(groups: list[tuple[list[int], str]]) -> list[str]:
 
 def _activity(h: HostFront) -> str:
     if h.activity:
-        return h.activity + _brief(h) + _also(h)
+        return h.activity + _also(h)
     where = f'running user code at {_display_site(h.where)}' if h.where else 'in no user code'
-    return where + _brief(h) + _also(h)
+    return where + _also(h)
 
 
 def _position(h: HostFront) -> str:
@@ -252,21 +252,20 @@ def _position(h: HostFront) -> str:
     if h.waiting is not None:
         return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}' + _also(h)
     if h.activity:
-        return f'{last}, now {h.activity}' + _brief(h) + _also(h)
-    where = f', now at {_display_site(h.where)}' if h.where else ''
-    return last + where + _brief(h) + _also(h)
+        return f'{last}, now {h.activity}' + _also(h)
+    return last + (f', now at {_display_site(h.where)}' if h.where else '') + _also(h)
 
 
-def _brief(h: HostFront) -> str:
-    """``, wedged (no CPU, stack unchanged)`` for a host not waiting at a check (no figures:
-    hosts in a group share the words; each host's line has them, `_pulse_words`)."""
-    return f', {h.pulse.brief}' if h.pulse is not None and h.waiting is None else ''
+#: Activities that wait for the other hosts: busy or wedged says nothing of them.
+WAITING_KINDS = ('coordination', 'device')
 
 
 def _pulse_words(h: HostFront) -> str:
-    """``; 0% CPU over the last 5 s, stack unchanged: wedged`` (not for a host waiting at
-    a check: it waits for the others, busy or not)."""
-    if h.pulse is None or h.waiting is not None or not h.answered:
+    """``; 0% CPU over the last 5 s, stack unchanged: wedged`` on a host's own line (not
+    for a host waiting for the others: at a check, a service barrier, a device wait)."""
+    if h.pulse is None or not h.answered or h.waiting is not None:
+        return ''
+    if h.activity_kind in WAITING_KINDS:
         return ''
     return f'; {h.pulse.words}'
 
