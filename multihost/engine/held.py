@@ -96,6 +96,8 @@ TOOLS['run_cell'] = (run_cell, True)
 _NAMED = ('gather_meta', 'gather_send', 'gather_local', 'layout', 'diff', 'nonfinite')
 #: Seconds the debug thread waits for a tool beyond the tool's own timeout.
 _MARGIN_S = 10.0
+#: The shortest wait for the hosts' states before a tool runs (whatever the tool's timeout).
+_PROBE_MIN_S = 5.0
 #: Names of a frame's locals listed by `frames` (the rest counted).
 _MAX_NAMES = 40
 
@@ -356,9 +358,10 @@ def inspect(
         # Every host asked must be held before any runs the tool: a tool's collectives
         # (its own lane) would otherwise wait out their timeout for a host that runs on.
         name = args[0][0] if fn in _NAMED and args and args[0] else None
-        states = inspect(
-            'state', processes=processes, timeout=min(timeout, _MARGIN_S), probe=name, frame=frame
-        )
+        # The probe's own bound, not the tool's: a short tool timeout (a cell's) must not
+        # leave a loaded host too little time to say it is held.
+        probe_s = max(_PROBE_MIN_S, min(timeout, _MARGIN_S))
+        states = inspect('state', processes=processes, timeout=probe_s, probe=name, frame=frame)
         asked = list(range(_kv.process_count())) if processes is None else list(processes)
         if any(p not in states or not states[p]['state']['held'] for p in asked):
             # Nothing ran: each host's state (``running`` for those not held).
