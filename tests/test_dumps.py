@@ -33,6 +33,17 @@ TIMEOUT = 90.0
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
 
 
+def _analyze_cli(directory: str) -> subprocess.CompletedProcess[str]:
+    """``python -m multihost analyze DIR`` as a user runs it (bounded)."""
+    return subprocess.run(
+        [sys.executable, '-m', 'multihost', 'analyze', directory],
+        env={**os.environ, 'PYTHONPATH': ROOT},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 class Job:
     def __init__(self, tmp: str, n: int, *run_args: str, **env: str) -> None:
         self.dir = os.path.join(tmp, 'dumps')
@@ -148,13 +159,7 @@ def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
     assert ('when asked at' in behind) == (asked is not None), text
     assert 'culprit: process 2' in text and "barrier('ckpt')" in text, text
     assert len(text.splitlines()) <= _analyze.MAX_LINES
-    cli = subprocess.run(
-        [sys.executable, '-m', 'multihost', 'analyze', j.dir],
-        env={**os.environ, 'PYTHONPATH': ROOT},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cli = _analyze_cli(j.dir)
     assert cli.returncode == 0 and 'culprit: process 2' in cli.stdout, cli
 
 
@@ -210,13 +215,7 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c_and_analyze_says_so(job
     assert len(gil) == 1 and gil[0].startswith('process 1 held the GIL (no Python ran for 3 s)')
     assert '_dump_job.py:' in gil[0] and 'in <module>' in gil[0], text
     assert 'process-1.stacks.txt' in gil[0] and 'its JSON dump followed' in gil[0], text
-    cli = subprocess.run(
-        [sys.executable, '-m', 'multihost', 'analyze', j.dir],
-        env={**os.environ, 'PYTHONPATH': ROOT},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cli = _analyze_cli(j.dir)
     assert cli.returncode == 0 and gil[0] in cli.stdout, cli
     assert 'process 1: did not answer the dump request: it held the GIL' in cli.stdout, cli
     import mhnotebook
@@ -240,13 +239,7 @@ def test_when_process_0_dies_jax_aborts_the_others_and_their_stacks_say_so(job: 
     assert [(s.process, s.fatal) for s in stacks] == [(1, 'Aborted'), (2, 'Aborted')], stacks
     assert all(any(f[0].endswith('_dump_job.py') for f in s.frames) for s in stacks), stacks
     assert _dumpfile.read_dirs([j.dir]) == []  # no Python ran: no JSON dump
-    cli = subprocess.run(
-        [sys.executable, '-m', 'multihost', 'analyze', j.dir],
-        env={**os.environ, 'PYTHONPATH': ROOT},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    cli = _analyze_cli(j.dir)
     lines = cli.stdout.splitlines()
     assert cli.returncode == 0 and lines[0].startswith(
         'process 0 (the coordination service) was lost at about '

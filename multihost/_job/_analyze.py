@@ -22,6 +22,7 @@ from multihost._job import _cli
 from multihost._job._dumpfile import Dump, DumpFormatError, read_dirs
 from multihost._job._native import NativeStacks
 from multihost._job._native import read_dirs as read_native_dirs
+from multihost._models._pulse import WAITING_KINDS
 from multihost._models._stacks import HostStacks, frame_package
 from multihost._models._wavefront import HostFront
 from multihost._recorder import FlightRecord
@@ -164,7 +165,7 @@ def position(d: Dump) -> tuple[str, float | None]:
         )
     where = f.where or (d.stacks.where if d.stacks is not None else '')
     # Busy or wedged (no figures: hosts in a group share the words).
-    waits = f.waiting is not None or f.activity_kind in ('coordination', 'device')
+    waits = f.waiting is not None or f.activity_kind in WAITING_KINDS
     brief = f', {f.pulse.brief}' if f.pulse is not None and not waits else ''
     if f.activity:
         return f.activity + brief, f.idle

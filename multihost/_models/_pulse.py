@@ -14,6 +14,9 @@ from typing import Any
 
 #: At or above this share of one core a host is busy (below it, its own threads idle).
 BUSY_PCT = 5.0
+#: Activities (`HostFront.activity_kind`) that wait for the other hosts: busy or wedged
+#: says nothing of a host there, so its pulse is not put in words.
+WAITING_KINDS = ('coordination', 'device')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from multihost._cells import cell_number, is_cell
-from multihost._models._pulse import Pulse
+from multihost._models._pulse import WAITING_KINDS, Pulse
 from multihost._models._records import CollectiveRecord
 from multihost._recorder import SERVICE_BARRIER, SERVICE_WAIT, FlightRecord
 from multihost._text import fmt_duration
@@ -635,7 +635,7 @@ class HostStacks:
         if self.hostname:
             head += f' ({self.hostname}, pid {self.os_pid})'
         head += f': {self.doing}'
-        waits = self.waiting is not None or self.main_activity[0] in ('coordination', 'device')
+        waits = self.waiting is not None or self.main_activity[0] in WAITING_KINDS
         if self.pulse is not None and self.answered and not waits:
             head += f'; {self.pulse.words}'
         if not self.answered:

@@ -8,7 +8,7 @@ import dataclasses
 import json
 from typing import Any
 
-from multihost._models._pulse import Pulse
+from multihost._models._pulse import WAITING_KINDS, Pulse
 from multihost._models._stacks import background_words, display_path, waiting_words
 from multihost._recorder import FlightRecord
 from multihost._text import fmt_duration, fmt_hosts
@@ -254,10 +254,6 @@ def _position(h: HostFront) -> str:
     if h.activity:
         return f'{last}, now {h.activity}' + _also(h)
     return last + (f', now at {_display_site(h.where)}' if h.where else '') + _also(h)
-
-
-#: Activities that wait for the other hosts: busy or wedged says nothing of them.
-WAITING_KINDS = ('coordination', 'device')
 
 
 def _pulse_words(h: HostFront) -> str:
