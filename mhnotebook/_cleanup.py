@@ -300,24 +300,28 @@ def _owner_gone_event(owner: int, start: str | None) -> int | None:
 def watch(owner: int, start: str | None, cluster_id: str, profile_dir: str) -> str:
     """Blocks until ``owner`` dies or says stop on stdin, then kills the cluster; returns why."""
     pidfd = _owner_gone_event(owner, start) if is_alive(owner, start) else None
-    stdin = sys.stdin.buffer.fileno()
+    stdin: int | None = sys.stdin.buffer.fileno()
     why = 'owner gone'
     os.write(sys.stdout.fileno(), _READY)
     while is_alive(owner, start):
-        fds = [stdin] + ([pidfd] if pidfd is not None else [])
+        fds = ([stdin] if stdin is not None else []) + ([pidfd] if pidfd is not None else [])
         ready, _, _ = select.select(fds, [], [], 0.25)
         if pidfd is not None and pidfd in ready:
             break
-        if stdin in ready:
+        if stdin is not None and stdin in ready:
             data = os.read(stdin, 4096)
-            if not data or b'stop' in data:
+            if b'stop' in data:
                 why = 'stopped'
                 break
+            if not data:
+                # The pipe closed without 'stop': the owner is dying (a killed process closes
+                # its files before /proc shows it dead) or dropped us. Watch the pid alone.
+                stdin = None
     if is_alive(owner, start):  # stopped: the owner stopped the cluster, nothing starts now
         kill_cluster(cluster_id, profile_dir, rounds=1)
         return why
+    sweep_shm(owner=owner)  # first: it takes a moment, killing takes a few
     kill_cluster(cluster_id, profile_dir)  # again after a moment: a launch may have been under way
-    sweep_shm(owner=owner)
     return 'owner gone'
 
 

@@ -145,6 +145,39 @@ def test_a_dead_kernel_leaves_no_process_and_no_shared_memory(how):
     assert not _alive([watchdog])
 
 
+PIPE_DROPPER = """
+    import json, os, time
+    from mhnotebook import _cleanup
+    from mhnotebook._transfer._shm import ShmPool
+    buf = ShmPool().acquire(1 << 16)
+    dog = _cleanup.start_watchdog('mhnb-no-such-cluster', '/nonexistent-profile')
+    assert _cleanup.watchdog_ready(dog, 30)
+    dog.stdin.close()  # what a dying kernel's closed files look like to the watchdog
+    print(json.dumps(dict(shm=buf.path, watchdog=dog.pid)), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_pipe_closed_without_stop_is_not_a_stop_the_owners_death_still_cleans_up():
+    """A killed kernel closes its end of the watchdog's pipe before /proc shows it dead; the
+    watchdog must not take that for ``stop`` (which sweeps nothing): it waits for the pid."""
+    owner, info = _start_kernel(PIPE_DROPPER, timeout=60)
+    try:
+        watchdog = psutil.Process(info['watchdog'])
+        time.sleep(1.0)  # several of its 0.25 s looks
+        assert _alive([watchdog]), 'the watchdog ended when its pipe closed, the owner alive'
+        assert os.path.exists(info['shm'])  # the owner lives: its file stays
+    finally:
+        owner.kill()
+        owner.wait(30)
+    deadline = time.monotonic() + 10
+    while os.path.exists(info['shm']) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(info['shm']), 'the dead owner\'s shared memory was left'
+    watchdog.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    assert not _alive([watchdog])
+
+
 STALE_OWNER = """
     import os
     from mhnotebook._transfer._shm import ShmPool

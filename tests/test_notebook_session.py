@@ -393,6 +393,7 @@ def test_shm_buffers_are_reused_only_after_results_are_dropped(session):
     np.testing.assert_array_equal(first, kept)  # untouched by the second gather
     np.testing.assert_array_equal(second, kept + 1)
     pool = session._gathers.pool
+    gc.collect()  # results of earlier tests kept alive by a cycle give theirs back now
     in_use = {id(b) for b in pool.free}
     del first
     gc.collect()
