@@ -173,7 +173,7 @@ def test_a_pipe_closed_without_stop_is_not_a_stop_the_owners_death_still_cleans_
     deadline = time.monotonic() + 10
     while os.path.exists(info['shm']) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not os.path.exists(info['shm']), 'the dead owner\'s shared memory was left'
+    assert not os.path.exists(info['shm']), "the dead owner's shared memory was left"
     watchdog.wait(timeout=max(deadline - time.monotonic(), 0.1))
     assert not _alive([watchdog])
 
