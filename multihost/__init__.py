@@ -51,8 +51,11 @@ from multihost._errors import (
 from multihost._exchange import _threads  # noqa: F401  (handles collectives off the main thread)
 from multihost._exchange._bus import start_debug_daemon
 from multihost._exchange._sequence import DEFAULT_TIMEOUT
+from multihost._job._audit import report as audit_report
 from multihost._job._install import install, uninstall
 from multihost._models import (
+    AuditFinding,
+    AuditReport,
     CollectiveRecord,
     EnvDiff,
     FlightRecord,
@@ -87,6 +90,8 @@ from multihost._models import (
 __version__ = '0.1.0'
 
 __all__ = [
+    'AuditFinding',
+    'AuditReport',
     'DEFAULT_STEP_TIMEOUT',
     'DEFAULT_TIMEOUT',
     'EnvDiff',
@@ -129,6 +134,7 @@ __all__ = [
     'Watched',
     'Wavefront',
     'assert_equal',
+    'audit_report',
     'barrier',
     'broadcast_one_to_all',
     'check_replicas',

@@ -24,6 +24,12 @@ Two inputs a real job also reads from its environment:
   user code just before step s's ``train_step`` (uncaught: the job's own handler below
   reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
   ``sys.exit(3)`` there instead.
+* Data bugs the audit finds (``multihost run --audit``): ``DUP_HOSTS=p,q``: process q
+  draws process p's batch (two hosts feeding the same data); ``DRIFT_HOST=p`` with
+  ``DRIFT_STEP=s``: after step s, process p's copy of one replicated parameter
+  (``params['block_0']['Dense_0']['bias']``) is moved by 1e-3 (a host-dependent code
+  path); ``NAN_HOST=p`` with ``NAN_STEP=s``: process p's per-example loss weights hold a
+  NaN at step s (the batch then carries ``weights``, all ones otherwise).
 * ``HEARTBEAT_S=s``: ``heartbeat_timeout_seconds`` of `jax.distributed.initialize`
   (default 100, JAX's): how long the coordination service waits for a silent host.
 * ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
@@ -65,6 +71,11 @@ STALL_HOST = int(os.environ.get('STALL_HOST', '-1'))
 RAISE_HOST = int(os.environ.get('RAISE_HOST', '-1'))
 EXIT_HOST = int(os.environ.get('EXIT_HOST', '-1'))
 RAISE_STEP = int(os.environ.get('RAISE_STEP', '2'))
+DUP_HOSTS = [int(p) for p in os.environ.get('DUP_HOSTS', '').split(',') if p]
+DRIFT_HOST = int(os.environ.get('DRIFT_HOST', '-1'))
+DRIFT_STEP = int(os.environ.get('DRIFT_STEP', '-1'))
+NAN_HOST = int(os.environ.get('NAN_HOST', '-1'))
+NAN_STEP = int(os.environ.get('NAN_STEP', '-1'))
 
 
 class BadBatch(ValueError):
@@ -98,16 +109,44 @@ def stall(step, before_step=False):
 def batch_for(mesh, step):
     """The global batch, sharded over 'data', from this host's slice."""
     sharding = NamedSharding(mesh, P('data'))
-    tokens, targets = local_batch(step)
-    if jax.process_index() == BAD_BATCH_HOST:
+    me = jax.process_index()
+    tokens, targets = local_batch(step, DUP_HOSTS[0] if me in DUP_HOSTS[1:] else me)
+    if me == BAD_BATCH_HOST:
         tokens, targets = (
             np.concatenate([tokens, tokens[:1]]),
             np.concatenate([targets, targets[:1]]),
         )
-    return {
+    batch = {
         'tokens': jax.make_array_from_process_local_data(sharding, tokens),
         'targets': jax.make_array_from_process_local_data(sharding, targets),
     }
+    if NAN_HOST >= 0:
+        weights = np.ones(len(tokens), np.float32)
+        if me == NAN_HOST and step == NAN_STEP:
+            weights[1] = np.nan
+        batch['weights'] = jax.make_array_from_process_local_data(sharding, weights)
+    return batch
+
+
+def drift(state, step):
+    """Process DRIFT_HOST moves its own copy of one replicated parameter after DRIFT_STEP."""
+    if step != DRIFT_STEP:
+        return state
+    bias = state.params['block_0']['Dense_0']['bias']
+    delta = np.float32(1e-3 if jax.process_index() == DRIFT_HOST else 0.0)
+
+    def key(index):
+        return tuple((s.start, s.stop) for s in index)
+
+    local = {key(s.index): np.asarray(s.data) + delta for s in bias.addressable_shards}
+    moved = jax.make_array_from_callback(bias.shape, bias.sharding, lambda index: local[key(index)])
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: (
+            moved if jax.tree_util.keystr(path) == "['block_0']['Dense_0']['bias']" else x
+        ),
+        state.params,
+    )
+    return state.replace(params=params)
 
 
 def train():
@@ -124,6 +163,7 @@ def train():
         t0 = time.perf_counter()
         state, loss = train_step(state, batch)
         loss = float(loss)
+        state = drift(state, step)
         print(f'STEP {step} {time.perf_counter() - t0!r}', flush=True)
         print(f'LOSS {step} {loss.hex()}', flush=True)
         stall(step)
@@ -141,6 +181,10 @@ def report():
     records = [json.loads(r.to_json()) for r in recorder.snapshot(jax.process_index())]
     with open(os.path.join(directory, f'records-{jax.process_index()}.json'), 'w') as f:
         json.dump(records, f)
+    audit = sys.modules.get('multihost._job._audit')
+    if audit is not None and audit.enabled():
+        with open(os.path.join(directory, f'audit-{jax.process_index()}.json'), 'w') as f:
+            json.dump(audit.report().to_json(), f)
 
 
 def leave(status):

@@ -95,9 +95,11 @@ def create_state(mesh: Mesh, seed: int = 0, learning_rate: float = 1e-3) -> Trai
     return nn.unbox(state)
 
 
-def local_batch(step: int) -> tuple[np.ndarray, np.ndarray]:
-    """This host's slice of the global batch: tokens and next-token targets."""
-    rng = np.random.default_rng(1000 * step + jax.process_index())
+def local_batch(step: int, source: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """This host's slice of the global batch: tokens and next-token targets (``source``: the
+    host whose data stream it draws; default its own)."""
+    source = jax.process_index() if source is None else source
+    rng = np.random.default_rng(1000 * step + source)
     seq = rng.integers(0, VOCAB, size=(LOCAL_BATCH, SEQ + 1), dtype=np.int32)
     return seq[:, :-1], seq[:, 1:]
 
@@ -121,7 +123,10 @@ def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainSta
         logits = state.apply_fn(
             {'params': params}, batch['tokens'], train=True, rngs={'dropout': dropout_key}
         )
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets']).mean()
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
+        if 'weights' in batch:  # per-example weights, when the batch carries them
+            losses = losses * batch['weights'][:, None]
+        return losses.mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     return state.apply_gradients(grads=grads), loss

@@ -3,7 +3,8 @@
     multihost [demo] [--hosts N] [--devices D]
     multihost run [--check-jit] [--timeout S] [--control-file PATH]
                   [--control-address HOST] [--dump-dir DIR] [--hold-on-error]
-                  [--hold-for S] [--allow-exec] (SCRIPT | -m MODULE) [ARGS ...]
+                  [--hold-for S] [--allow-exec] [--audit[=N]]
+                  (SCRIPT | -m MODULE) [ARGS ...]
     multihost analyze DIR [DIR ...]
 
 ``python -m multihost`` is the same program (`multihost.__main__`); only the
@@ -59,6 +60,33 @@ def _seconds(value: str) -> float:
     if not seconds > 0:
         raise argparse.ArgumentTypeError(f'needs a positive number of seconds, got {value!r}')
     return seconds
+
+
+def _audit_every(value: str) -> int:
+    """``--audit``'s N: a whole number (``on``: the default)."""
+    from multihost._job import _audit
+
+    try:
+        return _audit.every_from(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def bare_options(argv: list[str]) -> list[str]:
+    """``run``'s arguments with a bare ``--audit`` (before the program) as ``--audit=on``."""
+    out = list(argv)
+    for i, token in enumerate(out):
+        if token == '--audit':
+            out[i] = '--audit=on'
+        elif token == '-m' or token == '--' or not token.startswith('-'):
+            if i and out[i - 1] in _VALUED:
+                continue  # an option's value, not the program
+            break
+    return out
+
+
+#: ``run``'s options that take a separate value.
+_VALUED = ('--timeout', '--control-file', '--control-address', '--dump-dir', '--hold-for')
 
 
 def _text(value: str) -> str:
@@ -156,6 +184,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help='Let a notebook attached with the control key run code cells on the hosts, in '
         'their held frames: whoever holds the key then runs code as the job (off by default, '
         'the key grants inspection only; MULTIHOST_ALLOW_EXEC=1 too).',
+    )
+    parser.add_argument(
+        '--audit',
+        type=_audit_every,
+        metavar='N',
+        help='Audit the launches that span processes while the job runs: the first 10 of each '
+        'jitted function, then every N-th (alone, --audit: N = 50), compared across hosts off '
+        'the main thread: replica drift, duplicate data, the first NaN or Inf, each reported '
+        'once on every host (MULTIHOST_AUDIT=N too).',
     )
     parser.add_argument(
         '-m',
@@ -273,6 +310,8 @@ def parse(argv: list[str], prog: str, version: str) -> argparse.Namespace:
     if not argv or argv[0] not in (*COMMANDS, '-h', '--help', '--version'):
         argv = ['demo', *argv]  # the bare command's options are the demo's
     top, commands = _parsers(prog, version)
+    if argv[0] == 'run':
+        argv = ['run', *bare_options(argv[1:])]
     args, extra = top.parse_known_args(argv)
     if extra:  # said by the command's own parser, with its usage
         commands[args.command].error(f'unrecognized arguments: {" ".join(extra)}')
@@ -296,7 +335,7 @@ def run_target(
         options['hold_on_error'] = True
     if args.allow_exec:
         options['allow_exec'] = True
-    for name in ('timeout', 'control_file', 'control_address', 'dump_dir', 'hold_for'):
+    for name in ('timeout', 'control_file', 'control_address', 'dump_dir', 'hold_for', 'audit'):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if args.module is not None:

@@ -85,6 +85,7 @@ def install(
     hold_on_error: bool = False,
     hold_for: float | None = None,
     allow_exec: bool = False,
+    audit: int | bool | str | None = None,
 ) -> None:
     """Makes the program's own and its libraries' multi-host calls the checked ones.
 
@@ -127,6 +128,11 @@ def install(
         on the hosts, in their held frames (``MULTIHOST_ALLOW_EXEC=1``). Off by
         default: the key then grants inspection only (the data tools parse names,
         they evaluate nothing); on, whoever holds the key runs code as the job.
+      audit: audit, while it runs, the jitted launches that span processes: the first
+        10 of each function, then every ``audit``-th (True: the default N); their arguments'
+        and results' blocks are fingerprinted on each host and compared across hosts off
+        the main thread: replica drift, duplicate data, the first non-finite
+        (`multihost.audit_report`; ``MULTIHOST_AUDIT=N``). None: ``MULTIHOST_AUDIT``, else off.
 
     Raises:
       ValueError: already installed with other options (`uninstall` first).
@@ -141,6 +147,7 @@ def install(
         hold_on_error,
         hold_for,
         allow_exec,
+        audit,
     )
     with _lock:
         if _active is not None:
@@ -218,6 +225,8 @@ def _describe(options: InstallOptions) -> str:
         out += f', control_file={options.control_file!r}'
     if options.dump_dir:
         out += f', dump_dir={options.dump_dir!r}'
+    if options.audit:
+        out += f', audit={options.audit}'
     return out
 
 

@@ -48,6 +48,7 @@ import jaxlib
 from multihost import _cells, _jax_adapter, _recorder
 from multihost._debug import _stepgate, _watch
 from multihost._exchange import _sequence
+from multihost._job import _audit
 
 #: Module name prefixes whose references are never replaced: JAX's own (which
 #: jits its eager operations) and the toolkit's.
@@ -78,6 +79,7 @@ _state = _State()
 # Read by every call (module globals: one dict lookup each).
 _ACTIVE = False
 _CHECK = False
+_AUDIT = False
 
 
 # -- the jitted function ------------------------------------------------------------
@@ -144,6 +146,8 @@ class Jitted:
 
     def _recorded(self, site: str, args: tuple, kwargs: dict) -> Any:
         """The launch, recorded (not checked); with stepping on, held at the launch gate first."""
+        if _AUDIT:
+            _audit.before(self._name)
         if _stepgate.stepping_enabled():
             _stepgate.launch_gate(self._name, site)
         entry = _recorder.note('launch', self._name, seq=None, digest='', site=site, checked=False)
@@ -164,6 +168,8 @@ class Jitted:
         except Exception:  # an output JAX made but this cannot read: record without it
             first = None
         _recorder.launched(entry, first)
+        if _AUDIT:
+            _audit.after(self._name, site, self._fn, self._spans, args, kwargs, out)
         return out
 
     def _checked(self, args: tuple, kwargs: dict) -> Any:
@@ -185,8 +191,13 @@ class Jitted:
             else:
                 spans = self._by_key[key] = _compiled_spans(sig.compiled)
         if spans:  # checked as installed calls wait: as long as JAX's would, unless asked
+            if _AUDIT:
+                _audit.before(self._name)
             with _sequence.waiting(_state.wait):
-                return watched.launch(key, args, kwargs, sig=sig, site=site, spans=True)
+                out = watched.launch(key, args, kwargs, sig=sig, site=site, spans=True)
+            if _AUDIT:
+                _audit.after(self._name, site, self._fn, True, args, kwargs, out)
+            return out
         return self._recorded(site, args, kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -395,8 +406,11 @@ def patch(options: Any) -> None:
     Touches neither the backend nor the coordination service: callable before
     `jax.distributed.initialize`. Patching again only takes the new options.
     """
-    global _ACTIVE, _CHECK
+    global _ACTIVE, _CHECK, _AUDIT
     _CHECK = _state.check = bool(getattr(options, 'check_jit', False))
+    every = int(getattr(options, 'audit', 0) or 0)
+    _audit.enable(every)
+    _AUDIT = every > 0
     wait = getattr(options, 'wait', None)  # a test's stand-in options may lack it
     _state.wait = wait(_sequence.default_timeout()) if wait else _sequence.default_timeout()
     if _state.active:
@@ -417,10 +431,11 @@ def patch(options: Any) -> None:
 
 def unpatch() -> None:
     """Puts back every reference `patch` replaced and every one taken by name since."""
-    global _ACTIVE, _CHECK
+    global _ACTIVE, _CHECK, _AUDIT
     if not _state.active:
         return
-    _ACTIVE = _CHECK = _state.active = _state.check = False
+    _ACTIVE = _CHECK = _AUDIT = _state.active = _state.check = False
+    _audit.enable(0)
     if jax.jit is _state.jit_patched:
         jax.jit = _state.jit
     _unpatch_pjit()

@@ -34,6 +34,9 @@ class InstallOptions:
         allow_exec: an attached notebook's ``%%mh`` cells run on the hosts, in their
             held frames (``MULTIHOST_ALLOW_EXEC=1``); off, the control key grants
             inspection only.
+        audit: audit launches that span processes while the job runs (`_job._audit`): the
+            first 10 of each jitted function, then every ``audit``-th; 0 off
+            (``MULTIHOST_AUDIT=N``).
     """
 
     check_jit: bool = False
@@ -44,6 +47,7 @@ class InstallOptions:
     hold_on_error: bool = False
     hold_for: float = DEFAULT_HOLD_S
     allow_exec: bool = False
+    audit: int = 0
 
     @classmethod
     def resolve(
@@ -56,6 +60,7 @@ class InstallOptions:
         hold_on_error: bool = False,
         hold_for: float | None = None,
         allow_exec: bool = False,
+        audit: int | bool | str | None = None,
     ) -> InstallOptions:
         """The options as given, ``MULTIHOST_CHECK_JIT`` (and the control and dump variables) read;
         ``timeout`` checked."""
@@ -79,7 +84,11 @@ class InstallOptions:
                 ) from None
         if not float(hold_for) > 0:
             raise ValueError(f'hold_for must be positive seconds, got {hold_for!r}')
+        from multihost._job import _audit
+
+        every = _audit.every_from(audit) if audit is not None else _audit.from_env()
         return cls(
+            audit=every,
             check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'),
             hold_on_error=bool(hold_on_error) or hold_env in ('1', 'true', 'on', 'yes'),
             hold_for=float(hold_for),

@@ -46,7 +46,7 @@ def parse(argv: list[str], prog: str = PROG) -> tuple[dict[str, object], str, bo
         UsageError: the mistake, in one line (``--help`` prints the help and exits 0).
     """
     parser = _cli.run_parser(prog)
-    return _cli.run_target(parser.parse_args(argv), parser)
+    return _cli.run_target(parser.parse_args(_cli.bare_options(argv)), parser)
 
 
 def main(argv: list[str], prog: str = PROG) -> None:

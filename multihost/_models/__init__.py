@@ -14,8 +14,10 @@ engines build these, the notebook's views draw them, tests build them by hand.
 * `_treediff`: `TreeDiff`, `LeafDiff`, `GlobalLeaf`.
 * `_census`: `EnvDiff`, `EnvEntry`, `MemoryCensus`, `HostMemory`, `DeviceMemory`, `ArrayGroup`.
 * `_nonfinite`: `NonfiniteReport`, `NonfiniteLeaf`, `NonfiniteShard`.
+* `_audit`: `AuditReport`, `AuditFinding` (what the audit of a running job found).
 """
 
+from multihost._models._audit import AuditFinding, AuditReport
 from multihost._models._census import (
     ArrayGroup,
     DeviceMemory,
@@ -38,6 +40,8 @@ from multihost._recorder import FlightRecord
 
 __all__ = [
     'ArrayGroup',
+    'AuditFinding',
+    'AuditReport',
     'CollectiveRecord',
     'DeviceMemory',
     'EnvDiff',

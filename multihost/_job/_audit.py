@@ -1,0 +1,553 @@
+"""Audit while it runs: duplicate data, replica drift and the first non-finite, found the launch
+they happen at, off the main thread.
+
+Under `multihost.install(audit=N)` (``multihost run --audit[=N]``, ``MULTIHOST_AUDIT=N``) the
+installed jit (`_jit`) hands this module every recorded launch whose computation spans
+processes. The first `FIRST` launches of each jitted function, then every N-th, are audited:
+
+1. the launch's array arguments and results are handed to the audit thread
+   (``multihost-audit``); it waits until the results are ready and reads every block this host
+   holds: its fingerprint (`_checks._fingerprint.digests`: XXH3 at memory speed for data in
+   host memory, the exact kernel on an accelerator), whether it holds NaN or Inf (floating
+   dtypes), and, for a fresh input, whether it is constant;
+2. the hosts share those tables in one exchange of the audit thread's own lane
+   (`_sequence.exchange` off the main thread: the step never waits for the other hosts);
+3. every host compares the same tables, so every host finds the same things: replicas of
+   one block that differ (**drift**), blocks of a fresh input held by different processes
+   that are identical (**duplicate**), the first launch whose results hold NaN or Inf and
+   which processes' inputs held some (**nonfinite**). Each finding is printed once
+   (``multihost audit: ...`` on stderr), kept in `report` and noted in the flight records.
+
+A *fresh* input is an argument no recorded launch produced (a batch from
+``make_array_from_process_local_data``, ``device_put``, numpy): the outputs of every recorded
+launch are remembered by weak reference while the audit is on. Constant blocks (zeros,
+padding, a mask of ones), blocks under `MIN_DUP_BYTES`, PRNG keys and inputs a launch donated
+(deleted by the time they are read) are never duplicate data.
+
+The one wait on the main thread: before the next launch of an audited function, until the
+audit thread has read the previous launch's results (that launch may donate them). It is
+counted in the report (``waited``). Findings are reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import inspect
+import json
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+import jax
+import numpy as np
+
+from multihost import _recorder
+from multihost._models._audit import AuditFinding, AuditReport, drift_detail, odd_ones
+from multihost._models._layout import format_index
+from multihost._text import fmt_hosts
+
+ENV = 'MULTIHOST_AUDIT'
+#: Launches of each function audited from its first call.
+FIRST = 10
+#: Then every N-th launch of it, unless told (``--audit=N``): see docs/benchmarks.md.
+DEFAULT_EVERY = 50
+#: Blocks of a fresh input smaller than this are never called duplicate data.
+MIN_DUP_BYTES = 64
+#: How long the audit thread waits for the other hosts' tables of one launch.
+EXCHANGE_TIMEOUT = 300.0
+#: How long a launch waits for the audit thread to have read the previous one's results.
+READ_WAIT = 60.0
+#: Audited launches queued and not yet read, at most (beyond: the audit stops).
+MAX_QUEUED = 16
+#: Blocks named in one finding's line.
+_MAX_BLOCKS = 2
+
+
+def every_from(value: Any) -> int:
+    """N from ``install(audit=...)`` / ``MULTIHOST_AUDIT``: 0 (off), True / 'on' (the default
+    N), or a whole number N >= 0 as given (1: every launch).
+
+    Raises:
+        ValueError: anything else (naming it and what is accepted).
+    """
+    if value is None or value is False:
+        return 0
+    if value is True:
+        return DEFAULT_EVERY
+    text = str(value).strip().lower()
+    if text in ('on', 'yes', 'true'):
+        return DEFAULT_EVERY
+    if text in ('off', 'no', 'false'):
+        return 0
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(
+            f'audit={value!r}: give N, a whole number (after the first {FIRST} launches of '
+            f'each function, every N-th is audited; on = {DEFAULT_EVERY}; 0 = off)'
+        )
+    return n
+
+
+class _Item:
+    """One audited launch, from the main thread to the audit thread."""
+
+    __slots__ = ('name', 'call', 'site', 'fn', 'args', 'kwargs', 'out', 'read', 'at')
+
+    def __init__(self, name: str, call: int, site: str, fn: Any, args: tuple, kwargs: dict,
+                 out: Any) -> None:  # fmt: skip
+        self.name, self.call, self.site, self.fn = name, call, site, fn
+        self.args, self.kwargs, self.out = args, kwargs, out
+        self.read = threading.Event()
+        self.at = time.time()
+
+
+class _State:
+    def __init__(self) -> None:
+        self.every = 0
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.counts: dict[str, int] = {}
+        self.produced: dict[int, weakref.ref] = {}
+        self.queue: collections.deque[_Item] = collections.deque()
+        self.tables: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.last: dict[str, _Item] = {}  # function name -> its latest audited launch
+        self.thread: threading.Thread | None = None
+        self.findings: list[AuditFinding] = []
+        self.seen: set[tuple[str, str, str]] = set()
+        self.audited = 0
+        self.leaves = 0
+        self.seconds = 0.0
+        self.waited = 0.0
+        self.stopped = ''
+        self.names: dict[int, tuple[Any, list[str] | None]] = {}
+
+
+_state = _State()
+
+
+def enable(every: int) -> None:
+    """Turns the audit on (N = ``every``) or off (0). Called by `_jit.patch`."""
+    _state.every = int(every)
+    if every and _state.thread is None:
+        _state.stopped = ''
+
+
+def enabled() -> bool:
+    return _state.every > 0 and not _state.stopped
+
+
+# -- the main thread's part: a few dictionary operations per launch ------------------------
+
+
+def before(name: str) -> None:
+    """Before a launch of ``name``: its previous audited launch's results have been read (it
+    may donate them)."""
+    item = _state.last.get(name)
+    if item is None or item.read.is_set():
+        return
+    t0 = time.perf_counter()
+    item.read.wait(READ_WAIT)
+    _state.waited += time.perf_counter() - t0
+
+
+def after(name: str, site: str, fn: Any, spans: bool | None, args: tuple, kwargs: dict,
+          out: Any) -> None:  # fmt: skip
+    """After a recorded launch: its outputs are remembered (not fresh); an audited one queued."""
+    produced = _state.produced
+    for leaf in jax.tree_util.tree_leaves(out):
+        try:
+            produced[id(leaf)] = weakref.ref(leaf)
+        except TypeError:
+            pass
+    if len(produced) > 8192:
+        for k in [k for k, r in produced.items() if r() is None]:
+            del produced[k]
+    if not spans or _state.stopped:
+        return
+    n = _state.counts.get(name, 0)
+    _state.counts[name] = n + 1
+    if n >= FIRST and (n - FIRST) % _state.every:
+        return
+    item = _Item(name, n, site, fn, args, kwargs, out)
+    with _state.cond:
+        if len(_state.queue) >= MAX_QUEUED or len(_state.tables) >= MAX_TABLES:
+            behind = True
+        else:
+            behind = False
+            _state.queue.append(item)
+            _state.last[name] = item
+            _state.cond.notify_all()
+            if _state.thread is None:
+                _state.thread = threading.Thread(
+                    target=_read_all, name='multihost-audit-read', daemon=True
+                )
+                _state.thread.start()
+                threading.Thread(target=_share_all, name=THREAD, daemon=True).start()
+    if behind:  # skipping one would put this host out of step with the others: stop
+        _stop(f'it fell behind ({MAX_QUEUED} launches unread or {MAX_TABLES} unshared)')
+
+
+# -- the audit's threads: one reads (the step may wait for it), one shares (nobody waits) ----
+
+#: The sharing thread's name: the lane its exchanges take (`_exchange._threads`).
+THREAD = 'multihost-audit'
+#: Tables read and not yet shared, at most.
+MAX_TABLES = 256
+
+
+def _read_all() -> None:
+    """Reads each queued launch's blocks as soon as it is queued, then hands the table on."""
+    while True:
+        with _state.cond:
+            while not _state.queue:
+                _state.cond.wait()
+            item = _state.queue[0]
+        t0 = time.perf_counter()
+        try:
+            paths, table = _read(item)
+        except Exception as exc:  # the audit never breaks the job: it stops, saying why
+            paths, table = [], []
+            _stop(_why(exc))
+        finally:
+            item.read.set()
+            item.args, item.kwargs, item.out = (), {}, None
+        _state.seconds += time.perf_counter() - t0
+        with _state.cond:
+            if _state.queue and _state.queue[0] is item:
+                _state.queue.popleft()
+            if not _state.stopped:
+                _state.tables.append((item.name, item.call, item.site, item.at, paths, table))
+            _state.cond.notify_all()
+
+
+def _share_all() -> None:
+    """Shares each table with the other hosts (in order: the lane's count matches), compares."""
+    while True:
+        with _state.cond:
+            while not _state.tables:
+                _state.cond.wait()
+            got = _state.tables.popleft()
+        try:
+            _share(*got)
+        except Exception as exc:
+            _stop(_why(exc))
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f'{type(exc).__name__}: {text[0]}' if text else type(exc).__name__
+
+
+def _stop(why: str) -> None:
+    with _state.cond:
+        if _state.stopped:
+            return
+        _state.stopped = why
+        for item in _state.queue:
+            item.read.set()
+        _state.queue.clear()
+        _state.tables.clear()
+        _state.cond.notify_all()
+    print(f'multihost audit: stopped on process {_process()}: {why}', file=sys.stderr, flush=True)
+
+
+def _process() -> int:
+    try:
+        return jax.process_index()
+    except Exception:
+        return 0
+
+
+def _share(name: str, call: int, site: str, at: float, paths: list[str], table: list[Any]) -> None:
+    from multihost._exchange import _sequence
+
+    payload = json.dumps({'p': _process(), 'b': table}, separators=(',', ':')).encode()
+    shape = hashlib.sha1(f'{name}#{call}:{len(paths)}'.encode()).hexdigest()[:16]
+    shared = _sequence.exchange(
+        'allgather', f'audit {name}', payload, tree_digest=shape, timeout=EXCHANGE_TIMEOUT
+    )
+    tables = {p: json.loads(raw.decode())['b'] for p, raw in shared.items()}
+    if not tables:  # one process: nothing to compare with
+        tables = {_process(): table}
+    t0 = time.perf_counter()
+    found = compare(name, call, site, paths, tables, at=at)
+    _state.seconds += time.perf_counter() - t0
+    _state.audited += 1
+    _state.leaves += len(paths)
+    for finding in found:
+        _report(finding)
+
+
+def _report(finding: AuditFinding) -> None:
+    key = (finding.check, finding.launch if finding.check != 'nonfinite' else '', finding.path)
+    if finding.check == 'nonfinite':
+        key = ('nonfinite', '', '')
+    with _state.lock:
+        if key in _state.seen:
+            return
+        _state.seen.add(key)
+        _state.findings.append(finding)
+    print(f'multihost audit: {finding.format()}', file=sys.stderr, flush=True)
+    entry = _recorder.note(
+        'audit', finding.check, seq=None, digest='', site=finding.site, checked=False
+    )
+    entry.thread = 'multihost-audit'
+
+
+def _arg_names(fn: Any, n_args: int) -> list[str]:
+    """Names of a function's first ``n_args`` positional parameters (``args[i]`` past them)."""
+    key = id(fn)
+    hit = _state.names.get(key)
+    if hit is None or hit[0] is not fn:
+        names: list[str] | None
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+            names = [
+                p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
+        except (TypeError, ValueError):
+            names = None
+        hit = _state.names[key] = (fn, names)
+    names = hit[1] or []
+    return [names[i] if i < len(names) else f'args[{i}]' for i in range(n_args)]
+
+
+def _leaves(item: _Item) -> list[tuple[str, Any, bool]]:
+    """(path as a user writes it, leaf, is a fresh input) of the launch's arrays, arguments
+    first, then results."""
+    out: list[tuple[str, Any, bool]] = []
+    keystr = jax.tree_util.keystr
+    roots = list(zip(_arg_names(item.fn, len(item.args)), item.args))
+    roots += [(k, v) for k, v in sorted(item.kwargs.items())]
+    for root, value in roots:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            if isinstance(leaf, (jax.Array, np.ndarray)):
+                ref = _state.produced.get(id(leaf))
+                fresh = ref is None or ref() is not leaf
+                out.append((root + keystr(path), leaf, fresh))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(item.out)[0]:
+        if isinstance(leaf, jax.Array):
+            out.append(('result' + keystr(path), leaf, False))
+    return out
+
+
+def _read(item: _Item) -> tuple[list[str], list[Any]]:
+    """This host's table of the launch: per leaf ``[fresh, [[block, [digests], nonfinite,
+    skip], ...]]`` (skip: never duplicate data: constant, small, a key)."""
+    from multihost._checks import _fingerprint
+
+    leaves = _leaves(item)
+    paths = [p for p, _, _ in leaves]
+    for _, leaf, _ in leaves:  # the results exist once the launch ran
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            try:
+                leaf.block_until_ready()
+            except Exception:
+                pass
+    table: list[Any] = []
+    for _, leaf, fresh in leaves:
+        blocks: dict[str, list[Any]] = {}
+        try:
+            held = _blocks(leaf)
+            prints = _fingerprint.digests([data for _, data in held]) if held else []
+            for (key, data), digest in zip(held, prints):
+                bad, skip = _flags(data, fresh)
+                entry = blocks.setdefault(key, [key, [], False, True])
+                if digest[:17] not in entry[1]:
+                    entry[1].append(digest[:17])
+                entry[2] = entry[2] or bad
+                entry[3] = entry[3] and skip
+        except RuntimeError as exc:
+            if 'deleted' not in str(exc):
+                raise
+            blocks = {}  # donated to a launch while it was read: compared nowhere
+        table.append([bool(fresh), list(blocks.values())])
+    return paths, table
+
+
+def _flags(data: Any, fresh: bool) -> tuple[bool, bool]:
+    """(holds NaN or Inf, never duplicate data) of one block: read where it lives."""
+    from multihost._checks import _fingerprint
+
+    a = data if isinstance(data, np.ndarray) else _fingerprint.host_view(data)
+    if a is not None:
+        bad = bool(np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all())
+        if not fresh or a.nbytes < MIN_DUP_BYTES or not a.size:
+            return bad, True
+        flat = a.reshape(-1)
+        return bad, bool((flat == flat[0]).all())
+    import jax.numpy as jnp
+
+    bad = bool(jnp.issubdtype(data.dtype, jnp.inexact) and not bool(jnp.isfinite(data).all()))
+    if not fresh or data.nbytes < MIN_DUP_BYTES or not data.size:
+        return bad, True
+    flat = data.reshape(-1)
+    return bad, bool((flat == flat[0]).all())
+
+
+def _blocks(leaf: Any) -> list[tuple[str, Any]]:
+    """(block index text, this host's data of it) for each block this host holds."""
+    if isinstance(leaf, np.ndarray):
+        if leaf.dtype == object:
+            return []
+        return [('all', leaf)]
+    if leaf.is_deleted():
+        return []  # donated to a launch since
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        shards = [(s, jax.random.key_data(s.data)) for s in leaf.addressable_shards]
+    else:
+        shards = [(s, s.data) for s in leaf.addressable_shards]
+    out = []
+    shape = leaf.shape
+    for shard, data in shards:
+        index = tuple(
+            (sl.start or 0, shape[d] if sl.stop is None else sl.stop)
+            for d, sl in enumerate(shard.index[: len(shape)])
+        )
+        out.append((format_index(index), data))
+    return out
+
+
+# -- comparing the tables (every host the same) ---------------------------------------------
+
+
+class _Leaf:
+    """One leaf of an audited launch, as every process's table holds it."""
+
+    def __init__(self) -> None:
+        self.holders: dict[str, dict[str, list[int]]] = {}  # block -> digest -> processes
+        self.fresh = True
+        self.flagged: list[int] = []  # processes with NaN or Inf in it
+        self.by_digest: dict[str, list[tuple[str, int]]] = {}  # candidates: digest -> (block, p)
+
+
+def _gather(i: int, tables: dict[int, list[Any]]) -> _Leaf:
+    leaf = _Leaf()
+    for p, table in sorted(tables.items()):
+        if i >= len(table):
+            continue
+        fresh, blocks = table[i]
+        leaf.fresh = leaf.fresh and bool(fresh)
+        for key, digests, bad, skip in blocks:
+            for d in digests:
+                leaf.holders.setdefault(key, {}).setdefault(d, []).append(p)
+            if bad:
+                leaf.flagged.append(p)
+            if not skip and len(digests) == 1:
+                leaf.by_digest.setdefault(digests[0], []).append((key, p))
+    return leaf
+
+
+def _drift(leaf: _Leaf) -> tuple[tuple[int, ...], str] | None:
+    """(the odd processes, the detail) when replicas of a block differ."""
+    drifted = []
+    for key, digests in leaf.holders.items():
+        kinds = {d.startswith('x') for d in digests}  # two definitions never compare
+        if len(digests) > 1 and len(kinds) == 1:
+            drifted.append((key, *odd_ones(digests)))
+    if not drifted:
+        return None
+    key, odd, right = drifted[0]
+    detail = drift_detail(key, odd, right)
+    if len(drifted) > 1:
+        detail += f' (and {len(drifted) - 1} more block(s))'
+    return tuple(sorted({p for _, o, _ in drifted for p in o})), detail
+
+
+def _duplicates(leaf: _Leaf) -> tuple[tuple[int, ...], str] | None:
+    """(the processes, the detail) when different blocks of a fresh input held by different
+    processes are identical."""
+    if not leaf.fresh:
+        return None
+    dups = []
+    for held in leaf.by_digest.values():
+        if len({k for k, _ in held}) > 1 and len({p for _, p in held}) > 1:
+            dups.append(sorted(held, key=lambda kp: (kp[1], kp[0])))
+    if not dups:
+        return None
+    first = dups[0]
+    named = ' and '.join(f'{k} of process {p}' for k, p in first[:_MAX_BLOCKS])
+    detail = f'is the same data in blocks {named}'
+    if len(first) > _MAX_BLOCKS:
+        detail += f' (and {len(first) - _MAX_BLOCKS} more)'
+    if len(dups) > 1:
+        detail += f'; {len(dups) - 1} more set(s) of identical blocks'
+    procs = tuple(sorted({p for held in dups for _, p in held}))
+    return procs, f'{detail} ({fmt_hosts(procs)} feed identical data)'
+
+
+def _nonfinite(paths: list[str], leaves: list[_Leaf]) -> tuple[str, tuple[int, ...], str] | None:
+    """(the first result holding NaN or Inf, its processes, the detail naming the inputs)."""
+    outs = [i for i, p in enumerate(paths) if p.startswith('result') and leaves[i].flagged]
+    if not outs:
+        return None
+    i = outs[0]
+    procs = tuple(sorted(set(leaves[i].flagged)))
+    inputs = [j for j, p in enumerate(paths) if not p.startswith('result') and leaves[j].flagged]
+    fresh = [j for j in inputs if leaves[j].fresh]
+    named = [f'{paths[j]} on {fmt_hosts(leaves[j].flagged)}' for j in (fresh or inputs)[:3]]
+    if fresh:
+        why = 'fresh inputs holding NaN or Inf: ' + '; '.join(named)
+    elif inputs:
+        why = 'inputs holding NaN or Inf (none fresh): ' + '; '.join(named)
+    else:
+        why = 'no input held any: it arose in this launch'
+    return paths[i], procs, f'holds NaN or Inf on {fmt_hosts(procs)}; {why}'
+
+
+def compare(
+    name: str,
+    call: int,
+    site: str,
+    paths: list[str],
+    tables: dict[int, list[Any]],
+    *,
+    at: float = 0.0,
+) -> list[AuditFinding]:
+    """The findings of one audited launch from every process's table (see `_read`)."""
+    found: list[AuditFinding] = []
+    leaves = [_gather(i, tables) for i in range(len(paths))]
+    for path, leaf in zip(paths, leaves):
+        for check, hit in (('drift', _drift(leaf)), ('duplicate', _duplicates(leaf))):
+            if hit is not None:
+                found.append(AuditFinding(check, name, call, site, path, hit[0], hit[1], at))
+    bad = _nonfinite(paths, leaves)
+    if bad is not None:
+        found.append(AuditFinding('nonfinite', name, call, site, bad[0], bad[1], bad[2], at))
+    return found
+
+
+def report() -> AuditReport:
+    """This host's audit so far (`multihost.audit_report`)."""
+    with _state.lock:
+        findings = tuple(_state.findings)
+    return AuditReport(
+        process=_process(),
+        enabled=_state.every > 0,
+        every=_state.every,
+        first=FIRST,
+        audited=_state.audited,
+        leaves=_state.leaves,
+        findings=findings,
+        stopped=_state.stopped,
+        seconds=round(_state.seconds, 6),
+        waited=round(_state.waited, 6),
+    )
+
+
+def from_env() -> int:
+    """N from ``MULTIHOST_AUDIT`` (0 when unset)."""
+    raw = os.environ.get(ENV)
+    if raw is None or not raw.strip():
+        return 0
+    try:
+        return every_from(raw)
+    except ValueError as exc:
+        raise ValueError(f'{ENV}={raw!r}: {exc}') from None
