@@ -39,6 +39,7 @@ RUN_OPTIONS = (
     '--hold-on-error',
     '--hold-for S',
     '--allow-exec',
+    '--audit N',
     '-m MODULE ...',
     'SCRIPT',
     'ARGS',

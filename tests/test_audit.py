@@ -1,0 +1,159 @@
+"""Audit while it runs (issue 31): the silent divergences of a job found the launch they happen.
+
+The real program: `_flax_job.py` (flax + optax + orbax, nothing of `multihost` imported) in
+2 plain processes under ``python -m multihost run --audit=1``, as a scheduler launches it.
+Healthy, it finds nothing and computes the losses of the uninstalled run bit for bit; with
+two hosts drawing the same data and one host's replica of a parameter moved after step 1,
+both are named on every host, the argument path as a user writes it; with a NaN in one
+host's batch, the first non-finite launch and that host's fresh input are named. The job
+is never stopped. `compare` (the part every host runs on the shared tables) is also checked
+alone, on tables written by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+from test_real_program_run import N, _losses, launch
+
+from multihost import AuditReport
+from multihost._job import _audit, _cli, _run
+
+pytestmark = pytest.mark.slow
+
+
+def _reports(tmp: str) -> list[AuditReport]:
+    out = []
+    for p in range(N):
+        with open(os.path.join(tmp, 'records', f'audit-{p}.json')) as f:
+            out.append(AuditReport.from_json(json.load(f)))
+    return out
+
+
+def _audit_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith('multihost audit: ')]
+
+
+def test_a_healthy_job_is_audited_finds_nothing_and_computes_the_same_losses(tmp_path: Any):
+    plain = launch(str(tmp_path / 'plain'))
+    audited = launch(str(tmp_path / 'audit'), '-m', 'multihost', 'run', '--audit=1')
+    for out in plain + audited:
+        assert out['rc'] == 0 and 'DONE' in out['out'], out['err'][-3000:]
+    assert [_losses(o['out']) for o in audited] == [_losses(o['out']) for o in plain]
+    for p, (out, report) in enumerate(zip(audited, _reports(str(tmp_path / 'audit')))):
+        assert _audit_lines(out['err']) == [], out['err'][-3000:]
+        assert report.enabled and report.ok and not report.stopped, report
+        assert report.process == p and report.every == 1
+        # the state's init and the six steps, every one (N = 1), with all their leaves
+        assert report.audited >= 7 and report.leaves > 100, report
+    # the audit's exchanges are in the flight records, off the main thread
+    recs = audited[0]['records']
+    assert any(r[2] == 'audit train_step' and r[13] == _audit.THREAD for r in recs), recs[-5:]
+
+
+def test_duplicate_data_and_a_drifted_replica_are_named_on_every_host(tmp_path: Any):
+    outs = launch(
+        str(tmp_path), '-m', 'multihost', 'run', '--audit',
+        DUP_HOSTS='0,1', DRIFT_HOST='1', DRIFT_STEP='1',
+    )  # fmt: skip
+    lines = []
+    for out in outs:
+        assert out['rc'] == 0 and 'DONE' in out['out'], out['err'][-3000:]  # not stopped
+        lines.append(_audit_lines(out['err']))
+    assert all(got == lines[0] for got in lines), lines  # the same on every host
+    dup = [ln for ln in lines[0] if 'duplicate data' in ln]
+    assert len(dup) == 2, lines[0]  # tokens and targets, once each (not once per step)
+    assert "train_step call #0 (_flax_job.py:" in dup[0]
+    assert "batch['targets'] is the same data in blocks [0:4, 0:8] of process 0 and " in dup[0]
+    assert '[4:8, 0:8] of process 1' in dup[0] and '(processes 0-1 feed identical data)' in dup[0]
+    assert any("batch['tokens']" in ln for ln in dup)
+    (drift,) = [ln for ln in lines[0] if 'replica drift' in ln]
+    # moved after step 1: the step-2 launch computes from it, its result differs on process 1
+    assert 'train_step call #2' in drift, drift
+    assert "result[0].params['block_0']['Dense_0']['bias'] block [" in drift, drift
+    assert 'differs on process 1 from process 0' in drift, drift
+    for report in _reports(str(tmp_path)):
+        assert [f.check for f in report.findings] == ['duplicate', 'duplicate', 'drift']
+        assert report.of('drift')[0].processes == (1,)
+        assert report.of('duplicate')[0].processes == (0, 1)
+
+
+def test_the_first_nan_names_its_launch_and_the_host_whose_batch_held_it(tmp_path: Any):
+    outs = launch(
+        str(tmp_path), '-m', 'multihost', 'run', '--audit=1', NAN_HOST='1', NAN_STEP='2'
+    )
+    for out in outs:
+        assert out['rc'] == 0 and 'DONE' in out['out'], out['err'][-3000:]
+        (line,) = _audit_lines(out['err'])  # once, not at every later step
+        assert 'first non-finite at train_step call #2 (_flax_job.py:' in line, line
+        assert 'holds NaN or Inf on processes 0-1' in line, line
+        assert "fresh inputs holding NaN or Inf: batch['weights'] on process 1" in line, line
+
+
+# -- the comparison alone, on tables written by hand ------------------------------------------
+
+A, B, C = 'x' + 'a' * 16, 'x' + 'b' * 16, 'x' + 'c' * 16
+
+
+def _table(fresh: bool, *blocks: tuple[str, list[str], bool, bool]) -> list[Any]:
+    return [fresh, [list(b) for b in blocks]]
+
+
+def test_compare_finds_drift_against_the_majority_and_never_across_digest_kinds():
+    paths = ['state.w']
+    tables = {p: [_table(False, ('[0:4]', [A], False, True))] for p in range(4)}
+    assert _audit.compare('step', 3, 'train.py:9', paths, tables) == []
+    tables[2] = [_table(False, ('[0:4]', [B], False, True))]
+    (f,) = _audit.compare('step', 3, 'train.py:9', paths, tables)
+    assert (f.check, f.processes, f.path) == ('drift', (2,), 'state.w')
+    assert f.format() == (
+        'replica drift at step call #3 (train.py:9): state.w block [0:4] differs on '
+        'process 2 from processes 0-1, 3'
+    )
+    tables[2] = [_table(False, ('[0:4]', ['0123456789abcdef0'], False, True))]  # a kernel's
+    assert _audit.compare('step', 3, '', paths, tables) == []
+
+
+def test_compare_duplicates_only_fresh_distinct_unskipped_blocks_of_different_hosts():
+    paths = ["batch['x']"]
+    same = {0: [_table(True, ('[0:4]', [A], False, False))],
+            1: [_table(True, ('[4:8]', [A], False, False))]}  # fmt: skip
+    (f,) = _audit.compare('step', 0, '', paths, same)
+    assert f.check == 'duplicate' and f.processes == (0, 1)
+    assert 'blocks [0:4] of process 0 and [4:8] of process 1' in f.detail
+    constant = {p: [_table(True, (k, [A], False, True))] for p, k in ((0, '[0:4]'), (1, '[4:8]'))}
+    assert _audit.compare('step', 0, '', paths, constant) == []  # zeros, padding: skipped
+    state = {p: [_table(False, (k, [A], False, False))] for p, k in ((0, '[0:4]'), (1, '[4:8]'))}
+    assert _audit.compare('step', 0, '', paths, state) == []  # produced by a launch
+    one_host = {0: [_table(True, ('[0:4]', [A], False, False), ('[4:8]', [A], False, False))]}
+    assert _audit.compare('step', 0, '', paths, one_host) == []  # within one process
+
+
+def test_compare_names_the_first_non_finite_result_and_the_inputs_that_held_some():
+    paths = ["batch['w']", 'state.p', 'result[0].p', 'result[1]']
+    tables = {
+        0: [_table(True, ('[0:2]', [A], False, False)), _table(False, ('[]', [B], False, True)),
+            _table(False, ('[]', [C], True, True)), _table(False, ('[]', [C], True, True))],
+        1: [_table(True, ('[2:4]', [B], True, False)), _table(False, ('[]', [B], False, True)),
+            _table(False, ('[]', [C], True, True)), _table(False, ('[]', [C], True, True))],
+    }  # fmt: skip
+    (f,) = _audit.compare('step', 5, '', paths, tables)
+    assert (f.check, f.path, f.processes) == ('nonfinite', 'result[0].p', (0, 1))
+    assert f.detail.endswith("fresh inputs holding NaN or Inf: batch['w'] on process 1")
+
+
+def test_audit_option_words():
+    assert _audit.every_from(True) == _audit.DEFAULT_EVERY == _audit.every_from('on')
+    assert _audit.every_from('7') == 7 and _audit.every_from(None) == 0
+    assert _audit.every_from('off') == 0 and _audit.every_from(1) == 1
+    with pytest.raises(ValueError, match=r"audit='often': give N, a whole number"):
+        _audit.every_from('often')
+    assert _run.parse(['--audit', 'train.py', '--audit'], 'multihost run') == (
+        {'audit': _audit.DEFAULT_EVERY}, 'train.py', False, ['--audit'])  # fmt: skip
+    assert _run.parse(['--timeout', '3', '--audit=5', '-m', 'pkg.train'], 'm')[0] == {
+        'timeout': 3.0, 'audit': 5}  # fmt: skip
+    with pytest.raises(_cli.UsageError, match='argument --audit: '):
+        _run.parse(['--audit=-2', 'train.py'], 'multihost run')
