@@ -179,6 +179,8 @@ def test_reached_preemption_sync_point_false_without_runtime():
 # -- the public surface ----------------------------------------------------------------
 
 PUBLIC_NAMES = [
+    'AuditFinding',
+    'AuditReport',
     'BarrierMismatchError',
     'BarrierTimeoutError',
     'CollectiveInterruptedError',
@@ -221,6 +223,7 @@ PUBLIC_NAMES = [
     'Watched',
     'Wavefront',
     'assert_equal',
+    'audit_report',
     'barrier',
     'broadcast_one_to_all',
     'check_replicas',
