@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from mhnotebook._errors import SessionError
 from mhnotebook._jobview import FEATURES, JobViewBase
+from multihost._models._audit import AuditFinding, AuditReport
 
 if TYPE_CHECKING:
     from multihost import FlightRecord, HostStacks, Wavefront
@@ -131,12 +132,26 @@ class PostMortem(JobViewBase):
 
         return analyze(list(self.dumps), self.native_stacks)
 
+    def audit(self) -> AuditReport:
+        """What the job's audit (``multihost run --audit``) had found when the hosts dumped:
+        the report of the lowest process that carried one, with every host's findings
+        (each once); ``enabled`` False when the job ran without the audit."""
+        reports = [d.audit for d in sorted(self.dumps, key=lambda d: d.process) if d.audit]
+        if not reports:
+            return AuditReport(process=min((d.process for d in self.dumps), default=0),
+                               enabled=False)  # fmt: skip
+        seen: dict[tuple[str, str, str], AuditFinding] = {}
+        for r in reports:
+            for f in r.findings:
+                seen.setdefault((f.check, f.launch, f.path), f)
+        return dataclasses.replace(reports[0], findings=tuple(seen.values()))
+
     # -- summary ---------------------------------------------------------------------
     def summary(self) -> list[str]:
         """One line for the job, one per dump (its trigger), one per missing dump."""
         dirs = ', '.join(self.directories)
         lines = [f'{len(self.dumps)} of {self.num_processes} processes dumped in {dirs}']
-        from multihost._job._analyze import native_lines, position
+        from multihost._job._analyze import audit_lines, native_lines, position
 
         for d in self.dumps:
             at = time.strftime('%H:%M:%S', time.localtime(d.trigger_time or d.written))
@@ -149,6 +164,7 @@ class PostMortem(JobViewBase):
             lines.append(line)
         lines.extend(f'  {self._why_missing(p)}' for p in self.missing)
         lines.extend(f'  {g}' for g in native_lines(self.native_stacks, self.dumps))
+        lines.extend(f'  {a}' for a in audit_lines(self.dumps))
         return lines
 
     def __repr__(self) -> str:

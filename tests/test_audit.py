@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from test_real_program_run import N, _losses, launch
 
 from multihost import AuditReport
 from multihost._job import _audit, _cli, _run
+from multihost._job._fate import EXIT_PEER_FAILED
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +69,7 @@ def test_duplicate_data_and_a_drifted_replica_are_named_on_every_host(tmp_path: 
     assert all(got == lines[0] for got in lines), lines  # the same on every host
     dup = [ln for ln in lines[0] if 'duplicate data' in ln]
     assert len(dup) == 2, lines[0]  # tokens and targets, once each (not once per step)
-    assert "train_step call #0 (_flax_job.py:" in dup[0]
+    assert 'train_step call #0 (_flax_job.py:' in dup[0]
     assert "batch['targets'] is the same data in blocks [0:4, 0:8] of process 0 and " in dup[0]
     assert '[4:8, 0:8] of process 1' in dup[0] and '(processes 0-1 feed identical data)' in dup[0]
     assert any("batch['tokens']" in ln for ln in dup)
@@ -82,15 +85,32 @@ def test_duplicate_data_and_a_drifted_replica_are_named_on_every_host(tmp_path: 
 
 
 def test_the_first_nan_names_its_launch_and_the_host_whose_batch_held_it(tmp_path: Any):
+    """... and when the job later fails (process 0 raises before step 4), every host's dump
+    carries the audit and ``multihost analyze`` says the finding after the cause."""
+    dumps = str(tmp_path / 'dumps')
     outs = launch(
-        str(tmp_path), '-m', 'multihost', 'run', '--audit=1', NAN_HOST='1', NAN_STEP='2'
-    )
+        str(tmp_path), '-m', 'multihost', 'run', '--audit=1', '--dump-dir', dumps,
+        NAN_HOST='1', NAN_STEP='2', RAISE_HOST='0', RAISE_STEP='4',
+    )  # fmt: skip
+    assert [o['rc'] for o in outs] == [1, EXIT_PEER_FAILED], [o['err'][-2000:] for o in outs]
     for out in outs:
-        assert out['rc'] == 0 and 'DONE' in out['out'], out['err'][-3000:]
         (line,) = _audit_lines(out['err'])  # once, not at every later step
         assert 'first non-finite at train_step call #2 (_flax_job.py:' in line, line
         assert 'holds NaN or Inf on processes 0-1' in line, line
         assert "fresh inputs holding NaN or Inf: batch['weights'] on process 1" in line, line
+    text = subprocess.run([sys.executable, '-m', 'multihost', 'analyze', dumps],
+                          capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    lines = text.splitlines()
+    assert lines[0].startswith("process 0 raised BadBatch('bad batch')"), text
+    (audit,) = [ln for ln in lines if ln.startswith('audit: ')]
+    assert audit.startswith('audit: first non-finite at train_step call #2 '), text
+    assert "batch['weights'] on process 1" in audit, text
+    # the post-mortem of those files: the same finding, as a model
+    import mhnotebook
+
+    report = mhnotebook.postmortem(dumps).audit()
+    assert report.enabled and [f.check for f in report.findings] == ['nonfinite'], report
+    assert report.findings[0].processes == (0, 1) and report.findings[0].call == 2
 
 
 # -- the comparison alone, on tables written by hand ------------------------------------------

@@ -63,6 +63,8 @@ class Verdict:
             own dump or, when it left none, from the others' ``peer`` dumps.
         native: what the hosts' faulthandler stacks say (`_native`): a lost coordination
             service, hosts ended by a fatal error, hosts that held the GIL.
+        audit: what the audit (``--audit``) had found, each finding once
+            (``audit: replica drift at train_step call #2 ...``).
     """
 
     num_processes: int
@@ -79,6 +81,7 @@ class Verdict:
     straggler_why: str = ''
     cause: str = ''
     native: tuple[str, ...] = ()
+    audit: tuple[str, ...] = ()
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -390,7 +393,25 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         straggler_why=why,
         cause=_cause(dumps),
         native=native_lines(stacks, dumps),
+        audit=audit_lines(dumps),
     )
+
+
+#: Audit findings said at most (the rest counted).
+MAX_AUDIT_LINES = 3
+
+
+def audit_lines(dumps: Sequence[Dump]) -> tuple[str, ...]:
+    """Each audit finding of the dumps once (every host holds the same ones)."""
+    seen: dict[tuple[str, str, str], str] = {}
+    for d in dumps:
+        for f in d.audit.findings if d.audit is not None else ():
+            seen.setdefault((f.check, f.launch, f.path), f.format())
+    out = [f'audit: {text}' for text in seen.values()]
+    if len(out) > MAX_AUDIT_LINES:
+        rest = len(out) - MAX_AUDIT_LINES + 1
+        out = out[: MAX_AUDIT_LINES - 1] + [f'audit: {rest} more findings (audit_report())']
+    return tuple(out)
 
 
 def _since(g: Group) -> str:
@@ -434,6 +455,7 @@ def format_verdict(v: Verdict) -> list[str]:
         lines += _groups_lines('', v.elsewhere, max(1, MAX_LINES - len(lines) - 2))
     if v.straggler is not None:
         lines.append(f'straggler: process {v.straggler} ({v.straggler_why})')
+    lines.extend(v.audit)
     if len(lines) > MAX_LINES:
         lines = lines[: MAX_LINES - 1] + [f'... {len(lines) - MAX_LINES + 1} more lines']
     return lines

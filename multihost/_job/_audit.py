@@ -210,15 +210,16 @@ def _read_all() -> None:
                 _state.cond.wait()
             item = _state.queue[0]
         t0 = time.perf_counter()
+        ready = 0.0
         try:
-            paths, table = _read(item)
+            paths, table, ready = _read(item)
         except Exception as exc:  # the audit never breaks the job: it stops, saying why
             paths, table = [], []
             _stop(_why(exc))
         finally:
             item.read.set()
             item.args, item.kwargs, item.out = (), {}, None
-        _state.seconds += time.perf_counter() - t0
+        _state.seconds += time.perf_counter() - t0 - ready
         with _state.cond:
             if _state.queue and _state.queue[0] is item:
                 _state.queue.popleft()
@@ -338,46 +339,47 @@ def _leaves(item: _Item) -> list[tuple[str, Any, bool]]:
     return out
 
 
-def _read(item: _Item) -> tuple[list[str], list[Any]]:
+def _read(item: _Item) -> tuple[list[str], list[Any], float]:
     """This host's table of the launch: per leaf ``[fresh, [[block, [digests], nonfinite,
-    skip], ...]]`` (skip: never duplicate data: constant, small, a key)."""
+    skip], ...]]`` (skip: never duplicate data: constant, small, a key); and the seconds it
+    waited for the results to be ready (not audit work: the launch's own)."""
     from multihost._checks import _fingerprint
 
     leaves = _leaves(item)
     paths = [p for p, _, _ in leaves]
+    t0 = time.perf_counter()
     for _, leaf, _ in leaves:  # the results exist once the launch ran
         if isinstance(leaf, jax.Array) and not leaf.is_deleted():
             try:
                 leaf.block_until_ready()
             except Exception:
                 pass
-    table: list[Any] = []
-    for _, leaf, fresh in leaves:
-        blocks: dict[str, list[Any]] = {}
+    ready = time.perf_counter() - t0
+    held: list[tuple[int, str, Any, bool]] = []  # (leaf, block, its data, fresh)
+    for i, (_, leaf, fresh) in enumerate(leaves):
         try:
-            held = _blocks(leaf)
-            prints = _fingerprint.digests([data for _, data in held]) if held else []
-            for (key, data), digest in zip(held, prints):
-                bad, skip = _flags(data, fresh)
-                entry = blocks.setdefault(key, [key, [], False, True])
-                if digest[:17] not in entry[1]:
-                    entry[1].append(digest[:17])
-                entry[2] = entry[2] or bad
-                entry[3] = entry[3] and skip
+            held += [(i, key, data, fresh) for key, data in _blocks(leaf)]
         except RuntimeError as exc:
             if 'deleted' not in str(exc):
                 raise
-            blocks = {}  # donated to a launch while it was read: compared nowhere
-        table.append([bool(fresh), list(blocks.values())])
-    return paths, table
+            # donated to a launch while it was read: compared nowhere
+    prints = _fingerprint.digests([data for _, _, data, _ in held]) if held else []
+    blocks: list[dict[str, list[Any]]] = [{} for _ in leaves]
+    for (i, key, data, fresh), digest in zip(held, prints):
+        bad, skip = _flags(data, fresh)
+        entry = blocks[i].setdefault(key, [key, [], False, True])
+        if digest[:17] not in entry[1]:
+            entry[1].append(digest[:17])
+        entry[2] = entry[2] or bad
+        entry[3] = entry[3] and skip
+    table = [[bool(fresh), list(b.values())] for (_, _, fresh), b in zip(leaves, blocks)]
+    return paths, table, ready
 
 
 def _flags(data: Any, fresh: bool) -> tuple[bool, bool]:
     """(holds NaN or Inf, never duplicate data) of one block: read where it lives."""
-    from multihost._checks import _fingerprint
-
-    a = data if isinstance(data, np.ndarray) else _fingerprint.host_view(data)
-    if a is not None:
+    if isinstance(data, np.ndarray):
+        a = data
         bad = bool(np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all())
         if not fresh or a.nbytes < MIN_DUP_BYTES or not a.size:
             return bad, True
@@ -392,6 +394,14 @@ def _flags(data: Any, fresh: bool) -> tuple[bool, bool]:
     return bad, bool((flat == flat[0]).all())
 
 
+def _in_host_memory(leaf: Any) -> bool:
+    """Whether a jax.Array's devices are CPUs (its shards then read in place)."""
+    try:
+        return all(d.platform == 'cpu' for d in leaf.sharding.device_set)
+    except Exception:
+        return False
+
+
 def _blocks(leaf: Any) -> list[tuple[str, Any]]:
     """(block index text, this host's data of it) for each block this host holds."""
     if isinstance(leaf, np.ndarray):
@@ -400,10 +410,15 @@ def _blocks(leaf: Any) -> list[tuple[str, Any]]:
         return [('all', leaf)]
     if leaf.is_deleted():
         return []  # donated to a launch since
-    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-        shards = [(s, jax.random.key_data(s.data)) for s in leaf.addressable_shards]
-    else:
-        shards = [(s, s.data) for s in leaf.addressable_shards]
+    key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    host = _in_host_memory(leaf)
+    shards = []
+    for s in leaf.addressable_shards:
+        data = jax.random.key_data(s.data) if key else s.data
+        if host:  # a zero-copy view: read at memory speed, digests as the array's own
+            view = np.asarray(data)
+            data = view if view.flags.c_contiguous else data
+        shards.append((s, data))
     out = []
     shape = leaf.shape
     for shard, data in shards:

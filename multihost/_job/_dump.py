@@ -80,7 +80,7 @@ def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, A
     records = _recorder.snapshot(pid)
     front = _wavefront.front(pid)
     stacks = _stacks.capture(pid)
-    return {
+    doc = {
         'process': pid,
         'num_processes': n,
         'pid': os.getpid(),
@@ -95,6 +95,11 @@ def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, A
         'records': [list(dataclasses.astuple(r)) for r in records],
         'gone': {},
     }
+    from multihost._job import _audit
+
+    if _audit.enabled() or _audit.report().findings:
+        doc['audit'] = _audit.report().to_json()
+    return doc
 
 
 def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:

@@ -14,6 +14,7 @@ then `os.replace`), at most `MAX_BYTES`. Format ``multihost-dump`` version
      "records": [[...], ...],   # flight records oldest first, `dataclasses.astuple`
      "gone": {"3": "no answer to the dump request"},
      "asked": {"trigger": {...}, "front": {...}, "stacks": {...}},  # optional
+     "audit": {...},            # optional: `AuditReport.to_json` (--audit)
      "trimmed": {"records": 0, "frames": 0}}
 
 ``trigger.what`` is one of `TRIGGERS`. ``asked`` (optional) is what a host wrote
@@ -37,6 +38,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from multihost._models._audit import AuditReport
 from multihost._models._stacks import HostStacks
 from multihost._models._wavefront import HostFront
 from multihost._recorder import FlightRecord
@@ -89,6 +91,8 @@ class Dump:
     trimmed: Mapping[str, int]
     #: The dump this host wrote when another asked (``request``), kept by a later one.
     asked: Dump | None = None
+    #: The host's audit (``--audit``) when the dump was written.
+    audit: AuditReport | None = None
 
 
 def encode(doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> str:
@@ -194,6 +198,7 @@ def parse(doc: Any, path: str = '<dump>') -> Dump:
             records=tuple(_record(fields, r) for r in doc['records']),
             gone={int(p): str(w) for p, w in (doc.get('gone') or {}).items()},
             trimmed=dict(doc.get('trimmed') or {}),
+            audit=AuditReport.from_json(doc['audit']) if doc.get('audit') else None,
         )
         asked = doc.get('asked')
         if isinstance(asked, dict) and asked:

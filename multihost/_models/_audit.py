@@ -79,9 +79,11 @@ class AuditReport:
         leaves: array leaves compared so far (arguments and results, summed over launches).
         findings: what was found, each once (the first launch it was seen at).
         stopped: why the audit stopped early ('' while it runs).
-        seconds: time this host spent reading and hashing for the audit (off the main
-            thread, except the wait before a launch that could donate what was read).
-        waited: of that, seconds the main thread waited for it.
+        seconds: time this host spent reading, hashing and comparing for the audit (off
+            the main thread; not the wait for the audited launch's results).
+        waited: seconds the main thread waited before a launch until the audit had read
+            the previous one's results (which that launch may donate): the rest of the
+            audited launch itself, then the reading.
     """
 
     process: int
