@@ -1,8 +1,9 @@
-"""The ``multihost`` command (also ``python -m multihost``): demo, run, analyze.
+"""The ``multihost`` command (also ``python -m multihost``): demo, run, analyze, audit-diff.
 
     multihost [demo] [--hosts N] [--devices D]
     multihost run [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]   (see _job._run)
     multihost analyze DIR [DIR ...]   (the dumps of --dump-dir: see _job._analyze)
+    multihost audit-diff DIR_A DIR_B  (two runs' --audit-log: see _job._auditlog)
 
 The parser and every option's help are in `multihost._job._cli`. The demo
 starts N local JAX processes (default 4) with D CPU devices each (default 2),
@@ -91,6 +92,10 @@ def main(argv: list[str] | None = None, prog: str = 'python -m multihost') -> in
         from multihost._job import _analyze
 
         return _analyze.report(args.dirs, prog=f'{prog} analyze')
+    if args.command == 'audit-diff':  # where two runs' data first differ (--audit-log)
+        from multihost._job import _auditlog
+
+        return _auditlog.report(args.run_a, args.run_b, prog=f'{prog} audit-diff')
     return demo(args.hosts, args.devices)
 
 

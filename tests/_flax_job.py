@@ -25,7 +25,8 @@ Two inputs a real job also reads from its environment:
   reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
   ``sys.exit(3)`` there instead.
 * Data bugs the audit finds (``multihost run --audit``): ``DUP_HOSTS=p,q``: process q
-  draws process p's batch (two hosts feeding the same data); ``DRIFT_HOST=p`` with
+  draws process p's batch (two hosts feeding the same data; from step ``DUP_FROM_STEP``,
+  default 0, on: a data stream that went wrong mid-run); ``DRIFT_HOST=p`` with
   ``DRIFT_STEP=s``: after step s, process p's copy of one replicated parameter
   (``params['block_0']['Dense_0']['bias']``) is moved by 1e-3 (a host-dependent code
   path); ``NAN_HOST=p`` with ``NAN_STEP=s``: process p's per-example loss weights hold a
@@ -72,6 +73,7 @@ RAISE_HOST = int(os.environ.get('RAISE_HOST', '-1'))
 EXIT_HOST = int(os.environ.get('EXIT_HOST', '-1'))
 RAISE_STEP = int(os.environ.get('RAISE_STEP', '2'))
 DUP_HOSTS = [int(p) for p in os.environ.get('DUP_HOSTS', '').split(',') if p]
+DUP_FROM_STEP = int(os.environ.get('DUP_FROM_STEP', '0'))
 DRIFT_HOST = int(os.environ.get('DRIFT_HOST', '-1'))
 DRIFT_STEP = int(os.environ.get('DRIFT_STEP', '-1'))
 NAN_HOST = int(os.environ.get('NAN_HOST', '-1'))
@@ -110,7 +112,8 @@ def batch_for(mesh, step):
     """The global batch, sharded over 'data', from this host's slice."""
     sharding = NamedSharding(mesh, P('data'))
     me = jax.process_index()
-    tokens, targets = local_batch(step, DUP_HOSTS[0] if me in DUP_HOSTS[1:] else me)
+    dup = me in DUP_HOSTS[1:] and step >= DUP_FROM_STEP
+    tokens, targets = local_batch(step, DUP_HOSTS[0] if dup else me)
     if me == BAD_BATCH_HOST:
         tokens, targets = (
             np.concatenate([tokens, tokens[:1]]),

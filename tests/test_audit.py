@@ -40,13 +40,34 @@ def _audit_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith('multihost audit: ')]
 
 
-def test_a_healthy_job_is_audited_finds_nothing_and_computes_the_same_losses(tmp_path: Any):
-    plain = launch(str(tmp_path / 'plain'))
-    audited = launch(str(tmp_path / 'audit'), '-m', 'multihost', 'run', '--audit=1')
-    for out in plain + audited:
-        assert out['rc'] == 0 and 'DONE' in out['out'], out['err'][-3000:]
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The job uninstalled, audited healthy and audited with two data bugs (each ~25 s).
+
+    ``buggy``: from step 2 on process 1 draws process 0's batch, and after step 1 process
+    1's copy of one replicated bias is moved."""
+    out: dict[str, Any] = {}
+    for name, flags, env in (
+        ('plain', [], {}),
+        ('healthy', ['--audit=1'], {}),
+        ('buggy', ['--audit'], dict(DUP_HOSTS='0,1', DUP_FROM_STEP='2', DRIFT_HOST='1',
+                                    DRIFT_STEP='1')),
+    ):  # fmt: skip
+        tmp = str(tmp_path_factory.mktemp(name))
+        log = os.path.join(tmp, 'audit-log')
+        os.makedirs(log)
+        command = ['-m', 'multihost', 'run', *flags, '--audit-log', log] if flags else []
+        outs = launch(tmp, *command, **env)
+        for o in outs:
+            assert o['rc'] == 0 and 'DONE' in o['out'], o['err'][-3000:]  # never stopped
+        out[name] = {'outs': outs, 'tmp': tmp, 'log': log}
+    return out
+
+
+def test_a_healthy_job_is_audited_finds_nothing_and_computes_the_same_losses(runs):
+    plain, audited = runs['plain']['outs'], runs['healthy']['outs']
     assert [_losses(o['out']) for o in audited] == [_losses(o['out']) for o in plain]
-    for p, (out, report) in enumerate(zip(audited, _reports(str(tmp_path / 'audit')))):
+    for p, (out, report) in enumerate(zip(audited, _reports(runs['healthy']['tmp']))):
         assert _audit_lines(out['err']) == [], out['err'][-3000:]
         assert report.enabled and report.ok and not report.stopped, report
         assert report.process == p and report.every == 1
@@ -57,19 +78,12 @@ def test_a_healthy_job_is_audited_finds_nothing_and_computes_the_same_losses(tmp
     assert any(r[2] == 'audit train_step' and r[13] == _audit.THREAD for r in recs), recs[-5:]
 
 
-def test_duplicate_data_and_a_drifted_replica_are_named_on_every_host(tmp_path: Any):
-    outs = launch(
-        str(tmp_path), '-m', 'multihost', 'run', '--audit',
-        DUP_HOSTS='0,1', DRIFT_HOST='1', DRIFT_STEP='1',
-    )  # fmt: skip
-    lines = []
-    for out in outs:
-        assert out['rc'] == 0 and 'DONE' in out['out'], out['err'][-3000:]  # not stopped
-        lines.append(_audit_lines(out['err']))
+def test_duplicate_data_and_a_drifted_replica_are_named_on_every_host(runs):
+    lines = [_audit_lines(out['err']) for out in runs['buggy']['outs']]
     assert all(got == lines[0] for got in lines), lines  # the same on every host
     dup = [ln for ln in lines[0] if 'duplicate data' in ln]
     assert len(dup) == 2, lines[0]  # tokens and targets, once each (not once per step)
-    assert 'train_step call #0 (_flax_job.py:' in dup[0]
+    assert 'train_step call #2 (_flax_job.py:' in dup[0]  # the step it began
     assert "batch['targets'] is the same data in blocks [0:4, 0:8] of process 0 and " in dup[0]
     assert '[4:8, 0:8] of process 1' in dup[0] and '(processes 0-1 feed identical data)' in dup[0]
     assert any("batch['tokens']" in ln for ln in dup)
@@ -78,10 +92,34 @@ def test_duplicate_data_and_a_drifted_replica_are_named_on_every_host(tmp_path: 
     assert 'train_step call #2' in drift, drift
     assert "result[0].params['block_0']['Dense_0']['bias'] block [" in drift, drift
     assert 'differs on process 1 from process 0' in drift, drift
-    for report in _reports(str(tmp_path)):
-        assert [f.check for f in report.findings] == ['duplicate', 'duplicate', 'drift']
+    for report in _reports(runs['buggy']['tmp']):
+        assert sorted(f.check for f in report.findings) == ['drift', 'duplicate', 'duplicate']
         assert report.of('drift')[0].processes == (1,)
         assert report.of('duplicate')[0].processes == (0, 1)
+
+
+def _audit_diff(a: str, b: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, '-m', 'multihost', 'audit-diff', a, b],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_audit_diff_names_the_first_launch_and_host_where_two_runs_data_differ(runs):
+    healthy, buggy = runs['healthy']['log'], runs['buggy']['log']
+    assert sorted(os.listdir(buggy)) == ['audit-0.jsonl', 'audit-1.jsonl']
+    out = _audit_diff(healthy, buggy)
+    assert out.returncode == 1, out.stderr
+    first = out.stdout.splitlines()[0]
+    assert first == (
+        "the runs' data differ first at train_step call #2: process 1, batch['targets'], "
+        "batch['tokens'] (block [4:8, 0:8])"
+    ), out.stdout
+    assert '  process 0: the same in both runs' in out.stdout
+    same = _audit_diff(healthy, healthy)
+    assert same.returncode == 0 and same.stdout.startswith(
+        'the data of processes 0-1 are the same in both runs ('
+    ), same.stdout
+    missing = _audit_diff(healthy, runs['plain']['tmp'])
+    assert missing.returncode == 2 and 'no audit log' in missing.stderr, missing.stderr
 
 
 def test_the_first_nan_names_its_launch_and_the_host_whose_batch_held_it(tmp_path: Any):

@@ -28,6 +28,7 @@ COMMANDS = {
     'demo': 'The drop-in API on simulated local hosts.',
     'run': 'Run your program with the checks installed.',
     'analyze': 'The verdict from the dumps a job left.',
+    'audit-diff': "Where two runs' data first differ.",
 }
 RUN_OPTIONS = (
     '-h, --help',
@@ -40,6 +41,7 @@ RUN_OPTIONS = (
     '--hold-for S',
     '--allow-exec',
     '--audit N',
+    '--audit-log DIR',
     '-m MODULE ...',
     'SCRIPT',
     'ARGS',

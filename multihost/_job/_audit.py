@@ -127,14 +127,18 @@ class _State:
         self.waited = 0.0
         self.stopped = ''
         self.names: dict[int, tuple[Any, list[str] | None]] = {}
+        self.log_dir: str | None = None
+        self.log: Any = None  # the `_auditlog.Writer`, made at the first audited launch
 
 
 _state = _State()
 
 
-def enable(every: int) -> None:
-    """Turns the audit on (N = ``every``) or off (0). Called by `_jit.patch`."""
+def enable(every: int, log_dir: str | None = None) -> None:
+    """Turns the audit on (N = ``every``) or off (0), with its log of fresh inputs in
+    ``log_dir`` (`_auditlog`). Called by `_jit.patch`."""
     _state.every = int(every)
+    _state.log_dir = log_dir if every else None
     if every and _state.thread is None:
         _state.stopped = ''
 
@@ -268,6 +272,13 @@ def _process() -> int:
 
 def _share(name: str, call: int, site: str, at: float, paths: list[str], table: list[Any]) -> None:
     from multihost._exchange import _sequence
+
+    if _state.log_dir is not None:
+        if _state.log is None:
+            from multihost._job import _auditlog
+
+            _state.log = _auditlog.Writer(_state.log_dir, _process(), jax.process_count())
+        _state.log.append(name, call, paths, table)
 
     payload = json.dumps({'p': _process(), 'b': table}, separators=(',', ':')).encode()
     shape = hashlib.sha1(f'{name}#{call}:{len(paths)}'.encode()).hexdigest()[:16]

@@ -3,9 +3,10 @@
     multihost [demo] [--hosts N] [--devices D]
     multihost run [--check-jit] [--timeout S] [--control-file PATH]
                   [--control-address HOST] [--dump-dir DIR] [--hold-on-error]
-                  [--hold-for S] [--allow-exec] [--audit[=N]]
+                  [--hold-for S] [--allow-exec] [--audit[=N]] [--audit-log DIR]
                   (SCRIPT | -m MODULE) [ARGS ...]
     multihost analyze DIR [DIR ...]
+    multihost audit-diff DIR_A DIR_B
 
 ``python -m multihost`` is the same program (`multihost.__main__`); only the
 name in its messages differs. This module parses and checks, and runs
@@ -20,7 +21,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-COMMANDS = ('demo', 'run', 'analyze')
+COMMANDS = ('demo', 'run', 'analyze', 'audit-diff')
 
 
 class UsageError(Exception):
@@ -86,7 +87,14 @@ def bare_options(argv: list[str]) -> list[str]:
 
 
 #: ``run``'s options that take a separate value.
-_VALUED = ('--timeout', '--control-file', '--control-address', '--dump-dir', '--hold-for')
+_VALUED = (
+    '--timeout',
+    '--control-file',
+    '--control-address',
+    '--dump-dir',
+    '--hold-for',
+    '--audit-log',
+)
 
 
 def _text(value: str) -> str:
@@ -195,6 +203,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         'once on every host (MULTIHOST_AUDIT=N too).',
     )
     parser.add_argument(
+        '--audit-log',
+        type=_text,
+        metavar='DIR',
+        help='With the audit (turned on by this option), each host writes the fingerprints of '
+        'the audited launches\' fresh inputs to DIR/audit-<process>.jsonl, for "multihost '
+        'audit-diff" between two runs (MULTIHOST_AUDIT_LOG too).',
+    )
+    parser.add_argument(
         '-m',
         dest='module',
         nargs=argparse.REMAINDER,
@@ -227,6 +243,14 @@ def add_analyze_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_audit_diff_arguments(parser: argparse.ArgumentParser) -> None:
+    """``audit-diff``'s two arguments: the runs' --audit-log directories."""
+    parser.add_argument('run_a', metavar='DIR_A', help="One run's --audit-log directory.")
+    parser.add_argument(
+        'run_b', metavar='DIR_B', help="The other run's, compared launch by launch."
+    )
+
+
 RUN_USAGE = '%(prog)s [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]'
 
 
@@ -252,6 +276,11 @@ RUN_DESCRIPTION = (
 ANALYZE_DESCRIPTION = (
     'Read the dumps a job left in its --dump-dir and say, in at most 20 lines, where every host '
     'stood, which hosts are behind or elsewhere (the culprits) and which is the straggler.'
+)
+AUDIT_DIFF_DESCRIPTION = (
+    'Compare the data of two runs of a job from their --audit-log directories, launch by '
+    'launch, and name the first launch, process, argument and block where they differ '
+    '(exit 0: the same, 1: they differ, 2: a directory without audit logs).'
 )
 DEMO_DESCRIPTION = (
     'Start simulated hosts on this machine, run the eight drop-in multihost_utils calls on all '
@@ -297,7 +326,13 @@ def _parsers(prog: str, version: str) -> tuple[Parser, dict[str, Parser]]:
         description=ANALYZE_DESCRIPTION,
     )
     add_analyze_arguments(analyze)
-    return top, {'demo': demo, 'run': run, 'analyze': analyze}
+    audit_diff = sub.add_parser(
+        'audit-diff',
+        help="Where two runs' data first differ.",
+        description=AUDIT_DIFF_DESCRIPTION,
+    )
+    add_audit_diff_arguments(audit_diff)
+    return top, {'demo': demo, 'run': run, 'analyze': analyze, 'audit-diff': audit_diff}
 
 
 def parse(argv: list[str], prog: str, version: str) -> argparse.Namespace:
@@ -335,7 +370,9 @@ def run_target(
         options['hold_on_error'] = True
     if args.allow_exec:
         options['allow_exec'] = True
-    for name in ('timeout', 'control_file', 'control_address', 'dump_dir', 'hold_for', 'audit'):
+    names = ('timeout', 'control_file', 'control_address', 'dump_dir', 'hold_for', 'audit',
+             'audit_log')  # fmt: skip
+    for name in names:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if args.module is not None:

@@ -86,6 +86,7 @@ def install(
     hold_for: float | None = None,
     allow_exec: bool = False,
     audit: int | bool | str | None = None,
+    audit_log: str | None = None,
 ) -> None:
     """Makes the program's own and its libraries' multi-host calls the checked ones.
 
@@ -133,6 +134,9 @@ def install(
         and results' blocks are fingerprinted on each host and compared across hosts off
         the main thread: replica drift, duplicate data, the first non-finite
         (`multihost.audit_report`; ``MULTIHOST_AUDIT=N``). None: ``MULTIHOST_AUDIT``, else off.
+      audit_log: an existing directory where each host writes the fingerprints of the
+        audited launches' fresh inputs (``audit-<process>.jsonl``), for ``multihost
+        audit-diff`` between two runs; turns the audit on (``MULTIHOST_AUDIT_LOG``).
 
     Raises:
       ValueError: already installed with other options (`uninstall` first).
@@ -148,6 +152,7 @@ def install(
         hold_for,
         allow_exec,
         audit,
+        audit_log,
     )
     with _lock:
         if _active is not None:

@@ -37,6 +37,8 @@ class InstallOptions:
         audit: audit launches that span processes while the job runs (`_job._audit`): the
             first 10 of each jitted function, then every ``audit``-th; 0 off
             (``MULTIHOST_AUDIT=N``).
+        audit_log: where each host writes the fingerprints of the audited launches'
+            fresh inputs (`_job._auditlog`; ``MULTIHOST_AUDIT_LOG``); turns the audit on.
     """
 
     check_jit: bool = False
@@ -48,6 +50,7 @@ class InstallOptions:
     hold_for: float = DEFAULT_HOLD_S
     allow_exec: bool = False
     audit: int = 0
+    audit_log: str | None = None
 
     @classmethod
     def resolve(
@@ -61,6 +64,7 @@ class InstallOptions:
         hold_for: float | None = None,
         allow_exec: bool = False,
         audit: int | bool | str | None = None,
+        audit_log: str | None = None,
     ) -> InstallOptions:
         """The options as given, ``MULTIHOST_CHECK_JIT`` (and the control and dump variables) read;
         ``timeout`` checked."""
@@ -87,8 +91,17 @@ class InstallOptions:
         from multihost._job import _audit
 
         every = _audit.every_from(audit) if audit is not None else _audit.from_env()
+        audit_log = audit_log or os.environ.get('MULTIHOST_AUDIT_LOG', '').strip() or None
+        if audit_log is not None:
+            if not os.path.isdir(audit_log):
+                raise ValueError(
+                    f'audit_log={audit_log!r} is not a directory: create it first (each host '
+                    'writes audit-<process>.jsonl there)'
+                )
+            every = every or _audit.DEFAULT_EVERY
         return cls(
             audit=every,
+            audit_log=os.path.abspath(audit_log) if audit_log else None,
             check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'),
             hold_on_error=bool(hold_on_error) or hold_env in ('1', 'true', 'on', 'yes'),
             hold_for=float(hold_for),
