@@ -39,6 +39,7 @@ from mhnotebook._errors import SessionError
 
 if TYPE_CHECKING:
     from multihost import (
+        AuditReport,
         ControlClient,
         EnvDiff,
         FlightRecord,
@@ -135,6 +136,8 @@ class JobView(Protocol):
     ) -> dict[int, list[FlightRecord]]: ...  # the old name of flight_records
 
     def timeline(self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT) -> Timeline: ...
+
+    def audit(self, *, timeout: float = ANSWER_TIMEOUT) -> AuditReport: ...
 
     def step_table(self) -> StepTable: ...
 
@@ -248,6 +251,10 @@ class JobViewBase:
         with self._answering():
             return self._endpoint().flight_records(last=last, timeout=timeout, gone=self._gone())
 
+    def _audit(self, timeout: float) -> AuditReport:
+        with self._answering():
+            return self._endpoint().audit(timeout=timeout)
+
     # -- the protocol -----------------------------------------------------------------------
     def supports(self, feature: str) -> bool:
         """Whether this view has ``feature`` (one of `FEATURES`)."""
@@ -255,6 +262,11 @@ class JobViewBase:
         if feature not in FEATURES:
             raise ValueError(f'unknown feature {feature!r}; one of {", ".join(FEATURES)}')
         return feature in self.features
+
+    def audit(self, *, timeout: float = ANSWER_TIMEOUT) -> AuditReport:
+        """What the job's audit (``multihost run --audit``) found: `multihost.AuditReport`
+        (``enabled`` False for a job run without it)."""
+        return self._audit(_check_timeout(timeout))
 
     def where(self, *, timeout: float = ANSWER_TIMEOUT) -> dict[int, HostStacks]:
         """Per process index: its Python stacks and current collective (`multihost.HostStacks`).

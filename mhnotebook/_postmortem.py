@@ -132,10 +132,9 @@ class PostMortem(JobViewBase):
 
         return analyze(list(self.dumps), self.native_stacks)
 
-    def audit(self) -> AuditReport:
-        """What the job's audit (``multihost run --audit``) had found when the hosts dumped:
-        the report of the lowest process that carried one, with every host's findings
-        (each once); ``enabled`` False when the job ran without the audit."""
+    def _audit(self, timeout: float) -> AuditReport:
+        # What the job's audit had found when the hosts dumped: the report of the lowest
+        # process that carried one, with every host's findings (each once).
         reports = [d.audit for d in sorted(self.dumps, key=lambda d: d.process) if d.audit]
         if not reports:
             return AuditReport(process=min((d.process for d in self.dumps), default=0),

@@ -19,6 +19,7 @@ from mhnotebook._transfer._gather import host_copy
 
 if TYPE_CHECKING:
     from mhnotebook.widgets import (
+        AuditView,
         EnvView,
         LayoutView,
         MemoryView,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     'Shown',
+    'audit_view',
     'check_axes',
     'diff_view',
     'env_view',
@@ -195,6 +197,13 @@ def where_view(session: JobView, *, timeout: float = 10.0) -> WhereView:
         verdict=verdict,
         dumps=None if session.live else session.num_processes,
     )
+
+
+def audit_view(session: JobView, *, timeout: float = 10.0) -> AuditView:
+    """An `AuditView`: what the job's audit (``multihost run --audit``) found."""
+    from mhnotebook.widgets import AuditView
+
+    return AuditView(session.audit(timeout=timeout))
 
 
 def env_view(session: DataView) -> EnvView:

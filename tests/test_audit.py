@@ -40,28 +40,82 @@ def _audit_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith('multihost audit: ')]
 
 
+def _attached_while_it_runs(tmp: str, log: str, **env: str) -> tuple[list[dict], Any, str]:
+    """The buggy run, attached from a notebook while process 0 stalls before step 5: the
+    outputs, `AttachedJob.audit()` then, and ``%mh_audit``'s text then."""
+    import time
+
+    import _jobs
+    from _helpers import magic_shell
+    from test_real_program_run import JOB, TIMEOUT
+
+    import mhnotebook
+
+    ckpt, records = os.path.join(tmp, 'ckpt'), os.path.join(tmp, 'records')
+    ctl, go = os.path.join(tmp, 'control.json'), os.path.join(tmp, 'go')
+    os.makedirs(records)
+    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, JOB_RECORDS=records, STEPS='6', STALL_HOST='0',
+                              STALL_BEFORE_STEP='5', STALL_UNTIL=go, **env)  # fmt: skip
+    command = ['-m', 'multihost', 'run', '--audit', '--audit-log', log, '--control-file', ctl]
+    with _jobs.start(N, [*command, JOB], env, cwd=tmp) as job:
+        try:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(ctl) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            attached = mhnotebook.attach(ctl)
+            try:
+                report = attached.audit()
+                while len(report.findings) < 3 and time.monotonic() < deadline:
+                    time.sleep(0.5)  # step 2's findings: shared off the main thread
+                    report = attached.audit()
+            finally:
+                attached.detach()
+            ip, _ = magic_shell(None)
+            ip.run_line_magic('mh_attach', ctl)
+            try:
+                text = ip.run_line_magic('mh_audit', '').text()
+            finally:
+                ip.run_line_magic('mh_detach', '')
+        finally:
+            open(go, 'w').close()  # noqa: SIM115  (process 0 goes on)
+        results = job.finish(TIMEOUT)
+    outs = []
+    for pid, (rc, stdout, stderr) in enumerate(results):
+        with open(os.path.join(records, f'records-{pid}.json')) as f:
+            outs.append({'rc': rc, 'out': stdout, 'err': stderr, 'records': json.load(f)})
+    return outs, report, text
+
+
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The job uninstalled, audited healthy and audited with two data bugs (each ~25 s).
 
     ``buggy``: from step 2 on process 1 draws process 0's batch, and after step 1 process
-    1's copy of one replicated bias is moved."""
+    1's copy of one replicated bias is moved; a notebook attaches while it runs."""
     out: dict[str, Any] = {}
-    for name, flags, env in (
-        ('plain', [], {}),
-        ('healthy', ['--audit=1'], {}),
-        ('buggy', ['--audit'], dict(DUP_HOSTS='0,1', DUP_FROM_STEP='2', DRIFT_HOST='1',
-                                    DRIFT_STEP='1')),
-    ):  # fmt: skip
+    for name, flags in (('plain', []), ('healthy', ['--audit=1']), ('buggy', ['--audit'])):
         tmp = str(tmp_path_factory.mktemp(name))
         log = os.path.join(tmp, 'audit-log')
         os.makedirs(log)
-        command = ['-m', 'multihost', 'run', *flags, '--audit-log', log] if flags else []
-        outs = launch(tmp, *command, **env)
+        if name == 'buggy':
+            outs, report, text = _attached_while_it_runs(
+                tmp, log, DUP_HOSTS='0,1', DUP_FROM_STEP='2', DRIFT_HOST='1', DRIFT_STEP='1'
+            )
+            out['attached'] = {'report': report, 'text': text}
+        else:
+            command = ['-m', 'multihost', 'run', *flags, '--audit-log', log] if flags else []
+            outs = launch(tmp, *command)
         for o in outs:
             assert o['rc'] == 0 and 'DONE' in o['out'], o['err'][-3000:]  # never stopped
         out[name] = {'outs': outs, 'tmp': tmp, 'log': log}
     return out
+
+
+def test_an_attached_notebook_sees_the_findings_while_the_job_runs(runs):
+    report, text = runs['attached']['report'], runs['attached']['text']
+    assert report.enabled and report.process == 0, report
+    assert sorted(f.check for f in report.findings) == ['drift', 'duplicate', 'duplicate']
+    assert 'replica drift at train_step call #2' in text and 'duplicate data' in text, text
 
 
 def test_a_healthy_job_is_audited_finds_nothing_and_computes_the_same_losses(runs):
@@ -149,6 +203,16 @@ def test_the_first_nan_names_its_launch_and_the_host_whose_batch_held_it(tmp_pat
     report = mhnotebook.postmortem(dumps).audit()
     assert report.enabled and [f.check for f in report.findings] == ['nonfinite'], report
     assert report.findings[0].processes == (0, 1) and report.findings[0].call == 2
+    # and %mh_audit in a real IPython shell, on those dumps
+    from _helpers import magic_shell
+
+    ip, _ = magic_shell(None)
+    view = ip.run_line_magic('mh_postmortem', f'{dumps} --view audit')
+    assert type(view).__name__ == 'AuditView'
+    assert 'first non-finite at train_step call #2' in view.text(), view.text()
+    html = view.static_html()
+    assert html.count('mh-audit-row') == 1 and 'mh-audit-nonfinite' in html, html
+    assert 'train_step</code> #2' in html and 'audit: 1 finding(s)' in html, html
 
 
 # -- the comparison alone, on tables written by hand ------------------------------------------

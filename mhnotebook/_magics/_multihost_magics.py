@@ -45,6 +45,7 @@ from mhnotebook._postmortem import PostMortemError, postmortem
 from mhnotebook._session import Session
 from mhnotebook._views import (
     Shown,
+    audit_view,
     diff_view,
     env_view,
     layout_view,
@@ -555,6 +556,23 @@ class MultihostMagics(Magics):
 
     @magic_arguments.magic_arguments()
     @line_magic
+    def mh_audit(self, line: str) -> Any:
+        """What did the audit find? Replica drift, duplicate data, the first NaN, while it runs.
+
+        For a job started with ``multihost run --audit`` and attached with ``%mh_attach``
+        (its dumps: ``%mh_postmortem DIR --view audit``): one row per finding, the launch
+        and call it was first seen at, the argument as you write it, the processes it names.
+
+        Example::
+
+            %mh_audit
+        """
+        no_arguments(line, '%mh_audit takes no arguments.')
+        session = self._inspected()
+        return self.shown.replace('%mh_audit', delegate(lambda: audit_view(session)))
+
+    @magic_arguments.magic_arguments()
+    @line_magic
     def mh_where(self, line: str) -> Any:
         """Where is every host? Its current collective and stacks, even while busy.
 
@@ -659,9 +677,10 @@ class MultihostMagics(Magics):
     @magic_arguments.argument('dirs', nargs='+', help="the job's --dump-dir (one or several)")
     @magic_arguments.argument(
         '--view',
-        choices=('summary', 'where', 'timeline', 'verdict'),
+        choices=('summary', 'where', 'timeline', 'verdict', 'audit'),
         default='summary',
-        help='what to show: the dumps and verdict (default), where view, timeline, verdict text',
+        help='what to show: the dumps and verdict (default), where view, timeline, verdict '
+        'text, the audit\'s findings (--audit)',
     )
     @line_magic
     def mh_postmortem(self, line: str) -> Any:
@@ -670,8 +689,8 @@ class MultihostMagics(Magics):
         Reads the ``process-<i>.json`` files a job run with ``--dump-dir``
         wrote (`mhnotebook.postmortem`): who dumped and why, whose dump is
         missing, and the ``python -m multihost analyze`` verdict; ``--view
-        where`` / ``--view timeline`` show the views ``%mh_where`` and
-        ``%mh_timeline`` show for a live job.
+        where`` / ``--view timeline`` / ``--view audit`` show the views ``%mh_where``,
+        ``%mh_timeline`` and ``%mh_audit`` show for a live job.
 
         Examples::
 
@@ -687,6 +706,8 @@ class MultihostMagics(Magics):
             return where_view(pm)
         if args.view == 'timeline':
             return timeline_view(pm)
+        if args.view == 'audit':
+            return audit_view(pm)
         if args.view == 'verdict':
             print(pm.verdict())
             return None

@@ -25,6 +25,7 @@ widget part carries a stable CSS class (``mh-layout``, ``mh-layout-block``,
 ``mh-timeline-chart``...; each view's docstring lists them).
 """
 
+from mhnotebook.widgets._audit import AuditView
 from mhnotebook.widgets._census import EnvView, MemoryView, render_memory_png
 from mhnotebook.widgets._common import host_color
 from mhnotebook.widgets._nonfinite import NonfiniteView
@@ -38,6 +39,7 @@ from mhnotebook.widgets.layout.tree import TreeLayoutView
 from mhnotebook.widgets.layout.view import LayoutView
 
 __all__ = [
+    'AuditView',
     'EnvView',
     'GridBlock',
     'LayoutGrid',

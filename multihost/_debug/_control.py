@@ -31,6 +31,7 @@ from typing import Any
 
 from multihost._debug import _stacks, _stepgate, _wavefront
 from multihost._exchange import _bus
+from multihost._models._audit import AuditReport
 from multihost._models._stacks import HostStacks
 from multihost._models._steps import StepTable
 from multihost._models._wavefront import Wavefront
@@ -290,6 +291,11 @@ class ControlClient:
 
     #: The old name of `flight_records` (the same method).
     records = flight_records
+
+    def audit(self, *, timeout: float = 10.0) -> AuditReport:
+        """What the job's audit found (see `multihost.audit_report`; process 0's, which
+        holds every finding: all hosts compare the same tables)."""
+        return self._call('audit', timeout)
 
     def step_table(self) -> StepTable:
         """The host x step table (see `multihost.step_table`)."""

@@ -46,6 +46,7 @@ import jax
 import numpy as np
 
 from multihost import _recorder
+from multihost._debug import _control
 from multihost._models._audit import AuditFinding, AuditReport, drift_detail, odd_ones
 from multihost._models._layout import format_index
 from multihost._text import fmt_hosts
@@ -566,6 +567,14 @@ def report() -> AuditReport:
         seconds=round(_state.seconds, 6),
         waited=round(_state.waited, 6),
     )
+
+
+def _serve_report(**_: Any) -> AuditReport:
+    return report()
+
+
+# The control endpoint answers `ControlClient.audit` with this host's (process 0's) report.
+_control.register_method('audit', _serve_report)
 
 
 def from_env() -> int:
