@@ -680,7 +680,7 @@ class MultihostMagics(Magics):
         choices=('summary', 'where', 'timeline', 'verdict', 'audit'),
         default='summary',
         help='what to show: the dumps and verdict (default), where view, timeline, verdict '
-        'text, the audit\'s findings (--audit)',
+        "text, the audit's findings (--audit)",
     )
     @line_magic
     def mh_postmortem(self, line: str) -> Any:
