@@ -111,6 +111,10 @@ def test_notebook_runs_top_to_bottom(path):
         assert '4 of 4 processes dumped in' in text and 'process 2 (' in text, text
         assert text.count('culprit: process 2') >= 2, text  # postmortem and analyze
         assert 'still running: none' in text, text
+        # Audited: process 2 feeding process 1's data, named the step it began, job not stopped.
+        assert 'duplicate data at train_step call #3 (audit_job.py:' in text, text
+        assert '(processes 1-2 feed identical data)' in text, text
+        assert 'exit codes: [0, 0, 0, 0]' in text, text
         # ... and nothing left behind: its folder (control file, logs, dumps) is removed.
         folder = re.search(r"removed the job's folder (\S+): True", text)
         assert folder and not os.path.exists(folder.group(1)), text

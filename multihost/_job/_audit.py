@@ -31,6 +31,7 @@ counted in the report (``waited``). Findings are reported, not fatal.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import hashlib
 import inspect
@@ -129,6 +130,9 @@ class _State:
         self.stopped = ''
         self.names: dict[int, tuple[Any, list[str] | None]] = {}
         self.log_dir: str | None = None
+        self.threads: list[threading.Thread] = []
+        self.closing = False  # the program ends: the threads finish and return
+        self.sharing = False  # the sharing thread is in an exchange
         self.log: Any = None  # the `_auditlog.Writer`, made at the first audited launch
 
 
@@ -193,8 +197,11 @@ def after(name: str, site: str, fn: Any, spans: bool | None, args: tuple, kwargs
                 _state.thread = threading.Thread(
                     target=_read_all, name='multihost-audit-read', daemon=True
                 )
-                _state.thread.start()
-                threading.Thread(target=_share_all, name=THREAD, daemon=True).start()
+                sharer = threading.Thread(target=_share_all, name=THREAD, daemon=True)
+                _state.threads = [_state.thread, sharer]
+                for t in _state.threads:
+                    t.start()
+                atexit.register(_close)  # after jax.distributed's: runs before it
     if behind:  # skipping one would put this host out of step with the others: stop
         _stop(f'it fell behind ({MAX_QUEUED} launches unread or {MAX_TABLES} unshared)')
 
@@ -211,8 +218,10 @@ def _read_all() -> None:
     """Reads each queued launch's blocks as soon as it is queued, then hands the table on."""
     while True:
         with _state.cond:
-            while not _state.queue:
+            while not _state.queue and not _state.closing:
                 _state.cond.wait()
+            if not _state.queue:
+                return  # the program ends (`_close`)
             item = _state.queue[0]
         t0 = time.perf_counter()
         ready = 0.0
@@ -237,13 +246,45 @@ def _share_all() -> None:
     """Shares each table with the other hosts (in order: the lane's count matches), compares."""
     while True:
         with _state.cond:
-            while not _state.tables:
+            while not _state.tables and not _state.closing:
                 _state.cond.wait()
+            if not _state.tables:
+                return  # the program ends (`_close`)
             got = _state.tables.popleft()
+            _state.sharing = True
         try:
             _share(*got)
         except Exception as exc:
             _stop(_why(exc))
+        finally:
+            with _state.cond:
+                _state.sharing = False
+                _state.cond.notify_all()
+
+
+#: Seconds the program's end waits for the audit to share what it read (every host has the
+#: same launches to share: they finish together).
+CLOSE_WAIT = 30.0
+
+
+def _close() -> None:
+    """At exit (before JAX's own shutdown, registered after it): the audit shares what it
+    read, then its threads end. A thread left inside a call into JAX's C++ code while the
+    interpreter finalizes would abort the process."""
+    threads = _state.threads
+    if not threads:
+        return
+    deadline = time.monotonic() + CLOSE_WAIT
+    with _state.cond:
+        while (_state.queue or _state.tables or _state.sharing) and not _state.stopped:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            _state.cond.wait(min(left, 0.1))
+        _state.closing = True
+        _state.cond.notify_all()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()) + 1.0)
 
 
 def _why(exc: BaseException) -> str:
@@ -371,10 +412,8 @@ def _read(item: _Item) -> tuple[list[str], list[Any], float]:
     for i, (_, leaf, fresh) in enumerate(leaves):
         try:
             held += [(i, key, data, fresh) for key, data in _blocks(leaf)]
-        except RuntimeError as exc:
-            if 'deleted' not in str(exc):
-                raise
-            # donated to a launch while it was read: compared nowhere
+        except Exception:  # donated to a launch while it was read, or not readable here
+            pass  # compared nowhere (a host that could read it has no one to compare with)
     prints = _fingerprint.digests([data for _, _, data, _ in held]) if held else []
     blocks: list[dict[str, list[Any]]] = [{} for _ in leaves]
     for (i, key, data, fresh), digest in zip(held, prints):
