@@ -29,6 +29,7 @@ def test_public_surface():
         mw.__all__
         == sorted(mw.__all__)
         == [
+            'AuditView',
             'EnvView',
             'GridBlock',
             'LayoutGrid',
@@ -58,6 +59,8 @@ def test_views_reject_wrong_models():
         mw.TreeDiffView('x')
     with pytest.raises(TypeError, match='multihost.StepTable.*got builtins.list'):
         mw.StepperView([])
+    with pytest.raises(TypeError, match='multihost.AuditReport.*got builtins.dict'):
+        mw.AuditView({})
     with pytest.raises(TypeError, match='multihost.HostStacks.*got builtins.int'):
         mw.WhereView({0: 1})
 

@@ -557,7 +557,7 @@ class MultihostMagics(Magics):
     @magic_arguments.magic_arguments()
     @line_magic
     def mh_audit(self, line: str) -> Any:
-        """What did the audit find? Replica drift, duplicate data, the first NaN, while it runs.
+        """What did the audit find? Drift, duplicate data, the first NaN, as it ran.
 
         For a job started with ``multihost run --audit`` and attached with ``%mh_attach``
         (its dumps: ``%mh_postmortem DIR --view audit``): one row per finding, the launch
