@@ -37,6 +37,7 @@ from multihost._debug._timeline import timeline
 from multihost._debug._watch import Watched, watch
 from multihost._debug._wavefront import flight_records, wavefront
 from multihost._errors import (
+    AuditError,
     BarrierMismatchError,
     BarrierTimeoutError,
     CollectiveInterruptedError,
@@ -90,6 +91,7 @@ from multihost._models import (
 __version__ = '0.1.0'
 
 __all__ = [
+    'AuditError',
     'AuditFinding',
     'AuditReport',
     'DEFAULT_STEP_TIMEOUT',

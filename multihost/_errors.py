@@ -158,6 +158,21 @@ class CollectiveInterruptedError(MultihostError, RuntimeError):
         self.by = by
 
 
+class AuditError(MultihostError, RuntimeError):
+    """The audit found a divergence, and the job runs with ``--audit-raise``.
+
+    Raised on every host at its next recorded launch after the finding arrived there
+    (``multihost audit: ...`` was printed first); the message is the finding's line.
+
+    Attributes:
+        finding: the `AuditFinding`.
+    """
+
+    def __init__(self, message: str, *, finding: Any):
+        super().__init__(message)
+        self.finding = finding
+
+
 class CoordinatorUnreachableError(MultihostError, ConnectionError):
     """The coordination service (run by process 0) cannot be reached.
 

@@ -279,3 +279,19 @@ def test_audit_option_words():
         'timeout': 3.0, 'audit': 5}  # fmt: skip
     with pytest.raises(_cli.UsageError, match='argument --audit: '):
         _run.parse(['--audit=-2', 'train.py'], 'multihost run')
+
+
+def test_audit_raise_ends_the_job_at_the_next_launch_every_host_saying_why(tmp_path: Any):
+    outs = launch(
+        str(tmp_path), '-m', 'multihost', 'run', '--audit-raise',
+        DUP_HOSTS='0,1', DUP_FROM_STEP='2',
+    )  # fmt: skip
+    for p, out in enumerate(outs):
+        assert 'DONE' not in out['out'] and out['rc'] in (1, EXIT_PEER_FAILED), (p, out['err'])
+        says = 'AuditError: multihost audit: duplicate data at train_step call #2'
+        # its own error (the job prints it) or the other host's, ending this one (fate)
+        assert says in out['out'] + out['err'] or (
+            out['rc'] == EXIT_PEER_FAILED and 'AuditError' in out['err']
+        ), (p, out['out'][-1500:], out['err'][-1500:])
+        steps = [ln for ln in out['out'].splitlines() if ln.startswith('LOSS ')]
+        assert len(steps) < 6, steps  # it did not run to its end

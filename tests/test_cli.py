@@ -42,6 +42,7 @@ RUN_OPTIONS = (
     '--allow-exec',
     '--audit N',
     '--audit-log DIR',
+    '--audit-raise',
     '-m MODULE ...',
     'SCRIPT',
     'ARGS',

@@ -179,6 +179,7 @@ def test_reached_preemption_sync_point_false_without_runtime():
 # -- the public surface ----------------------------------------------------------------
 
 PUBLIC_NAMES = [
+    'AuditError',
     'AuditFinding',
     'AuditReport',
     'BarrierMismatchError',

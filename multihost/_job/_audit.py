@@ -130,6 +130,8 @@ class _State:
         self.stopped = ''
         self.names: dict[int, tuple[Any, list[str] | None]] = {}
         self.log_dir: str | None = None
+        self.raise_ = False  # --audit-raise
+        self.pending: AuditFinding | None = None  # the finding the next launch raises
         self.threads: list[threading.Thread] = []
         self.closing = False  # the program ends: the threads finish and return
         self.sharing = False  # the sharing thread is in an exchange
@@ -139,10 +141,12 @@ class _State:
 _state = _State()
 
 
-def enable(every: int, log_dir: str | None = None) -> None:
+def enable(every: int, log_dir: str | None = None, raise_: bool = False) -> None:
     """Turns the audit on (N = ``every``) or off (0), with its log of fresh inputs in
-    ``log_dir`` (`_auditlog`). Called by `_jit.patch`."""
+    ``log_dir`` (`_auditlog`); ``raise_``: a finding raises at the next launch. Called by
+    `_jit.patch`."""
     _state.every = int(every)
+    _state.raise_ = bool(raise_) and every > 0
     _state.log_dir = log_dir if every else None
     if every and _state.thread is None:
         _state.stopped = ''
@@ -156,8 +160,13 @@ def enabled() -> bool:
 
 
 def before(name: str) -> None:
-    """Before a launch of ``name``: its previous audited launch's results have been read (it
-    may donate them)."""
+    """Before a launch of ``name``: with ``--audit-raise``, a finding raises `AuditError`;
+    its previous audited launch's results have been read (it may donate them)."""
+    if _state.pending is not None:
+        finding, _state.pending = _state.pending, None
+        from multihost._errors import AuditError
+
+        raise AuditError(f'multihost audit: {finding.format()}', finding=finding)
     item = _state.last.get(name)
     if item is None or item.read.is_set():
         return
@@ -348,6 +357,8 @@ def _report(finding: AuditFinding) -> None:
             return
         _state.seen.add(key)
         _state.findings.append(finding)
+        if _state.raise_ and _state.pending is None and len(_state.findings) == 1:
+            _state.pending = finding  # the first finding ends the job (--audit-raise)
     print(f'multihost audit: {finding.format()}', file=sys.stderr, flush=True)
     entry = _recorder.note(
         'audit', finding.check, seq=None, digest='', site=finding.site, checked=False

@@ -4,6 +4,7 @@
     multihost run [--check-jit] [--timeout S] [--control-file PATH]
                   [--control-address HOST] [--dump-dir DIR] [--hold-on-error]
                   [--hold-for S] [--allow-exec] [--audit[=N]] [--audit-log DIR]
+                  [--audit-raise]
                   (SCRIPT | -m MODULE) [ARGS ...]
     multihost analyze DIR [DIR ...]
     multihost audit-diff DIR_A DIR_B
@@ -211,6 +212,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         'audit-diff" between two runs (MULTIHOST_AUDIT_LOG too).',
     )
     parser.add_argument(
+        '--audit-raise',
+        action='store_true',
+        help='With the audit (turned on by this option), its first finding raises AuditError '
+        'on every host at its next jitted launch, so the job ends there (with '
+        '--hold-on-error: held there; MULTIHOST_AUDIT_RAISE=1 too).',
+    )
+    parser.add_argument(
         '-m',
         dest='module',
         nargs=argparse.REMAINDER,
@@ -370,6 +378,8 @@ def run_target(
         options['hold_on_error'] = True
     if args.allow_exec:
         options['allow_exec'] = True
+    if args.audit_raise:
+        options['audit_raise'] = True
     names = ('timeout', 'control_file', 'control_address', 'dump_dir', 'hold_for', 'audit',
              'audit_log')  # fmt: skip
     for name in names:

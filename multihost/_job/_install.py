@@ -87,6 +87,7 @@ def install(
     allow_exec: bool = False,
     audit: int | bool | str | None = None,
     audit_log: str | None = None,
+    audit_raise: bool = False,
 ) -> None:
     """Makes the program's own and its libraries' multi-host calls the checked ones.
 
@@ -137,6 +138,9 @@ def install(
       audit_log: an existing directory where each host writes the fingerprints of the
         audited launches' fresh inputs (``audit-<process>.jsonl``), for ``multihost
         audit-diff`` between two runs; turns the audit on (``MULTIHOST_AUDIT_LOG``).
+      audit_raise: the audit's first finding raises `AuditError` on every host at its next
+        recorded launch (with ``hold_on_error``: every host is held there); turns the audit
+        on (``MULTIHOST_AUDIT_RAISE=1``).
 
     Raises:
       ValueError: already installed with other options (`uninstall` first).
@@ -153,6 +157,7 @@ def install(
         allow_exec,
         audit,
         audit_log,
+        audit_raise,
     )
     with _lock:
         if _active is not None:

@@ -409,7 +409,9 @@ def patch(options: Any) -> None:
     global _ACTIVE, _CHECK, _AUDIT
     _CHECK = _state.check = bool(getattr(options, 'check_jit', False))
     every = int(getattr(options, 'audit', 0) or 0)
-    _audit.enable(every, getattr(options, 'audit_log', None))
+    _audit.enable(
+        every, getattr(options, 'audit_log', None), bool(getattr(options, 'audit_raise', False))
+    )
     _AUDIT = every > 0
     wait = getattr(options, 'wait', None)  # a test's stand-in options may lack it
     _state.wait = wait(_sequence.default_timeout()) if wait else _sequence.default_timeout()

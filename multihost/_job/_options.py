@@ -39,6 +39,8 @@ class InstallOptions:
             (``MULTIHOST_AUDIT=N``).
         audit_log: where each host writes the fingerprints of the audited launches'
             fresh inputs (`_job._auditlog`; ``MULTIHOST_AUDIT_LOG``); turns the audit on.
+        audit_raise: the audit's first finding raises `AuditError` on every host at its
+            next recorded launch (``MULTIHOST_AUDIT_RAISE=1``); turns the audit on.
     """
 
     check_jit: bool = False
@@ -51,6 +53,7 @@ class InstallOptions:
     allow_exec: bool = False
     audit: int = 0
     audit_log: str | None = None
+    audit_raise: bool = False
 
     @classmethod
     def resolve(
@@ -65,6 +68,7 @@ class InstallOptions:
         allow_exec: bool = False,
         audit: int | bool | str | None = None,
         audit_log: str | None = None,
+        audit_raise: bool = False,
     ) -> InstallOptions:
         """The options as given, ``MULTIHOST_CHECK_JIT`` (and the control and dump variables) read;
         ``timeout`` checked."""
@@ -99,7 +103,12 @@ class InstallOptions:
                     'writes audit-<process>.jsonl there)'
                 )
             every = every or _audit.DEFAULT_EVERY
+        raise_env = os.environ.get('MULTIHOST_AUDIT_RAISE', '').strip().lower()
+        audit_raise = bool(audit_raise) or raise_env in ('1', 'true', 'on', 'yes')
+        if audit_raise:
+            every = every or _audit.DEFAULT_EVERY
         return cls(
+            audit_raise=audit_raise,
             audit=every,
             audit_log=os.path.abspath(audit_log) if audit_log else None,
             check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'),
