@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from test_real_program_run import N, _losses, launch
 
-from multihost import AuditReport
+from multihost import AuditReport, FlightRecord, Timeline
 from multihost._job import _audit, _cli, _run
 from multihost._job._fate import EXIT_PEER_FAILED
 
@@ -127,9 +127,16 @@ def test_a_healthy_job_is_audited_finds_nothing_and_computes_the_same_losses(run
         assert report.process == p and report.every == 1
         # the state's init and the six steps, every one (N = 1), with all their leaves
         assert report.audited >= 7 and report.leaves > 100, report
-    # the audit's exchanges are in the flight records, off the main thread
+    # the audit's exchanges are in the flight records, off the main thread; the timeline
+    # shows them as steps of their own and does not count them when naming a straggler
     recs = audited[0]['records']
     assert any(r[2] == 'audit train_step' and r[13] == _audit.THREAD for r in recs), recs[-5:]
+    timeline = Timeline.build({p: [FlightRecord(*r) for r in o['records']]
+                               for p, o in enumerate(audited)})  # fmt: skip
+    audits = [s for s in timeline.steps if s.audit]
+    assert audits and all(s.name == 'audit train_step' or s.name == 'audit init' for s in audits)
+    complete = [s for s in timeline.steps if s.complete and s.kind != 'service_wait']
+    assert timeline.stragglers().steps == len([s for s in complete if not s.audit])
 
 
 def test_duplicate_data_and_a_drifted_replica_are_named_on_every_host(runs):

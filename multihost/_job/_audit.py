@@ -48,7 +48,13 @@ import numpy as np
 
 from multihost import _recorder
 from multihost._debug import _control
-from multihost._models._audit import AuditFinding, AuditReport, drift_detail, odd_ones
+from multihost._models._audit import (
+    AUDIT_THREAD,
+    AuditFinding,
+    AuditReport,
+    drift_detail,
+    odd_ones,
+)
 from multihost._models._layout import format_index
 from multihost._text import fmt_hosts
 
@@ -218,7 +224,7 @@ def after(name: str, site: str, fn: Any, spans: bool | None, args: tuple, kwargs
 # -- the audit's threads: one reads (the step may wait for it), one shares (nobody waits) ----
 
 #: The sharing thread's name: the lane its exchanges take (`_exchange._threads`).
-THREAD = 'multihost-audit'
+THREAD = AUDIT_THREAD
 #: Tables read and not yet shared, at most.
 MAX_TABLES = 256
 
@@ -363,7 +369,7 @@ def _report(finding: AuditFinding) -> None:
     entry = _recorder.note(
         'audit', finding.check, seq=None, digest='', site=finding.site, checked=False
     )
-    entry.thread = 'multihost-audit'
+    entry.thread = AUDIT_THREAD
 
 
 def _arg_names(fn: Any, n_args: int) -> list[str]:

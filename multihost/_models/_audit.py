@@ -12,6 +12,8 @@ from typing import Any
 
 from multihost._text import fmt_hosts, short_site
 
+#: The thread that shares the audit's tables: its exchanges' flight records carry its name.
+AUDIT_THREAD = 'multihost-audit'
 #: The checks, in the order a report lists them.
 CHECKS = ('drift', 'duplicate', 'nonfinite')
 #: What each check is called in a finding's line.

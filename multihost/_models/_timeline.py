@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from multihost._models._audit import AUDIT_THREAD
 from multihost._recorder import SERVICE_BARRIER, SERVICE_KINDS, SERVICE_WAIT, WAITING, FlightRecord
 from multihost._text import fmt_hosts, fmt_seconds
 
@@ -73,6 +74,12 @@ class TimelineStep:
     def hosts(self) -> tuple[int, ...]:
         """The hosts that recorded this step."""
         return tuple(sorted(self.records))
+
+    @property
+    def audit(self) -> bool:
+        """An exchange of the audit (``multihost run --audit``), off the main thread: not a
+        step of the program (its hosts arrive when their audit thread gets there)."""
+        return bool(self.records) and all(r.thread == AUDIT_THREAD for r in self.records.values())
 
     @property
     def notebook(self) -> bool:
@@ -191,8 +198,9 @@ class Stragglers:
         median_skew: median first-to-last spread over all counted steps.
         clock_compared: how many counted steps compared wall clocks.
         num_hosts: hosts taking part in the counted steps.
-        notebook: complete steps left out because the notebook's magics ran
-            them (``%mh_diff``, ``%mh_env``...: not the program's steps).
+        notebook: complete steps left out: the ones the notebook's magics ran
+            (``%mh_diff``, ``%mh_env``...) and the audit's exchanges
+            (`TimelineStep.audit`); not the program's steps.
     """
 
     steps: int
@@ -346,7 +354,7 @@ class Timeline:
         the collectives the notebook's magics ran (`TimelineStep.notebook`) are left out."""
         # A key wait is no rendezvous (one host waits for another's key): not counted.
         complete = [s for s in self.steps if s.complete and s.kind != SERVICE_WAIT]
-        counted = [s for s in complete if not s.notebook]
+        counted = [s for s in complete if not s.notebook and not s.audit]
         counts: dict[int, int] = {}
         for s in counted:
             last = s.last_host
