@@ -302,3 +302,19 @@ def test_audit_raise_ends_the_job_at_the_next_launch_every_host_saying_why(tmp_p
         ), (p, out['out'][-1500:], out['err'][-1500:])
         steps = [ln for ln in out['out'].splitlines() if ln.startswith('LOSS ')]
         assert len(steps) < 6, steps  # it did not run to its end
+
+
+def test_a_wrong_audit_value_is_one_line_and_exit_2(tmp_path: Any):
+    script = tmp_path / 'hi.py'
+    script.write_text("print('ran')\n")
+    for args, env, says in (
+        (['--audit-log', str(tmp_path / 'nowhere')], {}, 'is not a directory: create it first'),
+        ([], {'MULTIHOST_AUDIT': 'often'}, "MULTIHOST_AUDIT='often': "),
+    ):
+        out = subprocess.run(
+            [sys.executable, '-m', 'multihost', 'run', *args, str(script)],
+            capture_output=True, text=True, timeout=120, env={**os.environ, **env},
+        )  # fmt: skip
+        assert out.returncode == 2 and 'ran' not in out.stdout, out.stderr
+        (line,) = out.stderr.strip().splitlines()
+        assert line.startswith('python -m multihost run: error: ') and says in line, line

@@ -65,7 +65,11 @@ def run(
     """Installs, then runs the program; returns only if the program returns (exit status 0)."""
     from multihost._job._install import install
 
-    install(**options)  # type: ignore[arg-type]
+    try:
+        install(**options)  # type: ignore[arg-type]
+    except ValueError as exc:  # an option's or a MULTIHOST_* variable's value: one line
+        print(f'{prog}: error: {exc}', file=sys.stderr)
+        raise SystemExit(2) from None
     if is_module:
         sys.argv = [target, *args]  # run_module sets argv[0] to the module's file
         # python -m puts the current directory first: so do ``python -m multihost`` and the
