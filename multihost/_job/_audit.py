@@ -123,6 +123,7 @@ class _State:
         self.cond = threading.Condition(self.lock)
         self.counts: dict[str, int] = {}
         self.produced: dict[int, weakref.ref] = {}
+        self.produced_mark = 8192  # `produced`'s size at which dead references are dropped
         self.queue: collections.deque[_Item] = collections.deque()
         self.tables: collections.deque[tuple[Any, ...]] = collections.deque()
         self.last: dict[str, _Item] = {}  # function name -> its latest audited launch
@@ -190,9 +191,10 @@ def after(name: str, site: str, fn: Any, spans: bool | None, args: tuple, kwargs
             produced[id(leaf)] = weakref.ref(leaf)
         except TypeError:
             pass
-    if len(produced) > 8192:
+    if len(produced) > _state.produced_mark:  # dead ones out, now and then (amortised)
         for k in [k for k, r in produced.items() if r() is None]:
             del produced[k]
+        _state.produced_mark = max(8192, 2 * len(produced))
     if not spans or _state.stopped:
         return
     n = _state.counts.get(name, 0)
