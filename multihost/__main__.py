@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None, prog: str = 'python -m multihost') -> in
     if args.command == 'audit-diff':  # where two runs' data first differ (--audit-log)
         from multihost._job import _auditlog
 
-        return _auditlog.report(args.run_a, args.run_b, prog=f'{prog} audit-diff')
+        return _auditlog.report(args.run_a, args.run_b, prog=f'{prog} audit-diff', shift=args.shift)
     return demo(args.hosts, args.devices)
 
 

@@ -318,3 +318,35 @@ def test_a_wrong_audit_value_is_one_line_and_exit_2(tmp_path: Any):
         assert out.returncode == 2 and 'ran' not in out.stdout, out.stderr
         (line,) = out.stderr.strip().splitlines()
         assert line.startswith('python -m multihost run: error: ') and says in line, line
+
+
+def _log(directory: Any, process: int, entries: list[tuple[str, int, dict[str, Any]]]) -> None:
+    directory.mkdir(exist_ok=True)
+    head = {'format': 'multihost-audit-log', 'version': 1, 'process': process,
+            'num_processes': 2, 'started': 0.0}  # fmt: skip
+    lines = [json.dumps(head)] + [json.dumps({'f': f, 'c': c, 'l': leaves}) for f, c, leaves in entries]
+    (directory / f'audit-{process}.jsonl').write_text('\n'.join(lines) + '\n')
+
+
+def test_audit_diff_aligns_a_resumed_run_by_shift(tmp_path: Any):
+    """Run B resumed at run A's step 3 (its call 0 is A's call 3); from A's step 5 on,
+    process 1's data differ (the iterator was not restored right)."""
+    from multihost._job import _auditlog
+
+    def batch(step: int, p: int) -> dict[str, Any]:
+        return {"batch['x']": [[f'[{4 * p}:{4 * p + 4}]', f'x{step:016x}{p}']]}
+
+    a, b = tmp_path / 'a', tmp_path / 'b'
+    for p in (0, 1):
+        _log(a, p, [('step', s, batch(s, p)) for s in range(8)])
+        _log(b, p, [('step', c, batch(c + 3 if (p, c + 3) < (1, 5) else 99, p))
+                    for c in range(5)])  # fmt: skip
+    differ, lines = _auditlog.diff(str(a), str(b), shift=3)
+    assert differ and lines[0] == (
+        "the runs' data differ first at step call #5: process 1, batch['x'] (block [4:8])"
+    ), lines
+    assert lines[1] == '  process 0: the same in both runs', lines
+    differ, lines = _auditlog.diff(str(a), str(b))  # unshifted: everything differs at once
+    assert differ and 'step call #0' in lines[0], lines
+    with pytest.raises(_auditlog.AuditLogError, match='--shift must be 0 or more'):
+        _auditlog.diff(str(a), str(b), shift=-1)

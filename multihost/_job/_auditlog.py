@@ -14,8 +14,8 @@ the main thread), at most `MAX_BYTES` per host. Format::
 `diff` compares two runs' logs launch by launch (a function's name and its call number) and
 names the first launch, process, argument and block where their data differ: a resume that did
 not restore the data iterator, hosts that drifted into different epochs. Runs are aligned by
-call number: compare runs that start from the same step (or audit every launch, ``--audit=1``,
-to find the very first step that differs).
+call number (``--shift K``: run B was resumed at run A's call K); audit every launch
+(``--audit=1``) to find the very first step that differs.
 """
 
 from __future__ import annotations
@@ -125,10 +125,13 @@ def read(directory: str) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
-def _first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[Any, ...] | None:
+def _first_difference(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], shift: int = 0
+) -> tuple[Any, ...] | None:
     """(position in a, launch name, call, the differing paths, one block) of the first
-    launch both logged whose fresh inputs differ; None when none does."""
-    theirs = {(e['f'], e['c']): e['l'] for e in b}
+    launch both logged whose fresh inputs differ (b's call ``c`` against a's ``c + shift``);
+    None when none does."""
+    theirs = {(e['f'], e['c'] + shift): e['l'] for e in b}
     for i, entry in enumerate(a):
         other = theirs.get((entry['f'], entry['c']))
         if other is None:
@@ -150,15 +153,22 @@ def _first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple
     return None
 
 
-def diff(dir_a: str, dir_b: str) -> tuple[bool, list[str]]:
-    """(whether the runs' data differ, the lines saying where first)."""
+def diff(dir_a: str, dir_b: str, shift: int = 0) -> tuple[bool, list[str]]:
+    """(whether the runs' data differ, the lines saying where first). ``shift``: run B
+    began at run A's call ``shift`` (a resume): B's call ``c`` is A's ``c + shift``; the
+    calls named are A's."""
+    if shift < 0:
+        raise AuditLogError(
+            f"--shift must be 0 or more (run B began at run A's call K), got {shift}"
+        )
     logs_a, logs_b = read(dir_a), read(dir_b)
     both = sorted(set(logs_a) & set(logs_b))
     firsts: dict[int, tuple[Any, ...]] = {}
     compared = 0
     for p in both:
-        compared = max(compared, len(logs_a[p]))
-        hit = _first_difference(logs_a[p], logs_b[p])
+        keys_b = {(e['f'], e['c'] + shift) for e in logs_b[p]}
+        compared = max(compared, sum((e['f'], e['c']) in keys_b for e in logs_a[p]))
+        hit = _first_difference(logs_a[p], logs_b[p], shift)
         if hit is not None:
             firsts[p] = hit
     lines = []
@@ -189,12 +199,12 @@ def diff(dir_a: str, dir_b: str) -> tuple[bool, list[str]]:
     return bool(firsts), lines
 
 
-def report(dir_a: str, dir_b: str, prog: str = 'multihost audit-diff') -> int:
+def report(dir_a: str, dir_b: str, prog: str = 'multihost audit-diff', shift: int = 0) -> int:
     """``multihost audit-diff A B``: prints `diff`'s lines; 0 same, 1 different, 2 unreadable."""
     import sys
 
     try:
-        differ, lines = diff(dir_a, dir_b)
+        differ, lines = diff(dir_a, dir_b, shift)
     except AuditLogError as exc:
         print(f'{prog}: {exc}', file=sys.stderr)
         return 2

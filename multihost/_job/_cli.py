@@ -7,7 +7,7 @@
                   [--audit-raise]
                   (SCRIPT | -m MODULE) [ARGS ...]
     multihost analyze DIR [DIR ...]
-    multihost audit-diff DIR_A DIR_B
+    multihost audit-diff [--shift K] DIR_A DIR_B
 
 ``python -m multihost`` is the same program (`multihost.__main__`); only the
 name in its messages differs. This module parses and checks, and runs
@@ -256,6 +256,14 @@ def add_audit_diff_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('run_a', metavar='DIR_A', help="One run's --audit-log directory.")
     parser.add_argument(
         'run_b', metavar='DIR_B', help="The other run's, compared launch by launch."
+    )
+    parser.add_argument(
+        '--shift',
+        type=int,
+        default=0,
+        metavar='K',
+        help="Run B was resumed at run A's call K of each function: B's call c is compared "
+        "with A's call c+K (default 0).",
     )
 
 
