@@ -324,7 +324,8 @@ def _log(directory: Any, process: int, entries: list[tuple[str, int, dict[str, A
     directory.mkdir(exist_ok=True)
     head = {'format': 'multihost-audit-log', 'version': 1, 'process': process,
             'num_processes': 2, 'started': 0.0}  # fmt: skip
-    lines = [json.dumps(head)] + [json.dumps({'f': f, 'c': c, 'l': leaves}) for f, c, leaves in entries]
+    rows = [json.dumps({'f': f, 'c': c, 'l': leaves}) for f, c, leaves in entries]
+    lines = [json.dumps(head), *rows]
     (directory / f'audit-{process}.jsonl').write_text('\n'.join(lines) + '\n')
 
 
