@@ -215,8 +215,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         '--audit-raise',
         action='store_true',
         help='With the audit (turned on by this option), its first finding raises AuditError '
-        'on every host at its next jitted launch, so the job ends there (with '
-        '--hold-on-error: held there; MULTIHOST_AUDIT_RAISE=1 too).',
+        'on every host at its next jitted launch, so the job ends there, or is held there '
+        'when it holds on errors (MULTIHOST_AUDIT_RAISE=1 too).',
     )
     parser.add_argument(
         '-m',
