@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from mhnotebook._errors import SessionError
 from mhnotebook._jobview import FEATURES, JobViewBase
-from multihost._models._audit import AuditFinding, AuditReport
 
 if TYPE_CHECKING:
-    from multihost import FlightRecord, HostStacks, Wavefront
+    from multihost import AuditReport, FlightRecord, HostStacks, Wavefront
     from multihost._job._analyze import Verdict
     from multihost._job._dumpfile import Dump
     from multihost._job._native import NativeStacks
@@ -135,6 +134,8 @@ class PostMortem(JobViewBase):
     def _audit(self, timeout: float) -> AuditReport:
         # What the job's audit had found when the hosts dumped: the report of the lowest
         # process that carried one, with every host's findings (each once).
+        from multihost._models._audit import AuditFinding, AuditReport
+
         reports = [d.audit for d in sorted(self.dumps, key=lambda d: d.process) if d.audit]
         if not reports:
             return AuditReport(process=min((d.process for d in self.dumps), default=0),

@@ -48,6 +48,7 @@ LINES = [
     '%mh_memory_census',
     '%mh_mem',
     '%mh_where',
+    '%mh_audit',
     '%mh_timeline --chrome /nonexistent/dir/trace.json',
     '%mh_wait',  # for a cell in the background
     '%%mh\nprint(1)',
