@@ -111,9 +111,10 @@ class AuditReport:
     def format(self) -> str:
         if not self.enabled:
             return 'audit: off (multihost run --audit, MULTIHOST_AUDIT=N or install(audit=N))'
+        then = 'every launch' if self.every == 1 else f'every {self.every}-th'
         head = (
             f'audit: {self.audited} launch(es) audited on process {self.process} '
-            f'(the first {self.first} of each function, then every {self.every}th), '
+            f'(the first {self.first} of each function, then {then}), '
             f'{len(self.findings) or "no"} finding(s)'
         )
         if self.stopped:
