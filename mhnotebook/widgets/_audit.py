@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 
-from mhnotebook.widgets._common import View, add_classes, banner, esc, expect_model, host_color
+from mhnotebook.widgets._common import View, add_classes, banner, esc, expect_model, odd_host
 from multihost._models import AuditReport
 from multihost._models._audit import CHECK_WORDS
 from multihost._text import fmt_hosts, short_site
@@ -26,11 +26,7 @@ def audit_table_html(report: AuditReport, max_rows: int = MAX_ROWS) -> str:
         return ''
     rows = []
     for f in report.findings[:max_rows]:
-        hosts = ' '.join(
-            f'<span class="mh-odd-host" style="border-left:4px solid {host_color(p)};'
-            f'padding-left:4px">{p}</span>'
-            for p in f.processes[:16]
-        )
+        hosts = ' '.join(odd_host(p, str(p)) for p in f.processes[:16])
         if len(f.processes) > 16:
             hosts += f' … ({len(f.processes)} in all)'
         rows.append(

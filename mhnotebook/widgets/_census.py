@@ -16,7 +16,14 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from mhnotebook.widgets._common import View, add_classes, banner, esc, expect_model, host_color
+from mhnotebook.widgets._common import (
+    View,
+    add_classes,
+    banner,
+    esc,
+    expect_model,
+    odd_host,
+)
 from multihost._models import EnvDiff, MemoryCensus
 from multihost._text import fmt_hosts
 
@@ -41,8 +48,7 @@ def env_table_html(diff: EnvDiff, max_keys: int = MAX_KEYS) -> str:
     for e in diff.entries[:max_keys]:
         majority = [p for p in range(diff.num_processes) if p not in e.odd_processes]
         odd = '<br>'.join(
-            f'<span class="mh-odd-host" style="border-left:4px solid {host_color(p)};'
-            f'padding-left:4px">{esc(fmt_hosts([p]))}: <code>{esc(_cut(e.values[p]))}</code></span>'
+            odd_host(p, f'{esc(fmt_hosts([p]))}: <code>{esc(_cut(e.values[p]))}</code>')
             for p in e.odd_processes[:16]
         )
         if len(e.odd_processes) > 16:

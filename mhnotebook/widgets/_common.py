@@ -76,6 +76,14 @@ def swatch(process: int) -> str:
     )
 
 
+def odd_host(process: int, inner_html: str) -> str:
+    """``inner_html`` marked as host ``process``'s (a bar of its colour), class ``mh-odd-host``."""
+    return (
+        f'<span class="mh-odd-host" style="border-left:4px solid {host_color(process)};'
+        f'padding-left:4px">{inner_html}</span>'
+    )
+
+
 #: Shared CSS for the HTML tables of the views. Class names are the public,
 #: stable selectors (see `mhnotebook.widgets`); colours are only defaults.
 CSS = """<style>

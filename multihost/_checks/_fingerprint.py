@@ -546,7 +546,8 @@ def is_kernel_digest(digest: str) -> bool:
     return bool(digest) and len(digest) % 32 == 0 and not is_host_digest(digest)
 
 
-def _in_host_memory(x: jax.Array) -> bool:
+def in_host_memory(x: jax.Array) -> bool:
+    """Whether every device of ``x`` is a CPU (its shards are read in place)."""
     return all(d.platform == 'cpu' for d in x.devices())
 
 
@@ -556,7 +557,7 @@ def host_kind(leaf: Any, how: str) -> bool:
         return True
     if how == 'device':
         return False
-    return not isinstance(leaf, jax.Array) or _in_host_memory(leaf)
+    return not isinstance(leaf, jax.Array) or in_host_memory(leaf)
 
 
 def host_view(x: jax.Array) -> np.ndarray | None:
@@ -565,7 +566,7 @@ def host_view(x: jax.Array) -> np.ndarray | None:
     On a CPU device ``np.asarray`` shares the device buffer (no copy; checked
     in tests/test_fingerprint.py by the buffer address).
     """
-    if len(x.addressable_shards) != 1 or not _in_host_memory(x):
+    if len(x.addressable_shards) != 1 or not in_host_memory(x):
         return None
     a = np.asarray(x)
     return a if a.flags.c_contiguous else None
@@ -614,7 +615,7 @@ def _host_parts(x: jax.Array) -> list[np.ndarray]:
     view = host_view(x)
     if view is not None:
         return [view]
-    if _in_host_memory(x) and x.ndim:
+    if in_host_memory(x) and x.ndim:
         blocks = _parts(x)
         rest = tuple(int(d) for d in x.shape[1:])
         if all(not any(o[1:]) and tuple(b.shape[1:]) == rest for b, o, _ in blocks):

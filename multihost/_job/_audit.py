@@ -127,7 +127,6 @@ class _State:
         self.queue: collections.deque[_Item] = collections.deque()
         self.tables: collections.deque[tuple[Any, ...]] = collections.deque()
         self.last: dict[str, _Item] = {}  # function name -> its latest audited launch
-        self.thread: threading.Thread | None = None
         self.findings: list[AuditFinding] = []
         self.seen: set[tuple[str, str, str]] = set()
         self.audited = 0
@@ -155,7 +154,7 @@ def enable(every: int, log_dir: str | None = None, raise_: bool = False) -> None
     _state.every = int(every)
     _state.raise_ = bool(raise_) and every > 0
     _state.log_dir = log_dir if every else None
-    if every and _state.thread is None:
+    if every and not _state.threads:
         _state.stopped = ''
 
 
@@ -210,12 +209,11 @@ def after(name: str, site: str, fn: Any, spans: bool | None, args: tuple, kwargs
             _state.queue.append(item)
             _state.last[name] = item
             _state.cond.notify_all()
-            if _state.thread is None:
-                _state.thread = threading.Thread(
-                    target=_read_all, name='multihost-audit-read', daemon=True
-                )
-                sharer = threading.Thread(target=_share_all, name=THREAD, daemon=True)
-                _state.threads = [_state.thread, sharer]
+            if not _state.threads:
+                _state.threads = [
+                    threading.Thread(target=_read_all, name='multihost-audit-read', daemon=True),
+                    threading.Thread(target=_share_all, name=THREAD, daemon=True),
+                ]
                 for t in _state.threads:
                     t.start()
                 atexit.register(_close)  # after jax.distributed's: runs before it
@@ -231,14 +229,20 @@ THREAD = AUDIT_THREAD
 MAX_TABLES = 256
 
 
+def _wait_for(queue: collections.deque[Any]) -> bool:
+    """Under ``_state.cond``: waits until ``queue`` holds something (True) or the program
+    ends with it empty (False: `_close`)."""
+    while not queue and not _state.closing:
+        _state.cond.wait()
+    return bool(queue)
+
+
 def _read_all() -> None:
     """Reads each queued launch's blocks as soon as it is queued, then hands the table on."""
     while True:
         with _state.cond:
-            while not _state.queue and not _state.closing:
-                _state.cond.wait()
-            if not _state.queue:
-                return  # the program ends (`_close`)
+            if not _wait_for(_state.queue):
+                return
             item = _state.queue[0]
         t0 = time.perf_counter()
         ready = 0.0
@@ -263,10 +267,8 @@ def _share_all() -> None:
     """Shares each table with the other hosts (in order: the lane's count matches), compares."""
     while True:
         with _state.cond:
-            while not _state.tables and not _state.closing:
-                _state.cond.wait()
-            if not _state.tables:
-                return  # the program ends (`_close`)
+            if not _wait_for(_state.tables):
+                return
             got = _state.tables.popleft()
             _state.sharing = True
         try:
@@ -357,9 +359,9 @@ def _share(name: str, call: int, site: str, at: float, paths: list[str], table: 
 
 
 def _report(finding: AuditFinding) -> None:
-    key = (finding.check, finding.launch if finding.check != 'nonfinite' else '', finding.path)
-    if finding.check == 'nonfinite':
-        key = ('nonfinite', '', '')
+    # once each: drift and duplicates per launch function and argument, the first NaN per run
+    nonfinite = finding.check == 'nonfinite'
+    key = ('nonfinite', '', '') if nonfinite else (finding.check, finding.launch, finding.path)
     with _state.lock:
         if key in _state.seen:
             return
@@ -464,16 +466,10 @@ def _flags(data: Any, fresh: bool) -> tuple[bool, bool]:
     return bad, bool((flat == flat[0]).all())
 
 
-def _in_host_memory(leaf: Any) -> bool:
-    """Whether a jax.Array's devices are CPUs (its shards then read in place)."""
-    try:
-        return all(d.platform == 'cpu' for d in leaf.sharding.device_set)
-    except Exception:
-        return False
-
-
 def _blocks(leaf: Any) -> list[tuple[str, Any]]:
     """(block index text, this host's data of it) for each block this host holds."""
+    from multihost._checks import _fingerprint
+
     if isinstance(leaf, np.ndarray):
         if leaf.dtype == object:
             return []
@@ -481,7 +477,7 @@ def _blocks(leaf: Any) -> list[tuple[str, Any]]:
     if leaf.is_deleted():
         return []  # donated to a launch since
     key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-    host = _in_host_memory(leaf)
+    host = _fingerprint.in_host_memory(leaf)
     shards = []
     for s in leaf.addressable_shards:
         data = jax.random.key_data(s.data) if key else s.data
