@@ -98,8 +98,13 @@ def first_line(text: str, limit: int = 160) -> str:
 
 def failure_phrase(failure: dict[str, Any]) -> str:
     """``process 2 failed: ValueError('bad batch') at train.py:118`` (or ``process 2 exited
-    with code 3 at ...``) from a failure's fields (``by``, ``error``, ``message``, ``site``):
+    with code 3 at ...``, ``process 2 ended early (exit code 0) at ...``) from a failure's
+    fields (``by`` or ``early``, ``error``, ``message``, ``site``):
     what every host logs and `analyze` says when one host failed."""
+    if failure.get('early') is not None:  # it ended (code 0) while others waited for it
+        site = failure.get('site')
+        at = f' at {short_site(str(site))}' if site else ''
+        return f'process {failure["early"]} ended early (exit code 0){at}'
     error, message = failure.get('error', 'an error'), first_line(failure.get('message', ''))
     if error == 'SystemExit':
         what = f'exited with code {message}'

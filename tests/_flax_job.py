@@ -23,7 +23,7 @@ Two inputs a real job also reads from its environment:
 * ``RAISE_HOST=p`` with ``RAISE_STEP=s``: process p raises ``ValueError('bad batch')`` in
   user code just before step s's ``train_step`` (uncaught: the job's own handler below
   reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
-  ``sys.exit(3)`` there instead.
+  ``sys.exit(3)`` there instead (``EXIT_CODE=c``: ``sys.exit(c)``).
 * Data bugs the audit finds (``multihost run --audit``): ``DUP_HOSTS=p,q``: process q
   draws process p's batch (two hosts feeding the same data; from step ``DUP_FROM_STEP``,
   default 0, on: a data stream that went wrong mid-run); ``DRIFT_HOST=p`` with
@@ -71,6 +71,7 @@ BAD_BATCH_HOST = int(os.environ.get('BAD_BATCH_HOST', '-1'))
 STALL_HOST = int(os.environ.get('STALL_HOST', '-1'))
 RAISE_HOST = int(os.environ.get('RAISE_HOST', '-1'))
 EXIT_HOST = int(os.environ.get('EXIT_HOST', '-1'))
+EXIT_CODE = int(os.environ.get('EXIT_CODE', '3'))
 RAISE_STEP = int(os.environ.get('RAISE_STEP', '2'))
 DUP_HOSTS = [int(p) for p in os.environ.get('DUP_HOSTS', '').split(',') if p]
 DUP_FROM_STEP = int(os.environ.get('DUP_FROM_STEP', '0'))
@@ -88,7 +89,7 @@ def check_batch(step):
     if step == RAISE_STEP and jax.process_index() == RAISE_HOST:
         raise BadBatch('bad batch')
     if step == RAISE_STEP and jax.process_index() == EXIT_HOST:
-        sys.exit(3)
+        sys.exit(EXIT_CODE)
 
 
 STALL_BEFORE_STEP = int(os.environ.get('STALL_BEFORE_STEP', '-1'))

@@ -94,6 +94,36 @@ def test_a_host_calling_sys_exit_3_ends_every_host_with_its_code(tmp_path: Any) 
     assert sorted(os.listdir(dumps)) == [f'process-{p}.json' for p in range(N)]
 
 
+def test_a_host_ending_early_with_code_0_ends_the_hosts_waiting_for_it(tmp_path: Any) -> None:
+    """Item 4: process 3 calls ``sys.exit(0)`` before its step-1 ``train_step`` while the
+    others are inside that launch. Not a failure (it exits 0, saying so), but the others
+    would wait for ever: `_fate.EARLY_S` (10 s) after it ended, still waiting, they end with
+    75, each logging one line naming it; every host dumps; analyze leads with it. JAX's
+    default heartbeat (100 s: stamps every 5 s)."""
+    results, ended, dumps = _run(str(tmp_path), EXIT_HOST='3', EXIT_CODE='0', RAISE_STEP='1')
+    codes = [rc for rc, _, _ in results]
+    assert codes == [EXIT_PEER_FAILED] * 3 + [0], (codes, [e[-2000:] for _, _, e in results])
+    (own,) = [x for x in results[3][2].splitlines() if x.startswith('multihost: this host')]
+    assert own.startswith('multihost: this host (process 3) ended (exit code 0) at _flax_job.py:')
+    assert 'while processes 0-2 still waited across processes (process 0 in train_step' in own
+    for p in (0, 1, 2):
+        (line,) = [x for x in results[p][2].splitlines() if x.startswith('multihost: process 3')]
+        assert 'process 3 ended early (exit code 0) at _flax_job.py:' in line, line
+        assert f'this host (process {p}) was ' in line and line.endswith('(exit code 75)'), line
+    from multihost._job import _dumpfile
+
+    found = _dumpfile.read_dirs([dumps])
+    assert sorted(d.process for d in found) == list(range(N))
+    # the others were waiting since step 1 began; everything ended soon after the verdict
+    first = min(d.trigger_time for d in found)
+    assert ended - first < 30.0, ended - first
+    out = subprocess.run([sys.executable, '-m', 'multihost', 'analyze', dumps],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    first_line = out.stdout.splitlines()[0]
+    assert first_line.startswith('process 3 ended early (exit code 0) at _flax_job.py:'), out.stdout
+    assert 'its own dump is missing' not in first_line
+
+
 def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path: Any) -> None:
     """Item 2: process 2 stalls just before its step-2 ``train_step``; the others are inside
     that launch (not done on device) and record nothing more. With ``MULTIHOST_HANG_DUMP_S=5``

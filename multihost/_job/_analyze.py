@@ -127,7 +127,9 @@ def _cause(dumps: Sequence[Dump]) -> str:
         return f'process {raised[0].process} {_raised(raised[0])}'
     for d in dumps:
         if d.trigger == 'peer':
-            return failure_phrase(dict(d.details)) + ' (its own dump is missing)'
+            early = d.details.get('early')
+            own = early is not None and early in {x.process for x in dumps}
+            return failure_phrase(dict(d.details)) + ('' if own else ' (its own dump is missing)')
     return ''
 
 
@@ -149,12 +151,15 @@ def position(d: Dump) -> tuple[str, float | None]:
     """Where ``d``'s host was, in words, and for how long (None: not known)."""
     if _raised(d):
         return _raised(d), None
+    if d.trigger == 'peer' and d.details.get('early') == d.process:  # it had ended (0)
+        return str(d.details.get('where')), None
     if d.trigger in ('lost', 'peer') and d.details.get('where'):
-        because = (
-            f'process {d.details.get("lost")} was lost'
-            if d.trigger == 'lost'
-            else f'process {d.details.get("by")} failed'
-        )
+        if d.trigger == 'lost':
+            because = f'process {d.details.get("lost")} was lost'
+        elif d.details.get('early') is not None:
+            because = f'process {d.details["early"]} ended early (exit code 0)'
+        else:
+            because = f'process {d.details.get("by")} failed'
         if d.asked is not None:  # the moment the others missed it, kept by this later dump
             then, since = position(d.asked)
             at = _clock(d.asked.trigger_time)

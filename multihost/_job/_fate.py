@@ -33,6 +33,15 @@ process of a job run under install (``multihost run``, ``MULTIHOST_INSTALL``).
   command with ``lost`` set: every survivor logs one line naming the lost host and
   where it was last, dumps (trigger ``lost``), and ends with `EXIT_PEER_FAILED`.
   A host that ends normally writes ``done`` there first (never called lost).
+- **A host ends early** (its program ended, exit code 0, e.g. ``sys.exit(0)`` mid-run)
+  while others wait for it: not a failure, but they would wait for ever. Each stamp
+  also says how long the host's main thread has been waiting across processes (a
+  checked collective or barrier, or a launch spanning processes not done on device,
+  `_cross_wait`); when a host has ended and, `EARLY_S` later, another is still in such
+  a wait (for `EARLY_S` or more), process 0 issues ``fate`` with ``early`` set: the
+  waiting hosts log one line naming the host that ended, dump (``peer``) and end with
+  `EXIT_PEER_FAILED`; the hosts that had ended leave with 0, saying so, not in JAX's
+  shutdown barrier (which would wait for the others).
 
 A job where nothing fails is untouched: the exit is JAX's (the only keys written are
 the liveness stamps, ``mh/alive/``).
@@ -54,7 +63,7 @@ from typing import Any, NoReturn
 from multihost import _jax_adapter
 from multihost._debug import _hold
 from multihost._exchange import _bus, _kv
-from multihost._text import failure_phrase, short_site
+from multihost._text import failure_phrase, fmt_hosts, short_site
 
 #: The exit code of a host ended because another host failed (``EX_TEMPFAIL``: the
 #: job may be retried; the failing host exits with its own code).
@@ -63,6 +72,9 @@ EXIT_PEER_FAILED = 75
 ANNOUNCE_S = 10.0
 #: A host told of another's failure first waits this long: one that fails too keeps its own.
 GRACE_S = 1.0
+#: A host has ended with code 0 and, this long after, another still waits across processes
+#: (for at least this long): the job cannot end by itself; every host is ended.
+EARLY_S = 10.0
 
 _PY_EXIT = sys.exit  # Python's, whatever is patched later
 _LIB_MARKERS = ('/site-packages/', '/dist-packages/', '/lib/python', '<frozen ')
@@ -83,6 +95,8 @@ class _State:
         self.lost: int | None = None  # a host found lost: the others out but this one
         self.watching = False
         self.exit_call: tuple[Any, Any] | None = None  # (code, frame) of a sys.exit call
+        self.end_site = ''  # where this host's program ended (SystemExit 0), when known
+        self.done = False  # its liveness key says done: the watcher stamps no more
         self.sys_exit: Any = None  # Python's sys.exit, while patched
 
 
@@ -188,25 +202,74 @@ def _last_record() -> str:
     return ''
 
 
+def _cross_wait() -> tuple[str, float]:
+    """What this host's main thread waits in across processes (a checked collective or
+    barrier, or a launch spanning processes not done on device) and for how long (s);
+    ``('', 0.0)`` when it waits in none."""
+    from multihost import _recorder
+
+    records = _recorder.snapshot(_kv.process_index(), 16)
+    now = time.time()
+    _, waiting, _ = _recorder.in_progress(records)
+    if waiting is not None:
+        return waiting.label, now - waiting.time
+    pending = None
+    for r in reversed(records):  # the oldest launch after the newest known done
+        if not r.is_launch or r.thread:
+            continue
+        if r.state == _recorder.DONE:
+            break
+        if r.state == _recorder.LAUNCHED:
+            pending = r
+    if pending is not None and pending.spans:
+        return pending.label, now - pending.time
+    return '', 0.0
+
+
 def _stamp(client: Any, me: int, n: int) -> None:
-    _kv.put(client, _kv.key('alive', me), json.dumps({'n': n, 'last': _last_record()}))
+    stamp: dict[str, Any] = {'n': n, 'last': _last_record()}
+    label, waited = _cross_wait()
+    if label:
+        stamp['wait'], stamp['in'] = round(waited, 1), label
+    _kv.put(client, _kv.key('alive', me), json.dumps(stamp))
+
+
+def is_done(raw: str | None) -> bool:
+    """A liveness stamp that says its host ended (`_done`): never lost."""
+    return bool(raw) and str(raw).startswith('done')
+
+
+def _done_info(raw: str) -> dict[str, Any]:
+    """``{'code': 0, 'site': 'train.py:77'}`` of a ``done`` stamp (``{}``: not known)."""
+    try:
+        info = json.loads(raw[len('done') :] or '{}')
+        return info if isinstance(info, dict) else {}
+    except ValueError:
+        return {}
 
 
 def _watch(client: Any) -> None:
-    """Each host stamps its liveness key; process 0 also reads them all and says who is lost."""
+    """Each host stamps its liveness key; process 0 also reads them all and says who is lost,
+    or that a host ended while others still wait for it (`_early`)."""
     me, count = _kv.process_index(), _kv.process_count()
     period, limit = watch_period(), lost_after()
     seen: dict[int, tuple[str, float]] = {}  # process -> (its last stamp, when it changed)
+    ended: dict[int, tuple[dict[str, Any], float]] = {}  # ended with 0 -> (its info, seen at)
     n = 0
     while _kv.client() is client and _state.failed is None and not _state.ending:
         n += 1
         try:
-            _stamp(client, me, n)
+            if not _state.done:  # ended: its key says done
+                _stamp(client, me, n)
             if me == 0:
                 now = time.monotonic()
-                for p, raw in _kv.read_dir(client, _kv.key('alive')).items():
-                    if raw == 'done':
+                stamps = _kv.read_dir(client, _kv.key('alive'))
+                for p, raw in stamps.items():
+                    if is_done(raw):
                         seen[p] = (raw, float('inf'))
+                        info = _done_info(raw)
+                        if p not in ended and info.get('code', 0) == 0 and not info.get('fate'):
+                            ended[p] = (info, now)
                     elif seen.get(p, ('', 0.0))[0] != raw:
                         seen[p] = (raw, now)
                 silent = [p for p, (_, t) in seen.items() if p != 0 and now - t > limit]
@@ -214,9 +277,92 @@ def _watch(client: Any) -> None:
                     p = min(silent, key=lambda q: (seen[q][1], q))
                     _lost(client, p, now - seen[p][1], seen[p][0])
                     return
+                if ended and now - min(t for _, t in ended.values()) >= EARLY_S:
+                    stuck = _stuck(stamps, set(ended))
+                    if stuck:
+                        _early(client, {p: info for p, (info, _) in ended.items()}, stuck)
+                        return
         except Exception:  # the service is going away (a normal end, or process 0 gone)
             pass
         time.sleep(period)
+
+
+def _stuck(stamps: dict[int, str], ended: set[int]) -> dict[int, str]:
+    """The hosts (not ended) whose stamps say they wait across processes, for `EARLY_S`
+    or more: process -> ``'train_step call #2 (for 12 s)'``."""
+    out = {}
+    for p, raw in stamps.items():
+        if p in ended or is_done(raw):
+            continue
+        try:
+            stamp = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(stamp, dict) and float(stamp.get('wait') or 0.0) >= EARLY_S:
+            out[p] = f'{stamp.get("in", "?")} for {round(float(stamp["wait"]))} s'
+    return out
+
+
+def _early(client: Any, ended: dict[int, dict[str, Any]], stuck: dict[int, str]) -> None:
+    """Process 0: hosts ``ended`` (code 0) while ``stuck`` ones wait for them: tells every
+    host (``fate`` with ``early``); it ends itself last (0 if it had ended, else 75)."""
+    first = min(ended, key=lambda p: (float(ended[p].get('at') or 0.0), p))
+    order = {
+        'early': first,
+        'ended': sorted(ended),
+        'site': str(ended[first].get('site') or ''),
+        'code': 0,
+        'waiting': sorted(stuck),
+        'stuck': {str(p): what for p, what in sorted(stuck.items())[:8]},
+    }
+    _state.ending = True
+    threading.Thread(
+        target=_bus.command,
+        args=(client, 'fate', ANNOUNCE_S),
+        kwargs=order,
+        name='multihost-fate',
+        daemon=True,
+    ).start()
+    if 0 in ended:
+        _ended_line({**order, 'by': 0}, 0)
+        _leave(0)
+    _ending({**order, 'by': 0}, 0)
+    _leave(EXIT_PEER_FAILED)
+
+
+def _ended_line(order: dict[str, Any], me: int) -> None:
+    """A host that had ended (code 0) while others waited for it says so, once, and dumps."""
+    site = _at_site(order.get('site') if order.get('early') == me else '')
+    line = (
+        f'multihost: this host (process {me}) ended (exit code 0){site} while '
+        f'{stuck_phrase(order)}; they are ending (exit code {EXIT_PEER_FAILED}), this one '
+        'with 0'
+    )
+    print(line, file=sys.stderr, flush=True)
+    try:
+        now = _position()
+    except Exception as exc:
+        now = f'somewhere unknown ({exc})'
+    from multihost._job import _dump
+
+    details = {k: order.get(k) for k in ('by', 'early', 'site', 'code', 'waiting')}
+    _dump.dump('peer', {**details, 'where': f'ended (exit code 0){site}; now {now}',
+                        'line': line})  # fmt: skip
+
+
+def stuck_phrase(order: dict[str, Any]) -> str:
+    """``processes 0-2 still waited across processes (process 0 in train_step call #2
+    for 12 s, ...)`` from an ``early`` order (at most three named)."""
+    stuck = order.get('stuck') or {}
+    named = [f'process {p} in {what}' for p, what in list(stuck.items())[:3]]
+    waiting = order.get('waiting') or [int(p) for p in stuck]
+    more = f', {len(waiting) - len(named)} more' if len(waiting) > len(named) else ''
+    hosts = fmt_hosts(waiting)
+    return f'{hosts} still waited across processes ({", ".join(named)}{more})'
+
+
+def _at_site(site: Any) -> str:
+    return f' at {short_site(str(site))}' if site else ''
 
 
 def _lost(client: Any, p: int, silent: float, raw: str) -> None:
@@ -264,7 +410,7 @@ def _ending(order: dict[str, Any], me: int) -> str:
     from multihost._job import _dump
 
     keys = ('lost', 'silent', 'lost_at', 'last') if lost else (
-        'by', 'error', 'message', 'site', 'function', 'code')  # fmt: skip
+        'by', 'error', 'message', 'site', 'function', 'code', 'early', 'waiting')  # fmt: skip
     details = {k: order.get(k) for k in keys}
     _dump.dump('lost' if lost else 'peer', {**details, 'where': where, 'line': line})
     return where
@@ -337,7 +483,10 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
 
 def _sys_exit(code: Any = None) -> NoReturn:
     """``sys.exit``, noting its code and caller for `_before_teardown` (then Python's)."""
-    _state.exit_call = (code, sys._getframe(1))
+    frame = sys._getframe(1)
+    _state.exit_call = (code, frame)
+    if code in (None, 0) and '/multihost/' not in frame.f_code.co_filename:
+        _state.end_site = f'{frame.f_code.co_filename}:{frame.f_lineno}'
     _PY_EXIT(code)
 
 
@@ -345,10 +494,14 @@ def _before_teardown() -> None:
     """The main module ended: after a ``sys.exit(N != 0)`` (not caught by ``multihost
     run``), tell the others and end with N, as `failed_exit` does."""
     call, _state.exit_call = _state.exit_call, None
-    if call is None or _state.failed is not None or _state.ending:
+    if call is None or call[0] in (None, 0):
+        if _state.armed and _state.failed is None and not _state.ending:
+            _done(0)  # its program ended: a host still waiting for it is seen (`_early`)
+        return
+    if _state.failed is not None or _state.ending:
         return
     code, frame = call
-    if code in (None, 0) or not _state.armed:
+    if not _state.armed:
         return
     site = f'{frame.f_code.co_filename}:{frame.f_lineno}' if frame is not None else '?'
     exit_code = code if isinstance(code, int) else 1
@@ -363,7 +516,12 @@ def _before_teardown() -> None:
 
 
 def failed_exit(code: Any, tb: Any) -> None:
-    """``multihost run``: the program raised ``SystemExit(code)``; a non-zero code is a failure."""
+    """``multihost run``: the program raised ``SystemExit(code)``; a non-zero code is a failure
+    (code 0: where it ended is noted for `_done`)."""
+    if code in (None, 0) and tb is not None:
+        site, _ = _script_site(tb)
+        if site != '?' and '/multihost/' not in site:
+            _state.end_site = site
     if not _state.armed or _state.failed is not None or _state.ending or code in (None, 0):
         return
     exit_code = code if isinstance(code, int) else 1
@@ -410,20 +568,27 @@ def _announce(code: int, error: str, message: str, site: str, function: str) -> 
 def _at_exit() -> None:
     """A failing host ends with its own code once the others heard (bounded), not in JAX's
     shutdown barrier. Nothing happens in a job where this host did not fail."""
-    _done()
+    _done(0 if _state.failed is None else _state.failed)
     if _state.ending:  # the debug thread ends this host (75) once the others are out
         _leave(EXIT_PEER_FAILED)
     if _state.failed is not None:
         _finish()
 
 
-def _done() -> None:
-    """This host ends (normally or not): its liveness key says so, it is never called lost."""
+def _done(code: int = 0, fate: bool = False) -> None:
+    """This host ends (normally or not): its liveness key says so (``done`` and the code,
+    where its program ended, whether fate-sharing ends it), it is never called lost."""
     client = _kv.client()
     if client is None or not _state.watching:
         return
+    _state.done = True
+    info: dict[str, Any] = {'code': code, 'at': time.time()}
+    if _state.end_site:
+        info['site'] = _state.end_site
+    if fate or _state.failed is not None or _state.ending:
+        info['fate'] = True
     try:
-        _kv.put(client, _kv.key('alive', _kv.process_index()), 'done')
+        _kv.put(client, _kv.key('alive', _kv.process_index()), 'done' + json.dumps(info))
     except Exception:
         pass
 
@@ -443,7 +608,7 @@ def _leave(code: int) -> None:
     try:
         client, me, n = _kv.client(), _kv.process_index(), _kv.process_count()
         if client is not None and me != 0:
-            _done()
+            _done(code, fate=True)
             _kv.increment(client, _kv.key('fate', 'out'), 1)
         elif client is not None:
             deadline = time.monotonic() + ANNOUNCE_S
@@ -494,6 +659,9 @@ def _on_fate(client: Any, order: dict[str, Any]) -> Any:
     me = _kv.process_index()
     if order.get('by') == me or not _state.armed:
         return json.dumps({'self' if order.get('by') == me else 'off': True})
+    if order.get('early') is not None and me in (order.get('ended') or ()):
+        _ended_line(order, me)  # this host had ended (code 0): it leaves with 0
+        return json.dumps({'ended': 0}), functools.partial(_leave, 0)
     if order.get('lost') is None:
         time.sleep(GRACE_S)
     if _state.failed is not None:  # this host failed too: it keeps its own verdict
