@@ -135,6 +135,12 @@ def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
     results = j.finish()
     codes = [rc for rc, _, _ in results]
     assert codes == [1, 1, 75, 1], codes
+    # The error names what the missing host was doing when missed (its liveness stamp,
+    # refreshed every quarter of the timeout: 1 s here), with its CPU share.
+    for p in (0, 1, 3):
+        (said,) = [ln for ln in results[p][2].splitlines() if ln.startswith('  process 2: ')]
+        assert "last reached barrier('before')" in said and '; when missed' in said, said
+        assert 'in time.sleep' in said and '% CPU over the last' in said, said
     dumps = _dumpfile.read_dirs([j.dir])
     by = {d.process: d for d in dumps}
     assert {by[p].trigger for p in (0, 1, 3)} == {'timeout'}, [d.trigger for d in dumps]

@@ -712,6 +712,9 @@ def _timeout_details(
             'name': rec.name,
             'positions': {p: where[p].to_json() for p in missing},
         }
+        doing = _doing_of(client, missing[: _verdicts.MAX_DOING])
+        if doing:
+            out['doing'] = doing
         if stage:
             out['stage'] = True
         else:
@@ -724,6 +727,34 @@ def _timeout_details(
         return out
 
     return details
+
+
+def _doing_of(client: Any, missing: list[int]) -> dict[int, str]:
+    """What each of ``missing`` was doing by its liveness stamp (``mh/alive/<p>``, written
+    every few seconds by the fate watcher under `multihost.install`): process -> words
+    (``: in time.sleep at train.py:93, 0% CPU over the last 5 s, ...``, or ``(as of 3 s
+    before): ...`` for an older stamp); hosts with no stamp
+    are absent. One read per host, at most `_verdicts.MAX_DOING` of them."""
+    out: dict[int, str] = {}
+    for p in missing:
+        try:
+            raw = _kv.get(client, _kv.key('alive', p))
+        except Exception:
+            return out
+        if not raw:
+            continue
+        if raw.startswith('done'):
+            out[p] = ': its program had ended'
+            continue
+        try:
+            stamp = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(stamp, dict) and stamp.get('doing'):
+            age = time.time() - float(stamp.get('t') or time.time())
+            when = f' (as of {age:.0f} s before)' if age >= 1.5 else ''
+            out[p] = f'{when}: {str(stamp["doing"])[:300]}'
+    return out
 
 
 def _patience(

@@ -25,6 +25,8 @@ from multihost._text import fmt_hosts, grouped_lines
 
 #: A timeout verdict carries where this many missing hosts were, at most.
 MAX_POSITIONS = 1024
+#: A timeout's message says what at most this many missing hosts were doing (their stamps).
+MAX_DOING = 8
 
 
 def unreachable_error(
@@ -88,6 +90,7 @@ def missing_lines(data: Mapping[str, Any], rec: CollectiveRecord) -> list[str]:
     """Where the missing hosts of a timeout were, hosts in the same place grouped
     (``  processes 2-9: last reached ...``), at most `MAX_GROUP_LINES` lines."""
     where = {int(p): CollectiveRecord.from_json(v) for p, v in data.get('positions', {}).items()}
+    doing = {int(p): str(v) for p, v in (data.get('doing') or {}).items()}
     state: dict[int, str] = {}
     for p in (int(p) for p in data['missing']):
         last = where.get(p)
@@ -99,6 +102,8 @@ def missing_lines(data: Mapping[str, Any], rec: CollectiveRecord) -> list[str]:
             state[p] = f'still inside {last.describe()}, busy before this stage'
         else:
             state[p] = f'last reached {last.describe()}'
+        if p in doing:  # its liveness stamp, a few seconds old at most
+            state[p] += f'; when missed{doing[p]}'
     return grouped_lines(state, what='distinct positions', attr='positions')
 
 

@@ -53,6 +53,7 @@ import atexit
 import functools
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -92,6 +93,7 @@ class _State:
         self.announcing: threading.Thread | None = None
         self.heard: dict[int, str] = {}  # replies to this host's announcement
         self.heartbeat_s = 100.0  # the job's heartbeat_timeout_seconds (JAX's default)
+        self.timeout = math.inf  # an installed collective's wait (`InstallOptions.wait`)
         self.lost: int | None = None  # a host found lost: the others out but this one
         self.watching = False
         self.exit_call: tuple[Any, Any] | None = None  # (code, frame) of a sys.exit call
@@ -112,6 +114,12 @@ def patch(options: Any) -> None:
     """Arms once ``jax.distributed.initialize`` has returned (now, if it has)."""
     if not enabled():
         return
+    from multihost._exchange import _sequence
+
+    try:
+        _state.timeout = options.wait(_sequence.default_timeout())
+    except (AttributeError, ValueError):  # not InstallOptions, or a bad MULTIHOST_TIMEOUT
+        _state.timeout = math.inf
     _hold.configure(  # --hold-on-error: a failing host holds the job first (`_debug._hold`)
         bool(getattr(options, 'hold_on_error', False)),
         float(getattr(options, 'hold_for', 1800.0)),
@@ -188,8 +196,9 @@ def lost_after() -> float:
 
 def watch_period() -> float:
     """How often each host stamps (and process 0 reads) the liveness keys: a fifth of
-    `lost_after`, between 0.5 s and 5 s."""
-    return min(5.0, max(0.5, lost_after() / 5))
+    `lost_after`, and at most a quarter of the collectives' timeout (so that a timeout's
+    message quotes a fresh stamp of a host that did not arrive), between 0.5 s and 5 s."""
+    return min(5.0, max(0.5, min(lost_after() / 5, _state.timeout / 4)))
 
 
 def _last_record() -> str:
@@ -226,8 +235,22 @@ def _cross_wait() -> tuple[str, float]:
     return '', 0.0
 
 
+def _doing() -> str:
+    """What this host's main thread is doing, with its CPU share (a liveness stamp's
+    ``doing``, which a timeout's message quotes for a host that did not arrive)."""
+    from multihost._debug import _pulse
+
+    try:
+        words = _position()
+    except Exception:
+        return ''
+    p = _pulse.pulse()
+    return f'{words}, {p.words}' if p is not None else words
+
+
 def _stamp(client: Any, me: int, n: int) -> None:
-    stamp: dict[str, Any] = {'n': n, 'last': _last_record()}
+    stamp: dict[str, Any] = {'n': n, 'last': _last_record(), 'doing': _doing(),
+                             't': round(time.time(), 1)}  # fmt: skip
     label, waited = _cross_wait()
     if label:
         stamp['wait'], stamp['in'] = round(waited, 1), label
