@@ -221,6 +221,17 @@ def mp_cluster(request, mp_cluster_pool):
     holder.release(leave)
 
 
+def pytest_configure(config):
+    """In a pytest-xdist worker (the README's ``pytest`` runs two, `pyproject.toml`): SIGINT
+    gets Python's own handler back. execnet starts its workers with SIGINT ignored, and an
+    ignored signal stays ignored in every process they start (clusters, engines, jobs):
+    the tests of interrupts need the real thing."""
+    import signal
+
+    if hasattr(config, 'workerinput'):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_sessionfinish(session):
     """The shared notebook-side sessions (`_helpers.local_session`) stop with the test session."""
     helpers = sys.modules.get('_helpers')

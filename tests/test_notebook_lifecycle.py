@@ -7,7 +7,7 @@ import logging
 
 import numpy as np
 import pytest
-from _helpers import magic_shell, wait_until
+from _helpers import env_var, magic_shell, wait_until
 
 import mhnotebook
 from mhnotebook import SessionError
@@ -107,7 +107,8 @@ def test_start_local_rejects_bad_sizes():
         mhnotebook.start_local(0, 2)
 
 
-def _engine_processes() -> set[int]:
+def _engine_processes(mark: bytes = b'') -> set[int]:
+    """Engines and controllers running (with ``mark`` in their environment: this test's)."""
     import os
 
     pids = set()
@@ -116,6 +117,10 @@ def _engine_processes() -> set[int]:
             try:
                 with open(f'/proc/{entry}/cmdline', 'rb') as f:
                     cmd = f.read().replace(b'\0', b' ')
+                if mark:
+                    with open(f'/proc/{entry}/environ', 'rb') as f:
+                        if mark not in f.read().split(b'\0'):
+                            continue
             except OSError:
                 continue
             if b'ipyparallel.engine' in cmd or b'ipyparallel.controller' in cmd:
@@ -126,7 +131,13 @@ def _engine_processes() -> set[int]:
 def test_start_timeout_is_clear_and_leaves_nothing_running():
     """Engines not up in time: a SessionError saying so; no engine or controller left."""
 
-    before = _engine_processes()
-    with pytest.raises(SessionError, match=r'engines came up within'):
-        mhnotebook.start_local(2, 1, timeout=0.05, progress=False)
-    wait_until(lambda: not (_engine_processes() - before), 30, 'the engines to exit', period=0.5)
+    import secrets
+
+    # Marked by an environment variable they inherit: another test process (pytest-xdist's
+    # other worker) may start engines meanwhile.
+    token = f'MH_LIFECYCLE_TEST={secrets.token_hex(4)}'
+    with env_var('MH_LIFECYCLE_TEST', token.split('=', 1)[1]):
+        with pytest.raises(SessionError, match=r'engines came up within'):
+            mhnotebook.start_local(2, 1, timeout=0.05, progress=False)
+    mark = token.encode()
+    wait_until(lambda: not _engine_processes(mark), 30, 'the engines to exit', period=0.5)
