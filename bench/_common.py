@@ -138,3 +138,48 @@ def environment(
         'devices_per_process': devices_per_process,
         'MULTIHOST_CHECK': os.environ.get('MULTIHOST_CHECK', '1 (default)'),
     }
+
+
+FLAX_JOB = os.path.join(os.path.dirname(_HERE), 'tests', '_flax_job.py')
+
+
+def run_flax_job(
+    launch: Callable[[str], list[str]], hosts: int, steps: int, *, expect: str = ''
+) -> dict[str, Any]:
+    """One run of `tests/_flax_job.py` (flax + optax + orbax, nothing of multihost in it)
+    in ``hosts`` plain processes x 2 CPU devices, launched like a scheduler with
+    ``launch(tmp)`` (``[FLAX_JOB]`` plain, ``['-m', 'multihost', 'run', ..., FLAX_JOB]``)
+    in a fresh directory ``tmp``. Returns ``times`` (per step after the two that compile:
+    the slowest process's ``train_step`` plus reading its loss), process 0's ``losses``
+    (hex) and ``records`` (the job's ``JOB_RECORDS`` folder's JSON files, by name). A
+    failed run raises, with its log; so does a line on stderr that starts with ``expect``
+    (something the healthy job must not say)."""
+    import json
+    import tempfile
+
+    from multihost.testing import scheduler_env, start_job
+
+    with tempfile.TemporaryDirectory(prefix='mh-bench-flax-') as tmp:
+        records = os.path.join(tmp, 'records')
+        os.makedirs(records)
+        env = scheduler_env(
+            hosts, CKPT_DIR=os.path.join(tmp, 'ckpt'), STEPS=str(steps), JOB_RECORDS=records
+        )
+        tests = os.path.dirname(FLAX_JOB)
+        env['PYTHONPATH'] = tests + os.pathsep + env.get('PYTHONPATH', '')
+        with start_job(hosts, launch(tmp), env, cwd=tmp) as job:
+            results = job.finish(1800)
+        found = {}
+        for name in sorted(os.listdir(records)):
+            with open(os.path.join(records, name)) as f:
+                found[name] = json.load(f)
+    per: list[list[float]] = []
+    for rc, out, err in results:
+        if rc != 0 or 'DONE' not in out:
+            raise RuntimeError(f'the job failed (exit {rc}):\n{err[-3000:]}')
+        per.append([float(ln.split()[2]) for ln in out.splitlines() if ln.startswith('STEP ')])
+        if expect and expect in err:
+            raise RuntimeError(f'the healthy job said {expect!r}:\n{err[-3000:]}')
+    losses = [ln.split()[2] for ln in results[0][1].splitlines() if ln.startswith('LOSS ')]
+    times = [max(p[s] for p in per) for s in range(2, steps)]  # 0 and 1 compile
+    return {'times': times, 'losses': tuple(losses), 'records': found}

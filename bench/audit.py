@@ -30,52 +30,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 from typing import Any
 
 import _common
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_JOB = os.path.join(os.path.dirname(_HERE), 'tests', '_flax_job.py')
 MODES = ('installed', 'audit', 'audit=1')
 _FLAGS = {'installed': [], 'audit': ['--audit'], 'audit=1': ['--audit=1']}
 
 
 def _run(mode: str, hosts: int, steps: int) -> dict[str, Any]:
-    """One run: per process its step seconds, process 0's losses, every host's audit report."""
-    from multihost.testing import scheduler_env, start_job
-
-    with tempfile.TemporaryDirectory(prefix='mh-bench-audit-') as tmp:
-        records = os.path.join(tmp, 'records')
-        os.makedirs(records)
-        command = ['-m', 'multihost', 'run', *_FLAGS[mode], _JOB]
-        env = scheduler_env(
-            hosts, CKPT_DIR=os.path.join(tmp, 'ckpt'), STEPS=str(steps), JOB_RECORDS=records
-        )
-        env['PYTHONPATH'] = (
-            os.path.join(os.path.dirname(_HERE), 'tests') + os.pathsep + env.get('PYTHONPATH', '')
-        )
-        with start_job(hosts, command, env, cwd=tmp) as job:
-            results = job.finish(1800)
-        reports = []
-        for p in range(hosts):
-            path = os.path.join(records, f'audit-{p}.json')
-            if os.path.exists(path):
-                with open(path) as f:
-                    reports.append(json.load(f))
-    per: list[list[float]] = []
-    for rc, out, err in results:
-        if rc != 0 or 'DONE' not in out:
-            raise RuntimeError(f'the job failed (exit {rc}):\n{err[-3000:]}')
-        per.append([float(ln.split()[2]) for ln in out.splitlines() if ln.startswith('STEP ')])
-        if 'multihost audit: ' in err:
-            raise RuntimeError(f'the healthy job had an audit finding:\n{err[-3000:]}')
-    losses = [ln.split()[2] for ln in results[0][1].splitlines() if ln.startswith('LOSS ')]
-    times = [max(p[s] for p in per) for s in range(2, steps)]  # 0 and 1 compile
-    return {'times': times, 'losses': tuple(losses), 'reports': reports}
+    """One run: per step the slowest process's seconds, process 0's losses, every host's
+    audit report."""
+    got = _common.run_flax_job(
+        lambda tmp: ['-m', 'multihost', 'run', *_FLAGS[mode], _common.FLAX_JOB],
+        hosts,
+        steps,
+        expect='multihost audit: ',
+    )
+    reports = [got['records'][f'audit-{p}.json'] for p in range(hosts)
+               if f'audit-{p}.json' in got['records']]  # fmt: skip
+    return {'times': got['times'], 'losses': got['losses'], 'reports': reports}
 
 
 def measure(hosts: int, steps: int, blocks: int) -> dict[str, Any]:

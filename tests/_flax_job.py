@@ -24,6 +24,10 @@ Two inputs a real job also reads from its environment:
   user code just before step s's ``train_step`` (uncaught: the job's own handler below
   reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
   ``sys.exit(3)`` there instead (``EXIT_CODE=c``: ``sys.exit(c)``).
+* ``DISK_FAIL_HOST=p``: process p's disk fails at its first checkpoint write: orbax's
+  save raises ``OSError(28, 'No space left on device')`` inside ``manager.save``
+  (uncaught, as a real job's disk error is), after the others passed the save's first
+  barrier with it.
 * Data bugs the audit finds (``multihost run --audit``): ``DUP_HOSTS=p,q``: process q
   draws process p's batch (two hosts feeding the same data; from step ``DUP_FROM_STEP``,
   default 0, on: a data stream that went wrong mid-run); ``DRIFT_HOST=p`` with
@@ -93,6 +97,19 @@ def check_batch(step):
 
 
 STALL_BEFORE_STEP = int(os.environ.get('STALL_BEFORE_STEP', '-1'))
+DISK_FAIL_HOST = int(os.environ.get('DISK_FAIL_HOST', '-1'))
+
+
+def break_the_disk():
+    """Process DISK_FAIL_HOST's checkpoint writes fail as on a full disk (fault injection:
+    orbax's own save raises where its write would)."""
+    if jax.process_index() != DISK_FAIL_HOST:
+        return
+
+    async def async_save(self, *args, **kwargs):
+        raise OSError(28, 'No space left on device')
+
+    ocp.StandardCheckpointHandler.async_save = async_save
 
 
 def stall(step, before_step=False):
@@ -154,6 +171,7 @@ def drift(state, step):
 
 
 def train():
+    break_the_disk()
     mesh = make_mesh()
     state = create_state(mesh)
     options = ocp.CheckpointManagerOptions(
@@ -209,8 +227,8 @@ def main():
     )
     try:
         train()
-    except BadBatch:
-        raise  # uncaught, as a real job's data error is
+    except (BadBatch, OSError):
+        raise  # uncaught, as a real job's data or disk error is
     except Exception as exc:
         print(f'FAILED {type(exc).__name__}: {str(exc).splitlines()[0]}', flush=True)
         leave(1)

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from _helpers import local_session, wait_until
+from _helpers import env_var, local_session, wait_until
 from _helpers import magic_shell as _shell
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
@@ -531,7 +531,10 @@ def test_recoverable_cluster_keeps_survivors_inspectable():
     ip.run_line_magic('load_ext', 'mhnotebook')
     magics = ip.magics_manager.registry['MultihostMagics']
     magics.session = None
-    ip.run_line_magic('mh_cluster', 'start -n 3 -d 1 --recoverable --timeout 120')
+    # A lost host ends the others within MULTIHOST_LOST_S under install, but not in a
+    # recoverable job: the survivors must outlive it (they did not, before: ended with 75).
+    with env_var('MULTIHOST_LOST_S', '2'):
+        ip.run_line_magic('mh_cluster', 'start -n 3 -d 1 --recoverable --timeout 120')
     s = magics.session
     try:
         assert s.recoverable
@@ -548,6 +551,7 @@ def test_recoverable_cluster_keeps_survivors_inspectable():
         assert len(died) == 1, cap.stdout
         assert died[0].startswith('%%mh: process 2 died (signal 9) while running this cell.')
         assert 'keep running (recoverable)' in died[0]
+        time.sleep(4.0)  # past MULTIHOST_LOST_S: a watcher would have ended the survivors
         t0 = time.monotonic()
         with capture_output() as cap:
             ip.run_cell_magic(

@@ -132,6 +132,12 @@ def key(*parts: object) -> str:
     return '/'.join((PREFIX, *map(str, parts)))
 
 
+def stamp_says_done(raw: str | None) -> bool:
+    """A liveness stamp (``key('alive', p)``, `_job._fate`) that says its host ended (its
+    program's end, or ended by fate-sharing): never taken for lost."""
+    return bool(raw) and str(raw).startswith('done')
+
+
 def process_index() -> int:
     """This process's index, from the distributed state (never initializes the backend)."""
     return int(_jax_adapter.distributed_state().process_id)

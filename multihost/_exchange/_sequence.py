@@ -743,7 +743,7 @@ def _doing_of(client: Any, missing: list[int]) -> dict[int, str]:
             return out
         if not raw:
             continue
-        if raw.startswith('done'):
+        if _kv.stamp_says_done(raw):
             out[p] = ': its program had ended'
             continue
         try:

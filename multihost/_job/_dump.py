@@ -198,9 +198,7 @@ def _accounted_for(client: Any, p: int, since: float) -> bool:
     (its liveness key says ``done``), or its own dump is in this host's directory, written
     since ``since`` minus `QUIET_S` (it dumped for its own reason, then ended)."""
     try:
-        from multihost._job._fate import is_done
-
-        if is_done(_kv.get(client, _kv.key('alive', p))):
+        if _kv.stamp_says_done(_kv.get(client, _kv.key('alive', p))):
             return True
     except Exception:
         pass

@@ -3,7 +3,8 @@
 A patcher of `multihost.install` (`_install.PATCHERS`): it arms once
 ``jax.distributed.initialize`` has returned (or at once if it has), in every
 process of a job run under install (``multihost run``, ``MULTIHOST_INSTALL``).
-``MULTIHOST_FATE=0`` leaves it off.
+``MULTIHOST_FATE=0`` leaves it off, and so does a recoverable job
+(``jax_enable_recoverability``: a host that leaves is expected, the others go on).
 
 - **This host fails**: an uncaught exception (``sys.excepthook``; under
   ``multihost run`` also ``SystemExit`` with a non-zero code, `failed_exit`).
@@ -99,6 +100,7 @@ class _State:
         self.exit_call: tuple[Any, Any] | None = None  # (code, frame) of a sys.exit call
         self.end_site = ''  # where this host's program ended (SystemExit 0), when known
         self.done = False  # its liveness key says done: the watcher stamps no more
+        self.leaving = False  # an ended host is leaving (`_leave_ended`)
         self.sys_exit: Any = None  # Python's sys.exit, while patched
 
 
@@ -257,11 +259,6 @@ def _stamp(client: Any, me: int, n: int) -> None:
     _kv.put(client, _kv.key('alive', me), json.dumps(stamp))
 
 
-def is_done(raw: str | None) -> bool:
-    """A liveness stamp that says its host ended (`_done`): never lost."""
-    return bool(raw) and str(raw).startswith('done')
-
-
 def _done_info(raw: str) -> dict[str, Any]:
     """``{'code': 0, 'site': 'train.py:77'}`` of a ``done`` stamp (``{}``: not known)."""
     try:
@@ -284,11 +281,15 @@ def _watch(client: Any) -> None:
         try:
             if not _state.done:  # ended: its key says done
                 _stamp(client, me, n)
+            elif me != 0:  # its program ended: told here if others wait for it (`_early`)
+                raw = _kv.get(client, _kv.key('fate', 'early'))
+                if raw:
+                    _leave_ended(json.loads(raw), me)
             if me == 0:
                 now = time.monotonic()
                 stamps = _kv.read_dir(client, _kv.key('alive'))
                 for p, raw in stamps.items():
-                    if is_done(raw):
+                    if _kv.stamp_says_done(raw):
                         seen[p] = (raw, float('inf'))
                         info = _done_info(raw)
                         if p not in ended and info.get('code', 0) == 0 and not info.get('fate'):
@@ -307,7 +308,7 @@ def _watch(client: Any) -> None:
                         return
         except Exception:  # the service is going away (a normal end, or process 0 gone)
             pass
-        time.sleep(period)
+        time.sleep(min(period, 1.0) if _state.done else period)
 
 
 def _stuck(stamps: dict[int, str], ended: set[int]) -> dict[int, str]:
@@ -315,7 +316,7 @@ def _stuck(stamps: dict[int, str], ended: set[int]) -> dict[int, str]:
     or more: process -> ``'train_step call #2 (for 12 s)'``."""
     out = {}
     for p, raw in stamps.items():
-        if p in ended or is_done(raw):
+        if p in ended or _kv.stamp_says_done(raw):
             continue
         try:
             stamp = json.loads(raw)
@@ -339,6 +340,9 @@ def _early(client: Any, ended: dict[int, dict[str, Any]], stuck: dict[int, str])
         'stuck': {str(p): what for p, what in sorted(stuck.items())[:8]},
     }
     _state.ending = True
+    # The hosts that ended may be in JAX's shutdown, their debug threads stopped: their
+    # watchers read this key. The others hear it on their debug threads.
+    _kv.put(client, _kv.key('fate', 'early'), json.dumps({**order, 'by': 0}))
     threading.Thread(
         target=_bus.command,
         args=(client, 'fate', ANNOUNCE_S),
@@ -347,10 +351,34 @@ def _early(client: Any, ended: dict[int, dict[str, Any]], stuck: dict[int, str])
         daemon=True,
     ).start()
     if 0 in ended:
-        _ended_line({**order, 'by': 0}, 0)
-        _leave(0)
+        _leave_ended({**order, 'by': 0}, 0)
     _ending({**order, 'by': 0}, 0)
     _leave(EXIT_PEER_FAILED)
+
+
+def _leave_ended(order: dict[str, Any], me: int) -> None:
+    """A host that had ended (code 0) while others waited for it: says so and leaves with 0
+    (once, from its watcher or its debug thread, whichever hears first)."""
+    with _state.lock:
+        if _state.leaving:
+            return
+        _state.leaving = True
+    _ended_line(order, me)
+    client = _kv.client()
+    if client is not None and me != 0:
+        # The waiting hosts leave first: this host's end would fail their device
+        # collectives (an error of their own, not the verdict), process 0 last.
+        ended = {int(p) for p in order.get('ended') or ()}
+        others = _kv.process_count() - 1 - len(ended - {0})
+        deadline = time.monotonic() + ANNOUNCE_S + 5.0
+        try:
+            while time.monotonic() < deadline:
+                if _kv.increment(client, _kv.key('fate', 'out'), 0) >= others:
+                    break
+                time.sleep(0.1)
+        except Exception:  # the service is gone: nothing to wait for
+            pass
+    _leave(0)
 
 
 def _ended_line(order: dict[str, Any], me: int) -> None:
@@ -439,8 +467,23 @@ def _ending(order: dict[str, Any], me: int) -> str:
     return where
 
 
+def recoverable() -> bool:
+    """``jax_enable_recoverability`` is on: a host that leaves is expected and the others
+    go on (`multihost.live_devices`), so nothing here ends them."""
+    import jax
+
+    try:
+        return bool(jax.config.jax_enable_recoverability)  # type: ignore[attr-defined]
+    except AttributeError:  # a jax without the flag
+        return False
+
+
 def _arm() -> None:
-    """The debug thread (so the others reach this host), the excepthook, the exit handler."""
+    """The debug thread (so the others reach this host), the excepthook, the exit handler
+    (not in a recoverable job: `recoverable`)."""
+    if recoverable():
+        _bus.start_debug_daemon()
+        return
     with _state.lock:
         if _state.armed or _kv.client() is None:
             return
@@ -683,8 +726,8 @@ def _on_fate(client: Any, order: dict[str, Any]) -> Any:
     if order.get('by') == me or not _state.armed:
         return json.dumps({'self' if order.get('by') == me else 'off': True})
     if order.get('early') is not None and me in (order.get('ended') or ()):
-        _ended_line(order, me)  # this host had ended (code 0): it leaves with 0
-        return json.dumps({'ended': 0}), functools.partial(_leave, 0)
+        # this host had ended (code 0): it leaves with 0
+        return json.dumps({'ended': 0}), functools.partial(_leave_ended, order, me)
     if order.get('lost') is None:
         time.sleep(GRACE_S)
     if _state.failed is not None:  # this host failed too: it keeps its own verdict

@@ -1,0 +1,110 @@
+"""What ``multihost run --hold-on-error`` costs a job where nothing goes wrong, side by side.
+
+Usage::
+
+    python bench/hold.py [--hosts 2] [--steps 120] [--blocks 2] [--json PATH]
+
+`tests/_flax_job.py` (flax linen transformer, optax adamw, orbax async checkpoints every
+2 steps; it imports nothing of `multihost`) in ``--hosts`` plain processes x 2 CPU devices,
+launched like a scheduler, three ways:
+
+* ``plain``: ``python _flax_job.py`` (no toolkit at all);
+* ``installed``: ``python -m multihost run _flax_job.py``;
+* ``hold``: ``python -m multihost run --hold-on-error --dump-dir D --control-file F
+  _flax_job.py`` (everything a user turns on to hold a failing job and inspect it: the
+  hold armed, the dump triggers, the control endpoint).
+
+``--blocks`` process groups per mode, the order reversed every block. Each run's first two
+steps compile and are dropped; a step's figure is the slowest process's wall time of
+``train_step`` plus reading its loss. Reported per mode: median and mean step (pooled over
+blocks), their ratios to ``installed`` and to ``plain``, the spread between blocks of one
+mode (the noise the ratios sit in), and whether the losses are bitwise equal.
+
+Goal (issue 29): ``hold`` within the noise of ``installed`` (nothing runs until an error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+import _common
+
+MODES = ('plain', 'installed', 'hold')
+
+
+def _launch(mode: str, tmp: str) -> list[str]:
+    if mode == 'plain':
+        return [_common.FLAX_JOB]
+    flags = []
+    if mode == 'hold':
+        flags = ['--hold-on-error', '--dump-dir', f'{tmp}/dumps', '--control-file', f'{tmp}/c']
+    return ['-m', 'multihost', 'run', *flags, _common.FLAX_JOB]
+
+
+def measure(hosts: int, steps: int, blocks: int) -> dict[str, Any]:
+    pooled: dict[str, list[float]] = {m: [] for m in MODES}
+    block_medians: dict[str, list[float]] = {m: [] for m in MODES}
+    losses: set[tuple[str, ...]] = set()
+    for block in range(blocks):
+        for mode in MODES if block % 2 == 0 else MODES[::-1]:
+            got = _common.run_flax_job(lambda tmp, m=mode: _launch(m, tmp), hosts, steps)
+            pooled[mode] += got['times']
+            block_medians[mode].append(statistics.median(got['times']) * 1e3)
+            losses.add(got['losses'])
+            print(
+                f'  block {block} {mode}: median step {block_medians[mode][-1]:.1f} ms, mean '
+                f'{statistics.mean(got["times"]) * 1e3:.1f} ms',
+                flush=True,
+            )
+    out: dict[str, Any] = {'hosts': hosts, 'steps_per_run': steps - 2, 'blocks': blocks}
+    for mode in MODES:
+        ms = [t * 1e3 for t in pooled[mode]]
+        meds = block_medians[mode]
+        out[mode] = {
+            'n': len(ms),
+            'median_ms': statistics.median(ms),
+            'mean_ms': statistics.mean(ms),
+            'block_spread': (max(meds) - min(meds)) / statistics.median(meds) if meds else 0.0,
+        }
+    for mode in MODES:
+        for base in ('plain', 'installed'):
+            out[mode][f'median_vs_{base}'] = out[mode]['median_ms'] / out[base]['median_ms']
+            out[mode][f'mean_vs_{base}'] = out[mode]['mean_ms'] / out[base]['mean_ms']
+    out['losses_bitwise_equal'] = len(losses) == 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--hosts', type=int, default=2)
+    parser.add_argument('--steps', type=int, default=120, help='steps per run (2 compile)')
+    parser.add_argument('--blocks', type=int, default=2)
+    parser.add_argument('--json', help='also write the results here')
+    args = parser.parse_args(argv)
+    env = _common.environment()
+    print(json.dumps(env))
+    res = measure(args.hosts, args.steps, args.blocks)
+    print(
+        f'bench/hold.py: tests/_flax_job.py, {args.hosts} processes x 2 CPU devices, '
+        f'{res["steps_per_run"]} timed steps per run, {args.blocks} block(s) per mode'
+    )
+    for mode in MODES:
+        m = res[mode]
+        print(
+            f'  {mode:9s}: median {m["median_ms"]:.1f} ms (x{m["median_vs_installed"]:.3f} of '
+            f'installed, x{m["median_vs_plain"]:.3f} of plain), mean {m["mean_ms"]:.1f} ms '
+            f'(x{m["mean_vs_installed"]:.3f}); blocks differ by {100 * m["block_spread"]:.1f}%'
+        )
+    print(f'  losses bitwise equal in every mode: {res["losses_bitwise_equal"]}')
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump({'env': env, **res}, f)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
