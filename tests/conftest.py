@@ -273,10 +273,16 @@ def pytest_collection_modifyitems(items):
         module = getattr(item, 'module', None)
         if module is not None and 'mp_cluster' in item.fixturenames and module not in _SHAPES:
             _SHAPES[module] = shape_of(module_config(module))
+    # Groups with a slow test first: pytest-xdist hands each worker whole files in this
+    # order, so the long ones start early and the short ones fill in at the end (the
+    # longest-first rule: the two workers end together instead of one waiting).
     order: dict = {}
+    slow: set = set()
     for item in items:
         order.setdefault(_group(item), len(order))
-    items.sort(key=lambda item: order[_group(item)])
+        if item.get_closest_marker('slow'):
+            slow.add(_group(item))
+    items.sort(key=lambda item: (_group(item) not in slow, order[_group(item)]))
 
 
 def _group(item) -> object:

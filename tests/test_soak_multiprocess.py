@@ -34,7 +34,7 @@ def _rss_kb() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.multiprocess
+@pytest.mark.multiprocess(timeout=240)  # ~25 s alone; 60 s beside a heavy test (2 workers)
 def test_3000_checked_barriers_leave_process_0_flat():
     for _ in range(_recorder.CAPACITY + 100):  # the recorder's ring fills first, by design
         multihost.sync_global_devices('soak')
