@@ -194,3 +194,44 @@ def test_control_client_requires_bytes_key():
         multihost.serve_control('secret')
     with pytest.raises(TypeError, match='authkey'):
         multihost.ControlClient(('127.0.0.1', 1), 'secret')
+
+
+def test_a_poll_loop_through_pythons_library_stands_still_a_call_elsewhere_moves():
+    """Busy or wedged: the stack signature of a main thread that polls (``os.path.exists``,
+    ``Event.wait``: Python's own library, in and out every turn) is the same at every
+    turn; the main thread in another function of the program is a move."""
+    import os.path
+
+    from multihost._debug import _pulse
+
+    def sampled(loop) -> list[int | None]:
+        seen: list[int | None] = []
+        done = threading.Event()
+
+        def sampler() -> None:
+            time.sleep(0.02)  # the main thread is in its loop
+            for _ in range(40):
+                seen.append(_pulse._stack_signature())
+                time.sleep(0.003)
+            done.set()
+
+        t = threading.Thread(target=sampler)
+        t.start()
+        loop(done)
+        t.join(10)
+        return seen
+
+    def poll(done: threading.Event) -> None:
+        event = threading.Event()
+        while not done.is_set():
+            os.path.exists('/nonexistent/mh')  # genericpath: Python code
+            event.wait(0.002)  # threading: Python code around a lock
+            time.sleep(0.001)
+
+    def elsewhere(done: threading.Event) -> None:
+        while not done.is_set():
+            time.sleep(0.001)
+
+    polling = sampled(poll)
+    assert len(set(polling)) == 1, polling
+    assert polling[0] not in sampled(elsewhere), 'another function of the program is a move'

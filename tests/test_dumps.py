@@ -275,7 +275,9 @@ def test_busy_told_from_wedged_in_the_dumps_and_analyze(job: Any) -> None:
     assert by[0].trigger == 'hang' and {by[1].trigger, by[2].trigger} == {'request'}, dumps
     spin, late = by[1].front.pulse, by[2].front.pulse
     assert spin is not None and late is not None, (by[1].front, by[2].front)
-    assert spin.cpu > 50 and spin.progressing and spin.window >= 3, spin
+    # A share of a core (two test workers may share the machine's two): far above the
+    # sleeper's, and busy by the model's own threshold.
+    assert spin.cpu > 20 and spin.progressing and spin.window >= 3, spin
     assert late.cpu < 5 and late.moved is False and late.state == 'wedged', late
     assert re.fullmatch(r'\d+% CPU over the last [56] s, stack unchanged: wedged', late.words)
     text = str(_analyze.analyze(dumps))

@@ -178,6 +178,16 @@ def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path
     assert 'train_step' in by[hung[0]].details['record'], by[hung[0]].details
     assert by[2].trigger == 'request', by[2].trigger
     assert [rc for rc, _, _ in results] == [0] * N, [err[-1500:] for _, _, err in results]
+    # Issue 30 on the real program: analyze places process 2 where it was when the others
+    # asked (in the job's stall, sleeping; whether busy or wedged depends on how long it had
+    # stalled in the sampler's 5 s window: test_attach waits for 'wedged') and the others
+    # inside the launch that waits for it.
+    from multihost._job import _analyze
+
+    text = str(_analyze.analyze(found))
+    (late,) = [ln for ln in text.splitlines() if 'process 2' in ln and 'time.sleep' in ln]
+    assert 'in stall' in late and '_flax_job.py:' in late, text
+    assert 'inside train_step call #2' in text, text
 
 
 def test_sys_exit_3_under_a_plain_install_ends_every_host(tmp_path: Any) -> None:

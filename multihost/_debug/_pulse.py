@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import sysconfig
 import threading
 import time
 from typing import NamedTuple
@@ -61,13 +62,27 @@ def _thread_cpu(native_id: int | None) -> float | None:
         return None
 
 
+_STDLIB = sysconfig.get_paths()['stdlib'] + os.sep
+
+
+def _in_stdlib(filename: str) -> bool:
+    """A file of Python's standard library (not an installed package), or a frozen one."""
+    return (filename.startswith(_STDLIB) and 'packages' not in filename) or filename.startswith(
+        '<frozen '
+    )
+
+
 def _stack_signature() -> int | None:
     main = threading.main_thread()
     frame = sys._current_frames().get(main.ident) if main.ident is not None else None
     if frame is None:
         return None
-    # The innermost frame by its function only: a loop that polls in one function (sleep,
-    # check, sleep) stands still; a call made or returned from anywhere moves it.
+    # Python's own library at the innermost end left out (a poll loop calls
+    # ``os.path.exists``, ``Event.wait``: Python code, in and out every turn), then the
+    # innermost frame by its function only: a loop that polls in one function (sleep,
+    # check, sleep) stands still; a call made or returned from anywhere else moves it.
+    while frame.f_back is not None and _in_stdlib(frame.f_code.co_filename):
+        frame = frame.f_back
     key: list[tuple[int, int]] = [(id(frame.f_code), -1)]
     frame, depth = frame.f_back, 1
     while frame is not None and depth < 64:
