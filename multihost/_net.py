@@ -66,15 +66,34 @@ def route_source(host: str, port: int = 0) -> str:
     )
 
 
+#: Ports tried before the kernel's own choice: below Linux's ephemeral range (32768 and up),
+#: which every outgoing connection of this machine draws from, so a port probed here is not
+#: taken by one a moment later (seen with two test workers: a coordinator's port gone).
+_CALM_PORTS = (20000, 32000)
+
+
+def _bindable(family: int, host: str, port: int) -> bool:
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = '127.0.0.1') -> int:
     """A TCP port that was free a moment ago on ``host``, an address of this machine.
 
     ``''``: every interface. Probed on the address the port will be listened
-    on, so a port free elsewhere but taken there is not chosen.
+    on, so a port free elsewhere but taken there is not chosen. A random port
+    below the ephemeral range first (also free on every interface: JAX's
+    coordinator listens on all of them), else one the kernel picks.
 
     Raises:
         OSError: ``host`` is not an address of this machine (the message says so).
     """
+    import random
+
     family = socket.AF_INET6 if ':' in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
@@ -85,4 +104,9 @@ def free_port(host: str = '127.0.0.1') -> int:
                 f'cannot bind a TCP port on {host!r} ({exc.strerror or exc}); '
                 f'pass an address of {socket.gethostname()} (or "" for every interface)',
             ) from None
-        return int(s.getsockname()[1])
+        fallback = int(s.getsockname()[1])
+    for _ in range(20):
+        port = random.randint(*_CALM_PORTS)
+        if _bindable(family, host, port) and _bindable(socket.AF_INET, '', port):
+            return port
+    return fallback
