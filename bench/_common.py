@@ -183,3 +183,22 @@ def run_flax_job(
     losses = [ln.split()[2] for ln in results[0][1].splitlines() if ln.startswith('LOSS ')]
     times = [max(p[s] for p in per) for s in range(2, steps)]  # 0 and 1 compile
     return {'times': times, 'losses': tuple(losses), 'records': found}
+
+
+def alternating_blocks(
+    modes: Sequence[str], blocks: int, run: Callable[[str], dict[str, Any]]
+) -> dict[str, list[dict[str, Any]]]:
+    """``run(mode)`` for every mode, ``blocks`` times, the order reversed every block (a
+    drift of the machine falls on every mode alike); each run's median and mean step printed
+    (``times`` in seconds). Returns each mode's runs, in order."""
+    got: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    for block in range(blocks):
+        for mode in modes if block % 2 == 0 else modes[::-1]:
+            one = run(mode)
+            got[mode].append(one)
+            print(
+                f'  block {block} {mode}: median step {statistics.median(one["times"]) * 1e3:.1f}'
+                f' ms, mean {statistics.mean(one["times"]) * 1e3:.1f} ms',
+                flush=True,
+            )
+    return got

@@ -55,20 +55,10 @@ def _run(mode: str, hosts: int, steps: int) -> dict[str, Any]:
 
 
 def measure(hosts: int, steps: int, blocks: int) -> dict[str, Any]:
-    pooled: dict[str, list[float]] = {m: [] for m in MODES}
-    losses: set[tuple[str, ...]] = set()
-    reports: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    for block in range(blocks):
-        for mode in MODES if block % 2 == 0 else MODES[::-1]:
-            got = _run(mode, hosts, steps)
-            pooled[mode] += got['times']
-            losses.add(got['losses'])
-            reports[mode] += got['reports']
-            print(
-                f'  block {block} {mode}: median step {statistics.median(got["times"]) * 1e3:.1f}'
-                f' ms, mean {statistics.mean(got["times"]) * 1e3:.1f} ms',
-                flush=True,
-            )
+    runs = _common.alternating_blocks(MODES, blocks, lambda m: _run(m, hosts, steps))
+    pooled = {m: [t for r in runs[m] for t in r['times']] for m in MODES}
+    losses = {r['losses'] for m in MODES for r in runs[m]}
+    reports = {m: [x for r in runs[m] for x in r['reports']] for m in MODES}
     out: dict[str, Any] = {'hosts': hosts, 'steps_per_run': steps - 2, 'blocks': blocks}
     for mode in MODES:
         ms = [t * 1e3 for t in pooled[mode]]

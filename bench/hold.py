@@ -46,20 +46,12 @@ def _launch(mode: str, tmp: str) -> list[str]:
 
 
 def measure(hosts: int, steps: int, blocks: int) -> dict[str, Any]:
-    pooled: dict[str, list[float]] = {m: [] for m in MODES}
-    block_medians: dict[str, list[float]] = {m: [] for m in MODES}
-    losses: set[tuple[str, ...]] = set()
-    for block in range(blocks):
-        for mode in MODES if block % 2 == 0 else MODES[::-1]:
-            got = _common.run_flax_job(lambda tmp, m=mode: _launch(m, tmp), hosts, steps)
-            pooled[mode] += got['times']
-            block_medians[mode].append(statistics.median(got['times']) * 1e3)
-            losses.add(got['losses'])
-            print(
-                f'  block {block} {mode}: median step {block_medians[mode][-1]:.1f} ms, mean '
-                f'{statistics.mean(got["times"]) * 1e3:.1f} ms',
-                flush=True,
-            )
+    runs = _common.alternating_blocks(
+        MODES, blocks, lambda m: _common.run_flax_job(lambda tmp: _launch(m, tmp), hosts, steps)
+    )
+    pooled = {m: [t for r in runs[m] for t in r['times']] for m in MODES}
+    block_medians = {m: [statistics.median(r['times']) * 1e3 for r in runs[m]] for m in MODES}
+    losses = {r['losses'] for m in MODES for r in runs[m]}
     out: dict[str, Any] = {'hosts': hosts, 'steps_per_run': steps - 2, 'blocks': blocks}
     for mode in MODES:
         ms = [t * 1e3 for t in pooled[mode]]
