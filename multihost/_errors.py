@@ -93,6 +93,8 @@ class BarrierTimeoutError(MultihostError, TimeoutError):
         positions: process index -> the last `CollectiveRecord` that host
             reached (its kind, name, sequence number and call site), for every
             host that published one.
+        label: what this host waited in, in words (``barrier('ckpt') #2``; empty
+            when not known).
     """
 
     def __init__(
@@ -103,8 +105,10 @@ class BarrierTimeoutError(MultihostError, TimeoutError):
         timeout: float,
         missing: Sequence[int],
         positions: Mapping[int, Any],
+        label: str = '',
     ):
         super().__init__(message)
+        self.label = label
         self.name = name
         self.timeout = timeout
         self.missing = sorted(missing)

@@ -98,13 +98,20 @@ def first_line(text: str, limit: int = 160) -> str:
 
 def failure_phrase(failure: dict[str, Any]) -> str:
     """``process 2 failed: ValueError('bad batch') at train.py:118`` (or ``process 2 exited
-    with code 3 at ...``, ``process 2 ended early (exit code 0) at ...``) from a failure's
-    fields (``by`` or ``early``, ``error``, ``message``, ``site``):
+    with code 3 at ...``, ``process 2 ended early (exit code 0) at ...``, ``process 1 timed
+    out after 10 s in barrier('ckpt') #2 waiting for process 2``) from a failure's fields
+    (``by`` or ``early``, ``error``, ``message``, ``site``; ``missing``, ``after``, ``label``):
     what every host logs and `analyze` says when one host failed."""
     if failure.get('early') is not None:  # it ended (code 0) while others waited for it
         site = failure.get('site')
         at = f' at {short_site(str(site))}' if site else ''
         return f'process {failure["early"]} ended early (exit code 0){at}'
+    if failure.get('missing'):  # a checked wait timed out: whom it waited for says more
+        return (
+            f'process {failure.get("by")} timed out after {float(failure.get("after") or 0):g} '
+            f's in {failure.get("label") or "a checked wait"} waiting for '
+            f'{fmt_hosts([int(p) for p in failure["missing"]])}'
+        )
     error, message = failure.get('error', 'an error'), first_line(failure.get('message', ''))
     if error == 'SystemExit':
         what = f'exited with code {message}'

@@ -126,12 +126,63 @@ def test_a_later_dump_keeps_the_one_written_at_another_hosts_request(tmp_path: A
         assert len(got.asked.stacks.threads) == 1  # the main thread's stack only
         assert any('test_analyze.py' in f[0] for f in got.asked.stacks.threads[0].frames)
         what, _ = _analyze.position(got)
-        assert 'when asked at' in what and 'then ended: process 0 failed' in what, what
+        assert 'when missed at' in what and 'never arrived: ended at' in what, what
+        assert what.endswith('process 0 failed'), what
         _dump.dump('exception', {'error': 'ValueError', 'message': 'x'})  # still kept
         assert _dumpfile.read_dirs([str(tmp_path)])[0].asked is not None
     finally:
         _dump.configure(None)
         _dump._state.last_doc, _dump._state.last_written = None, 0.0
+
+
+def test_a_host_the_others_timed_out_on_is_placed_when_missed_and_when_it_arrived() -> None:
+    """Processes 0-2 timed out in ``barrier('ckpt') #412`` waiting for process 3 (their
+    request found it in ``data.py:88``); it arrived 40 s later and its own wait timed out
+    there: analyze says where it was when missed and when it arrived, not that it waited."""
+    docs = [_dump_cases.at_timeout(p, 4) for p in range(3)]
+    late = _dump_cases.at_timeout(3, 4)
+    late['records'][-1][8] = _dump_cases.T0 + 540  # `time`: its own entry, 40 s after
+    when = _dump_cases.doc(500, 4)  # a host in user code (data.py:88), as process 3 was
+    when['front'].update(process=3)
+    late['asked'] = {
+        'trigger': {'what': 'request', 'time': _dump_cases.T0 + 500, 'details': {'by': 0}},
+        'front': when['front'],
+        'stacks': when['stacks'],
+    }
+    verdict = _analyze.analyze([_dumpfile.parse(d) for d in [*docs, late]])
+    text = str(verdict)
+    assert "processes 0-2 wait in barrier('ckpt') #412" in text, text
+    assert verdict.culprits == (3,) and verdict.straggler == 3, text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith('never arrived there: process 3')]
+    missed, arrived = _analyze._clock(_dump_cases.T0 + 500), _analyze._clock(_dump_cases.T0 + 540)
+    assert f'when missed at {missed}: in user code at data.py:88 in load' in line, line
+    assert line.endswith(f'arrived at {arrived} (40 s later)'), line
+    # Without the request's snapshot: it still did not wait with the others.
+    del late['asked']
+    text = str(_analyze.analyze([_dumpfile.parse(d) for d in [*docs, late]]))
+    assert f'process 3: arrived at {arrived}, after the others had given up' in text, text
+
+
+def test_a_timeout_that_ended_the_job_is_said_as_whom_it_waited_for() -> None:
+    """The fate order of a checked wait's timeout (``missing``, ``timeout``, ``label``): the
+    ended host's dump leads analyze with whom the first host waited for, and its own line
+    says the others timed out waiting for it; the failing host's dump is there."""
+    from multihost._text import failure_phrase
+
+    order = {'by': 1, 'error': 'BarrierTimeoutError', 'message': 'timed out after 10 s in ...',
+             'site': '/job/train.py:192', 'missing': [3], 'after': 10.0,
+             'label': "barrier('ckpt') #412"}  # fmt: skip
+    phrase = failure_phrase(order)
+    assert phrase == "process 1 timed out after 10 s in barrier('ckpt') #412 waiting for process 3"
+    docs = [_dump_cases.at_timeout(p, 4) for p in range(3)]
+    ended = _dump_cases.doc(500, 4)
+    ended.update(process=3)
+    where = 'in user code at data.py:88 in load'
+    ended['trigger'] = {'what': 'peer', 'time': _dump_cases.T0 + 501,
+                        'details': {**order, 'where': where}}  # fmt: skip
+    text = str(_analyze.analyze([_dumpfile.parse(d) for d in [*docs, ended]]))
+    assert text.splitlines()[0] == phrase, text  # the failing host dumped: nothing missing
+    assert 'ending because process 1 timed out waiting for it' in text, text
 
 
 def test_faulthandler_stacks_parse_and_a_signal_with_no_json_after_says_the_gil_was_held() -> None:

@@ -162,7 +162,7 @@ def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
     text = str(verdict)
     behind = next(ln for ln in text.splitlines() if ln.startswith('never arrived there'))
     assert 'process 2' in behind and 'time.sleep' in behind, text
-    assert ('when asked at' in behind) == (asked is not None), text
+    assert ('when missed at' in behind) == (asked is not None), text
     assert 'culprit: process 2' in text and "barrier('ckpt')" in text, text
     assert len(text.splitlines()) <= _analyze.MAX_LINES
     cli = _analyze_cli(j.dir)

@@ -129,7 +129,14 @@ def timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTime
         timeout=timeout,
         missing=missing,
         positions=where,
+        label=_label(rec),
     )
+
+
+def _label(rec: CollectiveRecord) -> str:
+    """``barrier('ckpt') #2``: the wait in words, as a flight record's label says it."""
+    what = f'{rec.kind}({rec.name!r})' if rec.name else rec.kind
+    return what if rec.lane.startswith('n:') else f'{what} #{rec.seq}'
 
 
 def mismatch_error(

@@ -128,7 +128,8 @@ def _cause(dumps: Sequence[Dump]) -> str:
     for d in dumps:
         if d.trigger == 'peer':
             early = d.details.get('early')
-            own = early is not None and early in {x.process for x in dumps}
+            source = early if early is not None else d.details.get('by')
+            own = source in {x.process for x in dumps}
             return failure_phrase(dict(d.details)) + ('' if own else ' (its own dump is missing)')
     return ''
 
@@ -158,12 +159,14 @@ def position(d: Dump) -> tuple[str, float | None]:
             because = f'process {d.details.get("lost")} was lost'
         elif d.details.get('early') is not None:
             because = f'process {d.details["early"]} ended early (exit code 0)'
+        elif d.process in (d.details.get('missing') or ()):
+            because = f'process {d.details.get("by")} timed out waiting for it'
         else:
             because = f'process {d.details.get("by")} failed'
         if d.asked is not None:  # the moment the others missed it, kept by this later dump
             then, since = position(d.asked)
-            at = _clock(d.asked.trigger_time)
-            return f'{then} when asked at {at}; then ended: {because}', since
+            at, ended = _clock(d.asked.trigger_time), _clock(d.trigger_time)
+            return f'when missed at {at}: {then}; never arrived: ended at {ended}, {because}', since
         return f'ending because {because}; it was {d.details["where"]}', None
     f = d.front
     if f.pending is not None and f.waiting is None:
@@ -179,6 +182,19 @@ def position(d: Dump) -> tuple[str, float | None]:
         return f.activity + brief, f.idle
     last = f' (last {f.last.label})' if f.last is not None else ''
     return f'in user code at {where or "?"}{last}{brief}', f.idle
+
+
+def _arrived_late(d: Dump, at: FlightRecord) -> str:
+    """``when missed at 07:02:11: in user code at train.py:93 in <module>, in time.sleep,
+    wedged (...); arrived at 07:02:51 (40 s later)`` for a host the others timed out
+    waiting for, whose own wait there timed out after it arrived."""
+    arrived = f'arrived at {_clock(at.time)}'
+    if d.asked is None:
+        return f'{arrived}, after the others had given up'
+    then, _ = position(d.asked)
+    missed = d.asked.trigger_time
+    late = f' ({fmt_duration(at.time - missed)} later)' if at.time >= missed else ''
+    return f'when missed at {_clock(missed)}: {then}; {arrived}{late}'
 
 
 def _at(d: Dump) -> tuple[FlightRecord | None, float]:
@@ -315,6 +331,47 @@ def native_lines(stacks: Sequence[NativeStacks], dumps: Sequence[Dump]) -> tuple
     return tuple(out)
 
 
+Placed = list[tuple[int, str, float | None]]
+
+
+def _placed(
+    dumps: Sequence[Dump], target: FlightRecord | None, said_missing: set[int]
+) -> tuple[Placed, Placed, Placed, dict[int, int]]:
+    """Each dumped host placed: (waiting at ``target``, behind it, elsewhere, and how far
+    behind: the sequence number of its last collective)."""
+    waiting_at: Placed = []
+    behind: Placed = []
+    elsewhere: Placed = []
+    lag: dict[int, int] = {}
+    for d in dumps:
+        f = d.front
+        at, waited = _at(d)
+        there = target is not None and at is not None and _key_of(at) == _key_of(target)
+        if there and d.process in said_missing and at is not None:
+            # The others gave up on it, and it came later: where it was when they missed it
+            # (kept from their dump request, when it got one) and when it arrived.
+            behind.append((d.process, _arrived_late(d, at), None))
+            lag[d.process] = at.seq - 1 if at.seq is not None else -1
+            continue
+        if there and target is not None:
+            waiting_at.append((d.process, target.label, waited))
+            continue
+        what, since = position(d)
+        last_seq = f.last_collective.seq if f.last_collective is not None else None
+        is_behind = target is not None and (
+            target.seq is None or last_seq is None or last_seq < target.seq
+        )
+        is_behind = is_behind or d.process in said_missing
+        if is_behind:
+            last = f'last at {f.last.label}' if f.last is not None else 'no recorded call yet'
+            now = '; ' if what.startswith('when missed at ') else ', now '
+            behind.append((d.process, f'{last}{now}{what}', since))
+            lag[d.process] = last_seq if last_seq is not None else -1
+        else:
+            elsewhere.append((d.process, what, since))
+    return waiting_at, behind, elsewhere, lag
+
+
 def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdict:
     """The verdict of ``dumps`` (one per process; `_dumpfile.read_dirs`) and of the
     faulthandler stacks (`_native.read_dirs`) when there are any."""
@@ -346,28 +403,7 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         if s.process in gone and s.by_watchdog:
             gone[s.process] = 'did not answer the dump request: it held the GIL'
     target = _target(dumps)
-    waiting_at: list[tuple[int, str, float | None]] = []
-    behind: list[tuple[int, str, float | None]] = []
-    elsewhere: list[tuple[int, str, float | None]] = []
-    lag: dict[int, int] = {}
-    for d in dumps:
-        f = d.front
-        at, waited = _at(d)
-        if target is not None and at is not None and _key_of(at) == _key_of(target):
-            waiting_at.append((d.process, target.label, waited))
-            continue
-        what, since = position(d)
-        last_seq = f.last_collective.seq if f.last_collective is not None else None
-        is_behind = target is not None and (
-            target.seq is None or last_seq is None or last_seq < target.seq
-        )
-        is_behind = is_behind or d.process in said_missing
-        if is_behind:
-            last = f'last at {f.last.label}' if f.last is not None else 'no recorded call yet'
-            behind.append((d.process, f'{last}, now {what}', since))
-            lag[d.process] = last_seq if last_seq is not None else -1
-        else:
-            elsewhere.append((d.process, what, since))
+    waiting_at, behind, elsewhere, lag = _placed(dumps, target, said_missing)
     for p in sorted(said_missing - set(dumped)):
         behind.append((p, 'no dump (the others timed out waiting for it)', None))
         lag.setdefault(p, -2)

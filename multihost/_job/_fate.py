@@ -461,7 +461,8 @@ def _ending(order: dict[str, Any], me: int) -> str:
     from multihost._job import _dump
 
     keys = ('lost', 'silent', 'lost_at', 'last') if lost else (
-        'by', 'error', 'message', 'site', 'function', 'code', 'early', 'waiting')  # fmt: skip
+        'by', 'error', 'message', 'site', 'function', 'code', 'early', 'waiting', 'missing',
+        'after', 'label')  # fmt: skip
     details = {k: order.get(k) for k in keys}
     _dump.dump('lost' if lost else 'peer', {**details, 'where': where, 'line': line})
     return where
@@ -536,7 +537,7 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
                 name = getattr(tp, '__name__', str(tp))
                 _hold.hold(f'{name}({str(value)!r})', site.rsplit('/', 1)[-1], tb)
             announced = _announce(code, getattr(tp, '__name__', str(tp)), str(value), site,
-                                  function)  # fmt: skip
+                                  function, _timed_out(value))  # fmt: skip
     finally:
         if not printed:
             (_state.prev_hook or sys.__excepthook__)(tp, value, tb)
@@ -600,9 +601,22 @@ def failed_exit(code: Any, tb: Any) -> None:
     _finish()
 
 
-def _announce(code: int, error: str, message: str, site: str, function: str) -> bool:
+def _timed_out(exc: Any) -> dict[str, Any]:
+    """A checked wait's timeout, in fields (``missing``, ``after``: its seconds, ``label``): the
+    others then say whom it waited for, not just the error (`failure_phrase`)."""
+    from multihost._errors import BarrierTimeoutError
+
+    if not isinstance(exc, BarrierTimeoutError) or not exc.missing:
+        return {}
+    return {'missing': list(exc.missing), 'after': exc.timeout, 'label': exc.label or exc.name}
+
+
+def _announce(
+    code: int, error: str, message: str, site: str, function: str, extra: Any = None
+) -> bool:
     """Tells every other host (on a thread of its own; `_finish` waits for it); whether
-    it did (armed, and the coordination service is there)."""
+    it did (armed, and the coordination service is there). ``extra``: more fields of
+    the failure (`_timed_out`)."""
     if not _state.armed:
         return False
     client = _kv.client()
@@ -616,6 +630,7 @@ def _announce(code: int, error: str, message: str, site: str, function: str) -> 
         'function': function,
         'code': code,
         'failed_at': time.time(),
+        **(extra or {}),
     }
 
     def tell() -> None:
