@@ -20,6 +20,12 @@ Two inputs a real job also reads from its environment:
   exists (at most 300 s); the others wait for it in orbax's barrier. With
   ``STALL_BEFORE_STEP=s`` it stalls so just before step s's ``train_step`` instead: the
   others wait inside that launch, in its device collective.
+  ``SPIN_HOST=q`` stalls process q at the same place, busy: it computes in Python (half
+  of each 0.1 s: a slow preprocessing step, a checkpoint read) until STALL_UNTIL exists.
+* ``GIL_HOST=p`` with ``GIL_S=s``: process p, before its first orbax save, sleeps s
+  seconds in a C call that keeps the GIL (libc's ``sleep`` through ``ctypes.PyDLL``, as a
+  C extension stuck in a long call does): no Python thread of it runs meanwhile.
+  A host that stalls so first creates ``STALL_UNTIL.stalled-<p>`` (tests wait for it).
 * ``RAISE_HOST=p`` with ``RAISE_STEP=s``: process p raises ``ValueError('bad batch')`` in
   user code just before step s's ``train_step`` (uncaught: the job's own handler below
   reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
@@ -97,6 +103,8 @@ def check_batch(step):
 
 
 STALL_BEFORE_STEP = int(os.environ.get('STALL_BEFORE_STEP', '-1'))
+SPIN_HOST = int(os.environ.get('SPIN_HOST', '-1'))
+GIL_HOST = int(os.environ.get('GIL_HOST', '-1'))
 DISK_FAIL_HOST = int(os.environ.get('DISK_FAIL_HOST', '-1'))
 
 
@@ -113,17 +121,32 @@ def break_the_disk():
 
 
 def stall(step, before_step=False):
-    """Process STALL_HOST sleeps before its first save (or before step STALL_BEFORE_STEP's
-    launch) until STALL_UNTIL exists (bounded)."""
-    if jax.process_index() != STALL_HOST:
-        return
+    """Process STALL_HOST sleeps (SPIN_HOST computes) before its first save (or before step
+    STALL_BEFORE_STEP's launch) until STALL_UNTIL exists (bounded); GIL_HOST holds the GIL."""
     if (before_step and step != STALL_BEFORE_STEP) or (
         not before_step and (step != 0 or STALL_BEFORE_STEP >= 0)
     ):
         return
+    me = jax.process_index()
+    if me in (STALL_HOST, SPIN_HOST, GIL_HOST) and os.environ.get('STALL_UNTIL'):
+        open(f'{os.environ["STALL_UNTIL"]}.stalled-{me}', 'w').close()  # for the tests
+    if me == GIL_HOST and not before_step:
+        import ctypes
+
+        print('holding the GIL', flush=True)
+        ctypes.PyDLL(None).sleep(int(os.environ['GIL_S']))  # the GIL stays held
+        return
+    if me not in (STALL_HOST, SPIN_HOST):
+        return
     deadline = time.monotonic() + 300.0
     while not os.path.exists(os.environ['STALL_UNTIL']) and time.monotonic() < deadline:
-        time.sleep(0.1)
+        if me == SPIN_HOST:
+            busy_until = time.perf_counter() + 0.05
+            while time.perf_counter() < busy_until:
+                sum(i * i for i in range(1000))
+            time.sleep(0.05)
+        else:
+            time.sleep(0.1)
 
 
 def batch_for(mesh, step):

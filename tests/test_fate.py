@@ -149,18 +149,35 @@ def test_a_host_ending_early_with_code_0_ends_the_hosts_waiting_for_it(tmp_path:
 
 
 def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path: Any) -> None:
-    """Item 2: process 2 stalls just before its step-2 ``train_step``; the others are inside
-    that launch (not done on device) and record nothing more. With ``MULTIHOST_HANG_DUMP_S=5``
-    their watchdog dumps for the hang and asks every host, process 2 included, to dump."""
+    """Item 2: process 2 stalls (sleeping) just before its step-2 ``train_step``, process 3
+    there too but busy computing; the others are inside that launch (not done on device) and
+    record nothing more. Attached meanwhile, the wavefront gives process 3 a high CPU share
+    and process 2 a low one (issue 30, 5). With ``MULTIHOST_HANG_DUMP_S=5`` their watchdog
+    dumps for the hang and asks every host, process 2 included, to dump."""
+    import mhnotebook
     from multihost._job import _dumpfile
 
     go = os.path.join(str(tmp_path), 'go')
     ckpt, dumps = os.path.join(str(tmp_path), 'ckpt'), os.path.join(str(tmp_path), 'dumps')
+    control = os.path.join(str(tmp_path), 'control.json')
     env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', STALL_HOST='2', STALL_UNTIL=go,
-                              STALL_BEFORE_STEP='2', MULTIHOST_HANG_DUMP_S='5')  # fmt: skip
-    command = ['-m', 'multihost', 'run', '--dump-dir', dumps, JOB]
+                              SPIN_HOST='3', STALL_BEFORE_STEP='2',
+                              MULTIHOST_HANG_DUMP_S='5')  # fmt: skip
+    command = ['-m', 'multihost', 'run', '--dump-dir', dumps, '--control-file', control, JOB]
     with _jobs.start(N, command, env, cwd=str(tmp_path)) as job:
         deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+            os.path.exists(f'{go}.stalled-{p}') for p in (2, 3)
+        ):
+            time.sleep(0.3)
+        pulses: dict[int, Any] = {}
+        with mhnotebook.attach(control, timeout=20.0) as attached:
+            while time.monotonic() < deadline:  # a full sampling window into the stall
+                hosts = attached.wavefront(timeout=15.0).hosts
+                pulses = {h.process: h.pulse for h in hosts}
+                if pulses[2] is not None and pulses[2].state == 'wedged' and pulses[3]:
+                    break
+                time.sleep(1.0)
         found: list[Any] = []
         while time.monotonic() < deadline:
             if os.path.isdir(dumps) and len(glob.glob(os.path.join(dumps, '*.json'))) == N:
@@ -171,6 +188,11 @@ def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path
             time.sleep(0.5)
         open(go, 'w').close()  # let process 2 go on: the job ends normally
         results = job.finish(120.0)
+    # Busy or wedged, attached: a share of a core (two test workers may share the
+    # machine's two) for the host computing half of each 0.1 s; none for the sleeper.
+    spin, sleeper = pulses[3], pulses[2]
+    assert spin is not None and spin.cpu > 15 and spin.state == 'progressing', spin
+    assert sleeper is not None and sleeper.cpu < 5 and sleeper.state == 'wedged', sleeper
     by = {d.process: d for d in found}
     assert sorted(by) == list(range(N)), [(d.process, d.trigger) for d in found]
     hung = [p for p, d in by.items() if d.trigger == 'hang']

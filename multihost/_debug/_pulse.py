@@ -17,7 +17,7 @@ import sys
 import sysconfig
 import threading
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from multihost._exchange import _bus
 from multihost._models._pulse import Pulse
@@ -72,9 +72,26 @@ def _in_stdlib(filename: str) -> bool:
     )
 
 
+#: Code objects of the toolkit's own signal handlers (`_triggers`): a stack taken while one
+#: runs on a thread shows where the program was, the frame below it.
+SIGNAL_HANDLERS: set[object] = set()
+
+
+def below_handlers(frame: Any) -> Any:
+    """``frame`` without the toolkit's signal handlers at its innermost end."""
+    while frame is not None and frame.f_code in SIGNAL_HANDLERS:
+        frame = frame.f_back
+    return frame
+
+
+def main_frame() -> Any:
+    """The main thread's innermost frame (below a handler of ours), or None."""
+    main = threading.main_thread().ident
+    return below_handlers(sys._current_frames().get(main)) if main is not None else None
+
+
 def _stack_signature() -> int | None:
-    main = threading.main_thread()
-    frame = sys._current_frames().get(main.ident) if main.ident is not None else None
+    frame = main_frame()
     if frame is None:
         return None
     # Python's own library at the innermost end left out (a poll loop calls

@@ -112,7 +112,7 @@ def capture(process: int | None = None) -> HostStacks:
     for ident, frame in sys._current_frames().items():
         if ident == me and threading.get_ident() == me:
             continue  # the debug thread answering this request
-        summary = traceback.extract_stack(frame)[-MAX_FRAMES:]
+        summary = traceback.extract_stack(_pulse.below_handlers(frame))[-MAX_FRAMES:]
         frames = tuple((f.filename, f.lineno or 0, f.name, f.line or '') for f in summary)
         t = by_ident.get(ident)
         threads.append(

@@ -48,11 +48,10 @@ from multihost._recorder import FlightRecord
 
 def _main_stack() -> tuple[Any, ...] | None:
     """The main thread's frames (file, line, function, source), outermost first, or None."""
-    import sys
     import traceback
 
     main = threading.main_thread().ident
-    frame = sys._current_frames().get(main) if main is not None else None
+    frame = _pulse.main_frame()
     if frame is None:
         return None
     frames = tuple(

@@ -117,11 +117,12 @@ def _raised(d: Dump) -> str:
     return f'raised {error}({message!r}){site}'
 
 
-def _cause(dumps: Sequence[Dump]) -> str:
+def _cause(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> str:
     """The first failure: an exception dump (earliest), else what the ``peer`` dumps say."""
     lost = [d for d in dumps if d.trigger == 'lost' and d.details.get('lost') is not None]
     if lost:
-        return _lost_line(lost[0].details, {d.process for d in dumps})
+        held = {s.process: s for s in stacks if s.by_watchdog}
+        return _lost_line(lost[0].details, {d.process for d in dumps}, held)
     raised = sorted((d for d in dumps if _raised(d)), key=lambda d: d.trigger_time)
     if raised:
         return f'process {raised[0].process} {_raised(raised[0])}'
@@ -134,11 +135,18 @@ def _cause(dumps: Sequence[Dump]) -> str:
     return ''
 
 
-def _lost_line(details: Any, dumped: set[int]) -> str:
+def _lost_line(details: Any, dumped: set[int], held: dict[int, NativeStacks] | None = None) -> str:
     """``process 2 was lost at 07:02:11 (no dump: killed or its machine gone); last seen at
-    train_step call #5 at train.py:120`` from a survivor's ``lost`` dump."""
+    train_step call #5 at train.py:120`` from a survivor's ``lost`` dump. A host whose GIL
+    watchdog wrote its stacks (``held``) was alive, its Python stopped: said so."""
     p = details.get('lost')
     at = time.strftime('%H:%M:%S', time.localtime(float(details.get('lost_at') or 0)))
+    if held and p in held:
+        return (
+            f'process {p} was taken for lost at {at} (no liveness stamp for '
+            f'{details.get("silent")} s): it was alive but held the GIL, no Python of it ran '
+            f'({os.path.basename(held[p].path)})'
+        )
     why = 'no dump: killed or its machine gone' if p not in dumped else 'its last stamp'
     last = f'; last seen at {details["last"]}' if details.get('last') else ''
     return f'process {p} was lost at {at} ({why}){last}'
@@ -270,6 +278,7 @@ def _grouped(items: Iterable[tuple[int, str, float | None]]) -> tuple[Group, ...
 
 
 MAX_NATIVE_LINES = 4
+LEADER_LOST = 'process 0 (the coordination service) was lost'
 
 
 def native_lines(stacks: Sequence[NativeStacks], dumps: Sequence[Dump]) -> tuple[str, ...]:
@@ -293,6 +302,11 @@ def native_lines(stacks: Sequence[NativeStacks], dumps: Sequence[Dump]) -> tuple
         d = by.get(s.process)
         if s.fatal and (d is None or d.written <= s.written):
             fatal[(s.fatal, site)].append(s)
+            if s.by_watchdog:  # it held the GIL before the fatal error
+                held.append(
+                    f'process {s.process} held the GIL (no Python ran for {s.hang:g} s) at '
+                    f'{site} until it was ended ({os.path.basename(s.path)})'
+                )
             continue
         late = None if d is None else d.written - s.written
         if not s.by_watchdog and late is not None and late < 1.0:
@@ -314,7 +328,7 @@ def native_lines(stacks: Sequence[NativeStacks], dumps: Sequence[Dump]) -> tuple
     if aborted and leader_left_nothing:
         at = _clock(min(s.written for s in ended if s.fatal == 'Aborted'))
         out.append(
-            f'process 0 (the coordination service) was lost at about {at} (no dump): JAX '
+            f'{LEADER_LOST} at about {at} (no dump): JAX '
             f'aborted {fmt_hosts(aborted)} then (a lost service ends every host at once)'
         )
     for (what, site), group in sorted(fatal.items(), key=lambda kv: -len(kv[1])):
@@ -408,10 +422,16 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         behind.append((p, 'no dump (the others timed out waiting for it)', None))
         lag.setdefault(p, -2)
     if target is not None and not behind:  # the hosts without a dump are not where the rest are
+        held = {s.process for s in stacks if s.by_watchdog}
         for p in missing:
             why = f'gone ({gone[p]})' if p in gone else 'no dump'
+            why = 'held the GIL (no dump; its stacks from C)' if p in held else why
             behind.append((p, why, None))
             lag.setdefault(p, -2)
+    native = native_lines(stacks, dumps)
+    cause = _cause(dumps, stacks)
+    if cause and 'CoordinatorUnreachableError' in cause and native and LEADER_LOST in native[0]:
+        cause = ''  # a consequence: the lost service leads (the error stays in its host's line)
     waiting = _grouped(waiting_at)
     straggler, why = None, ''
     if lag:
@@ -432,8 +452,8 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         elsewhere=_grouped(elsewhere),
         straggler=straggler,
         straggler_why=why,
-        cause=_cause(dumps),
-        native=native_lines(stacks, dumps),
+        cause=cause,
+        native=native,
         audit=audit_lines(dumps),
     )
 

@@ -44,6 +44,7 @@ import traceback
 from typing import Any
 
 from multihost import _jax_adapter, _recorder
+from multihost._debug import _pulse
 from multihost._exchange import _kv, _sequence
 from multihost._job import _dump, _native
 
@@ -183,6 +184,10 @@ def _wire_signal() -> None:
 def _on_signal(signum: int, frame: Any) -> None:
     if not _w.watcher_reads:
         _dump.dump('signal', {'signal': signal.Signals(signum).name})
+
+
+# A stack taken while this handler runs on the main thread shows the frame below it.
+_pulse.SIGNAL_HANDLERS.add(_on_signal.__code__)
 
 
 def _watch_fd(fd: int) -> None:
