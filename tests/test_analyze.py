@@ -182,7 +182,7 @@ def test_a_timeout_that_ended_the_job_is_said_as_whom_it_waited_for() -> None:
                         'details': {**order, 'where': where}}  # fmt: skip
     text = str(_analyze.analyze([_dumpfile.parse(d) for d in [*docs, ended]]))
     assert text.splitlines()[0] == phrase, text  # the failing host dumped: nothing missing
-    assert 'ending because process 1 timed out waiting for it' in text, text
+    assert 'in time.sleep; then ended: process 1 timed out waiting for it' in text, text
 
 
 def test_faulthandler_stacks_parse_and_a_signal_with_no_json_after_says_the_gil_was_held() -> None:

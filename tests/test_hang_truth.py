@@ -122,11 +122,15 @@ def test_a_late_host_is_placed_where_it_was_when_the_others_timed_out(run: Any) 
     assert lines[3].startswith(f'processes 0-1 wait in {BARRIER} at ') and lines[3].endswith(
         '(for 10 s)'
     ), lines
+    # Where it was when the others' dump request reached it (or, when their order to end
+    # came first, at that moment), and that it never arrived.
+    stall = (r'in user code at _flax_job\.py:\d+ in stall, in time\.sleep, (wedged|progressing) '
+             r'\([^)]*\)')  # fmt: skip
     assert re.fullmatch(
-        rf'never arrived there: process 2: last at train_step call #0; when missed at {CLOCK}: '
-        r'in user code at _flax_job\.py:\d+ in stall, in time\.sleep, (wedged|progressing) '
-        rf'\([^)]*\); never arrived: ended at {CLOCK}, process [01] timed out waiting for it'
-        r' \(for \d+ s\)',
+        r'never arrived there: process 2: last at train_step call #0'
+        rf'(; when missed at {CLOCK}: {stall}; never arrived: ended at {CLOCK}, '
+        rf'|, now {stall}; then ended: )'
+        r'process [01] timed out waiting for it \(for \d+ s\)',
         lines[4],
     ), lines[4]
     assert lines[5].startswith('straggler: process 2 (furthest behind'), lines

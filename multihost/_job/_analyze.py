@@ -175,7 +175,13 @@ def position(d: Dump) -> tuple[str, float | None]:
             then, since = position(d.asked)
             at, ended = _clock(d.asked.trigger_time), _clock(d.trigger_time)
             return f'when missed at {at}: {then}; never arrived: ended at {ended}, {because}', since
-        return f'ending because {because}; it was {d.details["where"]}', None
+        # Its front at that moment (what it was doing, busy or wedged), then why it ended.
+        then, since = _front_position(d)
+        return f'{then}; then ended: {because}', since
+    return _front_position(d)
+
+
+def _front_position(d: Dump) -> tuple[str, float | None]:
     f = d.front
     if f.pending is not None and f.waiting is None:
         return (
