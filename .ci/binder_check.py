@@ -22,7 +22,9 @@ with this repository, and does that:
    own folder (tutorials matching ``EXEMPT`` would be skipped; none is);
 5. the memory of every process started for 4 (server, kernel, simulated hosts,
    the cluster's helpers: the whole container on Binder) is sampled every
-   0.2 s; the check fails when the peak passes ``LIMIT``.
+   0.2 s; the check fails when the peak passes ``LIMIT``. Tutorials run two at a
+   time (``PARALLEL``), each with its own marker: a peak is the server's memory
+   with one tutorial's, as on Binder where one runs at a time.
 
 Memory is the sum of PSS (shared pages split between the processes that map
 them: a container's memory counts them once); the sum of RSS (shared pages
@@ -36,6 +38,7 @@ CI splits it in two (``--build-only`` while the tests run, ``--run-built`` after
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import fnmatch
 import getpass
 import json
@@ -61,6 +64,7 @@ WORK = ROOT / 'build' / 'binder'
 EXEMPT: tuple[str, ...] = ()
 LIMIT = 2 * 10**9  # mybinder.org's memory limit (2G)
 MARKER = 'MH_BINDER_CHECK'  # in the environment of every process this check starts
+PARALLEL = 2  # tutorials run at once (each in its own kernel; memory is counted per tutorial)
 # Conda packages of the base environment whose pip name differs, or that are not pip's.
 PIP_NAMES = {
     'brotli-python': 'brotli',
@@ -236,38 +240,55 @@ def _field(path: str, key: str) -> int:
     return 0
 
 
-def ours(token: str) -> list[int]:
-    """Every process whose environment carries this check's marker."""
-    needle = f'{MARKER}={token}'.encode()
-    pids = []
+def marked(prefix: str) -> dict[str, list[int]]:
+    """Marker value -> the processes whose environment carries it (values starting with
+    ``prefix``: this run's)."""
+    needle = f'{MARKER}={prefix}'.encode()
+    out: dict[str, list[int]] = {}
     for entry in os.scandir('/proc'):
         if entry.name.isdigit():
             try:
                 with open(f'/proc/{entry.name}/environ', 'rb') as f:
-                    if needle in f.read().split(b'\0'):
-                        pids.append(int(entry.name))
+                    found = [v for v in f.read().split(b'\0') if v.startswith(needle)]
             except OSError:
                 continue
-    return pids
+            if found:
+                value = found[0].decode().split('=', 1)[1]
+                out.setdefault(value, []).append(int(entry.name))
+    return out
+
+
+def ours(token: str) -> list[int]:
+    """Every process this run started (its marker value starts with ``token``)."""
+    return [p for pids in marked(token).values() for p in pids]
 
 
 class Sampler(threading.Thread):
-    """Samples the summed PSS and RSS of the marked processes; keeps the peaks."""
+    """Samples the summed PSS and RSS of the marked processes and keeps the peaks of what one
+    Binder user runs at a time: the server (marker ``token``) with one tutorial (marker
+    ``token-<name>``: its kernel, simulated hosts and helpers). Tutorials run two at a time
+    here; each is measured with the server, as when it runs alone."""
 
     def __init__(self, token: str, interval: float = 0.2):
         super().__init__(daemon=True)
         self.token, self.interval = token, interval
         self.peak_pss = self.peak_rss = self.peak_procs = 0
+        self.peak_of = ''  # the tutorial at the peak
         self.samples = 0
         self.stop_event = threading.Event()
 
     def run(self) -> None:
         while not self.stop_event.wait(self.interval):
-            pids = ours(self.token)
-            pss = sum(_field(f'/proc/{p}/smaps_rollup', 'Pss:') for p in pids)
-            rss = sum(_field(f'/proc/{p}/status', 'VmRSS:') for p in pids)
-            self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
-            self.peak_procs = max(self.peak_procs, len(pids))
+            groups = marked(self.token)
+            server = groups.pop(self.token, [])
+            for name, pids in (groups or {'': []}).items():
+                every = server + pids
+                pss = sum(_field(f'/proc/{p}/smaps_rollup', 'Pss:') for p in every)
+                rss = sum(_field(f'/proc/{p}/status', 'VmRSS:') for p in every)
+                if pss > self.peak_pss:
+                    self.peak_pss, self.peak_of = pss, name[len(self.token) + 1 :]
+                self.peak_rss = max(self.peak_rss, rss)
+                self.peak_procs = max(self.peak_procs, len(every))
             self.samples += 1
 
     def stop(self) -> None:
@@ -411,14 +432,23 @@ def check(args: argparse.Namespace) -> None:
     lab = start_lab(env_dir, repo, run_env, plan['start_script'])
     try:
         run_start = time.monotonic()
-        log(f'executing {", ".join(p.name for p in notebooks)} (exempt: {exempt or "none"})')
-        subprocess.run(
-            [str(env_dir / 'bin' / 'python'), __file__, '--execute', *map(str, notebooks)],
-            cwd=repo,
-            env=run_env,
-            check=True,
-            timeout=args.timeout,
-        )
+        log(f'executing {", ".join(p.name for p in notebooks)} (exempt: {exempt or "none"}), '
+            f'{PARALLEL} at a time')  # fmt: skip
+
+        def execute_one(path: Path) -> None:
+            env = {**run_env, MARKER: f'{token}-{path.stem}'}
+            left = max(10.0, args.timeout - (time.monotonic() - run_start))
+            subprocess.run(
+                [str(env_dir / 'bin' / 'python'), __file__, '--execute', str(path)],
+                cwd=repo,
+                env=env,
+                check=True,
+                timeout=left,
+            )
+
+        with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
+            for done in [pool.submit(execute_one, p) for p in notebooks]:
+                done.result()  # the first failure fails the check (the rest still finish)
         ran = time.monotonic() - run_start
     finally:
         lab.send_signal(signal.SIGTERM)
@@ -437,8 +467,8 @@ def check(args: argparse.Namespace) -> None:
         f'this run took {time.monotonic() - start:.0f} s'
     )
     log(
-        f'peak memory of the server, the kernel and the simulated hosts '
-        f'({sampler.peak_procs} processes, {sampler.samples} samples): '
+        f'peak memory of the server with one tutorial ({sampler.peak_of}: its kernel and '
+        f'simulated hosts; {sampler.peak_procs} processes, {sampler.samples} samples): '
         f'{sampler.peak_pss / 1e9:.2f} GB PSS ({sampler.peak_rss / 1e9:.2f} GB summed RSS); '
         f'limit {LIMIT / 1e9:.1f} GB'
     )

@@ -9,9 +9,6 @@
 - ``clean``: a few barriers, exits 0;
 - ``late``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``ckpt``, the others
   wait there (a timeout, or a kill of that process, is the test's to make);
-- ``gil``: as ``late``, but process ``LATE`` sleeps in a C call that keeps the GIL
-  (libc's ``sleep`` through ``ctypes.PyDLL``, which does not release it): no Python
-  thread of that process runs meanwhile;
 - ``busy``: before the barrier ``ckpt``, process ``SPIN`` spins the CPU in Python and
   process ``LATE`` sleeps, ``SLEEP`` s each; the others wait there.
 """
@@ -64,15 +61,6 @@ elif mode == 'late':
     if pid == int(os.environ['LATE']):
         time.sleep(float(os.environ['SLEEP']))
     multihost_utils.sync_global_devices('ckpt')
-elif mode == 'gil':
-    multihost_utils.sync_global_devices('before')
-    if pid == int(os.environ['LATE']):
-        import ctypes
-
-        print('holding the GIL', flush=True)
-        ctypes.PyDLL(None).sleep(int(os.environ['SLEEP']))  # the GIL stays held
-    multihost_utils.sync_global_devices('ckpt')
-    time.sleep(2)  # the job goes on (its dump signal's JSON dump is written meanwhile)
 elif mode == 'busy':
     multihost_utils.sync_global_devices('before')
     end = time.time() + float(os.environ['SLEEP'])

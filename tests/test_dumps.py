@@ -22,7 +22,7 @@ from typing import Any
 import _jobs
 import pytest
 
-from multihost._job import _analyze, _dumpfile, _native
+from multihost._job import _analyze, _dumpfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -167,96 +167,6 @@ def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
     assert len(text.splitlines()) <= _analyze.MAX_LINES
     cli = _analyze_cli(j.dir)
     assert cli.returncode == 0 and 'culprit: process 2' in cli.stdout, cli
-
-
-def test_a_host_holding_the_gil_writes_its_stacks_from_c_and_analyze_says_so(job: Any) -> None:
-    """Process 1 sleeps in a C call that keeps the GIL: no Python of it runs (issue 30, 4).
-
-    Its faulthandler watchdog writes every stack after the hang limit, while process 0's
-    dump request goes unanswered; the dump signal writes them at once (and ends the
-    sleep: libc's sleep returns on a signal); the JSON dump follows; analyze says where
-    it held the GIL.
-    """
-    j = job(2, '--timeout', '60', MODE='gil', LATE='1', SLEEP='40', MULTIHOST_HANG_DUMP_S='3')
-    j.wait_started()
-    line = j.procs[1].stdout.readline()  # bounded by the fixture's kill
-    assert line.strip() == 'holding the GIL', line
-    held = time.monotonic()
-    stacks = os.path.join(j.dir, 'process-1.stacks.txt')
-
-    def main_block() -> Any:
-        return next((g for g in _native.read_dirs([j.dir]) if g.process == 1), None)
-
-    deadline = held + 9
-    while time.monotonic() < deadline and not (main_block() and main_block().by_watchdog):
-        time.sleep(0.2)
-    first = main_block()
-    assert first is not None and first.by_watchdog, (
-        open(stacks).read() if os.path.exists(stacks) else (os.listdir(j.dir), j.finish())
-    )
-    assert first.frames[0][0].endswith('_dump_job.py') and first.frames[0][2] == '<module>', first
-    # Process 0's hang watchdog asks it for its dump: no answer within the request's timeout.
-    deadline = held + 25
-    gone: dict[int, str] = {}
-    while time.monotonic() < deadline and not gone:
-        time.sleep(0.3)
-        if os.path.exists(os.path.join(j.dir, 'process-0.json')):
-            gone = dict(_dumpfile.read(os.path.join(j.dir, 'process-0.json')).gone)
-    assert 1 in gone and 'did not answer' in gone[1], gone
-    assert not os.path.exists(os.path.join(j.dir, 'process-1.json'))  # no Python ran
-    written = os.path.getmtime(stacks)
-    j.procs[1].send_signal(signal.SIGUSR1)  # the dump signal: written from C at once
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and os.path.getmtime(stacks) == written:
-        time.sleep(0.1)
-    assert os.path.getmtime(stacks) > written, 'the dump signal wrote nothing'
-    results = j.finish()
-    assert [rc for rc, _, _ in results] == [0, 0], [e[-2000:] for _, _, e in results]
-    dumps = _dumpfile.read_dirs([j.dir])
-    by = {d.process: d for d in dumps}
-    assert by[0].trigger == 'hang' and by[1].trigger == 'signal', dumps  # the GIL came back
-    verdict = _analyze.analyze(dumps, _native.read_dirs([j.dir]))
-    text = str(verdict)
-    gil = [ln for ln in text.splitlines() if ln.startswith('process 1 held the GIL')]
-    assert len(gil) == 1 and gil[0].startswith('process 1 held the GIL (no Python ran for 3 s)')
-    assert '_dump_job.py:' in gil[0] and 'in <module>' in gil[0], text
-    assert 'process-1.stacks.txt' in gil[0] and 'its JSON dump followed' in gil[0], text
-    cli = _analyze_cli(j.dir)
-    assert cli.returncode == 0 and gil[0] in cli.stdout, cli
-    assert 'process 1: did not answer the dump request: it held the GIL' in cli.stdout, cli
-    import mhnotebook
-
-    assert gil[0] in repr(mhnotebook.postmortem(j.dir))
-
-
-def test_when_process_0_dies_jax_aborts_the_others_and_their_stacks_say_so(job: Any) -> None:
-    """SIGKILL of process 0 (the coordination service): JAX aborts every other host at once,
-    before any Python can run (issue 30, 3). faulthandler writes each one's stacks from C;
-    the exit status stays JAX's (SIGABRT); analyze says process 0 was lost."""
-    j = job(3, MODE='loop', STEPS='100000')
-    j.wait_started()
-    time.sleep(1.0)
-    j.procs[0].kill()
-    t0 = time.monotonic()
-    results = j.finish()
-    assert time.monotonic() - t0 < 30
-    assert [rc for rc, _, _ in results] == [-9, -6, -6], [e[-1500:] for _, _, e in results]
-    stacks = _native.read_dirs([j.dir])
-    assert [(s.process, s.fatal) for s in stacks] == [(1, 'Aborted'), (2, 'Aborted')], stacks
-    assert all(any(f[0].endswith('_dump_job.py') for f in s.frames) for s in stacks), stacks
-    assert _dumpfile.read_dirs([j.dir]) == []  # no Python ran: no JSON dump
-    cli = _analyze_cli(j.dir)
-    lines = cli.stdout.splitlines()
-    assert cli.returncode == 0 and lines[0].startswith(
-        'process 0 (the coordination service) was lost at about '
-    ), cli
-    assert 'JAX aborted processes 1-2 then' in lines[0], cli.stdout
-    assert lines[1].startswith('processes 1-2 were ended by a fatal error (Aborted) at '), lines
-    assert 'main thread at _dump_job.py:' in lines[1], lines
-    assert 'no dump from processes 0-2' in cli.stdout, cli.stdout
-    import mhnotebook
-
-    assert lines[0] in repr(mhnotebook.postmortem(j.dir))
 
 
 def test_busy_told_from_wedged_in_the_dumps_and_analyze(job: Any) -> None:

@@ -187,6 +187,9 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c(run: Any) -> None:
         assert 'in stall' in behind and 'multihost' not in behind, behind
     else:
         assert waits.startswith(f'processes 0-2 wait in {BARRIER} at '), lines
+    import mhnotebook
+
+    assert lines[0] in repr(mhnotebook.postmortem(r.dumps))
 
 
 def test_when_process_0_dies_the_others_stacks_are_written_from_c(run: Any) -> None:
@@ -230,3 +233,6 @@ def test_when_process_0_dies_the_others_stacks_are_written_from_c(run: Any) -> N
             'no dump from processes 0, 2',
         ], lines
         assert lines[5].startswith('process 1: raised CoordinatorUnreachableError('), lines
+    import mhnotebook
+
+    assert lines[0] in repr(mhnotebook.postmortem(r.dumps))
