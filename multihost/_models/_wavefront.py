@@ -252,8 +252,16 @@ def _position(h: HostFront) -> str:
     if h.waiting is not None:
         return f'{last}, waiting at its check for {fmt_duration(h.waiting_for)}' + _also(h)
     if h.activity:
-        return f'{last}, now {h.activity}' + _also(h)
-    return last + (f', now at {_display_site(h.where)}' if h.where else '') + _also(h)
+        return f'{last}, now {h.activity}' + _brief(h) + _also(h)
+    return last + (f', now at {_display_site(h.where)}' if h.where else '') + _brief(h) + _also(h)
+
+
+def _brief(h: HostFront) -> str:
+    """``, wedged (no CPU, stack unchanged)``: busy or wedged in the verdict, for a host not
+    waiting for the others (no figures: hosts in a group share the words)."""
+    if h.pulse is None or h.activity_kind in WAITING_KINDS:
+        return ''
+    return f', {h.pulse.brief}'
 
 
 def _pulse_words(h: HostFront) -> str:
