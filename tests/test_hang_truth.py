@@ -142,7 +142,9 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c(run: Any) -> None:
     watchdog writes every stack from C after the hang limit; process 0's hang watchdog
     asks it for its dump (no answer); the dump signal writes its stacks at once (and ends
     the sleep: libc's sleep returns on a signal), its JSON dump follows, the job ends."""
-    r = run(GIL_HOST='1', GIL_S='60', MULTIHOST_HANG_DUMP_S='4')
+    # JAX's heartbeat timeout at 200 s: the others take a host whose liveness stamps stop
+    # for a quarter of it (50 s) for lost, far beyond this test's signal (~15 s in).
+    r = run(GIL_HOST='1', GIL_S='60', MULTIHOST_HANG_DUMP_S='4', HEARTBEAT_S='200')
     r.stalled(1)
     stacks = os.path.join(r.dumps, 'process-1.stacks.txt')
 
