@@ -28,6 +28,7 @@ from multihost._job._fate import EXIT_PEER_FAILED
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, '_flax_job.py')
 N = 4
+LOCAL = '1'  # CPU devices per process: one compiles in a third less time than two
 
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
 
@@ -36,8 +37,8 @@ def _run(tmp: str, **env: str) -> tuple[list[tuple[int, str, str]], float, str]:
     """(per process: exit code, stdout, stderr; when the last one ended; the dump folder)."""
     ckpt, dumps = os.path.join(tmp, 'ckpt'), os.path.join(tmp, 'dumps')
     command = ['-m', 'multihost', 'run', '--dump-dir', dumps, JOB]
-    with _jobs.start(N, command, _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', **env),
-                     cwd=tmp) as job:  # fmt: skip
+    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', LOCAL_DEVICES=LOCAL, **env)
+    with _jobs.start(N, command, env, cwd=tmp) as job:
         results = job.finish(150.0)  # bounded: the job is killed after it, whatever happened
     return results, time.time(), dumps
 
@@ -160,7 +161,8 @@ def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path
     go = os.path.join(str(tmp_path), 'go')
     ckpt, dumps = os.path.join(str(tmp_path), 'ckpt'), os.path.join(str(tmp_path), 'dumps')
     control = os.path.join(str(tmp_path), 'control.json')
-    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', STALL_HOST='2', STALL_UNTIL=go,
+    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', LOCAL_DEVICES=LOCAL, STALL_HOST='2',
+                              STALL_UNTIL=go,
                               SPIN_HOST='3', STALL_BEFORE_STEP='2',
                               MULTIHOST_HANG_DUMP_S='5')  # fmt: skip
     command = ['-m', 'multihost', 'run', '--dump-dir', dumps, '--control-file', control, JOB]
@@ -217,7 +219,8 @@ def test_sys_exit_3_under_a_plain_install_ends_every_host(tmp_path: Any) -> None
     the installed ``sys.exit`` notes the code; once the script has unwound, before the
     interpreter's teardown, process 2 tells the others and ends with 3."""
     ckpt = os.path.join(str(tmp_path), 'ckpt')
-    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', EXIT_HOST='2', RAISE_STEP='1',
+    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', LOCAL_DEVICES=LOCAL, EXIT_HOST='2',
+                              RAISE_STEP='1',
                               MULTIHOST_INSTALL='1')  # fmt: skip
     t0 = time.monotonic()
     with _jobs.start(N, [JOB], env, cwd=str(tmp_path)) as job:

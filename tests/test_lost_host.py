@@ -37,7 +37,8 @@ def _run_and_kill(tmp: str, ready: str, waiters: tuple[int, ...], **env: str) ->
     still runs at the end is killed with its process group)."""
     ckpt, dumps = os.path.join(tmp, 'ckpt'), os.path.join(tmp, 'dumps')
     command = [sys.executable, '-m', 'multihost', 'run', '--dump-dir', dumps, JOB]
-    environ = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', HEARTBEAT_S=str(HEARTBEAT_S),
+    environ = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', LOCAL_DEVICES='1',
+                                  HEARTBEAT_S=str(HEARTBEAT_S),
                                   STALL_UNTIL=os.path.join(tmp, 'never'), **env)  # fmt: skip
     out = [os.path.join(tmp, f'out-{p}.txt') for p in range(N)]
     err = [os.path.join(tmp, f'err-{p}.txt') for p in range(N)]

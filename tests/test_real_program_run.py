@@ -7,7 +7,7 @@ coordinator address, process count and index in environment variables,
 once as ``python -m multihost run _flax_job.py``, and once with ``--check-jit``
 and one host feeding a batch of another shape.
 
-Two processes x 2 CPU devices, not four: one run of four takes ~50 s on this
+Two processes x 1 CPU device, not four: one run of four takes ~50 s on this
 2-core machine (each process compiles the step and writes checkpoints), so
 three runs would not fit the ~120 s budget; two take ~22 s each. Every wait
 is bounded; every process is killed if anything fails.
@@ -46,7 +46,9 @@ def launch(tmp: str, *command: str, **extra: str) -> list[dict[str, Any]]:
     """The job in `N` plain processes: per process its return code, stdout, stderr, records."""
     ckpt, records = os.path.join(tmp, 'ckpt'), os.path.join(tmp, 'records')
     os.makedirs(records)
-    env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, JOB_RECORDS=records, STEPS='6', **extra)
+    env = _jobs.scheduler_env(
+        N, CKPT_DIR=ckpt, JOB_RECORDS=records, STEPS='6', LOCAL_DEVICES='1', **extra
+    )
     with _jobs.start(N, [*command, JOB], env, cwd=tmp) as job:
         outs = []
         for pid, (rc, stdout, stderr) in enumerate(job.finish(TIMEOUT)):
