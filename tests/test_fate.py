@@ -212,6 +212,12 @@ def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path
     (late,) = [ln for ln in text.splitlines() if 'process 2' in ln and 'time.sleep' in ln]
     assert 'in stall' in late and '_flax_job.py:' in late, text
     assert 'inside train_step call #2' in text, text
+    # The launch they are inside is the target: the hosts that never made that call are
+    # the culprits, the busy one said progressing.
+    assert 'culprit: processes 2-3' in text and late.startswith('never launched it: process 2:')
+    assert 'processes 0-1 are inside train_step call #2 at ' in text, text
+    (busy,) = [ln for ln in text.splitlines() if ln.startswith('never launched it: process 3:')]
+    assert 'progressing (busy CPU)' in busy, text
 
 
 def test_sys_exit_3_under_a_plain_install_ends_every_host(tmp_path: Any) -> None:

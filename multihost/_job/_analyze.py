@@ -52,6 +52,9 @@ class Verdict:
         gone: process -> why another host's dump says it is gone.
         triggers: trigger -> the processes that dumped for it.
         target: where the leading hosts wait (the record label), or empty.
+        in_launch: the target is a jitted launch the leading hosts are inside, not done
+            on device (no checked collective waits): a host that never made that call
+            is behind.
         waiting: the hosts waiting at ``target``.
         behind: hosts that never arrived at ``target``, grouped by where they are.
         mismatches: for a mismatch: each distinct call and who made it.
@@ -80,6 +83,7 @@ class Verdict:
     straggler: int | None = None
     straggler_why: str = ''
     cause: str = ''
+    in_launch: bool = False
     native: tuple[str, ...] = ()
     audit: tuple[str, ...] = ()
 
@@ -258,6 +262,48 @@ def _target(dumps: Sequence[Dump]) -> FlightRecord | None:
     return recs[best]
 
 
+def _launch_target(dumps: Sequence[Dump]) -> FlightRecord | None:
+    """The furthest launch hosts are inside (not done on device), when no host waits at a
+    check: the hosts stuck in a jitted step's device collective."""
+    pending = [d.front.pending for d in dumps if d.front.pending is not None and _at(d)[0] is None]
+    if not pending:
+        return None
+    return max(pending, key=lambda r: (r.call, r.name))
+
+
+def _calls_of(d: Dump, name: str) -> int:
+    """The last call number of launch ``name`` on ``d``'s main thread (-1: none recorded)."""
+    calls = [r.call for r in d.records if r.kind == 'launch' and r.name == name and not r.thread]
+    if d.front.pending is not None and d.front.pending.name == name:
+        calls.append(d.front.pending.call)
+    return max(calls, default=-1)
+
+
+def _placed_in_launch(
+    dumps: Sequence[Dump], target: FlightRecord
+) -> tuple[Placed, Placed, Placed, dict[int, int]]:
+    """`_placed` for a launch target: inside it, never made that call, elsewhere."""
+    inside: Placed = []
+    behind: Placed = []
+    elsewhere: Placed = []
+    lag: dict[int, int] = {}
+    for d in dumps:
+        f = d.front
+        if f.pending is not None and (f.pending.name, f.pending.call) == (target.name, target.call):
+            inside.append((d.process, target.label, f.pending_age))
+            continue
+        what, since = position(d)
+        call = _calls_of(d, target.name)
+        if call < target.call:
+            last = f'last at {f.last.label}' if f.last is not None else 'no recorded call yet'
+            now = '; ' if what.startswith('when missed at ') else ', now '
+            behind.append((d.process, f'{last}{now}{what}', since))
+            lag[d.process] = call
+        else:
+            elsewhere.append((d.process, what, since))
+    return inside, behind, elsewhere, lag
+
+
 def _mismatch_groups(dumps: Sequence[Dump]) -> tuple[Group, ...]:
     """From the mismatch triggers' details: each distinct call (describe) and its processes."""
     calls: dict[str, set[int]] = collections.defaultdict(set)
@@ -423,7 +469,12 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         if s.process in gone and s.by_watchdog:
             gone[s.process] = 'did not answer the dump request: it held the GIL'
     target = _target(dumps)
-    waiting_at, behind, elsewhere, lag = _placed(dumps, target, said_missing)
+    launch = _launch_target(dumps) if target is None else None
+    if launch is not None:
+        target = launch
+        waiting_at, behind, elsewhere, lag = _placed_in_launch(dumps, launch)
+    else:
+        waiting_at, behind, elsewhere, lag = _placed(dumps, target, said_missing)
     for p in sorted(said_missing - set(dumped)):
         behind.append((p, 'no dump (the others timed out waiting for it)', None))
         lag.setdefault(p, -2)
@@ -442,8 +493,9 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
     straggler, why = None, ''
     if lag:
         straggler = min(lag, key=lambda p: (lag[p], p))
+        unit = f'call of {launch.name}' if launch is not None else 'collective'
         why = 'furthest behind' + (
-            f' (its last collective #{lag[straggler]})' if lag[straggler] >= 0 else ''
+            f' (its last {unit} #{lag[straggler]})' if lag[straggler] >= 0 else ''
         )
     return Verdict(
         num_processes=n,
@@ -459,6 +511,7 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         straggler=straggler,
         straggler_why=why,
         cause=cause,
+        in_launch=launch is not None,
         native=native,
         audit=audit_lines(dumps),
     )
@@ -509,12 +562,19 @@ def format_verdict(v: Verdict) -> list[str]:
         lines.append(f'gone, say the others: {fmt_hosts(ps)}: {reason}')
     if v.culprits:
         lines.append(f'culprit: {fmt_hosts(v.culprits)}')
-    if v.waiting is not None:
+    if v.waiting is not None and v.in_launch:
+        are = 'is' if len(v.waiting.processes) == 1 else 'are'
+        lines.append(
+            f'{fmt_hosts(v.waiting.processes)} {are} inside {v.target} (not done on device)'
+            f'{_since(v.waiting)}'
+        )
+    elif v.waiting is not None:
         lines.append(f'{fmt_hosts(v.waiting.processes)} wait in {v.target}{_since(v.waiting)}')
     elif v.target:
         lines.append(f'the furthest hosts are in {v.target}')
     if v.behind:
-        lines += _groups_lines('never arrived there: ', v.behind, MAX_GROUPS)
+        head = 'never launched it: ' if v.in_launch else 'never arrived there: '
+        lines += _groups_lines(head, v.behind, MAX_GROUPS)
     if v.mismatches:
         lines.append("mismatch, each side's call:")
         lines += _groups_lines('  ', v.mismatches, 4)
