@@ -295,9 +295,7 @@ def _placed_in_launch(
         what, since = position(d)
         call = _calls_of(d, target.name)
         if call < target.call:
-            last = f'last at {f.last.label}' if f.last is not None else 'no recorded call yet'
-            now = '; ' if what.startswith('when missed at ') else ', now '
-            behind.append((d.process, f'{last}{now}{what}', since))
+            behind.append((d.process, _behind_words(f, what), since))
             lag[d.process] = call
         else:
             elsewhere.append((d.process, what, since))
@@ -400,6 +398,13 @@ def native_lines(stacks: Sequence[NativeStacks], dumps: Sequence[Dump]) -> tuple
 Placed = list[tuple[int, str, float | None]]
 
 
+def _behind_words(f: HostFront, what: str) -> str:
+    """``last at barrier('data') #411, now <what>`` for a host behind the target."""
+    last = f'last at {f.last.label}' if f.last is not None else 'no recorded call yet'
+    now = '; ' if what.startswith('when missed at ') else ', now '
+    return f'{last}{now}{what}'
+
+
 def _placed(
     dumps: Sequence[Dump], target: FlightRecord | None, said_missing: set[int]
 ) -> tuple[Placed, Placed, Placed, dict[int, int]]:
@@ -429,9 +434,7 @@ def _placed(
         )
         is_behind = is_behind or d.process in said_missing
         if is_behind:
-            last = f'last at {f.last.label}' if f.last is not None else 'no recorded call yet'
-            now = '; ' if what.startswith('when missed at ') else ', now '
-            behind.append((d.process, f'{last}{now}{what}', since))
+            behind.append((d.process, _behind_words(f, what), since))
             lag[d.process] = last_seq if last_seq is not None else -1
         else:
             elsewhere.append((d.process, what, since))
