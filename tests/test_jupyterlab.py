@@ -35,6 +35,11 @@ from _browser import (
 
 from multihost.local import free_port
 
+try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+except ImportError:  # the tests skip without it (need_chromium)
+    PlaywrightTimeout = TimeoutError  # type: ignore[assignment,misc]
+
 pytestmark = [pytest.mark.browser, pytest.mark.cluster]
 
 #: Console messages that are JupyterLab's own, not ours (its news feed and extension
@@ -113,6 +118,27 @@ def _ours(text: str) -> bool:
     return not any(noise.lower() in text.lower() for noise in _NOT_OURS)
 
 
+def _dismiss_dialogs(page, seen: list[str]) -> None:
+    """Closes every JupyterLab dialog showing (a kernel choice, a build notice, ...): its
+    default button, else Escape; a dialog can open after the page looked settled, and one
+    left open swallows every click."""
+    for _ in range(5):
+        shown = page.locator('.jp-Dialog')
+        if shown.count() == 0:
+            return
+        dialog = shown.first
+        try:
+            seen.append(' '.join(dialog.inner_text(timeout=2_000).split())[:200])
+            accept = dialog.locator('.jp-mod-accept')
+            if accept.count():
+                accept.first.click(timeout=5_000)  # e.g. "Select Kernel": take the default
+            else:
+                page.keyboard.press('Escape')
+        except PlaywrightTimeout:
+            page.keyboard.press('Escape')
+        page.wait_for_timeout(500)
+
+
 def test_quickstart_in_jupyterlab(jupyterlab):
     """Run All in JupyterLab: widgets render, block click, Step/Continue, no console errors."""
     url, log_path = jupyterlab
@@ -128,19 +154,19 @@ def test_quickstart_in_jupyterlab(jupyterlab):
         # "Run All" until the first cell has started: a click that lands while the
         # kernel is still settling (or under a dialog) can be lost.
         started = page.locator('.jp-CodeCell .jp-InputPrompt', has_text=re.compile(r'\[(\*|\d+)\]'))
-        for attempt in range(3):
-            for dialog in page.locator('.jp-Dialog .jp-mod-accept').all():
-                dialog.click()  # e.g. "Select Kernel": take the default
-            page.locator('.lm-MenuBar-item', has_text='Run').first.click()
-            page.locator('.lm-Menu-item', has_text='Run All Cells').first.click()
+        dialogs: list[str] = []  # the text of every dialog met on the way (in the error)
+        for attempt in range(4):
+            _dismiss_dialogs(page, dialogs)
             try:
+                page.locator('.lm-MenuBar-item', has_text='Run').first.click(timeout=10_000)
+                page.locator('.lm-Menu-item', has_text='Run All Cells').first.click(timeout=10_000)
                 wait_for(lambda: started.count() > 0, 30, 'the first cell to start', page)
                 break
-            except AssertionError:
+            except (AssertionError, PlaywrightTimeout) as exc:
                 page.keyboard.press('Escape')  # close a menu left open
-                if attempt == 2:
+                if attempt == 3:
                     page.screenshot(path=str(log_path.with_name('lab-not-started.png')))
-                    raise
+                    raise AssertionError(f'Run All did not start; dialogs met: {dialogs}') from exc
         try:
             page.wait_for_selector('.mh-stepper', timeout=400_000)
         except Exception:

@@ -100,6 +100,9 @@ class _State:
         self.exit_call: tuple[Any, Any] | None = None  # (code, frame) of a sys.exit call
         self.end_site = ''  # where this host's program ended (SystemExit 0), when known
         self.done = False  # its liveness key says done: the watcher stamps no more
+        # Held while writing this host's liveness key: a stamp built before `_done` must not
+        # land after its ``done`` (the host would look silent, then lost).
+        self.stamp_lock = threading.Lock()
         self.leaving = False  # an ended host is leaving (`_leave_ended`)
         self.sys_exit: Any = None  # Python's sys.exit, while patched
 
@@ -256,7 +259,9 @@ def _stamp(client: Any, me: int, n: int) -> None:
     label, waited = _cross_wait()
     if label:
         stamp['wait'], stamp['in'] = round(waited, 1), label
-    _kv.put(client, _kv.key('alive', me), json.dumps(stamp))
+    with _state.stamp_lock:
+        if not _state.done:  # `_done` came meanwhile: its key stays
+            _kv.put(client, _kv.key('alive', me), json.dumps(stamp))
 
 
 def _done_info(raw: str) -> dict[str, Any]:
@@ -453,6 +458,8 @@ def _ending(order: dict[str, Any], me: int) -> str:
         where = f'somewhere unknown ({exc})'
     lost = order.get('lost') is not None
     what = lost_phrase(order) if lost else failure_phrase(order)
+    if lost and order.get('lost') == me:  # alive, but its stamps did not reach process 0
+        what = what.replace(f'process {me} lost', f'this host (process {me}) was taken for lost', 1)
     line = (
         f'multihost: {what}; this host (process {me}) was {where}; '
         f'ending (exit code {EXIT_PEER_FAILED})'
@@ -662,16 +669,17 @@ def _done(code: int = 0, fate: bool = False) -> None:
     client = _kv.client()
     if client is None or not _state.watching:
         return
-    _state.done = True
     info: dict[str, Any] = {'code': code, 'at': time.time()}
     if _state.end_site:
         info['site'] = _state.end_site
     if fate or _state.failed is not None or _state.ending:
         info['fate'] = True
-    try:
-        _kv.put(client, _kv.key('alive', _kv.process_index()), 'done' + json.dumps(info))
-    except Exception:
-        pass
+    with _state.stamp_lock:
+        _state.done = True
+        try:
+            _kv.put(client, _kv.key('alive', _kv.process_index()), 'done' + json.dumps(info))
+        except Exception:
+            pass
 
 
 def _finish() -> None:
