@@ -21,8 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _same_values import VALUES  # noqa: E402
 
 exec(VALUES)  # x, tree (and their helpers) at the top level, as in the session's engines
-if jax.process_index() == 3:
-    raise ValueError('bad batch')
 from jax.experimental import multihost_utils  # noqa: E402
 
+# Every host has made x and tree before process 3 fails (a host still inside VALUES'
+# collective would hold there, before x exists): the others hold at the next barrier.
+multihost_utils.sync_global_devices('the values are made')
+if jax.process_index() == 3:
+    raise ValueError('bad batch')
 multihost_utils.sync_global_devices('after the values')
