@@ -12,7 +12,10 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = 'python3 -m venv .venv && . .venv/bin/activate && pip install -e . && mhnotebook demo'
-TESTS = "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[test]' && pytest"
+TESTS = (
+    'python3 -m venv .venv && . .venv/bin/activate && '
+    "pip install uv && uv pip install -e '.[test]' && pytest"
+)
 
 
 def _read(*path: str) -> str:
@@ -29,7 +32,8 @@ def test_the_readme_is_short_and_says_both_commands_exactly():
     assert not readme.splitlines()[2].startswith('[!['), 'no badge before the first words'
     # CI runs the README's test command: the same install and the same pytest.
     ci = _read('.ci', 'run')
-    assert "pip install -q -e '.[test]'" in ci and 'pytest "${@:2}"' in ci
+    assert "pip install -q uv && uv pip install -q -e '.[test]'" in ci
+    assert 'pytest "${@:2}"' in ci
 
 
 def test_every_relative_link_of_the_front_pages_leads_to_a_file():
