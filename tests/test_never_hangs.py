@@ -216,7 +216,7 @@ def _interrupted_wait() -> dict:
         out = dict(error='KeyboardInterrupt')
     except multihost.CollectiveInterruptedError as exc:
         out = dict(error=type(exc).__name__, by=exc.by)
-    out['elapsed'] = time.monotonic() - t0
+    out['elapsed'], out['ended'] = time.monotonic() - t0, time.time()
     multihost.barrier('after interrupt', timeout=30)  # lines up again
     return out
 
@@ -226,14 +226,22 @@ def test_an_interrupt_stops_the_wait_and_every_host_hears_of_it(mp_cluster):
     cluster = mp_cluster.get()
     import threading
 
-    threading.Timer(1.5, cluster.signal, (1, signal.SIGINT)).start()
+    sent: list[float] = []
+
+    def interrupt() -> None:
+        sent.append(time.time())
+        cluster.signal(1, signal.SIGINT)
+
+    threading.Timer(1.5, interrupt).start()
     results = mp_cluster.run(_interrupted_wait, timeout=60, bracket=False)
     assert results[1]['error'] == 'KeyboardInterrupt', results
-    assert results[1]['elapsed'] < 2.5, results  # 1.5 s until the signal + at most one slice
+    # Times from the signal (same machine, one clock), not from each host's start: a loaded
+    # machine starts the hosts' waits late, the bounds are about the signal's effect.
+    assert results[1]['ended'] - sent[0] < 1.5, (sent, results)  # at most one slice
     for pid in (0, 2):
         assert results[pid]['error'] == 'CollectiveInterruptedError', results
         assert results[pid]['by'] == 1
-        assert results[pid]['elapsed'] < 3.0, results
+        assert results[pid]['ended'] - results[1]['ended'] < 1.5, results  # heard at once
     assert results[3]['error'] == 'CollectiveInterruptedError', results  # late: told at once
 
 

@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = 'python3 -m venv .venv && . .venv/bin/activate && pip install -e . && mhnotebook demo'
 TESTS = (
     'python3 -m venv .venv && . .venv/bin/activate && '
-    "pip install uv && uv pip install -e '.[test]' && pytest"
+    "pip install uv && uv pip install --compile-bytecode -e '.[test]' && pytest"
 )
 
 
@@ -32,7 +32,7 @@ def test_the_readme_is_short_and_says_both_commands_exactly():
     assert not readme.splitlines()[2].startswith('[!['), 'no badge before the first words'
     # CI runs the README's test command: the same install and the same pytest.
     ci = _read('.ci', 'run')
-    assert "pip install -q uv && uv pip install -q -e '.[test]'" in ci
+    assert "pip install -q uv && uv pip install -q --compile-bytecode -e '.[test]'" in ci
     assert 'pytest "${@:2}"' in ci
 
 
