@@ -97,7 +97,8 @@ class Forget:
         self._client = client
         self._read: list[Any] = []  # AsyncResults the toolkit is done with
         self._hub: list[str] = []  # msg_ids dropped from the client, not yet from the hub
-        self._telling: threading.Thread | None = None
+        self._lock = threading.Lock()  # the batch below, shared with the telling thread
+        self._telling = False  # a thread is telling the hub
 
     def retire(self, results: Iterable[Any]) -> None:
         """``results`` (AsyncResults) were read: forget them at the next `purge`."""
@@ -121,17 +122,23 @@ class Forget:
             return
         gone = set(ids)
         client.history[:] = [m for m in client.history if m not in gone]
-        self._hub.extend(ids)
-        del self._hub[:-_KEEP]
-        if len(self._hub) >= _HUB_BATCH and (self._telling is None or not self._telling.is_alive()):
-            batch, self._hub = self._hub, []
-            self._telling = threading.Thread(
-                target=self._tell_hub, args=(batch,), name='mhnotebook-purge', daemon=True
-            )
-            self._telling.start()
+        with self._lock:
+            self._hub.extend(ids)
+            del self._hub[:-_KEEP]
+            if len(self._hub) < _HUB_BATCH or self._telling:
+                return  # a telling thread already running takes these too
+            self._telling = True
+        threading.Thread(target=self._tell_hub, name='mhnotebook-purge', daemon=True).start()
 
-    def _tell_hub(self, ids: list[str]) -> None:
-        try:
-            self._client.purge_hub_results(jobs=ids)
-        except Exception:  # the hub still counts one as pending, or is gone: it culls its own
-            pass
+    def _tell_hub(self) -> None:
+        """Tells the hub every full batch, including those that came while it was telling."""
+        while True:
+            with self._lock:
+                if len(self._hub) < _HUB_BATCH:
+                    self._telling = False
+                    return
+                batch, self._hub = self._hub, []
+            try:
+                self._client.purge_hub_results(jobs=batch)
+            except Exception:  # the hub still counts one as pending, or is gone: it culls its own
+                pass

@@ -182,11 +182,13 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c(run: Any) -> None:
         lines
     ), lines
     # Its JSON dump is written once the GIL came back: it was still in its stall (not in
-    # the dump signal's own handler), or already in the barrier with the others.
+    # the dump signal's own handler), on its way to the barrier (in orbax's save, before
+    # it), or already in the barrier with the others.
     (waits,) = [ln for ln in lines if ' wait in ' in ln]
     if waits.startswith(f'processes 0, 2 wait in {BARRIER} at '):
         (behind,) = [ln for ln in lines if ln.startswith('never arrived there: process 1')]
-        assert 'in stall' in behind and 'multihost' not in behind, behind
+        assert 'in stall' in behind or '(via save), called from _flax_job.py' in behind, behind
+        assert not re.search(r'(^|[ /])multihost/_', behind), behind  # no toolkit frame
     else:
         assert waits.startswith(f'processes 0-2 wait in {BARRIER} at '), lines
     import mhnotebook
