@@ -230,41 +230,6 @@ def pytest_configure(config):
 
     if hasattr(config, 'workerinput'):
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    _share_jax_compile_cache(config)
-
-
-def _share_jax_compile_cache(config):
-    """One JAX persistent compilation cache for every process the test session starts.
-
-    The suite launches the same flax program in plain processes about forty times
-    (`_flax_job.py`); each process compiles its ``init`` and ``train_step`` (3-10 s of
-    CPU). JAX's cache (`JAX_COMPILATION_CACHE_DIR`, as a real job sets it) is written by
-    process 0 only and keyed by each process's devices, so process 0 compiles a program
-    once per session and the other processes compile as before: a 3-process job took
-    31 -> 23 s of CPU. A fresh directory per session (the controller makes it, xdist's
-    workers and every process they start inherit it; removed at the end), eviction on so
-    that JAX reads and writes it under a file lock (two jobs' process 0 may write one entry
-    at once). A developer's own ``JAX_COMPILATION_CACHE_DIR`` is kept;
-    ``MH_TESTS_COMPILE_CACHE=0`` turns it off."""
-    import tempfile
-
-    if os.environ.get('MH_TESTS_COMPILE_CACHE', '1') == '0':
-        return
-    if os.environ.get('MH_TESTS_COMPILE_CACHE_DIR') or os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-        return  # a worker (the controller's, inherited), or the developer's own
-    path = tempfile.mkdtemp(prefix='mh-tests-jax-cache-')
-    os.environ['MH_TESTS_COMPILE_CACHE_DIR'] = path
-    os.environ['JAX_COMPILATION_CACHE_DIR'] = path
-    os.environ['JAX_COMPILATION_CACHE_MAX_SIZE'] = str(4 << 30)  # eviction on: the file lock
-    config._mh_compile_cache = path
-
-
-def pytest_unconfigure(config):
-    import shutil
-
-    path = getattr(config, '_mh_compile_cache', None)
-    if path is not None:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_sessionfinish(session):
