@@ -155,6 +155,9 @@ def test_a_cells_output_leaves_out_the_collectives_librarys_connection_chatter(s
         ' lambda i: np.arange(2.0)[i])\n'
         '    print("sum", float(jax.jit(jnp.sum, out_shardings=NamedSharding(pair, P()))(v)))\n'
         'print("[Gloo] my own line")\n'
+        # Gloo writes on fd 1 from C; ipykernel's pipe reader forwards that to the cell on a
+        # thread of its own, which a loaded machine may not run before the cell ends.
+        'import time; time.sleep(1.0)\n'
     )
     capsys.readouterr()
     pending = session.execute_async(code)
