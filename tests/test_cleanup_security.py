@@ -327,6 +327,34 @@ def test_simulated_hosts_of_multihost_listen_on_loopback_only():
     assert not any(wide.values()), f'listening beyond loopback: {wide}'
 
 
+def test_a_stray_peer_on_the_harness_listener_neither_stalls_nor_joins_the_cluster():
+    """LocalCluster's listener is on an ephemeral port that a leftover peer may still dial (an
+    ipyparallel engine reconnecting to its dead controller): a peer that connects and says
+    nothing, and one that speaks another protocol, are dropped; the processes start."""
+    from multihost.local import LocalCluster
+
+    strays: list[socket.socket] = []
+
+    class WithStrays(LocalCluster):
+        def _accept_all(self, authkey: bytes) -> None:
+            assert self._listener is not None
+            for greeting in (b'', b'\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f'):  # ZMTP's
+                peer = socket.create_connection(self._listener.address, timeout=10)
+                peer.sendall(greeting)
+                strays.append(peer)
+            super()._accept_all(authkey)
+
+    start = time.monotonic()
+    try:
+        with WithStrays(n=2, devices_per_process=1) as cluster:
+            pids = cluster.run(_worker_pid)
+    finally:
+        for peer in strays:
+            peer.close()
+    assert len(set(pids)) == 2 and os.getpid() not in pids, pids
+    assert time.monotonic() - start < 60  # the silent peer held nobody up
+
+
 KERNEL_CONNECT = """
     import json, time
     import mhnotebook

@@ -19,18 +19,43 @@ import dataclasses
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from multiprocessing.connection import Connection, Listener, wait
+from multiprocessing.connection import (
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+    wait,
+)
 from typing import Any, cast
 
 from multihost._net import free_port
 
 __all__ = ['ClusterError', 'LocalCluster']
+
+
+#: Seconds a connection to the cluster's listener has to authenticate and say its index.
+_HANDSHAKE_S = 20.0
+
+
+def _shut_down(conn: Connection) -> None:
+    """Ends a read blocked on ``conn``'s socket (another thread's), by shutting the socket down."""
+    try:
+        sock = socket.socket(fileno=os.dup(conn.fileno()))
+    except OSError:  # closed already
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
 
 
 class ClusterError(RuntimeError):
@@ -136,7 +161,9 @@ class LocalCluster:
         if self._workers:
             raise RuntimeError('LocalCluster already started; call stop() first.')
         authkey = secrets.token_bytes(16)
-        self._listener = Listener(('127.0.0.1', 0), authkey=authkey)
+        # No authkey here: `_accept_all` authenticates each connection on a thread of its own,
+        # with a deadline, so a stray peer cannot hold the others up (see there).
+        self._listener = Listener(('127.0.0.1', 0))
         host, port = self._listener.address
         coordinator = f'127.0.0.1:{free_port()}'
         env = {**os.environ, **self.env, 'PYTHONUNBUFFERED': '1'}
@@ -177,19 +204,56 @@ class LocalCluster:
         return self
 
     def _accept_all(self, authkey: bytes) -> None:
+        """Takes one authenticated connection from each process, each saying its index.
+
+        The listener's port is an ephemeral one, which the kernel may have handed out before:
+        a leftover peer of an earlier cluster (an ipyparallel engine reconnecting to its dead
+        controller, say) can connect to it and then say nothing, or something else.
+        `Listener.accept` would authenticate it on the accepting thread without a deadline,
+        and every process behind it would wait for ever (seen in CI: a cluster of 8 whose
+        last processes never got to `jax.distributed.initialize`). Each connection is
+        authenticated on a thread of its own, within `_HANDSHAKE_S`, and dropped otherwise.
+        """
         listener = self._listener
         if listener is None:
             raise RuntimeError('LocalCluster: no listener to accept processes on (not started)')
-        conns: list[Connection] = []
+        taken: dict[int, Connection] = {}
+        dropped: list[str] = []
+        lock = threading.Lock()
         done = threading.Event()
 
-        def accept() -> None:
+        def admit(conn: Connection) -> None:
+            # A peer that does not answer in time is cut off: shutting the socket down ends
+            # the read this thread is blocked in (closing the fd alone would not).
+            cut = threading.Timer(_HANDSHAKE_S, _shut_down, args=(conn,))
+            cut.start()
             try:
-                while len(conns) < self.n:
-                    conns.append(listener.accept())
-            except OSError:
-                pass
-            done.set()
+                deliver_challenge(conn, authkey)
+                answer_challenge(conn, authkey)
+                index = conn.recv()
+            except Exception as exc:  # noqa: BLE001  (any failure: not one of ours)
+                conn.close()
+                with lock:
+                    dropped.append(type(exc).__name__)
+                return
+            finally:
+                cut.cancel()
+            with lock:
+                if not isinstance(index, int) or not 0 <= index < self.n or index in taken:
+                    conn.close()
+                    dropped.append(f'index {index!r}')
+                    return
+                taken[index] = conn
+                if len(taken) == self.n:
+                    done.set()
+
+        def accept() -> None:
+            while not done.is_set():
+                try:
+                    conn = listener.accept()
+                except OSError:  # closed: started, or given up
+                    return
+                threading.Thread(target=admit, args=(conn,), daemon=True).start()
 
         threading.Thread(target=accept, daemon=True).start()
         deadline = time.monotonic() + self.start_timeout
@@ -197,19 +261,23 @@ class LocalCluster:
             dead = [w.index for w in self._workers if w.proc.poll() is not None]
             if dead or time.monotonic() > deadline:
                 listener.close()
-                why = (
-                    f'process(es) {dead} exited'
-                    if dead
-                    else f'not every process connected within {self.start_timeout:g} s'
-                )
+                with lock:
+                    why = (
+                        f'process(es) {dead} exited'
+                        if dead
+                        else f'not every process connected within {self.start_timeout:g} s'
+                    )
+                    why += f' ({len(taken)} of {self.n} connected'
+                    if dropped:
+                        why += f'; dropped {len(dropped)} other connection(s): {dropped}'
+                    why += ')'
                 raise ClusterError(
                     f'LocalCluster failed to start: {why}.\n' + self._format_logs(),
                     errors={},
                     missing=dead,
                     logs=self.logs(),
                 )
-        for conn in conns:
-            index = conn.recv()
+        for index, conn in taken.items():
             self._workers[index].conn = conn
 
     def stop(self) -> None:
