@@ -162,8 +162,10 @@ class LocalCluster:
             raise RuntimeError('LocalCluster already started; call stop() first.')
         authkey = secrets.token_bytes(16)
         # No authkey here: `_accept_all` authenticates each connection on a thread of its own,
-        # with a deadline, so a stray peer cannot hold the others up (see there).
-        self._listener = Listener(('127.0.0.1', 0))
+        # with a deadline, so a stray peer cannot hold the others up (see there). A backlog for
+        # every process: with Listener's default (1), the SYNs of processes connecting at once
+        # are dropped and retried by TCP after 1, 3, 7, 15... s.
+        self._listener = Listener(('127.0.0.1', 0), backlog=self.n + 8)
         host, port = self._listener.address
         coordinator = f'127.0.0.1:{free_port()}'
         env = {**os.environ, **self.env, 'PYTHONUNBUFFERED': '1'}
