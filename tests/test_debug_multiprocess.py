@@ -262,7 +262,12 @@ def test_unreleased_step_times_out_on_every_host():
         assert time.monotonic() - t0 < 15
     finally:
         os.environ['MULTIHOST_STEP_TIMEOUT'] = '60'
+    # Stepping goes off once every host has timed out: a host that came to the gate late
+    # would otherwise be let through by stepping off, into a barrier the others had left.
+    _signal(f'test/step3/timed-out/{jax.process_index()}')
     if jax.process_index() == 0:
+        for p in HOSTS:
+            _await_signal(f'test/step3/timed-out/{p}')
         assert multihost.set_stepping(False, timeout=20) == HOSTS
     wait_until(lambda: not multihost.stepping_enabled(), 20, 'stepping off')
     multihost.barrier('step3-end')  # every host skipped the same step: still aligned
