@@ -19,7 +19,6 @@ import dataclasses
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from multiprocessing.connection import (
 )
 from typing import Any, cast
 
+from multihost._debug._control import _set_io_timeout
 from multihost._net import free_port
 
 __all__ = ['ClusterError', 'LocalCluster']
@@ -42,20 +42,6 @@ __all__ = ['ClusterError', 'LocalCluster']
 
 #: Seconds a connection to the cluster's listener has to authenticate and say its index.
 _HANDSHAKE_S = 20.0
-
-
-def _shut_down(conn: Connection) -> None:
-    """Ends a read blocked on ``conn``'s socket (another thread's), by shutting the socket down."""
-    try:
-        sock = socket.socket(fileno=os.dup(conn.fileno()))
-    except OSError:  # closed already
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.close()
 
 
 class ClusterError(RuntimeError):
@@ -225,10 +211,8 @@ class LocalCluster:
         done = threading.Event()
 
         def admit(conn: Connection) -> None:
-            # A peer that does not answer in time is cut off: shutting the socket down ends
-            # the read this thread is blocked in (closing the fd alone would not).
-            cut = threading.Timer(_HANDSHAKE_S, _shut_down, args=(conn,))
-            cut.start()
+            # A peer that does not answer in time fails its read (as on the control socket).
+            _set_io_timeout(conn, _HANDSHAKE_S)
             try:
                 deliver_challenge(conn, authkey)
                 answer_challenge(conn, authkey)
@@ -238,8 +222,7 @@ class LocalCluster:
                 with lock:
                     dropped.append(type(exc).__name__)
                 return
-            finally:
-                cut.cancel()
+            _set_io_timeout(conn, None)  # ours: its replies may take as long as a test does
             with lock:
                 if not isinstance(index, int) or not 0 <= index < self.n or index in taken:
                     conn.close()
