@@ -236,7 +236,9 @@ def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_runni
         assert not j.step_table().stepping
     finally:
         j.detach()
-    assert all(p.poll() is None for p in job['procs'])  # detaching ended nobody
+    # Detaching ended nobody: each process runs on, or has already run to its end (the
+    # released step was the last: a fast machine finishes it before detach returns).
+    assert all(p.poll() in (None, 0) for p in job['procs']), [p.poll() for p in job['procs']]
     outs = [p.communicate(timeout=TIMEOUT) for p in job['procs']]
     for p, (out, err) in zip(job['procs'], outs):
         assert p.returncode == 0 and 'DONE' in out, err[-3000:]
