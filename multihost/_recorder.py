@@ -245,6 +245,7 @@ class _Recorder:
         self.calls: dict[str, int] = {}
         self.service_calls: dict[tuple[str, str], int] = {}
         self.advanced = time.time()  # when this host last entered or left a recorded call
+        self.moved_on = 0.0  # when its main thread last got through one (passed, returned)
 
 
 _rec = _Recorder()
@@ -301,6 +302,8 @@ def finished(entry: Entry, *, wait: float | None = None, failed: bool = False) -
     elif entry.state == WAITING:
         entry.state = LAUNCHED if entry.kind == 'launch' else PASSED
     _rec.advanced = time.time()
+    if not failed and not entry.thread:
+        _rec.moved_on = _rec.advanced
 
 
 def launched(entry: Entry, output: Any) -> None:
@@ -311,6 +314,27 @@ def launched(entry: Entry, output: Any) -> None:
         entry.out = None
     entry.returned = True
     _rec.advanced = time.time()
+    if not entry.thread:
+        _rec.moved_on = _rec.advanced
+
+
+def moved_on_since(t: float) -> bool:
+    """Whether this host's main thread got through a recorded call (a collective or service
+    call passed, a launch returned) after wall-clock time ``t``: what it was in then is over."""
+    return _rec.moved_on > t
+
+
+def record_of(n: int, process: int) -> FlightRecord | None:
+    """Entry ``n`` of this host's flight record, its state read now; None once it has left
+    the ring (`CAPACITY` later calls)."""
+    with _rec.lock:
+        entries = list(_rec.ring)
+    for e in reversed(entries):
+        if e.n == n:
+            return e.record(process)
+        if e.n < n:
+            break
+    return None
 
 
 def snapshot(process: int, last: int | None = None) -> list[FlightRecord]:
@@ -374,6 +398,7 @@ def reset() -> None:
         _rec.calls.clear()
         _rec.service_calls.clear()
         _rec.advanced = time.time()
+        _rec.moved_on = 0.0
 
 
 def call_counts() -> tuple[tuple[str, int], ...]:

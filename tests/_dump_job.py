@@ -9,6 +9,8 @@
 - ``clean``: a few barriers, exits 0;
 - ``late``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``ckpt``, the others
   wait there (a timeout, or a kill of that process, is the test's to make);
+- ``slow_then_stuck``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``first``
+  (a slow host), then ``SLEEP2`` s before the barrier ``ckpt`` (a stuck one);
 - ``busy``: before the barrier ``ckpt``, process ``SPIN`` spins the CPU in Python and
   process ``LATE`` sleeps, ``SLEEP`` s each; the others wait there.
 """
@@ -60,6 +62,17 @@ elif mode == 'late':
     multihost_utils.sync_global_devices('before')
     if pid == int(os.environ['LATE']):
         time.sleep(float(os.environ['SLEEP']))
+    multihost_utils.sync_global_devices('ckpt')
+elif mode == 'slow_then_stuck':  # process LATE is slow once (SLEEP s), later stuck (SLEEP2 s)
+    multihost_utils.sync_global_devices('before')
+    if pid == int(os.environ['LATE']):
+        time.sleep(float(os.environ['SLEEP']))
+    multihost_utils.sync_global_devices('first')
+    for i in range(3):
+        multihost_utils.sync_global_devices(f'step {i}')
+    print('past the slow wait', flush=True)
+    if pid == int(os.environ['LATE']):
+        time.sleep(float(os.environ['SLEEP2']))
     multihost_utils.sync_global_devices('ckpt')
 elif mode == 'busy':
     multihost_utils.sync_global_devices('before')

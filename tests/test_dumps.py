@@ -201,6 +201,69 @@ def test_busy_told_from_wedged_in_the_dumps_and_analyze(job: Any) -> None:
     assert '% CPU over the last' in by[2].stacks.format().splitlines()[0], by[2].stacks.format()
 
 
+def _line_of(text: str, mode: str) -> int:
+    """The line of ``_dump_job.py`` that holds ``text`` in ``mode``'s branch (1-based)."""
+    with open(JOB) as f:
+        lines = list(enumerate(f, 1))
+    start = next(i for i, ln in lines if f"mode == '{mode}'" in ln)
+    return next(i for i, ln in lines if i > start and text in ln)
+
+
+def test_a_slow_host_is_not_a_hang_and_the_next_hang_is_dumped_again(job: Any) -> None:
+    """Hang truth, a slow host: process 2 is 7 s late at ``first`` (the others' hang dumps
+    fire at 3 s), then stuck before ``ckpt``. The slow wait's dumps say it went on and was
+    not a hang; the stuck one is dumped again (the watchdog and the dump request fired once
+    per process before), and process 2 is placed where it was at *that* moment, not the
+    first (it kept the first request's position for ever)."""
+    j = job(3, '--timeout', '20', MODE='slow_then_stuck', LATE='2', SLEEP='7', SLEEP2='60',
+            MULTIHOST_HANG_DUMP_S='3')  # fmt: skip
+    j.wait_started()
+    out0 = j.procs[0].stdout
+    assert out0 is not None and out0.readline().strip() == 'past the slow wait'
+    deadline = time.monotonic() + 20  # the watchdog notes the end within its period
+    while True:
+        dumps = _dumpfile.read_dirs([j.dir])
+        hangs = [d for d in dumps if d.trigger == 'hang']
+        if len(dumps) == 3 and len(hangs) == 2 and all('went_on' in d.details for d in hangs):
+            break
+        assert time.monotonic() < deadline, [(d.process, d.trigger, d.details) for d in dumps]
+        time.sleep(0.3)
+    lines = str(_analyze.analyze(dumps)).splitlines()
+    assert re.fullmatch(
+        r"not a hang: barrier\('first'\) #2 went on at \d\d:\d\d:\d\d, after \d s "
+        r'\(processes 0-1 dumped for a hang after [34] s\); the dumps show that moment',
+        lines[0],
+    ), lines
+    assert 'slow: process 2' in lines and not any('culprit' in ln for ln in lines), lines
+    slow = _line_of("float(os.environ['SLEEP'])", 'slow_then_stuck')
+    assert any(
+        ln.startswith('never arrived there: process 2') and f'_dump_job.py:{slow} ' in ln
+        for ln in lines
+    ), lines
+    for d in hangs:  # the next hang dump needs twice the slow wait
+        lasted, limit = d.details['lasted'], d.details['next_limit']
+        assert lasted >= 6 and abs(limit - 2 * lasted) < 0.2, d.details
+
+    results = j.finish()
+    assert [rc for rc, _, _ in results] == [1, 1, 75], [e[-2000:] for _, _, e in results]
+    for _, _, err in results[:2]:
+        assert re.search(
+            r"multihost: barrier\('first'\) #2 went on after \d s: a slow host, not a hang "
+            r'\(hang dump written after [34] s\); the next hang dump waits 1\d s',
+            err,
+        ), err[-2000:]
+    dumps = _dumpfile.read_dirs([j.dir])
+    late = next(d for d in dumps if d.process == 2)
+    assert late.trigger == 'peer' and late.asked is not None, late
+    # Asked again for the stuck wait (by the second hang dump, or the timeout's request).
+    assert "barrier('ckpt')" in str(late.asked.details.get('why')), late.asked.details
+    stuck = _line_of("float(os.environ['SLEEP2'])", 'slow_then_stuck')
+    text = str(_analyze.analyze(dumps))
+    (behind,) = [ln for ln in text.splitlines() if ln.startswith('never arrived there')]
+    assert 'when missed at ' in behind and f'_dump_job.py:{stuck} ' in behind, text
+    assert 'not a hang' not in text and 'culprit: process 2' in text, text
+
+
 def test_a_preemption_notice_dumps_and_the_sync_point_still_works(job: Any) -> None:
     j = job(2, MODE='preempt')
     j.wait_started()

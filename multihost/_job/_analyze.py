@@ -68,6 +68,9 @@ class Verdict:
             service, hosts ended by a fatal error, hosts that held the GIL.
         audit: what the audit (``--audit``) had found, each finding once
             (``audit: replica drift at train_step call #2 ...``).
+        went_on: when every dump is a hang dump (or written at one's request) and each
+            hang's wait went on afterwards (a slow host came): ``not a hang: ...``, and the
+            hosts behind are slow, not culprits; else empty.
     """
 
     num_processes: int
@@ -86,6 +89,7 @@ class Verdict:
     in_launch: bool = False
     native: tuple[str, ...] = ()
     audit: tuple[str, ...] = ()
+    went_on: str = ''
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -493,6 +497,7 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
     if cause and 'CoordinatorUnreachableError' in cause and native and LEADER_LOST in native[0]:
         cause = ''  # a consequence: the lost service leads (the error stays in its host's line)
     waiting = _grouped(waiting_at)
+    went_on = _went_on(dumps)
     straggler, why = None, ''
     if lag:
         straggler = min(lag, key=lambda p: (lag[p], p))
@@ -517,6 +522,28 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         in_launch=launch is not None,
         native=native,
         audit=audit_lines(dumps),
+        went_on=went_on,
+    )
+
+
+def _went_on(dumps: Sequence[Dump]) -> str:
+    """``not a hang: barrier('first') #2 went on at 10:44:49, after 7 s (processes 0-1
+    dumped for a hang after 3 s); the dumps show that moment`` when every hang dump's wait
+    went on (`_triggers._went_on`) and nothing else was dumped for; else ''."""
+    hangs = [d for d in dumps if d.trigger == 'hang']
+    if not hangs or any(d.trigger not in ('hang', 'request') for d in dumps):
+        return ''
+    if not all(d.details.get('went_on') for d in hangs):
+        return ''
+    labels = {str(d.details.get('record')) for d in hangs}
+    label = labels.pop() if len(labels) == 1 else 'the waits'
+    at = _clock(max(float(d.details['went_on']) for d in hangs))
+    lasted = fmt_duration(max(float(d.details.get('lasted') or 0) for d in hangs))
+    after = fmt_duration(min(float(d.details.get('waited') or 0) for d in hangs))
+    who = fmt_hosts(sorted(d.process for d in hangs))
+    return (
+        f'not a hang: {label} went on at {at}, after {lasted} ({who} dumped for a hang '
+        f'after {after}); the dumps show that moment'
     )
 
 
@@ -553,6 +580,8 @@ def format_verdict(v: Verdict) -> list[str]:
     """`Verdict` -> at most `MAX_LINES` lines."""
     why = '; '.join(f'{k}: {fmt_hosts(ps)}' for k, ps in v.triggers.items())
     lines = [v.cause] if v.cause else []
+    if v.went_on:
+        lines.append(v.went_on)
     lines.extend(v.native)
     written = f' (written for {why})' if why else ''
     lines.append(f'{len(v.dumped)} dumps of {v.num_processes} processes{written}')
@@ -564,7 +593,7 @@ def format_verdict(v: Verdict) -> list[str]:
     for reason, ps in sorted(by_reason.items())[:2]:
         lines.append(f'gone, say the others: {fmt_hosts(ps)}: {reason}')
     if v.culprits:
-        lines.append(f'culprit: {fmt_hosts(v.culprits)}')
+        lines.append(f'{"slow" if v.went_on else "culprit"}: {fmt_hosts(v.culprits)}')
     if v.waiting is not None and v.in_launch:
         are = 'is' if len(v.waiting.processes) == 1 else 'are'
         lines.append(

@@ -39,7 +39,9 @@ class _State:
         self.directory: str | None = None
         self.last_written = 0.0
         self.last_doc: dict[str, Any] | None = None
-        self.requested = False  # this host asked the others already (once per process)
+        # When this host last asked the others to dump (None: not yet): once per episode,
+        # again only after its main thread got through a call since (`request_all`).
+        self.requested_at: float | None = None
         self.writes = 0
         self.errors: set[int] = set()  # ids of errors already dumped (not again at exit)
 
@@ -115,10 +117,8 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
             if (
                 what == 'request'
                 and _state.last_doc is not None
-                and (
-                    _state.last_doc['trigger']['what'] != 'request'
-                    and time.time() - _state.last_written < QUIET_S
-                )
+                and _state.last_doc['trigger']['what'] != 'request'
+                and _current()
             ):
                 return None  # this host's own trigger wrote meanwhile: keep it
             asked = _asked(_state.last_doc) if what != 'request' else None
@@ -139,10 +139,11 @@ def _asked(last: Mapping[str, Any] | None) -> dict[str, Any] | None:
     trigger (``peer``, ``exception``...) must not overwrite."""
     if last is None:
         return None
+    asked = last.get('asked') or (last if last['trigger']['what'] == 'request' else None)
+    if asked is None or _recorder.moved_on_since(asked['trigger']['time']):
+        return None  # not asked, or it went on since (a slow host that came): that is history
     if last.get('asked'):
         return dict(last['asked'])
-    if last['trigger']['what'] != 'request':
-        return None
     stacks = dict(last['stacks'])
     stacks['threads'] = list(stacks.get('threads') or ())[:1]  # the main thread's only
     return {'trigger': last['trigger'], 'front': last['front'], 'stacks': stacks}
@@ -163,13 +164,17 @@ def _mark_gone(gone: Mapping[int, str]) -> None:
 
 
 def request_all(why: str, *, wait: bool = False) -> threading.Thread | None:
-    """Asks every other host to write its dump (once per process; in a background thread)."""
-    if _state.directory is None or _state.requested:
+    """Asks every other host to write its dump (in a background thread): once per episode,
+    so again only when this host's main thread got through a recorded call since it last
+    asked, or the hang it asked for went on (`episode_over`)."""
+    if _state.directory is None:
+        return None
+    if _state.requested_at is not None and not _recorder.moved_on_since(_state.requested_at):
         return None
     client = _kv.client()
     if client is None:
         return None
-    _state.requested = True
+    _state.requested_at = time.time()
 
     def ask() -> None:
         try:
@@ -193,6 +198,34 @@ def request_all(why: str, *, wait: bool = False) -> threading.Thread | None:
     return t
 
 
+def episode_over() -> None:
+    """The wait this host asked the others about went on: the next one asks again."""
+    _state.requested_at = None
+
+
+def went_on(label: str, lasted: float, at: float, next_limit: float) -> bool:
+    """This host's hang dump (for ``label``) was a slow wait, not a hang: the wait went on at
+    ``at`` after ``lasted`` s. Rewrites the dump with ``went_on``, ``lasted`` and
+    ``next_limit`` in its details (when it is still the last one written); whether it did."""
+    d = _state.directory
+    with _state.lock:
+        doc = _state.last_doc
+        if d is None or doc is None or doc['trigger']['what'] != 'hang':
+            return False
+        details = doc['trigger']['details']
+        if details.get('record') != label or details.get('went_on'):
+            return False
+        more = {'went_on': at, 'lasted': round(lasted, 3), 'next_limit': next_limit}
+        doc = {**doc, 'trigger': {**doc['trigger'], 'details': {**details, **more}}}
+        try:
+            _dumpfile.write(d, doc)
+        except Exception as exc:
+            print(f'multihost: could not rewrite the dump in {d}: {exc}', file=sys.stderr)
+            return False
+        _state.last_doc = doc
+    return True
+
+
 def _accounted_for(client: Any, p: int, since: float) -> bool:
     """Host ``p`` did not answer the dump request, yet is not gone: it had ended cleanly
     (its liveness key says ``done``), or its own dump is in this host's directory, written
@@ -211,11 +244,18 @@ def _accounted_for(client: Any, p: int, since: float) -> bool:
         return False
 
 
+def _current() -> bool:
+    """This host's last dump still shows where it is: written less than `QUIET_S` ago, and
+    its main thread has got through no call since."""
+    last = _state.last_written
+    return time.time() - last < QUIET_S and not _recorder.moved_on_since(last)
+
+
 def _on_request(client: Any, order: dict[str, Any]) -> str:
     """The ``dump`` command: write this host's dump, unless it wrote one just now."""
     if _state.directory is None:
         return json.dumps({'path': None})
-    if order.get('by') == _process()[0] or time.time() - _state.last_written < QUIET_S:
+    if order.get('by') == _process()[0] or _current():
         return json.dumps({'path': 'kept'})
     details = {'by': order.get('by'), 'why': order.get('why', '')}
     return json.dumps({'path': dump('request', details)})

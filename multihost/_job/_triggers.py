@@ -17,7 +17,9 @@
   ``MULTIHOST_HANG_DUMP_S`` (default `HANG_DEFAULT_S`, below JAX's 100 s
   heartbeat timeout) in one collective, barrier or launch (also a recorded
   launch not done on device, with nothing new recorded meanwhile) dumps once
-  and asks every other host to dump (`_dump.request_all`).
+  for that wait and asks every other host to dump (`_dump.request_all`). When
+  the wait then goes on (a slow host, not a hang), its dump and stderr say so
+  and the next hang dump needs twice that wait (`_went_on`).
 
 - the GIL held in a C call (no Python runs: neither of the above can write): the dump
   signal also goes to `faulthandler`, and a `faulthandler` watchdog re-armed by the
@@ -62,8 +64,11 @@ class _Wired:
         self.watcher_reads = False  # a watcher thread reads the wakeup fd
         self.prev_excepthook: Any = None
         self.prev_thread_hook: Any = None
-        self.hang_fired = False
         self.hang = HANG_DEFAULT_S
+        self.limit = HANG_DEFAULT_S  # the next hang dump's wait (longer after a slow wait)
+        self.fired: _recorder.FlightRecord | None = None  # the wait the last hang dump was for
+        self.fired_at = 0.0
+        self.lock = threading.Lock()
         self.preempted = False
         self.exiting = False
         self.exit_hooked = False  # `_at_exit` registered after JAX's own exit hook
@@ -107,7 +112,8 @@ def enable(directory: str) -> None:
     _w.prev_thread_hook, threading.excepthook = threading.excepthook, _thread_hook
     if threading.current_thread() is threading.main_thread():
         _wire_signal()
-    _w.hang = hang
+    _w.hang = _w.limit = hang
+    atexit.register(_went_on)  # a program that ends right after its slow wait says so too
     threading.Thread(
         target=_watchdog, args=(hang,), name='multihost-hang-watchdog', daemon=True
     ).start()
@@ -255,7 +261,36 @@ def preempted(step: int) -> None:
     _dump.dump('preemption', {'sync_point': step})
 
 
+def _went_on() -> None:
+    """Once the wait the last hang dump was for is over: when it went on (a slow host came,
+    not a hang), says so on stderr and in this host's dump, and the next hang dump needs twice
+    that wait (a job slow by nature is not dumped at every step); when it failed, the error's
+    own dump tells the rest. Either way, the next hang is dumped (and asked about) again."""
+    with _w.lock:  # the watchdog thread, or the exit
+        fired = _w.fired
+        if fired is None:
+            return
+        now = _recorder.record_of(fired.n, fired.process)
+        if now is not None and now.state in (_recorder.WAITING, _recorder.LAUNCHED):
+            return  # still in it
+        _w.fired = None
+    _dump.episode_over()
+    if now is not None and now.state == _recorder.FAILED:
+        return
+    end = time.time()
+    lasted = now.wait if now is not None and now.wait is not None else end - fired.time
+    _w.limit = round(max(_w.hang, 2 * lasted), 1)
+    if _dump.went_on(fired.label, lasted, end, _w.limit):
+        print(
+            f'multihost: {fired.label} went on after {lasted:.0f} s: a slow host, not a hang '
+            f'(hang dump written after {_w.fired_at:.0f} s); the next hang dump waits '
+            f'{_w.limit:.0f} s',
+            file=sys.stderr,
+        )
+
+
 def _at_exit() -> None:
+    _went_on()
     _w.exiting = True
     _w.stop.set()
     _native.disarm()
@@ -292,15 +327,19 @@ def _watchdog(hang: float) -> None:
             continue
         _arm_native(hang)
         next_poll = _preempted(next_poll)
-        if hang <= 0 or _w.hang_fired:
+        if hang <= 0:
             continue
+        _went_on()
+        if _w.fired is not None:
+            continue  # dumped for this wait already
+        limit = _w.limit
         rec = _stuck()
         waited = time.time() - rec.time if rec is not None else 0.0
         if rec is None:
-            rec, waited = _stuck_on_device(hang)
-        if rec is None or waited < hang:
+            rec, waited = _stuck_on_device(limit)
+        if rec is None or waited < limit:
             continue
-        _w.hang_fired = True
-        details = {'record': rec.label, 'site': rec.site, 'waited': waited, 'limit': hang}
+        _w.fired, _w.fired_at = rec, waited
+        details = {'record': rec.label, 'site': rec.site, 'waited': waited, 'limit': limit}
         _dump.dump('hang', details)
         _dump.request_all(f'hang: waited {waited:.0f} s in {rec.label}')
