@@ -1,7 +1,7 @@
 """Names of engine values: ``state.params['block_0']['Dense_0']['kernel']``, parsed, never run.
 
 Every magic that takes a name (``%mh_allgather``, ``%mh_layout``,
-``%mh_diff``, ``%mh_nan``) goes through `resolve` on the engines, and the
+``%mh_diff``, ``%mh_nonfinite``) goes through `resolve` on the engines, and the
 notebook checks the same syntax first (`parse`). A name is a variable
 followed by attribute accesses and subscripts with constant keys::
 

@@ -99,6 +99,12 @@ def test_restart_and_stop_are_safe():
     assert session.stop().startswith('the session was stopped already')
     with pytest.raises(SessionError, match='this session is stopped'):
         session.allgather('x')
+    # A magic after the stop says the cluster was stopped, not that there never was one.
+    from IPython.core.error import UsageError
+
+    for magic, line in (('mh_cluster', 'stop'), ('mh_allgather', 'x')):
+        with pytest.raises(UsageError, match='^no cluster: the last one was stopped. Start'):
+            ip.run_line_magic(magic, line)
 
 
 def test_start_local_rejects_bad_sizes():

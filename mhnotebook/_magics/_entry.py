@@ -31,7 +31,17 @@ NO_SESSION = (
     'hosts) or  %mh_cluster connect --profile NAME  (an existing ipyparallel cluster).'
 )
 
+#: When the magics' cluster was stopped (``%mh_cluster stop``, ``Session.stop()``).
+STOPPED = (
+    'no cluster: the last one was stopped. Start a new one with  %mh_cluster start -n 4 -d 2  '
+    'or  %mh_cluster connect --profile NAME.'
+)
+
 _current: list[Session | None] = [None]  # the magics' session (one per kernel)
+
+
+def _none_running(session: Session | None) -> str:
+    return NO_SESSION if session is None else STOPPED
 
 P = ParamSpec('P')
 R = TypeVar('R')
@@ -51,14 +61,14 @@ def current_session() -> Session:
     """The session the ``%mh_*`` magics use (started by ``%mh_cluster``), for Python code."""
     session = held()
     if session is None or not session.running:
-        raise SessionError(NO_SESSION)
+        raise SessionError(_none_running(session))
     return session
 
 
 def running(session: Session | None) -> Session:
     """``session`` if it runs; else the `UsageError` that says how to start one."""
     if session is None or not session.running:
-        raise UsageError(NO_SESSION)
+        raise UsageError(_none_running(session))
     return session
 
 

@@ -595,15 +595,13 @@ def nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteReport:
     except Exception as exc:
         if n == 1:
             raise
-        _sequence.fail_turn(
-            'find_nonfinite', '', f'{type(exc).__name__}: {exc}'[:300], timeout=timeout
-        )
-    digest = _sequence.digest(('find_nonfinite', signature))
+        _sequence.fail_turn('nonfinite', '', f'{type(exc).__name__}: {exc}'[:300], timeout=timeout)
+    digest = _sequence.digest(('nonfinite', signature))
     if n == 1:
-        _sequence.enter('find_nonfinite', '', tree_digest=digest, timeout=timeout)
+        _sequence.enter('nonfinite', '', tree_digest=digest, timeout=timeout)
         return _assemble({_kv.process_index(): payload}, leaves, 1, records_per_host(1))
     raw = _sequence.exchange(
-        'find_nonfinite',
+        'nonfinite',
         '',
         json.dumps(payload, separators=(',', ':')).encode(),
         tree_digest=digest,

@@ -194,7 +194,7 @@ def memory_census(namespace: dict[str, Any], timeout: float | None = None) -> An
     """`multihost.memory_census` with names from the engine namespace (a collective)."""
     import multihost
 
-    with _sequence.called_from('notebook: %mh_mem'):
+    with _sequence.called_from('notebook: %mh_memory_census'):
         return multihost.memory_census(namespace, timeout=timeout)
 
 
@@ -204,8 +204,8 @@ def nonfinite(
     """`multihost.nonfinite` of engine value ``name`` (a collective: every host calls it)."""
     import multihost
 
-    with _sequence.called_from(f'notebook: %mh_nan {name}'):
-        value = lookup_collective(namespace, name, 'find_nonfinite', timeout=timeout)
+    with _sequence.called_from(f'notebook: %mh_nonfinite {name}'):
+        value = lookup_collective(namespace, name, 'nonfinite', timeout=timeout)
         return multihost.nonfinite(value, timeout=timeout)
 
 

@@ -4,7 +4,7 @@ An attached job (`mhnotebook.attach`) has no ipyparallel engines: its hosts'
 main threads run the user's script. When they are held (at the step gate,
 before a recorded launch, in a checked collective or barrier, in a
 library's wait), each host's debug thread answers `%mh_allgather`,
-`%mh_layout`, `%mh_diff`, `%mh_nan`, `%mh_env` and `%mh_mem` with the same
+`%mh_layout`, `%mh_diff`, `%mh_nonfinite`, `%mh_env` and `%mh_memory_census` with the same
 engine functions a session's engines run (`multihost.engine`), over the
 namespace of the main thread's *held frame*: the innermost frame of the
 script (a frame of another library, of JAX or of ours is skipped), its
