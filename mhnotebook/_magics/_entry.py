@@ -43,6 +43,7 @@ _current: list[Session | None] = [None]  # the magics' session (one per kernel)
 def _none_running(session: Session | None) -> str:
     return NO_SESSION if session is None else STOPPED
 
+
 P = ParamSpec('P')
 R = TypeVar('R')
 
