@@ -494,6 +494,7 @@ def test_dead_host_is_reported_and_restart_recovers():
             ip.run_line_magic('mh_cluster', 'status')
         assert 'process 2: engine' in cap.stdout and 'dead (exit code 1)' in cap.stdout
         assert 'process 0: engine' in cap.stdout and 'idle' in cap.stdout
+        assert 'process 2 is gone: %mh_cluster restart' in cap.stdout, cap.stdout
         gone = r'^process 2 is gone \(exit code 1\): %mh_cluster restart'
         for magic, line in [
             ('mh_barrier', 'b'),
@@ -509,8 +510,10 @@ def test_dead_host_is_reported_and_restart_recovers():
                 raise AssertionError(f'%{magic} {line} did not say host 2 is gone')
         with pytest.raises(UsageError, match=gone):
             ip.run_cell_magic('mh', '', 'print(1)')
-        ip.run_line_magic('mh_cluster', 'restart --timeout 120')
+        with capture_output() as cap:
+            ip.run_line_magic('mh_cluster', 'restart --timeout 120')
         assert s.dead == {} and set(h.pid for h in s.processes).isdisjoint(old_pids)
+        assert 'run your %%mh setup cells again' in cap.stdout, cap.stdout
         with capture_output() as cap:
             ip.run_cell_magic('mh', '', 'import jax\nprint("back", jax.process_index())')
         assert '[process 2] back 2' in cap.stdout

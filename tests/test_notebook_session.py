@@ -211,7 +211,11 @@ def test_magics_in_a_real_shell(session):
     assert cap.stdout.count("passed 'from-magic'") == 4
     with capture_output() as cap:
         ip.run_cell_magic('mh', '', 'raise ValueError("only on host " + str(jax.process_index()))')
-    assert 'only on host 2' in cap.stdout
+    assert 'only on host 2' in cap.stdout and cap.stdout.count('--- process ') == 4
+    with capture_output() as cap:  # the same mistake on every host: one traceback
+        ip.run_cell_magic('mh', '', 'raise ValueError("the same everywhere")')
+    assert cap.stdout.count('the same everywhere') == 2, cap.stdout  # the line, the error
+    assert '--- processes 0-3 ---' in cap.stdout, cap.stdout
     assert 'mh_allgather' in (ip.find_line_magic('mh_allgather').__doc__ or '')
     magics.session = None
 

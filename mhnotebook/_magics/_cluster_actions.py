@@ -24,6 +24,7 @@ from mhnotebook._errors import SessionTimeoutError
 from mhnotebook._magics._entry import delegate, running
 from mhnotebook._magics._options import literal, options, unquote
 from mhnotebook._session import Session
+from multihost._text import fmt_hosts
 
 start_options = options(
     magic_arguments.argument(
@@ -185,10 +186,7 @@ def status(session: Session | None, args: Namespace, line: str) -> Session | Non
         )
     dead = [p for p, st in states.items() if not st['alive']]
     if dead:
-        print(
-            f'{"host" if len(dead) == 1 else "hosts"} {", ".join(map(str, dead))} '
-            f'{"is" if len(dead) == 1 else "are"} gone: %mh_cluster restart'
-        )
+        print(f'{fmt_hosts(dead)} {"is" if len(dead) == 1 else "are"} gone: %mh_cluster restart')
     return live
 
 
@@ -196,6 +194,10 @@ def restart(session: Session | None, args: Namespace, line: str) -> Session | No
     """The same hosts, started again."""
     live = running(session)
     delegate(lambda: live.restart(timeout=args.timeout))
+    print(
+        '%mh_cluster restart: new processes, the old ones\' values are gone: '
+        'run your %%mh setup cells again.'
+    )
     return live
 
 

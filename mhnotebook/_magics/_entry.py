@@ -25,6 +25,7 @@ from mhnotebook._errors import (
 )
 from mhnotebook._session import Session
 from mhnotebook._views import stacks_view
+from multihost._text import fmt_hosts
 
 NO_SESSION = (
     'no cluster yet: start one with  %mh_cluster start -n 4 -d 2  (simulated local '
@@ -139,6 +140,10 @@ def first_error(exc: HostsError) -> str:
 
 
 def print_errors(failures: dict[int, RemoteFailure]) -> None:
-    """Each failing host's traceback text, under its name."""
+    """Each distinct traceback once, under the processes that raised it (``--- processes
+    0-7 ---``: a mistake every host made is one traceback, not one per host)."""
+    by_text: dict[str, list[int]] = {}
     for p, failure in sorted(failures.items()):
-        print(f'--- process {p} ---\n{failure.text}')
+        by_text.setdefault(failure.text, []).append(p)
+    for text, processes in by_text.items():
+        print(f'--- {fmt_hosts(processes)} ---\n{text}')
