@@ -115,6 +115,8 @@ def failure_phrase(failure: dict[str, Any]) -> str:
     error, message = failure.get('error', 'an error'), first_line(failure.get('message', ''))
     if error == 'SystemExit':
         what = f'exited with code {message}'
+    elif error == 'KeyboardInterrupt':
+        what = 'was interrupted (KeyboardInterrupt: Ctrl-C or SIGINT)'
     else:
         what = f'failed: {error}({message!r})'
     return f'process {failure.get("by")} {what} at {short_site(str(failure.get("site", "?")))}'

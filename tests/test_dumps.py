@@ -264,6 +264,40 @@ def test_a_slow_host_is_not_a_hang_and_the_next_hang_is_dumped_again(job: Any) -
     assert 'not a hang' not in text and 'culprit: process 2' in text, text
 
 
+def test_ctrl_c_on_a_hung_job_dumps_where_each_host_was_and_ends_it_at_once(job: Any) -> None:
+    """Ctrl-C on a hung job (SIGINT to every process, as a terminal or ``srun`` sends it):
+    each host dumps where it was (trigger ``interrupt``; it wrote nothing before), analyze
+    gives the hang's verdict from those dumps, and the job ends within seconds (the hosts
+    interrupted inside the barrier waited 10 s for the answer of one already gone)."""
+    j = job(3, MODE='late', LATE='2', SLEEP='60')
+    j.wait_started()
+    time.sleep(3.0)  # everyone past 'before': process 2 sleeps, the others wait in 'ckpt'
+    t0 = time.monotonic()
+    for p in j.procs:
+        p.send_signal(signal.SIGINT)
+    for p in j.procs:
+        p.wait(timeout=30)
+    took = time.monotonic() - t0
+    results = j.finish()
+    assert [rc for rc, _, _ in results] == [130, 130, 130], [e[-2000:] for _, _, e in results]
+    assert took < 6.0, f'the interrupted job took {took:.1f} s to end'
+    dumps = _dumpfile.read_dirs([j.dir])
+    assert [(d.process, d.trigger) for d in dumps] == [(p, 'interrupt') for p in range(3)]
+    lines = str(_analyze.analyze(dumps)).splitlines()
+    assert re.fullmatch(
+        r'processes 0-2 were interrupted \(KeyboardInterrupt: Ctrl-C or SIGINT\) at '
+        r'\d\d:\d\d:\d\d; where each host was then:',
+        lines[0],
+    ), lines
+    assert 'culprit: process 2' in lines, lines
+    assert any(ln.startswith("processes 0-1 wait in barrier('ckpt') #2 at ") for ln in lines)
+    sleep = _line_of("float(os.environ['SLEEP'])", 'late')
+    assert (
+        "never arrived there: process 2: last at barrier('before') #1, then interrupted at "
+        f"_dump_job.py:{sleep} in <module>: time.sleep(float(os.environ['SLEEP']))"
+    ) in lines, lines
+
+
 def test_a_preemption_notice_dumps_and_the_sync_point_still_works(job: Any) -> None:
     j = job(2, MODE='preempt')
     j.wait_started()

@@ -117,12 +117,29 @@ def _raised(d: Dump) -> str:
         return ''
     error = d.details.get('error', 'an error')
     message = first_line(d.details.get('message', ''))
-    frames = d.details.get('traceback') or []
-    own = [f for f in frames if '/multihost/' not in str(f[0]) and 'runpy' not in str(f[0])]
+    own = _own_frames(d)
     site = f' at {short_site(f"{own[-1][0]}:{own[-1][1]}")}' if own else ''
     if error == 'SystemExit':
         return f'exited with code {message}{site}'
     return f'raised {error}({message!r}){site}'
+
+
+def _own_frames(d: Dump) -> list[Any]:
+    frames = d.details.get('traceback') or []
+    return [f for f in frames if '/multihost/' not in str(f[0]) and 'runpy' not in str(f[0])]
+
+
+def _interrupted(d: Dump) -> str:
+    """``interrupted at train.py:93 in <module>: time.sleep(60)`` for an ``interrupt`` dump
+    (its traceback's innermost frame of the program), else ''."""
+    if d.trigger != 'interrupt':
+        return ''
+    own = _own_frames(d)
+    if not own:
+        return 'interrupted'
+    file, line, fn, text = (list(own[-1]) + ['', '', '', ''])[:4]
+    code = f': {str(text).strip()}' if str(text).strip() else ''
+    return f'interrupted at {short_site(f"{file}:{line}")} in {fn}{code}'
 
 
 def _cause(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> str:
@@ -134,6 +151,14 @@ def _cause(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> str:
     raised = sorted((d for d in dumps if _raised(d)), key=lambda d: d.trigger_time)
     if raised:
         return f'process {raised[0].process} {_raised(raised[0])}'
+    stopped = sorted(d.process for d in dumps if d.trigger == 'interrupt')
+    if stopped:  # Ctrl-C on the job: the dumps say where each host was then
+        at = _clock(min(d.trigger_time for d in dumps if d.trigger == 'interrupt'))
+        were = 'was' if len(stopped) == 1 else 'were'
+        return (
+            f'{fmt_hosts(stopped)} {were} interrupted (KeyboardInterrupt: Ctrl-C or SIGINT) '
+            f'at {at}; where each host was then:'
+        )
     for d in dumps:
         if d.trigger == 'peer':
             early = d.details.get('early')
@@ -168,6 +193,8 @@ def position(d: Dump) -> tuple[str, float | None]:
     """Where ``d``'s host was, in words, and for how long (None: not known)."""
     if _raised(d):
         return _raised(d), None
+    if _interrupted(d):
+        return _interrupted(d), None
     if d.trigger == 'peer' and d.details.get('early') == d.process:  # it had ended (0)
         return str(d.details.get('where')), None
     if d.trigger in ('lost', 'peer') and d.details.get('where'):
@@ -177,6 +204,8 @@ def position(d: Dump) -> tuple[str, float | None]:
             because = f'process {d.details["early"]} ended early (exit code 0)'
         elif d.process in (d.details.get('missing') or ()):
             because = f'process {d.details.get("by")} timed out waiting for it'
+        elif d.details.get('error') == 'KeyboardInterrupt':
+            because = f'process {d.details.get("by")} was interrupted'
         else:
             because = f'process {d.details.get("by")} failed'
         if d.asked is not None:  # the moment the others missed it, kept by this later dump
@@ -226,7 +255,11 @@ def _at(d: Dump) -> tuple[FlightRecord | None, float]:
     if f.waiting is not None:
         return f.waiting, f.waiting_for
     last = next((r for r in reversed(d.records) if not r.thread), None)
-    if d.trigger in ('timeout', 'mismatch') and last is not None and last.state == 'failed':
+    if (
+        d.trigger in ('timeout', 'mismatch', 'interrupt')
+        and last is not None
+        and last.state == 'failed'
+    ):
         return last, max(0.0, d.trigger_time - last.time)
     return None, 0.0
 
@@ -405,7 +438,13 @@ Placed = list[tuple[int, str, float | None]]
 def _behind_words(f: HostFront, what: str) -> str:
     """``last at barrier('data') #411, now <what>`` for a host behind the target."""
     last = f'last at {f.last.label}' if f.last is not None else 'no recorded call yet'
-    now = '; ' if what.startswith('when missed at ') else ', now '
+    now = (
+        '; '
+        if what.startswith('when missed at ')
+        else ', then '
+        if what.startswith('interrupted')
+        else ', now '
+    )
     return f'{last}{now}{what}'
 
 

@@ -53,6 +53,7 @@ TRIGGERS = (
     'preemption',
     'signal',
     'exception',
+    'interrupt',
     'hang',
     'request',
     'peer',

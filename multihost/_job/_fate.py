@@ -751,9 +751,10 @@ def _on_fate(client: Any, order: dict[str, Any]) -> Any:
     if order.get('early') is not None and me in (order.get('ended') or ()):
         # this host had ended (code 0): it leaves with 0
         return json.dumps({'ended': 0}), functools.partial(_leave_ended, order, me)
-    if order.get('lost') is None:
+    if order.get('lost') is None and _state.failed is None:
         time.sleep(GRACE_S)
     if _state.failed is not None:  # this host failed too: it keeps its own verdict
+        # (at once when it had: it may be leaving, and the asker waits for this answer)
         return json.dumps({'failed_too': _state.failed})
     _state.ending = True
     if order.get('lost') is not None:

@@ -12,7 +12,8 @@
   watcher thread, which dumps while the main thread is still blocked in
   native code. A wakeup fd someone else set (asyncio) is kept: then the
   Python handler alone dumps, when the main thread gets back;
-- an uncaught exception (chains `sys.excepthook` and `threading.excepthook`);
+- an uncaught exception (chains `sys.excepthook` and `threading.excepthook`); an uncaught
+  KeyboardInterrupt (Ctrl-C or SIGINT on a hung job) dumps as ``interrupt``, from its traceback;
 - the hang watchdog: a host whose main thread has waited longer than
   ``MULTIHOST_HANG_DUMP_S`` (default `HANG_DEFAULT_S`, below JAX's 100 s
   heartbeat timeout) in one collective, barrier or launch (also a recorded
@@ -137,7 +138,9 @@ def disable() -> None:
 
 
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
-    if not issubclass(tp, (KeyboardInterrupt, SystemExit)) and not _dump.already_dumped(value):
+    if issubclass(tp, KeyboardInterrupt):  # Ctrl-C on a hung job: where this host was then
+        _dump.dump('interrupt', exception_details(tp, value, tb, 'MainThread'))
+    elif not issubclass(tp, SystemExit) and not _dump.already_dumped(value):
         _dump.dump('exception', exception_details(tp, value, tb, 'MainThread'))
     (_w.prev_excepthook or sys.__excepthook__)(tp, value, tb)
 
