@@ -296,6 +296,10 @@ def test_ctrl_c_on_a_hung_job_dumps_where_each_host_was_and_ends_it_at_once(job:
         "never arrived there: process 2: last at barrier('before') #1, then interrupted at "
         f"_dump_job.py:{sleep} in <module>: time.sleep(float(os.environ['SLEEP']))"
     ) in lines, lines
+    # The dumps' stacks and fronts show where each host was, not the exception hook.
+    late = dumps[2]
+    assert late.stacks is not None and f'_dump_job.py:{sleep}' in late.stacks.where, late.stacks
+    assert f'_dump_job.py:{sleep}' in (late.front.where or ''), late.front
 
 
 def test_a_preemption_notice_dumps_and_the_sync_point_still_works(job: Any) -> None:

@@ -12,7 +12,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from multihost import _cells, _recorder
@@ -99,9 +99,11 @@ def _is_engine() -> bool:
     return kernel is not None and type(kernel).__module__.startswith('ipyparallel')
 
 
-def capture(process: int | None = None) -> HostStacks:
+def capture(process: int | None = None, main_frames: Sequence[Any] | None = None) -> HostStacks:
     """This process's stacks (every Python thread but the debug thread), collective, and what
-    its main thread waits at (its flight recorder's newest entry, if still waiting)."""
+    its main thread waits at (its flight recorder's newest entry, if still waiting).
+    ``main_frames`` (file, line, function, source; outermost first) stand for the main
+    thread's (an uncaught error's traceback, when the main thread is in the hook)."""
     import traceback
 
     me = _bus.thread_ident()
@@ -112,8 +114,11 @@ def capture(process: int | None = None) -> HostStacks:
     for ident, frame in sys._current_frames().items():
         if ident == me and threading.get_ident() == me:
             continue  # the debug thread answering this request
-        summary = traceback.extract_stack(_pulse.below_handlers(frame))[-MAX_FRAMES:]
-        frames = tuple((f.filename, f.lineno or 0, f.name, f.line or '') for f in summary)
+        if ident == main_ident and main_frames is not None:
+            frames = tuple(tuple(f) for f in main_frames)[-MAX_FRAMES:]
+        else:
+            summary = traceback.extract_stack(_pulse.below_handlers(frame))[-MAX_FRAMES:]
+            frames = tuple((f.filename, f.lineno or 0, f.name, f.line or '') for f in summary)
         t = by_ident.get(ident)
         threads.append(
             ThreadStack(

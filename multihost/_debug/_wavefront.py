@@ -27,7 +27,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from multihost import _recorder
@@ -65,14 +65,16 @@ def _main_stack() -> tuple[Any, ...] | None:
     return frames
 
 
-def front(process: int | None = None) -> HostFront:
-    """This host's `HostFront`, from its flight recorder (never blocks)."""
+def front(process: int | None = None, main_frames: Sequence[Any] | None = None) -> HostFront:
+    """This host's `HostFront`, from its flight recorder (never blocks). ``main_frames``
+    (file, line, function, source; outermost first): where the main thread is instead of
+    its stack now (an uncaught error's traceback, when the main thread is in the hook)."""
     pid = _kv.process_index() if process is None else process
     for _ in range(3):  # the records and the stack of one moment: again if the host moved on
         advanced = _recorder.last_advanced()
         now = time.time()
         records = _recorder.snapshot(pid)
-        frames = _main_stack()
+        frames = tuple(main_frames) if main_frames is not None else _main_stack()
         if _recorder.last_advanced() == advanced:
             break
     last, waiting, background = _recorder.in_progress(records)

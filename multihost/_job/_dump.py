@@ -80,8 +80,9 @@ def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, A
     pid, n = _process()
     now = time.time()
     records = _recorder.snapshot(pid)
-    front = _wavefront.front(pid)
-    stacks = _stacks.capture(pid)
+    main = _raised_from(what, details)
+    front = _wavefront.front(pid, main)
+    stacks = _stacks.capture(pid, main)
     doc = {
         'process': pid,
         'num_processes': n,
@@ -102,6 +103,16 @@ def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, A
     if _audit.enabled() or _audit.report().findings:
         doc['audit'] = _audit.report().to_json()
     return doc
+
+
+def _raised_from(what: str, details: Mapping[str, Any] | None) -> list[tuple[Any, ...]] | None:
+    """The main thread's frames where its uncaught error was raised (an ``exception`` or
+    ``interrupt`` dump is written from the hook, where its stack says nothing), else None."""
+    if what not in ('exception', 'interrupt') or not details:
+        return None
+    if details.get('thread') != 'MainThread' or not details.get('traceback'):
+        return None
+    return [tuple(f) for f in details['traceback']]
 
 
 def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
