@@ -195,7 +195,7 @@ def restart(session: Session | None, args: Namespace, line: str) -> Session | No
     live = running(session)
     delegate(lambda: live.restart(timeout=args.timeout))
     print(
-        '%mh_cluster restart: new processes, the old ones\' values are gone: '
+        "%mh_cluster restart: new processes, the old ones' values are gone: "
         'run your %%mh setup cells again.'
     )
     return live
