@@ -172,6 +172,8 @@ class InterruptReport:
             next collective lines up again), or None when not realigned.
         seconds: how long the hosts took to stop.
         waited: the seconds the hosts were given.
+        finished: among ``stopped``, the hosts whose part of the interrupted work had
+            already finished when the interrupt came (known when the work is).
     """
 
     stopped: tuple[int, ...]
@@ -180,13 +182,22 @@ class InterruptReport:
     position: int | None
     seconds: float
     waited: float
+    finished: tuple[int, ...] = ()
 
     @property
     def message(self) -> str:
         """One line: who stopped, who did not and what to do about it."""
-        text = f'interrupted: {processes_phrase(self.stopped)} stopped'
+        worked = [p for p in self.stopped if p not in self.finished]
+        if worked or not self.stopped:
+            text = f'interrupted: {processes_phrase(worked)} stopped'
+        else:
+            text = 'interrupted: nothing was running'
         if not self.running:
-            return text + f' in {self.seconds:.1f} s.'
+            text += f' in {self.seconds:.1f} s' if worked else ''
+        done = f' ({processes_phrase(self.finished)} had already finished)' if worked else ''
+        text += done if self.finished else ''
+        if not self.running:
+            return text + '.'
         return (
             text + f'; {processes_phrase(self.running)} did not stop within {self.waited:g} s '
             '(blocked in native code such as a device collective, which SIGINT cannot '

@@ -844,6 +844,7 @@ class Session(JobViewBase):
             position=position,
             seconds=seconds,
             waited=timeout,
+            finished=tuple(p for p in live if pending is not None and p not in pending),
         )
 
     def _engines_of(self, processes: Sequence[int]) -> dict[int, int]:
