@@ -142,7 +142,7 @@ BAD = [
     (['analyze'], 'the following arguments are required: DIR'),
     (['--hosts', '0'], "argument --hosts: needs at least 1, got '0'"),
     (['demo', '--devices', 'two'], "argument --devices: needs a whole number, got 'two'"),
-    (['frob'], 'unrecognized arguments: frob'),
+    (['frob'], "no command 'frob': choose one of demo, run, analyze, audit-diff"),
 ]
 
 
@@ -154,9 +154,12 @@ def test_a_bad_command_line_is_one_line_and_exit_status_2(capsys, argv, says):
     assert captured.out == ''
     lines = captured.err.splitlines()
     assert len(lines) == 1, captured.err
-    command = argv[0] if argv[0] in COMMANDS else 'demo'
-    assert lines[0].startswith(f'multihost {command}: error: '), lines[0]
-    assert says in lines[0] and f'usage: multihost {command}' in lines[0], lines[0]
+    if argv[0] in COMMANDS or argv[0].startswith('-'):
+        command = ' ' + (argv[0] if argv[0] in COMMANDS else 'demo')
+    else:  # not a command: said by the command itself
+        command = ''
+    assert lines[0].startswith(f'multihost{command}: error: '), lines[0]
+    assert says in lines[0] and f'usage: multihost{command} ' in lines[0], lines[0]
     assert '--help describes each option' in lines[0]
 
 
@@ -222,6 +225,20 @@ def test_the_installed_scripts_and_python_m_are_one_program(tmp_path):
         f'multihost analyze: {tmp_path / "nowhere"}: no such directory '
         '(give the --dump-dir of the job)'
     )
+    one = tmp_path / 'process-0.json'
+    one.write_text('{}')
+    a_file = _command(_script('multihost'), 'analyze', str(one))
+    assert a_file.returncode == 2 and a_file.stderr.strip() == (
+        f'multihost analyze: {one}: a file; give the directory that holds the dumps '
+        f'({tmp_path}, the --dump-dir of the job)'
+    )
+    # A script without ``run``, a misspelt command: named, not taken for the demo's options.
+    for word, hint in (('train.py', ' (to run it: multihost run train.py)'), ('analyse', '')):
+        wrong = _command(_script('multihost'), word)
+        assert wrong.returncode == 2 and wrong.stderr.startswith(
+            f"multihost: error: no command '{word}': choose one of demo, run, analyze, "
+            f'audit-diff{hint} (usage: '
+        ), wrong.stderr
 
 
 PROGRAM = textwrap.dedent(

@@ -358,9 +358,13 @@ def parse(argv: list[str], prog: str, version: str) -> argparse.Namespace:
     Raises:
         UsageError: the mistake, in one line.
     """
+    top, commands = _parsers(prog, version)
+    if argv and not argv[0].startswith('-') and argv[0] not in COMMANDS:
+        # A word where the command goes: a misspelt command, or a script without ``run``.
+        hint = f' (to run it: {prog} run {argv[0]})' if argv[0].endswith('.py') else ''
+        top.error(f'no command {argv[0]!r}: choose one of {", ".join(COMMANDS)}{hint}')
     if not argv or argv[0] not in (*COMMANDS, '-h', '--help', '--version'):
         argv = ['demo', *argv]  # the bare command's options are the demo's
-    top, commands = _parsers(prog, version)
     if argv[0] == 'run':
         argv = ['run', *bare_options(argv[1:])]
     args, extra = top.parse_known_args(argv)

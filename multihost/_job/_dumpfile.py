@@ -239,6 +239,11 @@ def read_dirs(directories: Iterable[str]) -> list[Dump]:
     """Every ``process-*.json`` in ``directories`` (one per process: the newest kept)."""
     by_process: dict[int, Dump] = {}
     for d in directories:
+        if os.path.isfile(d):
+            raise DumpFormatError(
+                f'{d}: a file; give the directory that holds the dumps '
+                f'({os.path.dirname(os.path.abspath(d))}, the --dump-dir of the job)'
+            )
         if not os.path.isdir(d):
             raise DumpFormatError(f'{d}: no such directory (give the --dump-dir of the job)')
         for path in sorted(glob.glob(os.path.join(d, 'process-*.json'))):
