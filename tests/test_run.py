@@ -153,6 +153,16 @@ def test_usage_errors_and_the_demo_stays(tmp_path):
     assert out.stderr.strip() == 'python -m multihost run: No module named no_such_module_here'
     out = _run(['-m', 'multihost', 'demo', '--help'], cwd=str(tmp_path))
     assert out.returncode == 0 and '--hosts' in out.stdout, out.stderr
+    # A dump directory that could never be written is said at start, not when a dump is due.
+    (tmp_path / 'a_file').write_text('')
+    bad = str(tmp_path / 'a_file' / 'dumps')
+    out = _run(['-m', 'multihost', 'run', '--dump-dir', bad, 'x.py'], cwd=str(tmp_path))
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f'python -m multihost run: error: dump_dir={bad!r} cannot be created: '
+        f'{str(tmp_path / "a_file")!r} is a file (give a directory, --dump-dir or '
+        'MULTIHOST_DUMP_DIR)'
+    ), out.stderr
+    assert not (tmp_path / 'x.py').exists()
 
 
 def _site_dir(tmp_path) -> str:

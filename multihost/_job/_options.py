@@ -107,6 +107,8 @@ class InstallOptions:
         audit_raise = bool(audit_raise) or raise_env in ('1', 'true', 'on', 'yes')
         if audit_raise:
             every = every or _audit.DEFAULT_EVERY
+        if dump_dir:
+            _writable_dir(os.path.abspath(dump_dir))
         return cls(
             audit_raise=audit_raise,
             audit=every,
@@ -129,3 +131,26 @@ class InstallOptions:
         if os.environ.get('MULTIHOST_TIMEOUT'):
             return default
         return math.inf
+
+
+def _writable_dir(path: str) -> None:
+    """Raises ValueError (one line) when the dumps could not be written to ``path``: found at
+    start, not when a dump is needed (days later). Creates nothing: a job where nothing goes
+    wrong writes nothing."""
+    at = path
+    while not os.path.exists(at):
+        parent = os.path.dirname(at)
+        if parent == at:
+            break
+        at = parent
+    if not os.path.isdir(at):
+        raise ValueError(
+            f'dump_dir={path!r} cannot be created: {at!r} is a file (give a directory, '
+            '--dump-dir or MULTIHOST_DUMP_DIR)'
+        )
+    if not os.access(at, os.W_OK | os.X_OK):
+        made = '' if at == path else f' (it would be made in {at!r})'
+        raise ValueError(
+            f'dump_dir={path!r}: no permission to write there{made}; give a directory this '
+            'user can write (--dump-dir or MULTIHOST_DUMP_DIR)'
+        )
