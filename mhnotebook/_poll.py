@@ -21,6 +21,7 @@ _SLICE = 0.05  # seconds between looks at the results
 _TICK = 0.5  # seconds between ``on_tick`` calls
 _HUB_BATCH = 64  # results forgotten in the client before the hub is told, in one request
 _KEEP = 1024  # at most this many read results wait to be forgotten (the rest are let go)
+_HUB_TRIES, _HUB_RETRY_S = 20, 0.5  # a batch the hub refused: told again this often, this apart
 
 
 class Poll:
@@ -132,6 +133,7 @@ class Forget:
 
     def _tell_hub(self) -> None:
         """Tells the hub every full batch, including those that came while it was telling."""
+        tries = 0
         while True:
             with self._lock:
                 if len(self._hub) < _HUB_BATCH:
@@ -140,5 +142,17 @@ class Forget:
                 batch, self._hub = self._hub, []
             try:
                 self._client.purge_hub_results(jobs=batch)
-            except Exception:  # the hub still counts one as pending, or is gone: it culls its own
-                pass
+                tries = 0
+            except Exception:
+                # The hub refuses the whole batch while it still counts one of them as pending
+                # (under load it lags behind the client), or it is gone: the batch goes back,
+                # to be told again shortly (a few times), then at the next purge.
+                with self._lock:
+                    self._hub[:0] = batch
+                    del self._hub[:-_KEEP]
+                tries += 1
+                if tries >= _HUB_TRIES:
+                    with self._lock:
+                        self._telling = False
+                    return
+                time.sleep(_HUB_RETRY_S)

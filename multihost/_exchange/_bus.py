@@ -241,13 +241,21 @@ def _reply(client: Any, pid: int, g: int, reply: str, order: dict[str, Any]) -> 
 
 
 def command(
-    client: Any, cmd: str, timeout: float, *, skip: Collection[int] = (), **params: Any
+    client: Any,
+    cmd: str,
+    timeout: float,
+    *,
+    skip: Collection[int] = (),
+    gone: Callable[[], Collection[int]] | None = None,
+    **params: Any,
 ) -> tuple[dict[int, str], dict[int, dict]]:
     """Issues ``cmd`` (with JSON-able ``params``) to every debug thread; returns (replies, threads).
 
     Waits at most ``timeout`` seconds (plus a few RPCs) for the replies of the
     threads registered before the command; the rest are simply absent. The
-    processes in ``skip`` (known to be gone) are not waited for at all.
+    processes in ``skip`` (known to be gone) are not waited for at all; ``gone``
+    (asked about once a second while replies are missing) names processes known to
+    have ended since: once every missing one is among them, the wait ends.
     """
     ensure_started(client)  # so that this process answers too
     g = _kv.increment(client, _key('ctl', 'n'), 1)
@@ -266,12 +274,18 @@ def command(
         'skip': sorted(skip),
     }
     _kv.put(client, _key('ctl', g), json.dumps(order))
-    replies = _collect(client, g, expected, time.monotonic() + timeout)
+    replies = _collect(client, g, expected, time.monotonic() + timeout, gone)
     _kv.delete(client, _key('rep', g) + '/')
     return replies, daemons
 
 
-def _collect(client: Any, g: int, expected: list[int], deadline: float) -> dict[int, str]:
+def _collect(
+    client: Any,
+    g: int,
+    expected: list[int],
+    deadline: float,
+    gone: Callable[[], Collection[int]] | None = None,
+) -> dict[int, str]:
     """The replies to command ``g``, read in bounded batches, until ``deadline``.
 
     Each replier adds its reply's size to the counter ``mh/rep/<g>/n``; the
@@ -285,7 +299,20 @@ def _collect(client: Any, g: int, expected: list[int], deadline: float) -> dict[
     it reads the counter and every batch once, and returns what came.
     """
     root = _key('rep', g)
-    written = _kv.wait_get(client, root + '/all', deadline, longest=_MAX_WAIT_SLICE)
+    if gone is None:
+        written = _kv.wait_get(client, root + '/all', deadline, longest=_MAX_WAIT_SLICE)
+    else:  # a second at a time: the missing ones may have ended meanwhile
+        written = None
+        while (left := deadline - time.monotonic()) > 0:
+            step = time.monotonic() + min(left, _GONE_CHECK_S)
+            written = _kv.wait_get(client, root + '/all', step, longest=_MAX_WAIT_SLICE)
+            if written is not None:
+                break
+            so_far: dict[int, str] = {}
+            _sweep(client, root, _kv.increment(client, root + '/n', 0), so_far, 0)
+            missing = {p for p in expected if p not in so_far}
+            if missing and missing <= set(gone()):
+                return so_far
     total = int(written) if written is not None else _kv.increment(client, root + '/n', 0)
     replies: dict[int, str] = {}
     read = _sweep(client, root, total, replies, 0)
@@ -328,5 +355,6 @@ def _batch_bytes() -> int:
 
 
 _SWEEP_GAP = 0.05  # first wait before sweeping again after an early 'all' (doubling)
+_GONE_CHECK_S = 1.0  # how often `command`'s ``gone`` is asked while replies are missing
 _MAX_SWEEP_GAP = 1.0
 _MAX_WAIT_SLICE = 2.0

@@ -90,6 +90,11 @@ class _State:
         self.armed = False
         self.prev_hook: Any = None
         self.failed: int | None = None  # this host's exit code once it failed
+        self.failed_now = threading.Event()  # set with `failed`: wakes a `fate` answer's grace
+        # `fate` answers of this host's debug thread not yet written (a failing host waits
+        # for them before it leaves: the asker would wait ANNOUNCE_S for a host gone).
+        self.answering = 0
+        self.answered = threading.Condition()
         self.ending = False  # another host's failure is ending this one (exit 75)
         self.announcing: threading.Thread | None = None
         self.heard: dict[int, str] = {}  # replies to this host's announcement
@@ -630,6 +635,7 @@ def _announce(
     if client is None:
         return False
     _state.failed = code
+    _state.failed_now.set()
     details: dict[str, Any] = {
         'error': error,
         'message': message[:500],
@@ -642,7 +648,10 @@ def _announce(
 
     def tell() -> None:
         try:
-            replies, _ = _bus.command(client, 'fate', ANNOUNCE_S, **details)
+            replies, _ = _bus.command(
+                client, 'fate', ANNOUNCE_S, skip=_ended(client), gone=lambda: _ended(client),
+                **details,
+            )  # fmt: skip
             _state.heard = replies
         except Exception as exc:  # the service is gone: JAX's own fate-sharing takes over
             print(f'multihost: could not tell the other hosts of this failure: {exc}',
@@ -651,6 +660,27 @@ def _announce(
     _state.announcing = threading.Thread(target=tell, name='multihost-fate', daemon=True)
     _state.announcing.start()
     return True
+
+
+def _ended(client: Any) -> set[int]:
+    """The hosts whose liveness key says they ended (not waited for: they cannot answer)."""
+    try:
+        stamps = _kv.read_dir(client, _kv.key('alive'))
+    except Exception:
+        return set()
+    return {p for p, raw in stamps.items() if _kv.stamp_says_done(raw)}
+
+
+def _answers_written(timeout: float) -> None:
+    """Waits (bounded) until this host's debug thread wrote its `fate` answers."""
+    with _state.answered:
+        _state.answered.wait_for(lambda: _state.answering == 0, timeout)
+
+
+def _answer_written() -> None:
+    with _state.answered:
+        _state.answering -= 1
+        _state.answered.notify_all()
 
 
 def _at_exit() -> None:
@@ -687,6 +717,7 @@ def _finish() -> None:
     t = _state.announcing
     if t is not None:
         t.join(ANNOUNCE_S + 5.0)
+    _answers_written(2.0)  # its own answers to hosts that failed at the same moment
     _leave(_state.failed if _state.failed is not None else 1)
 
 
@@ -751,11 +782,15 @@ def _on_fate(client: Any, order: dict[str, Any]) -> Any:
     if order.get('early') is not None and me in (order.get('ended') or ()):
         # this host had ended (code 0): it leaves with 0
         return json.dumps({'ended': 0}), functools.partial(_leave_ended, order, me)
+    with _state.answered:
+        _state.answering += 1
     if order.get('lost') is None and _state.failed is None:
-        time.sleep(GRACE_S)
-    if _state.failed is not None:  # this host failed too: it keeps its own verdict
-        # (at once when it had: it may be leaving, and the asker waits for this answer)
-        return json.dumps({'failed_too': _state.failed})
+        _state.failed_now.wait(GRACE_S)  # the grace: woken at once if this host fails too
+    failed = _state.failed
+    if failed is not None:  # this host failed too: it keeps its own verdict
+        # (`_finish` waits until this answer is written: the asker waits for it)
+        return json.dumps({'failed_too': failed}), _answer_written
+    _answer_written()
     _state.ending = True
     if order.get('lost') is not None:
         _state.lost = int(order['lost'])
