@@ -37,7 +37,7 @@ bias = multihost.host_local_array_to_global_array(
     np.linspace(0, 1, 8, dtype=np.float32) + (0.5 if pid == 2 else 0.0), mesh, P())
 params = {'dense': {'kernel': np.ones((4, 4), np.float32), 'bias': np.zeros(4, np.float32)},
           'step': np.int32(100)}
-if pid == 3:  # a host whose optimizer state drifted
+if pid == 3:  # a process whose optimizer state drifted
     params['dense']['kernel'][1, 2] += 1e-3
 """
 
@@ -53,7 +53,7 @@ print('caught BarrierMismatchError:', caught)
 STUCK = """
 import time
 if pid == 2:
-    time.sleep(8)          # host 2 is busy elsewhere ...
+    time.sleep(8)          # process 2 is busy elsewhere ...
 multihost.barrier('after-eval', timeout=60)   # ... while the others wait here
 """
 
@@ -116,7 +116,7 @@ def run(out: str, hosts: int, devices: int) -> int:
             f.write(render_layout_png(rep_b))
         say(
             f'\n3. bias is P() (replicated), but replicas agree: {rep_b.ok}; '
-            f'odd hosts: {list(rep_b.odd_processes)} -> layout_bias.png\n{rep_b}'
+            f'odd processes: {list(rep_b.odd_processes)} -> layout_bias.png\n{rep_b}'
         )
         with open(os.path.join(out, 'layouts.html'), 'w') as page:
             page.write(
@@ -140,15 +140,15 @@ def run(out: str, hosts: int, devices: int) -> int:
         outputs = session.execute(DIVERGE, timeout=120, echo=False)
         say('\n5. hosts passing different barrier names:')
         for p, text in sorted(outputs.items()):
-            say(f'   host {p}: {text.strip()}')
+            say(f'   process {p}: {text.strip()}')
 
-        # 6. where is everyone while host 2 is stuck
+        # 6. where is everyone while process 2 is stuck
         pending = session.execute_async(STUCK)
         time.sleep(2.0)
         stacks = session.where()
         with open(os.path.join(out, 'where.html'), 'w') as page:
             page.write(_page('where', table_html(stacks) + stacks_html(stacks)))
-        say('\n6. while host 2 is busy, where is everyone -> where.html')
+        say('\n6. while process 2 is busy, where is everyone -> where.html')
         for p, s in sorted(stacks.items()):
             if s.waiting is not None:
                 what = s.current.describe() if s.current else 'a collective'
@@ -157,7 +157,7 @@ def run(out: str, hosts: int, devices: int) -> int:
                 at = f'not in a collective (last: {s.current.describe()})'
             else:
                 at = 'no collective yet'
-            say(f'   host {p}: {at}; innermost user frame {s.where}')
+            say(f'   process {p}: {at}; innermost user frame {s.where}')
         session.wait_outputs(pending, timeout=120, echo=False)
 
     with open(os.path.join(out, 'report.txt'), 'w') as text_file:

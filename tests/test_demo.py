@@ -41,10 +41,10 @@ def test_demo_writes_its_files_and_says_what_it_found(tmp_path):
     assert len(ready) == 1 and 'ready' in ready[0], said  # the cluster's start, said once
     assert report.startswith('4 hosts x 2 CPU devices up in '), report
     assert report.count('caught BarrierMismatchError') == 4, report
-    # While host 2 is busy elsewhere, the others wait in the next barrier; host 2 is
+    # While process 2 is busy elsewhere, the others wait in the next barrier; process 2 is
     # not said to be "in" the barrier it already left.
     step6 = report.split('where is everyone')[1]
     for p in (0, 1, 3):
-        assert re.search(rf"host {p}: waiting [\d.]+ s in barrier\('after-eval'\)", step6), step6
-    assert re.search(r'host 2: not in a collective \(last: ', step6), step6
+        assert re.search(rf"process {p}: waiting [\d.]+ s in barrier\('after-eval'\)", step6), step6
+    assert re.search(r'process 2: not in a collective \(last: ', step6), step6
     assert (out / 'layout_bias.png').stat().st_size > 10_000
