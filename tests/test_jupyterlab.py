@@ -16,6 +16,7 @@ fails the test unless ``MH_SKIP_BROWSER=1``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shutil
@@ -139,6 +140,61 @@ def _dismiss_dialogs(page, seen: list[str]) -> None:
         page.wait_for_timeout(500)
 
 
+#: Server log lines that tell a kernel's life (its start, death, restarts, connections).
+_KERNEL_LINES = re.compile(
+    r'Kernel (started|shutdown|restarted)|KernelRestarter|restart|died|dead|alive|'
+    r'Traceback|Error|Exception|Killed|MemoryError|No space',
+    re.IGNORECASE,
+)
+
+
+def _what_happened(page, log_path) -> str:
+    """For a failure: each cell's prompt and the end of its output as the page shows them,
+    the server log's kernel lines (the whole log's, not only its tail), the kernel
+    processes running, memory and disk: enough to tell a stuck cell from a dead kernel."""
+    parts = []
+    try:
+        cells = page.locator('.jp-CodeCell')
+        for i in range(cells.count()):
+            cell = cells.nth(i)
+            prompt = ' '.join(
+                cell.locator('.jp-InputPrompt').first.inner_text(timeout=2_000).split()
+            )
+            source = ' '.join(
+                cell.locator('.jp-InputArea-editor').first.inner_text(timeout=2_000).split()
+            )
+            output = ' '.join(
+                cell.locator('.jp-OutputArea').first.inner_text(timeout=2_000).split()
+            )
+            parts.append(f'cell {i} {prompt} {source[:60]!r}: {output[-300:]!r}')
+        status = page.locator('.jp-Notebook-ExecutionIndicator')
+        if status.count():
+            parts.append(f'kernel indicator: {status.first.get_attribute("data-status")}')
+    except Exception as exc:  # the page may be gone: the rest still helps
+        parts.append(f'(the page could not be read: {exc!r})')
+    lines = [
+        ln for ln in log_path.read_text(errors='replace').splitlines() if _KERNEL_LINES.search(ln)
+    ]
+    parts.append('server log, kernel lines:\n' + '\n'.join(ln[:300] for ln in lines[-60:]))
+    kernels = []
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                cmd = f.read().replace(b'\0', b' ').decode(errors='replace')
+        except OSError:
+            continue
+        if 'ipykernel' in cmd or 'ipyparallel' in cmd:
+            kernels.append(f'{pid}: {cmd[:160]}')
+    parts.append('kernel and engine processes:\n' + '\n'.join(kernels))
+    with open('/proc/meminfo') as f:
+        parts.append(
+            ' '.join(ln.strip() for ln in f if ln.startswith(('MemAvailable', 'MemTotal')))
+        )
+    disk = shutil.disk_usage(log_path.parent)
+    parts.append(f'disk free where the test writes: {disk.free / 2**30:.1f} GiB')
+    return '\n'.join(parts)
+
+
 def test_quickstart_in_jupyterlab(jupyterlab):
     """Run All in JupyterLab: widgets render, block click, Step/Continue, no console errors."""
     url, log_path = jupyterlab
@@ -172,7 +228,7 @@ def test_quickstart_in_jupyterlab(jupyterlab):
         except Exception:
             page.screenshot(path=str(log_path.with_name('lab-timeout.png')), full_page=True)
             raise AssertionError(
-                f'no stepper rendered; lab log:\n{log_path.read_text()[-4000:]}'
+                f'no stepper rendered; dialogs met: {dialogs}\n{_what_happened(page, log_path)}'
             ) from None
 
         # Every view rendered live, and hides the static picture it left behind.
