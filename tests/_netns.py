@@ -172,12 +172,20 @@ class Hosts:
         ]
 
     def close(self) -> None:
-        """Kills every process of the hosts and started here, deletes namespaces and bridge."""
-        for process in self.processes:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
+        """Kills every process of the hosts and started here, deletes namespaces and bridge.
+
+        Idempotent. A process already reaped is not signalled: its pid (and process group
+        id) may belong to another process by now (pids wrap at 32,768 here, and a busy
+        suite wraps them in minutes): a stale ``killpg`` once could kill a notebook kernel,
+        which is a process group leader too.
+        """
+        processes, self.processes = self.processes, []
+        for process in processes:
+            if process.poll() is None:  # not reaped: the pid is still this process's
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
         _kill_namespace_processes(self.names)
-        for process in self.processes:
+        for process in processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(10)
         _delete(self.names, self.tag)

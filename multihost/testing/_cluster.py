@@ -402,8 +402,9 @@ class LocalCluster:
             time.sleep(1.0)
 
     def signal(self, index: int, sig: int) -> None:
-        """Sends signal ``sig`` to process ``index`` (e.g. ``signal.SIGTERM``)."""
-        os.kill(self._workers[index].proc.pid, sig)
+        """Sends signal ``sig`` to process ``index`` (e.g. ``signal.SIGTERM``); nothing once
+        it has ended (its pid may be another process's by then)."""
+        self._workers[index].proc.send_signal(sig)
 
     # -- logs ----------------------------------------------------------------
     def logs(self, tail: int = 6000) -> dict[int, str]:
