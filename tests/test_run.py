@@ -163,6 +163,12 @@ def test_usage_errors_and_the_demo_stays(tmp_path):
         'MULTIHOST_DUMP_DIR)'
     ), out.stderr
     assert not (tmp_path / 'x.py').exists()
+    # Root passes os.access there, yet nothing can be made in /proc: a file is tried.
+    out = _run(['-m', 'multihost', 'run', '--dump-dir', '/proc/dumps', 'x.py'], cwd=str(tmp_path))
+    assert out.returncode == 2 and out.stderr.strip().startswith(
+        "python -m multihost run: error: dump_dir='/proc/dumps': no file can be made in '/proc' ("
+    ), out.stderr
+    assert [p for p in os.listdir(tmp_path) if 'probe' in p] == []
 
 
 def _site_dir(tmp_path) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import tempfile
 
 #: The longest hold of `hold_on_error` unless told (seconds): 30 minutes.
 DEFAULT_HOLD_S = 1800.0
@@ -148,9 +149,14 @@ def _writable_dir(path: str) -> None:
             f'dump_dir={path!r} cannot be created: {at!r} is a file (give a directory, '
             '--dump-dir or MULTIHOST_DUMP_DIR)'
         )
-    if not os.access(at, os.W_OK | os.X_OK):
-        made = '' if at == path else f' (it would be made in {at!r})'
+    # A file made and removed at once, not os.access: root passes os.access almost
+    # everywhere (/proc, a directory of mode 0555), and neither it nor the mode bits know
+    # a read-only mount or a full quota's refusal.
+    try:
+        with tempfile.TemporaryFile(dir=at, prefix='.multihost-probe-'):
+            pass
+    except OSError as exc:
         raise ValueError(
-            f'dump_dir={path!r}: no permission to write there{made}; give a directory this '
-            'user can write (--dump-dir or MULTIHOST_DUMP_DIR)'
-        )
+            f'dump_dir={path!r}: no file can be made in {at!r} ({exc.strerror or exc}); give '
+            'a directory this user can write (--dump-dir or MULTIHOST_DUMP_DIR)'
+        ) from None
