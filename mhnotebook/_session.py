@@ -156,11 +156,13 @@ def _stop_all() -> None:
 
 #: The collectives library's connection report, one line per process the first time a
 #: program spans processes on CPU devices (XLA's Gloo, through the engine's captured fd 1):
-#: chatter above the lines that matter, never the user's own output or an error.
+#: chatter above the lines that matter, never the user's own output or an error. Matched
+#: anywhere, not at a line's start: the engine's pipe reader may forward it between a
+#: ``print``'s text and its newline (the engine makes C's stdout line-buffered so that the
+#: report comes whole: `multihost.engine.calls.initialize`).
 _GLOO_CHATTER = re.compile(
-    r'^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. '
-    r'Expected number of connected peer ranks is : \d+\n?',
-    re.MULTILINE,
+    r'\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. '
+    r'Expected number of connected peer ranks is : \d+\n?'
 )
 
 

@@ -11,6 +11,9 @@
   wait there (a timeout, or a kill of that process, is the test's to make);
 - ``slow_then_stuck``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``first``
   (a slow host), then ``SLEEP2`` s before the barrier ``ckpt`` (a stuck one);
+- ``compile_then_stuck``: process ``LATE`` jit-compiles a function of ``COMPILE_N`` ops
+  before the barrier ``first`` (the others wait there: a slow compile, not a hang), then
+  sleeps ``SLEEP2`` s before the barrier ``ckpt`` (a stuck host);
 - ``busy``: before the barrier ``ckpt``, process ``SPIN`` spins the CPU in Python and
   process ``LATE`` sleeps, ``SLEEP`` s each; the others wait there.
 """
@@ -70,6 +73,25 @@ elif mode == 'slow_then_stuck':  # process LATE is slow once (SLEEP s), later st
     multihost_utils.sync_global_devices('first')
     for i in range(3):
         multihost_utils.sync_global_devices(f'step {i}')
+    print('past the slow wait', flush=True)
+    if pid == int(os.environ['LATE']):
+        time.sleep(float(os.environ['SLEEP2']))
+    multihost_utils.sync_global_devices('ckpt')
+elif mode == 'compile_then_stuck':
+    import jax.numpy as jnp
+
+    multihost_utils.sync_global_devices('before')
+    if pid == int(os.environ['LATE']):
+
+        def big(x):
+            for i in range(int(os.environ['COMPILE_N'])):
+                x = jnp.sin(x) * 1.0001 + i
+            return x
+
+        began = time.time()
+        jax.jit(big)(jnp.ones(8)).block_until_ready()
+        print(f'compiled in {time.time() - began:.1f} s', flush=True)
+    multihost_utils.sync_global_devices('first')
     print('past the slow wait', flush=True)
     if pid == int(os.environ['LATE']):
         time.sleep(float(os.environ['SLEEP2']))

@@ -264,6 +264,43 @@ def test_a_slow_host_is_not_a_hang_and_the_next_hang_is_dumped_again(job: Any) -
     assert 'not a hang' not in text and 'culprit: process 2' in text, text
 
 
+def test_a_host_compiling_holds_the_hang_dump_and_a_later_hang_is_dumped(job: Any) -> None:
+    """Hang truth, a slow compile: process 2 compiles a big jitted function (seconds) while
+    the others wait at ``first`` past their hang limit (3 s). They write no hang dump while
+    it compiles (it said so in the coordination service), each says why in one line, and the
+    hang that follows (process 2 stuck before ``ckpt``) is dumped as usual."""
+    j = job(3, MODE='compile_then_stuck', LATE='2', COMPILE_N='6000', SLEEP2='60',
+            MULTIHOST_HANG_DUMP_S='3')  # fmt: skip
+    j.wait_started()
+    late = j.procs[2].stdout
+    assert late is not None
+    compiled = late.readline().strip()
+    took = float(re.fullmatch(r'compiled in ([\d.]+) s', compiled).group(1))  # type: ignore[union-attr]
+    assert took > 5, f'the compile took {took} s: too short to hold a 3 s hang limit'
+    for p in j.procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == 'past the slow wait'
+    # Nothing was dumped for the slow compile ...
+    assert _dumpfile.read_dirs([j.dir]) == [], [(d.process, d.details) for d in
+                                                  _dumpfile.read_dirs([j.dir])]  # fmt: skip
+    # ... and the stuck host that follows is.
+    dumps = j.dumps(3, timeout=45)
+    hangs = [d for d in dumps if d.trigger == 'hang']
+    assert {d.process for d in hangs} == {0, 1}, [(d.process, d.trigger) for d in dumps]
+    assert all("barrier('ckpt')" in d.details['record'] for d in hangs), hangs
+    lines = str(_analyze.analyze(dumps)).splitlines()
+    assert 'culprit: process 2' in lines and not any('not a hang' in ln for ln in lines), lines
+    j.kill_all()
+    results = j.finish()
+    for _, _, err in results[:2]:
+        assert re.search(
+            r"multihost: barrier\('first'\) #2 has waited \d+ s while process 2 is "
+            r'(tracing|compiling) a jitted function at _dump_job\.py:\d+ in (<module>|big) '
+            r'\(for \d+ s\): no hang dump while a host compiles \(up to 30 s\)',
+            err,
+        ), err[-2000:]
+        assert 'went on' not in err, err[-2000:]
+
+
 def test_ctrl_c_on_a_hung_job_dumps_where_each_host_was_and_ends_it_at_once(job: Any) -> None:
     """Ctrl-C on a hung job (SIGINT to every process, as a terminal or ``srun`` sends it):
     each host dumps where it was (trigger ``interrupt``; it wrote nothing before), analyze

@@ -727,3 +727,33 @@ def test_frames_named_like_ours_are_the_users_and_the_stack_says_what_it_waits_i
         'sleep',
         'in user code at train.py:88 in load, in time.sleep',
     )
+
+
+def test_a_stack_inside_jits_trace_or_compile_is_busy_compiling_not_a_device_wait():
+    """jit's call frames (``cache_miss``, ``_pjit_call_impl_python``) are also those of a
+    launch waiting on devices: a stack that goes on into jax's compiler (or its tracing)
+    says so, kind ``'jax'`` (busy), not ``'device'`` (waiting for another host)."""
+    from multihost._models._stacks import jit_phase, stack_activity
+
+    jax_src = '/venv/lib/python3.11/site-packages/jax/_src/'
+    call = (
+        ('/home/u/train.py', 50, 'main', 'state = step(state, batch)'),
+        (jax_src + 'pjit.py', 1, 'cache_miss', ''),
+        (jax_src + 'pjit.py', 2, '_pjit_call_impl_python', ''),
+    )
+    compiling = (*call, (jax_src + 'compiler.py', 3, 'backend_compile_and_load', ''))
+    tracing = (
+        *call[:2],
+        (jax_src + 'pjit.py', 4, '_trace_for_jit', ''),
+        (jax_src + 'interpreters/partial_eval.py', 5, 'trace_to_jaxpr', ''),
+        ('/home/u/model.py', 20, 'step', 'x = jnp.sin(x)'),
+        (jax_src + 'numpy/ufuncs.py', 6, 'sin', ''),
+    )
+    assert jit_phase(compiling) == 'compiling' and jit_phase(tracing) == 'tracing'
+    assert jit_phase(call) == ''
+    assert stack_activity(compiling) == (
+        'jax',
+        'compiling a jitted function at train.py:50 in main',
+    )
+    assert stack_activity(tracing) == ('jax', 'tracing a jitted function at model.py:20 in step')
+    assert stack_activity(call)[0] == 'device'  # no compile below it: it waits

@@ -220,6 +220,10 @@ def position(d: Dump) -> tuple[str, float | None]:
 
 def _front_position(d: Dump) -> tuple[str, float | None]:
     f = d.front
+    if f.pending is not None and f.waiting is None and f.jit_phase:  # not launched yet
+        brief = f', {f.pulse.brief}' if f.pulse is not None else ''
+        site = short_site(f.pending.site)
+        return f'{f.jit_phase} {f.pending.label} at {site} (not launched yet){brief}', f.pending_age
     if f.pending is not None and f.waiting is None:
         return (
             f'inside {f.pending.label} at {short_site(f.pending.site)} (not done on device)',

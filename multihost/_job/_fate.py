@@ -767,6 +767,8 @@ def _position() -> str:
     f = _wavefront.front(_kv.process_index())
     if f.waiting is not None:
         return f'waiting in {f.waiting.label} at {short_site(f.waiting.site)}'
+    if f.pending is not None and f.jit_phase:  # its call has not launched it yet
+        return f'{f.jit_phase} {f.pending.label} at {f.where or "?"}'
     if f.pending is not None:
         return f'inside {f.pending.label} (not done on device), waiting for it'
     if f.activity:

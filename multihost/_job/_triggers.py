@@ -38,6 +38,8 @@
 from __future__ import annotations
 
 import atexit
+import json
+import math
 import os
 import signal
 import sys
@@ -47,9 +49,10 @@ import traceback
 from typing import Any
 
 from multihost import _jax_adapter, _recorder
-from multihost._debug import _pulse
+from multihost._debug import _pulse, _stacks
 from multihost._exchange import _kv, _sequence
 from multihost._job import _dump, _native
+from multihost._models._stacks import frame_words, is_user_frame, jit_phase
 
 HANG_DEFAULT_S = 60.0
 #: The key JAX's preemption sync manager sets when a task gets SIGTERM (its time).
@@ -74,9 +77,17 @@ class _Wired:
         self.exiting = False
         self.exit_hooked = False  # `_at_exit` registered after JAX's own exit hook
         self.stop = threading.Event()
+        self.compiling_since: float | None = None  # this host's main thread in jit's compile
+        self.compile_published = False  # ... and says so (`_publish_compiling`)
+        self.compile_noted: tuple[int, int] | None = None  # the wait whose delay was logged
+        self.beat_seen: int | None = None  # the others' compile beat, last read
+        self.beat_moved = -math.inf  # when it last moved (monotonic)
 
 
 _w = _Wired()
+#: A hang dump waits while a host is tracing or compiling a jitted function (it will come),
+#: at most this many times the hang limit.
+COMPILE_GRACE = 10.0
 
 
 def hang_seconds() -> float:
@@ -264,6 +275,107 @@ def preempted(step: int) -> None:
     _dump.dump('preemption', {'sync_point': step})
 
 
+def _compiling_now() -> tuple[str, str]:
+    """(`jit_phase` of this host's main thread, its innermost user frame): its frames walked,
+    no source read (once per watchdog period)."""
+    frame = _pulse.main_frame()
+    frames: list[tuple[str, int, str, str]] = []
+    while frame is not None and len(frames) < 256:
+        frames.append((frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name, ''))
+        frame = frame.f_back
+    phase = jit_phase(frames)
+    if not phase:
+        return '', ''
+    ours = _stacks.our_dirs()
+    user = next((f for f in frames if is_user_frame(f, ours)), None)
+    return phase, frame_words(user, ours) if user is not None else ''
+
+
+def _publish_compiling() -> None:
+    """While this host's main thread traces or compiles a jitted function for longer than one
+    watchdog period, it beats ``mh/compiling/beat`` (a counter, each period) and says what and
+    where in ``mh/compiling/<process>``: a host waiting for it holds its hang dump while the
+    beat moves (`_compiling`). A host that stops beating (its compile done, or no Python runs:
+    a held GIL, a crash) is not waited for. Short compiles write nothing."""
+    client = _kv.client()
+    if client is None:
+        return
+    phase, where = _compiling_now()
+    try:
+        if phase and _w.compiling_since is None:
+            _w.compiling_since = time.time()
+        elif phase:
+            if not _w.compile_published:
+                info = {'phase': phase, 'where': where, 'since': _w.compiling_since}
+                _kv.put(client, _kv.key('compiling', _kv.process_index()), json.dumps(info))
+                _w.compile_published = True
+            _kv.increment(client, _kv.key('compiling', 'beat'), 1)
+        else:
+            _w.compiling_since = None
+            if _w.compile_published:
+                _w.compile_published = False
+                _kv.delete(client, _kv.key('compiling', _kv.process_index()))
+    except Exception:  # the service is gone: nothing waits on this any more
+        pass
+
+
+def _compile_beat(period: float) -> bool | None:
+    """Whether some host's compile beat moved within the last two watchdog periods (one
+    counter read); None when not known yet (the first look)."""
+    client = _kv.client()
+    if client is None:
+        return False
+    try:
+        beat = _kv.increment(client, _kv.key('compiling', 'beat'), 0)
+    except Exception:
+        return False
+    now, first = time.monotonic(), _w.beat_seen is None
+    if beat != _w.beat_seen:
+        _w.beat_seen = beat
+        _w.beat_moved = -math.inf if first else now
+    if first:
+        return None
+    return now - _w.beat_moved < 2 * period
+
+
+def _compiling(rec: _recorder.FlightRecord, waited: float, limit: float, period: float) -> bool:
+    """Whether a host is tracing or compiling a jitted function right now (`_compile_beat`):
+    the hang dump for ``rec`` then waits, at most `COMPILE_GRACE` x ``limit``. The first time
+    for a wait, names those hosts on stderr."""
+    if waited >= COMPILE_GRACE * limit:
+        return False
+    fresh = _compile_beat(period)
+    if fresh is None:
+        return True  # one period more, to see whether the beat moves
+    if not fresh:
+        return False
+    if _w.compile_noted == (rec.process, rec.n):
+        return True
+    try:  # once per wait: who (this host's own compile beat, just done, does not count)
+        entries = _kv.read_dir(_kv.client(), _kv.key('compiling'), skip=(_kv.process_index(),))
+    except Exception:
+        entries = {}
+    if not entries:
+        return False
+    _w.compile_noted = (rec.process, rec.n)
+    now, hosts = time.time(), []
+    for p, raw in sorted(entries.items()):
+        try:
+            info = json.loads(raw)
+            at = f' at {info["where"]}' if info.get('where') else ''
+            hosts.append(f'process {p} is {info["phase"]} a jitted function{at} '
+                         f'(for {now - float(info["since"]):.0f} s)')  # fmt: skip
+        except (ValueError, KeyError, TypeError):
+            continue
+    who = '; '.join(hosts) or 'a host is compiling'
+    print(
+        f'multihost: {rec.label} has waited {waited:.0f} s while {who}: no hang dump while '
+        f'a host compiles (up to {COMPILE_GRACE * limit:.0f} s)',
+        file=sys.stderr,
+    )
+    return True
+
+
 def _went_on() -> None:
     """Once the wait the last hang dump was for is over: when it went on (a slow host came,
     not a hang), says so on stderr and in this host's dump, and the next hang dump needs twice
@@ -332,6 +444,7 @@ def _watchdog(hang: float) -> None:
         next_poll = _preempted(next_poll)
         if hang <= 0:
             continue
+        _publish_compiling()
         _went_on()
         if _w.fired is not None:
             continue  # dumped for this wait already
@@ -340,7 +453,9 @@ def _watchdog(hang: float) -> None:
         waited = time.time() - rec.time if rec is not None else 0.0
         if rec is None:
             rec, waited = _stuck_on_device(limit)
-        if rec is None or waited < limit:
+        if rec is not None and limit / 2 <= waited < limit:
+            _compile_beat(period)  # known by the time the limit comes
+        if rec is None or waited < limit or _compiling(rec, waited, limit, period):
             continue
         _w.fired, _w.fired_at = rec, waited
         details = {'record': rec.label, 'site': rec.site, 'waited': waited, 'limit': limit}

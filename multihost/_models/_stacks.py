@@ -173,6 +173,12 @@ DEVICE_WAITS = frozenset(
     }
 )
 _JAX = frozenset({'jax', 'jaxlib', 'jax_plugins'})
+#: Functions of jax that trace a jitted function, and those that lower and compile it (any
+#: frame of ``jax/_src/compiler.py`` compiles too): a host inside one is busy and will come.
+_TRACING = frozenset({'_trace_for_jit', 'trace_to_jaxpr', 'trace_to_jaxpr_dynamic'})
+_COMPILING = frozenset(
+    {'_pjit_lower', 'lower_sharding_computation', 'lower_jaxpr_to_module', 'from_hlo'}
+)
 #: Kinds that are busy even without a user frame on the stack.
 _BUSY = frozenset({'coordination', 'device', 'jax'})
 _SLEEP = re.compile(r'\bsleep\s*\(')
@@ -217,7 +223,28 @@ def stack_activity(
     if not frames:
         return '', ''
     stack = _Stack(frames, ours, label)
-    return stack.coordination() or stack.jax() or stack.user()
+    return stack.coordination() or stack.jit() or stack.jax() or stack.user()
+
+
+#: How the words for a host inside jit's trace or compile go on (`_Stack.jit`).
+JITTED = 'a jitted function'
+
+
+def jit_phase(frames: Sequence[Frame]) -> str:
+    """``'compiling'`` when a stack is inside jit's lowering or XLA's compile, ``'tracing'``
+    when inside jit's tracing of the function, else ``''`` (pure; the frames' order and
+    source lines do not matter). Such a host is busy, not waiting for another: jit's call
+    frames (``cache_miss``, ``_pjit_call_impl``) alone would say a device wait."""
+    phase = ''
+    for filename, _, func, _ in frames:
+        path = filename.replace('\\', '/')
+        if '/jax/_src/' not in path:
+            continue
+        if path.endswith('/jax/_src/compiler.py') or func in _COMPILING:
+            return 'compiling'
+        if func in _TRACING:
+            phase = 'tracing'
+    return phase
 
 
 class _Stack:
@@ -250,8 +277,19 @@ class _Stack:
                 return 'coordination', f'{what} at {self.name(frames[i])}' + self.tail(i)
         return None
 
+    def jit(self) -> tuple[str, str] | None:
+        """Tracing or compiling a jitted function (`jit_phase`): at the innermost user frame
+        (the call, or the traced function's line)."""
+        phase = jit_phase(self.frames)
+        if not phase:
+            return None
+        what = f'{phase} {JITTED}'
+        if self.top < 0:
+            return 'jax', what
+        return 'jax', f'{what} at {self.name(self.frames[self.top])}'
+
     def jax(self) -> tuple[str, str] | None:
-        """Inside JAX: a device wait or collective, or elsewhere (tracing, compiling)."""
+        """Inside JAX: a device wait or collective, or elsewhere."""
         pkgs, frames = self.pkgs, self.frames
         if pkgs[-1] not in _JAX:
             return None

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from multihost._models._pulse import WAITING_KINDS, Pulse
-from multihost._models._stacks import background_words, display_path, waiting_words
+from multihost._models._stacks import JITTED, background_words, display_path, waiting_words
 from multihost._recorder import FlightRecord
 from multihost._text import fmt_duration, fmt_hosts
 
@@ -68,6 +68,17 @@ class HostFront:
     time: float = 0.0
     pulse: Pulse | None = None
 
+    @property
+    def jit_phase(self) -> str:
+        """``'compiling'`` or ``'tracing'`` when the main thread is inside jit's compile or
+        trace of a function (`_stacks.jit_phase`: busy, it will come; its launch is in its
+        call, not on a device), else ``''``."""
+        if self.activity_kind == 'jax':
+            for phase in ('compiling', 'tracing'):
+                if self.activity.startswith(f'{phase} {JITTED}'):
+                    return phase
+        return ''
+
     def launched(self, name: str) -> int:
         """How many times this host launched ``name``."""
         return dict(self.calls).get(name, 0)
@@ -82,6 +93,10 @@ class HostFront:
     def _main_doing(self) -> str:
         if self.waiting is not None:
             return f'waiting {waiting_words(self.waiting)} for {fmt_duration(self.waiting_for)}'
+        if self.pending is not None and self.jit_phase:
+            ago = fmt_duration(self.pending_age)
+            at = f', at {self.where}' if self.where else ''
+            return f'{self.jit_phase} {self.pending.label} (called {ago} ago){at}'
         if self.pending is not None:
             return (
                 f'{self.pending.label} not done on device '

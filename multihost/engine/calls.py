@@ -89,9 +89,32 @@ def initialize(
         kwargs['heartbeat_timeout_seconds'] = heartbeat_timeout
     if coordinator_bind_address:
         kwargs['coordinator_bind_address'] = coordinator_bind_address
+    _whole_lines_from_c()
     jax.distributed.initialize(**kwargs)
     install()
     return engine_info()
+
+
+def _whole_lines_from_c() -> None:
+    """Makes C's ``stdout`` line-buffered (glibc; best effort, nothing elsewhere).
+
+    Under ``PYTHONUNBUFFERED=1`` (or ``python -u``) Python leaves it unbuffered, so a
+    C++ library's line (XLA's Gloo reports each new clique with one ``std::cout << ... <<
+    std::endl``) is written piece by piece, and the engine's pipe reader forwards the pieces
+    between the cell's own prints: ``[Gloo] Rank sum 1.0``. Line-buffered, as on a terminal,
+    each line is one write.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        stream = ctypes.c_void_p.in_dll(libc, 'stdout')
+        libc.fflush.argtypes = [ctypes.c_void_p]
+        libc.setvbuf.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t]
+        libc.fflush(stream)
+        libc.setvbuf(stream, None, 1, 8192)  # 1: _IOLBF, line-buffered
+    except (OSError, AttributeError, ValueError):
+        pass
 
 
 def install() -> None:
