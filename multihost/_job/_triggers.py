@@ -78,7 +78,7 @@ class _Wired:
         self.exit_hooked = False  # `_at_exit` registered after JAX's own exit hook
         self.stop = threading.Event()
         self.compiling_since: float | None = None  # this host's main thread in jit's compile
-        self.compile_published = False  # ... and says so (`_publish_compiling`)
+        self.compile_published = ''  # ... and the phase it said (`_publish_compiling`)
         self.compile_noted: tuple[int, int] | None = None  # the wait whose delay was logged
         self.beat_seen: int | None = None  # the others' compile beat, last read
         self.beat_moved = -math.inf  # when it last moved (monotonic)
@@ -305,15 +305,15 @@ def _publish_compiling() -> None:
         if phase and _w.compiling_since is None:
             _w.compiling_since = time.time()
         elif phase:
-            if not _w.compile_published:
+            if _w.compile_published != phase:  # tracing, then compiling: said again
                 info = {'phase': phase, 'where': where, 'since': _w.compiling_since}
                 _kv.put(client, _kv.key('compiling', _kv.process_index()), json.dumps(info))
-                _w.compile_published = True
+                _w.compile_published = phase
             _kv.increment(client, _kv.key('compiling', 'beat'), 1)
         else:
             _w.compiling_since = None
             if _w.compile_published:
-                _w.compile_published = False
+                _w.compile_published = ''
                 _kv.delete(client, _kv.key('compiling', _kv.process_index()))
     except Exception:  # the service is gone: nothing waits on this any more
         pass
