@@ -757,3 +757,46 @@ def test_a_stack_inside_jits_trace_or_compile_is_busy_compiling_not_a_device_wai
     )
     assert stack_activity(tracing) == ('jax', 'tracing a jitted function at model.py:20 in step')
     assert stack_activity(call)[0] == 'device'  # no compile below it: it waits
+
+
+def test_the_wavefront_says_a_host_compiling_its_launch_is_compiling_it_not_running_it():
+    """A launch whose call is still in jit's compile is recorded as launched; the verdict and
+    the host's line say it is being compiled, not that the device has not finished it."""
+    import dataclasses
+
+    from multihost import FlightRecord, HostFront, Wavefront
+
+    def launch(p: int) -> FlightRecord:
+        return FlightRecord(
+            n=3, kind='launch', name='train_step', call=0, seq=-1, digest='ab' * 8,
+            fingerprint='', site='/job/train.py:50', time=1000.0, wait=None,
+            state='launched', process=p,
+        )  # fmt: skip
+
+    def barrier(p: int) -> FlightRecord:
+        return FlightRecord(
+            n=2, kind='barrier', name='ready', call=-1, seq=1, digest='ab' * 8,
+            fingerprint='', site='/job/train.py:48', time=999.0, wait=None,
+            state='waiting', process=p,
+        )  # fmt: skip
+
+    compiling = HostFront(
+        process=1, answered=True, last=launch(1), last_launch=launch(1), pending=launch(1),
+        pending_age=40.0, calls=(('train_step', 1),), where='train.py:50 in main',
+        activity='compiling a jitted function at train.py:50 in main', activity_kind='jax',
+    )  # fmt: skip
+    running = dataclasses.replace(
+        compiling, process=2, last=launch(2), last_launch=launch(2), pending=launch(2),
+        activity='inside a JAX collective or device wait at train.py:50 in main',
+        activity_kind='device',
+    )  # fmt: skip
+    waiting = HostFront(process=0, answered=True, last=barrier(0), waiting=barrier(0),
+                        waiting_for=40.0)  # fmt: skip
+    assert compiling.jit_phase == 'compiling' and running.jit_phase == ''
+    wf = Wavefront(hosts=(waiting, compiling, running), time=1040.0)
+    assert wf.verdict.startswith(
+        'process 2 is inside train_step call #0 (launched 40 s ago, not done); '
+        'process 1 is compiling train_step call #0 (called 40 s ago); '
+        'process 0 never launched call #0: '
+    ), wf.verdict
+    assert compiling.doing.startswith('compiling train_step call #0 (called 40 s ago)')

@@ -584,6 +584,7 @@ class HostStacks:
             assert w is not None
             return f'waiting {waiting_words(w, self.ours)} for {waited}'
         kind, words = self.main_activity
+        compiling = kind == 'jax' and words.startswith(('compiling ', 'tracing '))
         if kind not in ('', 'user', 'idle') and (activity == 'running' or kind in _BUSY):
             head = words  # in a device wait, a coordination-service barrier, time.sleep...
         elif activity == 'running':
@@ -592,15 +593,19 @@ class HostStacks:
             head = 'idle (no user code running)'
         else:
             head = 'main thread not seen'
-        return head + self._last_words(idle)
+        return head + self._last_words(idle, compiling)
 
-    def _last_words(self, idle: str) -> str:
+    def _last_words(self, idle: str, compiling: bool = False) -> str:
         last = self.last
         if last is not None:
             what = 'launch' if last.is_launch else 'collective'
             # A launch whose output is not ready: the host may be inside it, or ahead of it
-            # (async dispatch); either way the device has not finished it.
-            busy = ', not done on device' if last.is_launch and last.state == 'launched' else ''
+            # (async dispatch); either way the device has not finished it. Unless the stack
+            # is still in jit's compile: the call has not launched it yet.
+            busy = ''
+            if last.is_launch and last.state == 'launched':
+                busy = ', being compiled' if compiling else ', not done on device'
+
             return f', last {what} {last.label} ({idle} ago{busy})'
         c = self.current
         if c is not None:

@@ -182,11 +182,20 @@ class Wavefront:
         if target is not None:
             g = self.groups()
             inside = [self.hosts[p] for p in g['inside']]
-            age = max((h.pending_age for h in inside), default=0.0)
             what = target.label
-            if inside:
+            launching = [h for h in inside if not h.jit_phase]
+            if launching:
+                age = max(h.pending_age for h in launching)
                 launched = f'launched {fmt_duration(age)} ago'
-                parts.append(f'{_are(g["inside"])} inside {what} ({launched}, not done)')
+                ps = [h.process for h in launching]
+                parts.append(f'{_are(ps)} inside {what} ({launched}, not done)')
+            for phase in ('tracing', 'compiling'):  # its call has not launched it yet
+                hs = [h for h in inside if h.jit_phase == phase]
+                if hs:
+                    called = fmt_duration(max(h.pending_age for h in hs))
+                    parts.append(
+                        f'{_are([h.process for h in hs])} {phase} {what} (called {called} ago)'
+                    )
             if g['past']:
                 parts.append(f'{_are(g["past"])} past it')
             never = _grouped([self.hosts[p] for p in g['never']], _position)
