@@ -20,7 +20,9 @@
   launch not done on device, with nothing new recorded meanwhile) dumps once
   for that wait and asks every other host to dump (`_dump.request_all`). When
   the wait then goes on (a slow host, not a hang), its dump and stderr say so
-  and the next hang dump needs twice that wait (`_went_on`).
+  and the next hang dump needs twice that wait (`_went_on`). While another host
+  traces or compiles a jitted function (its compile beat moves: `_publish_compiling`),
+  the dump waits, up to `COMPILE_GRACE` times the limit (`_compiling`).
 
 - the GIL held in a C call (no Python runs: neither of the above can write): the dump
   signal also goes to `faulthandler`, and a `faulthandler` watchdog re-armed by the
