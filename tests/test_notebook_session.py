@@ -172,6 +172,27 @@ def test_a_cells_output_leaves_out_the_collectives_librarys_connection_chatter(s
     assert '[process 3] sum 1.0' in echoed and '[process 0] [Gloo] my own line' in echoed, echoed
 
 
+def test_a_c_librarys_line_reaches_the_cell_whole_between_the_cells_own_prints(session):
+    """The same report written as Gloo writes it (``std::cout << ...``: piece by piece when
+    C's stdout is unbuffered, as under PYTHONUNBUFFERED=1) with a ``print`` in between: the
+    engine's C stdout is line-buffered, so the report comes whole and is left out; before,
+    its pieces landed around the print (``[Gloo] Rank python line``) and stayed."""
+    code = (
+        'import ctypes, time\n'
+        'libc = ctypes.CDLL(None)\n'
+        'libc.printf(b"[Gloo] Rank ")\n'
+        'time.sleep(0.3)\n'
+        'print("python line")\n'
+        'time.sleep(0.3)\n'
+        'libc.printf(b"1 is connected to 1 peer ranks. Expected number of connected peer '
+        'ranks is : 1\\n")\n'
+        'libc.fflush(None)\n'
+        'time.sleep(1.0)\n'  # ipykernel's pipe reader forwards fd 1 on a thread of its own
+    )
+    out = session.execute(code, timeout=60, echo=False)
+    assert set(out.values()) == {'python line\n'}, out
+
+
 def test_barrier_through_session(session):
     """Session.barrier runs a timed barrier on every host and reports per host."""
     results = session.barrier('nb-barrier', timeout=30)

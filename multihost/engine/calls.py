@@ -106,15 +106,27 @@ def _whole_lines_from_c() -> None:
     """
     import ctypes
 
+    global _C_STDOUT_BUFFER
+    if _C_STDOUT_BUFFER is not None:
+        return
     try:
         libc = ctypes.CDLL(None)
         stream = ctypes.c_void_p.in_dll(libc, 'stdout')
         libc.fflush.argtypes = [ctypes.c_void_p]
-        libc.setvbuf.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t]
+        libc.setvbuf.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        # A buffer of its own: an unbuffered stream's is one byte, which glibc keeps when
+        # given none (line-buffered on one byte is unbuffered). Kept for the process's life.
+        buffer = ctypes.create_string_buffer(_C_STDOUT_BYTES)
         libc.fflush(stream)
-        libc.setvbuf(stream, None, 1, 8192)  # 1: _IOLBF, line-buffered
+        if libc.setvbuf(stream, ctypes.addressof(buffer), 1, _C_STDOUT_BYTES) == 0:  # _IOLBF
+            _C_STDOUT_BUFFER = buffer
     except (OSError, AttributeError, ValueError):
         pass
+
+
+#: C's stdout buffer (`_whole_lines_from_c`), held here while the process lives.
+_C_STDOUT_BUFFER: Any = None
+_C_STDOUT_BYTES = 8192
 
 
 def install() -> None:
