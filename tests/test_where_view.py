@@ -800,3 +800,18 @@ def test_the_wavefront_says_a_host_compiling_its_launch_is_compiling_it_not_runn
         'process 0 never launched call #0: '
     ), wf.verdict
     assert compiling.doing.startswith('compiling train_step call #0 (called 40 s ago)')
+    # The host's stacks say the same of its last launch.
+    jax_src = '/venv/lib/python3.11/site-packages/jax/_src/'
+    frames = (
+        ('/job/train.py', 50, 'main', 'state = step(state, batch)'),
+        (jax_src + 'pjit.py', 1, 'cache_miss', ''),
+        (jax_src + 'compiler.py', 3, 'backend_compile_and_load', ''),
+    )
+    thread = ThreadStack('MainThread', 1, True, False, frames)
+    stacks = HostStacks(process=1, answered=True, threads=(thread,), last=launch(1), idle=40.0)
+    assert stacks.doing == (
+        'compiling a jitted function at train.py:50 in main, last launch train_step call #0 '
+        '(40 s ago, being compiled)'
+    ), stacks.doing
+    running = dataclasses.replace(stacks, threads=(dataclasses.replace(thread, frames=frames[:2]),))
+    assert running.doing.endswith('(40 s ago, not done on device)'), running.doing

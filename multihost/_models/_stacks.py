@@ -230,6 +230,15 @@ def stack_activity(
 JITTED = 'a jitted function'
 
 
+def phase_of(kind: str, words: str) -> str:
+    """The `jit_phase` that `stack_activity`'s ``(kind, words)`` tell (pure), else ``''``."""
+    if kind == 'jax':
+        for phase in ('compiling', 'tracing'):
+            if words.startswith(f'{phase} {JITTED}'):
+                return phase
+    return ''
+
+
 def jit_phase(frames: Sequence[Frame]) -> str:
     """``'compiling'`` when a stack is inside jit's lowering or XLA's compile, ``'tracing'``
     when inside jit's tracing of the function, else ``''`` (pure; the frames' order and
@@ -584,7 +593,7 @@ class HostStacks:
             assert w is not None
             return f'waiting {waiting_words(w, self.ours)} for {waited}'
         kind, words = self.main_activity
-        compiling = kind == 'jax' and words.startswith(('compiling ', 'tracing '))
+        compiling = bool(phase_of(kind, words))
         if kind not in ('', 'user', 'idle') and (activity == 'running' or kind in _BUSY):
             head = words  # in a device wait, a coordination-service barrier, time.sleep...
         elif activity == 'running':

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from multihost._models._pulse import WAITING_KINDS, Pulse
-from multihost._models._stacks import JITTED, background_words, display_path, waiting_words
+from multihost._models._stacks import background_words, display_path, phase_of, waiting_words
 from multihost._recorder import FlightRecord
 from multihost._text import fmt_duration, fmt_hosts
 
@@ -73,11 +73,7 @@ class HostFront:
         """``'compiling'`` or ``'tracing'`` when the main thread is inside jit's compile or
         trace of a function (`_stacks.jit_phase`: busy, it will come; its launch is in its
         call, not on a device), else ``''``."""
-        if self.activity_kind == 'jax':
-            for phase in ('compiling', 'tracing'):
-                if self.activity.startswith(f'{phase} {JITTED}'):
-                    return phase
-        return ''
+        return phase_of(self.activity_kind, self.activity)
 
     def launched(self, name: str) -> int:
         """How many times this host launched ``name``."""
