@@ -12,8 +12,9 @@
 - ``slow_then_stuck``: process ``LATE`` sleeps ``SLEEP`` s before the barrier ``first``
   (a slow host), then ``SLEEP2`` s before the barrier ``ckpt`` (a stuck one);
 - ``compile_then_stuck``: process ``LATE`` jit-compiles a function of ``COMPILE_N`` ops
-  before the barrier ``first`` (the others wait there: a slow compile, not a hang), then
-  sleeps ``SLEEP2`` s before the barrier ``ckpt`` (a stuck host);
+  (its tracing made to last at least ``COMPILE_S`` s) before the barrier ``first`` (the
+  others wait there: a slow compile, not a hang), then sleeps ``SLEEP2`` s before the
+  barrier ``ckpt`` (a stuck host);
 - ``busy``: before the barrier ``ckpt``, process ``SPIN`` spins the CPU in Python and
   process ``LATE`` sleeps, ``SLEEP`` s each; the others wait there.
 """
@@ -82,10 +83,14 @@ elif mode == 'compile_then_stuck':
 
     multihost_utils.sync_global_devices('before')
     if pid == int(os.environ['LATE']):
+        n, at_least = int(os.environ['COMPILE_N']), float(os.environ.get('COMPILE_S', '0'))
 
         def big(x):
-            for i in range(int(os.environ['COMPILE_N'])):
+            for i in range(n):
                 x = jnp.sin(x) * 1.0001 + i
+                # Slow tracing (as a big model's Python is): at least COMPILE_S s in jit in
+                # all, however fast this machine compiles. The watchdog sees one jit call.
+                time.sleep(at_least / n)
             return x
 
         began = time.time()

@@ -269,14 +269,14 @@ def test_a_host_compiling_holds_the_hang_dump_and_a_later_hang_is_dumped(job: An
     the others wait at ``first`` past their hang limit (3 s). They write no hang dump while
     it compiles (it said so in the coordination service), each says why in one line, and the
     hang that follows (process 2 stuck before ``ckpt``) is dumped as usual."""
-    j = job(3, MODE='compile_then_stuck', LATE='2', COMPILE_N='6000', SLEEP2='60',
-            MULTIHOST_HANG_DUMP_S='3')  # fmt: skip
+    j = job(3, MODE='compile_then_stuck', LATE='2', COMPILE_N='1500', COMPILE_S='6',
+            SLEEP2='60', MULTIHOST_HANG_DUMP_S='3')  # fmt: skip
     j.wait_started()
     late = j.procs[2].stdout
     assert late is not None
     compiled = late.readline().strip()
     took = float(re.fullmatch(r'compiled in ([\d.]+) s', compiled).group(1))  # type: ignore[union-attr]
-    assert took > 5, f'the compile took {took} s: too short to hold a 3 s hang limit'
+    assert took >= 6, f'the jit call took {took} s: its tracing alone lasts 6 s'
     for p in j.procs:
         assert p.stdout is not None and p.stdout.readline().strip() == 'past the slow wait'
     # Nothing was dumped for the slow compile ...

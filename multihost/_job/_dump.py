@@ -35,7 +35,9 @@ REQUEST_TIMEOUT_S = 10.0
 
 class _State:
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = (
+            threading.RLock()
+        )  # re-entrant: the dump signal's handler may write on the main thread mid-write
         self.directory: str | None = None
         self.last_written = 0.0
         self.last_doc: dict[str, Any] | None = None
@@ -191,7 +193,7 @@ def request_all(why: str, *, wait: bool = False) -> threading.Thread | None:
         try:
             me, n = _process()
             asked = time.time()
-            replies, _ = _bus.command(client, 'dump', REQUEST_TIMEOUT_S, why=why)
+            replies, _ = _bus.command(client, 'dump', REQUEST_TIMEOUT_S, why=why, at=asked)
             silent = [p for p in range(n) if p not in replies and p != me]
             gone = {
                 p: 'did not answer the dump request (dead, or its debug thread was not running)'
@@ -262,11 +264,24 @@ def _current() -> bool:
     return time.time() - last < QUIET_S and not _recorder.moved_on_since(last)
 
 
+def _answered(asked: Any) -> bool:
+    """This host wrote a dump of its own after the request was made (a host that held the
+    GIL reads a request late: the dump its signal wrote when the GIL came back answers it,
+    also when its main thread went on since)."""
+    last = _state.last_doc
+    return (
+        isinstance(asked, (int, float))
+        and last is not None
+        and last['trigger']['what'] != 'request'
+        and _state.last_written >= asked
+    )
+
+
 def _on_request(client: Any, order: dict[str, Any]) -> str:
     """The ``dump`` command: write this host's dump, unless it wrote one just now."""
     if _state.directory is None:
         return json.dumps({'path': None})
-    if order.get('by') == _process()[0] or _current():
+    if order.get('by') == _process()[0] or _current() or _answered(order.get('at')):
         return json.dumps({'path': 'kept'})
     details = {'by': order.get('by'), 'why': order.get('why', '')}
     return json.dumps({'path': dump('request', details)})

@@ -68,6 +68,10 @@ class _Wired:
         self.enabled = False
         self.signum: int | None = None
         self.watcher_reads = False  # a watcher thread reads the wakeup fd
+        self.signal_lock = threading.RLock()  # taken in a signal handler on the main thread
+        # Dump signals each side (the main thread's handler, the watcher thread) wrote the
+        # dump for and the other side has not seen yet (`_signal_dump`).
+        self.covered = {'handler': 0, 'watcher': 0}
         self.prev_excepthook: Any = None
         self.prev_thread_hook: Any = None
         self.hang = HANG_DEFAULT_S
@@ -206,6 +210,24 @@ def _wire_signal() -> None:
 def _on_signal(signum: int, frame: Any) -> None:
     if not _w.watcher_reads:
         _dump.dump('signal', {'signal': signal.Signals(signum).name})
+    else:
+        _signal_dump('handler', 1)
+
+
+def _signal_dump(side: str, count: int) -> None:
+    """One dump per dump signal, written by whichever side sees it first: the watcher thread
+    (the main thread is blocked in C with the GIL released: the dump is written at once) or
+    the main thread's Python handler (a C call that kept the GIL returned: the handler runs
+    before the main thread's next line, so the dump says where it was, not where it went
+    on to while the watcher waited for the GIL). The other side skips that signal."""
+    other = 'watcher' if side == 'handler' else 'handler'
+    with _w.signal_lock:
+        seen = min(count, _w.covered[other])
+        _w.covered[other] -= seen
+        due = count - seen
+        _w.covered[side] += due
+    if due and _w.signum is not None and _dump.directory() is not None:
+        _dump.dump('signal', {'signal': signal.Signals(_w.signum).name})
 
 
 # A stack taken while this handler runs on the main thread shows the frame below it.
@@ -220,8 +242,8 @@ def _watch_fd(fd: int) -> None:
             return
         if not data:
             return
-        if _w.signum is not None and _w.signum in data and _dump.directory() is not None:
-            _dump.dump('signal', {'signal': signal.Signals(_w.signum).name})
+        if _w.signum is not None and _w.signum in data:
+            _signal_dump('watcher', data.count(_w.signum))
 
 
 def _stuck() -> _recorder.FlightRecord | None:
