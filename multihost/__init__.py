@@ -10,6 +10,7 @@ Runs on every host (one JAX process per host); depends on jax and numpy only.
 from multihost._checks._census import env_diff, memory_census
 from multihost._checks._layout import describe_layout
 from multihost._checks._nonfinite import find_nonfinite, nonfinite
+from multihost._checks._preview import preview_layout
 from multihost._checks._replicas import check_replicas
 from multihost._checks._treediff import assert_equal, tree_diff
 from multihost._core._arrays import (
@@ -57,7 +58,9 @@ from multihost._job._install import install, uninstall
 from multihost._models import (
     AuditFinding,
     AuditReport,
+    AxisLink,
     CollectiveRecord,
+    DeviceInfo,
     EnvDiff,
     FlightRecord,
     GlobalLeaf,
@@ -110,6 +113,8 @@ __all__ = [
     'HostFront',
     'HostMismatchError',
     'HostStacks',
+    'AxisLink',
+    'DeviceInfo',
     'Layout',
     'LayoutBlock',
     'LeafDiff',
@@ -151,6 +156,7 @@ __all__ = [
     'live_devices',
     'memory_census',
     'nonfinite',
+    'preview_layout',
     'process_allgather',
     'reached_preemption_sync_point',
     'release',
