@@ -130,3 +130,75 @@ def preview_layout(
     sharding = NamedSharding(Mesh(grid, names), pspec)
     abstract = jax.ShapeDtypeStruct(tuple(int(n) for n in shape), dtype, sharding=sharding)
     return describe_layout(abstract)
+
+
+def _parse_spec(text: str) -> tuple[Any, ...]:
+    """``"P('data', 'model')"``, ``"data,model"``, ``"(data,fsdp),None"`` -> spec entries."""
+    body = text.strip()
+    if len(body) > 1 and body[0] == body[-1] and body[0] in '\'"':
+        body = body[1:-1].strip()
+    if body.startswith('P(') and body.endswith(')'):
+        body = body[2:-1]
+    entries: list[Any] = []
+    depth, current = 0, ''
+    for ch in body + ',':
+        if ch == ',' and depth == 0:
+            entries.append(current.strip())
+            current = ''
+            continue
+        depth += (ch == '(') - (ch == ')')
+        current += ch
+    out: list[Any] = []
+    for e in entries:
+        if e.startswith('(') and e.endswith(')'):
+            names = tuple(n.strip().strip('\'"') for n in e[1:-1].split(',') if n.strip())
+            out.append(names)
+        elif e in ('None', ''):
+            out.append(None)
+        else:
+            out.append(e.strip('\'"'))
+    while out and out[-1] is None and entries[-1] == '':
+        out.pop()
+    return tuple(out)
+
+
+def preview_from_text(
+    topology: str,
+    shape: str,
+    dtype: str = 'float32',
+    mesh: str = '',
+    spec: str = '',
+    num_slices: int = 1,
+) -> Layout:
+    """`preview_layout` from the words of a command line (``%mh_layout --topology``):
+    ``shape='1024,512'``, ``mesh='data=4,model=4'``, ``spec="P('data', 'model')"`` (or
+    ``'data,model'``, ``'(data,fsdp),None'``). Without ``mesh``: one axis ``'x'`` over
+    every device.
+
+    Raises:
+        ValueError: a word that does not parse (the message shows the expected form).
+    """
+    try:
+        dims = tuple(int(n) for n in shape.replace('x', ',').split(',') if n.strip())
+    except ValueError:
+        raise ValueError(f'--shape {shape!r}: give the sizes, e.g. --shape 1024,512') from None
+    axes: list[tuple[str, int]] = []
+    for part in (p for p in mesh.split(',') if p.strip()):
+        name, eq, size = part.partition('=')
+        if not eq or not size.strip().isdigit():
+            raise ValueError(f'--mesh {mesh!r}: give NAME=SIZE pairs, e.g. --mesh data=4,model=4')
+        axes.append((name.strip(), int(size)))
+    if not axes:
+        axes = [('x', len(topology_devices(topology, num_slices)))]
+    entries = _parse_spec(spec) if spec else ()
+    names = {a for a, _ in axes}
+    for e in entries:
+        for n in e if isinstance(e, tuple) else (e,):
+            if n is not None and n not in names:
+                raise ValueError(
+                    f'--spec {spec!r} names axis {n!r}, which the mesh '
+                    f'({", ".join(f"{a}={s}" for a, s in axes)}) does not have'
+                )
+    return preview_layout(
+        dims, dtype, topology=topology, mesh=axes, spec=entries, num_slices=num_slices
+    )

@@ -96,17 +96,17 @@ def device_infos_from(devices: Sequence[object]) -> tuple[DeviceInfo, ...]:
 def wraps(kind: str, extent: Sequence[int], dim: int) -> bool:
     """Whether dimension ``dim`` of a slice of ``extent`` chips has wraparound ICI links.
 
-    As Google's Cloud TPU pages describe the slices: TPU v4 and v5p close a dimension into a
-    ring when it is a multiple of 4 long (a 4x4x4 cube and larger: a 3-D torus); v5e and
-    v6e only in a full 16-chip pod dimension. Unknown kinds: no wraparound (a verdict then
-    never claims a ring it cannot see).
+    As we read Google's Cloud TPU pages: TPU v4 and v5p slices of whole 4x4x4 cubes
+    (every dimension a multiple of 4) are 3-D tori, smaller slices have no wraparound; v5e
+    and v6e wrap only a full 16-chip pod dimension. Conservative on purpose: an unknown kind
+    or shape gets no wraparound, so a verdict never claims a ring it cannot see.
     """
     n = int(extent[dim])
     k = kind.lower()
     if n < 3:
         return False
     if k in ('tpu v4', 'tpu v5', 'tpu v5p'):
-        return n % 4 == 0
+        return len(extent) == 3 and all(int(m) % 4 == 0 for m in extent)
     if k.startswith('tpu v5 lite') or k.startswith('tpu v5e') or k.startswith('tpu v6'):
         return n == 16
     return False

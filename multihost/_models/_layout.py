@@ -516,6 +516,14 @@ class Layout:
         hosts = len({d.process_index for d in self.devices})
         return text + f' on {hosts} host{"s" if hosts != 1 else ""}'
 
+    def chip_grid(self) -> Any:
+        """The chips at their torus coordinates, coloured by host, with the blocks they hold
+        (`multihost._models._chipgrid.ChipGrid`; ``str()`` is its text form); None without
+        chip coordinates (CPU devices)."""
+        from multihost._models._chipgrid import chip_grid
+
+        return chip_grid(self)
+
     def device_where(self, device_id: int | None) -> str:
         """The device's name and, where known, its chip: ``'process 0 · dev 0 (id 0), TPU v5
         lite chip (0,0,0)'``."""
@@ -660,7 +668,40 @@ class Layout:
             '  bytes per host: '
             + ', '.join(f'{p}: {format_bytes(n)}' for p, n in self.bytes_per_process().items())
         )
+        if self.has_chips:
+            lines.append(f'  bytes per chip: {self.bytes_per_chip_text()}')
         return '\n'.join(lines)
+
+    def bytes_per_chip(self) -> dict[tuple[int, tuple[int, ...]], int]:
+        """``(slice, coords)`` -> bytes its cores hold, every chip of `devices` (0 for
+        those holding none); ``{}`` without chip coordinates."""
+        if not self.has_chips:
+            return {}
+        per_device = self.bytes_per_device()
+        out: dict[tuple[int, tuple[int, ...]], int] = {}
+        for d in self.devices:
+            out[d.chip] = out.get(d.chip, 0) + per_device.get(d.id, 0)
+        return out
+
+    def bytes_per_chip_text(self) -> str:
+        """``'4 MiB each (16 chips)'`` or ``'0 B to 8 MiB (largest on chip (0,0,0))'``."""
+        per = self.bytes_per_chip()
+        if not per:
+            return ''
+        sizes = set(per.values())
+        if len(sizes) == 1:
+            return f'{format_bytes(sizes.pop())} each ({len(per)} chips)'
+        (s, coords), top = max(per.items(), key=lambda kv: kv[1])
+        where = ','.join(map(str, coords)) + (f' slice {s}' if len(self.chips_slices) > 1 else '')
+        return (
+            f'{format_bytes(min(per.values()))} to {format_bytes(top)} '
+            f'(largest on chip ({where}); {len(per)} chips)'
+        )
+
+    @property
+    def chips_slices(self) -> tuple[int, ...]:
+        """The slices of `devices` (``(0,)`` without slices)."""
+        return tuple(sorted({d.chip[0] for d in self.devices}))
 
 
 def normalize_index(index: IndexLike, shape: Sequence[int]) -> Index:
