@@ -385,7 +385,7 @@ class MultihostMagics(Magics):
             %mh_layout state.params
             %mh_layout state.params['block_0']['Dense_0']['kernel']
             %mh_layout state.params.embed.embedding --axes 1,0 --no-values
-            %mh_layout --topology v5e:4x4 --shape 8192,4096 --dtype bfloat16 --mesh data=4,model=4 --spec P('data','model')
+            %mh_layout --topology v5e:4x4 --shape 8192,4096 --mesh data=4,model=4 --spec data,model
 
         ``--topology`` previews, from a laptop, how an array would lie on a TPU pod (no
         session, no TPU: libtpu describes the pod, ``JAX_PLATFORMS=cpu``): the chips at

@@ -156,7 +156,9 @@ class DeviceMemory:
     @property
     def near_limit(self) -> bool:
         """Whether the peak came within `NEAR_LIMIT` of the limit."""
-        return bool(self.limit) and (self.peak or 0) >= self.limit * (1 - NEAR_LIMIT)
+        if not self.limit:
+            return False
+        return (self.peak or 0) >= self.limit * (1 - NEAR_LIMIT)
 
 
 @dataclasses.dataclass(frozen=True)

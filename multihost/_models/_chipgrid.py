@@ -105,7 +105,8 @@ class ChipGrid:
         return tuple(c for p in self.planes for c in p.chips if c is not None)
 
     def legend(self) -> str:
-        """What a cell says: ``'cell: host p, then the block (block row,column along dims 0, 1)'``."""
+        """What a cell says: ``'cell: pN = host (process) N, then block number along dims 0,
+        1; . = holds none'``."""
         if not self.block_dims:
             what = '* = the whole array'
         else:
@@ -187,18 +188,18 @@ def chip_grid(layout: Layout) -> ChipGrid | None:
             nbytes=sum(size.get(d.id, 0) for d in devs),
         )
     planes = []
-    for s in sorted({k[0] for k in chips}):
-        coords = [k[1] for k in chips if k[0] == s]
+    for sl in sorted({k[0] for k in chips}):
+        coords = [k[1] for k in chips if k[0] == sl]
         width = max(c[0] for c in coords) + 1
         height = max((c[1] for c in coords if len(c) > 1), default=0) + 1
         zs = sorted({c[2] for c in coords if len(c) > 2}) or [0]
         for z in zs:
             cells = tuple(
-                chips.get((s, _coords(x, y, z, len(coords[0]))))
+                chips.get((sl, _coords(x, y, z, len(coords[0]))))
                 for y in range(height)
                 for x in range(width)
             )
-            planes.append(ChipPlane(s, z if len(zs) > 1 else None, width, height, cells))
+            planes.append(ChipPlane(sl, z if len(zs) > 1 else None, width, height, cells))
     return ChipGrid(
         kind=layout.device_kind,
         planes=tuple(planes),

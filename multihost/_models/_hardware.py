@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,7 @@ class DeviceInfo:
         return text
 
 
-def device_infos_from(devices: Sequence[object]) -> tuple[DeviceInfo, ...]:
+def device_infos_from(devices: Sequence[Any]) -> tuple[DeviceInfo, ...]:
     """`DeviceInfo` of jax devices (or anything with their attributes), reading only what
     the platform has (``getattr`` with defaults: a CPU device has no ``coords``)."""
     out = []
@@ -194,13 +195,15 @@ class AxisLink:
         return self.hosts > 1
 
 
-def _line_link(line: list[DeviceInfo], extents: dict[int | None, tuple[int, ...]]) -> tuple:
+def _line_link(
+    line: list[DeviceInfo], extents: dict[int | None, tuple[int, ...]]
+) -> tuple[Any, ...]:
     """(hosts, slices, chips, ring, path, dims) of one line of a mesh axis."""
     hosts = len({d.process_index for d in line})
     slices = len({d.slice_index for d in line}) if line[0].slice_index is not None else 0
     if not all(d.coords for d in line):
         return hosts, slices, 0, False, False, frozenset()
-    chips = []
+    chips: list[DeviceInfo] = []
     for d in line:  # consecutive cores of one chip count once
         if not chips or chips[-1].chip != d.chip:
             chips.append(d)

@@ -111,7 +111,23 @@ def chip_grid_html(grid: ChipGrid | None) -> str:
         f'on {grid.hosts} hosts (colour: host; x across, y down); '
         f'{esc(grid.legend().split("then ", 1)[-1])}</div>'
     )
-    return f'{CSS}<div class="mh-chip-grid">{head}{"".join(planes)}</div>'
+    return f'{CSS}<div class="mh-chip-grid">{head}{_host_legend(colors)}{"".join(planes)}</div>'
+
+
+def _host_legend(colors: dict[int, str], most: int = 32) -> str:
+    """A swatch per host (``mh-chip-legend``), up to ``most`` hosts (then the tooltips)."""
+    if len(colors) > most:
+        return (
+            '<div class="mh-chip-legend">hosts: hover a chip for its process, chip and '
+            'devices</div>'
+        )
+    items = ''.join(
+        f'<span style="display:inline-block;margin-right:8px"><span style="display:inline-block;'
+        f'width:0.9em;height:0.9em;vertical-align:middle;background:{c};border:1px solid #0003">'
+        f'</span> p{p}</span>'
+        for p, c in sorted(colors.items())
+    )
+    return f'<div class="mh-chip-legend" style="margin:2px 0 4px">{items}</div>'
 
 
 def render_chip_grid_png(grid: ChipGrid, title: str = '', width: int = 720) -> bytes:

@@ -114,7 +114,8 @@ def mesh_html(layout: Layout, max_cells: int = MAX_MESH_CELLS) -> str:
     parts = [
         '<div class="mh-mesh-caption">mesh: axes x devices x processes</div>',
         '<table class="mh-table mh-mesh-axes"><tr><th>axis</th><th>size</th>'
-        f'<th>shards dim</th><th>{"wiring" if layout.has_chips else "hosts"}</th></tr>{"".join(rows)}</table>',
+        f'<th>shards dim</th><th>{"wiring" if layout.has_chips else "hosts"}</th></tr>'
+        f'{"".join(rows)}</table>',
     ]
     ids = layout.mesh_device_ids
     sizes = tuple(a.size for a in axes)
