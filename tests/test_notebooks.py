@@ -7,6 +7,7 @@ tutorial runs once per CI run.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -142,6 +143,15 @@ def test_notebook_runs_top_to_bottom(path):
         assert "multihost: process 2 failed: FloatingPointError('loss is nan at step 3')" in text
         folder = re.search(r"removed the job's folder (\S+): True", text)
         assert folder and not os.path.exists(folder.group(1)), text
+    if path.name == '09_pod_layout.ipynb':
+        if importlib.util.find_spec('libtpu') is None:  # Python 3.12 / jax 0.12: said, not drawn
+            assert 'libtpu is not installed here' in text, text
+        else:  # the v5e-16 from libtpu: verdicts, chip grid, the replicated embedding's cost
+            assert 'mesh data=4 ICI line of 4 along y, not a ring, 2 hosts' in text, text
+            assert '  y=3 p2 3,0 p2 3,1 p3 3,2 p3 3,3' in text, text
+            assert 'embed: 1.95 GiB each (16 chips)' in text and 'embed: 500 MiB each' in text
+            assert 'mesh dcn=2 DCN across 2 slices' in text and '  slice 1:' in text, text
+            assert 'libtpu is not installed' not in text
     if path.name == '05_real_cluster.ipynb':
         # Without MH_CLUSTER_URL_FILE: its stand-in cluster on this machine.
         # tests/test_netns_cluster.py runs it against hosts with their own addresses.

@@ -9,8 +9,13 @@ bytes per chip and per host, how each mesh axis is wired.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
+import sys
+import tempfile
+from collections.abc import Iterator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +33,31 @@ def _libtpu_missing() -> str:
         "needed): pip install 'libtpu==0.0.42.*' for jax 0.10.2 (jax names its libtpu "
         'version in its setup.py), and keep JAX_PLATFORMS=cpu'
     )
+
+
+@contextlib.contextmanager
+def _libtpu_quiet() -> Iterator[None]:
+    """libtpu, loaded on a machine without TPUs, writes a page of warnings to the process's
+    stderr (no accelerator type, no worker host names: expected here): they are held back,
+    and shown only when the call fails."""
+    try:
+        fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else 2
+        saved = os.dup(fd)
+    except (OSError, ValueError):  # no real stderr (some embedders): nothing to hold back
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), fd)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            if not ok:
+                held.seek(0)
+                sys.stderr.write(held.read().decode(errors='replace'))
 
 
 def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
@@ -50,7 +80,8 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
 
     kwargs = {'num_slices': int(num_slices)} if int(num_slices) > 1 else {}
     try:
-        desc = topologies.get_topology_desc(topology_name=text, platform='tpu', **kwargs)
+        with _libtpu_quiet():
+            desc = topologies.get_topology_desc(topology_name=text, platform='tpu', **kwargs)
     except Exception as exc:  # jax raises RuntimeError/ValueError/JaxRuntimeError by version
         message = str(exc)
         if 'TPU support not installed' in message or 'Unknown backend' in message:
