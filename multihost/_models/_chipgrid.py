@@ -10,12 +10,14 @@ out; ``'*'`` is the whole array). Chips that hold the same label hold copies of 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Any
 
 from multihost._models._hardware import COORD_NAMES
 
-if TYPE_CHECKING:
-    from multihost._models._layout import Index, Layout
+#: ``(start, stop)`` per dimension (as `multihost._models._layout.Index`).
+Index = tuple[tuple[int, int], ...]
+#: A `multihost.Layout` (typed loosely: `_layout` imports this module, not the reverse).
+Layout = Any
 
 #: Planes `ChipGrid.text` draws; the rest are counted.
 MAX_TEXT_PLANES = 8
