@@ -15,8 +15,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np

@@ -310,7 +310,9 @@ class MemoryCensus:
         if not devs:
             return []
         kinds = sorted({d.kind for d in devs if d.kind})
-        what = f'{len(devs)} devices' + (f' ({", ".join(kinds)})' if kinds else '')
+        what = f'{len(devs)} device{"s" * (len(devs) != 1)}' + (
+            f' ({", ".join(kinds)})' if kinds else ''
+        )
         lines = [
             f'  device memory of {what}: in use {_stat([d.in_use or 0 for d in devs])}, '
             f'peak {_stat([d.peak or 0 for d in devs])}'

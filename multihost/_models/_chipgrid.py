@@ -121,7 +121,8 @@ class ChipGrid:
         """The grids as text: one per plane, x across, y down, each cell ``p3 2,1``."""
         total = len(self.chips)
         lines = [
-            f'chips: {self.kind or "devices"}, {total} chips on {self.hosts} hosts'
+            f'chips: {self.kind or "devices"}, {total} chip{"s" * (total != 1)} on '
+            f'{self.hosts} host{"s" * (self.hosts != 1)}'
             + (f' in {self.slices} slices' if self.slices > 1 else ''),
             f'  {self.legend()}',
         ]

@@ -508,7 +508,7 @@ class Layout:
         while len(dims) > 2 and dims[-1] == 1:  # a 2-D torus (v5e) has z = 0 everywhere
             dims.pop()
         shape = 'x'.join(map(str, dims))
-        text = f'{self.device_kind}: {len(chips)} chips ({shape}'
+        text = f'{self.device_kind}: {_n(len(chips), "chip")} ({shape}'
         text += f' per slice, {len(slices)} slices)' if len(slices) > 1 else ')'
         cores = len(self.devices) // max(len(chips), 1)
         if cores > 1:
@@ -690,7 +690,7 @@ class Layout:
             return ''
         sizes = set(per.values())
         if len(sizes) == 1:
-            return f'{format_bytes(sizes.pop())} each ({len(per)} chips)'
+            return f'{format_bytes(sizes.pop())} each ({_n(len(per), "chip")})'
         (s, coords), top = max(per.items(), key=lambda kv: kv[1])
         where = ','.join(map(str, coords)) + (f' slice {s}' if len(self.chips_slices) > 1 else '')
         return (
@@ -702,6 +702,11 @@ class Layout:
     def chips_slices(self) -> tuple[int, ...]:
         """The slices of `devices` (``(0,)`` without slices)."""
         return tuple(sorted({d.chip[0] for d in self.devices}))
+
+
+def _n(count: int, noun: str) -> str:
+    """``'1 chip'``, ``'16 chips'``."""
+    return f'{count} {noun}' + ('' if count == 1 else 's')
 
 
 def normalize_index(index: IndexLike, shape: Sequence[int]) -> Index:
