@@ -195,9 +195,8 @@ def test_memory_view_at_1000_hosts_shows_the_hosts_that_stand_out_first():
     assert png.startswith(b'\x89PNG')
 
 
-def test_memory_census_hbm_headroom_free_block_padding_and_warning():
-    """64 TPU chips: one near its limit (a warning naming it), fragmentation (the smallest
-    largest free block and where), padded against logical bytes, outliers grouped."""
+def _census_near_limit():
+    """16 hosts x 4 TPU v5e chips; chip 2 of host 9 peaks at 15.5 of 16 GiB, fragmented."""
     gib = 1 << 30
     hosts = []
     for p in range(16):
@@ -220,7 +219,15 @@ def test_memory_census_hbm_headroom_free_block_padding_and_warning():
                 )
             )
         hosts.append(HostMemory(process=p, live_count=1, live_bytes=4 * gib, devices=tuple(devs)))
-    census = MemoryCensus(hosts=tuple(hosts), stats_available=True)
+    return MemoryCensus(hosts=tuple(hosts), stats_available=True)
+
+
+def test_memory_census_hbm_headroom_free_block_padding_and_warning():
+    """64 TPU chips: one near its limit (a warning naming it), fragmentation (the smallest
+    largest free block and where), padded against logical bytes, outliers grouped."""
+    gib = 1 << 30
+    census = _census_near_limit()
+    hosts = census.hosts
     text = census.format()
     lines = text.splitlines()
     assert len(lines) < 30, text
@@ -235,3 +242,21 @@ def test_memory_census_hbm_headroom_free_block_padding_and_warning():
     assert census.near_limit() == (hosts[9].devices[2],)
     assert hosts[9].devices[2].headroom == gib // 2
     assert not any(line.startswith('  process 0 · dev') for line in lines)  # no line per chip
+
+
+def test_memory_view_shows_device_memory_and_the_warning():
+    census = _census_near_limit()
+    html = MemoryView(census).static_html()
+    assert html.count('class="mh-mem-hbm-line') == len(census.hbm_lines())
+    assert 'mh-mem-near-limit' in html and 'WARNING: peak within 10% of the limit' in html
+
+
+def test_env_census_holds_megascale_and_a_slice_id_is_per_host_by_design(monkeypatch):
+    from multihost._checks import _census
+
+    monkeypatch.setenv('MEGASCALE_NUM_SLICES', '2')
+    monkeypatch.setenv('MEGASCALE_SLICE_ID', '1')
+    env = _census.environment()
+    assert env['env.MEGASCALE_NUM_SLICES'] == '2' and env['env.MEGASCALE_SLICE_ID'] == '1'
+    assert _census._BY_DESIGN.search('env.MEGASCALE_SLICE_ID')
+    assert not _census._BY_DESIGN.search('env.MEGASCALE_NUM_SLICES')  # must agree everywhere

@@ -192,6 +192,7 @@ def test_mh_layout_topology_magic():
     assert '  y=3 p2 3,0 p2 3,1 p3 3,2 p3 3,3' in text
     assert 'bytes per chip: 4 MiB each (16 chips)' in text
     assert view.static_html().count('class="mh-chip mh-host-') == 16
+    assert view.chip_png().startswith(b'\x89PNG')
     from IPython.core.error import UsageError
 
     with pytest.raises(UsageError, match='needs --shape'):

@@ -22,7 +22,7 @@ from mhnotebook.widgets._common import (
     text_color,
     widget_html,
 )
-from mhnotebook.widgets.layout.chips import chip_grid_html
+from mhnotebook.widgets.layout.chips import chip_grid_html, render_chip_grid_png
 from mhnotebook.widgets.layout.facets import MAX_FACET_COLUMNS, LayoutFacets, layout_facets
 from mhnotebook.widgets.layout.grid import (
     FLAGGED_EDGE,
@@ -222,6 +222,15 @@ class LayoutView(View):
         if self._selected is None:
             replace[id(self._info)] = ''
         return f'<div class="mh-layout-static">{widget_html(self.widget, replace)}</div>'
+
+    def chip_png(self, width: int = 720) -> bytes | None:
+        """The chip grid as a PNG (`render_chip_grid_png`: chips at their coordinates, one
+        panel per slice and z layer, by host, with their blocks); None without chip
+        coordinates (CPU devices)."""
+        grid = self.layout.chip_grid()
+        if grid is None:
+            return None
+        return render_chip_grid_png(grid, self.layout.headline(), width=width)
 
     def text(self) -> str:
         """The layout's text (with the mesh), the replica matrix's and the replica report's."""
