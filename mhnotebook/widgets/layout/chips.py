@@ -2,40 +2,29 @@
 the blocks they hold (`multihost._models._chipgrid.ChipGrid`), as HTML (`chip_grid_html`) and
 as a picture (`render_chip_grid_png`).
 
-Colours never wrap around: up to `PALETTE`'s length hosts get its colours, more get as many
-distinct hues (consecutive hosts far apart on the colour wheel), and a thick line runs
-between chips of different hosts, so 64 hosts of a v5e-256 stay apart.
+Colours never wrap around (`host_color`: the palette's, then a hue of its own per host), and a
+thick line runs between chips of different hosts, so 64 hosts of a v5e-256 stay apart.
 """
 
 from __future__ import annotations
 
-import colorsys
 import io
 import math
 from typing import Any
 
-from mhnotebook.widgets._common import CSS, PALETTE, esc, text_color
+from mhnotebook.widgets._common import CSS, esc, host_color, text_color
 from multihost._models._chipgrid import Chip, ChipGrid, ChipPlane
 from multihost._models._layout import format_bytes
 
-_GOLDEN = 0.6180339887498949
 _CELL_PX = 46  # a chip's square in the HTML grid, up to 8 chips across
 _MIN_CELL_PX = 22
 _HOST_EDGE = '#111111'
 
 
 def host_colors(n: int) -> tuple[str, ...]:
-    """``n`` distinct fills, one per host: the palette's up to its length, else hues spread
-    by the golden ratio (neighbouring host numbers far apart) at two lightnesses."""
-    if n <= len(PALETTE):
-        return tuple(PALETTE[:n])
-    out = []
-    for i in range(n):
-        h = (i * _GOLDEN) % 1.0
-        light = 0.5 if i % 2 == 0 else 0.68
-        r, g, b = colorsys.hls_to_rgb(h, light, 0.65)
-        out.append('#{:02x}{:02x}{:02x}'.format(*(round(v * 255) for v in (r, g, b))))
-    return tuple(out)
+    """``n`` distinct fills, one per host, as every view colours them (`host_color`: the
+    palette's, then a hue of its own per host; no wrap-around)."""
+    return tuple(host_color(p) for p in range(n))
 
 
 def _colors(grid: ChipGrid) -> dict[int, str]:
@@ -80,6 +69,8 @@ def chip_grid_html(grid: ChipGrid | None) -> str:
     widest = max((p.width for p in grid.planes), default=1)
     cell = max(_MIN_CELL_PX, min(_CELL_PX, 368 // max(widest, 1)))
     font = 11 if cell >= 40 else 9 if cell >= 30 else 7
+    longest = max((len(c.label) for c in grid.chips), default=0)
+    show_labels = longest <= (cell - 2) // (font * 0.6)  # every label fits, or none is drawn
     planes = []
     for plane in grid.planes:
         rows = []
@@ -91,7 +82,7 @@ def chip_grid_html(grid: ChipGrid | None) -> str:
                     tds.append('<td class="mh-chip mh-chip-none"></td>')
                     continue
                 fill = colors[chip.process]
-                label = chip.label if cell >= 30 or len(chip.label) <= 4 else ''
+                label = chip.label if show_labels else ''
                 cls = f'mh-chip mh-host-{chip.process}' + ('' if chip.label else ' mh-chip-empty')
                 tds.append(
                     f'<td class="{cls}" title="{esc(_chip_title(chip))}" style="width:{cell}px;'
