@@ -71,23 +71,41 @@ class DeviceInfo:
         return text
 
 
+#: Device object -> its `DeviceInfo`, so that the layouts of many arrays share one object per
+#: device (a pytree's layouts pickle each device once); bounded (topology devices are new
+#: objects per call).
+_INFO_CACHE: dict[Any, DeviceInfo] = {}
+_INFO_CACHE_MAX = 1 << 16
+
+
+def _info_of(d: Any) -> DeviceInfo:
+    coords = getattr(d, 'coords', None)
+    slice_index = getattr(d, 'slice_index', None)
+    return DeviceInfo(
+        id=int(getattr(d, 'id')),  # noqa: B009  (any object with a device's fields)
+        process_index=int(getattr(d, 'process_index', 0)),
+        kind=str(getattr(d, 'device_kind', '') or ''),
+        coords=tuple(coords) if coords is not None else (),
+        core_on_chip=int(getattr(d, 'core_on_chip', 0) or 0),
+        slice_index=None if slice_index is None else int(slice_index),
+    )
+
+
 def device_infos_from(devices: Sequence[Any]) -> tuple[DeviceInfo, ...]:
     """`DeviceInfo` of jax devices (or anything with their attributes), reading only what
     the platform has (``getattr`` with defaults: a CPU device has no ``coords``)."""
     out = []
     for d in devices:
-        coords = getattr(d, 'coords', None)
-        slice_index = getattr(d, 'slice_index', None)
-        out.append(
-            DeviceInfo(
-                id=int(d.id),
-                process_index=int(getattr(d, 'process_index', 0)),
-                kind=str(getattr(d, 'device_kind', '') or ''),
-                coords=tuple(coords) if coords is not None else (),
-                core_on_chip=int(getattr(d, 'core_on_chip', 0) or 0),
-                slice_index=None if slice_index is None else int(slice_index),
-            )
-        )
+        try:
+            info = _INFO_CACHE.get(d)
+        except TypeError:  # not hashable: no sharing
+            out.append(_info_of(d))
+            continue
+        if info is None:
+            if len(_INFO_CACHE) >= _INFO_CACHE_MAX:
+                _INFO_CACHE.clear()
+            info = _INFO_CACHE[d] = _info_of(d)
+        out.append(info)
     return tuple(out)
 
 
