@@ -55,6 +55,7 @@ from multihost._exchange._bus import start_debug_daemon
 from multihost._exchange._sequence import DEFAULT_TIMEOUT
 from multihost._job._audit import report as audit_report
 from multihost._job._install import install, uninstall
+from multihost._job._numbering import HostNumberingError
 from multihost._models import (
     AuditFinding,
     AuditReport,
@@ -112,6 +113,7 @@ __all__ = [
     'GlobalLeaf',
     'HostFront',
     'HostMismatchError',
+    'HostNumberingError',
     'HostStacks',
     'AxisLink',
     'DeviceInfo',
