@@ -238,15 +238,19 @@ def _line_link(
 
 
 def axis_links(
-    mesh_axes: Sequence[tuple[str, int]], mesh_devices: Sequence[DeviceInfo | None]
+    mesh_axes: Sequence[tuple[str, int]],
+    mesh_devices: Sequence[DeviceInfo | None],
+    all_devices: Sequence[DeviceInfo] = (),
 ) -> tuple[AxisLink, ...]:
     """Per mesh axis, how its lines are wired (worst line decides). ``()`` without the mesh's
-    devices."""
+    devices. ``all_devices`` (default: the mesh's) give each slice's extent, which decides
+    whether its dimensions wrap around."""
     sizes = tuple(n for _, n in mesh_axes)
     if not sizes or len(mesh_devices) != math.prod(sizes) or any(d is None for d in mesh_devices):
         return ()
     devs: list[DeviceInfo] = [d for d in mesh_devices if d is not None]
-    extents = {s: slice_extent(devs, s) for s in {d.slice_index for d in devs}}
+    pod = list(all_devices) or devs
+    extents = {s: slice_extent(pod, s) for s in {d.slice_index for d in devs}}
     grid = np.arange(len(devs)).reshape(sizes)
     out = []
     for axis, (name, size) in enumerate(mesh_axes):

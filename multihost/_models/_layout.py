@@ -494,7 +494,7 @@ class Layout:
             )
             for d in self.mesh_device_ids
         ]
-        return axis_links(self.mesh_axes, mesh)
+        return axis_links(self.mesh_axes, mesh, self.devices)
 
     def hardware_text(self) -> str:
         """``'TPU v5 lite: 16 chips (4x4) on 4 hosts'``, with slices and cores per chip where
