@@ -140,7 +140,10 @@ def render_chip_grid_png(grid: ChipGrid, title: str = '', width: int = 720) -> b
     fig = Figure(figsize=(width / 100, fig_h), dpi=100)
     head = title or f'{grid.kind}: {len(grid.chips)} chips on {grid.hosts} hosts'
     what = grid.legend().split('then ', 1)[-1].split(';')[0]
-    legend = f'colour: host (pN in its corner), thick lines between hosts; label: {what}'
+    legend = (
+        f'x across, y down; colour: host (pN in its corner), thick lines between hosts; '
+        f'label: {what}'
+    )
     fig.suptitle(f'{head}\n{legend}', fontsize=8, y=1 - 0.08 / fig_h)
     font = max(4.0, min(9.0, cell_in * 72 / 4.2))
     for i, plane in enumerate(grid.planes):
