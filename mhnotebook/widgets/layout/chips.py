@@ -141,7 +141,7 @@ def render_chip_grid_png(grid: ChipGrid, title: str = '', width: int = 720) -> b
     head = title or f'{grid.kind}: {len(grid.chips)} chips on {grid.hosts} hosts'
     what = grid.legend().split('then ', 1)[-1].split(';')[0]
     legend = (
-        f'x across, y down; colour: host (pN in its corner), thick lines between hosts; '
+        'x across, y down; colour: host (pN in its corner), thick lines between hosts\n'
         f'label: {what}'
     )
     fig.suptitle(f'{head}\n{legend}', fontsize=8, y=1 - 0.08 / fig_h)
