@@ -10,6 +10,7 @@ Runs on every host (one JAX process per host); depends on jax and numpy only.
 from multihost._checks._census import env_diff, memory_census
 from multihost._checks._layout import describe_layout
 from multihost._checks._nonfinite import find_nonfinite, nonfinite
+from multihost._checks._preview import preview_layout
 from multihost._checks._replicas import check_replicas
 from multihost._checks._treediff import assert_equal, tree_diff
 from multihost._core._arrays import (
@@ -54,10 +55,13 @@ from multihost._exchange._bus import start_debug_daemon
 from multihost._exchange._sequence import DEFAULT_TIMEOUT
 from multihost._job._audit import report as audit_report
 from multihost._job._install import install, uninstall
+from multihost._job._numbering import HostNumberingError
 from multihost._models import (
     AuditFinding,
     AuditReport,
+    AxisLink,
     CollectiveRecord,
+    DeviceInfo,
     EnvDiff,
     FlightRecord,
     GlobalLeaf,
@@ -109,7 +113,10 @@ __all__ = [
     'GlobalLeaf',
     'HostFront',
     'HostMismatchError',
+    'HostNumberingError',
     'HostStacks',
+    'AxisLink',
+    'DeviceInfo',
     'Layout',
     'LayoutBlock',
     'LeafDiff',
@@ -151,6 +158,7 @@ __all__ = [
     'live_devices',
     'memory_census',
     'nonfinite',
+    'preview_layout',
     'process_allgather',
     'reached_preemption_sync_point',
     'release',

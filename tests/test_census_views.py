@@ -105,12 +105,18 @@ def test_memory_census_text_is_bounded_at_1000_hosts(stats):
     assert lines[3] == '  process 600: 603 arrays, 8.0 MiB'
     assert '  ... and 27 more hosts (27 other lines), 8.0 MiB each' in lines
     assert 'each: 1 on processes 17, 503; 0 on processes 0-16, 18-502, 504-999' in lines[-1]
-    if stats:
-        most = '7944 devices of processes 0-16, 18-502, 504-999: in use 1.0 MiB of 16384.0 MiB'
-        assert lines[17] == f'  {most}, peak 2.0 MiB'
-        assert '  16 devices of processes 17, 503: in use 9.0 MiB of 16384.0 MiB' in text
-        assert '  process 639 · dev 0 (id 5112): in use 5.0 MiB' in text  # the most in use
-        assert '  ... and 27 more devices (27 other lines), in use 1.1 MiB to 3.7 MiB' in lines
+    if stats:  # 8000 devices in a few lines: figures as median and range, outliers grouped
+        assert lines[17] == (
+            '  device memory of 8000 devices: in use median 1.0 MiB (1.0 MiB to 9.0 MiB), '
+            'peak median 2.0 MiB (2.0 MiB to 10.0 MiB), limit 16384.0 MiB'
+        )
+        assert lines[18].startswith('  headroom (limit - peak) least 16374.0 MiB on process 17')
+        assert lines[19] == (
+            '  stand out by in use: 46 devices of processes 17, 503, 610-639, '
+            '2.1 MiB to 9.0 MiB (median 1.0 MiB)'
+        )
+        assert lines[20].startswith('  stand out by peak: 46 devices of processes 17, 503, 610-639')
+        assert 'WARNING' not in text
     assert MemoryView(census).text() == text  # what %mh_mem shows as text
 
 
@@ -187,3 +193,70 @@ def test_memory_view_at_1000_hosts_shows_the_hosts_that_stand_out_first():
     assert 'processes 717, 950: 1' in html
     png = render_memory_png(census)
     assert png.startswith(b'\x89PNG')
+
+
+def _census_near_limit():
+    """16 hosts x 4 TPU v5e chips; chip 2 of host 9 peaks at 15.5 of 16 GiB, fragmented."""
+    gib = 1 << 30
+    hosts = []
+    for p in range(16):
+        devs = []
+        for d in range(4):
+            hot = (p, d) == (9, 2)
+            devs.append(
+                DeviceMemory(
+                    id=p * 4 + d,
+                    process=p,
+                    local=d,
+                    live_bytes=gib,
+                    in_use=(15 if hot else 2) * gib,
+                    peak=int((15.5 if hot else 3) * gib),
+                    limit=16 * gib,
+                    largest_free=(gib // 4) if hot else 12 * gib,
+                    padded_bytes=gib + gib // 8,
+                    kind='TPU v5 lite',
+                    coords=(d % 2 + 2 * (p % 2), d // 2, 0),
+                )
+            )
+        hosts.append(HostMemory(process=p, live_count=1, live_bytes=4 * gib, devices=tuple(devs)))
+    return MemoryCensus(hosts=tuple(hosts), stats_available=True)
+
+
+def test_memory_census_hbm_headroom_free_block_padding_and_warning():
+    """64 TPU chips: one near its limit (a warning naming it), fragmentation (the smallest
+    largest free block and where), padded against logical bytes, outliers grouped."""
+    gib = 1 << 30
+    census = _census_near_limit()
+    hosts = census.hosts
+    text = census.format()
+    lines = text.splitlines()
+    assert len(lines) < 30, text
+    assert '  device memory of 64 devices (TPU v5 lite): in use median 2048.0 MiB' in text
+    assert (
+        'headroom (limit - peak) least 512.0 MiB on process 9 · dev 2 (id 38) chip (2,1,0); '
+        'largest free block smallest 256.0 MiB on process 9 · dev 2 (id 38) chip (2,1,0)'
+    ) in text
+    assert '  live arrays on device: 73728.0 MiB with padding, 65536.0 MiB logical (+12%)' in text
+    assert '  stand out by in use: process 9 · dev 2 (id 38) chip (2,1,0), 15360.0 MiB' in text
+    assert '  WARNING: peak within 10% of the limit on process 9 · dev 2 (id 38)' in text
+    assert census.near_limit() == (hosts[9].devices[2],)
+    assert hosts[9].devices[2].headroom == gib // 2
+    assert not any(line.startswith('  process 0 · dev') for line in lines)  # no line per chip
+
+
+def test_memory_view_shows_device_memory_and_the_warning():
+    census = _census_near_limit()
+    html = MemoryView(census).static_html()
+    assert html.count('class="mh-mem-hbm-line') == len(census.hbm_lines())
+    assert 'mh-mem-near-limit' in html and 'WARNING: peak within 10% of the limit' in html
+
+
+def test_env_census_holds_megascale_and_a_slice_id_is_per_host_by_design(monkeypatch):
+    from multihost._checks import _census
+
+    monkeypatch.setenv('MEGASCALE_NUM_SLICES', '2')
+    monkeypatch.setenv('MEGASCALE_SLICE_ID', '1')
+    env = _census.environment()
+    assert env['env.MEGASCALE_NUM_SLICES'] == '2' and env['env.MEGASCALE_SLICE_ID'] == '1'
+    assert _census._BY_DESIGN.search('env.MEGASCALE_SLICE_ID')
+    assert not _census._BY_DESIGN.search('env.MEGASCALE_NUM_SLICES')  # must agree everywhere

@@ -433,3 +433,100 @@ def test_public_surface_exports_the_layout_model():
     ]
     for name in names:
         assert name in multihost.__all__ and hasattr(multihost, name), name
+
+
+# -- the hardware model, by hand (no libtpu needed) -----------------------------------
+
+
+def _pod(kind, shape, hosts_of, slices=1):
+    """DeviceInfo of a pod of ``shape`` chips (x fastest), host by ``hosts_of(x, y, z)``."""
+    from multihost import DeviceInfo
+
+    out = []
+    for s in range(slices):
+        for z in range(shape[2]):
+            for y in range(shape[1]):
+                for x in range(shape[0]):
+                    out.append(
+                        DeviceInfo(
+                            id=len(out),
+                            process_index=hosts_of(x, y, z) + s * 100,
+                            kind=kind,
+                            coords=(x, y, z),
+                            slice_index=s if slices > 1 else None,
+                        )
+                    )
+    return out
+
+
+def test_axis_verdicts_from_chip_coordinates():
+    from multihost._models._hardware import axis_links
+
+    v5e = _pod('TPU v5 lite', (4, 4, 1), lambda x, y, z: (y // 2) * 2 + x // 2)
+    rows = [v5e[y * 4 + x] for y in range(4) for x in range(4)]  # mesh (y, x)
+    links = axis_links((('y', 4), ('x', 4)), rows)
+    assert [a.verdict for a in links] == [
+        'ICI line of 4 along y, not a ring, 2 hosts',
+        'ICI line of 4 along x, not a ring, 2 hosts',
+    ]
+    # a snake through a 2x2 square closes into a ring without wraparound links
+    square = [v5e[0], v5e[1], v5e[5], v5e[4]]
+    assert axis_links((('a', 4),), square)[0].verdict == 'ICI ring of 4 along x,y, within one host'
+    # every other chip: no neighbours; a diagonal within a host: the host is what matters
+    assert axis_links((('a', 2),), [v5e[0], v5e[2]])[0].verdict == 'ICI, not a ring, 2 hosts'
+    assert axis_links((('a', 2),), [v5e[0], v5e[5]])[0].verdict == 'within one host'
+    # a full 16-chip v5e dimension wraps around; a 4-chip one does not
+    pod = _pod('TPU v5 lite', (16, 1, 1), lambda x, y, z: x // 4)
+    assert axis_links((('x', 16),), pod)[0].verdict == 'ICI ring of 16 along x, 4 hosts'
+    v5p = _pod('TPU v5', (4, 4, 4), lambda x, y, z: z)
+    line = [v5p[x] for x in range(4)]
+    assert axis_links((('x', 4),), line, v5p)[0].ring  # a 4x4x4 cube is a torus
+    assert not axis_links((('x', 4),), line)[0].ring  # a line alone: no cube seen, no ring
+    small = _pod('TPU v5', (2, 2, 4), lambda x, y, z: z)
+    assert not axis_links((('z', 4),), small[0::4], small)[0].ring  # 2x2x4: no wraparound
+
+
+def test_dcn_and_core_verdicts_and_cpu_devices():
+    from multihost import DeviceInfo
+    from multihost._models._hardware import axis_links
+
+    two = _pod('TPU v5 lite', (2, 1, 1), lambda x, y, z: 0, slices=2)
+    assert axis_links((('dcn', 2),), [two[0], two[2]])[0].verdict == 'DCN across 2 slices'
+    assert axis_links((('d', 4),), two)[0].verdict == 'DCN across 2 slices, ICI within each'
+    cores = [DeviceInfo(id=i, process_index=0, kind='TPU v4', coords=(0, 0, 0), core_on_chip=i)
+             for i in range(2)]  # fmt: skip
+    assert axis_links((('core', 2),), cores)[0].verdict == 'within one chip'
+    cpu = [DeviceInfo(id=i, process_index=i // 2) for i in range(4)]
+    assert [a.verdict for a in axis_links((('host', 2), ('dev', 2)), cpu)] == [
+        'crosses hosts (2 along it)',
+        'within one host',
+    ]
+
+
+def test_a_layout_with_devices_draws_its_chip_grid_and_names_chips():
+    devices = _pod('TPU v5 lite', (2, 2, 1), lambda x, y, z: x)
+    layout = Layout.from_placements(
+        (4, 4),
+        'float32',
+        [
+            ([(2 * (d.id // 2), 2 * (d.id // 2) + 2), (0, 4)], d.id, d.process_index)
+            for d in devices
+        ],
+        devices=devices,
+        mesh_axes=(('data', 2), ('rep', 2)),
+        mesh_device_ids=(0, 1, 2, 3),
+        spec="P('data', None)",
+    )
+    assert layout.has_chips and layout.device_kind == 'TPU v5 lite'
+    text = str(layout)
+    assert '  TPU v5 lite: 4 chips (2x2) on 2 hosts' in text
+    assert 'process 1 · dev 0 (id 1), TPU v5 lite chip (1,0,0)' in text
+    assert 'bytes per chip: 32 B each (4 chips)' in text
+    grid = layout.chip_grid()
+    assert [[grid.planes[0].at(x, y).label for x in range(2)] for y in range(2)] == [
+        ['0', '0'],
+        ['1', '1'],
+    ]
+    assert grid.planes[0].at(1, 0).process == 1
+    cpu = Layout.from_placements((2,), 'float32', [([(0, 2)], 0, 0)])
+    assert cpu.chip_grid() is None and not cpu.has_chips and cpu.hardware_text() == ''

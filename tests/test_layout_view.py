@@ -698,12 +698,14 @@ def test_layout_view_legend_bytes_per_host():
 
 
 def test_layout_view_legend_bounded_for_many_hosts():
-    """With hundreds of hosts the legend stays short and says colours repeat."""
+    """With hundreds of hosts the legend stays short and says how hosts past the palette are
+    coloured; colours do not wrap around (host 20 is not host 0's colour)."""
     layout = Layout.from_placements((300,), 'float32', [([(i, i + 1)], i, i) for i in range(300)])
     v = mw.LayoutView(layout)
     html = one(v.widget, 'mh-layout-legend').value
     assert len(elements(html, 'mh-legend-host', 'tr')) == 32
-    assert '268 more hosts' in html and 'colours repeat' in html
+    assert '268 more hosts' in html and 'hosts past 20 get hues of their own' in html
+    assert mw.host_color(20) != mw.host_color(0) and mw.host_color(40) != mw.host_color(20)
     assert find(v.widget, 'mh-layout-block') == []  # 300 > MAX_BUTTONS: the list only
     assert len(one(v.widget, 'mh-layout-select').options) == 300 > MAX_BUTTONS
 

@@ -268,7 +268,8 @@ def test_the_models_check_sees_jax_through_a_helper():
     """The reach above is real: a floor-0 helper importing jax counts against the models."""
     assert 'jax' in _third_party_reached('multihost._jax_adapter')['multihost._jax_adapter']
     assert _third_party_reached('multihost._models._layout') == {
-        'multihost._models._layout': {'numpy'}
+        'multihost._models._layout': {'numpy'},
+        'multihost._models._hardware': {'numpy'},
     }
 
 

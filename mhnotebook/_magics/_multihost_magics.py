@@ -338,9 +338,24 @@ class MultihostMagics(Magics):
     # -- views -----------------------------------------------------------------------
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(
-        'name', help="engine array or pytree: x, state.params, state.params['embed']['embedding']"
+        'name',
+        nargs='?',
+        help="engine array or pytree: x, state.params, state.params['embed']['embedding']",
     )
     @magic_arguments.argument('--axes', help='the two displayed axes, e.g. 0,2')
+    @magic_arguments.argument(
+        '--topology',
+        help='preview on a TPU pod, no session needed (needs libtpu): v5e:4x4, v5p:2x2x4',
+    )
+    @magic_arguments.argument('--shape', help='with --topology: the global shape, e.g. 1024,512')
+    @magic_arguments.argument('--dtype', default='float32', help='with --topology: the dtype')
+    @magic_arguments.argument('--mesh', default='', help='with --topology: data=4,model=4')
+    @magic_arguments.argument(
+        '--spec', default='', help="with --topology: the partition spec, e.g. P('data', 'model')"
+    )
+    @magic_arguments.argument(
+        '--slices', type=int, default=1, help='with --topology: slices joined by DCN'
+    )
     @magic_arguments.argument(
         '--no-values',
         action='store_true',
@@ -370,8 +385,18 @@ class MultihostMagics(Magics):
             %mh_layout state.params
             %mh_layout state.params['block_0']['Dense_0']['kernel']
             %mh_layout state.params.embed.embedding --axes 1,0 --no-values
+            %mh_layout --topology v5e:4x4 --shape 8192,4096 --mesh data=4,model=4 --spec data,model
+
+        ``--topology`` previews, from a laptop, how an array would lie on a TPU pod (no
+        session, no TPU: libtpu describes the pod, ``JAX_PLATFORMS=cpu``): the chips at
+        their coordinates, coloured by host, with the blocks they hold, bytes per chip and
+        per host, and per mesh axis whether it rides an ICI ring, crosses hosts or DCN.
         """
         args = magic_arguments.parse_argstring(self.mh_layout, compact_subscripts(line))
+        if args.topology:
+            return self._layout_preview(args)
+        if not args.name:
+            raise UsageError('%mh_layout NAME (an engine array), or --topology KIND:SHAPE ...')
         name = valid_name(args.name)
         axes = parse_axes(args.axes) if args.axes else None
         session = self._data('%mh_layout', args.frame)
@@ -386,6 +411,27 @@ class MultihostMagics(Magics):
             raise
         _results.note_host_local(name, view)
         return self.shown.replace(f'%mh_layout {name}', view)
+
+    def _layout_preview(self, args: Any) -> Any:
+        """``%mh_layout --topology ...``: the layout of an abstract array on a TPU pod."""
+        from mhnotebook.widgets import LayoutView
+        from multihost._checks._preview import preview_from_text
+
+        if args.name:
+            raise UsageError(
+                f'%mh_layout --topology previews an array described by --shape/--dtype/--mesh/'
+                f'--spec; drop {args.name!r} (or drop --topology to show that engine array)'
+            )
+        if not args.shape:
+            raise UsageError('%mh_layout --topology needs --shape, e.g. --shape 1024,512')
+        try:
+            layout = preview_from_text(
+                args.topology, args.shape, args.dtype, args.mesh, args.spec or '', args.slices
+            )
+            view = LayoutView(layout, axes=parse_axes(args.axes) if args.axes else None)
+        except (ValueError, RuntimeError, TypeError) as exc:
+            raise UsageError(f'%mh_layout --topology {args.topology}: {exc}') from None
+        return self.shown.replace(f'%mh_layout --topology {args.topology}', view)
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument(

@@ -249,7 +249,7 @@ def memory_html(census: MemoryCensus) -> str:
             )
         leaks = f'<div>only some hosts hold:</div><ul class="mh-mem-leaks">{"".join(items)}</ul>'
     stats = (
-        ''
+        _hbm_html(census)
         if census.stats_available
         else '<div class="mh-mem-nostats"><small>memory_stats(): not reported by this backend '
         '(CPU); the heatmap shows live-array bytes.</small></div>'
@@ -257,12 +257,30 @@ def memory_html(census: MemoryCensus) -> str:
     return table + leaks + stats
 
 
+def _hbm_html(census: MemoryCensus) -> str:
+    """Device memory (`MemoryCensus.hbm_lines`): a list, the warning near the limit in red
+    (``mh-mem-hbm``, items ``mh-mem-hbm-line``, the warning ``mh-mem-near-limit``)."""
+    items = []
+    for line in census.hbm_lines():
+        text = line.strip()
+        cls = 'mh-mem-hbm-line'
+        style = ''
+        if text.startswith('WARNING'):
+            cls += ' mh-mem-near-limit'
+            style = ' style="color:#b00020;font-weight:bold"'
+        items.append(f'<li class="{cls}"{style}>{esc(text)}</li>')
+    if not items:
+        return ''
+    return f'<div>device memory:</div><ul class="mh-mem-hbm">{"".join(items)}</ul>'
+
+
 class MemoryView(View):
     """A `multihost.MemoryCensus`: host x device heatmap, hosts that stand out, leak candidates.
 
     Stable CSS classes: ``mh-mem`` (the view), ``mh-mem-summary``, ``mh-mem-heatmap``
     (the PNG), ``mh-mem-table`` (rows ``mh-mem-host``, odd ones ``mh-odd-host``),
-    ``mh-mem-leaks``.
+    ``mh-mem-leaks``, ``mh-mem-hbm`` (device memory where ``memory_stats()`` reports:
+    headroom, largest free block, padding, outliers; ``mh-mem-near-limit`` the warning).
     """
 
     def __init__(self, census: MemoryCensus):

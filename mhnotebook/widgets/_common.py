@@ -18,6 +18,7 @@ picture, so a live notebook shows it once.
 from __future__ import annotations
 
 import base64
+import colorsys
 import html
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -51,8 +52,15 @@ PALETTE = (
 
 
 def host_color(process: int) -> str:
-    """The fill colour of a host (``'#rrggbb'``); colours repeat every ``len(PALETTE)`` hosts."""
-    return PALETTE[process % len(PALETTE)]
+    """The fill colour of a host (``'#rrggbb'``): `PALETTE`'s for the first hosts, then a hue of
+    its own per host (spread by the golden ratio, at two lightnesses), so colours never wrap
+    around: 64 hosts of a v5e-256 are 64 colours, the same in every view."""
+    if 0 <= process < len(PALETTE):
+        return PALETTE[process]
+    hue = (process * 0.6180339887498949) % 1.0
+    light = 0.5 if process % 2 == 0 else 0.7
+    r, g, b = colorsys.hls_to_rgb(hue, light, 0.62)
+    return '#{:02x}{:02x}{:02x}'.format(*(round(v * 255) for v in (r, g, b)))
 
 
 def text_color(fill: str) -> str:

@@ -34,10 +34,10 @@ from multihost._models._census import (  # noqa: F401  (the models live there; r
 )
 
 #: Environment-variable prefixes that matter to a JAX job.
-ENV_PREFIXES = ('JAX_', 'XLA_', 'LIBTPU_', 'TPU_', 'NCCL_', 'CUDA_', 'MULTIHOST_')
+ENV_PREFIXES = ('JAX_', 'XLA_', 'LIBTPU_', 'TPU_', 'MEGASCALE_', 'NCCL_', 'CUDA_', 'MULTIHOST_')
 #: Keys whose values differ per host by design: listed apart, never "odd".
 _BY_DESIGN = re.compile(
-    r'(WORKER_ID|VISIBLE_DEVICES|VISIBLE_CHIPS|RANK|PROCID|PROCESS_ID|PROCESS_INDEX|HOSTNAME'
+    r'(WORKER_ID|SLICE_ID|VISIBLE_DEVICES|VISIBLE_CHIPS|RANK|PROCID|PROCESS_ID|PROCESS_INDEX|HOSTNAME'
     r'|HOST_BOUNDS|_HOST$|_PORT$|PORTS?$|_ADDR$|ADDRESS|_IP$|^host\.)'
 )
 _MAX_VALUE = 500  # characters of a value that travel
@@ -255,6 +255,7 @@ def _host_memory(namespace: Mapping[str, Any] | None) -> tuple[dict[str, Any], d
     devices = jax.local_devices()
     local_index = {d.id: i for i, d in enumerate(devices)}
     per_device = {d.id: 0 for d in devices}
+    padded = {d.id: 0 for d in devices}
     names = _names(namespace)
     groups: dict[str, dict[str, Any]] = {}
     count = total = 0
@@ -272,9 +273,14 @@ def _host_memory(namespace: Mapping[str, Any] | None) -> tuple[dict[str, Any], d
         count += 1
         host_bytes = shard_bytes * len(on)
         total += host_bytes
+        try:  # with the layout's padding (TPU tiles), spread evenly over the shards
+            padded_shard = int(x.on_device_size_in_bytes()) // max(len(on), 1)
+        except Exception:
+            padded_shard = shard_bytes
         for d in on:
             if d in per_device:
                 per_device[d] += shard_bytes
+                padded[d] += padded_shard
         key = json.dumps([list(x.shape), str(x.dtype), _spec(sharding)])
         g = groups.setdefault(key, {'count': 0, 'bytes': host_bytes, 'names': []})
         g['count'] += 1
@@ -296,6 +302,10 @@ def _host_memory(namespace: Mapping[str, Any] | None) -> tuple[dict[str, Any], d
                 None if not stats else stats.get('bytes_in_use'),
                 None if not stats else stats.get('peak_bytes_in_use'),
                 None if not stats else stats.get('bytes_limit'),
+                None if not stats else stats.get('largest_free_block_bytes'),
+                padded[d.id],
+                str(getattr(d, 'device_kind', '') or ''),
+                list(getattr(d, 'coords', None) or ()),
             ]
         )
     largest = sorted(groups.items(), key=lambda kv: -kv[1]['bytes'] * kv[1]['count'])[:16]
@@ -370,8 +380,20 @@ def memory_census(
     for p in range(n):
         s = summaries[p]
         devs = tuple(
-            DeviceMemory(id=i, process=p, local=loc, live_bytes=b, in_use=u, peak=pk, limit=lim)
-            for i, loc, b, u, pk, lim in s['devices']
+            DeviceMemory(
+                id=i,
+                process=p,
+                local=loc,
+                live_bytes=b,
+                in_use=u,
+                peak=pk,
+                limit=lim,
+                largest_free=free,
+                padded_bytes=pad,
+                kind=kind,
+                coords=tuple(coords),
+            )
+            for i, loc, b, u, pk, lim, free, pad, kind, coords in s['devices']
         )
         largest = tuple(
             _group(k, tuple(c if q == p else 0 for q in range(n)), b, tuple(names))

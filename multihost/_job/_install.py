@@ -39,6 +39,7 @@ PATCHERS: tuple[str, ...] = (
     'multihost._job._jit',
     'multihost._job._service',
     'multihost._job._attach',
+    'multihost._job._numbering',  # hosts numbered one way (process_index, TPU_WORKER_ID)
     'multihost._job._fate',
     'multihost.engine.held',  # every host answers an attached notebook's data tools
 )

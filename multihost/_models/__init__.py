@@ -8,6 +8,7 @@ engines build these, the notebook's views draw them, tests build them by hand.
 * `_steps`: `StepTable`, `Step`, `HeldLaunch` (host x step; stepping).
 * `_stacks`: `HostStacks`, `ThreadStack`, the frame model (`Frame`, `frame_package`, ...).
 * `_wavefront`: `Wavefront`, `HostFront`.  `_timeline`: `Timeline`, `TimelineStep`, `Stragglers`.
+* `_hardware`: `DeviceInfo`, `AxisLink` (chips, hosts, slices; how a mesh axis is wired).
 * `_layout`: `Layout`, `LayoutBlock`, `ShardInfo` and the index helpers (`format_index`, ...).
 * `_replicas`: `ReplicaReport`, `ReplicaGroup`, `ReplicaDigest`.
   `_treelayout`: `TreeLayout`, `LeafLayout`.
@@ -26,6 +27,7 @@ from multihost._models._census import (
     HostMemory,
     MemoryCensus,
 )
+from multihost._models._hardware import AxisLink, DeviceInfo
 from multihost._models._layout import Layout, LayoutBlock, ShardInfo
 from multihost._models._nonfinite import NonfiniteLeaf, NonfiniteReport, NonfiniteShard
 from multihost._models._records import CollectiveRecord
@@ -52,6 +54,8 @@ __all__ = [
     'HostFront',
     'HostMemory',
     'HostStacks',
+    'AxisLink',
+    'DeviceInfo',
     'Layout',
     'LayoutBlock',
     'LeafDiff',

@@ -13,6 +13,8 @@ from multihost._text import fmt_hosts
 
 #: Host groups, and devices, that `MemoryCensus.format` lists; the rest are counted.
 MAX_TEXT_LINES = 16
+#: A device whose peak comes within this fraction of its limit is warned about.
+NEAR_LIMIT = 0.10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +119,12 @@ class DeviceMemory:
         live_bytes: bytes of live arrays' shards on this device (always known).
         in_use / peak / limit: from ``memory_stats()``; None where the backend
             reports none (CPU does not).
+        largest_free: ``memory_stats()['largest_free_block_bytes']`` (TPU): the
+            biggest allocation that still fits (fragmentation); None where not reported.
+        padded_bytes: bytes live arrays take on the device with the layout's
+            padding (``on_device_size_in_bytes``); None: as ``live_bytes``.
+        kind: the device kind (``'TPU v5 lite'``); ``''`` unknown.
+        coords: the chip's coordinates (TPU); ``()`` where the platform has none.
     """
 
     id: int
@@ -126,10 +134,31 @@ class DeviceMemory:
     in_use: int | None = None
     peak: int | None = None
     limit: int | None = None
+    largest_free: int | None = None
+    padded_bytes: int | None = None
+    kind: str = ''
+    coords: tuple[int, ...] = ()
 
     @property
     def label(self) -> str:
-        return f'process {self.process} · dev {self.local} (id {self.id})'
+        text = f'process {self.process} · dev {self.local} (id {self.id})'
+        if self.coords:
+            text += f' chip ({",".join(map(str, self.coords))})'
+        return text
+
+    @property
+    def headroom(self) -> int | None:
+        """``limit - peak``: what the worst moment so far left free; None unknown."""
+        if self.limit is None or self.peak is None:
+            return None
+        return self.limit - self.peak
+
+    @property
+    def near_limit(self) -> bool:
+        """Whether the peak came within `NEAR_LIMIT` of the limit."""
+        if not self.limit:
+            return False
+        return (self.peak or 0) >= self.limit * (1 - NEAR_LIMIT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +257,9 @@ class MemoryCensus:
                 'device figures are live-array bytes'
             )
         else:
-            lines += self._device_lines()
+            lines += self.hbm_lines()
+            if sum(d.in_use is not None for d in self.devices) <= MAX_TEXT_LINES:
+                lines += self._device_lines()  # a few devices: each one's figures
         for g in self.only_some[:10]:
             names = f' ({", ".join(g.names[:3])})' if g.names else ''
             lines.append(
@@ -259,6 +290,74 @@ class MemoryCensus:
             lines.append(
                 f'  ... and {len(left)} more hosts ({len(groups) - len(items)} other lines), '
                 f'{_span(left)} each'
+            )
+        return lines
+
+    @property
+    def devices(self) -> tuple[DeviceMemory, ...]:
+        return tuple(d for h in self.hosts for d in h.devices)
+
+    def near_limit(self) -> tuple[DeviceMemory, ...]:
+        """Devices whose peak came within `NEAR_LIMIT` of their limit."""
+        return tuple(d for d in self.devices if d.near_limit)
+
+    def hbm_lines(self) -> list[str]:
+        """Device memory in a few lines at any number of chips: in use, peak and limit
+        (median and range), the least headroom and the smallest largest-free-block (and where),
+        padded against logical bytes, the devices that stand out by in use and by peak
+        (grouped by host), and a warning when a peak nears the limit."""
+        devs = [d for d in self.devices if d.in_use is not None]
+        if not devs:
+            return []
+        kinds = sorted({d.kind for d in devs if d.kind})
+        what = f'{len(devs)} device{"s" * (len(devs) != 1)}' + (
+            f' ({", ".join(kinds)})' if kinds else ''
+        )
+        lines = [
+            f'  device memory of {what}: in use {_stat([d.in_use or 0 for d in devs])}, '
+            f'peak {_stat([d.peak or 0 for d in devs])}'
+            + (
+                f', limit {_span([d.limit for d in devs if d.limit])}'
+                if any(d.limit for d in devs)
+                else ''
+            )
+        ]
+        room = [d for d in devs if d.headroom is not None]
+        parts = []
+        if room:
+            worst = min(room, key=lambda d: d.headroom or 0)
+            parts.append(
+                f'headroom (limit - peak) least {_mib(worst.headroom or 0)} on {worst.label}'
+            )
+        free = [d for d in devs if d.largest_free is not None]
+        if free:
+            worst = min(free, key=lambda d: d.largest_free or 0)
+            parts.append(
+                f'largest free block smallest {_mib(worst.largest_free or 0)} on {worst.label}'
+            )
+        else:
+            parts.append('largest free block: not reported by this backend')
+        lines.append('  ' + '; '.join(parts))
+        logical = sum(d.live_bytes for d in self.devices)
+        padded = sum(
+            d.padded_bytes if d.padded_bytes is not None else d.live_bytes for d in self.devices
+        )
+        if padded != logical:
+            lines.append(
+                f'  live arrays on device: {_mib(padded)} with padding, {_mib(logical)} logical '
+                f'(+{100 * (padded - logical) / max(logical, 1):.0f}%)'
+            )
+        for name, key in (('in use', 'in_use'), ('peak', 'peak')):
+            line = _outliers(devs, name, key)
+            if line:
+                lines.append(line)
+        near = [d for d in devs if d.near_limit]
+        if near:
+            least = min(near, key=lambda d: d.headroom or 0)
+            lines.append(
+                f'  WARNING: peak within {NEAR_LIMIT:.0%} of the limit on {_who(near)}: '
+                f'least headroom {_mib(least.headroom or 0)} ({least.label}); a step that '
+                'needs more than that fails with RESOURCE_EXHAUSTED'
             )
         return lines
 
@@ -315,6 +414,31 @@ def _by_count(counts: Sequence[int], max_groups: int = 4) -> str:
         rest = sum(len(ps) for _, ps in ranked[max_groups:])
         text += f'; ... {len(ranked) - max_groups} other counts on {rest} hosts'
     return text
+
+
+def _stat(values: Sequence[int]) -> str:
+    """``'median 1.0 MiB (0.9 MiB to 3.1 MiB)'``."""
+    med = _mib(statistics.median(values))
+    span = _span(values)
+    return f'median {med}' if span == med else f'median {med} ({span})'
+
+
+def _who(devs: Sequence[DeviceMemory]) -> str:
+    """``'process 3 · dev 0 (id 6)'`` for one, ``'5 devices of processes 2, 7'``."""
+    if len(devs) == 1:
+        return devs[0].label
+    return f'{len(devs)} devices of {fmt_hosts({d.process for d in devs})}'
+
+
+def _outliers(devs: Sequence[DeviceMemory], name: str, key: str) -> str:
+    """The devices whose ``key`` exceeds the median by more than 10% and 1 MiB, grouped."""
+    values = [getattr(d, key) or 0 for d in devs]
+    med = statistics.median(values)
+    odd = [d for d, v in zip(devs, values) if v > med * 1.1 and v - med > (1 << 20)]
+    if not odd:
+        return ''
+    span = _span([getattr(d, key) or 0 for d in odd])
+    return f'  stand out by {name}: {_who(odd)}, {span} (median {_mib(med)})'
 
 
 def _mib(n: float | int) -> str:

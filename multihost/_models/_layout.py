@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from multihost._models._hardware import AxisLink, DeviceInfo, axis_links
 from multihost._text import runs
 
 #: A normalized index: one ``(start, stop)`` pair per dimension.
@@ -237,6 +238,11 @@ class Layout:
             index in ``jax.local_devices(process_index=...)`` (what views
             call ``dev``); default: each process's devices in this layout,
             numbered in id order.
+        devices: what the hardware says of each device (`DeviceInfo`: kind,
+            chip coordinates, core on chip, slice, process): the devices of
+            the sharding, and on a platform with chip coordinates every
+            device of the job or topology (the chip grid draws them all);
+            ``()`` when unknown (a layout built by hand).
     """
 
     shape: tuple[int, ...]
@@ -250,6 +256,7 @@ class Layout:
     num_processes: int = None  # type: ignore[assignment]  # filled in by __post_init__
     platform: str = ''
     local_indices: tuple[tuple[int, int], ...] = ()
+    devices: tuple[DeviceInfo, ...] = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -301,6 +308,12 @@ class Layout:
                 sorted((d, i) for ids in per_process.values() for i, d in enumerate(sorted(ids)))
             )
         set_(self, 'local_indices', local)
+        for d in self.devices:
+            if not isinstance(d, DeviceInfo):
+                raise TypeError(
+                    f'Layout.devices must hold DeviceInfo objects, got {type(d).__name__}: {d!r}'
+                )
+        set_(self, 'devices', tuple(sorted(self.devices, key=lambda d: d.id)))
 
     @classmethod
     def from_placements(
@@ -450,6 +463,74 @@ class Layout:
 
         return {p: tuple(sorted(out[p], key=key)) for p in sorted(out)}
 
+    @functools.cached_property
+    def _infos(self) -> dict[int, DeviceInfo]:
+        return {d.id: d for d in self.devices}
+
+    def device_info(self, device_id: int | None) -> DeviceInfo | None:
+        """What the hardware says of a device (kind, coords, core, slice); None if unknown."""
+        return None if device_id is None else self._infos.get(device_id)
+
+    @property
+    def device_kind(self) -> str:
+        """The devices' kind (``'TPU v5 lite'``; several joined by ``' + '``); ``''``."""
+        return ' + '.join(sorted({d.kind for d in self.devices if d.kind}))
+
+    @property
+    def has_chips(self) -> bool:
+        """Whether the devices have chip coordinates (TPU): the chip grid can be drawn."""
+        return bool(self.devices) and all(d.coords for d in self.devices)
+
+    def axis_links(self) -> tuple[AxisLink, ...]:
+        """Per mesh axis, how it is wired (`AxisLink`: ICI ring or not, hosts, DCN slices);
+        ``()`` without the mesh's devices. Without `devices` (a layout built by hand) the
+        processes along each axis are all it knows."""
+        mesh = [
+            self._infos.get(d)
+            or (
+                DeviceInfo(id=d, process_index=self._process_of[d])
+                if d in self._process_of
+                else None
+            )
+            for d in self.mesh_device_ids
+        ]
+        return axis_links(self.mesh_axes, mesh, self.devices)
+
+    def hardware_text(self) -> str:
+        """``'TPU v5 lite: 16 chips (4x4) on 4 hosts'``, with slices and cores per chip where
+        there are several; ``''`` without chip coordinates."""
+        if not self.has_chips:
+            return ''
+        chips = {d.chip for d in self.devices}
+        slices = sorted({d.chip[0] for d in self.devices})
+        extent = np.max(np.array([d.coords for d in self.devices]), axis=0) + 1
+        dims = [int(n) for n in extent]
+        while len(dims) > 2 and dims[-1] == 1:  # a 2-D torus (v5e) has z = 0 everywhere
+            dims.pop()
+        shape = 'x'.join(map(str, dims))
+        text = f'{self.device_kind}: {_n(len(chips), "chip")} ({shape}'
+        text += f' per slice, {len(slices)} slices)' if len(slices) > 1 else ')'
+        cores = len(self.devices) // max(len(chips), 1)
+        if cores > 1:
+            text += f', {cores} cores each'
+        hosts = len({d.process_index for d in self.devices})
+        return text + f' on {hosts} host{"s" if hosts != 1 else ""}'
+
+    def chip_grid(self) -> Any:
+        """The chips at their torus coordinates, coloured by host, with the blocks they hold
+        (`multihost._models._chipgrid.ChipGrid`; ``str()`` is its text form); None without
+        chip coordinates (CPU devices)."""
+        from multihost._models._chipgrid import chip_grid
+
+        return chip_grid(self)
+
+    def device_where(self, device_id: int | None) -> str:
+        """The device's name and, where known, its chip: ``'process 0 · dev 0 (id 0), TPU v5
+        lite chip (0,0,0)'``."""
+        info = self.device_info(device_id)
+        name = self.device_name(device_id)
+        return f'{name}, {info.where()}' if info is not None and info.coords else name
+
     def mesh_processes(self) -> tuple[int | None, ...]:
         """The process of every mesh position, row-major (None where unknown); ``()``
         without the mesh's devices."""
@@ -478,19 +559,24 @@ class Layout:
         return tuple(a for a, n in self.mesh_axis_hosts() if n > 1)
 
     def mesh_text(self) -> str:
-        """``'mesh host=4 crosses hosts (4 along it), dev=2 within a host'`` ('' without a mesh)."""
+        """``'mesh host=4 crosses hosts (4 along it), dev=2 within a host'``; on chips with
+        coordinates the wiring: ``'mesh data=4 ICI ring of 4 along y, 4 hosts; ...'``
+        ('' without a mesh)."""
         if not self.mesh_axes:
             return ''
-        hosts = dict(self.mesh_axis_hosts())
+        links = {a.name: a for a in self.axis_links()}
         parts = []
         for a, n in self.mesh_axes:
-            if a not in hosts:
+            link = links.get(a)
+            if link is None:
                 parts.append(f'{a}={n}')
-            elif hosts[a] > 1:
-                parts.append(f'{a}={n} crosses hosts ({hosts[a]} along it)')
+            elif link.chips or link.slices:
+                parts.append(f'{a}={n} {link.verdict}')
+            elif link.hosts > 1:
+                parts.append(f'{a}={n} crosses hosts ({link.hosts} along it)')
             else:
                 parts.append(f'{a}={n} within a host')
-        return 'mesh ' + ', '.join(parts)
+        return 'mesh ' + ('; ' if self.has_chips else ', ').join(parts)
 
     # -- blocks and replicas --
 
@@ -562,10 +648,15 @@ class Layout:
             f'{len(self.processes)}/{self.num_processes} process(es); {len(blocks)} '
             f'distinct block(s), {replicas} replica(s) each',
         ]
+        if self.has_chips:
+            lines.append(f'  {self.hardware_text()}')
         if self.mesh_axes:
             lines.append(f'  {self.mesh_text()}')
+        name = self.device_where if self.has_chips else self.device_name
         for b in blocks[:MAX_TEXT_BLOCKS]:
-            devices = ', '.join(self.device_name(d) for d in b.device_ids[:MAX_TEXT_DEVICES])
+            devices = ('; ' if self.has_chips else ', ').join(
+                name(d) for d in b.device_ids[:MAX_TEXT_DEVICES]
+            )
             if b.replica_count > MAX_TEXT_DEVICES:
                 devices += f', ... ({b.replica_count} in all)'
             lines.append(
@@ -577,7 +668,45 @@ class Layout:
             '  bytes per host: '
             + ', '.join(f'{p}: {format_bytes(n)}' for p, n in self.bytes_per_process().items())
         )
+        if self.has_chips:
+            lines.append(f'  bytes per chip: {self.bytes_per_chip_text()}')
         return '\n'.join(lines)
+
+    def bytes_per_chip(self) -> dict[tuple[int, tuple[int, ...]], int]:
+        """``(slice, coords)`` -> bytes its cores hold, every chip of `devices` (0 for
+        those holding none); ``{}`` without chip coordinates."""
+        if not self.has_chips:
+            return {}
+        per_device = self.bytes_per_device()
+        out: dict[tuple[int, tuple[int, ...]], int] = {}
+        for d in self.devices:
+            out[d.chip] = out.get(d.chip, 0) + per_device.get(d.id, 0)
+        return out
+
+    def bytes_per_chip_text(self) -> str:
+        """``'4 MiB each (16 chips)'`` or ``'0 B to 8 MiB (largest on chip (0,0,0))'``."""
+        per = self.bytes_per_chip()
+        if not per:
+            return ''
+        sizes = set(per.values())
+        if len(sizes) == 1:
+            return f'{format_bytes(sizes.pop())} each ({_n(len(per), "chip")})'
+        (s, coords), top = max(per.items(), key=lambda kv: kv[1])
+        where = ','.join(map(str, coords)) + (f' slice {s}' if len(self.chips_slices) > 1 else '')
+        return (
+            f'{format_bytes(min(per.values()))} to {format_bytes(top)} '
+            f'(largest on chip ({where}); {len(per)} chips)'
+        )
+
+    @property
+    def chips_slices(self) -> tuple[int, ...]:
+        """The slices of `devices` (``(0,)`` without slices)."""
+        return tuple(sorted({d.chip[0] for d in self.devices}))
+
+
+def _n(count: int, noun: str) -> str:
+    """``'1 chip'``, ``'16 chips'``."""
+    return f'{count} {noun}' + ('' if count == 1 else 's')
 
 
 def normalize_index(index: IndexLike, shape: Sequence[int]) -> Index:

@@ -56,7 +56,7 @@ def legend_html(layout: Layout, max_processes: int = MAX_LEGEND) -> str:
         f'of data (x{ratio:.3g})'
     )
     if layout.num_processes > len(PALETTE):
-        foot += f'; colours repeat every {len(PALETTE)} hosts'
+        foot += f'; hosts past {len(PALETTE)} get hues of their own (hover for names)'
     return (
         f'{CSS}<table class="mh-table mh-legend"><tr><th>process</th><th>bytes</th>'
         f'<th>shards</th></tr>{"".join(rows)}</table><div class="mh-legend-foot">'

@@ -36,6 +36,7 @@ class MeshAxisInfo:
     size: int
     hosts: int
     sharded_dims: tuple[int, ...] = ()
+    wiring: str = ''
 
     @property
     def crosses_hosts(self) -> bool:
@@ -44,7 +45,11 @@ class MeshAxisInfo:
 
     @property
     def verdict(self) -> str:
-        """``'crosses hosts (4 along it)'``, ``'within a host'`` or ``'unknown'``."""
+        """``'crosses hosts (4 along it)'``, ``'within a host'`` or ``'unknown'``; on chips
+        with coordinates the wiring (``'ICI ring of 4 along y, 2 hosts'``, ``'DCN across 2
+        slices'``)."""
+        if self.wiring:
+            return self.wiring
         if self.hosts == 0:
             return 'unknown (no mesh devices)'
         return f'crosses hosts ({self.hosts} along it)' if self.hosts > 1 else 'within a host'
@@ -74,8 +79,15 @@ def mesh_axes_info(layout: Layout) -> tuple[MeshAxisInfo, ...]:
     mesh. Pure."""
     hosts = dict(layout.mesh_axis_hosts())
     dims = _spec_axes(layout.spec, layout.ndim)
+    links = {k.name: k for k in layout.axis_links()} if layout.has_chips else {}
     return tuple(
-        MeshAxisInfo(name=a, size=n, hosts=hosts.get(a, 0), sharded_dims=dims.get(a, ()))
+        MeshAxisInfo(
+            name=a,
+            size=n,
+            hosts=hosts.get(a, 0),
+            sharded_dims=dims.get(a, ()),
+            wiring=links[a].verdict if a in links else '',
+        )
         for a, n in layout.mesh_axes
     )
 
@@ -102,7 +114,8 @@ def mesh_html(layout: Layout, max_cells: int = MAX_MESH_CELLS) -> str:
     parts = [
         '<div class="mh-mesh-caption">mesh: axes x devices x processes</div>',
         '<table class="mh-table mh-mesh-axes"><tr><th>axis</th><th>size</th>'
-        f'<th>shards dim</th><th>hosts</th></tr>{"".join(rows)}</table>',
+        f'<th>shards dim</th><th>{"wiring" if layout.has_chips else "hosts"}</th></tr>'
+        f'{"".join(rows)}</table>',
     ]
     ids = layout.mesh_device_ids
     sizes = tuple(a.size for a in axes)

@@ -22,6 +22,7 @@ from mhnotebook.widgets._common import (
     text_color,
     widget_html,
 )
+from mhnotebook.widgets.layout.chips import chip_grid_html, render_chip_grid_png
 from mhnotebook.widgets.layout.facets import MAX_FACET_COLUMNS, LayoutFacets, layout_facets
 from mhnotebook.widgets.layout.grid import (
     FLAGGED_EDGE,
@@ -81,8 +82,10 @@ class LayoutView(View):
     picture, the replica matrix shows every replicated block against the
     devices holding it (with a `ReplicaReport`, cells coloured by digest and
     odd replicas marked), the mesh view shows the mesh's axes, devices and
-    processes and which axes cross hosts, and the legend gives bytes per
-    host. An array of rank 3 or more is shown as facets over the
+    processes and which axes cross hosts (on TPU: ICI ring or not, DCN
+    across slices), and the legend gives bytes per host. On TPU the chip
+    grid below draws the pod's chips at their coordinates, coloured by host,
+    labelled with the blocks they hold. An array of rank 3 or more is shown as facets over the
     non-displayed axes (at most `MAX_FACETS`; sliders page through the rest).
     Every visible block also has a button that shows its shards and, with
     ``values``, its values.
@@ -101,6 +104,8 @@ class LayoutView(View):
     Stable CSS classes: ``mh-layout`` (the whole view), ``mh-layout-header``,
     ``mh-layout-controls``, ``mh-layout-axis``, ``mh-layout-slider`` (and
     ``mh-layout-slider-<axis>``), ``mh-layout-image``, ``mh-layout-legend``,
+    ``mh-layout-chips`` (on TPU: the chip grid, ``mh-chip-grid``, the pod's chips
+    at their coordinates coloured by host; see `chip_grid_html`),
     ``mh-layout-replicas`` (holding the table ``mh-replica-matrix``: cells
     ``mh-replica-cell``, ``mh-replica-odd``, ``mh-replica-empty``; see
     `replica_matrix_html`), ``mh-layout-mesh`` (holding ``mh-mesh-view``, see
@@ -146,6 +151,7 @@ class LayoutView(View):
         self._legend = add_classes(widgets.HTML(), 'mh-layout-legend')
         self._replicas = add_classes(widgets.HTML(), 'mh-layout-replicas')
         self._mesh = add_classes(widgets.HTML(), 'mh-layout-mesh')
+        self._chips = add_classes(widgets.HTML(), 'mh-layout-chips')
         self._select = add_classes(widgets.Dropdown(description='block'), 'mh-layout-select')
         self._select.layout.width = '32em'
         self._select.observe(self._on_select, 'value')
@@ -160,7 +166,17 @@ class LayoutView(View):
         picture.layout.flex_flow = 'row wrap'
         picture.layout.align_items = 'flex-start'
         self.widget = add_classes(
-            widgets.VBox([self._header, controls, picture, self._select, self._blocks, self._info]),
+            widgets.VBox(
+                [
+                    self._header,
+                    controls,
+                    picture,
+                    self._chips,
+                    self._select,
+                    self._blocks,
+                    self._info,
+                ]
+            ),
             'mh-layout',
         )
         self.update(layout, report, values, axes=axes, marked=marked)
@@ -207,9 +223,21 @@ class LayoutView(View):
             replace[id(self._info)] = ''
         return f'<div class="mh-layout-static">{widget_html(self.widget, replace)}</div>'
 
+    def chip_png(self, width: int = 720) -> bytes | None:
+        """The chip grid as a PNG (`render_chip_grid_png`: chips at their coordinates, one
+        panel per slice and z layer, by host, with their blocks); None without chip
+        coordinates (CPU devices)."""
+        grid = self.layout.chip_grid()
+        if grid is None:
+            return None
+        return render_chip_grid_png(grid, self.layout.headline(), width=width)
+
     def text(self) -> str:
         """The layout's text (with the mesh), the replica matrix's and the replica report's."""
         parts = [str(self._layout)]
+        chips = self.layout.chip_grid()
+        if chips is not None:
+            parts.append(chips.text())
         matrix = replica_matrix_text(self._matrix)
         if matrix:
             parts.append(matrix)
@@ -281,6 +309,8 @@ class LayoutView(View):
         self._replicas.value = replica_matrix_html(self._matrix)
         self._replicas.layout.display = '' if self._matrix.rows else 'none'
         self._mesh.value = mesh_html(layout)
+        self._chips.value = chip_grid_html(layout.chip_grid())
+        self._chips.layout.display = '' if self._chips.value else 'none'
         self._mesh.layout.display = '' if self._mesh.value else 'none'
         self._render()
 
