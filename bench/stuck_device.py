@@ -28,7 +28,6 @@ import json
 import platform
 import sys
 import time
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -51,29 +50,28 @@ def _long_launch(seconds: float, size: int) -> tuple[Any, Any, int, float]:
 
     import multihost
 
-    @partial(jax.jit, static_argnums=1)
-    def long_step(s: jax.Array, iters: int) -> jax.Array:
+    @jax.jit
+    def long_step(s: jax.Array, iters: jax.Array) -> jax.Array:
         m = jnp.eye(s.shape[0], dtype=s.dtype) * 0.5
 
         def body(c: Any) -> Any:
             i, v = c
             return i + 1, v @ m + 0.5
 
-        return jax.lax.while_loop(lambda c: c[0] < iters, body, (0, s))[1]
+        return jax.lax.while_loop(lambda c: c[0] < iters, body, (jnp.int32(0), s))[1]
 
     step = multihost.watch(long_step, name='long_step')
     seed = jnp.ones((size, size), jnp.float32).block_until_ready()
-    step(seed, 1).block_until_ready()  # compiled (the loop count is static, one program)
+    step(seed, jnp.int32(1)).block_until_ready()  # compiled once (the count is an argument)
     probe = 8
     while True:  # time a short loop, grow it until it is long enough to time
         t0 = time.perf_counter()
-        step(seed, probe).block_until_ready()
+        step(seed, jnp.int32(probe)).block_until_ready()
         took = time.perf_counter() - t0
-        if took > 0.25 or probe > 1 << 24:
+        if took > 0.5 or probe > 1 << 26:
             break
         probe *= 4
-    iters = max(1, int(probe * seconds / took))
-    step(seed, iters).block_until_ready()  # compiled for this count (static), not timed below
+    iters = max(1, min(int(probe * seconds / took), 2**31 - 1))
     return step, seed, iters, iters / probe * took
 
 
@@ -106,21 +104,28 @@ def _timed(results: list[dict[str, Any]], what: str, out: Any, fn: Any, check: b
     return value
 
 
-def _tools(results: list[dict[str, Any]], out: Any, ns: dict[str, Any]) -> None:
+def _tools(results: list[dict[str, Any]], out: Any, trees: list[dict[str, Any]]) -> None:
+    """Each tool on a tree of its own (made before the launch): a jax.Array keeps its host
+    copy once made, so a tool after another would not pay for its copies."""
     from multihost import _recorder
     from multihost._checks import _fingerprint, _nonfinite
     from multihost.engine import calls, gather
 
-    leaves = [ns['tree'][k] for k in ('w', 'h', 'i', 'b')]
+    ns = {'tree': trees.pop()}
     _timed(results, 'engine diff (Session path)', out, lambda: calls.diff(ns, 'tree'), True)
+    ns = {'tree': trees.pop()}
     _timed(results, 'engine layout + replicas', out, lambda: calls.layout(ns, 'tree'), True)
+    ns = {'tree': trees.pop()}
     report = _timed(
         results, 'engine nonfinite', out, lambda: calls.nonfinite(ns, 'tree', timeout=60), True
     )
     assert sum(s.nan for s in report.shards) == 1, report
+    ns = {'tree': trees.pop()}
     _timed(results, 'engine gather_local', out, lambda: gather.gather_local(ns, 'tree'), True)
     _timed(results, 'engine memory_census', out, lambda: calls.memory_census(ns, timeout=60), True)
     _timed(results, 'engine env_diff', out, lambda: calls.env_diff(timeout=60), True)
+    leaves = list(trees.pop().values())
+    tree = trees.pop()
     with _recorder.reading_host_copies():
         _timed(
             results,
@@ -133,7 +138,7 @@ def _tools(results: list[dict[str, Any]], out: Any, ns: dict[str, Any]) -> None:
             results,
             'nonfinite counts of the tree (host copies)',
             out,
-            lambda: _nonfinite.nonfinite(ns['tree'], timeout=60),
+            lambda: _nonfinite.nonfinite(tree, timeout=60),
             True,
         )
 
@@ -148,16 +153,16 @@ def main() -> int:
     device = jax.devices()[0]
     size = args.size or (4096 if device.platform == 'tpu' else 384)
     step, seed, iters, expect = _long_launch(args.launch_s, size)
-    ns = {'tree': _tree(args.mib)}
-    w = ns['tree']['w']
+    trees = [_tree(args.mib) for _ in range(8)]  # one per measurement (see `_tools`)
+    w = trees.pop()['w']
     with multihost._recorder.reading_host_copies():  # compiled for the reference, not timed
-        _fingerprint.fingerprints([w])
-    _fingerprint.fingerprints([w])
+        _fingerprint.fingerprints([trees[0]['b']])
+    _fingerprint.fingerprints([trees[0]['b']])
     results: list[dict[str, Any]] = []
     print(f'long launch: about {expect:.1f} s; tree {args.mib:g} MiB', flush=True)
     t0 = time.perf_counter()
-    out = step(seed, iters)
-    _tools(results, out, ns)
+    out = step(seed, jax.numpy.int32(iters))
+    _tools(results, out, trees)
     _timed(results, 'np.asarray of a ready leaf (reference)', out, lambda: np.asarray(w), False)
     _timed(
         results,
