@@ -12,8 +12,8 @@ alive, and then whether it failed there (a ready output whose
 ``block_until_ready`` raises: ``'failed'``). When every kept output was
 collected, donated or deleted, a later launch of the same thread on the
 same devices that is done says this one is done too (a device runs its
-programs in order); otherwise it reads ``'unknown'`` (`launch_span` then
-says "somewhere in calls #N..#M"). A launch's age counts from when its
+programs in order); otherwise it reads ``'unknown'`` (the wavefront then
+says "somewhere in calls #N..#M", `HostFront.pending_from`). A launch's age counts from when its
 device could start it (`FlightRecord.started`: its dispatch, or the end of
 the launch before it, as first seen), not from its dispatch: queue time is
 not stuck time.
@@ -479,28 +479,6 @@ def awaited_launch(process: int) -> FlightRecord | None:
         if state == LAUNCHED and e.returned:
             oldest = e
     return None if oldest is None else oldest.record(process)
-
-
-def launch_span(process: int) -> tuple[FlightRecord, FlightRecord] | None:
-    """Where the main thread's device work is, when it cannot be told to one launch: (the
-    oldest launch not known done after the newest known done, the newest in flight), e.g.
-    "somewhere in calls #411..#413" after a run-ahead whose outputs were donated; None when
-    nothing is in flight (or the two are one launch: `awaited_launch` names it)."""
-    with _rec.lock:
-        entries = [e for e in list(_rec.ring)[-RECENT:] if e.kind == 'launch' and not e.thread]
-    _infer(entries)
-    newest = first = None
-    for e in reversed(entries):
-        state = e.current_state()
-        if state in (DONE, FAILED):
-            break
-        if state == LAUNCHED and e.returned and newest is None:
-            newest = e
-        if newest is not None:
-            first = e
-    if newest is None or first is None or first is newest:
-        return None
-    return first.record(process), newest.record(process)
 
 
 def in_flight(process: int) -> list[FlightRecord]:

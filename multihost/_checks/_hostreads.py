@@ -34,7 +34,7 @@ import numpy as np
 from multihost import _recorder
 from multihost._exchange import _kv
 
-__all__ = ['NotReadyError', 'active', 'check_ready', 'copy', 'kernel_lanes', 'unready']
+__all__ = ['NotReadyError', 'active', 'blocks', 'check_ready', 'copy', 'unready']
 
 
 class NotReadyError(RuntimeError):
@@ -125,29 +125,20 @@ def copy(x: Any, what: str = 'a shard') -> np.ndarray:
     return np.asarray(x)
 
 
-def _blocks(x: jax.Array) -> Iterator[tuple[np.ndarray, tuple[int, ...], tuple[int, ...]]]:
-    """A fully addressable array's distinct blocks, copied one at a time, with offsets."""
-    from multihost._checks import _fingerprint
+def blocks(x: jax.Array) -> Iterator[tuple[np.ndarray, tuple[int, ...], tuple[int, ...]]]:
+    """A fully addressable array's distinct blocks (one replica each), copied to the host
+    one at a time as the caller asks (memory: one block's copy, dropped before the next),
+    each with its offsets in the leaf and the leaf's shape.
 
-    for data, offsets, shape in _fingerprint._parts(x):
-        yield copy(data, f'a shard of a {x.dtype}{list(x.shape)} array'), offsets, shape
-
-
-def kernel_lanes(x: Any) -> np.ndarray:
-    """The kernel's lanes (sets x 4, uint32) of a leaf, from host copies of its blocks.
-
-    The same bytes `_fingerprint.device_lanes` gives on the device (the kernel's
-    numpy implementation, blocks at their global offsets, summed mod 2^32).
+    Raises:
+        NotReadyError: a block is not ready (before its copy is made).
     """
-    from multihost._checks import _fingerprint
-
-    if not isinstance(x, jax.Array):
-        return _fingerprint.numpy_lanes(np.asarray(x))
-    total = np.zeros((_fingerprint.lane_sets(x.dtype), _fingerprint.LANES), np.uint32)
-    if x.size == 0:
-        return total
-    with np.errstate(over='ignore'):
-        for block, offsets, shape in _blocks(x):
-            total += _fingerprint.numpy_lanes(block, offsets, shape)
-            del block  # one block's copy at a time
-    return total
+    shape = tuple(int(d) for d in x.shape)
+    seen: set[tuple[int, ...]] = set()
+    what = f'a shard of a {x.dtype}{list(shape)} array'
+    for shard in x.addressable_shards:
+        start = tuple(int(sl.start or 0) for sl in shard.index) if shard.index else ()
+        if start in seen:
+            continue
+        seen.add(start)
+        yield copy(shard.data, what), start or (0,) * x.ndim, shape
