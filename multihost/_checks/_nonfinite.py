@@ -546,7 +546,10 @@ def nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteReport:
     host memory), and only a few numbers per *offending* shard travel (at
     most `MAX_RECORDS` shard records per host, `MAX_TOTAL_RECORDS` over all
     hosts); the data never leaves its
-    device. With one process no communication happens.
+    device. With one process no communication happens. Inside
+    `_recorder.reading_host_copies` (a held job's tools; a session's while a launch is in
+    flight) nothing runs on a device: each ready shard is copied to the host and counted
+    by numpy, one at a time; one not ready raises, naming its launch (`_hostreads`).
 
     Args:
         in_tree: a pytree. Global `jax.Array` leaves are checked over every

@@ -10,7 +10,9 @@ namespace of the main thread's *held frame*: the innermost frame of the
 script (a frame of another library, of JAX or of ours is skipped), its
 locals over its module's globals; `frames` lists the script's frames and a
 frame number picks another. Names are parsed, never evaluated, as in every
-magic.
+magic. The tools read host copies of ready shards and launch nothing on a device
+(`_checks._hostreads`): the devices of a held job are typically stuck inside the launch
+one host never made, and a device program would queue behind it.
 
 The tool runs on a thread of its own named ``multihost-inspect-<tag>``, the
 tag the same on every host (the command's), so the collectives it makes
