@@ -4,11 +4,22 @@ Every core collective (`_sequence`), every watched launch (`_watch`) and,
 once installed, every barrier or key wait a library makes on the
 coordination-service client itself (`_job._service`: kinds `SERVICE_BARRIER`,
 `SERVICE_WAIT`) leaves one entry: what it was, where it was called from, when, how long the
-host waited at the cross-host check, and, for a launch, a weak reference to
-one of its outputs. Nothing polls: whether a launch finished on device is
-found when someone asks (`snapshot`), by ``jax.Array.is_ready()`` of that
-output. An output that was collected, donated or deleted reads
-``'unknown'``.
+host waited at the cross-host check, and, for a launch, weak references to
+two of its outputs (the first and the last: a step's donated state and its
+loss). Nothing polls: whether a launch finished on device is found when
+someone asks (`snapshot`), by ``jax.Array.is_ready()`` of an output still
+alive, and then whether it failed there (a ready output whose
+``block_until_ready`` raises: ``'failed'``). When every kept output was
+collected, donated or deleted, a later launch of the same thread on the
+same devices that is done says this one is done too (a device runs its
+programs in order); otherwise it reads ``'unknown'`` (the wavefront then
+says "somewhere in calls #N..#M", `HostFront.pending_from`). A launch's age counts from when its
+device could start it (`FlightRecord.started`: its dispatch, or the end of
+the launch before it, as first seen), not from its dispatch: queue time is
+not stuck time.
+
+`reading_host_copies` marks a thread whose reads must not queue device work
+behind a recorded launch (the data tools on a held job: `_checks._hostreads`).
 
 Memory is bounded: the last `CAPACITY` entries per host. Entries are small
 slotted objects (no JSON, no dataclass) on the hot path; `FlightRecord`, the
@@ -20,11 +31,13 @@ Depends on the standard library only (imported by `_sequence`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 #: Entries kept per host (older ones drop off).
@@ -87,6 +100,10 @@ class FlightRecord:
         spans: launches recorded by `multihost.install`: whether the computation
             spans devices of more than one process (None when not known: other
             launches, collectives, or a call whose outputs hold no array yet).
+        started: launches: when (``time.time()``) its device could start it:
+            its dispatch, or the end of the launch before it on this thread
+            as first seen (a launch queued behind another has not started:
+            None while that one runs); its age counts from here. Else None.
     """
 
     n: int
@@ -105,6 +122,7 @@ class FlightRecord:
     thread: str = ''
     lane: str = ''
     spans: bool | None = None
+    started: float | None = None
 
     @property
     def is_launch(self) -> bool:
@@ -164,6 +182,12 @@ class Entry:
         'thread',
         'lane',
         'spans',
+        'outs',
+        'devices',
+        'done_at',
+        'prev',
+        'done_prev',
+        'keep',
     )
 
     def __init__(
@@ -189,7 +213,13 @@ class Entry:
         self.time = time.time()
         self.wait: float | None = None
         self.state = state
-        self.out: weakref.ref[Any] | None = None
+        self.out: weakref.ref[Any] | None = None  # the first output (see `outs`)
+        self.outs: tuple[weakref.ref[Any], ...] = ()  # the outputs asked (first, last)
+        self.devices: Any = None  # the first output's sharding (whose devices it ran on)
+        self.done_at: float | None = None  # when first seen done (or failed)
+        self.prev: Entry | None = None  # this thread's launch before it (dropped once done)
+        self.done_prev: float | None = None  # when that one was first seen ended
+        self.keep: Any = None  # a small output held (strongly) while the launch is recent
         self.returned = False  # a launch's call has returned (its output is known)
         self.timeout: float | None = None
         self.thread = ''  # set off the main thread (`_threads`, `_job._service`)
@@ -197,24 +227,56 @@ class Entry:
         self.spans: bool | None = None  # the launch spans devices of other processes
 
     def current_state(self) -> str:
-        """The state now: a launch's output asked whether it is ready (never blocks)."""
+        """The state now: a launch's outputs asked whether they are ready (never blocks).
+
+        An output still alive that is ready says done, or failed when its buffers hold
+        the launch's error (``block_until_ready`` of a ready array returns at once, or
+        raises). Every output gone (collected, donated, deleted): ``'unknown'`` here;
+        `_infer` may still tell it from the launches after it.
+        """
         if self.state != LAUNCHED:
             return self.state
         if not self.returned:
             return LAUNCHED  # still inside the call (a synchronous launch blocks there)
-        ref = self.out
-        out = ref() if ref is not None else None
-        if out is None:
-            return UNKNOWN
-        try:
-            if out.is_deleted():
-                return UNKNOWN  # donated or deleted
-            if out.is_ready():
-                self.state, self.out = DONE, None  # done for good: drop the reference
-                return DONE
-        except Exception:
-            return UNKNOWN
-        return LAUNCHED
+        alive = False
+        for ref in self.outs:
+            out = ref()
+            try:
+                if out is None or out.is_deleted():
+                    continue  # collected, donated or deleted: ask another
+                alive = True
+                if not out.is_ready():
+                    continue
+                try:
+                    out.block_until_ready()  # ready: returns at once, or raises its error
+                except Exception:
+                    return self._end(FAILED)
+                return self._end(DONE)
+            except Exception:
+                continue
+        return LAUNCHED if alive else UNKNOWN
+
+    def _end(self, state: str) -> str:
+        """Done (or failed) for good: the references dropped."""
+        self.state, self.out, self.outs, self.keep = state, None, (), None
+        self.done_at = time.time()
+        return state
+
+    def started(self) -> float | None:
+        """When its device could start it: its dispatch, or when the launch before it
+        (this thread's) was first seen ended; None while that one still runs."""
+        if self.kind != 'launch':
+            return None
+        prev = self.prev
+        if prev is None:
+            return self.time
+        state = prev.current_state()
+        if state == LAUNCHED:
+            return None  # queued behind it: not started
+        self.prev = None  # settled: no chain of references kept
+        if prev.done_at is not None:
+            self.done_prev = prev.done_at
+        return max(self.time, self.done_prev or self.time)  # unknown: its dispatch
 
     def record(self, process: int) -> FlightRecord:
         return FlightRecord(
@@ -234,6 +296,7 @@ class Entry:
             thread=self.thread,
             lane=self.lane,
             spans=self.spans,
+            started=self.started() if self.kind == 'launch' else None,
         )
 
 
@@ -246,6 +309,7 @@ class _Recorder:
         self.service_calls: dict[tuple[str, str], int] = {}
         self.advanced = time.time()  # when this host last entered or left a recorded call
         self.moved_on = 0.0  # when its main thread last got through one (passed, returned)
+        self.recent: dict[str, collections.deque[Entry]] = {}  # thread -> newest launches
 
 
 _rec = _Recorder()
@@ -306,16 +370,64 @@ def finished(entry: Entry, *, wait: float | None = None, failed: bool = False) -
         _rec.moved_on = _rec.advanced
 
 
-def launched(entry: Entry, output: Any) -> None:
-    """A launch returned: keep a weak reference to ``output`` (a `jax.Array`) to ask later."""
+#: Bytes up to which a launch's last output is held strongly while the launch is among its
+#: thread's `KEEP_RECENT` newest: a step's loss, dropped by the user (``float(loss)``)
+#: while the state output is donated to the next step, still tells when the step ended.
+KEEP_BYTES = 4096
+KEEP_RECENT = 8
+
+
+def _ref(x: Any) -> weakref.ref[Any] | None:
     try:
-        entry.out = None if output is None else weakref.ref(output)
+        return None if x is None else weakref.ref(x)
     except TypeError:  # not weak-referenceable: nothing to ask later
-        entry.out = None
+        return None
+
+
+def launched(entry: Entry, output: Any, last: Any = None) -> None:
+    """A launch returned: weak references to ``output`` (its first `jax.Array`) and ``last``
+    (its last: rarely donated, unlike a train state) to ask later; a small ``last`` is held
+    while the launch is recent (`KEEP_BYTES`). Remembers this thread's launch before it."""
+    refs = tuple(r for r in (_ref(output), _ref(last)) if r is not None)
+    entry.out = refs[0] if refs and output is not None else None
+    entry.outs = refs
+    entry.devices = getattr(output, 'sharding', None)
+    if last is not None and getattr(last, 'nbytes', KEEP_BYTES + 1) <= KEEP_BYTES:
+        entry.keep = last
+    with _rec.lock:
+        recent = _rec.recent.setdefault(entry.thread, collections.deque())
+        entry.prev = recent[-1] if recent else None
+        recent.append(entry)
+        if len(recent) > KEEP_RECENT:
+            recent.popleft().keep = None
     entry.returned = True
     _rec.advanced = time.time()
     if not entry.thread:
         _rec.moved_on = _rec.advanced
+
+
+def _same_devices(a: Entry, b: Entry) -> bool:
+    if a.devices is None or b.devices is None or a.devices is b.devices:
+        return True
+    try:
+        return bool(a.devices.device_set == b.devices.device_set)
+    except Exception:
+        return True
+
+
+def _infer(entries: list[Entry]) -> None:
+    """In-order completion: a launch whose outputs are all gone is done when a later launch
+    of its thread, on the same devices, is done (a device runs its programs in order)."""
+    later_done: dict[str, list[Entry]] = {}
+    for e in reversed(entries):
+        if e.kind != 'launch' or not e.returned:
+            continue
+        state = e.current_state()
+        done = later_done.setdefault(e.thread, [])
+        if state == DONE:
+            done.append(e)
+        elif state == UNKNOWN and any(_same_devices(e, d) for d in done):
+            e._end(DONE)
 
 
 def moved_on_since(t: float) -> bool:
@@ -329,6 +441,7 @@ def record_of(n: int, process: int) -> FlightRecord | None:
     the ring (`CAPACITY` later calls)."""
     with _rec.lock:
         entries = list(_rec.ring)
+    _infer(entries[-RECENT:])
     for e in reversed(entries):
         if e.n == n:
             return e.record(process)
@@ -343,25 +456,66 @@ def snapshot(process: int, last: int | None = None) -> list[FlightRecord]:
         entries = list(_rec.ring)
     if last is not None:
         entries = entries[-last:] if last > 0 else []
+    _infer(entries)
     return [e.record(process) for e in entries]
 
 
 def awaited_launch(process: int) -> FlightRecord | None:
-    """The main thread's newest launch whose call has returned but whose output is not ready
-    on device (a device wait: a collective whose peer has not come), among its last `RECENT`
+    """The main thread's oldest launch after its newest known done (or failed) whose call has
+    returned but whose outputs are not ready on device (a device wait: a collective whose
+    peer has not come; the launches after it queue behind it), among its last `RECENT`
     entries; None when the newest known is done (a launch still inside its call, compiling or
     blocking, is not one)."""
     with _rec.lock:
         entries = list(_rec.ring)[-RECENT:]
+    _infer(entries)
+    oldest = None  # after a run-ahead, the oldest one in flight is the one running
     for e in reversed(entries):
         if e.kind != 'launch' or e.thread:
             continue
         state = e.current_state()
-        if state == DONE:
-            return None
+        if state in (DONE, FAILED):
+            break
         if state == LAUNCHED and e.returned:
-            return e.record(process)
-    return None
+            oldest = e
+    return None if oldest is None else oldest.record(process)
+
+
+def in_flight(process: int) -> list[FlightRecord]:
+    """This host's launches (any thread) whose call returned and whose outputs are not
+    ready on device yet, oldest first, among its last `RECENT` entries."""
+    with _rec.lock:
+        entries = list(_rec.ring)[-RECENT:]
+    _infer(entries)
+    return [
+        e.record(process)
+        for e in entries
+        if e.kind == 'launch' and e.returned and e.current_state() == LAUNCHED
+    ]
+
+
+class _Reads(threading.local):
+    host_copies = False
+
+
+_reads = _Reads()
+
+
+@contextlib.contextmanager
+def reading_host_copies(on: bool = True) -> Iterator[None]:
+    """In this thread (with ``on``), the data tools read host copies of ready shards and
+    enqueue no device work (`_checks._hostreads`): a device program would queue behind a
+    launch in flight (a stuck step), a copy of a ready buffer does not."""
+    before, _reads.host_copies = _reads.host_copies, bool(on) or _reads.host_copies
+    try:
+        yield
+    finally:
+        _reads.host_copies = before
+
+
+def host_copies_only() -> bool:
+    """Whether this thread reads host copies only (inside `reading_host_copies`)."""
+    return _reads.host_copies
 
 
 #: How many of its last entries a host reads to say what it waits in (`in_progress`).
@@ -397,6 +551,7 @@ def reset() -> None:
         _rec.count = 0
         _rec.calls.clear()
         _rec.service_calls.clear()
+        _rec.recent.clear()
         _rec.advanced = time.time()
         _rec.moved_on = 0.0
 

@@ -41,6 +41,8 @@ Two inputs a real job also reads from its environment:
   (``params['block_0']['Dense_0']['bias']``) is moved by 1e-3 (a host-dependent code
   path); ``NAN_HOST=p`` with ``NAN_STEP=s``: process p's per-example loss weights hold a
   NaN at step s (the batch then carries ``weights``, all ones otherwise).
+* ``EVAL_X=1``: ``train`` also holds ``eval_x``, a replicated float32 eval batch (8, 4)
+  made before the loop (ready on every device; one NaN at [1, 2], for the data tools).
 * ``HEARTBEAT_S=s``: ``heartbeat_timeout_seconds`` of `jax.distributed.initialize`
   (default 100, JAX's): how long the coordination service waits for a silent host.
 * ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
@@ -69,7 +71,13 @@ jax.config.update('jax_num_cpu_devices', int(os.environ.get('LOCAL_DEVICES', '2'
 
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
-from _flax_program import create_state, local_batch, make_mesh, train_step  # noqa: E402
+from _flax_program import (  # noqa: E402
+    create_state,
+    eval_batch,
+    local_batch,
+    make_mesh,
+    train_step,
+)
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -201,6 +209,8 @@ def train():
         save_interval_steps=2, max_to_keep=2, enable_async_checkpointing=True
     )
     manager = ocp.CheckpointManager(os.environ['CKPT_DIR'], options=options)
+    if os.environ.get('EVAL_X'):
+        eval_x = jax.device_put(eval_batch(), NamedSharding(mesh, P()))  # noqa: F841 (for tools)
     for step in range(STEPS):
         batch = batch_for(mesh, step)
         check_batch(step)

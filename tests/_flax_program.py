@@ -104,6 +104,14 @@ def local_batch(step: int, source: int | None = None) -> tuple[np.ndarray, np.nd
     return seq[:, :-1], seq[:, 1:]
 
 
+def eval_batch() -> np.ndarray:
+    """A small eval batch, the same on every host (`_flax_job`'s ``EVAL_X``): one NaN at
+    [1, 2], for the data tools to find."""
+    x = np.arange(32, dtype=np.float32).reshape(8, 4) / 8
+    x[1, 2] = np.nan
+    return x
+
+
 def global_batch(mesh: Mesh, step: int) -> dict[str, jax.Array]:
     """The global batch, sharded over 'data', from each host's local slice."""
     sharding = NamedSharding(mesh, P('data'))

@@ -62,20 +62,40 @@ def test_static_arguments_are_keyed_by_value():
     assert step.signatures == 2
 
 
-def test_states_done_and_unknown_when_donated():
+def test_a_donated_launch_is_done_when_a_later_one_on_its_devices_is():
+    """In-order completion: a launch whose only output was donated (deleted before anyone
+    asked) reads done once a later launch of the thread on the same devices is done."""
     step = multihost.watch(jax.jit(lambda x: x * 2, donate_argnums=0), name='donating')
     a = step(jnp.ones(1000))
     b = step(a)  # a is donated: deleted before anyone asked whether it was ready
     assert a.is_deleted()
+    assert _recorder.snapshot(0)[0].state in ('unknown', 'done')  # b may still run
     b.block_until_ready()
-    assert [r.state for r in _recorder.snapshot(0)] == ['unknown', 'done']
+    assert [r.state for r in _recorder.snapshot(0)] == ['done', 'done']
 
 
 def test_an_output_that_is_collected_reads_unknown_never_blocks():
     step = multihost.watch(jax.jit(lambda x: x + 1), name='dropped')
-    step(jnp.ones(3))  # the output is dropped at once
+    step(jnp.ones(3000))  # the output (larger than the recorder holds) is dropped at once
     gc.collect()
     assert _recorder.snapshot(0)[-1].state == 'unknown'
+
+
+def test_a_small_last_output_tells_a_step_done_though_the_state_is_donated():
+    """A step's ``(state, loss)``: the state donated to the next step, the loss dropped by
+    the user (``float(loss)``): the loss, small, is held while the launch is recent."""
+    step = multihost.watch(jax.jit(lambda s: (s * 2, s.sum()), donate_argnums=0), name='stepping')
+    state = jnp.ones(3000)
+    state, loss = step(state)
+    float(loss)
+    del loss
+    gc.collect()
+    assert _recorder.snapshot(0)[-1].state == 'done'
+    before = state
+    state, _ = step(state)  # donates the first step's state output
+    assert before.is_deleted()
+    state.block_until_ready()
+    assert [r.state for r in _recorder.snapshot(0)] == ['done', 'done']
 
 
 def test_the_recorder_keeps_the_last_2000_records():

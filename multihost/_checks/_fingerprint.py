@@ -82,6 +82,9 @@ import jax.numpy as jnp
 import numpy as np
 import xxhash
 
+from multihost import _recorder
+from multihost._checks import _hostreads
+
 K1 = 0x9E3779B1
 K2 = 0x85EBCA77
 _M16 = (0x9E37, 0x5BD1)  # odd multipliers of g16 (bijective mod 2^16)
@@ -489,8 +492,11 @@ def fingerprints(leaves: Sequence[Any]) -> list[bytes]:
     out: list[bytes | None] = [None] * len(leaves)
     blocks: list[tuple[jax.Array, Sequence[int], Sequence[int]]] = []
     owner: list[int] = []
+    copies = _recorder.host_copies_only()  # no device program: host copies (`_hostreads`)
     for i, leaf in enumerate(leaves):
-        if isinstance(leaf, jax.Array) and _device_ok(leaf):
+        if copies and isinstance(leaf, jax.Array):
+            out[i] = _to_bytes(_copied_lanes(leaf))
+        elif isinstance(leaf, jax.Array) and _device_ok(leaf):
             if leaf.size == 0:
                 out[i] = _to_bytes(np.zeros((lane_sets(leaf.dtype), LANES), np.uint32))
                 continue
@@ -506,6 +512,17 @@ def fingerprints(leaves: Sequence[Any]) -> list[bytes]:
     for i, lanes in sums.items():
         out[i] = _to_bytes(lanes)
     return [b if b is not None else b'' for b in out]
+
+
+def _copied_lanes(x: jax.Array) -> np.ndarray:
+    """`device_lanes`' bytes without a device program: the numpy definition over host copies
+    of the blocks, one at a time (`_hostreads.blocks`; a block not ready raises there)."""
+    total = np.zeros((lane_sets(x.dtype), LANES), np.uint32)
+    with np.errstate(over='ignore'):
+        for block, offsets, shape in _hostreads.blocks(x):
+            if block.size:
+                total += numpy_lanes(block, offsets, shape)
+    return total
 
 
 def block_fingerprints(blocks: Sequence[Any]) -> list[bytes]:
@@ -661,7 +678,10 @@ def digests(leaves: Sequence[Any], how: str | None = None) -> list[str]:
     how = mode(how)
     out: list[str | None] = [None] * len(leaves)
     kernel: list[int] = []
+    copies = _recorder.host_copies_only()
     for i, leaf in enumerate(leaves):
+        if copies and isinstance(leaf, jax.Array):
+            _hostreads.check_ready(leaf)  # named, never waited for
         if host_kind(leaf, how):
             out[i] = HOST_PREFIX + host_digest(leaf).hex()
         else:

@@ -9,17 +9,16 @@ docs/ARCHITECTURE.md, "The census and non-finite values".
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from multihost._checks import _hostreads
 from multihost._checks._layout import describe_layout
 from multihost._checks._paths import leaf_paths
 from multihost._exchange import _kv, _sequence
@@ -282,31 +281,6 @@ def _classify(
     return leaves, pieces, signature, skipped
 
 
-class _HostReads(threading.local):
-    on = False
-
-
-_host_reads = _HostReads()
-
-
-@contextlib.contextmanager
-def host_reads() -> Iterator[None]:
-    """In this thread, shards in host memory are counted by numpy, never by a device launch
-    (`engine.held`: the main thread's launch may hold the device's stream)."""
-    before, _host_reads.on = _host_reads.on, True
-    try:
-        yield
-    finally:
-        _host_reads.on = before
-
-
-def _in_host_memory(x: Any) -> bool:
-    try:
-        return x.devices().pop().platform == 'cpu' and x.is_ready()
-    except Exception:
-        return False
-
-
 def _check(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
     """(piece, NaN count, Inf count, first flat position) of every offending piece.
 
@@ -317,13 +291,8 @@ def _check(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
     only those rows are counted; otherwise (or for small or odd-sized shards)
     the whole shard is, in chunks of `_CHUNK` elements.
     """
-    if _host_reads.on:
-        # A debug thread inspecting a held job (`engine.held`): a device whose stream is
-        # blocked by the main thread's launch would never run a screen. Shards in host
-        # memory (CPU devices) are read in place instead, as numpy.
-        for p in pieces:
-            if not isinstance(p.data, np.ndarray) and _in_host_memory(p.data):
-                p.data = np.asarray(p.data)
+    if _hostreads.active():
+        return _check_copies(pieces)
     _dispatch_screens(pieces)
     out: list[tuple[_Piece, int, int, int | None]] = []
     suspects = []
@@ -360,6 +329,21 @@ def _check(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
             stats = _combine([(lo, *(int(v) for v in np.asarray(r))) for lo, r in parts])
         if stats[0] + stats[1]:
             out.append((p, *stats))
+    out.sort(key=lambda t: (t[0].leaf, -1 if t[0].device is None else t[0].device))
+    return out
+
+
+def _check_copies(pieces: list[_Piece]) -> list[tuple[_Piece, int, int, int | None]]:
+    """`_check` without device work (`_hostreads`: a launch in flight may hold the device's
+    stream): each shard copied to the host when ready (one at a time), counted by numpy; a
+    shard not ready raises `_hostreads.NotReadyError`, naming the launch it waits on."""
+    out: list[tuple[_Piece, int, int, int | None]] = []
+    for p in pieces:
+        a = p.data if isinstance(p.data, np.ndarray) else _hostreads.copy(p.data)
+        nan, inf, first = _numpy_stats(a)
+        del a
+        if nan + inf:
+            out.append((p, nan, inf, first))
     out.sort(key=lambda t: (t[0].leaf, -1 if t[0].device is None else t[0].device))
     return out
 
@@ -562,7 +546,10 @@ def nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteReport:
     host memory), and only a few numbers per *offending* shard travel (at
     most `MAX_RECORDS` shard records per host, `MAX_TOTAL_RECORDS` over all
     hosts); the data never leaves its
-    device. With one process no communication happens.
+    device. With one process no communication happens. Inside
+    `_recorder.reading_host_copies` (a held job's tools; a session's while a launch is in
+    flight) nothing runs on a device: each ready shard is copied to the host and counted
+    by numpy, one at a time; one not ready raises, naming its launch (`_hostreads`).
 
     Args:
         in_tree: a pytree. Global `jax.Array` leaves are checked over every

@@ -175,6 +175,7 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
             'values across hosts use multihost.assert_equal'
         )
     from multihost._checks import _fingerprint as _kernel
+    from multihost._checks import _hostreads
 
     layout = describe_layout(arr)
     if jax.process_count() == 1 or arr.is_fully_addressable:
@@ -191,7 +192,11 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
     timeout = _sequence.default_timeout() if timeout is None else float(timeout)
     try:
         _kernel.mode()
-    except ValueError as exc:  # a bad MULTIHOST_FINGERPRINT: every host hears of it
+        if _hostreads.active():  # a shard not ready is named, never waited for
+            why = _hostreads.unready(arr)
+            if why is not None:
+                raise _hostreads.NotReadyError(why)
+    except (ValueError, _hostreads.NotReadyError) as exc:  # bad MULTIHOST_FINGERPRINT, ...
         _sequence.fail_turn('check_replicas', '', str(exc), timeout=timeout)
     rec = _sequence.enter(
         'check_replicas',

@@ -23,8 +23,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from multihost import _recorder
 from multihost._checks import _fingerprint as _kernel
-from multihost._checks import _rowdiff
+from multihost._checks import _hostreads, _rowdiff
 from multihost._checks._paths import leaf_paths
 from multihost._core._collectives import broadcast_one_to_all
 from multihost._errors import HostMismatchError
@@ -40,6 +41,7 @@ from multihost._models._treediff import (  # noqa: F401  (the models live there;
 
 _ADDRESS = re.compile(r' at 0x[0-9a-fA-F]+')  # object reprs: the same object, another address
 _BROADCAST_CHUNK = 64 << 20  # bytes per broadcast of reference values
+_HOST_CHUNK = 256 << 10  # ... over the coordination service (`_broadcast_bytes`)
 _COMPARE_CHUNK = 1 << 20  # elements compared at a time (bounds temporaries)
 
 
@@ -299,8 +301,11 @@ def _compare(own: np.ndarray, ref: np.ndarray) -> tuple[int, tuple[int, ...], fl
 def _broadcast_bytes(buf: np.ndarray | None, nbytes: int, source: bool) -> np.ndarray:
     """``nbytes`` bytes from the source host to every host, exactly (as uint32 words)."""
     out = np.empty(nbytes, np.uint8)
-    for start in range(0, nbytes, _BROADCAST_CHUNK):
-        size = min(_BROADCAST_CHUNK, nbytes - start)
+    # Reading host copies (`_hostreads`), the bytes go over the coordination service, in
+    # chunks its exchange takes (only the source's bytes travel), never a device collective.
+    chunk = _HOST_CHUNK if _recorder.host_copies_only() else _BROADCAST_CHUNK
+    for start in range(0, nbytes, chunk):
+        size = min(chunk, nbytes - start)
         # Pad to a power of two (>= 4 KiB) so repeated diffs reuse compiled code.
         padded = max(4096, 1 << (size - 1).bit_length())
         words = np.zeros(padded // 4, np.uint32)
@@ -413,8 +418,12 @@ def diff_as(kind: str, in_tree: Any, timeout: float | None) -> TreeDiff:
         _kernel.mode()  # a bad MULTIHOST_FINGERPRINT is an error here too
         return TreeDiff(leaves=(), num_processes=1, num_leaves=len(flat))
     try:
+        if _recorder.host_copies_only():  # a leaf not ready is named, never waited for
+            why = _hostreads.unready(in_tree)
+            if why is not None:
+                raise _hostreads.NotReadyError(why)
         data, rows = _fingerprint(flat)
-    except _LeafError as exc:  # a leaf that cannot be fingerprinted: tell every host
+    except (_LeafError, _hostreads.NotReadyError) as exc:  # cannot (or would wait): tell all
         _sequence.fail_turn(kind, '', str(exc), timeout=timeout)
     # The tree digest is '' on purpose: differing trees are this collective's
     # subject, not a sequence mismatch.

@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from multihost import _jax_adapter, _structure
+from multihost import _jax_adapter, _recorder, _structure
 from multihost._exchange import _sequence
 
 _PROCESS_AXIS = 'processes'
@@ -340,7 +340,9 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
     checked = _sequence.checking_enabled()
     digest = _tree_digest('broadcast', treedef, leaves) if checked else ''
     host = [np.asarray(x) for x in leaves]
-    if checked and _fits_exchange(host):
+    # A thread reading host copies (`_recorder.reading_host_copies`: a data tool while a
+    # launch may hold the device) never takes the device path, whatever the size.
+    if (checked and _fits_exchange(host)) or _recorder.host_copies_only():
         mine = [_canonical(a) for a in host]
         # Only sources send data; the result is the sum of the sources' leaves
         # (as JAX's psum-based broadcast computes it).

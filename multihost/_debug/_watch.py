@@ -217,7 +217,7 @@ class Watched:
         except BaseException:
             _recorder.finished(entry, failed=True)
             raise
-        _recorder.launched(entry, first_array(out))
+        _recorder.launched(entry, first_array(out), last_array(out))
         return out
 
     # -- signature --------------------------------------------------------------------
@@ -580,6 +580,21 @@ def first_array(out: Any) -> Any:
                 return x
             key = x if key is None else key
     return None if key is None else jax.random.key_data(key)
+
+
+def last_array(out: Any) -> Any:
+    """The last `jax.Array` among a call's outputs when the usual shapes show it cheaply (a
+    step's ``(state, loss)``: the loss), else None: rarely donated, unlike the first."""
+    for _ in range(4):  # descend into the last item, as `first_array` does into the first
+        if isinstance(out, (tuple, list)) and out:
+            out = out[-1]
+        elif isinstance(out, dict) and out:
+            out = out[next(reversed(out))]
+        elif isinstance(out, jax.Array):
+            return None if _is_key(out) else out
+        else:
+            return None
+    return None
 
 
 def _hashable(v: Any) -> Any:

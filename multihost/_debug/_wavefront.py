@@ -80,14 +80,16 @@ def front(process: int | None = None, main_frames: Sequence[Any] | None = None) 
     last, waiting, background = _recorder.in_progress(records)
     last_launch = next((r for r in reversed(records) if r.is_launch), None)
     last_collective = next((r for r in reversed(records) if not r.is_launch), None)
-    pending = None
-    for r in reversed(records):  # back to the newest launch known done
+    pending, unsure = None, None
+    for r in reversed(records):  # back to the newest launch known done (or failed)
         if not r.is_launch:
             continue
-        if r.state == _recorder.DONE:
+        if r.state in (_recorder.DONE, _recorder.FAILED):
             break
         if r.state == _recorder.LAUNCHED:
-            pending = r
+            pending, unsure = r, None
+        elif r.state == _recorder.UNKNOWN and pending is not None:
+            unsure = r  # before the pending one, not known done: maybe the stuck one
     where = kind = activity = ''
     if frames is not None:
         where = _stacks.user_frame(frames)
@@ -106,6 +108,7 @@ def front(process: int | None = None, main_frames: Sequence[Any] | None = None) 
         last_collective=last_collective,
         pending=pending,
         pending_age=now - pending.time if pending is not None else 0.0,
+        pending_from=unsure,
         waiting=waiting,
         waiting_for=now - waiting.time if waiting is not None else 0.0,
         idle=now - _recorder.last_advanced(),

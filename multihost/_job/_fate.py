@@ -236,12 +236,15 @@ def _cross_wait() -> tuple[str, float]:
     for r in reversed(records):  # the oldest launch after the newest known done
         if not r.is_launch or r.thread:
             continue
-        if r.state == _recorder.DONE:
+        if r.state in (_recorder.DONE, _recorder.FAILED):
             break
         if r.state == _recorder.LAUNCHED:
             pending = r
     if pending is not None and pending.spans:
-        return pending.label, now - pending.time
+        # Its age from when its device could start it: queued behind a launch still
+        # running, it is not stuck yet (it has not started; that one is the wait).
+        started = pending.started
+        return pending.label, 0.0 if started is None else now - started
     return '', 0.0
 
 

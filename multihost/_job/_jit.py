@@ -165,9 +165,10 @@ class Jitted:
                 if sharding is not self._sharding:  # JAX reuses a program's output shardings
                     self._spans, self._sharding = _spans_of(sharding), sharding
                 entry.spans = self._spans
+            last = _watch.last_array(out)
         except Exception:  # an output JAX made but this cannot read: record without it
-            first = None
-        _recorder.launched(entry, first)
+            first = last = None
+        _recorder.launched(entry, first, last)
         if _AUDIT:
             _audit.after(self._name, site, self._fn, self._spans, args, kwargs, out)
         return out

@@ -262,9 +262,12 @@ def _stuck_on_device(hang: float) -> tuple[_recorder.FlightRecord | None, float]
     and how long; else (None, 0)."""
     rec = _recorder.awaited_launch(_kv.process_index())
     now = time.time()
-    if rec is None or now - rec.time < hang or now - _recorder.last_advanced() < hang:
+    # Counted from when its device could start it (`FlightRecord.started`), not its
+    # dispatch: a launch queued behind a long one is not stuck while that one runs.
+    started = None if rec is None else rec.started
+    if started is None or now - started < hang or now - _recorder.last_advanced() < hang:
         return None, 0.0
-    return rec, now - rec.time
+    return rec, now - started
 
 
 def _preempted(next_poll: float) -> float:

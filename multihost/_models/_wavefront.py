@@ -28,6 +28,10 @@ class HostFront:
         pending: the oldest launch whose output is not ready on device
             (async dispatch lets a host run ahead of it), or None.
         pending_age: seconds since ``pending`` was launched (host's clock).
+        pending_from: when launches before ``pending`` (after the newest known
+            done) cannot be told done (their outputs donated or collected and no
+            later one done), the oldest of them: the device is "somewhere in
+            calls #N..#M"; else None.
         waiting: the entry whose cross-host check the main thread waits at, or None.
         waiting_for: seconds it has waited there.
         idle: seconds since the host last entered or left a recorded call.
@@ -67,6 +71,7 @@ class HostFront:
     background: tuple[FlightRecord, ...] = ()
     time: float = 0.0
     pulse: Pulse | None = None
+    pending_from: FlightRecord | None = None
 
     @property
     def jit_phase(self) -> str:
@@ -93,6 +98,16 @@ class HostFront:
             ago = fmt_duration(self.pending_age)
             at = f', at {self.where}' if self.where else ''
             return f'{self.jit_phase} {self.pending.label} (called {ago} ago){at}'
+        if self.pending is not None and self.pending_from is not None:
+            old, new = self.pending_from, self.pending
+            span = f'{new.name} calls #{old.call}..#{new.call}'
+            if old.name != new.name:
+                span = f'{old.label} .. {new.label}'
+            return (
+                f"somewhere in {span} not done on device (the earlier ones' outputs are "
+                f'gone: donated or collected; launched {fmt_duration(self.pending_age)} ago)'
+                + (f', now at {self.where}' if self.where else '')
+            )
         if self.pending is not None:
             return (
                 f'{self.pending.label} not done on device '
@@ -108,7 +123,7 @@ class HostFront:
             for f in dataclasses.fields(self)
             if not isinstance(getattr(self, f.name), FlightRecord)
         }
-        for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting'):
+        for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting', 'pending_from'):
             rec = getattr(self, f)
             d[f] = None if rec is None else dataclasses.astuple(rec)
         d['background'] = [dataclasses.astuple(r) for r in self.background]
@@ -119,7 +134,7 @@ class HostFront:
     def from_json(cls, text: str) -> HostFront:
         d = json.loads(text)
         d['pulse'] = Pulse.from_dict(d.get('pulse'))
-        for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting'):
+        for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting', 'pending_from'):
             if d.get(f) is not None:
                 d[f] = FlightRecord(*d[f])
         d['calls'] = tuple((str(k), int(v)) for k, v in d.get('calls', ()))

@@ -177,6 +177,18 @@ def serve_control(authkey: bytes, host: str = '') -> tuple[str, int]:
     return multihost.serve_control(authkey, (host, 0))
 
 
+def _reads() -> Any:
+    """`_recorder.reading_host_copies` while a recorded launch is in flight on this host: a
+    device program a tool launched would queue behind it (`_checks._hostreads`)."""
+    from multihost import _recorder
+
+    try:
+        busy = bool(_recorder.in_flight(_kv.process_index()))
+    except Exception:
+        busy = False
+    return _recorder.reading_host_copies(busy)
+
+
 def layout(
     namespace: dict[str, Any], name: str, check: bool = True
 ) -> tuple[Layout | TreeLayout, ReplicaReport | None]:
@@ -185,6 +197,13 @@ def layout(
     For a pytree, its `TreeLayout` (one row per leaf, each leaf's replicas
     checked with ``check``) and None.
     """
+    with _reads():
+        return _layout(namespace, name, check)
+
+
+def _layout(
+    namespace: dict[str, Any], name: str, check: bool
+) -> tuple[Layout | TreeLayout, ReplicaReport | None]:
     import jax
 
     import multihost
@@ -212,7 +231,7 @@ def diff(namespace: dict[str, Any], name: str, timeout: float | None = None) -> 
     """`multihost.tree_diff` of ``name`` (a collective: every host must call it)."""
     import multihost
 
-    with _sequence.called_from(f'notebook: %mh_diff {name}'):
+    with _reads(), _sequence.called_from(f'notebook: %mh_diff {name}'):
         value = lookup_collective(namespace, name, 'tree_diff', timeout=timeout)
         return multihost.tree_diff(value, timeout=timeout)
 
@@ -229,7 +248,7 @@ def memory_census(namespace: dict[str, Any], timeout: float | None = None) -> An
     """`multihost.memory_census` with names from the engine namespace (a collective)."""
     import multihost
 
-    with _sequence.called_from('notebook: %mh_memory_census'):
+    with _reads(), _sequence.called_from('notebook: %mh_memory_census'):
         return multihost.memory_census(namespace, timeout=timeout)
 
 
@@ -239,7 +258,7 @@ def nonfinite(
     """`multihost.nonfinite` of engine value ``name`` (a collective: every host calls it)."""
     import multihost
 
-    with _sequence.called_from(f'notebook: %mh_nonfinite {name}'):
+    with _reads(), _sequence.called_from(f'notebook: %mh_nonfinite {name}'):
         value = lookup_collective(namespace, name, 'nonfinite', timeout=timeout)
         return multihost.nonfinite(value, timeout=timeout)
 
@@ -251,12 +270,20 @@ def lookup_collective(
 
     So every host raises the same `multihost.HostFailedError` at once ("name
     'partial' is not defined ... processes 2-3") and the sequence stays aligned,
-    instead of the others waiting for it until their timeout.
+    instead of the others waiting for it until their timeout. So does a host reading host
+    copies (`_checks._hostreads`) whose value is the output of a launch not finished here.
     """
     import multihost
+    from multihost._checks import _hostreads
 
     try:
-        return lookup(namespace, name)
+        value = lookup(namespace, name)
+        # Reading host copies (a launch in flight here), a leaf not ready is named on every
+        # host at once, never waited for.
+        why = _hostreads.unready(value, name) if _hostreads.active() else None
+        if why is not None:
+            raise GatherError(why)
+        return value
     except GatherError as exc:
         reason = str(exc)
         try:

@@ -193,12 +193,22 @@ def _global_blocks(x: Any, sel: Selection | None) -> list[tuple[tuple[tuple[int,
     return out
 
 
+def _read(x: Any) -> np.ndarray:
+    """``np.asarray(x)``: reading host copies (`_checks._hostreads`: a tool of a held job,
+    or while a launch is in flight) a shard not ready is named, never waited for."""
+    from multihost._checks import _hostreads
+
+    if _hostreads.active():
+        return _hostreads.copy(x)
+    return np.asarray(x)
+
+
 def _block_array(block: Any) -> np.ndarray:
     """The numpy data of a `_global_blocks` entry."""
     if isinstance(block, tuple):
         shard, local = block
-        return np.asarray(_as_data(shard.data))[local]
-    return np.asarray(_as_data(block.data))
+        return _read(_as_data(shard.data))[local]
+    return _read(_as_data(block.data))
 
 
 def _selected_shape(sel: Selection) -> tuple[int, ...]:
@@ -223,8 +233,10 @@ def _leaf_meta(path: str, x: Any, sel: Selection | None = None) -> dict[str, Any
         return dict(kind='global', shape=shape, dtype=dtype, blocks=blocks, **extra)
     arr = _as_data(x)
     try:
-        a = np.asarray(arr)
+        a = _read(arr)
     except Exception as exc:
+        if type(exc).__name__ == 'NotReadyError':  # `_hostreads`: its words say it all
+            raise GatherError(str(exc)) from None
         raise GatherError(
             f'leaf {path} of type {type(x).__name__} cannot be converted to a numpy array ({exc}).'
         ) from None
@@ -312,7 +324,7 @@ def _leaf_blocks(x: Any, sel: Selection | None) -> list[tuple[Any, np.ndarray]]:
 
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         return [(idx, _block_array(b)) for idx, b in _global_blocks(x, sel)]
-    return [(None, np.asarray(_as_data(x)))]
+    return [(None, _read(_as_data(x)))]
 
 
 def _export_blocks(leaves: list[Any], sel: Selection | None = None) -> list[list[np.ndarray]]:

@@ -10,7 +10,9 @@ namespace of the main thread's *held frame*: the innermost frame of the
 script (a frame of another library, of JAX or of ours is skipped), its
 locals over its module's globals; `frames` lists the script's frames and a
 frame number picks another. Names are parsed, never evaluated, as in every
-magic.
+magic. The tools read host copies of ready shards and launch nothing on a device
+(`_checks._hostreads`): the devices of a held job are typically stuck inside the launch
+one host never made, and a device program would queue behind it.
 
 The tool runs on a thread of its own named ``multihost-inspect-<tag>``, the
 tag the same on every host (the command's), so the collectives it makes
@@ -43,8 +45,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from multihost import _names
-from multihost._checks import _nonfinite
+from multihost import _names, _recorder
+from multihost._checks import _hostreads
 from multihost._debug import _control, _hold, _stacks
 from multihost._exchange import _bus, _kv
 from multihost.engine import calls, gather
@@ -229,7 +231,7 @@ def _run_tool(order: dict[str, Any]) -> dict[str, Any]:
 
     def work() -> None:
         try:
-            with _nonfinite.host_reads():
+            with _recorder.reading_host_copies():  # never a device program (`_hostreads`)
                 value = run()
             result['ok'] = _encode(value)
         except BaseException as exc:  # sent back, named by host
@@ -273,25 +275,8 @@ def _probe(name: str, frame: int | str | None) -> str | None:
         value, _ = gather.lookup(_namespace(frame), name, cuts=True)
     except gather.GatherError as exc:
         return str(exc)
-    import jax
-
-    flat = jax.tree_util.tree_flatten_with_path(value)[0]
-    for path, leaf in flat:
-        if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer):
-            continue
-        where = name + jax.tree_util.keystr(path)
-        if leaf.is_deleted():
-            return (
-                f'{where} was deleted (donated to a launch, e.g. donate_argnums): its buffers '
-                "are gone; name the launch's output instead, or an outer frame's value"
-            )
-        ready = getattr(leaf, 'is_ready', None)
-        if ready is not None and not ready():
-            return (
-                f'{where} is the output of a launch that has not finished on this host '
-                '(reading it would wait for that launch); name its inputs instead'
-            )
-    return None
+    # Named with the launch it waits on, never waited for (`_checks._hostreads`).
+    return _hostreads.unready(value, name)
 
 
 def _handle(client: Any, order: dict[str, Any]) -> str:
