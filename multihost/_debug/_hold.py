@@ -90,10 +90,10 @@ def describe(error: dict[str, Any]) -> str:
 
 
 def _attach_hint() -> str:
-    path = _state.control_file
-    if path:
-        return f"attach with mhnotebook.attach('{path}') (%mh_attach {path})"
-    return 'no --control-file was given, so no notebook can attach'
+    """How to reach the held job from a notebook (`InstallOptions` refuses holding without a
+    control file, so there is one)."""
+    path = _state.control_file or 'CONTROL_FILE'
+    return f"%load_ext mhnotebook, then %mh_attach {path} (or mhnotebook.attach('{path}'))"
 
 
 def hold(error: str, site: str, tb: TracebackType | None) -> None:
@@ -118,8 +118,8 @@ def hold(error: str, site: str, tb: TracebackType | None) -> None:
         _state.error, _state.tb = None, None
         return
     log.warning(
-        'multihost: %s; holding every host for at most %.0f s (--hold-for): %s, inspect it, '
-        'then job.release_all() (%%mh_step continue) lets the error go on',
+        'multihost: %s; holding every host for at most %.0f s (--hold-for). To inspect it: %s; '
+        'job.release_all() (%%mh_step continue) then lets the error go on',
         describe(info),
         _state.hold_for,
         _attach_hint(),
