@@ -28,7 +28,8 @@ Two inputs a real job also reads from its environment:
   A host that stalls so first creates ``STALL_UNTIL.stalled-<p>`` (tests wait for it).
 * ``RAISE_HOST=p`` with ``RAISE_STEP=s``: process p raises ``ValueError('bad batch')`` in
   user code just before step s's ``train_step`` (uncaught: the job's own handler below
-  reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
+  reports only the errors of its collectives, an ``AuditError`` of ``--audit-raise`` is
+  uncaught too); ``EXIT_HOST=p``: process p calls
   ``sys.exit(3)`` there instead (``EXIT_CODE=c``: ``sys.exit(c)``).
 * ``DISK_FAIL_HOST=p``: process p's disk fails at its first checkpoint write: orbax's
   save raises ``OSError(28, 'No space left on device')`` inside ``manager.save``
@@ -252,6 +253,11 @@ def main():
         train()
     except (BadBatch, OSError):
         raise  # uncaught, as a real job's data or disk error is
+    except RuntimeError as exc:
+        if type(exc).__name__ == 'AuditError':  # --audit-raise's: uncaught, as a user's job
+            raise
+        print(f'FAILED {type(exc).__name__}: {str(exc).splitlines()[0]}', flush=True)
+        leave(1)
     except Exception as exc:
         print(f'FAILED {type(exc).__name__}: {str(exc).splitlines()[0]}', flush=True)
         leave(1)

@@ -91,3 +91,78 @@ def test_hold_on_error_without_a_control_file_is_refused_at_start_in_one_line(tm
          str(tmp_path / 'c.json'), '--help'], capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0 and '--control-file' in out.stdout
+
+
+def _until(what: str, check: Any, timeout: float = 120.0) -> Any:
+    import mhnotebook
+
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except mhnotebook.AttachError:
+            last = None
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
+
+
+def _step_line() -> int:
+    from test_real_program_run import _step_line as line
+
+    return line()
+
+
+def _held_on_errors(j: Any, n: int) -> Any:
+    """``job.frames()`` once every host is held and ``n`` of them on their own error."""
+    frames = j.frames()
+    errors = sum('held on its error' in f['in'] for f in frames.values())
+    return all(f['held'] for f in frames.values()) and errors == n and frames
+
+
+def _held_job(tmp: str, flags: list[str], n: int, **extra: str) -> tuple[Any, Any, str]:
+    """``(job, env, control file)``: the flax job under ``--hold-on-error`` and ``flags``."""
+    control = os.path.join(tmp, 'control.json')
+    env = _jobs.scheduler_env(n, CKPT_DIR=os.path.join(tmp, 'ckpt'), STEPS='6',
+                              LOCAL_DEVICES='1', **extra)  # fmt: skip
+    command = ['-m', 'multihost', 'run', '--hold-on-error', '--control-file', control,
+               '--hold-for', '150', *flags, JOB]  # fmt: skip
+    return _jobs.start(n, command, env, cwd=tmp), env, control
+
+
+def test_audit_raise_holds_at_the_launch_of_the_finding_its_batch_in_the_frame(tmp_path: Any):
+    """Before: the NaN of call #2 was raised (and held) two launches later, where the frame's
+    batch held no NaN, and each host printed the long finding four times."""
+    import mhnotebook
+
+    starting, _, control = _held_job(str(tmp_path), ['--audit', '1', '--audit-raise'], 2,
+                                     NAN_HOST='1', NAN_STEP='2')  # fmt: skip
+    with starting as job:
+        _until('the control file', lambda: os.path.exists(control))
+        j = mhnotebook.attach(control)
+        try:
+            frames = _until('every host held on its error', lambda: _held_on_errors(j, 2))
+            # Held at the audited launch itself: the frame holds that step's batch.
+            for p, f in frames.items():
+                assert f['at'] == f'_flax_job.py:{_step_line()} in train', (p, f)
+            assert j.allgather('step', frame='train').tolist() == [2, 2]
+            found = j.nonfinite('batch', frame='train')
+            assert not found.ok and found.processes == (1,) and 'weights' in str(found), found
+            # The verdict names the error once for the hosts held on it.
+            verdict = j.wavefront().verdict or ''
+            assert verdict.count('AuditError') == 1, verdict
+            assert verdict.startswith('processes 0-1 are held on its error: raised AuditError('), (
+                verdict
+            )
+            j.release_all()
+        finally:
+            j.detach()
+        results = job.finish(120.0)
+    for p, (rc, _out, err) in enumerate(results):
+        assert rc != 0, (p, err[-2000:])
+        # The finding in full once; its headline in the error, said in full once more.
+        assert err.count('fresh inputs holding NaN or Inf') == 1, (p, err[-4000:])
+        assert 'AuditError: multihost audit: first non-finite at train_step call #2' in err, err
+        assert err.count('raised AuditError(') == 1 and 'raised it too' in err, err[-4000:]
