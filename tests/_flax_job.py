@@ -29,7 +29,8 @@ Two inputs a real job also reads from its environment:
 * ``RAISE_HOST=p`` with ``RAISE_STEP=s``: process p raises ``ValueError('bad batch')`` in
   user code just before step s's ``train_step`` (uncaught: the job's own handler below
   reports only the errors of its collectives, an ``AuditError`` of ``--audit-raise`` is
-  uncaught too); ``EXIT_HOST=p``: process p calls
+  uncaught too; ``RAISE_BEFORE_BATCH=1``: before building step s's batch, its ``batch``
+  still step s-1's); ``EXIT_HOST=p``: process p calls
   ``sys.exit(3)`` there instead (``EXIT_CODE=c``: ``sys.exit(c)``).
 * ``DISK_FAIL_HOST=p``: process p's disk fails at its first checkpoint write: orbax's
   save raises ``OSError(28, 'No space left on device')`` inside ``manager.save``
@@ -84,6 +85,7 @@ RAISE_HOST = int(os.environ.get('RAISE_HOST', '-1'))
 EXIT_HOST = int(os.environ.get('EXIT_HOST', '-1'))
 EXIT_CODE = int(os.environ.get('EXIT_CODE', '3'))
 RAISE_STEP = int(os.environ.get('RAISE_STEP', '2'))
+RAISE_BEFORE_BATCH = bool(os.environ.get('RAISE_BEFORE_BATCH'))
 DUP_HOSTS = [int(p) for p in os.environ.get('DUP_HOSTS', '').split(',') if p]
 DUP_FROM_STEP = int(os.environ.get('DUP_FROM_STEP', '0'))
 DRIFT_HOST = int(os.environ.get('DRIFT_HOST', '-1'))
@@ -203,8 +205,11 @@ def train():
     )
     manager = ocp.CheckpointManager(os.environ['CKPT_DIR'], options=options)
     for step in range(STEPS):
+        if RAISE_BEFORE_BATCH:
+            check_batch(step)
         batch = batch_for(mesh, step)
-        check_batch(step)
+        if not RAISE_BEFORE_BATCH:
+            check_batch(step)
         stall(step, before_step=True)
         t0 = time.perf_counter()
         state, loss = train_step(state, batch)

@@ -166,3 +166,54 @@ def test_audit_raise_holds_at_the_launch_of_the_finding_its_batch_in_the_frame(t
         assert err.count('fresh inputs holding NaN or Inf') == 1, (p, err[-4000:])
         assert 'AuditError: multihost audit: first non-finite at train_step call #2' in err, err
         assert err.count('raised AuditError(') == 1 and 'raised it too' in err, err[-4000:]
+
+
+def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
+    """Process 1 raises before building step 2's batch (its ``batch`` is step 1's); process 0
+    built step 2's and launched it. Before: ``%mh_allgather batch`` joined the two without a
+    word."""
+    import mhnotebook
+    from _helpers import magic_shell
+    from IPython.utils.capture import capture_output
+
+    starting, _, control = _held_job(str(tmp_path), [], 2, RAISE_HOST='1', RAISE_STEP='2',
+                                     RAISE_BEFORE_BATCH='1')  # fmt: skip
+    with starting as job:
+        _until('the control file', lambda: os.path.exists(control))
+        j = mhnotebook.attach(control)
+        try:
+            frames = _until('every host held', lambda: _held_on_errors(j, 1))
+            assert 'in check_batch' in frames[1]['frames'][0]['site'], frames[1]
+            with capture_output() as cap:
+                j.allgather("batch['tokens']", frame='train')
+            (line,) = [ln for ln in cap.stdout.splitlines() if ln.startswith('note: ')]
+            assert line.startswith('note: the hosts were read at different points: '), line
+            assert 'process 0 at _flax_job.py:' in line and 'process 1 at _flax_job.py:' in line
+            assert '(train_step launched 2x)' in line and 'an earlier step' in line, line
+            assert j.apart == line[len('note: '):]
+            ip, _ = magic_shell(None)
+            ip.run_line_magic('mh_attach', control)
+            try:
+                for magic in ('mh_allgather', 'mh_nonfinite', 'mh_diff'):
+                    with capture_output() as cap:
+                        ip.run_line_magic(magic, "batch['tokens'] --frame train")
+                    assert 'note: the hosts were read at different points' in cap.stdout, (
+                        magic, cap.stdout)
+            finally:
+                ip.run_line_magic('mh_detach', '')
+            j.release_all()
+        finally:
+            j.detach()
+        job.finish(120.0)
+
+
+def test_the_points_words():
+    from multihost._models._points import HeldPoint, apart
+
+    same = [HeldPoint(p, 't.py:9 in train', (('train_step', 3),)) for p in range(4)]
+    assert apart(same) == ''
+    behind = [*same[:2], HeldPoint(2, 't.py:5 in train', (('train_step', 2),)), same[3]]
+    assert apart(behind).startswith(
+        'the hosts were read at different points: processes 0-1, 3 at t.py:9 in train '
+        '(train_step launched 3x); process 2 at t.py:5 in train (train_step launched 2x). '
+    ), apart(behind)

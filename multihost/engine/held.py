@@ -217,6 +217,21 @@ def _namespace(frame_no: int | str | None) -> dict[str, Any]:
     return namespace
 
 
+def _point(frame_no: int | str | None) -> dict[str, Any]:
+    """Where this host's tool read (`_models._points.HeldPoint`'s JSON): the frame's line
+    (chosen as `_namespace` chooses it) and how many times it launched each jitted function."""
+    from multihost import _recorder
+    from multihost._models._points import HeldPoint
+
+    frames = script_frames()
+    if isinstance(frame_no, str):
+        frames = [f for f in frames if f.f_code.co_name == frame_no]
+        frame_no = 0
+    n = 0 if frame_no is None else int(frame_no)
+    site = _site(frames[n]) if 0 <= n < len(frames) else ''
+    return HeldPoint(_kv.process_index(), site, _recorder.call_counts()).to_json()
+
+
 def _run_tool(order: dict[str, Any]) -> dict[str, Any]:
     """Runs the ordered tool on a thread named for the command (its lane), bounded."""
     name = order.get('fn')
@@ -309,7 +324,7 @@ def _handle(client: Any, order: dict[str, Any]) -> str:
         state = _state()
         if not state['held'] and not order.get('running_ok'):
             return json.dumps({'running': state})
-        return json.dumps(_run_tool(order))
+        return json.dumps({**_run_tool(order), 'point': _point(order.get('frame'))})
     return json.dumps({'error': ['ValueError', f'unknown inspect op {op!r}', '']})
 
 
