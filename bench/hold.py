@@ -12,7 +12,11 @@ launched like a scheduler, three ways:
 * ``installed``: ``python -m multihost run _flax_job.py``;
 * ``hold``: ``python -m multihost run --hold-on-error --dump-dir D --control-file F
   _flax_job.py`` (everything a user turns on to hold a failing job and inspect it: the
-  hold armed, the dump triggers, the control endpoint).
+  hold armed, the dump triggers, the control endpoint);
+* ``hold-before-launch``: ``hold`` with ``--check-jit``: every launch that spans processes
+  meets the other hosts before it is dispatched, so a hold finds the others before the
+  launch, their donated state still readable (issue 44: what would it cost as the default
+  of ``--hold-on-error``?).
 
 ``--blocks`` process groups per mode, the order reversed every block. Each run's first two
 steps compile and are dropped; a step's figure is the slowest process's wall time of
@@ -21,6 +25,7 @@ blocks), their ratios to ``installed`` and to ``plain``, the spread between bloc
 mode (the noise the ratios sit in), and whether the losses are bitwise equal.
 
 Goal (issue 29): ``hold`` within the noise of ``installed`` (nothing runs until an error).
+Issue 44 measures ``hold-before-launch`` against ``hold``: the price of a meeting per launch.
 """
 
 from __future__ import annotations
@@ -33,15 +38,17 @@ from typing import Any
 
 import _common
 
-MODES = ('plain', 'installed', 'hold')
+MODES = ('plain', 'installed', 'hold', 'hold-before-launch')
 
 
 def _launch(mode: str, tmp: str) -> list[str]:
     if mode == 'plain':
         return [_common.FLAX_JOB]
     flags = []
-    if mode == 'hold':
+    if mode.startswith('hold'):
         flags = ['--hold-on-error', '--dump-dir', f'{tmp}/dumps', '--control-file', f'{tmp}/c']
+    if mode == 'hold-before-launch':
+        flags.append('--check-jit')
     return ['-m', 'multihost', 'run', *flags, _common.FLAX_JOB]
 
 
@@ -63,6 +70,7 @@ def measure(hosts: int, steps: int, blocks: int) -> dict[str, Any]:
             'block_spread': (max(meds) - min(meds)) / statistics.median(meds) if meds else 0.0,
         }
     for mode in MODES:
+        out[mode]['median_vs_hold'] = out[mode]['median_ms'] / out['hold']['median_ms']
         for base in ('plain', 'installed'):
             out[mode][f'median_vs_{base}'] = out[mode]['median_ms'] / out[base]['median_ms']
             out[mode][f'mean_vs_{base}'] = out[mode]['mean_ms'] / out[base]['mean_ms']
@@ -87,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     for mode in MODES:
         m = res[mode]
         print(
-            f'  {mode:9s}: median {m["median_ms"]:.1f} ms (x{m["median_vs_installed"]:.3f} of '
-            f'installed, x{m["median_vs_plain"]:.3f} of plain), mean {m["mean_ms"]:.1f} ms '
+            f'  {mode:18s}: median {m["median_ms"]:.1f} ms (x{m["median_vs_installed"]:.3f} of '
+            f'installed, x{m["median_vs_plain"]:.3f} of plain, x{m["median_vs_hold"]:.3f} of '
+            f'hold), mean {m["mean_ms"]:.1f} ms '
             f'(x{m["mean_vs_installed"]:.3f}); blocks differ by {100 * m["block_spread"]:.1f}%'
         )
     print(f'  losses bitwise equal in every mode: {res["losses_bitwise_equal"]}')

@@ -101,7 +101,7 @@ def _check(run: dict[str, Any], own_exit: tuple[int, ...] = ()) -> list[str]:
     print(out.stdout)
     first = out.stdout.splitlines()[0]
     assert first.startswith('process 2 was lost at '), out.stdout
-    assert '(no dump: killed or its machine gone)' in first, first
+    assert '(its last heartbeat; no dump: killed or its machine gone)' in first, first
     assert 'in user code at ?' not in out.stdout, out.stdout
     return lines
 

@@ -53,8 +53,7 @@ def test_every_valued_option_parses_as_help_prints_it_with_a_space_or_an_equals_
             assert (options[name], target, is_module, args) == (parsed, 'train.py', False, ['x'])
     # The optional N of --audit: alone, the next word is the program (a number is N).
     assert _run.parse(['--audit', 'train.py', '7'])[:2] == ({'audit': 50}, 'train.py')
-    assert _run.parse(['--audit', '--timeout', '5', 'train.py'])[0] == {'audit': 50,
-                                                                        'timeout': 5.0}
+    assert _run.parse(['--audit', '--timeout', '5', 'train.py'])[0] == {'audit': 50, 'timeout': 5.0}
 
 
 def test_audit_n_as_help_prints_it_audits_the_flax_job(tmp_path: Any):
@@ -172,9 +171,10 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
     """Process 1 raises before building step 2's batch (its ``batch`` is step 1's); process 0
     built step 2's and launched it. Before: ``%mh_allgather batch`` joined the two without a
     word."""
-    import mhnotebook
     from _helpers import magic_shell
     from IPython.utils.capture import capture_output
+
+    import mhnotebook
 
     starting, _, control = _held_job(str(tmp_path), [], 2, RAISE_HOST='1', RAISE_STEP='2',
                                      RAISE_BEFORE_BATCH='1')  # fmt: skip
@@ -190,7 +190,7 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
             assert line.startswith('note: the hosts were read at different points: '), line
             assert 'process 0 at _flax_job.py:' in line and 'process 1 at _flax_job.py:' in line
             assert '(train_step launched 2x)' in line and 'an earlier step' in line, line
-            assert j.apart == line[len('note: '):]
+            assert j.apart == line[len('note: ') :]
             ip, _ = magic_shell(None)
             ip.run_line_magic('mh_attach', control)
             try:
@@ -198,7 +198,9 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
                     with capture_output() as cap:
                         ip.run_line_magic(magic, "batch['tokens'] --frame train")
                     assert 'note: the hosts were read at different points' in cap.stdout, (
-                        magic, cap.stdout)
+                        magic,
+                        cap.stdout,
+                    )
             finally:
                 ip.run_line_magic('mh_detach', '')
             j.release_all()

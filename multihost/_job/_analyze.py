@@ -182,7 +182,7 @@ def _lost_line(details: Any, dumped: set[int], held: dict[int, NativeStacks] | N
         )
     why = 'no dump: killed or its machine gone' if p not in dumped else 'its last stamp'
     last = f'; last seen at {details["last"]}' if details.get('last') else ''
-    return f'process {p} was lost at {at} ({why}){last}'
+    return f'process {p} was lost at {at} (its last heartbeat; {why}){last}'
 
 
 def _clock(t: float) -> str:

@@ -209,9 +209,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         nargs='?',
         metavar='N',
         help='Audit the launches that span processes while the job runs: the first 10 of each '
-        'jitted function, then every N-th (--audit N or --audit=N; alone, --audit: N = 50), compared across hosts off '
-        'the main thread: replica drift, duplicate data, the first NaN or Inf, each reported '
-        'once on every host (MULTIHOST_AUDIT=N too).',
+        'jitted function, then every N-th (--audit N or --audit=N; alone, --audit: N = 50), '
+        'compared across hosts off the main thread: replica drift, duplicate data, the first '
+        'NaN or Inf, each reported once on every host (MULTIHOST_AUDIT=N too).',
     )
     parser.add_argument(
         '--audit-log',

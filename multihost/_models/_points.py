@@ -55,6 +55,6 @@ def apart(points: list[HeldPoint]) -> str:
     said = '; '.join(f'{fmt_hosts(ps)} at {w}' for w, ps in groups.items())
     return (
         f'the hosts were read at different points: {said}. Values combined across them '
-        'come from different points of the program (a host behind holds an earlier step\'s '
+        "come from different points of the program (a host behind holds an earlier step's "
         'values under the same name)'
     )

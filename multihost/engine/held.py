@@ -302,11 +302,25 @@ def _probe(name: str, frame: int | str | None) -> str | None:
             )
         ready = getattr(leaf, 'is_ready', None)
         if ready is not None and not ready():
-            return (
-                f'{where} is the output of a launch that has not finished on this host '
-                '(reading it would wait for that launch); name its inputs instead'
-            )
+            return _unfinished(where)
     return None
+
+
+def _unfinished(where: str) -> str:
+    """Why ``where`` cannot be read on this host: the output of a launch it dispatched that
+    waits for the held hosts (its inputs, a step's donated state, are gone), and what to read."""
+    from multihost import _recorder
+
+    me = _kv.process_index()
+    record = _recorder.awaited_launch(me)
+    launch = f'{record.name} call #{record.call}' if record is not None else 'a launch'
+    return (
+        f'{where} is, on process {me}, the output of {launch}, dispatched there before the '
+        'hold and never finished (it waits for the held hosts; reading it would wait as '
+        'long): read it, or the state the step started from, on the hosts held before that '
+        'launch, or its inputs here unless the step donated them (donate_argnums); run the '
+        'job with --check-jit too and every host holds before its launch, its state readable'
+    )
 
 
 def _handle(client: Any, order: dict[str, Any]) -> str:
