@@ -43,6 +43,8 @@ Two inputs a real job also reads from its environment:
   (``params['block_0']['Dense_0']['bias']``) is moved by 1e-3 (a host-dependent code
   path); ``NAN_HOST=p`` with ``NAN_STEP=s``: process p's per-example loss weights hold a
   NaN at step s (the batch then carries ``weights``, all ones otherwise).
+* ``LEAVE=return``: a job that succeeds ends as most do, returning from its main (its
+  ``atexit`` handlers run), not with ``os._exit``.
 * ``HEARTBEAT_S=s``: ``heartbeat_timeout_seconds`` of `jax.distributed.initialize`
   (default 100, JAX's): how long the coordination service waits for a silent host.
 * ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
@@ -243,6 +245,8 @@ def leave(status):
     sys.stderr.flush()
     if jax.process_index() == 0:
         time.sleep(1.0 if status == 0 else 5.0)
+    if os.environ.get('LEAVE') == 'return' and status == 0:
+        return  # as most jobs end: the interpreter's exit (its atexit handlers run)
     os._exit(status)
 
 

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import _jobs
+import numpy as np
 import pytest
 from test_real_program_run import JOB, launch
 
@@ -59,12 +60,19 @@ def test_every_valued_option_parses_as_help_prints_it_with_a_space_or_an_equals_
 def test_audit_n_as_help_prints_it_audits_the_flax_job(tmp_path: Any):
     """``multihost run --audit 1 train.py`` (the help's ``--audit [N]``) ran nothing before:
     every host said ``can't open file '1'``."""
-    outs = launch(str(tmp_path), '-m', 'multihost', 'run', '--audit', '1')
+    outs = launch(str(tmp_path), '-m', 'multihost', 'run', '--audit', '1', LEAVE='return')
     for p, out in enumerate(outs):
         assert out['rc'] == 0 and 'DONE' in out['out'], (p, out['err'][-3000:])
         with open(os.path.join(str(tmp_path), 'records', f'audit-{p}.json')) as f:
             report = json.load(f)
         assert report['every'] == 1 and report['audited'] >= 6, report
+        # A clean audited run says so, in one line at its end (before: nothing at all).
+        lines = [ln for ln in out['err'].splitlines() if ln.startswith('multihost audit: ')]
+        assert len(lines) == 1 and re.fullmatch(
+            rf'multihost audit: \d+ launches audited on process {p}, \d+ arrays compared '
+            r'across hosts: no findings',
+            lines[0],
+        ), out['err'][-3000:]
 
 
 def test_hold_on_error_without_a_control_file_is_refused_at_start_in_one_line(tmp_path: Any):
@@ -165,6 +173,13 @@ def test_audit_raise_holds_at_the_launch_of_the_finding_its_batch_in_the_frame(t
         assert err.count('fresh inputs holding NaN or Inf') == 1, (p, err[-4000:])
         assert 'AuditError: multihost audit: first non-finite at train_step call #2' in err, err
         assert err.count('raised AuditError(') == 1 and 'raised it too' in err, err[-4000:]
+        # The traceback is the program's: no frame of multihost run, runpy or the installed
+        # jit; the tool's lines read alike (never WARNING:multihost:multihost: ...).
+        trace = err[err.index('Traceback (most recent call last):') :]
+        trace = trace[: trace.index('AuditError: ')]
+        assert 'runpy' not in trace and '/multihost/' not in trace, trace
+        assert f'_flax_job.py", line {_step_line()}, in train' in trace, trace
+        assert 'WARNING:multihost:' not in err, err[-4000:]
 
 
 def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
@@ -189,7 +204,7 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
             (line,) = [ln for ln in cap.stdout.splitlines() if ln.startswith('note: ')]
             assert line.startswith('note: the hosts were read at different points: '), line
             assert 'process 0 at _flax_job.py:' in line and 'process 1 at _flax_job.py:' in line
-            assert '(train_step launched 2x)' in line and 'an earlier step' in line, line
+            assert '(train_step called 2x)' in line and 'an earlier step' in line, line
             assert j.apart == line[len('note: ') :]
             ip, _ = magic_shell(None)
             ip.run_line_magic('mh_attach', control)
@@ -203,6 +218,46 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
                     )
             finally:
                 ip.run_line_magic('mh_detach', '')
+            if '(train_step called 3x)' in j.apart:  # process 0 dispatched step 2's launch
+                # Its state is that launch's unfinished output, its inputs donated: the error
+                # names the host and the launch, and what to read instead.
+                with pytest.raises(mhnotebook.HostsError) as e:
+                    j.diff('state.params', frame='train')
+                said = str(e.value)
+                assert 'on process 0, the output of train_step call #2' in said, said
+                assert '--check-jit' in said, said
+            j.release_all()
+        finally:
+            j.detach()
+        job.finish(120.0)
+    # The job is gone: attaching fails, and the next magic says that, not how to start a
+    # cluster (before: "no cluster yet: start one with %mh_cluster start").
+    from IPython.core.error import UsageError
+
+    ip, _ = magic_shell(None)
+    with pytest.raises(UsageError):
+        ip.run_line_magic('mh_attach', control)
+    with pytest.raises(UsageError, match=f'not attached to a job: %mh_attach {control} failed'):
+        ip.run_line_magic('mh_where', '')
+
+
+def test_with_check_jit_a_held_job_s_donated_state_is_read_before_the_launch(tmp_path: Any):
+    """--hold-on-error --check-jit: every launch meets the hosts before it is dispatched, so
+    the hosts the failing one never met are held before the launch: ``state`` (donated to
+    the launch they did not make) reads on every host."""
+    import mhnotebook
+
+    starting, _, control = _held_job(str(tmp_path), ['--check-jit'], 2, RAISE_HOST='1',
+                                     RAISE_STEP='2', RAISE_BEFORE_BATCH='1')  # fmt: skip
+    with starting as job:
+        _until('the control file', lambda: os.path.exists(control))
+        j = mhnotebook.attach(control)
+        try:
+            _until('every host held', lambda: _held_on_errors(j, 1))
+            diff = j.diff('state.params', frame='train')
+            assert diff.ok, diff
+            bias = j.allgather("state.params['LayerNorm_0']['bias']", frame='train')
+            assert bias.shape == (32,) and np.isfinite(bias).all(), bias
             j.release_all()
         finally:
             j.detach()
@@ -217,5 +272,5 @@ def test_the_points_words():
     behind = [*same[:2], HeldPoint(2, 't.py:5 in train', (('train_step', 2),)), same[3]]
     assert apart(behind).startswith(
         'the hosts were read at different points: processes 0-1, 3 at t.py:9 in train '
-        '(train_step launched 3x); process 2 at t.py:5 in train (train_step launched 2x). '
+        '(train_step called 3x); process 2 at t.py:5 in train (train_step called 2x). '
     ), apart(behind)

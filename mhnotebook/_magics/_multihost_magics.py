@@ -664,7 +664,7 @@ class MultihostMagics(Magics):
             raise UsageError(str(exc)) from None
         if self.attached is not None:
             self.attached.detach()
-        self.attached, self.attach_failed = (job,)
+        self.attached, self.attach_failed = job, ''
         return job
 
     @magic_arguments.magic_arguments()

@@ -322,8 +322,24 @@ def _close() -> None:
             _state.cond.wait(min(left, 0.1))
         _state.closing = True
         _state.cond.notify_all()
+    _summary()
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()) + 1.0)
+
+
+def _summary() -> None:
+    """The audit's last line at the program's end: what it audited, and that it found
+    nothing (a clean run says so) or how many findings its lines above named."""
+    if _state.stopped:
+        return  # its line said why it stopped
+    found = len(_state.findings)
+    said = f'{found} finding{"s" * (found != 1)} (said above)' if found else 'no findings'
+    print(
+        f'multihost audit: {_state.audited} launches audited on process {_process()}, '
+        f'{_state.leaves} arrays compared across hosts: {said}',
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _why(exc: BaseException) -> str:

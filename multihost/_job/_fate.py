@@ -563,6 +563,20 @@ def _shown(tb: Any) -> Any:
     return out
 
 
+def _print(tp: Any, value: Any, tb: Any) -> None:
+    """The previous excepthook, given the traceback as `_shown` (Python's own prints the
+    exception's ``__traceback__``, whatever it is passed: set for the call, then put back)."""
+    shown = _shown(tb)
+    own = getattr(value, '__traceback__', None) if isinstance(value, BaseException) else None
+    try:
+        if isinstance(value, BaseException):
+            value.__traceback__ = shown
+        (_state.prev_hook or sys.__excepthook__)(tp, value, shown)
+    finally:
+        if isinstance(value, BaseException):
+            value.__traceback__ = own
+
+
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
     announced = printed = False
     try:
@@ -573,7 +587,7 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
             code = 130 if issubclass(tp, KeyboardInterrupt) else 1
             if _hold.enabled() and code == 1:
                 # The traceback first (the log shows the error while held), then the hold.
-                (_state.prev_hook or sys.__excepthook__)(tp, value, _shown(tb))
+                _print(tp, value, tb)
                 printed = True
                 name = getattr(tp, '__name__', str(tp))
                 _hold.hold(f'{name}({str(value)!r})', site.rsplit('/', 1)[-1], tb)
@@ -581,7 +595,7 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
                                   function, _timed_out(value))  # fmt: skip
     finally:
         if not printed:
-            (_state.prev_hook or sys.__excepthook__)(tp, value, _shown(tb))
+            _print(tp, value, tb)
     if announced:
         # Ends here, not at exit: the interpreter's teardown joins the program's own threads
         # and runs the exit handlers registered after ours (orbax's), which may wait for the

@@ -49,7 +49,7 @@ def apart(points: list[HeldPoint]) -> str:
     differ = [n for n in names if len({c.get(n, 0) for c in counts}) > 1]
     groups: dict[str, list[int]] = {}
     for point, count in zip(points, counts):
-        made = ', '.join(f'{n} launched {count.get(n, 0)}x' for n in differ)
+        made = ', '.join(f'{n} called {count.get(n, 0)}x' for n in differ)
         words = (point.site or 'an unknown line') + (f' ({made})' if made else '')
         groups.setdefault(words, []).append(point.process)
     said = '; '.join(f'{fmt_hosts(ps)} at {w}' for w, ps in groups.items())
