@@ -124,7 +124,10 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
             try:
                 j.diff('state.params', frame='train')
             except mhnotebook.HostsError as exc:
-                assert 'output of a launch that has not finished' in str(exc), exc
+                assert 'the output of train_step call #1, dispatched before the hold' in str(exc), (
+                    exc
+                )
+                assert '--check-jit' in str(exc), exc
             assert time.monotonic() - t0 < 20.0, inside
             # --allow-exec: a %%mh cell runs in each host's held frame (a copy of its names).
             from _helpers import magic_shell

@@ -186,8 +186,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action='store_true',
         help='When the program raises on a host, hold every host where it is (the failing one '
         'at its error, the others at their next collective, barrier or launch) so a notebook '
-        'can attach (--control-file) and inspect the values; job.release_all() in the notebook '
-        'ends the hold and the error goes on (MULTIHOST_HOLD_ON_ERROR=1 too).',
+        'can attach (needs --control-file) and inspect the values; job.release_all() in the '
+        'notebook ends the hold and the error goes on; with --check-jit too, every host holds '
+        'before its launch, so state a step donates stays readable '
+        '(MULTIHOST_HOLD_ON_ERROR=1 too).',
     )
     parser.add_argument(
         '--hold-for',

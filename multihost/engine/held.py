@@ -315,11 +315,11 @@ def _unfinished(where: str) -> str:
     record = _recorder.awaited_launch(me)
     launch = f'{record.name} call #{record.call}' if record is not None else 'a launch'
     return (
-        f'{where} is, on process {me}, the output of {launch}, dispatched there before the '
-        'hold and never finished (it waits for the held hosts; reading it would wait as '
-        'long): read it, or the state the step started from, on the hosts held before that '
-        'launch, or its inputs here unless the step donated them (donate_argnums); run the '
-        'job with --check-jit too and every host holds before its launch, its state readable'
+        f'{where} is, on process {me}, the output of {launch}, dispatched before the hold and '
+        'unfinished (it waits for the held hosts: reading it would too). Read what the step '
+        'started from on the hosts held before that launch, or its inputs here if the step '
+        'did not donate them (donate_argnums); with --check-jit every host holds before its '
+        'launch, its state readable'
     )
 
 
