@@ -69,8 +69,8 @@ def test_audit_n_as_help_prints_it_audits_the_flax_job(tmp_path: Any):
         # A clean audited run says so, in one line at its end (before: nothing at all).
         lines = [ln for ln in out['err'].splitlines() if ln.startswith('multihost audit: ')]
         assert len(lines) == 1 and re.fullmatch(
-            rf'multihost audit: \d+ launches audited on process {p}, \d+ arrays compared '
-            r'across hosts: no findings',
+            rf'multihost audit: \d+ launches audited on process {p} \(\d+ array leaves '
+            r'compared across hosts\): no findings',
             lines[0],
         ), out['err'][-3000:]
 

@@ -335,8 +335,8 @@ def _summary() -> None:
     found = len(_state.findings)
     said = f'{found} finding{"s" * (found != 1)} (said above)' if found else 'no findings'
     print(
-        f'multihost audit: {_state.audited} launches audited on process {_process()}, '
-        f'{_state.leaves} arrays compared across hosts: {said}',
+        f'multihost audit: {_state.audited} launches audited on process {_process()} '
+        f'({_state.leaves} array leaves compared across hosts): {said}',
         file=sys.stderr,
         flush=True,
     )
