@@ -274,3 +274,36 @@ def test_the_points_words():
         'the hosts were read at different points: processes 0-1, 3 at t.py:9 in train '
         '(train_step called 3x); process 2 at t.py:5 in train (train_step called 2x). '
     ), apart(behind)
+
+
+def test_ctrl_c_says_the_program_s_line_not_jax_s(tmp_path: Any):
+    """Ctrl-C while process 1 stalls before step 2 and process 0 waits for step 2's loss in
+    ``float(loss)``: process 0's KeyboardInterrupt comes inside JAX (``array.py in
+    _value``). Before: its dump was read as interrupted there; now at the program's line."""
+    import signal
+
+    from multihost._job import _analyze, _dumpfile
+
+    tmp = str(tmp_path)
+    go, dumps = os.path.join(tmp, 'go'), os.path.join(tmp, 'dumps')
+    env = _jobs.scheduler_env(2, CKPT_DIR=os.path.join(tmp, 'ckpt'), STEPS='6',
+                              LOCAL_DEVICES='1', STALL_HOST='1', STALL_BEFORE_STEP='2',
+                              STALL_UNTIL=go)  # fmt: skip
+    command = ['-m', 'multihost', 'run', '--dump-dir', dumps, JOB]
+    with _jobs.start(2, command, env, cwd=tmp) as job:
+        try:
+            _until('process 1 stalled', lambda: os.path.exists(f'{go}.stalled-1'))
+            time.sleep(3.0)  # process 0 is inside step 2's launch, reading its loss
+            for p in job.procs:
+                p.send_signal(signal.SIGINT)
+            results = job.finish(120.0)
+        finally:
+            open(go, 'w').close()  # noqa: SIM115  (never left stalled)
+    assert [rc for rc, _, _ in results] == [130, 130], [e[-2000:] for *_, e in results]
+    found = {d.process: _analyze._interrupted(d) for d in _dumpfile.read_dirs([dumps])}
+    loss = next(i + 1 for i, ln in enumerate(open(JOB)) if 'loss = float(loss)' in ln)
+    assert found == {
+        0: f'interrupted at _flax_job.py:{loss} in train: loss = float(loss)',
+        1: found[1],
+    }, found
+    assert found[1].startswith('interrupted at _flax_job.py:') and 'in stall' in found[1]

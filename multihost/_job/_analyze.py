@@ -125,8 +125,17 @@ def _raised(d: Dump) -> str:
 
 
 def _own_frames(d: Dump) -> list[Any]:
+    """The traceback's frames of the program, outermost first: not ours or runpy's, nor a
+    library's (JAX's ``array.py in _value`` under ``float(loss)`` is the program's line that
+    called it); when only such frames are left, those not ours."""
     frames = d.details.get('traceback') or []
-    return [f for f in frames if '/multihost/' not in str(f[0]) and 'runpy' not in str(f[0])]
+    own = [f for f in frames if '/multihost/' not in str(f[0]) and 'runpy' not in str(f[0])]
+    program = [f for f in own if not any(m in str(f[0]) for m in _LIBRARIES)]
+    return program or own
+
+
+#: Where a library's or Python's own file lives (`_fate` reads the same marks).
+_LIBRARIES = ('/site-packages/', '/dist-packages/', '/lib/python', '<frozen ')
 
 
 def _interrupted(d: Dump) -> str:
