@@ -94,6 +94,7 @@ def _check(run: dict[str, Any], own_exit: tuple[int, ...] = ()) -> list[str]:
         assert codes[p] == EXIT_PEER_FAILED, (codes, [e[-2000:] for e in errs])
         (line,) = [x for x in errs[p].splitlines() if x.startswith('multihost: process 2 lost ')]
         assert f'this host (process {p}) was ' in line and line.endswith('(exit code 75)'), line
+        assert ' (its last heartbeat; none for ' in line, line  # what the time is
         lines.append(line)
     print('\n'.join(lines), '\ncodes:', codes, '\nends after the kill (s):', ends)
     out = subprocess.run([sys.executable, '-m', 'multihost', 'analyze', run['dumps']],

@@ -229,7 +229,12 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
             j.release_all()
         finally:
             j.detach()
-        job.finish(120.0)
+        results = job.finish(120.0)
+    # The failing host's line says how to attach, from the start of a notebook.
+    assert (
+        f'To inspect it: %load_ext mhnotebook, then %mh_attach {control} (or '
+        f"mhnotebook.attach('{control}'))"
+    ) in results[1][2], results[1][2][-2000:]
     # The job is gone: attaching fails, and the next magic says that, not how to start a
     # cluster (before: "no cluster yet: start one with %mh_cluster start").
     from IPython.core.error import UsageError
