@@ -99,7 +99,7 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
             assert sites[1].endswith('in train'), sites
             assert 'batch' in failing['frames'][1]['names']
             where = j.where()
-            assert where[FAILING].doing.startswith('held on its error: process 2 raised Bad')
+            assert where[FAILING].doing.startswith('held on its error: raised BadBatch(')
             assert where[FAILING].where.startswith('_flax_job.py:') or '_flax_job.py:' in (
                 where[FAILING].where
             ), where[FAILING].where

@@ -157,7 +157,9 @@ def test_audit_raise_holds_at_the_launch_of_the_finding_its_batch_in_the_frame(t
             assert j.allgather('step', frame='train').tolist() == [2, 2]
             found = j.nonfinite('batch', frame='train')
             assert not found.ok and found.processes == (1,) and 'weights' in str(found), found
-            # The verdict names the error once for the hosts held on it.
+            # The verdict names the error once for the hosts held on it; %mh_where's rows too.
+            doings = {h.doing for h in j.where().values()}
+            assert len(doings) == 1 and 'raised AuditError(' in doings.pop(), j.where()
             verdict = j.wavefront().verdict or ''
             assert verdict.count('AuditError') == 1, verdict
             assert verdict.startswith('processes 0-1 are held on its error: raised AuditError('), (
