@@ -338,7 +338,11 @@ def _handle(client: Any, order: dict[str, Any]) -> str:
         state = _state()
         if not state['held'] and not order.get('running_ok'):
             return json.dumps({'running': state})
-        return json.dumps({**_run_tool(order), 'point': _point(order.get('frame'))})
+        try:
+            point = _point(order.get('frame'))
+        except Exception:  # where it read is a note: never the tool's failure
+            point = None
+        return json.dumps({**_run_tool(order), 'point': point})
     return json.dumps({'error': ['ValueError', f'unknown inspect op {op!r}', '']})
 
 
