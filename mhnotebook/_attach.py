@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from mhnotebook._errors import HostsError, RemoteFailure, SessionError, processes_phrase
 from mhnotebook._jobview import JobViewBase
+from multihost._models._points import HeldPoint, apart
 
 if TYPE_CHECKING:
     from mhnotebook._transfer._gather import GatherState
@@ -266,6 +267,9 @@ class AttachedJob(JobViewBase):
                 f'{first.ename}: {first.evalue}',
                 failures,
             )
+        points = [a['point'] for a in answers.values() if isinstance(a.get('point'), dict)]
+        if len(points) > 1 and self._depth:
+            self._points.append([HeldPoint.from_json(x) for x in sorted(points, key=_by_process)])
         return [answers[p]['ok'] for p in sorted(answers)]
 
     _frame: Frame = None  # the frame= of the current data call (else `frame`)
@@ -297,8 +301,32 @@ class AttachedJob(JobViewBase):
         return self._host_call(fname, *args, **kwargs)
 
     def _one(self, fname: str, *args: Any, timeout: float, frame: Frame) -> Any:
-        with self.in_frame(frame):
+        with self.in_frame(frame), self._combining():
             return self._host_call(fname, *args, timeout=timeout)[0]
+
+    #: What the hosts read in the current data call (`_combining`), each tool run's points.
+    _points: list[list[HeldPoint]] = []
+    _depth = 0
+    #: The last data call's words when the hosts were read at different points ('' when not).
+    apart: str = ''
+
+    @contextlib.contextmanager
+    def _combining(self) -> Iterator[None]:
+        """A data call that combines the hosts' values: when the hosts were read at different
+        points (`multihost._models._points.apart`), one line says so after it, and `apart`
+        keeps it."""
+        if self._depth:
+            yield
+            return
+        self._points, self._depth = [], 1
+        try:
+            yield
+        finally:
+            self._depth = 0
+            said = [apart(points) for points in self._points]
+            self.apart = next((w for w in said if w), '')
+            if self.apart:
+                print(f'note: {self.apart}')
 
     def allgather(
         self,
@@ -316,7 +344,7 @@ class AttachedJob(JobViewBase):
         if self._gathers is None:
             address = self._client().address
             self._gathers = GatherState(f'tcp://{address[0]}:{address[1]}')
-        with self.in_frame(frame):
+        with self.in_frame(frame), self._combining():
             return allgather(
                 self._host_call,
                 name,
@@ -353,7 +381,7 @@ class AttachedJob(JobViewBase):
 
     def env_diff(self, *, timeout: float = 120.0) -> EnvDiff:
         """`multihost.EnvDiff` of the job's hosts."""
-        return self._one('multihost.engine.env_diff', timeout, timeout=timeout, frame=None)
+        return self._host_call('multihost.engine.env_diff', timeout, timeout=timeout)[0]
 
     def memory_census(self, *, timeout: float = 120.0, frame: Frame = None) -> MemoryCensus:
         """`multihost.MemoryCensus` of the job's hosts, arrays named by the held frames."""
@@ -410,3 +438,7 @@ class AttachedJob(JobViewBase):
 
     def __exit__(self, *exc: object) -> None:
         self.detach()
+
+
+def _by_process(point: dict[str, Any]) -> int:
+    return int(point.get('process', 0))

@@ -165,8 +165,10 @@ class CollectiveInterruptedError(MultihostError, RuntimeError):
 class AuditError(MultihostError, RuntimeError):
     """The audit found a divergence, and the job runs with ``--audit-raise``.
 
-    Raised on every host at its next recorded launch after the finding arrived there
-    (``multihost audit: ...`` was printed first); the message is the finding's line.
+    Raised on every host at the audited launch the finding was made at (that launch waits
+    for the hosts' verdict on it), so its inputs are still in the caller's frame; the
+    finding's line in full (``multihost audit: ...``) was printed first, the message is its
+    headline.
 
     Attributes:
         finding: the `AuditFinding`.

@@ -28,7 +28,9 @@ Two inputs a real job also reads from its environment:
   A host that stalls so first creates ``STALL_UNTIL.stalled-<p>`` (tests wait for it).
 * ``RAISE_HOST=p`` with ``RAISE_STEP=s``: process p raises ``ValueError('bad batch')`` in
   user code just before step s's ``train_step`` (uncaught: the job's own handler below
-  reports only the errors of its collectives); ``EXIT_HOST=p``: process p calls
+  reports only the errors of its collectives, an ``AuditError`` of ``--audit-raise`` is
+  uncaught too; ``RAISE_BEFORE_BATCH=1``: before building step s's batch, its ``batch``
+  still step s-1's); ``EXIT_HOST=p``: process p calls
   ``sys.exit(3)`` there instead (``EXIT_CODE=c``: ``sys.exit(c)``).
 * ``DISK_FAIL_HOST=p``: process p's disk fails at its first checkpoint write: orbax's
   save raises ``OSError(28, 'No space left on device')`` inside ``manager.save``
@@ -43,6 +45,8 @@ Two inputs a real job also reads from its environment:
   NaN at step s (the batch then carries ``weights``, all ones otherwise).
 * ``EVAL_X=1``: ``train`` also holds ``eval_x``, a replicated float32 eval batch (8, 4)
   made before the loop (ready on every device; one NaN at [1, 2], for the data tools).
+* ``LEAVE=return``: a job that succeeds ends as most do, returning from its main (its
+  ``atexit`` handlers run), not with ``os._exit``.
 * ``HEARTBEAT_S=s``: ``heartbeat_timeout_seconds`` of `jax.distributed.initialize`
   (default 100, JAX's): how long the coordination service waits for a silent host.
 * ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
@@ -91,6 +95,7 @@ RAISE_HOST = int(os.environ.get('RAISE_HOST', '-1'))
 EXIT_HOST = int(os.environ.get('EXIT_HOST', '-1'))
 EXIT_CODE = int(os.environ.get('EXIT_CODE', '3'))
 RAISE_STEP = int(os.environ.get('RAISE_STEP', '2'))
+RAISE_BEFORE_BATCH = bool(os.environ.get('RAISE_BEFORE_BATCH'))
 DUP_HOSTS = [int(p) for p in os.environ.get('DUP_HOSTS', '').split(',') if p]
 DUP_FROM_STEP = int(os.environ.get('DUP_FROM_STEP', '0'))
 DRIFT_HOST = int(os.environ.get('DRIFT_HOST', '-1'))
@@ -212,8 +217,11 @@ def train():
     if os.environ.get('EVAL_X'):
         eval_x = jax.device_put(eval_batch(), NamedSharding(mesh, P()))  # noqa: F841 (for tools)
     for step in range(STEPS):
+        if RAISE_BEFORE_BATCH:
+            check_batch(step)
         batch = batch_for(mesh, step)
-        check_batch(step)
+        if not RAISE_BEFORE_BATCH:
+            check_batch(step)
         stall(step, before_step=True)
         t0 = time.perf_counter()
         state, loss = train_step(state, batch)
@@ -247,6 +255,8 @@ def leave(status):
     sys.stderr.flush()
     if jax.process_index() == 0:
         time.sleep(1.0 if status == 0 else 5.0)
+    if os.environ.get('LEAVE') == 'return' and status == 0:
+        return  # as most jobs end: the interpreter's exit (its atexit handlers run)
     os._exit(status)
 
 
@@ -262,6 +272,11 @@ def main():
         train()
     except (BadBatch, OSError):
         raise  # uncaught, as a real job's data or disk error is
+    except RuntimeError as exc:
+        if type(exc).__name__ == 'AuditError':  # --audit-raise's: uncaught, as a user's job
+            raise
+        print(f'FAILED {type(exc).__name__}: {str(exc).splitlines()[0]}', flush=True)
+        leave(1)
     except Exception as exc:
         print(f'FAILED {type(exc).__name__}: {str(exc).splitlines()[0]}', flush=True)
         leave(1)

@@ -40,7 +40,7 @@ RUN_OPTIONS = (
     '--hold-on-error',
     '--hold-for S',
     '--allow-exec',
-    '--audit N',
+    '--audit [N]',
     '--audit-log DIR',
     '--audit-raise',
     '-m MODULE ...',

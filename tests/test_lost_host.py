@@ -94,6 +94,7 @@ def _check(run: dict[str, Any], own_exit: tuple[int, ...] = ()) -> list[str]:
         assert codes[p] == EXIT_PEER_FAILED, (codes, [e[-2000:] for e in errs])
         (line,) = [x for x in errs[p].splitlines() if x.startswith('multihost: process 2 lost ')]
         assert f'this host (process {p}) was ' in line and line.endswith('(exit code 75)'), line
+        assert ' (its last heartbeat; none for ' in line, line  # what the time is
         lines.append(line)
     print('\n'.join(lines), '\ncodes:', codes, '\nends after the kill (s):', ends)
     out = subprocess.run([sys.executable, '-m', 'multihost', 'analyze', run['dumps']],
@@ -101,7 +102,7 @@ def _check(run: dict[str, Any], own_exit: tuple[int, ...] = ()) -> list[str]:
     print(out.stdout)
     first = out.stdout.splitlines()[0]
     assert first.startswith('process 2 was lost at '), out.stdout
-    assert '(no dump: killed or its machine gone)' in first, first
+    assert '(its last heartbeat; no dump: killed or its machine gone)' in first, first
     assert 'in user code at ?' not in out.stdout, out.stdout
     return lines
 

@@ -133,9 +133,9 @@ def test_notebook_runs_top_to_bottom(path):
         assert folder and not os.path.exists(folder.group(1)), text
     if path.name == '08_hold_and_inspect.ipynb':
         # Held on its error; the data tools read the held frames; released, it ends as usual.
-        assert "process 2: held on its error: process 2 raised FloatingPointError('loss is nan" in (
+        assert "process 2: held on its error: raised FloatingPointError('loss is nan" in (text), (
             text
-        ), text
+        )
         assert 'NaN/Inf in 1 shard of 1 leaf on process 2: 1 NaN' in text, text
         assert 'first at (7,)' in text and 'NaN at [(2, 7)]' in text, text
         assert 'All 4 hosts hold the same tree (2 leaves).' in text, text

@@ -115,8 +115,8 @@ def test_data_tools_answer_on_hosts_stuck_inside_a_launch(tmp_path):
                 j.diff('state.params', frame='train', timeout=30)
             took['not ready'] = time.monotonic() - t0
             text = str(e.value)
-            assert 'output of a launch that has not finished' in text, text
-            assert f'train_step call #{STEP}' in text, text
+            assert 'dispatched before the hold and unfinished' in text, text
+            assert f'the output of train_step call #{STEP}' in text, text
             print('seconds per tool on the stuck hosts:', {k: round(v, 2) for k, v in took.items()})
             slow = {k: round(v, 1) for k, v in took.items() if v > PROMPT_S}
             assert not slow, took

@@ -82,6 +82,7 @@ class MultihostMagics(Magics):
         super().__init__(shell)
         self.background: dict[int, Any] | None = None
         self.attached: AttachedJob | None = None
+        self.attach_failed = ''  # the last %mh_attach's error, until one succeeds
         self.shown = Shown(getattr(shell, 'user_ns', None))
 
     def _session(self, what: str | None = None) -> Session:
@@ -99,7 +100,7 @@ class MultihostMagics(Magics):
                 "the held hosts' frames) work here, and %%mh when the job was started with "
                 '--allow-exec; %mh_detach ends the attachment'
             )
-        session = running(self.session)
+        session = self._running()
         if what is not None:
             _run.before_another(self, session, what)
         return session
@@ -128,7 +129,18 @@ class MultihostMagics(Magics):
 
     def _inspected(self) -> JobView:
         """The attached job if any, else the running session (where, timeline, step)."""
-        return self.attached if self.attached is not None else running(self.session)
+        return self.attached if self.attached is not None else self._running()
+
+    def _running(self) -> Session:
+        """The running session; with none, after a failed ``%mh_attach``, that the attach
+        failed (not how to start a cluster: the user has a batch job)."""
+        session = self.session
+        if (session is None or not session.running) and self.attach_failed:
+            raise UsageError(
+                f'not attached to a job: {self.attach_failed}; %mh_attach PATH again once the '
+                "job runs (its process 0 writes PATH), or %mh_postmortem DIR reads a job's dumps"
+            )
+        return running(session)
 
     @property
     def stepping(self) -> bool:
@@ -694,10 +706,11 @@ class MultihostMagics(Magics):
         try:
             job = attach(path, timeout=args.timeout or 15.0)
         except AttachError as exc:
+            self.attach_failed = f'%mh_attach {args.path} failed'
             raise UsageError(str(exc)) from None
         if self.attached is not None:
             self.attached.detach()
-        self.attached = job
+        self.attached, self.attach_failed = job, ''
         return job
 
     @magic_arguments.magic_arguments()

@@ -25,7 +25,7 @@ tools while a recorded launch is in flight on the host, `engine.calls`):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -70,8 +70,9 @@ def _waits_on() -> str:
     return where
 
 
-def _why(x: jax.Array, what: str) -> str | None:
-    """Why ``x`` cannot be read now without waiting (None: it can)."""
+def _why(x: jax.Array, what: str, unfinished: Callable[[str], str] | None = None) -> str | None:
+    """Why ``x`` cannot be read now without waiting (None: it can); ``unfinished`` words the
+    case of a launch's output not ready yet (a held job says more: `engine.held`)."""
     try:
         if x.is_deleted():
             return (
@@ -83,6 +84,8 @@ def _why(x: jax.Array, what: str) -> str | None:
             return None
     except Exception as exc:  # a buffer JAX cannot tell about: not read
         return f'{what} cannot be read here ({type(exc).__name__}: {exc})'
+    if unfinished is not None:
+        return unfinished(what)
     launch = _waits_on()
     behind = f' (in flight here: {launch})' if launch else ''
     return (
@@ -91,14 +94,16 @@ def _why(x: jax.Array, what: str) -> str | None:
     )
 
 
-def unready(value: Any, name: str = '') -> str | None:
+def unready(
+    value: Any, name: str = '', unfinished: Callable[[str], str] | None = None
+) -> str | None:
     """Why a pytree's `jax.Array` leaves cannot all be read now (the first one's reason), or
-    None when every leaf is ready. Reads no data."""
+    None when every leaf is ready. Reads no data. ``unfinished``: as in `_why`."""
     flat = jax.tree_util.tree_flatten_with_path(value)[0]
     for path, leaf in flat:
         if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer):
             continue
-        why = _why(leaf, (name or 'the value') + jax.tree_util.keystr(path))
+        why = _why(leaf, (name or 'the value') + jax.tree_util.keystr(path), unfinished)
         if why is not None:
             return why
     return None

@@ -45,6 +45,7 @@ class _State:
         self.error: dict[str, Any] | None = None  # this host's held error
         self.tb: TracebackType | None = None
         self.peer: dict[str, Any] | None = None  # another host's, as it told us
+        self.said: set[str] = set()  # errors this host's lines named in full already
 
 
 _state = _State()
@@ -89,11 +90,21 @@ def describe(error: dict[str, Any]) -> str:
     return f'process {error["process"]} raised {error["error"]} at {error["site"]}'
 
 
+def _said(error: dict[str, Any]) -> str:
+    """`describe`, once per error on this host's lines: the next host raising the same error
+    (every host raises an `AuditError` of ``--audit-raise``) is ``process 1 raised it too``."""
+    with _state.lock:
+        if error['error'] in _state.said:
+            return f'process {error["process"]} raised it too, at {error["site"]}'
+        _state.said.add(error['error'])
+    return describe(error)
+
+
 def _attach_hint() -> str:
-    path = _state.control_file
-    if path:
-        return f"attach with mhnotebook.attach('{path}') (%mh_attach {path})"
-    return 'no --control-file was given, so no notebook can attach'
+    """How to reach the held job from a notebook (`InstallOptions` refuses holding without a
+    control file, so there is one)."""
+    path = _state.control_file or 'CONTROL_FILE'
+    return f"%load_ext mhnotebook, then %mh_attach {path} (or mhnotebook.attach('{path}'))"
 
 
 def hold(error: str, site: str, tb: TracebackType | None) -> None:
@@ -118,9 +129,9 @@ def hold(error: str, site: str, tb: TracebackType | None) -> None:
         _state.error, _state.tb = None, None
         return
     log.warning(
-        'multihost: %s; holding every host for at most %.0f s (--hold-for): %s, inspect it, '
-        'then job.release_all() (%%mh_step continue) lets the error go on',
-        describe(info),
+        'multihost: %s; holding every host for at most %.0f s (--hold-for). To inspect it: %s; '
+        'job.release_all() (%%mh_step continue) then lets the error go on',
+        _said(info),
         _state.hold_for,
         _attach_hint(),
     )
@@ -149,7 +160,7 @@ def _on_held(client: Any, order: dict[str, Any]) -> str:
         log.warning(
             'multihost: %s; this host (process %d) holds at its next collective, barrier or '
             'launch until released (at most %.0f s)',
-            describe(info),
+            _said(info),
             _kv.process_index(),
             max(0.0, float(info.get('until', 0)) - time.time()),
         )

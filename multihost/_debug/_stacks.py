@@ -141,7 +141,8 @@ def capture(process: int | None = None, main_frames: Sequence[Any] | None = None
     if error is not None:  # held on its error: where it raised, not where it waits
         where = error['site']
     return HostStacks(
-        held_error=_hold.describe(error) if error is not None else '',
+        # Not naming the process: hosts held on the same error group into one row.
+        held_error=f'raised {error["error"]} at {error["site"]}' if error is not None else '',
         process=pid,
         answered=True,
         hostname=socket.gethostname(),

@@ -98,7 +98,8 @@ def front(process: int | None = None, main_frames: Sequence[Any] | None = None) 
     error = _hold.held_here()
     if error is not None:  # --hold-on-error: where it raised, and that it is held there
         where, kind = error['site'], 'held'
-        activity = f'held on its error: {_hold.describe(error)}'
+        # Not naming the process: the verdict groups the hosts held on the same error.
+        activity = f'held on its error: raised {error["error"]} at {error["site"]}'
     return HostFront(
         process=pid,
         answered=True,

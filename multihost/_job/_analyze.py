@@ -125,8 +125,17 @@ def _raised(d: Dump) -> str:
 
 
 def _own_frames(d: Dump) -> list[Any]:
+    """The traceback's frames of the program, outermost first: not ours or runpy's, nor a
+    library's (JAX's ``array.py in _value`` under ``float(loss)`` is the program's line that
+    called it); when only such frames are left, those not ours."""
     frames = d.details.get('traceback') or []
-    return [f for f in frames if '/multihost/' not in str(f[0]) and 'runpy' not in str(f[0])]
+    own = [f for f in frames if '/multihost/' not in str(f[0]) and 'runpy' not in str(f[0])]
+    program = [f for f in own if not any(m in str(f[0]) for m in _LIBRARIES)]
+    return program or own
+
+
+#: Where a library's or Python's own file lives (`_fate` reads the same marks).
+_LIBRARIES = ('/site-packages/', '/dist-packages/', '/lib/python', '<frozen ')
 
 
 def _interrupted(d: Dump) -> str:
@@ -182,7 +191,7 @@ def _lost_line(details: Any, dumped: set[int], held: dict[int, NativeStacks] | N
         )
     why = 'no dump: killed or its machine gone' if p not in dumped else 'its last stamp'
     last = f'; last seen at {details["last"]}' if details.get('last') else ''
-    return f'process {p} was lost at {at} ({why}){last}'
+    return f'process {p} was lost at {at} (its last heartbeat; {why}){last}'
 
 
 def _clock(t: float) -> str:

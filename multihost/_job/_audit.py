@@ -106,13 +106,14 @@ def every_from(value: Any) -> int:
 class _Item:
     """One audited launch, from the main thread to the audit thread."""
 
-    __slots__ = ('name', 'call', 'site', 'fn', 'args', 'kwargs', 'out', 'read', 'at')
+    __slots__ = ('name', 'call', 'site', 'fn', 'args', 'kwargs', 'out', 'read', 'done', 'at')
 
     def __init__(self, name: str, call: int, site: str, fn: Any, args: tuple, kwargs: dict,
                  out: Any) -> None:  # fmt: skip
         self.name, self.call, self.site, self.fn = name, call, site, fn
         self.args, self.kwargs, self.out = args, kwargs, out
         self.read = threading.Event()
+        self.done = threading.Event()  # shared and compared (or the audit stopped)
         self.at = time.time()
 
 
@@ -168,11 +169,7 @@ def enabled() -> bool:
 def before(name: str) -> None:
     """Before a launch of ``name``: with ``--audit-raise``, a finding raises `AuditError`;
     its previous audited launch's results have been read (it may donate them)."""
-    if _state.pending is not None:
-        finding, _state.pending = _state.pending, None
-        from multihost._errors import AuditError
-
-        raise AuditError(f'multihost audit: {finding.format()}', finding=finding)
+    _raise_pending()
     item = _state.last.get(name)
     if item is None or item.read.is_set():
         return
@@ -219,6 +216,25 @@ def after(name: str, site: str, fn: Any, spans: bool | None, args: tuple, kwargs
                 atexit.register(_close)  # after jax.distributed's: runs before it
     if behind:  # skipping one would put this host out of step with the others: stop
         _stop(f'it fell behind ({MAX_QUEUED} launches unread or {MAX_TABLES} unshared)')
+    elif _state.raise_:
+        # --audit-raise: the audited launch waits for its verdict, so a finding raises at the
+        # launch it was found at, its inputs (the batch that held the NaN) still in the frame.
+        item.done.wait(READ_WAIT + EXCHANGE_TIMEOUT)
+        _raise_pending()
+
+
+def _raise_pending() -> None:
+    """With ``--audit-raise``: the first finding raises `AuditError`, once, on this host; its
+    message is the finding's headline (its line in full was printed once, before)."""
+    if _state.pending is None:
+        return
+    finding, _state.pending = _state.pending, None
+    from multihost._errors import AuditError
+
+    raise AuditError(
+        f'multihost audit: {finding.headline()} (--audit-raise: raised at that launch)',
+        finding=finding,
+    )
 
 
 # -- the audit's threads: one reads (the step may wait for it), one shares (nobody waits) ----
@@ -259,7 +275,10 @@ def _read_all() -> None:
             if _state.queue and _state.queue[0] is item:
                 _state.queue.popleft()
             if not _state.stopped:
-                _state.tables.append((item.name, item.call, item.site, item.at, paths, table))
+                _state.tables.append((item.name, item.call, item.site, item.at, paths, table,
+                                      item))  # fmt: skip
+            else:
+                item.done.set()
             _state.cond.notify_all()
 
 
@@ -269,13 +288,14 @@ def _share_all() -> None:
         with _state.cond:
             if not _wait_for(_state.tables):
                 return
-            got = _state.tables.popleft()
+            *got, item = _state.tables.popleft()
             _state.sharing = True
         try:
             _share(*got)
         except Exception as exc:
             _stop(_why(exc))
         finally:
+            item.done.set()
             with _state.cond:
                 _state.sharing = False
                 _state.cond.notify_all()
@@ -302,8 +322,24 @@ def _close() -> None:
             _state.cond.wait(min(left, 0.1))
         _state.closing = True
         _state.cond.notify_all()
+    _summary()
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()) + 1.0)
+
+
+def _summary() -> None:
+    """The audit's last line at the program's end: what it audited, and that it found
+    nothing (a clean run says so) or how many findings its lines above named."""
+    if _state.stopped:
+        return  # its line said why it stopped
+    found = len(_state.findings)
+    said = f'{found} finding{"s" * (found != 1)} (said above)' if found else 'no findings'
+    print(
+        f'multihost audit: {_state.audited} launches audited on process {_process()} '
+        f'({_state.leaves} array leaves compared across hosts): {said}',
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _why(exc: BaseException) -> str:
@@ -318,6 +354,9 @@ def _stop(why: str) -> None:
         _state.stopped = why
         for item in _state.queue:
             item.read.set()
+            item.done.set()
+        for *_, item in _state.tables:
+            item.done.set()
         _state.queue.clear()
         _state.tables.clear()
         _state.cond.notify_all()

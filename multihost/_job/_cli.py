@@ -3,7 +3,7 @@
     multihost [demo] [--hosts N] [--devices D]
     multihost run [--check-jit] [--timeout S] [--control-file PATH]
                   [--control-address HOST] [--dump-dir DIR] [--hold-on-error]
-                  [--hold-for S] [--allow-exec] [--audit[=N]] [--audit-log DIR]
+                  [--hold-for S] [--allow-exec] [--audit [N]] [--audit-log DIR]
                   [--audit-raise]
                   (SCRIPT | -m MODULE) [ARGS ...]
     multihost analyze DIR [DIR ...]
@@ -75,15 +75,24 @@ def _audit_every(value: str) -> int:
 
 
 def bare_options(argv: list[str]) -> list[str]:
-    """``run``'s arguments with a bare ``--audit`` (before the program) as ``--audit=on``."""
+    """``run``'s arguments with ``--audit N`` (before the program) as ``--audit=N`` when N is a
+    whole number, and a bare ``--audit`` as ``--audit=on``: the next word is the program then
+    (argparse alone would take a script's name for N)."""
     out = list(argv)
-    for i, token in enumerate(out):
+    i = 0
+    while i < len(out):
+        token = out[i]
         if token == '--audit':
-            out[i] = '--audit=on'
+            if i + 1 < len(out) and out[i + 1].isdigit():
+                out[i : i + 2] = [f'--audit={out[i + 1]}']
+            else:
+                out[i] = '--audit=on'
         elif token == '-m' or token == '--' or not token.startswith('-'):
             if i and out[i - 1] in _VALUED:
+                i += 1
                 continue  # an option's value, not the program
             break
+        i += 1
     return out
 
 
@@ -177,8 +186,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action='store_true',
         help='When the program raises on a host, hold every host where it is (the failing one '
         'at its error, the others at their next collective, barrier or launch) so a notebook '
-        'can attach (--control-file) and inspect the values; job.release_all() in the notebook '
-        'ends the hold and the error goes on (MULTIHOST_HOLD_ON_ERROR=1 too).',
+        'can attach (needs --control-file) and inspect the values; job.release_all() in the '
+        'notebook ends the hold and the error goes on; with --check-jit too, every host holds '
+        'before its launch, so state a step donates stays readable '
+        '(MULTIHOST_HOLD_ON_ERROR=1 too).',
     )
     parser.add_argument(
         '--hold-for',
@@ -197,11 +208,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         '--audit',
         type=_audit_every,
+        nargs='?',
         metavar='N',
         help='Audit the launches that span processes while the job runs: the first 10 of each '
-        'jitted function, then every N-th (alone, --audit: N = 50), compared across hosts off '
-        'the main thread: replica drift, duplicate data, the first NaN or Inf, each reported '
-        'once on every host (MULTIHOST_AUDIT=N too).',
+        'jitted function, then every N-th (--audit N or --audit=N; alone, --audit: N = 50), '
+        'compared across hosts off the main thread: replica drift, duplicate data, the first '
+        'NaN or Inf, each reported once on every host (MULTIHOST_AUDIT=N too).',
     )
     parser.add_argument(
         '--audit-log',

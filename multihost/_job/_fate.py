@@ -60,6 +60,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from typing import Any, NoReturn
 
 from multihost import _jax_adapter
@@ -450,11 +451,14 @@ def _lost(client: Any, p: int, silent: float, raw: str) -> None:
 
 
 def lost_phrase(order: dict[str, Any]) -> str:
-    """``process 2 lost at 07:02:11 (no heartbeat for 10 s); it was last at ...``."""
+    """``process 2 lost at 07:02:11 (its last heartbeat; none for 10 s since); it was last at
+    ...``: the time is the last heartbeat's, when it was last heard of."""
     at = time.strftime('%H:%M:%S', time.localtime(float(order.get('lost_at') or time.time())))
     last = f'; it was last at {order["last"]}' if order.get('last') else ''
+    silent = order.get('silent')
     return (
-        f'process {order.get("lost")} lost at {at} (no heartbeat for {order.get("silent")} s){last}'
+        f'process {order.get("lost")} lost at {at} (its last heartbeat; none for {silent} s '
+        f'since){last}'
     )
 
 
@@ -537,6 +541,45 @@ def _script_site(tb: Any) -> tuple[str, str]:
     return f'{f.filename}:{f.lineno}', f.name
 
 
+def _ours(filename: str) -> bool:
+    """A frame of this package or of runpy (``multihost run`` runs the program through both)."""
+    return filename.startswith(_OUR_DIR) or 'runpy' in filename
+
+
+_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _shown(tb: Any) -> Any:
+    """The traceback as printed: without the frames of this package and runpy (``multihost
+    run``'s frames above the program, the installed jit's around a launch), as JAX leaves
+    its own out; all of them when nothing else is left."""
+    kept, at = [], tb
+    while at is not None:
+        if not _ours(at.tb_frame.f_code.co_filename):
+            kept.append(at)
+        at = at.tb_next
+    if not kept:
+        return tb
+    out = None
+    for t in reversed(kept):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def _print(tp: Any, value: Any, tb: Any) -> None:
+    """The previous excepthook, given the traceback as `_shown` (Python's own prints the
+    exception's ``__traceback__``, whatever it is passed: set for the call, then put back)."""
+    shown = _shown(tb)
+    own = getattr(value, '__traceback__', None) if isinstance(value, BaseException) else None
+    try:
+        if isinstance(value, BaseException):
+            value.__traceback__ = shown
+        (_state.prev_hook or sys.__excepthook__)(tp, value, shown)
+    finally:
+        if isinstance(value, BaseException):
+            value.__traceback__ = own
+
+
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
     announced = printed = False
     try:
@@ -547,7 +590,7 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
             code = 130 if issubclass(tp, KeyboardInterrupt) else 1
             if _hold.enabled() and code == 1:
                 # The traceback first (the log shows the error while held), then the hold.
-                (_state.prev_hook or sys.__excepthook__)(tp, value, tb)
+                _print(tp, value, tb)
                 printed = True
                 name = getattr(tp, '__name__', str(tp))
                 _hold.hold(f'{name}({str(value)!r})', site.rsplit('/', 1)[-1], tb)
@@ -555,7 +598,7 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
                                   function, _timed_out(value))  # fmt: skip
     finally:
         if not printed:
-            (_state.prev_hook or sys.__excepthook__)(tp, value, tb)
+            _print(tp, value, tb)
     if announced:
         # Ends here, not at exit: the interpreter's teardown joins the program's own threads
         # and runs the exit handlers registered after ours (orbax's), which may wait for the

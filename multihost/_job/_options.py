@@ -110,12 +110,18 @@ class InstallOptions:
             every = every or _audit.DEFAULT_EVERY
         if dump_dir:
             _writable_dir(os.path.abspath(dump_dir))
+        hold_on_error = bool(hold_on_error) or hold_env in ('1', 'true', 'on', 'yes')
+        if hold_on_error and not control_file:
+            raise ValueError(
+                '--hold-on-error needs --control-file PATH (MULTIHOST_CONTROL_FILE): without it '
+                'no notebook can attach to the held job; add it, or drop --hold-on-error'
+            )
         return cls(
             audit_raise=audit_raise,
             audit=every,
             audit_log=os.path.abspath(audit_log) if audit_log else None,
             check_jit=bool(check_jit) or env in ('1', 'true', 'on', 'yes'),
-            hold_on_error=bool(hold_on_error) or hold_env in ('1', 'true', 'on', 'yes'),
+            hold_on_error=hold_on_error,
             hold_for=float(hold_for),
             allow_exec=bool(allow_exec) or exec_env in ('1', 'true', 'on', 'yes'),
             timeout=timeout,

@@ -70,6 +70,7 @@ def run(
     except ValueError as exc:  # an option's or a MULTIHOST_* variable's value: one line
         print(f'{prog}: error: {exc}', file=sys.stderr)
         raise SystemExit(2) from None
+    _own_lines()
     if is_module:
         sys.argv = [target, *args]  # run_module sets argv[0] to the module's file
         # python -m puts the current directory first: so do ``python -m multihost`` and the
@@ -86,6 +87,20 @@ def run(
     sys.argv = [target, *args]
     sys.path[0] = os.path.dirname(os.path.realpath(target))  # as python does
     _program(runpy.run_path, target, run_name='__main__')
+
+
+def _own_lines() -> None:
+    """The ``multihost`` logger's lines go to stderr as they are written (``multihost: ...``),
+    whatever the program or its libraries do to logging: a root handler set up later (absl,
+    ``logging.basicConfig``) would otherwise print half of them ``WARNING:multihost:multihost:``."""
+    import logging
+
+    log = logging.getLogger('multihost')
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter('%(message)s'))
+        log.addHandler(handler)
+        log.propagate = False
 
 
 def _program(runner: Any, target: str, **kwargs: Any) -> None:

@@ -56,9 +56,13 @@ class AuditFinding:
 
     def format(self) -> str:
         """``replica drift at train_step call #5 (train.py:88): <path> ...``."""
+        return f'{self.headline()}: {self.path} {self.detail}'
+
+    def headline(self) -> str:
+        """``replica drift at train_step call #5 (train.py:88)``: what and where, no detail."""
         word = CHECK_WORDS.get(self.check, self.check)
         where = f' ({short_site(self.site)})' if self.site else ''
-        return f'{word} at {self.launch} call #{self.call}{where}: {self.path} {self.detail}'
+        return f'{word} at {self.launch} call #{self.call}{where}'
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), 'processes': list(self.processes)}

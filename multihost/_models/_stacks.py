@@ -467,7 +467,7 @@ class HostStacks:
             still in progress on threads other than the main thread, oldest
             first.
         held_error: the host is held on its own error (``--hold-on-error``):
-            ``"process 2 raised ValueError('bad batch') at train.py:74"``.
+            ``"raised ValueError('bad batch') at train.py:74"`` (the row names the host).
         pulse: its CPU share and whether its main thread's stack moved over the last
             few seconds (`Pulse`), or None (not sampled).
     """

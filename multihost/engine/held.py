@@ -219,6 +219,21 @@ def _namespace(frame_no: int | str | None) -> dict[str, Any]:
     return namespace
 
 
+def _point(frame_no: int | str | None) -> dict[str, Any]:
+    """Where this host's tool read (`_models._points.HeldPoint`'s JSON): the frame's line
+    (chosen as `_namespace` chooses it) and how many times it launched each jitted function."""
+    from multihost import _recorder
+    from multihost._models._points import HeldPoint
+
+    frames = script_frames()
+    if isinstance(frame_no, str):
+        frames = [f for f in frames if f.f_code.co_name == frame_no]
+        frame_no = 0
+    n = 0 if frame_no is None else int(frame_no)
+    site = _site(frames[n]) if 0 <= n < len(frames) else ''
+    return HeldPoint(_kv.process_index(), site, _recorder.call_counts()).to_json()
+
+
 def _run_tool(order: dict[str, Any]) -> dict[str, Any]:
     """Runs the ordered tool on a thread named for the command (its lane), bounded."""
     name = order.get('fn')
@@ -275,8 +290,26 @@ def _probe(name: str, frame: int | str | None) -> str | None:
         value, _ = gather.lookup(_namespace(frame), name, cuts=True)
     except gather.GatherError as exc:
         return str(exc)
-    # Named with the launch it waits on, never waited for (`_checks._hostreads`).
-    return _hostreads.unready(value, name)
+    # Named with the launch it waits on, never waited for (`_checks._hostreads`); a held
+    # host says which host and launch, and what to read instead (`_unfinished`).
+    return _hostreads.unready(value, name, _unfinished)
+
+
+def _unfinished(where: str) -> str:
+    """Why ``where`` cannot be read on this host: the output of a launch it dispatched that
+    waits for the held hosts (its inputs, a step's donated state, are gone), and what to read."""
+    from multihost import _recorder
+
+    me = _kv.process_index()
+    record = _recorder.awaited_launch(me)
+    launch = f'{record.name} call #{record.call}' if record is not None else 'a launch'
+    return (
+        f'{where} is, on process {me}, the output of {launch}, dispatched before the hold and '
+        'unfinished (it waits for the held hosts: reading it would too). Read what the step '
+        'started from on the hosts held before that launch, or its inputs here if the step '
+        'did not donate them (donate_argnums); with --check-jit every host holds before its '
+        'launch, its state readable'
+    )
 
 
 def _handle(client: Any, order: dict[str, Any]) -> str:
@@ -294,7 +327,11 @@ def _handle(client: Any, order: dict[str, Any]) -> str:
         state = _state()
         if not state['held'] and not order.get('running_ok'):
             return json.dumps({'running': state})
-        return json.dumps(_run_tool(order))
+        try:
+            point = _point(order.get('frame'))
+        except Exception:  # where it read is a note: never the tool's failure
+            point = None
+        return json.dumps({**_run_tool(order), 'point': point})
     return json.dumps({'error': ['ValueError', f'unknown inspect op {op!r}', '']})
 
 
