@@ -338,32 +338,39 @@ def _terms(r: Any, size: int, e: Any) -> list[Any]:
     return [hi * c, lo * c, hi * c2, lo * c2]
 
 
+def _block_out(x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool) -> jax.Array:
+    """One block's results, uint32: its lanes (sets x 4) then, with ``flags``, whether it
+    holds NaN/Inf and whether every raw word of it is the same (constant). Reductions of
+    one input over all its axes: XLA fuses them into one pass over the block."""
+    dt = np.dtype(x.dtype)
+    size = dt.itemsize if dt.itemsize <= 2 else 4
+    shape = (1, *x.shape)
+    axes = tuple(range(1, len(shape)))
+    e = _index(shape, None if offsets is None else offsets.reshape(1, -1), strides)
+    sets = [r.reshape(shape) for r in _raw_sets(x)]
+    out = []
+    for r in sets:
+        for term, k in zip(_terms(r, size, e), (K1, K1, K2, K2)):
+            out.append(jnp.sum(term, axis=axes, dtype=_U)[0] * _U(k))
+    if flags:
+        bad = jnp.any(~jnp.isfinite(x)) if jnp.issubdtype(dt, jnp.inexact) else False
+        out.append(jnp.asarray(bad).astype(_U))
+        same = [jnp.max(r) == jnp.min(r) for r in sets]
+        out.append(functools.reduce(jnp.logical_and, same).astype(_U))
+    return jnp.stack(out)
+
+
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _group(
     xs: tuple[jax.Array, ...], offsets: Any, strides: tuple[int, ...], flags: bool
 ) -> jax.Array:
-    """Results (K, sets * 4 [+ FLAGS]) uint32 of K blocks of one shape and dtype, one pass:
-    each block's lanes and, with ``flags``, whether it holds NaN/Inf and whether every raw
-    word of it is the same (constant)."""
-    x = jnp.stack(xs)  # fused into the reductions: each block is read once, in place
-    dt = np.dtype(x.dtype)
-    size = dt.itemsize if dt.itemsize <= 2 else 4
-    axes = tuple(range(1, x.ndim))
-    e = _index(tuple(x.shape), offsets, strides)
-    sets = _raw_sets(x)
-    out = []
-    for r in sets:
-        t = _terms(r, size, e)
-        for term, k in zip(t, (K1, K1, K2, K2)):
-            out.append(jnp.sum(term, axis=axes, dtype=_U) * _U(k))
-    if flags:
-        if jnp.issubdtype(dt, jnp.inexact):
-            out.append(jnp.any(~jnp.isfinite(x), axis=axes).astype(_U))
-        else:
-            out.append(jnp.zeros(x.shape[:1], _U))
-        same = [jnp.max(r, axis=axes) == jnp.min(r, axis=axes) for r in sets]
-        out.append(functools.reduce(jnp.logical_and, same).astype(_U))
-    return jnp.stack(out, axis=1)
+    """Results (K, sets * 4 [+ FLAGS]) uint32 of K blocks of one shape and dtype in one
+    program, each block read once in place (`_block_out`; not stacked: a TPU would copy
+    the stack, and a stack of bfloat16 may go through float32 there)."""
+    return jnp.stack(
+        [_block_out(x, None if offsets is None else offsets[j], strides, flags)
+         for j, x in enumerate(xs)]
+    )  # fmt: skip
 
 
 # Sub-byte dtypes: numpy keeps a byte per element, a device fewer bits; their
@@ -383,7 +390,7 @@ def _device_ok(x: jax.Array) -> bool:
 
 #: Blocks of one shape and dtype in one program, at most (their count rounded up to a power
 #: of two: few programs; `_group` reads them in place).
-MAX_GROUP = 64
+MAX_GROUP = 16
 #: Bytes of one program's blocks, at most.
 MAX_GROUP_BYTES = 1 << 30
 
@@ -475,13 +482,18 @@ def device_lanes(
 # -- numpy, many small leaves at once (the same definition, vectorised) -------------------
 
 
+def _inexact(dt: np.dtype) -> bool:
+    """Floating or complex, ml_dtypes' (bfloat16, fp8) included (numpy alone says no)."""
+    return bool(jnp.issubdtype(dt, jnp.inexact))
+
+
 def numpy_flags(a: np.ndarray, constant: bool = True) -> tuple[bool, bool]:
     """(holds NaN/Inf, every element's bytes the same) of a numpy array, as the kernel
     computes them, read in place (``constant=False``: not looked at, False)."""
     flat = a.reshape(-1)
     if not flat.size:
         return False, constant
-    bad = bool(np.issubdtype(flat.dtype, np.inexact) and not np.isfinite(flat).all())
+    bad = bool(_inexact(flat.dtype) and not np.isfinite(flat).all())
     if not constant:
         return bad, False
     size = flat.dtype.itemsize
@@ -539,7 +551,7 @@ def _numpy_run(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list[np.n
         if flags:
             same &= np.maximum.reduceat(r, starts) == np.minimum.reduceat(r, starts)
     if flags:
-        if np.issubdtype(dt, np.inexact):
+        if _inexact(dt):
             flat = np.concatenate([a.reshape(-1) for a in arrays])
             bad = np.logical_or.reduceat(~np.isfinite(flat), starts)
         else:
