@@ -571,6 +571,8 @@ def _numpy_run(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list[np.n
 def _parts(x: jax.Array) -> list[tuple[jax.Array, tuple[int, ...], tuple[int, ...]]]:
     """A fully addressable array's distinct blocks (one replica each) with their offsets."""
     shape = tuple(int(d) for d in x.shape)
+    if isinstance(x.sharding, jax.sharding.SingleDeviceSharding):  # no Shard objects built
+        return [(x, (0,) * x.ndim, shape)]
     shards = x.addressable_shards
     if len(shards) == 1:
         return [(shards[0].data, (0,) * x.ndim, shape)]
