@@ -277,9 +277,11 @@ def numpy_lanes(
 # shape (no reshape: a TPU relayouts one; no minor dimension of 2: padded to 128 lanes; no
 # scatter), its lanes and flags are plain reductions XLA fuses into one pass (f32 at one
 # read's speed, bf16 1.2x, int8/fp8 1.7-2.2x). Compiling is what costs there (~0.1 s per
-# block in a program), so blocks of one shape and dtype share a program (their count
-# rounded up to a power of two), and small whole leaves skip the device: one copy to the
-# host, then the numpy definition, vectorised (`_numpy_many`).
+# block in a program, whatever the grouping): blocks of one shape and dtype share a program
+# of up to `MAX_GROUP` (their count rounded up to a power of two: few dispatches, programs
+# cached for the process across calls and trees), and small whole leaves skip the device:
+# one batched copy to the host, then the numpy definition, vectorised (`_numpy_many`).
+# Whole leaves on a CPU device keep the row formulation of `_flat_lanes` (faster there).
 
 _U = jnp.uint32
 #: Whole leaves up to this many elements are fingerprinted on the host (one batched copy).
