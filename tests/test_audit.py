@@ -351,3 +351,30 @@ def test_audit_diff_aligns_a_resumed_run_by_shift(tmp_path: Any):
     assert differ and 'step call #0' in lines[0], lines
     with pytest.raises(_auditlog.AuditLogError, match='--shift must be 0 or more'):
         _auditlog.diff(str(a), str(b), shift=-1)
+
+
+@pytest.mark.parametrize('how', ['auto', 'device'])
+def test_the_read_flags_nan_in_bfloat16_and_skips_constant_fresh_blocks(how, monkeypatch):
+    """One launch's table, read on this process (XXH3 on a CPU device under auto, the
+    kernel's one pass under device): a bfloat16 result holding NaN is flagged (numpy alone
+    does not call bfloat16 inexact: it was missed on CPU), a fresh all-zeros input is never
+    duplicate data, a fresh random one may be."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    monkeypatch.setenv('MULTIHOST_FINGERPRINT', how)
+    zeros = jnp.zeros((64, 64), jnp.float32)
+    data = jnp.asarray(np.random.default_rng(0).standard_normal((64, 64)), jnp.float32)
+    out = jnp.ones((8, 8), jnp.bfloat16).at[3, 3].set(jnp.nan)
+    big = jnp.zeros((300, 300), jnp.bfloat16).at[5, 5].set(jnp.inf)  # the device program
+
+    def step(zeros: Any, data: Any) -> Any:
+        return out, big
+
+    item = _audit._Item('step', 0, 'here', step, (zeros, data), {}, (out, big))
+    paths, table, _ = _audit._read(item)
+    assert paths == ['zeros', 'data', 'result[0]', 'result[1]']
+    (z,), (d,), (o,), (b,) = (blocks for _, blocks in table)
+    assert z[2:] == [False, True] and d[2:] == [False, False]
+    assert o[2] is True and b[2] is True
+    assert (d[1][0].startswith('x')) == (how == 'auto')

@@ -348,3 +348,75 @@ def test_watched_static_arrays_are_digested_by_value_in_place():
     assert _structure.static(a.reshape(3, 4).T) == _structure.static(
         np.ascontiguousarray(a.reshape(3, 4).T)
     )
+
+
+ISSUE_47_DTYPES = [
+    np.float32, ml_dtypes.bfloat16, np.float16, np.int8, np.uint8, np.bool_, np.int32,
+    ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.complex64,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize('dt', ISSUE_47_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_path_of_the_device_kernel_equals_numpy_with_its_flags(dt):
+    """Small leaves (host copy), large ones (one program), several of one shape (one
+    program, padded to a power of two), blocks at offsets: numpy's bytes; the NaN/Inf and
+    constant flags of the same pass equal numpy's (random bytes: NaN payloads, subnormals)."""
+    rng = np.random.default_rng(47)
+    shapes = [(3,), (37, 1001), (3, 5, 70001), (3, 5, 70001), (3, 5, 70001), ((1 << 18) + 7,)]
+    arrays = [_random(rng, int(np.prod(s)), dt).reshape(s) for s in shapes]
+    arrays.append(np.zeros((300, 700), dt))  # constant
+    if jnp.issubdtype(dt, jnp.inexact):
+        nan = np.zeros((300, 700), np.float32)
+        nan[7, 9] = np.nan
+        arrays.append(nan.astype(dt))
+    dev = [jax.device_put(a) for a in arrays]
+    assert F.fingerprints(dev) == F.fingerprints(arrays)
+    got = F.digests_with_flags(dev, 'device')
+    assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
+    assert [g[0] for g in got] == F.kernel_digests(arrays)
+    leaf = np.concatenate([np.concatenate([arrays[-1], arrays[-1][::-1]], 1)] * 2, 0)
+    quarters = [(jnp.asarray(leaf[r : r + 300, c : c + 700]), (r, c), leaf.shape)
+                for r in (0, 300) for c in (0, 700)]  # fmt: skip
+    lanes = F.device_lanes(quarters)
+    with np.errstate(over='ignore'):
+        assert (sum(lanes[1:], lanes[0]) == F.numpy_lanes(leaf)).all()
+
+
+def test_flags_say_nan_inf_and_constant_per_leaf():
+    """The flags: NaN or Inf anywhere (floats only), constant = every element's bytes alike."""
+    leaves = [np.ones((400, 300), np.float32), np.arange(120000, dtype=np.float32),
+              np.full((5,), np.inf, np.float16), np.full((200, 500), 7, np.int32),
+              np.array([0.0, -0.0], np.float32)]  # fmt: skip
+    leaves[1][99999] = np.nan
+    want = [(False, True), (True, False), (True, True), (False, True), (False, False)]
+    for how in ('device', 'host'):
+        got = F.digests_with_flags([jnp.asarray(a) for a in leaves], how)
+        assert [g[1:] for g in got] == want, how
+
+
+def test_first_fingerprints_compile_a_few_programs():
+    """A 1,000-shape tree of small leaves compiles nothing; 40 large leaves of 3 shapes and 2
+    dtypes compile one program per shape, dtype and power-of-two count (here <= 8); the
+    second call compiles nothing."""
+    counted = []
+
+    def seen(event: str, *_: object, **__: object) -> None:
+        if event == '/jax/core/compile/backend_compile_duration':
+            counted.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(seen)
+    small = [jax.device_put(np.full((i % 100 + 3, i // 100 + 2), i, np.float32))
+             for i in range(1000)]  # fmt: skip
+    shapes = [(300, 257), (70001,), (3, 40000)]
+    big = [jax.device_put(np.full(shapes[i % 3], i, np.float32 if i % 2 else np.int8))
+           for i in range(40)]  # fmt: skip
+    jax.block_until_ready((small, big))
+    with _fingerprint_mode('device'):
+        n0 = len(counted)
+        F.digests(small)
+        assert len(counted) == n0
+        F.digests(big)
+        first = len(counted) - n0
+        F.digests(big)
+        assert len(counted) - n0 == first
+    assert 1 <= first <= 8

@@ -192,7 +192,7 @@ def _flat_lanes(xp: Any, words: list[Any], size: int, start: int) -> Any:
                     _g16(xp, m[..., 0] >> xp.uint32(16)),
                     _g16(xp, m[..., 0] & xp.uint32(0xFFFF)),
                 )
-            if xp is jnp:  # materialise the halves once: XLA's plain reductions are fast
+            if xp is jnp:  # XLA:CPU: materialise the halves once, its plain reductions are fast
                 hi, lo = jax.lax.optimization_barrier((hi, lo))
             got = _rows(xp, hi, lo)
             if start:  # rows shifted by base: k = (r + base) * 2^16 + c
@@ -274,73 +274,115 @@ def numpy_lanes(
     return total
 
 
-# -- XLA -------------------------------------------------------------------------
+# -- XLA: one fused program per group of blocks ----------------------------------------
+#
+# Measured on a TPU v5e chip (docs/SCALE.md): each block is read where it lives, in its own
+# shape (no reshape: a TPU relayouts one; no minor dimension of 2: padded to 128 lanes; no
+# scatter), its lanes and flags are plain reductions XLA fuses into one pass (f32 at one
+# read's speed, bf16 1.2x, int8/fp8 1.7-2.2x). Compiling is what costs there (~0.1 s per
+# block in a program, whatever the grouping): blocks of one shape and dtype share a program
+# of up to `MAX_GROUP` (their count rounded up to a power of two: few dispatches, programs
+# cached for the process across calls and trees), and small whole leaves skip the device:
+# one batched copy to the host, then the numpy definition, vectorised (`_numpy_many`).
+# Whole leaves on a CPU device keep the row formulation of `_flat_lanes` (faster there).
+
+_U = jnp.uint32
+#: Whole leaves up to this many elements are fingerprinted on the host (one batched copy).
+SMALL = 1 << 16
+#: Flag words after a block's lanes when flags are asked for: holds NaN/Inf, is constant.
+FLAGS = 2
 
 
-def _jnp_words(x: jax.Array) -> list[jax.Array]:
-    """The element's raw values (1-/2-byte dtypes) or 32-bit words, flat, as uint32."""
+def _raw_sets(x: jax.Array) -> list[jax.Array]:
+    """The element's raw values (1-/2-byte dtypes) or each of its 32-bit words, as uint32,
+    in ``x``'s own shape (no reshape, no minor dimension of 2)."""
     dt = np.dtype(x.dtype)
-    flat = x.reshape(-1)
-    if dt.itemsize in (1, 2):
-        if dt == np.bool_:
-            return [flat.astype(jnp.uint32)]
-        return [
-            jax.lax.bitcast_convert_type(
-                flat, jnp.uint8 if dt.itemsize == 1 else jnp.uint16
-            ).astype(jnp.uint32)
-        ]
+    if dt == np.bool_:
+        return [x.astype(_U)]
+    if dt.itemsize == 1:
+        return [jax.lax.bitcast_convert_type(x, jnp.uint8).astype(_U)]
+    if dt.itemsize == 2:
+        return [jax.lax.bitcast_convert_type(x, jnp.uint16).astype(_U)]
     if jnp.issubdtype(dt, jnp.complexfloating):
-        return [w for p in (jnp.real(flat), jnp.imag(flat)) for w in _jnp_words(p)]
+        return [w for p in (jnp.real(x), jnp.imag(x)) for w in _raw_sets(p)]
     if dt.itemsize == 4:
-        return [jax.lax.bitcast_convert_type(flat, jnp.uint32)]
-    w = jax.lax.bitcast_convert_type(flat, jnp.uint32)  # x64: (n, 2), the low word first
-    return [w[:, 0], w[:, 1]]
+        return [jax.lax.bitcast_convert_type(x, _U)]
+    w = jax.lax.bitcast_convert_type(x, jnp.uint64)  # x64: the low word first
+    return [(w & jnp.uint64(0xFFFFFFFF)).astype(_U), (w >> jnp.uint64(32)).astype(_U)]
 
 
-def _block_lanes(x: jax.Array, offsets: jax.Array, strides: jax.Array) -> jax.Array:
-    """One block's lanes (sets x 4), element indices global through offsets and strides."""
-    size = np.dtype(x.dtype).itemsize
-    e = jnp.zeros(x.shape, jnp.uint32)
-    for d in range(x.ndim):
-        e = e + (jax.lax.broadcasted_iota(jnp.uint32, x.shape, d) + offsets[d]) * strides[d]
-    e = e.reshape(-1)
-    words = _jnp_words(x)
-    sets = []
-    for w in words:
-        if size in (1, 2):
-            hi, lo, k = _halves_of_elements(jnp, w, size, e)
+def _index(shape: tuple[int, ...], offsets: Any, strides: tuple[int, ...]) -> Any:
+    """Each element's index in its leaf's C order (mod 2^32), in ``shape`` = (K, *block).
+
+    ``offsets``: the blocks' places in their leaf, (K, ndim) uint32, or None (whole
+    leaves); ``strides``: the leaf's C strides (static).
+    """
+    e: Any = _U(0)
+    for d in range(1, len(shape)):
+        t = jax.lax.broadcasted_iota(_U, shape, d)
+        if offsets is not None:
+            t = t + offsets[:, d - 1].reshape((-1,) + (1,) * (len(shape) - 1))
+        st = strides[d - 1] & 0xFFFFFFFF
+        e = e + (t if st == 1 else t * _U(st))
+    return e
+
+
+def _terms(r: Any, size: int, e: Any) -> list[Any]:
+    """The four lane terms (before the sum and K1/K2) of raw values ``r`` at element ``e``."""
+    if size == 4:
+        hi, lo, k = _g16(jnp, r >> _U(16)), _g16(jnp, r & _U(0xFFFF)), e
+    else:
+        if size == 1:
+            v = _g8(jnp, r) << ((e & _U(1)) * _U(8))
+            is_hi, k = (e >> _U(1)) & _U(1), e >> _U(2)
         else:
-            hi, lo, k = _g16(jnp, w >> 16), _g16(jnp, w & 0xFFFF), e
-        got = _direct(jnp, hi, lo, k)
-        sets.append(
-            jnp.stack(
-                [
-                    got[0] * jnp.uint32(K1),
-                    got[1] * jnp.uint32(K1),
-                    got[2] * jnp.uint32(K2),
-                    got[3] * jnp.uint32(K2),
-                ]
-            )
-        )
-    return jnp.stack(sets)
+            v = _g16(jnp, r)
+            is_hi, k = e & _U(1), e >> _U(1)
+        hi = v * is_hi
+        lo = v - hi
+    c = k * _U(2) + _U(1)
+    c2 = (k >> _U(16)) * _U(2) + _U(1)
+    return [hi * c, lo * c, hi * c2, lo * c2]
 
 
-@functools.partial(jax.jit, static_argnums=(3,))
-def _many(
-    blocks: tuple[jax.Array, ...],
-    offsets: tuple[jax.Array, ...],
-    strides: tuple[jax.Array, ...],
-    whole: tuple[bool, ...],
+def _block_out(
+    x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, rows: bool
 ) -> jax.Array:
-    """Every block's lanes, concatenated (one program per tree of shapes and dtypes)."""
+    """One block's results, uint32: its lanes (sets x 4) then, with ``flags``, whether it
+    holds NaN/Inf and whether every raw word of it is the same (constant). Reductions of
+    one input over all its axes: XLA fuses them into one pass over the block."""
+    dt = np.dtype(x.dtype)
+    size = dt.itemsize if dt.itemsize <= 2 else 4
+    shape = (1, *x.shape)
+    axes = tuple(range(1, len(shape)))
+    sets = [r.reshape(shape) for r in _raw_sets(x)]
     out = []
-    for x, o, s, w in zip(blocks, offsets, strides, whole):
-        if w:
-            lanes = _flat_lanes(jnp, _jnp_words(x), np.dtype(x.dtype).itemsize, 0)
-        else:
-            lanes = _block_lanes(x, o, s)
-        out.append(lanes.reshape(-1))
-    return jnp.concatenate(out)
+    if rows and offsets is None:  # a CPU: the row formulation (`_flat_lanes`), faster there
+        out += list(_flat_lanes(jnp, [r.reshape(-1) for r in sets], dt.itemsize, 0).reshape(-1))
+    else:
+        e = _index(shape, None if offsets is None else offsets.reshape(1, -1), strides)
+        for r in sets:
+            for term, k in zip(_terms(r, size, e), (K1, K1, K2, K2)):
+                out.append(jnp.sum(term, axis=axes, dtype=_U)[0] * _U(k))
+    if flags:
+        bad = jnp.any(~jnp.isfinite(x)) if jnp.issubdtype(dt, jnp.inexact) else False
+        out.append(jnp.asarray(bad).astype(_U))
+        same = [jnp.max(r) == jnp.min(r) for r in sets]
+        out.append(functools.reduce(jnp.logical_and, same).astype(_U))
+    return jnp.stack(out)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _group(
+    xs: tuple[jax.Array, ...], offsets: Any, strides: tuple[int, ...], flags: bool, rows: bool
+) -> jax.Array:
+    """Results (K, sets * 4 [+ FLAGS]) uint32 of K blocks of one shape and dtype in one
+    program, each block read once in place (`_block_out`; not stacked: a TPU would copy
+    the stack, and a stack of bfloat16 may go through float32 there)."""
+    return jnp.stack(
+        [_block_out(x, None if offsets is None else offsets[j], strides, flags, rows)
+         for j, x in enumerate(xs)]
+    )  # fmt: skip
 
 
 # Sub-byte dtypes: numpy keeps a byte per element, a device fewer bits; their
@@ -358,115 +400,184 @@ def _device_ok(x: jax.Array) -> bool:
     return on_device(x.dtype)
 
 
-_SMALL = 1 << 16  # elements: whole leaves up to this size are packed together, per dtype class
+#: Blocks of one shape and dtype in one program, at most (their count rounded up to a power
+#: of two: few programs; `_group` reads them in place).
+MAX_GROUP = 16
+#: Bytes of one program's blocks, at most.
+MAX_GROUP_BYTES = 1 << 30
 
 
-def _bucket(n: int, least: int) -> int:
-    return max(least, 1 << (max(1, n) - 1).bit_length())
+def _pow2(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _pack(xs: tuple[jax.Array, ...], total: int) -> tuple[jax.Array, ...]:
-    """Small leaves of one dtype class, flat, word by word, concatenated and zero-padded."""
-    per_leaf = [_jnp_words(x) for x in xs]
-    out = []
-    for p in range(len(per_leaf[0])):
-        flat = jnp.concatenate([w[p] for w in per_leaf])
-        out.append(jnp.pad(flat, (0, total - flat.shape[0])))
-    return tuple(out)
+def _c_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(
+        int(np.prod(shape[d + 1 :], dtype=np.uint64)) & 0xFFFFFFFF for d in range(len(shape))
+    )
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))
-def _segments(
-    words: tuple[jax.Array, ...], seg: jax.Array, e: jax.Array, nseg: int, size: int
-) -> jax.Array:
-    """Lanes (nseg, sets, 4) of packed leaves: element e of leaf seg (padding: seg = nseg)."""
-    sets = []
-    for w in words:
-        if size in (1, 2):
-            hi, lo, k = _halves_of_elements(jnp, w, size, e)
+def _width(dtype: Any, flags: bool) -> int:
+    return lane_sets(dtype) * LANES + (FLAGS if flags else 0)
+
+
+def _dispatch(
+    blocks: Sequence[tuple[jax.Array, Sequence[int], Sequence[int]]],
+    groups: dict[Any, list[int]],
+    flags: bool,
+) -> list[tuple[list[int], jax.Array]]:
+    """Every group's programs, dispatched (K blocks of one shape, dtype and device each)."""
+    pending = []
+    for (device, shape, _, full), idx in groups.items():
+        nbytes = max(1, int(blocks[idx[0]][0].nbytes))
+        most = max(1, min(MAX_GROUP, MAX_GROUP_BYTES // nbytes))
+        strides = _c_strides(full if full is not None else shape)
+        for lo in range(0, len(idx), most):
+            part = idx[lo : lo + most]
+            k = _pow2(len(part)) if _pow2(len(part)) <= most else len(part)
+            xs = tuple(blocks[i][0] for i in part)
+            xs += (xs[0],) * (k - len(part))  # the padding reads the first again: no copy
+            offs = None
+            if full is not None:
+                arr = np.zeros((k, len(shape)), np.uint32)
+                for j, i in enumerate(part):
+                    arr[j] = np.asarray(blocks[i][1], np.uint64) & 0xFFFFFFFF
+                offs = jax.device_put(arr, device)
+            rows = device.platform == 'cpu'  # XLA:CPU: the row formulation is faster there
+            pending.append((part, _group(xs, offs, strides, flags, rows)))
+    return pending
+
+
+def device_results(
+    blocks: Sequence[tuple[jax.Array, Sequence[int], Sequence[int]]], flags: bool = False
+) -> list[np.ndarray]:
+    """Per block (single-device array, offsets in its leaf, the leaf's shape): uint32
+    results, its lanes (sets * 4) then, with ``flags``, holds-NaN/Inf and is-constant.
+
+    Blocks of one shape, dtype and device share one program (`_group`), compiled once per
+    process for that shape and a power-of-two count; whole leaves up to `SMALL` elements
+    are copied to the host together and computed by numpy (`_numpy_many`: no compile).
+    Everything is dispatched before anything is read; one batched copy to the host.
+    """
+    out: list[np.ndarray | None] = [None] * len(blocks)
+    small: list[int] = []
+    groups: dict[Any, list[int]] = {}
+    for i, (x, o, shape) in enumerate(blocks):
+        full = tuple(int(d) for d in shape) if shape else tuple(x.shape)
+        whole = not any(o) and full == tuple(x.shape)
+        if x.size == 0:
+            empty = np.zeros(_width(x.dtype, flags), np.uint32)
+            empty[-1] = 1 if flags else 0  # constant: nothing differs
+            out[i] = empty
+        elif whole and x.size <= SMALL:
+            small.append(i)
         else:
-            hi, lo, k = _g16(jnp, w >> 16), _g16(jnp, w & 0xFFFF), e
-        c = k * jnp.uint32(2) + jnp.uint32(1)
-        c2 = (k >> 16) * jnp.uint32(2) + jnp.uint32(1)
-        terms = jnp.stack([hi * c, lo * c, hi * c2, lo * c2], axis=1)
-        sums = jax.ops.segment_sum(terms, seg, num_segments=nseg)
-        sets.append(sums * jnp.array([K1, K1, K2, K2], jnp.uint32))
-    return jnp.stack(sets, axis=1)
-
-
-_INDEX_CACHE: dict[Any, tuple[jax.Array, jax.Array]] = {}
-
-
-def _indices(
-    sizes: tuple[int, ...], total: int, nseg: int, device: Any
-) -> tuple[jax.Array, jax.Array]:
-    """Segment ids and element indices of packed leaves (host-made once per tree of sizes)."""
-    key = (sizes, total, nseg, device)
-    if key not in _INDEX_CACHE:
-        seg = np.full(total, nseg, np.int32)
-        e = np.zeros(total, np.uint32)
-        pos = 0
-        for i, n in enumerate(sizes):
-            seg[pos : pos + n] = i
-            e[pos : pos + n] = np.arange(n, dtype=np.uint32)
-            pos += n
-        if len(_INDEX_CACHE) > 32:
-            _INDEX_CACHE.clear()
-        _INDEX_CACHE[key] = (jax.device_put(seg, device), jax.device_put(e, device))
-    return _INDEX_CACHE[key]
-
-
-def _whole(block: tuple[jax.Array, Sequence[int], Sequence[int]]) -> bool:
-    x, o, shape = block
-    return not any(o) and (not shape or tuple(shape) == tuple(x.shape))
+            key = (next(iter(x.devices())), tuple(x.shape), np.dtype(x.dtype))
+            groups.setdefault(key + (None if whole else full,), []).append(i)
+    pending = _dispatch(blocks, groups, flags)
+    got = jax.device_get([blocks[i][0] for i in small] + [lanes for _, lanes in pending])
+    for i, res in zip(small, _numpy_many([np.asarray(a) for a in got[: len(small)]], flags)):
+        out[i] = res
+    for (part, _), res in zip(pending, got[len(small) :]):
+        for j, i in enumerate(part):
+            out[i] = np.asarray(res[j])
+    return [o if o is not None else np.zeros(LANES, np.uint32) for o in out]
 
 
 def device_lanes(
     blocks: Sequence[tuple[jax.Array, Sequence[int], Sequence[int]]],
 ) -> list[np.ndarray]:
-    """Lanes (sets x 4, uint32) of single-device arrays, each a block at offsets of a shape.
+    """Lanes (sets x 4, uint32) of single-device arrays, each a block at offsets of a shape
+    (`device_results` without flags)."""
+    return [r.reshape(-1, LANES) for r in device_results(blocks)]
 
-    Computed by XLA on each block's device; only the lanes are copied to the
-    host. Compiles stay bounded: small whole leaves are packed per device and
-    dtype class into buckets of power-of-two lengths (one kernel per bucket);
-    larger ones get one program per shape and dtype, reused.
-    """
-    out: list[np.ndarray | None] = [None] * len(blocks)
-    small: dict[Any, list[int]] = {}
-    pending: list[tuple[list[int], Any]] = []
-    for i, (x, o, shape) in enumerate(blocks):
-        if _whole(blocks[i]) and x.size <= _SMALL:
-            dt = np.dtype(x.dtype)
-            cls = (next(iter(x.devices())), dt.itemsize, lane_sets(dt), dt == np.bool_)
-            small.setdefault(cls, []).append(i)
-            continue
-        device = next(iter(x.devices()))
-        full = tuple(shape) if shape else tuple(x.shape)
-        st = [int(np.prod(full[d + 1 :], dtype=np.uint64)) & 0xFFFFFFFF for d in range(len(full))]
-        oo = list(o) if o else [0] * x.ndim
-        offs = jax.device_put(np.array(oo, np.uint32).reshape(x.ndim), device)
-        strs = jax.device_put(np.array(st, np.uint32).reshape(x.ndim), device)
-        pending.append(([i], _many((x,), (offs,), (strs,), (_whole(blocks[i]),))))
-    for (device, size, _, _), idx in small.items():
-        sizes = tuple(int(blocks[i][0].size) for i in idx)
-        total, nseg = _bucket(sum(sizes), 1024), _bucket(len(idx), 8)
-        words = _pack(tuple(blocks[i][0] for i in idx), total)
-        seg, e = _indices(sizes, total, nseg, device)
-        pending.append((idx, _segments(words, seg, e, nseg, size)))
-    for part, lanes in pending:
-        flat = np.asarray(jax.device_get(lanes)).reshape(-1)
-        pos = 0
-        for i in part:
-            n = lane_sets(blocks[i][0].dtype) * LANES
-            out[i] = flat[pos : pos + n].reshape(-1, LANES)
-            pos += n
-    return [o if o is not None else np.zeros((1, LANES), np.uint32) for o in out]
+
+# -- numpy, many small leaves at once (the same definition, vectorised) -------------------
+
+
+def _inexact(dt: np.dtype) -> bool:
+    """Floating or complex, ml_dtypes' (bfloat16, fp8) included (numpy alone says no)."""
+    return bool(jnp.issubdtype(dt, jnp.inexact))
+
+
+def numpy_flags(a: np.ndarray, constant: bool = True) -> tuple[bool, bool]:
+    """(holds NaN/Inf, every element's bytes the same) of a numpy array, as the kernel
+    computes them, read in place (``constant=False``: not looked at, False)."""
+    flat = a.reshape(-1)
+    if not flat.size:
+        return False, constant
+    bad = bool(_inexact(flat.dtype) and not np.isfinite(flat).all())
+    if not constant:
+        return bad, False
+    size = flat.dtype.itemsize
+    raw: np.ndarray = flat.view(f'u{size}') if size in (1, 2, 4, 8) else flat
+    if size == 16:  # as rows of bytes
+        raw = np.ascontiguousarray(flat).view(np.uint8).reshape(flat.size, size)
+    return bad, bool((raw == raw[0]).all())
+
+
+def _numpy_many(arrays: Sequence[np.ndarray], flags: bool) -> list[np.ndarray]:
+    """`device_results` of whole numpy leaves: per dtype, their raw values concatenated (in
+    runs of about `_CHUNK` elements), the lane terms in one pass, summed per leaf."""
+    out: list[np.ndarray | None] = [None] * len(arrays)
+    by_dtype: dict[np.dtype, list[int]] = {}
+    for i, a in enumerate(arrays):
+        if a.dtype.byteorder == '>' or a.size == 0:
+            lanes = numpy_lanes(a).reshape(-1)
+            tail = np.array(numpy_flags(a), np.uint32) if flags else lanes[:0]
+            out[i] = np.concatenate([lanes, tail])
+        else:
+            by_dtype.setdefault(a.dtype, []).append(i)
+    for dt, idx in by_dtype.items():
+        run: list[int] = []
+        n = 0
+        for j, i in enumerate(idx):
+            run.append(i)
+            n += arrays[i].size
+            if n >= _CHUNK or j == len(idx) - 1:
+                for i2, res in zip(run, _numpy_run([arrays[k] for k in run], dt, flags)):
+                    out[i2] = res
+                run, n = [], 0
+    return [o if o is not None else np.zeros(LANES, np.uint32) for o in out]
+
+
+def _numpy_run(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list[np.ndarray]:
+    """`_numpy_many` of non-empty leaves of one dtype, concatenated."""
+    size = dt.itemsize if dt.itemsize <= 2 else 4
+    sizes = np.array([a.size for a in arrays], np.int64)
+    starts = np.zeros(len(arrays), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    e = (np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(starts, sizes)).astype(np.uint32)
+    per = [_np_words(np.ascontiguousarray(a)) for a in arrays]
+    cols = []
+    same = np.ones(len(arrays), bool)
+    for p in range(len(per[0])):
+        r = np.concatenate([w[p] for w in per])
+        if size == 4:
+            hi, lo, k = _g16(np, r >> np.uint32(16)), _g16(np, r & np.uint32(0xFFFF)), e
+        else:
+            hi, lo, k = _halves_of_elements(np, r, size, e)
+        c = k * np.uint32(2) + np.uint32(1)
+        c2 = (k >> np.uint32(16)) * np.uint32(2) + np.uint32(1)
+        for term, m in ((hi * c, K1), (lo * c, K1), (hi * c2, K2), (lo * c2, K2)):
+            cols.append(np.add.reduceat(term, starts, dtype=np.uint32) * np.uint32(m))
+        if flags:
+            same &= np.maximum.reduceat(r, starts) == np.minimum.reduceat(r, starts)
+    if flags:
+        if _inexact(dt):
+            flat = np.concatenate([a.reshape(-1) for a in arrays])
+            bad = np.logical_or.reduceat(~np.isfinite(flat), starts)
+        else:
+            bad = np.zeros(len(arrays), bool)
+        cols += [bad.astype(np.uint32), same.astype(np.uint32)]
+    return list(np.stack(cols, axis=1))
 
 
 def _parts(x: jax.Array) -> list[tuple[jax.Array, tuple[int, ...], tuple[int, ...]]]:
     """A fully addressable array's distinct blocks (one replica each) with their offsets."""
     shape = tuple(int(d) for d in x.shape)
+    if isinstance(x.sharding, jax.sharding.SingleDeviceSharding):  # no Shard objects built
+        return [(x, (0,) * x.ndim, shape)]
     shards = x.addressable_shards
     if len(shards) == 1:
         return [(shards[0].data, (0,) * x.ndim, shape)]
@@ -489,40 +600,53 @@ def fingerprints(leaves: Sequence[Any]) -> list[bytes]:
     numpy arrays in numpy, with the same definition. A leaf of an unsupported
     dtype raises TypeError (callers keep a byte hash for those).
     """
-    out: list[bytes | None] = [None] * len(leaves)
+    return [d for d, _, _ in _kernel_with_flags(leaves, False)]
+
+
+def _kernel_with_flags(leaves: Sequence[Any], flags: bool) -> list[tuple[bytes, bool, bool]]:
+    """(fingerprint, holds NaN/Inf, constant) of each leaf (flags False unless asked for)."""
+    out: list[tuple[bytes, bool, bool] | None] = [None] * len(leaves)
     blocks: list[tuple[jax.Array, Sequence[int], Sequence[int]]] = []
     owner: list[int] = []
     copies = _recorder.host_copies_only()  # no device program: host copies (`_hostreads`)
     for i, leaf in enumerate(leaves):
         if copies and isinstance(leaf, jax.Array):
-            out[i] = _to_bytes(_copied_lanes(leaf))
+            out[i] = _copied_with_flags(leaf, flags)
         elif isinstance(leaf, jax.Array) and _device_ok(leaf):
-            if leaf.size == 0:
-                out[i] = _to_bytes(np.zeros((lane_sets(leaf.dtype), LANES), np.uint32))
-                continue
             for part in _parts(leaf):
                 blocks.append(part)
                 owner.append(i)
         else:
-            out[i] = _to_bytes(numpy_lanes(np.asarray(leaf)))
-    sums: dict[int, np.ndarray] = {}
+            a = np.asarray(leaf)
+            out[i] = (_to_bytes(numpy_lanes(a)), *(numpy_flags(a) if flags else (False, False)))
+    sums: dict[int, list[Any]] = {}
     with np.errstate(over='ignore'):
-        for i, lanes in zip(owner, device_lanes(blocks)):
-            sums[i] = lanes if i not in sums else sums[i] + lanes
-    for i, lanes in sums.items():
-        out[i] = _to_bytes(lanes)
-    return [b if b is not None else b'' for b in out]
+        for i, res in zip(owner, device_results(blocks, flags) if blocks else []):
+            n = lane_sets(leaves[i].dtype) * LANES
+            got = [res[:n], bool(flags and res[n]), bool(flags and res[n + 1])]
+            if i in sums:  # a leaf's blocks: lanes add up; any block bad; all constant
+                prev = sums[i]
+                got = [prev[0] + got[0], prev[1] or got[1], prev[2] and got[2]]
+            sums[i] = got
+    for i, (lanes, bad, same) in sums.items():
+        out[i] = (_to_bytes(lanes), bad, same)
+    return [o if o is not None else (b'', False, False) for o in out]
 
 
-def _copied_lanes(x: jax.Array) -> np.ndarray:
-    """`device_lanes`' bytes without a device program: the numpy definition over host copies
-    of the blocks, one at a time (`_hostreads.blocks`; a block not ready raises there)."""
+def _copied_with_flags(x: jax.Array, flags: bool) -> tuple[bytes, bool, bool]:
+    """`device_results`' answer without a device program: the numpy definition over host
+    copies of the blocks, one at a time (`_hostreads.blocks`; a block not ready raises
+    there); with ``flags``, any block holding NaN/Inf and every block constant."""
     total = np.zeros((lane_sets(x.dtype), LANES), np.uint32)
+    bad, same = False, True
     with np.errstate(over='ignore'):
         for block, offsets, shape in _hostreads.blocks(x):
             if block.size:
                 total += numpy_lanes(block, offsets, shape)
-    return total
+            if flags:
+                b, c = numpy_flags(block)
+                bad, same = bad or b, same and c
+    return _to_bytes(total), bool(flags and bad), bool(flags and same)
 
 
 def block_fingerprints(blocks: Sequence[Any]) -> list[bytes]:
@@ -689,3 +813,34 @@ def digests(leaves: Sequence[Any], how: str | None = None) -> list[str]:
     for i, d in zip(kernel, kernel_digests([leaves[i] for i in kernel])):
         out[i] = d
     return [d or '' for d in out]
+
+
+def digests_with_flags(
+    leaves: Sequence[Any], how: str | None = None, constant: Sequence[bool] | None = None
+) -> list[tuple[str, bool, bool]]:
+    """`digests` with, per leaf, whether it holds NaN or Inf and whether it is constant.
+
+    Read in the same pass: for kernel-kind leaves on a device the one program per group
+    that computes the lanes (`device_results`); for host-kind leaves (XXH3) and numpy
+    leaves numpy (`numpy_flags`). Constant: every raw word of the leaf the same (a
+    leaf in several blocks: every block constant). ``constant``: per leaf, whether that
+    flag is wanted (numpy skips the pass where not; on a device it is fused anyway).
+    """
+    how = mode(how)
+    out: list[tuple[str, bool, bool] | None] = [None] * len(leaves)
+    kernel: list[int] = []
+    for i, leaf in enumerate(leaves):
+        if host_kind(leaf, how):
+            a = leaf if isinstance(leaf, np.ndarray) else None
+            if a is None and isinstance(leaf, jax.Array):
+                parts = _host_parts(leaf)
+                a = parts[0] if len(parts) == 1 else np.asarray(leaf)
+            a = np.asarray(leaf) if a is None else a
+            flags = numpy_flags(a, constant is None or constant[i])
+            out[i] = (HOST_PREFIX + host_digest(leaf).hex(), *flags)
+        else:
+            kernel.append(i)
+    got = _kernel_with_flags([leaves[i] for i in kernel], True) if kernel else []
+    for i, (d, bad, same) in zip(kernel, got):
+        out[i] = (d.hex(), bad, same)
+    return [o or ('', False, False) for o in out]

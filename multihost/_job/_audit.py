@@ -474,10 +474,14 @@ def _read(item: _Item) -> tuple[list[str], list[Any], float]:
             held += [(i, key, data, fresh) for key, data in _blocks(leaf)]
         except Exception:  # donated to a launch while it was read, or not readable here
             pass  # compared nowhere (a host that could read it has no one to compare with)
-    prints = _fingerprint.digests([data for _, _, data, _ in held]) if held else []
+    # One pass per block: its digest, NaN/Inf and constant flags (on an accelerator one
+    # program per group of blocks, one copy of the results to the host: `_fingerprint`).
+    datas = [data for _, _, data, _ in held]
+    wanted = [f and d.nbytes >= MIN_DUP_BYTES for _, _, d, f in held]
+    prints = _fingerprint.digests_with_flags(datas, constant=wanted) if held else []
     blocks: list[dict[str, list[Any]]] = [{} for _ in leaves]
-    for (i, key, data, fresh), digest in zip(held, prints):
-        bad, skip = _flags(data, fresh)
+    for (i, key, data, fresh), (digest, bad, same) in zip(held, prints):
+        skip = not fresh or data.nbytes < MIN_DUP_BYTES or not data.size or same
         entry = blocks[i].setdefault(key, [key, [], False, True])
         if digest[:17] not in entry[1]:
             entry[1].append(digest[:17])
@@ -485,24 +489,6 @@ def _read(item: _Item) -> tuple[list[str], list[Any], float]:
         entry[3] = entry[3] and skip
     table = [[bool(fresh), list(b.values())] for (_, _, fresh), b in zip(leaves, blocks)]
     return paths, table, ready
-
-
-def _flags(data: Any, fresh: bool) -> tuple[bool, bool]:
-    """(holds NaN or Inf, never duplicate data) of one block: read where it lives."""
-    if isinstance(data, np.ndarray):
-        a = data
-        bad = bool(np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all())
-        if not fresh or a.nbytes < MIN_DUP_BYTES or not a.size:
-            return bad, True
-        flat = a.reshape(-1)
-        return bad, bool((flat == flat[0]).all())
-    import jax.numpy as jnp
-
-    bad = bool(jnp.issubdtype(data.dtype, jnp.inexact) and not bool(jnp.isfinite(data).all()))
-    if not fresh or data.nbytes < MIN_DUP_BYTES or not data.size:
-        return bad, True
-    flat = data.reshape(-1)
-    return bad, bool((flat == flat[0]).all())
 
 
 def _blocks(leaf: Any) -> list[tuple[str, Any]]:

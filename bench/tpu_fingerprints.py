@@ -1,0 +1,345 @@
+"""The checks' reads on an accelerator: fingerprints and the audit vs one jitted read, one process.
+
+Run on a machine with a TPU (or GPU); on CPU it forces the kernel (what
+``MULTIHOST_FINGERPRINT=device`` does) and gives CI's figures. See CONTRIBUTING.md.
+Side by side in one run, medians of ``--reps``:
+
+* exactness first: for every dtype the kernel handles on a chip (f32, bf16, f16, int8,
+  uint8, bool, int32, fp8 e4m3fn / e5m2, complex64), leaves small (host path) and large
+  (the fused program), several of one shape (one program), blocks at offsets, the NaN/Inf
+  and constant flags: the same bytes as numpy's implementation of the definition;
+* the four rows of issue 47: 16 x 16 MiB float32, the same in bfloat16, a flax
+  transformer's train state (bf16 params, adamw moments), 1,000 small float32 leaves each
+  of its own shape; per row one read (a jitted sum of every leaf, compiled first), the
+  fingerprints' first call (compiles included, and how many XLA compiles) and their median;
+* the audit's read of a real flax step's arguments and results (`_audit._read`, what
+  ``--audit`` does per audited launch) vs one read of the same leaves and vs the step.
+
+Usage: ``python bench/tpu_fingerprints.py [--reps 7] [--json PATH] [--layers 8]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault('MULTIHOST_FINGERPRINT', 'device')
+
+
+class _Compiles:
+    """XLA compiles counted through jax.monitoring (the backend-compile event)."""
+
+    def __init__(self) -> None:
+        import jax
+
+        self.n = 0
+
+        def seen(event: str, *_: Any, **__: Any) -> None:
+            if event == '/jax/core/compile/backend_compile_duration':
+                self.n += 1
+
+        jax.monitoring.register_event_duration_secs_listener(seen)
+
+
+def _median_ms(fn: Any, reps: int) -> float:
+    import jax
+
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _read_fn() -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def read(xs: Any) -> Any:
+        return sum(jnp.sum(jnp.real(x).astype(jnp.float32)) for x in jax.tree.leaves(xs))
+
+    return read
+
+
+def exactness() -> dict[str, Any]:
+    """Every dtype: device results == numpy's (lanes and flags), over every path."""
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from multihost._checks import _fingerprint as F
+
+    rng = np.random.default_rng(0)
+    dtypes = [np.float32, ml_dtypes.bfloat16, np.float16, np.int8, np.uint8, np.bool_, np.int32,
+              ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.complex64]  # fmt: skip
+    shapes = [(3,), (37, 1001), (3, 5, 70001), (3, 5, 70001), (3, 5, 70001), (1 << 18) + 7]
+    out = {}
+    for dt in dtypes:
+        arrays = []
+        for s in shapes:
+            raw = rng.integers(0, 256, int(np.prod(s)) * np.dtype(dt).itemsize, dtype=np.uint8)
+            a = (
+                raw.view(dt).reshape(s)
+                if dt != np.bool_
+                else (raw[: int(np.prod(s))] & 1).astype(bool).reshape(s)
+            )
+            arrays.append(a)
+        arrays.append(np.zeros((300, 700), dt))  # constant
+        if jnp.issubdtype(dt, jnp.inexact):
+            nan = np.zeros((300, 700), np.float32)
+            nan[7, 9] = np.nan
+            arrays.append(nan.astype(dt))
+        dev = [jax.device_put(a) for a in arrays]
+        ok = F.fingerprints(dev) == F.fingerprints(arrays)
+        got = F.digests_with_flags(dev, 'device')
+        want = [F.numpy_flags(a) for a in arrays]
+        ok = ok and [g[1:] for g in got] == want
+        # blocks at offsets: four quarters of a (600, 1400) leaf add up to it
+        big = arrays[-1] if arrays[-1].shape == (300, 700) else arrays[-2]
+        leaf = np.concatenate([np.concatenate([big, big[::-1]], 1)] * 2, 0)
+        quarters = [(jnp.asarray(leaf[r : r + 300, c : c + 700]), (r, c), leaf.shape)
+                    for r in (0, 300) for c in (0, 700)]  # fmt: skip
+        with np.errstate(over='ignore'):
+            total = sum(F.device_lanes(quarters)[1:], F.device_lanes(quarters)[0])
+        ok = ok and bool((total == F.numpy_lanes(leaf)).all())
+        out[np.dtype(dt).name] = ok
+    return out
+
+
+def _uniform(dtype: Any) -> list[Any]:
+    import jax
+
+    rng = np.random.default_rng(1)
+    leaves = []
+    for _ in range(16):
+        a = rng.standard_normal((1024, 4096), np.float32)
+        leaves.append(jax.device_put(a.astype(dtype) if dtype != np.float32 else a))
+    return leaves
+
+
+def _small_tree() -> list[Any]:
+    import jax
+
+    rng = np.random.default_rng(2)
+    shapes = [(i % 100 + 3, i // 100 + 2) for i in range(1000)]  # 1,000 shapes
+    return [jax.device_put(rng.standard_normal(s, np.float32)) for s in shapes]
+
+
+def row(name: str, leaves: list[Any], reps: int, compiles: _Compiles) -> dict[str, Any]:
+    """One read vs the fingerprints (first call with its compiles, then the median)."""
+    import jax
+
+    from multihost._checks import _fingerprint as F
+
+    jax.block_until_ready(leaves)
+    read = _read_fn()
+    t0 = time.perf_counter()
+    jax.block_until_ready(read(leaves))
+    read_first = time.perf_counter() - t0
+    n0 = compiles.n
+    t0 = time.perf_counter()
+    F.digests(leaves, 'device')
+    first = time.perf_counter() - t0
+    n_first = compiles.n - n0
+    got = {
+        'row': name,
+        'leaves': len(leaves),
+        'mib': sum(x.nbytes for x in leaves) / 2**20,
+        'shapes': len({(x.shape, str(x.dtype)) for x in leaves}),
+        'read_first_s': read_first,
+        'first_s': first,
+        'first_compiles': n_first,
+        'read_ms': _median_ms(lambda: read(leaves), reps),
+        'fingerprints_ms': _median_ms(lambda: F.digests(leaves, 'device'), reps),
+    }
+    F.digests_with_flags(leaves, 'device')
+    got['with_flags_ms'] = _median_ms(lambda: F.digests_with_flags(leaves, 'device'), reps)
+    got['ratio'] = got['fingerprints_ms'] / got['read_ms']
+    got['flags_ratio'] = got['with_flags_ms'] / got['read_ms']
+    print(json.dumps(got), flush=True)
+    return got
+
+
+def flax_job(layers: int, width: int) -> tuple[Any, Any, Any]:
+    """A linen transformer (bf16 params), adamw (f32 first moment), a jitted donating step."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax.training import train_state
+
+    vocab, seq, batch = 32000, 256, 8
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            y = nn.LayerNorm(param_dtype=jnp.bfloat16)(x)
+            y = nn.SelfAttention(num_heads=8, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)(y)
+            x = x + y
+            y = nn.LayerNorm(param_dtype=jnp.bfloat16)(x)
+            y = nn.Dense(4 * width, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)(y)
+            y = nn.Dense(width, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)(nn.gelu(y))
+            return x + y
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, tokens: Any) -> Any:
+            embed = nn.Embed(vocab, width, param_dtype=jnp.bfloat16)
+            x = embed(tokens)
+            for _ in range(layers):
+                x = Block()(x)
+            return embed.attend(nn.LayerNorm(param_dtype=jnp.bfloat16)(x)).astype(jnp.float32)
+
+    model = Model()
+    tokens = jnp.zeros((batch, seq), jnp.int32)
+    params = model.init(jax.random.key(0), tokens)['params']
+    state = train_state.TrainState.create(
+        apply_fn=model.apply, params=params, tx=optax.adamw(1e-4, mu_dtype=jnp.float32)
+    )
+
+    @jax.jit
+    def make_batch(step: Any) -> Any:
+        t = jax.random.randint(jax.random.key(step), (batch, seq + 1), 0, vocab)
+        return {'tokens': t[:, :-1], 'targets': t[:, 1:]}
+
+    def train_step(state: Any, batch: Any) -> Any:
+        def loss_fn(p: Any) -> Any:
+            logits = state.apply_fn({'params': p}, batch['tokens'])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets']).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        return state.apply_gradients(grads=grads), loss
+
+    return state, make_batch, jax.jit(train_step, donate_argnums=0)
+
+
+def audit_row(
+    layers: int, width: int, reps: int, compiles: _Compiles
+) -> tuple[Any, dict[str, Any]]:
+    """The audit's read of the flax step's arguments and results vs one read and the step."""
+    import jax
+
+    from multihost._job import _audit
+
+    state, make_batch, step = flax_job(layers, width)
+    batch = make_batch(0)
+    state, loss = step(state, batch)  # compiles
+    jax.block_until_ready(loss)
+    steps = []
+    for i in range(reps):
+        batch = make_batch(i + 1)
+        jax.block_until_ready(batch)
+        t0 = time.perf_counter()
+        state, loss = step(state, batch)
+        jax.block_until_ready(loss)
+        steps.append(time.perf_counter() - t0)
+    read = _read_fn()
+    out = (state, loss)
+    leaves = jax.tree.leaves((batch, out))
+    jax.block_until_ready(read(leaves))
+
+    def audit_read() -> None:
+        item = _audit._Item('train_step', 10, 'bench', step, (state, batch), {}, out)
+        _audit._read(item)
+
+    n0 = compiles.n
+    t0 = time.perf_counter()
+    audit_read()
+    first = time.perf_counter() - t0
+    got = {
+        'row': 'audit read of a flax step',
+        'leaves': len(leaves),
+        'mib': sum(x.nbytes for x in leaves) / 2**20,
+        'step_ms': statistics.median(steps) * 1e3,
+        'audit_first_s': first,
+        'audit_first_compiles': compiles.n - n0,
+        'read_ms': _median_ms(lambda: read(leaves), reps),
+        'audit_ms': _median_ms(audit_read, reps),
+    }
+    got['audit_vs_read'] = got['audit_ms'] / got['read_ms']
+    got['audit_vs_step'] = got['audit_ms'] / got['step_ms']
+    every = _audit.DEFAULT_EVERY
+    got['default_rate_share'] = got['audit_ms'] / (every * got['step_ms'])
+    print(json.dumps(got), flush=True)
+    return state, got
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--reps', type=int, default=7)
+    parser.add_argument('--layers', type=int, default=8)
+    parser.add_argument('--width', type=int, default=768)
+    parser.add_argument('--json', default='')
+    parser.add_argument(
+        '--skip', default='', help='comma-separated: exact,uniform,flax,small,audit'
+    )
+    args = parser.parse_args(argv)
+    import jax
+
+    from multihost._checks import _fingerprint as F
+
+    skip = set(filter(None, args.skip.split(',')))
+    compiles = _Compiles()
+    dev = jax.devices()[0]
+    result: dict[str, Any] = {
+        'device_kind': dev.device_kind,
+        'platform': dev.platform,
+        'jax': jax.__version__,
+        'rows': [],
+    }
+    print(json.dumps({k: result[k] for k in ('device_kind', 'platform', 'jax')}), flush=True)
+    if 'exact' not in skip:
+        result['exact'] = exactness()
+        print(json.dumps({'exact': result['exact']}), flush=True)
+    if 'uniform' not in skip:
+        import ml_dtypes
+
+        for name, dt in (
+            ('16 x 16 MiB float32', np.float32),
+            ('16 x 16 MiB bfloat16', ml_dtypes.bfloat16),
+        ):
+            leaves = _uniform(dt)
+            result['rows'].append(row(name, leaves, args.reps, compiles))
+            del leaves
+    if 'flax' not in skip or 'audit' not in skip:
+        state, got = audit_row(args.layers, args.width, args.reps, compiles)
+        if 'audit' not in skip:
+            result['rows'].append(got)
+        if 'flax' not in skip:
+            leaves = jax.tree.leaves(state)
+            result['rows'].append(
+                row("a flax transformer's train state", leaves, args.reps, compiles)
+            )
+            saved = F.MAX_GROUP
+            F.MAX_GROUP = 1  # the alternative: one program per block
+            try:
+                r = row('the same, one program per block', leaves, args.reps, compiles)
+            finally:
+                F.MAX_GROUP = saved
+            result['rows'].append(r)
+            del leaves
+        del state
+    if 'small' not in skip:
+        result['rows'].append(
+            row(
+                '1,000 small float32 leaves, each its own shape', _small_tree(), args.reps, compiles
+            )
+        )
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(result, f, indent=1)
+    print('\n' + json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
