@@ -420,3 +420,33 @@ def test_first_fingerprints_compile_a_few_programs():
         F.digests(big)
         assert len(counted) - n0 == first
     assert 1 <= first <= 8
+
+
+class _Chip:
+    """A device as `bits_lost_on_chip` reads one: its platform only (no TPU runs here)."""
+
+    def __init__(self, platform: str) -> None:
+        self.platform = platform
+
+
+class _OnChip:
+    """An array's dtype and the devices its sharding names, as on a TPU."""
+
+    def __init__(self, dtype: object, platform: str) -> None:
+        self.dtype = np.dtype(dtype)
+        self.sharding = type('S', (), {'device_set': {_Chip(platform)}})()
+
+
+@pytest.mark.parametrize('dt', [ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e4m3fn,
+                                ml_dtypes.float8_e5m2])  # fmt: skip
+def test_narrow_floats_on_a_tpu_are_read_from_host_copies(dt):
+    """A TPU v5e changed the bits of random bfloat16, float16 and float8 values in any
+    program (a bitcast alone gave other bytes; measured, docs/API.md 4.2): on a TPU those
+    leaves take host copies; wider floats, integers, and every CPU leaf stay on the device."""
+    assert F.bits_lost_on_chip(_OnChip(dt, 'tpu'))  # type: ignore[arg-type]
+    assert not F.bits_lost_on_chip(_OnChip(dt, 'cpu'))  # type: ignore[arg-type]
+    for wide in (np.float32, np.complex64, np.int8, np.uint16, np.int32, np.bool_):
+        assert not F.bits_lost_on_chip(_OnChip(wide, 'tpu')), wide  # type: ignore[arg-type]
+    x = jnp.asarray(np.arange(12, dtype=np.float32).astype(dt))
+    assert not F.bits_lost_on_chip(x)  # this machine's CPU device reads every bit
+    assert F.fingerprints([x]) == F.fingerprints([np.asarray(x)])
