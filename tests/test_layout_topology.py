@@ -178,9 +178,10 @@ def test_preview_from_text_errors_name_the_fix():
 def test_mh_layout_topology_magic():
     """``%mh_layout --topology`` in a real IPython shell, no session: the view's text holds the
     verdicts, the chip grid and bytes per chip; its static HTML the chip grid."""
+    from IPython import get_ipython
     from IPython.testing.globalipapp import start_ipython
 
-    ip = start_ipython()
+    ip = start_ipython() or get_ipython()  # one real shell per test process
     ip.run_line_magic('load_ext', 'mhnotebook')
     view = ip.run_line_magic(
         'mh_layout',

@@ -59,6 +59,19 @@ def _libtpu_quiet() -> Iterator[None]:
                 sys.stderr.write(held.read().decode(errors='replace'))
 
 
+def _share_libtpu() -> None:
+    """With the runtime kept off TPUs (``JAX_PLATFORMS`` without ``tpu``), a description
+    needs no chip: libtpu is told not to take its one-process lock file
+    (``ALLOW_MULTIPLE_LIBTPU_LOAD``), so previews in several processes (a notebook kernel
+    and a test, two kernels) do not refuse each other. Left alone where a TPU may be used:
+    the lock keeps two programs off one chip."""
+    import jax
+
+    platforms = os.environ.get('JAX_PLATFORMS') or jax.config.jax_platforms or ''
+    if platforms and 'tpu' not in platforms.lower().split(','):
+        os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+
+
 def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
     """The devices of a TPU topology (``'v5e:4x4'``, ``'v4:2x2x2'``), slice by slice.
 
@@ -78,6 +91,7 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
     from jax.experimental import topologies
 
     kwargs = {'num_slices': int(num_slices)} if int(num_slices) > 1 else {}
+    _share_libtpu()
     try:
         with _libtpu_quiet():
             desc = topologies.get_topology_desc(topology_name=text, platform='tpu', **kwargs)
@@ -85,6 +99,12 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
         message = str(exc)
         if 'TPU support not installed' in message or 'Unknown backend' in message:
             raise RuntimeError(_libtpu_missing()) from None
+        if 'lockfile' in message:
+            raise RuntimeError(
+                f'libtpu could not describe topology {text!r}: another process on this '
+                'machine holds libtpu (a TPU program, or a preview run without '
+                'JAX_PLATFORMS=cpu); set JAX_PLATFORMS=cpu in both, or end that process'
+            ) from None
         raise RuntimeError(
             f'libtpu could not describe topology {text!r} ({num_slices} slice(s)): '
             f'{message.splitlines()[0] if message else type(exc).__name__}'
