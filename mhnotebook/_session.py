@@ -38,26 +38,19 @@ from mhnotebook._errors import (
     processes_phrase,
 )
 from mhnotebook._interrupt import realign, settle, wait_idle
-from mhnotebook._jobview import JobViewBase
+from mhnotebook._jobview import DataViewBase, Frame, echo_outputs
 from mhnotebook._poll import Forget, Poll
 from mhnotebook._trampoline import call as _call
 from mhnotebook._trampoline import call_ns as _call_ns
+from mhnotebook._trampoline import tool as _tool
 
 __all__ = ['Engines', 'HostInfo', 'LocalEngines', 'Session']
 
 log = logging.getLogger('mhnotebook')
 
 if TYPE_CHECKING:  # the notebook imports jax (multihost) only when needed
-    from multihost import (
-        ControlClient,
-        EnvDiff,
-        Layout,
-        MemoryCensus,
-        NonfiniteReport,
-        ReplicaReport,
-        TreeDiff,
-        TreeLayout,
-    )
+    from multihost import ControlClient
+    from multihost.engine.tools import Tool
 
 
 def controller_url(client: Any) -> str | None:
@@ -171,13 +164,9 @@ def _quiet(text: str) -> str:
     return _GLOO_CHATTER.sub('', text) if '[Gloo]' in text else text
 
 
-def _echo(outputs: dict[int, str]) -> None:
-    for p, text in sorted(outputs.items()):
-        if text:
-            print(f'[process {p}] ' + text.rstrip('\n').replace('\n', f'\n[process {p}] '))
-
-
 _DEATH_GRACE = 3.0  # seconds the other hosts get to finish after one died
+#: Seconds an engine tool's answer may come after the tool's own timeout (the wait for it).
+_TOOL_MARGIN = 10.0
 #: Seconds past a bounded call's own timeout before a host that has not answered is taken
 #: to be busy with another task (its call still queued: then withdrawn).
 _ANSWER_GRACE = 2.0
@@ -202,7 +191,7 @@ def _positive_timeout(timeout: float | None, what: str = 'timeout') -> None:
         )
 
 
-class Session(JobViewBase):
+class Session(DataViewBase):
     """A set of hosts (ipyparallel engines) that each run one JAX process.
 
     A `JobView` (`_jobview`) with every feature: where, wavefront, flight_records,
@@ -379,12 +368,43 @@ class Session(JobViewBase):
             SessionInterruptedError: the wait was interrupted (Ctrl-C); every host
                 was sent SIGINT.
         """
-        pending = self._submit(qualname, args, kwargs, processes, namespace)
+        tramp = _call_ns if namespace else _call
+        return self._run(tramp, qualname, args, kwargs, timeout, processes, on_done)
+
+    def _call_tool(
+        self,
+        tool: Tool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        timeout: float,
+        frame: Frame,
+        processes: list[int] | None,
+        on_done: Callable[[int], None] | None,
+    ) -> list[Any]:
+        # The transport hook (`DataViewBase`): the trampoline runs the registry's tool on each
+        # engine, the namespace the engine's (``frame`` is None: `in_frame` refused others).
+        del frame
+        wait = timeout + _TOOL_MARGIN
+        return self._run(_tool, tool.name, args, kwargs, wait, processes, on_done)
+
+    def _run(
+        self,
+        tramp: Callable[..., Any],
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        timeout: float,
+        processes: Sequence[int] | None,
+        on_done: Callable[[int], None] | None,
+    ) -> list[Any]:
+        """``tramp(name, *args, **kwargs)`` on the hosts, waited for (see `call`)."""
+        pending = self._submit(tramp, name, args, kwargs, processes)
         try:
-            return self._wait(pending, timeout, qualname, on_done)
+            return self._wait(pending, timeout, name, on_done)
         except SessionTimeoutError as exc:
             raise SessionTimeoutError(
-                f'{qualname}: {self._withdraw(pending, exc.pending, timeout)}',
+                f'{name}: {self._withdraw(pending, exc.pending, timeout)}',
                 pending=exc.pending,
                 finished=exc.finished,
             ) from None
@@ -393,23 +413,23 @@ class Session(JobViewBase):
 
     def _submit(
         self,
-        qualname: str,
+        tramp: Callable[..., Any],
+        name: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         processes: Sequence[int] | None,
-        namespace: bool = False,
     ) -> dict[int, Any]:
-        """Sends installed function ``qualname`` to the hosts (all, or ``processes``)."""
+        """Sends ``tramp(name, *args, **kwargs)`` (a trampoline: an installed function by
+        its dotted name, or an engine tool by its name) to the hosts (all, or ``processes``)."""
         self._check(need_all=processes is None)
         if self._unaligned:
             self._realign_if_idle()
         procs = list(range(self.num_processes)) if processes is None else list(processes)
         if any(p in self._dead for p in procs):
             self._check()  # names the dead host(s)
-        tramp = _call_ns if namespace else _call
         self._forget.purge()
         return {
-            p: self.client[self.engine_ids[p]].apply_async(tramp, qualname, *args, **kwargs)
+            p: self.client[self.engine_ids[p]].apply_async(tramp, name, *args, **kwargs)
             for p in procs
         }
 
@@ -533,41 +553,16 @@ class Session(JobViewBase):
             failures=poll.failures,
         )
 
-    def execute(
+    def _run_cell(
         self,
         code: str,
-        *,
-        timeout: float | None = None,
-        echo: bool = True,
-        on_status: Callable[[dict[int, str], float], None] | None = None,
-    ) -> dict[int, str]:
-        """Runs ``code`` on every host (the way a ``%%mh`` cell does).
-
-        Args:
-            code: Python source run in each engine's namespace.
-            timeout: seconds to wait (None: wait until done).
-            echo: print each host's output, labelled by process index.
-            on_status: called about twice a second with (process index ->
-                'running' | 'done' | 'error' | 'died', seconds elapsed).
-
-        Returns:
-            Process index -> that host's stdout.
-
-        Raises:
-            HostsError: the code raised on some hosts; ``.failures`` holds each
-                host's ``ename``, ``evalue`` and traceback (``.errors`` the text).
-            SessionTimeoutError: not finished within ``timeout`` (the code keeps
-                running on the engines).
-            HostDiedError: a host died while running it (``.died`` says how).
-            HostGoneError: a host is dead (in a recoverable session the code runs
-                on the live hosts instead).
-            SessionInterruptedError: interrupted while waiting (every host was sent
-                SIGINT; ``.report`` says who stopped).
-        """
-        _positive_timeout(timeout)
-        return self.wait_outputs(
-            self.execute_async(code), timeout=timeout, echo=echo, on_status=on_status
-        )
+        timeout: float | None,
+        outputs: dict[int, str],
+        on_status: Callable[[dict[int, str], float], None] | None,
+    ) -> None:
+        # The cell hook (`DataViewBase.execute`): ipyparallel's execute on every engine,
+        # waited for until it ends when ``timeout`` is None.
+        self._collect_outputs(self.execute_async(code), timeout, outputs, on_status)
 
     def push(self, values: dict[str, Any], *, per_process: bool = False) -> None:
         """Sets variables on every host (``per_process``: each value is a list by process)."""
@@ -602,6 +597,23 @@ class Session(JobViewBase):
     ) -> dict[int, str]:
         """Waits for `execute_async` results; like `execute` from there on."""
         _positive_timeout(timeout)
+        outputs: dict[int, str] = {}
+        try:
+            self._collect_outputs(pending, timeout, outputs, on_status)
+        finally:
+            if echo:
+                echo_outputs(outputs)
+        return outputs
+
+    def _collect_outputs(
+        self,
+        pending: dict[int, Any],
+        timeout: float | None,
+        outputs: dict[int, str],
+        on_status: Callable[[dict[int, str], float], None] | None,
+    ) -> None:
+        """Waits for a cell's ``pending`` results (None: until done), filling ``outputs``
+        with what each finished host printed, also when the wait raises."""
         try:
             self._wait(
                 pending,
@@ -610,7 +622,6 @@ class Session(JobViewBase):
                 on_tick=on_status,
             )
         finally:
-            outputs = {}
             for p, ar in pending.items():
                 if ar.ready():
                     if p not in self._dead:
@@ -619,70 +630,11 @@ class Session(JobViewBase):
                         ar.wait_for_output(5.0)
                     outputs[p] = _quiet(''.join(getattr(ar, 'stdout', '') or ''))
             self._forget.retire(pending.values())
-            if echo:
-                _echo(outputs)
-        return outputs
 
-    # -- gather ----------------------------------------------------------------
-    def allgather(
-        self,
-        name: str,
-        *,
-        timeout: float = 600.0,
-        transport: str = 'auto',
-        progress: bool | None = None,
-        max_bytes: int | None = None,
-    ) -> Any:
-        """The global value of engine variable ``name``, as numpy, in this process.
-
-        Global `jax.Array` values (any sharding, any rank) come back whole; host-local
-        arrays and scalars are stacked along a new axis 0, one row per process
-        (like `multihost.process_allgather`); pytrees keep their structure.
-        Each block travels once: only replica 0 of every distinct shard is
-        sent, by the host that owns it, straight into its place.
-
-        Args:
-            name: a value on the engines: a variable, then attributes and
-                constant subscripts (``x``, ``state.params.embed``,
-                ``state.params['embed']``, ``state.opt_state[0]``),
-                optionally ending with a cut of ints and slices,
-                ``'x[::4, :128]'``: the hosts slice the array and only the
-                slice travels (parsed, never evaluated). PRNG key leaves
-                come back as key arrays (`mhnotebook.KeyData` without jax).
-            timeout: seconds to wait for every host.
-            transport: ``'shm'`` (engines write into shared memory; only when
-                every engine runs on this machine), ``'tcp'`` (each engine
-                streams its blocks over one connection to this notebook,
-                read straight into place), ``'zmq'`` (blocks ride
-                ipyparallel's replies through the controller), or ``'auto'``
-                (``shm`` on one machine, else ``tcp``, else ``zmq`` once a
-                host could not reach this notebook).
-            progress: show a progress bar (default: for gathers over 64 MiB).
-            max_bytes: refuse a result larger than this, before anything is
-                allocated or sent (default: half of this machine's available
-                memory, ``MemAvailable`` in ``/proc/meminfo``).
-
-        Raises:
-            multihost.engine.GatherError (through HostsError): unknown name or a
-                value that cannot be gathered.
-            SessionError: the result would be larger than ``max_bytes``.
-        """
-        from mhnotebook._transfer._gather import GatherState, allgather  # numpy: only for a gather
-
+    # -- the data tools' hooks (`DataViewBase`: allgather, layout, diff, nonfinite...) ---------
+    def _gather_where(self) -> tuple[str | None, list[str]]:
         self._check()
-        if self._gathers is None:  # kept between gathers, closed by `stop`
-            self._gathers = GatherState(controller_url(self.client))
-        _positive_timeout(timeout)
-        return allgather(
-            self.call,
-            name,
-            machines=[h.machine for h in self.processes],
-            state=self._gathers,
-            timeout=timeout,
-            transport=transport,
-            progress=progress,
-            max_bytes=max_bytes,
-        )
+        return controller_url(self.client), [h.machine for h in self.processes]
 
     def barrier(self, name: str, *, timeout: float | None = None) -> dict[int, dict[str, Any]]:
         """Runs a `multihost.barrier` on every host; per process index what happened.
@@ -694,7 +646,7 @@ class Session(JobViewBase):
         # Every host's barrier is bounded by ``timeout``: a host not answering a few seconds
         # after it never ran it (its engine is busy with another task).
         wait = _ANSWER_GRACE + (timeout if timeout is not None else DEFAULT_BARRIER_TIMEOUT)
-        pending = self._submit('multihost.engine.barrier', (name, timeout), {}, None)
+        pending = self._submit(_call, 'multihost.engine.barrier', (name, timeout), {}, None)
         try:
             return dict(zip(sorted(pending), self._wait(pending, wait, 'barrier')))
         except SessionTimeoutError as exc:
@@ -705,54 +657,6 @@ class Session(JobViewBase):
             return dict(sorted(out.items()))
         finally:
             self._forget.retire(pending.values())
-
-    # -- diagnostics -----------------------------------------------------------
-    def layout(
-        self, name: str, *, check: bool = True, timeout: float = 120.0
-    ) -> tuple[Layout | TreeLayout, ReplicaReport | None]:
-        """(`multihost.Layout`, `multihost.ReplicaReport` or None) of engine array ``name``.
-
-        For a pytree, (`multihost.TreeLayout`, None): a row per leaf, each
-        leaf's replicas checked with ``check``.
-
-        ``check`` digests every replica on every host (a collective) so
-        replicas that disagree are flagged.
-        """
-        results = self.call('multihost.engine.layout', name, check, namespace=True, timeout=timeout)
-        return results[0]
-
-    def diff(self, name: str, *, timeout: float = 120.0) -> TreeDiff:
-        """`multihost.TreeDiff` of engine value ``name`` across hosts (what differs, where)."""
-        results = self.call(
-            'multihost.engine.diff', name, timeout, namespace=True, timeout=timeout + 10
-        )
-        return results[0]
-
-    def env_diff(self, *, timeout: float = 120.0) -> EnvDiff:
-        """`multihost.EnvDiff`: versions, flags, config and code that differ between hosts."""
-        results = self.call('multihost.engine.env_diff', timeout, timeout=timeout + 10)
-        return results[0]
-
-    def memory_census(self, *, timeout: float = 120.0) -> MemoryCensus:
-        """`multihost.MemoryCensus`: device and live-array memory per host, and what only some hold.
-
-        Arrays are named by the engine-namespace names that refer to them.
-        """
-        results = self.call(
-            'multihost.engine.memory_census', timeout, namespace=True, timeout=timeout + 10
-        )
-        return results[0]
-
-    def nonfinite(self, name: str, *, timeout: float = 120.0) -> NonfiniteReport:
-        """`multihost.NonfiniteReport` of engine value ``name``: which shards hold NaN or Inf.
-
-        Every host counts NaN and Inf in its own shards, on device; only the
-        offending shards' records travel (`multihost.nonfinite`).
-        """
-        results = self.call(
-            'multihost.engine.nonfinite', name, timeout, namespace=True, timeout=timeout + 10
-        )
-        return results[0]
 
     @property
     def control(self) -> ControlClient:

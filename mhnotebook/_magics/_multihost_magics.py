@@ -10,7 +10,6 @@ session for models and returns a widget), or to this room's helpers for
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
 
@@ -121,12 +120,6 @@ class MultihostMagics(Magics):
             )
         return self._session(form)
 
-    def _frame(self, frame: int | str | None) -> Any:
-        """A context in which the attached job reads frame ``frame`` (nothing otherwise)."""
-        if self.attached is not None:
-            return self.attached.in_frame(frame)
-        return contextlib.nullcontext()
-
     def _inspected(self) -> JobView:
         """The attached job if any, else the running session (where, timeline, step)."""
         return self.attached if self.attached is not None else self._running()
@@ -228,7 +221,7 @@ class MultihostMagics(Magics):
             if args.bg:
                 raise UsageError('%%mh --bg is for a %mh_cluster session, not an attached job')
             try:
-                self.attached.execute(cell, timeout=args.timeout or 60.0)
+                self.attached.execute(cell, timeout=args.timeout)  # None: run_cell's default
             except HostsError as exc:
                 if any(f.ename == 'PermissionError' for f in exc.failures.values()):
                     raise UsageError(f'%%mh: {exc}') from None
@@ -307,13 +300,11 @@ class MultihostMagics(Magics):
         out = gather_target(args.name, args.out)
         max_bytes = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
         session = self._data('%mh_allgather', args.frame)
-        if isinstance(session, Session):
-            value = delegate(
-                lambda: session.allgather(args.name, transport=args.transport, max_bytes=max_bytes)
+        value = delegate(
+            lambda: session.allgather(
+                args.name, transport=args.transport, max_bytes=max_bytes, frame=args.frame
             )
-        else:
-            with self._frame(args.frame):
-                value = delegate(lambda: session.allgather(args.name, max_bytes=max_bytes))
+        )
         if self.shell is None:  # a Magics made without a shell has no namespace to fill
             raise UsageError(f'%mh_allgather: no IPython shell to define {out} in')
         self.shell.user_ns[out] = value
@@ -413,7 +404,7 @@ class MultihostMagics(Magics):
         axes = parse_axes(args.axes) if args.axes else None
         session = self._data('%mh_layout', args.frame)
         try:
-            with self._frame(args.frame):
+            with session.in_frame(args.frame):
                 view = delegate(
                     lambda: layout_view(session, name, values=not args.no_values, axes=axes)
                 )
@@ -467,7 +458,7 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_diff, compact_subscripts(line))
         name = valid_name(args.name)
         session = self._data('%mh_diff', args.frame)
-        with self._frame(args.frame):
+        with session.in_frame(args.frame):
             view = delegate(lambda: diff_view(session, name))
         return self.shown.replace(f'%mh_diff {name}', view)
 
@@ -511,7 +502,7 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(magic, compact_subscripts(line))
         name = valid_name(args.name)
         session = self._data(form, args.frame)
-        with self._frame(args.frame):
+        with session.in_frame(args.frame):
             view = delegate(lambda: nonfinite_view(session, name))
         return self.shown.replace(f'%mh_nonfinite {name}', view)
 
@@ -608,7 +599,7 @@ class MultihostMagics(Magics):
     def _memory_census(self, magic: Any, form: str, line: str) -> Any:
         args = magic_arguments.parse_argstring(magic, line)
         session = self._data(form, args.frame)
-        with self._frame(args.frame):
+        with session.in_frame(args.frame):
             view = delegate(lambda: memory_view(session))
         return self.shown.replace('%mh_memory_census', view)
 
