@@ -125,6 +125,7 @@ FLOORS = {
         # the one protocol of every job view, the data tools once over one transport hook
         # (a gather through `_transfer`); stepping's wait (moved_on)
         '_jobview': 2,
+        '_lifecycle': 2,  # a session's engines, dead hosts, interrupts, stop and restart
         '_session': 3,
         '_attach': 3,  # a job started elsewhere, through its control endpoint
         '_postmortem': 3,  # a job's dump files: the same models, no cluster
