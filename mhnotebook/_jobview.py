@@ -18,9 +18,15 @@ over a few hooks, so the three classes differ only where they really do:
 
 What a view can do is its `features` (`supports`): a read-only view (a
 post-mortem) has no ``'step'``, and every stepping call raises one line,
-`UnsupportedError`, saying why and what to use instead. Further tools
-(gathers, layouts, diffs) join as features of their own, refused the same
-way by views that lack them.
+`UnsupportedError`, saying why and what to use instead.
+
+The data tools (feature ``'data'``: `allgather`, `layout`, `diff`, `nonfinite`,
+`env_diff`, `memory_census`) and `execute` are `DataViewBase`'s, written once over
+one transport hook, `_call_tool`: run an engine tool of the one registry
+(`multihost.engine.tools`) on the hosts, with its timeout and the frame to read
+names in. A `Session` runs it on its engines, an `AttachedJob` in its held hosts'
+frames; a post-mortem has no data tools. One timeout policy: ``timeout=None`` is
+the tool's default in the registry, and each transport adds its own margin.
 
 `moved_on` (the wait after Step or Continue) lives here too: stepping's own
 loop, shared by every view that steps.
