@@ -16,29 +16,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import AuthenticationError
 from typing import TYPE_CHECKING, Any
 
 from mhnotebook._errors import HostsError, RemoteFailure, SessionError, processes_phrase
-from mhnotebook._jobview import JobViewBase
-from multihost._models._points import HeldPoint, apart
+from mhnotebook._jobview import DataViewBase, Frame
+from multihost._models._points import HeldPoint
 
 if TYPE_CHECKING:
     from mhnotebook._transfer._gather import GatherState
-    from multihost import (
-        ControlClient,
-        EnvDiff,
-        Layout,
-        MemoryCensus,
-        NonfiniteReport,
-        ReplicaReport,
-        TreeDiff,
-        TreeLayout,
-    )
+    from multihost import ControlClient
+    from multihost.engine.tools import Tool
 
-#: A frame of the program on each host: its number (0: innermost) or a function's name.
-Frame = int | str | None
+__all__ = ['AttachError', 'AttachedJob', 'Frame', 'attach']
 
 #: The fields a connection file must hold.
 _FIELDS = ('address', 'port', 'key')
@@ -112,7 +103,7 @@ def attach(path: str | os.PathLike[str], *, timeout: float = 15.0) -> AttachedJo
     return AttachedJob(path, info, client)
 
 
-class AttachedJob(JobViewBase):
+class AttachedJob(DataViewBase):
     """A job the notebook did not start, reached through its control endpoint.
 
     A `JobView` (`_jobview`): the questions a `Session` answers without
@@ -121,7 +112,9 @@ class AttachedJob(JobViewBase):
     `set_stepping`, `release`, `release_all`, `moved_on`, `stop_stepping`:
     Stop lets the hosts go, never interrupts them). Hosts that died or do not
     answer are named by the answers themselves (``silent`` in the wavefront
-    and the where view). `detach` closes the connection; the job goes on.
+    and the where view). The data tools and `execute` (`DataViewBase`, over
+    this class's transport hook) run in each host's held frame (``frame=``,
+    `in_frame`, `frame`). `detach` closes the connection; the job goes on.
 
     Attributes:
         path: the connection file.
@@ -133,6 +126,7 @@ class AttachedJob(JobViewBase):
 
     kind = 'attached job'
     live = True
+    has_frames = True
 
     def __init__(self, path: str, info: dict[str, Any], client: ControlClient):
         self.path = path
@@ -226,26 +220,27 @@ class AttachedJob(JobViewBase):
             )
         return answers
 
-    def _host_call(
+    def _call_tool(
         self,
-        fname: str,
-        *args: Any,
-        namespace: bool = True,
-        timeout: float = 60.0,
-        processes: list[int] | None = None,
-        **kwargs: Any,
+        tool: Tool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        timeout: float,
+        frame: Frame,
+        processes: list[int] | None,
+        on_done: Callable[[int], None] | None,
     ) -> list[Any]:
-        """A session's `call` for this job: engine function ``fname`` on every host, in its
-        held frame, results by process index (`mhnotebook._transfer` reaches hosts so)."""
-        del namespace  # every tool that names values reads the held frame
-        fn = fname.rsplit('.', 1)[-1]
+        # The transport hook (`DataViewBase`): engine tool ``tool`` on every host's debug
+        # thread, in its held frame; the control connection adds its margin to the wait.
+        del on_done  # the answers come together
         answers = self._ask(
             'call',
             timeout=timeout,
             processes=processes,
-            fn=fn,
+            fn=tool.name,
             args=(args, kwargs),
-            frame=self.frame if self._frame is None else self._frame,
+            frame=self.frame if frame is None else frame,
         )
         running = {p: a['running'] for p, a in answers.items() if 'running' in a}
         if running:
@@ -263,7 +258,7 @@ class AttachedJob(JobViewBase):
         if failures:
             first = next(iter(failures.values()))
             raise HostsError(
-                f'{fn} failed on {processes_phrase(sorted(failures))}: '
+                f'{tool.name} failed on {processes_phrase(sorted(failures))}: '
                 f'{first.ename}: {first.evalue}',
                 failures,
             )
@@ -272,142 +267,43 @@ class AttachedJob(JobViewBase):
             self._points.append([HeldPoint.from_json(x) for x in sorted(points, key=_by_process)])
         return [answers[p]['ok'] for p in sorted(answers)]
 
-    _frame: Frame = None  # the frame= of the current data call (else `frame`)
+    def _gather_where(self) -> tuple[str | None, list[str]]:
+        # Each host streams its blocks to this notebook over TCP, toward the control address.
+        address = self._client().address
+        return f'tcp://{address[0]}:{address[1]}', [
+            f'attached-{p}' for p in range(self.num_processes)
+        ]
 
-    @contextlib.contextmanager
-    def in_frame(self, frame: Frame) -> Iterator[AttachedJob]:
-        """The data tools read frame ``frame`` (see `frames`) inside the block; None: as
-        before (``job.frame``, 0 unless set)."""
-        if frame is None:
-            yield self
-            return
-        if isinstance(frame, bool) or not (
-            (isinstance(frame, int) and frame >= 0) or (isinstance(frame, str) and frame)
-        ):
+    def _transport(self, transport: str, progress: bool | None) -> tuple[str, bool | None]:
+        if transport not in ('auto', 'tcp'):
             raise ValueError(
-                'frame must be a frame number >= 0 or a function name (see job.frames()), '
-                f'got {frame!r}'
+                f"an attached job's hosts stream a gather over tcp: transport='auto' or "
+                f"'tcp', got {transport!r} (shm and zmq need a session's engines)"
             )
-        before, self._frame = self._frame, frame
-        try:
-            yield self
-        finally:
-            self._frame = before
+        return 'tcp', False
 
-    #: A session's `call` (`mhnotebook._views` reaches hosts through it).
     def call(self, fname: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Runs data tool ``fname`` (``'multihost.engine.gather_local'``...) on every host in
-        its held frame; results by process (only the tools `multihost.engine.held.TOOLS`)."""
-        return self._host_call(fname, *args, **kwargs)
+        """Runs engine tool ``fname`` (``'gather_local'``, or its old dotted name
+        ``'multihost.engine.gather_local'``) on every host in its held frame; results by
+        process (see `call_tool`; ``namespace=`` is ignored: a tool that reads names reads
+        the held frame's)."""
+        kwargs.pop('namespace', None)
+        return self.call_tool(fname.rsplit('.', 1)[-1], *args, **kwargs)
 
-    def _one(self, fname: str, *args: Any, timeout: float, frame: Frame) -> Any:
-        with self.in_frame(frame), self._combining():
-            return self._host_call(fname, *args, timeout=timeout)[0]
-
-    #: What the hosts read in the current data call (`_combining`), each tool run's points.
-    _points: list[list[HeldPoint]] = []
-    _depth = 0
-    #: The last data call's words when the hosts were read at different points ('' when not).
-    apart: str = ''
-
-    @contextlib.contextmanager
-    def _combining(self) -> Iterator[None]:
-        """A data call that combines the hosts' values: when the hosts were read at different
-        points (`multihost._models._points.apart`), one line says so after it, and `apart`
-        keeps it."""
-        if self._depth:
-            yield
-            return
-        self._points, self._depth = [], 1
-        try:
-            yield
-        finally:
-            self._depth = 0
-            said = [apart(points) for points in self._points]
-            self.apart = next((w for w in said if w), '')
-            if self.apart:
-                print(f'note: {self.apart}')
-
-    def allgather(
+    def _run_cell(
         self,
-        name: str,
-        *,
-        timeout: float = 600.0,
-        max_bytes: int | None = None,
-        frame: Frame = None,
-    ) -> Any:
-        """The global value ``name`` names in the hosts' held frames, as numpy (see
-        `Session.allgather`: the same name syntax, cuts and ``max_bytes``); each host
-        streams its blocks to this notebook over TCP."""
-        from mhnotebook._transfer._gather import GatherState, allgather
-
-        if self._gathers is None:
-            address = self._client().address
-            self._gathers = GatherState(f'tcp://{address[0]}:{address[1]}')
-        with self.in_frame(frame), self._combining():
-            return allgather(
-                self._host_call,
-                name,
-                machines=[f'attached-{p}' for p in range(self.num_processes)],
-                state=self._gathers,
-                timeout=timeout,
-                transport='tcp',
-                progress=False,
-                max_bytes=max_bytes,
-            )
-
-    def layout(
-        self,
-        name: str,
-        *,
-        check: bool = True,
-        timeout: float = 120.0,
-        frame: Frame = None,
-    ) -> tuple[Layout | TreeLayout, ReplicaReport | None]:
-        """(`multihost.Layout`, `multihost.ReplicaReport` or None) of ``name`` in the held
-        frames, as `Session.layout` gives it (a pytree: its `TreeLayout`, None)."""
-        return self._one('multihost.engine.layout', name, check, timeout=timeout, frame=frame)
-
-    def diff(self, name: str, *, timeout: float = 120.0, frame: Frame = None) -> TreeDiff:
-        """`multihost.TreeDiff` of ``name`` across hosts, in their held frames."""
-        return self._one('multihost.engine.diff', name, timeout, timeout=timeout, frame=frame)
-
-    def nonfinite(
-        self, name: str, *, timeout: float = 120.0, frame: Frame = None
-    ) -> NonfiniteReport:
-        """`multihost.NonfiniteReport` of ``name`` in the held frames: which shards hold
-        NaN or Inf, on which host and device."""
-        return self._one('multihost.engine.nonfinite', name, timeout, timeout=timeout, frame=frame)
-
-    def env_diff(self, *, timeout: float = 120.0) -> EnvDiff:
-        """`multihost.EnvDiff` of the job's hosts."""
-        return self._host_call('multihost.engine.env_diff', timeout, timeout=timeout)[0]
-
-    def memory_census(self, *, timeout: float = 120.0, frame: Frame = None) -> MemoryCensus:
-        """`multihost.MemoryCensus` of the job's hosts, arrays named by the held frames."""
-        return self._one('multihost.engine.memory_census', timeout, timeout=timeout, frame=frame)
-
-    def execute(
-        self, code: str, *, timeout: float = 60.0, echo: bool = True, frame: Frame = None
-    ) -> dict[int, str]:
-        """Runs ``code`` on every host, in its held frame (a ``%%mh`` cell on this job).
-
-        Only on a job started with ``--allow-exec``: the host refuses otherwise. The cell
-        sees the frame's names (its module's globals, its locals over them) in a copy:
-        what it assigns stays in the cell. Every host must be held.
-
-        Returns:
-            Process index -> what that host printed (echoed, labelled, when ``echo``).
-
-        Raises:
-            SessionError: a host is running its own code (hold the job first).
-            HostsError: the cell raised on some hosts, or the job does not allow it.
-        """
-        if not isinstance(code, str) or not code.strip():
+        code: str,
+        timeout: float | None,
+        outputs: dict[int, str],
+        on_status: Callable[[dict[int, str], float], None] | None,
+    ) -> None:
+        # The cell hook (`DataViewBase.execute`): the ``run_cell`` tool in the held frames,
+        # only on a job started with --allow-exec (the hosts decide).
+        del on_status
+        if not code.strip():
             raise ValueError('execute needs the code to run (a %%mh cell), got nothing')
         try:
-            with self.in_frame(frame):
-                outs = self._host_call('multihost.engine.run_cell', code, timeout=timeout)
+            super()._run_cell(code, timeout, outputs, None)
         except HostsError as exc:
             if all(f.ename == 'PermissionError' for f in exc.failures.values()):
                 raise HostsError(
@@ -417,12 +313,6 @@ class AttachedJob(JobViewBase):
                     exc.failures,
                 ) from None
             raise
-        result = dict(enumerate(outs))
-        if echo:
-            for p, text in result.items():
-                for line in text.splitlines():
-                    print(f'[process {p}] {line}')
-        return result
 
     def detach(self) -> None:
         """Closes the connection (idempotent); the job goes on, stepping as it was left."""

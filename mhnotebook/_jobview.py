@@ -18,9 +18,15 @@ over a few hooks, so the three classes differ only where they really do:
 
 What a view can do is its `features` (`supports`): a read-only view (a
 post-mortem) has no ``'step'``, and every stepping call raises one line,
-`UnsupportedError`, saying why and what to use instead. Further tools
-(gathers, layouts, diffs) join as features of their own, refused the same
-way by views that lack them.
+`UnsupportedError`, saying why and what to use instead.
+
+The data tools (feature ``'data'``: `allgather`, `layout`, `diff`, `nonfinite`,
+`env_diff`, `memory_census`) and `execute` are `DataViewBase`'s, written once over
+one transport hook, `_call_tool`: run an engine tool of the one registry
+(`multihost.engine.tools`) on the hosts, with its timeout and the frame to read
+names in. A `Session` runs it on its engines, an `AttachedJob` in its held hosts'
+frames; a post-mortem has no data tools. One timeout policy: ``timeout=None`` is
+the tool's default in the registry, and each transport adds its own margin.
 
 `moved_on` (the wait after Step or Continue) lives here too: stepping's own
 loop, shared by every view that steps.
@@ -31,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -54,10 +60,13 @@ if TYPE_CHECKING:
         TreeLayout,
         Wavefront,
     )
+    from multihost.engine.tools import Tool
 
 __all__ = [
     'DataView',
+    'DataViewBase',
     'FEATURES',
+    'Frame',
     'JobView',
     'JobViewBase',
     'OLD_FEATURES',
@@ -79,6 +88,10 @@ OLD_FEATURES = {'records': 'flight_records'}
 
 #: Seconds a live view waits for the hosts' answers unless told otherwise.
 ANSWER_TIMEOUT = 10.0
+
+#: A frame of the program on each host of an attached job: its number (0: innermost) or a
+#: function's name; None: the view's own (``job.frame``, 0 unless set).
+Frame = int | str | None
 
 
 class UnsupportedError(SessionError):
@@ -161,27 +174,63 @@ class DataView(JobView, Protocol):
     (its engines) and an `AttachedJob` (each host's held frame); the data views
     (`mhnotebook._views`: layout, diff, non-finite, env, memory) take one. A post-mortem
     has none: its hosts are gone.
+
+    Every data tool is an engine tool of the one registry (`multihost.engine.tools`);
+    ``timeout=None`` is the tool's default there (120 s; a gather 600 s); ``frame`` is
+    the held frame an attached job reads names in (a session has one namespace: it
+    refuses ``frame``).
     """
 
-    def call(self, *args: Any, **kwargs: Any) -> list[Any]:
-        """Runs an engine function (``'multihost.engine.gather_local'``...) on the hosts."""
+    def call_tool(
+        self,
+        name: str,
+        *args: Any,
+        timeout: float | None = None,
+        processes: Sequence[int] | None = None,
+        on_done: Callable[[int], None] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Runs engine tool ``name`` (``'gather_local'``...) on the hosts; results by process."""
         ...
 
+    def in_frame(self, frame: Frame) -> AbstractContextManager[Any]: ...
+
     def allgather(
-        self, name: str, *, timeout: float = 600.0, max_bytes: int | None = None
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        transport: str = 'auto',
+        progress: bool | None = None,
+        max_bytes: int | None = None,
+        frame: Frame = None,
     ) -> Any: ...
 
     def layout(
-        self, name: str, *, check: bool = True, timeout: float = 120.0
+        self, name: str, *, check: bool = True, timeout: float | None = None, frame: Frame = None
     ) -> tuple[Layout | TreeLayout, ReplicaReport | None]: ...
 
-    def diff(self, name: str, *, timeout: float = 120.0) -> TreeDiff: ...
+    def diff(self, name: str, *, timeout: float | None = None, frame: Frame = None) -> TreeDiff: ...
 
-    def nonfinite(self, name: str, *, timeout: float = 120.0) -> NonfiniteReport: ...
+    def nonfinite(
+        self, name: str, *, timeout: float | None = None, frame: Frame = None
+    ) -> NonfiniteReport: ...
 
-    def env_diff(self, *, timeout: float = 120.0) -> EnvDiff: ...
+    def env_diff(self, *, timeout: float | None = None) -> EnvDiff: ...
 
-    def memory_census(self, *, timeout: float = 120.0) -> MemoryCensus: ...
+    def memory_census(
+        self, *, timeout: float | None = None, frame: Frame = None
+    ) -> MemoryCensus: ...
+
+    def execute(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        echo: bool = True,
+        on_status: Callable[[dict[int, str], float], None] | None = None,
+        frame: Frame = None,
+    ) -> dict[int, str]: ...
 
 
 def _check_timeout(timeout: float) -> float:
@@ -380,6 +429,322 @@ class JobViewBase:
         self._stop_held()
         self.set_stepping(False)
         return self.step_table()
+
+
+class DataViewBase(JobViewBase):
+    """`DataView` implemented once: every data tool and `execute`, over one transport hook.
+
+    A live view whose hosts run engine tools (`Session`, `AttachedJob`) gives
+    `_call_tool` (run a tool of the one registry, `multihost.engine.tools`, on the
+    hosts, with its timeout and the frame to read names in), `_gather_where` (where
+    a gather's blocks go) and, where it differs, `_transport` and `_run_cell`. One
+    timeout policy: ``timeout=None`` is the tool's default in the registry (a
+    session's cell: until it ends); the transport adds its own margin to its wait.
+    """
+
+    # -- the data tools (feature 'data'): every one once, over the transport hook -------------
+    #: Whether ``frame=`` picks something here (an attached job's held frames); a view
+    #: without frames refuses any frame but None.
+    has_frames: ClassVar[bool] = False
+    #: The ``frame=`` of the data call under way (`in_frame`; None: the view's own).
+    _frame: Frame = None
+    #: The gathers' state (listener, pools, plans), made by the first gather.
+    _gathers: Any = None
+    #: The read points of the data call under way (`_combining`), one list per tool run.
+    _points: list[Any]
+    _depth = 0
+    #: The last data call's words when the hosts were read at different points ('' when
+    #: not, and always on a view whose hosts say nothing of where they read).
+    apart: str = ''
+
+    def _call_tool(
+        self,
+        tool: Tool,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        timeout: float,
+        frame: Frame,
+        processes: list[int] | None,
+        on_done: Callable[[int], None] | None,
+    ) -> list[Any]:
+        """The transport hook: runs ``tool`` on the hosts (all, or ``processes``) with the
+        names of ``frame``; results by process index. ``timeout`` is the tool's own bound:
+        the transport adds its margin to its wait (a host's answer comes after the tool)."""
+        raise NotImplementedError
+
+    def _gather_where(self) -> tuple[str | None, list[str]]:
+        """The gather hook: where the hosts reach this notebook (a URL) and each process's
+        machine id (equal ids: one machine, shared memory)."""
+        raise NotImplementedError
+
+    def _transport(self, transport: str, progress: bool | None) -> tuple[str, bool | None]:
+        """The gather transport and progress bar this view can use for those asked."""
+        return transport, progress
+
+    def _run_cell(
+        self,
+        code: str,
+        timeout: float | None,
+        outputs: dict[int, str],
+        on_status: Callable[[dict[int, str], float], None] | None,
+    ) -> None:
+        """The cell hook: runs ``code`` on every host (``timeout`` None: the default of what
+        runs it), filling ``outputs`` (process -> what it printed) as hosts finish."""
+        outs = self.call_tool('run_cell', code, timeout=timeout)
+        outputs.update(enumerate(outs))
+
+    def call_tool(
+        self,
+        name: str,
+        *args: Any,
+        timeout: float | None = None,
+        processes: Sequence[int] | None = None,
+        on_done: Callable[[int], None] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Runs engine tool ``name`` (one of `multihost.engine.tools.TOOLS`: ``'layout'``,
+        ``'gather_meta'``...) on every host (or ``processes``); results by process index.
+
+        ``timeout``: seconds the tool may take (None: its default in the registry);
+        ``on_done`` is called with each process index as its host answers (a session).
+        """
+        found = _tool(name)
+        self._require('data')
+        limit = found.timeout if timeout is None else _check_timeout(timeout)
+        wanted = None if processes is None else [int(p) for p in processes]
+        return self._call_tool(
+            found,
+            args,
+            kwargs,
+            timeout=limit,
+            frame=self._frame,
+            processes=wanted,
+            on_done=on_done,
+        )
+
+    @contextlib.contextmanager
+    def in_frame(self, frame: Frame) -> Iterator[Any]:
+        """The data tools read frame ``frame`` inside the block (an attached job: see
+        `frames`); None: as before. A view without frames refuses any other."""
+        if frame is None:
+            yield self
+            return
+        if not self.has_frames:
+            raise ValueError(
+                f"frame= is for an attached job (its hosts' held frames); a {self.kind}'s "
+                f'hosts have one namespace, got frame={frame!r}'
+            )
+        if isinstance(frame, bool) or not (
+            (isinstance(frame, int) and frame >= 0) or (isinstance(frame, str) and frame)
+        ):
+            raise ValueError(
+                'frame must be a frame number >= 0 or a function name (see job.frames()), '
+                f'got {frame!r}'
+            )
+        before, self._frame = self._frame, frame
+        try:
+            yield self
+        finally:
+            self._frame = before
+
+    @contextlib.contextmanager
+    def _combining(self) -> Iterator[None]:
+        """A data call that combines the hosts' values: when the hosts were read at different
+        points (`multihost._models._points.apart`; the hook records each tool run's points),
+        one line says so after it, and `apart` keeps it."""
+        if self._depth:
+            yield
+            return
+        self._points, self._depth = [], 1
+        try:
+            yield
+        finally:
+            self._depth = 0
+            if self._points:
+                from multihost._models._points import apart
+
+                said = [apart(points) for points in self._points]
+                self.apart = next((w for w in said if w), '')
+            else:
+                self.apart = ''
+            if self.apart:
+                print(f'note: {self.apart}')
+
+    def _one(self, name: str, *args: Any, timeout: float | None, frame: Frame) -> Any:
+        """Tool ``name``'s answer (every host answers the same model: process 0's)."""
+        with self.in_frame(frame), self._combining():
+            return self.call_tool(name, *args, timeout=timeout)[0]
+
+    def allgather(
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        transport: str = 'auto',
+        progress: bool | None = None,
+        max_bytes: int | None = None,
+        frame: Frame = None,
+    ) -> Any:
+        """The global value of ``name`` on the hosts, as numpy, in this process.
+
+        Global `jax.Array` values (any sharding, any rank) come back whole; host-local
+        arrays and scalars are stacked along a new axis 0, one row per process
+        (like `multihost.process_allgather`); pytrees keep their structure.
+        Each block travels once: only replica 0 of every distinct shard is
+        sent, by the host that owns it, straight into its place.
+
+        Args:
+            name: a value on the hosts: a variable, then attributes and
+                constant subscripts (``x``, ``state.params.embed``,
+                ``state.params['embed']``, ``state.opt_state[0]``),
+                optionally ending with a cut of ints and slices,
+                ``'x[::4, :128]'``: the hosts slice the array and only the
+                slice travels (parsed, never evaluated). PRNG key leaves
+                come back as key arrays (`mhnotebook.KeyData` without jax).
+            timeout: seconds to wait for every host (None: the gather tools' default,
+                600 s).
+            transport: ``'shm'`` (engines write into shared memory; only when
+                every engine runs on this machine), ``'tcp'`` (each host
+                streams its blocks over one connection to this notebook,
+                read straight into place), ``'zmq'`` (blocks ride
+                ipyparallel's replies through the controller), or ``'auto'``
+                (``shm`` on one machine, else ``tcp``, else ``zmq`` once a
+                host could not reach this notebook). An attached job streams
+                over ``tcp`` (``'auto'`` or ``'tcp'``).
+            progress: show a progress bar (default: for gathers over 64 MiB; never
+                on an attached job).
+            max_bytes: refuse a result larger than this, before anything is
+                allocated or sent (default: half of this machine's available
+                memory, ``MemAvailable`` in ``/proc/meminfo``).
+            frame: an attached job's held frame to read ``name`` in (see `in_frame`).
+
+        Raises:
+            multihost.engine.GatherError (through HostsError): unknown name or a
+                value that cannot be gathered.
+            SessionError: the result would be larger than ``max_bytes``.
+        """
+        from mhnotebook._transfer._gather import GatherState, allgather
+
+        self._require('data')
+        limit = _tool('gather_meta').timeout if timeout is None else _check_timeout(timeout)
+        transport, progress = self._transport(transport, progress)
+        url, machines = self._gather_where()
+        if self._gathers is None:  # kept between gathers, closed with the view
+            self._gathers = GatherState(url)
+        with self.in_frame(frame), self._combining():
+            return allgather(
+                self.call_tool,
+                name,
+                machines=machines,
+                state=self._gathers,
+                timeout=limit,
+                transport=transport,
+                progress=progress,
+                max_bytes=max_bytes,
+            )
+
+    def layout(
+        self, name: str, *, check: bool = True, timeout: float | None = None, frame: Frame = None
+    ) -> tuple[Layout | TreeLayout, ReplicaReport | None]:
+        """(`multihost.Layout`, `multihost.ReplicaReport` or None) of array ``name``.
+
+        For a pytree, (`multihost.TreeLayout`, None): a row per leaf, each
+        leaf's replicas checked with ``check``. ``check`` digests every replica
+        on every host (a collective) so replicas that disagree are flagged.
+        """
+        return self._one('layout', name, check, timeout=timeout, frame=frame)
+
+    def diff(self, name: str, *, timeout: float | None = None, frame: Frame = None) -> TreeDiff:
+        """`multihost.TreeDiff` of value ``name`` across hosts (what differs, where)."""
+        limit = _tool('diff').timeout if timeout is None else _check_timeout(timeout)
+        return self._one('diff', name, limit, timeout=limit, frame=frame)
+
+    def nonfinite(
+        self, name: str, *, timeout: float | None = None, frame: Frame = None
+    ) -> NonfiniteReport:
+        """`multihost.NonfiniteReport` of value ``name``: which shards hold NaN or Inf.
+
+        Every host counts NaN and Inf in its own shards; only the offending
+        shards' records travel (`multihost.nonfinite`).
+        """
+        limit = _tool('nonfinite').timeout if timeout is None else _check_timeout(timeout)
+        return self._one('nonfinite', name, limit, timeout=limit, frame=frame)
+
+    def env_diff(self, *, timeout: float | None = None) -> EnvDiff:
+        """`multihost.EnvDiff`: versions, flags, config and code that differ between hosts."""
+        limit = _tool('env_diff').timeout if timeout is None else _check_timeout(timeout)
+        return self.call_tool('env_diff', limit, timeout=limit)[0]
+
+    def memory_census(self, *, timeout: float | None = None, frame: Frame = None) -> MemoryCensus:
+        """`multihost.MemoryCensus`: device and live-array memory per host, and what only
+        some hold; arrays are named by the names (namespace, held frame) that refer to them."""
+        limit = _tool('memory_census').timeout if timeout is None else _check_timeout(timeout)
+        return self._one('memory_census', limit, timeout=limit, frame=frame)
+
+    def execute(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        echo: bool = True,
+        on_status: Callable[[dict[int, str], float], None] | None = None,
+        frame: Frame = None,
+    ) -> dict[int, str]:
+        """Runs ``code`` on every host (the way a ``%%mh`` cell does).
+
+        Args:
+            code: Python source: run in each engine's namespace (a session), or in
+                each host's held frame over a copy of its names (an attached job
+                started with ``--allow-exec``; every host must be held).
+            timeout: seconds to wait. None: the default of what runs it: a session's
+                engines run a cell until it ends (Ctrl-C interrupts every host), an
+                attached job's hosts run it with the ``run_cell`` tool, 60 s (its debug
+                thread answers nothing else meanwhile).
+            echo: print each host's output, labelled by process index (also what the
+                hosts that finished printed when others failed).
+            on_status: a session calls it about twice a second with (process index ->
+                'running' | 'done' | 'error' | 'died', seconds elapsed).
+            frame: an attached job's held frame (see `in_frame`).
+
+        Returns:
+            Process index -> that host's stdout.
+
+        Raises:
+            HostsError: the code raised on some hosts; ``.failures`` holds each
+                host's ``ename``, ``evalue`` and traceback (``.errors`` the text).
+            SessionTimeoutError: not finished within ``timeout`` (a session: the code
+                keeps running on the engines).
+            HostDiedError, HostGoneError, SessionInterruptedError: a session's hosts
+                died, are dead, or the wait was interrupted (see `Session`).
+            SessionError: an attached job's host runs its own code (hold it first).
+        """
+        self._require('data')
+        if not isinstance(code, str):
+            raise ValueError(f'execute needs the code to run (a str), got {type(code).__name__}')
+        limit = None if timeout is None else _check_timeout(timeout)
+        outputs: dict[int, str] = {}
+        try:
+            with self.in_frame(frame):
+                self._run_cell(code, limit, outputs, on_status)
+        finally:
+            if echo:
+                echo_outputs(outputs)
+        return outputs
+
+
+def echo_outputs(outputs: dict[int, str]) -> None:
+    """Prints each host's output, every line labelled ``[process N]``."""
+    for p, text in sorted(outputs.items()):
+        if text:
+            print(f'[process {p}] ' + text.rstrip('\n').replace('\n', f'\n[process {p}] '))
+
+
+def _tool(name: str) -> Tool:
+    """Engine tool ``name`` of the one registry (`multihost.engine.tools`)."""
+    from multihost.engine.tools import tool
+
+    return tool(name)
 
 
 # -- the wait after Step / Continue ------------------------------------------------------------

@@ -148,7 +148,7 @@ def layout_view(
                 return None
             target = name if path == '<root>' else name + path  # a keystr path is a name
             if host_local(leaf.layout):
-                return host_copy(session.call, target, 0)
+                return host_copy(session.call_tool, target, 0)
             return session.allgather(target)
 
         return TreeLayoutView(layout, values=leaf_values if values else None)
@@ -157,7 +157,7 @@ def layout_view(
     if values and layout.nbytes <= _VALUES_BYTES:
         if host_local(layout):
             # Only process 0's copy, which is the one `layout` describes.
-            data = host_copy(session.call, name, 0)
+            data = host_copy(session.call_tool, name, 0)
         else:
             data = session.allgather(name)
     return LayoutView(layout, report, data, axes=axes)

@@ -11,7 +11,7 @@ import pytest
 
 import mhnotebook
 from mhnotebook import AttachedJob, AttachError, JobView, PostMortem, Session, UnsupportedError
-from mhnotebook._jobview import FEATURES, DataView, JobViewBase
+from mhnotebook._jobview import FEATURES, DataView, DataViewBase, JobViewBase
 
 #: The protocol's questions; each is written once, in `JobViewBase`.
 QUESTIONS = (
@@ -54,6 +54,52 @@ def test_features_say_what_each_view_can_do():
     assert isinstance(job, DataView) and not hasattr(PostMortem, 'allgather')
     with pytest.raises(ValueError, match="unknown feature 'steps'; one of where, wavefront"):
         job.supports('steps')
+
+
+#: The data tools, each written once, in `DataViewBase`, over the views' transport hook.
+DATA_TOOLS = (
+    'allgather',
+    'layout',
+    'diff',
+    'nonfinite',
+    'env_diff',
+    'memory_census',
+    'execute',
+    'call_tool',
+    'in_frame',
+)
+
+
+def test_the_data_tools_are_written_once_over_one_transport_hook():
+    """A session and an attached job repeat no data tool (issue 45, item 1): each gives the
+    hook (`_call_tool`) and `DataViewBase` does the rest; a post-mortem has none."""
+    for cls in (Session, AttachedJob):
+        assert issubclass(cls, DataViewBase), cls
+        assert '_call_tool' in vars(cls), f'{cls.__name__} gives no transport hook'
+        for name in DATA_TOOLS:
+            assert name not in vars(cls), f'{cls.__name__}.{name} repeats DataViewBase.{name}'
+    assert not issubclass(PostMortem, DataViewBase)
+
+
+def test_one_registry_and_one_timeout_policy_for_the_data_tools():
+    """Tools are named in one registry; None is its default; bad input is one clear line."""
+    from multihost.engine.tools import TOOLS
+
+    assert TOOLS['layout'].timeout == TOOLS['diff'].timeout == 120.0
+    assert TOOLS['gather_meta'].timeout == 600.0 and TOOLS['run_cell'].timeout == 60.0
+    assert not TOOLS['gather_write'].held and TOOLS['gather_send'].held
+    assert TOOLS['layout'].namespace and not TOOLS['env_diff'].namespace
+    job = AttachedJob('/x/control.json', {'num_processes': 3}, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"no engine tool 'layuot'; known: diff, env_diff"):
+        job.call_tool('layuot', 'x')
+    with pytest.raises(ValueError, match='timeout must be > 0 seconds, got -1'):
+        job.layout('x', timeout=-1)
+    with pytest.raises(ValueError, match=r"an attached job's hosts stream a gather over tcp"):
+        job.allgather('x', transport='shm')
+    with pytest.raises(ValueError, match='frame must be a frame number >= 0 or a function'):
+        job.layout('x', frame=-1)
+    with pytest.raises(AttachError, match=r'^detached from /x/control.json'):
+        job.layout('x', frame='train')  # a valid frame: then the transport says it is detached
 
 
 def test_a_detached_job_is_a_job_view_that_says_so():

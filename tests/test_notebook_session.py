@@ -102,6 +102,23 @@ def test_gather_sends_each_block_once(session):
     assert sum(len(m['leaves'][0]['blocks']) for m in metas) == 2  # two column blocks, 8 devices
 
 
+def test_a_sessions_data_tools_run_the_one_registrys_tools(session):
+    """Issue 45 item 1: `call_tool` runs a tool of `multihost.engine.tools` by name on the
+    engines (the data tools are written once over it); a session has one namespace, so a
+    frame is refused in one line, and None is the registry's default timeout."""
+    metas = session.call_tool('gather_meta', 'a_rep', 0)
+    assert len(metas) == 4 and [b for m in metas for b in m['leaves'][0]['blocks']] == [
+        ((0, 8), (0, 6))
+    ]
+    layout, _ = session.layout('a_rep')
+    got = session.call_tool('layout', 'a_rep', True, timeout=60)[0][0]
+    assert (got.shape, got.nbytes) == (layout.shape, layout.nbytes) == ((8, 6), 8 * 6 * 4)
+    with pytest.raises(ValueError, match="frame= is for an attached job .* a session's hosts"):
+        session.layout('a_rep', frame=0)
+    with pytest.raises(ValueError, match="no engine tool 'layot'; known:"):
+        session.call_tool('layot', 'a_rep')
+
+
 def test_gather_errors_are_clear(session):
     """Unknown names, non-names and non-numeric values give errors that say what to do."""
     with pytest.raises(SessionError, match="name 'nope' is not defined on this engine"):

@@ -122,16 +122,19 @@ FLOORS = {
         '_transfer': 1,  # gathered blocks: /dev/shm files, a tcp stream
         '_interrupt': 1,
         '_poll': 1,  # the wait for hosts' results (calls, JAX start-up)
-        '_jobview': 1,  # the one protocol of every job view; stepping's wait (moved_on)
-        '_session': 2,
-        '_attach': 2,  # a job started elsewhere, through its control endpoint
-        '_postmortem': 2,  # a job's dump files: the same models, no cluster
-        '_cluster': 3,  # start / connect engines, JAX initialization
-        '_views': 3,  # Session -> models -> widgets
-        '_magics': 4,
-        '__init__': 5,
-        '_demo': 6,  # the main job: uses the public surface, as a user does
-        '__main__': 7,
+        # the one protocol of every job view, the data tools once over one transport hook
+        # (a gather through `_transfer`); stepping's wait (moved_on)
+        '_jobview': 2,
+        '_lifecycle': 2,  # a session's engines, dead hosts, interrupts, stop and restart
+        '_session': 3,
+        '_attach': 3,  # a job started elsewhere, through its control endpoint
+        '_postmortem': 3,  # a job's dump files: the same models, no cluster
+        '_cluster': 4,  # start / connect engines, JAX initialization
+        '_views': 4,  # Session -> models -> widgets
+        '_magics': 5,
+        '__init__': 6,
+        '_demo': 7,  # the main job: uses the public surface, as a user does
+        '__main__': 8,
     },
 }
 
@@ -206,6 +209,28 @@ def test_every_engine_function_the_notebook_calls_is_in_engine_all():
     missing = sorted(called - set(engine.__all__))
     assert not missing, f'called by the notebook but not in multihost.engine.__all__: {missing}'
     assert all(callable(getattr(engine, name)) for name in called), called
+
+
+def test_every_engine_tool_the_notebook_names_is_in_the_one_registry():
+    """Tools the notebook asks for by name (``call_tool('layout', ...)``, a gather's
+    ``call('gather_meta', ...)``) are tools of `multihost.engine.tools.TOOLS`, the registry
+    both a session's engines and an attached job's held hosts run them from."""
+    import re
+
+    from multihost.engine import held
+    from multihost.engine.tools import TOOLS
+
+    named = set()
+    for m, path in _modules().items():
+        if m.startswith('mhnotebook'):
+            text = path.read_text()
+            named.update(re.findall(r"(?:call_tool|_one|_tool|call)\(\s*'(\w+)'", text))
+    assert {'gather_meta', 'gather_send', 'layout', 'diff', 'run_cell'} <= named, named
+    missing = sorted(named - set(TOOLS))
+    assert not missing, f'asked for by the notebook but not in multihost.engine.tools: {missing}'
+    assert not hasattr(held, 'TOOLS'), 'a second table of tools: use multihost.engine.tools'
+    for name, tool in TOOLS.items():
+        assert tool.name == name and callable(tool.function) and tool.timeout > 0, name
 
 
 def _imported_modules(path: pathlib.Path) -> set[str]:

@@ -10,9 +10,9 @@ session for models and returns a widget), or to this room's helpers for
 
 from __future__ import annotations
 
-import contextlib
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
@@ -56,6 +56,8 @@ from mhnotebook._views import (
     where_view,
 )
 
+R = TypeVar('R')
+
 #: What a tree-taking magic's ``name`` is (`%mh_nonfinite`, under both its names).
 _TREE_NAME = "engine value (an array or any pytree): grads, state.params['embed']"
 
@@ -63,6 +65,13 @@ _TREE_NAME = "engine value (an array or any pytree): grads, state.params['embed'
 def _frame_arg(text: str) -> int | str:
     """``--frame``: a frame number, or the name of a function of the program."""
     return int(text) if text.lstrip('-').isdigit() else text
+
+
+def _framed(view: DataView, frame: int | str | None, build: Callable[[], R]) -> R:
+    """``build()`` with ``view``'s data tools reading frame ``frame`` (an attached job's
+    ``--frame N``; None: as before), inside the magic's `delegate`."""
+    with view.in_frame(frame):
+        return build()
 
 
 #: ``--frame N`` of the data magics: which frame of an attached job's program names are read in.
@@ -120,12 +129,6 @@ class MultihostMagics(Magics):
                 'engines have one namespace'
             )
         return self._session(form)
-
-    def _frame(self, frame: int | str | None) -> Any:
-        """A context in which the attached job reads frame ``frame`` (nothing otherwise)."""
-        if self.attached is not None:
-            return self.attached.in_frame(frame)
-        return contextlib.nullcontext()
 
     def _inspected(self) -> JobView:
         """The attached job if any, else the running session (where, timeline, step)."""
@@ -228,7 +231,7 @@ class MultihostMagics(Magics):
             if args.bg:
                 raise UsageError('%%mh --bg is for a %mh_cluster session, not an attached job')
             try:
-                self.attached.execute(cell, timeout=args.timeout or 60.0)
+                self.attached.execute(cell, timeout=args.timeout)  # None: run_cell's default
             except HostsError as exc:
                 if any(f.ename == 'PermissionError' for f in exc.failures.values()):
                     raise UsageError(f'%%mh: {exc}') from None
@@ -307,13 +310,11 @@ class MultihostMagics(Magics):
         out = gather_target(args.name, args.out)
         max_bytes = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
         session = self._data('%mh_allgather', args.frame)
-        if isinstance(session, Session):
-            value = delegate(
-                lambda: session.allgather(args.name, transport=args.transport, max_bytes=max_bytes)
+        value = delegate(
+            lambda: session.allgather(
+                args.name, transport=args.transport, max_bytes=max_bytes, frame=args.frame
             )
-        else:
-            with self._frame(args.frame):
-                value = delegate(lambda: session.allgather(args.name, max_bytes=max_bytes))
+        )
         if self.shell is None:  # a Magics made without a shell has no namespace to fill
             raise UsageError(f'%mh_allgather: no IPython shell to define {out} in')
         self.shell.user_ns[out] = value
@@ -413,10 +414,13 @@ class MultihostMagics(Magics):
         axes = parse_axes(args.axes) if args.axes else None
         session = self._data('%mh_layout', args.frame)
         try:
-            with self._frame(args.frame):
-                view = delegate(
-                    lambda: layout_view(session, name, values=not args.no_values, axes=axes)
+            view = delegate(
+                lambda: _framed(
+                    session,
+                    args.frame,
+                    lambda: layout_view(session, name, values=not args.no_values, axes=axes),
                 )
+            )
         except UsageError as exc:
             if str(exc).startswith('axes '):  # the view's complaint names the option
                 raise UsageError(f'--{exc}') from None
@@ -467,8 +471,7 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(self.mh_diff, compact_subscripts(line))
         name = valid_name(args.name)
         session = self._data('%mh_diff', args.frame)
-        with self._frame(args.frame):
-            view = delegate(lambda: diff_view(session, name))
+        view = delegate(lambda: _framed(session, args.frame, lambda: diff_view(session, name)))
         return self.shown.replace(f'%mh_diff {name}', view)
 
     @magic_arguments.magic_arguments()
@@ -511,8 +514,7 @@ class MultihostMagics(Magics):
         args = magic_arguments.parse_argstring(magic, compact_subscripts(line))
         name = valid_name(args.name)
         session = self._data(form, args.frame)
-        with self._frame(args.frame):
-            view = delegate(lambda: nonfinite_view(session, name))
+        view = delegate(lambda: _framed(session, args.frame, lambda: nonfinite_view(session, name)))
         return self.shown.replace(f'%mh_nonfinite {name}', view)
 
     @magic_arguments.magic_arguments()
@@ -608,8 +610,7 @@ class MultihostMagics(Magics):
     def _memory_census(self, magic: Any, form: str, line: str) -> Any:
         args = magic_arguments.parse_argstring(magic, line)
         session = self._data(form, args.frame)
-        with self._frame(args.frame):
-            view = delegate(lambda: memory_view(session))
+        view = delegate(lambda: _framed(session, args.frame, lambda: memory_view(session)))
         return self.shown.replace('%mh_memory_census', view)
 
     @magic_arguments.magic_arguments()

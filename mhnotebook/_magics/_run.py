@@ -21,8 +21,9 @@ from mhnotebook._errors import (
     SessionTimeoutError,
     processes_phrase,
 )
+from mhnotebook._jobview import echo_outputs
 from mhnotebook._magics._entry import delegate, print_errors, show_interrupt
-from mhnotebook._session import Session, _echo, _quiet
+from mhnotebook._session import Session, _quiet
 from mhnotebook._views import where_view
 
 Pending = dict[int, Any]  # process -> its AsyncResult
@@ -115,7 +116,7 @@ def _show_finished(session: Session, pending: Pending) -> None:
     errors = {p: f for p, f in failures.items() if p not in interrupted}
     if any(outputs.values()) or errors:
         print('%%mh: the background cell had finished; its output:')
-        _echo(outputs)
+        echo_outputs(outputs)
         print_errors(errors)
     if interrupted:
         print(f'%%mh: the background cell was interrupted on {processes_phrase(interrupted)}.')

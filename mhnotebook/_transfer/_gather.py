@@ -30,7 +30,8 @@ import numpy as np
 from mhnotebook._errors import HostsError, SessionError, processes_phrase
 from mhnotebook._transfer._shm import SHM_DIR, HeapPool, ShmPool
 
-# `Session.call`: runs an installed engine function on the hosts, results by process index.
+# A job view's `call_tool` (`_jobview.JobViewBase`): runs an engine tool of the registry
+# (`multihost.engine.tools`: 'gather_meta'...) on the hosts, results by process index.
 Call = Callable[..., list[Any]]
 
 _PROGRESS_BYTES = 64 << 20
@@ -370,7 +371,7 @@ class _Unreachable(Exception):
 
 def host_copy(call: Call, name: str, process: int = 0) -> Any:
     """Process ``process``'s own copy of engine value ``name`` (a host-local value), as numpy."""
-    part = call('multihost.engine.gather_local', name, namespace=True, processes=[process])[0]
+    part = call('gather_local', name, processes=[process])[0]
     return _assemble(_plan([part]), [part])[0]
 
 
@@ -414,9 +415,7 @@ def _planned(
         if result is not None:
             return result
         state.plans.pop(key, None)
-    metas = call(
-        'multihost.engine.gather_meta', name, inline, index=index, namespace=True, timeout=timeout
-    )
+    metas = call('gather_meta', name, inline, index=index, timeout=timeout)
     plan = _plan(metas)
     _check_size(name, index, _result_bytes(plan), max_bytes)
     if all('data' in m for m in metas):  # small: the data came with the structure
@@ -441,14 +440,13 @@ def _write_shm(
     bar = _Bar(total, num_processes, progress)
     try:
         answers = call(
-            'multihost.engine.gather_write',
+            'gather_write',
             name,
             buf.path,
             layout,
             index=index,
             fresh=buf.fresh,
             expect=expect,
-            namespace=True,
             timeout=timeout,
             on_done=bar.step,
         )
@@ -497,14 +495,13 @@ def _stream(
         receipt = listener.receive(token, result_places(plan, entry['metas'], results))
         try:
             answers = call(
-                'multihost.engine.gather_send',
+                'gather_send',
                 name,
                 listener.address,
                 token,
                 index=index,
                 expect=expect,
                 send_timeout=timeout,
-                namespace=True,
                 timeout=timeout,
             )
         except BaseException:
@@ -538,20 +535,17 @@ def _gather_zmq(
     # Round 1 only describes the value (small ones come along), so an
     # oversized result is refused before any data travels.
     metas = call(
-        'multihost.engine.gather_meta',
+        'gather_meta',
         name,
         _INLINE_BYTES,
         index=index,
-        namespace=True,
         timeout=timeout,
     )
     plan = _plan(metas)
     _check_size(name, index, _result_bytes(plan), max_bytes)
     if all('data' in m for m in metas):
         return _assemble(plan, metas)
-    parts = call(
-        'multihost.engine.gather_local', name, index=index, namespace=True, timeout=timeout
-    )
+    parts = call('gather_local', name, index=index, timeout=timeout)
     return _assemble(_plan(parts), parts)
 
 

@@ -6,7 +6,8 @@ is installed, versioned and tested here rather than pickled from the
 notebook. Everything returns plain, picklable data. Where this engine is:
 `net`; the gather export: `gather` (structure made portable: `portable`);
 the other calls: `calls`; on a job the notebook attached to, the data tools in each
-host's held frame and, with ``--allow-exec``, its ``%%mh`` cells (`run_cell`): `held`.
+host's held frame and, with ``--allow-exec``, its ``%%mh`` cells (`run_cell`): `held`,
+`cell`; every tool a job view calls on its hosts, once: `tools`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from multihost.engine.calls import (
     sequence_position,
     serve_control,
 )
+from multihost.engine.cell import run_cell
 from multihost.engine.gather import (
     GatherError,
     gather_local,
@@ -33,7 +35,6 @@ from multihost.engine.gather import (
     lookup,
     meta_digest,
 )
-from multihost.engine.held import run_cell
 from multihost.engine.net import (
     controller_address,
     engine_info,

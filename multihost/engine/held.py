@@ -23,12 +23,12 @@ the coordination service.
 
 Process 0's control endpoint (`serve_control`) serves the method
 ``inspect``: one bus command (`_bus`) to every debug thread, whose replies
-(pickled, base64 in JSON) it returns by process. Only the functions in
-`TOOLS` can be asked for: the control key grants inspection, not running
-code. A job started with ``--allow-exec`` (``install(allow_exec=True)``)
-also runs ``run_cell``: an attached notebook's ``%%mh`` cell, in each host's
-held frame (`run_cell`), its output captured; the host decides, never the
-notebook.
+(pickled, base64 in JSON) it returns by process. Only the tools of the one
+registry (`multihost.engine.tools.TOOLS`) that a held host may run can be asked for:
+the control key grants inspection, not running code. A job started with
+``--allow-exec`` (``install(allow_exec=True)``) also runs ``run_cell``: an attached
+notebook's ``%%mh`` cell, in each host's held frame (`run_cell`), its output captured;
+the host decides, never the notebook.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ import secrets
 import sys
 import threading
 import traceback
-from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -49,50 +48,11 @@ from multihost import _names, _recorder
 from multihost._checks import _hostreads
 from multihost._debug import _control, _hold, _stacks
 from multihost._exchange import _bus, _kv
-from multihost.engine import calls, gather
+from multihost.engine import gather, tools
+from multihost.engine.cell import _Exec, run_cell
 
-__all__ = ['TOOLS', 'inspect', 'patch', 'script_frames', 'unpatch']
+__all__ = ['inspect', 'patch', 'run_cell', 'script_frames', 'unpatch']
 
-#: The engine functions an attached notebook may run in a held frame: name ->
-#: (function, whether its first argument is the held frame's namespace).
-TOOLS: dict[str, tuple[Callable[..., Any], bool]] = {
-    'gather_meta': (gather.gather_meta, True),
-    'gather_send': (gather.gather_send, True),
-    'gather_local': (gather.gather_local, True),
-    'layout': (calls.layout, True),
-    'diff': (calls.diff, True),
-    'nonfinite': (calls.nonfinite, True),
-    'memory_census': (calls.memory_census, True),
-    'env_diff': (calls.env_diff, False),
-}
-
-
-class _Exec:
-    allowed = False  # install(allow_exec=True) / --allow-exec on this host
-
-
-def run_cell(namespace: dict[str, Any], code: str) -> str:
-    """``%%mh`` on an attached job: runs ``code`` over the held frame's names (its module's
-    globals, its locals over them: a copy, so what the cell assigns stays in the cell) on
-    this thread; what it printed. Only with ``--allow-exec``."""
-    import contextlib
-    import io
-
-    if not _Exec.allowed:
-        raise PermissionError(
-            'this job was started without --allow-exec: the control key grants inspection '
-            'only (the data magics); restart it with multihost run --allow-exec to run cells'
-        )
-    namespace.pop(_names.HELD_PLACE, None)
-    namespace.pop(_names.HELD_HINT, None)
-    out = io.StringIO()
-    # Every thread's prints go to the cell while it runs: the main thread is held.
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, '<%%mh cell>', 'exec'), namespace)  # noqa: S102 (opted in)
-    return out.getvalue()
-
-
-TOOLS['run_cell'] = (run_cell, True)
 
 #: The tools whose first argument is a name (probed on every host before any runs).
 _NAMED = ('gather_meta', 'gather_send', 'gather_local', 'layout', 'diff', 'nonfinite')
@@ -237,9 +197,11 @@ def _point(frame_no: int | str | None) -> dict[str, Any]:
 def _run_tool(order: dict[str, Any]) -> dict[str, Any]:
     """Runs the ordered tool on a thread named for the command (its lane), bounded."""
     name = order.get('fn')
-    if name not in TOOLS:
-        return {'error': ['ValueError', f'no tool {name!r}; known: {sorted(TOOLS)}', '']}
-    fn, takes_namespace = TOOLS[name]
+    found = tools.TOOLS.get(str(name))
+    if found is None or not found.held:
+        known = sorted(t.name for t in tools.TOOLS.values() if t.held)
+        return {'error': ['ValueError', f'no tool {name!r}; known: {known}', '']}
+    fn, takes_namespace = found.function, found.namespace
     args, kwargs = _decode(order['args']) if order.get('args') else ((), {})
     timeout = float(order.get('seconds') or 60.0)
     result: dict[str, Any] = {}
