@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from mhnotebook._errors import HostsError, RemoteFailure, SessionError, processes_phrase
 from mhnotebook._jobview import DataViewBase, Frame
-from multihost._models._points import HeldPoint
 
 if TYPE_CHECKING:
     from mhnotebook._transfer._gather import GatherState
@@ -264,6 +263,8 @@ class AttachedJob(DataViewBase):
             )
         points = [a['point'] for a in answers.values() if isinstance(a.get('point'), dict)]
         if len(points) > 1 and self._depth:
+            from multihost._models._points import HeldPoint  # imports jax (multihost's init)
+
             self._points.append([HeldPoint.from_json(x) for x in sorted(points, key=_by_process)])
         return [answers[p]['ok'] for p in sorted(answers)]
 

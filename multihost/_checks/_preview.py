@@ -67,7 +67,7 @@ def _share_libtpu() -> None:
     the lock keeps two programs off one chip."""
     import jax
 
-    platforms = os.environ.get('JAX_PLATFORMS') or jax.config.jax_platforms or ''
+    platforms = os.environ.get('JAX_PLATFORMS') or getattr(jax.config, 'jax_platforms', None) or ''
     if platforms and 'tpu' not in platforms.lower().split(','):
         os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 
