@@ -192,7 +192,7 @@ def test_tcp_stream_across_namespaces_and_fallback_when_unreachable(session):
         state.unreachable = None
         # 'auto' as for hosts on other machines (here they share /dev/shm): falls back.
         got = allgather(
-            session.call,
+            session.call_tool,
             'big',
             machines=['elsewhere'] * N,
             state=state,
