@@ -69,11 +69,17 @@ def test_connect_discovers_process_order_and_gathers():
         cluster.stop_cluster_sync()
 
 
-def test_restart_and_stop_are_safe():
+def test_restart_and_stop_are_safe(tmp_path):
     """restart() gives fresh initialized engines; stop() is idempotent; stopped says so;
     ``%mh_cluster stop`` says what it stopped and that nothing of it is left running."""
+    from IPython.core.error import UsageError
     from IPython.utils.capture import capture_output
 
+    # A %mh_attach that failed before this session was held is history once it is stopped:
+    # the magics then say the cluster was stopped, not that the attach failed.
+    ip, _ = magic_shell(None)
+    with pytest.raises(UsageError):
+        ip.run_line_magic('mh_attach', f'{tmp_path}/no-job.json --timeout 1')
     session = mhnotebook.start_local(2, 1, progress=False)
     cap = None
     try:
@@ -100,8 +106,6 @@ def test_restart_and_stop_are_safe():
     with pytest.raises(SessionError, match='this session is stopped'):
         session.allgather('x')
     # A magic after the stop says the cluster was stopped, not that there never was one.
-    from IPython.core.error import UsageError
-
     for magic, line in (('mh_cluster', 'stop'), ('mh_allgather', 'x')):
         with pytest.raises(UsageError, match='^no cluster: the last one was stopped. Start'):
             ip.run_line_magic(magic, line)

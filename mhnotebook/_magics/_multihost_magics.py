@@ -91,7 +91,8 @@ class MultihostMagics(Magics):
         super().__init__(shell)
         self.background: dict[int, Any] | None = None
         self.attached: AttachedJob | None = None
-        self.attach_failed = ''  # the last %mh_attach's error, until one succeeds
+        self.attach_failed = ''  # the last %mh_attach's error, until one succeeds ...
+        self.failed_beside: Session | None = None  # ... or another session is held since
         self.shown = Shown(getattr(shell, 'user_ns', None))
 
     def _session(self, what: str | None = None) -> Session:
@@ -138,7 +139,8 @@ class MultihostMagics(Magics):
         """The running session; with none, after a failed ``%mh_attach``, that the attach
         failed (not how to start a cluster: the user has a batch job)."""
         session = self.session
-        if (session is None or not session.running) and self.attach_failed:
+        failed = self.attach_failed and session is self.failed_beside  # the latest event
+        if (session is None or not session.running) and failed:
             raise UsageError(
                 f'not attached to a job: {self.attach_failed}; %mh_attach PATH again once the '
                 "job runs (its process 0 writes PATH), or %mh_postmortem DIR reads a job's dumps"
@@ -708,6 +710,7 @@ class MultihostMagics(Magics):
             job = attach(path, timeout=args.timeout or 15.0)
         except AttachError as exc:
             self.attach_failed = f'%mh_attach {args.path} failed'
+            self.failed_beside = self.session
             raise UsageError(str(exc)) from None
         if self.attached is not None:
             self.attached.detach()
