@@ -87,7 +87,8 @@ def test_data_tools_answer_on_hosts_stuck_inside_a_launch(tmp_path):
                 if not all(f['held'] for f in frames.values()):
                     return None
                 verdict = j.wavefront().verdict or ''
-                return f'process {FAILING} never launched' in verdict and verdict
+                inside = f'train_step call #{STEP}' in verdict  # not a moment at init
+                return inside and f'process {FAILING} never launched' in verdict and verdict
 
             verdict = _until('the others inside the launch process 2 never made', stuck)
             assert f'train_step call #{STEP}' in verdict, verdict
