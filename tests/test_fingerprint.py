@@ -23,7 +23,7 @@ from _helpers import env_var
 
 import multihost
 from multihost._checks import _fingerprint as F
-from multihost._checks import _treediff
+from multihost._checks import _raw_lanes, _treediff
 
 DTYPES = [
     np.float32, np.int32, np.uint32, np.float16, ml_dtypes.bfloat16, np.int8, np.uint8,
@@ -430,23 +430,74 @@ class _Chip:
 
 
 class _OnChip:
-    """An array's dtype and the devices its sharding names, as on a TPU."""
+    """An array's dtype, shape and the devices its sharding names, as on a TPU."""
 
-    def __init__(self, dtype: object, platform: str) -> None:
+    def __init__(self, dtype: object, platform: str, shape=(512, 256), block=None) -> None:
         self.dtype = np.dtype(dtype)
-        self.sharding = type('S', (), {'device_set': {_Chip(platform)}})()
+        self.shape, self.size = shape, int(np.prod(shape))
+        sharding = {
+            'device_set': {_Chip(platform)},
+            'shard_shape': staticmethod(lambda _s: block or shape),
+        }
+        self.sharding = type('S', (), sharding)()
 
 
 @pytest.mark.parametrize('dt', [ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e4m3fn,
                                 ml_dtypes.float8_e5m2])  # fmt: skip
-def test_narrow_floats_on_a_tpu_are_read_from_host_copies(dt):
-    """A TPU v5e changed the bits of random bfloat16, float16 and float8 values in any
-    program (a bitcast alone gave other bytes; measured, docs/API.md 4.2): on a TPU those
-    leaves take host copies; wider floats, integers, and every CPU leaf stay on the device."""
-    assert F.bits_lost_on_chip(_OnChip(dt, 'tpu'))  # type: ignore[arg-type]
+def test_narrow_floats_on_a_tpu_take_the_pallas_kernel_or_host_copies(dt):
+    """A TPU v5e changed the bits of random bfloat16, float16 and float8 values in XLA
+    programs, and a Pallas kernel kept those of bfloat16 and float8 (measured,
+    `bench/tpu_bits.py`, docs/API.md 4.2): on a TPU, float16 leaves and 1-D blocks take host
+    copies, 2-D blocks of the others the kernel, small whole leaves one host copy; wider
+    floats, integers, and every CPU leaf stay with the XLA program."""
+    pallas = np.dtype(dt) != np.float16
+    reshaped = np.dtype(dt).name in _raw_lanes.RESHAPE_KEEPS_BITS  # whole leaves, read 2-D
+    assert F.bits_lost_on_chip(_OnChip(dt, 'tpu')) is not pallas  # type: ignore[arg-type]
+    one_d = _OnChip(dt, 'tpu', (1 << 20,))
+    assert F.bits_lost_on_chip(one_d) is not reshaped  # type: ignore[arg-type]
+    sharded = _OnChip(dt, 'tpu', (512, 256), (512, 1))  # blocks of one column: no kernel
+    assert F.bits_lost_on_chip(sharded)  # type: ignore[arg-type]
+    assert F.bits_lost_on_chip(_OnChip(dt, 'tpu', (20000, 5)))  # type: ignore[arg-type]
+    assert not F.bits_lost_on_chip(_OnChip(dt, 'tpu', (7,)))  # type: ignore[arg-type]
     assert not F.bits_lost_on_chip(_OnChip(dt, 'cpu'))  # type: ignore[arg-type]
     for wide in (np.float32, np.complex64, np.int8, np.uint16, np.int32, np.bool_):
         assert not F.bits_lost_on_chip(_OnChip(wide, 'tpu')), wide  # type: ignore[arg-type]
     x = jnp.asarray(np.arange(12, dtype=np.float32).astype(dt))
     assert not F.bits_lost_on_chip(x)  # this machine's CPU device reads every bit
     assert F.fingerprints([x]) == F.fingerprints([np.asarray(x)])
+
+
+def _random_bits(dt: object, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Random raw bits of a narrow float: NaN payloads, negative NaN, subnormals."""
+    u = np.dtype(f'u{np.dtype(dt).itemsize}')
+    raw = np.random.default_rng(seed).integers(0, np.iinfo(u).max + 1, shape, dtype=u)
+    return raw.view(dt)
+
+
+@pytest.mark.parametrize('dt', [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+                                ml_dtypes.float8_e5m2])  # fmt: skip
+@pytest.mark.parametrize('shape', [(3, 5), (100, 3000), (20, 20000), (3, 32, 300), (512, 8, 64)])
+def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, monkeypatch):
+    """The kernel that reads narrow floats on a TPU (`_raw_lanes`, here in Pallas' interpret
+    mode): the same lanes and flags as numpy's definition, for whole leaves in one tile and
+    in tiles with ragged edges, and for blocks at offsets of a leaf (3-D: the grid walks the
+    leading axis; (512, 8, 64): a whole leaf read as 2-D rows), on random raw bits with
+    NaN payloads and subnormals, and constant blocks."""
+    monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
+    a = _random_bits(dt, shape)
+    if len(shape) > 2 or _raw_lanes._tiles(shape, a.dtype.itemsize) != shape[-2:]:
+        # Interpret mode's own slicing of a tile past the first rewrites NaN payloads on
+        # XLA:CPU (seen here): their bits are checked on one tile, and on the TPU itself
+        # (bench/tpu_fingerprints.py's exactness section, every tile).
+        a[np.isnan(a)] = 0.5
+    half = shape[-1] // 2
+    blocks = [(jnp.asarray(a), (0,) * len(shape), shape)]
+    blocks.append((jnp.asarray(a[..., half:]), (0,) * (len(shape) - 1) + (half,), shape))
+    const = np.full(shape, a.reshape(-1)[5], dtype=dt)
+    blocks.append((jnp.asarray(const), (0,) * len(shape), shape))
+    got = F.device_results(blocks, flags=True)
+    for (x, offs, full), res in zip(blocks, got):
+        host = np.asarray(x)
+        want = F.numpy_lanes(host, offs, full).reshape(-1)
+        assert res[:4].tolist() == want.tolist()
+        assert (bool(res[4]), bool(res[5])) == F.numpy_flags(host)

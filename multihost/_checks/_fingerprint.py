@@ -83,7 +83,7 @@ import numpy as np
 import xxhash
 
 from multihost import _recorder
-from multihost._checks import _hostreads
+from multihost._checks import _hostreads, _raw_lanes
 
 K1 = 0x9E3779B1
 K2 = 0x85EBCA77
@@ -345,12 +345,31 @@ def _terms(r: Any, size: int, e: Any) -> list[Any]:
     return [hi * c, lo * c, hi * c2, lo * c2]
 
 
+def _raw_out(x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, how: str) -> Any:
+    """`_block_out` of a narrow float by `_raw_lanes`' Pallas kernel (its raw bits kept)."""
+    off = _U(0)
+    if offsets is not None:
+        off = jnp.sum(offsets * jnp.asarray(strides, _U), dtype=_U)
+    read = _raw_lanes.plan(x.dtype, tuple(x.shape), offsets is None)
+    if read is not None and read != tuple(x.shape):  # a whole leaf, read 2-D in C order
+        x, strides = x.reshape(read), _c_strides(read)
+    off = jax.lax.bitcast_convert_type(off, jnp.int32).reshape(1)
+    w = _raw_lanes.block_words(x, off, strides, interpret=how == 'interpret')
+    out = [w[0] * _U(K1), w[1] * _U(K1), w[2] * _U(K2), w[3] * _U(K2)]
+    if flags:
+        out += [w[4], (w[5] == w[6]).astype(_U)]
+    return jnp.stack(out)
+
+
 def _block_out(
-    x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, rows: bool
+    x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, rows: bool, raw: str = ''
 ) -> jax.Array:
     """One block's results, uint32: its lanes (sets x 4) then, with ``flags``, whether it
     holds NaN/Inf and whether every raw word of it is the same (constant). Reductions of
-    one input over all its axes: XLA fuses them into one pass over the block."""
+    one input over all its axes: XLA fuses them into one pass over the block. ``raw``
+    (``'tpu'`` or ``'interpret'``): a narrow float read by the Pallas kernel instead."""
+    if raw:
+        return _raw_out(x, offsets, strides, flags, raw)
     dt = np.dtype(x.dtype)
     size = dt.itemsize if dt.itemsize <= 2 else 4
     shape = (1, *x.shape)
@@ -372,15 +391,20 @@ def _block_out(
     return jnp.stack(out)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
 def _group(
-    xs: tuple[jax.Array, ...], offsets: Any, strides: tuple[int, ...], flags: bool, rows: bool
+    xs: tuple[jax.Array, ...],
+    offsets: Any,
+    strides: tuple[int, ...],
+    flags: bool,
+    rows: bool,
+    raw: str = '',
 ) -> jax.Array:
     """Results (K, sets * 4 [+ FLAGS]) uint32 of K blocks of one shape and dtype in one
     program, each block read once in place (`_block_out`; not stacked: a TPU would copy
     the stack, and a stack of bfloat16 may go through float32 there)."""
     return jnp.stack(
-        [_block_out(x, None if offsets is None else offsets[j], strides, flags, rows)
+        [_block_out(x, None if offsets is None else offsets[j], strides, flags, rows, raw)
          for j, x in enumerate(xs)]
     )  # fmt: skip
 
@@ -401,19 +425,25 @@ def _device_ok(x: jax.Array) -> bool:
 
 
 def bits_lost_on_chip(x: jax.Array) -> bool:
-    """Whether ``x``'s devices cannot read its raw bits in a program: a float narrower than
-    32 bits on a TPU. Measured on a TPU v5e (jax 0.10.2): a bitcast of random bfloat16,
-    float16 and float8_e4m3fn bits to unsigned integers, alone in a program or fused, gave
-    other bytes (float16 and float8 exact on finite values only, bfloat16 not even there),
-    while int8, int32, float32 and complex64 kept every bit and ``np.asarray`` every byte.
-    Such leaves are read from host copies there (exact, slower: docs/API.md 4.2)."""
+    """Whether ``x``'s devices cannot read its raw bits in a program and the Pallas kernel
+    (`_raw_lanes`) does not read its blocks either: a float narrower than 32 bits on a TPU
+    that is float16 (or another narrow float than bfloat16 and float8 e4m3fn / e5m2), or
+    whose blocks are 1-D. Measured on a TPU v5e (jax 0.10.2, `bench/tpu_bits.py`): XLA's
+    bitcast of bfloat16 to uint16 flushes subnormals and rewrites NaN payloads, an identity
+    program rewrites float16 NaNs and float8_e4m3fn's negative NaN; a Pallas kernel keeps
+    every bit of bfloat16 and float8; ``np.asarray`` keeps every byte. Such leaves are read
+    from host copies there (exact, slower: docs/API.md 4.2)."""
     dt = np.dtype(x.dtype)
     if dt.itemsize >= 4 or not jnp.issubdtype(dt, jnp.floating):
         return False
     try:
-        return any(getattr(d, 'platform', '') == 'tpu' for d in x.sharding.device_set)
+        on_tpu = any(getattr(d, 'platform', '') == 'tpu' for d in x.sharding.device_set)
+        block = tuple(int(d) for d in x.sharding.shard_shape(x.shape))
     except Exception:  # no sharding to ask: not on a chip we know of
         return False
+    small = x.size <= SMALL and block == tuple(x.shape)  # a whole leaf: one host copy
+    whole = block == tuple(x.shape)
+    return on_tpu and not small and not _raw_lanes.handles(dt, block, whole)
 
 
 #: Blocks of one shape and dtype in one program, at most (their count rounded up to a power
@@ -460,7 +490,10 @@ def _dispatch(
                     arr[j] = np.asarray(blocks[i][1], np.uint64) & 0xFFFFFFFF
                 offs = jax.device_put(arr, device)
             rows = device.platform == 'cpu'  # XLA:CPU: the row formulation is faster there
-            pending.append((part, _group(xs, offs, strides, flags, rows)))
+            raw = ''
+            if _raw_lanes.wanted(device.platform, blocks[idx[0]][0].dtype, shape, full is None):
+                raw = 'tpu' if device.platform == 'tpu' else 'interpret'
+            pending.append((part, _group(xs, offs, strides, flags, rows, raw)))
     return pending
 
 
