@@ -191,7 +191,7 @@ def block_words(
     dt = np.dtype(x.dtype)
     ta, tb = _tiles(shape, dt.itemsize)
     grid = (*shape[:-2], pl.cdiv(shape[-2], ta), pl.cdiv(shape[-1], tb))
-    in_block = (*(pl.squeezed,) * (nd - 2), ta, tb)
+    in_block: tuple[Any, ...] = (*(pl.squeezed,) * (nd - 2), ta, tb)
     kernel = functools.partial(
         _kernel, shape=shape, strides=tuple(strides), tile=(ta, tb), name=dt.name
     )
