@@ -42,7 +42,7 @@ import sys
 import threading
 import traceback
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from multihost import _names, _recorder
 from multihost._checks import _hostreads
@@ -50,6 +50,9 @@ from multihost._debug import _control, _hold, _stacks
 from multihost._exchange import _bus, _kv
 from multihost.engine import gather, tools
 from multihost.engine.cell import _Exec, run_cell
+
+if TYPE_CHECKING:  # the patcher contract's type only
+    from multihost._job._options import InstallOptions
 
 __all__ = ['inspect', 'patch', 'run_cell', 'script_frames', 'unpatch']
 
@@ -377,10 +380,10 @@ def inspect(
     return out
 
 
-def patch(options: Any) -> None:
-    """An install patcher (`_job._install.PATCHERS`): every host answers ``inspect``
+def patch(options: InstallOptions) -> None:
+    """An install patcher (`_job._install.patchers`): every host answers ``inspect``
     (``run_cell`` too with ``allow_exec``)."""
-    _Exec.allowed = bool(getattr(options, 'allow_exec', False))
+    _Exec.allowed = options.allow_exec
     _bus.register('inspect', _handle)
     _control.register_method('inspect', inspect)
 
