@@ -9,8 +9,8 @@ help and its check. From that table come:
   `_cli.run_target`);
 * `install`'s keyword handling, the environment's reading and every check
   (`InstallOptions.resolve`), and the ``Args:`` of its docstring (`install_args`);
-* the option reference of docs/API.md §4.8 (`reference_markdown`; ``python -m
-  multihost._job._options docs/API.md`` rewrites it, tests/test_options.py keeps it true).
+* the option reference of docs/API.md §4.8 (`reference_markdown`; tests/test_options.py
+  keeps it true, and says how to rewrite it: `write_reference`).
 
 A keyword or flag given wins; else its environment variable; else its default. A bad value
 is a one-line `ValueError` naming the keyword, the flag (argparse's ``argument --timeout:``)
@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
 import tempfile
 import textwrap
 from collections.abc import Callable, Mapping
@@ -358,7 +357,7 @@ def reference_markdown() -> str:
         '| --- | --- | --- | --- | --- |',
     ]
     for option in OPTIONS:
-        said = _sentence(option, lambda o: f'`{o.flag}`')
+        said = _sentence(option, lambda o: f'`{o.flag}`').replace('<', '&lt;')  # not HTML
         value = 'True' if option.is_flag else option.metavar
         env = f'{option.env}={"1" if option.is_flag else option.metavar}'
         default = option.default_words() or 'off'
@@ -445,8 +444,3 @@ class InstallOptions:
             audit_log=v['audit_log'],
             audit_raise=v['audit_raise'],
         )
-
-
-if __name__ == '__main__':  # python -m multihost._job._options docs/API.md
-    for target in sys.argv[1:]:
-        print(f'{target}: {"rewritten" if write_reference(target) else "already true"}')
