@@ -1,6 +1,6 @@
 """Attach: under `multihost.install` with a control file, process 0 serves the control endpoint.
 
-A patcher of `_install.PATCHERS`. With ``control_file`` (``install(control_file=...)``,
+A patcher of `_install.patchers`. With ``control_file`` (``install(control_file=...)``,
 ``python -m multihost run --control-file PATH``, ``MULTIHOST_CONTROL_FILE``), `patch`
 wraps ``jax.distributed.initialize`` (install runs before it); when it has
 returned, it starts this process's debug thread (so that stacks, wavefront and

@@ -1,6 +1,6 @@
 """One host's error ends the job in seconds, every host saying why (fate-sharing with a verdict).
 
-A patcher of `multihost.install` (`_install.PATCHERS`): it arms once
+A patcher of `multihost.install` (`_install.patchers`): it arms once
 ``jax.distributed.initialize`` has returned (or at once if it has), in every
 process of a job run under install (``multihost run``, ``MULTIHOST_INSTALL``).
 ``MULTIHOST_FATE=0`` leaves it off, and so does a recoverable job

@@ -135,7 +135,8 @@ class Option:
             option ``other`` (its flag on the command line, its keyword in Python).
         metavar: the value's name in the help (``S``, ``DIR``); empty: a flag, on or off.
         parse: a value from the command line, the environment or a keyword -> the option's
-            value; raises ValueError saying what it needs.
+            value; raises ValueError saying what it needs (a flag's is not used: on when
+            given, or when its variable says 1, true, on or yes).
         default: its value when given nowhere.
         shown: the default in words, where the value does not say it.
         check: the parsed value -> the value kept (a path made absolute); raises ValueError.

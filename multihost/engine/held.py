@@ -42,7 +42,7 @@ import sys
 import threading
 import traceback
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from multihost import _names, _recorder
 from multihost._checks import _hostreads
@@ -51,8 +51,15 @@ from multihost._exchange import _bus, _kv
 from multihost.engine import gather, tools
 from multihost.engine.cell import _Exec, run_cell
 
-if TYPE_CHECKING:  # the patcher contract's type only
-    from multihost._job._options import InstallOptions
+
+class HeldOptions(Protocol):
+    """What `patch` reads of `multihost._job._options.InstallOptions` (named here, not
+    imported: `_job` stands above this room)."""
+
+    @property
+    def allow_exec(self) -> bool:
+        """``--allow-exec``: an attached notebook may run code cells."""
+
 
 __all__ = ['inspect', 'patch', 'run_cell', 'script_frames', 'unpatch']
 
@@ -380,7 +387,7 @@ def inspect(
     return out
 
 
-def patch(options: InstallOptions) -> None:
+def patch(options: HeldOptions) -> None:
     """An install patcher (`_job._install.patchers`): every host answers ``inspect``
     (``run_cell`` too with ``allow_exec``)."""
     _Exec.allowed = options.allow_exec
