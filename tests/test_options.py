@@ -249,3 +249,21 @@ def test_install_options_is_frozen_and_typed():
     with pytest.raises(dataclasses.FrozenInstanceError):
         InstallOptions().check_jit = True  # type: ignore[misc]
     assert [p.__name__ for p in _install.patchers()][-1] == 'multihost.engine.held'
+
+
+def test_each_path_is_checked_at_install_naming_its_option(clean, tmp_path):
+    """A path that cannot serve is refused at start (not when first needed), in one line."""
+    a_file = tmp_path / 'a-file'
+    a_file.write_text('')
+    cases = {
+        'control_file': (str(tmp_path / 'nowhere' / 'c.json'), 'the folder'),
+        'dump_dir': (str(a_file / 'dumps'), 'is a file'),
+        'audit_log': (str(tmp_path / 'nowhere'), 'is not a directory: create it first'),
+    }
+    assert {o.name for o in OPTIONS if o.check is not None} == set(cases)
+    for name, (path, says) in cases.items():
+        with pytest.raises(ValueError) as info:
+            multihost.install(**{name: path})
+        text = str(info.value)
+        assert name in text and says in text and '\n' not in text, text
+    assert InstallOptions.resolve({'dump_dir': 'd'}).dump_dir == os.path.abspath('d')
