@@ -20,7 +20,6 @@ from jax.experimental import multihost_utils
 
 import multihost
 from multihost._core import _arrays
-from multihost._exchange import _sequence
 from multihost._job import _install
 from multihost.local import free_port
 
@@ -119,31 +118,38 @@ def test_environment_options(clean, monkeypatch):
     assert _install.installed()['check_jit'] is True
     multihost.install(check_jit=True)  # the same options
     options = _install._active.options
-    assert options.wait(_sequence.default_timeout()) == math.inf  # waits as long as JAX's would
+    assert options.wait == math.inf  # waits as long as JAX's would
+    multihost.uninstall()
     monkeypatch.setenv('MULTIHOST_TIMEOUT', '7')
-    assert options.wait(_sequence.default_timeout()) == 7.0  # a timeout was asked for
-    assert _install.InstallOptions(timeout=3.0).wait(600.0) == 3.0
+    multihost.install()
+    assert _install._active.options.wait == 7.0  # a timeout was asked for
+    assert _install.InstallOptions(timeout=3.0).wait == 3.0
     with pytest.raises(ValueError, match='positive'):
         multihost.install(timeout=-1)
 
 
-def test_patchers_are_imported_lazily_and_missing_ones_skipped(clean, monkeypatch):
+def test_the_patchers_are_an_explicit_list_each_handed_the_resolved_options(clean, monkeypatch):
+    """`_install.patchers()` names the modules (no loading by string); each gets the one
+    `InstallOptions` object, and `uninstall` undoes them."""
+    names = [p.__name__ for p in _install.patchers()]
+    assert names == [
+        'multihost._job._jit',
+        'multihost._job._service',
+        'multihost._job._attach',
+        'multihost._job._numbering',
+        'multihost._job._fate',
+        'multihost.engine.held',
+    ]
     calls = []
     patcher = types.ModuleType('_mh_test_patcher')
     patcher.patch = lambda options: calls.append(('patch', options))
     patcher.unpatch = lambda: calls.append(('unpatch',))
-    sys.modules['_mh_test_patcher'] = patcher
-    monkeypatch.setattr(
-        _install, 'PATCHERS', ('_mh_test_no_such_patcher', '_mh_test_patcher'), raising=True
-    )
-    try:
-        multihost.install(timeout=2)
-        assert calls == [('patch', _install.InstallOptions(check_jit=False, timeout=2.0))]
-        assert _install.installed()['patchers'] == ['_mh_test_patcher']
-        multihost.uninstall()
-        assert calls[-1] == ('unpatch',)
-    finally:
-        del sys.modules['_mh_test_patcher']
+    monkeypatch.setattr(_install, 'patchers', lambda: (patcher,))
+    multihost.install(timeout=2)
+    assert calls == [('patch', _install.InstallOptions(check_jit=False, timeout=2.0))]
+    assert _install.installed()['patchers'] == ['_mh_test_patcher']
+    multihost.uninstall()
+    assert calls[-1] == ('unpatch',)
 
 
 def test_a_patcher_that_fails_leaves_nothing_installed(clean, monkeypatch):
@@ -154,15 +160,11 @@ def test_a_patcher_that_fails_leaves_nothing_installed(clean, monkeypatch):
         raise RuntimeError('cannot patch')
 
     broken.patch, broken.unpatch = patch, lambda: None
-    sys.modules['_mh_test_broken'] = broken
-    monkeypatch.setattr(_install, 'PATCHERS', ('_mh_test_broken',))
-    try:
-        with pytest.raises(RuntimeError, match='cannot patch'):
-            multihost.install()
-        assert multihost_utils.sync_global_devices is jax_sync
-        assert _install.installed() is None
-    finally:
-        del sys.modules['_mh_test_broken']
+    monkeypatch.setattr(_install, 'patchers', lambda: (broken,))
+    with pytest.raises(RuntimeError, match='cannot patch'):
+        multihost.install()
+    assert multihost_utils.sync_global_devices is jax_sync
+    assert _install.installed() is None
 
 
 def test_install_takes_under_50_ms_with_flax_optax_orbax_imported():

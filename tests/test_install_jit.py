@@ -62,8 +62,8 @@ def test_checked_launches_wait_as_installed_calls_do(monkeypatch):
             assert _jit._state.wait == wait, options
         finally:
             _jit.unpatch()
-    monkeypatch.setenv('MULTIHOST_TIMEOUT', '9')
-    _jit.patch(Options(check_jit=True))
+    monkeypatch.setenv('MULTIHOST_TIMEOUT', '9')  # read once, by install's resolve
+    _jit.patch(Options.resolve({'check_jit': True}))
     try:
         assert _jit._state.wait == 9.0
     finally:

@@ -108,11 +108,11 @@ FLOORS = {
         '_core': 3,  # the drop-in collectives and array conversions
         '_debug': 3,  # stacks, step gate, watch, wavefront, timeline, control
         '_checks': 4,  # tree diff, layout, replicas, census, non-finite values
-        '_job': 5,  # install, run, dumps, signal handlers (programs we did not start)
+        '_job': 6,  # install (its patchers: engine.held too), run, dumps, signal handlers
         'engine': 5,  # what the notebook calls on an engine
         'testing': 5,  # the test harness: LocalCluster, its worker, the plain-process jobs
-        '__main__': 6,
-        '__init__': 6,  # the public surface re-exports every room
+        '__main__': 7,
+        '__init__': 7,  # the public surface re-exports every room
     },
     'mhnotebook': {
         '_errors': 0,

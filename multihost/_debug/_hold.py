@@ -20,6 +20,7 @@ declared dead by the coordination service.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -34,14 +35,29 @@ log = logging.getLogger('multihost')
 
 #: Seconds between looks at the stepping flag while held (also how soon a release lands).
 _SLICE_S = 0.5
+#: The longest hold unless told (seconds): 30 minutes (``--hold-for``'s default).
+DEFAULT_HOLD_S = 1800.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HoldConfig:
+    """What `configure` is told (`multihost._job._options.InstallOptions.hold`).
+
+    Attributes:
+        enabled: an uncaught exception holds every host (``--hold-on-error``).
+        hold_for: the longest hold, in seconds (``--hold-for``).
+        control_file: where a notebook attaches (named in the hold's line).
+    """
+
+    enabled: bool = False
+    hold_for: float = DEFAULT_HOLD_S
+    control_file: str | None = None
 
 
 class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.enabled = False
-        self.hold_for = 1800.0
-        self.control_file: str | None = None
+        self.config = HoldConfig()
         self.error: dict[str, Any] | None = None  # this host's held error
         self.tb: TracebackType | None = None
         self.peer: dict[str, Any] | None = None  # another host's, as it told us
@@ -51,18 +67,16 @@ class _State:
 _state = _State()
 
 
-def configure(enabled: bool, hold_for: float, control_file: str | None = None) -> None:
+def configure(config: HoldConfig) -> None:
     """Turns holding on (or off) for this process (`_job._fate.patch`)."""
     with _state.lock:
-        _state.enabled = bool(enabled)
-        _state.hold_for = float(hold_for)
-        _state.control_file = control_file
+        _state.config = config
     _bus.register('held', _on_held)
 
 
 def enabled() -> bool:
     """Whether an uncaught exception holds the job (`configure`)."""
-    return _state.enabled
+    return _state.config.enabled
 
 
 def held_error() -> dict[str, Any] | None:
@@ -103,20 +117,21 @@ def _said(error: dict[str, Any]) -> str:
 def _attach_hint() -> str:
     """How to reach the held job from a notebook (`InstallOptions` refuses holding without a
     control file, so there is one)."""
-    path = _state.control_file or 'CONTROL_FILE'
+    path = _state.config.control_file or 'CONTROL_FILE'
     return f"%load_ext mhnotebook, then %mh_attach {path} (or mhnotebook.attach('{path}'))"
 
 
 def hold(error: str, site: str, tb: TracebackType | None) -> None:
     """This host's program raised ``error`` at ``site``: hold every host; returns when the hold
     ends (stepping turned off by a release, or ``hold_for`` seconds), the error to go on."""
+    config = _state.config  # one reading: a later configure does not change this hold
     now = time.time()
     info = {
         'process': _kv.process_index(),
         'error': error,
         'site': site,
         'since': now,
-        'until': now + _state.hold_for,
+        'until': now + config.hold_for,
     }
     _state.error, _state.tb = info, tb
     try:
@@ -132,16 +147,16 @@ def hold(error: str, site: str, tb: TracebackType | None) -> None:
         'multihost: %s; holding every host for at most %.0f s (--hold-for). To inspect it: %s; '
         'job.release_all() (%%mh_step continue) then lets the error go on',
         _said(info),
-        _state.hold_for,
+        config.hold_for,
         _attach_hint(),
     )
-    deadline = time.monotonic() + _state.hold_for
+    deadline = time.monotonic() + config.hold_for
     try:
         while time.monotonic() < deadline and _stepgate.stepping_enabled():
             time.sleep(_SLICE_S)
     finally:
         if _stepgate.stepping_enabled():
-            why = f'the hold ended after {_state.hold_for:.0f} s (--hold-for)'
+            why = f'the hold ended after {config.hold_for:.0f} s (--hold-for)'
         else:
             why = 'released'
         log.warning('multihost: %s; the error of process %d goes on', why, info['process'])

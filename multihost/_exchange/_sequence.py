@@ -55,9 +55,20 @@ _MAX_CALLS = 16  # ... and at most this many distinct calls of the hosts that ar
 
 def default_timeout() -> float:
     """The timeout used when none is given: ``MULTIHOST_TIMEOUT`` or `DEFAULT_TIMEOUT`."""
+    timeout = timeout_from_env()
+    return DEFAULT_TIMEOUT if timeout is None else timeout
+
+
+def timeout_from_env() -> float | None:
+    """``MULTIHOST_TIMEOUT`` in seconds, None when unset: the one place that reads it (the
+    explicit calls' default here, ``install``'s timeout in `multihost._job._options`).
+
+    Raises:
+        ValueError: not a positive number (naming the variable and the fix).
+    """
     raw = os.environ.get('MULTIHOST_TIMEOUT')
     if raw is None or raw == '':
-        return DEFAULT_TIMEOUT
+        return None
     try:
         value = float(raw)
     except ValueError:

@@ -1,6 +1,6 @@
 """Attach: under `multihost.install` with a control file, process 0 serves the control endpoint.
 
-A patcher of `_install.PATCHERS`. With ``control_file`` (``install(control_file=...)``,
+A patcher of `_install.patchers`. With ``control_file`` (``install(control_file=...)``,
 ``python -m multihost run --control-file PATH``, ``MULTIHOST_CONTROL_FILE``), `patch`
 wraps ``jax.distributed.initialize`` (install runs before it); when it has
 returned, it starts this process's debug thread (so that stacks, wavefront and
@@ -35,10 +35,9 @@ from multihost import _jax_adapter
 from multihost._debug import _control
 from multihost._exchange import _bus, _kv
 from multihost._job import _dumpfile
+from multihost._job._options import InstallOptions
 
 log = logging.getLogger('multihost')
-#: The interface bound unless ``control_address`` says otherwise.
-LOOPBACK = '127.0.0.1'
 
 
 class _State:
@@ -53,24 +52,17 @@ class _State:
 _state = _State()
 
 
-def patch(options: Any) -> None:
+def patch(options: InstallOptions) -> None:
     """With ``options.control_file``: serve once ``jax.distributed.initialize`` has returned.
 
     Replaces ``jax.distributed.initialize`` by a version that serves right
     after JAX's returns (the client exists before it connects: nothing may
     talk to the service until initialize is done); when JAX is initialized
-    already, serves now.
+    already, serves now. (`InstallOptions.resolve` checked the folder.)
     """
-    path = getattr(options, 'control_file', None)
+    path, address = options.control_file, options.control_address
     if not path:
         return
-    folder = os.path.dirname(path) or '.'
-    if not os.path.isdir(folder):
-        raise ValueError(
-            f'control_file {path!r}: the folder {folder!r} does not exist; '
-            'create it or give a path in an existing folder'
-        )
-    address = getattr(options, 'control_address', None) or LOOPBACK
     import jax.distributed
 
     with _state.lock:

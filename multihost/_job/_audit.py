@@ -36,7 +36,6 @@ import collections
 import hashlib
 import inspect
 import json
-import os
 import sys
 import threading
 import time
@@ -58,7 +57,6 @@ from multihost._models._audit import (
 from multihost._models._layout import format_index
 from multihost._text import fmt_hosts
 
-ENV = 'MULTIHOST_AUDIT'
 #: Launches of each function audited from its first call.
 FIRST = 10
 #: Then every N-th launch of it, unless told (``--audit=N``): see docs/benchmarks.md.
@@ -654,14 +652,3 @@ def _serve_report(**_: Any) -> AuditReport:
 
 # The control endpoint answers `ControlClient.audit` with this host's (process 0's) report.
 _control.register_method('audit', _serve_report)
-
-
-def from_env() -> int:
-    """N from ``MULTIHOST_AUDIT`` (0 when unset)."""
-    raw = os.environ.get(ENV)
-    if raw is None or not raw.strip():
-        return 0
-    try:
-        return every_from(raw)
-    except ValueError as exc:
-        raise ValueError(f'{ENV}={raw!r}: {exc}') from None

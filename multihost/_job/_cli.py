@@ -1,11 +1,7 @@
 """The ``multihost`` command's words: its parser, every option's sentence, one-line errors.
 
     multihost [demo] [--hosts N] [--devices D]
-    multihost run [--check-jit] [--timeout S] [--control-file PATH]
-                  [--control-address HOST] [--dump-dir DIR] [--hold-on-error]
-                  [--hold-for S] [--allow-exec] [--audit [N]] [--audit-log DIR]
-                  [--audit-raise]
-                  (SCRIPT | -m MODULE) [ARGS ...]
+    multihost run [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]
     multihost analyze DIR [DIR ...]
     multihost audit-diff [--shift K] DIR_A DIR_B
 
@@ -14,13 +10,15 @@ name in its messages differs. This module parses and checks, and runs
 nothing: `_run` runs a program, `_analyze` reads dumps, the demo lives in
 `multihost.__main__`. A mistake raises `UsageError`, which the command prints
 as one line and exits 2 (argparse's own parser would print its usage block
-first); ``--help`` is argparse's, exit 0.
+first); ``--help`` is argparse's, exit 0. ``run``'s options are `_options.OPTIONS`'.
 """
 
 from __future__ import annotations
 
 import argparse
 from typing import Any, NoReturn
+
+from multihost._job import _options
 
 COMMANDS = ('demo', 'run', 'analyze', 'audit-diff')
 
@@ -53,42 +51,24 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f'{self.prog}: error: {message} ({usage}; --help describes each option)')
 
 
-def _seconds(value: str) -> float:
-    """``--timeout``'s value: a positive number of seconds."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'needs a number of seconds, got {value!r}') from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f'needs a positive number of seconds, got {value!r}')
-    return seconds
-
-
-def _audit_every(value: str) -> int:
-    """``--audit``'s N: a whole number (``on``: the default)."""
-    from multihost._job import _audit
-
-    try:
-        return _audit.every_from(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def bare_options(argv: list[str]) -> list[str]:
-    """``run``'s arguments with ``--audit N`` (before the program) as ``--audit=N`` when N is a
-    whole number, and a bare ``--audit`` as ``--audit=on``: the next word is the program then
-    (argparse alone would take a script's name for N)."""
+    """``run``'s arguments with an option whose value may be left out (``--audit``) joined to
+    its value (``--audit=N``) when the next word is a whole number, else to its bare word
+    (``--audit=on``): the next word is the program then (argparse alone would take a script's
+    name for N)."""
+    bare = {o.flag: o.bare for o in _options.OPTIONS if o.bare is not None}
+    valued = {o.flag for o in _options.OPTIONS if not o.is_flag and o.bare is None}
     out = list(argv)
     i = 0
     while i < len(out):
         token = out[i]
-        if token == '--audit':
+        if token in bare:
             if i + 1 < len(out) and out[i + 1].isdigit():
-                out[i : i + 2] = [f'--audit={out[i + 1]}']
+                out[i : i + 2] = [f'{token}={out[i + 1]}']
             else:
-                out[i] = '--audit=on'
+                out[i] = f'{token}={bare[token]}'
         elif token == '-m' or token == '--' or not token.startswith('-'):
-            if i and out[i - 1] in _VALUED:
+            if i and out[i - 1] in valued:
                 i += 1
                 continue  # an option's value, not the program
             break
@@ -96,22 +76,16 @@ def bare_options(argv: list[str]) -> list[str]:
     return out
 
 
-#: ``run``'s options that take a separate value.
-_VALUED = (
-    '--timeout',
-    '--control-file',
-    '--control-address',
-    '--dump-dir',
-    '--hold-for',
-    '--audit-log',
-)
+def _value(option: _options.Option) -> Any:
+    """argparse's ``type`` of ``option``: its parse, a bad value said as ``needs ..., got V``."""
 
+    def parse(text: str) -> Any:
+        try:
+            return option.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f'{exc}, got {text!r}') from None
 
-def _text(value: str) -> str:
-    """A string option's value: not empty."""
-    if not value:
-        raise argparse.ArgumentTypeError('needs a non-empty value')
-    return value
+    return parse
 
 
 def count(value: str) -> int:
@@ -144,92 +118,19 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """``run``'s options; everything after SCRIPT (or after -m MODULE) is the program's."""
-    parser.add_argument(
-        '--check-jit',
-        action='store_true',
-        help='Before each jitted launch that spans devices of more than one process, check that '
-        'every host launches the same computation (MULTIHOST_CHECK_JIT=1 does the same).',
-    )
-    parser.add_argument(
-        '--timeout',
-        type=_seconds,
-        metavar='S',
-        help='Seconds after which a collective that some host never reaches raises '
-        "BarrierTimeoutError naming the missing hosts (default: wait as long as JAX's would, "
-        'logging who is missing).',
-    )
-    parser.add_argument(
-        '--control-file',
-        type=_text,
-        metavar='PATH',
-        help='Process 0 serves a control endpoint and writes its connection file here, for '
-        'mhnotebook.attach(PATH) from a notebook (MULTIHOST_CONTROL_FILE too).',
-    )
-    parser.add_argument(
-        '--control-address',
-        type=_text,
-        metavar='HOST',
-        help='The interface the control endpoint listens on (default: loopback; '
-        'MULTIHOST_CONTROL_ADDRESS too).',
-    )
-    parser.add_argument(
-        '--dump-dir',
-        type=_text,
-        metavar='DIR',
-        help='Each host writes DIR/process-<i>.json when something goes wrong (a timeout, a '
-        'mismatch, an uncaught exception, a hang, a preemption notice, or SIGUSR1 sent to it); '
-        "read them with 'analyze DIR' (MULTIHOST_DUMP_DIR too).",
-    )
-    parser.add_argument(
-        '--hold-on-error',
-        action='store_true',
-        help='When the program raises on a host, hold every host where it is (the failing one '
-        'at its error, the others at their next collective, barrier or launch) so a notebook '
-        'can attach (needs --control-file) and inspect the values; job.release_all() in the '
-        'notebook ends the hold and the error goes on; with --check-jit too, every host holds '
-        'before its launch, so state a step donates stays readable '
-        '(MULTIHOST_HOLD_ON_ERROR=1 too).',
-    )
-    parser.add_argument(
-        '--hold-for',
-        type=_seconds,
-        metavar='S',
-        help='With --hold-on-error: the longest hold, in seconds; then the error goes on as '
-        'without the flag (default: 1800; MULTIHOST_HOLD_FOR too).',
-    )
-    parser.add_argument(
-        '--allow-exec',
-        action='store_true',
-        help='Let a notebook attached with the control key run code cells on the hosts, in '
-        'their held frames: whoever holds the key then runs code as the job (off by default, '
-        'the key grants inspection only; MULTIHOST_ALLOW_EXEC=1 too).',
-    )
-    parser.add_argument(
-        '--audit',
-        type=_audit_every,
-        nargs='?',
-        metavar='N',
-        help='Audit the launches that span processes while the job runs: the first 10 of each '
-        'jitted function, then every N-th (--audit N or --audit=N; alone, --audit: N = 50), '
-        'compared across hosts off the main thread: replica drift, duplicate data, the first '
-        'NaN or Inf, each reported once on every host (MULTIHOST_AUDIT=N too).',
-    )
-    parser.add_argument(
-        '--audit-log',
-        type=_text,
-        metavar='DIR',
-        help='With the audit (turned on by this option), each host writes the fingerprints of '
-        'the audited launches\' fresh inputs to DIR/audit-<process>.jsonl, for "multihost '
-        'audit-diff" between two runs (MULTIHOST_AUDIT_LOG too).',
-    )
-    parser.add_argument(
-        '--audit-raise',
-        action='store_true',
-        help='With the audit (turned on by this option), its first finding raises AuditError '
-        'on every host at its next jitted launch, so the job ends there, or is held there '
-        'when it holds on errors (MULTIHOST_AUDIT_RAISE=1 too).',
-    )
+    """``run``'s options (`_options.OPTIONS`); everything after SCRIPT (or after -m MODULE) is
+    the program's."""
+    for option in _options.OPTIONS:
+        if option.is_flag:
+            parser.add_argument(option.flag, action='store_true', help=_options.cli_help(option))
+            continue
+        parser.add_argument(
+            option.flag,
+            type=_value(option),
+            nargs='?' if option.bare is not None else None,
+            metavar=option.metavar,
+            help=_options.cli_help(option),
+        )
     parser.add_argument(
         '-m',
         dest='module',
@@ -395,20 +296,11 @@ def run_target(
     Raises:
         UsageError: no program was named, or ``-m`` without a module.
     """
-    options: dict[str, object] = {}
-    if args.check_jit:
-        options['check_jit'] = True
-    if args.hold_on_error:
-        options['hold_on_error'] = True
-    if args.allow_exec:
-        options['allow_exec'] = True
-    if args.audit_raise:
-        options['audit_raise'] = True
-    names = ('timeout', 'control_file', 'control_address', 'dump_dir', 'hold_for', 'audit',
-             'audit_log')  # fmt: skip
-    for name in names:
-        if getattr(args, name) is not None:
-            options[name] = getattr(args, name)
+    options: dict[str, object] = {}  # the options given (`_options.InstallOptions.resolve`)
+    for option in _options.OPTIONS:
+        value = getattr(args, option.name)
+        if value is not None and value is not False:
+            options[option.name] = value
     if args.module is not None:
         if not args.module:
             parser.error('-m needs a module name (as in: -m package.train)')

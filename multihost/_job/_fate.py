@@ -1,6 +1,6 @@
 """One host's error ends the job in seconds, every host saying why (fate-sharing with a verdict).
 
-A patcher of `multihost.install` (`_install.PATCHERS`): it arms once
+A patcher of `multihost.install` (`_install.patchers`): it arms once
 ``jax.distributed.initialize`` has returned (or at once if it has), in every
 process of a job run under install (``multihost run``, ``MULTIHOST_INSTALL``).
 ``MULTIHOST_FATE=0`` leaves it off, and so does a recoverable job
@@ -66,6 +66,7 @@ from typing import Any, NoReturn
 from multihost import _jax_adapter
 from multihost._debug import _hold
 from multihost._exchange import _bus, _kv
+from multihost._job._options import InstallOptions
 from multihost._text import failure_phrase, fmt_hosts, short_site
 
 #: The exit code of a host ended because another host failed (``EX_TEMPFAIL``: the
@@ -121,21 +122,12 @@ def enabled() -> bool:
     return os.environ.get('MULTIHOST_FATE', '1').strip() not in ('0', 'false', 'no', 'off')
 
 
-def patch(options: Any) -> None:
+def patch(options: InstallOptions) -> None:
     """Arms once ``jax.distributed.initialize`` has returned (now, if it has)."""
     if not enabled():
         return
-    from multihost._exchange import _sequence
-
-    try:
-        _state.timeout = options.wait(_sequence.default_timeout())
-    except (AttributeError, ValueError):  # not InstallOptions, or a bad MULTIHOST_TIMEOUT
-        _state.timeout = math.inf
-    _hold.configure(  # --hold-on-error: a failing host holds the job first (`_debug._hold`)
-        bool(getattr(options, 'hold_on_error', False)),
-        float(getattr(options, 'hold_for', 1800.0)),
-        getattr(options, 'control_file', None),
-    )
+    _state.timeout = options.wait
+    _hold.configure(options.hold)  # --hold-on-error: a failing host holds the job first
     import jax.distributed
 
     with _state.lock:
@@ -176,7 +168,7 @@ def unpatch() -> None:
             sys.exit = _state.sys_exit
         _state.sys_exit = None
         _state.armed = False
-    _hold.configure(False, 0.0)
+    _hold.configure(_hold.HoldConfig())
 
 
 def _heartbeat_of(initialize: Any, args: Any, kwargs: Any) -> float:

@@ -5,7 +5,7 @@ JAX's public functions of `jax.experimental.multihost_utils` were: on that
 module, and wherever an imported module took one of them by name
 (``from jax.experimental.multihost_utils import sync_global_devices``), found
 by identity in every module's globals. Then it runs the patchers
-(`PATCHERS`). `uninstall` puts every replaced reference back, also in modules
+(`patchers`). `uninstall` puts every replaced reference back, also in modules
 imported while installed that took ours by name (found the same way), and
 undoes the patchers. Our own modules keep JAX's originals (captured at
 import): an installed call never reaches itself.
@@ -21,28 +21,46 @@ who is missing and where (`_sequence.waiting`). Explicit calls of
 from __future__ import annotations
 
 import functools
-import importlib
 import sys
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from multihost._checks import _treediff
 from multihost._core import _arrays, _collectives, _fault
 from multihost._exchange import _sequence
+from multihost._job import _options
 from multihost._job._options import InstallOptions
 
-#: The patcher modules `install` runs, in order, each as ``patch(options)`` and
-#: ``unpatch()`` (imported when installing; one that does not exist is skipped).
-PATCHERS: tuple[str, ...] = (
-    'multihost._job._jit',
-    'multihost._job._service',
-    'multihost._job._attach',
-    'multihost._job._numbering',  # hosts numbered one way (process_index, TPU_WORKER_ID)
-    'multihost._job._fate',
-    'multihost.engine.held',  # every host answers an attached notebook's data tools
-)
+
+class Patcher(Protocol):
+    """What `install` runs after swapping the functions: a module with these two."""
+
+    __name__: str
+
+    def patch(self, options: InstallOptions) -> None:
+        """Applies the options (again: takes the new ones); raises to refuse them."""
+
+    def unpatch(self) -> None:
+        """Undoes `patch` (a no-op when not patched)."""
+
+
+def patchers() -> tuple[Patcher, ...]:
+    """The patchers `install` runs, in order (`uninstall`: in reverse). Imported when
+    installing, not with `multihost`: `multihost.engine` imports the package itself."""
+    from multihost._job import _attach, _fate, _jit, _numbering, _service
+    from multihost.engine import held
+
+    return (
+        _jit,
+        _service,
+        _attach,
+        _numbering,  # hosts numbered one way (process_index, TPU_WORKER_ID)
+        _fate,
+        held,  # every host answers an attached notebook's data tools
+    )
+
 
 #: JAX's public functions that become ours: name -> (ours, whether it waits in
 #: the collective sequence, so its installed form gets the installed timeout).
@@ -69,7 +87,7 @@ class _Installed:
         self.originals: dict[str, Any] = {}  # name -> JAX's function
         self.replacements: dict[str, Any] = {}  # name -> what took its place
         self.references = 0  # by-name references replaced at install (the module's own too)
-        self.patchers: list[types.ModuleType] = []
+        self.patchers: list[Patcher] = []
 
 
 _lock = threading.Lock()
@@ -102,64 +120,28 @@ def install(
     multihost run` installs before the program imports anything.
 
     Args:
-      check_jit: also check, across hosts and before launch, every jitted
-        launch spanning devices of more than one process (``MULTIHOST_CHECK_JIT=1``
-        turns it on too).
-      timeout: seconds after which an installed call raises
-        `BarrierTimeoutError`. None (the default): it waits as long as JAX's
-        would and logs, every ``MULTIHOST_TIMEOUT`` (default
-        `DEFAULT_TIMEOUT`), one line naming who is missing and where (a
-        WARNING of the ``multihost`` logger; stderr when logging is not
-        configured), unless ``MULTIHOST_TIMEOUT`` is set: then that is the
-        timeout.
-      control_file: process 0 serves the control endpoint (`ControlClient`,
-        ``mhnotebook.attach``) once ``jax.distributed.initialize`` ran, and
-        writes its connection file here (JSON, mode 0600, removed at a clean
-        exit); ``MULTIHOST_CONTROL_FILE`` sets it too. None: no endpoint.
-      control_address: the interface the endpoint binds; default loopback
-        (``MULTIHOST_CONTROL_ADDRESS``). An address on the cluster network
-        lets a notebook on another machine attach.
-      dump_dir: each host writes a dump there when something goes wrong
-        (``MULTIHOST_DUMP_DIR``).
-      hold_on_error: when the program raises on a host, every host is held
-        (the failing one at its error, the others at their next collective,
-        barrier or recorded launch) for at most ``hold_for`` seconds (default
-        1800), so a notebook can attach and inspect; ``release_all`` ends the
-        hold and the error goes on (``MULTIHOST_HOLD_ON_ERROR=1``,
-        ``MULTIHOST_HOLD_FOR``).
-      allow_exec: a notebook attached with the control key may run ``%%mh`` cells
-        on the hosts, in their held frames (``MULTIHOST_ALLOW_EXEC=1``). Off by
-        default: the key then grants inspection only (the data tools parse names,
-        they evaluate nothing); on, whoever holds the key runs code as the job.
-      audit: audit, while it runs, the jitted launches that span processes: the first
-        10 of each function, then every ``audit``-th (True: the default N); their arguments'
-        and results' blocks are fingerprinted on each host and compared across hosts off
-        the main thread: replica drift, duplicate data, the first non-finite
-        (`multihost.audit_report`; ``MULTIHOST_AUDIT=N``). None: ``MULTIHOST_AUDIT``, else off.
-      audit_log: an existing directory where each host writes the fingerprints of the
-        audited launches' fresh inputs (``audit-<process>.jsonl``), for ``multihost
-        audit-diff`` between two runs; turns the audit on (``MULTIHOST_AUDIT_LOG``).
-      audit_raise: the audit's first finding raises `AuditError` on every host at its next
-        recorded launch (with ``hold_on_error``: every host is held there); turns the audit
-        on (``MULTIHOST_AUDIT_RAISE=1``).
+      (each option's sentence, from `_options.OPTIONS`; assembled below the function)
+
+    Raises:
+      ValueError: already installed with other options (`uninstall` first).
+    """
+    apply(InstallOptions.resolve(locals()))  # exactly the keywords: nothing else is bound yet
+
+
+install.__doc__ = (install.__doc__ or '').replace(
+    "      (each option's sentence, from `_options.OPTIONS`; assembled below the function)\n",
+    _options.install_args() + '\n',
+)
+
+
+def apply(options: InstallOptions) -> None:
+    """`install` with its options resolved (``multihost run``: `InstallOptions.resolve` of the
+    command line's).
 
     Raises:
       ValueError: already installed with other options (`uninstall` first).
     """
     global _active
-    options = InstallOptions.resolve(
-        check_jit,
-        timeout,
-        control_file,
-        control_address,
-        dump_dir,
-        hold_on_error,
-        hold_for,
-        allow_exec,
-        audit,
-        audit_log,
-        audit_raise,
-    )
     with _lock:
         if _active is not None:
             if _active.options == options:
@@ -182,11 +164,9 @@ def install(
                 done.replacements[name] = _preemption_point(ours)
         done.references = _swap(done.originals, done.replacements)
         try:
-            for module_name in PATCHERS:
-                patcher = _patcher(module_name)
-                if patcher is not None:
-                    patcher.patch(options)
-                    done.patchers.append(patcher)
+            for patcher in patchers():
+                patcher.patch(options)
+                done.patchers.append(patcher)
         except BaseException:
             _undo(done)
             raise
@@ -250,22 +230,12 @@ def _undo(done: _Installed) -> None:
         _swap(done.replacements, done.originals)
 
 
-def _patcher(name: str) -> Any:
-    """The patcher module ``name``, or None when that very module does not exist (yet)."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name == name:
-            return None
-        raise
-
-
 def _installed_call(ours: Callable[..., Any], options: InstallOptions) -> Callable[..., Any]:
     """``ours`` as installed: collectives given no timeout wait `InstallOptions.wait`."""
 
     @functools.wraps(ours)
     def installed_call(*args: Any, **kwargs: Any) -> Any:
-        with _sequence.waiting(options.wait(_sequence.default_timeout())):
+        with _sequence.waiting(options.wait):
             return ours(*args, **kwargs)
 
     return installed_call

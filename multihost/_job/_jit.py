@@ -49,6 +49,7 @@ from multihost import _cells, _jax_adapter, _recorder
 from multihost._debug import _stepgate, _watch
 from multihost._exchange import _sequence
 from multihost._job import _audit
+from multihost._job._options import InstallOptions
 
 #: Module name prefixes whose references are never replaced: JAX's own (which
 #: jits its eager operations) and the toolkit's.
@@ -401,21 +402,17 @@ def _clear_getattr_cache(module: Any) -> None:
 # -- the patcher contract ---------------------------------------------------------------
 
 
-def patch(options: Any) -> None:
+def patch(options: InstallOptions) -> None:
     """Installs the recording jit (``options.check_jit``: check spanning launches across hosts).
 
     Touches neither the backend nor the coordination service: callable before
     `jax.distributed.initialize`. Patching again only takes the new options.
     """
     global _ACTIVE, _CHECK, _AUDIT
-    _CHECK = _state.check = bool(getattr(options, 'check_jit', False))
-    every = int(getattr(options, 'audit', 0) or 0)
-    _audit.enable(
-        every, getattr(options, 'audit_log', None), bool(getattr(options, 'audit_raise', False))
-    )
-    _AUDIT = every > 0
-    wait = getattr(options, 'wait', None)  # a test's stand-in options may lack it
-    _state.wait = wait(_sequence.default_timeout()) if wait else _sequence.default_timeout()
+    _CHECK = _state.check = options.check_jit
+    _audit.enable(options.audit, options.audit_log, options.audit_raise)
+    _AUDIT = options.audit > 0
+    _state.wait = options.wait
     if _state.active:
         return
     if not _state.excluded:

@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from multihost import _jax_adapter
+from multihost._job._options import InstallOptions
 
 
 class HostNumberingError(RuntimeError):
@@ -67,7 +68,7 @@ def check_numbering(environ: Any = None) -> None:
         )
 
 
-def patch(options: Any) -> None:
+def patch(options: InstallOptions) -> None:
     """Checks after ``jax.distributed.initialize`` returns, or now when it already has."""
     import jax.distributed
 

@@ -1,15 +1,10 @@
 """``multihost run``: an unmodified program, with `multihost.install` applied first.
 
-    multihost run [--check-jit] [--timeout S] [--control-file PATH]
-                  [--control-address HOST] [--dump-dir DIR] SCRIPT [ARGS...]
+    multihost run [OPTIONS] SCRIPT [ARGS...]
     multihost run [OPTIONS] -m MODULE [ARGS...]
 
-(``python -m multihost run`` is the same; the options and their help are in `_cli`.)
-
-``--control-file PATH``: process 0 serves the control endpoint and writes its
-connection file there (``mhnotebook.attach(PATH)``; see `_attach`).
-``--dump-dir DIR``: each host writes ``DIR/process-<i>.json`` when something
-goes wrong (`_dump`); ``multihost analyze DIR`` reads them.
+(``python -m multihost run`` is the same; the options are `_options.OPTIONS`, the parser
+`_cli`.)
 
 Installs, then runs the program as ``__main__`` the way ``python SCRIPT`` /
 ``python -m MODULE`` would (`runpy`): the same ``sys.argv`` (the program's),
@@ -37,7 +32,7 @@ UsageError = _cli.UsageError  # the parse error (its message is one line; the co
 
 
 def parse(argv: list[str], prog: str = PROG) -> tuple[dict[str, object], str, bool, list[str]]:
-    """``(install options, target, is_module, the program's own arguments)``.
+    """``(install options given, target, is_module, the program's own arguments)``.
 
     Options end at the first argument that is not one (the script) or after
     ``-m MODULE``: everything after belongs to the program, as with python.
@@ -62,11 +57,13 @@ def main(argv: list[str], prog: str = PROG) -> None:
 def run(
     options: dict[str, object], target: str, is_module: bool, args: list[str], prog: str = PROG
 ) -> None:
-    """Installs, then runs the program; returns only if the program returns (exit status 0)."""
-    from multihost._job._install import install
+    """Installs (``options``: `_cli.run_target`'s, the options given), then runs the program;
+    returns only if the program returns (exit status 0)."""
+    from multihost._job import _install
+    from multihost._job._options import InstallOptions
 
     try:
-        install(**options)  # type: ignore[arg-type]
+        _install.apply(InstallOptions.resolve(options))
     except ValueError as exc:  # an option's or a MULTIHOST_* variable's value: one line
         print(f'{prog}: error: {exc}', file=sys.stderr)
         raise SystemExit(2) from None

@@ -35,6 +35,7 @@ from typing import Any
 
 from multihost import _cells, _jax_adapter, _recorder
 from multihost._debug import _stacks
+from multihost._job._options import InstallOptions
 
 #: Client method -> the flight-record kind of its calls.
 METHODS = {
@@ -52,7 +53,7 @@ _patched: tuple[type, dict[str, Any]] | None = None
 _lock = threading.Lock()
 
 
-def patch(options: Any) -> None:
+def patch(options: InstallOptions) -> None:
     """Replaces the client class's barrier and blocking-get methods by recording ones.
 
     ``options`` (`InstallOptions`) changes nothing here: the library's own

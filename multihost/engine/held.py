@@ -42,7 +42,7 @@ import sys
 import threading
 import traceback
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from multihost import _names, _recorder
 from multihost._checks import _hostreads
@@ -50,6 +50,16 @@ from multihost._debug import _control, _hold, _stacks
 from multihost._exchange import _bus, _kv
 from multihost.engine import gather, tools
 from multihost.engine.cell import _Exec, run_cell
+
+
+class HeldOptions(Protocol):
+    """What `patch` reads of `multihost._job._options.InstallOptions` (named here, not
+    imported: `_job` stands above this room)."""
+
+    @property
+    def allow_exec(self) -> bool:
+        """``--allow-exec``: an attached notebook may run code cells."""
+
 
 __all__ = ['inspect', 'patch', 'run_cell', 'script_frames', 'unpatch']
 
@@ -377,10 +387,10 @@ def inspect(
     return out
 
 
-def patch(options: Any) -> None:
-    """An install patcher (`_job._install.PATCHERS`): every host answers ``inspect``
+def patch(options: HeldOptions) -> None:
+    """An install patcher (`_job._install.patchers`): every host answers ``inspect``
     (``run_cell`` too with ``allow_exec``)."""
-    _Exec.allowed = bool(getattr(options, 'allow_exec', False))
+    _Exec.allowed = options.allow_exec
     _bus.register('inspect', _handle)
     _control.register_method('inspect', inspect)
 
