@@ -31,7 +31,7 @@ from typing import Any
 import _jobs
 import pytest
 
-from multihost._job import _analyze, _dumpfile, _native
+from multihost._models import _analyze, _dumpfile, _native
 from multihost._job._fate import EXIT_PEER_FAILED
 
 HERE = os.path.dirname(os.path.abspath(__file__))
