@@ -198,8 +198,14 @@ _HOMES: dict[str, tuple[str, str]] = {
     'check_replicas': ('multihost._checks._replicas', 'check_replicas'),
     'assert_equal': ('multihost._checks._treediff', 'assert_equal'),
     'tree_diff': ('multihost._checks._treediff', 'tree_diff'),
-    'global_array_to_host_local_array': ('multihost._core._arrays', 'global_array_to_host_local_array'),
-    'host_local_array_to_global_array': ('multihost._core._arrays', 'host_local_array_to_global_array'),
+    'global_array_to_host_local_array': (
+        'multihost._core._arrays',
+        'global_array_to_host_local_array',
+    ),
+    'host_local_array_to_global_array': (
+        'multihost._core._arrays',
+        'host_local_array_to_global_array',
+    ),
     'barrier': ('multihost._core._collectives', 'barrier'),
     'broadcast_one_to_all': ('multihost._core._collectives', 'broadcast_one_to_all'),
     'process_allgather': ('multihost._core._collectives', 'process_allgather'),
