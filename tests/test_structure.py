@@ -172,10 +172,12 @@ FLOORS = {
         '_debug': 3,  # stacks, step gate, watch, wavefront, timeline, control
         '_checks': 4,  # tree diff, layout, replicas, census, non-finite values
         'engine': 5,  # the tools a host runs for the notebook (held: on an attached job too)
-        'testing': 5,  # the test harness: LocalCluster, its worker, the plain-process jobs
         '_job': 6,  # install (patchers: engine.held too), run, dumps, audit: jobs we did not start
         '__init__': 7,  # the public surface: loads every room below on its first name
-        '__main__': 8,
+        # the test harness: LocalCluster, its worker (a host that loads the drop-in whole, as
+        # a user's program does), the plain-process jobs
+        'testing': 8,
+        '__main__': 9,
     },
     'mhnotebook': {
         '_errors': 0,
