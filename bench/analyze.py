@@ -18,7 +18,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from multihost._job import _analyze, _dumpfile  # noqa: E402
+from multihost._models import _analyze, _dumpfile  # noqa: E402
 from tests import _dump_cases  # noqa: E402
 
 

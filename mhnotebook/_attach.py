@@ -263,7 +263,7 @@ class AttachedJob(DataViewBase):
             )
         points = [a['point'] for a in answers.values() if isinstance(a.get('point'), dict)]
         if len(points) > 1 and self._depth:
-            from multihost._models._points import HeldPoint  # imports jax (multihost's init)
+            from multihost._models._points import HeldPoint  # numpy: not at `import mhnotebook`
 
             self._points.append([HeldPoint.from_json(x) for x in sorted(points, key=_by_process)])
         return [answers[p]['ok'] for p in sorted(answers)]

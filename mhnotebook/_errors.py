@@ -226,7 +226,8 @@ SessionInterrupted = SessionInterruptedError
 
 def processes_phrase(processes: Sequence[int]) -> str:
     """``[3]`` -> ``'process 3'``; ``[0, 1, 2, 5]`` -> ``'processes 0-2, 5'`` (the words of
-    `multihost._text.fmt_hosts`, here without importing `multihost`, which imports jax)."""
+    `multihost._text.fmt_hosts`, here so that ``import mhnotebook`` imports nothing of
+    `multihost`)."""
     ps = sorted(set(processes))
     if not ps:
         return 'no process'

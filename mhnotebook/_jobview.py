@@ -351,7 +351,7 @@ class JobViewBase:
         and which host is late most often (``str(timeline.stragglers())``);
         hosts without records are silent.
         """
-        from multihost import Timeline
+        from multihost._models import Timeline
 
         return Timeline.build(
             self.flight_records(last=last, timeout=timeout), self._process_count()

@@ -1,7 +1,7 @@
 """``mhnotebook.postmortem(DIR...)``: a dead (or stuck) job's story from its dump files alone.
 
 Each host of a job run with ``--dump-dir DIR`` wrote ``DIR/process-<i>.json``
-(`multihost._job._dumpfile`). `postmortem` reads them into a `PostMortem`:
+(`multihost._models._dumpfile`). `postmortem` reads them into a `PostMortem`:
 a read-only job view (`_jobview.JobView`): the same models a `Session` or
 an `AttachedJob` answers (`where`, `wavefront`, `flight_records`, `timeline`), so
 the same views (`_views.where_view`, `timeline_view`) show them, and
@@ -22,9 +22,9 @@ from mhnotebook._jobview import FEATURES, JobViewBase
 
 if TYPE_CHECKING:
     from multihost import AuditReport, FlightRecord, HostStacks, Wavefront
-    from multihost._job._analyze import Verdict
-    from multihost._job._dumpfile import Dump
-    from multihost._job._native import NativeStacks
+    from multihost._models._analyze import Verdict
+    from multihost._models._dumpfile import Dump
+    from multihost._models._native import NativeStacks
 
 __all__ = ['PostMortem', 'PostMortemError', 'postmortem']
 
@@ -102,15 +102,15 @@ class PostMortem(JobViewBase):
     def _stacks(self, timeout: float) -> dict[int, HostStacks]:
         # Each dumped host's stacks, as it wrote them (one that dumped at its timeout:
         # waiting in the check that failed, as the verdict says, `_analyze.at_dump`).
-        from multihost._job._analyze import at_dump
+        from multihost._models._analyze import at_dump
 
         return {d.process: at_dump(d)[1] for d in self.dumps}
 
     def _wavefront(self, timeout: float) -> Wavefront:
         # Every host's position at its dump (as the verdict reads it); a host without a
         # dump is silent, and why.
-        from multihost import Wavefront
-        from multihost._job._analyze import at_dump
+        from multihost._models import Wavefront
+        from multihost._models._analyze import at_dump
         from multihost._models._wavefront import HostFront
 
         by = {d.process: at_dump(d)[0] for d in self.dumps}
@@ -127,7 +127,7 @@ class PostMortem(JobViewBase):
 
     def verdict(self) -> Verdict:
         """The ``python -m multihost analyze`` verdict (``str()`` of it is its text)."""
-        from multihost._job._analyze import analyze
+        from multihost._models._analyze import analyze
 
         return analyze(list(self.dumps), self.native_stacks)
 
@@ -151,7 +151,7 @@ class PostMortem(JobViewBase):
         """One line for the job, one per dump (its trigger), one per missing dump."""
         dirs = ', '.join(self.directories)
         lines = [f'{len(self.dumps)} of {self.num_processes} processes dumped in {dirs}']
-        from multihost._job._analyze import audit_lines, native_lines, position
+        from multihost._models._analyze import audit_lines, native_lines, position
 
         for d in self.dumps:
             at = time.strftime('%H:%M:%S', time.localtime(d.trigger_time or d.written))
@@ -186,8 +186,8 @@ def postmortem(*directories: str | os.PathLike[str]) -> PostMortem:
       PostMortemError: no directory given, a directory missing or holding no
         dump, or a file there that is not a dump (one line naming the path).
     """
-    from multihost._job._dumpfile import DumpFormatError, read_dirs
-    from multihost._job._native import read_dirs as read_native_dirs
+    from multihost._models._dumpfile import DumpFormatError, read_dirs
+    from multihost._models._native import read_dirs as read_native_dirs
 
     if not directories:
         raise PostMortemError('postmortem needs a directory: the --dump-dir the job was run with')

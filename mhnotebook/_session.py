@@ -60,7 +60,7 @@ def controller_url(client: Any) -> str | None:
 #: chatter above the lines that matter, never the user's own output or an error. Matched
 #: anywhere, not at a line's start: the engine's pipe reader may forward it between a
 #: ``print``'s text and its newline (the engine makes C's stdout line-buffered so that the
-#: report comes whole: `multihost.engine.calls.initialize`).
+#: report comes whole: `multihost.engine.start.initialize`).
 _GLOO_CHATTER = re.compile(
     r'\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. '
     r'Expected number of connected peer ranks is : \d+\n?'

@@ -130,7 +130,7 @@ def layout_view(
         ValueError: ``axes`` do not fit the array.
     """
     from mhnotebook.widgets import LayoutView, TreeLayoutView
-    from multihost import TreeLayout
+    from multihost._models import TreeLayout
 
     layout, report = session.layout(name)
     if isinstance(layout, TreeLayout):

@@ -2,7 +2,7 @@
 
     multihost [demo] [--hosts N] [--devices D]
     multihost run [OPTIONS] (SCRIPT | -m MODULE) [ARGS ...]   (see _job._run)
-    multihost analyze DIR [DIR ...]   (the dumps of --dump-dir: see _job._analyze)
+    multihost analyze DIR [DIR ...]   (the dumps of --dump-dir: see _models._analyze)
     multihost audit-diff DIR_A DIR_B  (two runs' --audit-log: see _job._auditlog)
 
 The parser and every option's help are in `multihost._job._cli`. The demo
@@ -83,13 +83,16 @@ def main(argv: list[str] | None = None, prog: str = 'python -m multihost') -> in
         print(exc, file=sys.stderr)
         return 2
     if args.command == 'run':  # an unmodified program, installed first
+        import multihost
         from multihost._job import _run
+
+        multihost._load()  # the whole drop-in, as on every host that uses one of its names
 
         options, target, is_module, program_args = args.target
         _run.run(options, target, is_module, program_args, prog=f'{prog} run')
         return 0
     if args.command == 'analyze':  # the verdict from the dumps a job left
-        from multihost._job import _analyze
+        from multihost._models import _analyze
 
         return _analyze.report(args.dirs, prog=f'{prog} analyze')
     if args.command == 'audit-diff':  # where two runs' data first differ (--audit-log)

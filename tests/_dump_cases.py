@@ -14,7 +14,7 @@ from typing import Any
 
 from multihost._debug._debugmodel import HostStacks, ThreadStack
 from multihost._debug._wavefront import HostFront
-from multihost._job import _dumpfile
+from multihost._models import _dumpfile
 from multihost._recorder import FlightRecord
 
 RECORDS = 50

@@ -12,7 +12,7 @@ from typing import Any
 import _dump_cases
 import pytest
 
-from multihost._job import _analyze, _dumpfile
+from multihost._models import _analyze, _dumpfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -191,7 +191,7 @@ def test_faulthandler_stacks_parse_and_a_signal_with_no_json_after_says_the_gil_
     import tempfile
     import threading
 
-    from multihost._job import _native
+    from multihost._models import _native
 
     main = threading.main_thread().ident or 0
     with tempfile.TemporaryFile('w+') as f:
@@ -238,7 +238,7 @@ def test_pulse_words_and_its_round_trip_through_a_dump() -> None:
 
 
 def test_fatal_blocks_name_the_lost_coordination_service_only_when_process_0_left_nothing() -> None:
-    from multihost._job import _native
+    from multihost._models import _native
 
     def ended(p: int, fatal: str = 'Aborted') -> Any:
         frames = (('/x/multihost/_exchange/_kv.py', 9, 'wait'), ('/job/train.py', 71, 'step'))

@@ -22,7 +22,7 @@ from typing import Any
 import _jobs
 import pytest
 
-from multihost._job import _analyze, _dumpfile
+from multihost._models import _analyze, _dumpfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -52,7 +52,7 @@ def _ended_lines(results: list[tuple[int, str, str]]) -> dict[int, list[str]]:
 
 def _ended_within(dumps: str, results_at: float) -> float:
     """Seconds from process 2's failure (its dump's trigger time) to the last process's end."""
-    from multihost._job import _dumpfile
+    from multihost._models import _dumpfile
 
     (failed,) = [d for d in _dumpfile.read_dirs([dumps]) if d.process == 2]
     return results_at - failed.trigger_time
@@ -135,7 +135,7 @@ def test_a_host_ending_early_with_code_0_ends_the_hosts_waiting_for_it(tmp_path:
         (line,) = [x for x in results[p][2].splitlines() if x.startswith('multihost: process 3')]
         assert 'process 3 ended early (exit code 0) at _flax_job.py:' in line, line
         assert f'this host (process {p}) was ' in line and line.endswith('(exit code 75)'), line
-    from multihost._job import _dumpfile
+    from multihost._models import _dumpfile
 
     found = _dumpfile.read_dirs([dumps])
     assert sorted(d.process for d in found) == list(range(N))
@@ -156,7 +156,7 @@ def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path
     and process 2 a low one (issue 30, 5). With ``MULTIHOST_HANG_DUMP_S=5`` their watchdog
     dumps for the hang and asks every host, process 2 included, to dump."""
     import mhnotebook
-    from multihost._job import _dumpfile
+    from multihost._models import _dumpfile
 
     go = os.path.join(str(tmp_path), 'go')
     ckpt, dumps = os.path.join(str(tmp_path), 'ckpt'), os.path.join(str(tmp_path), 'dumps')
@@ -206,7 +206,7 @@ def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path
     # asked (in the job's stall, sleeping; whether busy or wedged depends on how long it had
     # stalled in the sampler's 5 s window: test_attach waits for 'wedged') and the others
     # inside the launch that waits for it.
-    from multihost._job import _analyze
+    from multihost._models import _analyze
 
     text = str(_analyze.analyze(found))
     (late,) = [ln for ln in text.splitlines() if 'process 2' in ln and 'time.sleep' in ln]

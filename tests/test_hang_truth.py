@@ -31,8 +31,8 @@ from typing import Any
 import _jobs
 import pytest
 
-from multihost._job import _analyze, _dumpfile, _native
 from multihost._job._fate import EXIT_PEER_FAILED
+from multihost._models import _analyze, _dumpfile, _native
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, '_flax_job.py')

@@ -289,7 +289,7 @@ def test_ctrl_c_says_the_program_s_line_not_jax_s(tmp_path: Any):
     _value``). Before: its dump was read as interrupted there; now at the program's line."""
     import signal
 
-    from multihost._job import _analyze, _dumpfile
+    from multihost._models import _analyze, _dumpfile
 
     tmp = str(tmp_path)
     go, dumps = os.path.join(tmp, 'go'), os.path.join(tmp, 'dumps')

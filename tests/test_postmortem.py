@@ -20,7 +20,7 @@ from _html import elements
 from test_dumps import Job
 
 import mhnotebook
-from multihost._job import _dumpfile
+from multihost._models import _dumpfile
 
 N = 4
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)

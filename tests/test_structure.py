@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).parent.parent
 PACKAGES = ('multihost', 'mhnotebook')
@@ -16,29 +18,88 @@ def _modules() -> dict[str, pathlib.Path]:
     out = {}
     for pkg in PACKAGES:
         for path in (ROOT / pkg).rglob('*.py'):
-            parts = path.relative_to(ROOT).with_suffix('').parts
-            name = '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
-            out[name] = path
+            out[_name_of(path)] = path
     return out
 
 
-def _imports(path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
-    """Project modules imported anywhere in ``path`` (module level or inside functions)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+def _name_of(path: pathlib.Path) -> str:
+    """``multihost/_exchange/_kv.py`` -> ``multihost._exchange._kv``; a package's
+    ``__init__.py`` -> the package."""
+    if not path.is_relative_to(ROOT):
+        return path.stem  # a file a test wrote
+    parts = path.relative_to(ROOT).with_suffix('').parts
+    return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def _named(
+    path: pathlib.Path, modules: dict[str, pathlib.Path] | None = None, name: str = ''
+) -> set[str]:
+    """Every module ``path`` imports, in any form and anywhere in it (module level, inside a
+    function, under ``TYPE_CHECKING``, in an ``__init__.py``):
+
+    * ``import a.b`` -> ``a.b``; ``from a import b`` -> ``a.b`` when that is a project
+      module, else ``a``; relative imports resolved against ``path``'s package;
+    * ``importlib.import_module('a.b')``, ``__import__('a.b')``: their literal name;
+    * in a module that imports by a computed name (``importlib.import_module(name)``), every
+      string that names a project module below a package (``'multihost.engine.held'``): the
+      table of modules it loads (the install patchers, the public surface's homes) is what
+      it imports.
+
+    The ``__init__.py`` of a package, which Python runs before any module in it, is not
+    counted for its submodules' importers: `test_the_jax_free_rooms_import_without_jax`
+    imports the rooms for real, so what that costs is measured there.
+    """
+    modules = _modules() if modules is None else modules
+    tree = ast.parse(path.read_text())
+    package = (name or _name_of(path)).split('.')
+    if path.name != '__init__.py':
+        package = package[:-1]
+    out: set[str] = set()
+    computed = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                parent = package[: len(package) - node.level + 1]
+                base = '.'.join([*parent, base] if base else parent)
             for alias in node.names:
-                sub = f'{node.module}.{alias.name}'
-                found.add(sub if sub in modules else node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-    return {m for m in found if m in modules and m not in PACKAGES}
+                sub = f'{base}.{alias.name}'
+                out.add(sub if sub in modules else base)
+        elif isinstance(node, ast.Call) and _loads_by_name(node.func):
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                out.add(arg.value)
+            else:
+                computed = True
+    if computed:
+        out.update(
+            n.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant)
+            and isinstance(n.value, str)
+            and n.value in modules
+            and '.' in n.value  # a module of a package (a bare package name: a prefix, a label)
+        )
+    return {n for n in out if n}
+
+
+def _loads_by_name(func: ast.expr) -> bool:
+    """``importlib.import_module``, ``import_module`` or ``__import__``."""
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, 'id', '')
+    return name in ('import_module', '__import__')
+
+
+def _imports(path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+    """Project modules ``path`` imports (`_named`), the packages' public surfaces included."""
+    return {m for m in _named(path, modules) if m in modules} - {_name_of(path)}
 
 
 def test_no_import_cycle():
-    """No module reaches itself through imports (package __init__ files aside)."""
+    """No module reaches itself through imports (the packages' public surfaces included)."""
     modules = _modules()
-    graph = {m: _imports(p, modules) - {m} for m, p in modules.items() if m not in PACKAGES}
+    graph = {m: _imports(p, modules) for m, p in modules.items()}
     cycles = []
 
     def visit(node: str, path: list[str]) -> None:
@@ -103,16 +164,20 @@ FLOORS = {
         '_names': 0,
         '_net': 0,  # addresses, routes, free ports (stdlib): engine, testing and the notebook
         '_cells': 0,  # notebook cells as IPython names them (Cell In[4]), looked up lazily
-        '_models': 1,  # the frozen models that cross the wire: numpy + stdlib, no engine code
+        # the frozen models that cross the wire, the dump files and their analysis: numpy +
+        # stdlib, importable without jax (test_the_jax_free_rooms_import_without_jax)
+        '_models': 1,
         '_exchange': 2,  # kv rounds, the collective sequence, the debug bus
         '_core': 3,  # the drop-in collectives and array conversions
         '_debug': 3,  # stacks, step gate, watch, wavefront, timeline, control
         '_checks': 4,  # tree diff, layout, replicas, census, non-finite values
-        '_job': 6,  # install (its patchers: engine.held too), run, dumps, signal handlers
-        'engine': 5,  # what the notebook calls on an engine
-        'testing': 5,  # the test harness: LocalCluster, its worker, the plain-process jobs
-        '__main__': 7,
-        '__init__': 7,  # the public surface re-exports every room
+        'engine': 5,  # the tools a host runs for the notebook (held: on an attached job too)
+        '_job': 6,  # install (patchers: engine.held too), run, dumps, audit: jobs we did not start
+        '__init__': 7,  # the public surface: loads every room below on its first name
+        # the test harness: LocalCluster, its worker (a host that loads the drop-in whole, as
+        # a user's program does), the plain-process jobs
+        'testing': 8,
+        '__main__': 9,
     },
     'mhnotebook': {
         '_errors': 0,
@@ -141,6 +206,16 @@ FLOORS = {
 
 #: Modules that are another room's old name (they only re-export it): in that room.
 ALIASES = {('multihost', 'local'): 'testing'}
+
+#: Modules on another floor than their room's. A session's engine starts through the public
+#: surface (`multihost.engine.start`: JAX, then `multihost.install`, which loads the drop-in),
+#: above `_job`, whose installer runs the room's `held` patcher; the face hands it on.
+PLACED = {'multihost.engine.start': 8, 'multihost.engine': 8}
+
+
+def _floor(module: str) -> int:
+    pkg, room = _room(module)
+    return PLACED.get(module, FLOORS[pkg][room])
 
 
 def _room(module: str) -> tuple[str, str]:
@@ -173,26 +248,20 @@ def test_no_import_runs_sideways_or_upward_between_rooms():
     wrong = []
     for m, path in modules.items():
         pkg, room = _room(m)
-        floor = FLOORS[pkg][room]
+        floor = _floor(m)
         crossing = {'mhnotebook'} & _top_imports(path) if pkg == 'multihost' else set()
         for dep in _imports(path, modules) | crossing:
             dpkg, droom = _room(dep)
             if pkg == 'multihost' and dpkg == 'mhnotebook':
                 wrong.append(f'{m} -> {dep} (the engine side never imports the notebook side)')
-            elif dpkg == pkg and droom != room and FLOORS[pkg][droom] >= floor:
-                wrong.append(f'{m} (floor {floor}) -> {dep} (floor {FLOORS[pkg][droom]})')
+            elif dpkg == pkg and (droom != room or _floor(dep) > floor) and _floor(dep) >= floor:
+                wrong.append(f'{m} (floor {floor}) -> {dep} (floor {_floor(dep)})')
     assert not wrong, 'imports against the floor map:\n' + '\n'.join(sorted(wrong))
 
 
 def _top_imports(path: pathlib.Path) -> set[str]:
-    """Top-level package names imported by ``path``."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module.split('.')[0])
-        elif isinstance(node, ast.Import):
-            out.update(a.name.split('.')[0] for a in node.names)
-    return out
+    """Top-level package names imported by ``path`` (every form, `_named`)."""
+    return {name.split('.')[0] for name in _named(path)}
 
 
 def test_every_engine_function_the_notebook_calls_is_in_engine_all():
@@ -234,17 +303,9 @@ def test_every_engine_tool_the_notebook_names_is_in_the_one_registry():
 
 
 def _imported_modules(path: pathlib.Path) -> set[str]:
-    """The modules ``path``'s import statements name (``from a.b import c``: ``a.b``, and
-    ``a.b.c`` only when it is a project module), lazy ones included."""
-    modules = _modules()
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            subs = {f'{node.module}.{a.name}' for a in node.names} & set(modules)
-            out.update(subs or {node.module})
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-    return out
+    """The modules ``path`` imports (`_named`: ``from a.b import c`` is ``a.b``, and ``a.b.c``
+    only when it is a project module), lazy ones included."""
+    return _named(path)
 
 
 def _third_party_reached(start: str) -> dict[str, set[str]]:
@@ -295,6 +356,150 @@ def test_the_models_check_sees_jax_through_a_helper():
     assert _third_party_reached('multihost._models._layout') == {
         'multihost._models._layout': {'numpy'},
         'multihost._models._hardware': {'numpy'},
+    }
+
+
+#: The floor-0 helpers that import jax (the exceptions every host raises; the one jax._src
+#: user): the rooms the notebook reads the models with stand on the others.
+JAX_HELPERS = ('multihost._errors', 'multihost._jax_adapter')
+
+#: Run with jax and jaxlib blocked: an import of either raises.
+_BLOCK_JAX = """
+import importlib.abc, sys
+
+class _NoJax(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('jax', 'jaxlib'):
+            raise ImportError(f'{name} is blocked in this test')
+
+sys.meta_path.insert(0, _NoJax())
+"""
+
+
+def _without_jax(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh interpreter in which importing jax raises."""
+    return subprocess.run(
+        [sys.executable, '-c', _BLOCK_JAX + code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+def _jax_free_modules() -> list[str]:
+    """Every module of the models room and of the floor-0 helpers but `JAX_HELPERS`."""
+    return sorted(
+        m
+        for m in _modules()
+        if m.startswith('multihost.')
+        and FLOORS['multihost'].get(_room(m)[1], 9) <= FLOORS['multihost']['_models']
+        and m not in JAX_HELPERS
+    )
+
+
+def test_the_jax_free_rooms_import_without_jax(tmp_path: pathlib.Path):
+    """The models room (models, dump files, analysis) and the text helpers import with jax
+    blocked, and so does the notebook: a post-mortem of real dump files, its verdict and its
+    widgets, in a process where importing jax raises."""
+    from multihost._models import _dumpfile
+
+    sys.path.insert(0, str(ROOT / 'tests'))
+    import _dump_cases
+
+    for doc in _dump_cases.job_dumps(4):
+        _dumpfile.write(str(tmp_path), doc)
+    rooms = _jax_free_modules()
+    assert {'multihost._models._analyze', 'multihost._models._dumpfile', 'multihost._text'} <= set(
+        rooms
+    ), rooms
+    code = (
+        'import importlib, sys\n'
+        f'for name in {rooms!r}: importlib.import_module(name)\n'
+        'import mhnotebook\n'
+        'from mhnotebook import _views\n'
+        'job = mhnotebook.postmortem(sys.argv[1])\n'
+        'print(str(job.verdict()).splitlines()[0])\n'
+        'print(type(_views.where_view(job)).__name__, type(_views.timeline_view(job)).__name__)\n'
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')))\n"
+    )
+    done = _without_jax(code, str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        '4 dumps of 4 processes (written for request: processes 1, 3; timeout: processes 0, 2)',
+        'WhereView TimelineView',
+        '[]',
+    ], done.stdout
+
+
+def test_the_jax_block_is_real():
+    """The block above bites: `import multihost` alone imports no jax, its first public name
+    loads the drop-in (jax first), which raises there."""
+    done = _without_jax('import multihost\nprint("imported")\nmultihost.barrier\n')
+    assert done.stdout == 'imported\n', done.stdout
+    assert 'jax is blocked in this test' in done.stderr, done.stderr
+
+
+def test_the_public_surface_loads_whole_on_its_first_name():
+    """``import multihost`` imports no jax; its first public name loads every room as the
+    eager import did, so the modules that wire themselves in are there: the step gate's
+    enter hook, collectives off the main thread, the debug thread's commands, the audit's
+    control method; ``from multihost import *`` and ``dir`` give every public name."""
+    code = (
+        'import sys\n'
+        'import multihost\n'
+        "assert 'jax' not in sys.modules and 'multihost._core' not in sys.modules\n"
+        'from multihost import *\n'
+        'from multihost._debug import _control\n'
+        'from multihost._exchange import _bus, _sequence, _threads\n'
+        'missing = [n for n in multihost.__all__ if n not in globals()]\n'
+        'assert not missing and set(multihost.__all__) <= set(dir(multihost)), missing\n'
+        'assert _sequence._enter_hook is not None and _sequence._off_main is _threads\n'
+        "assert {'stacks', 'front', 'records', 'stepping'} <= set(_bus._HANDLERS)\n"
+        "assert 'audit' in _control._METHODS\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.stdout == 'ok\n', done.stderr
+
+
+def test_the_public_names_are_bound_where_type_checkers_read_them():
+    """`multihost._HOMES` (what `_load` binds) is what the ``TYPE_CHECKING`` imports of
+    ``multihost/__init__.py`` say, name for name, and ``__all__`` lists exactly those names."""
+    import multihost
+
+    said = {}
+    tree = ast.parse((ROOT / 'multihost' / '__init__.py').read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If))
+    for node in ast.walk(block):
+        if isinstance(node, ast.ImportFrom):
+            said.update({(a.asname or a.name): (node.module, a.name) for a in node.names})
+    assert said == multihost._HOMES
+    assert sorted(multihost.__all__) == sorted(multihost._HOMES)
+
+
+def test_every_import_form_is_seen(tmp_path: pathlib.Path):
+    """The import reader sees a name given to importlib, a table of modules loaded by a
+    computed name, a relative import, an import in a function, and the public surface."""
+    src = tmp_path / 'forms.py'
+    src.write_text(
+        'import importlib\n'
+        'PATCHERS = ("multihost.engine.held", "multihost")\n'
+        'def f(name):\n'
+        '    import multihost\n'
+        '    from . import _layout\n'
+        '    importlib.import_module("multihost._debug._stacks")\n'
+        '    return importlib.import_module(name)\n'
+    )
+    modules = _modules()
+    assert _named(src, modules, 'multihost._checks.forms') == {
+        'importlib',
+        'multihost',
+        'multihost._checks._layout',
+        'multihost._debug._stacks',
+        'multihost.engine.held',
     }
 
 

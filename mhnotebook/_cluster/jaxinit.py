@@ -105,7 +105,7 @@ def place_coordinator(client: Any, first: int, info: Mapping[str, Any]) -> tuple
     on their network, unlike a host name. The port is probed on engine
     ``first``, bound to that very address.
     """
-    from multihost.engine import host_port
+    from multihost._net import host_port
 
     address = str(info['address'])
     how = f'engine {first} (process 0): {info.get("address_from", "its address")}'

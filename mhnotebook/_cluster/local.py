@@ -177,7 +177,7 @@ def _cluster_config(options: Mapping[str, Any]) -> dict[str, Any]:
     """
     from traitlets.config import Config
 
-    from multihost.engine import route_source
+    from multihost._net import route_source
 
     cluster_options = {k: v for k, v in options.items() if k not in _OWN_OPTIONS}
     hosts = cluster_options.pop('hosts', None)
@@ -304,7 +304,7 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
     """Starts the cluster ``options`` describe, its watchdog, and JAX on every engine."""
     import ipyparallel as ipp
 
-    from multihost.local import free_port
+    from multihost._net import free_port
 
     n = int(options['n'])
     devices = options['devices_per_process']

@@ -33,7 +33,7 @@ _HELLO = 20  # token (16 bytes) + process index (4 bytes)
 
 def notebook_address(controller_url: str | None) -> str:
     """The address this machine uses to reach the controller (the hosts' network)."""
-    from multihost.engine import route_source
+    from multihost._net import route_source
 
     if not controller_url:
         return '127.0.0.1'

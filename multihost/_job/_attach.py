@@ -34,8 +34,8 @@ from typing import Any
 from multihost import _jax_adapter
 from multihost._debug import _control
 from multihost._exchange import _bus, _kv
-from multihost._job import _dumpfile
 from multihost._job._options import InstallOptions
+from multihost._models import _dumpfile
 
 log = logging.getLogger('multihost')
 

@@ -25,7 +25,7 @@ from typing import Any
 from multihost import _recorder
 from multihost._debug import _stacks, _wavefront
 from multihost._exchange import _bus, _kv
-from multihost._job import _dumpfile
+from multihost._models import _dumpfile
 
 #: A host asked to dump by another that wrote its own less than this long ago keeps it.
 QUIET_S = 20.0

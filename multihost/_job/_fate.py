@@ -792,7 +792,7 @@ def _end(code: int) -> None:
             stream.flush()
         except Exception:
             pass
-    from multihost._job import _native
+    from multihost._models import _native
 
     _native.disarm()  # its faulthandler file goes when nothing was written there
     os._exit(code)

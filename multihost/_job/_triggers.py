@@ -53,7 +53,8 @@ from typing import Any
 from multihost import _jax_adapter, _recorder
 from multihost._debug import _pulse, _stacks
 from multihost._exchange import _kv, _sequence
-from multihost._job import _dump, _native
+from multihost._job import _dump
+from multihost._models import _native
 from multihost._models._stacks import frame_words, is_user_frame, jit_phase
 
 HANG_DEFAULT_S = 60.0

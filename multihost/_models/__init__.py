@@ -16,6 +16,12 @@ engines build these, the notebook's views draw them, tests build them by hand.
 * `_census`: `EnvDiff`, `EnvEntry`, `MemoryCensus`, `HostMemory`, `DeviceMemory`, `ArrayGroup`.
 * `_nonfinite`: `NonfiniteReport`, `NonfiniteLeaf`, `NonfiniteShard`.
 * `_audit`: `AuditReport`, `AuditFinding` (what the audit of a running job found).
+
+What a job leaves on disk, and its reading, live here too, so that ``multihost analyze`` and
+the notebook's ``postmortem`` read it without jax: `_dumpfile` (the dump format: `Dump`,
+`write`, `read_dirs`), `_native` (the stacks faulthandler writes when the GIL is held:
+`NativeStacks`, `arm`, `read_dirs`) and `_analyze` (dumps -> `Verdict`, pure). Importing this
+package imports none of the three.
 """
 
 from multihost._models._audit import AuditFinding, AuditReport

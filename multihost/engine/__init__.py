@@ -7,7 +7,9 @@ notebook. Everything returns plain, picklable data. Where this engine is:
 `net`; the gather export: `gather` (structure made portable: `portable`);
 the other calls: `calls`; on a job the notebook attached to, the data tools in each
 host's held frame and, with ``--allow-exec``, its ``%%mh`` cells (`run_cell`): `held`,
-`cell`; every tool a job view calls on its hosts, once: `tools`.
+`cell`; every tool a job view calls on its hosts, once: `tools`. A session's engine starts
+with `start` (JAX, then `multihost.install`): it and this face stand above `_job`, whose
+installer runs `held`, the rest of the room below it (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from multihost.engine.calls import (
     barrier,
     diff,
     env_diff,
-    initialize,
-    install,
     layout,
     memory_census,
     nonfinite,
@@ -45,6 +45,7 @@ from multihost.engine.net import (
     split_url,
 )
 from multihost.engine.portable import CellObject, NotShipped
+from multihost.engine.start import initialize, install
 
 __all__ = [
     'CellObject',

@@ -61,6 +61,9 @@ def _worker_main(argv: list[str]) -> None:
     conn = Client((host, int(port)), authkey=bytes.fromhex(authkey))
     conn.send(index)
     try:
+        import multihost
+
+        multihost._load()  # the whole drop-in, as on a host that uses one of its names
         import jax
 
         jax.config.update('jax_platforms', 'cpu')

@@ -18,10 +18,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from multihost._job import _cli
-from multihost._job._dumpfile import Dump, DumpFormatError, read_dirs
-from multihost._job._native import NativeStacks
-from multihost._job._native import read_dirs as read_native_dirs
+from multihost._models._dumpfile import Dump, DumpFormatError, read_dirs
+from multihost._models._native import NativeStacks
+from multihost._models._native import read_dirs as read_native_dirs
 from multihost._models._pulse import WAITING_KINDS
 from multihost._models._stacks import HostStacks, frame_package
 from multihost._models._wavefront import HostFront
@@ -674,16 +673,6 @@ def format_verdict(v: Verdict) -> list[str]:
 
 #: The name in messages when run as ``python -m multihost analyze`` (``multihost`` passes its own).
 PROG = 'python -m multihost analyze'
-
-
-def main(argv: list[str], prog: str = PROG) -> int:
-    """Prints the verdict of the dumps in the directories; 2 on bad usage or files (one line)."""
-    try:
-        dirs = _cli.analyze_parser(prog).parse_args(argv).dirs
-    except _cli.UsageError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    return report(dirs, prog)
 
 
 def report(dirs: Sequence[str], prog: str = PROG) -> int:
