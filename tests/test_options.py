@@ -162,6 +162,23 @@ def test_a_bad_value_names_the_option_and_what_it_needs(clean, monkeypatch, opti
     assert f'argument {option.flag}: ' in str(usage.value), str(usage.value)
 
 
+@pytest.mark.parametrize('option', [o for o in OPTIONS if o.is_flag], ids=lambda o: o.name)
+def test_a_flag_variable_takes_on_and_off_words_and_refuses_others(
+    clean, monkeypatch, tmp_path, option
+):
+    """``MULTIHOST_CHECK_JIT=maybe`` was silently off: a word that is neither on nor off is
+    refused, naming the variable and the words it takes."""
+    monkeypatch.setenv('MULTIHOST_CONTROL_FILE', str(tmp_path / 'control.json'))
+    for word, on in (('1', True), ('Yes', True), ('off', False), ('0', False), (' ', False)):
+        monkeypatch.setenv(option.env, word)
+        assert _resolved(InstallOptions.resolve({}), option.name) is on, word
+    monkeypatch.setenv(option.env, 'maybe')
+    with pytest.raises(ValueError) as info:
+        InstallOptions.resolve({})
+    assert str(info.value).startswith(f"{option.env}='maybe': needs 1, true, on or yes (on)")
+    assert 'unset it' in str(info.value)
+
+
 def test_a_bad_timeout_variable_says_its_own_message(clean, monkeypatch):
     """``MULTIHOST_TIMEOUT`` is read in one place (`_sequence.timeout_from_env`), for the
     explicit calls' default and for install's timeout alike."""

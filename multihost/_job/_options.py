@@ -33,6 +33,7 @@ from multihost._job import _audit
 
 #: An environment variable that turns a flag on says one of these (any other value: off).
 _ON = ('1', 'true', 'on', 'yes')
+_OFF = ('', '0', 'false', 'off', 'no')
 
 
 # -- how values are read ---------------------------------------------------------------------
@@ -195,7 +196,13 @@ class Option:
         if self.is_flag:
             if given:
                 return True
-            return os.environ.get(self.env, '').strip().lower() in _ON
+            raw = os.environ.get(self.env, '').strip()
+            if raw.lower() not in _ON + _OFF:
+                raise ValueError(
+                    f'{self.env}={raw!r}: needs 1, true, on or yes (on) or 0, false, off or no '
+                    '(off), or unset it (default: off)'
+                )
+            return raw.lower() in _ON
         if given is not None and given != '':
             return self._checked(given, f'{self.name}={given!r}: ', '')
         if self.from_env is not None:  # its own messages
