@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None, prog: str = 'mhnotebook') -> int:
     Returns the exit status: 0 when every check of the demo came out as it should, 1 when one
     did not, 2 (after one line naming the mistake) for a command line it cannot use.
     """
-    from multihost._job._cli import Parser, UsageError, count
+    from multihost._cmdline import Parser, UsageError, count
 
     parser = Parser(
         prog=prog,

@@ -7,8 +7,9 @@ notebook's launcher and gather stream), so they read addresses alike.
 from __future__ import annotations
 
 import socket
+import uuid
 
-__all__ = ['free_port', 'host_port', 'route_source', 'split_url']
+__all__ = ['free_port', 'host_port', 'machine_id', 'route_source', 'split_url']
 
 
 def split_url(url: str) -> tuple[str, int]:
@@ -110,3 +111,13 @@ def free_port(host: str = '127.0.0.1') -> int:
         if _bindable(family, host, port) and _bindable(socket.AF_INET, '', port):
             return port
     return fallback
+
+
+def machine_id() -> str:
+    """An id equal on processes of the same machine (boot id + hostname)."""
+    try:
+        with open('/proc/sys/kernel/random/boot_id') as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = hex(uuid.getnode())
+    return f'{socket.gethostname()}/{boot}'

@@ -242,7 +242,7 @@ class _Bar:
 
 
 def _shm_available(machines: Sequence[str]) -> bool:
-    from multihost.engine import machine_id
+    from multihost._net import machine_id
 
     here = machine_id()
     return os.path.isdir(SHM_DIR) and all(m == here for m in machines)

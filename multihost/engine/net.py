@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
 from typing import Any
 
-from multihost._net import free_port, host_port, route_source, split_url
+from multihost._net import free_port, host_port, machine_id, route_source, split_url
 
 __all__ = [
     'controller_address',
@@ -23,16 +22,6 @@ __all__ = [
     'route_source',
     'split_url',
 ]
-
-
-def machine_id() -> str:
-    """An id equal on processes of the same machine (boot id + hostname)."""
-    try:
-        with open('/proc/sys/kernel/random/boot_id') as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = hex(uuid.getnode())
-    return f'{socket.gethostname()}/{boot}'
 
 
 def _host_address() -> str:
