@@ -545,3 +545,16 @@ def test_the_widget_check_catches_an_engine_import(tmp_path: pathlib.Path):
         'multihost._checks._layout',
         'multihost._debug._stacks',
     ]
+
+
+def test_no_function_is_over_100_lines():
+    """STYLE: a function that does not fit on a screen and a half is two functions (its
+    docstring counts: a long explanation belongs in the module's)."""
+    long = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 100:
+                    long.append(f'{name}.{node.name}: {lines} lines')
+    assert not long, long

@@ -739,18 +739,31 @@ def run_round(
         if text is None:  # this host's deadline passed, or the barrier was dropped
             text = _timeout_verdict(c, rnd, timeout, on_timeout)
     except KeyboardInterrupt:
-        rnd.give_up(c)
-        with contextlib.suppress(Exception):
-            put(
-                c,
-                rnd.verdict_key,
-                Verdict.failure('interrupted', by=process_index(), arrived=[]),
-                once=True,
-            )
+        _interrupted(c, rnd)
         raise
-    verdict = Verdict.parse(text)
+    return _settled(c, rnd, Verdict.parse(text), values, read or read_unless_agreed)
+
+
+def _interrupted(c: Any, rnd: Round) -> None:
+    """`run_round` interrupted on this host: leave the round and say so in its verdict (the
+    first verdict stays), so the others stop too."""
+    rnd.give_up(c)
+    with contextlib.suppress(Exception):
+        put(
+            c,
+            rnd.verdict_key,
+            Verdict.failure('interrupted', by=process_index(), arrived=[]),
+            once=True,
+        )
+
+
+def _settled(
+    c: Any, rnd: Round, verdict: Verdict, values: dict[int, str], keep: bool
+) -> tuple[Verdict, dict[int, str]]:
+    """`run_round`'s answer: on success the values if asked for (``keep``); a failure is
+    first acknowledged by every host that arrived (judged: all of them)."""
     if verdict.ok:
-        return verdict, values if read or read_unless_agreed else {}
+        return verdict, values if keep else {}
     participants = verdict.data.get('arrived')
     if participants is None:  # judged: everyone had arrived
         participants = list(range(process_count()))
