@@ -69,7 +69,6 @@ __all__ = [
     'Frame',
     'JobView',
     'JobViewBase',
-    'OLD_FEATURES',
     'UnsupportedError',
     'moved_on',
 ]
@@ -83,8 +82,6 @@ log = logging.getLogger('mhnotebook')
 #: the data tools of a `DataView` (`allgather`, `layout`, `diff`, `nonfinite`, `env_diff`,
 #: `memory_census`), answered by live hosts.
 FEATURES = ('where', 'wavefront', 'flight_records', 'step', 'data')
-#: Features' old names `JobView.supports` still takes.
-OLD_FEATURES = {'records': 'flight_records'}
 
 #: Seconds a live view waits for the hosts' answers unless told otherwise.
 ANSWER_TIMEOUT = 10.0
@@ -143,10 +140,6 @@ class JobView(Protocol):
     def flight_records(
         self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT
     ) -> dict[int, list[FlightRecord]]: ...
-
-    def records(
-        self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT
-    ) -> dict[int, list[FlightRecord]]: ...  # the old name of flight_records
 
     def timeline(self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT) -> Timeline: ...
 
@@ -307,7 +300,6 @@ class JobViewBase:
     # -- the protocol -----------------------------------------------------------------------
     def supports(self, feature: str) -> bool:
         """Whether this view has ``feature`` (one of `FEATURES`)."""
-        feature = OLD_FEATURES.get(feature, feature)
         if feature not in FEATURES:
             raise ValueError(f'unknown feature {feature!r}; one of {", ".join(FEATURES)}')
         return feature in self.features
@@ -356,9 +348,6 @@ class JobViewBase:
         return Timeline.build(
             self.flight_records(last=last, timeout=timeout), self._process_count()
         )
-
-    #: The old name of `flight_records` (the same method).
-    records = flight_records
 
     # -- the step gate ------------------------------------------------------------------------
     def step_table(self) -> StepTable:

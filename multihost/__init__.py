@@ -9,7 +9,7 @@ Runs on every host (one JAX process per host); depends on jax and numpy only.
 
 from multihost._checks._census import env_diff, memory_census
 from multihost._checks._layout import describe_layout
-from multihost._checks._nonfinite import find_nonfinite, nonfinite
+from multihost._checks._nonfinite import nonfinite
 from multihost._checks._preview import preview_layout
 from multihost._checks._replicas import check_replicas
 from multihost._checks._treediff import assert_equal, tree_diff
@@ -25,7 +25,7 @@ from multihost._core._collectives import (
 )
 from multihost._core._fault import live_devices, reached_preemption_sync_point
 from multihost._debug._control import ControlClient, serve_control
-from multihost._debug._stacks import dump_stacks, where
+from multihost._debug._stacks import where
 from multihost._debug._stepgate import (
     DEFAULT_STEP_TIMEOUT,
     release,
@@ -148,9 +148,7 @@ __all__ = [
     'broadcast_one_to_all',
     'check_replicas',
     'describe_layout',
-    'dump_stacks',
     'env_diff',
-    'find_nonfinite',
     'flight_records',
     'global_array_to_host_local_array',
     'host_local_array_to_global_array',

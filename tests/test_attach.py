@@ -32,7 +32,7 @@ import _jobs
 import pytest
 
 import mhnotebook
-from multihost.local import free_port
+from multihost.testing import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -229,7 +229,7 @@ def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_runni
             'the launch released',
             lambda: before.isdisjoint((h.process, h.n) for h in j.step_table().launches),
         )
-        records = j.records(last=20)
+        records = j.flight_records(last=20)
         for p in range(N):  # each host went on into the launch it was held before
             assert [r.call for r in records[p] if r.name == 'train_step'][-1] == 1, records[p]
         j.release_all()
@@ -299,7 +299,7 @@ def _the_data_tools_read_the_held_frames(j: mhnotebook.AttachedJob) -> None:
         assert type(ip.run_line_magic('mh_diff', 'state.params --frame 0')).__name__ == (
             'TreeDiffView'
         )
-        assert type(ip.run_line_magic('mh_nan', 'state.params')).__name__ == 'NonfiniteView'
+        assert type(ip.run_line_magic('mh_nonfinite', 'state.params')).__name__ == 'NonfiniteView'
     finally:
         ip.run_line_magic('mh_detach', '')
 

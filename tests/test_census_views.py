@@ -117,7 +117,7 @@ def test_memory_census_text_is_bounded_at_1000_hosts(stats):
         )
         assert lines[20].startswith('  stand out by peak: 46 devices of processes 17, 503, 610-639')
         assert 'WARNING' not in text
-    assert MemoryView(census).text() == text  # what %mh_mem shows as text
+    assert MemoryView(census).text() == text  # what %mh_memory_census shows as text
 
 
 def test_census_views_reject_wrong_models():

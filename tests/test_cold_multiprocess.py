@@ -156,7 +156,7 @@ jax.distributed.shutdown()  # every process leaves together (its own barrier)
 
 def test_a_cold_job_reports_on_every_host_before_it_exits(tmp_path):
     """Plain processes (env vars, `jax.distributed.initialize` in the script) that exit after."""
-    from multihost.local import free_port
+    from multihost.testing import free_port
 
     script = tmp_path / 'job.py'
     script.write_text(_SCRIPT)

@@ -80,13 +80,13 @@ def test_host_stacks_json_round_trip():
 # -- single process ----------------------------------------------------------------------
 
 
-def test_dump_stacks_single_process_sees_blocked_main_thread():
+def test_where_single_process_sees_blocked_main_thread():
     """From a helper thread while the main thread waits: this process's stacks, main included."""
     out = {}
     done = threading.Event()
 
     main = threading.get_ident()
-    this = test_dump_stacks_single_process_sees_blocked_main_thread
+    this = test_where_single_process_sees_blocked_main_thread
     wait_line = source_line(this, 'assert done.wait(20)')
 
     def main_is_waiting():
@@ -99,7 +99,7 @@ def test_dump_stacks_single_process_sees_blocked_main_thread():
         # Collect only once the main thread is really blocked in done.wait().
         try:
             wait_until(main_is_waiting, 10, 'the main thread in done.wait()', period=0.01)
-            out['stacks'] = multihost.dump_stacks(timeout=5)
+            out['stacks'] = multihost.where(timeout=5)
         except AssertionError as exc:
             out['error'] = exc
         done.set()
@@ -111,7 +111,7 @@ def test_dump_stacks_single_process_sees_blocked_main_thread():
     assert list(stacks) == [0]
     me = stacks[0]
     assert me.answered and me.os_pid == os.getpid() and me.hostname == socket.gethostname()
-    assert 'test_dump_stacks_single_process_sees_blocked_main_thread' in me.where
+    assert 'test_where_single_process_sees_blocked_main_thread' in me.where
     assert 'done.wait(20)' in me.main_thread.stack
     assert any('helper' in t.stack for t in me.threads if not t.main)
 

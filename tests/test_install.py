@@ -22,7 +22,7 @@ import multihost
 from multihost._core import _arrays
 from multihost._exchange import _sequence
 from multihost._job import _install
-from multihost.local import free_port
+from multihost.testing import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -34,7 +34,7 @@ from _browser import (
     wait_for,
 )
 
-from multihost.local import free_port
+from multihost.testing import free_port
 
 try:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout

@@ -32,7 +32,7 @@ from _helpers import wait_until
 import multihost
 from multihost import _recorder
 from multihost._exchange import _bus, _kv
-from multihost.local import LocalCluster
+from multihost.testing import LocalCluster
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 #: Its first test needs hosts that have not entered a collective yet (no debug thread).
@@ -340,7 +340,7 @@ def _dead_host(timeout: float) -> dict:
         gone = {2: 'gone (signal 9)'}
         t0 = time.monotonic()
         wf = multihost.wavefront(timeout=timeout, gone=gone)
-        stacks = multihost.dump_stacks(timeout=timeout, gone=gone)
+        stacks = multihost.where(timeout=timeout, gone=gone)
         recs = multihost.flight_records(timeout=timeout, gone=gone)
         out['gone'] = dict(
             elapsed=time.monotonic() - t0,

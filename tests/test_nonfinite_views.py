@@ -65,7 +65,7 @@ def _report():
     b = np.ones(3)
     b[1] = np.inf
     tree = {'w': jax.device_put(w, NamedSharding(mesh, P('host', 'dev'))), 'b': b, 'n': 7}
-    return multihost.find_nonfinite(tree)
+    return multihost.nonfinite(tree)
 
 
 def test_nonfinite_view_lists_shards_and_marks_the_offending_block():
@@ -99,7 +99,7 @@ def test_a_clean_report_is_one_green_line():
 
     import multihost
 
-    report = multihost.find_nonfinite({'w': np.ones(3)})
+    report = multihost.nonfinite({'w': np.ones(3)})
     view = mw.NonfiniteView(report, name='w')
     html = view.static_html()
     assert 'mh-ok' in html and 'no NaN or Inf' in html

@@ -261,7 +261,7 @@ def test_barrier_a_busy_host_returns_at_its_timeout_and_withdraws_the_call(sessi
     # Withdrawn: process 2 never entered barrier('save') after its cell ended.
     wait_until(lambda: all(ar.ready() for ar in busy.values()), 10, 'the busy cell ended')
     time.sleep(0.5)
-    records = session.records(last=50)
+    records = session.flight_records(last=50)
     assert not [r for r in records[2] if r.name == 'save'], records[2]
     assert [r for r in records[0] if r.name == 'save'], records[0]
     assert _diff_at_once(ip) < 10

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from mhnotebook._jobview import moved_on
 from multihost import StepTable
-from multihost._debug._debugmodel import HeldLaunch
 from multihost._exchange._sequence import CollectiveRecord
+from multihost._models._steps import HeldLaunch
 
 N = 2
 

@@ -56,8 +56,8 @@ def test_postmortem_models_from_the_files_alone(dumps: str) -> None:
     # The hosts that dumped at their timeout wait in the barrier, as the verdict says.
     assert "processes 0-1, 3 are waiting at barrier('ckpt')" in front.verdict, front.verdict
     assert 'process 2 is not there' in front.verdict and 'time.sleep' in front.verdict
-    assert [r.name for r in pm.records(last=2)[0]] == ['before', 'ckpt']
-    assert [r.name for r in pm.records()[2]][-1] == 'before'  # it never reached ckpt
+    assert [r.name for r in pm.flight_records(last=2)[0]] == ['before', 'ckpt']
+    assert [r.name for r in pm.flight_records()[2]][-1] == 'before'  # it never reached ckpt
     timeline = pm.timeline()
     assert timeline.hosts == (0, 1, 2, 3) and timeline.silent == () and timeline.steps
     text = repr(pm)

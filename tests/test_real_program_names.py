@@ -146,12 +146,12 @@ def test_allgather_a_cut_of_a_leaf_named_by_attributes(shell):
 
 
 def test_diff_and_nan_of_named_subtrees(shell):
-    """%mh_diff and %mh_nan take the same names; the real params agree and are finite."""
+    """%mh_diff and %mh_nonfinite take the same names; the real params agree and are finite."""
     ip, _ = shell
     diff = ip.run_line_magic('mh_diff', 'state.params')
     assert isinstance(diff, TreeDiffView) and diff.diff.ok
     assert diff.diff.num_leaves == 19
-    nan = ip.run_line_magic('mh_nan', "state.opt_state[0].mu['block_0']")
+    nan = ip.run_line_magic('mh_nonfinite', "state.opt_state[0].mu['block_0']")
     assert isinstance(nan, NonfiniteView) and nan.report.ok
     assert nan.report.checked['leaves'] == 16
 
@@ -175,7 +175,7 @@ def test_diff_and_nan_of_named_subtrees(shell):
         ),
         ('mh_diff', 'state.opt_state[7]', ['state.opt_state[7]: state.opt_state (a tuple of']),
         (
-            'mh_nan',
+            'mh_nonfinite',
             'state.params.items',
             [
                 'state.params.items is a function or method',

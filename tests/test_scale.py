@@ -226,7 +226,7 @@ def _stacks_with_a_small_cap() -> tuple[int, int, int, list[int]]:
 
     with _mode('cap') as sizes:
         multihost.barrier('cap on everywhere')
-        stacks = multihost.dump_stacks(timeout=30) if jax.process_index() == 0 else {}
+        stacks = multihost.where(timeout=30) if jax.process_index() == 0 else {}
         multihost.barrier('stacks read')  # the others answer from their debug threads
         size = len(stacks[1].to_json()) if stacks else 0
         answered = [p for p, s in stacks.items() if s.answered]

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 import multihost
 from multihost import _jax_adapter
 from multihost._checks import _treediff
-from multihost._checks._diffmodel import LeafDiff, TreeDiff
+from multihost._models._treediff import LeafDiff, TreeDiff
 from multihost._text import fmt_hosts
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)

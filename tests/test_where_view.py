@@ -24,15 +24,10 @@ from _view_models import host_stacks, record
 
 from mhnotebook.widgets import WhereView, _where
 from multihost import CollectiveRecord, FlightRecord, HostStacks, ThreadStack, _recorder
+from multihost._cells import cell_number, is_cell
 from multihost._debug import _stacks
-from multihost._debug._debugmodel import (
-    cell_number,
-    frame_package,
-    framework_summary,
-    is_cell,
-    is_user_frame,
-)
 from multihost._exchange import _kv as kv_module
+from multihost._models._stacks import frame_package, framework_summary, is_user_frame
 from multihost._text import fmt_duration
 
 # -- synthetic models --------------------------------------------------------------------
@@ -690,7 +685,7 @@ def test_4_hosts_page_is_compact(browser, tmp_path):
 def test_frames_named_like_ours_are_the_users_and_the_stack_says_what_it_waits_in():
     """A user's multihost.py (or multihost/ folder) is user code, shown with its folder; only
     files inside the reported package directory are ours. The doing text reads the stack."""
-    from multihost._debug._debugmodel import display_path, frame_package, stack_activity
+    from multihost._models._stacks import display_path, frame_package, stack_activity
 
     ours = ('/venv/lib/python3.11/site-packages/multihost/',)
     assert frame_package('/tmp/proj/multihost.py', ours) is None

@@ -304,7 +304,7 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
     """Starts the cluster ``options`` describe, its watchdog, and JAX on every engine."""
     import ipyparallel as ipp
 
-    from multihost.local import free_port
+    from multihost.engine import free_port
 
     n = int(options['n'])
     devices = options['devices_per_process']

@@ -489,33 +489,15 @@ class MultihostMagics(Magics):
         offending shards, and the layout picture with their blocks marked:
         ``%mh_nonfinite params`` names e.g. ``['w'] block [8:12, 4:8] on
         process 2, device 5 (dev 1): 2 NaN, 0 Inf, first at (9, 6)``.
-        ``%mh_nan`` is its old name.
 
         Examples::
 
             %mh_nonfinite grads
             %mh_nonfinite state.params
         """
-        return self._nonfinite(self.mh_nonfinite, '%mh_nonfinite', line)
-
-    @magic_arguments.magic_arguments()
-    @magic_arguments.argument('name', help=_TREE_NAME)
-    @_frame_option
-    @line_magic
-    def mh_nan(self, line: str) -> Any:
-        """Where are the NaNs? The old name of %mh_nonfinite.
-
-        Example::
-
-            %mh_nan grads
-        """
-        return self._nonfinite(self.mh_nan, '%mh_nan', line)
-
-    def _nonfinite(self, magic: Any, form: str, line: str) -> Any:
-        """``%mh_nonfinite`` under either name (its usage errors name the one typed)."""
-        args = magic_arguments.parse_argstring(magic, compact_subscripts(line))
+        args = magic_arguments.parse_argstring(self.mh_nonfinite, compact_subscripts(line))
         name = valid_name(args.name)
-        session = self._data(form, args.frame)
+        session = self._data('%mh_nonfinite', args.frame)
         view = delegate(lambda: _framed(session, args.frame, lambda: nonfinite_view(session, name)))
         return self.shown.replace(f'%mh_nonfinite {name}', view)
 
@@ -589,29 +571,14 @@ class MultihostMagics(Magics):
         A host x device heatmap of live-array bytes (``memory_stats()`` where
         the backend reports it), the hosts whose live bytes stand out, and the
         kinds of arrays (shape, dtype, sharding, engine names) that only some
-        hosts hold: leak candidates. ``%mh_mem`` is its old name.
+        hosts hold: leak candidates.
 
         Example::
 
             %mh_memory_census
         """
-        return self._memory_census(self.mh_memory_census, '%mh_memory_census', line)
-
-    @magic_arguments.magic_arguments()
-    @_frame_option
-    @line_magic
-    def mh_mem(self, line: str) -> Any:
-        """Which host holds more memory? The old name of %mh_memory_census.
-
-        Example::
-
-            %mh_mem
-        """
-        return self._memory_census(self.mh_mem, '%mh_mem', line)
-
-    def _memory_census(self, magic: Any, form: str, line: str) -> Any:
-        args = magic_arguments.parse_argstring(magic, line)
-        session = self._data(form, args.frame)
+        args = magic_arguments.parse_argstring(self.mh_memory_census, line)
+        session = self._data('%mh_memory_census', args.frame)
         view = delegate(lambda: _framed(session, args.frame, lambda: memory_view(session)))
         return self.shown.replace('%mh_memory_census', view)
 

@@ -228,8 +228,3 @@ def where(timeout: float = 10.0, *, gone: Mapping[int, str] | None = None) -> di
 
 
 _bus.register('stacks', lambda client, order: capture(_kv.process_index()).to_json())
-
-
-#: The old name of `where` (the same function): it dumps nothing, while "dump" names the dump
-#: files (`multihost run --dump-dir`).
-dump_stacks = where
