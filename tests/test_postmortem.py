@@ -112,7 +112,7 @@ def test_a_postmortem_is_a_read_only_job_view(dumps: str) -> None:
 
     pm = mhnotebook.postmortem(dumps)
     assert isinstance(pm, mhnotebook.JobView) and not pm.live and not pm.running
-    assert pm.supports('where') and pm.supports('records') and not pm.supports('step')
+    assert pm.supports('where') and pm.supports('flight_records') and not pm.supports('step')
     assert pm.stepping is False
     assert pm.timeline(last=5).num_processes == N
     before = None
