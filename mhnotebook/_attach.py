@@ -126,6 +126,7 @@ class AttachedJob(DataViewBase):
     kind = 'attached job'
     live = True
     has_frames = True
+    num_processes: int
 
     def __init__(self, path: str, info: dict[str, Any], client: ControlClient):
         self.path = path
@@ -174,12 +175,6 @@ class AttachedJob(DataViewBase):
             ) from None
 
     # -- the job view's hooks (`_jobview.JobViewBase`) --------------------------------------
-    def _process_count(self) -> int:
-        return self.num_processes
-
-    def _is_running(self) -> bool:
-        return self.control is not None
-
     def _endpoint(self) -> ControlClient:
         return self._client()
 

@@ -235,9 +235,9 @@ def _check_timeout(timeout: float) -> float:
 class JobViewBase:
     """`JobView` implemented once; the classes give the hooks (see the module docstring).
 
-    A subclass sets `kind`, `features` and `live`, and gives `_endpoint` (or,
-    read-only, overrides `_stacks`, `_wavefront` and `_records`) and
-    `_process_count`.
+    A subclass sets `kind`, `features`, `live` and `num_processes`, gives `running` unless it
+    never reaches a host, and gives `_endpoint` (or, read-only, overrides `_stacks`,
+    `_wavefront` and `_records`).
     """
 
     kind: ClassVar[str] = 'job'
@@ -245,14 +245,19 @@ class JobViewBase:
     live: ClassVar[bool] = True
     #: The step gate's last setting seen (the hosts are asked first).
     _stepping: bool = False
+    if TYPE_CHECKING:  # a subclass's attribute, field or property
+
+        @property
+        def num_processes(self) -> int:
+            """The job's process count."""
+
+    @property
+    def running(self) -> bool:
+        """Whether it still reaches the hosts; False here: a view that never reaches one (a
+        post-mortem) keeps it, a live one says."""
+        return False
 
     # -- hooks ----------------------------------------------------------------------------
-    def _process_count(self) -> int:
-        raise NotImplementedError
-
-    def _is_running(self) -> bool:
-        raise NotImplementedError
-
     def _endpoint(self) -> ControlClient:
         """The control endpoint, after the view's own checks (stopped, dead hosts...)."""
         raise NotImplementedError
@@ -345,9 +350,7 @@ class JobViewBase:
         """
         from multihost import Timeline
 
-        return Timeline.build(
-            self.flight_records(last=last, timeout=timeout), self._process_count()
-        )
+        return Timeline.build(self.flight_records(last=last, timeout=timeout), self.num_processes)
 
     # -- the step gate ------------------------------------------------------------------------
     def step_table(self) -> StepTable:
@@ -368,7 +371,7 @@ class JobViewBase:
         change the one value read here. If the hosts cannot be asked, the
         last value seen; a view that cannot step says False.
         """
-        if 'step' in self.features and self._is_running():
+        if 'step' in self.features and self.running:
             try:
                 self.step_table()
             except Exception as exc:

@@ -494,12 +494,6 @@ class Session(SessionLife, DataViewBase):
 
     # -- the job view's hooks (`_jobview.JobViewBase`: where, wavefront, flight_records, timeline,
     # the step gate) ---------------------------------------------------------------------------
-    def _process_count(self) -> int:
-        return self.num_processes
-
-    def _is_running(self) -> bool:
-        return not self._stopped
-
     def _endpoint(self) -> ControlClient:
         # A recoverable session answers without its dead hosts (named in the answers).
         self._check(need_all=not self.recoverable)
