@@ -25,7 +25,7 @@ import stat
 import subprocess
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import _jobs
@@ -42,20 +42,6 @@ STALLED = 2
 TIMEOUT = 150.0
 
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
-
-
-def _until(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except mhnotebook.AttachError:
-            last = None
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
 
 
 @pytest.fixture(scope='module')
@@ -76,7 +62,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     command = ['-m', 'multihost', 'run', '--control-file', control, JOB]
     with _jobs.start(N, command, env, cwd=tmp) as started:
         try:
-            _until('the control file', lambda: os.path.exists(control), 90.0)
+            _jobs.until('the control file', lambda: os.path.exists(control), 90.0)
             yield {'procs': started.procs, 'control': control, 'go': go}
         finally:
             open(go, 'w').close()
@@ -104,7 +90,7 @@ def _stalled_wavefront(path: str) -> Any:
 
 def _wait_for_the_stall(job: dict[str, Any]) -> tuple[Any, Any]:
     """The wavefront and where of the stall, once every other process waits for process 2."""
-    return _until('the stall', lambda: _stalled_wavefront(job['control']), 90.0)
+    return _jobs.until('the stall', lambda: _stalled_wavefront(job['control']), 90.0)
 
 
 def test_the_connection_file_is_private_and_says_how_to_connect(job):
@@ -136,7 +122,7 @@ def test_attach_names_the_stalled_host_and_the_orbax_barrier_the_others_wait_in(
     # Busy or wedged (issue 30, 2): the sleeping host uses no CPU and its stack stays
     # (once its last step's work on the CPU device is done: asked again until then).
     with mhnotebook.attach(job['control']) as j:
-        front = _until(
+        front = _jobs.until(
             'process 2 wedged',
             lambda: (f := j.wavefront()).hosts[STALLED].pulse.state == 'wedged' and f,
             30.0,
@@ -211,7 +197,7 @@ def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_runni
                 j.release()  # orbax's checked barriers are steps of their own
             return len(table.launches) == N and table
 
-        table = _until('a held launch', held_launch)
+        table = _jobs.until('a held launch', held_launch, 60.0)
         held = table.launches
         assert {h.name for h in held} == {'train_step'}, held
         assert all(h.site.endswith(f'_flax_job.py:{_step_line()}') for h in held), held
@@ -225,9 +211,10 @@ def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_runni
         _the_data_tools_read_the_held_frames(j)
         assert j.release() == ()
         before = {(h.process, h.n) for h in held}
-        _until(
+        _jobs.until(
             'the launch released',
             lambda: before.isdisjoint((h.process, h.n) for h in j.step_table().launches),
+            60.0,
         )
         records = j.flight_records(last=20)
         for p in range(N):  # each host went on into the launch it was held before
@@ -384,8 +371,8 @@ def test_kill_9_of_process_0_while_attached_is_one_line_that_the_job_is_gone(tmp
         stderr=subprocess.DEVNULL,
     ) as started:
         procs = started.procs
-        _until('the control file', lambda: os.path.exists(control))
-        attached = _until('attach', lambda: mhnotebook.attach(control))
+        _jobs.until('the control file', lambda: os.path.exists(control), 60.0)
+        attached = _jobs.until('attach', lambda: mhnotebook.attach(control), 60.0)
         assert 'waiting at' in str(attached.wavefront())
         procs[0].kill()
         procs[0].wait(10)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import _jobs
@@ -35,20 +34,6 @@ FAILING = 2
 STEP = 1
 
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
-
-
-def _until(what: str, check: Callable[[], Any], timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except mhnotebook.AttachError:
-            last = None
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
 
 
 def _global_tokens(step: int) -> np.ndarray:
@@ -77,7 +62,7 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
     command = ['-m', 'multihost', 'run', '--control-file', control, '--hold-on-error']
     command += ['--hold-for', '120', '--allow-exec', JOB]
     with _jobs.start(N, command, env, cwd=tmp) as job:
-        _until('the control file', lambda: os.path.exists(control))
+        _jobs.until('the control file', lambda: os.path.exists(control), 90.0)
         j = mhnotebook.attach(control)
         try:
 
@@ -87,7 +72,7 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
                 ok = all(f['held'] for f in frames.values())
                 return ok and 'held on its error' in failing['in'] and frames
 
-            frames = _until('the job held on the error', held)
+            frames = _jobs.until('the job held on the error', held, 90.0)
             failing = frames[FAILING]
             assert failing['in'].startswith(
                 f"held on its error: process {FAILING} raised BadBatch('bad batch') at "
@@ -151,7 +136,7 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
                 'import threading\nprint(sum(t.name.startswith("multihost-inspect") '
                 'for t in threading.enumerate()))'
             )
-            _until(
+            _jobs.until(
                 'the endless cells stopped',
                 lambda: set(j.execute(count, echo=False).values()) == {'1\n'},
                 30.0,

@@ -100,22 +100,6 @@ def test_hold_on_error_without_a_control_file_is_refused_at_start_in_one_line(tm
     assert out.returncode == 0 and '--control-file' in out.stdout
 
 
-def _until(what: str, check: Any, timeout: float = 120.0) -> Any:
-    import mhnotebook
-
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except mhnotebook.AttachError:
-            last = None
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
-
-
 def _step_line() -> int:
     from test_real_program_run import _step_line as line
 
@@ -147,10 +131,10 @@ def test_audit_raise_holds_at_the_launch_of_the_finding_its_batch_in_the_frame(t
     starting, _, control = _held_job(str(tmp_path), ['--audit', '1', '--audit-raise'], 2,
                                      NAN_HOST='1', NAN_STEP='2')  # fmt: skip
     with starting as job:
-        _until('the control file', lambda: os.path.exists(control))
+        _jobs.until('the control file', lambda: os.path.exists(control))
         j = mhnotebook.attach(control)
         try:
-            frames = _until('every host held on its error', lambda: _held_on_errors(j, 2))
+            frames = _jobs.until('every host held on its error', lambda: _held_on_errors(j, 2))
             # Held at the audited launch itself: the frame holds that step's batch.
             for p, f in frames.items():
                 assert f['at'] == f'_flax_job.py:{_step_line()} in train', (p, f)
@@ -196,10 +180,10 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
     starting, _, control = _held_job(str(tmp_path), [], 2, RAISE_HOST='1', RAISE_STEP='2',
                                      RAISE_BEFORE_BATCH='1')  # fmt: skip
     with starting as job:
-        _until('the control file', lambda: os.path.exists(control))
+        _jobs.until('the control file', lambda: os.path.exists(control))
         j = mhnotebook.attach(control)
         try:
-            frames = _until('every host held', lambda: _held_on_errors(j, 1))
+            frames = _jobs.until('every host held', lambda: _held_on_errors(j, 1))
             assert 'in check_batch' in frames[1]['frames'][0]['site'], frames[1]
             with capture_output() as cap:
                 j.allgather("batch['tokens']", frame='train')
@@ -257,10 +241,10 @@ def test_with_check_jit_a_held_job_s_donated_state_is_read_before_the_launch(tmp
     starting, _, control = _held_job(str(tmp_path), ['--check-jit'], 2, RAISE_HOST='1',
                                      RAISE_STEP='2', RAISE_BEFORE_BATCH='1')  # fmt: skip
     with starting as job:
-        _until('the control file', lambda: os.path.exists(control))
+        _jobs.until('the control file', lambda: os.path.exists(control))
         j = mhnotebook.attach(control)
         try:
-            _until('every host held', lambda: _held_on_errors(j, 1))
+            _jobs.until('every host held', lambda: _held_on_errors(j, 1))
             diff = j.diff('state.params', frame='train')
             assert diff.ok, diff
             bias = j.allgather("state.params['LayerNorm_0']['bias']", frame='train')
@@ -299,7 +283,7 @@ def test_ctrl_c_says_the_program_s_line_not_jax_s(tmp_path: Any):
     command = ['-m', 'multihost', 'run', '--dump-dir', dumps, JOB]
     with _jobs.start(2, command, env, cwd=tmp) as job:
         try:
-            _until('process 1 stalled', lambda: os.path.exists(f'{go}.stalled-1'))
+            _jobs.until('process 1 stalled', lambda: os.path.exists(f'{go}.stalled-1'))
             time.sleep(3.0)  # process 0 is inside step 2's launch, reading its loss
             for p in job.procs:
                 p.send_signal(signal.SIGINT)

@@ -37,20 +37,6 @@ PROMPT_S = 20.0
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
 
 
-def _until(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except mhnotebook.AttachError:
-            last = None
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
-
-
 def _timed(what: str, call: Callable[[], Any], took: dict[str, float]) -> Any:
     t0 = time.monotonic()
     try:
@@ -78,7 +64,7 @@ def test_data_tools_answer_on_hosts_stuck_inside_a_launch(tmp_path):
     command += ['--hold-for', '180', JOB]
     took: dict[str, float] = {}
     with _jobs.start(N, command, env, cwd=tmp) as job:
-        _until('the control file', lambda: os.path.exists(control))
+        _jobs.until('the control file', lambda: os.path.exists(control))
         j = mhnotebook.attach(control)
         try:
 
@@ -90,7 +76,7 @@ def test_data_tools_answer_on_hosts_stuck_inside_a_launch(tmp_path):
                 inside = f'train_step call #{STEP}' in verdict  # not a moment at init
                 return inside and f'process {FAILING} never launched' in verdict and verdict
 
-            verdict = _until('the others inside the launch process 2 never made', stuck)
+            verdict = _jobs.until('the others inside the launch process 2 never made', stuck)
             assert f'train_step call #{STEP}' in verdict, verdict
             x = eval_batch()
             diff = _timed('diff', lambda: j.diff('eval_x', frame='train', timeout=30), took)
