@@ -25,11 +25,11 @@ from mhnotebook._magics import _cluster_actions, _help, _results, _run
 from mhnotebook._magics._entry import (
     cell_magic,
     delegate,
-    held,
-    hold,
+    in_use,
     line_magic,
     print_errors,
     running,
+    use,
 )
 from mhnotebook._magics._options import (
     check_timeout,
@@ -155,11 +155,11 @@ class MultihostMagics(Magics):
 
     @property
     def session(self) -> Session | None:
-        return held()
+        return in_use()
 
     @session.setter
     def session(self, value: Session | None) -> None:
-        hold(value)
+        use(value)
 
     # -- %mh_cluster -----------------------------------------------------------
     @magic_arguments.magic_arguments()
