@@ -14,7 +14,7 @@ over a few hooks, so the three classes differ only where they really do:
   waited for), how a connection that broke mid-question reads
   (`_answering`: an attached job says its job is gone), whether every host is
   idle (`_hosts_idle`: a session knows its engines' queues) and what Stop
-  does beyond turning the gate off (`_stop_held`: a session interrupts).
+  does beyond turning the gate off (`_stop_paused`: a session interrupts).
 
 What a view can do is its `features` (`supports`): a read-only view (a
 post-mortem) has no ``'step'``, and every stepping call raises one line,
@@ -274,8 +274,8 @@ class JobViewBase:
         """Whether every host is known idle (a cell ran to its end): `moved_on` stops."""
         return False
 
-    def _stop_held(self) -> None:
-        """What Stop does to the hosts held at the gate before stepping goes off."""
+    def _stop_paused(self) -> None:
+        """What Stop does to the hosts paused at the gate before stepping goes off."""
 
     def _unsupported(self, feature: str) -> str:
         """Why this view lacks ``feature`` and what to use instead (one line)."""
@@ -355,7 +355,7 @@ class JobViewBase:
     # -- the step gate ------------------------------------------------------------------------
     def step_table(self) -> StepTable:
         """The host x step table of the step gate (`multihost.StepTable`), with the hosts
-        held before a launch."""
+        paused before a launch."""
         self._require('step')
         with self._answering():
             table = self._endpoint().step_table()
@@ -387,7 +387,7 @@ class JobViewBase:
         self._stepping = bool(on)
 
     def release(self, steps: int = 1) -> tuple[int, ...]:
-        """Releases the next ``steps`` gated collectives (held launches count as one)."""
+        """Releases the next ``steps`` gated collectives (paused launches count as one)."""
         self._require('step')
         with self._answering():
             return self._endpoint().release(steps)
@@ -413,12 +413,12 @@ class JobViewBase:
     def stop_stepping(self) -> StepTable:
         """The stepper's Stop: turns stepping off and returns the step table.
 
-        A `Session` first interrupts its hosts (those held at the gate raise
+        A `Session` first interrupts its hosts (those paused at the gate raise
         KeyboardInterrupt); an attached job was not started here, so its
         hosts are only let go.
         """
         self._require('step')
-        self._stop_held()
+        self._stop_paused()
         self.set_stepping(False)
         return self.step_table()
 

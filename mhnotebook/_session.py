@@ -506,5 +506,5 @@ class Session(SessionLife, DataViewBase):
     def _hosts_idle(self) -> bool:
         return not self._busy(self._check(), None, 0.0)
 
-    def _stop_held(self) -> None:
-        self.interrupt()  # hosts held at the gate raise KeyboardInterrupt
+    def _stop_paused(self) -> None:
+        self.interrupt()  # hosts paused at the gate raise KeyboardInterrupt

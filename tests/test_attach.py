@@ -201,10 +201,10 @@ def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_runni
         held = table.launches
         assert {h.name for h in held} == {'train_step'}, held
         assert all(h.site.endswith(f'_flax_job.py:{_step_line()}') for h in held), held
-        assert 'held before a launch' in table.format()
+        assert 'paused before a launch' in table.format()
         from mhnotebook.widgets._stepper import status_html
 
-        assert 'held before a launch' in status_html(table) and 'train_step' in status_html(table)
+        assert 'paused before a launch' in status_html(table) and 'train_step' in status_html(table)
         time.sleep(1.0)
         still = j.step_table().launches
         assert [(h.process, h.n) for h in still] == [(h.process, h.n) for h in held]  # held

@@ -185,7 +185,7 @@ def _step_through():
         released = []
         for name in ('s1', 's2', 's3'):
             table, step = wait_until(lambda n=name: _arrived_at(n), 30, f'every host at {name}')
-            assert step.status == 'held' and not step.divergent, table.format()
+            assert step.status == 'paused' and not step.divergent, table.format()
             assert step.waiting == HOSTS
             assert all(_site_file(r) == __file__ for r in step.records)
             assert len({r.site for r in step.records}) == 1  # same line on every host
@@ -241,7 +241,7 @@ def test_stepping_shows_divergence_before_release():
     if join is not None:
         table = join(60)
         step = table.pending
-        assert step.status == 'held' and step.divergent and step.odd_processes == (3,)
+        assert step.status == 'paused' and step.divergent and step.odd_processes == (3,)
         assert table.divergent == (step,)
         assert [r.name for r in step.records] == ['div-a'] * 3 + ['div-b']
         assert step.majority.name == 'div-a'

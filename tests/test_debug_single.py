@@ -36,7 +36,7 @@ def test_step_table_marks_divergence_and_odd_host():
     )
     old, new = table.steps
     assert (old.seq, old.status, old.divergent) == (6, 'passed', False)
-    assert (new.seq, new.status, new.divergent) == (7, 'held', True)
+    assert (new.seq, new.status, new.divergent) == (7, 'paused', True)
     assert new.odd_processes == (3,) and new.majority.name == 'save'
     assert table.pending is new and table.next_release == 7
     assert table.divergent == (new,)
@@ -158,7 +158,7 @@ def test_control_endpoint_round_trip_single_process():
     assert host == socket.gethostname() and port > 0
     with multihost.ControlClient((host, port), key, timeout=10) as ctl:
         assert ctl.info()['num_processes'] == 1
-        stacks = ctl.stacks(timeout=5)
+        stacks = ctl.where(timeout=5)
         assert stacks[0].answered
         assert 'test_control_endpoint_round_trip_single_process' in stacks[0].where
         assert isinstance(ctl.step_table(), multihost.StepTable)

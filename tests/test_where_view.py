@@ -311,7 +311,7 @@ def test_doing_says_what_each_state_is_doing_now():
     assert activities == [
         'waiting',
         'waiting',
-        'held',
+        'paused',
         'running',
         'running',
         'idle',

@@ -134,15 +134,15 @@ def status_html(table: StepTable) -> str:
         if current.missing:
             text += f', {esc(fmt_hosts(current.missing))} not arrived yet'
     elif table.stepping:
-        text = f'no step held; Step releases #{table.next_release} ahead of the hosts'
+        text = f'no step paused; Step releases #{table.next_release} ahead of the hosts'
     else:
         text = 'no collective in flight'
-    held = getattr(table, 'launches', ())  # an older engine's table has none
-    if held:
+    paused = getattr(table, 'launches', ())  # an older engine's table has none
+    if paused:
         by_call: dict[str, list[int]] = {}
-        for h in held:
+        for h in paused:
             by_call.setdefault(f'{h.name} @ {short_site(h.site)}', []).append(h.process)
-        text += '; held before a launch (Step releases it): ' + ', '.join(
+        text += '; paused before a launch (Step releases it): ' + ', '.join(
             f'<code>{esc(call)}</code>: {esc(fmt_hosts(ps))}' for call, ps in by_call.items()
         )
     return CSS + (

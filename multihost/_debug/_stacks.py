@@ -132,7 +132,7 @@ def capture(process: int | None = None, main_frames: Sequence[Any] | None = None
         if ident == main_ident:
             where = user_frame(frames)
     threads.sort(key=lambda t: (not t.main, t.name))
-    gate = _stepgate.held_at()
+    gate = _stepgate.paused_at()
     pid = _kv.process_index() if process is None else process
     now = time.time()
     last, waiting, background = _recorder.in_progress(_recorder.snapshot(pid, _recorder.RECENT))
