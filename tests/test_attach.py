@@ -163,10 +163,12 @@ def test_the_magics_act_on_the_attached_job_and_refuse_to_run_code(job):
         assert type(view).__name__ == 'WhereView'
         assert 'process 2 is not there' in str(view.verdict), view.verdict
         assert type(ip.run_line_magic('mh_step', '')).__name__ == 'StepperView'
-        # The data magics read the held hosts' frames; process 2 is in its own code (a
-        # sleep), so they say so, naming it, and how to hold it.
+        # The data magics read the stopped hosts' frames; process 2 is in its own code (a
+        # sleep), so they say so, naming it, and how to stop it.
         for line in ('mh_diff', 'mh_allgather', 'mh_layout', 'mh_nonfinite'):
-            with pytest.raises(UsageError, match='process 2 running its own code, not held') as e:
+            with pytest.raises(
+                UsageError, match='process 2 running its own code, not stopped'
+            ) as e:
                 ip.run_line_magic(line, 'state')
             assert 'set_stepping(True)' in str(e.value) and '\n' not in str(e.value)
         with pytest.raises(UsageError, match='--frame is for an attached job|N >= 0'):
@@ -245,7 +247,7 @@ def _the_data_tools_read_the_held_frames(j: mhnotebook.AttachedJob) -> None:
 
     frames = j.frames()
     for p in range(N):
-        assert frames[p]['held'] and frames[p]['at'] == f'_flax_job.py:{_step_line()} in train'
+        assert frames[p]['stopped'] and frames[p]['at'] == f'_flax_job.py:{_step_line()} in train'
         assert frames[p]['frames'][0]['site'] == frames[p]['at']
         assert {'state', 'batch', 'step'} <= set(frames[p]['frames'][0]['names'])
     steps = j.allgather('step')  # a host-local int: one row per process

@@ -69,7 +69,7 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
             def held() -> Any:
                 frames = j.frames()
                 failing = frames[FAILING]
-                ok = all(f['held'] for f in frames.values())
+                ok = all(f['stopped'] for f in frames.values())
                 return ok and 'held on its error' in failing['in'] and frames
 
             frames = _jobs.until('the job held on the error', held, 90.0)
@@ -109,12 +109,13 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
             try:
                 j.diff('state.params', frame='train')
             except mhnotebook.HostsError as exc:
-                assert 'the output of train_step call #1, dispatched before the hold' in str(exc), (
-                    exc
-                )
+                assert (
+                    'the output of train_step call #1, dispatched before the hosts stopped'
+                    in str(exc)
+                ), exc
                 assert '--check-jit' in str(exc), exc
             assert time.monotonic() - t0 < 20.0, inside
-            # --allow-exec: a %%mh cell runs in each host's held frame (a copy of its names).
+            # --allow-exec: a %%mh cell runs in each host's stopped frame (a copy of its names).
             from _helpers import magic_shell
 
             outs = j.execute(

@@ -86,7 +86,7 @@ def test_one_registry_and_one_timeout_policy_for_the_data_tools():
 
     assert TOOLS['layout'].timeout == TOOLS['diff'].timeout == 120.0
     assert TOOLS['gather_meta'].timeout == 600.0 and TOOLS['run_cell'].timeout == 60.0
-    assert not TOOLS['gather_write'].held and TOOLS['gather_send'].held
+    assert not TOOLS['gather_write'].on_stopped and TOOLS['gather_send'].on_stopped
     assert TOOLS['layout'].namespace and not TOOLS['env_diff'].namespace
     job = AttachedJob('/x/control.json', {'num_processes': 3}, None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"no engine tool 'layuot'; known: diff, env_diff"):

@@ -110,7 +110,7 @@ def _held_on_errors(j: Any, n: int) -> Any:
     """``job.frames()`` once every host is held and ``n`` of them on their own error."""
     frames = j.frames()
     errors = sum('held on its error' in f['in'] for f in frames.values())
-    return all(f['held'] for f in frames.values()) and errors == n and frames
+    return all(f['stopped'] for f in frames.values()) and errors == n and frames
 
 
 def _held_job(tmp: str, flags: list[str], n: int, **extra: str) -> tuple[Any, Any, str]:

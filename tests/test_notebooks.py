@@ -132,7 +132,7 @@ def test_notebook_runs_top_to_bottom(path):
         folder = re.search(r"removed the job's folder (\S+): True", text)
         assert folder and not os.path.exists(folder.group(1)), text
     if path.name == '08_hold_and_inspect.ipynb':
-        # Held on its error; the data tools read the held frames; released, it ends as usual.
+        # Held on its error; the data tools read the stopped frames; released, it ends as usual.
         assert "process 2: held on its error: raised FloatingPointError('loss is nan" in (text), (
             text
         )

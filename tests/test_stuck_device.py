@@ -70,7 +70,7 @@ def test_data_tools_answer_on_hosts_stuck_inside_a_launch(tmp_path):
 
             def stuck() -> Any:
                 frames = j.frames()
-                if not all(f['held'] for f in frames.values()):
+                if not all(f['stopped'] for f in frames.values()):
                     return None
                 verdict = j.wavefront().verdict or ''
                 inside = f'train_step call #{STEP}' in verdict  # not a moment at init
@@ -102,7 +102,7 @@ def test_data_tools_answer_on_hosts_stuck_inside_a_launch(tmp_path):
                 j.diff('state.params', frame='train', timeout=30)
             took['not ready'] = time.monotonic() - t0
             text = str(e.value)
-            assert 'dispatched before the hold and unfinished' in text, text
+            assert 'dispatched before the hosts stopped and unfinished' in text, text
             assert f'the output of train_step call #{STEP}' in text, text
             print('seconds per tool on the stuck hosts:', {k: round(v, 2) for k, v in took.items()})
             slow = {k: round(v, 1) for k, v in took.items() if v > PROMPT_S}

@@ -92,7 +92,7 @@ class MultihostMagics(Magics):
         self.background: dict[int, Any] | None = None
         self.attached: AttachedJob | None = None
         self.attach_failed = ''  # the last %mh_attach's error, until one succeeds ...
-        self.failed_beside: Session | None = None  # ... or another session is held since
+        self.failed_beside: Session | None = None  # ... or another session is in use since
         self.shown = Shown(getattr(shell, 'user_ns', None))
 
     def _session(self, what: str | None = None) -> Session:
@@ -107,7 +107,7 @@ class MultihostMagics(Magics):
                 'this magic runs code on the hosts, which only a %mh_cluster session can; '
                 '%mh_where, %mh_timeline, %mh_step and the data magics (%mh_allgather, '
                 '%mh_layout, %mh_diff, %mh_nonfinite, %mh_env, %mh_memory_census: they read '
-                "the held hosts' frames) work here, and %%mh when the job was started with "
+                "the stopped hosts' frames) work here, and %%mh when the job was started with "
                 '--allow-exec; %mh_detach ends the attachment'
             )
         session = self._running()
@@ -117,7 +117,7 @@ class MultihostMagics(Magics):
 
     def _data(self, form: str, frame: int | str | None = None) -> DataView:
         """Where a data magic (``%mh_allgather``, ``%mh_layout``, ...) reads: the attached
-        job (in its hosts' held frames, ``--frame N``), else the running session."""
+        job (in its hosts' stopped frames, ``--frame N``), else the running session."""
         if self.attached is not None:
             if isinstance(frame, int) and frame < 0:
                 raise UsageError(
@@ -126,7 +126,7 @@ class MultihostMagics(Magics):
             return self.attached
         if frame is not None:
             raise UsageError(
-                f"{form} --frame is for an attached job (its hosts' held frames); a session's "
+                f"{form} --frame is for an attached job (its hosts' stopped frames); a session's "
                 'engines have one namespace'
             )
         return self._session(form)
@@ -229,7 +229,7 @@ class MultihostMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.mh, line)
         check_timeout(args.timeout, '%%mh --timeout 30')
-        if self.attached is not None:  # in the held frames, if the job allows it
+        if self.attached is not None:  # in the stopped frames, if the job allows it
             if args.bg:
                 raise UsageError('%%mh --bg is for a %mh_cluster session, not an attached job')
             try:
@@ -239,7 +239,7 @@ class MultihostMagics(Magics):
                     raise UsageError(f'%%mh: {exc}') from None
                 print(f'%%mh: {exc}')
                 print_errors(dict(exc.failures))
-            except SessionError as exc:  # not held, a host gone, no answer
+            except SessionError as exc:  # not stopped, a host gone, no answer
                 raise UsageError(f'%%mh: {exc}') from None
             return
         _run.run_cell(self, self._session(), cell, timeout=args.timeout, bg=args.bg)
