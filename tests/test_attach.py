@@ -272,7 +272,7 @@ def _the_data_tools_read_the_held_frames(j: mhnotebook.AttachedJob) -> None:
     assert diff.ok and not diff.odd_processes, diff
     assert j.nonfinite('state.params').ok
     assert j.env_diff().ok
-    assert 'memory of 3 hosts' in str(j.memory_census())
+    assert 'memory of 3 processes' in str(j.memory_census())
     with pytest.raises(mhnotebook.SessionError, match=r"'stat' is not defined in frame 0") as e:
         j.allgather('stat.params')
     assert "did you mean 'state'?" in str(e.value) and 'job.frames()' in str(e.value)

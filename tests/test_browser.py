@@ -46,7 +46,7 @@ def test_quickstart_widgets_in_chromium(quickstart):
         # 5. where: the stuck cell showed the barrier the others waited in
         assert 'after-eval' in page.locator('.mh-where').first.inner_text()
 
-        # 6. stepper: all 4 hosts held at 'load'; Step; then at 'train'; Continue
+        # 6. stepper: all 4 processes held at 'load'; Step; then at 'train'; Continue
         stepper = page.locator('.mh-stepper').last  # the one shown after the hosts started
         grid = stepper.locator('.mh-stepper-grid')
         refresh = stepper.locator('.mh-refresh-button')

@@ -368,8 +368,9 @@ def test_the_where_view_says_which_service_barrier_at_which_library_line():
     stacks[3] = _stacks_of(3, background=(saver,))
     text = where_text(stacks)
     site = 'orbax/checkpoint/_src/multihost/multihost.py:318'
-    assert f"processes 0-2 (3 hosts): waiting in service barrier 'ckpt_3' at {site} for 40 s" in (
-        text
+    assert (
+        f"processes 0-2 (3 processes): waiting in service barrier 'ckpt_3' at {site} for 40 s"
+        in (text)
     ), text
     assert f"also waiting for service key 'ckpt/done' at {site} (thread 'saver') for 5 s" in text
     back = type(stacks[3]).from_json(stacks[3].to_json())

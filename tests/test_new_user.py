@@ -188,7 +188,7 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
             with capture_output() as cap:
                 j.allgather("batch['tokens']", frame='train')
             (line,) = [ln for ln in cap.stdout.splitlines() if ln.startswith('note: ')]
-            assert line.startswith('note: the hosts were read at different points: '), line
+            assert line.startswith('note: the processes were read at different points: '), line
             assert 'process 0 at _flax_job.py:' in line and 'process 1 at _flax_job.py:' in line
             assert '(train_step called 2x)' in line and 'an earlier step' in line, line
             assert j.apart == line[len('note: ') :]
@@ -198,7 +198,7 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
                 for magic in ('mh_allgather', 'mh_nonfinite', 'mh_diff'):
                     with capture_output() as cap:
                         ip.run_line_magic(magic, "batch['tokens'] --frame train")
-                    assert 'note: the hosts were read at different points' in cap.stdout, (
+                    assert 'note: the processes were read at different points' in cap.stdout, (
                         magic,
                         cap.stdout,
                     )
@@ -262,7 +262,7 @@ def test_the_points_words():
     assert apart(same) == ''
     behind = [*same[:2], HeldPoint(2, 't.py:5 in train', (('train_step', 2),)), same[3]]
     assert apart(behind).startswith(
-        'the hosts were read at different points: processes 0-1, 3 at t.py:9 in train '
+        'the processes were read at different points: processes 0-1, 3 at t.py:9 in train '
         '(train_step called 3x); process 2 at t.py:5 in train (train_step called 2x). '
     ), apart(behind)
 

@@ -44,7 +44,7 @@ def test_a_clean_tree_is_ok_and_says_what_was_checked():
     assert report.ok and report.shards == () and report.leaves == ()
     assert report.checked == {'leaves': 2, 'shards': 2, 'elements': 19, 'skipped': 2}
     assert str(report) == (
-        'no NaN or Inf: 2 leaves, 2 shards, 19 elements checked on 1 host '
+        'no NaN or Inf: 2 leaves, 2 shards, 19 elements checked on 1 process '
         '(2 non-float leaves skipped)'
     )
     assert repr(report).startswith('NonfiniteReport(ok=True, shards=0')
@@ -196,7 +196,7 @@ def test_what_a_host_sends_stays_bounded_at_any_host_count():
     assert len(payload['layouts']) == 1  # host-local layouts: 64 over all hosts
     report = _nonfinite._assemble({7: payload}, leaves, 1000, per(1000))
     assert report.truncated == {7: 96} and len(report.shards) == 4
-    assert 'process 7 found 96 more offending shard(s), not listed (at most 4 per host' in str(
+    assert 'process 7 found 96 more offending shard(s), not listed (at most 4 per process' in str(
         report
     )
 

@@ -105,11 +105,11 @@ def test_a_clean_report_is_one_green_line():
     assert 'mh-ok' in html and 'no NaN or Inf' in html
     assert 'mh-nonfinite-shards' not in html and view.layout_view is None
     assert view.leaf is None
-    assert str(view) == 'no NaN or Inf: 1 leaf, 1 shard, 3 elements checked on 1 host'
+    assert str(view) == 'no NaN or Inf: 1 leaf, 1 shard, 3 elements checked on 1 process'
 
 
 def _replicated_nan_report():
-    """(4, 4) rows split over 2 blocks, each held by all 4 hosts (replicated over hosts, one
+    """(4, 4) rows split over 2 blocks, each held by all 4 processes (replicated over hosts, one
     device each); NaN only in host 2's replica of the second block."""
     from multihost import NonfiniteLeaf, NonfiniteReport, NonfiniteShard
 

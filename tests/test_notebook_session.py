@@ -661,10 +661,10 @@ def test_diff_of_a_tie_blames_no_host_and_shows_both_values(session):
     (leaf,) = view.diff.leaves
     assert leaf.tie and leaf.odd_processes == () and view.diff.odd_processes == ()
     text = view.text()
-    assert 'no majority, so no host is odd' in text and 'odd hosts' not in text, text
+    assert 'no majority, so no process is odd' in text and 'odd processes' not in text, text
     assert "['w'] [value]: processes 0-1 and 2-3 differ; no majority" in text, text
     assert 'process 0: [0.5 0.5 0.5]' in text and 'process 2: [1.5 1.5 1.5]' in text, text
-    assert 'no majority, so no host is odd' in view.static_html()
+    assert 'no majority, so no process is odd' in view.static_html()
     assert view._details.titles == ("['w']  [value]  no majority",), view._details.titles
     magics.session = None
 

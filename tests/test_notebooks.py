@@ -102,7 +102,7 @@ def test_notebook_runs_top_to_bottom(path):
         assert 'state.params: 19 leaves' in text and "['embed']['embedding']" in text, text
         assert "NamedSharding P('model') on mesh (data=2, model=2)" in text, text
         # Healthy sharded leaves are compared over their replicas: nothing differs ...
-        assert 'All 2 hosts hold the same tree (19 leaves).' in text, text
+        assert 'All 2 processes hold the same tree (19 leaves).' in text, text
         # ... then the drifted bias is named once, its two blocks listed (issue 32 item 7);
         # two hosts: no majority, no blame (item 3).
         assert (
@@ -110,7 +110,7 @@ def test_notebook_runs_top_to_bottom(path):
             'the first:) [value]: processes 0 and 1 differ; no majority' in text
         ), text
         assert text.count("['Dense_0']['bias'] block") == 1, text
-        assert 'no majority, so no host is odd' in text, text
+        assert 'no majority, so no process is odd' in text, text
         # The other batch shape: caught before launch, first difference first.
         assert 'first difference: argument "batch[' in text and 'on process 1' in text, text
         assert 'other arguments are the same on every host' in text, text
@@ -138,7 +138,7 @@ def test_notebook_runs_top_to_bottom(path):
         )
         assert 'NaN/Inf in 1 shard of 1 leaf on process 2: 1 NaN' in text, text
         assert 'first at (7,)' in text and 'NaN at [(2, 7)]' in text, text
-        assert 'All 4 hosts hold the same tree (2 leaves).' in text, text
+        assert 'All 4 processes hold the same tree (2 leaves).' in text, text
         assert 'exit codes: [75, 75, 1, 75]' in text and 'still running: none' in text, text
         assert "multihost: process 2 failed: FloatingPointError('loss is nan at step 3')" in text
         folder = re.search(r"removed the job's folder (\S+): True", text)

@@ -90,7 +90,7 @@ def test_a_missing_dump_is_named_and_silent(dumps: str, tmp_path: Any) -> None:
     from mhnotebook._views import where_view
 
     status = where_view(pm)._status.value
-    assert '3 of 4 hosts left a dump' in status and 'no dump from process 3' in status, status
+    assert '3 of 4 processes left a dump' in status and 'no dump from process 3' in status, status
 
 
 def test_views_render_from_the_dumps(dumps: str) -> None:
@@ -100,7 +100,7 @@ def test_views_render_from_the_dumps(dumps: str) -> None:
     where = where_view(pm)
     verdict = elements(where._verdict_box.value, 'mh-where-verdict')
     assert verdict and verdict[0]['text'] == pm.wavefront().verdict, where._verdict_box.value
-    assert '4 of 4 hosts left a dump' in where._status.value, where._status.value
+    assert '4 of 4 processes left a dump' in where._status.value, where._status.value
     timeline = timeline_view(pm)
     assert timeline._table.value and 'mh-timeline' in timeline._table.value
 

@@ -9,7 +9,7 @@ gets attribute and subscript names of its leaves; a whole tree is one table
 (``%mh_layout state.params``); the key leaf gathers as a key array. The
 expectations are computed on the engines with jax itself, not with our code.
 Last, the table's click in a real browser: Voila renders a notebook that
-builds the same state (2 hosts) and Chromium clicks a leaf.
+builds the same state (2 processes) and Chromium clicks a leaf.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def test_layout_of_a_pytree_is_one_table(shell):
         assert row[5] == 'agree'
     text = view.text()
     assert all(leaf.path in text for leaf in view.tree.leaves)
-    assert 'bytes per host' in text and 'replicas' in text
+    assert 'bytes per process' in text and 'replicas' in text
     # a click (here: select) shows the leaf's layout
     view.select("['embed']['embedding']")
     assert view.leaf_view is not None and view.leaf_view.layout.shape == (64, 32)

@@ -54,7 +54,7 @@ def apart(points: list[ReadPoint]) -> str:
         groups.setdefault(words, []).append(point.process)
     said = '; '.join(f'{fmt_hosts(ps)} at {w}' for w, ps in groups.items())
     return (
-        f'the hosts were read at different points: {said}. Values combined across them '
-        "come from different points of the program (a host behind holds an earlier step's "
+        f'the processes were read at different points: {said}. Values combined across them '
+        "come from different points of the program (a process behind holds an earlier step's "
         'values under the same name)'
     )

@@ -240,8 +240,8 @@ class StepTable:
         return tuple(s for s in self.steps if s.divergent)
 
     def format(self) -> str:
-        """A plain-text grid: one row per host, one column per step."""
-        head = f'stepping {"on" if self.stepping else "off"}, {self.num_processes} host(s)'
+        """A plain-text grid: one row per process, one column per step."""
+        head = f'stepping {"on" if self.stepping else "off"}, {self.num_processes} process(es)'
         if self.launches:
             paused = self.launches
             head += f'\npaused before a launch: {", ".join(h.describe() for h in paused[:8])}'
@@ -265,7 +265,7 @@ class StepTable:
                     for p, r in enumerate(s.records)
                 ]
             )
-        rows = [['host'] + [f'p{p}' for p in range(self.num_processes)]]
+        rows = [['process'] + [f'p{p}' for p in range(self.num_processes)]]
         widths = [max(len(x) for x in rows[0])] + [max(len(x) for x in c) for c in cols]
         lines = [head]
         for i in range(self.num_processes + 1):
