@@ -168,7 +168,7 @@ class Session(SessionLife, DataViewBase):
             raise
 
     def __repr__(self) -> str:
-        state = 'stopped' if self._stopped else f'{self.num_processes} hosts'
+        state = 'stopped' if self._stopped else f'{self.num_processes} processes'
         kind = 'local' if self._local is not None else 'connected'
         return f'<mhnotebook.Session {kind}, {state}, engines {self.engine_ids}>'
 
@@ -317,8 +317,8 @@ class Session(SessionLife, DataViewBase):
             raise self._died(poll, died, what)
         if poll.left:
             raise SessionTimeoutError(
-                f'{what}: host(s) {sorted(poll.left)} did not answer within {timeout:g} s. '
-                'They may be stuck in a collective: look with session.where() '
+                f'{what}: {processes_phrase(sorted(poll.left))} did not answer within '
+                f'{timeout:g} s. They may be stuck in a collective: look with session.where() '
                 '(%mh_where), or restart with session.restart() (%mh_cluster restart).',
                 pending=sorted(poll.left),
                 finished=sorted(set(pending) - set(poll.left)),
@@ -326,7 +326,7 @@ class Session(SessionLife, DataViewBase):
         if poll.failures:
             first = min(poll.failures)
             raise HostsError(
-                f'{what} failed on host(s) {sorted(poll.failures)}; host {first}:\n'
+                f'{what} failed on {processes_phrase(sorted(poll.failures))}; process {first}:\n'
                 f'{poll.failures[first].text}',
                 poll.failures,
             )

@@ -464,7 +464,7 @@ def test_second_start_reuses_a_cluster_of_the_same_shape(session):
     with capture_output() as cap:
         ip.run_line_magic('mh_cluster', 'start -n 4 -d 2')
     assert magics.session is session and session.running
-    assert 'reusing the running cluster of 4 hosts x 2 devices' in cap.stdout
+    assert 'reusing the running cluster of 4 processes x 2 devices' in cap.stdout
     with pytest.raises(UsageError, match=r'is running, not 2 x 2: %mh_cluster stop') as info:
         ip.run_line_magic('mh_cluster', 'start -n 2 -d 2')
     assert '%mh_cluster restart' in str(info.value)

@@ -237,7 +237,7 @@ def test_magics_in_a_real_shell(session):
     with capture_output() as cap:
         ip.run_line_magic('mh_allgather', 'z -o zz')
     np.testing.assert_array_equal(ip.user_ns['zz'], np.arange(3)[None] * np.arange(4)[:, None])
-    assert 'zz = z gathered from 4 hosts' in cap.stdout
+    assert 'zz = z gathered from 4 processes' in cap.stdout
     with capture_output() as cap:
         ip.run_line_magic('mh_allgather', 'a_xy')
     assert ip.user_ns['a_xy'].shape == (8, 6)
@@ -546,7 +546,7 @@ def test_timeline_magic_names_the_late_host(session, tmp_path):
     st = view.timeline.stragglers()
     assert st.host == 3 and st.share >= 0.8, view.text()
     assert view.text().startswith('process 3 arrived last in ')
-    assert f'wrote a Chrome trace of 12 steps (one track per host) to {path}' in cap.stdout
+    assert f'wrote a Chrome trace of 12 steps (one track per process) to {path}' in cap.stdout
     events = json.loads(path.read_text())['traceEvents']
     assert {e['pid'] for e in events if e['ph'] == 'X'} == {0, 1, 2, 3}
     with pytest.raises(UsageError, match='--last takes a positive number'):

@@ -67,7 +67,7 @@ def test_notebook_runs_top_to_bottom(path):
             for o in c.outputs
         )
         assert n_static >= 5  # layout x, layout bias, diff, where, stepper
-        assert 'full = x gathered from 4 hosts: float32[16, 12]' in text
+        assert 'full = x gathered from 4 processes: float32[16, 12]' in text
         assert 'replicas DIFFER' in text and 'odd process(es) [2]' in text
         assert "['kernel'] [value] on process 3" in text
         assert "process 3: passed 'ckpt'" in text
@@ -115,7 +115,7 @@ def test_notebook_runs_top_to_bottom(path):
         assert 'first difference: argument "batch[' in text and 'on process 1' in text, text
         assert 'other arguments are the same on every host' in text, text
         # The whole state in the notebook, its dropout key a key array.
-        assert 'gathered = state gathered from 2 hosts' in text and 'key<fry>' in text, text
+        assert 'gathered = state gathered from 2 processes' in text and 'key<fry>' in text, text
     if path.name == '07_batch_job.ipynb':
         # Attached while it hangs: the wavefront names the late host and its own frame.
         assert "processes 0-1, 3 are waiting at barrier('checkpoint 5')" in text, text
@@ -148,9 +148,9 @@ def test_notebook_runs_top_to_bottom(path):
         # Without MH_CLUSTER_URL_FILE: its stand-in cluster on this machine.
         # tests/test_netns_cluster.py runs it against hosts with their own addresses.
         assert 'a stand-in on this machine' in text, text
-        assert 'mhnotebook: connected to 4 hosts' in text, text
+        assert 'mhnotebook: connected to 4 processes' in text, text
         assert 'JAX coordinator: 127.0.0.1:' in text and 'process 3: engine' in text, text
-        assert 'full = x gathered from 4 hosts: float32[4, 4]' in text, text
+        assert 'full = x gathered from 4 processes: float32[4, 4]' in text, text
     _save_executed(nb, path.name)
 
 

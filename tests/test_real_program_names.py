@@ -111,7 +111,7 @@ def test_allgather_a_whole_train_state_with_its_key(shell):
     ip, session = shell
     with capture_output() as cap:
         ip.run_line_magic('mh_allgather', 'state -o out')
-    assert 'out = state gathered from 4 hosts' in cap.stdout
+    assert 'out = state gathered from 4 processes' in cap.stdout
     out = ip.user_ns['out']
     assert type(out).__name__ == 'TrainState'
     key = out.dropout_key

@@ -146,8 +146,9 @@ def run_cell(
     except SessionTimeoutError as exc:
         keeper.background = pending  # %mh_wait collects it later
         print(
-            f'%%mh: hosts {exc.pending} still running after {timeout:g} s '
-            f'(finished: {exc.finished}); %mh_wait collects the output. Where they are:'
+            f'%%mh: {processes_phrase(exc.pending)} still running after {timeout:g} s '
+            f'(finished: {processes_phrase(exc.finished)}); %mh_wait collects the output. '
+            'Where they are:'
         )
         _show_where(session)
     except SessionInterruptedError as exc:
@@ -168,7 +169,10 @@ def wait(keeper: Keeper, session: Session, *, timeout: float | None) -> None:
     try:
         session.wait_outputs(keeper.background, timeout=timeout)
     except SessionTimeoutError as exc:
-        print(f'%mh_wait: hosts {exc.pending} still running; see %mh_where or the stepper.')
+        print(
+            f'%mh_wait: {processes_phrase(exc.pending)} still running; see %mh_where or the '
+            'stepper.'
+        )
         return
     except SessionInterruptedError as exc:
         show_interrupt(exc.report)
