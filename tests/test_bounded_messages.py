@@ -161,7 +161,7 @@ def test_off_main_timeout_at_1000_hosts() -> None:
     assert len(lines) <= 20, '\n'.join(lines)
     assert 'processes 10-999 did not arrive' in lines[0]
     assert "thread 'loader-2' last reached barrier('loader')" in str(exc)
-    assert '  processes 266-999: position not carried (only 256 missing hosts are)' in str(exc)
+    assert '  processes 266-999: position not carried (only 256 missing processes are)' in str(exc)
     assert exc.missing == missing and len(exc.positions) == 256
 
 

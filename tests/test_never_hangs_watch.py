@@ -306,7 +306,7 @@ def test_hosts_launching_different_watched_functions_all_raise_at_once(mp_cluste
     assert len({r['text'] for r in results}) == 1, results
     text = results[0]['text']
     assert results[0]['error'] == 'CollectiveMismatchError', text
-    assert 'hosts are about to launch different functions' in text, text
+    assert 'processes are about to launch different functions' in text, text
     assert 'process 1: eval_step(' in text and 'processes 0, 2-3: train_step(' in text, text
     assert all(r['elapsed'] < 5.0 for r in results), results  # judged, not timed out (30 s)
 
