@@ -137,7 +137,7 @@ def status_html(table: StepTable) -> str:
         text = f'no step paused; Step releases #{table.next_release} ahead of the processes'
     else:
         text = 'no collective in flight'
-    paused = getattr(table, 'launches', ())  # an older engine's table has none
+    paused = table.launches
     if paused:
         by_call: dict[str, list[int]] = {}
         for h in paused:
