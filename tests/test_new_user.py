@@ -256,11 +256,11 @@ def test_with_check_jit_a_held_job_s_donated_state_is_read_before_the_launch(tmp
 
 
 def test_the_points_words():
-    from multihost._models._points import HeldPoint, apart
+    from multihost._models._points import ReadPoint, apart
 
-    same = [HeldPoint(p, 't.py:9 in train', (('train_step', 3),)) for p in range(4)]
+    same = [ReadPoint(p, 't.py:9 in train', (('train_step', 3),)) for p in range(4)]
     assert apart(same) == ''
-    behind = [*same[:2], HeldPoint(2, 't.py:5 in train', (('train_step', 2),)), same[3]]
+    behind = [*same[:2], ReadPoint(2, 't.py:5 in train', (('train_step', 2),)), same[3]]
     assert apart(behind).startswith(
         'the processes were read at different points: processes 0-1, 3 at t.py:9 in train '
         '(train_step called 3x); process 2 at t.py:5 in train (train_step called 2x). '
