@@ -388,7 +388,7 @@ def test_tree_layout_rows_say_shape_dtype_spec_bytes_and_replicas():
         'spec',
         'bytes',
         'per',
-        'host',
+        'process',
         'replicas',
     ]
 
