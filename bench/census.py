@@ -3,7 +3,7 @@
 A 256 MiB float32 global array sharded P('x') over all 8 devices (32 MiB per
 shard, 64 MiB per host):
 
-* ours: `Session.nonfinite` (`multihost.find_nonfinite` on every engine:
+* ours: `Session.nonfinite` (`multihost.nonfinite` on every engine:
   one jitted screen per shard on its device, one coordination round with
   only the offending shards' numbers), returned to the notebook;
 * the usual way: `Session.allgather` of the same array into the notebook
@@ -12,7 +12,7 @@ shard, 64 MiB per host):
 
 Both on a clean array and on one with a NaN in one shard on host 2 (then ours
 also counts NaN/Inf and finds the first position in that shard). Also shown:
-`find_nonfinite` timed on the engines themselves (max over hosts). Goal: ours
+`nonfinite` timed on the engines themselves (max over hosts). Goal: ours
 >= 20x faster than the usual way. Medians of several repetitions, interleaved.
 
     python bench/census.py [--reps N] [--mib 256]
@@ -45,7 +45,7 @@ def _engine_times(name, reps):
     for _ in range(reps):
         multihost.barrier('bench-census')
         t0 = time.perf_counter()
-        multihost.find_nonfinite(value)
+        multihost.nonfinite(value)
         out.append(time.perf_counter() - t0)
     return out
 """
@@ -116,7 +116,7 @@ def bench_nonfinite(session, reps: int, mib: int) -> dict[str, float]:
         f'{m["gather_zmq"]:.1f} ms, {m["gather_zmq"] / m["ours"]:.1f}x ours)'
     )
     print(
-        f'   find_nonfinite on the engines alone: {m["engine_big"]:.1f} ms clean, '
+        f'   nonfinite on the engines alone: {m["engine_big"]:.1f} ms clean, '
         f'{m["engine_big_nan"]:.1f} ms with the NaN (slowest host)'
     )
     return m

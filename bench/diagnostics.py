@@ -148,7 +148,7 @@ def section_assert_equal(cluster: LocalCluster, args: argparse.Namespace) -> lis
         ),
         Row(
             'assert_equal',
-            f'{case}, 1 leaf differs on 1 host (ours raises)',
+            f'{case}, 1 leaf differs on 1 process (ours raises)',
             slowest_median_ms([p['ours_differing'] for p in per]),
             None,
             args.reps,

@@ -10,7 +10,7 @@ the key-value store (`sync_global_devices`, a sequence-checked small
 `broadcast_one_to_all` / `process_allgather` carried by the exchange,
 `assert_equal` of a small equal tree). The backend is never started (checked).
 Then every host holds 200 local flight records and host 0 issues
-`dump_stacks`, `wavefront` and `flight_records(200)` while the others wait in
+`where`, `wavefront` and `flight_records(200)` while the others wait in
 a real barrier (their debug threads, started in each child after the fork,
 answer); only host 0's main-thread RPCs are counted (``--no-issuers`` skips).
 
@@ -42,7 +42,7 @@ from typing import Any
 #: Checks in table order.
 CHECKS = ('sync_global_devices', 'broadcast (small)', 'allgather (small)', 'assert_equal (small)')
 #: Debug-bus issuers, called by host 0 while every other host waits in a barrier.
-ISSUERS = ('dump_stacks', 'wavefront', 'flight_records')
+ISSUERS = ('where', 'wavefront', 'flight_records')
 #: The issuers' reply timeout: N debug threads answer on 2 cores (the default 10 s is for machines).
 ISSUE_TIMEOUT_S = 300.0
 #: Reading the reply size of these client methods (the rest reply with nothing or a number).
@@ -121,7 +121,7 @@ def _issuers() -> dict[str, Callable[[], int]]:
 
     t = ISSUE_TIMEOUT_S
     return {
-        'dump_stacks': lambda: sum(s.answered for s in multihost.dump_stacks(timeout=t).values()),
+        'where': lambda: sum(s.answered for s in multihost.where(timeout=t).values()),
         'wavefront': lambda: sum(h.answered for h in multihost.wavefront(timeout=t).hosts),
         'flight_records': lambda: len(multihost.flight_records(200, timeout=t)),
     }

@@ -206,7 +206,7 @@ def _costs(n: int, m: dict[str, int], leaves: int) -> dict[str, Cost]:
     c.round_(n, [32] * n)
 
     for label, reply in (
-        ('dump_stacks / where (the issuer)', m['stacks reply']),
+        ('where (the issuer)', m['stacks reply']),
         ('wavefront (the issuer)', m['front reply']),
         ('flight_records(200) (the issuer)', m['records reply (200)']),
     ):

@@ -6,7 +6,7 @@ Usage::
 
 For each N, one `LocalCluster` of N real JAX processes x 1 CPU device runs
 two arrays: ``replicated`` (float32[4096], ``P()``: one block on every host)
-and ``pairs`` (float32[N/2, 1024], each row block on 2 hosts). Each host
+and ``pairs`` (float32[N/2, 1024], each row block on 2 processes). Each host
 counts what it asks of the coordination service (`_kv.COUNTERS`) per
 `check_replicas` and times it (every repetition started together; the
 slowest host per repetition, then the median). Side by side in the same

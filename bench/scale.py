@@ -10,7 +10,7 @@ Usage::
 N forked clients of one real coordination service, bytes and RPCs counted per
 check), side by side per N, with the log-log slope of each curve; ``--check``
 exits 1 unless bytes read per host grow <= 1.5x and bytes served <= 20x from
-the smallest N to the largest, and the issuers (`dump_stacks`, `wavefront`,
+the smallest N to the largest, and the issuers (`where`, `wavefront`,
 `flight_records`, from host 0 while the others wait) read every reply in <= 50
 RPCs at every N (issue 21's targets). The older method follows.
 
@@ -26,7 +26,7 @@ at a coordination barrier (not timed):
   (record, publish, barrier, compare), without the collective itself;
 * ``assert_equal 1k leaves``: `multihost.assert_equal` of 1,000 leaves of
   16 float32 each (equal on every host: the head-digest round);
-* ``dump_stacks (where)``: `multihost.dump_stacks` from process 0 while the
+* ``where``: `multihost.where` from process 0 while the
   other hosts wait at the next repetition's barrier (their debug threads
   answer: what ``%mh_where`` does);
 * ``step_table``: `multihost.step_table` from process 0;
@@ -39,7 +39,7 @@ multi-host program waits for it), median over repetitions; and the CPU time
 per call of the busiest host, median over repetitions: of the process
 (``time.process_time``: every thread, the waiter thread and the RPC
 library's included) and of the main thread alone (``time.thread_time``:
-encoding, parsing, judging). For ``dump_stacks`` and ``step_table`` the
+encoding, parsing, judging). For ``where`` and ``step_table`` the
 busiest host is process 0, which reads every host's reply (the other hosts'
 debug threads answer outside the timed call).
 Then a least-squares fit of each curve (wall, process CPU, main-thread CPU)
@@ -75,7 +75,7 @@ OPS = (
     'barrier',
     'sequence check',
     'assert_equal 1k leaves',
-    'dump_stacks (where)',
+    'where',
     'step_table',
     'watched call',
 )
@@ -106,7 +106,7 @@ def _body(reps: int) -> dict[str, dict[str, list[float]]]:
         'barrier': lambda: multihost.barrier('scale'),
         'sequence check': lambda: _sequence.enter('bench', 'scale'),
         'assert_equal 1k leaves': lambda: multihost.assert_equal(tree),
-        'dump_stacks (where)': lambda: multihost.dump_stacks(timeout=120) if p0 else None,
+        'where': lambda: multihost.where(timeout=120) if p0 else None,
         'step_table': lambda: multihost.step_table() if p0 else None,
         'watched call': lambda: watched(x).block_until_ready(),
     }
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             per = cluster.run(_body, reps, timeout=600 + 60 * n)
         for op in OPS:
             wall[op][n] = _common.slowest_median_ms([p[op]['wall'] for p in per])
-            # The busiest host: for dump_stacks / step_table, process 0 (it reads every reply).
+            # The busiest host: for where / step_table, process 0 (it reads every reply).
             cpu[op][n] = max(statistics.median(p[op]['cpu']) * 1e3 for p in per)
             main_cpu[op][n] = max(statistics.median(p[op]['main']) * 1e3 for p in per)
         print(f'{n} hosts done (cluster started in {started[n]:.1f} s)', flush=True)

@@ -35,11 +35,11 @@ params = {'w': np.ones((64, 64)), 'b': np.zeros(64)}
 CASES = {
     '%mh_layout x': 'x is 1 MiB, sharded over 8 devices',
     '%mh_diff params': '',
-    '%mh_nan params': '',
+    '%mh_nonfinite params': '',
     '%mh_where': '',
     '%mh_timeline': '',
     '%mh_env': '',
-    '%mh_mem': '',
+    '%mh_memory_census': '',
 }
 
 

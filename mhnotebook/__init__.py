@@ -12,17 +12,13 @@ from mhnotebook._attach import AttachedJob, AttachError, attach
 from mhnotebook._cluster.connect import connect
 from mhnotebook._cluster.local import start_local
 from mhnotebook._errors import (
-    HostDied,
     HostDiedError,
-    HostGone,
     HostGoneError,
     HostsError,
     InterruptReport,
     RemoteFailure,
     SessionError,
-    SessionInterrupted,
     SessionInterruptedError,
-    SessionTimeout,
     SessionTimeoutError,
 )
 from mhnotebook._jobview import JobView, UnsupportedError
@@ -32,9 +28,7 @@ from mhnotebook._session import HostInfo, Session
 __all__ = [
     'AttachError',
     'AttachedJob',
-    'HostDied',
     'HostDiedError',
-    'HostGone',
     'HostGoneError',
     'HostInfo',
     'HostsError',
@@ -46,9 +40,7 @@ __all__ = [
     'RemoteFailure',
     'Session',
     'SessionError',
-    'SessionInterrupted',
     'SessionInterruptedError',
-    'SessionTimeout',
     'SessionTimeoutError',
     'UnsupportedError',
     'attach',

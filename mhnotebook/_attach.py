@@ -112,7 +112,7 @@ class AttachedJob(DataViewBase):
     Stop lets the hosts go, never interrupts them). Hosts that died or do not
     answer are named by the answers themselves (``silent`` in the wavefront
     and the where view). The data tools and `execute` (`DataViewBase`, over
-    this class's transport hook) run in each host's held frame (``frame=``,
+    this class's transport hook) run in each host's stopped frame (``frame=``,
     `in_frame`, `frame`). `detach` closes the connection; the job goes on.
 
     Attributes:
@@ -126,6 +126,7 @@ class AttachedJob(DataViewBase):
     kind = 'attached job'
     live = True
     has_frames = True
+    num_processes: int
 
     def __init__(self, path: str, info: dict[str, Any], client: ControlClient):
         self.path = path
@@ -174,20 +175,14 @@ class AttachedJob(DataViewBase):
             ) from None
 
     # -- the job view's hooks (`_jobview.JobViewBase`) --------------------------------------
-    def _process_count(self) -> int:
-        return self.num_processes
-
-    def _is_running(self) -> bool:
-        return self.control is not None
-
     def _endpoint(self) -> ControlClient:
         return self._client()
 
-    # -- the data tools, answered in each host's held frame (`multihost.engine.held`) -------
+    # -- the data tools, answered in each host's stopped frame (`multihost.engine.held`) ----
     def frames(self, *, timeout: float = 10.0) -> dict[int, dict[str, Any]]:
         """Each host's state and its program's frames, by process.
 
-        Every value is a dict: ``held`` (whether the main thread waits inside a
+        Every value is a dict: ``stopped`` (whether the main thread waits inside a
         call of JAX, of a library or of ours: the data tools read it then),
         ``in`` (that call, or ``'its own code'``), ``at`` (the program's innermost
         line), and ``frames``: one dict per frame of the program, innermost first
@@ -231,7 +226,7 @@ class AttachedJob(DataViewBase):
         on_done: Callable[[int], None] | None,
     ) -> list[Any]:
         # The transport hook (`DataViewBase`): engine tool ``tool`` on every host's debug
-        # thread, in its held frame; the control connection adds its margin to the wait.
+        # thread, in its stopped frame; the control connection adds its margin to the wait.
         del on_done  # the answers come together
         answers = self._ask(
             'call',
@@ -247,8 +242,8 @@ class AttachedJob(DataViewBase):
                 f'process {p} at {s["at"] or "?"}' for p, s in sorted(running.items())[:4]
             )
             raise SessionError(
-                f'{processes_phrase(sorted(running))} running its own code, not held ({said}): '
-                'hold the job first (job.set_stepping(True) or %mh_step on: the hosts stop '
+                f'{processes_phrase(sorted(running))} running its own code, not stopped ({said}): '
+                'stop the job first (job.set_stepping(True) or %mh_step on: the hosts pause '
                 'before their next launch), then ask again'
             )
         failures = {
@@ -263,9 +258,9 @@ class AttachedJob(DataViewBase):
             )
         points = [a['point'] for a in answers.values() if isinstance(a.get('point'), dict)]
         if len(points) > 1 and self._depth:
-            from multihost._models._points import HeldPoint  # numpy: not at `import mhnotebook`
+            from multihost._models._points import ReadPoint  # numpy: not at `import mhnotebook`
 
-            self._points.append([HeldPoint.from_json(x) for x in sorted(points, key=_by_process)])
+            self._points.append([ReadPoint.from_json(x) for x in sorted(points, key=_by_process)])
         return [answers[p]['ok'] for p in sorted(answers)]
 
     def _gather_where(self) -> tuple[str | None, list[str]]:
@@ -283,14 +278,6 @@ class AttachedJob(DataViewBase):
             )
         return 'tcp', False
 
-    def call(self, fname: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Runs engine tool ``fname`` (``'gather_local'``, or its old dotted name
-        ``'multihost.engine.gather_local'``) on every host in its held frame; results by
-        process (see `call_tool`; ``namespace=`` is ignored: a tool that reads names reads
-        the held frame's)."""
-        kwargs.pop('namespace', None)
-        return self.call_tool(fname.rsplit('.', 1)[-1], *args, **kwargs)
-
     def _run_cell(
         self,
         code: str,
@@ -298,7 +285,7 @@ class AttachedJob(DataViewBase):
         outputs: dict[int, str],
         on_status: Callable[[dict[int, str], float], None] | None,
     ) -> None:
-        # The cell hook (`DataViewBase.execute`): the ``run_cell`` tool in the held frames,
+        # The cell hook (`DataViewBase.execute`): the ``run_cell`` tool in the stopped frames,
         # only on a job started with --allow-exec (the hosts decide).
         del on_status
         if not code.strip():

@@ -86,7 +86,7 @@ def run(out: str, hosts: int, devices: int) -> int:
     with mhnotebook.start_local(hosts, devices) as session:
         # The start's progress line has said it on the terminal: the report only.
         report.append(
-            f'{hosts} hosts x {devices} CPU devices up in {time.perf_counter() - t0:.1f} s '
+            f'{hosts} processes x {devices} CPU devices up in {time.perf_counter() - t0:.1f} s '
             f'(engines by process index: {session.engine_ids})'
         )
         session.execute(SETUP, timeout=300, echo=False)

@@ -13,17 +13,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    'HostDied',
     'HostDiedError',
-    'HostGone',
     'HostGoneError',
     'HostsError',
     'InterruptReport',
     'RemoteFailure',
     'SessionError',
-    'SessionInterrupted',
     'SessionInterruptedError',
-    'SessionTimeout',
     'SessionTimeoutError',
     'fate_note',
     'how_ended',
@@ -215,13 +211,6 @@ class SessionInterruptedError(SessionError):
     def __init__(self, report: InterruptReport):
         super().__init__(report.message)
         self.report = report
-
-
-# The old names (before the exceptions users catch ended in ``Error``): the same classes.
-HostDied = HostDiedError
-HostGone = HostGoneError
-SessionTimeout = SessionTimeoutError
-SessionInterrupted = SessionInterruptedError
 
 
 def processes_phrase(processes: Sequence[int]) -> str:

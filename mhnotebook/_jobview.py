@@ -14,7 +14,7 @@ over a few hooks, so the three classes differ only where they really do:
   waited for), how a connection that broke mid-question reads
   (`_answering`: an attached job says its job is gone), whether every host is
   idle (`_hosts_idle`: a session knows its engines' queues) and what Stop
-  does beyond turning the gate off (`_stop_held`: a session interrupts).
+  does beyond turning the gate off (`_stop_paused`: a session interrupts).
 
 What a view can do is its `features` (`supports`): a read-only view (a
 post-mortem) has no ``'step'``, and every stepping call raises one line,
@@ -24,7 +24,7 @@ The data tools (feature ``'data'``: `allgather`, `layout`, `diff`, `nonfinite`,
 `env_diff`, `memory_census`) and `execute` are `DataViewBase`'s, written once over
 one transport hook, `_call_tool`: run an engine tool of the one registry
 (`multihost.engine.tools`) on the hosts, with its timeout and the frame to read
-names in. A `Session` runs it on its engines, an `AttachedJob` in its held hosts'
+names in. A `Session` runs it on its engines, an `AttachedJob` in its stopped hosts'
 frames; a post-mortem has no data tools. One timeout policy: ``timeout=None`` is
 the tool's default in the registry, and each transport adds its own margin.
 
@@ -69,7 +69,6 @@ __all__ = [
     'Frame',
     'JobView',
     'JobViewBase',
-    'OLD_FEATURES',
     'UnsupportedError',
     'moved_on',
 ]
@@ -83,8 +82,6 @@ log = logging.getLogger('mhnotebook')
 #: the data tools of a `DataView` (`allgather`, `layout`, `diff`, `nonfinite`, `env_diff`,
 #: `memory_census`), answered by live hosts.
 FEATURES = ('where', 'wavefront', 'flight_records', 'step', 'data')
-#: Features' old names `JobView.supports` still takes.
-OLD_FEATURES = {'records': 'flight_records'}
 
 #: Seconds a live view waits for the hosts' answers unless told otherwise.
 ANSWER_TIMEOUT = 10.0
@@ -144,10 +141,6 @@ class JobView(Protocol):
         self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT
     ) -> dict[int, list[FlightRecord]]: ...
 
-    def records(
-        self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT
-    ) -> dict[int, list[FlightRecord]]: ...  # the old name of flight_records
-
     def timeline(self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT) -> Timeline: ...
 
     def audit(self, *, timeout: float = ANSWER_TIMEOUT) -> AuditReport: ...
@@ -171,13 +164,13 @@ class JobView(Protocol):
 @runtime_checkable
 class DataView(JobView, Protocol):
     """A job view whose hosts answer the data tools (feature ``'data'``): a `Session`
-    (its engines) and an `AttachedJob` (each host's held frame); the data views
+    (its engines) and an `AttachedJob` (each host's stopped frame); the data views
     (`mhnotebook._views`: layout, diff, non-finite, env, memory) take one. A post-mortem
     has none: its hosts are gone.
 
     Every data tool is an engine tool of the one registry (`multihost.engine.tools`);
     ``timeout=None`` is the tool's default there (120 s; a gather 600 s); ``frame`` is
-    the held frame an attached job reads names in (a session has one namespace: it
+    the stopped frame an attached job reads names in (a session has one namespace: it
     refuses ``frame``).
     """
 
@@ -242,9 +235,9 @@ def _check_timeout(timeout: float) -> float:
 class JobViewBase:
     """`JobView` implemented once; the classes give the hooks (see the module docstring).
 
-    A subclass sets `kind`, `features` and `live`, and gives `_endpoint` (or,
-    read-only, overrides `_stacks`, `_wavefront` and `_records`) and
-    `_process_count`.
+    A subclass sets `kind`, `features`, `live` and `num_processes`, gives `running` unless it
+    never reaches a host, and gives `_endpoint` (or, read-only, overrides `_stacks`,
+    `_wavefront` and `_records`).
     """
 
     kind: ClassVar[str] = 'job'
@@ -252,14 +245,19 @@ class JobViewBase:
     live: ClassVar[bool] = True
     #: The step gate's last setting seen (the hosts are asked first).
     _stepping: bool = False
+    if TYPE_CHECKING:  # a subclass's attribute, field or property
+
+        @property
+        def num_processes(self) -> int:
+            """The job's process count."""
+
+    @property
+    def running(self) -> bool:
+        """Whether it still reaches the hosts; False here: a view that never reaches one (a
+        post-mortem) keeps it, a live one says."""
+        return False
 
     # -- hooks ----------------------------------------------------------------------------
-    def _process_count(self) -> int:
-        raise NotImplementedError
-
-    def _is_running(self) -> bool:
-        raise NotImplementedError
-
     def _endpoint(self) -> ControlClient:
         """The control endpoint, after the view's own checks (stopped, dead hosts...)."""
         raise NotImplementedError
@@ -276,8 +274,8 @@ class JobViewBase:
         """Whether every host is known idle (a cell ran to its end): `moved_on` stops."""
         return False
 
-    def _stop_held(self) -> None:
-        """What Stop does to the hosts held at the gate before stepping goes off."""
+    def _stop_paused(self) -> None:
+        """What Stop does to the hosts paused at the gate before stepping goes off."""
 
     def _unsupported(self, feature: str) -> str:
         """Why this view lacks ``feature`` and what to use instead (one line)."""
@@ -307,7 +305,6 @@ class JobViewBase:
     # -- the protocol -----------------------------------------------------------------------
     def supports(self, feature: str) -> bool:
         """Whether this view has ``feature`` (one of `FEATURES`)."""
-        feature = OLD_FEATURES.get(feature, feature)
         if feature not in FEATURES:
             raise ValueError(f'unknown feature {feature!r}; one of {", ".join(FEATURES)}')
         return feature in self.features
@@ -353,17 +350,12 @@ class JobViewBase:
         """
         from multihost._models import Timeline
 
-        return Timeline.build(
-            self.flight_records(last=last, timeout=timeout), self._process_count()
-        )
-
-    #: The old name of `flight_records` (the same method).
-    records = flight_records
+        return Timeline.build(self.flight_records(last=last, timeout=timeout), self.num_processes)
 
     # -- the step gate ------------------------------------------------------------------------
     def step_table(self) -> StepTable:
         """The host x step table of the step gate (`multihost.StepTable`), with the hosts
-        held before a launch."""
+        paused before a launch."""
         self._require('step')
         with self._answering():
             table = self._endpoint().step_table()
@@ -379,7 +371,7 @@ class JobViewBase:
         change the one value read here. If the hosts cannot be asked, the
         last value seen; a view that cannot step says False.
         """
-        if 'step' in self.features and self._is_running():
+        if 'step' in self.features and self.running:
             try:
                 self.step_table()
             except Exception as exc:
@@ -395,7 +387,7 @@ class JobViewBase:
         self._stepping = bool(on)
 
     def release(self, steps: int = 1) -> tuple[int, ...]:
-        """Releases the next ``steps`` gated collectives (held launches count as one)."""
+        """Releases the next ``steps`` gated collectives (paused launches count as one)."""
         self._require('step')
         with self._answering():
             return self._endpoint().release(steps)
@@ -404,15 +396,15 @@ class JobViewBase:
         """Turns stepping off and releases every waiting collective and launch."""
         self._require('step')
         with self._answering():
-            held = self._endpoint().release_all()
+            released = self._endpoint().release_all()
         self._stepping = False
-        return held
+        return released
 
     def moved_on(self, before: StepTable, timeout: float = 3.0) -> StepTable:
         """The step table once the hosts moved on from ``before`` after a release.
 
         Returns when every host arrived at a later gate or past the launches
-        it was held before, when every host is idle (a session: the cell ran
+        it was paused before, when every host is idle (a session: the cell ran
         to its end), or after ``timeout`` seconds with where they are then.
         """
         self._require('step')
@@ -421,12 +413,12 @@ class JobViewBase:
     def stop_stepping(self) -> StepTable:
         """The stepper's Stop: turns stepping off and returns the step table.
 
-        A `Session` first interrupts its hosts (those held at the gate raise
+        A `Session` first interrupts its hosts (those paused at the gate raise
         KeyboardInterrupt); an attached job was not started here, so its
         hosts are only let go.
         """
         self._require('step')
-        self._stop_held()
+        self._stop_paused()
         self.set_stepping(False)
         return self.step_table()
 
@@ -443,7 +435,7 @@ class DataViewBase(JobViewBase):
     """
 
     # -- the data tools (feature 'data'): every one once, over the transport hook -------------
-    #: Whether ``frame=`` picks something here (an attached job's held frames); a view
+    #: Whether ``frame=`` picks something here (an attached job's stopped frames); a view
     #: without frames refuses any frame but None.
     has_frames: ClassVar[bool] = False
     #: The ``frame=`` of the data call under way (`in_frame`; None: the view's own).
@@ -532,7 +524,7 @@ class DataViewBase(JobViewBase):
             return
         if not self.has_frames:
             raise ValueError(
-                f"frame= is for an attached job (its hosts' held frames); a {self.kind}'s "
+                f"frame= is for an attached job (its hosts' stopped frames); a {self.kind}'s "
                 f'hosts have one namespace, got frame={frame!r}'
             )
         if isinstance(frame, bool) or not (
@@ -617,7 +609,7 @@ class DataViewBase(JobViewBase):
             max_bytes: refuse a result larger than this, before anything is
                 allocated or sent (default: half of this machine's available
                 memory, ``MemAvailable`` in ``/proc/meminfo``).
-            frame: an attached job's held frame to read ``name`` in (see `in_frame`).
+            frame: an attached job's stopped frame to read ``name`` in (see `in_frame`).
 
         Raises:
             multihost.engine.GatherError (through HostsError): unknown name or a
@@ -678,7 +670,7 @@ class DataViewBase(JobViewBase):
 
     def memory_census(self, *, timeout: float | None = None, frame: Frame = None) -> MemoryCensus:
         """`multihost.MemoryCensus`: device and live-array memory per host, and what only
-        some hold; arrays are named by the names (namespace, held frame) that refer to them."""
+        some hold; arrays are named by the names (namespace, stopped frame) that refer to them."""
         limit = _tool('memory_census').timeout if timeout is None else _check_timeout(timeout)
         return self._one('memory_census', limit, timeout=limit, frame=frame)
 
@@ -695,8 +687,8 @@ class DataViewBase(JobViewBase):
 
         Args:
             code: Python source: run in each engine's namespace (a session), or in
-                each host's held frame over a copy of its names (an attached job
-                started with ``--allow-exec``; every host must be held).
+                each host's stopped frame over a copy of its names (an attached job
+                started with ``--allow-exec``; every host must be stopped).
             timeout: seconds to wait. None: the default of what runs it: a session's
                 engines run a cell until it ends (Ctrl-C interrupts every host), an
                 attached job's hosts run it with the ``run_cell`` tool, 60 s (its debug
@@ -705,7 +697,7 @@ class DataViewBase(JobViewBase):
                 hosts that finished printed when others failed).
             on_status: a session calls it about twice a second with (process index ->
                 'running' | 'done' | 'error' | 'died', seconds elapsed).
-            frame: an attached job's held frame (see `in_frame`).
+            frame: an attached job's stopped frame (see `in_frame`).
 
         Returns:
             Process index -> that host's stdout.
@@ -717,7 +709,7 @@ class DataViewBase(JobViewBase):
                 keeps running on the engines).
             HostDiedError, HostGoneError, SessionInterruptedError: a session's hosts
                 died, are dead, or the wait was interrupted (see `Session`).
-            SessionError: an attached job's host runs its own code (hold it first).
+            SessionError: an attached job's host runs its own code (stop it first).
         """
         self._require('data')
         if not isinstance(code, str):
@@ -752,10 +744,10 @@ def _tool(name: str) -> Tool:
 
 def _left(before: StepTable, table: StepTable) -> bool:
     """Whether the hosts of ``table`` moved on from ``before``: every host at a later
-    gate, or hosts held before launches again and none of them the launches held then."""
-    first_held = before.pending.seq if before.pending is not None else -1
-    held = table.pending
-    if held is not None and held.seq > first_held and held.complete:
+    gate, or hosts paused before launches again and none of them the launches paused then."""
+    first_paused = before.pending.seq if before.pending is not None else -1
+    paused = table.pending
+    if paused is not None and paused.seq > first_paused and paused.complete:
         return True
     was = {(h.process, h.n) for h in before.launches}
     now = {(h.process, h.n) for h in table.launches}
@@ -771,9 +763,9 @@ def moved_on(
 ) -> StepTable:
     """The step table (``read()``) once the hosts moved on from ``before`` after a release.
 
-    Returns when every host arrived at a later gate, when the hosts held
+    Returns when every host arrived at a later gate, when the hosts paused
     before launches in ``before`` are all past them and others (or the same
-    hosts at later launches) are held, when ``idle()`` says every host is
+    hosts at later launches) are paused, when ``idle()`` says every host is
     idle (the cell ran to its end), or after ``timeout`` seconds with where
     they are then.
     """

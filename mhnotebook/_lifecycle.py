@@ -399,7 +399,7 @@ class SessionLife:
         self._check(need_all=False)
         want = (int(n), int(devices_per_process))
         kind = 'recoverable ' if self.recoverable else ''
-        have = f'a {kind}cluster of {self.shape[0]} hosts x {self.shape[1]} devices'
+        have = f'a {kind}cluster of {self.shape[0]} processes x {self.shape[1]} devices'
         if self.shape != want or self.recoverable != bool(recoverable):
             asked = f'{want[0]} x {want[1]}{" recoverable" if recoverable else ""}'
             raise SessionError(
@@ -407,7 +407,10 @@ class SessionLife:
                 '(or %mh_cluster restart to restart the running one as it is).'
             )
         self._check()  # a dead host: restart, do not reuse
-        return f'%mh_cluster: reusing the running {have[2:]} (%mh_cluster restart for fresh hosts).'
+        return (
+            f'%mh_cluster: reusing the running {have[2:]} '
+            '(%mh_cluster restart for fresh processes).'
+        )
 
     def restart(self, *, timeout: float = 180.0) -> Self:
         """Replaces every engine by a fresh one (JAX cannot re-initialize in place).

@@ -74,17 +74,6 @@ class PostMortem(JobViewBase):
         return f'no dump from process {p}' + (f' (gone: {why})' if why else '')
 
     # -- the job view's hooks (`_jobview.JobViewBase`: read-only, from the files) ----------
-    def _process_count(self) -> int:
-        return self.num_processes
-
-    def _is_running(self) -> bool:
-        return False
-
-    @property
-    def running(self) -> bool:
-        """False: a post-mortem reaches no host (the files are all)."""
-        return False
-
     def _unsupported(self, feature: str) -> str:
         dirs = ', '.join(self.directories)
         if feature == 'data':

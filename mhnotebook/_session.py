@@ -168,7 +168,7 @@ class Session(SessionLife, DataViewBase):
             raise
 
     def __repr__(self) -> str:
-        state = 'stopped' if self._stopped else f'{self.num_processes} hosts'
+        state = 'stopped' if self._stopped else f'{self.num_processes} processes'
         kind = 'local' if self._local is not None else 'connected'
         return f'<mhnotebook.Session {kind}, {state}, engines {self.engine_ids}>'
 
@@ -317,8 +317,8 @@ class Session(SessionLife, DataViewBase):
             raise self._died(poll, died, what)
         if poll.left:
             raise SessionTimeoutError(
-                f'{what}: host(s) {sorted(poll.left)} did not answer within {timeout:g} s. '
-                'They may be stuck in a collective: look with session.where() '
+                f'{what}: {processes_phrase(sorted(poll.left))} did not answer within '
+                f'{timeout:g} s. They may be stuck in a collective: look with session.where() '
                 '(%mh_where), or restart with session.restart() (%mh_cluster restart).',
                 pending=sorted(poll.left),
                 finished=sorted(set(pending) - set(poll.left)),
@@ -326,7 +326,7 @@ class Session(SessionLife, DataViewBase):
         if poll.failures:
             first = min(poll.failures)
             raise HostsError(
-                f'{what} failed on host(s) {sorted(poll.failures)}; host {first}:\n'
+                f'{what} failed on {processes_phrase(sorted(poll.failures))}; process {first}:\n'
                 f'{poll.failures[first].text}',
                 poll.failures,
             )
@@ -494,12 +494,6 @@ class Session(SessionLife, DataViewBase):
 
     # -- the job view's hooks (`_jobview.JobViewBase`: where, wavefront, flight_records, timeline,
     # the step gate) ---------------------------------------------------------------------------
-    def _process_count(self) -> int:
-        return self.num_processes
-
-    def _is_running(self) -> bool:
-        return not self._stopped
-
     def _endpoint(self) -> ControlClient:
         # A recoverable session answers without its dead hosts (named in the answers).
         self._check(need_all=not self.recoverable)
@@ -512,5 +506,5 @@ class Session(SessionLife, DataViewBase):
     def _hosts_idle(self) -> bool:
         return not self._busy(self._check(), None, 0.0)
 
-    def _stop_held(self) -> None:
-        self.interrupt()  # hosts held at the gate raise KeyboardInterrupt
+    def _stop_paused(self) -> None:
+        self.interrupt()  # hosts paused at the gate raise KeyboardInterrupt

@@ -2,7 +2,7 @@
 
 The where, timeline and stepper views take any `JobView` (a `Session`, an
 `AttachedJob`, a `PostMortem`: `_jobview`); the data views take a `DataView` (a
-`Session`, or an `AttachedJob` whose hosts answer from their held frames).
+`Session`, or an `AttachedJob` whose hosts answer from their stopped frames).
 
 The views themselves (`mhnotebook.widgets`) are pure functions of the models;
 this module only fetches the models and wires the views' callbacks (refresh,
@@ -240,7 +240,7 @@ def stacks_view(stacks: Mapping[int, HostStacks]) -> WhereView:
 def stepper_view(session: JobView) -> StepperView:
     """A `StepperView` wired to ``session``: Step, Continue (release all), Stop.
 
-    Stop is `JobView.stop_stepping`: a `Session` interrupts its hosts held at
+    Stop is `JobView.stop_stepping`: a `Session` interrupts its hosts paused at
     the gate; attached to a job (`AttachedJob`), Stop turns stepping off
     without interrupting anyone: the job was not started here.
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what `_load` binds, for type checkers and readers
     from multihost._checks._census import env_diff, memory_census
     from multihost._checks._layout import describe_layout
-    from multihost._checks._nonfinite import find_nonfinite, nonfinite
+    from multihost._checks._nonfinite import nonfinite
     from multihost._checks._preview import preview_layout
     from multihost._checks._replicas import check_replicas
     from multihost._checks._treediff import assert_equal, tree_diff
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # what `_load` binds, for type checkers and readers
     )
     from multihost._core._fault import live_devices, reached_preemption_sync_point
     from multihost._debug._control import ControlClient, serve_control
-    from multihost._debug._stacks import dump_stacks, where
+    from multihost._debug._stacks import where
     from multihost._debug._stepgate import (
         DEFAULT_STEP_TIMEOUT,
         release,
@@ -155,9 +155,7 @@ __all__ = [
     'broadcast_one_to_all',
     'check_replicas',
     'describe_layout',
-    'dump_stacks',
     'env_diff',
-    'find_nonfinite',
     'flight_records',
     'global_array_to_host_local_array',
     'host_local_array_to_global_array',
@@ -192,7 +190,6 @@ _HOMES: dict[str, tuple[str, str]] = {
     'env_diff': ('multihost._checks._census', 'env_diff'),
     'memory_census': ('multihost._checks._census', 'memory_census'),
     'describe_layout': ('multihost._checks._layout', 'describe_layout'),
-    'find_nonfinite': ('multihost._checks._nonfinite', 'find_nonfinite'),
     'nonfinite': ('multihost._checks._nonfinite', 'nonfinite'),
     'preview_layout': ('multihost._checks._preview', 'preview_layout'),
     'check_replicas': ('multihost._checks._replicas', 'check_replicas'),
@@ -214,7 +211,6 @@ _HOMES: dict[str, tuple[str, str]] = {
     'reached_preemption_sync_point': ('multihost._core._fault', 'reached_preemption_sync_point'),
     'ControlClient': ('multihost._debug._control', 'ControlClient'),
     'serve_control': ('multihost._debug._control', 'serve_control'),
-    'dump_stacks': ('multihost._debug._stacks', 'dump_stacks'),
     'where': ('multihost._debug._stacks', 'where'),
     'DEFAULT_STEP_TIMEOUT': ('multihost._debug._stepgate', 'DEFAULT_STEP_TIMEOUT'),
     'release': ('multihost._debug._stepgate', 'release'),

@@ -109,7 +109,7 @@ def cli() -> int:
 
 def demo(hosts: int, devices: int) -> int:
     """Runs `demo_body` on ``hosts`` local processes of ``devices`` CPU devices; prints it."""
-    from multihost.local import LocalCluster
+    from multihost.testing import LocalCluster
 
     t0 = time.perf_counter()
     print(f'starting {hosts} local JAX processes x {devices} CPU devices ...', flush=True)

@@ -4,9 +4,9 @@ The hierarchy::
 
     Exception
     ├── MultihostError                      base of everything `multihost` adds
-    │   ├── CollectiveMismatchError         hosts called different collectives
+    │   ├── CollectiveMismatchError         processes called different collectives
     │   │   │   (also an AssertionError)    at the same point in their sequence
-    │   │   └── BarrierMismatchError        hosts passed different barrier names
+    │   │   └── BarrierMismatchError        processes passed different barrier names
     │   ├── HostMismatchError               `assert_equal`: values differ
     │   │       (also an AssertionError)
     │   ├── BarrierTimeoutError             a host did not arrive in time

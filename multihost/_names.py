@@ -324,7 +324,7 @@ def resolve(
     full = format_steps(head, steps)
     if head not in namespace:
         mine = [k for k in namespace if isinstance(k, str) and not k.startswith('_')]
-        # A held frame's namespace (`engine.held`) says where it is and what helps there.
+        # A stopped frame's namespace (`engine.held`) says where it is and what helps there.
         place = namespace.get(HELD_PLACE, 'on this engine')
         hint = namespace.get(
             HELD_HINT, 'Define it in a %%mh cell first (every host runs the cell).'

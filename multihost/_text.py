@@ -147,7 +147,7 @@ def grouped_lines(
         rest = len(items) - len(keep)
         hosts = sum(len(ps) for _, ps in items) - sum(len(ps) for _, ps in keep)
         items = sorted(keep, key=lambda kv: kv[1][0])
-        tail = [f'  ... and {rest} more {what} on {hosts} hosts (see .{attr})']
+        tail = [f'  ... and {rest} more {what} on {hosts} processes (see .{attr})']
     else:
         tail = []
     return [f'  {fmt_hosts(ps)}: {text}' for text, ps in items] + tail

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from _helpers import wait_until
 
-from multihost.local import free_port
+from multihost.testing import free_port
 
 CHROMIUM = os.environ.get('MH_CHROMIUM', '/usr/bin/chromium')
 CHROMIUM_ARGS = [

@@ -12,9 +12,9 @@ import dataclasses
 import json
 from typing import Any
 
-from multihost._debug._debugmodel import HostStacks, ThreadStack
 from multihost._debug._wavefront import HostFront
 from multihost._models import _dumpfile
+from multihost._models._stacks import HostStacks, ThreadStack
 from multihost._recorder import FlightRecord
 
 RECORDS = 50

@@ -1,4 +1,4 @@
-"""The same values in a session's engines and in a batch job's held frames (test_attach_models).
+"""The same values in a session's engines and in a batch job's stopped frames (test_attach_models).
 
 ``VALUES`` runs as the setup of a `local_session` (4 hosts x 2 CPU devices) and at the
 top level of `_held_job.py` (4 plain processes x 2 devices under ``multihost run

@@ -103,7 +103,7 @@ def test_hosts_that_dumped_at_their_timeout_wait_in_the_barrier_in_every_view() 
     assert 'running user code' not in front.verdict
     assert [h.waiting.name for h in front.hosts[:3]] == ['ckpt'] * 3
     where = where_text(pm.where(), dumps=4)
-    assert "processes 0-2 (3 hosts): waiting at barrier('ckpt') #412" in where, where
+    assert "processes 0-2 (3 processes): waiting at barrier('ckpt') #412" in where, where
     assert 'running' not in where
     asked = _dumpfile.parse(_dump_cases.doc(1, 4))  # asked while waiting: its front says so
     assert _analyze.at_dump(asked) == (asked.front, asked.stacks)

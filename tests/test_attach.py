@@ -25,14 +25,14 @@ import stat
 import subprocess
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import _jobs
 import pytest
 
 import mhnotebook
-from multihost.local import free_port
+from multihost.testing import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -42,20 +42,6 @@ STALLED = 2
 TIMEOUT = 150.0
 
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
-
-
-def _until(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except mhnotebook.AttachError:
-            last = None
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
 
 
 @pytest.fixture(scope='module')
@@ -76,7 +62,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     command = ['-m', 'multihost', 'run', '--control-file', control, JOB]
     with _jobs.start(N, command, env, cwd=tmp) as started:
         try:
-            _until('the control file', lambda: os.path.exists(control), 90.0)
+            _jobs.until('the control file', lambda: os.path.exists(control), 90.0)
             yield {'procs': started.procs, 'control': control, 'go': go}
         finally:
             open(go, 'w').close()
@@ -104,7 +90,7 @@ def _stalled_wavefront(path: str) -> Any:
 
 def _wait_for_the_stall(job: dict[str, Any]) -> tuple[Any, Any]:
     """The wavefront and where of the stall, once every other process waits for process 2."""
-    return _until('the stall', lambda: _stalled_wavefront(job['control']), 90.0)
+    return _jobs.until('the stall', lambda: _stalled_wavefront(job['control']), 90.0)
 
 
 def test_the_connection_file_is_private_and_says_how_to_connect(job):
@@ -136,7 +122,7 @@ def test_attach_names_the_stalled_host_and_the_orbax_barrier_the_others_wait_in(
     # Busy or wedged (issue 30, 2): the sleeping host uses no CPU and its stack stays
     # (once its last step's work on the CPU device is done: asked again until then).
     with mhnotebook.attach(job['control']) as j:
-        front = _until(
+        front = _jobs.until(
             'process 2 wedged',
             lambda: (f := j.wavefront()).hosts[STALLED].pulse.state == 'wedged' and f,
             30.0,
@@ -177,10 +163,12 @@ def test_the_magics_act_on_the_attached_job_and_refuse_to_run_code(job):
         assert type(view).__name__ == 'WhereView'
         assert 'process 2 is not there' in str(view.verdict), view.verdict
         assert type(ip.run_line_magic('mh_step', '')).__name__ == 'StepperView'
-        # The data magics read the held hosts' frames; process 2 is in its own code (a
-        # sleep), so they say so, naming it, and how to hold it.
+        # The data magics read the stopped hosts' frames; process 2 is in its own code (a
+        # sleep), so they say so, naming it, and how to stop it.
         for line in ('mh_diff', 'mh_allgather', 'mh_layout', 'mh_nonfinite'):
-            with pytest.raises(UsageError, match='process 2 running its own code, not held') as e:
+            with pytest.raises(
+                UsageError, match='process 2 running its own code, not stopped'
+            ) as e:
                 ip.run_line_magic(line, 'state')
             assert 'set_stepping(True)' in str(e.value) and '\n' not in str(e.value)
         with pytest.raises(UsageError, match='--frame is for an attached job|N >= 0'):
@@ -211,25 +199,26 @@ def test_stepping_holds_a_launch_and_releases_it_and_detach_leaves_the_job_runni
                 j.release()  # orbax's checked barriers are steps of their own
             return len(table.launches) == N and table
 
-        table = _until('a held launch', held_launch)
+        table = _jobs.until('a held launch', held_launch, 60.0)
         held = table.launches
         assert {h.name for h in held} == {'train_step'}, held
         assert all(h.site.endswith(f'_flax_job.py:{_step_line()}') for h in held), held
-        assert 'held before a launch' in table.format()
+        assert 'paused before a launch' in table.format()
         from mhnotebook.widgets._stepper import status_html
 
-        assert 'held before a launch' in status_html(table) and 'train_step' in status_html(table)
+        assert 'paused before a launch' in status_html(table) and 'train_step' in status_html(table)
         time.sleep(1.0)
         still = j.step_table().launches
         assert [(h.process, h.n) for h in still] == [(h.process, h.n) for h in held]  # held
         _the_data_tools_read_the_held_frames(j)
         assert j.release() == ()
         before = {(h.process, h.n) for h in held}
-        _until(
+        _jobs.until(
             'the launch released',
             lambda: before.isdisjoint((h.process, h.n) for h in j.step_table().launches),
+            60.0,
         )
-        records = j.records(last=20)
+        records = j.flight_records(last=20)
         for p in range(N):  # each host went on into the launch it was held before
             assert [r.call for r in records[p] if r.name == 'train_step'][-1] == 1, records[p]
         j.release_all()
@@ -258,7 +247,7 @@ def _the_data_tools_read_the_held_frames(j: mhnotebook.AttachedJob) -> None:
 
     frames = j.frames()
     for p in range(N):
-        assert frames[p]['held'] and frames[p]['at'] == f'_flax_job.py:{_step_line()} in train'
+        assert frames[p]['stopped'] and frames[p]['at'] == f'_flax_job.py:{_step_line()} in train'
         assert frames[p]['frames'][0]['site'] == frames[p]['at']
         assert {'state', 'batch', 'step'} <= set(frames[p]['frames'][0]['names'])
     steps = j.allgather('step')  # a host-local int: one row per process
@@ -283,7 +272,7 @@ def _the_data_tools_read_the_held_frames(j: mhnotebook.AttachedJob) -> None:
     assert diff.ok and not diff.odd_processes, diff
     assert j.nonfinite('state.params').ok
     assert j.env_diff().ok
-    assert 'memory of 3 hosts' in str(j.memory_census())
+    assert 'memory of 3 processes' in str(j.memory_census())
     with pytest.raises(mhnotebook.SessionError, match=r"'stat' is not defined in frame 0") as e:
         j.allgather('stat.params')
     assert "did you mean 'state'?" in str(e.value) and 'job.frames()' in str(e.value)
@@ -299,7 +288,7 @@ def _the_data_tools_read_the_held_frames(j: mhnotebook.AttachedJob) -> None:
         assert type(ip.run_line_magic('mh_diff', 'state.params --frame 0')).__name__ == (
             'TreeDiffView'
         )
-        assert type(ip.run_line_magic('mh_nan', 'state.params')).__name__ == 'NonfiniteView'
+        assert type(ip.run_line_magic('mh_nonfinite', 'state.params')).__name__ == 'NonfiniteView'
     finally:
         ip.run_line_magic('mh_detach', '')
 
@@ -384,8 +373,8 @@ def test_kill_9_of_process_0_while_attached_is_one_line_that_the_job_is_gone(tmp
         stderr=subprocess.DEVNULL,
     ) as started:
         procs = started.procs
-        _until('the control file', lambda: os.path.exists(control))
-        attached = _until('attach', lambda: mhnotebook.attach(control))
+        _jobs.until('the control file', lambda: os.path.exists(control), 60.0)
+        attached = _jobs.until('attach', lambda: mhnotebook.attach(control), 60.0)
         assert 'waiting at' in str(attached.wavefront())
         procs[0].kill()
         procs[0].wait(10)

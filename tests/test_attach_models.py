@@ -65,7 +65,7 @@ def both(tmp_path_factory: Any) -> Any:
         try:
             while time.monotonic() < deadline:
                 try:
-                    if all(f['held'] for f in attached.frames().values()):
+                    if all(f['stopped'] for f in attached.frames().values()):
                         break
                 except mhnotebook.AttachError:
                     pass

@@ -77,7 +77,7 @@ def test_mismatch_with_more_distinct_calls_than_fit_keeps_the_largest_and_counts
     lines = _lines(exc)
     assert len(lines) <= 20, '\n'.join(lines)
     assert "  processes 0-899: process_allgather('x') at train.py:42 [#412]" in lines
-    assert '  ... and 90 more distinct calls on 90 hosts (see .calls)' in lines, lines
+    assert '  ... and 90 more distinct calls on 90 processes (see .calls)' in lines, lines
     assert len(exc.calls) == N and exc.calls[950].site == 'odd.py:950'
 
 
@@ -161,7 +161,7 @@ def test_off_main_timeout_at_1000_hosts() -> None:
     assert len(lines) <= 20, '\n'.join(lines)
     assert 'processes 10-999 did not arrive' in lines[0]
     assert "thread 'loader-2' last reached barrier('loader')" in str(exc)
-    assert '  processes 266-999: position not carried (only 256 missing hosts are)' in str(exc)
+    assert '  processes 266-999: position not carried (only 256 missing processes are)' in str(exc)
     assert exc.missing == missing and len(exc.positions) == 256
 
 
@@ -171,4 +171,4 @@ def test_grouped_lines_keeps_host_order_and_is_exact_when_it_fits() -> None:
         '  process 1: b',
     ]
     got = grouped_lines({p: str(p % 5) for p in range(N)}, max_lines=3, what='x', attr='y')
-    assert got[-1] == '  ... and 3 more x on 600 hosts (see .y)' and len(got) == 3
+    assert got[-1] == '  ... and 3 more x on 600 processes (see .y)' and len(got) == 3

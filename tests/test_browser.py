@@ -30,7 +30,7 @@ def quickstart(tmp_path_factory):
 
 def test_quickstart_widgets_in_chromium(quickstart):
     """Layout picture drawn, block click shows its shard, flagged replicas, tree diff, where,
-    and the stepper's Step/Continue buttons release hosts held at the gate."""
+    and the stepper's Step/Continue buttons release processes paused at the gate."""
     url, log_path = quickstart
     with chromium() as browser:
         page = voila_page(browser, url, log_path, '.mh-stepper', 'stepper rendered')
@@ -46,7 +46,7 @@ def test_quickstart_widgets_in_chromium(quickstart):
         # 5. where: the stuck cell showed the barrier the others waited in
         assert 'after-eval' in page.locator('.mh-where').first.inner_text()
 
-        # 6. stepper: all 4 hosts held at 'load'; Step; then at 'train'; Continue
+        # 6. stepper: all 4 processes paused at 'load'; Step; then at 'train'; Continue
         stepper = page.locator('.mh-stepper').last  # the one shown after the hosts started
         grid = stepper.locator('.mh-stepper-grid')
         refresh = stepper.locator('.mh-refresh-button')
@@ -57,12 +57,12 @@ def test_quickstart_widgets_in_chromium(quickstart):
                 "g => [...g.querySelectorAll('td.mh-waiting')].map(td => td.innerText)"
             )
 
-        def held_at(name):
+        def paused_at(name):
             return lambda: (lambda t: len(t) == 4 and all(name in x for x in t))(waiting_texts())
 
-        wait_for(held_at('load'), 60, 'hosts held at load', page, action=refresh.click)
+        wait_for(paused_at('load'), 60, 'processes paused at load', page, action=refresh.click)
         stepper.locator('.mh-step-button').click()
-        wait_for(held_at('train'), 60, 'hosts held at train', page, action=refresh.click)
+        wait_for(paused_at('train'), 60, 'processes paused at train', page, action=refresh.click)
         stepper.locator('.mh-continue-button').click()
         wait_for(
             lambda: not waiting_texts(),

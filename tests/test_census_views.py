@@ -27,8 +27,10 @@ def test_env_view_names_the_odd_host_and_lists_by_design_keys_apart():
     view = EnvView(_env())
     html = view.static_html()
     assert 'mh-env-table' in html and '--xla_fast' in html and 'mh-odd-host' in html
-    assert 'differ per host by design' in html and 'TPU_WORKER_ID' in html
-    assert view.text().startswith('environments of 4 hosts (140 keys compared): 1 key(s) differ')
+    assert 'differ per process by design' in html and 'TPU_WORKER_ID' in html
+    assert view.text().startswith(
+        'environments of 4 processes (140 keys compared): 1 key(s) differ'
+    )
     same = EnvView(EnvDiff(num_processes=4, entries=(), compared=140))
     assert same.diff.ok and 'identical' in same.static_html() and 'identical' in same.text()
 
@@ -62,10 +64,10 @@ def test_memory_census_odd_host_and_view():
     assert 'process 3 stands out' in html and 'data:image/png' in html
     assert 'mh-mem-leaks' in html and 'cache' in html and 'float32[16, 1024, 1024]' in html
     assert 'not reported by this backend' in html
-    assert 'only some hosts hold float32[16, 1024, 1024] P() (cache)' in view.text()
+    assert 'only some processes hold float32[16, 1024, 1024] P() (cache)' in view.text()
     assert render_memory_png(census)[:8] == b'\x89PNG\r\n\x1a\n'
     clean = _census(None)
-    assert clean.odd_processes == () and 'no host stands out' in MemoryView(clean).static_html()
+    assert clean.odd_processes == () and 'no process stands out' in MemoryView(clean).static_html()
 
 
 def _census_1000(stats: bool) -> MemoryCensus:
@@ -103,7 +105,7 @@ def test_memory_census_text_is_bounded_at_1000_hosts(stats):
     assert lines[1] == '  processes 0-16, 18-502, 504-599, 640-999: 3 arrays, 8.0 MiB'
     assert lines[2] == '  processes 17, 503: 4 arrays, 72.0 MiB <-- stands out'
     assert lines[3] == '  process 600: 603 arrays, 8.0 MiB'
-    assert '  ... and 27 more hosts (27 other lines), 8.0 MiB each' in lines
+    assert '  ... and 27 more processes (27 other lines), 8.0 MiB each' in lines
     assert 'each: 1 on processes 17, 503; 0 on processes 0-16, 18-502, 504-999' in lines[-1]
     if stats:  # 8000 devices in a few lines: figures as median and range, outliers grouped
         assert lines[17] == (
@@ -117,7 +119,7 @@ def test_memory_census_text_is_bounded_at_1000_hosts(stats):
         )
         assert lines[20].startswith('  stand out by peak: 46 devices of processes 17, 503, 610-639')
         assert 'WARNING' not in text
-    assert MemoryView(census).text() == text  # what %mh_mem shows as text
+    assert MemoryView(census).text() == text  # what %mh_memory_census shows as text
 
 
 def test_census_views_reject_wrong_models():
@@ -181,11 +183,11 @@ def test_memory_view_at_1000_hosts_shows_the_hosts_that_stand_out_first():
     assert len(rest) <= 9
     drawn = {h.process for h in shown}
     assert rest == [
-        ('processes 0-299, 400-716, 718-949, 951-999', '898 hosts, 8.0 MiB, 3 arrays'),
-        ('processes 330-399', '70 hosts, 8.2 MiB, 3 arrays'),
+        ('processes 0-299, 400-716, 718-949, 951-999', '898 processes, 8.0 MiB, 3 arrays'),
+        ('processes 330-399', '70 processes, 8.2 MiB, 3 arrays'),
     ]
     # every host is either drawn or in a group row, and the group rows count them all
-    grouped = sum(int(what.split(' hosts')[0]) for _, what in rest)
+    grouped = sum(int(what.split(' processes')[0]) for _, what in rest)
     assert grouped + len(drawn) == 1000, rest
     html = memory_html(census)
     assert html.count('<tr') <= 1 + MAX_HEAT_ROWS // 2 + 9

@@ -321,8 +321,8 @@ def _worker_pid() -> int:  # runs in a LocalCluster worker
 
 
 def test_simulated_hosts_of_multihost_listen_on_loopback_only():
-    """multihost.local.LocalCluster (tests, benchmarks, scripts): its coordination service too."""
-    from multihost.local import LocalCluster
+    """multihost.testing.LocalCluster (tests, benchmarks, scripts): its coordination service too."""
+    from multihost.testing import LocalCluster
 
     with LocalCluster(n=2, devices_per_process=1) as cluster:
         pids = cluster.run(_worker_pid)
@@ -336,7 +336,7 @@ def test_a_stray_peer_on_the_harness_listener_neither_stalls_nor_joins_the_clust
     """LocalCluster's listener is on an ephemeral port that a leftover peer may still dial (an
     ipyparallel engine reconnecting to its dead controller): a peer that connects and says
     nothing, and one that speaks another protocol, are dropped; the processes start."""
-    from multihost.local import LocalCluster
+    from multihost.testing import LocalCluster
 
     strays: list[socket.socket] = []
 

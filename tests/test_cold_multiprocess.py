@@ -107,7 +107,7 @@ def test_every_cold_host_names_every_hosts_first_call(mp_cluster, what):
         assert r['error'] == 'CollectiveMismatchError', (pid, r)
         assert r['cold_before'] and r['cold_after'] and r['cold_at_end'], (pid, r)
         assert r['elapsed'] < TIMEOUT / 2, (pid, r)  # the verdict, not a timeout
-        assert 'hosts called different collectives' in r['text'], r['text']
+        assert 'processes called different collectives' in r['text'], r['text']
         # Hosts with the same call are one line (ranges): bounded at any number of hosts.
         assert f'\n  process 2: {described} at {HERE}:' in r['text'], (pid, r['text'])
         assert f"\n  processes 0-1, 3: barrier('ckpt') at {HERE}:" in r['text'], r['text']
@@ -156,7 +156,7 @@ jax.distributed.shutdown()  # every process leaves together (its own barrier)
 
 def test_a_cold_job_reports_on_every_host_before_it_exits(tmp_path):
     """Plain processes (env vars, `jax.distributed.initialize` in the script) that exit after."""
-    from multihost.local import free_port
+    from multihost.testing import free_port
 
     script = tmp_path / 'job.py'
     script.write_text(_SCRIPT)

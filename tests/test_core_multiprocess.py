@@ -270,7 +270,7 @@ def test_local_to_global_locally_replicated_host_pattern():
 
 @multiprocess
 def test_local_to_global_two_axes_and_replicated():
-    """P('host', 'dev') splits within a host too; P() keeps the shape and replicates."""
+    """P('host', 'dev') splits within a process too; P() keeps the shape and replicates."""
     mesh, pid = host_mesh(), jax.process_index()
     local = np.arange(4 * 6).reshape(4, 6) + 100 * pid
     arr = multihost_utils.host_local_array_to_global_array(local, mesh, P('host', 'dev'))

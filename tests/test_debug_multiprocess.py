@@ -111,12 +111,12 @@ def test_hosts_blocked_in_a_barrier_report_their_stacks():
         return
     wait_until(lambda: _arrived_at('stacks-x', (1, 2, 3)), 30, 'hosts 1-3 at stacks-x')
     t0, rpcs = time.monotonic(), _kv.rpc_count()
-    stacks = multihost.dump_stacks(timeout=20)
+    stacks = multihost.where(timeout=20)
     rpcs = _kv.rpc_count() - rpcs
     assert time.monotonic() - t0 < 20
     assert sorted(stacks) == list(HOSTS)
     # Replies read in directory sweeps, not one get per host: a few RPCs whatever N.
-    print(f'dump_stacks at {len(HOSTS)} hosts: {rpcs} RPCs on the issuer')
+    print(f'where at {len(HOSTS)} hosts: {rpcs} RPCs on the issuer')
     assert rpcs <= 16, rpcs
     for p in (1, 2, 3):
         s = stacks[p]
@@ -130,7 +130,7 @@ def test_hosts_blocked_in_a_barrier_report_their_stacks():
         assert 'multihost-debug' not in {t.name for t in s.threads}
     own = stacks[0]
     assert own.answered and 'test_hosts_blocked_in_a_barrier_report_their_stacks' in own.where
-    assert ', in where' in own.main_thread.stack  # multihost.where (dump_stacks, its old name)
+    assert ', in where' in own.main_thread.stack  # multihost.where
     _blocked_in_barrier()  # host 0 joins: everyone is released
 
 
@@ -142,7 +142,7 @@ def _stuck_here():
 def _collect_while_main_blocked():
     try:
         wait_until(lambda: _arrived_at('stuck-b', (0, 1, 3)), 30, 'hosts 0, 1, 3 at stuck-b')
-        return multihost.dump_stacks(timeout=20)
+        return multihost.where(timeout=20)
     finally:
         _signal('test/stuck/unstick')
 
@@ -185,7 +185,7 @@ def _step_through():
         released = []
         for name in ('s1', 's2', 's3'):
             table, step = wait_until(lambda n=name: _arrived_at(n), 30, f'every host at {name}')
-            assert step.status == 'held' and not step.divergent, table.format()
+            assert step.status == 'paused' and not step.divergent, table.format()
             assert step.waiting == HOSTS
             assert all(_site_file(r) == __file__ for r in step.records)
             assert len({r.site for r in step.records}) == 1  # same line on every host
@@ -193,7 +193,7 @@ def _step_through():
             time.sleep(0.3)  # the hosts really wait for the release
             table2 = multihost.step_table()
             assert table2.positions == (step.seq,) * 4, table2.format()
-            stacks = multihost.dump_stacks(timeout=20)
+            stacks = multihost.where(timeout=20)
             assert [stacks[p].gate for p in HOSTS] == [step.seq] * 4
             assert multihost.release() == (step.seq,)
             released.append(step.seq)
@@ -241,7 +241,7 @@ def test_stepping_shows_divergence_before_release():
     if join is not None:
         table = join(60)
         step = table.pending
-        assert step.status == 'held' and step.divergent and step.odd_processes == (3,)
+        assert step.status == 'paused' and step.divergent and step.odd_processes == (3,)
         assert table.divergent == (step,)
         assert [r.name for r in step.records] == ['div-a'] * 3 + ['div-b']
         assert step.majority.name == 'div-a'
@@ -370,7 +370,7 @@ def test_control_endpoint_steps_and_dumps_a_blocked_cluster(mp_cluster):
                     )
                     else None
                 )
-            )(ctl.stacks()),
+            )(ctl.where()),
             30,
             'every engine blocked waiting for stepping',
         )
@@ -378,7 +378,7 @@ def test_control_endpoint_steps_and_dumps_a_blocked_cluster(mp_cluster):
         assert ctl.set_stepping(True) == HOSTS
         table = wait_until(lambda: _table_at(ctl, 'ext-1'), 30, 'every host at ext-1')
         seq = table.pending.seq
-        stacks = ctl.stacks()
+        stacks = ctl.where()
         assert [stacks[p].gate for p in HOSTS] == [seq] * 4
         assert all(s.current.name == 'ext-1' for s in stacks.values())
         assert ctl.release() == (seq,)

@@ -36,7 +36,7 @@ def test_step_table_marks_divergence_and_odd_host():
     )
     old, new = table.steps
     assert (old.seq, old.status, old.divergent) == (6, 'passed', False)
-    assert (new.seq, new.status, new.divergent) == (7, 'held', True)
+    assert (new.seq, new.status, new.divergent) == (7, 'paused', True)
     assert new.odd_processes == (3,) and new.majority.name == 'save'
     assert table.pending is new and table.next_release == 7
     assert table.divergent == (new,)
@@ -80,13 +80,13 @@ def test_host_stacks_json_round_trip():
 # -- single process ----------------------------------------------------------------------
 
 
-def test_dump_stacks_single_process_sees_blocked_main_thread():
+def test_where_single_process_sees_blocked_main_thread():
     """From a helper thread while the main thread waits: this process's stacks, main included."""
     out = {}
     done = threading.Event()
 
     main = threading.get_ident()
-    this = test_dump_stacks_single_process_sees_blocked_main_thread
+    this = test_where_single_process_sees_blocked_main_thread
     wait_line = source_line(this, 'assert done.wait(20)')
 
     def main_is_waiting():
@@ -99,7 +99,7 @@ def test_dump_stacks_single_process_sees_blocked_main_thread():
         # Collect only once the main thread is really blocked in done.wait().
         try:
             wait_until(main_is_waiting, 10, 'the main thread in done.wait()', period=0.01)
-            out['stacks'] = multihost.dump_stacks(timeout=5)
+            out['stacks'] = multihost.where(timeout=5)
         except AssertionError as exc:
             out['error'] = exc
         done.set()
@@ -111,7 +111,7 @@ def test_dump_stacks_single_process_sees_blocked_main_thread():
     assert list(stacks) == [0]
     me = stacks[0]
     assert me.answered and me.os_pid == os.getpid() and me.hostname == socket.gethostname()
-    assert 'test_dump_stacks_single_process_sees_blocked_main_thread' in me.where
+    assert 'test_where_single_process_sees_blocked_main_thread' in me.where
     assert 'done.wait(20)' in me.main_thread.stack
     assert any('helper' in t.stack for t in me.threads if not t.main)
 
@@ -158,7 +158,7 @@ def test_control_endpoint_round_trip_single_process():
     assert host == socket.gethostname() and port > 0
     with multihost.ControlClient((host, port), key, timeout=10) as ctl:
         assert ctl.info()['num_processes'] == 1
-        stacks = ctl.stacks(timeout=5)
+        stacks = ctl.where(timeout=5)
         assert stacks[0].answered
         assert 'test_control_endpoint_round_trip_single_process' in stacks[0].where
         assert isinstance(ctl.step_table(), multihost.StepTable)

@@ -39,7 +39,7 @@ def test_demo_writes_its_files_and_says_what_it_found(tmp_path):
     said = run.stdout + run.stderr
     ready = re.findall(r'.*(?:ready|devices up) in [\d.]+ s.*', said)
     assert len(ready) == 1 and 'ready' in ready[0], said  # the cluster's start, said once
-    assert report.startswith('4 hosts x 2 CPU devices up in '), report
+    assert report.startswith('4 processes x 2 CPU devices up in '), report
     assert report.count('caught BarrierMismatchError') == 4, report
     # While process 2 is busy elsewhere, the others wait in the next barrier; process 2 is
     # not said to be "in" the barrier it already left.

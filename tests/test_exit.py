@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 
-from multihost.local import free_port
+from multihost.testing import free_port
 
 JOB = textwrap.dedent(
     """

@@ -23,7 +23,7 @@ import jax
 import pytest
 
 import multihost
-from multihost.local import LocalCluster
+from multihost.testing import LocalCluster
 
 HEARTBEAT_TIMEOUT = 5
 MP_CLUSTER = dict(n=4, devices_per_process=1, recoverable=True, heartbeat_timeout=HEARTBEAT_TIMEOUT)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import _jobs
@@ -35,20 +34,6 @@ FAILING = 2
 STEP = 1
 
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
-
-
-def _until(what: str, check: Callable[[], Any], timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except mhnotebook.AttachError:
-            last = None
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
 
 
 def _global_tokens(step: int) -> np.ndarray:
@@ -77,17 +62,17 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
     command = ['-m', 'multihost', 'run', '--control-file', control, '--hold-on-error']
     command += ['--hold-for', '120', '--allow-exec', JOB]
     with _jobs.start(N, command, env, cwd=tmp) as job:
-        _until('the control file', lambda: os.path.exists(control))
+        _jobs.until('the control file', lambda: os.path.exists(control), 90.0)
         j = mhnotebook.attach(control)
         try:
 
             def held() -> Any:
                 frames = j.frames()
                 failing = frames[FAILING]
-                ok = all(f['held'] for f in frames.values())
+                ok = all(f['stopped'] for f in frames.values())
                 return ok and 'held on its error' in failing['in'] and frames
 
-            frames = _until('the job held on the error', held)
+            frames = _jobs.until('the job held on the error', held, 90.0)
             failing = frames[FAILING]
             assert failing['in'].startswith(
                 f"held on its error: process {FAILING} raised BadBatch('bad batch') at "
@@ -124,12 +109,13 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
             try:
                 j.diff('state.params', frame='train')
             except mhnotebook.HostsError as exc:
-                assert 'the output of train_step call #1, dispatched before the hold' in str(exc), (
-                    exc
-                )
+                assert (
+                    'the output of train_step call #1, dispatched before the hosts stopped'
+                    in str(exc)
+                ), exc
                 assert '--check-jit' in str(exc), exc
             assert time.monotonic() - t0 < 20.0, inside
-            # --allow-exec: a %%mh cell runs in each host's held frame (a copy of its names).
+            # --allow-exec: a %%mh cell runs in each host's stopped frame (a copy of its names).
             from _helpers import magic_shell
 
             outs = j.execute(
@@ -151,7 +137,7 @@ def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp
                 'import threading\nprint(sum(t.name.startswith("multihost-inspect") '
                 'for t in threading.enumerate()))'
             )
-            _until(
+            _jobs.until(
                 'the endless cells stopped',
                 lambda: set(j.execute(count, echo=False).values()) == {'1\n'},
                 30.0,

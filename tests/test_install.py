@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 import multihost
 from multihost._core import _arrays
 from multihost._job import _install
-from multihost.local import free_port
+from multihost.testing import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

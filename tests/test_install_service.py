@@ -63,7 +63,7 @@ def _ask_while_waiting(out: dict) -> None:
             return wf if at == ['lib_barrier'] * 3 + ['test/svc/go'] else None
 
         out['front'] = wait_until(all_waiting, 30, 'hosts 0-2 in lib_barrier, 3 at its key')
-        out['stacks'] = multihost.dump_stacks(timeout=10)
+        out['stacks'] = multihost.where(timeout=10)
     except BaseException as exc:
         out['error'] = exc
     finally:
@@ -192,7 +192,7 @@ def test_a_service_barrier_of_another_thread_is_not_the_main_threads_wait():
                 return wf if names == [[('bg_barrier', 'saver')]] * 3 + [[]] else None
 
             wf = wait_until(all_in, 30, "hosts 0-2's saver threads in bg_barrier")
-            stacks = multihost.dump_stacks(timeout=10)
+            stacks = multihost.where(timeout=10)
         multihost.barrier('bg-seen')  # hosts 1-3 wait here for host 0
         if pid == 3:
             saver = _saver(client)
@@ -343,7 +343,7 @@ def _svc_record(p, kind, name, *, state='waiting', wait=None, at=NOW - 40, subse
 
 
 def _stacks_of(p, *, waiting=None, background=()):
-    from multihost._debug._debugmodel import HostStacks, ThreadStack
+    from multihost._models._stacks import HostStacks, ThreadStack
 
     frames = (('/home/u/train.py', 12, 'save', 'mngr.save(step)'),)
     return HostStacks(
@@ -368,8 +368,9 @@ def test_the_where_view_says_which_service_barrier_at_which_library_line():
     stacks[3] = _stacks_of(3, background=(saver,))
     text = where_text(stacks)
     site = 'orbax/checkpoint/_src/multihost/multihost.py:318'
-    assert f"processes 0-2 (3 hosts): waiting in service barrier 'ckpt_3' at {site} for 40 s" in (
-        text
+    assert (
+        f"processes 0-2 (3 processes): waiting in service barrier 'ckpt_3' at {site} for 40 s"
+        in (text)
     ), text
     assert f"also waiting for service key 'ckpt/done' at {site} (thread 'saver') for 5 s" in text
     back = type(stacks[3]).from_json(stacks[3].to_json())

@@ -18,7 +18,6 @@ QUESTIONS = (
     'where',
     'wavefront',
     'flight_records',
-    'records',
     'timeline',
     'step_table',
     'set_stepping',
@@ -87,7 +86,7 @@ def test_one_registry_and_one_timeout_policy_for_the_data_tools():
 
     assert TOOLS['layout'].timeout == TOOLS['diff'].timeout == 120.0
     assert TOOLS['gather_meta'].timeout == 600.0 and TOOLS['run_cell'].timeout == 60.0
-    assert not TOOLS['gather_write'].held and TOOLS['gather_send'].held
+    assert not TOOLS['gather_write'].on_stopped and TOOLS['gather_send'].on_stopped
     assert TOOLS['layout'].namespace and not TOOLS['env_diff'].namespace
     job = AttachedJob('/x/control.json', {'num_processes': 3}, None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"no engine tool 'layuot'; known: diff, env_diff"):
@@ -107,17 +106,17 @@ def test_a_detached_job_is_a_job_view_that_says_so():
     job = AttachedJob('/x/control.json', {'num_processes': 3}, None)  # type: ignore[arg-type]
     assert isinstance(job, JobView) and not job.running and job.num_processes == 3
     assert job.stepping is False  # not asked: nothing to ask
-    for ask in (job.where, job.wavefront, job.records, job.timeline, job.step_table):
+    for ask in (job.where, job.wavefront, job.flight_records, job.timeline, job.step_table):
         with pytest.raises(AttachError, match=r'^detached from /x/control.json: mhnotebook\.'):
             ask()
     with pytest.raises(ValueError, match='timeout must be > 0 seconds, got 0'):
         job.where(timeout=0)
     with pytest.raises(ValueError, match='last must be a count of records >= 0, got -1'):
-        job.records(last=-1)
+        job.flight_records(last=-1)
 
 
 def test_public_names():
-    """The protocol and its error are public; the old names stay where they were."""
+    """The protocol and its error are public."""
     assert {'JobView', 'UnsupportedError', 'AttachedJob', 'PostMortem', 'Session'} <= set(
         mhnotebook.__all__
     )

@@ -5,7 +5,7 @@ runtime, settings and workspace folders; news and update checks off; every
 cell kept in the DOM), opens the quickstart, waits for the kernel, runs all
 cells, and checks what a user sees: every widget renders (and hides its
 static picture), a click on a layout block shows its shard, Step and
-Continue release the hosts held at the step gate while the stepper refreshes
+Continue release the processes paused at the step gate while the stepper refreshes
 itself, and the browser console has no error from mhnotebook or the widget
 manager.
 
@@ -34,7 +34,7 @@ from _browser import (
     wait_for,
 )
 
-from multihost.local import free_port
+from multihost.testing import free_port
 
 try:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -239,7 +239,7 @@ def test_quickstart_in_jupyterlab(jupyterlab):
         assert 'kernel' in page.locator('.mh-treediff').first.inner_text()
         assert 'after-eval' in page.locator('.mh-where').first.inner_text()
 
-        # The stepper: hosts held at 'load'; Step (the view refreshes itself) ...
+        # The stepper: processes paused at 'load'; Step (the view refreshes itself) ...
         stepper = page.locator('.mh-stepper').last
         grid = stepper.locator('.mh-stepper-grid')
 
@@ -248,13 +248,13 @@ def test_quickstart_in_jupyterlab(jupyterlab):
                 "g => [...g.querySelectorAll('td.mh-waiting')].map(td => td.innerText)"
             )
 
-        def held_at(name: str):
+        def paused_at(name: str):
             return lambda: (lambda t: len(t) == 4 and all(name in x for x in t))(waiting_texts())
 
         refresh = stepper.locator('.mh-refresh-button')
-        wait_for(held_at('load'), 90, 'hosts held at load', page, action=refresh.click)
+        wait_for(paused_at('load'), 90, 'processes paused at load', page, action=refresh.click)
         stepper.locator('.mh-step-button').click()
-        wait_for(held_at('train'), 60, 'the stepper showing hosts at train', page)
+        wait_for(paused_at('train'), 60, 'the stepper showing processes at train', page)
         # ... Continue releases them all.
         stepper.locator('.mh-continue-button').click()
         wait_for(lambda: not waiting_texts(), 60, 'every host released', page)

@@ -154,9 +154,9 @@ def test_controller_address_is_the_route_to_the_controller(monkeypatch):
 def test_one_route_lookup_and_one_free_port_for_both_sides():
     """SSH host specs and URLs are read alike (user part dropped, a bare IPv6 address kept
     whole); a host with no route and an address not of this machine are errors naming them."""
-    import multihost.local
+    import multihost.testing
 
-    assert multihost.local.free_port is engine.free_port
+    assert multihost.testing.free_port is engine.free_port
     assert net.split_url('root@10.1.2.3:2222') == ('10.1.2.3', 2222)
     assert net.split_url('fd00::2') == ('fd00::2', 0)
     assert net.split_url('me@[fd00::2]:22') == ('fd00::2', 22)

@@ -152,11 +152,11 @@ def test_layout_pickles_and_compares_equal():
 
 
 def test_text_summary_names_blocks_devices_and_bytes():
-    """str(layout) gives the headline, each block with its devices, and bytes per host."""
+    """str(layout) gives the headline, each block with its devices, and bytes per process."""
     text = str(_rows_layout())
     assert text.splitlines()[0] == "float32[4, 2] (32 B) P('host', None) on mesh (host=2, dev=2)"
     assert '[2:4, 0:2] 16 B x2: process 1 · dev 0 (id 2), process 1 · dev 1 (id 3)' in text
-    assert 'bytes per host: 0: 32 B, 1: 32 B' in text
+    assert 'bytes per process: 0: 32 B, 1: 32 B' in text
     many = Layout.from_placements((100,), 'float32', [([(i, i + 1)], i, 0) for i in range(100)])
     assert '... 84 more block(s)' in str(many)
 
@@ -205,7 +205,7 @@ def test_mesh_axes_crossing_hosts():
     assert layout.mesh_processes() == (0, 0, 1, 1, 2, 2, 3, 3)
     assert layout.mesh_axis_hosts() == (('host', 4), ('dev', 1))
     assert layout.crossing_axes == ('host',)
-    assert 'mesh host=4 crosses hosts (4 along it), dev=2 within a host' in str(layout)
+    assert 'mesh host=4 crosses processes (4 along it), dev=2 within a process' in str(layout)
     # transposed: devices of one host along 'a' -> 'b' crosses hosts, 'a' does not
     swapped = Layout.from_placements(
         (8,),
@@ -472,7 +472,7 @@ def test_axis_verdicts_from_chip_coordinates():
     # a snake through a 2x2 square closes into a ring without wraparound links
     square = [v5e[0], v5e[1], v5e[5], v5e[4]]
     assert axis_links((('a', 4),), square)[0].verdict == 'ICI ring of 4 along x,y, within one host'
-    # every other chip: no neighbours; a diagonal within a host: the host is what matters
+    # every other chip: no neighbours; a diagonal within a process: the host is what matters
     assert axis_links((('a', 2),), [v5e[0], v5e[2]])[0].verdict == 'ICI, not a ring, 2 hosts'
     assert axis_links((('a', 2),), [v5e[0], v5e[5]])[0].verdict == 'within one host'
     # a full 16-chip v5e dimension wraps around; a 4-chip one does not
@@ -498,7 +498,7 @@ def test_dcn_and_core_verdicts_and_cpu_devices():
     assert axis_links((('core', 2),), cores)[0].verdict == 'within one chip'
     cpu = [DeviceInfo(id=i, process_index=i // 2) for i in range(4)]
     assert [a.verdict for a in axis_links((('host', 2), ('dev', 2)), cpu)] == [
-        'crosses hosts (2 along it)',
+        'crosses processes (2 along it)',
         'within one host',
     ]
 
@@ -519,7 +519,7 @@ def test_a_layout_with_devices_draws_its_chip_grid_and_names_chips():
     )
     assert layout.has_chips and layout.device_kind == 'TPU v5 lite'
     text = str(layout)
-    assert '  TPU v5 lite: 4 chips (2x2) on 2 hosts' in text
+    assert '  TPU v5 lite: 4 chips (2x2) on 2 processes' in text
     assert 'process 1 · dev 0 (id 1), TPU v5 lite chip (1,0,0)' in text
     assert 'bytes per chip: 32 B each (4 chips)' in text
     grid = layout.chip_grid()

@@ -80,7 +80,7 @@ def test_every_host_gets_the_same_layout(mp_cluster):
         assert sorted(layout.device_ids) == sorted(layout.mesh_device_ids), name
 
 
-# Per array: (spec text, number of distinct blocks, replicas per block, bytes per host).
+# Per array: (spec text, number of distinct blocks, replicas per block, bytes per process).
 EXPECTED = {
     'host_dev': ("P('host', 'dev')", 8, 1, 48),
     'host': ("P('host')", 4, 2, 96),
@@ -94,7 +94,7 @@ EXPECTED = {
 
 
 def test_layouts_cover_the_array_and_count_bytes_per_host(mp_cluster):
-    """Blocks tile each array exactly; block counts, replicas and bytes per host are right."""
+    """Blocks tile each array exactly; block counts, replicas and bytes per process are right."""
     layouts = mp_cluster.run(describe_all)[0]
     for name, (spec, n_blocks, replicas, per_host) in EXPECTED.items():
         layout = layouts[name]
@@ -209,7 +209,7 @@ def _from_device_data(
 
 
 def check_device_level_disagreement() -> dict:
-    """Disagreeing replicas built from per-device buffers, within a host and across hosts."""
+    """Disagreeing replicas built from per-device buffers, within a process and across hosts."""
     mesh = host_mesh()
     devices = mesh.devices
     value = np.arange(24, dtype=np.float32).reshape(8, 3)

@@ -49,14 +49,14 @@ def test_v5e_4x4_devices_know_their_chip_host_and_kind():
     assert all(d.slice_index is None and d.core_on_chip == 0 for d in layout.devices)
     assert layout.num_processes == 4
     text = str(layout)
-    assert '  TPU v5 lite: 16 chips (4x4) on 4 hosts' in text
+    assert '  TPU v5 lite: 16 chips (4x4) on 4 processes' in text
     assert '[0:2048, 0:1024] 4 MiB x1: process 0 · dev 0 (id 0), TPU v5 lite chip (0,0,0)' in text
     assert '  bytes per chip: 4 MiB each (16 chips)' in text
     assert layout.bytes_per_process() == {p: 16 << 20 for p in range(4)}
 
 
 def test_v5e_4x4_axis_verdicts():
-    """A 4x4 v5e has no wraparound: each axis is an ICI line of 4 across 2 hosts, not a ring;
+    """A 4x4 v5e has no wraparound: each axis is an ICI line of 4 across 2 processes, not a ring;
     a mesh axis over a host's own chips stays within the host."""
     links = {a.name: a for a in v5e_16().axis_links()}
     assert links['data'].verdict == 'ICI line of 4 along y, not a ring, 2 hosts'
@@ -127,8 +127,8 @@ def test_two_slices_dcn_axis():
     assert [p.slice_index for p in grid.planes] == [0, 1] and grid.slices == 2
     # the DCN axis splits dim 0: slice 1 holds the second half's blocks
     assert grid.planes[1].at(0, 0).label == '4,0' and grid.planes[0].at(0, 0).label == '0,0'
-    assert '16 chips (4x4 per slice, 2 slices) on 8 hosts' in layout.hardware_text() or (
-        layout.hardware_text() == 'TPU v5 lite: 32 chips (4x4 per slice, 2 slices) on 8 hosts'
+    assert '16 chips (4x4 per slice, 2 slices) on 8 processes' in layout.hardware_text() or (
+        layout.hardware_text() == 'TPU v5 lite: 32 chips (4x4 per slice, 2 slices) on 8 processes'
     )
 
 

@@ -203,7 +203,7 @@ def test_replica_matrix_of_many_hosts_has_host_columns_and_keeps_odd_hosts():
     html = replica_matrix_html(m)
     assert len(elements(html, 'mh-replica-cell', 'td')) == 17
     assert len(elements(html, 'mh-replica-gap', 'th')) == 2
-    assert '83 more hosts in the … columns, none holding an odd replica' in m.caption()
+    assert '83 more processes in the … columns, none holding an odd replica' in m.caption()
 
 
 # -- facets -------------------------------------------------------------------------------
@@ -272,8 +272,10 @@ def test_mesh_view_says_which_axes_cross_hosts():
     assert len(elements(html, 'mh-mesh-view')) == 1
     crossing = elements(html, 'mh-crosses-hosts', 'tr')
     within = elements(html, 'mh-within-host', 'tr')
-    assert [r['text'][:4] for r in crossing] == ['host'] and 'crosses hosts' in crossing[0]['text']
-    assert [r['text'][:3] for r in within] == ['dev'] and 'within a host' in within[0]['text']
+    assert [r['text'][:4] for r in crossing] == ['host'] and 'crosses processes' in crossing[0][
+        'text'
+    ]
+    assert [r['text'][:3] for r in within] == ['dev'] and 'within a process' in within[0]['text']
     cells = elements(html, 'mh-mesh-device', 'td')
     assert [c['text'] for c in cells] == [
         f'process {h} · dev {d} (id {did(h, d)})' for h in range(4) for d in range(2)
@@ -284,7 +286,7 @@ def test_mesh_view_says_which_axes_cross_hosts():
 def test_mesh_view_of_a_flat_mesh_and_without_a_mesh():
     """A 1-d mesh over every device crosses hosts; a layout without a mesh has no mesh view."""
     (x,) = mesh_axes_info(rows_over_x())
-    assert x.crosses_hosts and x.hosts == 4 and x.verdict == 'crosses hosts (4 along it)'
+    assert x.crosses_hosts and x.hosts == 4 and x.verdict == 'crosses processes (4 along it)'
     html = mesh_html(rows_over_x())
     assert len(elements(html, 'mh-mesh-device', 'td')) == 8
     plain = Layout.from_placements((4,), 'float32', [([(0, 4)], 0, 0)])
@@ -319,7 +321,7 @@ def test_layout_view_shows_mesh_and_replicas_in_widget_static_and_text():
     assert len(elements(static, 'mh-replica-odd', 'td')) == 2
     assert len(elements(static, 'mh-mesh-view')) == 1
     text = v.text()
-    assert 'mesh host=4 crosses hosts (4 along it), dev=2 within a host' in text
+    assert 'mesh host=4 crosses processes (4 along it), dev=2 within a process' in text
     assert 'b: process 2 · dev 0 (id 4096) (odd), process 2 · dev 1 (id 4097) (odd)' in text
     # no replicated block: no matrix; no mesh: no mesh view
     plain = mw.LayoutView(Layout.from_placements((4,), 'float32', [([(0, 4)], 0, 0)]))
@@ -347,7 +349,7 @@ def _tree():
 
 
 def test_tree_layout_rows_say_shape_dtype_spec_bytes_and_replicas():
-    """One row per leaf; bytes per host from the layout; replicas agree, differ (which host),
+    """One row per leaf; bytes per process from the layout; replicas agree, differ (which host),
     or are not replicated / not checked; a leaf that is not an array says what it is."""
     from multihost import LeafLayout
 
@@ -386,7 +388,7 @@ def test_tree_layout_rows_say_shape_dtype_spec_bytes_and_replicas():
         'spec',
         'bytes',
         'per',
-        'host',
+        'process',
         'replicas',
     ]
 
@@ -698,13 +700,13 @@ def test_layout_view_legend_bytes_per_host():
 
 
 def test_layout_view_legend_bounded_for_many_hosts():
-    """With hundreds of hosts the legend stays short and says how hosts past the palette are
+    """With hundreds of hosts the legend stays short and says how processes past the palette are
     coloured; colours do not wrap around (host 20 is not host 0's colour)."""
     layout = Layout.from_placements((300,), 'float32', [([(i, i + 1)], i, i) for i in range(300)])
     v = mw.LayoutView(layout)
     html = one(v.widget, 'mh-layout-legend').value
     assert len(elements(html, 'mh-legend-host', 'tr')) == 32
-    assert '268 more hosts' in html and 'hosts past 20 get hues of their own' in html
+    assert '268 more processes' in html and 'processes past 20 get hues of their own' in html
     assert mw.host_color(20) != mw.host_color(0) and mw.host_color(40) != mw.host_color(20)
     assert find(v.widget, 'mh-layout-block') == []  # 300 > MAX_BUTTONS: the list only
     assert len(one(v.widget, 'mh-layout-select').options) == 300 > MAX_BUTTONS

@@ -32,7 +32,7 @@ from _helpers import wait_until
 import multihost
 from multihost import _recorder
 from multihost._exchange import _bus, _kv
-from multihost.local import LocalCluster
+from multihost.testing import LocalCluster
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 #: Its first test needs hosts that have not entered a collective yet (no debug thread).
@@ -306,7 +306,7 @@ def test_hosts_launching_different_watched_functions_all_raise_at_once(mp_cluste
     assert len({r['text'] for r in results}) == 1, results
     text = results[0]['text']
     assert results[0]['error'] == 'CollectiveMismatchError', text
-    assert 'hosts are about to launch different functions' in text, text
+    assert 'processes are about to launch different functions' in text, text
     assert 'process 1: eval_step(' in text and 'processes 0, 2-3: train_step(' in text, text
     assert all(r['elapsed'] < 5.0 for r in results), results  # judged, not timed out (30 s)
 
@@ -340,7 +340,7 @@ def _dead_host(timeout: float) -> dict:
         gone = {2: 'gone (signal 9)'}
         t0 = time.monotonic()
         wf = multihost.wavefront(timeout=timeout, gone=gone)
-        stacks = multihost.dump_stacks(timeout=timeout, gone=gone)
+        stacks = multihost.where(timeout=timeout, gone=gone)
         recs = multihost.flight_records(timeout=timeout, gone=gone)
         out['gone'] = dict(
             elapsed=time.monotonic() - t0,

@@ -100,22 +100,6 @@ def test_hold_on_error_without_a_control_file_is_refused_at_start_in_one_line(tm
     assert out.returncode == 0 and '--control-file' in out.stdout
 
 
-def _until(what: str, check: Any, timeout: float = 120.0) -> Any:
-    import mhnotebook
-
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except mhnotebook.AttachError:
-            last = None
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
-
-
 def _step_line() -> int:
     from test_real_program_run import _step_line as line
 
@@ -126,7 +110,7 @@ def _held_on_errors(j: Any, n: int) -> Any:
     """``job.frames()`` once every host is held and ``n`` of them on their own error."""
     frames = j.frames()
     errors = sum('held on its error' in f['in'] for f in frames.values())
-    return all(f['held'] for f in frames.values()) and errors == n and frames
+    return all(f['stopped'] for f in frames.values()) and errors == n and frames
 
 
 def _held_job(tmp: str, flags: list[str], n: int, **extra: str) -> tuple[Any, Any, str]:
@@ -147,10 +131,10 @@ def test_audit_raise_holds_at_the_launch_of_the_finding_its_batch_in_the_frame(t
     starting, _, control = _held_job(str(tmp_path), ['--audit', '1', '--audit-raise'], 2,
                                      NAN_HOST='1', NAN_STEP='2')  # fmt: skip
     with starting as job:
-        _until('the control file', lambda: os.path.exists(control))
+        _jobs.until('the control file', lambda: os.path.exists(control))
         j = mhnotebook.attach(control)
         try:
-            frames = _until('every host held on its error', lambda: _held_on_errors(j, 2))
+            frames = _jobs.until('every host held on its error', lambda: _held_on_errors(j, 2))
             # Held at the audited launch itself: the frame holds that step's batch.
             for p, f in frames.items():
                 assert f['at'] == f'_flax_job.py:{_step_line()} in train', (p, f)
@@ -196,15 +180,15 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
     starting, _, control = _held_job(str(tmp_path), [], 2, RAISE_HOST='1', RAISE_STEP='2',
                                      RAISE_BEFORE_BATCH='1')  # fmt: skip
     with starting as job:
-        _until('the control file', lambda: os.path.exists(control))
+        _jobs.until('the control file', lambda: os.path.exists(control))
         j = mhnotebook.attach(control)
         try:
-            frames = _until('every host held', lambda: _held_on_errors(j, 1))
+            frames = _jobs.until('every host held', lambda: _held_on_errors(j, 1))
             assert 'in check_batch' in frames[1]['frames'][0]['site'], frames[1]
             with capture_output() as cap:
                 j.allgather("batch['tokens']", frame='train')
             (line,) = [ln for ln in cap.stdout.splitlines() if ln.startswith('note: ')]
-            assert line.startswith('note: the hosts were read at different points: '), line
+            assert line.startswith('note: the processes were read at different points: '), line
             assert 'process 0 at _flax_job.py:' in line and 'process 1 at _flax_job.py:' in line
             assert '(train_step called 2x)' in line and 'an earlier step' in line, line
             assert j.apart == line[len('note: ') :]
@@ -214,7 +198,7 @@ def test_a_gather_across_hosts_held_at_different_points_says_so(tmp_path: Any):
                 for magic in ('mh_allgather', 'mh_nonfinite', 'mh_diff'):
                     with capture_output() as cap:
                         ip.run_line_magic(magic, "batch['tokens'] --frame train")
-                    assert 'note: the hosts were read at different points' in cap.stdout, (
+                    assert 'note: the processes were read at different points' in cap.stdout, (
                         magic,
                         cap.stdout,
                     )
@@ -257,10 +241,10 @@ def test_with_check_jit_a_held_job_s_donated_state_is_read_before_the_launch(tmp
     starting, _, control = _held_job(str(tmp_path), ['--check-jit'], 2, RAISE_HOST='1',
                                      RAISE_STEP='2', RAISE_BEFORE_BATCH='1')  # fmt: skip
     with starting as job:
-        _until('the control file', lambda: os.path.exists(control))
+        _jobs.until('the control file', lambda: os.path.exists(control))
         j = mhnotebook.attach(control)
         try:
-            _until('every host held', lambda: _held_on_errors(j, 1))
+            _jobs.until('every host held', lambda: _held_on_errors(j, 1))
             diff = j.diff('state.params', frame='train')
             assert diff.ok, diff
             bias = j.allgather("state.params['LayerNorm_0']['bias']", frame='train')
@@ -272,13 +256,13 @@ def test_with_check_jit_a_held_job_s_donated_state_is_read_before_the_launch(tmp
 
 
 def test_the_points_words():
-    from multihost._models._points import HeldPoint, apart
+    from multihost._models._points import ReadPoint, apart
 
-    same = [HeldPoint(p, 't.py:9 in train', (('train_step', 3),)) for p in range(4)]
+    same = [ReadPoint(p, 't.py:9 in train', (('train_step', 3),)) for p in range(4)]
     assert apart(same) == ''
-    behind = [*same[:2], HeldPoint(2, 't.py:5 in train', (('train_step', 2),)), same[3]]
+    behind = [*same[:2], ReadPoint(2, 't.py:5 in train', (('train_step', 2),)), same[3]]
     assert apart(behind).startswith(
-        'the hosts were read at different points: processes 0-1, 3 at t.py:9 in train '
+        'the processes were read at different points: processes 0-1, 3 at t.py:9 in train '
         '(train_step called 3x); process 2 at t.py:5 in train (train_step called 2x). '
     ), apart(behind)
 
@@ -299,7 +283,7 @@ def test_ctrl_c_says_the_program_s_line_not_jax_s(tmp_path: Any):
     command = ['-m', 'multihost', 'run', '--dump-dir', dumps, JOB]
     with _jobs.start(2, command, env, cwd=tmp) as job:
         try:
-            _until('process 1 stalled', lambda: os.path.exists(f'{go}.stalled-1'))
+            _jobs.until('process 1 stalled', lambda: os.path.exists(f'{go}.stalled-1'))
             time.sleep(3.0)  # process 0 is inside step 2's launch, reading its loss
             for p in job.procs:
                 p.send_signal(signal.SIGINT)

@@ -1,4 +1,4 @@
-"""find_nonfinite in one process (4 CPU devices): counts, first positions, dtypes, chunks, text."""
+"""nonfinite in one process (4 CPU devices): counts, first positions, dtypes, chunks, text."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _put(v: np.ndarray, spec: P) -> jax.Array:
 def test_counts_first_positions_and_devices_per_shard():
     v = np.arange(64, dtype=np.float32).reshape(8, 8)
     v[5, 6], v[5, 7], v[1, 1], v[7, 7] = np.nan, np.inf, -np.inf, np.nan
-    report = multihost.find_nonfinite({'x': _put(v, P('a', 'b'))})
+    report = multihost.nonfinite({'x': _put(v, P('a', 'b'))})
     got = [(s.device, s.index, s.nan, s.inf, s.first) for s in report.shards]
     assert got == [
         (0, ((0, 4), (0, 4)), 0, 1, (1, 1)),
@@ -40,11 +40,11 @@ def test_counts_first_positions_and_devices_per_shard():
 
 def test_a_clean_tree_is_ok_and_says_what_was_checked():
     tree = {'w': jnp.ones((4, 4)), 'n': np.zeros(3), 'i': jnp.arange(3), 'k': jax.random.key(1)}
-    report = multihost.find_nonfinite(tree)
+    report = multihost.nonfinite(tree)
     assert report.ok and report.shards == () and report.leaves == ()
     assert report.checked == {'leaves': 2, 'shards': 2, 'elements': 19, 'skipped': 2}
     assert str(report) == (
-        'no NaN or Inf: 2 leaves, 2 shards, 19 elements checked on 1 host '
+        'no NaN or Inf: 2 leaves, 2 shards, 19 elements checked on 1 process '
         '(2 non-float leaves skipped)'
     )
     assert repr(report).startswith('NonfiniteReport(ok=True, shards=0')
@@ -59,7 +59,7 @@ def test_every_floating_dtype(dtype):
     if np.isinf(np.asarray(np.inf, np.float32).astype(dtype)):
         v[7] = np.inf
     for value in (jnp.asarray(v), v):  # on device, and a numpy value in host memory
-        report = multihost.find_nonfinite(value)
+        report = multihost.nonfinite(value)
         (s,) = report.shards
         assert s.nan == 1 and s.first == (3,)
         assert s.inf == (0 if dtype == ml_dtypes.float8_e4m3fn else 1)
@@ -67,7 +67,7 @@ def test_every_floating_dtype(dtype):
 
 def test_complex_counts_as_numpy_does():
     v = np.array([1, complex(np.inf, 0), complex(0, np.nan), complex(np.inf, np.nan)], np.complex64)
-    (s,) = multihost.find_nonfinite(jnp.asarray(v)).shards
+    (s,) = multihost.nonfinite(jnp.asarray(v)).shards
     assert (s.nan, s.inf) == (int(np.isnan(v).sum()), int(np.isinf(v).sum()))
     assert s.first == (1,)
 
@@ -80,21 +80,21 @@ def test_shards_are_checked_in_chunks(monkeypatch):
     v[2, 3] = v[4, 0] = np.nan
     v[5, 4] = np.inf
     for value in (jnp.asarray(v), v):
-        (s,) = multihost.find_nonfinite(value).shards
+        (s,) = multihost.nonfinite(value).shards
         assert (s.nan, s.inf, s.first) == (2, 1, (2, 3))
 
 
 def test_scalars_empty_arrays_and_strings():
-    report = multihost.find_nonfinite([float('nan'), 2, np.zeros((0, 3)), jnp.zeros(0), 'text'])
+    report = multihost.nonfinite([float('nan'), 2, np.zeros((0, 3)), jnp.zeros(0), 'text'])
     (s,) = report.shards
     assert s.path == '[0]' and s.index == () and s.first == () and s.device is None
     assert report.checked['skipped'] == 2  # the int and the string
-    assert multihost.find_nonfinite(jnp.float32(np.inf)).shards[0].first == ()
+    assert multihost.nonfinite(jnp.float32(np.inf)).shards[0].first == ()
 
 
 def test_tracers_are_refused():
     with pytest.raises(TypeError, match='tracer'):
-        jax.jit(lambda x: multihost.find_nonfinite(x).ok)(jnp.ones(3))
+        jax.jit(lambda x: multihost.nonfinite(x).ok)(jnp.ones(3))
 
 
 def test_text_names_block_process_device_and_first():
@@ -168,7 +168,7 @@ def test_large_shards_count_only_their_non_finite_rows(monkeypatch, bad_rows):
     flat[rows * 8 + 5] = np.nan
     flat[rows[-1] * 8 + 2] = np.inf
     flat[rows[0] * 8 + 7] = -np.inf
-    (s,) = multihost.find_nonfinite(jnp.asarray(v)).shards
+    (s,) = multihost.nonfinite(jnp.asarray(v)).shards
     want_first = np.unravel_index(np.flatnonzero(~np.isfinite(v))[0], v.shape)
     assert (s.nan, s.inf) == (int(np.isnan(v).sum()), int(np.isinf(v).sum()))
     assert s.first == tuple(int(i) for i in want_first)
@@ -196,7 +196,7 @@ def test_what_a_host_sends_stays_bounded_at_any_host_count():
     assert len(payload['layouts']) == 1  # host-local layouts: 64 over all hosts
     report = _nonfinite._assemble({7: payload}, leaves, 1000, per(1000))
     assert report.truncated == {7: 96} and len(report.shards) == 4
-    assert 'process 7 found 96 more offending shard(s), not listed (at most 4 per host' in str(
+    assert 'process 7 found 96 more offending shard(s), not listed (at most 4 per process' in str(
         report
     )
 
@@ -217,7 +217,7 @@ def test_a_64_mib_device_leaf_is_not_copied_to_the_host(monkeypatch):
         return real(a, *args, **kwargs)
 
     monkeypatch.setattr(_nonfinite.np, 'asarray', spy)
-    report = multihost.find_nonfinite({'w': x})
+    report = multihost.nonfinite({'w': x})
     monkeypatch.undo()
     (s,) = report.shards
     assert (s.nan, s.inf, s.first, s.device) == (1, 0, (2345, 678), 0)

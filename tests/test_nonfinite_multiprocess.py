@@ -1,4 +1,4 @@
-"""find_nonfinite on 4 real processes x 2 devices: NaN and Inf named by host, device, index."""
+"""nonfinite on 4 real processes x 2 devices: NaN and Inf named by host, device, index."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_a_nan_in_one_shard_on_host_2_is_named_with_its_host_device_and_index():
 
     x = _global((16, 8), P('host', 'dev'), mesh, poison)
     tree = {'params': {'w': x, 'b': jnp.zeros(3)}, 'step': np.int32(7)}
-    report = multihost.find_nonfinite(tree, timeout=60)
+    report = multihost.nonfinite(tree, timeout=60)
 
     assert not report.ok
     assert len(report.shards) == 1, report.format()
@@ -80,7 +80,7 @@ def test_an_inf_in_a_host_local_array_on_host_1_is_marked_host_local():
     on_device = jax.device_put(jnp.ones(6), jax.local_devices()[1])
     if pid == 3:
         on_device = on_device.at[4].set(jnp.inf)
-    report = multihost.find_nonfinite({'batch': local, 'dev': on_device}, timeout=60)
+    report = multihost.nonfinite({'batch': local, 'dev': on_device}, timeout=60)
     assert [(s.path, s.process) for s in report.shards] == [("['batch']", 1), ("['dev']", 3)]
     batch, dev = report.shards
     assert batch.host_local and batch.device is None and batch.local_device is None
@@ -103,7 +103,7 @@ def test_an_inf_in_a_host_local_array_on_host_1_is_marked_host_local():
 def test_a_clean_tree_is_ok_on_every_host():
     x = _global((8, 6), P('host'), host_mesh())
     y = _global((32,), P('x'), flat_mesh())
-    report = multihost.find_nonfinite(
+    report = multihost.nonfinite(
         {'x': x, 'y': y, 'h': np.ones(4), 'k': jax.random.key(0)}, timeout=60
     )
     assert report.ok, report.format()
@@ -123,7 +123,7 @@ def test_a_nan_in_host_3s_replica_of_a_replicated_array_is_found():
             out[5] = np.nan
 
     rep = _global((8, 4), P(), host_mesh(), poison)  # every device holds the whole array
-    report = multihost.find_nonfinite(rep, timeout=60)
+    report = multihost.nonfinite(rep, timeout=60)
     assert {(s.process, s.local_device) for s in report.shards} == {(3, 0), (3, 1)}
     for s in report.shards:
         assert s.index == ((0, 8), (0, 4)) and s.nan == 4 and s.first == (5, 0)
@@ -139,7 +139,7 @@ def test_many_offending_shards_are_bounded_per_host():
     x = _global((8, 4), P('host', 'dev'), host_mesh(), lambda index, out: out.fill(np.inf))
     saved, _nonfinite.MAX_RECORDS = _nonfinite.MAX_RECORDS, 1
     try:
-        report = multihost.find_nonfinite(x, timeout=60)
+        report = multihost.nonfinite(x, timeout=60)
     finally:
         _nonfinite.MAX_RECORDS = saved
     assert len(report.shards) == 4  # one per host
@@ -154,6 +154,6 @@ def test_hosts_passing_different_global_arrays_raise_on_every_host():
     shape = (8, 4) if jax.process_index() != 2 else (16, 4)
     x = _global(shape, P('host'), mesh)
     with pytest.raises(multihost.CollectiveMismatchError, match=r'\bnonfinite\b'):
-        multihost.find_nonfinite({'x': x}, timeout=60)
+        multihost.nonfinite({'x': x}, timeout=60)
     # The sequence is still aligned.
-    assert multihost.find_nonfinite({'x': _global((8, 4), P('host'), mesh)}, timeout=60).ok
+    assert multihost.nonfinite({'x': _global((8, 4), P('host'), mesh)}, timeout=60).ok

@@ -65,7 +65,7 @@ def _report():
     b = np.ones(3)
     b[1] = np.inf
     tree = {'w': jax.device_put(w, NamedSharding(mesh, P('host', 'dev'))), 'b': b, 'n': 7}
-    return multihost.find_nonfinite(tree)
+    return multihost.nonfinite(tree)
 
 
 def test_nonfinite_view_lists_shards_and_marks_the_offending_block():
@@ -99,17 +99,17 @@ def test_a_clean_report_is_one_green_line():
 
     import multihost
 
-    report = multihost.find_nonfinite({'w': np.ones(3)})
+    report = multihost.nonfinite({'w': np.ones(3)})
     view = mw.NonfiniteView(report, name='w')
     html = view.static_html()
     assert 'mh-ok' in html and 'no NaN or Inf' in html
     assert 'mh-nonfinite-shards' not in html and view.layout_view is None
     assert view.leaf is None
-    assert str(view) == 'no NaN or Inf: 1 leaf, 1 shard, 3 elements checked on 1 host'
+    assert str(view) == 'no NaN or Inf: 1 leaf, 1 shard, 3 elements checked on 1 process'
 
 
 def _replicated_nan_report():
-    """(4, 4) rows split over 2 blocks, each held by all 4 hosts (replicated over hosts, one
+    """(4, 4) rows split over 2 blocks, each held by all 4 processes (replicated over hosts, one
     device each); NaN only in host 2's replica of the second block."""
     from multihost import NonfiniteLeaf, NonfiniteReport, NonfiniteShard
 

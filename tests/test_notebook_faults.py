@@ -261,7 +261,7 @@ def test_barrier_a_busy_host_returns_at_its_timeout_and_withdraws_the_call(sessi
     # Withdrawn: process 2 never entered barrier('save') after its cell ended.
     wait_until(lambda: all(ar.ready() for ar in busy.values()), 10, 'the busy cell ended')
     time.sleep(0.5)
-    records = session.records(last=50)
+    records = session.flight_records(last=50)
     assert not [r for r in records[2] if r.name == 'save'], records[2]
     assert [r for r in records[0] if r.name == 'save'], records[0]
     assert _diff_at_once(ip) < 10
@@ -464,7 +464,7 @@ def test_second_start_reuses_a_cluster_of_the_same_shape(session):
     with capture_output() as cap:
         ip.run_line_magic('mh_cluster', 'start -n 4 -d 2')
     assert magics.session is session and session.running
-    assert 'reusing the running cluster of 4 hosts x 2 devices' in cap.stdout
+    assert 'reusing the running cluster of 4 processes x 2 devices' in cap.stdout
     with pytest.raises(UsageError, match=r'is running, not 2 x 2: %mh_cluster stop') as info:
         ip.run_line_magic('mh_cluster', 'start -n 2 -d 2')
     assert '%mh_cluster restart' in str(info.value)

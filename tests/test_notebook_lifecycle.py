@@ -19,7 +19,7 @@ def test_connect_discovers_process_order_and_gathers():
     """connect() to a cluster whose JAX processes were numbered in reverse engine order."""
     import ipyparallel as ipp
 
-    from multihost.local import free_port
+    from multihost.testing import free_port
 
     cluster = ipp.Cluster(n=3, log_level=logging.WARNING)
     client = cluster.start_and_connect_sync()

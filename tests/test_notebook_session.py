@@ -237,7 +237,7 @@ def test_magics_in_a_real_shell(session):
     with capture_output() as cap:
         ip.run_line_magic('mh_allgather', 'z -o zz')
     np.testing.assert_array_equal(ip.user_ns['zz'], np.arange(3)[None] * np.arange(4)[:, None])
-    assert 'zz = z gathered from 4 hosts' in cap.stdout
+    assert 'zz = z gathered from 4 processes' in cap.stdout
     with capture_output() as cap:
         ip.run_line_magic('mh_allgather', 'a_xy')
     assert ip.user_ns['a_xy'].shape == (8, 6)
@@ -546,7 +546,7 @@ def test_timeline_magic_names_the_late_host(session, tmp_path):
     st = view.timeline.stragglers()
     assert st.host == 3 and st.share >= 0.8, view.text()
     assert view.text().startswith('process 3 arrived last in ')
-    assert f'wrote a Chrome trace of 12 steps (one track per host) to {path}' in cap.stdout
+    assert f'wrote a Chrome trace of 12 steps (one track per process) to {path}' in cap.stdout
     events = json.loads(path.read_text())['traceEvents']
     assert {e['pid'] for e in events if e['ph'] == 'X'} == {0, 1, 2, 3}
     with pytest.raises(UsageError, match='--last takes a positive number'):
@@ -661,16 +661,17 @@ def test_diff_of_a_tie_blames_no_host_and_shows_both_values(session):
     (leaf,) = view.diff.leaves
     assert leaf.tie and leaf.odd_processes == () and view.diff.odd_processes == ()
     text = view.text()
-    assert 'no majority, so no host is odd' in text and 'odd hosts' not in text, text
+    assert 'no majority, so no process is odd' in text and 'odd processes' not in text, text
     assert "['w'] [value]: processes 0-1 and 2-3 differ; no majority" in text, text
     assert 'process 0: [0.5 0.5 0.5]' in text and 'process 2: [1.5 1.5 1.5]' in text, text
-    assert 'no majority, so no host is odd' in view.static_html()
+    assert 'no majority, so no process is odd' in view.static_html()
     assert view._details.titles == ("['w']  [value]  no majority",), view._details.titles
     magics.session = None
 
 
 def test_census_magics_name_the_odd_host(session):
-    """%mh_env names a flag set on host 2 only; %mh_mem names the 64 MiB array host 1 keeps."""
+    """%mh_env names a flag set on process 2 only; %mh_memory_census names the 64 MiB array
+    process 1 keeps."""
     from mhnotebook.widgets import EnvView, MemoryView
 
     ip, magics = _shell(session)
@@ -688,7 +689,7 @@ def test_census_magics_name_the_odd_host(session):
         assert [e.key for e in env.diff.entries] == ['env.XLA_FLAGS'], env.text()
         assert env.diff.odd_processes == (2,)
         assert 'xla_dump_to' in env.static_html() and 'mh-env-table' in env.static_html()
-        mem = ip.run_line_magic('mh_mem', '')
+        mem = ip.run_line_magic('mh_memory_census', '')
         assert isinstance(mem, MemoryView)
         assert mem.census.odd_processes == (1,), mem.text()
         assert 'leak[0]' in mem.census.only_some[0].names, mem.text()
@@ -707,7 +708,8 @@ def test_census_magics_name_the_odd_host(session):
 
 
 def test_nan_magic_names_host_device_and_index(session):
-    """%mh_nan names the shard on host 2 holding a NaN, marks its block; a clean tree is ok."""
+    """%mh_nonfinite names the shard on process 2 holding a NaN, marks its block; a clean tree
+    is ok."""
     from IPython.core.error import UsageError
 
     from mhnotebook.widgets import NonfiniteView
@@ -724,7 +726,7 @@ def test_nan_magic_names_host_device_and_index(session):
         echo=False,
     )
     try:
-        view = ip.run_line_magic('mh_nan', 'nan_tree')
+        view = ip.run_line_magic('mh_nonfinite', 'nan_tree')
         assert isinstance(view, NonfiniteView)
         report = view.report
         # P('x') over the (4, 2) mesh: host 2 holds rows 8:12 on both of its devices.
@@ -735,10 +737,10 @@ def test_nan_magic_names_host_device_and_index(session):
         assert "['x'] block [8:12, 0:6] on process 2, device" in view.text()
         assert [b.index for b in view.layout_view.grid.marked] == [((8, 12), (0, 6))]
         assert 'mh-nonfinite-shard ' in view.static_html()
-        assert ip.run_line_magic('mh_nan', 'tree').report.ok
+        assert ip.run_line_magic('mh_nonfinite', 'tree').report.ok
         with pytest.raises(UsageError, match='not defined'):
-            ip.run_line_magic('mh_nan', 'no_such_name')
-        assert 'Example' in (ip.find_line_magic('mh_nan').__doc__ or '')
+            ip.run_line_magic('mh_nonfinite', 'no_such_name')
+        assert 'Example' in (ip.find_line_magic('mh_nonfinite').__doc__ or '')
     finally:
         session.execute('nan_x = nan_tree = None', echo=False)
         magics.session = None

@@ -67,7 +67,7 @@ def test_notebook_runs_top_to_bottom(path):
             for o in c.outputs
         )
         assert n_static >= 5  # layout x, layout bias, diff, where, stepper
-        assert 'full = x gathered from 4 hosts: float32[16, 12]' in text
+        assert 'full = x gathered from 4 processes: float32[16, 12]' in text
         assert 'replicas DIFFER' in text and 'odd process(es) [2]' in text
         assert "['kernel'] [value] on process 3" in text
         assert "process 3: passed 'ckpt'" in text
@@ -102,7 +102,7 @@ def test_notebook_runs_top_to_bottom(path):
         assert 'state.params: 19 leaves' in text and "['embed']['embedding']" in text, text
         assert "NamedSharding P('model') on mesh (data=2, model=2)" in text, text
         # Healthy sharded leaves are compared over their replicas: nothing differs ...
-        assert 'All 2 hosts hold the same tree (19 leaves).' in text, text
+        assert 'All 2 processes hold the same tree (19 leaves).' in text, text
         # ... then the drifted bias is named once, its two blocks listed (issue 32 item 7);
         # two hosts: no majority, no blame (item 3).
         assert (
@@ -110,12 +110,12 @@ def test_notebook_runs_top_to_bottom(path):
             'the first:) [value]: processes 0 and 1 differ; no majority' in text
         ), text
         assert text.count("['Dense_0']['bias'] block") == 1, text
-        assert 'no majority, so no host is odd' in text, text
+        assert 'no majority, so no process is odd' in text, text
         # The other batch shape: caught before launch, first difference first.
         assert 'first difference: argument "batch[' in text and 'on process 1' in text, text
         assert 'other arguments are the same on every host' in text, text
         # The whole state in the notebook, its dropout key a key array.
-        assert 'gathered = state gathered from 2 hosts' in text and 'key<fry>' in text, text
+        assert 'gathered = state gathered from 2 processes' in text and 'key<fry>' in text, text
     if path.name == '07_batch_job.ipynb':
         # Attached while it hangs: the wavefront names the late host and its own frame.
         assert "processes 0-1, 3 are waiting at barrier('checkpoint 5')" in text, text
@@ -132,13 +132,13 @@ def test_notebook_runs_top_to_bottom(path):
         folder = re.search(r"removed the job's folder (\S+): True", text)
         assert folder and not os.path.exists(folder.group(1)), text
     if path.name == '08_hold_and_inspect.ipynb':
-        # Held on its error; the data tools read the held frames; released, it ends as usual.
+        # Held on its error; the data tools read the stopped frames; released, it ends as usual.
         assert "process 2: held on its error: raised FloatingPointError('loss is nan" in (text), (
             text
         )
         assert 'NaN/Inf in 1 shard of 1 leaf on process 2: 1 NaN' in text, text
         assert 'first at (7,)' in text and 'NaN at [(2, 7)]' in text, text
-        assert 'All 4 hosts hold the same tree (2 leaves).' in text, text
+        assert 'All 4 processes hold the same tree (2 leaves).' in text, text
         assert 'exit codes: [75, 75, 1, 75]' in text and 'still running: none' in text, text
         assert "multihost: process 2 failed: FloatingPointError('loss is nan at step 3')" in text
         folder = re.search(r"removed the job's folder (\S+): True", text)
@@ -148,9 +148,9 @@ def test_notebook_runs_top_to_bottom(path):
         # Without MH_CLUSTER_URL_FILE: its stand-in cluster on this machine.
         # tests/test_netns_cluster.py runs it against hosts with their own addresses.
         assert 'a stand-in on this machine' in text, text
-        assert 'mhnotebook: connected to 4 hosts' in text, text
+        assert 'mhnotebook: connected to 4 processes' in text, text
         assert 'JAX coordinator: 127.0.0.1:' in text and 'process 3: engine' in text, text
-        assert 'full = x gathered from 4 hosts: float32[4, 4]' in text, text
+        assert 'full = x gathered from 4 processes: float32[4, 4]' in text, text
     _save_executed(nb, path.name)
 
 

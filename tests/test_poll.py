@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from mhnotebook._jobview import moved_on
 from multihost import StepTable
-from multihost._debug._debugmodel import HeldLaunch
 from multihost._exchange._sequence import CollectiveRecord
+from multihost._models._steps import PausedLaunch
 
 N = 2
 
@@ -29,8 +29,10 @@ def _table(
         for p in range(arrived if seq is not None else 0)
     ]
     waiting = [(seq, p) for p in range(arrived)] if seq is not None else []
-    held = [HeldLaunch(process=p, n=n, name='step', site='t.py:9') for p, n in enumerate(launches)]
-    return StepTable.build(records, (), N, True, waiting=waiting, launches=held)
+    paused = [
+        PausedLaunch(process=p, n=n, name='step', site='t.py:9') for p, n in enumerate(launches)
+    ]
+    return StepTable.build(records, (), N, True, waiting=waiting, launches=paused)
 
 
 def _reader(*tables: StepTable) -> tuple[Callable[[], StepTable], list[int]]:

@@ -56,8 +56,8 @@ def test_postmortem_models_from_the_files_alone(dumps: str) -> None:
     # The hosts that dumped at their timeout wait in the barrier, as the verdict says.
     assert "processes 0-1, 3 are waiting at barrier('ckpt')" in front.verdict, front.verdict
     assert 'process 2 is not there' in front.verdict and 'time.sleep' in front.verdict
-    assert [r.name for r in pm.records(last=2)[0]] == ['before', 'ckpt']
-    assert [r.name for r in pm.records()[2]][-1] == 'before'  # it never reached ckpt
+    assert [r.name for r in pm.flight_records(last=2)[0]] == ['before', 'ckpt']
+    assert [r.name for r in pm.flight_records()[2]][-1] == 'before'  # it never reached ckpt
     timeline = pm.timeline()
     assert timeline.hosts == (0, 1, 2, 3) and timeline.silent == () and timeline.steps
     text = repr(pm)
@@ -90,7 +90,7 @@ def test_a_missing_dump_is_named_and_silent(dumps: str, tmp_path: Any) -> None:
     from mhnotebook._views import where_view
 
     status = where_view(pm)._status.value
-    assert '3 of 4 hosts left a dump' in status and 'no dump from process 3' in status, status
+    assert '3 of 4 processes left a dump' in status and 'no dump from process 3' in status, status
 
 
 def test_views_render_from_the_dumps(dumps: str) -> None:
@@ -100,7 +100,7 @@ def test_views_render_from_the_dumps(dumps: str) -> None:
     where = where_view(pm)
     verdict = elements(where._verdict_box.value, 'mh-where-verdict')
     assert verdict and verdict[0]['text'] == pm.wavefront().verdict, where._verdict_box.value
-    assert '4 of 4 hosts left a dump' in where._status.value, where._status.value
+    assert '4 of 4 processes left a dump' in where._status.value, where._status.value
     timeline = timeline_view(pm)
     assert timeline._table.value and 'mh-timeline' in timeline._table.value
 
@@ -112,7 +112,7 @@ def test_a_postmortem_is_a_read_only_job_view(dumps: str) -> None:
 
     pm = mhnotebook.postmortem(dumps)
     assert isinstance(pm, mhnotebook.JobView) and not pm.live and not pm.running
-    assert pm.supports('where') and pm.supports('records') and not pm.supports('step')
+    assert pm.supports('where') and pm.supports('flight_records') and not pm.supports('step')
     assert pm.stepping is False
     assert pm.timeline(last=5).num_processes == N
     before = None

@@ -5,7 +5,7 @@ process), the `_flax_program` train state, global arrays sharded the ways
 such a job shards them, and string leaves; then ``%mh_diff`` in a real
 ipyparallel session. A global array is compared block by block, only where
 two or more hosts hold the same block (its replicas); a leaf no block of
-which is held by two hosts has nothing to compare across hosts and says so.
+which is held by two hosts has nothing to compare across processes and says so.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_healthy_train_state_reports_nothing():
     assert diff.num_leaves == len(jax.tree.leaves(state))
     multihost.assert_equal(state.params, 'params must agree')
     multihost.assert_equal(state, 'the whole state must agree')
-    # Kernels sharded over 'model' (within a host) are replicated across hosts: compared.
+    # Kernels sharded over 'model' (within a process) are replicated across hosts: compared.
     kernels = [g for g in diff.global_leaves if 'kernel' in g.path]
     assert kernels and all(g.min_hosts == g.max_hosts == 4 for g in kernels)
     assert all(g.num_compared == g.num_blocks for g in diff.global_leaves)
@@ -76,7 +76,7 @@ def test_fully_sharded_array_has_nothing_to_compare():
     (g,) = diff.global_leaves
     assert (g.path, g.num_blocks, g.num_compared, g.max_hosts) == ("['x']", 8, 0, 1)
     text = diff.summary()
-    assert 'nothing to compare across hosts' in text and "['x']" in text, text
+    assert 'nothing to compare across processes' in text and "['x']" in text, text
     assert 'differ' not in text, text
     multihost.assert_equal({'x': x}, 'a sharded array is healthy')
 
@@ -115,7 +115,7 @@ def test_block_replicated_across_hosts_differs_on_one_host():
 
 @multiprocess
 def test_partially_replicated_blocks_are_compared_over_their_replicas():
-    """A (2, 4) mesh: each block on 2 hosts; host 1 differs from host 0 on their block only."""
+    """A (2, 4) mesh: each block on 2 processes; host 1 differs from host 0 on their block only."""
     pid = jax.process_index()
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ('a', 'b'))
     value = np.arange(16, dtype=np.float32).reshape(4, 4)
@@ -147,7 +147,7 @@ def test_hosts_placing_the_blocks_differently_is_a_sharding_difference():
     (leaf,) = multihost.tree_diff({'x': x}).leaves
     assert leaf.kind == 'sharding' and leaf.block is None
     assert leaf.odd_processes == (3,) and leaf.shapes == dict.fromkeys(range(4), (8, 16))
-    assert 'the hosts place its blocks differently: placement' in leaf.describe()
+    assert 'the processes place its blocks differently: placement' in leaf.describe()
     assert leaf.describe().endswith('on process 3'), leaf.describe()
 
 
@@ -269,16 +269,21 @@ def test_model_text_names_the_third_state():
     ok = TreeDiff((), num_processes=4, num_leaves=5, global_leaves=GLOBALS)
     assert ok.ok and ok.not_compared == ("['sharded']",) and ok.by_replicas == ("['pairs']",)
     text = ok.summary()
-    assert text.startswith('All 4 hosts agree on every leaf they can compare (5 leaves).')
-    assert "nothing to compare across hosts (no block is held by 2+ hosts): ['sharded']" in text
+    assert text.startswith('All 4 processes agree on every leaf they can compare (5 leaves).')
+    assert (
+        "nothing to compare across processes (no block is held by 2+ processes): ['sharded']"
+        in text
+    )
     assert 'compared over their replicas only' in text and "['pairs']" in text
     assert "['x']" not in text  # every host holds every block: compared as any leaf
     assert (
         GLOBALS[0]
         .describe(4)
-        .endswith('nothing to compare across hosts (each of its 8 block(s) is held by one host)')
+        .endswith(
+            'nothing to compare across processes (each of its 8 block(s) is held by one process)'
+        )
     )
-    assert 'each among the 2 hosts holding it' in GLOBALS[1].describe(4)
+    assert 'each among the 2 processes holding it' in GLOBALS[1].describe(4)
     bad = TreeDiff((_block_leaf(), _text_leaf()), 4, 5, GLOBALS)
     assert bad.differing_paths == ("['x']", "['run']")
     assert "['x'] block [0:8, 8:16] [value] on process 3" in bad.summary()
@@ -292,10 +297,11 @@ def test_widget_shows_blocks_values_and_leaves_with_nothing_to_compare():
 
     ok = mw.TreeDiffView(TreeDiff((), num_processes=4, num_leaves=5, global_leaves=GLOBALS))
     html = ok.static_html()
-    assert 'all 4 hosts agree on every leaf they can compare (5 leaves)' in html
+    assert 'all 4 processes agree on every leaf they can compare (5 leaves)' in html
     assert re.search(
         r'<tr class="mh-global-leaf mh-not-compared" data-path="\[&#x27;sharded&#x27;\]">'
-        r'.*?nothing to compare across hosts</td><td>each of its 8 block\(s\) is held by one host',
+        r'.*?nothing to compare across processes</td>'
+        r'<td>each of its 8 block\(s\) is held by one process',
         html,
     ), html
     assert re.search(
@@ -333,7 +339,8 @@ rep = jax.make_array_from_callback((8, 8), NamedSharding(mesh, P(None, 'model'))
 
 @pytest.mark.cluster
 def test_mh_diff_of_a_sharded_leaf_says_nothing_differs():
-    """%mh_diff sharded: nothing differs, nothing to compare across hosts; the widget says so."""
+    """%mh_diff sharded: nothing differs, nothing to compare across processes; the widget
+    says so."""
     from _helpers import local_session, magic_shell
 
     from mhnotebook.widgets import TreeDiffView
@@ -344,7 +351,7 @@ def test_mh_diff_of_a_sharded_leaf_says_nothing_differs():
             view = ip.run_line_magic('mh_diff', 'sharded')
             assert isinstance(view, TreeDiffView)
             assert view.diff.ok and view.diff.not_compared == ('',)
-            assert 'nothing to compare across hosts' in view.text()
+            assert 'nothing to compare across processes' in view.text()
             assert 'differ' not in view.text()
             bad = ip.run_line_magic('mh_diff', 'rep')
             assert [leaf.odd_processes for leaf in bad.diff.leaves] == [(2,), (2,)]
@@ -358,11 +365,11 @@ def test_mh_diff_of_a_sharded_leaf_says_nothing_differs():
         page = browser.new_page()
         page.set_content(pages[0])
         assert page.locator('.mh-ok').inner_text() == (
-            'all 4 hosts agree on every leaf they can compare (1 leaves)'
+            'all 4 processes agree on every leaf they can compare (1 leaves)'
         )
         row = page.locator('tr.mh-global-leaf.mh-not-compared')
         assert row.count() == 1 and row.is_visible()
-        assert 'nothing to compare across hosts' in row.inner_text()
+        assert 'nothing to compare across processes' in row.inner_text()
         assert page.locator('.mh-flagged').count() == 0
         page.set_content(pages[1])
         rows = page.locator('tr.mh-leaf')  # one row for the leaf, its two blocks listed

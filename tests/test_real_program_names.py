@@ -9,7 +9,7 @@ gets attribute and subscript names of its leaves; a whole tree is one table
 (``%mh_layout state.params``); the key leaf gathers as a key array. The
 expectations are computed on the engines with jax itself, not with our code.
 Last, the table's click in a real browser: Voila renders a notebook that
-builds the same state (2 hosts) and Chromium clicks a leaf.
+builds the same state (2 processes) and Chromium clicks a leaf.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_allgather_a_whole_train_state_with_its_key(shell):
     ip, session = shell
     with capture_output() as cap:
         ip.run_line_magic('mh_allgather', 'state -o out')
-    assert 'out = state gathered from 4 hosts' in cap.stdout
+    assert 'out = state gathered from 4 processes' in cap.stdout
     out = ip.user_ns['out']
     assert type(out).__name__ == 'TrainState'
     key = out.dropout_key
@@ -146,12 +146,12 @@ def test_allgather_a_cut_of_a_leaf_named_by_attributes(shell):
 
 
 def test_diff_and_nan_of_named_subtrees(shell):
-    """%mh_diff and %mh_nan take the same names; the real params agree and are finite."""
+    """%mh_diff and %mh_nonfinite take the same names; the real params agree and are finite."""
     ip, _ = shell
     diff = ip.run_line_magic('mh_diff', 'state.params')
     assert isinstance(diff, TreeDiffView) and diff.diff.ok
     assert diff.diff.num_leaves == 19
-    nan = ip.run_line_magic('mh_nan', "state.opt_state[0].mu['block_0']")
+    nan = ip.run_line_magic('mh_nonfinite', "state.opt_state[0].mu['block_0']")
     assert isinstance(nan, NonfiniteView) and nan.report.ok
     assert nan.report.checked['leaves'] == 16
 
@@ -175,7 +175,7 @@ def test_diff_and_nan_of_named_subtrees(shell):
         ),
         ('mh_diff', 'state.opt_state[7]', ['state.opt_state[7]: state.opt_state (a tuple of']),
         (
-            'mh_nan',
+            'mh_nonfinite',
             'state.params.items',
             [
                 'state.params.items is a function or method',
@@ -213,7 +213,7 @@ def test_layout_of_a_pytree_is_one_table(shell):
         assert row[5] == 'agree'
     text = view.text()
     assert all(leaf.path in text for leaf in view.tree.leaves)
-    assert 'bytes per host' in text and 'replicas' in text
+    assert 'bytes per process' in text and 'replicas' in text
     # a click (here: select) shows the leaf's layout
     view.select("['embed']['embedding']")
     assert view.leaf_view is not None and view.leaf_view.layout.shape == (64, 32)

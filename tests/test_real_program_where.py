@@ -95,7 +95,7 @@ def test_only_the_magics_own_collectives_name_no_straggler(notebook):
     assert st.host is None and st.steps == 0 and st.notebook >= 12, view.text()
     text = view.text()
     print(f'\n[only magics] {str(st)}')
-    assert text.startswith('no step of the program with two or more hosts recorded yet'), text
+    assert text.startswith('no step of the program with two or more processes recorded yet'), text
     assert "of the notebook's magics (%mh_diff...) left out" in text, text
     assert '[%mh_diff]' in tl.format() and '[%mh_env]' in tl.format()
     html = view.static_html()

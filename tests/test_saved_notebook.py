@@ -34,7 +34,7 @@ CELLS = {
     'layout': 'LayoutView(multihost.describe_layout(x), multihost.check_replicas(x))',
     'treediff': "TreeDiffView(multihost.tree_diff({'w': np.ones(3), 'b': np.zeros(2)}))",
     'stepper': 'StepperView(multihost.step_table())',
-    'where': 'display(WhereView(multihost.dump_stacks()))',
+    'where': 'display(WhereView(multihost.where()))',
 }
 EXPECT = {
     'layout': 'float32[4, 6]',

@@ -226,7 +226,7 @@ def _stacks_with_a_small_cap() -> tuple[int, int, int, list[int]]:
 
     with _mode('cap') as sizes:
         multihost.barrier('cap on everywhere')
-        stacks = multihost.dump_stacks(timeout=30) if jax.process_index() == 0 else {}
+        stacks = multihost.where(timeout=30) if jax.process_index() == 0 else {}
         multihost.barrier('stacks read')  # the others answer from their debug threads
         size = len(stacks[1].to_json()) if stacks else 0
         answered = [p for p, s in stacks.items() if s.answered]
@@ -338,7 +338,7 @@ def test_one_odd_value_at_1000_hosts_x_10000_leaves_reads_little_per_host():
 def test_a_structure_difference_and_20_odd_hosts_at_1000_hosts_stay_bounded_per_read():
     base = _rows()
     odd = {500: base[:100] + base[101:]}  # lacks one leaf: its whole rows travel
-    for p in range(0, N, 50):  # 20 more hosts, each with its own value of leaf 7 (a key)
+    for p in range(0, N, 50):  # 20 more processes, each with its own value of leaf 7 (a key)
         if p != 500:
             odd[p] = [*base[:7], _row(7, f'{p + 1:016x}'), *base[8:]]
     result, stats = _replay(base, odd)

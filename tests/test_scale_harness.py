@@ -3,7 +3,7 @@
 256 forked clients of one real coordination service run the no-error checks
 that need no JAX backend (`sync_global_devices`, a sequence-checked small
 broadcast, `assert_equal` of a small equal tree); the harness counts every
-RPC and reply byte per host. Then host 0 issues `dump_stacks`, `wavefront`
+RPC and reply byte per host. Then host 0 issues `where`, `wavefront`
 and `flight_records(200)` while the others wait in a barrier (their debug
 threads answer), counting host 0's own RPCs. The same run as ``python bench/scale.py --many
 16,256 --check``. About 30 s on 2 cores.
@@ -23,7 +23,7 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: broadcast's source payload read beside it, assert_equal's fingerprint digests agreed
 #: on the same way. (A small allgather is O(N) per host by nature: every host's data.)
 FLAT = ('sync_global_devices', 'broadcast (small)', 'assert_equal (small)')
-ISSUERS = ('dump_stacks', 'wavefront', 'flight_records')
+ISSUERS = ('where', 'wavefront', 'flight_records')
 
 
 @pytest.fixture(scope='module')
@@ -76,7 +76,7 @@ def test_256_hosts_barriers_broadcast_and_assert_equal_read_o1_per_host_and_the_
 
 
 @pytest.mark.slow
-def test_256_hosts_dump_stacks_wavefront_and_flight_records_read_every_reply_in_at_most_50_rpcs(
+def test_256_hosts_where_wavefront_and_flight_records_read_every_reply_in_at_most_50_rpcs(
     many,
 ):
     lo, hi = many

@@ -1,4 +1,4 @@
-"""A check with no error reads O(1) bytes per host: 8 real JAX processes, counters of `_kv`.
+"""A check with no error reads O(1) bytes per process: 8 real JAX processes, counters of `_kv`.
 
 Each host counts what it asks of the coordination service (`_kv.COUNTERS`)
 around barriers and gathers that agree: at most 1 KiB read per host per

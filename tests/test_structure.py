@@ -205,9 +205,6 @@ FLOORS = {
 }
 
 
-#: Modules that are another room's old name (they only re-export it): in that room.
-ALIASES = {('multihost', 'local'): 'testing'}
-
 #: Modules on another floor than their room's. A session's engine starts through the public
 #: surface (`multihost.engine.start`: JAX, then `multihost.install`, which loads the drop-in),
 #: above `_job`, whose installer runs the room's `held` patcher; the face hands it on.
@@ -223,7 +220,7 @@ def _room(module: str) -> tuple[str, str]:
     """``multihost._exchange._kv`` -> ('multihost', '_exchange'); the package -> '__init__'."""
     parts = module.split('.')
     pkg, room = parts[0], parts[1] if len(parts) > 1 else '__init__'
-    return pkg, ALIASES.get((pkg, room), room)
+    return pkg, room
 
 
 def test_every_module_lives_in_a_room_of_the_floor_map():

@@ -37,20 +37,6 @@ PROMPT_S = 20.0
 pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
 
 
-def _until(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except mhnotebook.AttachError:
-            last = None
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
-
-
 def _timed(what: str, call: Callable[[], Any], took: dict[str, float]) -> Any:
     t0 = time.monotonic()
     try:
@@ -78,19 +64,19 @@ def test_data_tools_answer_on_hosts_stuck_inside_a_launch(tmp_path):
     command += ['--hold-for', '180', JOB]
     took: dict[str, float] = {}
     with _jobs.start(N, command, env, cwd=tmp) as job:
-        _until('the control file', lambda: os.path.exists(control))
+        _jobs.until('the control file', lambda: os.path.exists(control))
         j = mhnotebook.attach(control)
         try:
 
             def stuck() -> Any:
                 frames = j.frames()
-                if not all(f['held'] for f in frames.values()):
+                if not all(f['stopped'] for f in frames.values()):
                     return None
                 verdict = j.wavefront().verdict or ''
                 inside = f'train_step call #{STEP}' in verdict  # not a moment at init
                 return inside and f'process {FAILING} never launched' in verdict and verdict
 
-            verdict = _until('the others inside the launch process 2 never made', stuck)
+            verdict = _jobs.until('the others inside the launch process 2 never made', stuck)
             assert f'train_step call #{STEP}' in verdict, verdict
             x = eval_batch()
             diff = _timed('diff', lambda: j.diff('eval_x', frame='train', timeout=30), took)
@@ -116,7 +102,7 @@ def test_data_tools_answer_on_hosts_stuck_inside_a_launch(tmp_path):
                 j.diff('state.params', frame='train', timeout=30)
             took['not ready'] = time.monotonic() - t0
             text = str(e.value)
-            assert 'dispatched before the hold and unfinished' in text, text
+            assert 'dispatched before the hosts stopped and unfinished' in text, text
             assert f'the output of train_step call #{STEP}' in text, text
             print('seconds per tool on the stuck hosts:', {k: round(v, 2) for k, v in took.items()})
             slow = {k: round(v, 1) for k, v in took.items() if v > PROMPT_S}

@@ -118,7 +118,7 @@ def test_silent_hosts_and_single_host():
     assert tl.steps[0].last_host is None and tl.steps[0].skew == 0.0 and not tl.steps[0].complete
     st = tl.stragglers()
     assert st.steps == 0 and st.host is None
-    assert 'no step with two or more hosts' in str(st)
+    assert 'no step with two or more processes' in str(st)
     assert 'no records from processes 1-3' in tl.format()
     empty = Timeline.build({}, 0)
     assert empty.steps == () and 'no steps recorded' in empty.format()
@@ -143,14 +143,14 @@ def test_straggler_summary_names_the_host_and_its_median():
     assert st.median_behind == pytest.approx(0.05)
     assert str(st) == (
         'process 3 arrived last in 85% of the last 20 steps (17 of 20), median +50 ms after '
-        'the first host'
+        'the first process'
     )
     text = tl.format(last=5)
     lines = text.splitlines()
     assert lines[0] == str(st)
     assert 'the newest 5 of 20 steps:' in text
     assert lines[-2].startswith('train_step call #19') and 'process 3' in lines[-2]
-    assert lines[-1] == '(per host: ms after the first host to arrive)'
+    assert lines[-1] == '(per process: ms after the first process to arrive)'
     assert str(tl) == tl.format()
 
 
@@ -354,7 +354,7 @@ def test_the_notebooks_own_collectives_are_left_out_of_the_straggler_verdict():
     # Only the magics' steps: no straggler, and the verdict says why.
     only = Timeline.build(_with_magics(user_steps=0, magic_steps=6), 4).stragglers()
     assert only.host is None and only.steps == 0 and only.notebook == 6
-    assert str(only).startswith('no step of the program with two or more hosts'), str(only)
+    assert str(only).startswith('no step of the program with two or more processes'), str(only)
 
 
 def test_timeline_view_marks_the_notebooks_steps():

@@ -3,7 +3,7 @@
 Each process runs a few dozen steps of a small watched jitted step (a sum
 over a globally sharded array: a real cross-host all-reduce); process 3
 sleeps before every step. Process 0 then gathers every host's flight records
-(`multihost.timeline`) and must name process 3: from each host's own wait at
+(`multihost.timeline`) and must name process 3: from each process's own wait at
 the check (``check=True``), or from wall clocks (``check=False``, one
 machine here, so the clocks agree).
 """

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 import multihost
 from multihost import _jax_adapter
 from multihost._checks import _treediff
-from multihost._checks._diffmodel import LeafDiff, TreeDiff
+from multihost._models._treediff import LeafDiff, TreeDiff
 from multihost._text import fmt_hosts
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
@@ -149,7 +149,7 @@ def test_two_hosts_differ_from_majority():
 
 @multiprocess
 def test_a_tie_blames_no_host():
-    """Two against two (issue 32 item 3): no majority, so no host is odd; the group holding
+    """Two against two (issue 32 item 3): no majority, so no process is odd; the group holding
     process 0 is only the reference the others are compared with, and the text says so."""
     pid = jax.process_index()
     tree = {'x': np.full(3, 1 if pid in (2, 3) else 0, np.int8)}
@@ -159,7 +159,7 @@ def test_a_tie_blames_no_host():
     assert leaf.majority_processes == (0, 1) and leaf.compared_processes == (2, 3)
     assert leaf.num_different == {2: 3, 3: 3} and leaf.max_abs_diff == {2: 1.0, 3: 1.0}
     assert leaf.describe().startswith("['x'] [value]: processes 0-1 and 2-3 differ; no majority")
-    assert 'no majority, so no host is odd' in diff.summary(), diff.summary()
+    assert 'no majority, so no process is odd' in diff.summary(), diff.summary()
     # three against one is a majority: process 3 is odd, no tie
     odd = multihost.tree_diff({'x': np.int8(pid == 3)}).leaves[0]
     assert not odd.tie and odd.odd_processes == (3,)
@@ -415,7 +415,7 @@ def test_summary_is_bounded_and_names_paths_and_hosts():
     assert 'process 3' in text and '... and 990 more' in text
     assert str(diff) == diff.summary()
     assert not diff.ok and 'ok=False' in repr(diff)
-    assert TreeDiff((), 4, 5).summary() == 'All 4 hosts hold the same tree (5 leaves).'
+    assert TreeDiff((), 4, 5).summary() == 'All 4 processes hold the same tree (5 leaves).'
 
 
 def test_host_lists_are_compressed_and_bounded():

@@ -73,7 +73,7 @@ def test_treediff_ok_renders_agreement():
     """A diff without differences says all hosts agree, with no table or sections."""
     v = mw.TreeDiffView(TreeDiff(leaves=(), num_processes=4, num_leaves=12))
     (ok,) = elements(one(v.widget, 'mh-treediff-summary').value, 'mh-ok')
-    assert ok['text'] == 'all 4 hosts agree on 12 leaves'
+    assert ok['text'] == 'all 4 processes agree on 12 leaves'
     assert one(v.widget, 'mh-treediff-table').value == ''
     assert one(v.widget, 'mh-treediff-details').children == ()
 
@@ -98,7 +98,7 @@ def test_treediff_many_hosts_bounded_columns():
         3,
         57,
     ]
-    assert '95 more majority host(s)' in detail
+    assert '95 more majority process(es)' in detail
 
 
 def test_treediff_escapes_markup_in_paths():

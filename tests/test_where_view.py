@@ -24,15 +24,10 @@ from _view_models import host_stacks, record
 
 from mhnotebook.widgets import WhereView, _where
 from multihost import CollectiveRecord, FlightRecord, HostStacks, ThreadStack, _recorder
+from multihost._cells import cell_number, is_cell
 from multihost._debug import _stacks
-from multihost._debug._debugmodel import (
-    cell_number,
-    frame_package,
-    framework_summary,
-    is_cell,
-    is_user_frame,
-)
 from multihost._exchange import _kv as kv_module
+from multihost._models._stacks import frame_package, framework_summary, is_user_frame
 from multihost._text import fmt_duration
 
 # -- synthetic models --------------------------------------------------------------------
@@ -316,7 +311,7 @@ def test_doing_says_what_each_state_is_doing_now():
     assert activities == [
         'waiting',
         'waiting',
-        'held',
+        'paused',
         'running',
         'running',
         'idle',
@@ -409,7 +404,7 @@ def test_groups_1000_hosts_in_10_states():
     big = rows[-1]  # largest group last
     assert big['attrs']['data-hosts'].startswith('0,1,2,')
     assert 'processes 0-500, 510, 520, 530, ... (550 in all)' in big['text']
-    assert '10 states' in v._status.value and '950/1000 host(s) answered' in v._status.value
+    assert '10 states' in v._status.value and '950/1000 processes answered' in v._status.value
 
 
 def test_user_frames_first_framework_frames_folded():
@@ -455,7 +450,7 @@ def test_text_fallback_in_sync_with_the_table():
     lines = text.splitlines()
     assert lines[0] == 'hosts 0-19 wait at after-eval; process 21 is elsewhere'
     answered = sum(s.answered for s in stacks.values())
-    assert 0 < answered < 40 and lines[1].startswith(f'{answered}/40 host(s) answered')
+    assert 0 < answered < 40 and lines[1].startswith(f'{answered}/40 processes answered')
     rows = elements(v._table.value, 'mh-where-row', 'tr')
     heads = [line for line in lines if line.startswith('process')]
     cells = elements(v._table.value, 'mh-where-hosts')
@@ -465,7 +460,7 @@ def test_text_fallback_in_sync_with_the_table():
     assert "    > Cell In[4], line 3: multihost.barrier('after-eval')" in lines
     assert '      ... 27 framework frames (ipykernel, IPython, ipyparallel, ...)' in lines
     assert len(lines) < 80
-    assert WhereView({}).text() == 'no host stacks'
+    assert WhereView({}).text() == 'no stacks'
 
 
 def test_hosts_whose_cell_numbers_differ_say_whose_cell_is_shown():
@@ -478,7 +473,9 @@ def test_hosts_whose_cell_numbers_differ_say_whose_cell_is_shown():
     assert _where.cells_note(stacks, (0, 1, 2)) == note
     assert _where.cells_note(stacks, (0, 1)) == ''
     text = v.text()
-    assert f"processes 0-2 (3 hosts): waiting at barrier('after-eval') #7 for 12 s{note}" in text
+    assert (
+        f"processes 0-2 (3 processes): waiting at barrier('after-eval') #7 for 12 s{note}" in text
+    )
     assert "    > Cell In[4], line 3: multihost.barrier('after-eval')" in text, text
     (at,) = elements(v._table.value, 'mh-where-at')
     assert at['text'].endswith(note), at
@@ -553,7 +550,7 @@ def test_where_marks_unanswered_and_odd_hosts():
     assert [int(r['attrs']['data-host']) for r in elements(table, 'mh-odd-host', 'tr')] == [2, 3]
     assert 'no answer in 5 s' in table
     status = one(v.widget, 'mh-where-status').value
-    assert '3/4 host(s) answered' in status and 'no answer from process 3' in status
+    assert '3/4 processes answered' in status and 'no answer from process 3' in status
 
 
 def test_where_groups_identical_stacks():
@@ -564,7 +561,7 @@ def test_where_groups_identical_stacks():
     html = WhereView(stacks).widget.children[3].value
     groups = elements(html, 'mh-stack-group', 'details')
     assert [g['attrs']['data-hosts'] for g in groups] == ['3', '0,1,2']
-    assert 'processes 0-2 (3 hosts)' in groups[1]['text']
+    assert 'processes 0-2 (3 processes)' in groups[1]['text']
 
 
 def test_where_refresh_calls_and_rerenders():
@@ -587,12 +584,12 @@ def test_where_text_fallback():
     v = WhereView(stacks.values())
     text = v._repr_mimebundle_()['text/plain']
     assert text == str(v) == v.text()
-    assert text.splitlines()[0].startswith('3/4 host(s) answered')
+    assert text.splitlines()[0].startswith('3/4 processes answered')
     heads = [line for line in text.splitlines() if line.startswith('process')]
     assert heads == [
         "process 2: waiting for release of #4 (barrier('c'))",
         "process 3: no answer in 5 s; last published barrier('a') #3",
-        "processes 0-1 (2 hosts): waiting for release of #4 (barrier('b'))",
+        "processes 0-1 (2 processes): waiting for release of #4 (barrier('b'))",
     ]
 
 
@@ -601,11 +598,11 @@ def test_stacks_read_from_dumps_count_who_left_a_dump_not_who_answered():
     stacks = {p: s for p, s in host_stacks().items() if s.answered}
     v = WhereView(stacks, dumps=5)
     status = unescape(one(v.widget, 'mh-where-status').value)
-    assert '3 of 5 hosts left a dump' in status, status
+    assert '3 of 5 processes left a dump' in status, status
     assert 'no dump from processes 3-4' in status and 'answered' not in status, status
-    assert v.text().splitlines()[0].startswith('3 of 5 hosts left a dump')
+    assert v.text().splitlines()[0].startswith('3 of 5 processes left a dump')
     assert 'no dump' not in _where.status_text(stacks, dumps=3)
-    assert _where.status_text(stacks).startswith('3/3 host(s) answered')  # a live job's
+    assert _where.status_text(stacks).startswith('3/3 processes answered')  # a live job's
 
 
 def test_widget_html_of_a_where_view_exports_its_content():
@@ -623,7 +620,7 @@ def test_widget_html_of_a_where_view_exports_its_content():
     assert html == view.static_html() == widget_html(view.widget)
     rows = elements(html, 'mh-where-row')
     assert len(rows) == 1 and "waiting at barrier('export')" in rows[0]['text'], rows
-    assert '1/1 host(s) answered' in unescape(html)
+    assert '1/1 processes answered' in unescape(html)
     assert elements(html, 'mh-main-thread')
     with pytest.raises(
         TypeError, match='widget_html takes an ipywidgets widget.*got builtins.dict'
@@ -690,7 +687,7 @@ def test_4_hosts_page_is_compact(browser, tmp_path):
 def test_frames_named_like_ours_are_the_users_and_the_stack_says_what_it_waits_in():
     """A user's multihost.py (or multihost/ folder) is user code, shown with its folder; only
     files inside the reported package directory are ours. The doing text reads the stack."""
-    from multihost._debug._debugmodel import display_path, frame_package, stack_activity
+    from multihost._models._stacks import display_path, frame_package, stack_activity
 
     ours = ('/venv/lib/python3.11/site-packages/multihost/',)
     assert frame_package('/tmp/proj/multihost.py', ours) is None

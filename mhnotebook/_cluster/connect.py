@@ -114,7 +114,7 @@ def connect(
         raise
     session = Session(Engines(client, hosts_from_infos(infos)))
     show.update(
-        f'mhnotebook: connected to {session.num_processes} hosts (engines {session.engine_ids})'
+        f'mhnotebook: connected to {session.num_processes} processes (engines {session.engine_ids})'
     )
     return session
 

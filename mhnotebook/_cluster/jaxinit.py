@@ -69,7 +69,7 @@ def initialize(
     }
 
     def tick(_elapsed: float) -> None:
-        progress.update(f'mhnotebook: JAX initialized on {len(poll.results)}/{n} hosts')
+        progress.update(f'mhnotebook: JAX initialized on {len(poll.results)}/{n} processes')
 
     poll = Poll(pending, timeout, on_tick=tick)
     poll.run()

@@ -378,7 +378,7 @@ def _launch_local(options: Mapping[str, Any], timeout: float) -> Engines:
             pass
         stop_watchdog(watchdog)
         raise
-    shape = f'{n} hosts x {devices} devices' if devices else f'{n} hosts'
+    shape = f'{n} processes x {devices} devices' if devices else f'{n} processes'
     show.update(
         f'mhnotebook: {shape} ready in {time.monotonic() - t0:.1f} s (engines {engine_ids})'
     )

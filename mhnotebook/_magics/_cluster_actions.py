@@ -1,7 +1,7 @@
 """``%mh_cluster``'s actions, one function each, and their options as shared decorators.
 
 Each action takes the magics' session (None before the first ``start``), the
-parsed arguments and the typed line, and returns the session the magics hold
+parsed arguments and the typed line, and returns the session the magics use
 afterwards. The options are grouped by the action that reads them
 (`start_options`, `connect_options`) and stacked on ``%mh_cluster`` (with
 `action_options`, after `ACTIONS`: the choices are its keys).

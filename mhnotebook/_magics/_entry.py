@@ -49,19 +49,19 @@ P = ParamSpec('P')
 R = TypeVar('R')
 
 
-def held() -> Session | None:
+def in_use() -> Session | None:
     """The magics' session (None before the first ``%mh_cluster start`` or ``connect``)."""
     return _current[0]
 
 
-def hold(session: Session | None) -> None:
+def use(session: Session | None) -> None:
     """Makes ``session`` the magics' (and `current_session`'s)."""
     _current[0] = session
 
 
 def current_session() -> Session:
     """The session the ``%mh_*`` magics use (started by ``%mh_cluster``), for Python code."""
-    session = held()
+    session = in_use()
     if session is None or not session.running:
         raise SessionError(_none_running(session))
     return session

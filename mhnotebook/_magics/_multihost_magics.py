@@ -25,11 +25,11 @@ from mhnotebook._magics import _cluster_actions, _help, _results, _run
 from mhnotebook._magics._entry import (
     cell_magic,
     delegate,
-    held,
-    hold,
+    in_use,
     line_magic,
     print_errors,
     running,
+    use,
 )
 from mhnotebook._magics._options import (
     check_timeout,
@@ -92,7 +92,7 @@ class MultihostMagics(Magics):
         self.background: dict[int, Any] | None = None
         self.attached: AttachedJob | None = None
         self.attach_failed = ''  # the last %mh_attach's error, until one succeeds ...
-        self.failed_beside: Session | None = None  # ... or another session is held since
+        self.failed_beside: Session | None = None  # ... or another session is in use since
         self.shown = Shown(getattr(shell, 'user_ns', None))
 
     def _session(self, what: str | None = None) -> Session:
@@ -107,7 +107,7 @@ class MultihostMagics(Magics):
                 'this magic runs code on the hosts, which only a %mh_cluster session can; '
                 '%mh_where, %mh_timeline, %mh_step and the data magics (%mh_allgather, '
                 '%mh_layout, %mh_diff, %mh_nonfinite, %mh_env, %mh_memory_census: they read '
-                "the held hosts' frames) work here, and %%mh when the job was started with "
+                "the stopped hosts' frames) work here, and %%mh when the job was started with "
                 '--allow-exec; %mh_detach ends the attachment'
             )
         session = self._running()
@@ -117,7 +117,7 @@ class MultihostMagics(Magics):
 
     def _data(self, form: str, frame: int | str | None = None) -> DataView:
         """Where a data magic (``%mh_allgather``, ``%mh_layout``, ...) reads: the attached
-        job (in its hosts' held frames, ``--frame N``), else the running session."""
+        job (in its hosts' stopped frames, ``--frame N``), else the running session."""
         if self.attached is not None:
             if isinstance(frame, int) and frame < 0:
                 raise UsageError(
@@ -126,7 +126,7 @@ class MultihostMagics(Magics):
             return self.attached
         if frame is not None:
             raise UsageError(
-                f"{form} --frame is for an attached job (its hosts' held frames); a session's "
+                f"{form} --frame is for an attached job (its hosts' stopped frames); a session's "
                 'engines have one namespace'
             )
         return self._session(form)
@@ -155,11 +155,11 @@ class MultihostMagics(Magics):
 
     @property
     def session(self) -> Session | None:
-        return held()
+        return in_use()
 
     @session.setter
     def session(self, value: Session | None) -> None:
-        hold(value)
+        use(value)
 
     # -- %mh_cluster -----------------------------------------------------------
     @magic_arguments.magic_arguments()
@@ -229,7 +229,7 @@ class MultihostMagics(Magics):
         """
         args = magic_arguments.parse_argstring(self.mh, line)
         check_timeout(args.timeout, '%%mh --timeout 30')
-        if self.attached is not None:  # in the held frames, if the job allows it
+        if self.attached is not None:  # in the stopped frames, if the job allows it
             if args.bg:
                 raise UsageError('%%mh --bg is for a %mh_cluster session, not an attached job')
             try:
@@ -239,7 +239,7 @@ class MultihostMagics(Magics):
                     raise UsageError(f'%%mh: {exc}') from None
                 print(f'%%mh: {exc}')
                 print_errors(dict(exc.failures))
-            except SessionError as exc:  # not held, a host gone, no answer
+            except SessionError as exc:  # not stopped, a host gone, no answer
                 raise UsageError(f'%%mh: {exc}') from None
             return
         _run.run_cell(self, self._session(), cell, timeout=args.timeout, bg=args.bg)
@@ -489,33 +489,15 @@ class MultihostMagics(Magics):
         offending shards, and the layout picture with their blocks marked:
         ``%mh_nonfinite params`` names e.g. ``['w'] block [8:12, 4:8] on
         process 2, device 5 (dev 1): 2 NaN, 0 Inf, first at (9, 6)``.
-        ``%mh_nan`` is its old name.
 
         Examples::
 
             %mh_nonfinite grads
             %mh_nonfinite state.params
         """
-        return self._nonfinite(self.mh_nonfinite, '%mh_nonfinite', line)
-
-    @magic_arguments.magic_arguments()
-    @magic_arguments.argument('name', help=_TREE_NAME)
-    @_frame_option
-    @line_magic
-    def mh_nan(self, line: str) -> Any:
-        """Where are the NaNs? The old name of %mh_nonfinite.
-
-        Example::
-
-            %mh_nan grads
-        """
-        return self._nonfinite(self.mh_nan, '%mh_nan', line)
-
-    def _nonfinite(self, magic: Any, form: str, line: str) -> Any:
-        """``%mh_nonfinite`` under either name (its usage errors name the one typed)."""
-        args = magic_arguments.parse_argstring(magic, compact_subscripts(line))
+        args = magic_arguments.parse_argstring(self.mh_nonfinite, compact_subscripts(line))
         name = valid_name(args.name)
-        session = self._data(form, args.frame)
+        session = self._data('%mh_nonfinite', args.frame)
         view = delegate(lambda: _framed(session, args.frame, lambda: nonfinite_view(session, name)))
         return self.shown.replace(f'%mh_nonfinite {name}', view)
 
@@ -589,29 +571,14 @@ class MultihostMagics(Magics):
         A host x device heatmap of live-array bytes (``memory_stats()`` where
         the backend reports it), the hosts whose live bytes stand out, and the
         kinds of arrays (shape, dtype, sharding, engine names) that only some
-        hosts hold: leak candidates. ``%mh_mem`` is its old name.
+        hosts hold: leak candidates.
 
         Example::
 
             %mh_memory_census
         """
-        return self._memory_census(self.mh_memory_census, '%mh_memory_census', line)
-
-    @magic_arguments.magic_arguments()
-    @_frame_option
-    @line_magic
-    def mh_mem(self, line: str) -> Any:
-        """Which host holds more memory? The old name of %mh_memory_census.
-
-        Example::
-
-            %mh_mem
-        """
-        return self._memory_census(self.mh_mem, '%mh_mem', line)
-
-    def _memory_census(self, magic: Any, form: str, line: str) -> Any:
-        args = magic_arguments.parse_argstring(magic, line)
-        session = self._data(form, args.frame)
+        args = magic_arguments.parse_argstring(self.mh_memory_census, line)
+        session = self._data('%mh_memory_census', args.frame)
         view = delegate(lambda: _framed(session, args.frame, lambda: memory_view(session)))
         return self.shown.replace('%mh_memory_census', view)
 

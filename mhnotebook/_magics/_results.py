@@ -43,7 +43,7 @@ def describe(value: Any) -> str:
 
 def print_gathered(out: str, name: str, hosts: int, value: Any) -> None:
     """The line ``%mh_allgather`` ends with: what was stored under which notebook name."""
-    print(f'{out} = {name} gathered from {hosts} hosts: {describe(value)}')
+    print(f'{out} = {name} gathered from {hosts} processes: {describe(value)}')
 
 
 def print_barrier(name: str, results: dict[int, dict[str, Any]]) -> None:
@@ -63,8 +63,8 @@ def note_host_local(name: str, view: LayoutView | TreeLayoutView) -> None:
 
     if isinstance(view, LayoutView) and host_local(view.layout):
         print(
-            f"{name} is host-local (each host holds its own value): showing process 0's; "
-            f'compare the hosts with %mh_diff {name}'
+            f"{name} is host-local (each process holds its own value): showing process 0's; "
+            f'compare the processes with %mh_diff {name}'
         )
 
 
@@ -75,6 +75,6 @@ def write_chrome_trace(view: TimelineView, path: str) -> None:
     except OSError as exc:
         raise UsageError(f'--chrome: cannot write {path!r}: {exc}') from None
     print(
-        f'wrote a Chrome trace of {len(view.timeline.steps)} steps (one track per host) '
+        f'wrote a Chrome trace of {len(view.timeline.steps)} steps (one track per process) '
         f'to {written}: open it in https://ui.perfetto.dev'
     )

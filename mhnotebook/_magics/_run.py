@@ -1,6 +1,6 @@
 """Running a ``%%mh`` cell on the hosts and collecting its output (``%mh_wait``).
 
-The magics hold what stays in the background (`Holder.background`: the
+The magics keep what stays in the background (`Keeper.background`: the
 cell's pending results, which ``%mh_wait`` collects later; None once nothing
 runs). A timeout, an interrupt or a dead host while the output is awaited is
 told here (the cell may still run on the hosts); an interrupt while the cell
@@ -59,38 +59,38 @@ def background_note(*, stepping: bool) -> str:
     )
 
 
-class Holder(Protocol):
+class Keeper(Protocol):
     """What keeps the background cell between magics (the `MultihostMagics` instance)."""
 
     background: Pending | None
 
 
-def still_running(holder: Holder, session: Session) -> list[int]:
+def still_running(keeper: Keeper, session: Session) -> list[int]:
     """The living processes still running the background cell (empty: none runs)."""
-    if holder.background is None:
+    if keeper.background is None:
         return []
     dead = set(session.dead)
-    return sorted(p for p, ar in holder.background.items() if p not in dead and not ar.ready())
+    return sorted(p for p, ar in keeper.background.items() if p not in dead and not ar.ready())
 
 
-def before_another(holder: Holder, session: Session, what: str) -> None:
+def before_another(keeper: Keeper, session: Session, what: str) -> None:
     """Called before anything else runs on the hosts (``what``: the magic, e.g. ``%%mh``).
 
     A background cell still running refuses it in one line (the engines would queue it
     behind that cell, silently); one that has finished is collected first, so its output
     is shown, never lost.
     """
-    running = still_running(holder, session)
+    running = still_running(keeper, session)
     if running:
-        done = sorted(set(holder.background or ()) - set(running))
+        done = sorted(set(keeper.background or ()) - set(running))
         finished = f' (finished on {processes_phrase(done)})' if done else ''
         raise UsageError(
             f'{what}: a %%mh cell is still running in the background on '
             f'{processes_phrase(running)}{finished}; %mh_wait collects its output, %mh_where shows '
             f'where they are (nothing was run: run {what} again once it is done).'
         )
-    if holder.background is not None:
-        pending, holder.background = holder.background, None
+    if keeper.background is not None:
+        pending, keeper.background = keeper.background, None
         _show_finished(session, pending)
 
 
@@ -123,11 +123,11 @@ def _show_finished(session: Session, pending: Pending) -> None:
 
 
 def run_cell(
-    holder: Holder, session: Session, cell: str, *, timeout: float | None, bg: bool
+    keeper: Keeper, session: Session, cell: str, *, timeout: float | None, bg: bool
 ) -> None:
     """Runs ``cell`` on every living host and prints its output, unless it runs in the
     background (``bg``, or stepping: the kernel must stay free for the stepper's buttons)."""
-    before_another(holder, session, '%%mh')
+    before_another(keeper, session, '%%mh')
     background = bg or session.stepping  # the hosts' own setting
     pending = delegate(lambda: session.execute_async(cell))
     dead = session.dead
@@ -137,38 +137,42 @@ def run_cell(
             f'running on {processes_phrase(sorted(pending))}.'
         )
     if background:
-        holder.background = pending
+        keeper.background = pending
         print(background_note(stepping=session.stepping))
         return
-    holder.background = None
+    keeper.background = None
     try:
         session.wait_outputs(pending, timeout=timeout, on_status=_LiveStatus())
     except SessionTimeoutError as exc:
-        holder.background = pending  # %mh_wait collects it later
+        keeper.background = pending  # %mh_wait collects it later
         print(
-            f'%%mh: hosts {exc.pending} still running after {timeout:g} s '
-            f'(finished: {exc.finished}); %mh_wait collects the output. Where they are:'
+            f'%%mh: {processes_phrase(exc.pending)} still running after {timeout:g} s '
+            f'(finished: {processes_phrase(exc.finished)}); %mh_wait collects the output. '
+            'Where they are:'
         )
         _show_where(session)
     except SessionInterruptedError as exc:
-        holder.background = pending if exc.report.running else None
+        keeper.background = pending if exc.report.running else None
         show_interrupt(exc.report)
     except HostDiedError as exc:
-        holder.background = pending if exc.pending else None
+        keeper.background = pending if exc.pending else None
         print(f'%%mh: {exc}')
         print_errors(exc.failures)
     except HostsError as exc:
         print_errors(exc.failures)
 
 
-def wait(holder: Holder, session: Session, *, timeout: float | None) -> None:
+def wait(keeper: Keeper, session: Session, *, timeout: float | None) -> None:
     """Prints the output of the background cell once it is done (``timeout``: give up sooner)."""
-    if holder.background is None:
+    if keeper.background is None:
         raise UsageError('no %%mh cell is running in the background.')
     try:
-        session.wait_outputs(holder.background, timeout=timeout)
+        session.wait_outputs(keeper.background, timeout=timeout)
     except SessionTimeoutError as exc:
-        print(f'%mh_wait: hosts {exc.pending} still running; see %mh_where or the stepper.')
+        print(
+            f'%mh_wait: {processes_phrase(exc.pending)} still running; see %mh_where or the '
+            'stepper.'
+        )
         return
     except SessionInterruptedError as exc:
         show_interrupt(exc.report)
@@ -180,7 +184,7 @@ def wait(holder: Holder, session: Session, *, timeout: float | None) -> None:
             return
     except HostsError as exc:
         print_errors(exc.failures)
-    holder.background = None
+    keeper.background = None
 
 
 def _show_where(session: Session) -> None:

@@ -58,7 +58,7 @@ class AuditView(View):
     """
 
     def __init__(self, report: AuditReport):
-        expect_model('AuditView', report, AuditReport, 'multihost.audit_report() on a host')
+        expect_model('AuditView', report, AuditReport, 'multihost.audit_report() in a process')
         self.report = report
         if not report.enabled:
             head = banner(

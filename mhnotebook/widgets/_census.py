@@ -64,8 +64,8 @@ def env_table_html(diff: EnvDiff, max_keys: int = MAX_KEYS) -> str:
         else ''
     )
     return (
-        '<table class="mh-env-table mh-table"><tr><th>key</th><th>most hosts</th>'
-        f'<th>odd hosts</th></tr>{"".join(rows)}{more}</table>'
+        '<table class="mh-env-table mh-table"><tr><th>key</th><th>most processes</th>'
+        f'<th>odd processes</th></tr>{"".join(rows)}{more}</table>'
     )
 
 
@@ -78,24 +78,24 @@ class EnvView(View):
     """
 
     def __init__(self, diff: EnvDiff):
-        expect_model('EnvView', diff, EnvDiff, 'multihost.env_diff() on every host')
+        expect_model('EnvView', diff, EnvDiff, 'multihost.env_diff() on every process')
         self.diff = diff
         if diff.ok:
             head = banner(
-                f'environments of {diff.num_processes} hosts are identical '
+                f'environments of {diff.num_processes} processes are identical '
                 f'({diff.compared} keys compared)',
                 'mh-ok',
             )
         else:
             head = banner(
-                f'{len(diff.entries)} key(s) differ between {diff.num_processes} hosts; odd: '
+                f'{len(diff.entries)} key(s) differ between {diff.num_processes} processes; odd: '
                 f'{esc(fmt_hosts(diff.odd_processes))}',
                 'mh-bad',
             )
         per_host = ''
         if diff.per_host:
             keys = ', '.join(f'<code>{esc(e.key)}</code>' for e in diff.per_host[:30])
-            per_host = f'<div class="mh-env-per-host">differ per host by design: {keys}</div>'
+            per_host = f'<div class="mh-env-per-host">differ per process by design: {keys}</div>'
         parts = [
             add_classes(widgets.HTML(head), 'mh-env-summary'),
             add_classes(widgets.HTML(env_table_html(diff)), 'mh-env-table-box'),
@@ -146,7 +146,7 @@ def rest_groups(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> list[tup
             by.setdefault(f'{h.live_bytes / (1 << 20):.1f} MiB', []).append(h)
     groups = sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[1][0].process))
     rows = [
-        (fmt_hosts(h.process for h in hs), f'{len(hs)} hosts, {mib}, {_counts(hs)} arrays')
+        (fmt_hosts(h.process for h in hs), f'{len(hs)} processes, {mib}, {_counts(hs)} arrays')
         for mib, hs in groups[:MAX_REST_GROUPS]
     ]
     left = [h for _, hs in groups[MAX_REST_GROUPS:] for h in hs]
@@ -155,7 +155,7 @@ def rest_groups(census: MemoryCensus, max_rows: int = MAX_HEAT_ROWS) -> list[tup
         rows.append(
             (
                 fmt_hosts(h.process for h in left),
-                f'{len(left)} hosts, {sizes[0] / (1 << 20):.1f} to '
+                f'{len(left)} processes, {sizes[0] / (1 << 20):.1f} to '
                 f'{sizes[-1] / (1 << 20):.1f} MiB (median '
                 f'{statistics.median(sizes) / (1 << 20):.1f} MiB)',
             )
@@ -247,7 +247,9 @@ def memory_html(census: MemoryCensus) -> str:
                 f'<li class="mh-mem-leak"><code>{esc(g.kind)}</code>{names}, '
                 f'{g.host_bytes / (1 << 20):.1f} MiB each — {esc(who)}</li>'
             )
-        leaks = f'<div>only some hosts hold:</div><ul class="mh-mem-leaks">{"".join(items)}</ul>'
+        leaks = (
+            f'<div>only some processes hold:</div><ul class="mh-mem-leaks">{"".join(items)}</ul>'
+        )
     stats = (
         _hbm_html(census)
         if census.stats_available
@@ -284,16 +286,18 @@ class MemoryView(View):
     """
 
     def __init__(self, census: MemoryCensus):
-        expect_model('MemoryView', census, MemoryCensus, 'multihost.memory_census() on every host')
+        expect_model(
+            'MemoryView', census, MemoryCensus, 'multihost.memory_census() on every process'
+        )
         self.census = census
         odd = census.odd_processes
         head = banner(
             (
                 f'{esc(fmt_hosts(odd))} {"stands" if len(odd) == 1 else "stand"} out'
                 if odd
-                else f'no host stands out among {len(census.hosts)}'
+                else f'no process stands out among {len(census.hosts)}'
             )
-            + f' (median {census.median_bytes / (1 << 20):.1f} MiB of live arrays per host)',
+            + f' (median {census.median_bytes / (1 << 20):.1f} MiB of live arrays per process)',
             'mh-bad' if odd else 'mh-ok',
         )
         image = add_classes(

@@ -87,7 +87,7 @@ def leaves_html(report: NonfiniteReport, max_leaves: int = MAX_LEAVES) -> str:
         rows.append(f'<tr><td colspan="7">… {len(report.leaves) - max_leaves} more</td></tr>')
     return (
         '<table class="mh-table mh-nonfinite-leaves"><tr><th>leaf</th><th>array</th>'
-        '<th>hosts</th><th>shards</th><th>NaN</th><th>Inf</th><th>first at</th></tr>'
+        '<th>processes</th><th>shards</th><th>NaN</th><th>Inf</th><th>first at</th></tr>'
         + ''.join(rows)
         + '</table>'
     )
@@ -116,7 +116,7 @@ class NonfiniteView(View):
 
     def __init__(self, report: NonfiniteReport, *, name: str = ''):
         expect_model(
-            'NonfiniteView', report, NonfiniteReport, 'multihost.nonfinite(tree) on every host'
+            'NonfiniteView', report, NonfiniteReport, 'multihost.nonfinite(tree) on every process'
         )
         self.report = report
         self.name = name

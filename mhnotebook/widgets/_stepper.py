@@ -84,7 +84,7 @@ def divergence_html(step: Step) -> str:
     """Which hosts call what at a divergent step."""
     ref = step.majority
     if ref is None:
-        raise ValueError(f'step #{step.seq}: no host arrived, so no host diverges')
+        raise ValueError(f'step #{step.seq}: no process arrived, so no process diverges')
     by_call: dict[tuple[str, str], list[int]] = {}
     for p in step.odd_processes:
         rec = step.records[p]
@@ -112,8 +112,8 @@ def banner_html(table: StepTable) -> str:
     if len(steps) > MAX_BANNER_STEPS:
         parts.append(f'... and {len(steps) - MAX_BANNER_STEPS} more divergent steps.')
     parts.append(
-        'These hosts are about to call different collectives: releasing the step '
-        "fails it on every host. Look at the odd hosts' code paths (Where)."
+        'These processes are about to call different collectives: releasing the step '
+        "fails it on every process. Look at the odd processes' code paths (Where)."
     )
     return CSS + banner('<br>'.join(parts), 'mh-divergent')
 
@@ -121,28 +121,28 @@ def banner_html(table: StepTable) -> str:
 def status_html(table: StepTable) -> str:
     """One line: stepping on or off, the current step, who waits and who is missing."""
     when = time.strftime('%H:%M:%S', time.localtime(table.time)) if table.time else ''
-    head = f'{table.num_processes} host(s), stepping {"on" if table.stepping else "off"}'
+    head = f'{table.num_processes} process(es), stepping {"on" if table.stepping else "off"}'
     current = table.pending or next((s for s in table.steps if not s.passed), None)
     if current is not None:
         ref = current.majority
         text = (
             f'step #{current.seq} <code>{esc(_call(ref) if ref else "?")}</code> is '
-            f'{current.status}: {len(current.arrived)}/{table.num_processes} hosts arrived'
+            f'{current.status}: {len(current.arrived)}/{table.num_processes} processes arrived'
         )
         if current.waiting:
             text += f', {esc(fmt_hosts(current.waiting))} waiting for its release'
         if current.missing:
             text += f', {esc(fmt_hosts(current.missing))} not arrived yet'
     elif table.stepping:
-        text = f'no step held; Step releases #{table.next_release} ahead of the hosts'
+        text = f'no step paused; Step releases #{table.next_release} ahead of the processes'
     else:
         text = 'no collective in flight'
-    held = getattr(table, 'launches', ())  # an older engine's table has none
-    if held:
+    paused = table.launches
+    if paused:
         by_call: dict[str, list[int]] = {}
-        for h in held:
+        for h in paused:
             by_call.setdefault(f'{h.name} @ {short_site(h.site)}', []).append(h.process)
-        text += '; held before a launch (Step releases it): ' + ', '.join(
+        text += '; paused before a launch (Step releases it): ' + ', '.join(
             f'<code>{esc(call)}</code>: {esc(fmt_hosts(ps))}' for call, ps in by_call.items()
         )
     return CSS + (
@@ -245,14 +245,14 @@ class StepperView(View):
             'mh-continue-button',
             on_continue,
             lambda: self._act(self._on_continue, 'Continue'),
-            'release every step: let the hosts run on',
+            'release every step: let the processes run on',
         )
         self._stop_button = self._button(
             'Stop',
             'mh-stop-button',
             on_stop,
             lambda: self._act(self._on_stop, 'Stop'),
-            'stop the program on every host',
+            'stop the program on every process',
             style='danger',
         )
         self._refresh_button = self._button(

@@ -137,8 +137,8 @@ def _chart_axes(
         )
     if capped:
         title += (
-            f'\n{len(hosts)} of {len(timeline.hosts)} hosts drawn (those most often last); '
-            'the table and text cover every host'
+            f'\n{len(hosts)} of {len(timeline.hosts)} processes drawn (those most often last); '
+            'the table and text cover every process'
         )
     fig.suptitle(title, fontsize=8, y=1 - 0.08 / fig_h, va='top')
     return fig, ax, ax_skew
@@ -256,14 +256,14 @@ def _draw_skew(ax: Any, timeline: Timeline, origin: float) -> None:
         ax.text(
             0.5,
             0.5,
-            'no step passed by two or more hosts yet',
+            'no step passed by two or more processes yet',
             ha='center',
             va='center',
             transform=ax.transAxes,
             fontsize=8,
         )
     ax.set_ylabel('skew (ms)', fontsize=8)
-    ax.set_xlabel("seconds since the first entry (each host's own clock)", fontsize=8)
+    ax.set_xlabel("seconds since the first entry (each process's own clock)", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.grid(axis='y', color='#dddddd', linewidth=0.5)
     ax.set_axisbelow(True)
@@ -372,7 +372,7 @@ def steps_table_html(timeline: Timeline, rows: int = TABLE_ROWS) -> str:
         body.append(f'<tr class="{row_cls}">{"".join(cells)}</tr>')
     notes = []
     if hosts:
-        notes.append('per host: ms after the first host to arrive')
+        notes.append('per process: ms after the first process to arrive')
     if any(s.notebook for s in shown):
         notes.append("[%mh_...]: the notebook's own collective, left out of the straggler verdict")
     if any(s.clock_compared for s in shown):
@@ -392,7 +392,7 @@ def status_html(timeline: Timeline) -> str:
     """How many steps and hosts, and who sent nothing."""
     text = (
         f'{len(timeline.steps)} steps from {len(timeline.hosts)} of '
-        f'{timeline.num_processes} hosts, read at {time.strftime("%H:%M:%S")}'
+        f'{timeline.num_processes} processes, read at {time.strftime("%H:%M:%S")}'
     )
     if timeline.silent:
         text += f'; no records from {fmt_hosts(timeline.silent)}'
@@ -427,7 +427,7 @@ class TimelineView(View):
         self._refresh_button = add_classes(
             widgets.Button(
                 description='Refresh',
-                tooltip="read every host's flight records again",
+                tooltip="read every process's flight records again",
                 disabled=on_refresh is None,
             ),
             'mh-refresh-button',
@@ -470,7 +470,7 @@ class TimelineView(View):
             'TimelineView',
             timeline,
             Timeline,
-            'multihost.timeline() on a host, session.timeline() in the notebook',
+            'multihost.timeline() in a process, session.timeline() in the notebook',
         )
         self._timeline = timeline
         self._status.value = status_html(timeline)

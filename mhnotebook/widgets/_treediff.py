@@ -173,7 +173,7 @@ def diff_table_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
         cls = f'mh-host-{h}' + (' mh-odd-host' if h in odd_any else '')
         head.append(f'<th class="{cls}" data-host="{h}">process {h}</th>')
     if others:
-        head.append('<th class="mh-other-hosts">other hosts</th>')
+        head.append('<th class="mh-other-hosts">other processes</th>')
     head.append('<th>summary</th>')
     rows = []
     for i, leaf in enumerate(leaves):
@@ -281,7 +281,7 @@ def leaf_detail_html(leaf: LeafDiff) -> str:
         )
     hidden = len(majority) - len([h for h in shown_majority if h in leaf.shapes])
     more = (
-        f'<div>... {hidden} more majority host(s) hold the reference bytes.</div>'
+        f'<div>... {hidden} more majority process(es) hold the reference bytes.</div>'
         if hidden > 0
         else ''
     )
@@ -307,14 +307,14 @@ def global_leaves_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
     rows = []
     for g in shown[:max_rows]:
         if g.path in not_compared:
-            cls, verdict = 'mh-not-compared', 'nothing to compare across hosts'
-            how = f'each of its {g.num_blocks} block(s) is held by one host'
+            cls, verdict = 'mh-not-compared', 'nothing to compare across processes'
+            how = f'each of its {g.num_blocks} block(s) is held by one process'
         else:
             cls, verdict = 'mh-by-replicas', 'compared over its replicas'
             hosts = str(g.max_hosts) if g.min_hosts == g.max_hosts else f'up to {g.max_hosts}'
             how = (
                 f'{g.num_compared} of {g.num_blocks} block(s), each among the {hosts} '
-                'hosts holding it'
+                'processes holding it'
             )
         rows.append(
             f'<tr class="mh-global-leaf {cls}" data-path="{esc(g.path)}">'
@@ -327,7 +327,7 @@ def global_leaves_html(diff: TreeDiff, max_rows: int = MAX_ROWS) -> str:
     )
     return (
         '<div class="mh-treediff-global"><div>Global arrays are compared block by block, '
-        'across the hosts holding the same block:</div><table class="mh-table">'
+        'across the processes holding the same block:</div><table class="mh-table">'
         '<tr><th>global leaf</th><th>compared</th><th>how</th></tr>'
         f'{"".join(rows)}</table>{more}</div>'
     )
@@ -342,21 +342,22 @@ def summary_html(diff: TreeDiff) -> str:
     if diff.ok:
         if diff.not_compared or diff.by_replicas:
             text = (
-                f'all {diff.num_processes} hosts agree on every leaf they can compare '
+                f'all {diff.num_processes} processes agree on every leaf they can compare '
                 f'({diff.num_leaves} leaves)'
             )
         else:
-            text = f'all {diff.num_processes} hosts agree on {diff.num_leaves} leaves'
+            text = f'all {diff.num_processes} processes agree on {diff.num_leaves} leaves'
         return CSS + banner(text, 'mh-ok') + notes
     return (
         CSS
         + banner(
             f'<b>{len(diff.differing_paths)} of {diff.num_leaves} leaves differ</b> across '
-            f'{diff.num_processes} hosts; '
+            f'{diff.num_processes} processes; '
             + (
-                f'odd hosts: <span class="mh-odd-host">{esc(fmt_hosts(diff.odd_processes))}</span>'
+                'odd processes: <span class="mh-odd-host">'
+                f'{esc(fmt_hosts(diff.odd_processes))}</span>'
                 if diff.odd_processes
-                else 'no majority, so no host is odd'
+                else 'no majority, so no process is odd'
             ),
             'mh-flagged',
         )
@@ -411,7 +412,7 @@ class TreeDiffView(View):
 
     def update(self, diff: TreeDiff) -> None:
         """Shows another tree diff."""
-        expect_model('TreeDiffView', diff, TreeDiff, 'multihost.tree_diff(tree) on every host')
+        expect_model('TreeDiffView', diff, TreeDiff, 'multihost.tree_diff(tree) on every process')
         self._diff = diff
         self._shown = leaf_groups(diff.leaves)[: self.max_rows]  # one section per leaf
         self._summary.value = summary_html(diff)

@@ -73,7 +73,7 @@ def _normalize(stacks: StacksLike) -> dict[int, HostStacks]:
     for p, s in items:
         if not isinstance(s, HostStacks):
             raise TypeError(
-                'WhereView expects multihost.HostStacks (one per host, e.g. from '
+                'WhereView expects multihost.HostStacks (one per process, e.g. from '
                 f'multihost.where), got {type(s).__module__}.'
                 f'{type(s).__qualname__}'
             )
@@ -113,7 +113,7 @@ def who(group: Sequence[int]) -> str:
     """``'processes 0-2, 5 (4 hosts)'``, ``'process 3'`` (a cut list says how many in all)."""
     text = fmt_hosts(group, _RANGES)
     if len(group) > 1 and 'in all)' not in text:
-        text += f' ({len(group)} hosts)'
+        text += f' ({len(group)} processes)'
     return text
 
 
@@ -223,7 +223,7 @@ def table_html(
         more = f'<div>... {len(groups) - max_rows} more states ({esc(fmt_hosts(rest))})</div>'
     return (
         f'{CSS}{_WHERE_CSS}<div class="mh-scroll"><table class="mh-table mh-where-grid"><tr>'
-        '<th>hosts</th><th>doing now</th><th>innermost user frame</th>'
+        '<th>processes</th><th>doing now</th><th>innermost user frame</th>'
         f'<th>last collective entered</th></tr>{"".join(rows)}</table></div>{more}'
     )
 
@@ -326,9 +326,9 @@ def status_text(
     when = f' at {time.strftime("%H:%M:%S", time.localtime(min(times)))}' if times else ''
     if dumps is None:
         answered = sum(s.answered for s in stacks.values())
-        text = f'{answered}/{len(stacks)} host(s) answered{when}'
+        text = f'{answered}/{len(stacks)} processes answered{when}'
     else:
-        text = f'{len(stacks)} of {dumps} host{"" if dumps == 1 else "s"} left a dump{when}'
+        text = f'{len(stacks)} of {dumps} process{"" if dumps == 1 else "es"} left a dump{when}'
     n = len(state_groups(stacks) if groups is None else groups)
     text += f'; {n} state{"" if n == 1 else "s"}'
     if dumps is not None:
@@ -378,7 +378,7 @@ def where_text(
     """The view as plain text: verdict, status, then per state group what it is doing and its
     main thread's user frames (framework frames as one line); ``dumps``: `status_text`."""
     if not stacks:
-        return (verdict + '\n' if verdict else '') + 'no host stacks'
+        return (verdict + '\n' if verdict else '') + 'no stacks'
     groups = state_groups(stacks)
     lines = [verdict] if verdict else []
     lines.append(status_text(stacks, groups, dumps))
@@ -442,7 +442,7 @@ class WhereView(View):
         self._refresh_button = add_classes(
             widgets.Button(
                 description='Refresh',
-                tooltip="take every host's stacks again",
+                tooltip="take every process's stacks again",
                 disabled=on_refresh is None,
             ),
             'mh-refresh-button',

@@ -72,7 +72,7 @@ def _waits_on() -> str:
 
 def _why(x: jax.Array, what: str, unfinished: Callable[[str], str] | None = None) -> str | None:
     """Why ``x`` cannot be read now without waiting (None: it can); ``unfinished`` words the
-    case of a launch's output not ready yet (a held job says more: `engine.held`)."""
+    case of a launch's output not ready yet (a stopped job says more: `engine.held`)."""
     try:
         if x.is_deleted():
             return (

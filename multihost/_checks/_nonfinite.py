@@ -596,7 +596,3 @@ def nonfinite(in_tree: Any, *, timeout: float | None = None) -> NonfiniteReport:
     )
     payloads = {p: json.loads(b) for p, b in raw.items()}
     return _assemble(payloads, leaves, n, records_per_host(n))
-
-
-#: The old name of `nonfinite` (the same function).
-find_nonfinite = nonfinite

@@ -274,9 +274,6 @@ class ControlClient:
         """Every host's stacks and current collective (see `multihost.where`)."""
         return self._call('stacks', timeout, timeout=timeout, **_gone(gone))
 
-    #: The old name of `where` (the same method).
-    stacks = where
-
     def wavefront(
         self, timeout: float = 10.0, *, gone: Mapping[int, str] | None = None
     ) -> Wavefront:
@@ -288,9 +285,6 @@ class ControlClient:
     ) -> dict[int, list[FlightRecord]]:
         """Every host's last flight records (see `multihost.flight_records`)."""
         return self._call('records', timeout, last=last, timeout=timeout, **_gone(gone))
-
-    #: The old name of `flight_records` (the same method).
-    records = flight_records
 
     def audit(self, *, timeout: float = 10.0) -> AuditReport:
         """What the job's audit found (see `multihost.audit_report`; process 0's, which
@@ -323,7 +317,7 @@ class ControlClient:
         processes: list[int] | None = None,
         timeout: float = 60.0,
     ) -> dict[int, dict[str, Any]]:
-        """Every host's answer from its held frame (see `multihost.engine.held.inspect`).
+        """Every host's answer from its stopped frame (see `multihost.engine.held.inspect`).
 
         Needs a job installed with `multihost.install` (``multihost run``): its hosts
         answer the data tools of `mhnotebook.AttachedJob` from their debug threads.

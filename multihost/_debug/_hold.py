@@ -11,10 +11,10 @@ logs one line), and its main thread waits, the traceback kept, until
 stepping is turned off (``job.release_all()``, ``%mh_step continue``) or
 ``hold_for`` seconds passed. Then the error goes on as without the flag
 (`_job._fate`: the others are ended, exit codes as always). Meanwhile an
-attached notebook reads the held frames (`multihost.engine.held`: on this
+attached notebook reads the stopped frames (`multihost.engine.held`: on this
 host, the frames of the traceback, innermost first).
 
-JAX's heartbeats come from its client's own threads, so a held job is not
+JAX's heartbeats come from its client's own threads, so a stopped job is not
 declared dead by the coordination service.
 """
 
@@ -115,7 +115,7 @@ def _said(error: dict[str, Any]) -> str:
 
 
 def _attach_hint() -> str:
-    """How to reach the held job from a notebook (`InstallOptions` refuses holding without a
+    """How to reach the stopped job from a notebook (`InstallOptions` refuses holding without a
     control file, so there is one)."""
     path = _state.config.control_file or 'CONTROL_FILE'
     return f"%load_ext mhnotebook, then %mh_attach {path} (or mhnotebook.attach('{path}'))"

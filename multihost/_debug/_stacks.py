@@ -132,7 +132,7 @@ def capture(process: int | None = None, main_frames: Sequence[Any] | None = None
         if ident == main_ident:
             where = user_frame(frames)
     threads.sort(key=lambda t: (not t.main, t.name))
-    gate = _stepgate.held_at()
+    gate = _stepgate.paused_at()
     pid = _kv.process_index() if process is None else process
     now = time.time()
     last, waiting, background = _recorder.in_progress(_recorder.snapshot(pid, _recorder.RECENT))
@@ -228,8 +228,3 @@ def where(timeout: float = 10.0, *, gone: Mapping[int, str] | None = None) -> di
 
 
 _bus.register('stacks', lambda client, order: capture(_kv.process_index()).to_json())
-
-
-#: The old name of `where` (the same function): it dumps nothing, while "dump" names the dump
-#: files (`multihost run --dump-dir`).
-dump_stacks = where

@@ -15,7 +15,7 @@ Keys (``mh/`` prefix)::
     mh/step/launch/<pid>    pid waits before its n-th recorded launch (JSON: n, name, site)
     mh/step/lgo/<pid>/<n>   that launch is released
 
-Under `multihost.install` the gate also holds recorded jitted launches
+Under `multihost.install` the gate also pauses recorded jitted launches
 (`launch_gate`, called by `_job._jit`): a host-local gate, outside the
 collective sequence (a launch recorded, not checked, is not a step every
 host takes in the same order), released by the same `release` and
@@ -36,7 +36,7 @@ from typing import Any
 
 from multihost._errors import StepTimeoutError
 from multihost._exchange import _bus, _kv, _sequence
-from multihost._models._steps import HeldLaunch, StepTable
+from multihost._models._steps import PausedLaunch, StepTable
 
 #: Default timeout (seconds) of the step gate, unless ``MULTIHOST_STEP_TIMEOUT``
 #: says otherwise: how long a host waits for a step to be released.
@@ -72,14 +72,14 @@ class _State:
         self.lock = threading.Lock()
         self.stepping = False  # read by the gate without a lock: a bool is atomic
         self.gate: tuple[int, threading.Event] | None = None
-        self.launch: threading.Event | None = None  # the launch gate's, while held
+        self.launch: threading.Event | None = None  # the launch gate's, while paused
         self.launches = 0  # launches gated so far (numbers their release keys)
 
 
 _state = _State()
 
 
-def held_at() -> int | None:
+def paused_at() -> int | None:
     """The step this process waits at in the gate, or None."""
     gate = _state.gate
     return gate[0] if gate is not None else None
@@ -165,23 +165,23 @@ def step_table() -> StepTable:
     waiting = sorted(_kv.read_nested_dir(client, _key('step', 'wait')))
     on = _kv.get(client, _key('step', 'on')) == '1'
     return StepTable.build(
-        records, released, _kv.process_count(), on, waiting, launches=_held_launches(client)
+        records, released, _kv.process_count(), on, waiting, launches=_paused_launches(client)
     )
 
 
-def _held_launches(client: Any) -> list[HeldLaunch]:
+def _paused_launches(client: Any) -> list[PausedLaunch]:
     out = []
     for p, raw in _kv.read_dir(client, _key('step', 'launch')).items():
         try:
             d = json.loads(raw)
-            out.append(HeldLaunch(p, int(d['n']), str(d['name']), str(d['site']), d['time']))
+            out.append(PausedLaunch(p, int(d['n']), str(d['name']), str(d['site']), d['time']))
         except (ValueError, KeyError, TypeError):
             continue
     return out
 
 
-def _release_launches(client: Any, held: Iterable[HeldLaunch]) -> None:
-    for h in held:
+def _release_launches(client: Any, paused: Iterable[PausedLaunch]) -> None:
+    for h in paused:
         _kv.put(client, _key('step', 'lgo', h.process, h.n), '1')
 
 
@@ -189,13 +189,13 @@ def release(steps: int = 1) -> tuple[int, ...]:
     """Releases the next ``steps`` steps (`StepTable.next_release` onwards).
 
     Hosts waiting at a released step go on into its barrier; a step released
-    before the hosts arrive lets them through without pausing. Hosts held
+    before the hosts arrive lets them through without pausing. Hosts paused
     before a recorded launch (`StepTable.launches`) go first: letting them
     all through counts as one of the ``steps``.
 
     Returns:
         The step numbers released (empty in a single process, or when only
-        held launches were let through).
+        paused launches were let through).
     """
     if steps < 1:
         raise ValueError(f'steps must be >= 1, got {steps!r}')
@@ -219,20 +219,20 @@ def release_all(*, timeout: float = 10.0) -> tuple[int, ...]:
     """Switches stepping off and releases every step a host is waiting at.
 
     Returns:
-        The step numbers that were held and are now released.
+        The step numbers that were paused and are now released.
     """
     client = _bus.distributed()
     if client is None:
         _apply_stepping(False)
         return ()
     table = step_table()
-    held = tuple(s.seq for s in table.steps if s.status == 'held')
+    paused = tuple(s.seq for s in table.steps if s.status == 'paused')
     set_stepping(False, timeout=timeout)
     _release_launches(client, table.launches)
     # Hosts whose debug thread did not confirm are released through the keys.
-    for k in held:
+    for k in paused:
         _kv.put(client, _key('step', 'go', k), '1')
-    return held
+    return paused
 
 
 def before_arrival(client: Any, rec: _sequence.CollectiveRecord) -> bool:
@@ -349,10 +349,12 @@ def launch_gate(name: str, site: str) -> bool:
         _state.launches += 1
         n = _state.launches
         _state.launch = released
-    held = _key('step', 'launch', pid)
+    paused = _key('step', 'launch', pid)
     timeout = step_timeout()
     try:
-        _kv.put(client, held, json.dumps({'n': n, 'name': name, 'site': site, 'time': time.time()}))
+        _kv.put(
+            client, paused, json.dumps({'n': n, 'name': name, 'site': site, 'time': time.time()})
+        )
         go = _key('step', 'lgo', pid, n)
         threading.Thread(
             target=_wait_release,
@@ -375,7 +377,7 @@ def launch_gate(name: str, site: str) -> bool:
         with _state.lock:
             _state.launch = None
         released.set()
-        _kv.delete(client, held)
+        _kv.delete(client, paused)
         _kv.delete(client, _key('step', 'lgo', pid, n))
     return True
 

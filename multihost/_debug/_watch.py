@@ -389,7 +389,8 @@ class Watched:
         head = f'watched launch mismatch at #{exc.seq}: '
         tail = ' (caught before launch; nothing was launched)'
         if len(names) > 1:
-            head += 'hosts are about to launch different functions: ' + _fmt_groups(names) + tail
+            head += 'processes are about to launch different functions: '
+            head += _fmt_groups(names) + tail
             body = [
                 f'  {fmt_hosts(ps)}: {name}({_fmt_args(_args(infos.get(ps[0])), 3)}) '
                 f'at {_group_site({p: calls[p].site for p in ps})}'

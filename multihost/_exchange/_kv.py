@@ -123,8 +123,8 @@ def _count_write(text: str | bytes) -> None:
     COUNTERS.bytes_written += len(text)
 
 
-#: Prefix of a value published by a host held at the step gate: seen, not arrived.
-HELD = '\x01held:'
+#: Prefix of a value published by a host paused at the step gate: seen, not arrived.
+PAUSED = '\x01paused:'
 
 
 def key(*parts: object) -> str:
@@ -565,7 +565,7 @@ class Round:
             if not rest.isdigit():
                 continue  # older verdicts, chunks: not a host's value
             v = _resolve(c, value)
-            if not v.startswith(HELD) and (self.belongs is None or self.belongs(v)):
+            if not v.startswith(PAUSED) and (self.belongs is None or self.belongs(v)):
                 values[int(rest)] = v
         return values, verdict
 
@@ -681,7 +681,7 @@ def run_round(
         on_timeout: details for the timeout verdict, from the values that arrived.
         read: also return everyone's values (on success).
         before_arrival: the step gate: with it, the value is first published
-            marked `HELD` (seen, not arrived), the gate runs, then the value
+            marked `PAUSED` (seen, not arrived), the gate runs, then the value
             is published as arrived.
         patience: keep waiting past ``timeout`` (the installed calls of
             `multihost.install`, which wait as long as JAX's would): each time
@@ -782,7 +782,7 @@ def _arrive(
     if before_arrival is not None:
         # Held at the step gate: visible (the step table shows it) but not arrived.
         if value is not None:
-            publish(c, rnd.data, HELD + value)
+            publish(c, rnd.data, PAUSED + value)
         before_arrival()
     if value is not None:
         publish(c, rnd.data, value)

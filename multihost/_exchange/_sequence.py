@@ -242,7 +242,7 @@ def _slot_dir(seq: int) -> str:
 def all_records(client: Any) -> list[CollectiveRecord]:
     """Every record in the ring (one bounded read per slot), held ones included."""
     return [
-        CollectiveRecord.from_json(value.removeprefix(_kv.HELD))
+        CollectiveRecord.from_json(value.removeprefix(_kv.PAUSED))
         for slot in range(_SLOTS)
         for value in _kv.read_dir(client, _slot_dir(slot)).values()
     ]

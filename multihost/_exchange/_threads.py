@@ -209,7 +209,7 @@ def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTim
         parts = [
             f'main thread last reached {last.describe()}'
             if last is not None
-            else f'position not carried (only {_MAX_POSITIONS} missing hosts are)'
+            else f'position not carried (only {_MAX_POSITIONS} missing processes are)'
             if len(where) >= _MAX_POSITIONS
             else 'main thread reached no collective yet'
         ]

@@ -95,7 +95,7 @@ def missing_lines(data: Mapping[str, Any], rec: CollectiveRecord) -> list[str]:
     for p in (int(p) for p in data['missing']):
         last = where.get(p)
         if last is None and len(where) >= MAX_POSITIONS:
-            state[p] = f'position not carried (only {MAX_POSITIONS} missing hosts are)'
+            state[p] = f'position not carried (only {MAX_POSITIONS} missing processes are)'
         elif last is None:
             state[p] = 'last reached no collective yet'
         elif data.get('stage') and last.seq == rec.seq:  # e.g. still compiling a new signature
@@ -147,7 +147,7 @@ def mismatch_error(
         names = {p: c.name for p, c in calls.items()}
         head = mismatch_prefix or f'barrier name mismatch ({rec.name!r})'
         return BarrierMismatchError(
-            f'{head}: hosts passed different barrier names at collective '
+            f'{head}: processes passed different barrier names at collective '
             f'{seq_label(rec)}:\n' + '\n'.join(lines),
             seq=rec.seq,
             calls=calls,
@@ -155,9 +155,9 @@ def mismatch_error(
         )
     kinds = {c.kind for c in calls.values()}
     if len(kinds) > 1 or len({c.name for c in calls.values()}) > 1:
-        why = 'hosts called different collectives'
+        why = 'processes called different collectives'
     else:
-        why = f'hosts called {rec.kind} on data of different structure, shapes or dtypes'
+        why = f'processes called {rec.kind} on data of different structure, shapes or dtypes'
     head = f'collective sequence mismatch at {seq_label(rec)}: {why}'
     if mismatch_prefix and rec.kind == 'barrier':
         head = f'{mismatch_prefix}: {head}'

@@ -5,7 +5,7 @@ engines build these, the notebook's views draw them, tests build them by hand.
 
 * `_records`: `CollectiveRecord` (one collective call as a host published it); the flight
   record (`FlightRecord`) is built by the recorder ring (`multihost._recorder`, floor 0).
-* `_steps`: `StepTable`, `Step`, `HeldLaunch` (host x step; stepping).
+* `_steps`: `StepTable`, `Step`, `PausedLaunch` (host x step; stepping).
 * `_stacks`: `HostStacks`, `ThreadStack`, the frame model (`Frame`, `frame_package`, ...).
 * `_wavefront`: `Wavefront`, `HostFront`.  `_timeline`: `Timeline`, `TimelineStep`, `Stragglers`.
 * `_hardware`: `DeviceInfo`, `AxisLink` (chips, hosts, slices; how a mesh axis is wired).
@@ -39,7 +39,7 @@ from multihost._models._nonfinite import NonfiniteLeaf, NonfiniteReport, Nonfini
 from multihost._models._records import CollectiveRecord
 from multihost._models._replicas import ReplicaDigest, ReplicaGroup, ReplicaReport
 from multihost._models._stacks import HostStacks, ThreadStack
-from multihost._models._steps import HeldLaunch, Step, StepTable
+from multihost._models._steps import PausedLaunch, Step, StepTable
 from multihost._models._timeline import Stragglers, Timeline, TimelineStep
 from multihost._models._treediff import GlobalLeaf, LeafDiff, TreeDiff
 from multihost._models._treelayout import LeafLayout, TreeLayout
@@ -56,7 +56,6 @@ __all__ = [
     'EnvEntry',
     'FlightRecord',
     'GlobalLeaf',
-    'HeldLaunch',
     'HostFront',
     'HostMemory',
     'HostStacks',
@@ -70,6 +69,7 @@ __all__ = [
     'NonfiniteLeaf',
     'NonfiniteReport',
     'NonfiniteShard',
+    'PausedLaunch',
     'ReplicaDigest',
     'ReplicaGroup',
     'ReplicaReport',

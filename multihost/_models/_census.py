@@ -88,18 +88,21 @@ class EnvDiff:
         for e in self.entries + self.per_host:
             if e.key == key:
                 return e
-        raise KeyError(f'{key!r} does not differ between hosts')
+        raise KeyError(f'{key!r} does not differ between processes')
 
     def format(self) -> str:
-        head = f'environments of {self.num_processes} hosts ({self.compared} keys compared): ' + (
-            'identical'
-            if self.ok
-            else f'{len(self.entries)} key(s) differ, odd: {fmt_hosts(self.odd_processes)}'
+        head = (
+            f'environments of {self.num_processes} processes ({self.compared} keys compared): '
+            + (
+                'identical'
+                if self.ok
+                else f'{len(self.entries)} key(s) differ, odd: {fmt_hosts(self.odd_processes)}'
+            )
         )
         lines = [head] + [f'  {e.describe()}' for e in self.entries]
         if self.per_host:
             lines.append(
-                f'  differ per host by design: {", ".join(e.key for e in self.per_host[:20])}'
+                f'  differ per process by design: {", ".join(e.key for e in self.per_host[:20])}'
                 + (' ...' if len(self.per_host) > 20 else '')
             )
         return '\n'.join(lines)
@@ -242,12 +245,12 @@ class MemoryCensus:
         `MAX_TEXT_LINES` lines of hosts (those that stand out always among them) and of
         devices, the rest counted."""
         lines = [
-            f'memory of {len(self.hosts)} hosts: live arrays per host, median '
+            f'memory of {len(self.hosts)} processes: live arrays per process, median '
             f'{_mib(self.median_bytes)}'
             + (
                 f'; odd: {fmt_hosts(self.odd_processes)}'
                 if self.odd_processes
-                else '; no host stands out'
+                else '; no process stands out'
             )
         ]
         lines += self._host_lines()
@@ -263,11 +266,13 @@ class MemoryCensus:
         for g in self.only_some[:10]:
             names = f' ({", ".join(g.names[:3])})' if g.names else ''
             lines.append(
-                f'  only some hosts hold {g.kind}{names}, {_mib(g.host_bytes)} each: '
+                f'  only some processes hold {g.kind}{names}, {_mib(g.host_bytes)} each: '
                 + _by_count(g.counts)
             )
         if len(self.only_some) > 10:
-            lines.append(f'  ... and {len(self.only_some) - 10} more kinds only some hosts hold')
+            lines.append(
+                f'  ... and {len(self.only_some) - 10} more kinds only some processes hold'
+            )
         return '\n'.join(lines)
 
     def _host_lines(self) -> list[str]:
@@ -288,7 +293,7 @@ class MemoryCensus:
         left = [h.live_bytes for h in self.hosts if h.process not in shown]
         if left:
             lines.append(
-                f'  ... and {len(left)} more hosts ({len(groups) - len(items)} other lines), '
+                f'  ... and {len(left)} more processes ({len(groups) - len(items)} other lines), '
                 f'{_span(left)} each'
             )
         return lines
@@ -412,7 +417,7 @@ def _by_count(counts: Sequence[int], max_groups: int = 4) -> str:
     text = '; '.join(f'{c} on {fmt_hosts(ps)}' for c, ps in ranked[:max_groups])
     if len(ranked) > max_groups:
         rest = sum(len(ps) for _, ps in ranked[max_groups:])
-        text += f'; ... {len(ranked) - max_groups} other counts on {rest} hosts'
+        text += f'; ... {len(ranked) - max_groups} other counts on {rest} processes'
     return text
 
 

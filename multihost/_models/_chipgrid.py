@@ -107,7 +107,7 @@ class ChipGrid:
         return tuple(c for p in self.planes for c in p.chips if c is not None)
 
     def legend(self) -> str:
-        """What a cell says: ``'cell: pN = host (process) N, then block number along dims 0,
+        """What a cell says: ``'cell: pN = process N, then block number along dims 0,
         1; . = holds none'``."""
         if not self.block_dims:
             what = '* = the whole array'
@@ -115,14 +115,14 @@ class ChipGrid:
             dims = ', '.join(map(str, self.block_dims))
             what = f'block number along dim{"s" if len(self.block_dims) > 1 else ""} {dims}'
         cores = ', one per core (a|b)' if self.cores > 1 else ''
-        return f'cell: pN = host (process) N, then {what}{cores}; . = holds none'
+        return f'cell: pN = process N, then {what}{cores}; . = holds none'
 
     def text(self) -> str:
         """The grids as text: one per plane, x across, y down, each cell ``p3 2,1``."""
         total = len(self.chips)
         lines = [
             f'chips: {self.kind or "devices"}, {total} chip{"s" * (total != 1)} on '
-            f'{self.hosts} host{"s" * (self.hosts != 1)}'
+            f'{self.hosts} process{"es" * (self.hosts != 1)}'
             + (f' in {self.slices} slices' if self.slices > 1 else ''),
             f'  {self.legend()}',
         ]

@@ -199,7 +199,11 @@ class AxisLink:
         if self.hosts <= 1 and (self.chips <= 1 or not self.path):
             return 'within one host' if self.chips != 1 or self.size == 1 else 'within one chip'
         if not self.chips:  # no coordinates: hosts are all we know
-            return f'crosses hosts ({self.hosts} along it)' if self.hosts > 1 else 'within a host'
+            return (
+                f'crosses processes ({self.hosts} along it)'
+                if self.hosts > 1
+                else 'within a process'
+            )
         hosts = f', {self.hosts} hosts' if self.hosts > 1 else ', within one host'
         along = f' along {self.dims}' if self.dims else ''
         if self.ring:

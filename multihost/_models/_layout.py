@@ -514,7 +514,7 @@ class Layout:
         if cores > 1:
             text += f', {cores} cores each'
         hosts = len({d.process_index for d in self.devices})
-        return text + f' on {hosts} host{"s" if hosts != 1 else ""}'
+        return text + f' on {hosts} process{"es" if hosts != 1 else ""}'
 
     def chip_grid(self) -> Any:
         """The chips at their torus coordinates, coloured by host, with the blocks they hold
@@ -573,9 +573,9 @@ class Layout:
             elif link.chips or link.slices:
                 parts.append(f'{a}={n} {link.verdict}')
             elif link.hosts > 1:
-                parts.append(f'{a}={n} crosses hosts ({link.hosts} along it)')
+                parts.append(f'{a}={n} crosses processes ({link.hosts} along it)')
             else:
-                parts.append(f'{a}={n} within a host')
+                parts.append(f'{a}={n} within a process')
         return 'mesh ' + ('; ' if self.has_chips else ', ').join(parts)
 
     # -- blocks and replicas --
@@ -665,7 +665,7 @@ class Layout:
         if len(blocks) > MAX_TEXT_BLOCKS:
             lines.append(f'  ... {len(blocks) - MAX_TEXT_BLOCKS} more block(s)')
         lines.append(
-            '  bytes per host: '
+            '  bytes per process: '
             + ', '.join(f'{p}: {format_bytes(n)}' for p, n in self.bytes_per_process().items())
         )
         if self.has_chips:

@@ -220,7 +220,7 @@ class NonfiniteReport:
         what = (
             f'{_n(c.get("leaves", 0), "leaf", "leaves")}, {_n(c.get("shards", 0), "shard")}, '
             f'{_n(c.get("elements", 0), "element")} checked on '
-            f'{_n(self.num_processes, "host")}'
+            f'{_n(self.num_processes, "process", "processes")}'
         )
         if c.get('skipped'):
             what += f' ({_n(c["skipped"], "non-float leaf", "non-float leaves")} skipped)'
@@ -243,7 +243,7 @@ class NonfiniteReport:
         for p, n in sorted(self.truncated.items()):
             lines.append(
                 f'  ... process {p} found {n} more offending shard(s), not listed '
-                f'(at most {self.max_records} per host travel)'
+                f'(at most {self.max_records} per process travel)'
             )
         return '\n'.join(lines)
 

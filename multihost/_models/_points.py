@@ -1,7 +1,7 @@
-"""Where each host of a held job was read: one frame's line and its launch counts (plain data).
+"""Where each host of a stopped job was read: one frame's line and its launch counts (plain data).
 
-The data tools of an attached job (`multihost.engine.held`) read each host's held frame.
-Hosts held at different points (the failing host raised before building the batch the
+The data tools of an attached job (`multihost.engine.held`) read each host's stopped frame.
+Hosts stopped at different points (the failing host raised before building the batch the
 others already launched with) hold values of different steps under one name: a value
 combined across them (a gather, a diff, a layout, a NaN census) joins blocks no step ever
 had. `apart` says so, naming which host was read where; the notebook prints it with the
@@ -17,7 +17,7 @@ from multihost._text import fmt_hosts
 
 
 @dataclasses.dataclass(frozen=True)
-class HeldPoint:
+class ReadPoint:
     """Where one host's data tool read its values.
 
     Attributes:
@@ -34,12 +34,12 @@ class HeldPoint:
         return {'process': self.process, 'site': self.site, 'launches': list(self.launches)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> HeldPoint:
+    def from_json(cls, data: dict[str, Any]) -> ReadPoint:
         launches = tuple((str(k), int(v)) for k, v in data.get('launches', ()))
         return cls(int(data['process']), str(data.get('site', '')), launches)
 
 
-def apart(points: list[HeldPoint]) -> str:
+def apart(points: list[ReadPoint]) -> str:
     """One sentence when the hosts were read at different points ('' when all at one): each
     group of hosts with its frame's line and the launches that differ between the groups."""
     if len({(p.site, p.launches) for p in points}) <= 1:
@@ -54,7 +54,7 @@ def apart(points: list[HeldPoint]) -> str:
         groups.setdefault(words, []).append(point.process)
     said = '; '.join(f'{fmt_hosts(ps)} at {w}' for w, ps in groups.items())
     return (
-        f'the hosts were read at different points: {said}. Values combined across them '
-        "come from different points of the program (a host behind holds an earlier step's "
+        f'the processes were read at different points: {said}. Values combined across them '
+        "come from different points of the program (a process behind holds an earlier step's "
         'values under the same name)'
     )

@@ -549,13 +549,13 @@ class HostStacks:
 
     @property
     def activity(self) -> str:
-        """``'no answer'``, ``'held'`` (step gate), ``'waiting'`` (cross-host check),
+        """``'no answer'``, ``'paused'`` (step gate), ``'waiting'`` (cross-host check),
         ``'running'`` (user code), ``'idle'`` (no user code on the main thread) or
         ``'unknown'`` (no main-thread stack)."""
         if not self.answered:
             return 'no answer'
         if self.gate is not None:
-            return 'held'
+            return 'paused'
         if self.waiting is not None:
             return 'waiting'
         main = self.main_thread
@@ -582,7 +582,7 @@ class HostStacks:
             return why + (
                 f'; last published {_what(last.kind, last.name)} #{last.seq}' if last else ''
             )
-        if activity == 'held':
+        if activity == 'paused':
             c = self.current
             what = f' ({_what(c.kind, c.name)})' if c is not None and c.seq == self.gate else ''
             return f'waiting for release of #{self.gate}{what}' + (
@@ -656,7 +656,7 @@ class HostStacks:
         cur = None if c is None else (c.seq, c.kind, c.name)
         if activity == 'no answer':
             return (activity, self.error, cur)
-        if activity == 'held':
+        if activity == 'paused':
             return (activity, self.gate, cur)
         if activity == 'waiting':
             w = self.waiting

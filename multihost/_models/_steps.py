@@ -92,7 +92,7 @@ class Step:
         """Where the step stands.
 
         ``'passed'``: every host is through. ``'released'``: hosts go through
-        as they arrive. ``'held'``: hosts wait at the gate for a release.
+        as they arrive. ``'paused'``: hosts wait at the gate for a release.
         ``'open'``: hosts that arrived went on to the barrier (stepping was
         off), waiting there for the others.
         """
@@ -100,12 +100,12 @@ class Step:
             return 'passed'
         if self.released:
             return 'released'
-        return 'held' if self.waiting else 'open'
+        return 'paused' if self.waiting else 'open'
 
 
 @dataclasses.dataclass(frozen=True)
-class HeldLaunch:
-    """A host held by the step gate before a recorded launch (under `multihost.install`).
+class PausedLaunch:
+    """A host paused by the step gate before a recorded launch (under `multihost.install`).
 
     Attributes:
         process: the host.
@@ -144,7 +144,7 @@ class StepTable:
         released: every released step number, also steps no host has
             reached yet (released ahead).
         time: when the table was read (``time.time()``).
-        launches: hosts held before a recorded launch (under install), by process.
+        launches: hosts paused before a recorded launch (under install), by process.
     """
 
     num_processes: int
@@ -153,7 +153,7 @@ class StepTable:
     positions: tuple[int | None, ...]
     released: tuple[int, ...] = ()
     time: float = 0.0
-    launches: tuple[HeldLaunch, ...] = ()
+    launches: tuple[PausedLaunch, ...] = ()
 
     @classmethod
     def build(
@@ -164,7 +164,7 @@ class StepTable:
         stepping: bool,
         waiting: Iterable[tuple[int, int]] = (),
         time: float | None = None,
-        launches: Iterable[HeldLaunch] = (),
+        launches: Iterable[PausedLaunch] = (),
     ) -> StepTable:
         """Builds a table (pure).
 
@@ -175,7 +175,7 @@ class StepTable:
             stepping: the stepping setting.
             waiting: (step, process) pairs of hosts paused at a step's gate.
             time: the reading time (default: now).
-            launches: hosts held before a recorded launch.
+            launches: hosts paused before a recorded launch.
         """
         by_seq: dict[int, list[CollectiveRecord | None]] = {}
         positions: list[int | None] = [None] * num_processes
@@ -217,8 +217,8 @@ class StepTable:
 
     @property
     def pending(self) -> Step | None:
-        """The first step where hosts wait for a release (status ``'held'``)."""
-        return next((s for s in self.steps if s.status == 'held'), None)
+        """The first step where hosts wait for a release (status ``'paused'``)."""
+        return next((s for s in self.steps if s.status == 'paused'), None)
 
     @property
     def next_release(self) -> int:
@@ -240,12 +240,12 @@ class StepTable:
         return tuple(s for s in self.steps if s.divergent)
 
     def format(self) -> str:
-        """A plain-text grid: one row per host, one column per step."""
-        head = f'stepping {"on" if self.stepping else "off"}, {self.num_processes} host(s)'
+        """A plain-text grid: one row per process, one column per step."""
+        head = f'stepping {"on" if self.stepping else "off"}, {self.num_processes} process(es)'
         if self.launches:
-            held = self.launches
-            head += f'\nheld before a launch: {", ".join(h.describe() for h in held[:8])}'
-            head += f' (+{len(held) - 8} more)' if len(held) > 8 else ''
+            paused = self.launches
+            head += f'\npaused before a launch: {", ".join(h.describe() for h in paused[:8])}'
+            head += f' (+{len(paused) - 8} more)' if len(paused) > 8 else ''
         if not self.steps:
             return head + ', no collective in flight'
         cols = []
@@ -265,7 +265,7 @@ class StepTable:
                     for p, r in enumerate(s.records)
                 ]
             )
-        rows = [['host'] + [f'p{p}' for p in range(self.num_processes)]]
+        rows = [['process'] + [f'p{p}' for p in range(self.num_processes)]]
         widths = [max(len(x) for x in rows[0])] + [max(len(x) for x in c) for c in cols]
         lines = [head]
         for i in range(self.num_processes + 1):

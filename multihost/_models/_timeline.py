@@ -178,7 +178,7 @@ class TimelineStep:
         if self.tied:
             return f'{self.label}: {self.tie}, +{fmt_seconds(self.skew)}{clock}'
         if self.last_host is None:
-            return f'{self.label}: one host'
+            return f'{self.label}: one process'
         return f'{self.label}: process {self.last_host} last, +{fmt_seconds(self.skew)}{clock}'
 
 
@@ -232,12 +232,12 @@ class Stragglers:
     def _verdict(self) -> str:
         if self.steps == 0:
             what = 'step of the program' if self.notebook else 'step'
-            return f'no {what} with two or more hosts recorded yet: no straggler to name'
+            return f'no {what} with two or more processes recorded yet: no straggler to name'
         top = self.most_often
         if top is None:  # every counted step's latest arrival a tie
             return (
                 f'no straggler over the last {self.steps} steps: in each the latest arrival '
-                'was a tie (hosts arrived together), so no host arrived last'
+                'was a tie (processes arrived together), so no process arrived last'
             )
         pct = f'{self.share * 100:.0f}%'
         if self.steps < MIN_STEPS:
@@ -255,7 +255,7 @@ class Stragglers:
             return (
                 f'process {self.host} arrived last in {pct} of the last {self.steps} steps '
                 f'({self.counts[self.host]} of {self.steps}), median '
-                f'+{fmt_seconds(self.median_behind)} after the first host' + clock
+                f'+{fmt_seconds(self.median_behind)} after the first process' + clock
             )
         return (
             f'no consistent straggler over the last {self.steps} steps: the last to arrive '
@@ -405,7 +405,7 @@ class Timeline:
         lines.append(head)
         lines.extend(self._format_row(s, width, per_host) for s in shown)
         if per_host:
-            lines.append('(per host: ms after the first host to arrive)')
+            lines.append('(per process: ms after the first process to arrive)')
         if any(s.notebook for s in shown):
             lines.append(
                 '[%mh_...]: a collective the notebook ran, not the program: left out of the '
@@ -489,7 +489,9 @@ class Timeline:
                 'origin_unix_time': origin,
                 'num_processes': self.num_processes,
                 'stragglers': str(self.stragglers()),
-                'clocks': "each host's own wall clock; clocks of different machines may be skewed",
+                'clocks': (
+                    "each process's own wall clock; clocks of different machines may be skewed"
+                ),
             },
         }
 
@@ -582,7 +584,7 @@ def _class_and_number(key: StepKey) -> tuple[Any, int]:
 def _step(key: StepKey, recs: dict[int, FlightRecord], missing: tuple[int, ...]) -> TimelineStep:
     first = recs[min(recs)]
     labels = {r.label for r in recs.values()}
-    label = first.label if len(labels) == 1 else f'{first.label} (hosts differ)'
+    label = first.label if len(labels) == 1 else f'{first.label} (processes differ)'
     checked = key[0] in ('seq', 'lane')  # both wait at a cross-host check
     # A service barrier is a rendezvous: who arrived last waited least, as at a check.
     by_wait = checked or first.kind == SERVICE_BARRIER

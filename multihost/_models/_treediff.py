@@ -181,7 +181,7 @@ class LeafDiff:
             for d, hs in sorted(by.items(), key=lambda g: g[1][0])
         ]
         more = f'; ... ({len(parts)} placements)' if len(parts) > 4 else ''
-        return 'the hosts place its blocks differently: ' + '; '.join(parts[:4]) + more
+        return 'the processes place its blocks differently: ' + '; '.join(parts[:4]) + more
 
     def describe(self) -> str:
         """One bounded line: the path (and block), the odd hosts and how they differ."""
@@ -230,7 +230,7 @@ class LeafDiff:
             else:
                 shown.append(f'{who}bytes differ')
         if len(compared) > 3:
-            shown.append(f'... and {len(compared) - 3} more hosts')
+            shown.append(f'... and {len(compared) - 3} more processes')
         if self.tie and self.values and len(set(self.digests.values())) == 2:  # both sides
             shown.append('values: ' + '; '.join(
                 f'{_fmt_hosts([h])}: '
@@ -305,11 +305,11 @@ class GlobalLeaf:
         path = _fmt_path(self.path)
         if not self.compared:
             return (
-                f'{path}: nothing to compare across hosts (each of its {self.num_blocks} '
-                'block(s) is held by one host)'
+                f'{path}: nothing to compare across processes (each of its {self.num_blocks} '
+                'block(s) is held by one process)'
             )
         if self.num_compared == self.num_blocks and self.min_hosts == num_processes:
-            return f'{path}: every host holds all {self.num_blocks} block(s); compared on all'
+            return f'{path}: every process holds all {self.num_blocks} block(s); compared on all'
         hosts = (
             str(self.max_hosts)
             if self.min_hosts == self.max_hosts
@@ -317,7 +317,7 @@ class GlobalLeaf:
         )
         return (
             f'{path}: compared over its replicas ({self.num_compared} of {self.num_blocks} '
-            f'block(s), each among the {hosts} hosts holding it)'
+            f'block(s), each among the {hosts} processes holding it)'
         )
 
 
@@ -378,11 +378,11 @@ class TreeDiff:
         for paths, what in (
             (
                 self.not_compared,
-                'nothing to compare across hosts (no block is held by 2+ hosts)',
+                'nothing to compare across processes (no block is held by 2+ processes)',
             ),
             (
                 self.by_replicas,
-                'compared over their replicas only (each block among the hosts holding it)',
+                'compared over their replicas only (each block among the processes holding it)',
             ),
         ):
             if paths:
@@ -409,20 +409,21 @@ class TreeDiff:
         if self.ok:
             if not notes:
                 return (
-                    f'All {self.num_processes} hosts hold the same tree ({self.num_leaves} leaves).'
+                    f'All {self.num_processes} processes hold the same tree '
+                    f'({self.num_leaves} leaves).'
                 )
             return (
-                f'All {self.num_processes} hosts agree on every leaf they can compare '
+                f'All {self.num_processes} processes agree on every leaf they can compare '
                 f'({self.num_leaves} leaves). ' + ' '.join(notes)
             )
         odd = (
-            f'odd hosts: {_fmt_hosts(self.odd_processes)}'
+            f'odd processes: {_fmt_hosts(self.odd_processes)}'
             if self.odd_processes
-            else 'no majority, so no host is odd'
+            else 'no majority, so no process is odd'
         )
         lines = [
             f'{len(self.differing_paths)} of {self.num_leaves} leaves differ across '
-            f'{self.num_processes} hosts; {odd}.'
+            f'{self.num_processes} processes; {odd}.'
         ]
         groups: dict[str, list[LeafDiff]] = {}
         for leaf in self.leaves:  # one entry per leaf, its differing blocks listed compactly

@@ -144,7 +144,7 @@ class TreeLayout:
         return text
 
     def rows(self) -> list[tuple[str, str, str, str, str, str]]:
-        """(leaf, shape, dtype, spec, bytes per host, replicas) per leaf, as text."""
+        """(leaf, shape, dtype, spec, bytes per process, replicas) per leaf, as text."""
         return [
             (
                 leaf.path,
@@ -158,7 +158,7 @@ class TreeLayout:
         ]
 
     def __str__(self) -> str:
-        head = ('leaf', 'shape', 'dtype', 'spec', 'bytes per host', 'replicas')
+        head = ('leaf', 'shape', 'dtype', 'spec', 'bytes per process', 'replicas')
         rows = [head, *self.rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = [self.headline()]

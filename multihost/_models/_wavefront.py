@@ -238,7 +238,7 @@ class Wavefront:
                 parts.extend(_more(states))
         if self.silent:
             parts.append(f'{_are(self.silent)} silent (dead, frozen, or no debug thread)')
-        return '; '.join(parts) or 'no host answered'
+        return '; '.join(parts) or 'no process answered'
 
     def format(self) -> str:
         """The verdict, then one line per host saying what it is doing."""

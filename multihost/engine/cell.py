@@ -1,5 +1,5 @@
 """``%%mh`` on an attached job: `run_cell`, the engine tool that runs a notebook's cell in a
-held frame, and whether this host allows it (``--allow-exec``: `_Exec`, set by
+stopped frame, and whether this host allows it (``--allow-exec``: `_Exec`, set by
 `multihost.engine.held.patch`).
 """
 
@@ -17,7 +17,7 @@ class _Exec:
 
 
 def run_cell(namespace: dict[str, Any], code: str) -> str:
-    """``%%mh`` on an attached job: runs ``code`` over the held frame's names (its module's
+    """``%%mh`` on an attached job: runs ``code`` over the stopped frame's names (its module's
     globals, its locals over them: a copy, so what the cell assigns stays in the cell) on
     this thread; what it printed. Only with ``--allow-exec``."""
     import contextlib
@@ -31,7 +31,7 @@ def run_cell(namespace: dict[str, Any], code: str) -> str:
     namespace.pop(_names.HELD_PLACE, None)
     namespace.pop(_names.HELD_HINT, None)
     out = io.StringIO()
-    # Every thread's prints go to the cell while it runs: the main thread is held.
+    # Every thread's prints go to the cell while it runs: the main thread is stopped.
     with contextlib.redirect_stdout(out):
         exec(compile(code, '<%%mh cell>', 'exec'), namespace)  # noqa: S102 (opted in)
     return out.getvalue()

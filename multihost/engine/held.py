@@ -1,17 +1,17 @@
-"""The data tools on a job the notebook did not start, answered in each host's held frame.
+"""The data tools on a job the notebook did not start, answered in each host's stopped frame.
 
 An attached job (`mhnotebook.attach`) has no ipyparallel engines: its hosts'
-main threads run the user's script. When they are held (at the step gate,
+main threads run the user's script. When they are stopped (paused at the step gate,
 before a recorded launch, in a checked collective or barrier, in a
 library's wait), each host's debug thread answers `%mh_allgather`,
 `%mh_layout`, `%mh_diff`, `%mh_nonfinite`, `%mh_env` and `%mh_memory_census` with the same
 engine functions a session's engines run (`multihost.engine`), over the
-namespace of the main thread's *held frame*: the innermost frame of the
+namespace of the main thread's *stopped frame*: the innermost frame of the
 script (a frame of another library, of JAX or of ours is skipped), its
 locals over its module's globals; `frames` lists the script's frames and a
 frame number picks another. Names are parsed, never evaluated, as in every
 magic. The tools read host copies of ready shards and launch nothing on a device
-(`_checks._hostreads`): the devices of a held job are typically stuck inside the launch
+(`_checks._hostreads`): the devices of a stopped job are typically stuck inside the launch
 one host never made, and a device program would queue behind it.
 
 The tool runs on a thread of its own named ``multihost-inspect-<tag>``, the
@@ -24,10 +24,10 @@ the coordination service.
 Process 0's control endpoint (`serve_control`) serves the method
 ``inspect``: one bus command (`_bus`) to every debug thread, whose replies
 (pickled, base64 in JSON) it returns by process. Only the tools of the one
-registry (`multihost.engine.tools.TOOLS`) that a held host may run can be asked for:
+registry (`multihost.engine.tools.TOOLS`) that a stopped host may run can be asked for:
 the control key grants inspection, not running code. A job started with
 ``--allow-exec`` (``install(allow_exec=True)``) also runs ``run_cell``: an attached
-notebook's ``%%mh`` cell, in each host's held frame (`run_cell`), its output captured;
+notebook's ``%%mh`` cell, in each host's stopped frame (`run_cell`), its output captured;
 the host decides, never the notebook.
 """
 
@@ -104,7 +104,7 @@ def _is_script(filename: str, internal: tuple[tuple[str, ...], str]) -> bool:
 
 
 def script_frames() -> list[FrameType]:
-    """The main thread's frames in the user's program, innermost first (frame 0 is held);
+    """The main thread's frames in the user's program, innermost first (frame 0 is the stopped one);
     on a host held on its error (`_debug._hold`), the frames of its traceback."""
     internal = _stacks.internal_dirs()
     stack = _hold.traceback_frames() if _hold.held_here() else _main_stack()
@@ -117,29 +117,29 @@ def _site(frame: FrameType) -> str:
 
 
 def _state() -> dict[str, Any]:
-    """Whether the main thread is held (inside a call of ours, JAX's or a library's) or
-    running the program's own code, and where: ``{'held': bool, 'at': str, 'in': str}``."""
+    """Whether the main thread is stopped (inside a call of ours, JAX's or a library's) or
+    running the program's own code, and where: ``{'stopped': bool, 'at': str, 'in': str}``."""
     error = _hold.held_here()
     if error is not None:
         frames = script_frames()
         at = _site(frames[0]) if frames else error['site']
-        return {'held': True, 'at': at, 'in': f'held on its error: {_hold.describe(error)}'}
+        return {'stopped': True, 'at': at, 'in': f'held on its error: {_hold.describe(error)}'}
     told = _hold.held_error()
     because = {'because': _hold.describe(told)} if told is not None else {}
     stack = _main_stack()
     if not stack:
-        return {'held': False, 'at': '', 'in': 'no main thread (the process is ending)'}
+        return {'stopped': False, 'at': '', 'in': 'no main thread (the process is ending)'}
     internal = _stacks.internal_dirs()
     script = [f for f in stack if _is_script(f.f_code.co_filename, internal)]
     at = _site(script[0]) if script else ''
     if _is_script(stack[0].f_code.co_filename, internal):
-        return {'held': False, 'at': at, 'in': 'its own code', **because}
+        return {'stopped': False, 'at': at, 'in': 'its own code', **because}
     # The call it waits in: the innermost frame outside Python's own library (a threading
     # wait says little; the step gate, barrier or library call that waits says it all).
     stdlib = internal[1]
     inner = next((f for f in stack if not f.f_code.co_filename.startswith(stdlib)), stack[0])
     module = inner.f_globals.get('__name__', '') or os.path.basename(inner.f_code.co_filename)
-    return {'held': True, 'at': at, 'in': f'{module}.{inner.f_code.co_name}', **because}
+    return {'stopped': True, 'at': at, 'in': f'{module}.{inner.f_code.co_name}', **because}
 
 
 def _frames_info() -> list[dict[str, Any]]:
@@ -159,7 +159,7 @@ def _frames_info() -> list[dict[str, Any]]:
 
 
 def _namespace(frame_no: int | str | None) -> dict[str, Any]:
-    """The held frame's names: its module's globals, then its locals over them."""
+    """The stopped frame's names: its module's globals, then its locals over them."""
     frames = script_frames()
     if not frames:
         raise gather.GatherError(
@@ -190,10 +190,10 @@ def _namespace(frame_no: int | str | None) -> dict[str, Any]:
 
 
 def _point(frame_no: int | str | None) -> dict[str, Any]:
-    """Where this host's tool read (`_models._points.HeldPoint`'s JSON): the frame's line
+    """Where this host's tool read (`_models._points.ReadPoint`'s JSON): the frame's line
     (chosen as `_namespace` chooses it) and how many times it launched each jitted function."""
     from multihost import _recorder
-    from multihost._models._points import HeldPoint
+    from multihost._models._points import ReadPoint
 
     frames = script_frames()
     if isinstance(frame_no, str):
@@ -201,15 +201,15 @@ def _point(frame_no: int | str | None) -> dict[str, Any]:
         frame_no = 0
     n = 0 if frame_no is None else int(frame_no)
     site = _site(frames[n]) if 0 <= n < len(frames) else ''
-    return HeldPoint(_kv.process_index(), site, _recorder.call_counts()).to_json()
+    return ReadPoint(_kv.process_index(), site, _recorder.call_counts()).to_json()
 
 
 def _run_tool(order: dict[str, Any]) -> dict[str, Any]:
     """Runs the ordered tool on a thread named for the command (its lane), bounded."""
     name = order.get('fn')
     found = tools.TOOLS.get(str(name))
-    if found is None or not found.held:
-        known = sorted(t.name for t in tools.TOOLS.values() if t.held)
+    if found is None or not found.on_stopped:
+        known = sorted(t.name for t in tools.TOOLS.values() if t.on_stopped)
         return {'error': ['ValueError', f'no tool {name!r}; known: {known}', '']}
     fn, takes_namespace = found.function, found.namespace
     args, kwargs = _decode(order['args']) if order.get('args') else ((), {})
@@ -262,25 +262,26 @@ def _probe(name: str, frame: int | str | None) -> str | None:
         value, _ = gather.lookup(_namespace(frame), name, cuts=True)
     except gather.GatherError as exc:
         return str(exc)
-    # Named with the launch it waits on, never waited for (`_checks._hostreads`); a held
+    # Named with the launch it waits on, never waited for (`_checks._hostreads`); a stopped
     # host says which host and launch, and what to read instead (`_unfinished`).
     return _hostreads.unready(value, name, _unfinished)
 
 
 def _unfinished(where: str) -> str:
     """Why ``where`` cannot be read on this host: the output of a launch it dispatched that
-    waits for the held hosts (its inputs, a step's donated state, are gone), and what to read."""
+    waits for the stopped hosts (its inputs, a step's donated state, are gone), and what to
+    read."""
     from multihost import _recorder
 
     me = _kv.process_index()
     record = _recorder.awaited_launch(me)
     launch = f'{record.name} call #{record.call}' if record is not None else 'a launch'
     return (
-        f'{where} is, on process {me}, the output of {launch}, dispatched before the hold and '
-        'unfinished (it waits for the held hosts: reading it would too). Read what the step '
-        'started from on the hosts held before that launch, or its inputs here if the step '
-        'did not donate them (donate_argnums); with --check-jit every host holds before its '
-        'launch, its state readable'
+        f'{where} is, on process {me}, the output of {launch}, dispatched before the hosts '
+        'stopped and unfinished (it waits for the stopped hosts: reading it would too). Read '
+        'what the step started from on the hosts stopped before that launch, or its inputs here '
+        'if the step did not donate them (donate_argnums); with --check-jit every host stops '
+        'before its launch, its state readable'
     )
 
 
@@ -292,12 +293,12 @@ def _handle(client: Any, order: dict[str, Any]) -> str:
     op = order.get('op')
     if op == 'state':
         answer: dict[str, Any] = {'state': _state(), 'frames': _frames_info()}
-        if order.get('probe') and answer['state']['held']:
+        if order.get('probe') and answer['state']['stopped']:
             answer['unreadable'] = _probe(str(order['probe']), order.get('frame'))
         return json.dumps(answer)
     if op == 'call':
         state = _state()
-        if not state['held'] and not order.get('running_ok'):
+        if not state['stopped'] and not order.get('running_ok'):
             return json.dumps({'running': state})
         try:
             point = _point(order.get('frame'))
@@ -320,11 +321,11 @@ def inspect(
 ) -> dict[int, dict[str, Any]]:
     """Process 0's control method: asks every host's debug thread (`_handle`), by process.
 
-    ``op``: ``'state'`` (held or running, where, and the program's frames) or
+    ``op``: ``'state'`` (stopped or running, where, and the program's frames) or
     ``'call'`` (tool ``fn`` with ``args`` = (positional, keyword) in frame
     ``frame``). Each host's answer is a dict: ``{'ok': value}``, ``{'error':
-    [type, message, traceback]}``, ``{'running': state}`` (not held; then no
-    host ran the tool, and the held ones answer ``{'held': state}``), ``{'state':
+    [type, message, traceback]}``, ``{'running': state}`` (not stopped; then no
+    host ran the tool, and the stopped ones answer ``{'stopped': state}``), ``{'state':
     ..., 'frames': [...]}``; a host that did not answer in time is absent.
     """
     client = _bus.distributed()
@@ -342,25 +343,25 @@ def inspect(
     }
     if processes is not None:
         params['only'] = sorted(int(p) for p in processes)
-    if op == 'call' and fn == 'run_cell' and not _Exec.allowed:  # said at once, held or not
+    if op == 'call' and fn == 'run_cell' and not _Exec.allowed:  # said at once, stopped or not
         asked = list(range(_kv.process_count())) if processes is None else list(processes)
         try:
             run_cell({}, '')
         except PermissionError as exc:
             return {p: {'error': ['PermissionError', str(exc), '']} for p in asked}
     if op == 'call' and not running_ok:
-        # Every host asked must be held before any runs the tool: a tool's collectives
+        # Every host asked must be stopped before any runs the tool: a tool's collectives
         # (its own lane) would otherwise wait out their timeout for a host that runs on.
         name = args[0][0] if fn in _NAMED and args and args[0] else None
         # The probe's own bound, not the tool's: a short tool timeout (a cell's) must not
-        # leave a loaded host too little time to say it is held.
+        # leave a loaded host too little time to say it is stopped.
         probe_s = max(_PROBE_MIN_S, min(timeout, _MARGIN_S))
         states = inspect('state', processes=processes, timeout=probe_s, probe=name, frame=frame)
         asked = list(range(_kv.process_count())) if processes is None else list(processes)
-        if any(p not in states or not states[p]['state']['held'] for p in asked):
-            # Nothing ran: each host's state (``running`` for those not held).
+        if any(p not in states or not states[p]['state']['stopped'] for p in asked):
+            # Nothing ran: each host's state (``running`` for those not stopped).
             return {
-                p: {'running' if not a['state']['held'] else 'held': a['state']}
+                p: {'running' if not a['state']['stopped'] else 'stopped': a['state']}
                 for p, a in states.items()
             }
         unreadable = {p: a['unreadable'] for p, a in states.items() if a.get('unreadable')}
@@ -368,7 +369,7 @@ def inspect(
             return {
                 p: {'error': ['GatherError', unreadable[p], '']}
                 if p in unreadable
-                else {'held': a['state']}
+                else {'stopped': a['state']}
                 for p, a in states.items()
             }
     wait = (timeout + 2 * _MARGIN_S) if op == 'call' else timeout

@@ -2,11 +2,11 @@
 
 A notebook's job views reach their hosts two ways: a `Session`'s engines run a tool
 through ipyparallel (the notebook's trampoline, `mhnotebook._trampoline.tool`, looks it
-up here on the engine), an attached job's hosts run it on their debug threads in the held
+up here on the engine), an attached job's hosts run it on their debug threads in the stopped
 frame (`multihost.engine.held`, which looks it up here too). Each `Tool` says once what
 both need: its name (what travels), the function, whether its first argument is the
-namespace it reads names in (a session's engine namespace, or the held frame's names),
-its default timeout, and whether a held host may run it (an attached job's control key
+namespace it reads names in (a session's engine namespace, or the stopped frame's names),
+its default timeout, and whether a stopped host may run it (an attached job's control key
 grants the data tools, not every engine call).
 """
 
@@ -28,7 +28,7 @@ class Tool:
         function: the function the host runs.
         namespace: its first argument is the namespace names are read in.
         timeout: seconds a view waits for it unless told otherwise.
-        held: an attached job's held hosts may run it (`multihost.engine.held`); a
+        on_stopped: an attached job's stopped hosts may run it (`multihost.engine.held`); a
             session's engines run every tool.
     """
 
@@ -36,7 +36,7 @@ class Tool:
     function: Callable[..., Any]
     namespace: bool
     timeout: float
-    held: bool = True
+    on_stopped: bool = True
 
 
 def _tools() -> dict[str, Tool]:
@@ -47,7 +47,7 @@ def _tools() -> dict[str, Tool]:
         Tool('gather_send', gather.gather_send, True, 600.0),
         Tool('gather_local', gather.gather_local, True, 600.0),
         # Shared memory on this machine: only a session's engines write there.
-        Tool('gather_write', gather.gather_write, True, 600.0, held=False),
+        Tool('gather_write', gather.gather_write, True, 600.0, on_stopped=False),
         Tool('layout', calls.layout, True, 120.0),
         Tool('diff', calls.diff, True, 120.0),
         Tool('nonfinite', calls.nonfinite, True, 120.0),

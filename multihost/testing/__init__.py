@@ -33,7 +33,7 @@ Two harnesses, jax + numpy + the standard library only:
               assert code == 0, err
 
 The worker that `LocalCluster` starts is ``python -m multihost.testing --worker``
-(`_worker`). `multihost.local`, this module's old name, still imports the cluster.
+(`_worker`).
 """
 
 from __future__ import annotations

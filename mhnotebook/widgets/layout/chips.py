@@ -99,7 +99,7 @@ def chip_grid_html(grid: ChipGrid | None) -> str:
         )
     head = (
         f'<div class="mh-chip-caption"><b>chips</b>: {esc(grid.kind)}, {len(grid.chips)} chips '
-        f'on {grid.hosts} hosts (colour: host; x across, y down); '
+        f'on {grid.hosts} processes (colour: process; x across, y down); '
         f'{esc(grid.legend().split("then ", 1)[-1])}</div>'
     )
     return f'{CSS}<div class="mh-chip-grid">{head}{_host_legend(colors)}{"".join(planes)}</div>'
@@ -109,7 +109,7 @@ def _host_legend(colors: dict[int, str], most: int = 32) -> str:
     """A swatch per host (``mh-chip-legend``), up to ``most`` hosts (then the tooltips)."""
     if len(colors) > most:
         return (
-            '<div class="mh-chip-legend">hosts: hover a chip for its process, chip and '
+            '<div class="mh-chip-legend">processes: hover a chip for its process, chip and '
             'devices</div>'
         )
     items = ''.join(
@@ -138,10 +138,10 @@ def render_chip_grid_png(grid: ChipGrid, title: str = '', width: int = 720) -> b
     cell_in = panel / pw
     fig_h = 0.9 + rows * (cell_in * ph + 0.45)
     fig = Figure(figsize=(width / 100, fig_h), dpi=100)
-    head = title or f'{grid.kind}: {len(grid.chips)} chips on {grid.hosts} hosts'
+    head = title or f'{grid.kind}: {len(grid.chips)} chips on {grid.hosts} processes'
     what = grid.legend().split('then ', 1)[-1].split(';')[0]
     legend = (
-        'x across, y down; colour: host (pN in its corner), thick lines between hosts\n'
+        'x across, y down; colour: process (pN in its corner), thick lines between processes\n'
         f'label: {what}'
     )
     fig.suptitle(f'{head}\n{legend}', fontsize=8, y=1 - 0.08 / fig_h)

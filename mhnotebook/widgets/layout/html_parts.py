@@ -40,14 +40,14 @@ def legend_html(layout: Layout, max_processes: int = MAX_LEGEND) -> str:
         rest = sorted(per_host)[max_processes:]
         sizes = [per_host[p] for p in rest]
         rows.append(
-            f'<tr><td colspan="3">... {len(rest)} more hosts, '
+            f'<tr><td colspan="3">... {len(rest)} more processes, '
             f'{format_bytes(min(sizes))} to {format_bytes(max(sizes))} each</td></tr>'
         )
     if any(len(b.process_indices) > 1 for b in layout.blocks()):
         rows.append(
             '<tr class="mh-legend-shared"><td colspan="3"><span class="mh-swatch" style="'
             'display:inline-block;width:0.9em;height:0.9em;vertical-align:middle;border:1px '
-            f'solid #0003;background:{SHARED_COLOR}"></span> several hosts '
+            f'solid #0003;background:{SHARED_COLOR}"></span> several processes '
             '(see replicas)</td></tr>'
         )
     ratio = layout.stored_nbytes / layout.nbytes if layout.nbytes else 0
@@ -56,7 +56,7 @@ def legend_html(layout: Layout, max_processes: int = MAX_LEGEND) -> str:
         f'of data (x{ratio:.3g})'
     )
     if layout.num_processes > len(PALETTE):
-        foot += f'; hosts past {len(PALETTE)} get hues of their own (hover for names)'
+        foot += f'; processes past {len(PALETTE)} get hues of their own (hover for names)'
     return (
         f'{CSS}<table class="mh-table mh-legend"><tr><th>process</th><th>bytes</th>'
         f'<th>shards</th></tr>{"".join(rows)}</table><div class="mh-legend-foot">'
@@ -74,7 +74,7 @@ def header_html(layout: Layout, report: ReplicaReport | None) -> str:
     text = (
         f'<b>{esc(layout.headline())}</b><br>{len(layout.shards)} shard(s) on '
         f'{len(set(layout.device_ids))} device(s) of {len(layout.processes)}/'
-        f'{layout.num_processes} host(s); {len(blocks)} distinct block(s), '
+        f'{layout.num_processes} process(es); {len(blocks)} distinct block(s), '
         f'{replicas} replica(s) each'
     )
     if report is None:

@@ -52,7 +52,9 @@ class MeshAxisInfo:
             return self.wiring
         if self.hosts == 0:
             return 'unknown (no mesh devices)'
-        return f'crosses hosts ({self.hosts} along it)' if self.hosts > 1 else 'within a host'
+        return (
+            f'crosses processes ({self.hosts} along it)' if self.hosts > 1 else 'within a process'
+        )
 
 
 def _spec_axes(spec: str, ndim: int) -> dict[str, tuple[int, ...]]:
@@ -114,7 +116,7 @@ def mesh_html(layout: Layout, max_cells: int = MAX_MESH_CELLS) -> str:
     parts = [
         '<div class="mh-mesh-caption">mesh: axes x devices x processes</div>',
         '<table class="mh-table mh-mesh-axes"><tr><th>axis</th><th>size</th>'
-        f'<th>shards dim</th><th>{"wiring" if layout.has_chips else "hosts"}</th></tr>'
+        f'<th>shards dim</th><th>{"wiring" if layout.has_chips else "processes"}</th></tr>'
         f'{"".join(rows)}</table>',
     ]
     ids = layout.mesh_device_ids

@@ -150,7 +150,7 @@ class ReplicaMatrix:
 
     def caption(self) -> str:
         """One line: what the matrix shows, and what is left out."""
-        kind = 'hosts' if self.per_host else 'devices'
+        kind = 'processes' if self.per_host else 'devices'
         text = (
             f'replicas: {len(self.rows)} replicated block{"s" if len(self.rows) != 1 else ""} x '
             f'{sum(1 for c in self.columns if not c.gap)} {kind}'
@@ -161,7 +161,7 @@ class ReplicaMatrix:
             text += '; replicas not compared (no replica report)'
         hidden = sum(c.gap for c in self.columns)
         if hidden:
-            text += f'; {hidden} more hosts in the … columns' + (
+            text += f'; {hidden} more processes in the … columns' + (
                 ', none holding an odd replica of these blocks' if self.checked else ''
             )
         if self.more:
@@ -257,7 +257,7 @@ def _columns(
 
 def _gap_column(process: int, hosts: int) -> ReplicaColumn:
     """The column standing for ``hosts`` hosts left out (before ``process``; -1: at the end)."""
-    return ReplicaColumn(process, None, f'… {hosts}', f'{hosts} hosts not shown', hosts)
+    return ReplicaColumn(process, None, f'… {hosts}', f'{hosts} processes not shown', hosts)
 
 
 def _host_columns(

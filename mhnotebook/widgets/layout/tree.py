@@ -14,7 +14,7 @@ from mhnotebook.widgets._common import CSS, View, add_classes, close_widgets, es
 from mhnotebook.widgets.layout.view import LayoutView, show_selected
 from multihost._models import LeafLayout, TreeLayout
 
-_TREE_HEAD = ('leaf', 'shape', 'dtype', 'spec', 'bytes per host', 'replicas')
+_TREE_HEAD = ('leaf', 'shape', 'dtype', 'spec', 'bytes per process', 'replicas')
 _TREE_CSS = """<style>
 .mh-tree-layout .mh-tree-leaf {text-align:left;font-family:var(--jp-code-font-family,monospace);
   font-size:12px}
