@@ -183,20 +183,14 @@ def test_signed_zeros_nan_payloads_dtype_and_shape():
         assert len({v.split('|')[2] for v in values[:3]}) == (1 if same else 3)
 
 
-def test_a_1000_leaf_tree_compiles_once():
-    """The first call over 1,000 device leaves of many shapes compiles; the second reuses it."""
-    import time
-
+def test_a_1000_leaf_tree_gives_numpy_digests_every_call():
+    """1,000 device leaves of many shapes: the same fingerprints on every call, numpy's.
+    (What they compile is counted in `test_first_fingerprints_compile_a_few_programs`; a
+    timing here raced on a busy machine once the first call stopped compiling.)"""
     shapes = [(i % 50 + 1, i % 7 + 1) for i in range(1000)]
     leaves = [jax.device_put(np.full(s, i, np.float32)) for i, s in enumerate(shapes)]
-    t0 = time.perf_counter()
     first = F.fingerprints(leaves)
-    t1 = time.perf_counter()
-    second = F.fingerprints(leaves)
-    t2 = time.perf_counter()
-    assert first == second == F.fingerprints([np.asarray(x) for x in leaves])
-    assert t2 - t1 < (t1 - t0)  # the second call compiles nothing
-    print(f'1,000 leaves: first call {t1 - t0:.2f} s, second {t2 - t1:.3f} s')
+    assert first == F.fingerprints(leaves) == F.fingerprints([np.asarray(x) for x in leaves])
 
 
 def test_sub_byte_dtypes_are_fingerprinted_on_the_host_alike():
