@@ -178,7 +178,7 @@ class AttachedJob(DataViewBase):
     def _endpoint(self) -> ControlClient:
         return self._client()
 
-    # -- the data tools, answered in each host's stopped frame (`multihost.engine.held`) ----
+    # -- the data tools, answered in each host's stopped frame (`multihost.engine.stopped`) ----
     def frames(self, *, timeout: float = 10.0) -> dict[int, dict[str, Any]]:
         """Each host's state and its program's frames, by process.
 

@@ -301,7 +301,7 @@ def _key(obj: Any, key: Any, where: str, full: str) -> Any:
 
 
 #: Keys a namespace may hold to name itself in a missing name's message (``'in frame 0
-#: (train.py:93 in train)'``) and to say what helps there (`multihost.engine.held`).
+#: (train.py:93 in train)'``) and to say what helps there (`multihost.engine.stopped`).
 HELD_PLACE, HELD_HINT = '__mh_place__', '__mh_hint__'
 
 
@@ -324,7 +324,7 @@ def resolve(
     full = format_steps(head, steps)
     if head not in namespace:
         mine = [k for k in namespace if isinstance(k, str) and not k.startswith('_')]
-        # A stopped frame's namespace (`engine.held`) says where it is and what helps there.
+        # A stopped frame's namespace (`engine.stopped`) says where it is and what helps there.
         place = namespace.get(HELD_PLACE, 'on this engine')
         hint = namespace.get(
             HELD_HINT, 'Define it in a %%mh cell first (every host runs the cell).'

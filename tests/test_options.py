@@ -265,7 +265,7 @@ def test_install_options_is_frozen_and_typed():
     assert dataclasses.is_dataclass(InstallOptions)
     with pytest.raises(dataclasses.FrozenInstanceError):
         InstallOptions().check_jit = True  # type: ignore[misc]
-    assert [p.__name__ for p in _install.patchers()][-1] == 'multihost.engine.held'
+    assert [p.__name__ for p in _install.patchers()][-1] == 'multihost.engine.stopped'
 
 
 def test_each_path_is_checked_at_install_naming_its_option(clean, tmp_path):

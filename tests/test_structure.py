@@ -41,7 +41,7 @@ def _named(
       module, else ``a``; relative imports resolved against ``path``'s package;
     * ``importlib.import_module('a.b')``, ``__import__('a.b')``: their literal name;
     * in a module that imports by a computed name (``importlib.import_module(name)``), every
-      string that names a project module below a package (``'multihost.engine.held'``): the
+      string that names a project module below a package (``'multihost.engine.stopped'``): the
       table of modules it loads (the install patchers, the public surface's homes) is what
       it imports.
 
@@ -172,8 +172,8 @@ FLOORS = {
         '_core': 3,  # the drop-in collectives and array conversions
         '_debug': 3,  # stacks, step gate, watch, wavefront, timeline, control
         '_checks': 4,  # tree diff, layout, replicas, census, non-finite values
-        'engine': 5,  # the tools a host runs for the notebook (held: on an attached job too)
-        '_job': 6,  # install (patchers: engine.held too), run, dumps, audit: jobs we did not start
+        'engine': 5,  # the tools a host runs for the notebook (stopped: on an attached job too)
+        '_job': 6,  # install (its patchers: engine.stopped too), run, dumps, audit
         '__init__': 7,  # the public surface: loads every room below on its first name
         # the test harness: LocalCluster, its worker (a host that loads the drop-in whole, as
         # a user's program does), the plain-process jobs
@@ -207,7 +207,7 @@ FLOORS = {
 
 #: Modules on another floor than their room's. A session's engine starts through the public
 #: surface (`multihost.engine.start`: JAX, then `multihost.install`, which loads the drop-in),
-#: above `_job`, whose installer runs the room's `held` patcher; the face hands it on.
+#: above `_job`, whose installer runs the room's `stopped` patcher; the face hands it on.
 PLACED = {'multihost.engine.start': 8, 'multihost.engine': 8}
 
 
@@ -281,10 +281,10 @@ def test_every_engine_function_the_notebook_calls_is_in_engine_all():
 def test_every_engine_tool_the_notebook_names_is_in_the_one_registry():
     """Tools the notebook asks for by name (``call_tool('layout', ...)``, a gather's
     ``call('gather_meta', ...)``) are tools of `multihost.engine.tools.TOOLS`, the registry
-    both a session's engines and an attached job's held hosts run them from."""
+    both a session's engines and an attached job's stopped hosts run them from."""
     import re
 
-    from multihost.engine import held
+    from multihost.engine import stopped
     from multihost.engine.tools import TOOLS
 
     named = set()
@@ -295,7 +295,7 @@ def test_every_engine_tool_the_notebook_names_is_in_the_one_registry():
     assert {'gather_meta', 'gather_send', 'layout', 'diff', 'run_cell'} <= named, named
     missing = sorted(named - set(TOOLS))
     assert not missing, f'asked for by the notebook but not in multihost.engine.tools: {missing}'
-    assert not hasattr(held, 'TOOLS'), 'a second table of tools: use multihost.engine.tools'
+    assert not hasattr(stopped, 'TOOLS'), 'a second table of tools: use multihost.engine.tools'
     for name, tool in TOOLS.items():
         assert tool.name == name and callable(tool.function) and tool.timeout > 0, name
 
@@ -484,7 +484,7 @@ def test_every_import_form_is_seen(tmp_path: pathlib.Path):
     src = tmp_path / 'forms.py'
     src.write_text(
         'import importlib\n'
-        'PATCHERS = ("multihost.engine.held", "multihost")\n'
+        'PATCHERS = ("multihost.engine.stopped", "multihost")\n'
         'def f(name):\n'
         '    import multihost\n'
         '    from . import _layout\n'
@@ -497,7 +497,7 @@ def test_every_import_form_is_seen(tmp_path: pathlib.Path):
         'multihost',
         'multihost._checks._layout',
         'multihost._debug._stacks',
-        'multihost.engine.held',
+        'multihost.engine.stopped',
     }
 
 

@@ -8,7 +8,7 @@ behind a 13 s launch, while ``np.asarray`` of that array returned in 3 ms.
 Copies of ready buffers to the host do not queue behind compute.
 
 So inside `_recorder.reading_host_copies` (the tools of an attached or held
-job, run by each host's debug thread, `engine.held`; and a `Session`'s
+job, run by each host's debug thread, `engine.stopped`; and a `Session`'s
 tools while a recorded launch is in flight on the host, `engine.calls`):
 
 * each shard is read by one device-to-host copy, only when it is ready (`copy`);
@@ -72,7 +72,7 @@ def _waits_on() -> str:
 
 def _why(x: jax.Array, what: str, unfinished: Callable[[str], str] | None = None) -> str | None:
     """Why ``x`` cannot be read now without waiting (None: it can); ``unfinished`` words the
-    case of a launch's output not ready yet (a stopped job says more: `engine.held`)."""
+    case of a launch's output not ready yet (a stopped job says more: `engine.stopped`)."""
     try:
         if x.is_deleted():
             return (

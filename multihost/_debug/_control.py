@@ -68,7 +68,7 @@ _BUILTIN = frozenset(_METHODS)
 
 
 def register_method(name: str, fn: Callable[..., Any]) -> None:
-    """Adds endpoint method ``name`` (a room above this one serves it: `engine.held`)."""
+    """Adds endpoint method ``name`` (a room above this one serves it: `engine.stopped`)."""
     _METHODS[name] = fn
 
 
@@ -317,7 +317,7 @@ class ControlClient:
         processes: list[int] | None = None,
         timeout: float = 60.0,
     ) -> dict[int, dict[str, Any]]:
-        """Every host's answer from its stopped frame (see `multihost.engine.held.inspect`).
+        """Every host's answer from its stopped frame (see `multihost.engine.stopped.inspect`).
 
         Needs a job installed with `multihost.install` (``multihost run``): its hosts
         answer the data tools of `mhnotebook.AttachedJob` from their debug threads.

@@ -11,7 +11,7 @@ logs one line), and its main thread waits, the traceback kept, until
 stepping is turned off (``job.release_all()``, ``%mh_step continue``) or
 ``hold_for`` seconds passed. Then the error goes on as without the flag
 (`_job._fate`: the others are ended, exit codes as always). Meanwhile an
-attached notebook reads the stopped frames (`multihost.engine.held`: on this
+attached notebook reads the stopped frames (`multihost.engine.stopped`: on this
 host, the frames of the traceback, innermost first).
 
 JAX's heartbeats come from its client's own threads, so a stopped job is not

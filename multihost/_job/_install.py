@@ -50,7 +50,7 @@ def patchers() -> tuple[Patcher, ...]:
     """The patchers `install` runs, in order (`uninstall`: in reverse). Imported when
     installing, not with `multihost`: `multihost.engine` imports the package itself."""
     from multihost._job import _attach, _fate, _jit, _numbering, _service
-    from multihost.engine import held
+    from multihost.engine import stopped
 
     return (
         _jit,
@@ -58,7 +58,7 @@ def patchers() -> tuple[Patcher, ...]:
         _attach,
         _numbering,  # hosts numbered one way (process_index, TPU_WORKER_ID)
         _fate,
-        held,  # every host answers an attached notebook's data tools
+        stopped,  # every stopped host answers an attached notebook's data tools
     )
 
 

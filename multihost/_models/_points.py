@@ -1,6 +1,6 @@
 """Where each host of a stopped job was read: one frame's line and its launch counts (plain data).
 
-The data tools of an attached job (`multihost.engine.held`) read each host's stopped frame.
+The data tools of an attached job (`multihost.engine.stopped`) read each host's stopped frame.
 Hosts stopped at different points (the failing host raised before building the batch the
 others already launched with) hold values of different steps under one name: a value
 combined across them (a gather, a diff, a layout, a NaN census) joins blocks no step ever

@@ -6,10 +6,10 @@ is installed, versioned and tested here rather than pickled from the
 notebook. Everything returns plain, picklable data. Where this engine is:
 `net`; the gather export: `gather` (structure made portable: `portable`);
 the other calls: `calls`; on a job the notebook attached to, the data tools in each
-host's held frame and, with ``--allow-exec``, its ``%%mh`` cells (`run_cell`): `held`,
+host's stopped frame and, with ``--allow-exec``, its ``%%mh`` cells (`run_cell`): `stopped`,
 `cell`; every tool a job view calls on its hosts, once: `tools`. A session's engine starts
 with `start` (JAX, then `multihost.install`): it and this face stand above `_job`, whose
-installer runs `held`, the rest of the room below it (docs/ARCHITECTURE.md).
+installer runs `stopped`, the rest of the room below it (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``%%mh`` on an attached job: `run_cell`, the engine tool that runs a notebook's cell in a
 stopped frame, and whether this host allows it (``--allow-exec``: `_Exec`, set by
-`multihost.engine.held.patch`).
+`multihost.engine.stopped.patch`).
 """
 
 from __future__ import annotations

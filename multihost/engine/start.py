@@ -1,6 +1,6 @@
 """A session's engine starts here: JAX's distributed runtime, then `multihost.install`.
 
-Above the rest of `multihost.engine` (and `_job`, whose installer runs `engine.held`, a
+Above the rest of `multihost.engine` (and `_job`, whose installer runs `engine.stopped`, a
 tool of this room, as a patcher): the start goes through the public surface, so an
 engine loads the whole drop-in as any host that uses one of its names does.
 """

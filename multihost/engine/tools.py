@@ -3,7 +3,7 @@
 A notebook's job views reach their hosts two ways: a `Session`'s engines run a tool
 through ipyparallel (the notebook's trampoline, `mhnotebook._trampoline.tool`, looks it
 up here on the engine), an attached job's hosts run it on their debug threads in the stopped
-frame (`multihost.engine.held`, which looks it up here too). Each `Tool` says once what
+frame (`multihost.engine.stopped`, which looks it up here too). Each `Tool` says once what
 both need: its name (what travels), the function, whether its first argument is the
 namespace it reads names in (a session's engine namespace, or the stopped frame's names),
 its default timeout, and whether a stopped host may run it (an attached job's control key
@@ -28,7 +28,7 @@ class Tool:
         function: the function the host runs.
         namespace: its first argument is the namespace names are read in.
         timeout: seconds a view waits for it unless told otherwise.
-        on_stopped: an attached job's stopped hosts may run it (`multihost.engine.held`); a
+        on_stopped: an attached job's stopped hosts may run it (`multihost.engine.stopped`); a
             session's engines run every tool.
     """
 
