@@ -291,7 +291,7 @@ def test_real_cluster_tutorial_runs_against_the_namespace_hosts(session, control
     monkeypatch.setenv('MH_CLUSTER_HOSTS', str(N))
     NotebookClient(nb, timeout=120, kernel_name='python3').execute()
     text = notebook_text(nb)
-    assert f'connected to {N} hosts' in text, text
+    assert f'connected to {N} processes' in text, text
     assert 'a real cluster' in text and 'stand-in' not in text, text
     for h in session.processes:
         assert h.address in text, text
