@@ -469,12 +469,15 @@ def _random_bits(dt: object, shape: tuple[int, ...], seed: int = 0) -> np.ndarra
 
 
 @pytest.mark.parametrize('dt', [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
-                                ml_dtypes.float8_e5m2])  # fmt: skip
-@pytest.mark.parametrize('shape', [(3, 5), (100, 3000), (20, 20000), (3, 32, 300), (512, 8, 64)])
+                                ml_dtypes.float8_e5m2, np.float32, np.int32])  # fmt: skip
+@pytest.mark.parametrize(
+    'shape', [(3, 5), (100, 3000), (20, 20000), (40, 1001), (3, 32, 300), (512, 8, 64)]
+)
 def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, monkeypatch):
     """The kernel that reads narrow floats on a TPU (`_raw_lanes`, here in Pallas' interpret
-    mode): the same lanes and flags as numpy's definition, for whole leaves in one tile and
-    in tiles with ragged edges, and for blocks at offsets of a leaf (3-D: the grid walks the
+    mode): the same lanes and flags as numpy's definition (and the lanes alone, without the
+    flags), for whole leaves in one tile and in tiles with ragged edges, rows of an odd
+    length, rows passing a multiple of 2^17 elements, and blocks at odd offsets of a leaf (3-D: the grid walks the
     leading axis; (512, 8, 64): a whole leaf read as 2-D rows), on random raw bits with
     NaN payloads and subnormals, and constant blocks."""
     monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
@@ -484,7 +487,7 @@ def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, mon
         # XLA:CPU (seen here): their bits are checked on one tile, and on the TPU itself
         # (bench/tpu_fingerprints.py's exactness section, every tile).
         a[np.isnan(a)] = 0.5
-    half = shape[-1] // 2
+    half = shape[-1] // 2 | 1  # an odd offset: the first element is a word's high half
     blocks = [(jnp.asarray(a), (0,) * len(shape), shape)]
     blocks.append((jnp.asarray(a[..., half:]), (0,) * (len(shape) - 1) + (half,), shape))
     const = np.full(shape, a.reshape(-1)[5], dtype=dt)
@@ -495,3 +498,5 @@ def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, mon
         want = F.numpy_lanes(host, offs, full).reshape(-1)
         assert res[:4].tolist() == want.tolist()
         assert (bool(res[4]), bool(res[5])) == F.numpy_flags(host)
+    for (x, offs, full), res in zip(blocks, F.device_results(blocks)):  # lanes alone
+        assert res.tolist() == F.numpy_lanes(np.asarray(x), offs, full).reshape(-1).tolist()

@@ -113,6 +113,12 @@ _C = 1 << 16  # words per row of the fast path: row r holds words k with k >> 16
 
 
 def _g16(xp: Any, x: Any) -> Any:
+    if xp is np:  # numpy: a table of all 2^16 values (one gather instead of eight passes)
+        return _table(16)[x]
+    return _g16_ops(xp, x)
+
+
+def _g16_ops(xp: Any, x: Any) -> Any:
     x = (x * xp.uint32(_M16[0])) & xp.uint32(0xFFFF)
     x = x ^ (x >> xp.uint32(7))
     x = (x * xp.uint32(_M16[1])) & xp.uint32(0xFFFF)
@@ -120,10 +126,25 @@ def _g16(xp: Any, x: Any) -> Any:
 
 
 def _g8(xp: Any, x: Any) -> Any:
+    if xp is np:
+        return _table(8)[x]
+    return _g8_ops(xp, x)
+
+
+def _g8_ops(xp: Any, x: Any) -> Any:
     x = (x * xp.uint32(_M8[0])) & xp.uint32(0xFF)
     x = x ^ (x >> xp.uint32(4))
     x = (x * xp.uint32(_M8[1])) & xp.uint32(0xFF)
     return x ^ (x >> xp.uint32(3))
+
+
+@functools.cache
+def _table(bits: int) -> np.ndarray:
+    """``g16`` (``bits`` 16) or ``g8`` (8) of every value, computed once by its arithmetic
+    (in numpy: never a device program, which could wait behind a stuck launch)."""
+    x = np.arange(1 << bits, dtype=np.uint32)
+    with np.errstate(over='ignore'):
+        return (_g16_ops(np, x) if bits == 16 else _g8_ops(np, x)).astype(np.uint32)
 
 
 def _sum(xp: Any, x: Any, axis: Any = None) -> Any:
@@ -354,7 +375,7 @@ def _raw_out(x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, 
     if read is not None and read != tuple(x.shape):  # a whole leaf, read 2-D in C order
         x, strides = x.reshape(read), _c_strides(read)
     off = jax.lax.bitcast_convert_type(off, jnp.int32).reshape(1)
-    w = _raw_lanes.block_words(x, off, strides, interpret=how == 'interpret')
+    w = _raw_lanes.block_words(x, off, strides, flags, interpret=how == 'interpret')
     out = [w[0] * _U(K1), w[1] * _U(K1), w[2] * _U(K2), w[3] * _U(K2)]
     if flags:
         out += [w[4], (w[5] == w[6]).astype(_U)]
@@ -414,10 +435,16 @@ def _group(
 _SUB_BYTE = frozenset({'int2', 'uint2', 'int4', 'uint4', 'float4_e2m1fn'})
 
 
+_ON_DEVICE: dict[Any, bool] = {}
+
+
 def on_device(dtype: Any) -> bool:
     """Whether leaves of ``dtype`` are fingerprinted on their device (else copied to the host)."""
-    dt = np.dtype(dtype)
-    return supported(dt) and dt.name not in _SUB_BYTE
+    got = _ON_DEVICE.get(dtype)  # remembered: numpy builds a dtype's name anew each time
+    if got is None:
+        dt = np.dtype(dtype)
+        got = _ON_DEVICE[dtype] = supported(dt) and dt.name not in _SUB_BYTE
+    return got
 
 
 def _device_ok(x: jax.Array) -> bool:
@@ -434,7 +461,7 @@ def bits_lost_on_chip(x: jax.Array) -> bool:
     every bit of bfloat16 and float8; ``np.asarray`` keeps every byte. Such leaves are read
     from host copies there (exact, slower: docs/API.md 4.2)."""
     dt = np.dtype(x.dtype)
-    if dt.itemsize >= 4 or not jnp.issubdtype(dt, jnp.floating):
+    if dt.itemsize >= 4 or dt.kind not in 'fV' or not jnp.issubdtype(dt, jnp.floating):
         return False
     try:
         on_tpu = any(getattr(d, 'platform', '') == 'tpu' for d in x.sharding.device_set)
@@ -467,17 +494,55 @@ def _width(dtype: Any, flags: bool) -> int:
     return lane_sets(dtype) * LANES + (FLAGS if flags else 0)
 
 
+#: Compiled `_group` programs of this process, by what they were compiled for (device,
+#: blocks' shape and dtype, count, static arguments): across calls and trees.
+_PROGRAMS: dict[tuple[Any, ...], Any] = {}
+#: Programs kept, at most (the oldest are dropped past it).
+MAX_PROGRAMS = 512
+
+
+def _compile(calls: list[tuple[Any, ...]]) -> None:
+    """Compiles the programs ``calls`` need that this process has not compiled yet, several
+    at once (XLA compiles outside the GIL: on a TPU host a program of a group took 0.2-2 s;
+    the first fingerprints of a model's state need about ten)."""
+    missing: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    for key, args in calls:
+        if key not in _PROGRAMS and key not in missing:
+            missing[key] = args
+
+    def build(args: tuple[Any, ...]) -> Any:
+        return _group.lower(*args).compile()
+
+    if len(missing) == 1:
+        ((key, args),) = missing.items()
+        _PROGRAMS[key] = build(args)
+    elif missing:
+        from concurrent.futures import ThreadPoolExecutor
+
+        workers = max(1, min(len(missing), os.cpu_count() or 1, 16))
+        with ThreadPoolExecutor(workers, thread_name_prefix='multihost-compile') as pool:
+            for key, program in zip(missing, pool.map(build, missing.values())):
+                _PROGRAMS[key] = program
+    while len(_PROGRAMS) > MAX_PROGRAMS:
+        del _PROGRAMS[next(iter(_PROGRAMS))]
+
+
 def _dispatch(
     blocks: Sequence[tuple[jax.Array, Sequence[int], Sequence[int]]],
     groups: dict[Any, list[int]],
     flags: bool,
 ) -> list[tuple[list[int], jax.Array]]:
-    """Every group's programs, dispatched (K blocks of one shape, dtype and device each)."""
-    pending = []
-    for (device, shape, _, full), idx in groups.items():
+    """Every group's programs, dispatched (K blocks of one shape, dtype and device each);
+    the programs not compiled yet are compiled first, together (`_compile`)."""
+    calls = []
+    for (device, shape, dtype, full), idx in groups.items():
         nbytes = max(1, int(blocks[idx[0]][0].nbytes))
         most = max(1, min(MAX_GROUP, MAX_GROUP_BYTES // nbytes))
         strides = _c_strides(full if full is not None else shape)
+        rows = device.platform == 'cpu'  # XLA:CPU: the row formulation is faster there
+        raw = ''
+        if _raw_lanes.wanted(device.platform, dtype, shape, full is None):
+            raw = 'tpu' if device.platform == 'tpu' else 'interpret'
         for lo in range(0, len(idx), most):
             part = idx[lo : lo + most]
             k = _pow2(len(part)) if _pow2(len(part)) <= most else len(part)
@@ -489,12 +554,10 @@ def _dispatch(
                 for j, i in enumerate(part):
                     arr[j] = np.asarray(blocks[i][1], np.uint64) & 0xFFFFFFFF
                 offs = jax.device_put(arr, device)
-            rows = device.platform == 'cpu'  # XLA:CPU: the row formulation is faster there
-            raw = ''
-            if _raw_lanes.wanted(device.platform, blocks[idx[0]][0].dtype, shape, full is None):
-                raw = 'tpu' if device.platform == 'tpu' else 'interpret'
-            pending.append((part, _group(xs, offs, strides, flags, rows, raw)))
-    return pending
+            key = (device, shape, dtype, k, full is None, strides, flags, rows, raw)
+            calls.append((part, key, (xs, offs, strides, flags, rows, raw)))
+    _compile([(key, args) for _, key, args in calls])
+    return [(part, _PROGRAMS[key](*args[:2])) for part, key, args in calls]
 
 
 def device_results(
@@ -506,7 +569,8 @@ def device_results(
     Blocks of one shape, dtype and device share one program (`_group`), compiled once per
     process for that shape and a power-of-two count; whole leaves up to `SMALL` elements
     are copied to the host together and computed by numpy (`_numpy_many`: no compile).
-    Everything is dispatched before anything is read; one batched copy to the host.
+    Everything is dispatched before anything is read; the small leaves are copied and
+    computed while the programs run, then one batched copy of the programs' results.
     """
     out: list[np.ndarray | None] = [None] * len(blocks)
     small: list[int] = []
@@ -524,10 +588,13 @@ def device_results(
             key = (next(iter(x.devices())), tuple(x.shape), np.dtype(x.dtype))
             groups.setdefault(key + (None if whole else full,), []).append(i)
     pending = _dispatch(blocks, groups, flags)
-    got = jax.device_get([blocks[i][0] for i in small] + [lanes for _, lanes in pending])
-    for i, res in zip(small, _numpy_many([np.asarray(a) for a in got[: len(small)]], flags)):
+    # The small leaves are ready (their launches ran): copied and computed while the
+    # programs run (a copy of a ready buffer does not queue behind compute).
+    copies = jax.device_get([blocks[i][0] for i in small])
+    for i, res in zip(small, _numpy_many([np.asarray(a) for a in copies], flags)):
         out[i] = res
-    for (part, _), res in zip(pending, got[len(small) :]):
+    got = jax.device_get([lanes for _, lanes in pending])
+    for (part, _), res in zip(pending, got):
         for j, i in enumerate(part):
             out[i] = np.asarray(res[j])
     return [o if o is not None else np.zeros(LANES, np.uint32) for o in out]
@@ -597,24 +664,26 @@ def _numpy_run(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list[np.n
     starts = np.zeros(len(arrays), np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
     e = (np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(starts, sizes)).astype(np.uint32)
-    per = [_np_words(np.ascontiguousarray(a)) for a in arrays]
+    flat = np.concatenate([a.reshape(-1) for a in arrays])  # one copy, then one view
     cols = []
     same = np.ones(len(arrays), bool)
-    for p in range(len(per[0])):
-        r = np.concatenate([w[p] for w in per])
+    for r in _np_words(flat):
         if size == 4:
             hi, lo, k = _g16(np, r >> np.uint32(16)), _g16(np, r & np.uint32(0xFFFF)), e
         else:
             hi, lo, k = _halves_of_elements(np, r, size, e)
         c = k * np.uint32(2) + np.uint32(1)
-        c2 = (k >> np.uint32(16)) * np.uint32(2) + np.uint32(1)
-        for term, m in ((hi * c, K1), (lo * c, K1), (hi * c2, K2), (lo * c2, K2)):
+        if (int(sizes.max()) - 1) >> {1: 18, 2: 17}.get(size, 16):  # else c'(k >> 16) = 1
+            c2 = (k >> np.uint32(16)) * np.uint32(2) + np.uint32(1)
+            far = [(hi * c2, K2), (lo * c2, K2)]
+        else:
+            far = [(hi, K2), (lo, K2)]
+        for term, m in [(hi * c, K1), (lo * c, K1), *far]:
             cols.append(np.add.reduceat(term, starts, dtype=np.uint32) * np.uint32(m))
         if flags:
             same &= np.maximum.reduceat(r, starts) == np.minimum.reduceat(r, starts)
     if flags:
         if _inexact(dt):
-            flat = np.concatenate([a.reshape(-1) for a in arrays])
             bad = np.logical_or.reduceat(~np.isfinite(flat), starts)
         else:
             bad = np.zeros(len(arrays), bool)

@@ -1,4 +1,4 @@
-"""The kernel's lanes of narrow floats on a TPU, from their raw bits: a Pallas kernel.
+"""The kernel's lanes of blocks on a TPU, from their raw bits: a Pallas kernel.
 
 On a TPU, XLA does not keep a narrow float's bits: measured on a TPU v5e (jax 0.10.2,
 `bench/tpu_bits.py`), a bitcast of bfloat16 to uint16 flushes subnormals and rewrites NaN
@@ -13,6 +13,13 @@ blocks). Arithmetic is int32 (wrapping: the definition's uint32 sums mod 2^32, l
 shifts). float16 is not here: Mosaic takes no float16 argument, and XLA rewrites its NaNs,
 so it is read from host copies (`_fingerprint.bits_lost_on_chip`).
 
+The same kernel reads 32-bit words (float32, int32, uint32) in the shapes it reads at memory
+speed: XLA keeps their bits, but its fused reductions took 1-2 s to compile per program on
+the chip, the kernel's programs a few tenths (`bench/tpu_fingerprints.py`). The sums come
+from row and column sums of ``g16`` of the halves (no product per element): the element
+index is ``first-of-row + column``, so ``sum g * c(e)`` splits into row sums times the
+rows' first indices and column sums times the column numbers.
+
 Off a TPU the kernel runs in Pallas' interpret mode (the tests check it against numpy).
 """
 
@@ -25,12 +32,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-#: Raw-bit NaN/Inf test per dtype: (mask, value): non-finite iff ``bits & mask == value``.
+#: Raw-bit NaN/Inf test per dtype: (mask, least): non-finite iff ``bits & mask >= least``
+#: (the sign dropped, the exponent field all ones).
 NONFINITE = {
-    'bfloat16': (0x7F80, 0x7F80),
+    'bfloat16': (0x7FFF, 0x7F80),
     'float8_e4m3fn': (0x7F, 0x7F),
-    'float8_e5m2': (0x7C, 0x7C),
+    'float8_e5m2': (0x7F, 0x7C),
+    'float32': (0x7FFFFFFF, 0x7F800000),
 }
+#: 32-bit dtypes the kernel reads (in `_direct` shapes only: others stay with XLA, which
+#: keeps their bits).
+WORD_DTYPES = frozenset({'float32', 'int32', 'uint32'})
 #: Elements of one tile, at most (int32 temporaries of a tile stay well inside VMEM).
 TILE = 1 << 17
 #: Result words per tile: four lanes, non-finite, largest raw value, smallest raw value.
@@ -43,25 +55,44 @@ _I = jnp.int32
 RESHAPE_KEEPS_BITS = frozenset({'bfloat16', 'float8_e5m2'})
 
 
+#: Rows of a (rows, 128) VMEM tile per element size: 32-bit words hold 4, 2 or 1 elements.
+_PACK = {1: 32, 2: 16, 4: 8}
+
+
 def _direct(shape: tuple[int, ...], itemsize: int) -> bool:
     """Block shapes whose bits the kernel read exactly on a TPU v5e (`bench/tpu_bits.py
     --kernel`): a last axis of 128 or more, and for 3-D and up a second-to-last axis in
     whole packed rows (16 of 2 bytes, 32 of 1). Others (a last axis under 128, like
     (1000, 5) or (512, 8, 64); (3, 5, 70001)) came back with canonicalized NaNs there."""
-    pack = 32 if itemsize == 1 else 16
-    return shape[-1] >= 128 and (len(shape) == 2 or shape[-2] % pack == 0)
+    return shape[-1] >= 128 and (len(shape) == 2 or shape[-2] % _PACK[itemsize] == 0)
 
 
 def plan(dtype: Any, shape: tuple[int, ...], whole: bool) -> tuple[int, ...] | None:
     """The shape the kernel reads a block of ``dtype`` and ``shape`` in, or None (host
-    copies): the block's own shape where that reads exactly (`_direct`); for a whole leaf
-    of a dtype XLA reshapes exactly, 2-D rows of 1,024 down to 128 elements (C order, so
-    every element keeps its index)."""
+    copies for narrow floats, XLA's program for 32-bit words):
+
+    * a whole leaf of 3-D and up whose second-to-last axis is in whole packed rows, and
+      whose dtype XLA reshapes exactly: 2-D, its leading axes merged (the same tiles in
+      memory: no copy, and a few large tiles instead of many small ones);
+    * the block's own shape where that reads exactly (`_direct`); 32-bit words also with
+      a last axis under 128 whose lanes are at least half used;
+    * another whole leaf of a narrow float XLA reshapes exactly: 2-D rows of 1,024 down
+      to 128 elements (a copy).
+
+    The reshapes keep C order, so every element keeps its index."""
     dt = np.dtype(dtype)
-    if dt.name not in NONFINITE or len(shape) < 1 or not all(shape):
+    if dt.name not in NONFINITE and dt.name not in WORD_DTYPES or len(shape) < 1 or not all(shape):
         return None
+    exact = dt.name in RESHAPE_KEEPS_BITS or dt.itemsize == 4
+    lanes = shape[-1] >= 128 or (dt.itemsize == 4 and -(-shape[-1] // 128) * 128 <= 2 * shape[-1])
+    if whole and exact and len(shape) >= 3 and shape[-2] % _PACK[dt.itemsize] == 0 and lanes:
+        return (int(np.prod(shape[:-1])), shape[-1])
     if len(shape) >= 2 and _direct(shape, dt.itemsize):
         return shape
+    if len(shape) == 2 and dt.itemsize == 4 and lanes:
+        return shape
+    if dt.itemsize == 4:  # XLA reads 32-bit words exactly in any shape
+        return None
     if whole and dt.name in RESHAPE_KEEPS_BITS:
         n = int(np.prod(shape))
         for width in (1024, 512, 256, 128):
@@ -87,10 +118,10 @@ def wanted(platform: str, dtype: Any, shape: tuple[int, ...], whole: bool = Fals
 
 def _tiles(shape: tuple[int, ...], itemsize: int) -> tuple[int, int]:
     """Tile (rows, cols) of the last two axes: whole where they fit, else rows in
-    multiples of the dtype's packing (16 rows of 2 bytes, 32 of 1) and cols of 128. Sizes
+    multiples of the dtype's packing (8 rows of 4 bytes, 16 of 2, 32 of 1), cols of 128. Sizes
     count as VMEM holds them: cols padded to 128 lanes, rows to the packing."""
     a, b = shape[-2], shape[-1]
-    pack = 32 if itemsize == 1 else 16
+    pack = _PACK[itemsize]
     wide = -(-b // 128) * 128
     if -(-a // pack) * pack * wide <= TILE:
         return a, b
@@ -121,48 +152,134 @@ def _total(x: Any) -> Any:
     return jnp.sum(jnp.sum(x, axis=0, keepdims=True), axis=1, keepdims=True)
 
 
+#: Bits of an element index below the second lanes' word group (``k >> 16``): 17 for 2-byte
+#: elements (two to a word), 18 for 1-byte ones.
+_FAR = {1: 18, 2: 17}
+
+
+def _lanes16(v: Any, first: Any, cols: Any, stride: int) -> list[Any]:
+    """The four lanes of a tile of 2-byte elements from row and column sums.
+
+    ``v``: ``g16`` of each raw value (0 past the block); ``first``: (rows, 1) each tile
+    row's first element's index in the leaf; ``cols``: (1, cols) local column numbers;
+    ``stride``: the leaf's row stride. Element ``e = first + col`` is word ``e >> 1``, its
+    high half when ``e`` is odd, so ``c(k) = e | 1`` (``e`` for a high half, ``e + 1`` for
+    a low one) and ``c'(k >> 16) = (e >> 16) | 1``: sums of ``v * e`` split into row sums
+    times ``first`` and column sums times ``col``. ``c'`` changes where ``e`` passes a
+    multiple of 2^17; inside a row only when 2^17 is not a multiple of the stride: those
+    rows add the change times what lies past it."""
+    if stride % 2 == 0:  # every row's first element has the same parity: a column mask
+        hi = ((cols ^ first[0:1, :]) & _I(1)) == _I(1)
+    else:
+        hi = ((cols ^ first) & _I(1)) == _I(1)
+    hv = jnp.where(hi, v, _I(0))
+    a, a_hi = jnp.sum(v, axis=1, keepdims=True), jnp.sum(hv, axis=1, keepdims=True)
+    c = jnp.sum(v, axis=0, keepdims=True)
+    c_hi = jnp.where(hi, c, _I(0)) if stride % 2 == 0 else jnp.sum(hv, axis=0, keepdims=True)
+    a_lo, c_lo = a - a_hi, c - c_hi
+    near = _srl(first, 16) | _I(1)
+    words = [
+        _total(first * a_hi) + _total(cols * c_hi),
+        _total((first + _I(1)) * a_lo) + _total(cols * c_lo),
+        _total(near * a_hi),
+        _total(near * a_lo),
+    ]
+    if (1 << 17) % stride:  # a row may pass a multiple of 2^17 (at most once: cols <= 2^17)
+        nxt = (first | _I(0x1FFFF)) + _I(1)
+        past = cols >= nxt - first
+        x = jnp.sum(jnp.where(past, v, _I(0)), axis=1, keepdims=True)
+        x_hi = jnp.sum(jnp.where(past, hv, _I(0)), axis=1, keepdims=True)
+        step = (_srl(nxt, 16) | _I(1)) - near
+        words[2] = words[2] + _total(step * x_hi)
+        words[3] = words[3] + _total(step * (x - x_hi))
+    return words
+
+
+def _lanes32(hi: Any, lo: Any, first: Any, cols: Any, stride: int) -> list[Any]:
+    """The four lanes of a tile of 32-bit words (`_lanes16`'s sums): ``hi``, ``lo`` the
+    ``g16`` of each word's halves, word ``e = first + col``, ``c(e) = 2e + 1`` and
+    ``c'(e >> 16) = (e >> 15) | 1``, which changes where ``e`` passes a multiple of 2^16."""
+    odd = cols * _I(2) + _I(1)
+    near = _srl(first, 15) | _I(1)
+    words = []
+    for h in (hi, lo):
+        a, c = jnp.sum(h, axis=1, keepdims=True), jnp.sum(h, axis=0, keepdims=True)
+        words.append(_total((first * _I(2)) * a) + _total(odd * c))
+    for h in (hi, lo):
+        words.append(_total(near * jnp.sum(h, axis=1, keepdims=True)))
+    if (1 << 16) % stride:  # a row may pass a multiple of 2^16 (at most once: cols <= 2^16)
+        nxt = (first | _I(0xFFFF)) + _I(1)
+        past = cols >= nxt - first
+        step = (_srl(nxt, 15) | _I(1)) - near
+        for i, h in ((2, hi), (3, lo)):
+            x = jnp.sum(jnp.where(past, h, _I(0)), axis=1, keepdims=True)
+            words[i] = words[i] + _total(step * x)
+    return words
+
+
+def _lanes8(v: Any, e: Any) -> list[Any]:
+    """The four lanes of a tile of 1-byte elements at leaf indices ``e``: word ``e >> 2``,
+    its high half when bit 1 of ``e`` is set, the byte's place in the half bit 0; so
+    ``c(k) = (e >> 1) | 1`` and ``c'(k >> 16) = (e >> 17) | 1``."""
+    v = jnp.where((e & _I(1)) == _I(1), v << _I(8), v)
+    is_hi = (e & _I(2)) == _I(2)
+    t1 = v * (_srl(e, 1) | _I(1))
+    t2 = v * (_srl(e, 17) | _I(1))
+    s1, s2 = _total(t1), _total(t2)
+    h1, h2 = _total(jnp.where(is_hi, t1, _I(0))), _total(jnp.where(is_hi, t2, _I(0)))
+    return [h1, s1 - h1, h2, s2 - h2]
+
+
+def _max(x: Any) -> Any:
+    return jnp.max(jnp.max(x, axis=0, keepdims=True), axis=1, keepdims=True)
+
+
+def _min(x: Any) -> Any:
+    return jnp.min(jnp.min(x, axis=0, keepdims=True), axis=1, keepdims=True)
+
+
 def _kernel(
     off_ref: Any, x_ref: Any, o_ref: Any, *, shape: tuple[int, ...], strides: tuple[int, ...],
-    tile: tuple[int, int], name: str,
+    tile: tuple[int, int], name: str, flags: bool,
 ) -> None:  # fmt: skip
-    """One tile: raw bits (reinterpreted in VMEM), their leaf indices, the seven words."""
+    """One tile: raw bits (reinterpreted in VMEM) and their leaf indices give the four
+    lanes; with ``flags`` also the largest exponent field, largest and smallest raw value."""
     nd = len(shape)
     ta, tb = tile
     size = np.dtype(name).itemsize
-    raw = jax.lax.bitcast_convert_type(x_ref[...], jnp.int8 if size == 1 else jnp.int16)
-    r = raw.astype(_I) & _I((1 << (8 * size)) - 1)
+    if size == 4:
+        r = jax.lax.bitcast_convert_type(x_ref[...], _I)
+    else:
+        raw = jax.lax.bitcast_convert_type(x_ref[...], jnp.int8 if size == 1 else jnp.int16)
+        r = raw.astype(_I) & _I((1 << (8 * size)) - 1)
     g = [pl_program_id(d) for d in range(nd)]
     base = off_ref[0]
     for d in range(nd - 2):
         base = base + g[d] * _I(strides[d] & 0xFFFFFFFF)
     rows = jax.lax.broadcasted_iota(_I, (ta, 1), 0) + g[nd - 2] * _I(ta)
-    cols = jax.lax.broadcasted_iota(_I, (1, tb), 1) + g[nd - 1] * _I(tb)
-    # e = base + row * stride + col * stride', the row part on a column, the col part on a row
-    e = (base + rows * _I(strides[-2] & 0xFFFFFFFF)) + cols * _I(strides[-1] & 0xFFFFFFFF)
-    if size == 1:
-        v = _g8(r)
-        v = jnp.where((e & _I(1)) == _I(1), v << _I(8), v)
-        is_hi, k = (_srl(e, 1) & _I(1)) == _I(1), _srl(e, 2)
-    else:
+    cols = jax.lax.broadcasted_iota(_I, (1, tb), 1)
+    col0 = g[nd - 1] * _I(tb)
+    # each tile row's first element's index in the leaf (the last axis has stride 1)
+    first = base + rows * _I(strides[-2] & 0xFFFFFFFF) + col0
+    ragged = bool(shape[-2] % ta or shape[-1] % tb)
+    valid = (rows < _I(shape[-2])) & (cols + col0 < _I(shape[-1])) if ragged else None
+    if size == 4:
+        hi, lo = _g16(_srl(r, 16)), _g16(r & _I(0xFFFF))
+        if ragged:
+            hi, lo = jnp.where(valid, hi, _I(0)), jnp.where(valid, lo, _I(0))
+        words = _lanes32(hi, lo, first, cols, strides[-2])
+    elif size == 2:
         v = _g16(r)
-        is_hi, k = (e & _I(1)) == _I(1), _srl(e, 1)
-    mask, val = NONFINITE[name]
-    bad = (r & _I(mask)) == _I(val)
-    hi_r, lo_r = r, r
-    if shape[-2] % ta or shape[-1] % tb:  # ragged edge tiles: what lies past the block adds 0
-        valid = (rows < _I(shape[-2])) & (cols < _I(shape[-1]))
-        v = jnp.where(valid, v, _I(0))
-        bad = bad & valid
-        hi_r, lo_r = jnp.where(valid, r, _I(-1)), jnp.where(valid, r, _I(1 << 30))
-    # L1 = sum hi * c, L2 = sum lo * c = sum v * c - L1 (likewise with c'): two products
-    t1 = v * ((k << _I(1)) | _I(1))
-    t2 = v * ((_srl(k, 16) << _I(1)) | _I(1))
-    s1, s2 = _total(t1), _total(t2)
-    h1, h2 = _total(jnp.where(is_hi, t1, _I(0))), _total(jnp.where(is_hi, t2, _I(0)))
-    words = [h1, s1 - h1, h2, s2 - h2]
-    words.append(jnp.max(jnp.max(bad.astype(_I), axis=0, keepdims=True), axis=1, keepdims=True))
-    words.append(jnp.max(jnp.max(hi_r, axis=0, keepdims=True), axis=1, keepdims=True))
-    words.append(jnp.min(jnp.min(lo_r, axis=0, keepdims=True), axis=1, keepdims=True))
+        v = jnp.where(valid, v, _I(0)) if ragged else v
+        words = _lanes16(v, first, cols, strides[-2])
+    else:
+        v = _g8(r)
+        v = jnp.where(valid, v, _I(0)) if ragged else v
+        words = _lanes8(v, first + cols)
+    if flags:  # past the block: the tile's first value again (neutral for all three)
+        rr = jnp.where(valid, r, r[0:1, 0:1]) if ragged else r
+        mask = NONFINITE.get(name, (0, 1))[0]  # integers: never non-finite
+        words += [_max(rr & _I(mask)), _max(rr), _min(rr)]
     lane = jax.lax.broadcasted_iota(_I, (8, 128), 1)
     out = jnp.zeros((8, 128), _I)
     for j, w in enumerate(words):
@@ -177,12 +294,14 @@ def pl_program_id(d: int) -> Any:
 
 
 def block_words(
-    x: jax.Array, offset: Any, strides: tuple[int, ...], interpret: bool = False
-) -> jax.Array:
-    """Seven int32 words of block ``x`` (inside a jitted program): lanes 1-4 (before K1/K2),
-    non-finite, largest and smallest raw value. ``offset``: int32 (1,), the block's first
-    element's index in its leaf (mod 2^32); ``strides``: the leaf's C strides (static);
-    ``interpret``: Pallas' interpret mode (off a TPU)."""
+    x: jax.Array, offset: Any, strides: tuple[int, ...], flags: bool = True,
+    interpret: bool = False,
+) -> jax.Array:  # fmt: skip
+    """The block's words, uint32 (inside a jitted program): lanes 1-4 (before K1/K2) and,
+    with ``flags``, whether it holds NaN/Inf, its largest and smallest raw value.
+    ``offset``: int32 (1,), the block's first element's index in its leaf (mod 2^32);
+    ``strides``: the leaf's C strides (static); ``interpret``: Pallas' interpret mode (off
+    a TPU)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
@@ -193,7 +312,7 @@ def block_words(
     grid = (*shape[:-2], pl.cdiv(shape[-2], ta), pl.cdiv(shape[-1], tb))
     in_block: tuple[Any, ...] = (*(pl.squeezed,) * (nd - 2), ta, tb)
     kernel = functools.partial(
-        _kernel, shape=shape, strides=tuple(strides), tile=(ta, tb), name=dt.name
+        _kernel, shape=shape, strides=tuple(strides), tile=(ta, tb), name=dt.name, flags=flags
     )
     spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1,
@@ -210,5 +329,8 @@ def block_words(
     )(offset, x)
     per = out[..., 0, :WORDS].reshape(-1, WORDS)
     sums = jnp.sum(per[:, :4].astype(jnp.uint32), axis=0, dtype=jnp.uint32)
-    flags = jnp.stack([jnp.max(per[:, 4]), jnp.max(per[:, 5]), jnp.min(per[:, 6])])
-    return jnp.concatenate([sums, flags.astype(jnp.uint32)])
+    if not flags:
+        return sums
+    bad = jnp.max(per[:, 4]) >= _I(NONFINITE.get(dt.name, (0, 1))[1])
+    more = jnp.stack([bad.astype(_I), jnp.max(per[:, 5]), jnp.min(per[:, 6])])
+    return jnp.concatenate([sums, more.astype(jnp.uint32)])
