@@ -280,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--width', type=int, default=768)
     parser.add_argument('--json', default='')
     parser.add_argument(
+        '--groups', default='1', help='comma-separated MAX_GROUP values to try on the flax state'
+    )
+    parser.add_argument(
         '--skip', default='', help='comma-separated: exact,uniform,flax,small,audit'
     )
     args = parser.parse_args(argv)
@@ -320,12 +323,13 @@ def main(argv: list[str] | None = None) -> int:
                 row("a flax transformer's train state", leaves, args.reps, compiles)
             )
             saved = F.MAX_GROUP
-            F.MAX_GROUP = 1  # the alternative: one program per block
-            try:
-                r = row('the same, one program per block', leaves, args.reps, compiles)
-            finally:
-                F.MAX_GROUP = saved
-            result['rows'].append(r)
+            for most in sorted({int(g) for g in args.groups.split(',') if g} - {saved}):
+                F.MAX_GROUP = most  # the alternatives: smaller programs, more of them
+                try:
+                    name = f'the same, {most} blocks per program at most'
+                    result['rows'].append(row(name, leaves, args.reps, compiles))
+                finally:
+                    F.MAX_GROUP = saved
             del leaves
         del state
     if 'small' not in skip:

@@ -477,9 +477,10 @@ def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, mon
     """The kernel that reads narrow floats on a TPU (`_raw_lanes`, here in Pallas' interpret
     mode): the same lanes and flags as numpy's definition (and the lanes alone, without the
     flags), for whole leaves in one tile and in tiles with ragged edges, rows of an odd
-    length, rows passing a multiple of 2^17 elements, and blocks at odd offsets of a leaf (3-D: the grid walks the
-    leading axis; (512, 8, 64): a whole leaf read as 2-D rows), on random raw bits with
-    NaN payloads and subnormals, and constant blocks."""
+    length, rows passing a multiple of 2^17 elements, and blocks at odd offsets of a leaf
+    (3-D: the grid walks the leading axis, or whole leaves read with it merged; (512, 8,
+    64): a whole leaf read as 2-D rows), on random raw bits with NaN payloads and
+    subnormals, and constant blocks; 32-bit words (float32, int32) alike."""
     monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
     a = _random_bits(dt, shape)
     if len(shape) > 2 or _raw_lanes._tiles(shape, a.dtype.itemsize) != shape[-2:]:

@@ -464,6 +464,24 @@ def bits_lost_on_chip(x: jax.Array) -> bool:
     if dt.itemsize >= 4 or dt.kind not in 'fV' or not jnp.issubdtype(dt, jnp.floating):
         return False
     try:
+        key = (dt, tuple(x.shape), x.sharding)
+        got = _LOST.get(key)
+    except Exception:  # no sharding to ask: not on a chip we know of
+        return False
+    if got is None:
+        got = _bits_lost(dt, x)
+        if len(_LOST) > 4096:
+            _LOST.clear()
+        _LOST[key] = got
+    return got
+
+
+#: `bits_lost_on_chip` by (dtype, shape, sharding): the same of every call.
+_LOST: dict[tuple[Any, ...], bool] = {}
+
+
+def _bits_lost(dt: np.dtype, x: jax.Array) -> bool:
+    try:
         on_tpu = any(getattr(d, 'platform', '') == 'tpu' for d in x.sharding.device_set)
         block = tuple(int(d) for d in x.sharding.shard_shape(x.shape))
     except Exception:  # no sharding to ask: not on a chip we know of
@@ -588,6 +606,8 @@ def device_results(
             key = (next(iter(x.devices())), tuple(x.shape), np.dtype(x.dtype))
             groups.setdefault(key + (None if whole else full,), []).append(i)
     pending = _dispatch(blocks, groups, flags)
+    for _, res in pending:  # each result comes to the host as soon as its program ends
+        res.copy_to_host_async()
     # The small leaves are ready (their launches ran): copied and computed while the
     # programs run (a copy of a ready buffer does not queue behind compute).
     copies = jax.device_get([blocks[i][0] for i in small])
@@ -657,8 +677,77 @@ def _numpy_many(arrays: Sequence[np.ndarray], flags: bool) -> list[np.ndarray]:
     return [o if o is not None else np.zeros(LANES, np.uint32) for o in out]
 
 
+@functools.cache
+def _pair_table() -> np.ndarray:
+    """``g8`` of both bytes of every 16-bit half: ``g8(h >> 8) << 8 | g8(h & 0xFF)``."""
+    h = np.arange(1 << 16, dtype=np.uint32)
+    g8 = _table(8)
+    return (g8[h >> np.uint32(8)] << np.uint32(8)) | g8[h & np.uint32(0xFF)]
+
+
+@functools.lru_cache(maxsize=8)
+def _word_terms(words: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """For leaves of ``words`` 32-bit words each, concatenated: each leaf's first word, each
+    word's ``c(k)`` and ``c'(k >> 16)`` (None where every ``k < 2^16``: all 1). Remembered:
+    the same tree's leaves come again."""
+    counts = np.array(words, np.int64)
+    starts = np.zeros(len(words), np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    k = (np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)).astype(np.uint32)
+    c = k * np.uint32(2) + np.uint32(1)
+    far = None
+    if (int(counts.max()) - 1) >> 16:
+        far = (k >> np.uint32(16)) * np.uint32(2) + np.uint32(1)
+    return starts, c, far
+
+
+#: NaN/Inf from raw bits, (mask, least): non-finite iff ``bits & mask >= least``.
+_NONFINITE_BITS = {**_raw_lanes.NONFINITE, 'float16': (0x7FFF, 0x7C00)}
+
+
 def _numpy_run(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list[np.ndarray]:
-    """`_numpy_many` of non-empty leaves of one dtype, concatenated."""
+    """`_numpy_many` of non-empty leaves of one dtype, concatenated.
+
+    Elements of up to 4 bytes: each leaf's bytes, zero-padded to whole 32-bit words (the
+    definition's packing; ``g(0) = 0``, the padding adds nothing), are read as words; a
+    word's halves go through ``g16`` (or ``g8`` per byte) by table, four products and
+    sums per word."""
+    size = dt.itemsize
+    if size > 4:
+        return _numpy_run_wide(arrays, dt, flags)
+    nbytes = [a.size * size for a in arrays]
+    words = tuple((n + 3) >> 2 for n in nbytes)
+    buf = np.zeros(sum(words) * 4, np.uint8)
+    pos = 0
+    for a, n, w in zip(arrays, nbytes, words):
+        buf[pos : pos + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        pos += 4 * w
+    w32 = buf.view('<u4')
+    starts, c, far = _word_terms(words) if len(w32) <= 1 << 20 else _word_terms.__wrapped__(words)
+    table = _pair_table() if size == 1 else _table(16)
+    hi, lo = table[w32 >> np.uint32(16)], table[w32 & np.uint32(0xFFFF)]
+    terms = [(hi * c, K1), (lo * c, K1)]
+    terms += [(hi * far, K2), (lo * far, K2)] if far is not None else [(hi, K2), (lo, K2)]
+    cols = [np.add.reduceat(t, starts, dtype=np.uint32) * np.uint32(m) for t, m in terms]
+    if flags:
+        flat = np.concatenate([a.reshape(-1) for a in arrays])
+        at = np.zeros(len(arrays), np.int64)
+        np.cumsum([a.size for a in arrays][:-1], out=at[1:])
+        raw = flat.view(f'u{size}')
+        same = np.maximum.reduceat(raw, at) == np.minimum.reduceat(raw, at)
+        test = _NONFINITE_BITS.get(dt.name)
+        if test is not None:  # the exponent field all ones, from the raw bits (fast for all)
+            bad = np.maximum.reduceat(raw & raw.dtype.type(test[0]), at) >= test[1]
+        elif _inexact(dt):
+            bad = np.logical_or.reduceat(~np.isfinite(flat), at)
+        else:
+            bad = np.zeros(len(arrays), bool)
+        cols += [bad.astype(np.uint32), same.astype(np.uint32)]
+    return list(np.stack(cols, axis=1))
+
+
+def _numpy_run_wide(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list[np.ndarray]:
+    """`_numpy_run` of 8- and 16-byte elements (a lane set per word of the element)."""
     size = dt.itemsize if dt.itemsize <= 2 else 4
     sizes = np.array([a.size for a in arrays], np.int64)
     starts = np.zeros(len(arrays), np.int64)

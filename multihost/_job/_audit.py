@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import hashlib
 import inspect
 import json
@@ -489,6 +490,12 @@ def _read(item: _Item) -> tuple[list[str], list[Any], float]:
     return paths, table, ready
 
 
+@functools.lru_cache(maxsize=4096)
+def _whole(shape: tuple[int, ...]) -> str:
+    """The block index text of a whole leaf of ``shape`` (as `_blocks` writes any block)."""
+    return format_index(tuple((0, int(d)) for d in shape))
+
+
 def _blocks(leaf: Any) -> list[tuple[str, Any]]:
     """(block index text, this host's data of it) for each block this host holds."""
     from multihost._checks import _fingerprint
@@ -500,6 +507,12 @@ def _blocks(leaf: Any) -> list[tuple[str, Any]]:
     if leaf.is_deleted():
         return []  # donated to a launch since
     key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    if not key and isinstance(leaf.sharding, jax.sharding.SingleDeviceSharding):
+        # one block, the whole leaf: no Shard objects built (most leaves of a one-chip job)
+        if _fingerprint.in_host_memory(leaf):
+            view = np.asarray(leaf)
+            return [(_whole(leaf.shape), view if view.flags.c_contiguous else leaf)]
+        return [(_whole(leaf.shape), leaf)]
     host = _fingerprint.in_host_memory(leaf)
     shards = []
     for s in leaf.addressable_shards:
