@@ -606,8 +606,8 @@ def device_results(
             key = (next(iter(x.devices())), tuple(x.shape), np.dtype(x.dtype))
             groups.setdefault(key + (None if whole else full,), []).append(i)
     pending = _dispatch(blocks, groups, flags)
-    for _, res in pending:  # each result comes to the host as soon as its program ends
-        res.copy_to_host_async()
+    for _, lanes in pending:  # each result comes to the host as soon as its program ends
+        lanes.copy_to_host_async()
     # The small leaves are ready (their launches ran): copied and computed while the
     # programs run (a copy of a ready buffer does not queue behind compute).
     copies = jax.device_get([blocks[i][0] for i in small])
@@ -815,6 +815,7 @@ def _kernel_with_flags(leaves: Sequence[Any], flags: bool) -> list[tuple[bytes, 
     out: list[tuple[bytes, bool, bool] | None] = [None] * len(leaves)
     blocks: list[tuple[jax.Array, Sequence[int], Sequence[int]]] = []
     owner: list[int] = []
+    few: list[tuple[int, np.ndarray]] = []  # small numpy leaves
     copies = _recorder.host_copies_only()  # no device program: host copies (`_hostreads`)
     for i, leaf in enumerate(leaves):
         if copies and isinstance(leaf, jax.Array):
@@ -828,7 +829,13 @@ def _kernel_with_flags(leaves: Sequence[Any], flags: bool) -> list[tuple[bytes, 
                 owner.append(i)
         else:
             a = np.asarray(leaf)
+            if a.size <= SMALL and on_device(a.dtype):  # together, below (`_numpy_many`)
+                few.append((i, a))
+                continue
             out[i] = (_to_bytes(numpy_lanes(a)), *(numpy_flags(a) if flags else (False, False)))
+    n_few = [lane_sets(a.dtype) * LANES for _, a in few]
+    for (i, _), n, res in zip(few, n_few, _numpy_many([a for _, a in few], flags)):
+        out[i] = (_to_bytes(res[:n]), bool(flags and res[n]), bool(flags and res[n + 1]))
     sums: dict[int, list[Any]] = {}
     with np.errstate(over='ignore'):
         for i, res in zip(owner, device_results(blocks, flags) if blocks else []):

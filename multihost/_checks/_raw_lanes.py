@@ -262,7 +262,7 @@ def _kernel(
     # each tile row's first element's index in the leaf (the last axis has stride 1)
     first = base + rows * _I(strides[-2] & 0xFFFFFFFF) + col0
     ragged = bool(shape[-2] % ta or shape[-1] % tb)
-    valid = (rows < _I(shape[-2])) & (cols + col0 < _I(shape[-1])) if ragged else None
+    valid: Any = (rows < _I(shape[-2])) & (cols + col0 < _I(shape[-1])) if ragged else None
     if size == 4:
         hi, lo = _g16(_srl(r, 16)), _g16(r & _I(0xFFFF))
         if ragged:

@@ -436,19 +436,42 @@ def _leaves(item: _Item) -> list[tuple[str, Any, bool]]:
     """(path as a user writes it, leaf, is a fresh input) of the launch's arrays, arguments
     first, then results."""
     out: list[tuple[str, Any, bool]] = []
-    keystr = jax.tree_util.keystr
     roots = list(zip(_arg_names(item.fn, len(item.args)), item.args))
     roots += [(k, v) for k, v in sorted(item.kwargs.items())]
     for root, value in roots:
-        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+        leaves, paths = _paths(root, value)
+        for path, leaf in zip(paths, leaves):
             if isinstance(leaf, (jax.Array, np.ndarray)):
                 ref = _state.produced.get(id(leaf))
                 fresh = ref is None or ref() is not leaf
-                out.append((root + keystr(path), leaf, fresh))
-    for path, leaf in jax.tree_util.tree_flatten_with_path(item.out)[0]:
+                out.append((path, leaf, fresh))
+    leaves, paths = _paths('result', item.out)
+    for path, leaf in zip(paths, leaves):
         if isinstance(leaf, jax.Array):
-            out.append(('result' + keystr(path), leaf, False))
+            out.append((path, leaf, False))
     return out
+
+
+#: Leaf paths as a user writes them, by root name and tree structure (the same each launch).
+_PATHS: dict[tuple[str, Any], list[str]] = {}
+
+
+def _paths(root: str, value: Any) -> tuple[list[Any], list[str]]:
+    """``value``'s leaves and their paths (``root`` + `jax.tree_util.keystr`), the paths
+    remembered per tree structure (written once, not at every audited launch)."""
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    try:
+        got = _PATHS.get((root, treedef))
+    except TypeError:  # a structure that cannot be a key: written each time
+        got, treedef = None, None
+    if got is None:
+        keystr = jax.tree_util.keystr
+        got = [root + keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(value)[0]]
+        if treedef is not None:
+            if len(_PATHS) > 1024:
+                _PATHS.clear()
+            _PATHS[(root, treedef)] = got
+    return leaves, got
 
 
 def _read(item: _Item) -> tuple[list[str], list[Any], float]:
