@@ -501,3 +501,19 @@ def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, mon
         assert (bool(res[4]), bool(res[5])) == F.numpy_flags(host)
     for (x, offs, full), res in zip(blocks, F.device_results(blocks)):  # lanes alone
         assert res.tolist() == F.numpy_lanes(np.asarray(x), offs, full).reshape(-1).tolist()
+
+
+@pytest.mark.parametrize('kind', ['pinned_host', 'unpinned_host'])
+def test_offloaded_leaves_are_read_in_host_memory(kind):
+    """A leaf offloaded to host memory beside its device (``memory_kind`` pinned_host /
+    unpinned_host): no device program takes it with device leaves; read as host memory,
+    the same digests and flags as the device copy and numpy, under every definition."""
+    x = jnp.arange(100000, dtype=jnp.float32).at[7].set(jnp.nan)
+    y = jax.device_put(x, jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=kind))
+    want = F.fingerprints([np.asarray(x)])
+    assert F.fingerprints([x]) == F.fingerprints([y]) == F.fingerprints([x]) == want
+    assert F.fingerprints([x, y]) == want * 2
+    assert F.digests_with_flags([y], 'device') == F.digests_with_flags([x], 'device')
+    assert F.digests_with_flags([y], 'device')[0][1:] == (True, False)
+    for how in ('auto', 'host'):
+        assert F.digests([y], how) == F.digests([x], how)

@@ -222,3 +222,18 @@ def test_a_64_mib_device_leaf_is_not_copied_to_the_host(monkeypatch):
     (s,) = report.shards
     assert (s.nan, s.inf, s.first, s.device) == (1, 0, (2345, 678), 0)
     assert moved and sum(moved) <= (64 << 20) // 512, moved
+
+
+@pytest.mark.parametrize('kind', ['pinned_host', 'unpinned_host'])
+def test_offloaded_leaves_are_read_in_host_memory(kind):
+    """A leaf offloaded to host memory (``memory_kind`` pinned_host / unpinned_host, as host
+    offloading of optimizer state makes) beside device leaves: no device program mixes
+    the two memory spaces; counted like the device copy of the same values."""
+    x = jnp.arange(100000, dtype=jnp.float32).at[5].set(jnp.nan).at[70].set(jnp.inf)
+    device = jax.devices()[0]
+    y = jax.device_put(x, jax.sharding.SingleDeviceSharding(device, memory_kind=kind))
+    assert y.sharding.memory_kind == kind
+    report = multihost.nonfinite({'dev': x, 'off': y})
+    for path in ("['dev']", "['off']"):
+        leaf = report[path]
+        assert (leaf.nan, leaf.inf, leaf.first) == (1, 1, (5,)), path

@@ -553,7 +553,7 @@ def _dispatch(
     """Every group's programs, dispatched (K blocks of one shape, dtype and device each);
     the programs not compiled yet are compiled first, together (`_compile`)."""
     calls = []
-    for (device, shape, dtype, full), idx in groups.items():
+    for (device, shape, dtype, full, kind), idx in groups.items():
         nbytes = max(1, int(blocks[idx[0]][0].nbytes))
         most = max(1, min(MAX_GROUP, MAX_GROUP_BYTES // nbytes))
         strides = _c_strides(full if full is not None else shape)
@@ -572,7 +572,7 @@ def _dispatch(
                 for j, i in enumerate(part):
                     arr[j] = np.asarray(blocks[i][1], np.uint64) & 0xFFFFFFFF
                 offs = jax.device_put(arr, device)
-            key = (device, shape, dtype, k, full is None, strides, flags, rows, raw)
+            key = (device, kind, shape, dtype, k, full is None, strides, flags, rows, raw)
             calls.append((part, key, (xs, offs, strides, flags, rows, raw)))
     _compile([(key, args) for _, key, args in calls])
     return [(part, _PROGRAMS[key](*args[:2])) for part, key, args in calls]
@@ -604,7 +604,8 @@ def device_results(
             small.append(i)
         else:
             key = (next(iter(x.devices())), tuple(x.shape), np.dtype(x.dtype))
-            groups.setdefault(key + (None if whole else full,), []).append(i)
+            kind = getattr(x.sharding, 'memory_kind', None)  # a program is compiled for it
+            groups.setdefault(key + (None if whole else full, kind), []).append(i)
     pending = _dispatch(blocks, groups, flags)
     for _, lanes in pending:  # each result comes to the host as soon as its program ends
         lanes.copy_to_host_async()
@@ -822,6 +823,9 @@ def _kernel_with_flags(leaves: Sequence[Any], flags: bool) -> list[tuple[bytes, 
             out[i] = _copied_with_flags(leaf, flags)
         elif isinstance(leaf, jax.Array) and on_device(leaf.dtype) and bits_lost_on_chip(leaf):
             jax.block_until_ready(leaf)  # as a device program would wait (not on a stuck job)
+            out[i] = _copied_with_flags(leaf, flags)
+        elif isinstance(leaf, jax.Array) and _hostreads.offloaded(leaf):  # host memory
+            jax.block_until_ready(leaf)
             out[i] = _copied_with_flags(leaf, flags)
         elif isinstance(leaf, jax.Array) and _device_ok(leaf):
             for part in _parts(leaf):

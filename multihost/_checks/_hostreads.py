@@ -34,7 +34,7 @@ import numpy as np
 from multihost import _recorder
 from multihost._exchange import _kv
 
-__all__ = ['NotReadyError', 'active', 'blocks', 'check_ready', 'copy', 'unready']
+__all__ = ['NotReadyError', 'active', 'blocks', 'check_ready', 'copy', 'offloaded', 'unready']
 
 
 class NotReadyError(RuntimeError):
@@ -48,6 +48,14 @@ class NotReadyError(RuntimeError):
     def __init__(self, message: str, what: str = '', launch: str = '') -> None:
         super().__init__(message)
         self.what, self.launch = what, launch
+
+
+def offloaded(x: jax.Array) -> bool:
+    """Whether ``x`` lives in host memory beside its device (``memory_kind`` pinned_host or
+    unpinned_host: offloaded optimizer state or activations). A device program cannot take
+    it with device arrays ("memory_space of all inputs ... must be the same"): the data
+    tools read it as host memory, like a host copy."""
+    return getattr(x.sharding, 'memory_kind', None) in ('pinned_host', 'unpinned_host')
 
 
 def active() -> bool:

@@ -246,11 +246,12 @@ def _classify(
                 signature.append((path, shape, str(x.dtype), repr(x.sharding)))
             i = len(leaves)
             leaves.append(_Leaf(path, multi and not is_global, shape, str(x.dtype), x))
+            host = _hostreads.offloaded(x)  # in host memory: read there, as numpy
             for s in x.addressable_shards:
                 pieces.append(
                     _Piece(
                         leaf=i,
-                        data=s.data,
+                        data=np.asarray(s.data) if host else s.data,
                         device=int(s.device.id),
                         local_device=local_ids.get(s.device.id),
                         index=_index(s.index, shape),
