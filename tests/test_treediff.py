@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _helpers import host_mesh
+from _helpers import env_var, host_mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -496,3 +496,24 @@ def test_numpy_on_one_host_equals_device_leaves_on_the_others():
     (leaf,) = multihost.tree_diff({'grid': jnp.asarray(grid)}).leaves
     assert leaf.odd_processes == (2, 3) and leaf.first_index == {2: (1000, 3), 3: (7, 9)}
     assert leaf.num_different == {2: 1, 3: 2} and leaf.max_abs_diff == {2: 1.0, 3: 2.0}
+
+
+@multiprocess
+def test_a_leaf_offloaded_to_host_memory_that_differs_on_one_host():
+    """Optimizer state offloaded to host memory (``memory_kind='pinned_host'``) beside device
+    leaves, one element of it changed on host 1: found and counted like a device leaf, under
+    the kernel's definition too (what an accelerator uses)."""
+    pid = jax.process_index()
+    device = jax.local_devices()[0]
+    a = np.arange(300_000, dtype=np.float32)
+    if pid == 1:
+        a[123_456] += 1.0
+    off = jax.device_put(a, jax.sharding.SingleDeviceSharding(device, memory_kind='pinned_host'))
+    tree = {'params': jnp.ones((64, 64)), 'mu': off}
+    for how in ('auto', 'device'):
+        with env_var('MULTIHOST_FINGERPRINT', how):
+            diff = multihost.tree_diff(tree)
+        assert [leaf.path for leaf in diff.leaves] == ["['mu']"], how
+        leaf = diff["['mu']"]
+        assert leaf.odd_processes == (1,) and leaf.num_different == {1: 1}, how
+        assert leaf.first_index == {1: (123_456,)}, how
