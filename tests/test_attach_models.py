@@ -64,8 +64,11 @@ def both(tmp_path_factory: Any) -> Any:
         attached = mhnotebook.attach(control)
         try:
             while time.monotonic() < deadline:
-                try:
-                    if all(f['stopped'] for f in attached.frames().values()):
+                try:  # process 3 held on its error, the others stopped (not merely
+                    # inside VALUES' collective, where x does not exist yet: seen under load)
+                    frames = attached.frames()
+                    held = frames.get(3, {}).get('in', '').startswith('held on its error')
+                    if held and all(f['stopped'] for f in frames.values()):
                         break
                 except mhnotebook.AttachError:
                     pass
