@@ -59,6 +59,24 @@ def test_numpy_and_device_give_the_same_bytes(dt):
     assert len({(a.size, b) for a, b in zip(arrays, on_host)}) == len(distinct)
 
 
+@pytest.mark.parametrize('dt', DTYPES + [np.float64, np.int64], ids=lambda d: np.dtype(d).name)
+def test_small_leaves_batched_equal_each_leaf_alone(dt):
+    """Small leaves are fingerprinted together (`_numpy_many`: concatenated, zero-padded to
+    whole words, halves by table): each equals its own `numpy_lanes` and `numpy_flags`,
+    sizes that leave 1-3 bytes of a word over, constant leaves and NaNs among them."""
+    rng = np.random.default_rng(7)
+    arrays = [_random(rng, n, dt) for n in (1, 2, 3, 5, 7, 64, 1000, (1 << 16) + 3)]
+    arrays += [np.zeros(9, dt), np.full(6, 1, dt), _random(rng, 60, dt).reshape(3, 4, 5)]
+    if jnp.issubdtype(dt, jnp.inexact):
+        arrays.append(np.array([0, np.nan, 1], np.float32).astype(dt))
+    got = F._numpy_many(arrays, True)
+    for a, res in zip(arrays, got):
+        n = F.lane_sets(a.dtype) * F.LANES
+        with np.errstate(over='ignore'):
+            assert (res[:n] == F.numpy_lanes(a).reshape(-1)).all(), (a.dtype, a.shape)
+        assert tuple(bool(b) for b in res[n:]) == F.numpy_flags(a), (a.dtype, a.shape)
+
+
 def test_blocks_add_up_to_the_leaf_on_host_and_device():
     """A leaf's blocks (rows, columns, with their offsets) sum to the leaf's lanes."""
     a = np.random.default_rng(2).standard_normal((300, 1000)).astype(np.float32)

@@ -579,7 +579,9 @@ def _dispatch(
 
 
 def device_results(
-    blocks: Sequence[tuple[jax.Array, Sequence[int], Sequence[int]]], flags: bool = False
+    blocks: Sequence[tuple[jax.Array, Sequence[int], Sequence[int]]],
+    flags: bool = False,
+    ready: Sequence[Any] = (),
 ) -> list[np.ndarray]:
     """Per block (single-device array, offsets in its leaf, the leaf's shape): uint32
     results, its lanes (sets * 4) then, with ``flags``, holds-NaN/Inf and is-constant.
@@ -589,8 +591,10 @@ def device_results(
     are copied to the host together and computed by numpy (`_numpy_many`: no compile).
     Everything is dispatched before anything is read; the small leaves are copied and
     computed while the programs run, then one batched copy of the programs' results.
+    ``ready``: more small whole leaves, on one device each (`_route`) or numpy arrays, their
+    results after the blocks'.
     """
-    out: list[np.ndarray | None] = [None] * len(blocks)
+    out: list[np.ndarray | None] = [None] * (len(blocks) + len(ready))
     small: list[int] = []
     groups: dict[Any, list[int]] = {}
     for i, (x, o, shape) in enumerate(blocks):
@@ -606,19 +610,45 @@ def device_results(
             key = (next(iter(x.devices())), tuple(x.shape), np.dtype(x.dtype))
             kind = getattr(x.sharding, 'memory_kind', None)  # a program is compiled for it
             groups.setdefault(key + (None if whole else full, kind), []).append(i)
-    pending = _dispatch(blocks, groups, flags)
+    pending = _dispatch(blocks, groups, flags) if groups else []
     for _, lanes in pending:  # each result comes to the host as soon as its program ends
         lanes.copy_to_host_async()
     # The small leaves are ready (their launches ran): copied and computed while the
     # programs run (a copy of a ready buffer does not queue behind compute).
-    copies = jax.device_get([blocks[i][0] for i in small])
-    for i, res in zip(small, _numpy_many([np.asarray(a) for a in copies], flags)):
+    arrays = [blocks[i][0] for i in small] + list(ready)
+    for i, res in zip(small + list(range(len(blocks), len(out))),
+                      _numpy_many(_host_copies(arrays), flags)):  # fmt: skip
         out[i] = res
-    got = jax.device_get([lanes for _, lanes in pending])
+    got = jax.device_get([lanes for _, lanes in pending]) if pending else []
     for (part, _), res in zip(pending, got):
         for j, i in enumerate(part):
             out[i] = np.asarray(res[j])
     return [o if o is not None else np.zeros(LANES, np.uint32) for o in out]
+
+
+def _host_copies(arrays: Sequence[Any]) -> list[np.ndarray]:
+    """numpy copies of ready single-device arrays: every copy started, then each taken (jax
+    keeps a copy on its array: the next call reads it again); on a CPU device, views; numpy
+    arrays as they are."""
+    for x in arrays:
+        if isinstance(x, jax.Array) and _platform(x) != 'cpu':
+            x.copy_to_host_async()
+    return [np.asarray(x) for x in arrays]
+
+
+_PLATFORMS: dict[Any, str] = {}
+
+
+def _platform(x: jax.Array) -> str:
+    """The platform of a single-device array's device (remembered per sharding)."""
+    sharding = x.sharding
+    got = _PLATFORMS.get(sharding)
+    if got is None:
+        device: Any = next(iter(sharding.device_set))
+        got = _PLATFORMS[sharding] = str(device.platform)
+        if len(_PLATFORMS) > 4096:
+            _PLATFORMS.clear()
+    return got
 
 
 def device_lanes(
@@ -702,6 +732,7 @@ def _word_terms(words: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndar
     return starts, c, far
 
 
+_ZEROS = np.zeros(4, np.uint8)
 #: NaN/Inf from raw bits, (mask, least): non-finite iff ``bits & mask >= least``.
 _NONFINITE_BITS = {**_raw_lanes.NONFINITE, 'float16': (0x7FFF, 0x7C00)}
 
@@ -716,68 +747,72 @@ def _numpy_run(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list[np.n
     size = dt.itemsize
     if size > 4:
         return _numpy_run_wide(arrays, dt, flags)
-    nbytes = [a.size * size for a in arrays]
-    words = tuple((n + 3) >> 2 for n in nbytes)
-    buf = np.zeros(sum(words) * 4, np.uint8)
-    pos = 0
-    for a, n, w in zip(arrays, nbytes, words):
-        buf[pos : pos + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        pos += 4 * w
-    w32 = buf.view('<u4')
+    if size == 4:  # whole words already: one concatenation
+        raw = np.concatenate([np.ascontiguousarray(a).reshape(-1).view('<u4') for a in arrays])
+        w32, words = raw, tuple(a.size for a in arrays)
+    else:
+        pieces, counts = [], []
+        for a in arrays:
+            b = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+            pieces.append(b)
+            if b.size % 4:
+                pieces.append(_ZEROS[: 4 - b.size % 4])
+            counts.append((b.size + 3) >> 2)
+        w32, words = np.concatenate(pieces).view('<u4'), tuple(counts)
     starts, c, far = _word_terms(words) if len(w32) <= 1 << 20 else _word_terms.__wrapped__(words)
     table = _pair_table() if size == 1 else _table(16)
-    hi, lo = table[w32 >> np.uint32(16)], table[w32 & np.uint32(0xFFFF)]
+    # both halves of every word in one gather (`take` of the 16-bit view: low half first)
+    g = table.take(w32.view('<u2'))
+    lo, hi = g[0::2], g[1::2]
     terms = [(hi * c, K1), (lo * c, K1)]
     terms += [(hi * far, K2), (lo * far, K2)] if far is not None else [(hi, K2), (lo, K2)]
     cols = [np.add.reduceat(t, starts, dtype=np.uint32) * np.uint32(m) for t, m in terms]
     if flags:
-        flat = np.concatenate([a.reshape(-1) for a in arrays])
-        at = np.zeros(len(arrays), np.int64)
-        np.cumsum([a.size for a in arrays][:-1], out=at[1:])
-        raw = flat.view(f'u{size}')
-        same = np.maximum.reduceat(raw, at) == np.minimum.reduceat(raw, at)
-        test = _NONFINITE_BITS.get(dt.name)
-        if test is not None:  # the exponent field all ones, from the raw bits (fast for all)
-            bad = np.maximum.reduceat(raw & raw.dtype.type(test[0]), at) >= test[1]
-        elif _inexact(dt):
-            bad = np.logical_or.reduceat(~np.isfinite(flat), at)
+        if size == 4:
+            at, flat = starts, raw.view(dt)
         else:
-            bad = np.zeros(len(arrays), bool)
-        cols += [bad.astype(np.uint32), same.astype(np.uint32)]
+            flat = np.concatenate([a.reshape(-1) for a in arrays])
+            at = np.zeros(len(arrays), np.int64)
+            np.cumsum([a.size for a in arrays][:-1], out=at[1:])
+            raw = flat.view(f'u{size}')
+        cols += _flag_cols(flat, [raw], at, dt)
     return list(np.stack(cols, axis=1))
 
 
+def _flag_cols(flat: np.ndarray, raws: list[np.ndarray], at: np.ndarray, dt: np.dtype) -> list[Any]:
+    """Per leaf of ``flat`` (leaves concatenated, leaf ``i`` from ``at[i]``): holds NaN/Inf,
+    and constant (each of its raw words ``raws`` the same throughout), as uint32 columns."""
+    same = np.ones(len(at), bool)
+    for raw in raws:
+        same &= np.maximum.reduceat(raw, at) == np.minimum.reduceat(raw, at)
+    test = _NONFINITE_BITS.get(dt.name)
+    if test is not None:  # the exponent field all ones, from the raw bits (fast for all)
+        raw = raws[0]
+        bad = np.maximum.reduceat(raw & raw.dtype.type(test[0]), at) >= test[1]
+    elif _inexact(dt):
+        bad = np.logical_or.reduceat(~np.isfinite(flat), at)
+    else:
+        bad = np.zeros(len(at), bool)
+    return [bad.astype(np.uint32), same.astype(np.uint32)]
+
+
 def _numpy_run_wide(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list[np.ndarray]:
-    """`_numpy_run` of 8- and 16-byte elements (a lane set per word of the element)."""
-    size = dt.itemsize if dt.itemsize <= 2 else 4
-    sizes = np.array([a.size for a in arrays], np.int64)
-    starts = np.zeros(len(arrays), np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
-    e = (np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(starts, sizes)).astype(np.uint32)
-    flat = np.concatenate([a.reshape(-1) for a in arrays])  # one copy, then one view
+    """`_numpy_run` of 8- and 16-byte elements: a lane set per 32-bit word of the element,
+    word ``k`` of a set the element's index."""
+    words = tuple(a.size for a in arrays)
+    starts, c, far = _word_terms(words) if sum(words) <= 1 << 20 else _word_terms.__wrapped__(words)
+    flat = np.concatenate([a.reshape(-1) for a in arrays])  # one copy, then a view per word
+    raws = _np_words(flat)
+    table = _table(16)
     cols = []
-    same = np.ones(len(arrays), bool)
-    for r in _np_words(flat):
-        if size == 4:
-            hi, lo, k = _g16(np, r >> np.uint32(16)), _g16(np, r & np.uint32(0xFFFF)), e
-        else:
-            hi, lo, k = _halves_of_elements(np, r, size, e)
-        c = k * np.uint32(2) + np.uint32(1)
-        if (int(sizes.max()) - 1) >> {1: 18, 2: 17}.get(size, 16):  # else c'(k >> 16) = 1
-            c2 = (k >> np.uint32(16)) * np.uint32(2) + np.uint32(1)
-            far = [(hi * c2, K2), (lo * c2, K2)]
-        else:
-            far = [(hi, K2), (lo, K2)]
-        for term, m in [(hi * c, K1), (lo * c, K1), *far]:
-            cols.append(np.add.reduceat(term, starts, dtype=np.uint32) * np.uint32(m))
-        if flags:
-            same &= np.maximum.reduceat(r, starts) == np.minimum.reduceat(r, starts)
+    for r in raws:
+        g = table.take(r.view('<u2'))  # both halves of every word: low half first
+        lo, hi = g[0::2], g[1::2]
+        terms = [(hi * c, K1), (lo * c, K1)]
+        terms += [(hi * far, K2), (lo * far, K2)] if far is not None else [(hi, K2), (lo, K2)]
+        cols += [np.add.reduceat(t, starts, dtype=np.uint32) * np.uint32(m) for t, m in terms]
     if flags:
-        if _inexact(dt):
-            bad = np.logical_or.reduceat(~np.isfinite(flat), starts)
-        else:
-            bad = np.zeros(len(arrays), bool)
-        cols += [bad.astype(np.uint32), same.astype(np.uint32)]
+        cols += _flag_cols(flat, raws, starts, dt)
     return list(np.stack(cols, axis=1))
 
 
@@ -798,7 +833,7 @@ def _parts(x: jax.Array) -> list[tuple[jax.Array, tuple[int, ...], tuple[int, ..
 
 
 def _to_bytes(lanes: np.ndarray) -> bytes:
-    return lanes.astype('<u4').tobytes()
+    return lanes.astype('<u4', copy=False).tobytes()
 
 
 def fingerprints(leaves: Sequence[Any]) -> list[bytes]:
@@ -811,47 +846,90 @@ def fingerprints(leaves: Sequence[Any]) -> list[bytes]:
     return [d for d, _, _ in _kernel_with_flags(leaves, False)]
 
 
+#: How `_kernel_with_flags` reads a `jax.Array`: a small whole leaf on one device (one host
+#: copy among many), its blocks (device programs), host copies one at a time, numpy.
+_SMALL_LEAF, _BLOCKS, _COPIED, _NUMPY = range(4)
+#: `_route` by (dtype, shape, sharding): the same at every call.
+_ROUTES: dict[tuple[Any, ...], int] = {}
+
+
+def _route(x: jax.Array) -> int:
+    try:
+        key = (x.dtype, x.shape, x.sharding)
+        got = _ROUTES.get(key)
+    except TypeError:  # a sharding that cannot be a key
+        key, got = None, None
+    if got is None:
+        if not on_device(x.dtype):
+            got = _NUMPY
+        elif bits_lost_on_chip(x) or _hostreads.offloaded(x):
+            got = _COPIED  # host memory, or a narrow float a device program would rewrite
+        elif isinstance(x.sharding, jax.sharding.SingleDeviceSharding) and 0 < x.size <= SMALL:
+            got = _SMALL_LEAF
+        else:
+            got = _BLOCKS
+        if key is not None:
+            if len(_ROUTES) > 4096:
+                _ROUTES.clear()
+            _ROUTES[key] = got
+    return got
+
+
 def _kernel_with_flags(leaves: Sequence[Any], flags: bool) -> list[tuple[bytes, bool, bool]]:
     """(fingerprint, holds NaN/Inf, constant) of each leaf (flags False unless asked for)."""
     out: list[tuple[bytes, bool, bool] | None] = [None] * len(leaves)
     blocks: list[tuple[jax.Array, Sequence[int], Sequence[int]]] = []
     owner: list[int] = []
+    ready: list[Any] = []  # small whole leaves, one device each, and small numpy ones
+    ready_at: list[int] = []
     few: list[tuple[int, np.ndarray]] = []  # small numpy leaves
     copies = _recorder.host_copies_only()  # no device program: host copies (`_hostreads`)
     for i, leaf in enumerate(leaves):
+        route = _route(leaf) if isinstance(leaf, jax.Array) else _NUMPY
         if copies and isinstance(leaf, jax.Array):
             out[i] = _copied_with_flags(leaf, flags)
-        elif isinstance(leaf, jax.Array) and on_device(leaf.dtype) and bits_lost_on_chip(leaf):
-            jax.block_until_ready(leaf)  # as a device program would wait (not on a stuck job)
-            out[i] = _copied_with_flags(leaf, flags)
-        elif isinstance(leaf, jax.Array) and _hostreads.offloaded(leaf):  # host memory
-            jax.block_until_ready(leaf)
-            out[i] = _copied_with_flags(leaf, flags)
-        elif isinstance(leaf, jax.Array) and _device_ok(leaf):
+        elif route == _SMALL_LEAF:
+            ready.append(leaf)
+            ready_at.append(i)
+        elif route == _BLOCKS:
             for part in _parts(leaf):
                 blocks.append(part)
                 owner.append(i)
+        elif route == _COPIED:
+            jax.block_until_ready(leaf)  # as a device program would wait (not on a stuck job)
+            out[i] = _copied_with_flags(leaf, flags)
         else:
             a = np.asarray(leaf)
             if a.size <= SMALL and on_device(a.dtype):  # together, below (`_numpy_many`)
                 few.append((i, a))
                 continue
             out[i] = (_to_bytes(numpy_lanes(a)), *(numpy_flags(a) if flags else (False, False)))
-    n_few = [lane_sets(a.dtype) * LANES for _, a in few]
-    for (i, _), n, res in zip(few, n_few, _numpy_many([a for _, a in few], flags)):
-        out[i] = (_to_bytes(res[:n]), bool(flags and res[n]), bool(flags and res[n + 1]))
+    ready += [a for _, a in few]  # computed together, while the device programs run
+    ready_at += [i for i, _ in few]
+    got = device_results(blocks, flags, ready) if blocks or ready else []
+    for i, res in zip(ready_at, got[len(blocks) :]):
+        out[i] = _answer(res, lane_sets(leaves[i].dtype) * LANES, flags)
     sums: dict[int, list[Any]] = {}
     with np.errstate(over='ignore'):
-        for i, res in zip(owner, device_results(blocks, flags) if blocks else []):
+        for i, res in zip(owner, got):
             n = lane_sets(leaves[i].dtype) * LANES
-            got = [res[:n], bool(flags and res[n]), bool(flags and res[n + 1])]
-            if i in sums:  # a leaf's blocks: lanes add up; any block bad; all constant
-                prev = sums[i]
-                got = [prev[0] + got[0], prev[1] or got[1], prev[2] and got[2]]
-            sums[i] = got
+            prev = sums.get(i)
+            if prev is None:
+                sums[i] = [res[:n], bool(flags and res[n]), bool(flags and res[n + 1])]
+            else:  # a leaf's blocks: lanes add up; any block bad; all constant
+                prev[0] = prev[0] + res[:n]
+                prev[1] = prev[1] or bool(flags and res[n])
+                prev[2] = prev[2] and bool(flags and res[n + 1])
     for i, (lanes, bad, same) in sums.items():
         out[i] = (_to_bytes(lanes), bad, same)
     return [o if o is not None else (b'', False, False) for o in out]
+
+
+def _answer(res: np.ndarray, n: int, flags: bool) -> tuple[bytes, bool, bool]:
+    """A whole leaf's (fingerprint, holds NaN/Inf, constant) from its results row."""
+    if flags:
+        return _to_bytes(res[:n]), bool(res[n]), bool(res[n + 1])
+    return _to_bytes(res[:n]), False, False
 
 
 def _copied_with_flags(x: jax.Array, flags: bool) -> tuple[bytes, bool, bool]:
