@@ -535,3 +535,26 @@ def test_offloaded_leaves_are_read_in_host_memory(kind):
     assert F.digests_with_flags([y], 'device')[0][1:] == (True, False)
     for how in ('auto', 'host'):
         assert F.digests([y], how) == F.digests([x], how)
+
+
+@pytest.mark.parametrize('dt', DTYPES, ids=lambda d: np.dtype(d).name)
+def test_small_device_leaves_packed_into_one_buffer_give_numpy_bytes(dt, monkeypatch):
+    """Off a CPU, small leaves of one dtype are packed into one buffer on their device, one
+    copy to the host (`_pack`; forced here): numpy's bytes and flags, leaves of many shapes
+    (and a 0-d one, a constant one, NaNs), more of them than one program packs."""
+    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
+    monkeypatch.setattr(F, 'MAX_PACK', 8)
+    rng = np.random.default_rng(11)
+    arrays = [_random(rng, n, dt).reshape(s) for n, s in
+              [(1, ()), (3, (3,)), (5, (5,)), (60, (3, 4, 5)), (1000, (10, 100)),
+               (7, (7,)), (2, (2, 1)), (64, (8, 8)), (9, (9,)), (33, (33,))]]  # fmt: skip
+    arrays.append(np.zeros((4, 6), dt))
+    if jnp.issubdtype(dt, jnp.inexact):
+        arrays.append(np.array([1, np.nan, np.inf], np.float32).astype(dt))
+    dev = [jax.device_put(a) for a in arrays]
+    packed = F._pack_calls(dev)[0]
+    if np.dtype(dt).name in F.PACK_DTYPES:
+        assert sum(len(part) for part, _, _ in packed) == len(dev)  # every leaf packed
+    assert F.fingerprints(dev) == [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+    got = F.digests_with_flags(dev, 'device')
+    assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]

@@ -366,8 +366,11 @@ def _terms(r: Any, size: int, e: Any) -> list[Any]:
     return [hi * c, lo * c, hi * c2, lo * c2]
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def _raw_out(x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, how: str) -> Any:
-    """`_block_out` of a narrow float by `_raw_lanes`' Pallas kernel (its raw bits kept)."""
+    """`_block_out` by `_raw_lanes`' Pallas kernel (a narrow float's raw bits kept). Jitted
+    inside `_group`: its K blocks are traced and lowered once, not K times (a Pallas call
+    takes tenths of a second to trace and lower, holding the GIL)."""
     off = _U(0)
     if offsets is not None:
         off = jnp.sum(offsets * jnp.asarray(strides, _U), dtype=_U)
@@ -520,20 +523,22 @@ MAX_PROGRAMS = 512
 
 
 def _compile(calls: list[tuple[Any, ...]]) -> None:
-    """Compiles the programs ``calls`` need that this process has not compiled yet, several
-    at once (XLA compiles outside the GIL: on a TPU host a program of a group took 0.2-2 s;
-    the first fingerprints of a model's state need about ten)."""
+    """Compiles the programs ``calls`` (key, jitted function, arguments) need that this
+    process has not compiled yet, several at once (XLA compiles outside the GIL: on a TPU
+    host a program of a group took 0.2-2 s; the first fingerprints of a model's state need
+    about ten)."""
     missing: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-    for key, args in calls:
+    for key, fn, args in calls:
         if key not in _PROGRAMS and key not in missing:
-            missing[key] = args
+            missing[key] = (fn, args)
 
-    def build(args: tuple[Any, ...]) -> Any:
-        return _group.lower(*args).compile()
+    def build(job: tuple[Any, ...]) -> Any:
+        fn, args = job
+        return fn.lower(*args).compile()
 
     if len(missing) == 1:
-        ((key, args),) = missing.items()
-        _PROGRAMS[key] = build(args)
+        ((key, job),) = missing.items()
+        _PROGRAMS[key] = build(job)
     elif missing:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -545,13 +550,13 @@ def _compile(calls: list[tuple[Any, ...]]) -> None:
         del _PROGRAMS[next(iter(_PROGRAMS))]
 
 
-def _dispatch(
+def _group_calls(
     blocks: Sequence[tuple[jax.Array, Sequence[int], Sequence[int]]],
     groups: dict[Any, list[int]],
     flags: bool,
-) -> list[tuple[list[int], jax.Array]]:
-    """Every group's programs, dispatched (K blocks of one shape, dtype and device each);
-    the programs not compiled yet are compiled first, together (`_compile`)."""
+) -> list[tuple[list[int], tuple[Any, ...], tuple[Any, ...]]]:
+    """Every group's programs to run, (blocks, program key, arguments): K blocks of one
+    shape, dtype and device each."""
     calls = []
     for (device, shape, dtype, full, kind), idx in groups.items():
         nbytes = max(1, int(blocks[idx[0]][0].nbytes))
@@ -574,8 +579,62 @@ def _dispatch(
                 offs = jax.device_put(arr, device)
             key = (device, kind, shape, dtype, k, full is None, strides, flags, rows, raw)
             calls.append((part, key, (xs, offs, strides, flags, rows, raw)))
-    _compile([(key, args) for _, key, args in calls])
-    return [(part, _PROGRAMS[key](*args[:2])) for part, key, args in calls]
+    return calls
+
+
+#: Dtypes whose small leaves a device (not a CPU) packs into one buffer per call, copied to
+#: the host at once: a TPU copies each buffer to the host apart (~0.1 ms each, measured on
+#: a v5e), and a concatenation keeps these dtypes' bits. Not bfloat16: its concatenation
+#: rewrote bits on the v5e (`bench/tpu_fingerprints.py`, exactness) and on XLA:CPU. Others
+#: are copied one by one.
+PACK_DTYPES = frozenset({'float32', 'int32', 'uint32', 'int8', 'uint8', 'bool'})
+#: Pack on a CPU device too (the tests: there a view of each leaf costs nothing).
+PACK_ON_CPU = False
+#: Small leaves per packing program, at most (a program per list of their shapes: the
+#: same tree's come again, cached with the others).
+MAX_PACK = 256
+
+
+@jax.jit
+def _pack(xs: tuple[jax.Array, ...]) -> jax.Array:
+    """Small leaves of one dtype, flattened and concatenated (C order: no element moves
+    within its leaf)."""
+    return jnp.concatenate([x.reshape(-1) for x in xs])
+
+
+def _packs(dtype: Any, platform: str) -> bool:
+    """Whether small leaves of ``dtype`` on a ``platform`` device are packed (`_pack`)."""
+    if platform == 'cpu' and not PACK_ON_CPU:
+        return False
+    return dtype_names(np.dtype(dtype))[0] in PACK_DTYPES
+
+
+def _pack_calls(
+    arrays: Sequence[Any],
+) -> tuple[list[tuple[list[int], tuple[Any, ...], tuple[Any, ...]]], list[int]]:
+    """The packing programs for small leaves ``arrays`` (jax arrays on a device that is not
+    a CPU, of `PACK_DTYPES`, two or more alike): (their indices, key, arguments); and the
+    indices of the others (copied one by one)."""
+    packs: dict[tuple[Any, ...], list[int]] = {}
+    loose: list[int] = []
+    for j, x in enumerate(arrays):
+        if isinstance(x, jax.Array) and _packs(x.dtype, _platform(x)):
+            kind = getattr(x.sharding, 'memory_kind', None)
+            if kind in (None, 'device'):
+                packs.setdefault((x.sharding, x.dtype), []).append(j)
+                continue
+        loose.append(j)
+    calls = []
+    for (sharding, dtype), idx in packs.items():
+        for lo in range(0, len(idx), MAX_PACK):
+            part = idx[lo : lo + MAX_PACK]
+            if len(part) < 2:
+                loose += part
+                continue
+            xs = tuple(arrays[j] for j in part)
+            key = ('pack', sharding, dtype, tuple(x.shape for x in xs))
+            calls.append((part, key, (xs,)))
+    return calls, loose
 
 
 def device_results(
@@ -588,7 +647,8 @@ def device_results(
 
     Blocks of one shape, dtype and device share one program (`_group`), compiled once per
     process for that shape and a power-of-two count; whole leaves up to `SMALL` elements
-    are copied to the host together and computed by numpy (`_numpy_many`: no compile).
+    are copied to the host and computed by numpy (`_numpy_many`), on a device other than a
+    CPU those of a dtype and device packed into one buffer first (`_pack`: one copy).
     Everything is dispatched before anything is read; the small leaves are copied and
     computed while the programs run, then one batched copy of the programs' results.
     ``ready``: more small whole leaves, on one device each (`_route`) or numpy arrays, their
@@ -610,14 +670,31 @@ def device_results(
             key = (next(iter(x.devices())), tuple(x.shape), np.dtype(x.dtype))
             kind = getattr(x.sharding, 'memory_kind', None)  # a program is compiled for it
             groups.setdefault(key + (None if whole else full, kind), []).append(i)
-    pending = _dispatch(blocks, groups, flags) if groups else []
-    for _, lanes in pending:  # each result comes to the host as soon as its program ends
-        lanes.copy_to_host_async()
-    # The small leaves are ready (their launches ran): copied and computed while the
-    # programs run (a copy of a ready buffer does not queue behind compute).
+
     arrays = [blocks[i][0] for i in small] + list(ready)
-    for i, res in zip(small + list(range(len(blocks), len(out))),
-                      _numpy_many(_host_copies(arrays), flags)):  # fmt: skip
+    at = small + list(range(len(blocks), len(out)))
+    packing, loose = _pack_calls(arrays)
+    calls = _group_calls(blocks, groups, flags) if groups else []
+    _compile([(key, _pack, args) for _, key, args in packing]
+             + [(key, _group, args) for _, key, args in calls])  # fmt: skip
+    # The packs first (small, on a device ahead of the groups), each result copied to the
+    # host as soon as its program ends.
+    packed = [(part, _PROGRAMS[key](*args)) for part, key, args in packing]
+    pending = [(part, _PROGRAMS[key](*args[:2])) for part, key, args in calls]
+    for _, result in packed + pending:
+        result.copy_to_host_async()
+    # The loose small leaves are ready (their launches ran): copied while the programs
+    # run (a copy of a ready buffer does not queue behind compute).
+    host: list[Any] = [None] * len(arrays)
+    for j, a in zip(loose, _host_copies([arrays[j] for j in loose])):
+        host[j] = a
+    for part, result in packed:
+        flat, pos = np.asarray(result), 0
+        for j in part:
+            n = arrays[j].size
+            host[j] = flat[pos : pos + n].reshape(arrays[j].shape)
+            pos += n
+    for i, res in zip(at, _numpy_many(host, flags)):  # while the groups' programs run
         out[i] = res
     got = jax.device_get([lanes for _, lanes in pending]) if pending else []
     for (part, _), res in zip(pending, got):
