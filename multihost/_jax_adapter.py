@@ -198,3 +198,14 @@ def exit_cleanup() -> None:
     from jax._src import api
 
     api.clean_up()
+
+
+def has_host_copy(x: Any) -> bool:
+    """Whether jax already holds a host copy of single-device array ``x`` (made by an
+    earlier ``np.asarray``, kept on the array): reading it again copies nothing.
+
+    INTERNAL: `jax._src.array.ArrayImpl._npy_value`, the numpy value `_value` caches when
+    the copy was a real one (not a view of CPU memory). Public JAX does not say whether a
+    copy is cached; `_fingerprint` packs small leaves into one buffer only when it is not.
+    """
+    return getattr(x, '_npy_value', None) is not None

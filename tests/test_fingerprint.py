@@ -69,6 +69,7 @@ def test_small_leaves_batched_equal_each_leaf_alone(dt):
     arrays += [np.zeros(9, dt), np.full(6, 1, dt), _random(rng, 60, dt).reshape(3, 4, 5)]
     if jnp.issubdtype(dt, jnp.inexact):
         arrays.append(np.array([0, np.nan, 1], np.float32).astype(dt))
+    arrays += [_random(rng, 1 << 16, dt) for _ in range(40)]  # a run gathered in slices
     got = F._numpy_many(arrays, True)
     for a, res in zip(arrays, got):
         n = F.lane_sets(a.dtype) * F.LANES
@@ -558,3 +559,23 @@ def test_small_device_leaves_packed_into_one_buffer_give_numpy_bytes(dt, monkeyp
     assert F.fingerprints(dev) == [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
     got = F.digests_with_flags(dev, 'device')
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
+
+
+def test_a_host_copy_jax_keeps_is_seen_and_such_leaves_are_not_packed(monkeypatch):
+    """`has_host_copy` (the adapter) sees the host copy jax keeps on an array after a real
+    copy (int4 on a CPU device is copied; float32 is a view); a packable leaf with such a
+    copy is read from it, not packed again."""
+    from multihost._jax_adapter import has_host_copy
+
+    x = jnp.ones((3, 5), jnp.int4)
+    assert not has_host_copy(x)
+    np.asarray(x)
+    assert has_host_copy(x)
+    y = jnp.ones((3, 5), jnp.float32)
+    np.asarray(y)
+    assert not has_host_copy(y)  # a view of CPU memory: nothing kept
+    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
+    monkeypatch.setattr(F, 'PACK_DTYPES', F.PACK_DTYPES | {'int4'})
+    leaves = [jnp.ones((4,), jnp.int4), jnp.zeros((6,), jnp.int4), x]
+    packed, loose = F._pack_calls(leaves)
+    assert [part for part, _, _ in packed] == [[0, 1]] and loose == [2]

@@ -84,6 +84,7 @@ import xxhash
 
 from multihost import _recorder
 from multihost._checks import _hostreads, _raw_lanes
+from multihost._jax_adapter import has_host_copy
 
 K1 = 0x9E3779B1
 K2 = 0x85EBCA77
@@ -618,7 +619,8 @@ def _pack_calls(
     packs: dict[tuple[Any, ...], list[int]] = {}
     loose: list[int] = []
     for j, x in enumerate(arrays):
-        if isinstance(x, jax.Array) and _packs(x.dtype, _platform(x)):
+        # a leaf whose host copy jax already holds (read before) is read from it
+        if isinstance(x, jax.Array) and _packs(x.dtype, _platform(x)) and not has_host_copy(x):
             kind = getattr(x.sharding, 'memory_kind', None)
             if kind in (None, 'device'):
                 packs.setdefault((x.sharding, x.dtype), []).append(j)
@@ -814,6 +816,20 @@ _ZEROS = np.zeros(4, np.uint8)
 _NONFINITE_BITS = {**_raw_lanes.NONFINITE, 'float16': (0x7FFF, 0x7C00)}
 
 
+def _gathered(table: np.ndarray, w32: np.ndarray) -> np.ndarray:
+    """``table`` of both 16-bit halves of every word of ``w32``, interleaved (low half
+    first): one `take` of the 16-bit view, in slices of 64 Ki halves past 512 Ki (numpy
+    turns the indices into a temporary of 8 bytes each: in slices it stays in cache)."""
+    halves = w32.view('<u2')
+    if halves.size <= 1 << 19:
+        return table.take(halves)
+    out = np.empty(halves.size, table.dtype)
+    step = 1 << 16
+    for i in range(0, halves.size, step):
+        np.take(table, halves[i : i + step], out=out[i : i + step])
+    return out
+
+
 def _numpy_run(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list[np.ndarray]:
     """`_numpy_many` of non-empty leaves of one dtype, concatenated.
 
@@ -837,9 +853,7 @@ def _numpy_run(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list[np.n
             counts.append((b.size + 3) >> 2)
         w32, words = np.concatenate(pieces).view('<u4'), tuple(counts)
     starts, c, far = _word_terms(words) if len(w32) <= 1 << 20 else _word_terms.__wrapped__(words)
-    table = _pair_table() if size == 1 else _table(16)
-    # both halves of every word in one gather (`take` of the 16-bit view: low half first)
-    g = table.take(w32.view('<u2'))
+    g = _gathered(_pair_table() if size == 1 else _table(16), w32)
     lo, hi = g[0::2], g[1::2]
     terms = [(hi * c, K1), (lo * c, K1)]
     terms += [(hi * far, K2), (lo * far, K2)] if far is not None else [(hi, K2), (lo, K2)]
@@ -880,10 +894,9 @@ def _numpy_run_wide(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list
     starts, c, far = _word_terms(words) if sum(words) <= 1 << 20 else _word_terms.__wrapped__(words)
     flat = np.concatenate([a.reshape(-1) for a in arrays])  # one copy, then a view per word
     raws = _np_words(flat)
-    table = _table(16)
     cols = []
     for r in raws:
-        g = table.take(r.view('<u2'))  # both halves of every word: low half first
+        g = _gathered(_table(16), r)
         lo, hi = g[0::2], g[1::2]
         terms = [(hi * c, K1), (lo * c, K1)]
         terms += [(hi * far, K2), (lo * far, K2)] if far is not None else [(hi, K2), (lo, K2)]
