@@ -247,7 +247,7 @@ def report():
     audit = sys.modules.get('multihost._job._audit')
     if audit is not None and audit.enabled():
         with open(os.path.join(directory, f'audit-{jax.process_index()}.json'), 'w') as f:
-            json.dump(audit.report().to_json(), f)
+            json.dump(audit.report(wait=30.0).to_json(), f)  # its last launches shared
 
 
 def leave(status):

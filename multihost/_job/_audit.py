@@ -314,16 +314,23 @@ def _close() -> None:
         return
     deadline = time.monotonic() + CLOSE_WAIT
     with _state.cond:
-        while (_state.queue or _state.tables or _state.sharing) and not _state.stopped:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            _state.cond.wait(min(left, 0.1))
+        _drain(deadline)
         _state.closing = True
         _state.cond.notify_all()
     _summary()
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()) + 1.0)
+
+
+def _drain(deadline: float) -> bool:
+    """Under ``_state.cond``: waits until every launch read or queued is shared and compared
+    (True), the audit stopped, or the monotonic ``deadline`` passes (False)."""
+    while (_state.queue or _state.tables or _state.sharing) and not _state.stopped:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        _state.cond.wait(min(left, 0.1))
+    return True
 
 
 def _summary() -> None:
@@ -664,8 +671,17 @@ def compare(
     return found
 
 
-def report() -> AuditReport:
-    """This host's audit so far (`multihost.audit_report`)."""
+def report(wait: float = 0.0) -> AuditReport:
+    """This host's audit so far (`multihost.audit_report`).
+
+    Args:
+        wait: seconds to wait first, at most, for the launches already audited here to be
+            shared and compared (at a job's end: its last launches are still being shared,
+            with every host, which all call it there). 0: at once.
+    """
+    if wait > 0 and _state.threads:
+        with _state.cond:
+            _drain(time.monotonic() + float(wait))
     with _state.lock:
         findings = tuple(_state.findings)
     return AuditReport(
