@@ -528,7 +528,9 @@ def test_offloaded_leaves_are_read_in_host_memory(kind):
     unpinned_host): no device program takes it with device leaves; read as host memory,
     the same digests and flags as the device copy and numpy, under every definition."""
     x = jnp.arange(100000, dtype=jnp.float32).at[7].set(jnp.nan)
-    y = jax.device_put(x, jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=kind))
+    y = jax.device_put(
+        x, jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind=kind)
+    )
     want = F.fingerprints([np.asarray(x)])
     assert F.fingerprints([x]) == F.fingerprints([y]) == F.fingerprints([x]) == want
     assert F.fingerprints([x, y]) == want * 2

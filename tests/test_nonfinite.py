@@ -231,7 +231,7 @@ def test_offloaded_leaves_are_read_in_host_memory(kind):
     the two memory spaces; counted like the device copy of the same values."""
     x = jnp.arange(100000, dtype=jnp.float32).at[5].set(jnp.nan).at[70].set(jnp.inf)
     device = jax.devices()[0]
-    y = jax.device_put(x, jax.sharding.SingleDeviceSharding(device, memory_kind=kind))
+    y = jax.device_put(x, jax.sharding.make_single_device_sharding(device, memory_kind=kind))
     assert y.sharding.memory_kind == kind
     report = multihost.nonfinite({'dev': x, 'off': y})
     for path in ("['dev']", "['off']"):

@@ -508,7 +508,9 @@ def test_a_leaf_offloaded_to_host_memory_that_differs_on_one_host():
     a = np.arange(300_000, dtype=np.float32)
     if pid == 1:
         a[123_456] += 1.0
-    off = jax.device_put(a, jax.sharding.SingleDeviceSharding(device, memory_kind='pinned_host'))
+    off = jax.device_put(
+        a, jax.sharding.make_single_device_sharding(device, memory_kind='pinned_host')
+    )
     tree = {'params': jnp.ones((64, 64)), 'mu': off}
     for how in ('auto', 'device'):
         with env_var('MULTIHOST_FINGERPRINT', how):

@@ -906,10 +906,24 @@ def _numpy_run_wide(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list
     return list(np.stack(cols, axis=1))
 
 
+def _one_device_class(sharding: Any) -> bool:
+    return isinstance(sharding, _SINGLE)
+
+
+#: Whether a sharding is a `SingleDeviceSharding`: jax 0.12 says it by a function and
+#: deprecates naming the class; jax 0.10 has only the class.
+one_device = getattr(jax.sharding, 'is_single_device_sharding', None) or _one_device_class
+_SINGLE: Any = (
+    None
+    if hasattr(jax.sharding, 'is_single_device_sharding')
+    else (jax.sharding.SingleDeviceSharding)
+)
+
+
 def _parts(x: jax.Array) -> list[tuple[jax.Array, tuple[int, ...], tuple[int, ...]]]:
     """A fully addressable array's distinct blocks (one replica each) with their offsets."""
     shape = tuple(int(d) for d in x.shape)
-    if isinstance(x.sharding, jax.sharding.SingleDeviceSharding):  # no Shard objects built
+    if one_device(x.sharding):  # no Shard objects built
         return [(x, (0,) * x.ndim, shape)]
     shards = x.addressable_shards
     if len(shards) == 1:
@@ -954,7 +968,7 @@ def _route(x: jax.Array) -> int:
             got = _NUMPY
         elif bits_lost_on_chip(x) or _hostreads.offloaded(x):
             got = _COPIED  # host memory, or a narrow float a device program would rewrite
-        elif isinstance(x.sharding, jax.sharding.SingleDeviceSharding) and 0 < x.size <= SMALL:
+        elif one_device(x.sharding) and 0 < x.size <= SMALL:
             got = _SMALL_LEAF
         else:
             got = _BLOCKS

@@ -537,7 +537,7 @@ def _blocks(leaf: Any) -> list[tuple[str, Any]]:
     if leaf.is_deleted():
         return []  # donated to a launch since
     key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-    if not key and isinstance(leaf.sharding, jax.sharding.SingleDeviceSharding):
+    if not key and _fingerprint.one_device(leaf.sharding):
         # one block, the whole leaf: no Shard objects built (most leaves of a one-chip job)
         if _fingerprint.in_host_memory(leaf):
             view = np.asarray(leaf)
