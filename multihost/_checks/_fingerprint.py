@@ -724,9 +724,9 @@ def _platform(x: jax.Array) -> str:
     got = _PLATFORMS.get(sharding)
     if got is None:
         device: Any = next(iter(sharding.device_set))
-        got = _PLATFORMS[sharding] = str(device.platform)
         if len(_PLATFORMS) > 4096:
             _PLATFORMS.clear()
+        got = _PLATFORMS[sharding] = str(device.platform)
     return got
 
 
