@@ -45,7 +45,7 @@ from multihost.engine.net import (
     split_url,
 )
 from multihost.engine.portable import CellObject, NotShipped
-from multihost.engine.start import initialize, install
+from multihost.engine.start import initialize, install, same_cell_names
 
 __all__ = [
     'CellObject',
@@ -73,6 +73,7 @@ __all__ = [
     'nonfinite',
     'realign_sequence',
     'route_source',
+    'same_cell_names',
     'sequence_position',
     'serve_control',
     'split_url',

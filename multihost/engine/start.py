@@ -11,7 +11,7 @@ from typing import Any
 
 from multihost.engine.net import engine_info
 
-__all__ = ['initialize', 'install']
+__all__ = ['initialize', 'install', 'same_cell_names']
 
 
 def initialize(
@@ -118,7 +118,34 @@ def install() -> None:
     """
     import multihost
 
+    same_cell_names()
     try:
         multihost.install()
     except ValueError:  # installed already, with other options: those stay
         pass
+
+
+#: The part of an ipykernel cell's file name that differs by process:
+#: ``/tmp/ipykernel_<pid>/<hash of the cell>.py``.
+CELL_DIRECTORY = r'ipykernel_[0-9]+/'
+
+
+def same_cell_names() -> None:
+    """Makes a ``%%mh`` cell's programs the same on every host: JAX's HLO source paths
+    lose ipykernel's per-process directory.
+
+    ipykernel names a cell's code ``/tmp/ipykernel_<pid>/<hash>.py``, and JAX writes that
+    path into every op's metadata, so one cell jitted on N engines is N different
+    programs. jax 0.12 on CPU then hangs in the program's first collective (its
+    processes do not meet; seen with jax 0.12.1). JAX's own setting
+    ``jax_hlo_source_file_canonicalization_regex`` removes what it matches from those
+    paths: this adds `CELL_DIRECTORY` to it (as an alternative, keeping a pattern
+    already set). Only the metadata changes; a program run outside a cell is untouched.
+    """
+    import jax
+
+    current = jax.config.jax_hlo_source_file_canonicalization_regex
+    if current is not None and CELL_DIRECTORY in current:
+        return
+    pattern = CELL_DIRECTORY if not current else f'(?:{current})|{CELL_DIRECTORY}'
+    jax.config.update('jax_hlo_source_file_canonicalization_regex', pattern)
