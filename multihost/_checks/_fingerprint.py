@@ -473,15 +473,25 @@ def bits_lost_on_chip(x: jax.Array) -> bool:
     except Exception:  # no sharding to ask: not on a chip we know of
         return False
     if got is None:
-        got = _bits_lost(dt, x)
-        if len(_LOST) > 4096:
-            _LOST.clear()
-        _LOST[key] = got
+        got = _LOST.keep(key, _bits_lost(dt, x))
     return got
 
 
-#: `bits_lost_on_chip` by (dtype, shape, sharding): the same of every call.
-_LOST: dict[tuple[Any, ...], bool] = {}
+class _Memo(dict[Any, Any]):
+    """Answers that are the same at every call, by (dtype, shape, sharding) or sharding:
+    emptied once it holds `LIMIT` (a process that keeps making new shardings)."""
+
+    LIMIT = 4096
+
+    def keep(self, key: Any, value: Any) -> Any:
+        if len(self) >= self.LIMIT:
+            self.clear()
+        self[key] = value
+        return value
+
+
+#: `bits_lost_on_chip` by (dtype, shape, sharding).
+_LOST = _Memo()
 
 
 def _bits_lost(dt: np.dtype, x: jax.Array) -> bool:
@@ -715,18 +725,17 @@ def _host_copies(arrays: Sequence[Any]) -> list[np.ndarray]:
     return [np.asarray(x) for x in arrays]
 
 
-_PLATFORMS: dict[Any, str] = {}
+#: `_platform` by sharding.
+_PLATFORMS = _Memo()
 
 
 def _platform(x: jax.Array) -> str:
-    """The platform of a single-device array's device (remembered per sharding)."""
+    """The platform of a single-device array's device."""
     sharding = x.sharding
     got = _PLATFORMS.get(sharding)
     if got is None:
         device: Any = next(iter(sharding.device_set))
-        if len(_PLATFORMS) > 4096:
-            _PLATFORMS.clear()
-        got = _PLATFORMS[sharding] = str(device.platform)
+        got = _PLATFORMS.keep(sharding, str(device.platform))
     return got
 
 
@@ -953,8 +962,8 @@ def fingerprints(leaves: Sequence[Any]) -> list[bytes]:
 #: How `_kernel_with_flags` reads a `jax.Array`: a small whole leaf on one device (one host
 #: copy among many), its blocks (device programs), host copies one at a time, numpy.
 _SMALL_LEAF, _BLOCKS, _COPIED, _NUMPY = range(4)
-#: `_route` by (dtype, shape, sharding): the same at every call.
-_ROUTES: dict[tuple[Any, ...], int] = {}
+#: `_route` by (dtype, shape, sharding).
+_ROUTES = _Memo()
 
 
 def _route(x: jax.Array) -> int:
@@ -973,9 +982,7 @@ def _route(x: jax.Array) -> int:
         else:
             got = _BLOCKS
         if key is not None:
-            if len(_ROUTES) > 4096:
-                _ROUTES.clear()
-            _ROUTES[key] = got
+            _ROUTES.keep(key, got)
     return got
 
 

@@ -144,7 +144,7 @@ def same_cell_names() -> None:
     """
     import jax
 
-    current = jax.config.jax_hlo_source_file_canonicalization_regex
+    current = getattr(jax.config, 'jax_hlo_source_file_canonicalization_regex', None)
     if current is not None and CELL_DIRECTORY in current:
         return
     pattern = CELL_DIRECTORY if not current else f'(?:{current})|{CELL_DIRECTORY}'
