@@ -187,12 +187,19 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c(run: Any) -> None:
     ), lines
     # Its JSON dump is written once the GIL came back: it was still in its stall (not in
     # the dump signal's own handler), on its way to the barrier (in orbax's save, before
-    # it), or already in the barrier with the others.
+    # it), already in the barrier with the others, or past it.
     (waits,) = [ln for ln in lines if ' wait in ' in ln]
     if waits.startswith(f'processes 0, 2 wait in {BARRIER} at '):
         (behind,) = [ln for ln in lines if ln.startswith('never arrived there: process 1')]
         assert 'in stall' in behind or '(via save), called from _flax_job.py' in behind, behind
         assert not re.search(r'(^|[ /])multihost/_', behind), behind  # no toolkit frame
+    elif waits.startswith('process 1 wait in '):
+        # Or past it: the barrier done (the others' dumps were written in it), its JSON dump
+        # came from a later barrier of orbax's save (seen once in CI, under load).
+        assert BARRIER not in waits, lines
+        there = [ln for ln in lines if BARRIER in ln and ':' in ln]
+        for heads in (('processes 0, 2: ', 'process 0: '), ('processes 0, 2: ', 'process 2: ')):
+            assert any(ln.startswith(heads) for ln in there), lines
     else:
         assert waits.startswith(f'processes 0-2 wait in {BARRIER} at '), lines
     import mhnotebook
