@@ -664,7 +664,8 @@ def _timed_out(exc: Any) -> dict[str, Any]:
 def _announce(
     code: int, error: str, message: str, site: str, function: str, extra: Any = None
 ) -> bool:
-    """Tells every other host (on a thread of its own; `_finish` waits for it); whether
+    """Tells every other host (on a thread of its own; `_finish` waits for it; at the
+    interpreter's teardown, where Python 3.12 starts no thread, on this one); whether
     it did (armed, and the coordination service is there). ``extra``: more fields of
     the failure (`_timed_out`)."""
     if not _state.armed:
@@ -695,8 +696,14 @@ def _announce(
             print(f'multihost: could not tell the other hosts of this failure: {exc}',
                   file=sys.stderr)  # fmt: skip
 
-    _state.announcing = threading.Thread(target=tell, name='multihost-fate', daemon=True)
-    _state.announcing.start()
+    thread = threading.Thread(target=tell, name='multihost-fate', daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # at teardown, Python >= 3.12 starts no thread: told from here
+        _state.announcing = None
+        tell()  # bounded: ANNOUNCE_S
+    else:
+        _state.announcing = thread
     return True
 
 
