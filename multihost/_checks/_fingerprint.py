@@ -916,17 +916,13 @@ def _numpy_run_wide(arrays: list[np.ndarray], dt: np.dtype, flags: bool) -> list
 
 
 def _one_device_class(sharding: Any) -> bool:
-    return isinstance(sharding, _SINGLE)
+    return isinstance(sharding, jax.sharding.SingleDeviceSharding)
 
 
 #: Whether a sharding is a `SingleDeviceSharding`: jax 0.12 says it by a function and
-#: deprecates naming the class; jax 0.10 has only the class.
+#: deprecates naming the class (named only where that function is missing); jax 0.10 has
+#: only the class.
 one_device = getattr(jax.sharding, 'is_single_device_sharding', None) or _one_device_class
-_SINGLE: Any = (
-    None
-    if hasattr(jax.sharding, 'is_single_device_sharding')
-    else (jax.sharding.SingleDeviceSharding)
-)
 
 
 def _parts(x: jax.Array) -> list[tuple[jax.Array, tuple[int, ...], tuple[int, ...]]]:
