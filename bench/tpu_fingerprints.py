@@ -6,7 +6,8 @@ Side by side in one run, medians of ``--reps``:
 
 * exactness first: for every dtype the kernel handles on a chip (f32, bf16, f16, int8,
   uint8, bool, int32, fp8 e4m3fn / e5m2, complex64), leaves small (host path, packed on
-  the device first where `_fingerprint.PACK_DTYPES` says) and large
+  the device first where `_fingerprint.PACK_DTYPES` says, bfloat16's 1-D leaves of whole
+  tiles by DMA, `_raw_lanes.dma_pack`) and large
   (the fused program), several of one shape (one program), blocks at offsets, the NaN/Inf
   and constant flags: the same bytes as numpy's implementation of the definition;
 * the four rows of issue 47: 16 x 16 MiB float32, the same in bfloat16, a flax
@@ -107,6 +108,8 @@ def exactness() -> dict[str, Any]:
             nan[7, 9] = np.nan
             arrays.append(nan.astype(dt))
         dev = [jax.device_put(a) for a in arrays]
+        packs = F._pack_calls(dev)[0]
+        out[np.dtype(dt).name + '_packed'] = sum(len(part) for part, _, _ in packs)
         ok = F.fingerprints(dev) == F.fingerprints(arrays)
         got = F.digests_with_flags(dev, 'device')
         want = [F.numpy_flags(a) for a in arrays]

@@ -563,6 +563,48 @@ def test_small_device_leaves_packed_into_one_buffer_give_numpy_bytes(dt, monkeyp
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
 
 
+def test_small_bfloat16_vectors_are_packed_by_dma_keeping_every_bit(monkeypatch):
+    """bfloat16's small 1-D leaves whose sizes are whole tiles are packed by a DMA kernel
+    (`_raw_lanes.dma_pack`, here in Pallas' interpret mode) into one buffer, one copy to the
+    host: numpy's bytes and flags on raw bits (NaN payloads, subnormals); leaves of other
+    sizes or of two axes, and a lone one, are copied one by one."""
+    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
+    monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
+    tile = _raw_lanes.DMA_TILE[2]
+    shapes = [(tile,), (3 * tile,), (tile + 5,), (8, 2 * tile), (2 * tile,), (tile,)]
+    arrays = [_random_bits(ml_dtypes.bfloat16, s, seed=i) for i, s in enumerate(shapes)]
+    arrays[-1][:] = arrays[-1][0]  # constant
+    assert np.isnan(arrays[0].astype(np.float32)).any()
+    dev = [jax.device_put(a) for a in arrays]
+    packed, loose = F._pack_calls(dev)
+    assert [part for part, _, _ in packed] == [[0, 1, 4, 5]] and loose == [2, 3]
+    assert packed[0][1][0] is _raw_lanes.dma_pack_interpret
+    assert F._pack_calls(dev[:1])[1] == [0]  # alone: nothing to pack it with
+    assert F.fingerprints(dev) == [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+    got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
+    assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
+
+
+def test_a_packing_program_that_does_not_compile_leaves_its_leaves_to_copies(monkeypatch):
+    """A DMA packing program that fails to compile (a TPU whose Mosaic tiles 1-D buffers
+    otherwise): its leaves are copied one by one, the same bytes; nothing raises."""
+
+    @jax.jit
+    def broken(xs: tuple[jax.Array, ...]) -> jax.Array:
+        raise RuntimeError('Mosaic failed to compile TPU kernel (on purpose)')
+
+    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
+    monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
+    monkeypatch.setattr(_raw_lanes, 'dma_pack_interpret', broken)
+    monkeypatch.setattr(F, '_MAY_FAIL', (broken,))
+    arrays = [_random_bits(ml_dtypes.bfloat16, (512,), seed=i) for i in range(3)]
+    dev = [jax.device_put(a) for a in arrays]
+    assert [part for part, _, _ in F._pack_calls(dev)[0]] == [[0, 1, 2]]
+    want = [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+    assert F.fingerprints(dev) == want
+    assert F.fingerprints(dev) == want  # again: the failure is remembered, not retried
+
+
 def test_a_host_copy_jax_keeps_is_seen_and_such_leaves_are_not_packed(monkeypatch):
     """`has_host_copy` (the adapter) sees the host copy jax keeps on an array after a real
     copy (int4 on a CPU device is copied; float32 is a view); a packable leaf with such a

@@ -545,7 +545,12 @@ def _compile(calls: list[tuple[Any, ...]]) -> None:
 
     def build(job: tuple[Any, ...]) -> Any:
         fn, args = job
-        return fn.lower(*args).compile()
+        try:
+            return fn.lower(*args).compile()
+        except Exception:
+            if fn in _MAY_FAIL:  # its leaves are copied one by one
+                return None
+            raise
 
     if len(missing) == 1:
         ((key, job),) = missing.items()
@@ -596,8 +601,9 @@ def _group_calls(
 #: Dtypes whose small leaves a device (not a CPU) packs into one buffer per call, copied to
 #: the host at once: a TPU copies each buffer to the host apart (~0.1 ms each, measured on
 #: a v5e), and a concatenation keeps these dtypes' bits. Not bfloat16: its concatenation
-#: rewrote bits on the v5e (`bench/tpu_fingerprints.py`, exactness) and on XLA:CPU. Others
-#: are copied one by one.
+#: rewrote bits on the v5e (`bench/tpu_fingerprints.py`, exactness) and on XLA:CPU; its 1-D
+#: leaves are packed by DMA on a TPU instead (`_raw_lanes.dma_pack`). Others are copied one
+#: by one.
 PACK_DTYPES = frozenset({'float32', 'int32', 'uint32', 'int8', 'uint8', 'bool'})
 #: Pack on a CPU device too (the tests: there a view of each leaf costs nothing).
 PACK_ON_CPU = False
@@ -613,38 +619,54 @@ def _pack(xs: tuple[jax.Array, ...]) -> jax.Array:
     return jnp.concatenate([x.reshape(-1) for x in xs])
 
 
-def _packs(dtype: Any, platform: str) -> bool:
-    """Whether small leaves of ``dtype`` on a ``platform`` device are packed (`_pack`)."""
+#: Packing programs whose compile may fail (a TPU whose Mosaic lays 1-D buffers out in
+#: other tiles): their leaves are then copied one by one.
+_MAY_FAIL = (_raw_lanes.dma_pack, _raw_lanes.dma_pack_interpret)
+
+
+def _packer(x: jax.Array) -> Any:
+    """The program that packs small leaf ``x`` with others of its dtype and device: `_pack`
+    (`PACK_DTYPES`), `_raw_lanes.dma_pack` (bfloat16's 1-D leaves on a TPU), or None
+    (copied to the host alone)."""
+    platform = _platform(x)
     if platform == 'cpu' and not PACK_ON_CPU:
-        return False
-    return dtype_names(np.dtype(dtype))[0] in PACK_DTYPES
+        return None
+    if dtype_names(np.dtype(x.dtype))[0] in PACK_DTYPES:
+        return _pack
+    if _raw_lanes.dma_packable(x.dtype, tuple(x.shape)):
+        if platform == 'tpu':
+            return _raw_lanes.dma_pack
+        if _raw_lanes.INTERPRET:
+            return _raw_lanes.dma_pack_interpret
+    return None
 
 
 def _pack_calls(
     arrays: Sequence[Any],
 ) -> tuple[list[tuple[list[int], tuple[Any, ...], tuple[Any, ...]]], list[int]]:
     """The packing programs for small leaves ``arrays`` (jax arrays on a device that is not
-    a CPU, of `PACK_DTYPES`, two or more alike): (their indices, key, arguments); and the
-    indices of the others (copied one by one)."""
+    a CPU, that `_packer` packs, two or more alike): (their indices, key, arguments), the
+    key's first item the program; and the indices of the others (copied one by one)."""
     packs: dict[tuple[Any, ...], list[int]] = {}
     loose: list[int] = []
     for j, x in enumerate(arrays):
         # a leaf whose host copy jax already holds (read before) is read from it
-        if isinstance(x, jax.Array) and _packs(x.dtype, _platform(x)) and not has_host_copy(x):
+        if isinstance(x, jax.Array) and not has_host_copy(x):
+            fn = _packer(x)
             kind = getattr(x.sharding, 'memory_kind', None)
-            if kind in (None, 'device'):
-                packs.setdefault((x.sharding, x.dtype), []).append(j)
+            if fn is not None and kind in (None, 'device'):
+                packs.setdefault((fn, x.sharding, x.dtype), []).append(j)
                 continue
         loose.append(j)
     calls = []
-    for (sharding, dtype), idx in packs.items():
+    for (fn, sharding, dtype), idx in packs.items():
         for lo in range(0, len(idx), MAX_PACK):
             part = idx[lo : lo + MAX_PACK]
             if len(part) < 2:
                 loose += part
                 continue
             xs = tuple(arrays[j] for j in part)
-            key = ('pack', sharding, dtype, tuple(x.shape for x in xs))
+            key = (fn, sharding, dtype, tuple(x.shape for x in xs))
             calls.append((part, key, (xs,)))
     return calls, loose
 
@@ -687,11 +709,17 @@ def device_results(
     at = small + list(range(len(blocks), len(out)))
     packing, loose = _pack_calls(arrays)
     calls = _group_calls(blocks, groups, flags) if groups else []
-    _compile([(key, _pack, args) for _, key, args in packing]
+    _compile([(key, key[0], args) for _, key, args in packing]
              + [(key, _group, args) for _, key, args in calls])  # fmt: skip
     # The packs first (small, on a device ahead of the groups), each result copied to the
-    # host as soon as its program ends.
-    packed = [(part, _PROGRAMS[key](*args)) for part, key, args in packing]
+    # host as soon as its program ends (a packing program that did not compile: copies).
+    packed = []
+    for part, key, args in packing:
+        program = _PROGRAMS[key]
+        if program is None:
+            loose += part
+        else:
+            packed.append((part, program(*args)))
     pending = [(part, _PROGRAMS[key](*args[:2])) for part, key, args in calls]
     for _, result in packed + pending:
         result.copy_to_host_async()

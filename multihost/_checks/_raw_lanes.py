@@ -334,3 +334,59 @@ def block_words(
     bad = jnp.max(per[:, 4]) >= _I(NONFINITE.get(dt.name, (0, 1))[1])
     more = jnp.stack([bad.astype(_I), jnp.max(per[:, 5]), jnp.min(per[:, 6])])
     return jnp.concatenate([sums, more.astype(jnp.uint32)])
+
+
+# -- small leaves packed by DMA (raw bytes) -------------------------------------------------
+
+#: 1-D tile of a TPU's HBM layout by element size: a DMA into a packed 1-D buffer moves
+#: whole tiles (Mosaic refuses other slice sizes: it named 256 for 2-byte and 512 for 1-byte
+#: elements on a TPU v5e).
+DMA_TILE = {2: 256, 1: 512}
+#: Dtypes whose small 1-D leaves are packed by DMA on a TPU. XLA rewrote bfloat16's bits
+#: there when it concatenated (or relaid out) them; a DMA of a 1-D leaf into a 1-D buffer
+#: moves its bytes unchanged (`bench/tpu_fingerprints.py`, exactness). Not leaves of two or
+#: more axes: a DMA between their tiled layouts rewrote bits there too (seen for (96, 8)).
+DMA_DTYPES = frozenset({'bfloat16'})
+
+
+def dma_packable(dtype: Any, shape: tuple[int, ...]) -> bool:
+    """Whether a 1-D leaf of ``dtype`` and ``shape`` is packed by `dma_pack`."""
+    dt = np.dtype(dtype)
+    tile = DMA_TILE.get(dt.itemsize)
+    return dt.name in DMA_DTYPES and len(shape) == 1 and tile is not None and shape[0] % tile == 0
+
+
+def _dma_pack(xs: tuple[jax.Array, ...], interpret: bool) -> jax.Array:
+    """1-D leaves of one dtype, their sizes whole tiles, copied by DMA one after another
+    into one buffer: no XLA operation touches their bits."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    anywhere = pltpu.MemorySpace.ANY if hasattr(pltpu.MemorySpace, 'ANY') else pl.ANY
+    sizes = [int(x.shape[0]) for x in xs]
+    starts = [sum(sizes[:j]) for j in range(len(sizes))]
+
+    def kernel(*refs: Any) -> None:
+        ins, out, sem = refs[: len(xs)], refs[len(xs)], refs[len(xs) + 1]
+        copies = [
+            pltpu.make_async_copy(ref, out.at[pl.ds(start, size)], sem.at[j])
+            for j, (ref, start, size) in enumerate(zip(ins, starts, sizes))
+        ]
+        for c in copies:
+            c.start()
+        for c in copies:
+            c.wait()
+
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((sum(sizes),), xs[0].dtype),
+        in_specs=[pl.BlockSpec(memory_space=anywhere)] * len(xs),
+        out_specs=pl.BlockSpec(memory_space=anywhere),
+        scratch_shapes=[pltpu.SemaphoreType.DMA((len(xs),))],
+        interpret=pltpu.InterpretParams() if interpret else False,
+    )(*xs)
+
+
+#: `_dma_pack` on a TPU, and in Pallas' interpret mode (off a TPU: the tests).
+dma_pack = jax.jit(functools.partial(_dma_pack, interpret=False))
+dma_pack_interpret = jax.jit(functools.partial(_dma_pack, interpret=True))
