@@ -563,6 +563,30 @@ def test_small_device_leaves_packed_into_one_buffer_give_numpy_bytes(dt, monkeyp
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
 
 
+@pytest.mark.parametrize('dt', [np.float32, np.int32, np.uint32], ids=lambda d: np.dtype(d).name)
+def test_small_32_bit_leaves_are_summed_in_rows_on_the_device(dt, monkeypatch):
+    """Small 32-bit leaves are packed in rows of `ROW` words and summed on their device
+    (`_pack_rows`): only the rows' sums come to the host. Leaves of one row, one word past
+    it, the largest small leaf (``k`` up to 2^16 - 1), one element, constant, with NaN and
+    Inf: numpy's bytes and flags."""
+    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
+    rng = np.random.default_rng(5)
+    sizes = [F.ROW, F.ROW + 1, F.SMALL, 1, 3 * F.ROW - 1, 77]
+    arrays = [_random(rng, n, dt) for n in sizes]
+    arrays[3] = arrays[3].reshape(())
+    arrays[4][:] = arrays[4][0]
+    if dt == np.float32:
+        arrays[5][[3, 70]] = [np.nan, -np.inf]
+    dev = [jax.device_put(a) for a in arrays]
+    packed = F._pack_calls(dev)[0]
+    assert [key[0] for _, key, _ in packed] == [F._pack_rows]
+    assert F.fingerprints(dev) == [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+    got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
+    assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
+    if dt == np.float32:
+        assert got[5][1:] == (True, False) and got[4][1:] == (False, True)
+
+
 def test_small_bfloat16_vectors_are_packed_by_dma_keeping_every_bit(monkeypatch):
     """bfloat16's small 1-D leaves whose sizes are whole tiles are packed by a DMA kernel
     (`_raw_lanes.dma_pack`, here in Pallas' interpret mode) into one buffer, one copy to the

@@ -619,6 +619,82 @@ def _pack(xs: tuple[jax.Array, ...]) -> jax.Array:
     return jnp.concatenate([x.reshape(-1) for x in xs])
 
 
+#: 32-bit dtypes whose packed small leaves the device also sums (`_pack_rows`): only the
+#: rows' sums come to the host, not the leaves (XLA keeps 32-bit words' bits).
+ROW_DTYPES = frozenset({'float32', 'int32', 'uint32'})
+#: Words per row of `_pack_rows`.
+ROW = 128
+
+
+@functools.lru_cache(maxsize=64)
+def _row_layout(sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Leaves of ``sizes`` words, each zero-padded to whole rows of `ROW`: each leaf's first
+    row, each row's first word's index in its leaf, and the row's count of words."""
+    rows = np.array([-(-n // ROW) for n in sizes], np.int64)
+    starts = np.zeros(len(sizes), np.int64)
+    np.cumsum(rows[:-1], out=starts[1:])
+    local = np.arange(int(rows.sum()), dtype=np.int64) - np.repeat(starts, rows)
+    first = (local * ROW).astype(np.uint32)
+    valid = np.minimum(np.repeat(np.array(sizes, np.int64), rows) - local * ROW, ROW)
+    return starts, first, valid.astype(np.uint32)
+
+
+@jax.jit
+def _pack_rows(xs: tuple[jax.Array, ...]) -> jax.Array:
+    """Small leaves of a 32-bit dtype (`ROW_DTYPES`), each zero-padded to whole rows of
+    `ROW` words, concatenated, and summed per row: (rows, 7) uint32, the row's share of the
+    four lanes (before K1/K2), whether it holds NaN/Inf, its largest and smallest word.
+
+    The leaves are small (``k < 2^16``: ``c'(k >> 16) = 1``), so a row's share of
+    ``sum hi_k * (2k + 1)`` is ``(2 k0 + 1) * sum hi + 2 * sum j * hi`` (``k0`` the row's
+    first word's index in its leaf, ``j`` the column), and of ``sum hi_k * c'`` it is
+    ``sum hi``; ``g(0) = 0``, so the padding adds nothing (`_row_results` adds up a leaf's
+    rows). One program per list of shapes, like `_pack`."""
+    sizes = tuple(int(np.prod(x.shape)) for x in xs)
+    _, first, valid = _row_layout(sizes)
+    parts = []
+    for x, n in zip(xs, sizes):
+        parts.append(jax.lax.bitcast_convert_type(x.reshape(-1), _U))
+        if n % ROW:
+            parts.append(jnp.zeros(ROW - n % ROW, _U))
+    w = jnp.concatenate(parts).reshape(-1, ROW)
+    j = jax.lax.broadcasted_iota(_U, w.shape, 1)
+    k0 = jnp.asarray(first).reshape(-1, 1)
+    out = []
+    for half in (_g16(jnp, w >> _U(16)), _g16(jnp, w & _U(0xFFFF))):
+        total = jnp.sum(half, axis=1, dtype=_U, keepdims=True)
+        out.append(
+            (k0 * _U(2) + _U(1)) * total
+            + _U(2) * jnp.sum(half * j, axis=1, dtype=_U, keepdims=True)
+        )
+        out.append(total)
+    out = [out[0], out[2], out[1], out[3]]  # L1 (hi), L2 (lo), L3 (hi), L4 (lo)
+    if xs[0].dtype == jnp.float32:  # the exponent all ones (the padding is 0: finite)
+        bad = jnp.any((w & _U(0x7FFFFFFF)) >= _U(0x7F800000), axis=1, keepdims=True)
+    else:
+        bad = jnp.zeros((w.shape[0], 1), bool)
+    inside = j < jnp.asarray(valid).reshape(-1, 1)
+    out += [bad.astype(_U), jnp.max(jnp.where(inside, w, _U(0)), axis=1, keepdims=True),
+            jnp.min(jnp.where(inside, w, _U(0xFFFFFFFF)), axis=1, keepdims=True)]  # fmt: skip
+    return jnp.concatenate(out, axis=1)
+
+
+def _row_results(rows: np.ndarray, sizes: tuple[int, ...], flags: bool) -> list[np.ndarray]:
+    """Each leaf's results (lanes, then with ``flags`` holds-NaN/Inf and is-constant) from
+    `_pack_rows`' rows: its rows' shares added up (mod 2^32), any row bad, its largest word
+    equal to its smallest."""
+    starts = _row_layout(sizes)[0]
+    with np.errstate(over='ignore'):
+        lanes = np.add.reduceat(rows[:, :4], starts, axis=0, dtype=np.uint32)
+        lanes *= np.array([K1, K1, K2, K2], np.uint32)
+    cols = [lanes]
+    if flags:
+        bad = np.maximum.reduceat(rows[:, 4], starts)
+        same = np.maximum.reduceat(rows[:, 5], starts) == np.minimum.reduceat(rows[:, 6], starts)
+        cols += [bad.reshape(-1, 1), same.astype(np.uint32).reshape(-1, 1)]
+    return list(np.concatenate(cols, axis=1))
+
+
 #: Packing programs whose compile may fail (a TPU whose Mosaic lays 1-D buffers out in
 #: other tiles): their leaves are then copied one by one.
 _MAY_FAIL = (_raw_lanes.dma_pack, _raw_lanes.dma_pack_interpret)
@@ -631,8 +707,9 @@ def _packer(x: jax.Array) -> Any:
     platform = _platform(x)
     if platform == 'cpu' and not PACK_ON_CPU:
         return None
-    if dtype_names(np.dtype(x.dtype))[0] in PACK_DTYPES:
-        return _pack
+    name = dtype_names(np.dtype(x.dtype))[0]
+    if name in PACK_DTYPES:
+        return _pack_rows if name in ROW_DTYPES else _pack
     if _raw_lanes.dma_packable(x.dtype, tuple(x.shape)):
         if platform == 'tpu':
             return _raw_lanes.dma_pack
@@ -728,14 +805,22 @@ def device_results(
     host: list[Any] = [None] * len(arrays)
     for j, a in zip(loose, _host_copies([arrays[j] for j in loose])):
         host[j] = a
+    summed: dict[int, np.ndarray] = {}
     for part, result in packed:
         flat, pos = np.asarray(result), 0
+        if flat.ndim == 2:  # `_pack_rows`: the rows' sums
+            sizes = tuple(int(arrays[j].size) for j in part)
+            summed.update(zip(part, _row_results(flat, sizes, flags)))
+            continue
         for j in part:
             n = arrays[j].size
             host[j] = flat[pos : pos + n].reshape(arrays[j].shape)
             pos += n
-    for i, res in zip(at, _numpy_many(host, flags)):  # while the groups' programs run
-        out[i] = res
+    rest = [j for j in range(len(arrays)) if j not in summed]
+    for j, res in zip(rest, _numpy_many([host[j] for j in rest], flags)):  # while the groups run
+        out[at[j]] = res
+    for j, res in summed.items():
+        out[at[j]] = res
     got = jax.device_get([lanes for _, lanes in pending]) if pending else []
     for (part, _), res in zip(pending, got):
         for j, i in enumerate(part):
