@@ -703,22 +703,49 @@ def _row_results(rows: np.ndarray, sizes: tuple[int, ...], flags: bool) -> list[
 _MAY_FAIL = (_raw_lanes.dma_pack, _raw_lanes.dma_pack_interpret)
 
 
+#: `_packer`'s choice by (dtype, shape, sharding) and the switches it read.
+_PACKERS = _Memo()
+
+
 def _packer(x: jax.Array) -> Any:
-    """The program that packs small leaf ``x`` with others of its dtype and device: `_pack`
-    (`PACK_DTYPES`), `_raw_lanes.dma_pack` (bfloat16's 1-D leaves on a TPU), or None
-    (copied to the host alone)."""
+    """The program that packs small leaf ``x`` with others of its dtype and device:
+    `_pack_rows` or `_pack` (`PACK_DTYPES`), `_raw_lanes.dma_pack` (bfloat16's 1-D leaves
+    on a TPU), or None (copied to the host alone); the choice remembered per dtype, shape
+    and sharding (the same tree's leaves come again)."""
+    try:
+        key = (x.dtype, x.shape, x.sharding, PACK_ON_CPU, _raw_lanes.INTERPRET, PACK_DTYPES)
+        got = _PACKERS.get(key)
+        if got is None:
+            got = _PACKERS.keep(key, _pack_choice(x))
+    except TypeError:  # a sharding that cannot be a key
+        got = _pack_choice(x)
+    if got == 'rows':
+        return _pack_rows
+    if got == 'concat':
+        return _pack
+    if got == 'dma':
+        return _raw_lanes.dma_pack
+    if got == 'dma-interpret':
+        return _raw_lanes.dma_pack_interpret
+    return None
+
+
+def _pack_choice(x: jax.Array) -> str:
+    """`_packer`'s choice for ``x``, by name ('' for none)."""
+    if getattr(x.sharding, 'memory_kind', None) not in (None, 'device'):
+        return ''  # offloaded: no device program takes it with device arrays
     platform = _platform(x)
     if platform == 'cpu' and not PACK_ON_CPU:
-        return None
+        return ''
     name = dtype_names(np.dtype(x.dtype))[0]
     if name in PACK_DTYPES:
-        return _pack_rows if name in ROW_DTYPES else _pack
+        return 'rows' if name in ROW_DTYPES else 'concat'
     if _raw_lanes.dma_packable(x.dtype, tuple(x.shape)):
         if platform == 'tpu':
-            return _raw_lanes.dma_pack
+            return 'dma'
         if _raw_lanes.INTERPRET:
-            return _raw_lanes.dma_pack_interpret
-    return None
+            return 'dma-interpret'
+    return ''
 
 
 def _pack_calls(
@@ -733,8 +760,7 @@ def _pack_calls(
         # a leaf whose host copy jax already holds (read before) is read from it
         if isinstance(x, jax.Array) and not has_host_copy(x):
             fn = _packer(x)
-            kind = getattr(x.sharding, 'memory_kind', None)
-            if fn is not None and kind in (None, 'device'):
+            if fn is not None:
                 packs.setdefault((fn, x.sharding, x.dtype), []).append(j)
                 continue
         loose.append(j)
