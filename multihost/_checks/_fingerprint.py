@@ -1235,9 +1235,21 @@ def is_kernel_digest(digest: str) -> bool:
     return bool(digest) and len(digest) % 32 == 0 and not is_host_digest(digest)
 
 
+#: `in_host_memory` by sharding.
+_HOST_MEMORY = _Memo()
+
+
 def in_host_memory(x: jax.Array) -> bool:
     """Whether every device of ``x`` is a CPU (its shards are read in place)."""
-    return all(d.platform == 'cpu' for d in x.devices())
+    sharding = x.sharding
+    try:
+        got = _HOST_MEMORY.get(sharding)
+    except TypeError:  # a sharding that cannot be a key
+        return all(d.platform == 'cpu' for d in x.devices())
+    if got is None:
+        devices: Any = sharding.device_set
+        got = _HOST_MEMORY.keep(sharding, all(d.platform == 'cpu' for d in devices))
+    return got
 
 
 def host_kind(leaf: Any, how: str) -> bool:

@@ -490,8 +490,11 @@ def _read(item: _Item) -> tuple[list[str], list[Any], float]:
     leaves = _leaves(item)
     paths = [p for p, _, _ in leaves]
     t0 = time.perf_counter()
-    for _, leaf, _ in leaves:  # the results exist once the launch ran
-        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+    live = [leaf for _, leaf, _ in leaves if isinstance(leaf, jax.Array) and not leaf.is_deleted()]
+    try:  # the results exist once the launch ran; one wait for all (one call into the runtime)
+        jax.block_until_ready(live)
+    except Exception:  # one failed, or was donated since: each on its own
+        for leaf in live:
             try:
                 leaf.block_until_ready()
             except Exception:
@@ -526,6 +529,12 @@ def _whole(shape: tuple[int, ...]) -> str:
     return format_index(tuple((0, int(d)) for d in shape))
 
 
+@functools.lru_cache(maxsize=256)
+def _is_key(dtype: Any) -> bool:
+    """Whether ``dtype`` is a PRNG key's (remembered: jax's test is slow for every leaf)."""
+    return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+
+
 def _blocks(leaf: Any) -> list[tuple[str, Any]]:
     """(block index text, this host's data of it) for each block this host holds."""
     from multihost._checks import _fingerprint
@@ -536,7 +545,7 @@ def _blocks(leaf: Any) -> list[tuple[str, Any]]:
         return [('all', leaf)]
     if leaf.is_deleted():
         return []  # donated to a launch since
-    key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    key = _is_key(leaf.dtype)
     if not key and _fingerprint.one_device(leaf.sharding):
         # one block, the whole leaf: no Shard objects built (most leaves of a one-chip job)
         if _fingerprint.in_host_memory(leaf):
