@@ -621,6 +621,7 @@ def test_a_packing_program_that_does_not_compile_leaves_its_leaves_to_copies(mon
     monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
     monkeypatch.setattr(_raw_lanes, 'dma_pack_interpret', broken)
     monkeypatch.setattr(F, '_MAY_FAIL', (broken,))
+    monkeypatch.setattr(F, '_PACKERS', F._Memo())  # chosen anew: the broken one
     arrays = [_random_bits(ml_dtypes.bfloat16, (512,), seed=i) for i in range(3)]
     dev = [jax.device_put(a) for a in arrays]
     assert [part for part, _, _ in F._pack_calls(dev)[0]] == [[0, 1, 2]]

@@ -489,6 +489,15 @@ class _Memo(dict[Any, Any]):
         self[key] = value
         return value
 
+    def answer(self, key: Any, compute: Any, x: Any) -> Any:
+        """The answer kept for ``key``, else ``compute(x)`` kept; not kept where ``key``
+        cannot be one (a sharding that is not hashable)."""
+        try:
+            got = self.get(key)
+        except TypeError:
+            return compute(x)
+        return self.keep(key, compute(x)) if got is None else got
+
 
 #: `bits_lost_on_chip` by (dtype, shape, sharding).
 _LOST = _Memo()
@@ -703,49 +712,34 @@ def _row_results(rows: np.ndarray, sizes: tuple[int, ...], flags: bool) -> list[
 _MAY_FAIL = (_raw_lanes.dma_pack, _raw_lanes.dma_pack_interpret)
 
 
-#: `_packer`'s choice by (dtype, shape, sharding) and the switches it read.
+#: `_packer` by (dtype, shape, sharding) and the switches it read; False for none.
 _PACKERS = _Memo()
 
 
 def _packer(x: jax.Array) -> Any:
     """The program that packs small leaf ``x`` with others of its dtype and device:
     `_pack_rows` or `_pack` (`PACK_DTYPES`), `_raw_lanes.dma_pack` (bfloat16's 1-D leaves
-    on a TPU), or None (copied to the host alone); the choice remembered per dtype, shape
-    and sharding (the same tree's leaves come again)."""
-    try:
-        key = (x.dtype, x.shape, x.sharding, PACK_ON_CPU, _raw_lanes.INTERPRET, PACK_DTYPES)
-        got = _PACKERS.get(key)
-        if got is None:
-            got = _PACKERS.keep(key, _pack_choice(x))
-    except TypeError:  # a sharding that cannot be a key
-        got = _pack_choice(x)
-    if got == 'rows':
-        return _pack_rows
-    if got == 'concat':
-        return _pack
-    if got == 'dma':
-        return _raw_lanes.dma_pack
-    if got == 'dma-interpret':
-        return _raw_lanes.dma_pack_interpret
-    return None
+    on a TPU), or None (copied to the host alone); remembered per dtype, shape and sharding
+    (the same tree's leaves come again)."""
+    key = (x.dtype, x.shape, x.sharding, PACK_ON_CPU, _raw_lanes.INTERPRET, PACK_DTYPES)
+    return _PACKERS.answer(key, _choose_packer, x) or None
 
 
-def _pack_choice(x: jax.Array) -> str:
-    """`_packer`'s choice for ``x``, by name ('' for none)."""
+def _choose_packer(x: jax.Array) -> Any:
     if getattr(x.sharding, 'memory_kind', None) not in (None, 'device'):
-        return ''  # offloaded: no device program takes it with device arrays
+        return False  # offloaded: no device program takes it with device arrays
     platform = _platform(x)
     if platform == 'cpu' and not PACK_ON_CPU:
-        return ''
+        return False
     name = dtype_names(np.dtype(x.dtype))[0]
     if name in PACK_DTYPES:
-        return 'rows' if name in ROW_DTYPES else 'concat'
+        return _pack_rows if name in ROW_DTYPES else _pack
     if _raw_lanes.dma_packable(x.dtype, tuple(x.shape)):
         if platform == 'tpu':
-            return 'dma'
+            return _raw_lanes.dma_pack
         if _raw_lanes.INTERPRET:
-            return 'dma-interpret'
-    return ''
+            return _raw_lanes.dma_pack_interpret
+    return False
 
 
 def _pack_calls(
@@ -1105,23 +1099,17 @@ _ROUTES = _Memo()
 
 
 def _route(x: jax.Array) -> int:
-    try:
-        key = (x.dtype, x.shape, x.sharding)
-        got = _ROUTES.get(key)
-    except TypeError:  # a sharding that cannot be a key
-        key, got = None, None
-    if got is None:
-        if not on_device(x.dtype):
-            got = _NUMPY
-        elif bits_lost_on_chip(x) or _hostreads.offloaded(x):
-            got = _COPIED  # host memory, or a narrow float a device program would rewrite
-        elif one_device(x.sharding) and 0 < x.size <= SMALL:
-            got = _SMALL_LEAF
-        else:
-            got = _BLOCKS
-        if key is not None:
-            _ROUTES.keep(key, got)
-    return got
+    return int(_ROUTES.answer((x.dtype, x.shape, x.sharding), _choose_route, x))
+
+
+def _choose_route(x: jax.Array) -> int:
+    if not on_device(x.dtype):
+        return _NUMPY
+    if bits_lost_on_chip(x) or _hostreads.offloaded(x):
+        return _COPIED  # host memory, or a narrow float a device program would rewrite
+    if one_device(x.sharding) and 0 < x.size <= SMALL:
+        return _SMALL_LEAF
+    return _BLOCKS
 
 
 def _kernel_with_flags(leaves: Sequence[Any], flags: bool) -> list[tuple[bytes, bool, bool]]:
@@ -1239,17 +1227,13 @@ def is_kernel_digest(digest: str) -> bool:
 _HOST_MEMORY = _Memo()
 
 
+def _all_cpu(x: jax.Array) -> bool:
+    return all(d.platform == 'cpu' for d in x.devices())
+
+
 def in_host_memory(x: jax.Array) -> bool:
     """Whether every device of ``x`` is a CPU (its shards are read in place)."""
-    sharding = x.sharding
-    try:
-        got = _HOST_MEMORY.get(sharding)
-    except TypeError:  # a sharding that cannot be a key
-        return all(d.platform == 'cpu' for d in x.devices())
-    if got is None:
-        devices: Any = sharding.device_set
-        got = _HOST_MEMORY.keep(sharding, all(d.platform == 'cpu' for d in devices))
-    return got
+    return bool(_HOST_MEMORY.answer(x.sharding, _all_cpu, x))
 
 
 def host_kind(leaf: Any, how: str) -> bool:
