@@ -867,12 +867,12 @@ _PLATFORMS = _Memo()
 
 def _platform(x: jax.Array) -> str:
     """The platform of a single-device array's device."""
-    sharding = x.sharding
-    got = _PLATFORMS.get(sharding)
-    if got is None:
-        device: Any = next(iter(sharding.device_set))
-        got = _PLATFORMS.keep(sharding, str(device.platform))
-    return got
+    return str(_PLATFORMS.answer(x.sharding, _first_platform, x.sharding))
+
+
+def _first_platform(sharding: Any) -> str:
+    device: Any = next(iter(sharding.device_set))
+    return str(device.platform)
 
 
 def device_lanes(
