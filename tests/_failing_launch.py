@@ -8,7 +8,7 @@ import json
 import time
 
 import jax
-from test_launch_tracking import SLOW, _state, _wait, _work
+from test_launch_tracking import _state, _wait, _work, slow_iters
 
 import multihost
 from multihost import _recorder
@@ -27,7 +27,7 @@ def check(v):
 def main():
     slow = multihost.watch(jax.jit(_work, static_argnums=1), name='slow')
     checked = multihost.watch(check, name='check')
-    out = slow(_state(), SLOW)
+    out = slow(_state(), slow_iters())
     try:
         bad = checked(out)  # returns at once: it waits for `out` on the device
     except Exception as exc:  # jax 0.12.1 on CPU: the dispatch runs the callback, and raises

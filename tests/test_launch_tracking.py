@@ -8,6 +8,7 @@ and date a queued launch from when its device could start it, not from its dispa
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import time
@@ -22,7 +23,7 @@ from multihost import _recorder
 from multihost._debug import _wavefront
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SLOW = 600  # iterations of the slow launch's loop: seconds on this machine's CPU
+SLOW_SECONDS = 5.0  # how long the slow launch holds the device, on whatever machine runs this
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +48,18 @@ def _state() -> jax.Array:
     return s.block_until_ready()
 
 
+@functools.lru_cache(maxsize=None)
+def slow_iters(seconds: float = SLOW_SECONDS) -> int:
+    """Iterations of `_work`'s loop that take about `seconds` here: timed, not guessed (600 took
+    0.8 s on one 2-core machine and ended before a CI run could ask about it)."""
+    timed = jax.jit(_work, static_argnums=1)
+    timed(_state(), 40).block_until_ready()  # compiled outside the timing
+    start = time.perf_counter()
+    timed(_state(), 40).block_until_ready()
+    per_iter = max((time.perf_counter() - start) / 40, 1e-6)
+    return max(600, int(seconds / per_iter))
+
+
 def _wait(x: jax.Array, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not x.is_ready():
@@ -65,25 +78,30 @@ def test_a_run_ahead_with_donated_state_names_the_launch_the_device_is_in():
         return new, new[0, 0]
 
     step = multihost.watch(train_step, name='train_step')
-    state = _state()
-    step(state, 1)  # compiled for the fast steps first: their dispatch is then quick
-    state, _ = step(_state(), 1)
-    _recorder.reset()
-    state, _ = step(state, SLOW)
-    for _ in range(3):
-        state, _ = step(state, 1)  # the loss dropped (a real loop: float(loss) after)
-    del _
-    gc.collect()
-    front = _wavefront.front(0)
+    for iters in (slow_iters(), 3 * slow_iters()):  # more work if the first ended too soon
+        state = _state()
+        step(state, 1)  # compiled for the fast steps first: their dispatch is then quick
+        state, _ = step(_state(), 1)
+        _recorder.reset()
+        state, _ = step(state, iters)
+        for _ in range(3):
+            state, _ = step(state, 1)  # the loss dropped (a real loop: float(loss) after)
+        del _
+        gc.collect()
+        front = _wavefront.front(0)
+        records = _recorder.snapshot(0)
+        awaited = _recorder.awaited_launch(0)
+        if not state.is_ready():
+            break
+        _wait(state)
     assert not state.is_ready(), 'the slow launch ended before it could be asked about'
     assert front.pending is not None and front.pending.call == 0, front.doing
     assert front.pending_from is None
     assert front.doing.startswith('train_step call #0 not done on device'), front.doing
-    records = _recorder.snapshot(0)
     assert [r.state for r in records] == ['launched'] * 4
     assert records[0].started == records[0].time
     assert records[1].started is None  # queued behind call #0: not started
-    assert _recorder.awaited_launch(0).call == 0  # the hang watchdog's: the running one
+    assert awaited.call == 0  # the hang watchdog's: the running one
     _wait(state)
     records = _recorder.snapshot(0)
     assert [r.state for r in records] == ['done'] * 4
@@ -100,12 +118,16 @@ def test_when_every_output_is_gone_the_wavefront_says_somewhere_in_calls():
         return _work(s, iters)
 
     step = multihost.watch(train_step, name='train_step')
-    state = step(_state(), 1)
-    _recorder.reset()
-    state = step(state, SLOW)
-    for _ in range(3):
-        state = step(state, 1)
-    front = _wavefront.front(0)
+    for iters in (slow_iters(), 3 * slow_iters()):  # more work if the first ended too soon
+        state = step(_state(), 1)
+        _recorder.reset()
+        state = step(state, iters)
+        for _ in range(3):
+            state = step(state, 1)
+        front = _wavefront.front(0)
+        if not state.is_ready():
+            break
+        _wait(state)
     assert not state.is_ready(), 'the slow launch ended before it could be asked about'
     assert front.pending is not None and front.pending.call == 3
     assert front.pending_from is not None and front.pending_from.call == 0
