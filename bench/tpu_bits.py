@@ -129,11 +129,11 @@ def kernel_words(dt: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for shape in SHAPES:
         raw = np.random.default_rng(1).integers(0, np.iinfo(u).max + 1, shape, dtype=u)
-        way = R.plan(dt, shape, True)
-        how = 'host' if way is None else 'kernel' if way == shape else f'kernel {way}'
-        how = 'host (small)' if int(np.prod(shape)) <= F.SMALL else how
         for label, a in (('bits', raw.view(dt)), ('finite', _finite(raw.view(dt)))):
             x = jax.device_put(a)
+            way = R.plan(dt, shape, True, R.stored_order(x))
+            how = 'host' if way is None else f'kernel {way.shape} stored {way.order}'
+            how = 'host (small)' if int(np.prod(shape)) <= F.SMALL else how
             if F.bits_lost_on_chip(x):
                 got = F._copied_with_flags(x, True)
                 lanes = np.frombuffer(got[0], '<u4')

@@ -84,8 +84,8 @@ def exactness() -> dict[str, Any]:
     rng = np.random.default_rng(0)
     dtypes = [np.float32, ml_dtypes.bfloat16, np.float16, np.int8, np.uint8, np.bool_, np.int32,
               ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, np.complex64]  # fmt: skip
-    # (768, 8, 96): a whole narrow-float leaf `_raw_lanes.plan` reads as 2-D rows (a relayout
-    # copy); (64, 32, 256): its leading axes merged (the same tiles)
+    # (768, 8, 96): a leaf a TPU stores transposed, read in its stored order (8, 96, 768) with
+    # the leading axes merged; (64, 32, 256): in C order, its leading axes merged
     shapes = [(3,), (37, 1001), (3, 5, 70001), (3, 5, 70001), (3, 5, 70001), (1 << 18) + 7,
               (768, 8, 96), (64, 32, 256)]  # fmt: skip
     out = {}

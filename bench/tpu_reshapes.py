@@ -42,9 +42,9 @@ def _plan_cases() -> list[tuple[tuple[int, ...], tuple[int, ...], str]]:
 
     out = []
     for shape in [(768, 8, 96), (64, 32, 256), (8, 96, 768), (512, 8, 64), (768, 3), (4096, 64)]:
-        got = R.plan(ml_dtypes.bfloat16, shape, True)
-        if got is not None and got != shape:
-            out.append((shape, got, '_raw_lanes.plan (a whole leaf)'))
+        got = R.plan(ml_dtypes.bfloat16, shape, True)  # in C order (the stored order's
+        if got is not None and got.shape != shape:  # reads: tests/test_tpu_reshapes.py)
+            out.append((shape, got.shape, '_raw_lanes.plan in C order (a whole leaf)'))
     return out
 
 

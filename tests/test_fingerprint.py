@@ -464,7 +464,7 @@ def test_narrow_floats_on_a_tpu_take_the_pallas_kernel_or_host_copies(dt):
     copies, 2-D blocks of the others the kernel, small whole leaves one host copy; wider
     floats, integers, and every CPU leaf stay with the XLA program."""
     pallas = np.dtype(dt) != np.float16
-    reshaped = np.dtype(dt).name in _raw_lanes.RESHAPE_KEEPS_BITS  # whole leaves, read 2-D
+    reshaped = np.dtype(dt).name in _raw_lanes.ROWS_DTYPES  # a whole vector, read as rows
     assert F.bits_lost_on_chip(_OnChip(dt, 'tpu')) is not pallas  # type: ignore[arg-type]
     one_d = _OnChip(dt, 'tpu', (1 << 20,))
     assert F.bits_lost_on_chip(one_d) is not reshaped  # type: ignore[arg-type]
@@ -498,7 +498,8 @@ def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, mon
     flags), for whole leaves in one tile and in tiles with ragged edges, rows of an odd
     length, rows passing a multiple of 2^17 elements, and blocks at odd offsets of a leaf
     (3-D: the grid walks the leading axis, or whole leaves read with it merged; (512, 8,
-    64): a whole leaf read as 2-D rows), on random raw bits with NaN payloads and
+    64) in C order is not the kernel's: stored transposed on a TPU, the next test), on
+    random raw bits with NaN payloads and
     subnormals, and constant blocks; 32-bit words (float32, int32) alike."""
     monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
     a = _random_bits(dt, shape)
@@ -520,6 +521,56 @@ def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, mon
         assert (bool(res[4]), bool(res[5])) == F.numpy_flags(host)
     for (x, offs, full), res in zip(blocks, F.device_results(blocks)):  # lanes alone
         assert res.tolist() == F.numpy_lanes(np.asarray(x), offs, full).reshape(-1).tolist()
+
+
+#: (dtype, leaf shape, its stored order on a TPU v5e (XLA's default layout there, asked of
+#: libtpu: `tests/test_tpu_reshapes.py`), block (start, stop) per axis or None for the whole
+#: leaf, what the kernel then reads).
+STORED = [
+    (ml_dtypes.bfloat16, (200, 16, 96), (1, 2, 0), None, (1536, 200)),  # (768, 8, 96)'s kind
+    (ml_dtypes.bfloat16, (1000, 5), (1, 0), None, (5, 1000)),
+    (ml_dtypes.bfloat16, (100, 200), (1, 0), None, None),  # stored (200, 100): host copies
+    (ml_dtypes.float8_e5m2, (300, 7), (1, 0), None, (7, 300)),
+    (ml_dtypes.float8_e4m3fn, (1000, 7), (1, 0), ((300, 1000), (0, 7)), (7, 700)),
+    (np.float32, (260, 16, 96), (1, 2, 0), None, (1536, 260)),
+    (np.int32, (2000, 3), (1, 0), ((1, 2000), (0, 3)), (3, 1999)),
+    (ml_dtypes.bfloat16, (300, 16, 8), (1, 0, 2), ((0, 200), (0, 16), (0, 8)), None),
+    (ml_dtypes.bfloat16, (16, 300, 160), (0, 2, 1), ((2, 6), (0, 300), (0, 160)), (4, 160, 300)),
+    (ml_dtypes.bfloat16, (2176,), (0,), None, (17, 128)),  # a vector as rows of 128
+    (ml_dtypes.bfloat16, (4352,), (0,), ((0, 2176),), None),  # a vector's block: host copies
+]
+
+
+@pytest.mark.parametrize(
+    'dt,shape,order,block,read', STORED, ids=lambda v: getattr(v, '__name__', None)
+)
+def test_the_pallas_kernel_reads_blocks_in_their_stored_order(
+    dt, shape, order, block, read, monkeypatch
+):  # fmt: skip
+    """A TPU stores an array whose last axis is small with another axis minor; read in its
+    logical shape, XLA relays it out for the kernel (which rewrote bfloat16 NaN payloads on
+    the chip), so the kernel reads it in its stored order (`_raw_lanes.stored_order`: a
+    bitcast there; here a CPU array in C order, given that order, is transposed): each
+    element at its index in the leaf's C order, so numpy's lanes and flags; whole leaves
+    (leading axes merged where that keeps the index linear) and blocks at an offset."""
+    monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
+    monkeypatch.setattr(_raw_lanes, 'stored_order', lambda x: order)
+    a = _random_bits(dt, shape)
+    if np.dtype(dt).itemsize < 4:
+        a[np.isnan(a)] = 0.5  # interpret mode's slicing of tiles on XLA:CPU (see above)
+    cut = tuple(slice(*b) for b in block) if block else ()
+    host = a[cut] if block else a
+    start = tuple(b[0] for b in block) if block else (0,) * len(shape)
+    got = _raw_lanes.plan(dt, host.shape, block is None, order)
+    assert (got and got.shape) == read, got
+    blocks = [(jnp.asarray(host), start, shape)]
+    const = np.full(host.shape, host.reshape(-1)[3], dtype=dt)
+    blocks.append((jnp.asarray(const), start, shape))
+    results = F.device_results(blocks, flags=True)
+    for (x, offs, full), res in zip(blocks, results):
+        want = F.numpy_lanes(np.asarray(x), offs, full).reshape(-1)
+        assert res[:4].tolist() == want.tolist()
+        assert (bool(res[4]), bool(res[5])) == F.numpy_flags(np.asarray(x))
 
 
 @pytest.mark.parametrize('kind', ['pinned_host', 'unpinned_host'])

@@ -48,7 +48,7 @@ def _state() -> jax.Array:
     return s.block_until_ready()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def slow_iters(seconds: float = SLOW_SECONDS) -> int:
     """Iterations of `_work`'s loop that take about `seconds` here: timed, not guessed (600 took
     0.8 s on one 2-core machine and ended before a CI run could ask about it)."""

@@ -1,7 +1,9 @@
-"""The whole-leaf reshapes `_raw_lanes.plan` asks for, compiled for a TPU v5e here (libtpu,
-no chip): merging a leaf's leading axes is a ``bitcast`` in XLA (the tiles stay in memory:
-nothing moves through the vector units, which rewrite bfloat16 NaN payloads and subnormals
-on the chip). `bench/tpu_reshapes.py` prints every case, the 2-D rows copies included."""
+"""The kernel's reads (`_raw_lanes.plan`), compiled for a TPU v5e here (libtpu, no chip):
+every block the Pallas kernel reads reaches it through ``bitcast``s only (the tiles stay in
+memory: nothing moves through the vector units, which rewrote bfloat16 NaN payloads and
+subnormals on the chip), in the layout XLA gives such an array on the chip. A leaf stored
+transposed is read in its stored order; merging leading axes and a vector's rows of 128 are
+bitcasts. `bench/tpu_reshapes.py` prints the reshape cases."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def _ops(shape: tuple[int, ...], target: tuple[int, ...]) -> list[str]:
 
 @pytest.mark.parametrize('shape', [(64, 32, 256), (8, 96, 768), (4, 16, 128)])
 def test_merging_leading_axes_is_a_bitcast_on_a_tpu(shape):
-    target = _raw_lanes.plan(ml_dtypes.bfloat16, shape, True)
+    target = _raw_lanes.plan(ml_dtypes.bfloat16, shape, True).shape
     assert target == (shape[0] * shape[1], shape[2])
     ops = _ops(shape, target)
     assert 'bitcast' in ops and 'reshape' not in ops, ops
@@ -49,3 +51,47 @@ def test_merging_leading_axes_is_a_bitcast_on_a_tpu(shape):
 def test_a_relayout_shows_as_a_reshape_op():
     """The probe's other side: (32, 768) to 1-D changed 309 bfloat16 values on the chip."""
     assert 'reshape' in _ops((32, 768), (24576,))
+
+
+#: Leaf shapes: a flax transformer's (768, 8, 96) attention kernels (stored (8, 96, 768)),
+#: arrays XLA stores transposed ((4096, 64), (1000, 5), (512, 8, 64), a conv kernel), ones
+#: in C order, vectors, and ones read from host copies (to check `plan` says so).
+SHAPES = [(768, 8, 96), (8, 96, 768), (64, 32, 256), (4096, 64), (100, 200), (1000, 5),
+          (512, 8, 64), (4, 16, 128), (1024, 3, 3, 64), (3, 3, 64, 128), (1 << 20,), (2176,),
+          (300, 16, 8)]  # fmt: skip
+_LINE = re.compile(r'\s*(?:ROOT\s+)?%\S+\s*=\s*(\S+)\s+([a-z][\w-]*)\(')
+_HLO = {'bfloat16': 'bf16', 'float8_e5m2': 'f8e5m2', 'float8_e4m3fn': 'f8e4m3fn', 'float32': 'f32'}
+
+
+@pytest.mark.parametrize('dt', [jnp.bfloat16, jnp.float8_e5m2, jnp.float8_e4m3fn, jnp.float32],
+                         ids=lambda d: jnp.dtype(d).name)  # fmt: skip
+def test_every_block_the_kernel_reads_reaches_it_by_bitcasts_only(dt):
+    """The program that reads a whole leaf (`_fingerprint._raw_out`), compiled for a v5e
+    with the leaf in XLA's layout there: no instruction makes a value of the leaf's dtype
+    but the parameter and bitcasts (a copy, transpose or reshape kernel would be a
+    relayout). Before the stored order, (768, 8, 96) and (4096, 64) went through one."""
+    from jax.experimental import topologies
+
+    from multihost._checks import _fingerprint
+
+    topo = topologies.get_topology_desc(topology_name='v5e:2x2', platform='tpu')
+    sharding = jax.sharding.SingleDeviceSharding(topo.devices[0])
+    read = 0
+    for shape in SHAPES:
+        spec = jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
+        probe = jax.jit(lambda v: v).trace(spec).lower(lowering_platforms=('tpu',)).compile()
+        order = tuple(probe.input_formats[0][0].layout.major_to_minor)
+        if _raw_lanes.plan(dt, shape, True, order) is None:
+            continue  # read from host copies
+        read += 1
+        strides = _fingerprint._c_strides(shape)
+        compiled = (
+            _fingerprint._raw_out.trace(spec, None, strides, True, 'tpu', order)
+            .lower(lowering_platforms=('tpu',))
+            .compile()
+        )
+        name = _HLO[jnp.dtype(dt).name] + '['
+        ops = {m.group(2) for m in map(_LINE.match, compiled.as_text().splitlines())
+               if m and m.group(1).startswith(name)}  # fmt: skip
+        assert ops <= {'parameter', 'bitcast'}, (shape, order, ops)
+    assert read >= 7

@@ -367,17 +367,27 @@ def _terms(r: Any, size: int, e: Any) -> list[Any]:
     return [hi * c, lo * c, hi * c2, lo * c2]
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _raw_out(x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, how: str) -> Any:
-    """`_block_out` by `_raw_lanes`' Pallas kernel (a narrow float's raw bits kept). Jitted
-    inside `_group`: its K blocks are traced and lowered once, not K times (a Pallas call
-    takes tenths of a second to trace and lower, holding the GIL)."""
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _raw_out(
+    x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, how: str,
+    order: tuple[int, ...] | None = None,
+) -> Any:  # fmt: skip
+    """`_block_out` by `_raw_lanes`' Pallas kernel (a narrow float's raw bits kept), the
+    block read in its stored ``order`` (`_raw_lanes.stored_order`). Jitted inside `_group`:
+    its K blocks are traced and lowered once, not K times (a Pallas call takes tenths of a
+    second to trace and lower, holding the GIL)."""
     off = _U(0)
     if offsets is not None:
         off = jnp.sum(offsets * jnp.asarray(strides, _U), dtype=_U)
-    read = _raw_lanes.plan(x.dtype, tuple(x.shape), offsets is None)
-    if read is not None and read != tuple(x.shape):  # a whole leaf, read 2-D in C order
-        x, strides = x.reshape(read), _c_strides(read)
+    read = _raw_lanes.plan(x.dtype, tuple(x.shape), offsets is None, order)
+    if read is not None and read.order != tuple(range(x.ndim)):  # a bitcast on the device
+        x, strides = jnp.transpose(x, read.order), tuple(strides[a] for a in read.order)
+    if read is not None and read.shape != tuple(x.shape):  # a bitcast on the device:
+        if x.ndim == 1:  # a vector as rows
+            strides = (read.shape[1] * strides[0], strides[0])
+        else:  # leading axes merged
+            strides = tuple(strides[-2:])
+        x = x.reshape(read.shape)
     off = jax.lax.bitcast_convert_type(off, jnp.int32).reshape(1)
     w = _raw_lanes.block_words(x, off, strides, flags, interpret=how == 'interpret')
     out = [w[0] * _U(K1), w[1] * _U(K1), w[2] * _U(K2), w[3] * _U(K2)]
@@ -387,14 +397,16 @@ def _raw_out(x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, 
 
 
 def _block_out(
-    x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, rows: bool, raw: str = ''
-) -> jax.Array:
+    x: jax.Array, offsets: Any, strides: tuple[int, ...], flags: bool, rows: bool, raw: str = '',
+    order: tuple[int, ...] | None = None,
+) -> jax.Array:  # fmt: skip
     """One block's results, uint32: its lanes (sets x 4) then, with ``flags``, whether it
     holds NaN/Inf and whether every raw word of it is the same (constant). Reductions of
     one input over all its axes: XLA fuses them into one pass over the block. ``raw``
-    (``'tpu'`` or ``'interpret'``): a narrow float read by the Pallas kernel instead."""
+    (``'tpu'`` or ``'interpret'``): a narrow float read by the Pallas kernel instead, in
+    its stored ``order``."""
     if raw:
-        return _raw_out(x, offsets, strides, flags, raw)
+        return _raw_out(x, offsets, strides, flags, raw, order)
     dt = np.dtype(x.dtype)
     size = dt.itemsize if dt.itemsize <= 2 else 4
     shape = (1, *x.shape)
@@ -416,7 +428,7 @@ def _block_out(
     return jnp.stack(out)
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6))
 def _group(
     xs: tuple[jax.Array, ...],
     offsets: Any,
@@ -424,12 +436,14 @@ def _group(
     flags: bool,
     rows: bool,
     raw: str = '',
+    order: tuple[int, ...] | None = None,
 ) -> jax.Array:
     """Results (K, sets * 4 [+ FLAGS]) uint32 of K blocks of one shape and dtype in one
     program, each block read once in place (`_block_out`; not stacked: a TPU would copy
     the stack, and a stack of bfloat16 may go through float32 there)."""
     return jnp.stack(
-        [_block_out(x, None if offsets is None else offsets[j], strides, flags, rows, raw)
+        [_block_out(x, None if offsets is None else offsets[j], strides, flags, rows, raw,
+                    order)
          for j, x in enumerate(xs)]
     )  # fmt: skip
 
@@ -459,11 +473,13 @@ def bits_lost_on_chip(x: jax.Array) -> bool:
     """Whether ``x``'s devices cannot read its raw bits in a program and the Pallas kernel
     (`_raw_lanes`) does not read its blocks either: a float narrower than 32 bits on a TPU
     that is float16 (or another narrow float than bfloat16 and float8 e4m3fn / e5m2), or
-    whose blocks are 1-D. Measured on a TPU v5e (jax 0.10.2, `bench/tpu_bits.py`): XLA's
-    bitcast of bfloat16 to uint16 flushes subnormals and rewrites NaN payloads, an identity
-    program rewrites float16 NaNs and float8_e4m3fn's negative NaN; a Pallas kernel keeps
-    every bit of bfloat16 and float8; ``np.asarray`` keeps every byte. Such leaves are read
-    from host copies there (exact, slower: docs/API.md 4.2)."""
+    whose blocks the kernel does not read in their stored order (`_raw_lanes.plan`: a small
+    last axis there, or a block of a vector). Measured on a TPU v5e (jax 0.10.2,
+    `bench/tpu_bits.py`): XLA's bitcast of bfloat16 to uint16 flushes subnormals and
+    rewrites NaN payloads, an identity program rewrites float16 NaNs and float8_e4m3fn's
+    negative NaN; a Pallas kernel keeps every bit of bfloat16 and float8; ``np.asarray``
+    keeps every byte. Such leaves are read from host copies there (exact, slower:
+    docs/API.md 4.2)."""
     dt = np.dtype(x.dtype)
     if dt.itemsize >= 4 or dt.kind not in 'fV' or not jnp.issubdtype(dt, jnp.floating):
         return False
@@ -511,7 +527,9 @@ def _bits_lost(dt: np.dtype, x: jax.Array) -> bool:
         return False
     small = x.size <= SMALL and block == tuple(x.shape)  # a whole leaf: one host copy
     whole = block == tuple(x.shape)
-    return on_tpu and not small and not _raw_lanes.handles(dt, block, whole)
+    if not on_tpu or small:
+        return False
+    return not _raw_lanes.handles(dt, block, whole, _raw_lanes.stored_order(x))
 
 
 #: Blocks of one shape and dtype in one program, at most (their count rounded up to a power
@@ -588,8 +606,10 @@ def _group_calls(
         most = max(1, min(MAX_GROUP, MAX_GROUP_BYTES // nbytes))
         strides = _c_strides(full if full is not None else shape)
         rows = device.platform == 'cpu'  # XLA:CPU: the row formulation is faster there
-        raw = ''
-        if _raw_lanes.wanted(device.platform, dtype, shape, full is None):
+        raw, order = '', None
+        if device.platform == 'tpu' or _raw_lanes.INTERPRET:  # one layout per group's shape
+            order = _raw_lanes.stored_order(blocks[idx[0]][0])
+        if _raw_lanes.wanted(device.platform, dtype, shape, full is None, order):
             raw = 'tpu' if device.platform == 'tpu' else 'interpret'
         for lo in range(0, len(idx), most):
             part = idx[lo : lo + most]
@@ -602,8 +622,8 @@ def _group_calls(
                 for j, i in enumerate(part):
                     arr[j] = np.asarray(blocks[i][1], np.uint64) & 0xFFFFFFFF
                 offs = jax.device_put(arr, device)
-            key = (device, kind, shape, dtype, k, full is None, strides, flags, rows, raw)
-            calls.append((part, key, (xs, offs, strides, flags, rows, raw)))
+            key = (device, kind, shape, dtype, k, full is None, strides, flags, rows, raw, order)
+            calls.append((part, key, (xs, offs, strides, flags, rows, raw, order)))
     return calls
 
 

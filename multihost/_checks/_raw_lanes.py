@@ -29,7 +29,7 @@ copies one buffer to the host, not one per leaf, and no XLA operation touches th
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,8 +54,16 @@ WORDS = 7
 _I = jnp.int32
 
 
-#: Dtypes whose bits an XLA reshape keeps on a TPU (measured): read whole in a 2-D shape.
+#: Dtypes whose whole leaves are read with their leading axes merged (a `bitcast` in XLA:
+#: the same tiles in memory, nothing moved; `tests/test_tpu_reshapes.py`). Not float8_e4m3fn,
+#: whose negative NaN even an identity program rewrote on the chip: not tried there.
 RESHAPE_KEEPS_BITS = frozenset({'bfloat16', 'float8_e5m2'})
+
+
+#: Dtypes whose whole 1-D leaves of whole rows are read as rows of 128: the same tiles in
+#: memory (a `bitcast`: a TPU stores a 1-D bfloat16 leaf in tiles of 1,024, as 8 rows of
+#: 128 words of two elements). Not float8: its 1-D tiles are not the 2-D kernel's.
+ROWS_DTYPES = frozenset({'bfloat16'})
 
 
 #: Rows of a (rows, 128) VMEM tile per element size: 32-bit words hold 4, 2 or 1 elements.
@@ -63,60 +71,98 @@ _PACK = {1: 32, 2: 16, 4: 8}
 
 
 def _direct(shape: tuple[int, ...], itemsize: int) -> bool:
-    """Block shapes whose bits the kernel read exactly on a TPU v5e (`bench/tpu_bits.py
-    --kernel`): a last axis of 128 or more, and for 3-D and up a second-to-last axis in
-    whole packed rows (16 of 2 bytes, 32 of 1). Others (a last axis under 128, like
-    (1000, 5) or (512, 8, 64); (3, 5, 70001)) came back with canonicalized NaNs there."""
+    """Stored shapes whose bits the kernel reads in place: a last axis of 128 or more, and
+    for 3-D and up a second-to-last axis in whole packed rows (16 of 2 bytes, 32 of 1).
+    (Blocks read in their logical shape where XLA stores them transposed, like (1000, 5) or
+    (512, 8, 64), came back with canonicalized NaNs on the chip: XLA relaid them out for the
+    kernel. They are read in their stored order now: `stored_order`.)"""
     return shape[-1] >= 128 and (len(shape) == 2 or shape[-2] % _PACK[itemsize] == 0)
 
 
-def plan(dtype: Any, shape: tuple[int, ...], whole: bool) -> tuple[int, ...] | None:
-    """The shape the kernel reads a block of ``dtype`` and ``shape`` in, or None (host
-    copies for narrow floats, XLA's program for 32-bit words):
+def stored_order(x: Any) -> tuple[int, ...]:
+    """``x``'s axes in the order its device stores them, major to minor (``x.format``'s
+    layout; the C order where it has none). A TPU stores an array whose last axis is
+    small with another axis minor: XLA's default layout for (768, 8, 96) there is
+    (1, 2, 0), (1000, 5)'s (1, 0). A program that reads such an array in its logical shape
+    gets a relayout first (a copy through the vector units, which rewrote bfloat16 NaN
+    payloads and subnormals on a v5e); read in the stored order, it is a `bitcast`."""
+    try:
+        got = tuple(int(a) for a in x.format.layout.major_to_minor)
+    except Exception:  # no layout to ask (a numpy array, an older jax): C order
+        return tuple(range(len(x.shape)))
+    return got if sorted(got) == list(range(len(x.shape))) else tuple(range(len(x.shape)))
+
+
+class Read(NamedTuple):
+    """How the kernel reads a block: transposed to ``order`` (its stored order: no data
+    moves), then in ``shape`` (that order's shape, its leading axes merged for some
+    whole leaves)."""
+
+    order: tuple[int, ...]
+    shape: tuple[int, ...]
+
+
+def _mergeable(shape: tuple[int, ...], order: tuple[int, ...]) -> bool:
+    """Whether the leading axes of ``shape`` in ``order`` merge into one axis whose element
+    index is linear (each one's C stride is the next one's times its length)."""
+    stride = [int(np.prod(shape[a + 1 :])) for a in range(len(shape))]
+    lead = order[:-1]
+    return all(stride[a] == shape[b] * stride[b] for a, b in zip(lead, lead[1:]))
+
+
+def plan(
+    dtype: Any, shape: tuple[int, ...], whole: bool, order: tuple[int, ...] | None = None
+) -> Read | None:
+    """How the kernel reads a block of ``dtype`` and ``shape`` stored in ``order``
+    (`stored_order`; C order if None), or None (host copies for narrow floats, XLA's program
+    for 32-bit words). In the stored order (a transpose there is a `bitcast`):
 
     * a whole leaf of 3-D and up whose second-to-last axis is in whole packed rows, and
-      whose dtype XLA reshapes exactly: 2-D, its leading axes merged (the same tiles in
-      memory: no copy, and a few large tiles instead of many small ones);
-    * the block's own shape where that reads exactly (`_direct`); 32-bit words also with
-      a last axis under 128 whose lanes are at least half used;
-    * another whole leaf of a narrow float XLA reshapes exactly: 2-D rows of 1,024 down
-      to 128 elements (a copy).
+      whose dtype is in `RESHAPE_KEEPS_BITS` or 32-bit: 2-D, its leading axes merged (the
+      same tiles in memory: no copy, and a few large tiles instead of many small ones);
+    * its own shape where that reads exactly (`_direct`); 32-bit words also with a last
+      axis under 128 whose lanes are at least half used;
+    * a whole 1-D leaf of `ROWS_DTYPES` whose size is whole rows of 128: as those rows.
 
-    The reshapes keep C order, so every element keeps its index."""
+    Every element keeps its index in the leaf's C order: the kernel is given each read
+    axis's C stride (`block_words`)."""
     dt = np.dtype(dtype)
     if dt.name not in NONFINITE and dt.name not in WORD_DTYPES or len(shape) < 1 or not all(shape):
         return None
-    exact = dt.name in RESHAPE_KEEPS_BITS or dt.itemsize == 4
-    lanes = shape[-1] >= 128 or (dt.itemsize == 4 and -(-shape[-1] // 128) * 128 <= 2 * shape[-1])
-    if whole and exact and len(shape) >= 3 and shape[-2] % _PACK[dt.itemsize] == 0 and lanes:
-        return (int(np.prod(shape[:-1])), shape[-1])
-    if len(shape) >= 2 and _direct(shape, dt.itemsize):
-        return shape
-    if len(shape) == 2 and dt.itemsize == 4 and lanes:
-        return shape
-    if dt.itemsize == 4:  # XLA reads 32-bit words exactly in any shape
-        return None
-    if whole and dt.name in RESHAPE_KEEPS_BITS:
-        n = int(np.prod(shape))
-        for width in (1024, 512, 256, 128):
-            if n % width == 0 and n // width >= 16:
-                return (n // width, width)
+    order = tuple(range(len(shape))) if order is None else tuple(order)
+    t = tuple(int(shape[a]) for a in order)
+    merge = dt.name in RESHAPE_KEEPS_BITS or dt.itemsize == 4
+    lanes = t[-1] >= 128 or (dt.itemsize == 4 and -(-t[-1] // 128) * 128 <= 2 * t[-1])
+    if (whole and merge and len(t) >= 3 and t[-2] % _PACK[dt.itemsize] == 0 and lanes
+            and _mergeable(shape, order)):  # fmt: skip
+        return Read(order, (int(np.prod(t[:-1])), t[-1]))
+    if len(t) >= 2 and _direct(t, dt.itemsize):
+        return Read(order, t)
+    if len(t) == 2 and dt.itemsize == 4 and lanes:
+        return Read(order, t)
+    if whole and len(t) == 1 and dt.name in ROWS_DTYPES and t[0] % 128 == 0:
+        return Read(order, (t[0] // 128, 128))
     return None
 
 
-def handles(dtype: Any, shape: tuple[int, ...], whole: bool = False) -> bool:
-    """Whether this kernel reads a block of ``dtype`` and ``shape`` (`plan`)."""
-    return plan(dtype, shape, whole) is not None
+def handles(
+    dtype: Any, shape: tuple[int, ...], whole: bool = False, order: tuple[int, ...] | None = None
+) -> bool:
+    """Whether this kernel reads a block of ``dtype`` and ``shape`` stored in ``order`` (`plan`)."""
+    return plan(dtype, shape, whole, order) is not None
 
 
 #: Run the kernel in Pallas' interpret mode off a TPU (the tests: CPU has no Mosaic).
 INTERPRET = False
 
 
-def wanted(platform: str, dtype: Any, shape: tuple[int, ...], whole: bool = False) -> bool:
+def wanted(
+    platform: str, dtype: Any, shape: tuple[int, ...], whole: bool = False,
+    order: tuple[int, ...] | None = None,
+) -> bool:  # fmt: skip
     """Whether a block of ``dtype`` and ``shape`` on a ``platform`` device is read here: on
     a TPU (or anywhere with `INTERPRET`), a narrow float this kernel handles."""
-    return (platform == 'tpu' or INTERPRET) and handles(dtype, shape, whole)
+    return (platform == 'tpu' or INTERPRET) and handles(dtype, shape, whole, order)
 
 
 def _tiles(shape: tuple[int, ...], itemsize: int) -> tuple[int, int]:
@@ -233,6 +279,24 @@ def _lanes8(v: Any, e: Any) -> list[Any]:
     return [h1, s1 - h1, h2, s2 - h2]
 
 
+def _lanes_at(size: int, e: Any, v: Any, lo: Any = None) -> list[Any]:
+    """The four lanes of a tile whose elements' leaf indices ``e`` are given one by one (a
+    block read in its stored order: along its last axis the index steps by that axis's C
+    stride, not 1). ``v``: ``g16``/``g8`` of each raw value, for 32-bit words the high
+    halves' and ``lo`` the low ones'. The definitions of `_lanes16` and `_lanes32`, a
+    product per element."""
+    if size == 1:
+        return _lanes8(v, e)
+    if size == 4:
+        c, c2 = e * _I(2) + _I(1), _srl(e, 15) | _I(1)
+        return [_total(v * c), _total(lo * c), _total(v * c2), _total(lo * c2)]
+    is_hi = (e & _I(1)) == _I(1)
+    t1, t2 = v * (e | _I(1)), v * (_srl(e, 16) | _I(1))
+    s1, s2 = _total(t1), _total(t2)
+    h1, h2 = _total(jnp.where(is_hi, t1, _I(0))), _total(jnp.where(is_hi, t2, _I(0)))
+    return [h1, s1 - h1, h2, s2 - h2]
+
+
 def _max(x: Any) -> Any:
     return jnp.max(jnp.max(x, axis=0, keepdims=True), axis=1, keepdims=True)
 
@@ -262,23 +326,26 @@ def _kernel(
     rows = jax.lax.broadcasted_iota(_I, (ta, 1), 0) + g[nd - 2] * _I(ta)
     cols = jax.lax.broadcasted_iota(_I, (1, tb), 1)
     col0 = g[nd - 1] * _I(tb)
-    # each tile row's first element's index in the leaf (the last axis has stride 1)
-    first = base + rows * _I(strides[-2] & 0xFFFFFFFF) + col0
+    step = strides[-1] & 0xFFFFFFFF  # the last axis's stride: 1 in C order
+    # each tile row's first element's index in the leaf
+    first = base + rows * _I(strides[-2] & 0xFFFFFFFF) + col0 * _I(step)
     ragged = bool(shape[-2] % ta or shape[-1] % tb)
     valid: Any = (rows < _I(shape[-2])) & (cols + col0 < _I(shape[-1])) if ragged else None
     if size == 4:
         hi, lo = _g16(_srl(r, 16)), _g16(r & _I(0xFFFF))
         if ragged:
             hi, lo = jnp.where(valid, hi, _I(0)), jnp.where(valid, lo, _I(0))
-        words = _lanes32(hi, lo, first, cols, strides[-2])
-    elif size == 2:
-        v = _g16(r)
-        v = jnp.where(valid, v, _I(0)) if ragged else v
-        words = _lanes16(v, first, cols, strides[-2])
+        if step == 1:
+            words = _lanes32(hi, lo, first, cols, strides[-2])
+        else:
+            words = _lanes_at(4, first + cols * _I(step), hi, lo)
     else:
-        v = _g8(r)
+        v = _g16(r) if size == 2 else _g8(r)
         v = jnp.where(valid, v, _I(0)) if ragged else v
-        words = _lanes8(v, first + cols)
+        if size == 2 and step == 1:
+            words = _lanes16(v, first, cols, strides[-2])
+        else:
+            words = _lanes_at(size, first + cols * _I(step), v)
     if flags:  # past the block: the tile's first value again (neutral for all three)
         rr = jnp.where(valid, r, r[0:1, 0:1]) if ragged else r
         mask = NONFINITE.get(name, (0, 1))[0]  # integers: never non-finite
@@ -303,8 +370,9 @@ def block_words(
     """The block's words, uint32 (inside a jitted program): lanes 1-4 (before K1/K2) and,
     with ``flags``, whether it holds NaN/Inf, its largest and smallest raw value.
     ``offset``: int32 (1,), the block's first element's index in its leaf (mod 2^32);
-    ``strides``: the leaf's C strides (static); ``interpret``: Pallas' interpret mode (off
-    a TPU)."""
+    ``strides``: each axis of ``x``'s stride in the leaf's C order (static: the leaf's C
+    strides, or in its stored order those strides permuted); ``interpret``: Pallas'
+    interpret mode (off a TPU)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
