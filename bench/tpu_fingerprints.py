@@ -99,7 +99,10 @@ def exactness() -> dict[str, Any]:
                 else (raw[: int(np.prod(s))] & 1).astype(bool).reshape(s)
             )
             arrays.append(a)
-        for s in [(5,), (768,), (8, 96), (3, 7), (1,), (), (4096,)]:  # small: packed on a TPU
+        # small: packed on a TPU (bfloat16's of two axes or more stacked per shape, in their
+        # stored order: (96, 8), (768, 3) and (3, 5, 7) are stored transposed there)
+        for s in [(5,), (768,), (8, 96), (3, 7), (1,), (), (4096,), (8, 96), (96, 8), (96, 8),
+                  (768, 3), (768, 3), (3, 5, 7), (3, 5, 7)]:  # fmt: skip
             n = int(np.prod(s))
             raw = rng.integers(0, 256, n * np.dtype(dt).itemsize, dtype=np.uint8)
             arrays.append(

@@ -575,7 +575,7 @@ def _compile(calls: list[tuple[Any, ...]]) -> None:
         try:
             return fn.lower(*args).compile()
         except Exception:
-            if fn in _MAY_FAIL:  # its leaves are copied one by one
+            if fn in _MAY_FAIL or fn in _raw_lanes.STACKERS:  # its leaves are copied alone
                 return None
             raise
 
@@ -739,7 +739,8 @@ _PACKERS = _Memo()
 def _packer(x: jax.Array) -> Any:
     """The program that packs small leaf ``x`` with others of its dtype and device:
     `_pack_rows` or `_pack` (`PACK_DTYPES`), `_raw_lanes.dma_pack` (bfloat16's 1-D leaves
-    on a TPU), or None (copied to the host alone); remembered per dtype, shape and sharding
+    on a TPU) or a `_raw_lanes.dma_stacker` (its leaves of more axes, in their stored
+    order), or None (copied to the host alone); remembered per dtype, shape and sharding
     (the same tree's leaves come again)."""
     key = (x.dtype, x.shape, x.sharding, PACK_ON_CPU, _raw_lanes.INTERPRET, PACK_DTYPES)
     return _PACKERS.answer(key, _choose_packer, x) or None
@@ -754,11 +755,13 @@ def _choose_packer(x: jax.Array) -> Any:
     name = dtype_names(np.dtype(x.dtype))[0]
     if name in PACK_DTYPES:
         return _pack_rows if name in ROW_DTYPES else _pack
+    if platform != 'tpu' and not _raw_lanes.INTERPRET:
+        return False
+    interpret = platform != 'tpu'
     if _raw_lanes.dma_packable(x.dtype, tuple(x.shape)):
-        if platform == 'tpu':
-            return _raw_lanes.dma_pack
-        if _raw_lanes.INTERPRET:
-            return _raw_lanes.dma_pack_interpret
+        return _raw_lanes.dma_pack_interpret if interpret else _raw_lanes.dma_pack
+    if _raw_lanes.dma_stackable(x.dtype, tuple(x.shape)):
+        return _raw_lanes.dma_stacker(_raw_lanes.stored_order(x), interpret)
     return False
 
 
@@ -775,11 +778,12 @@ def _pack_calls(
         if isinstance(x, jax.Array) and not has_host_copy(x):
             fn = _packer(x)
             if fn is not None:
-                packs.setdefault((fn, x.sharding, x.dtype), []).append(j)
+                alike = x.shape if fn in _raw_lanes.STACKERS else None  # a stack: one shape
+                packs.setdefault((fn, x.sharding, x.dtype, alike), []).append(j)
                 continue
         loose.append(j)
     calls = []
-    for (fn, sharding, dtype), idx in packs.items():
+    for (fn, sharding, dtype, _), idx in packs.items():
         for lo in range(0, len(idx), MAX_PACK):
             part = idx[lo : lo + MAX_PACK]
             if len(part) < 2:
@@ -839,26 +843,16 @@ def device_results(
         if program is None:
             loose += part
         else:
-            packed.append((part, program(*args)))
+            packed.append((part, key[0], program(*args)))
     pending = [(part, _PROGRAMS[key](*args[:2])) for part, key, args in calls]
-    for _, result in packed + pending:
+    for result in [r for *_, r in packed] + [r for _, r in pending]:
         result.copy_to_host_async()
     # The loose small leaves are ready (their launches ran): copied while the programs
     # run (a copy of a ready buffer does not queue behind compute).
     host: list[Any] = [None] * len(arrays)
     for j, a in zip(loose, _host_copies([arrays[j] for j in loose])):
         host[j] = a
-    summed: dict[int, np.ndarray] = {}
-    for part, result in packed:
-        flat, pos = np.asarray(result), 0
-        if flat.ndim == 2:  # `_pack_rows`: the rows' sums
-            sizes = tuple(int(arrays[j].size) for j in part)
-            summed.update(zip(part, _row_results(flat, sizes, flags)))
-            continue
-        for j in part:
-            n = arrays[j].size
-            host[j] = flat[pos : pos + n].reshape(arrays[j].shape)
-            pos += n
+    summed = _unpack(packed, arrays, host, flags)
     rest = [j for j in range(len(arrays)) if j not in summed]
     for j, res in zip(rest, _numpy_many([host[j] for j in rest], flags)):  # while the groups run
         out[at[j]] = res
@@ -869,6 +863,31 @@ def device_results(
         for j, i in enumerate(part):
             out[i] = np.asarray(res[j])
     return [o if o is not None else np.zeros(LANES, np.uint32) for o in out]
+
+
+def _unpack(
+    packed: list[tuple[list[int], Any, jax.Array]], arrays: Sequence[Any], host: list[Any],
+    flags: bool,
+) -> dict[int, np.ndarray]:  # fmt: skip
+    """The packing programs' results on the host: each packed leaf's host copy put in
+    ``host`` (from a concatenation or a DMA stack); `_pack_rows`' leaves' results returned
+    (their rows' sums, no copy)."""
+    summed: dict[int, np.ndarray] = {}
+    for part, fn, result in packed:
+        flat, pos = np.asarray(result), 0
+        if fn is _pack_rows:  # the rows' sums
+            sizes = tuple(int(arrays[j].size) for j in part)
+            summed.update(zip(part, _row_results(flat, sizes, flags)))
+        elif fn in _raw_lanes.STACKERS:  # (K, *stored shape): each leaf back in C order
+            back = tuple(np.argsort(_raw_lanes.stored_order(arrays[part[0]])))
+            for j, leaf in zip(part, flat):
+                host[j] = np.ascontiguousarray(leaf.transpose(back))
+        else:  # one buffer, the leaves one after another
+            for j in part:
+                n = arrays[j].size
+                host[j] = flat[pos : pos + n].reshape(arrays[j].shape)
+                pos += n
+    return summed
 
 
 def _host_copies(arrays: Sequence[Any]) -> list[np.ndarray]:

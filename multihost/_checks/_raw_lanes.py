@@ -22,7 +22,8 @@ rows' first indices and column sums times the column numbers.
 
 Off a TPU the kernel runs in Pallas' interpret mode (the tests check it against numpy).
 
-Also here: small bfloat16 vectors packed into one buffer by DMA (`dma_pack`), so a call
+Also here: small bfloat16 leaves packed by DMA, vectors into one buffer (`dma_pack`), leaves
+of one shape of two axes or more stacked in their stored order (`dma_stacker`), so a call
 copies one buffer to the host, not one per leaf, and no XLA operation touches their bits.
 """
 
@@ -461,3 +462,53 @@ def _dma_pack(xs: tuple[jax.Array, ...], interpret: bool) -> jax.Array:
 #: `_dma_pack` on a TPU, and in Pallas' interpret mode (off a TPU: the tests).
 dma_pack = jax.jit(functools.partial(_dma_pack, interpret=False))
 dma_pack_interpret = jax.jit(functools.partial(_dma_pack, interpret=True))
+
+
+def dma_stackable(dtype: Any, shape: tuple[int, ...]) -> bool:
+    """Whether a small leaf of ``dtype`` and ``shape`` (two axes or more) is stacked by
+    `dma_stacker`'s programs."""
+    return np.dtype(dtype).name in DMA_DTYPES and len(shape) >= 2 and all(shape)
+
+
+def _dma_stack(xs: tuple[jax.Array, ...], order: tuple[int, ...], interpret: bool) -> jax.Array:
+    """Leaves of one dtype and shape, each in its stored ``order`` (a bitcast: no data
+    moves), copied by DMA into one (K, *stored shape) buffer: the same tiles as each leaf's,
+    so no XLA operation touches their bits (compiled for a v5e, the leaves reach the kernel
+    through bitcasts only: `tests/test_tpu_reshapes.py`)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    anywhere = pltpu.MemorySpace.ANY if hasattr(pltpu.MemorySpace, 'ANY') else pl.ANY
+    if order != tuple(range(len(order))):
+        xs = tuple(jnp.transpose(x, order) for x in xs)
+
+    def kernel(*refs: Any) -> None:
+        ins, out, sem = refs[: len(xs)], refs[len(xs)], refs[len(xs) + 1]
+        copies = [pltpu.make_async_copy(ref, out.at[j], sem.at[j]) for j, ref in enumerate(ins)]
+        for c in copies:
+            c.start()
+        for c in copies:
+            c.wait()
+
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((len(xs), *xs[0].shape), xs[0].dtype),
+        in_specs=[pl.BlockSpec(memory_space=anywhere)] * len(xs),
+        out_specs=pl.BlockSpec(memory_space=anywhere),
+        scratch_shapes=[pltpu.SemaphoreType.DMA((len(xs),))],
+        interpret=pltpu.InterpretParams() if interpret else False,
+    )(*xs)
+
+
+@functools.lru_cache(maxsize=64)
+def dma_stacker(order: tuple[int, ...], interpret: bool = False) -> Any:
+    """The jitted `_dma_stack` of leaves stored in ``order`` (one function per order: its
+    programs are cached by the leaves' shapes like the other packers')."""
+    fn = jax.jit(functools.partial(_dma_stack, order=order, interpret=interpret))
+    STACKERS.add(fn)
+    return fn
+
+
+#: The functions `dma_stacker` made: their programs, like `dma_pack`'s, may fail to compile
+#: (their leaves are then copied one by one).
+STACKERS: set[Any] = set()
