@@ -257,6 +257,41 @@ def flax_job(layers: int, width: int) -> tuple[Any, Any, Any]:
     return state, make_batch, jax.jit(train_step, donate_argnums=0)
 
 
+def _audit_parts(item: Any) -> dict[str, Any]:
+    """Where the audit's read of one new launch goes (`_audit._read`'s phases, each timed
+    on its own: its leaves and paths, the blocks it holds, their fingerprints with flags,
+    and what is left), and how its blocks are read: small device leaves per packing program
+    (by the program's name) or copied alone, and the others (group programs on a device,
+    host memory read in place)."""
+    import jax
+
+    from multihost._checks import _fingerprint as F
+    from multihost._job import _audit
+
+    t0 = time.perf_counter()
+    found = _audit._leaves(item)
+    t1 = time.perf_counter()
+    held = []
+    for _, leaf, fresh in found:
+        try:
+            held += [(data, fresh) for _, data in _audit._blocks(leaf)]
+        except Exception:
+            pass
+    t2 = time.perf_counter()
+    datas = [d for d, _ in held]
+    wanted = [f and d.nbytes >= _audit.MIN_DUP_BYTES for d, f in held]
+    F.digests_with_flags(datas, constant=wanted)
+    t3 = time.perf_counter()
+    small = [d for d in datas if isinstance(d, jax.Array) and d.size <= F.SMALL]
+    packing, loose = F._pack_calls(small)
+    routes: dict[str, int] = {'small, copied alone': len(loose), 'others': len(datas) - len(small)}
+    for part, key, _ in packing:
+        name = getattr(key[0], '__name__', None) or type(key[0]).__name__
+        routes[f'packed by {name}'] = routes.get(f'packed by {name}', 0) + len(part)
+    return {'leaves_ms': (t1 - t0) * 1e3, 'blocks_ms': (t2 - t1) * 1e3,
+            'digests_ms': (t3 - t2) * 1e3, 'routes': routes}  # fmt: skip
+
+
 def audit_row(
     layers: int, width: int, reps: int, compiles: _Compiles
 ) -> tuple[Any, dict[str, Any]]:
@@ -310,6 +345,11 @@ def audit_row(
         # the same launch read again: jax keeps the host copies of its small leaves
         'audit_same_launch_again_ms': _median_ms(lambda: _audit._read(item), reps),
     }
+    parts = [_audit_parts(launch(i + 100)[0]) for i in range(reps)]  # new launches again
+    got['audit_parts_ms'] = {
+        k: statistics.median(p[k] for p in parts) for k in parts[0] if k.endswith('_ms')
+    }
+    got['audit_routes'] = parts[0]['routes']
     got['audit_vs_read'] = got['audit_ms'] / got['read_ms']
     got['audit_vs_step'] = got['audit_ms'] / got['step_ms']
     every = _audit.DEFAULT_EVERY
