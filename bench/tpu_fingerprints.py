@@ -260,9 +260,9 @@ def flax_job(layers: int, width: int) -> tuple[Any, Any, Any]:
 def _audit_parts(item: Any) -> dict[str, Any]:
     """Where the audit's read of one new launch goes (`_audit._read`'s phases, each timed
     on its own: its leaves and paths, the blocks it holds, their fingerprints with flags;
-    the audit's time less these is its own work on the table), and how its blocks are read: small device leaves per packing program
-    (by the program's name) or copied alone, and the others (group programs on a device,
-    host memory read in place)."""
+    the audit's time less these is its own work on the table), and how its blocks are
+    read: small device leaves per packing program (by the program's name) or copied alone,
+    and the others (group programs on a device, host memory read in place)."""
     import jax
 
     from multihost._checks import _fingerprint as F
