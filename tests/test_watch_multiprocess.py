@@ -257,3 +257,31 @@ def test_source_files_that_differ_by_host_do_not_count_as_other_programs():
     assert np.asarray(out.addressable_data(0)).shape == (2,)
     rec = _recorder.snapshot(pid, 1)[0]
     assert rec.name == 'cell_step' and rec.fingerprint
+
+
+@multiprocess
+def test_a_program_whose_source_paths_differ_by_host_is_named_before_it_hangs():
+    """One script run from a directory of its own on each host (per-host staging): the
+    programs are the same but for their source paths, so each host's executable differs.
+    With CPU devices jax 0.12.1 hung in such a program's all-reduce (its collectives meet
+    only within one executable; jax 0.10.2 did not hang): there every host raises before
+    the launch, naming the cause and the fix; elsewhere the launch runs."""
+    from multihost._debug import _watch
+
+    pid = jax.process_index()
+    src = 'def staged_step(a):\n    return jnp.sum(a) * a\n'
+    scope: dict = {'jnp': jnp}
+    exec(compile(src, f'/tmp/staging_host{pid}/train.py', 'exec'), scope)
+    step = multihost.watch(jax.jit(scope['staged_step']))
+    if not _watch._collectives_keyed_by_program():
+        out = step(_sharded())
+        assert np.asarray(out.addressable_data(0)).shape == (2,)
+        return
+    with pytest.raises(multihost.CollectiveMismatchError) as info:
+        step(_sharded())
+    text = str(info.value)
+    assert 'same program on every host but for its source locations' in text, text
+    assert '4 distinct executables' in text and 'nothing was launched' in text, text
+    assert 'jax_hlo_source_file_canonicalization_regex' in text, text
+    assert set(info.value.calls) == {0, 1, 2, 3}
+    multihost.barrier('aligned after source paths')  # the sequence did not drift

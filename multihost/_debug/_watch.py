@@ -333,7 +333,7 @@ class Watched:
         else:
             error = None
         entry.fingerprint = sig.fingerprint or ''
-        mine = json.dumps({'fp': sig.program, 'error': failure})
+        mine = json.dumps({'fp': sig.program, 'error': failure, 'exe': sig.fingerprint or ''})
         what = 'comparing the programs compiled for a new signature'
         shared = {p: json.loads(v) for p, v in _sequence.share(rec, 'fp', mine, what=what).items()}
         failed = {p: v['error'] for p, v in shared.items() if v['error']}
@@ -351,6 +351,42 @@ class Watched:
         if len(set(prints.values())) > 1:
             calls = {p: CollectiveRecord.from_json(v) for p, v in raw.items()}
             raise self._program_mismatch(rec, calls, sig, prints)
+        exes = {p: v.get('exe', '') for p, v in shared.items()}
+        if (
+            len(set(exes.values())) > 1
+            and _collectives_keyed_by_program()
+            and _collectives(_hlo_lines(sig.compiled))
+        ):
+            calls = {p: CollectiveRecord.from_json(v) for p, v in raw.items()}
+            raise self._source_paths_mismatch(rec, calls, exes)
+
+    def _source_paths_mismatch(
+        self, rec: CollectiveRecord, calls: dict[int, CollectiveRecord], exes: dict[int, str]
+    ) -> CollectiveMismatchError:
+        """The same program modulo source locations, different executables, on a runtime
+        whose collectives meet only within one executable: the launch would hang."""
+        groups: dict[str, list[int]] = {}
+        for p, exe in sorted(exes.items()):
+            groups.setdefault(exe, []).append(p)
+        sites = {p: calls[p].site for p in calls}
+        dirs = _grouped({p: os.path.dirname(site.rsplit(':', 1)[0]) for p, site in sites.items()})
+        where = (
+            'called from ' + _fmt_groups(dirs, 3)
+            if len(dirs) > 1
+            else 'the files of the code it runs sit at different paths on different hosts'
+        )
+        return CollectiveMismatchError(
+            f'watched launch mismatch at #{rec.seq}: {self.name} compiles to the same program '
+            'on every host but for its source locations, and the hosts hold '
+            f'{len(groups)} distinct executables ({where}). On jax {jax.__version__} with CPU '
+            "devices a program's collectives meet only within one executable, so its "
+            'collectives would never complete (caught before launch; nothing was launched).\n'
+            'Run the script from the same path on every host, or strip the differing '
+            "directories from JAX's source paths before the first jit, e.g. "
+            "jax.config.update('jax_hlo_source_file_canonicalization_regex', r'^.*/')",
+            seq=rec.seq,
+            calls=calls,
+        )
 
     def _signature_mismatch(
         self, exc: CollectiveMismatchError, sig: _Signature
@@ -851,6 +887,20 @@ def _differing_excerpts(
         pa = sum(map(len, ga[:i])) + off
         pb = sum(map(len, gb[:i])) + off
     return _excerpt(ra, pa), _excerpt(rb, pb)
+
+
+def _collectives_keyed_by_program() -> bool:
+    """Whether this jax's runtime lets a collective meet only the same executable on the
+    other hosts: measured with CPU devices, on jax 0.12.1 two hosts running one script from
+    two directories (executables that differ only in source paths) hung in the first
+    all-reduce; on jax 0.10.2 they did not (their executables differ there too)."""
+    if jax.default_backend() != 'cpu':
+        return False
+    try:
+        major, minor = (int(v) for v in jax.__version__.split('.')[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (0, 12)
 
 
 def _collectives(lines: list[str]) -> list[list[str]]:
