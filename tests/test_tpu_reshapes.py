@@ -21,7 +21,8 @@ HAVE_LIBTPU = importlib.util.find_spec('libtpu') is not None
 pytestmark = pytest.mark.skipif(
     not HAVE_LIBTPU, reason="libtpu is not installed (the test extra's, Python 3.11)"
 )
-_OP = re.compile(r'\s*(?:ROOT\s+)?%\S+\s*=\s*\S+\s+([a-z][\w-]*)\(')
+#: An HLO instruction line: ``[ROOT] %name = type op(``: its type and op.
+_LINE = re.compile(r'\s*(?:ROOT\s+)?%\S+\s*=\s*(\S+)\s+([a-z][\w-]*)\(')
 
 
 def _ops(shape: tuple[int, ...], target: tuple[int, ...]) -> list[str]:
@@ -37,7 +38,7 @@ def _ops(shape: tuple[int, ...], target: tuple[int, ...]) -> list[str]:
         .lower(lowering_platforms=('tpu',))
         .compile()
     )
-    return [m.group(1) for m in map(_OP.match, compiled.as_text().splitlines()) if m]
+    return [m.group(2) for m in map(_LINE.match, compiled.as_text().splitlines()) if m]
 
 
 @pytest.mark.parametrize('shape', [(64, 32, 256), (8, 96, 768), (4, 16, 128)])
@@ -59,7 +60,6 @@ def test_a_relayout_shows_as_a_reshape_op():
 SHAPES = [(768, 8, 96), (8, 96, 768), (64, 32, 256), (4096, 64), (100, 200), (1000, 5),
           (512, 8, 64), (4, 16, 128), (1024, 3, 3, 64), (3, 3, 64, 128), (1 << 20,), (2176,),
           (300, 16, 8)]  # fmt: skip
-_LINE = re.compile(r'\s*(?:ROOT\s+)?%\S+\s*=\s*(\S+)\s+([a-z][\w-]*)\(')
 _HLO = {'bfloat16': 'bf16', 'float8_e5m2': 'f8e5m2', 'float8_e4m3fn': 'f8e4m3fn', 'float32': 'f32'}
 
 

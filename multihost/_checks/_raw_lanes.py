@@ -428,22 +428,20 @@ def dma_packable(dtype: Any, shape: tuple[int, ...]) -> bool:
     return dt.name in DMA_DTYPES and len(shape) == 1 and tile is not None and shape[0] % tile == 0
 
 
-def _dma_pack(xs: tuple[jax.Array, ...], interpret: bool) -> jax.Array:
-    """1-D leaves of one dtype, their sizes whole tiles, copied by DMA one after another
-    into one buffer: no XLA operation touches their bits."""
+def _dma_copies(
+    xs: tuple[jax.Array, ...], out_shape: tuple[int, ...], place: Any, interpret: bool
+) -> jax.Array:
+    """A Pallas kernel that copies each of ``xs`` by DMA into ``place(out, j)`` of one
+    buffer of ``out_shape`` (all copies started, then all waited for): no XLA operation
+    touches their bits."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
     anywhere = pltpu.MemorySpace.ANY if hasattr(pltpu.MemorySpace, 'ANY') else pl.ANY
-    sizes = [int(x.shape[0]) for x in xs]
-    starts = [sum(sizes[:j]) for j in range(len(sizes))]
 
     def kernel(*refs: Any) -> None:
         ins, out, sem = refs[: len(xs)], refs[len(xs)], refs[len(xs) + 1]
-        copies = [
-            pltpu.make_async_copy(ref, out.at[pl.ds(start, size)], sem.at[j])
-            for j, (ref, start, size) in enumerate(zip(ins, starts, sizes))
-        ]
+        copies = [pltpu.make_async_copy(ref, place(out, j), sem.at[j]) for j, ref in enumerate(ins)]
         for c in copies:
             c.start()
         for c in copies:
@@ -451,12 +449,24 @@ def _dma_pack(xs: tuple[jax.Array, ...], interpret: bool) -> jax.Array:
 
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((sum(sizes),), xs[0].dtype),
+        out_shape=jax.ShapeDtypeStruct(out_shape, xs[0].dtype),
         in_specs=[pl.BlockSpec(memory_space=anywhere)] * len(xs),
         out_specs=pl.BlockSpec(memory_space=anywhere),
         scratch_shapes=[pltpu.SemaphoreType.DMA((len(xs),))],
         interpret=pltpu.InterpretParams() if interpret else False,
     )(*xs)
+
+
+def _dma_pack(xs: tuple[jax.Array, ...], interpret: bool) -> jax.Array:
+    """1-D leaves of one dtype, their sizes whole tiles, copied by DMA one after another
+    into one buffer."""
+    from jax.experimental import pallas as pl
+
+    sizes = [int(x.shape[0]) for x in xs]
+    starts = [sum(sizes[:j]) for j in range(len(sizes))]
+    return _dma_copies(
+        xs, (sum(sizes),), lambda out, j: out.at[pl.ds(starts[j], sizes[j])], interpret
+    )
 
 
 #: `_dma_pack` on a TPU, and in Pallas' interpret mode (off a TPU: the tests).
@@ -472,32 +482,12 @@ def dma_stackable(dtype: Any, shape: tuple[int, ...]) -> bool:
 
 def _dma_stack(xs: tuple[jax.Array, ...], order: tuple[int, ...], interpret: bool) -> jax.Array:
     """Leaves of one dtype and shape, each in its stored ``order`` (a bitcast: no data
-    moves), copied by DMA into one (K, *stored shape) buffer: the same tiles as each leaf's,
-    so no XLA operation touches their bits (compiled for a v5e, the leaves reach the kernel
-    through bitcasts only: `tests/test_tpu_reshapes.py`)."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    anywhere = pltpu.MemorySpace.ANY if hasattr(pltpu.MemorySpace, 'ANY') else pl.ANY
+    moves), copied by DMA into one (K, *stored shape) buffer: the same tiles as each leaf's
+    (compiled for a v5e, the leaves reach the kernel through bitcasts only:
+    `tests/test_tpu_reshapes.py`)."""
     if order != tuple(range(len(order))):
         xs = tuple(jnp.transpose(x, order) for x in xs)
-
-    def kernel(*refs: Any) -> None:
-        ins, out, sem = refs[: len(xs)], refs[len(xs)], refs[len(xs) + 1]
-        copies = [pltpu.make_async_copy(ref, out.at[j], sem.at[j]) for j, ref in enumerate(ins)]
-        for c in copies:
-            c.start()
-        for c in copies:
-            c.wait()
-
-    return pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((len(xs), *xs[0].shape), xs[0].dtype),
-        in_specs=[pl.BlockSpec(memory_space=anywhere)] * len(xs),
-        out_specs=pl.BlockSpec(memory_space=anywhere),
-        scratch_shapes=[pltpu.SemaphoreType.DMA((len(xs),))],
-        interpret=pltpu.InterpretParams() if interpret else False,
-    )(*xs)
+    return _dma_copies(xs, (len(xs), *xs[0].shape), lambda out, j: out.at[j], interpret)
 
 
 @functools.lru_cache(maxsize=64)
