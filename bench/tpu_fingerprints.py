@@ -271,15 +271,10 @@ def _audit_parts(item: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     found = _audit._leaves(item)
     t1 = time.perf_counter()
-    held = []
-    for _, leaf, fresh in found:
-        try:
-            held += [(data, fresh) for _, data in _audit._blocks(leaf)]
-        except Exception:
-            pass
+    held = _audit._held(found)
     t2 = time.perf_counter()
-    datas = [d for d, _ in held]
-    wanted = [f and d.nbytes >= _audit.MIN_DUP_BYTES for d, f in held]
+    datas = [d for _, _, d, _ in held]
+    wanted = [f and d.nbytes >= _audit.MIN_DUP_BYTES for _, _, d, f in held]
     F.digests_with_flags(datas, constant=wanted)
     t3 = time.perf_counter()
     small = [d for d in datas if isinstance(d, jax.Array) and d.size <= F.SMALL]

@@ -365,9 +365,6 @@ class Watched:
     ) -> CollectiveMismatchError:
         """The same program modulo source locations, different executables, on a runtime
         whose collectives meet only within one executable: the launch would hang."""
-        groups: dict[str, list[int]] = {}
-        for p, exe in sorted(exes.items()):
-            groups.setdefault(exe, []).append(p)
         sites = {p: calls[p].site for p in calls}
         dirs = _grouped({p: os.path.dirname(site.rsplit(':', 1)[0]) for p, site in sites.items()})
         where = (
@@ -378,9 +375,10 @@ class Watched:
         return CollectiveMismatchError(
             f'watched launch mismatch at #{rec.seq}: {self.name} compiles to the same program '
             'on every host but for its source locations, and the hosts hold '
-            f'{len(groups)} distinct executables ({where}). On jax {jax.__version__} with CPU '
-            "devices a program's collectives meet only within one executable, so its "
-            'collectives would never complete (caught before launch; nothing was launched).\n'
+            f'{len(set(exes.values()))} distinct executables ({where}). '
+            f"On jax {jax.__version__} with CPU devices a program's collectives meet only "
+            'within one executable, so its collectives would never complete '
+            '(caught before launch; nothing was launched).\n'
             'Run the script from the same path on every host, or strip the differing '
             "directories from JAX's source paths before the first jit, e.g. "
             "jax.config.update('jax_hlo_source_file_canonicalization_regex', r'^.*/')",

@@ -500,12 +500,7 @@ def _read(item: _Item) -> tuple[list[str], list[Any], float]:
             except Exception:
                 pass
     ready = time.perf_counter() - t0
-    held: list[tuple[int, str, Any, bool]] = []  # (leaf, block, its data, fresh)
-    for i, (_, leaf, fresh) in enumerate(leaves):
-        try:
-            held += [(i, key, data, fresh) for key, data in _blocks(leaf)]
-        except Exception:  # donated to a launch while it was read, or not readable here
-            pass  # compared nowhere (a host that could read it has no one to compare with)
+    held = _held(leaves)
     # One pass per block: its digest, NaN/Inf and constant flags (on an accelerator one
     # program per group of blocks, one copy of the results to the host: `_fingerprint`).
     datas = [data for _, _, data, _ in held]
@@ -521,6 +516,17 @@ def _read(item: _Item) -> tuple[list[str], list[Any], float]:
         entry[3] = entry[3] and skip
     table = [[bool(fresh), list(b.values())] for (_, _, fresh), b in zip(leaves, blocks)]
     return paths, table, ready
+
+
+def _held(leaves: list[tuple[str, Any, bool]]) -> list[tuple[int, str, Any, bool]]:
+    """(leaf, block, its data, fresh) of each block this host holds of ``leaves``."""
+    held: list[tuple[int, str, Any, bool]] = []
+    for i, (_, leaf, fresh) in enumerate(leaves):
+        try:
+            held += [(i, key, data, fresh) for key, data in _blocks(leaf)]
+        except Exception:  # donated to a launch while it was read, or not readable here
+            pass  # compared nowhere (a host that could read it has no one to compare with)
+    return held
 
 
 @functools.lru_cache(maxsize=4096)
