@@ -190,11 +190,13 @@ def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path
             time.sleep(0.5)
         open(go, 'w').close()  # let process 2 go on: the job ends normally
         results = job.finish(120.0)
-    # Busy or wedged, attached: a share of a core (two test workers may share the
-    # machine's two) for the host computing half of each 0.1 s; none for the sleeper.
+    # Busy or wedged, attached: a share of a core for the host computing half of each 0.1 s
+    # (busy by its CPU, not only by a moving stack; the share itself varies with load: CI
+    # measured 14% with two test workers and four hosts on two cores); none for the sleeper.
     spin, sleeper = pulses[3], pulses[2]
-    assert spin is not None and spin.cpu > 15 and spin.state == 'progressing', spin
+    assert spin is not None and spin.brief == 'progressing (busy CPU)', spin
     assert sleeper is not None and sleeper.cpu < 5 and sleeper.state == 'wedged', sleeper
+    assert spin.cpu > 3 * sleeper.cpu, (spin, sleeper)
     by = {d.process: d for d in found}
     assert sorted(by) == list(range(N)), [(d.process, d.trigger) for d in found]
     hung = [p for p, d in by.items() if d.trigger == 'hang']
