@@ -481,6 +481,19 @@ def awaited_launch(process: int) -> FlightRecord | None:
     return None if oldest is None else oldest.record(process)
 
 
+def inside_call(process: int) -> FlightRecord | None:
+    """The main thread's newest entry when it is a launch whose call has not returned (the
+    thread is in jit's call: tracing, compiling, or running a synchronous launch, which is how
+    XLA:CPU runs one on a process with one device: a collective whose peer never comes blocks
+    there); else None."""
+    with _rec.lock:
+        entries = list(_rec.ring)[-RECENT:]
+    main = next((e for e in reversed(entries) if not e.thread), None)
+    if main is None or main.kind != 'launch' or main.returned or main.state != LAUNCHED:
+        return None
+    return main.record(process)
+
+
 def in_flight(process: int) -> list[FlightRecord]:
     """This host's launches (any thread) whose call returned and whose outputs are not
     ready on device yet, oldest first, among its last `RECENT` entries."""

@@ -151,3 +151,26 @@ def grouped_lines(
     else:
         tail = []
     return [f'  {fmt_hosts(ps)}: {text}' for text, ps in items] + tail
+
+
+#: How to give every host the same executable when its code sits at different paths
+#: (``multihost run --check-jit`` and ``analyze`` both say it).
+SOURCE_PATHS_FIX = (
+    'Run the script from the same path on every host, or strip the differing '
+    "directories from JAX's source paths before the first jit, e.g. "
+    "jax.config.update('jax_hlo_source_file_canonicalization_regex', r'^.*/')"
+)
+
+
+def dirs_by_host(sites: Mapping[int, str], limit: int = 3) -> str:
+    """``{0: '/a/train.py:9', 1: '/b/train.py:9'}`` -> ``'/a on process 0; /b on process
+    1'``: each call site's directory and its hosts, at most ``limit`` directories."""
+    by: dict[str, list[int]] = {}
+    for p, site in sorted(sites.items()):
+        by.setdefault(site.rsplit(':', 1)[0].rsplit('/', 1)[0], []).append(p)
+    items = list(by.items())
+    text = '; '.join(f'{d} on {fmt_hosts(ps, 4)}' for d, ps in items[:limit])
+    if len(items) > limit:
+        rest = [p for _, ps in items[limit:] for p in ps]
+        text += f'; {len(items) - limit} other directories on {fmt_hosts(rest, 4)}'
+    return text

@@ -17,6 +17,12 @@
   barrier ``ckpt`` (a stuck host);
 - ``busy``: before the barrier ``ckpt``, process ``SPIN`` spins the CPU in Python and
   process ``LATE`` sleeps, ``SLEEP`` s each; the others wait there.
+- ``late_launch``: process ``LATE`` sleeps ``SLEEP`` s before a jitted step whose sum is an
+  all-reduce across the processes; the others are inside that launch meanwhile (with one
+  CPU device per process, inside its call: XLA:CPU runs it there).
+- ``staged``: one training script staged in a directory per host (``STAGE<p>/train.py``,
+  its code compiled under that name as a scheduler's per-host copy is) jits and runs a
+  step whose sum is an all-reduce across the processes.
 """
 
 import os
@@ -111,5 +117,31 @@ elif mode == 'busy':
     elif pid == int(os.environ['LATE']):
         time.sleep(float(os.environ['SLEEP']))
     multihost_utils.sync_global_devices('ckpt')
+elif mode in ('late_launch', 'staged'):
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()), ('i',))
+    local = np.ones(2 * jax.local_device_count(), np.float32)
+    x = multihost_utils.host_local_array_to_global_array(local, mesh, PartitionSpec('i'))
+    if mode == 'late_launch':
+
+        def late_step(a):
+            return jnp.sum(a) * a
+
+        if pid == int(os.environ['LATE']):
+            time.sleep(float(os.environ['SLEEP']))
+        jax.jit(late_step)(x).block_until_ready()
+    else:
+        staged = (
+            'import jax\n'
+            'import jax.numpy as jnp\n'
+            'def staged_step(a):\n'
+            '    return jnp.sum(a) * a\n'
+            'out = jax.jit(staged_step)(x)\n'
+            'out.block_until_ready()\n'
+        )
+        exec(compile(staged, f'{os.environ["STAGE"]}{pid}/train.py', 'exec'), {'x': x})
 print('done', flush=True)
 sys.stdout.flush()

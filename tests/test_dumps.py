@@ -185,10 +185,11 @@ def test_busy_told_from_wedged_in_the_dumps_and_analyze(job: Any) -> None:
     assert by[0].trigger == 'hang' and {by[1].trigger, by[2].trigger} == {'request'}, dumps
     spin, late = by[1].front.pulse, by[2].front.pulse
     assert spin is not None and late is not None, (by[1].front, by[2].front)
-    # A share of a core (two test workers may share the machine's two): far above the
-    # sleeper's, and busy by the model's own threshold.
-    assert spin.cpu > 20 and spin.progressing and spin.window >= 3, spin
+    # A share of a core (two test workers may share the machine's two, so its size varies
+    # with load): busy by the model's own threshold, and far above the sleeper's.
+    assert spin.brief == 'progressing (busy CPU)' and spin.window >= 3, spin
     assert late.cpu < 5 and late.moved is False and late.state == 'wedged', late
+    assert spin.cpu > 3 * late.cpu, (spin, late)
     assert re.fullmatch(r'\d+% CPU over the last [56] s, stack unchanged: wedged', late.words)
     text = str(_analyze.analyze(dumps))
     behind = {ln.split(':')[1].strip(): ln for ln in text.splitlines() if 'never arrived' in ln}
@@ -305,6 +306,74 @@ def test_a_host_compiling_holds_the_hang_dump_and_a_later_hang_is_dumped(job: An
             err,
         ), err[-2000:]
         assert 'went on' not in err, err[-2000:]
+
+
+def test_hosts_blocked_inside_a_launch_call_dump_for_a_hang(job: Any) -> None:
+    """Process 2 sleeps before a jitted all-reduce; processes 0-1 are inside that launch.
+    With one CPU device per process XLA:CPU runs it inside its call (measured on jax 0.10.2
+    and 0.12.1), so their call never returns: the watchdog counts that as a wait (their
+    main threads neither trace nor compile), dumps for the hang and asks process 2."""
+    j = job(3, MODE='late_launch', LATE='2', SLEEP='60', MULTIHOST_HANG_DUMP_S='3')
+    j.wait_started()
+    deadline = time.monotonic() + 45
+    while True:
+        dumps = _dumpfile.read_dirs([j.dir])
+        if len(dumps) == 3 and {d.process for d in dumps if d.trigger == 'hang'} == {0, 1}:
+            break
+        assert time.monotonic() < deadline, [(d.process, d.trigger) for d in dumps]
+        time.sleep(0.3)
+    j.kill_all()
+    j.finish()
+    by = {d.process: d for d in dumps}
+    assert by[2].trigger == 'request', by[2].trigger
+    assert all(by[p].details['record'] == 'late_step call #0' for p in (0, 1)), by[0].details
+    assert all(3 <= by[p].details['waited'] < 20 for p in (0, 1)), by[0].details
+    lines = str(_analyze.analyze(dumps)).splitlines()
+    assert any(
+        re.fullmatch(
+            r'processes 0-1 are inside late_step call #0 at \S+/_dump_job\.py:\d+ '
+            r'\(not done on device\) \(for \d+ s\)',
+            ln,
+        )
+        for ln in lines
+    ), lines
+    assert 'culprit: process 2' in lines, lines
+    assert any(ln.startswith('never launched it: process 2') for ln in lines), lines
+
+
+def test_a_script_staged_per_host_hangs_in_its_first_all_reduce_and_analyze_says_why(
+    job: Any, tmp_path: Any
+) -> None:
+    """One script staged in a directory per host, run without ``--check-jit``: with CPU
+    devices jax 0.12.1 hangs in the first all-reduce (the source paths make each host's
+    executable different, and collectives meet only within one). The hang dumps say where
+    each host is, and analyze names the cause and the fix. On jax 0.10.2 the same job runs
+    to its end, and nothing is dumped."""
+    import jax
+
+    stage = os.path.join(str(tmp_path), 'stage')
+    j = job(3, MODE='staged', STAGE=stage, MULTIHOST_HANG_DUMP_S='4')
+    j.wait_started()
+    if tuple(int(v) for v in jax.__version__.split('.')[:2]) < (0, 12):
+        results = j.finish()
+        assert [rc for rc, _, _ in results] == [0] * 3, [e[-2000:] for _, _, e in results]
+        assert _dumpfile.read_dirs([j.dir]) == []
+        return
+    dumps = j.dumps(3, timeout=60)
+    j.kill_all()
+    j.finish()
+    assert all(d.platform == 'cpu' and d.front.pending is not None for d in dumps), dumps
+    lines = str(_analyze.analyze(dumps)).splitlines()
+    assert lines[0].startswith(
+        'processes 0-2 called staged_step call #0 from train.py:5 at different paths '
+        f'({stage}0 on process 0; {stage}1 on process 1; {stage}2 on process 2). '
+        f'On jax {jax.__version__} with CPU devices the source paths make'
+    ), lines
+    assert "jax_hlo_source_file_canonicalization_regex', r'^.*/')" in lines[0], lines
+    assert lines[1] == '3 dumps of 3 processes (written for hang: processes 0-2)', lines
+    assert lines[2].startswith(f'processes 0-2 are inside staged_step call #0 at {stage}0/'), lines
+    shown = _analyze_cli(j.dir)
+    assert shown.returncode == 0 and shown.stdout.splitlines()[0] == lines[0], shown
 
 
 def test_ctrl_c_on_a_hung_job_dumps_where_each_host_was_and_ends_it_at_once(job: Any) -> None:

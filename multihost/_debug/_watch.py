@@ -28,7 +28,7 @@ from multihost import _jax_adapter, _recorder, _structure
 from multihost._errors import CollectiveMismatchError, HostFailedError
 from multihost._exchange import _kv, _sequence
 from multihost._models._records import CollectiveRecord
-from multihost._text import fmt_hosts, grouped_lines
+from multihost._text import SOURCE_PATHS_FIX, dirs_by_host, fmt_hosts, grouped_lines
 
 #: Collectives named when two hosts' programs differ: at most this many per host.
 _MAX_COLLECTIVES = 256
@@ -366,10 +366,9 @@ class Watched:
         """The same program modulo source locations, different executables, on a runtime
         whose collectives meet only within one executable: the launch would hang."""
         sites = {p: calls[p].site for p in calls}
-        dirs = _grouped({p: os.path.dirname(site.rsplit(':', 1)[0]) for p, site in sites.items()})
         where = (
-            'called from ' + _fmt_groups(dirs, 3)
-            if len(dirs) > 1
+            'called from ' + dirs_by_host(sites)
+            if len({os.path.dirname(s.rsplit(':', 1)[0]) for s in sites.values()}) > 1
             else 'the files of the code it runs sit at different paths on different hosts'
         )
         return CollectiveMismatchError(
@@ -378,10 +377,7 @@ class Watched:
             f'{len(set(exes.values()))} distinct executables ({where}). '
             f"On jax {jax.__version__} with CPU devices a program's collectives meet only "
             'within one executable, so its collectives would never complete '
-            '(caught before launch; nothing was launched).\n'
-            'Run the script from the same path on every host, or strip the differing '
-            "directories from JAX's source paths before the first jit, e.g. "
-            "jax.config.update('jax_hlo_source_file_canonicalization_regex', r'^.*/')",
+            '(caught before launch; nothing was launched).\n' + SOURCE_PATHS_FIX,
             seq=rec.seq,
             calls=calls,
         )

@@ -77,6 +77,23 @@ def _jax_version() -> str:
     return str(getattr(jax, '__version__', '')) if jax is not None else ''
 
 
+def _platform() -> str:
+    """``jax.default_backend()`` once this process's backends have started, else '' (a dump
+    never starts them: a cold backend start waits for every other host's)."""
+    if 'jax' not in sys.modules:
+        return ''
+    try:
+        from multihost import _jax_adapter
+
+        if not _jax_adapter.backends_started():
+            return ''
+        import jax
+
+        return str(jax.default_backend())
+    except Exception:
+        return ''
+
+
 def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """This host's dump document (`_dumpfile` format, without ``format`` / ``version``)."""
     pid, n = _process()
@@ -91,6 +108,7 @@ def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, A
         'pid': os.getpid(),
         'hostname': socket.gethostname(),
         'jax_version': _jax_version(),
+        'platform': _platform(),
         'python': sys.version.split()[0],
         'written': now,
         'trigger': {'what': what, 'time': now, 'details': dict(details or {})},

@@ -17,7 +17,9 @@
 - the hang watchdog: a host whose main thread has waited longer than
   ``MULTIHOST_HANG_DUMP_S`` (default `HANG_DEFAULT_S`, below JAX's 100 s
   heartbeat timeout) in one collective, barrier or launch (also a recorded
-  launch not done on device, with nothing new recorded meanwhile) dumps once
+  launch not done on device, or one whose call has not returned while the main
+  thread neither traces nor compiles it: XLA:CPU runs a launch inside its call
+  when a process has one device; with nothing new recorded meanwhile) dumps once
   for that wait and asks every other host to dump (`_dump.request_all`). When
   the wait then goes on (a slow host, not a hang), its dump and stderr say so
   and the next hang dump needs twice that wait (`_went_on`). While another host
@@ -89,6 +91,9 @@ class _Wired:
         self.compile_noted: tuple[int, int] | None = None  # the wait whose delay was logged
         self.beat_seen: int | None = None  # the others' compile beat, last read
         self.beat_moved = -math.inf  # when it last moved (monotonic)
+        # The launch whose call the main thread was first seen running in (not tracing or
+        # compiling it), and when: (entry number, time.time()) (`_stuck_in_call`).
+        self.in_call: tuple[int, float] | None = None
 
 
 _w = _Wired()
@@ -269,6 +274,26 @@ def _stuck_on_device(hang: float) -> tuple[_recorder.FlightRecord | None, float]
     if started is None or now - started < hang or now - _recorder.last_advanced() < hang:
         return None, 0.0
     return rec, now - started
+
+
+def _stuck_in_call(hang: float) -> tuple[_recorder.FlightRecord | None, float]:
+    """A launch whose call has not returned, its main thread neither tracing nor compiling
+    it (so running it: XLA:CPU runs a launch inside its call when a process has one device,
+    measured on jax 0.10.2 and 0.12.1, and a device collective whose peer never came blocks
+    there), for ``hang`` seconds counted from when this
+    watchdog first saw it running (a long compile before it is not counted), while the host
+    recorded nothing new; and how long. Else (None, 0)."""
+    rec = _recorder.inside_call(_kv.process_index())
+    if rec is None or _compiling_now()[0]:
+        _w.in_call = None
+        return None, 0.0
+    now = time.time()
+    if _w.in_call is None or _w.in_call[0] != rec.n:
+        _w.in_call = (rec.n, now)
+    waited = now - _w.in_call[1]
+    if waited < hang or now - _recorder.last_advanced() < hang:
+        return None, 0.0
+    return rec, waited
 
 
 def _preempted(next_poll: float) -> float:
@@ -481,6 +506,8 @@ def _watchdog(hang: float) -> None:
         waited = time.time() - rec.time if rec is not None else 0.0
         if rec is None:
             rec, waited = _stuck_on_device(limit)
+        if rec is None:
+            rec, waited = _stuck_in_call(limit)
         if rec is not None and limit / 2 <= waited < limit:
             _compile_beat(period)  # known by the time the limit comes
         if rec is None or waited < limit or _compiling(rec, waited, limit, period):

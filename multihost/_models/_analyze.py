@@ -25,7 +25,15 @@ from multihost._models._pulse import WAITING_KINDS
 from multihost._models._stacks import HostStacks, frame_package
 from multihost._models._wavefront import HostFront
 from multihost._recorder import FlightRecord
-from multihost._text import failure_phrase, first_line, fmt_duration, fmt_hosts, short_site
+from multihost._text import (
+    SOURCE_PATHS_FIX,
+    dirs_by_host,
+    failure_phrase,
+    first_line,
+    fmt_duration,
+    fmt_hosts,
+    short_site,
+)
 
 MAX_LINES = 20
 MAX_GROUPS = 5  # positions shown; more are counted on one line
@@ -174,6 +182,46 @@ def _cause(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> str:
             own = source in {x.process for x in dumps}
             return failure_phrase(dict(d.details)) + ('' if own else ' (its own dump is missing)')
     return ''
+
+
+def _source_paths(dumps: Sequence[Dump], launch: FlightRecord) -> str:
+    """Why every host is inside the same launch and it never ends, when the hosts called it
+    from the same line of one file at different paths (a directory per host, as per-host
+    staging does) on jax >= 0.12 with CPU devices: there a program's collectives meet only
+    within one executable, and the paths make the executables differ (measured: jax 0.12.1
+    hung in the first all-reduce, 0.10.2 did not). '' otherwise."""
+    sites = {
+        d.process: d.front.pending.site
+        for d in dumps
+        if d.front.pending is not None
+        and (d.front.pending.name, d.front.pending.call) == (launch.name, launch.call)
+    }
+    if len(sites) < 2 or len(sites) != len(dumps) or len(dumps) != dumps[0].num_processes:
+        return ''
+    if any(d.platform != 'cpu' or _version(d.jax_version) < (0, 12) for d in dumps):
+        return ''
+    if len({s.rsplit(':', 1)[0] for s in sites.values()}) < 2:
+        return ''
+    if len({short_site(s) for s in sites.values()}) != 1:
+        return ''
+    jax_version = max((d.jax_version for d in dumps), key=_version)
+    return (
+        f'{fmt_hosts(sites)} called {launch.label} from {short_site(sites[min(sites)])} at '
+        f'different paths ({dirs_by_host(sites)}). On jax {jax_version} with CPU devices '
+        "the source paths make each host's executable different, and a program's "
+        'collectives meet only within one executable: this launch never ends. '
+        + SOURCE_PATHS_FIX
+        + ' (multihost run --check-jit says this before the launch)'
+    )
+
+
+def _version(text: str) -> tuple[int, int]:
+    """``'0.12.1'`` -> ``(0, 12)``; unreadable: ``(0, 0)``."""
+    try:
+        major, minor = (int(v) for v in text.split('.')[:2])
+    except ValueError:
+        return (0, 0)
+    return (major, minor)
 
 
 def _lost_line(details: Any, dumped: set[int], held: dict[int, NativeStacks] | None = None) -> str:
@@ -545,6 +593,8 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
             lag.setdefault(p, -2)
     native = native_lines(stacks, dumps)
     cause = _cause(dumps, stacks)
+    if not cause and launch is not None and not behind:
+        cause = _source_paths(dumps, launch)
     if cause and 'CoordinatorUnreachableError' in cause and native and LEADER_LOST in native[0]:
         cause = ''  # a consequence: the lost service leads (the error stays in its host's line)
     waiting = _grouped(waiting_at)

@@ -6,7 +6,8 @@ then `os.replace`), at most `MAX_BYTES`. Format ``multihost-dump`` version
 
     {"format": "multihost-dump", "version": 1,
      "process": 2, "num_processes": 4, "pid": 4711, "hostname": "node-2",
-     "jax_version": "0.10.2", "python": "3.11.9", "written": 1764620000.5,
+     "jax_version": "0.10.2", "platform": "cpu", "python": "3.11.9",
+     "written": 1764620000.5,
      "trigger": {"what": "timeout", "time": ..., "details": {...}},
      "front": {...},            # `HostFront.to_json` (the wavefront position)
      "stacks": {...},           # `HostStacks.to_json` (every thread, main first)
@@ -94,6 +95,9 @@ class Dump:
     asked: Dump | None = None
     #: The host's audit (``--audit``) when the dump was written.
     audit: AuditReport | None = None
+    #: ``jax.default_backend()`` when the dump was written ('' before its backends started,
+    #: and in dumps written before this field was).
+    platform: str = ''
 
 
 def encode(doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> str:
@@ -200,6 +204,7 @@ def parse(doc: Any, path: str = '<dump>') -> Dump:
             gone={int(p): str(w) for p, w in (doc.get('gone') or {}).items()},
             trimmed=dict(doc.get('trimmed') or {}),
             audit=AuditReport.from_json(doc['audit']) if doc.get('audit') else None,
+            platform=str(doc.get('platform', '')),
         )
         asked = doc.get('asked')
         if isinstance(asked, dict) and asked:
