@@ -376,6 +376,62 @@ def test_a_script_staged_per_host_hangs_in_its_first_all_reduce_and_analyze_says
     assert shown.returncode == 0 and shown.stdout.splitlines()[0] == lines[0], shown
 
 
+def test_ctrl_c_twice_ends_hosts_blocked_inside_a_launch_call(job: Any) -> None:
+    """Processes 0-1 are inside a jitted all-reduce whose call never returns (XLA:CPU runs it
+    there with one device per process; process 2 sleeps before it), where Python cannot
+    raise KeyboardInterrupt: before, Ctrl-C did nothing at all. Now the first Ctrl-C says
+    where each main thread is blocked and writes its dump; the second ends them (130), and
+    fate-sharing ends process 2 (75). analyze places them inside the launch."""
+    j = job(3, MODE='late_launch', LATE='2', SLEEP='120')
+    j.wait_started()
+    time.sleep(3.0)  # processes 0-1 inside late_step's call, process 2 asleep
+    for p in j.procs[:2]:
+        p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 30
+    while True:
+        dumps = _dumpfile.read_dirs([j.dir]) if os.path.isdir(j.dir) else []
+        if sorted(d.process for d in dumps if d.details.get('blocked')) == [0, 1]:
+            break
+        assert time.monotonic() < deadline, [(d.process, d.trigger, d.details) for d in dumps]
+        time.sleep(0.2)
+    assert all(p.poll() is None for p in j.procs), 'the first Ctrl-C ends nothing'
+    for p in j.procs[:2]:
+        p.send_signal(signal.SIGINT)
+    results = j.finish(40.0)
+    assert [rc for rc, _, _ in results] == [130, 130, 75], [e[-1500:] for _, _, e in results]
+    for _, _, err in results[:2]:
+        assert re.search(
+            r'multihost: Ctrl-C \(SIGINT\) not handled for 2 s: the main thread is blocked in '
+            r'native code, inside late_step call #0 \(not done on device\), waiting for it, '
+            r'and Python raises KeyboardInterrupt only once it returns\. Press Ctrl-C again',
+            err,
+        ), err[-1500:]
+        assert 'Ctrl-C again while the main thread is still blocked: ending this process' in err
+    assert re.search(r'multihost: process [01] was interrupted \(KeyboardInterrupt', results[2][2])
+    lines = str(_analyze.analyze(_dumpfile.read_dirs([j.dir]))).splitlines()
+    assert lines[0].startswith('processes 0-1 were interrupted (KeyboardInterrupt'), lines
+    assert any(ln.startswith('processes 0-1 are inside late_step call #0 at ') for ln in lines)
+    assert any(ln.startswith('never launched it: process 2') for ln in lines), lines
+
+
+def test_a_program_s_own_sigint_handler_is_left_alone() -> None:
+    """`_interrupt` takes SIGINT only while it is Python's default: a program's own handler
+    (set before ``install``) keeps it."""
+    from multihost._job import _interrupt
+
+    def own(signum: int, frame: Any) -> None:
+        pass
+
+    before = signal.signal(signal.SIGINT, own)
+    try:
+        _interrupt.patch(None)  # type: ignore[arg-type]
+        assert signal.getsignal(signal.SIGINT) is own
+        _interrupt.unpatch()
+        assert signal.getsignal(signal.SIGINT) is own
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_ctrl_c_on_a_hung_job_dumps_where_each_host_was_and_ends_it_at_once(job: Any) -> None:
     """Ctrl-C on a hung job (SIGINT to every process, as a terminal or ``srun`` sends it):
     each host dumps where it was (trigger ``interrupt``; it wrote nothing before), analyze

@@ -138,6 +138,7 @@ def test_the_patchers_are_an_explicit_list_each_handed_the_resolved_options(clea
         'multihost._job._attach',
         'multihost._job._numbering',
         'multihost._job._fate',
+        'multihost._job._interrupt',
         'multihost.engine.stopped',
     ]
     calls = []

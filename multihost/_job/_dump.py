@@ -46,6 +46,9 @@ class _State:
         self.requested_at: float | None = None
         self.writes = 0
         self.errors: set[int] = set()  # ids of errors already dumped (not again at exit)
+        # A Ctrl-C found the main thread blocked and its ``interrupt`` dump was written then
+        # (`_interrupt`): a KeyboardInterrupt raised later, once the wait failed, says less.
+        self.interrupted_blocked = False
 
 
 _state = _State()
@@ -54,6 +57,18 @@ _state = _State()
 def already_dumped(exc: BaseException) -> bool:
     """Whether ``exc`` was dumped where it was raised (the excepthook does not dump it again)."""
     return id(exc) in _state.errors
+
+
+def interrupted_blocked() -> bool:
+    """Whether this host's ``interrupt`` dump was written while its main thread was blocked."""
+    return _state.interrupted_blocked
+
+
+def interrupted_while_blocked(details: Mapping[str, Any]) -> None:
+    """The ``interrupt`` dump of a Ctrl-C that found the main thread blocked (`_interrupt`),
+    kept over a later KeyboardInterrupt's (`interrupted_blocked`)."""
+    if dump('interrupt', {**details, 'blocked': True}):
+        _state.interrupted_blocked = True
 
 
 def configure(directory: str | None) -> None:

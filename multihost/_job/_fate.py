@@ -598,6 +598,25 @@ def _excepthook(tp: Any, value: Any, tb: Any) -> None:
         _finish()
 
 
+def interrupted(site: str, function: str) -> NoReturn:
+    """Ctrl-C where Python cannot raise KeyboardInterrupt (the main thread blocked in native
+    code, `_interrupt`): the others told as for an uncaught one, then this process ends (130)."""
+    if _state.failed is None and not _state.ending:
+        if _announce(130, 'KeyboardInterrupt', '', site, function):
+            _finish()
+    _end(130)
+
+
+def leaving() -> bool:
+    """Whether this host is ending: it failed, or another host's failure ends it."""
+    return _state.failed is not None or _state.ending
+
+
+def position() -> str:
+    """Where this host's main thread is, in words (`_position`)."""
+    return _position()
+
+
 def _sys_exit(code: Any = None) -> NoReturn:
     """``sys.exit``, noting its code and caller for `_before_teardown` (then Python's)."""
     frame = sys._getframe(1)
@@ -788,7 +807,7 @@ def _leave(code: int) -> None:
     _end(code)
 
 
-def _end(code: int) -> None:
+def _end(code: int) -> NoReturn:
     """Flushes what the program wrote and ends the process now (no interpreter teardown)."""
     try:
         logging.shutdown()

@@ -49,7 +49,7 @@ class Patcher(Protocol):
 def patchers() -> tuple[Patcher, ...]:
     """The patchers `install` runs, in order (`uninstall`: in reverse). Imported when
     installing, not with `multihost`: `multihost.engine` imports the package itself."""
-    from multihost._job import _attach, _fate, _jit, _numbering, _service
+    from multihost._job import _attach, _fate, _interrupt, _jit, _numbering, _service
     from multihost.engine import stopped
 
     return (
@@ -58,6 +58,7 @@ def patchers() -> tuple[Patcher, ...]:
         _attach,
         _numbering,  # hosts numbered one way (process_index, TPU_WORKER_ID)
         _fate,
+        _interrupt,  # Ctrl-C on a main thread blocked in native code
         stopped,  # every stopped host answers an attached notebook's data tools
     )
 

@@ -8,10 +8,10 @@
   default (``LocalCluster`` workers give SIGUSR1 to faulthandler: then
   SIGUSR2; none free: no signal trigger, `signal_used` says None). Python
   runs a signal handler only when the main thread returns to bytecode, so the
-  C handler's write to a wakeup fd (`signal.set_wakeup_fd`) is read by a
-  watcher thread, which dumps while the main thread is still blocked in
-  native code. A wakeup fd someone else set (asyncio) is kept: then the
-  Python handler alone dumps, when the main thread gets back;
+  signal is also seen on `_wakeup`'s watcher thread, which dumps while the
+  main thread is still blocked in native code. A wakeup fd someone else set
+  (asyncio) is kept: then the Python handler alone dumps, when the main
+  thread gets back;
 - an uncaught exception (chains `sys.excepthook` and `threading.excepthook`); an uncaught
   KeyboardInterrupt (Ctrl-C or SIGINT on a hung job) dumps as ``interrupt``, from its traceback;
 - the hang watchdog: a host whose main thread has waited longer than
@@ -55,7 +55,7 @@ from typing import Any
 from multihost import _jax_adapter, _recorder
 from multihost._debug import _pulse, _stacks
 from multihost._exchange import _kv, _sequence
-from multihost._job import _dump
+from multihost._job import _dump, _wakeup
 from multihost._models import _native
 from multihost._models._stacks import frame_words, is_user_frame, jit_phase
 
@@ -162,7 +162,8 @@ def disable() -> None:
 
 def _excepthook(tp: Any, value: Any, tb: Any) -> None:
     if issubclass(tp, KeyboardInterrupt):  # Ctrl-C on a hung job: where this host was then
-        _dump.dump('interrupt', exception_details(tp, value, tb, 'MainThread'))
+        if not _dump.interrupted_blocked():  # else that dump, written while blocked, stays
+            _dump.dump('interrupt', exception_details(tp, value, tb, 'MainThread'))
     elif not issubclass(tp, SystemExit) and not _dump.already_dumped(value):
         _dump.dump('exception', exception_details(tp, value, tb, 'MainThread'))
     (_w.prev_excepthook or sys.__excepthook__)(tp, value, tb)
@@ -195,22 +196,8 @@ def _wire_signal() -> None:
         signal.signal(signum, _on_signal)
         _w.signum = signum
         break
-    if _w.signum is None:
-        return
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    try:
-        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-    except ValueError:
-        old = -2
-    if old != -1:  # someone else's wakeup fd: keep it; the Python handler alone dumps
-        if old >= 0:
-            signal.set_wakeup_fd(old)
-        os.close(r)
-        os.close(w)
-        return
-    _w.watcher_reads = True
-    threading.Thread(target=_watch_fd, args=(r,), name='multihost-dump-signal', daemon=True).start()
+    if _w.signum is not None:
+        _w.watcher_reads = _wakeup.subscribe(_w.signum, _on_wakeup)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -240,16 +227,8 @@ def _signal_dump(side: str, count: int) -> None:
 _pulse.SIGNAL_HANDLERS.add(_on_signal.__code__)
 
 
-def _watch_fd(fd: int) -> None:
-    while True:
-        try:
-            data = os.read(fd, 512)
-        except OSError:
-            return
-        if not data:
-            return
-        if _w.signum is not None and _w.signum in data:
-            _signal_dump('watcher', data.count(_w.signum))
+def _on_wakeup(count: int) -> None:
+    _signal_dump('watcher', count)
 
 
 def _stuck() -> _recorder.FlightRecord | None:

@@ -78,6 +78,9 @@ class Verdict:
         went_on: when every dump is a hang dump (or written at one's request) and each
             hang's wait went on afterwards (a slow host came): ``not a hang: ...``, and the
             hosts behind are slow, not culprits; else empty.
+        never_ends: why the launch every host is inside can never end, when the dumps say
+            (`_source_paths`: one file at different paths on jax >= 0.12 with CPU
+            devices); else empty. Also under a cause (Ctrl-C is how such a hang ends).
     """
 
     num_processes: int
@@ -97,6 +100,7 @@ class Verdict:
     native: tuple[str, ...] = ()
     audit: tuple[str, ...] = ()
     went_on: str = ''
+    never_ends: str = ''
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -593,8 +597,7 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
             lag.setdefault(p, -2)
     native = native_lines(stacks, dumps)
     cause = _cause(dumps, stacks)
-    if not cause and launch is not None and not behind:
-        cause = _source_paths(dumps, launch)
+    never_ends = _source_paths(dumps, launch) if launch is not None and not behind else ''
     if cause and 'CoordinatorUnreachableError' in cause and native and LEADER_LOST in native[0]:
         cause = ''  # a consequence: the lost service leads (the error stays in its host's line)
     waiting = _grouped(waiting_at)
@@ -624,6 +627,7 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         native=native,
         audit=audit_lines(dumps),
         went_on=went_on,
+        never_ends=never_ends,
     )
 
 
@@ -681,6 +685,8 @@ def format_verdict(v: Verdict) -> list[str]:
     """`Verdict` -> at most `MAX_LINES` lines."""
     why = '; '.join(f'{k}: {fmt_hosts(ps)}' for k, ps in v.triggers.items())
     lines = [v.cause] if v.cause else []
+    if v.never_ends:
+        lines.append(v.never_ends)
     if v.went_on:
         lines.append(v.went_on)
     lines.extend(v.native)
