@@ -87,6 +87,8 @@ def _ours() -> bool:
 
 
 def _check(at: float) -> None:
+    """`GRACE_S` after a Ctrl-C: reports a main thread still blocked; a Ctrl-C pressed again
+    before that report (two quick presses) ends the process once the first is reported."""
     from multihost._job import _fate
 
     time.sleep(GRACE_S)
@@ -94,8 +96,13 @@ def _check(at: float) -> None:
         if _s.handled >= at or not _ours() or _fate.leaving():
             return  # it got back (KeyboardInterrupt raised there), the program's own
             # handler took SIGINT, or the process is ending already
-        _s.warned = time.monotonic()
-    _report()
+        again = _s.warned >= 0
+        if not again:
+            _s.warned = time.monotonic()
+    if again:
+        _end_now()
+    else:
+        _report()
 
 
 def _main_frames() -> list[list[Any]]:
