@@ -382,9 +382,15 @@ def test_ctrl_c_twice_ends_hosts_blocked_inside_a_launch_call(job: Any) -> None:
     raise KeyboardInterrupt: before, Ctrl-C did nothing at all. Now the first Ctrl-C says
     where each main thread is blocked and writes its dump; the second ends them (130), and
     fate-sharing ends process 2 (75). analyze places them inside the launch."""
-    j = job(3, MODE='late_launch', LATE='2', SLEEP='120')
+    j = job(3, MODE='late_launch', LATE='2', SLEEP='120', MULTIHOST_HANG_DUMP_S='2')
     j.wait_started()
-    time.sleep(3.0)  # processes 0-1 inside late_step's call, process 2 asleep
+    deadline = time.monotonic() + 60  # processes 0-1 inside late_step's call (not compiling
+    while True:  # it, which a Ctrl-C would interrupt at once): their hang dumps say so
+        dumps = _dumpfile.read_dirs([j.dir]) if os.path.isdir(j.dir) else []
+        if sorted(d.process for d in dumps if d.trigger == 'hang') == [0, 1]:
+            break
+        assert time.monotonic() < deadline, [(d.process, d.trigger) for d in dumps]
+        time.sleep(0.2)
     for p in j.procs[:2]:
         p.send_signal(signal.SIGINT)
     deadline = time.monotonic() + 30
