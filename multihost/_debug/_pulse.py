@@ -90,6 +90,17 @@ def main_frame() -> Any:
     return below_handlers(sys._current_frames().get(main)) if main is not None else None
 
 
+def main_frames(limit: int = 256) -> list[tuple[str, int, str, str]]:
+    """The main thread's frames, innermost first, as ``(file, line, function, '')`` (no
+    source read: cheap enough for a watchdog period), at most ``limit``."""
+    frame = main_frame()
+    frames: list[tuple[str, int, str, str]] = []
+    while frame is not None and len(frames) < limit:
+        frames.append((frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name, ''))
+        frame = frame.f_back
+    return frames
+
+
 def _stack_signature() -> int | None:
     frame = main_frame()
     if frame is None:

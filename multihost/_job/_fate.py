@@ -247,7 +247,7 @@ def _doing() -> str:
     from multihost._debug import _pulse
 
     try:
-        words = _position()
+        words = position()
     except Exception:
         return ''
     p = _pulse.pulse()
@@ -397,7 +397,7 @@ def _ended_line(order: dict[str, Any], me: int) -> None:
     )
     print(line, file=sys.stderr, flush=True)
     try:
-        now = _position()
+        now = position()
     except Exception as exc:
         now = f'somewhere unknown ({exc})'
     from multihost._job import _dump
@@ -457,7 +457,7 @@ def lost_phrase(order: dict[str, Any]) -> str:
 def _ending(order: dict[str, Any], me: int) -> str:
     """Logs this host's one line and writes its dump (``peer``, or ``lost``); the line."""
     try:
-        where = _position()
+        where = position()
     except Exception as exc:
         where = f'somewhere unknown ({exc})'
     lost = order.get('lost') is not None
@@ -610,11 +610,6 @@ def interrupted(site: str, function: str) -> NoReturn:
 def leaving() -> bool:
     """Whether this host is ending: it failed, or another host's failure ends it."""
     return _state.failed is not None or _state.ending
-
-
-def position() -> str:
-    """Where this host's main thread is, in words (`_position`)."""
-    return _position()
 
 
 def _sys_exit(code: Any = None) -> NoReturn:
@@ -824,7 +819,7 @@ def _end(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _position() -> str:
+def position() -> str:
     """Where this host's main thread is, in words (its own records and stack only)."""
     from multihost._debug import _wavefront
 

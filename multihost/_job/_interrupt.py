@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any
 
+from multihost._debug import _pulse
 from multihost._job import _wakeup
 from multihost._job._options import InstallOptions
 
@@ -105,28 +106,15 @@ def _check(at: float) -> None:
         _report()
 
 
-def _main_frames() -> list[list[Any]]:
-    """The main thread's frames, outermost first, as tracebacks in dumps hold them."""
-    from multihost._debug import _pulse
-
-    frames: list[list[Any]] = []
-    frame = _pulse.main_frame()
-    while frame is not None and len(frames) < 256:
-        frames.append([frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name, ''])
-        frame = frame.f_back
-    return frames[::-1]
-
-
-def _user_site(frames: list[list[Any]]) -> tuple[str, str]:
-    """(``file:line``, function) of the innermost frame of the program itself."""
+def _user_site(frames: list[tuple[str, int, str, str]]) -> tuple[str, str]:
+    """(``file:line``, function) of the innermost frame of the program itself, in
+    ``frames`` (innermost first, `_pulse.main_frames`)."""
     from multihost._debug import _stacks
     from multihost._models._stacks import is_user_frame
 
     ours = _stacks.our_dirs()
-    own = [f for f in frames if is_user_frame(tuple(f), ours)]
-    if not own:
-        return '?', '?'
-    return f'{own[-1][0]}:{own[-1][1]}', str(own[-1][2])
+    user = next((f for f in frames if is_user_frame(f, ours)), None)
+    return ('?', '?') if user is None else (f'{user[0]}:{user[1]}', user[2])
 
 
 def _report() -> None:
@@ -134,12 +122,11 @@ def _report() -> None:
     from multihost._job import _dump, _fate
     from multihost._text import short_site
 
-    frames = _main_frames()
-    site, function = _user_site(frames)
+    frames = _pulse.main_frames()
     try:
         where = _fate.position()
     except Exception:
-        where = f'at {short_site(site)}'
+        where = f'at {short_site(_user_site(frames)[0])}'
     print(
         f'multihost: Ctrl-C (SIGINT) not handled for {GRACE_S:.0f} s: the main thread is '
         f'blocked in native code, {where}, and Python raises KeyboardInterrupt only once it '
@@ -149,14 +136,14 @@ def _report() -> None:
         flush=True,
     )
     details = {'error': 'KeyboardInterrupt', 'message': '', 'thread': 'MainThread'}
-    _dump.interrupted_while_blocked({**details, 'traceback': frames})
+    _dump.interrupted_while_blocked({**details, 'traceback': [list(f) for f in frames[::-1]]})
 
 
 def _end_now() -> None:
     """The second Ctrl-C while still blocked: the others told, this process ends (130)."""
     from multihost._job import _fate
 
-    site, function = _user_site(_main_frames())
+    site, function = _user_site(_pulse.main_frames())
     print(
         'multihost: Ctrl-C again while the main thread is still blocked: ending this process '
         '(exit code 130)',

@@ -310,11 +310,7 @@ def preempted(step: int) -> None:
 def _compiling_now() -> tuple[str, str]:
     """(`jit_phase` of this host's main thread, its innermost user frame): its frames walked,
     no source read (once per watchdog period)."""
-    frame = _pulse.main_frame()
-    frames: list[tuple[str, int, str, str]] = []
-    while frame is not None and len(frames) < 256:
-        frames.append((frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name, ''))
-        frame = frame.f_back
+    frames = _pulse.main_frames()
     phase = jit_phase(frames)
     if not phase:
         return '', ''
