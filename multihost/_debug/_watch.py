@@ -884,17 +884,11 @@ def _differing_excerpts(
 
 
 def _collectives_keyed_by_program() -> bool:
-    """Whether this jax's runtime lets a collective meet only the same executable on the
-    other hosts: measured with CPU devices, on jax 0.12.1 two hosts running one script from
-    two directories (executables that differ only in source paths) hung in the first
-    all-reduce; on jax 0.10.2 they did not (their executables differ there too)."""
-    if jax.default_backend() != 'cpu':
-        return False
-    try:
-        major, minor = (int(v) for v in jax.__version__.split('.')[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (0, 12)
+    """`_analyze.collectives_keyed_by_program` for this process's jax and backend (asked
+    only when the hosts' executables differ: the post-mortem module is not loaded before)."""
+    from multihost._models._analyze import collectives_keyed_by_program
+
+    return collectives_keyed_by_program(jax.__version__, jax.default_backend())
 
 
 def _collectives(lines: list[str]) -> list[list[str]]:
