@@ -162,15 +162,23 @@ SOURCE_PATHS_FIX = (
 )
 
 
+def fmt_groups(
+    by: Mapping[str, list[int]], limit: int = 4, max_ranges: int = 4, what: str = 'values'
+) -> str:
+    """``'f32[8] on processes 0, 2-3; f32[9] on process 1'``: each text and its hosts, at most
+    ``limit`` texts (``'; 2 other values on processes 4-5'`` for the rest)."""
+    items = list(by.items())
+    text = '; '.join(f'{t} on {fmt_hosts(ps, max_ranges)}' for t, ps in items[:limit])
+    if len(items) > limit:
+        rest = [p for _, ps in items[limit:] for p in ps]
+        text += f'; {len(items) - limit} other {what} on {fmt_hosts(rest, max_ranges)}'
+    return text
+
+
 def dirs_by_host(sites: Mapping[int, str], limit: int = 3) -> str:
     """``{0: '/a/train.py:9', 1: '/b/train.py:9'}`` -> ``'/a on process 0; /b on process
     1'``: each call site's directory and its hosts, at most ``limit`` directories."""
     by: dict[str, list[int]] = {}
     for p, site in sorted(sites.items()):
         by.setdefault(site.rsplit(':', 1)[0].rsplit('/', 1)[0], []).append(p)
-    items = list(by.items())
-    text = '; '.join(f'{d} on {fmt_hosts(ps, 4)}' for d, ps in items[:limit])
-    if len(items) > limit:
-        rest = [p for _, ps in items[limit:] for p in ps]
-        text += f'; {len(items) - limit} other directories on {fmt_hosts(rest, 4)}'
-    return text
+    return fmt_groups(by, limit, what='directories')

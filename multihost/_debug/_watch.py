@@ -28,7 +28,7 @@ from multihost import _jax_adapter, _recorder, _structure
 from multihost._errors import CollectiveMismatchError, HostFailedError
 from multihost._exchange import _kv, _sequence
 from multihost._models._records import CollectiveRecord
-from multihost._text import SOURCE_PATHS_FIX, dirs_by_host, fmt_hosts, grouped_lines
+from multihost._text import SOURCE_PATHS_FIX, dirs_by_host, fmt_groups, fmt_hosts, grouped_lines
 
 #: Collectives named when two hosts' programs differ: at most this many per host.
 _MAX_COLLECTIVES = 256
@@ -704,12 +704,7 @@ def _args(info: dict[str, Any] | None) -> list[tuple[str, str]]:
 
 def _fmt_groups(by: dict[str, list[int]], limit: int = _MAX_VALUES) -> str:
     """``'f32[8] on processes 0, 2-3; f32[9] on process 1'``: at most ``limit`` values."""
-    items = list(by.items())
-    text = '; '.join(f'{t} on {fmt_hosts(ps, _MAX_RANGES)}' for t, ps in items[:limit])
-    if len(items) > limit:
-        rest = [p for _, ps in items[limit:] for p in ps]
-        text += f'; {len(items) - limit} other values on {fmt_hosts(rest, _MAX_RANGES)}'
-    return text
+    return fmt_groups(by, limit, _MAX_RANGES)
 
 
 def _group_site(sites: dict[int, str]) -> str:
