@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import _jobs
@@ -66,11 +66,27 @@ class Job:
             time.sleep(0.2)
         raise AssertionError(f'fewer than {count} dumps in {timeout} s: {os.listdir(self.dir)}')
 
+    def until(self, ok: Callable[[list[_dumpfile.Dump]], bool], timeout: float) -> list[Any]:
+        """The dumps once ``ok(dumps)`` (read every 0.2 s); an AssertionError naming each
+        process's trigger and details after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            dumps = _dumpfile.read_dirs([self.dir]) if os.path.isdir(self.dir) else []
+            if ok(dumps):
+                return dumps
+            assert time.monotonic() < deadline, [(d.process, d.trigger, d.details) for d in dumps]
+            time.sleep(0.2)
+
     def finish(self, timeout: float = TIMEOUT) -> list[tuple[int, str, str]]:
         return self.job.finish(timeout)
 
     def kill_all(self) -> None:
         self.job.kill()
+
+
+def _hung(dumps: list[Any]) -> list[int]:
+    """The processes whose dump is a hang dump, in order."""
+    return sorted(d.process for d in dumps if d.trigger == 'hang')
 
 
 @pytest.fixture
@@ -221,14 +237,13 @@ def test_a_slow_host_is_not_a_hang_and_the_next_hang_is_dumped_again(job: Any) -
     j.wait_started()
     out0 = j.procs[0].stdout
     assert out0 is not None and out0.readline().strip() == 'past the slow wait'
-    deadline = time.monotonic() + 20  # the watchdog notes the end within its period
-    while True:
-        dumps = _dumpfile.read_dirs([j.dir])
+
+    def went_on(dumps: list[Any]) -> bool:  # the watchdog notes the end within its period
         hangs = [d for d in dumps if d.trigger == 'hang']
-        if len(dumps) == 3 and len(hangs) == 2 and all('went_on' in d.details for d in hangs):
-            break
-        assert time.monotonic() < deadline, [(d.process, d.trigger, d.details) for d in dumps]
-        time.sleep(0.3)
+        return len(dumps) == 3 and len(hangs) == 2 and all('went_on' in d.details for d in hangs)
+
+    dumps = j.until(went_on, 20)
+    hangs = [d for d in dumps if d.trigger == 'hang']
     lines = str(_analyze.analyze(dumps)).splitlines()
     assert re.fullmatch(
         r"not a hang: barrier\('first'\) #2 went on at \d\d:\d\d:\d\d, after \d s "
@@ -285,14 +300,8 @@ def test_a_host_compiling_holds_the_hang_dump_and_a_later_hang_is_dumped(job: An
                                                   _dumpfile.read_dirs([j.dir])]  # fmt: skip
     # ... and the stuck host that follows is (by both waiting hosts: the first to dump asks
     # the other, whose own hang dump follows within a watchdog period).
-    deadline = time.monotonic() + 45
-    while True:
-        dumps = _dumpfile.read_dirs([j.dir])
-        hangs = [d for d in dumps if d.trigger == 'hang']
-        if len(dumps) == 3 and {d.process for d in hangs} == {0, 1}:
-            break
-        assert time.monotonic() < deadline, [(d.process, d.trigger) for d in dumps]
-        time.sleep(0.3)
+    dumps = j.until(lambda ds: len(ds) == 3 and _hung(ds) == [0, 1], 45)
+    hangs = [d for d in dumps if d.trigger == 'hang']
     assert all("barrier('ckpt')" in d.details['record'] for d in hangs), hangs
     lines = str(_analyze.analyze(dumps)).splitlines()
     assert 'culprit: process 2' in lines and not any('not a hang' in ln for ln in lines), lines
@@ -315,13 +324,7 @@ def test_hosts_blocked_inside_a_launch_call_dump_for_a_hang(job: Any) -> None:
     main threads neither trace nor compile), dumps for the hang and asks process 2."""
     j = job(3, MODE='late_launch', LATE='2', SLEEP='60', MULTIHOST_HANG_DUMP_S='3')
     j.wait_started()
-    deadline = time.monotonic() + 45
-    while True:
-        dumps = _dumpfile.read_dirs([j.dir])
-        if len(dumps) == 3 and {d.process for d in dumps if d.trigger == 'hang'} == {0, 1}:
-            break
-        assert time.monotonic() < deadline, [(d.process, d.trigger) for d in dumps]
-        time.sleep(0.3)
+    dumps = j.until(lambda ds: len(ds) == 3 and _hung(ds) == [0, 1], 45)
     j.kill_all()
     j.finish()
     by = {d.process: d for d in dumps}
@@ -384,22 +387,12 @@ def test_ctrl_c_twice_ends_hosts_blocked_inside_a_launch_call(job: Any) -> None:
     fate-sharing ends process 2 (75). analyze places them inside the launch."""
     j = job(3, MODE='late_launch', LATE='2', SLEEP='120', MULTIHOST_HANG_DUMP_S='2')
     j.wait_started()
-    deadline = time.monotonic() + 60  # processes 0-1 inside late_step's call (not compiling
-    while True:  # it, which a Ctrl-C would interrupt at once): their hang dumps say so
-        dumps = _dumpfile.read_dirs([j.dir]) if os.path.isdir(j.dir) else []
-        if sorted(d.process for d in dumps if d.trigger == 'hang') == [0, 1]:
-            break
-        assert time.monotonic() < deadline, [(d.process, d.trigger) for d in dumps]
-        time.sleep(0.2)
+    # Processes 0-1 inside late_step's call (not compiling it, which a Ctrl-C would
+    # interrupt at once): their hang dumps say so.
+    j.until(lambda ds: _hung(ds) == [0, 1], 60)
     for p in j.procs[:2]:
         p.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + 30
-    while True:
-        dumps = _dumpfile.read_dirs([j.dir]) if os.path.isdir(j.dir) else []
-        if sorted(d.process for d in dumps if d.details.get('blocked')) == [0, 1]:
-            break
-        assert time.monotonic() < deadline, [(d.process, d.trigger, d.details) for d in dumps]
-        time.sleep(0.2)
+    j.until(lambda ds: sorted(d.process for d in ds if d.details.get('blocked')) == [0, 1], 30)
     assert all(p.poll() is None for p in j.procs), 'the first Ctrl-C ends nothing'
     for p in j.procs[:2]:
         p.send_signal(signal.SIGINT)
