@@ -99,8 +99,8 @@ def exactness() -> dict[str, Any]:
                 else (raw[: int(np.prod(s))] & 1).astype(bool).reshape(s)
             )
             arrays.append(a)
-        # small: packed on a TPU (bfloat16's of two axes or more stacked per shape, in their
-        # stored order: (96, 8), (768, 3) and (3, 5, 7) are stored transposed there)
+        # small, fingerprinted together: packed on a TPU (1-D bfloat16 by DMA), or copied one by
+        # one ((96, 8), (768, 3) and (3, 5, 7) are stored transposed there)
         for s in [(5,), (768,), (8, 96), (3, 7), (1,), (), (4096,), (8, 96), (96, 8), (96, 8),
                   (768, 3), (768, 3), (3, 5, 7), (3, 5, 7)]:  # fmt: skip
             n = int(np.prod(s))

@@ -660,32 +660,36 @@ def test_small_bfloat16_vectors_are_packed_by_dma_keeping_every_bit(monkeypatch)
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
 
 
-def test_small_bfloat16_leaves_of_one_shape_are_stacked_by_dma_in_their_stored_order(
+def test_small_bfloat16_leaves_of_two_axes_or_more_are_copied_one_by_one_exactly(
     monkeypatch,
 ):  # fmt: skip
-    """bfloat16's small leaves of two axes or more, per shape, are stacked by DMA
-    (`_raw_lanes.dma_stacker`, interpret mode) in the order a TPU stores them (forced here
-    as a v5e's: (96, 8) as (8, 96), (3, 5, 7) as (5, 3, 7)): one buffer per shape, each leaf
-    transposed back on the host; numpy's bytes and flags on raw bits (NaN payloads,
-    subnormals, a constant leaf). A shape held once is copied alone."""
-    v5e = {(96, 8): (1, 0), (3, 5, 7): (1, 0, 2), (8, 96): (0, 1), (768, 3): (1, 0)}
+    """bfloat16's small leaves of two axes or more are never packed (a DMA stack of them in
+    their stored order rewrote subnormals and NaN payloads on a v5e and on XLA:CPU at -O0):
+    each is copied to the host alone, with numpy's bytes and flags on raw bits (NaN
+    payloads, subnormals, a constant leaf), also beside 1-D leaves that are packed; two
+    leaves that differ in one subnormal or one NaN payload get different digests."""
+    v5e = {(96, 8): (1, 0), (3, 5, 7): (1, 0, 2), (8, 96): (0, 1), (768, 3): (1, 0), (512,): (0,)}
     monkeypatch.setattr(F, 'PACK_ON_CPU', True)
     monkeypatch.setattr(F, '_PACKERS', F._Memo())  # chosen anew, with these orders
     monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
     monkeypatch.setattr(_raw_lanes, 'stored_order', lambda x: v5e[tuple(x.shape)])
-    shapes = [(96, 8), (8, 96), (96, 8), (3, 5, 7), (768, 3), (3, 5, 7), (96, 8), (8, 96)]
+    shapes = [(96, 8), (8, 96), (96, 8), (3, 5, 7), (768, 3), (768, 3), (512,), (512,)]
     arrays = [_random_bits(ml_dtypes.bfloat16, s, seed=i) for i, s in enumerate(shapes)]
     arrays[2][:] = arrays[2][0, 0]  # constant
+    raw = arrays[5].view(np.uint16)
+    raw[:] = arrays[4].view(np.uint16)
+    raw[0, 0], arrays[4].view(np.uint16)[0, 0] = 0x0002, 0x0001  # subnormals
+    raw[1, 1], arrays[4].view(np.uint16)[1, 1] = 0x7FC3, 0x7FC1  # NaN payloads
     assert np.isnan(arrays[0].astype(np.float32)).any()
     dev = [jax.device_put(a) for a in arrays]
     packed, loose = F._pack_calls(dev)
-    assert sorted(part for part, _, _ in packed) == [[0, 2, 6], [1, 7], [3, 5]] and loose == [4]
-    assert all(key[0] in _raw_lanes.STACKERS for _, key, _ in packed)
+    assert [part for part, _, _ in packed] == [[6, 7]] and sorted(loose) == list(range(6))
     want = [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+    assert want[4] != want[5]
     assert F.fingerprints(dev) == want
     got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
-    assert got[2][1:] == (False, True)
+    assert got[2][1:] == (False, True) and got[4][0] != got[5][0]
 
 
 def test_a_packing_program_that_does_not_compile_leaves_its_leaves_to_copies(monkeypatch):

@@ -95,30 +95,3 @@ def test_every_block_the_kernel_reads_reaches_it_by_bitcasts_only(dt):
                if m and m.group(1).startswith(name)}  # fmt: skip
         assert ops <= {'parameter', 'bitcast'}, (shape, order, ops)
     assert read >= 7
-
-
-_TILING = re.compile(r'=\s*bf16\[[\d,]*\]\{[\d,]*:(T\([^}]*)\}\s+(parameter|bitcast|custom-call)\(')
-
-
-@pytest.mark.parametrize('shape', [(8, 96), (96, 8), (768, 3), (4, 64), (3, 5, 7), (64, 64)])
-def test_small_bfloat16_leaves_reach_their_dma_stack_by_bitcasts_in_the_same_tiles(shape):
-    """The DMA stack of small bfloat16 leaves (`_raw_lanes.dma_stacker`), compiled for a v5e
-    with the leaves in XLA's layout there: they reach the kernel through bitcasts only, and
-    the stack holds them in the same tiles (a DMA of tiles then moves bytes unchanged). In
-    C order, (96, 8), (768, 3) and (3, 5, 7) were relaid out first, and their stacks
-    changed bits on the chip."""
-    from jax.experimental import topologies
-
-    topo = topologies.get_topology_desc(topology_name='v5e:2x2', platform='tpu')
-    spec = jax.ShapeDtypeStruct(
-        shape, jnp.bfloat16, sharding=jax.sharding.SingleDeviceSharding(topo.devices[0])
-    )
-    probe = jax.jit(lambda v: v).trace(spec).lower(lowering_platforms=('tpu',)).compile()
-    order = tuple(probe.input_formats[0][0].layout.major_to_minor)
-    stacker = _raw_lanes.dma_stacker(order)
-    text = stacker.trace((spec,) * 3).lower(lowering_platforms=('tpu',)).compile().as_text()
-    ops = {m.group(2) for m in map(_LINE.match, text.splitlines())
-           if m and m.group(1).startswith('bf16[')}  # fmt: skip
-    assert ops <= {'parameter', 'bitcast', 'custom-call'} and 'custom-call' in ops, ops
-    tilings = {m.group(1) for m in map(_TILING.search, text.splitlines()) if m}
-    assert len(tilings) == 1, tilings

@@ -575,7 +575,7 @@ def _compile(calls: list[tuple[Any, ...]]) -> None:
         try:
             return fn.lower(*args).compile()
         except Exception:
-            if fn in _MAY_FAIL or fn in _raw_lanes.STACKERS:  # its leaves are copied alone
+            if fn in _MAY_FAIL:  # its leaves are copied alone
                 return None
             raise
 
@@ -739,8 +739,7 @@ _PACKERS = _Memo()
 def _packer(x: jax.Array) -> Any:
     """The program that packs small leaf ``x`` with others of its dtype and device:
     `_pack_rows` or `_pack` (`PACK_DTYPES`), `_raw_lanes.dma_pack` (bfloat16's 1-D leaves
-    on a TPU) or a `_raw_lanes.dma_stacker` (its leaves of more axes, in their stored
-    order), or None (copied to the host alone); remembered per dtype, shape and sharding
+    on a TPU), or None (copied to the host alone); remembered per dtype, shape and sharding
     (the same tree's leaves come again)."""
     key = (x.dtype, x.shape, x.sharding, PACK_ON_CPU, _raw_lanes.INTERPRET, PACK_DTYPES)
     return _PACKERS.answer(key, _choose_packer, x) or None
@@ -760,8 +759,6 @@ def _choose_packer(x: jax.Array) -> Any:
     interpret = platform != 'tpu'
     if _raw_lanes.dma_packable(x.dtype, tuple(x.shape)):
         return _raw_lanes.dma_pack_interpret if interpret else _raw_lanes.dma_pack
-    if _raw_lanes.dma_stackable(x.dtype, tuple(x.shape)):
-        return _raw_lanes.dma_stacker(_raw_lanes.stored_order(x), interpret)
     return False
 
 
@@ -778,12 +775,11 @@ def _pack_calls(
         if isinstance(x, jax.Array) and not has_host_copy(x):
             fn = _packer(x)
             if fn is not None:
-                alike = x.shape if fn in _raw_lanes.STACKERS else None  # a stack: one shape
-                packs.setdefault((fn, x.sharding, x.dtype, alike), []).append(j)
+                packs.setdefault((fn, x.sharding, x.dtype), []).append(j)
                 continue
         loose.append(j)
     calls = []
-    for (fn, sharding, dtype, _), idx in packs.items():
+    for (fn, sharding, dtype), idx in packs.items():
         for lo in range(0, len(idx), MAX_PACK):
             part = idx[lo : lo + MAX_PACK]
             if len(part) < 2:
@@ -862,7 +858,7 @@ def device_results(
     for (part, _), res in zip(pending, got):
         for j, i in enumerate(part):
             out[i] = np.asarray(res[j])
-    return [o if o is not None else np.zeros(LANES, np.uint32) for o in out]
+    return _every(out)
 
 
 def _unpack(
@@ -870,7 +866,7 @@ def _unpack(
     flags: bool,
 ) -> dict[int, np.ndarray]:  # fmt: skip
     """The packing programs' results on the host: each packed leaf's host copy put in
-    ``host`` (from a concatenation or a DMA stack); `_pack_rows`' leaves' results returned
+    ``host`` (from a concatenation or a DMA pack); `_pack_rows`' leaves' results returned
     (their rows' sums, no copy)."""
     summed: dict[int, np.ndarray] = {}
     for part, fn, result in packed:
@@ -878,16 +874,25 @@ def _unpack(
         if fn is _pack_rows:  # the rows' sums
             sizes = tuple(int(arrays[j].size) for j in part)
             summed.update(zip(part, _row_results(flat, sizes, flags)))
-        elif fn in _raw_lanes.STACKERS:  # (K, *stored shape): each leaf back in C order
-            back = tuple(np.argsort(_raw_lanes.stored_order(arrays[part[0]])))
-            for j, leaf in zip(part, flat):
-                host[j] = np.ascontiguousarray(leaf.transpose(back))
         else:  # one buffer, the leaves one after another
             for j in part:
                 n = arrays[j].size
                 host[j] = flat[pos : pos + n].reshape(arrays[j].shape)
                 pos += n
     return summed
+
+
+def _every(out: list[np.ndarray | None]) -> list[np.ndarray]:
+    """``out`` once every leaf has its result; a leaf without one is a bug in the routing
+    above, never an all-zero leaf's lanes (which would call unequal leaves equal)."""
+    missing = [i for i, o in enumerate(out) if o is None]
+    if missing:
+        raise RuntimeError(
+            f'multihost fingerprint: no result for leaves {missing[:8]} of {len(out)} '
+            "(an internal routing error; please report it with the leaves' shapes and "
+            'dtypes, and set MULTIHOST_FINGERPRINT=host to go on meanwhile)'
+        )
+    return out  # type: ignore[return-value]
 
 
 def _host_copies(arrays: Sequence[Any]) -> list[np.ndarray]:
@@ -968,7 +973,7 @@ def _numpy_many(arrays: Sequence[np.ndarray], flags: bool) -> list[np.ndarray]:
                 for i2, res in zip(run, _numpy_run([arrays[k] for k in run], dt, flags)):
                     out[i2] = res
                 run, n = [], 0
-    return [o if o is not None else np.zeros(LANES, np.uint32) for o in out]
+    return _every(out)
 
 
 @functools.cache

@@ -22,9 +22,11 @@ rows' first indices and column sums times the column numbers.
 
 Off a TPU the kernel runs in Pallas' interpret mode (the tests check it against numpy).
 
-Also here: small bfloat16 leaves packed by DMA, vectors into one buffer (`dma_pack`), leaves
-of one shape of two axes or more stacked in their stored order (`dma_stacker`), so a call
+Also here: small 1-D bfloat16 leaves packed by DMA into one buffer (`dma_pack`), so a call
 copies one buffer to the host, not one per leaf, and no XLA operation touches their bits.
+Small leaves of two axes or more are copied to the host one by one: a DMA stack of them
+(transposed to their stored order, then copied into one buffer) rewrote subnormals and NaN
+payloads on a v5e and on XLA:CPU at ``-O0``.
 """
 
 from __future__ import annotations
@@ -472,33 +474,3 @@ def _dma_pack(xs: tuple[jax.Array, ...], interpret: bool) -> jax.Array:
 #: `_dma_pack` on a TPU, and in Pallas' interpret mode (off a TPU: the tests).
 dma_pack = jax.jit(functools.partial(_dma_pack, interpret=False))
 dma_pack_interpret = jax.jit(functools.partial(_dma_pack, interpret=True))
-
-
-def dma_stackable(dtype: Any, shape: tuple[int, ...]) -> bool:
-    """Whether a small leaf of ``dtype`` and ``shape`` (two axes or more) is stacked by
-    `dma_stacker`'s programs."""
-    return np.dtype(dtype).name in DMA_DTYPES and len(shape) >= 2 and all(shape)
-
-
-def _dma_stack(xs: tuple[jax.Array, ...], order: tuple[int, ...], interpret: bool) -> jax.Array:
-    """Leaves of one dtype and shape, each in its stored ``order`` (a bitcast: no data
-    moves), copied by DMA into one (K, *stored shape) buffer: the same tiles as each leaf's
-    (compiled for a v5e, the leaves reach the kernel through bitcasts only:
-    `tests/test_tpu_reshapes.py`)."""
-    if order != tuple(range(len(order))):
-        xs = tuple(jnp.transpose(x, order) for x in xs)
-    return _dma_copies(xs, (len(xs), *xs[0].shape), lambda out, j: out.at[j], interpret)
-
-
-@functools.lru_cache(maxsize=64)
-def dma_stacker(order: tuple[int, ...], interpret: bool = False) -> Any:
-    """The jitted `_dma_stack` of leaves stored in ``order`` (one function per order: its
-    programs are cached by the leaves' shapes like the other packers')."""
-    fn = jax.jit(functools.partial(_dma_stack, order=order, interpret=interpret))
-    STACKERS.add(fn)
-    return fn
-
-
-#: The functions `dma_stacker` made: their programs, like `dma_pack`'s, may fail to compile
-#: (their leaves are then copied one by one).
-STACKERS: set[Any] = set()
