@@ -18,7 +18,9 @@ Side by side in one run, medians of ``--reps``:
   ``--audit`` does per audited launch: each of a new launch, its donated state gone) vs
   one read of the same leaves and vs the step.
 
-Usage: ``python bench/tpu_fingerprints.py [--reps 7] [--json PATH] [--layers 8]``.
+Usage: ``python bench/tpu_fingerprints.py [--reps 7] [--json PATH] [--layers 8]``. The
+result goes to ``bench/results/<device kind>/tpu_fingerprints.json`` (`_results`), or to
+``--json PATH``. Exits 1 when any exactness check fails.
 """
 
 from __future__ import annotations
@@ -134,6 +136,51 @@ def exactness() -> dict[str, Any]:
             total = sum(F.device_lanes(quarters)[1:], F.device_lanes(quarters)[0])
         ok = ok and bool((total == F.numpy_lanes(leaf)).all())
         out[np.dtype(dt).name] = ok
+    out.update(_one_bit_pairs())
+    return out
+
+
+#: Raw values of two leaves that must get different digests: (dtype, a, b) one subnormal
+#: against another, one NaN payload against another.
+_PAIRS = [
+    ('bfloat16', 0x0001, 0x0002), ('bfloat16', 0x7FC1, 0x7FC3), ('bfloat16', 0xFF81, 0xFF82),
+    ('float16', 0x0001, 0x0002), ('float16', 0x7E01, 0x7E03),
+    ('float8_e4m3fn', 0x01, 0x02), ('float8_e4m3fn', 0x7F, 0xFF),
+    ('float8_e5m2', 0x01, 0x02), ('float8_e5m2', 0x7D, 0x7E),
+    ('float32', 0x00000001, 0x00000002), ('float32', 0x7FC00001, 0x7FC00003),
+]  # fmt: skip
+
+
+def _one_bit_pairs() -> dict[str, Any]:
+    """Leaves that differ in one element's raw bits (a subnormal, a NaN payload), of every
+    shape class (small alone, small packed or copied together, large), fingerprinted together
+    on the device: each pair's digests differ, and each equals numpy's."""
+    import jax
+    import ml_dtypes
+
+    from multihost._checks import _fingerprint as F
+
+    rng = np.random.default_rng(3)
+    out: dict[str, Any] = {}
+    for name, a_bits, b_bits in _PAIRS:
+        dt = np.dtype(getattr(ml_dtypes, name, None) or name)
+        unsigned = np.dtype(f'u{dt.itemsize}')
+        arrays = []
+        for shape in [(768, 3), (768, 3), (96, 8), (1024,), (512,), (37, 1001), (768, 8, 96)]:
+            n = int(np.prod(shape))
+            base = rng.integers(0, 256, n * dt.itemsize, dtype=np.uint8).view(unsigned)
+            for bits in (a_bits, b_bits):
+                raw = base.copy()
+                raw[n // 3] = bits
+                arrays.append(raw.view(dt).reshape(shape))
+        dev = [jax.device_put(a) for a in arrays]
+        on_device, on_host = F.fingerprints(dev), F.fingerprints(arrays)
+        parted = all(on_device[i] != on_device[i + 1] for i in range(0, len(dev), 2))
+        key = f'pair_{name}_{a_bits:#x}_{b_bits:#x}'
+        out[key] = bool(parted and on_device == on_host)
+        if not out[key]:
+            out[key + '_differ'] = [str(a.shape) for a, d, h in zip(arrays, on_device, on_host)
+                                    if d != h]  # fmt: skip
     return out
 
 
@@ -200,6 +247,16 @@ def row(name: str, leaves: list[Any], reps: int, compiles: _Compiles) -> dict[st
         del new
     got['fresh_arrays_ms'] = statistics.median(fresh) * 1e3
     got['fresh_ratio'] = got['fresh_arrays_ms'] / got['read_ms']
+    # Where the time goes: the small whole leaves (host copies, packs) and the others
+    # (programs per shape, the kernel), each fingerprinted alone, with its own read.
+    small = [x for x in leaves if x.size <= F.SMALL]
+    large = [x for x in leaves if x.size > F.SMALL]
+    for name, part in (('small', small), ('large', large)):
+        if part and len(part) < len(leaves):
+            jax.block_until_ready(read(part))
+            got[f'{name}_leaves'] = len(part)
+            got[f'{name}_read_ms'] = _median_ms(lambda p=part: read(p), reps)
+            got[f'{name}_fingerprints_ms'] = _median_ms(lambda p=part: F.digests(p, 'device'), reps)
     print(json.dumps(got), flush=True)
     return got
 
@@ -418,10 +475,15 @@ def main(argv: list[str] | None = None) -> int:
                 '1,000 small float32 leaves, each its own shape', _small_tree(), args.reps, compiles
             )
         )
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(result, f, indent=1)
     print('\n' + json.dumps(result, indent=1))
+    import _results
+
+    kind = result.pop('device_kind')
+    print('written to', _results.save('tpu_fingerprints', result, kind, args.json))
+    failed = [k for k, v in result.get('exact', {}).items() if v is False]
+    if failed:
+        print('EXACTNESS FAILED:', ', '.join(failed), file=sys.stderr)
+        return 1
     return 0
 
 
