@@ -3,8 +3,8 @@
 ``save('tpu_fingerprints', result)`` writes ``bench/results/<device kind>/tpu_fingerprints.json``
 (the kind as jax names it, e.g. ``TPU v5 lite`` -> ``tpu-v5-lite``; ``cpu`` on a CPU), with a
 ``run`` entry: the commit, whether the tree had uncommitted changes, the command line, the
-date (UTC) and the versions. A copy of the tree without its ``.git`` (the TPU machine's)
-takes the commit from ``MH_BENCH_COMMIT`` and ``MH_BENCH_DIRTY`` (set by whoever copied it).
+date (UTC) and the versions. ``MH_BENCH_COMMIT`` and ``MH_BENCH_DIRTY`` (``0``/``1``) name
+them where the tree's ``.git`` is not its own (the TPU machine's copy carries a stale one).
 
 ``python bench/_results.py`` rewrites ``bench/results/README.md``: the table of the current
 result of each script per device kind. A new run replaces its file; git keeps the old one.
@@ -46,13 +46,12 @@ def provenance() -> dict[str, Any]:
     import jaxlib
     import numpy as np
 
-    commit = _git('rev-parse', 'HEAD')
+    commit = os.environ.get('MH_BENCH_COMMIT')  # set where the copy's .git is not its own
     if commit:
-        dirty: bool | None = bool(_git('status', '--porcelain', '--untracked-files=no'))
+        dirty = {'1': True, '0': False}.get(os.environ.get('MH_BENCH_DIRTY', ''))
     else:
-        commit = os.environ.get('MH_BENCH_COMMIT', 'unknown')
-        flag = os.environ.get('MH_BENCH_DIRTY', '')
-        dirty = {'1': True, '0': False}.get(flag)
+        commit = _git('rev-parse', 'HEAD') or 'unknown'
+        dirty = bool(_git('status', '--porcelain', '--untracked-files=no'))
     return {
         'commit': commit,
         'dirty': dirty,
