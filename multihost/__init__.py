@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # what `_load` binds, for type checkers and readers
     from multihost._checks._layout import describe_layout
     from multihost._checks._nonfinite import nonfinite
     from multihost._checks._preview import preview_layout
+    from multihost._checks._replay import replay
     from multihost._checks._replicas import check_replicas
     from multihost._checks._treediff import assert_equal, tree_diff
     from multihost._core._arrays import (
@@ -82,6 +83,8 @@ if TYPE_CHECKING:  # what `_load` binds, for type checkers and readers
         NonfiniteLeaf,
         NonfiniteReport,
         NonfiniteShard,
+        Replay,
+        ReplayEquation,
         ReplicaDigest,
         ReplicaGroup,
         ReplicaReport,
@@ -134,6 +137,8 @@ __all__ = [
     'NonfiniteReport',
     'NonfiniteShard',
     'ProcessFailureError',
+    'Replay',
+    'ReplayEquation',
     'ReplicaDigest',
     'ReplicaGroup',
     'ReplicaReport',
@@ -168,6 +173,7 @@ __all__ = [
     'reached_preemption_sync_point',
     'release',
     'release_all',
+    'replay',
     'serve_control',
     'set_stepping',
     'start_debug_daemon',
@@ -193,6 +199,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     'nonfinite': ('multihost._checks._nonfinite', 'nonfinite'),
     'preview_layout': ('multihost._checks._preview', 'preview_layout'),
     'check_replicas': ('multihost._checks._replicas', 'check_replicas'),
+    'replay': ('multihost._checks._replay', 'replay'),
     'assert_equal': ('multihost._checks._treediff', 'assert_equal'),
     'tree_diff': ('multihost._checks._treediff', 'tree_diff'),
     'global_array_to_host_local_array': (
@@ -258,6 +265,8 @@ _HOMES: dict[str, tuple[str, str]] = {
     'NonfiniteLeaf': ('multihost._models', 'NonfiniteLeaf'),
     'NonfiniteReport': ('multihost._models', 'NonfiniteReport'),
     'NonfiniteShard': ('multihost._models', 'NonfiniteShard'),
+    'Replay': ('multihost._models', 'Replay'),
+    'ReplayEquation': ('multihost._models', 'ReplayEquation'),
     'ReplicaDigest': ('multihost._models', 'ReplicaDigest'),
     'ReplicaGroup': ('multihost._models', 'ReplicaGroup'),
     'ReplicaReport': ('multihost._models', 'ReplicaReport'),

@@ -209,3 +209,19 @@ def has_host_copy(x: Any) -> bool:
     copy is cached; `_fingerprint` packs small leaves into one buffer only when it is not.
     """
     return getattr(x, '_npy_value', None) is not None
+
+
+def equation_frames(eqn: Any) -> list[tuple[str, int, str]]:
+    """(file, line, function) of the Python frames that made jaxpr equation ``eqn``,
+    innermost first; empty when JAX kept none.
+
+    INTERNAL: `JaxprEqn.source_info` is a `jax._src.source_info_util.SourceInfo`; its
+    ``traceback`` (a jaxlib `Traceback`) has ``frames``. Public JAX offers no way to read
+    where an equation came from; `multihost.replay` names the first equation whose outputs
+    part between hosts by its line in the user's code.
+    """
+    try:
+        frames = eqn.source_info.traceback.frames
+    except AttributeError:
+        return []
+    return [(f.file_name, int(f.line_num), f.function_name) for f in frames or ()]

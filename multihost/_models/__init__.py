@@ -11,6 +11,7 @@ engines build these, the notebook's views draw them, tests build them by hand.
 * `_hardware`: `DeviceInfo`, `AxisLink` (chips, hosts, slices; how a mesh axis is wired).
 * `_layout`: `Layout`, `LayoutBlock`, `ShardInfo` and the index helpers (`format_index`, ...).
 * `_replicas`: `ReplicaReport`, `ReplicaGroup`, `ReplicaDigest`.
+  `_replay`: `Replay`, `Equation` (exported as `ReplayEquation`): where a replayed launch parts.
   `_treelayout`: `TreeLayout`, `LeafLayout`.
 * `_treediff`: `TreeDiff`, `LeafDiff`, `GlobalLeaf`.
 * `_census`: `EnvDiff`, `EnvEntry`, `MemoryCensus`, `HostMemory`, `DeviceMemory`, `ArrayGroup`.
@@ -37,6 +38,8 @@ from multihost._models._hardware import AxisLink, DeviceInfo
 from multihost._models._layout import Layout, LayoutBlock, ShardInfo
 from multihost._models._nonfinite import NonfiniteLeaf, NonfiniteReport, NonfiniteShard
 from multihost._models._records import CollectiveRecord
+from multihost._models._replay import Equation as ReplayEquation
+from multihost._models._replay import Replay
 from multihost._models._replicas import ReplicaDigest, ReplicaGroup, ReplicaReport
 from multihost._models._stacks import HostStacks, ThreadStack
 from multihost._models._steps import PausedLaunch, Step, StepTable
@@ -70,6 +73,8 @@ __all__ = [
     'NonfiniteReport',
     'NonfiniteShard',
     'PausedLaunch',
+    'Replay',
+    'ReplayEquation',
     'ReplicaDigest',
     'ReplicaGroup',
     'ReplicaReport',

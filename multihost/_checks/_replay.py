@@ -1,0 +1,523 @@
+"""`replay`: run one launch again on every host and name where the hosts' replicas part.
+
+Collective: every process calls ``replay(fn, *args)`` with its own arguments, as it would
+call ``fn``. Three stages (`multihost._models._replay`), each stopping at what it finds:
+
+1. **inputs**: `tree_diff` of the arguments;
+2. **again**: the compiled launch run ``again`` times on copies of the arguments (the
+   user's arrays are never donated or changed); a host whose runs differ is named;
+3. **op by op**: ``jax.make_jaxpr(fn)`` evaluated one equation at a time (nested jit,
+   custom_jvp/vjp and remat entered; scan, while, cond and shard_map evaluated as one
+   equation each), the outputs of every `CHUNK` equations compared between hosts by
+   `tree_diff` (replicas of global arrays block by block). Hosts run the same equations in
+   the same order, so an equation on global arrays is one SPMD launch on every host, as in
+   the job. On one process the op-by-op run is done twice and compared equation by equation.
+
+The first equation whose outputs part is named with its line in the job's own code (from
+the equation's traceback: the innermost frame outside every installed package) and in the
+library that made it. Values are compared bitwise: an equation evaluated alone may round
+differently from the same operation fused inside the compiled launch, so hosts are compared
+with each other, never with the compiled launch.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from multihost import _jax_adapter
+from multihost._checks import _fingerprint
+from multihost._checks._treediff import tree_diff
+from multihost._models._replay import Equation, Replay
+from multihost._models._stacks import display_path, frame_package
+
+#: Equations evaluated between two comparisons (one `tree_diff` each).
+CHUNK = 256
+#: ... or fewer, once their outputs hold this many bytes on this host.
+CHUNK_BYTES = 256 << 20
+
+#: Primitives whose inner jaxpr is entered: name -> the parameter that holds it.
+_ENTERED = {
+    'pjit': 'jaxpr',
+    'jit': 'jaxpr',
+    'closed_call': 'call_jaxpr',
+    'core_call': 'call_jaxpr',
+    'custom_jvp_call': 'call_jaxpr',
+    'custom_vjp_call': 'call_jaxpr',
+    'custom_vjp_call_jaxpr': 'fun_jaxpr',
+    'remat': 'jaxpr',
+    'checkpoint': 'jaxpr',
+}
+#: Packages whose frames never name an equation's line (JAX itself, Python's own).
+_NOT_A_LIBRARY = frozenset({'jax', 'jaxlib', 'multihost', 'mhnotebook', 'runpy', 'threading'})
+
+
+def replay(
+    fn: Callable[..., Any],
+    *args: Any,
+    again: int = 2,
+    canonical: bool = False,
+    op_by_op: bool = True,
+    timeout: float | None = None,
+    **kwargs: Any,
+) -> Replay:
+    """Replays ``fn(*args, **kwargs)`` on every host and says where the hosts part.
+
+    Args:
+        fn: the launch's function (jitted or not: it is traced, compiled and evaluated op
+            by op, never with donation).
+        *args, **kwargs: this host's arguments, as the job passes them (global arrays,
+            host-local arrays, scalars). Never changed.
+        again: how many times the compiled launch runs on copies of the arguments (>= 1).
+        canonical: when the inputs differ between hosts, go on with every host given
+            process 0's host-local arguments (global arrays are kept: their differing
+            replicas cannot be set from here, and raise).
+        op_by_op: evaluate the jaxpr one equation at a time (the third stage).
+        timeout: seconds each comparison between hosts may wait (the default of
+            `tree_diff`).
+
+    Returns:
+        A `Replay`, equal on every host.
+
+    Raises:
+        ValueError: ``again`` < 1, or ``canonical`` with a global array that differs.
+    """
+    if not isinstance(again, int) or again < 1:
+        raise ValueError(f'replay: again must be an int >= 1, got {again!r}')
+    name = getattr(fn, '__name__', None) or type(fn).__name__
+    n = jax.process_count()
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    inputs = tree_diff((args, kwargs), timeout=timeout) if n > 1 else None
+    seconds['inputs'] = time.perf_counter() - t0
+    if inputs is not None and not inputs.ok:
+        if not canonical:
+            return Replay(name, n, 'inputs', inputs=inputs, seconds=seconds)
+        args, kwargs = _canonical(inputs, (args, kwargs))
+    base = dict(name=name, num_processes=n, inputs=inputs, canonical=bool(canonical))
+
+    t0 = time.perf_counter()
+    varying, outputs = _again(fn, args, kwargs, again, timeout)
+    seconds['again'] = time.perf_counter() - t0
+    base.update(runs=again, varying=varying, outputs=outputs, seconds=seconds)
+    if varying:
+        return Replay(verdict='again', **base)
+    if not op_by_op:
+        verdict = 'outputs' if outputs is not None and not outputs.ok else 'agree'
+        return Replay(verdict=verdict, **base)
+
+    t0 = time.perf_counter()
+    walk = _Walk(n, timeout)
+    closed = _jaxpr(fn, args, kwargs)
+    walk.total = _count(closed.jaxpr)
+    flat = _flat_arguments(fn, args, kwargs)
+    found = walk.evaluate(closed, flat)
+    if found is None and n == 1:  # one host: a second run, compared with the first
+        walk.second = True
+        found = walk.evaluate(closed, flat)
+    seconds['op_by_op'] = time.perf_counter() - t0
+    base.update(equations=walk.done, total_equations=walk.total)
+    if found is not None:
+        first, difference, fed_by = found
+        return Replay(
+            verdict='operation', first=first, difference=difference, fed_by=fed_by, **base
+        )
+    verdict = 'outputs' if outputs is not None and not outputs.ok else 'agree'
+    return Replay(verdict=verdict, **base)
+
+
+# -- stages 1 and 2 --------------------------------------------------------------------------
+
+
+def _canonical(inputs: Any, tree: Any) -> Any:
+    """``tree`` with every host-local leaf replaced by process 0's."""
+    from multihost._core._collectives import broadcast_one_to_all
+
+    leaves, treedef = jax.tree.flatten(tree)
+    is_global = [isinstance(x, jax.Array) and not x.is_fully_addressable for x in leaves]
+    global_paths = {
+        jax.tree_util.keystr(p)
+        for (p, x), g in zip(jax.tree_util.tree_flatten_with_path(tree)[0], is_global)
+        if g
+    }
+    bad = [path for path in inputs.differing_paths if path in global_paths]
+    if bad:
+        raise ValueError(
+            f'replay(canonical=True): global arrays differ between hosts ({", ".join(bad[:3])}); '
+            "only host-local arguments can be set to process 0's. Replay from a step whose "
+            'global arrays agree, or make them agree (e.g. rebuild them from process 0 with '
+            'multihost.broadcast_one_to_all).'
+        )
+    local = [x for x, g in zip(leaves, is_global) if not g]
+    shared = iter(broadcast_one_to_all(local) if local else [])
+    return jax.tree.unflatten(
+        treedef, [x if g else next(shared) for x, g in zip(leaves, is_global)]
+    )
+
+
+def _copy(x: Any) -> Any:
+    if isinstance(x, jax.Array):
+        return jnp.copy(x)
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    return x
+
+
+def _local_digests(tree: Any) -> dict[str, str]:
+    """This host's digest of each leaf's every addressable block: ``path@index`` -> digest."""
+    keys: list[str] = []
+    datas: list[Any] = []
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        p = jax.tree_util.keystr(path)
+        if isinstance(x, jax.Array) and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            for s in x.addressable_shards:
+                keys.append(f'{p}@{s.device.id}')
+                datas.append(s.data)
+        elif isinstance(x, (np.ndarray, np.generic, int, float, bool, complex)):
+            keys.append(p)
+            datas.append(np.asarray(x))
+    digests = _fingerprint.digests(datas) if datas else []
+    return dict(zip(keys, digests))
+
+
+def _again(
+    fn: Callable[..., Any], args: Any, kwargs: Any, again: int, timeout: float | None
+) -> tuple[dict[int, tuple[str, ...]], Any]:
+    """Runs the compiled launch ``again`` times on copies; which leaves varied on which host,
+    and the first run's outputs compared between hosts (None on one process)."""
+    program = fn if hasattr(fn, 'lower') else jax.jit(fn)
+    first_out = None
+    first: dict[str, str] = {}
+    changed: set[str] = set()
+    for r in range(again):
+        c_args, c_kwargs = jax.tree.map(_copy, (args, kwargs))
+        out = program(*c_args, **c_kwargs)
+        got = _local_digests(out)
+        if r == 0:
+            first_out, first = out, got
+        else:
+            changed |= {k.split('@')[0] for k, d in got.items() if first.get(k) != d}
+    n = jax.process_count()
+    if n == 1:
+        return ({0: tuple(sorted(changed))} if changed else {}), None
+    import json
+
+    from multihost._exchange import _sequence
+
+    raw = _sequence.exchange(
+        'replay',
+        'again',
+        json.dumps(sorted(changed)).encode(),
+        tree_digest=_sequence.digest(('replay again', again)),
+        timeout=timeout,
+    )
+    varying = {p: tuple(json.loads(b)) for p, b in raw.items() if json.loads(b)}
+    outputs = tree_diff(first_out, timeout=timeout)
+    return varying, outputs
+
+
+# -- stage 3: op by op -------------------------------------------------------------------------
+
+
+def _statics(fn: Callable[..., Any]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    return _jax_adapter.jit_statics(fn) or ((), ())
+
+
+def _jaxpr(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    nums, names = _statics(fn)
+    if names:
+        raise ValueError(
+            f'replay: {getattr(fn, "__name__", fn)} has static keyword arguments {names}; '
+            'pass them positionally (static_argnums) or wrap the call in a lambda'
+        )
+    return jax.make_jaxpr(fn, static_argnums=nums)(*args, **kwargs)
+
+
+def _flat_arguments(fn: Callable[..., Any], args: Any, kwargs: Any) -> list[Any]:
+    """The jaxpr's arguments: the leaves of the dynamic arguments, in make_jaxpr's order."""
+    nums = set(_statics(fn)[0])
+    dynamic = tuple(a for i, a in enumerate(args) if i not in nums)
+    return jax.tree.leaves((dynamic, kwargs))
+
+
+def _count(jaxpr: Any) -> int:
+    total = 0
+    for eqn in jaxpr.eqns:
+        inner = _inner(eqn)
+        total += _count(inner[0]) if inner is not None else 1
+    return total
+
+
+def _inner(eqn: Any) -> tuple[Any, list[Any]] | None:
+    """(jaxpr, consts) of an equation that is entered, or None."""
+    param = _ENTERED.get(eqn.primitive.name)
+    if param is None or param not in eqn.params:
+        return None
+    sub = eqn.params[param]
+    if hasattr(sub, 'jaxpr') and hasattr(sub, 'consts'):  # a ClosedJaxpr
+        return sub.jaxpr, list(sub.consts)
+    if hasattr(sub, 'eqns'):  # an open Jaxpr (remat)
+        return sub, []
+    return None
+
+
+def _type(x: Any) -> str:
+    """``f32[8,512]``: an aval's, an array's or a value's type."""
+    aval = x if hasattr(x, 'str_short') else getattr(x, 'aval', None)
+    if aval is not None and hasattr(aval, 'str_short'):
+        return str(aval.str_short(short_dtypes=True))
+    a = np.asarray(x)
+    return f'{a.dtype.name}{list(a.shape)}'
+
+
+def _lines(eqn: Any) -> tuple[str, str]:
+    """(the job's line, the library's line) of an equation: innermost frames first."""
+    where = library = ''
+    for file, line, func in _jax_adapter.equation_frames(eqn):
+        package = frame_package(file)
+        text = f'{display_path(file)}:{line} in {func}'
+        if package is None:
+            if not where:
+                where = text
+        elif package not in _NOT_A_LIBRARY and not library:
+            library = text
+        if where and library:
+            break
+    return where, library
+
+
+@dataclass
+class _Done:
+    """One evaluated equation waiting for its comparison."""
+
+    index: int
+    eqn: Any
+    scope: tuple[str, ...]
+    ins: tuple[str, ...]
+    outs: list[Any]
+    fed: tuple[int, ...]
+
+
+class _Walk:
+    """Evaluates a jaxpr one equation at a time and compares every `CHUNK` equations."""
+
+    def __init__(self, num_processes: int, timeout: float | None) -> None:
+        self.n = num_processes
+        self.timeout = timeout
+        self.total = 0
+        self.done = 0
+        self.second = False  # one process: the run compared with `digests`
+        self.digests: list[tuple[str, ...]] = []
+        self.pending: list[_Done] = []
+        self.pending_bytes = 0
+        self.made: dict[int, _Done] = {}  # equations (by index) kept for `fed_by`
+
+    def evaluate(self, closed: Any, flat: Sequence[Any]) -> Any:
+        self.index = 0
+        self.pending, self.pending_bytes = [], 0
+        try:
+            self._run(closed.jaxpr, list(closed.consts), list(flat), (), [None] * len(flat))
+            return self._flush(final=True)
+        except _Found as found:
+            return found.result
+
+    def _run(
+        self, jaxpr: Any, consts: list[Any], args: list[Any], scope: tuple[str, ...],
+        arg_made: list[int | None],
+    ) -> tuple[list[Any], list[int | None]]:  # fmt: skip
+        env: dict[Any, Any] = {}
+        made: dict[Any, int | None] = {}
+        for v, x in zip(jaxpr.constvars, consts):
+            env[v] = x
+        for v, x, m in zip(jaxpr.invars, args, arg_made):
+            env[v], made[v] = x, m
+        last = _last_uses(jaxpr)
+
+        def read(v: Any) -> Any:
+            return v.val if _is_literal(v) else env[v]
+
+        for i, eqn in enumerate(jaxpr.eqns):
+            ins = [read(v) for v in eqn.invars]
+            fed = [None if _is_literal(v) else made.get(v) for v in eqn.invars]
+            inner = _inner(eqn)
+            if inner is not None:
+                label = str(eqn.params.get('name') or eqn.primitive.name)
+                outs, out_made = self._run(inner[0], inner[1], ins, scope + (label,), fed)
+            else:
+                got = _bind(eqn, ins)
+                outs = list(got) if eqn.primitive.multiple_results else [got]
+                out_made = [self._record(eqn, scope, ins, outs, fed)] * len(outs)
+            for v, x, m in zip(eqn.outvars, outs, out_made):
+                if not _is_drop(v):
+                    env[v], made[v] = x, m
+            for v in last.get(i, ()):
+                env.pop(v, None)
+        return [read(v) for v in jaxpr.outvars], [
+            None if _is_literal(v) else made.get(v) for v in jaxpr.outvars
+        ]
+
+    def _record(
+        self, eqn: Any, scope: tuple[str, ...], ins: list[Any], outs: list[Any],
+        fed: list[int | None],
+    ) -> int:  # fmt: skip
+        index = self.index
+        self.index += 1
+        self.done = max(self.done, self.index)
+        done = _Done(
+            index, eqn, scope, tuple(_type(x) for x in ins), outs,
+            tuple(dict.fromkeys(m for m in fed if m is not None)),
+        )  # fmt: skip
+        self.pending.append(done)
+        self.made[index] = done
+        self.pending_bytes += sum(int(getattr(x, 'nbytes', 0)) for x in outs)
+        if len(self.pending) >= CHUNK or self.pending_bytes >= CHUNK_BYTES:
+            found = self._flush()
+            if found is not None:
+                raise _Found(found)
+        return index
+
+    def _flush(self, final: bool = False) -> Any:
+        pending, self.pending, self.pending_bytes = self.pending, [], 0
+        for d in pending:  # keep the equations' descriptions, not their values
+            self.made[d.index] = _Done(d.index, d.eqn, d.scope, d.ins, [], d.fed)
+        if not pending:  # every host evaluates the same equations: empty on all
+            return None
+        values = [[_comparable(x) for x in d.outs] for d in pending]
+        if self.n > 1:
+            diff = tree_diff(values, timeout=self.timeout)
+            if diff.ok:
+                return None
+            leaf = diff.leaves[0]
+            m = re.match(r'\[(\d+)\]', leaf.path)
+            at = pending[int(m.group(1))] if m else pending[0]
+            return self._answer(at, pending, leaf)
+        digests = [tuple(_local_digests(v).values()) for v in values]
+        if not self.second:
+            self.digests += digests
+            return None
+        for d, got in zip(pending, digests):
+            if self.digests[d.index] != got:
+                return self._answer(d, pending, None)
+        return None
+
+    def _answer(self, at: _Done, pending: list[_Done], leaf: Any) -> Any:
+        fed = tuple(self._equation(self.made[i]) for i in at.fed if i in self.made)
+        return self._equation(at), leaf, fed
+
+    @staticmethod
+    def _equation(d: _Done) -> Equation:
+        where, library = _lines(d.eqn)
+        outs = tuple(_type(v) for v in d.eqn.outvars)
+        return Equation(
+            index=d.index,
+            primitive=d.eqn.primitive.name,
+            scope=' > '.join(d.scope),
+            inputs=d.ins,
+            outputs=outs,
+            where=where,
+            library=library,
+        )
+
+
+#: Primitives that run on one device (device 0) of a program over many: alone, their result
+#: would stay there (a sharding the next operation cannot take), so they are evaluated in a
+#: program whose result is replicated, as inside the launch.
+_ON_ONE_DEVICE = frozenset({'pure_callback', 'io_callback'})
+
+
+def _bind(eqn: Any, ins: list[Any]) -> Any:
+    """The equation's primitive applied to ``ins`` now, as `jax.core.eval_jaxpr` does it
+    (``get_bind_params`` returns the parameters, or ``(subfuns, parameters)`` in older jax)."""
+    if eqn.primitive.name in _ON_ONE_DEVICE:
+        spread = [x.sharding for x in ins if isinstance(x, jax.Array) and len(x.devices()) > 1]
+        if spread:
+            s = spread[0]
+            mesh = s.mesh if isinstance(s, NamedSharding) else Mesh(
+                np.array(sorted(s.device_set, key=lambda d: int(getattr(d, 'id', 0)))), ('devices',)
+            )  # fmt: skip
+            return jax.jit(
+                lambda *a: _bind_now(eqn, list(a)), out_shardings=NamedSharding(mesh, P())
+            )(*ins)
+    return _bind_now(eqn, ins)
+
+
+def _bind_now(eqn: Any, ins: list[Any]) -> Any:
+    got = eqn.primitive.get_bind_params(eqn.params)
+    subfuns, params = got if isinstance(got, tuple) else ((), got)
+    ctx = getattr(getattr(eqn, 'ctx', None), 'manager', None)
+    if ctx is None:
+        return eqn.primitive.bind(*subfuns, *ins, **params)
+    with ctx:
+        return eqn.primitive.bind(*subfuns, *ins, **params)
+
+
+class _Found(Exception):
+    def __init__(self, result: Any) -> None:
+        super().__init__('found')
+        self.result = result
+
+
+def _comparable(x: Any) -> Any:
+    """An output as `tree_diff` compares it (PRNG keys by their data; tokens as 0)."""
+    if isinstance(x, jax.Array):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return jax.random.key_data(x)
+        return x
+    if isinstance(x, (np.ndarray, np.generic, int, float, bool, complex)):
+        return x
+    return 0
+
+
+def _is_literal(v: Any) -> bool:
+    return isinstance(v, jex_core.Literal)
+
+
+def _is_drop(v: Any) -> bool:
+    return isinstance(v, jex_core.DropVar)
+
+
+def _last_uses(jaxpr: Any) -> dict[int, list[Any]]:
+    """Equation index -> the variables read there for the last time (never the outputs)."""
+    outs = {id(v) for v in jaxpr.outvars if not _is_literal(v)}
+    last: dict[int, tuple[int, Any]] = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if not _is_literal(v) and id(v) not in outs:
+                last[id(v)] = (i, v)
+    by: dict[int, list[Any]] = {}
+    for i, v in last.values():
+        by.setdefault(i, []).append(v)
+    return by
+
+
+def equations(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[Equation]:
+    """The equations `replay` evaluates op by op, in order (nothing is run)."""
+    closed = _jaxpr(fn, args, kwargs)
+    index = 0
+
+    def walk(jaxpr: Any, scope: tuple[str, ...]) -> Iterator[Equation]:
+        nonlocal index
+        for eqn in jaxpr.eqns:
+            inner = _inner(eqn)
+            if inner is not None:
+                yield from walk(
+                    inner[0], scope + (str(eqn.params.get('name') or eqn.primitive.name),)
+                )
+                continue
+            where, library = _lines(eqn)
+            ins = tuple(_type(v) for v in eqn.invars)
+            outs = tuple(_type(v) for v in eqn.outvars)
+            yield Equation(index, eqn.primitive.name, ' > '.join(scope), ins, outs, where, library)
+            index += 1
+
+    yield from walk(closed.jaxpr, ())
