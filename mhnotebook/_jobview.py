@@ -53,6 +53,7 @@ if TYPE_CHECKING:
         Layout,
         MemoryCensus,
         NonfiniteReport,
+        Replay,
         ReplicaReport,
         StepTable,
         Timeline,
@@ -662,6 +663,20 @@ class DataViewBase(JobViewBase):
         """
         limit = _tool('nonfinite').timeout if timeout is None else _check_timeout(timeout)
         return self._one('nonfinite', name, limit, timeout=limit, frame=frame)
+
+    def replay(
+        self,
+        fn: str,
+        *args: str,
+        again: int = 2,
+        canonical: bool = False,
+        timeout: float | None = None,
+    ) -> Replay:
+        """`multihost.Replay` of engine function ``fn`` called on engine values ``args``:
+        where the hosts' replicas of that launch part (inputs, runs again, op by op)."""
+        limit = _tool('replay').timeout if timeout is None else _check_timeout(timeout)
+        return self._one('replay', fn, list(args), again, canonical, limit, timeout=limit,
+                         frame=None)  # fmt: skip
 
     def env_diff(self, *, timeout: float | None = None) -> EnvDiff:
         """`multihost.EnvDiff`: versions, flags, config and code that differ between hosts."""

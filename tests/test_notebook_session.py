@@ -778,3 +778,35 @@ def test_library_calls_in_cells_are_recorded_on_the_engines(session):
             'passed',
             True,
         ), out[p]
+
+
+def test_replay_magic_names_the_first_operation_where_hosts_part(session):
+    """%mh_replay step(w, x): the step's jaxpr op by op on the engines; a host-dependent
+    constant on process 3 is named at its multiply; bad calls raise UsageError."""
+    from IPython.core.error import UsageError
+    from IPython.utils.capture import capture_output
+
+    ip, _ = _shell(session)
+    session.execute(
+        'import jax.numpy as jnp\n'
+        'rw = multihost.host_local_array_to_global_array(\n'
+        '    np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3), mesh, P())\n'
+        'rx = make((8, 4), P())\n'
+        'def drift_step(w, x):\n'
+        '    h = jnp.tanh(x @ w / 100.0)\n'
+        '    return h * (1.0 + 1e-3 * (jax.process_index() == 3))\n'
+        'def same_step(w, x):\n'
+        '    return jnp.tanh(x @ w / 100.0)\n',
+        echo=False,
+    )
+    with capture_output() as cap:
+        ip.run_line_magic('mh_replay', 'drift_step(rw, rx)')
+    assert 'replay of drift_step on 4 processes:' in cap.stdout, cap.stdout
+    assert 'first operation whose outputs differ between hosts:' in cap.stdout
+    assert ' mul -> f32[8,3] at ' in cap.stdout and 'on process 3' in cap.stdout, cap.stdout
+    with capture_output() as cap:
+        ip.run_line_magic('mh_replay', 'same_step(rw, rx) --again 3')
+    assert 'the hosts agree: inputs, 3 runs of the compiled launch' in cap.stdout, cap.stdout
+    for bad in ['drift_step', 'drift_step(rw, x=rx)', 'drift_step(rw, 1 + 2)', 'f(rw) --again 0']:
+        with pytest.raises(UsageError):
+            ip.run_line_magic('mh_replay', bad)

@@ -38,6 +38,7 @@ from mhnotebook._magics._options import (
     no_arguments,
     parse_axes,
     parse_bytes,
+    parse_call,
     timeout_option,
     valid_name,
 )
@@ -475,6 +476,44 @@ class MultihostMagics(Magics):
         session = self._data('%mh_diff', args.frame)
         view = delegate(lambda: _framed(session, args.frame, lambda: diff_view(session, name)))
         return self.shown.replace(f'%mh_diff {name}', view)
+
+    @magic_arguments.magic_arguments()
+    @magic_arguments.argument(
+        'call', nargs='+', help="the launch, as the job calls it: 'train_step(state, batch)'"
+    )
+    @magic_arguments.argument(
+        '--again', type=int, default=2, help='times the compiled launch runs (default 2)'
+    )
+    @magic_arguments.argument(
+        '--canonical',
+        action='store_true',
+        help="when the inputs differ, go on with process 0's host-local arguments everywhere",
+    )
+    @line_magic
+    def mh_replay(self, line: str) -> Any:
+        """Why do the hosts part? Replays one launch on every host and names the cause.
+
+        First the arguments (do they already differ between hosts?), then the compiled
+        launch run again on copies (does a host repeat itself?), then its jaxpr one
+        equation at a time, each equation's outputs compared between hosts: the first one
+        whose outputs part is named with its line in your code, the hosts that differ and
+        by how much. Nothing the job holds is changed (the launch runs on copies).
+
+        Examples::
+
+            %mh_replay train_step(state, batch)
+            %mh_replay train_step(state, batch) --canonical
+        """
+        args = magic_arguments.parse_argstring(self.mh_replay, line)
+        fn, names = parse_call(' '.join(args.call))
+        if args.again < 1:
+            raise UsageError('%mh_replay --again N: N >= 1 (the times the launch runs again)')
+        session = self._session('%mh_replay')
+        report = delegate(
+            lambda: session.replay(fn, *names, again=args.again, canonical=args.canonical)
+        )
+        print(report.describe())
+        return None
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('name', help=_TREE_NAME)

@@ -58,6 +58,26 @@ def valid_name(name: str, *, cuts: bool = False) -> str:
     return name
 
 
+def parse_call(text: str) -> tuple[str, list[str]]:
+    """``'train_step(state, batch)'`` -> ``('train_step', ['state', 'batch'])``: a launch as
+    the job calls it, each part an engine name (parsed, never evaluated), else a `UsageError`."""
+    import ast
+
+    example = 'e.g. %mh_replay train_step(state, batch)'
+    try:
+        node = ast.parse(text.strip(), mode='eval').body
+    except SyntaxError:
+        node = None
+    if not isinstance(node, ast.Call) or node.keywords:
+        raise UsageError(
+            f'%mh_replay takes a call with positional arguments, got {text!r}; {example}'
+        )
+    parts = [ast.unparse(node.func)] + [ast.unparse(a) for a in node.args]
+    if any(isinstance(a, ast.Starred) for a in node.args):
+        raise UsageError(f'%mh_replay: name each argument (no *args), got {text!r}; {example}')
+    return valid_name(parts[0]), [valid_name(p) for p in parts[1:]]
+
+
 def gather_target(name: str, out: str | None) -> str:
     """The notebook variable ``%mh_allgather NAME [-o OUT]`` fills (default: NAME's last part),
     if NAME names what can be gathered (slices too); else a `UsageError`."""

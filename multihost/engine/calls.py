@@ -26,6 +26,7 @@ __all__ = [
     'memory_census',
     'nonfinite',
     'realign_sequence',
+    'replay',
     'sequence_position',
     'serve_control',
 ]
@@ -150,6 +151,23 @@ def nonfinite(
     with _reads(), _sequence.called_from(f'notebook: %mh_nonfinite {name}'):
         value = lookup_collective(namespace, name, 'nonfinite', timeout=timeout)
         return checked_nonfinite(value, timeout=timeout)
+
+
+def replay(
+    namespace: dict[str, Any],
+    fn: str,
+    args: list[str],
+    again: int = 2,
+    canonical: bool = False,
+    timeout: float | None = None,
+) -> Any:
+    """`multihost.replay` of engine function ``fn`` on engine values ``args`` (a collective)."""
+    from multihost._checks._replay import replay as run
+
+    with _sequence.called_from(f'notebook: %mh_replay {fn}({", ".join(args)})'):
+        function = lookup_collective(namespace, fn, 'replay', timeout=timeout)
+        values = [lookup_collective(namespace, a, 'replay', timeout=timeout) for a in args]
+        return run(function, *values, again=again, canonical=canonical, timeout=timeout)
 
 
 def lookup_collective(
