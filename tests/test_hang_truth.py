@@ -195,7 +195,7 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c(run: Any) -> None:
         assert not re.search(r'(^|[ /])multihost/_', behind), behind  # no toolkit frame
     elif waits.startswith('process 1 wait in '):
         # Or past it: the barrier done (the others' dumps were written in it), its JSON dump
-        # came from a later barrier of orbax's save (seen once in CI, under load).
+        # came from a later barrier of orbax's save (under load).
         assert BARRIER not in waits, lines
         # the others, where their dumps were written: 'never arrived there: processes 0, 2:
         # last reached barrier(...) #2, now ... in multihost (wait)'

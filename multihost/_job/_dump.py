@@ -157,6 +157,7 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
         return None
     if what != 'request':
         _state.last_written = time.time()  # a request arriving meanwhile keeps this one
+    writes = _state.writes
     try:
         doc = document(what, details)
         with _state.lock:
@@ -164,9 +165,12 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
                 what == 'request'
                 and _state.last_doc is not None
                 and _state.last_doc['trigger']['what'] != 'request'
-                and _current()
+                and (_state.writes != writes or _current())
             ):
-                return None  # this host's own trigger wrote meanwhile: keep it
+                # This host's own trigger wrote meanwhile (while this document was taken: a
+                # host that held the GIL writes its signal dump when the GIL comes back,
+                # then may go on before this thread runs again): keep it.
+                return None
             asked = _asked(_state.last_doc) if what != 'request' else None
             if asked is not None:
                 doc['asked'] = asked
