@@ -561,3 +561,32 @@ def test_a_request_dump_never_overwrites_the_hosts_own_dump_written_meanwhile(
     assert _dump.dump('request', {'by': 0, 'why': 'hang'}) is None
     assert [d['trigger']['what'] for d in written] == ['signal']
     assert _dump._state.last_doc is written[-1]
+
+
+def test_a_dump_that_failed_does_not_answer_a_request(tmp_path: Any, monkeypatch: Any) -> None:
+    """This host's own dump could not be written: the others' request that comes next
+    writes one (a host with no dump at all would read as "no dump" in analyze)."""
+    from multihost._job import _dump
+
+    written: list[str] = []
+
+    def document(what: str, details: Any) -> dict[str, Any]:
+        if what == 'signal':
+            raise OSError(28, 'No space left on device')
+        return {'trigger': {'what': what, 'time': time.time(), 'details': dict(details or {})}}
+
+    def write(directory: str, doc: dict[str, Any]) -> str:
+        written.append(doc['trigger']['what'])
+        return os.path.join(directory, 'process-1.json')
+
+    monkeypatch.setattr(_dump, 'document', document)
+    monkeypatch.setattr(_dump._dumpfile, 'write', write)
+    monkeypatch.setattr(_dump._recorder, 'moved_on_since', lambda t: False)  # still there
+    monkeypatch.setattr(_dump, '_state', _dump._State())
+    _dump._state.directory = str(tmp_path)
+    assert _dump.dump('signal', {'signal': 'SIGUSR1'}) is None
+    assert not _dump._current()
+    assert _dump._on_request(None, {'by': 1, 'why': 'hang', 'at': time.time()}) != (
+        '{"path": "kept"}'
+    )
+    assert written == ['request']

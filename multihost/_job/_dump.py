@@ -155,8 +155,9 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
     d = _state.directory
     if d is None:
         return None
+    before = mark = _state.last_written
     if what != 'request':
-        _state.last_written = time.time()  # a request arriving meanwhile keeps this one
+        _state.last_written = mark = time.time()  # a request arriving meanwhile keeps this one
     writes = _state.writes
     try:
         doc = document(what, details)
@@ -179,6 +180,8 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
             _state.writes += 1
         return path
     except Exception as exc:  # a dump must never take the program down
+        if _state.last_written == mark != before:
+            _state.last_written = before  # nothing written: a request must not be kept by it
         print(f'multihost: could not write the dump to {d}: {exc}', file=sys.stderr)
         return None
 
