@@ -20,9 +20,9 @@ from typing import Any
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-#: (leaf shape, target shape, what it is). The probes' bits on the chip (2026-12-06):
-#: (512, 128) -> 1-D and (16, 128) -> 1-D kept every bit; (32, 768) -> 1-D and (8, 96) -> 1-D
-#: changed 309 and 131 elements.
+#: (leaf shape, target shape, what it is). The probes' bits on a TPU v5e (docs/SCALE.md,
+#: "What the chip does to raw bits"): (512, 128) -> 1-D and (16, 128) -> 1-D kept every bit;
+#: (32, 768) -> 1-D and (8, 96) -> 1-D changed 309 and 131 elements.
 CASES = [
     ((512, 128), (65536,), 'probe: kept every bit on the chip'),
     ((16, 128), (2048,), 'probe: kept every bit on the chip'),

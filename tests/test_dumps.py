@@ -532,3 +532,61 @@ def test_dump_file_format_round_trip_and_trim(tmp_path: Any) -> None:
     with pytest.raises(_dumpfile.DumpFormatError, match='version 99'):
         _dumpfile.parse({**json.loads(text), 'version': 99}, 'x.json')
     _recorder.reset()
+
+
+def test_a_request_dump_never_overwrites_the_hosts_own_dump_written_meanwhile(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """A host that held the GIL: the others' dump request is being answered when the GIL
+    comes back, its signal dump is written meanwhile and its main thread goes on before the
+    request's thread runs again. The signal dump stays (analyze reads its trigger)."""
+    from multihost._job import _dump
+
+    written: list[dict[str, Any]] = []
+
+    def document(what: str, details: Any) -> dict[str, Any]:
+        if what == 'request':  # the GIL came back while this document was taken
+            assert _dump.dump('signal', {'signal': 'SIGUSR1'})
+        return {'trigger': {'what': what, 'time': time.time(), 'details': dict(details or {})}}
+
+    def write(directory: str, doc: dict[str, Any]) -> str:
+        written.append(doc)
+        return os.path.join(directory, 'process-1.json')
+
+    monkeypatch.setattr(_dump, 'document', document)
+    monkeypatch.setattr(_dump._dumpfile, 'write', write)
+    monkeypatch.setattr(_dump._recorder, 'moved_on_since', lambda t: True)  # it went on
+    monkeypatch.setattr(_dump, '_state', _dump._State())
+    _dump._state.directory = str(tmp_path)
+    assert _dump.dump('request', {'by': 0, 'why': 'hang'}) is None
+    assert [d['trigger']['what'] for d in written] == ['signal']
+    assert _dump._state.last_doc is written[-1]
+
+
+def test_a_dump_that_failed_does_not_answer_a_request(tmp_path: Any, monkeypatch: Any) -> None:
+    """This host's own dump could not be written: the others' request that comes next
+    writes one (a host with no dump at all would read as "no dump" in analyze)."""
+    from multihost._job import _dump
+
+    written: list[str] = []
+
+    def document(what: str, details: Any) -> dict[str, Any]:
+        if what == 'signal':
+            raise OSError(28, 'No space left on device')
+        return {'trigger': {'what': what, 'time': time.time(), 'details': dict(details or {})}}
+
+    def write(directory: str, doc: dict[str, Any]) -> str:
+        written.append(doc['trigger']['what'])
+        return os.path.join(directory, 'process-1.json')
+
+    monkeypatch.setattr(_dump, 'document', document)
+    monkeypatch.setattr(_dump._dumpfile, 'write', write)
+    monkeypatch.setattr(_dump._recorder, 'moved_on_since', lambda t: False)  # still there
+    monkeypatch.setattr(_dump, '_state', _dump._State())
+    _dump._state.directory = str(tmp_path)
+    assert _dump.dump('signal', {'signal': 'SIGUSR1'}) is None
+    assert not _dump._current()
+    assert _dump._on_request(None, {'by': 1, 'why': 'hang', 'at': time.time()}) != (
+        '{"path": "kept"}'
+    )
+    assert written == ['request']

@@ -3,8 +3,8 @@
 A host whose program ended writes ``done`` to its liveness key (`_fate._done`); its
 watcher thread stamps the same key every few seconds (`_fate._stamp`). A stamp the
 watcher built just before ``done`` must not land after it: the key would then never
-change again and process 0 would take the ended host for lost (seen in CI: a host that
-called ``sys.exit(0)`` was reported lost 25 s later, and every host ended with 75).
+change again and process 0 would take the ended host for lost (a host that called
+``sys.exit(0)`` reported lost 25 s later, and every host ended with 75).
 """
 
 from __future__ import annotations

@@ -155,8 +155,10 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
     d = _state.directory
     if d is None:
         return None
+    before = mark = _state.last_written
     if what != 'request':
-        _state.last_written = time.time()  # a request arriving meanwhile keeps this one
+        _state.last_written = mark = time.time()  # a request arriving meanwhile keeps this one
+    writes = _state.writes
     try:
         doc = document(what, details)
         with _state.lock:
@@ -164,9 +166,12 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
                 what == 'request'
                 and _state.last_doc is not None
                 and _state.last_doc['trigger']['what'] != 'request'
-                and _current()
+                and (_state.writes != writes or _current())
             ):
-                return None  # this host's own trigger wrote meanwhile: keep it
+                # This host's own trigger wrote meanwhile (while this document was taken: a
+                # host that held the GIL writes its signal dump when the GIL comes back,
+                # then may go on before this thread runs again): keep it.
+                return None
             asked = _asked(_state.last_doc) if what != 'request' else None
             if asked is not None:
                 doc['asked'] = asked
@@ -175,6 +180,8 @@ def dump(what: str, details: Mapping[str, Any] | None = None) -> str | None:
             _state.writes += 1
         return path
     except Exception as exc:  # a dump must never take the program down
+        if _state.last_written == mark != before:
+            _state.last_written = before  # nothing written: a request must not be kept by it
         print(f'multihost: could not write the dump to {d}: {exc}', file=sys.stderr)
         return None
 

@@ -198,8 +198,8 @@ class LocalCluster:
         a leftover peer of an earlier cluster (an ipyparallel engine reconnecting to its dead
         controller, say) can connect to it and then say nothing, or something else.
         `Listener.accept` would authenticate it on the accepting thread without a deadline,
-        and every process behind it would wait for ever (seen in CI: a cluster of 8 whose
-        last processes never got to `jax.distributed.initialize`). Each connection is
+        and every process behind it would wait for ever (a cluster of 8 whose last
+        processes never get to `jax.distributed.initialize`). Each connection is
         authenticated on a thread of its own, within `_HANDSHAKE_S`, and dropped otherwise.
         """
         listener = self._listener
