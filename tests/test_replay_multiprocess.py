@@ -142,3 +142,22 @@ def test_the_report_reads_as_a_verdict():
     assert lines[2].startswith('    #') and ' shard_map -> f32[8,3] at ' in lines[2]
     assert lines[3].startswith('    ') and 'on process 2' in lines[3], lines
     assert lines[4].startswith('    its inputs agreed (made by #'), lines
+
+
+def broken_step(params, batch):
+    if jax.process_index() == 1:
+        raise ValueError('this host cannot trace the step')
+    return clean_step(params, batch)
+
+
+@multiprocess
+def test_a_host_that_cannot_replay_fails_every_host_at_once():
+    import time
+
+    mesh = _mesh()
+    params, batch = _state_and_batch(mesh)
+    t0 = time.monotonic()
+    with pytest.raises(multihost.HostFailedError, match='this host cannot trace the step') as e:
+        multihost.replay(broken_step, params, batch, timeout=60)
+    assert set(e.value.reasons) == {1}
+    assert time.monotonic() - t0 < 45  # at its next comparison, not at a timeout

@@ -38,6 +38,7 @@ from jax.sharding import PartitionSpec as P
 from multihost import _jax_adapter
 from multihost._checks import _fingerprint
 from multihost._checks._treediff import tree_diff
+from multihost._errors import MultihostError
 from multihost._models._replay import Equation, Replay
 from multihost._models._stacks import display_path, frame_package
 
@@ -106,7 +107,32 @@ def replay(
         args, kwargs = _canonical(inputs, (args, kwargs))
     base = dict(name=name, num_processes=n, inputs=inputs, canonical=bool(canonical))
 
+    try:
+        return _replay(fn, args, kwargs, again, op_by_op, timeout, base, seconds)
+    except Exception as exc:
+        if n == 1 or isinstance(exc, MultihostError):
+            raise
+        # This host cannot go on: it takes its turn with its reason, so the others raise
+        # the same HostFailedError at their next comparison instead of waiting for it.
+        from multihost._exchange import _sequence
+
+        _sequence.fail_turn('replay', name, f'{type(exc).__name__}: {exc}'[:300], timeout=timeout)
+
+
+def _replay(
+    fn: Callable[..., Any], args: Any, kwargs: Any, again: int, op_by_op: bool,
+    timeout: float | None, base: dict[str, Any], seconds: dict[str, float],
+) -> Replay:  # fmt: skip
+    """Stages 2 and 3 of `replay`."""
+    n = base['num_processes']
     t0 = time.perf_counter()
+    # Traced first, and agreed on: a host that cannot trace the launch (a Python error)
+    # says so before any host runs it (the others would wait in its collectives).
+    closed = _jaxpr(fn, args, kwargs)
+    if n > 1:
+        from multihost._exchange import _sequence
+
+        _sequence.exchange('replay', 'traced', b'', tree_digest='', timeout=timeout)
     varying, outputs = _again(fn, args, kwargs, again, timeout)
     seconds['again'] = time.perf_counter() - t0
     base.update(runs=again, varying=varying, outputs=outputs, seconds=seconds)
@@ -118,7 +144,6 @@ def replay(
 
     t0 = time.perf_counter()
     walk = _Walk(n, timeout)
-    closed = _jaxpr(fn, args, kwargs)
     walk.total = _count(closed.jaxpr)
     flat = _flat_arguments(fn, args, kwargs)
     found = walk.evaluate(closed, flat)
