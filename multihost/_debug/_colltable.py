@@ -273,9 +273,9 @@ def _row(
     text, site, lib = user_and_library(frames, lambda f: frame_package(f) is not None)
     ids = sum(len(g) for g in groups)
     procs = _process_groups(groups, devices)
-    slices = [{getattr(devices[i], 'slice_index', None) for i in g} for g in groups]
+    slices = [{getattr(devices[i], 'slice_index', None) for i in g} for g in groups if devices]
     crosses = None
-    if devices and any(getattr(d, 'slice_index', None) is not None for d in devices):
+    if len({getattr(d, 'slice_index', None) for d in devices} - {None}) > 1:
         crosses = dcn or any(len(s) > 1 for s in slices)
     return CollectiveOp(
         index=index,

@@ -49,7 +49,8 @@ class CollectiveOp:
         process_groups: the distinct sets of processes the groups span (sorted).
         axes: the mesh axes that vary inside a group (mesh order); empty when no mesh is known
             or none varies.
-        crosses_slices: a group holds devices of two slices; None when slices are unknown.
+        crosses_slices: a group holds devices of two slices; None when the program's devices
+            are on one slice or say none.
         dcn: a transfer between slices that XLA lowered to host transfers (send/recv).
         computation: the HLO computation it sits in (the entry's name or a called one).
         op_name: the op's name from its metadata (``jit(step)/reduce_sum``).
@@ -225,9 +226,11 @@ def _key(op: CollectiveOp) -> tuple[Any, ...]:
 def user_and_library(
     frames: Sequence[tuple[str, int, str]], is_library: Any
 ) -> tuple[tuple[str, ...], str, str]:
-    """(frames as text, innermost own frame, innermost library frame) of frames given
-    innermost first as (file, line, function); ``is_library(file)`` tells a library's file."""
+    """(frames as text, innermost own frame, innermost library frame inside it) of frames
+    given innermost first as (file, line, function); ``is_library(file)`` tells a library's
+    file. A library frame outside the own one (the harness that called the job) is not named."""
     text = tuple(f'{f}:{n} in {fn}' if fn else f'{f}:{n}' for f, n, fn in frames)
-    site = next((t for t, (f, _, _) in zip(text, frames) if not is_library(f)), '')
-    lib = next((t for t, (f, _, _) in zip(text, frames) if is_library(f)), '')
+    own = next((i for i, (f, _, _) in enumerate(frames) if not is_library(f)), len(frames))
+    site = text[own] if own < len(text) else ''
+    lib = text[0] if own > 0 and text else ''  # the library's frame the own one called into
     return text[:MAX_FRAMES], site, lib
