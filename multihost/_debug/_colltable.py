@@ -60,12 +60,13 @@ _cache: weakref.WeakKeyDictionary[Any, CollectiveTable] = weakref.WeakKeyDiction
 
 def table_for(compiled: Any, mesh: Any = None) -> CollectiveTable:
     """`collective_table` of ``compiled``, made once per executable (cached while it lives)."""
+    key = _jax_adapter.executable_of(compiled)
     try:
-        hit = _cache.get(compiled)
+        hit = _cache.get(key)
     except TypeError:  # not weakly referable: made each time
         return collective_table(compiled, mesh=mesh)
     if hit is None:
-        hit = _cache[compiled] = collective_table(compiled, mesh=mesh)
+        hit = _cache[key] = collective_table(compiled, mesh=mesh)
     return hit
 
 

@@ -234,3 +234,32 @@ def user_and_library(
     site = text[own] if own < len(text) else ''
     lib = text[0] if own > 0 and text else ''  # the library's frame the own one called into
     return text[:MAX_FRAMES], site, lib
+
+
+def stuck_words(
+    table: CollectiveTable | None, label: str, waiting: Sequence[int], missing: Sequence[int]
+) -> str:
+    """Where hosts inside launch ``label`` wait when ``missing`` never launched it: ``processes
+    0-2 wait in train_step call #5's first cross-host collective that needs process 3:
+    all-reduce of f32[64] over mesh axis 'data' (processes 0-3), from train.py:88 in
+    train_step; process 3 never launched call #5``. '' without a table. The device's own
+    position is not seen from the host: the collectives before it need only hosts that
+    launched, so this is where they wait at the latest."""
+    if table is None or not missing:
+        return ''
+    who, gone = fmt_hosts(waiting), fmt_hosts(missing)
+    call = label.rpartition(' ')[2] if ' call #' in label else label
+    if not table.ops:
+        why = table.notes[0] if table.notes else 'the program has no collectives recorded'
+        return f'{who} wait inside {label}; which collective is not known: {why}'
+    op = table.first_holding(missing)
+    if op is None:
+        return (
+            f'{who} wait inside {label}, whose program has no cross-host collective that needs '
+            f'{gone}: they wait on something else (a host callback, the device)'
+        )
+    return (
+        f"{who} wait in {label}'s first cross-host collective that needs {gone} "
+        f'(#{op.index} of {len(table.ops) + table.dropped}): {op.words(min(missing))}; '
+        f'{gone} never launched call {call}'
+    )
