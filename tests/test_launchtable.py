@@ -57,3 +57,16 @@ def test_a_returned_launch_s_table_comes_from_its_compiled_signature(installed: 
     other = _launchtable.table_of(_recorder.snapshot(0)[-1])
     assert other is not None and other.ops == ()
     assert other.notes[0].startswith('2 programs compiled for _norm: which one this call ran')
+
+
+def test_uncommitted_arguments_follow_the_sharded_ones(installed: None) -> None:
+    """``jnp.ones`` is not committed to its device: lowered again next to an array over every
+    device it must not be pinned to device 0 (JAX would refuse the devices)."""
+
+    def scale(w: jax.Array, x: jax.Array) -> jax.Array:
+        return w * jnp.sum(x)
+
+    step = jax.jit(scale)
+    step(jnp.ones(4), _sharded(16)).block_until_ready()
+    table = _launchtable.table_of(_recorder.snapshot(0)[-1])
+    assert table is not None and [op.kind for op in table.ops] == ['all-reduce'], table

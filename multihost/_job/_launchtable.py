@@ -27,13 +27,14 @@ _lock = threading.Lock()
 
 
 def abstract(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """``(args, kwargs)`` with every array as a `jax.ShapeDtypeStruct` (shape, dtype,
-    sharding; readable also once donated); None when they cannot be read."""
+    """``(args, kwargs)`` with every array as a `jax.ShapeDtypeStruct` (shape, dtype, and
+    sharding when committed; readable also once donated); None when they cannot be read."""
     import jax
 
     def shape(x: Any) -> Any:
-        if isinstance(x, jax.Array):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        if isinstance(x, jax.Array):  # an uncommitted array follows the others' devices
+            sharding = x.sharding if getattr(x, 'committed', True) else None
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
         return x
 
     try:
