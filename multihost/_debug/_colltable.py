@@ -16,7 +16,7 @@ import math
 import re
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -91,11 +91,14 @@ def collective_table(
         if mesh is None:
             mesh = next((s.mesh for s in shardings if hasattr(s, 'spec')), None)
     hlo = _Hlo(text)
-    devices = list(devices or ())
+    devices = [_Dev(int(d.id), int(d.process_index), getattr(d, 'slice_index', None))
+               for d in devices or ()]  # fmt: skip
     if not devices:
         notes.append('no device assignment: groups are logical ids, processes unknown')
     rows = hlo.collectives()
-    ops = [_row(i, r, hlo, devices, mesh, notes) for i, r in enumerate(rows[:MAX_OPS])]
+    where = {int(d.id): idx for idx, d in np.ndenumerate(mesh.devices)} if mesh is not None else {}
+    names = tuple(str(a) for a in mesh.axis_names) if mesh is not None else ()
+    ops = [_row(i, r, hlo, devices, (where, names), notes) for i, r in enumerate(rows[:MAX_OPS])]
     slices = {getattr(d, 'slice_index', None) for d in devices} - {None}
     axes = tuple(zip(mesh.axis_names, mesh.devices.shape)) if mesh is not None else ()
     return CollectiveTable(
@@ -123,11 +126,21 @@ def _shardings(compiled: Any) -> list[Any]:
     return out
 
 
+class _Dev(NamedTuple):
+    """What the table needs of a device (read once: a TPU device's attributes are calls)."""
+
+    id: int
+    process_index: int
+    slice_index: int | None
+
+
 class _Hlo:
     """An HLO module's text: its computations, source tables and partition count."""
 
     def __init__(self, text: str) -> None:
         self.comps: dict[str, list[str]] = {}
+        self._cache: dict[str, tuple[dict[str, str], list[tuple[str, Any, list[str]]]]] = {}
+        self._holds: dict[str, bool] = {}
         self.entry = ''
         self.module = ''
         self.partitions = 0
@@ -174,18 +187,10 @@ class _Hlo:
         seen_dcn: set[str] = set()
 
         def walk(comp: str, stack: tuple[str, ...]) -> None:
-            lines = self.comps.get(comp, ())
-            by_name = {}
-            for line in lines:
-                m = _INSTR.match(line)
-                if m:
-                    by_name[m.group(1)] = line
-            for line in lines:
-                m = _INSTR.match(line)
-                if m is None:
-                    continue
+            by_name, parsed = self._parsed(comp)
+            for line, m, called in parsed:
                 op = m.group(3)
-                base = op[: -len('-start')] if op.endswith('-start') else op
+                base = _base(op)
                 if base in KINDS:
                     out.append((comp, base, line, by_name))
                 elif op == 'send' and '_xla_megascale_transfer_type' in line:
@@ -194,15 +199,45 @@ class _Hlo:
                     if rk not in seen_dcn:
                         seen_dcn.add(rk)
                         out.append((comp, 'dcn', line, by_name))
-                for c in _CALLED.finditer(line):
-                    names = [c.group(1)] if c.group(1) else _OPERANDS.findall(c.group(2) or '')
-                    for n in names:
-                        if n in self.comps and n not in stack:
-                            walk(n, stack + (n,))
+                for n in called:
+                    if n not in stack and self._has(n, stack + (n,)):
+                        walk(n, stack + (n,))
 
         if self.entry:
             walk(self.entry, (self.entry,))
         return out
+
+    def _parsed(self, comp: str) -> tuple[dict[str, str], list[tuple[str, Any, list[str]]]]:
+        """(instruction lines by name, [(line, match, computations it calls)]), read once."""
+        hit = self._cache.get(comp)
+        if hit is None:
+            by_name: dict[str, str] = {}
+            parsed = []
+            for line in self.comps.get(comp, ()):
+                m = _INSTR.match(line)
+                if m is None:
+                    continue
+                by_name[m.group(1)] = line
+                called = []
+                if '=%' in line or '={' in line:
+                    for c in _CALLED.finditer(line):
+                        names = [c.group(1)] if c.group(1) else _OPERANDS.findall(c.group(2) or '')
+                        called += [n for n in names if n in self.comps]
+                parsed.append((line, m, called))
+            hit = self._cache[comp] = (by_name, parsed)
+        return hit
+
+    def _has(self, comp: str, stack: tuple[str, ...]) -> bool:
+        """Whether ``comp`` or a computation it calls holds a collective (memoized)."""
+        if comp not in self._holds:
+            _, parsed = self._parsed(comp)
+            self._holds[comp] = any(
+                _base(m.group(3)) in KINDS
+                or (m.group(3) == 'send' and '_xla_megascale_transfer_type' in line)
+                or any(n not in stack and self._has(n, stack + (n,)) for n in called)
+                for line, m, called in parsed
+            )
+        return self._holds[comp]
 
     def source(self, line: str, by_name: dict[str, str]) -> tuple[list[tuple[str, int, str]], str]:
         """(frames innermost first, op_name) of an instruction; when it has no metadata, its
@@ -241,12 +276,16 @@ class _Hlo:
         return out
 
 
+def _base(op: str) -> str:
+    return op[: -len('-start')] if op.endswith('-start') else op
+
+
 def _row(
     index: int,
     found: tuple[str, str, str, dict[str, str]],
     hlo: _Hlo,
     devices: list[Any],
-    mesh: Any,
+    mesh: tuple[dict[int, Any], tuple[str, ...]],
     notes: list[str],
 ) -> CollectiveOp:
     comp, kind, line, by_name = found
@@ -399,11 +438,14 @@ def _process_groups(groups: list[list[int]], devices: list[Any]) -> tuple[tuple[
     return tuple(sorted(seen))
 
 
-def _axes(groups: list[list[int]], devices: list[Any], mesh: Any) -> tuple[str, ...]:
-    """The mesh axes along which the devices of some group differ (in the mesh's order)."""
-    if mesh is None or not devices:
+def _axes(
+    groups: list[list[int]], devices: list[Any], mesh: tuple[dict[int, Any], tuple[str, ...]]
+) -> tuple[str, ...]:
+    """The mesh axes along which the devices of some group differ (in the mesh's order);
+    ``mesh``: (device id -> its mesh index, the axis names)."""
+    where, names = mesh
+    if not where or not devices:
         return ()
-    where = {d.id: idx for idx, d in np.ndenumerate(mesh.devices)}
     varying: set[int] = set()
     for g in groups:
         coords = [where.get(devices[i].id) for i in g]
@@ -411,4 +453,4 @@ def _axes(groups: list[list[int]], devices: list[Any], mesh: Any) -> tuple[str, 
             continue
         arr = np.array(coords)
         varying |= {a for a in range(arr.shape[1]) if len(set(arr[:, a].tolist())) > 1}
-    return tuple(str(mesh.axis_names[a]) for a in sorted(varying))
+    return tuple(names[a] for a in sorted(varying))
