@@ -167,3 +167,25 @@ def test_hlo_text_alone_reads_each_group_form_in_program_order():
     assert rs.groups_text == '[2,2]<=[2,2]T(1,0)'
     assert table.notes == ('no device assignment: groups are logical ids, processes unknown',)
     assert CollectiveTable.from_json(table.to_json()) == table
+
+
+def test_two_programs_part_where_their_collectives_differ_and_the_verdict_words():
+    """`first_difference` finds the first differing collective; `stuck_words` says where hosts
+    wait when a peer never launched, or plainly that it is not known."""
+    import dataclasses
+
+    from multihost._models._colltable import CollectiveTable, stuck_words
+
+    a = collective_table(HLO)
+    ops = list(a.ops)
+    ops[1] = dataclasses.replace(ops[1], shape='f32[16]')
+    b = dataclasses.replace(a, ops=tuple(ops))
+    assert a.first_difference(a) is None
+    assert a.first_difference(b) == (1, a.ops[1], b.ops[1])
+    assert a.first_difference(dataclasses.replace(a, ops=a.ops[:2])) == (2, a.ops[2], None)
+    unknown = CollectiveTable(program='step', notes=('2 programs compiled for step: ...',))
+    assert stuck_words(unknown, 'step call #5', [0, 1], [2]) == (
+        'processes 0-1 wait inside step call #5; which collective is not known: 2 programs '
+        'compiled for step: ...'
+    )
+    assert stuck_words(None, 'step call #5', [0, 1], [2]) == ''

@@ -171,15 +171,19 @@ class CollectiveTable:
         return None
 
     def first_difference(self, other: CollectiveTable) -> tuple[int, _Row, _Row] | None:
-        """(position, this side's row, the other's) where the two sequences part (kind, shape,
-        groups), or None when they agree."""
-        a, b = self.cross_process(), other.cross_process()
+        """(position, this side's row, the other's) where the two sequences of cross-process
+        collectives part (kind, shape, groups), or None when they agree; every collective
+        when a table knows no processes (read from HLO text alone)."""
+        a, b = self._compared(), other._compared()
         for i in range(max(len(a), len(b))):
             x = a[i] if i < len(a) else None
             y = b[i] if i < len(b) else None
             if x is None or y is None or _key(x) != _key(y):
                 return i, x, y
         return None
+
+    def _compared(self) -> tuple[CollectiveOp, ...]:
+        return self.cross_process() if self.processes else self.ops
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(',', ':'))
