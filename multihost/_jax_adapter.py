@@ -225,3 +225,26 @@ def equation_frames(eqn: Any) -> list[tuple[str, int, str]]:
     except AttributeError:
         return []
     return [(f.file_name, int(f.line_num), f.function_name) for f in frames or ()]
+
+
+def cache_size(fn: Any) -> int:
+    """How many programs a `jax.jit` function holds compiled (-1 when it does not say).
+
+    INTERNAL: `PjitFunction._cache_size()` (C++, about 0.3 us) — public JAX does not say
+    when a call compiled. `multihost.install`'s jit asks it after each recorded launch and
+    keeps a new program's abstract signature, so a hang dump can name its collectives.
+    """
+    try:
+        return int(fn._cache_size())
+    except Exception:
+        return -1
+
+
+def executable_of(compiled: Any) -> Any:
+    """The executable inside a `jax.stages.Compiled` (the same object each time JAX's own
+    cache hands back the same program), else ``compiled`` itself.
+
+    INTERNAL: `Compiled._executable` (a `MeshExecutable`): lowering a signature again gives a
+    new `Compiled` around the cached executable; the collective table is cached by it.
+    """
+    return getattr(compiled, '_executable', None) or compiled

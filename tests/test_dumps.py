@@ -342,6 +342,25 @@ def test_hosts_blocked_inside_a_launch_call_dump_for_a_hang(job: Any) -> None:
     ), lines
     assert 'culprit: process 2' in lines, lines
     assert any(ln.startswith('never launched it: process 2') for ln in lines), lines
+    # the launch's collective table, made when the dump was written: the all-reduce the
+    # hosts inside wait in, over the mesh axis, needing process 2, from the job's own line
+    tables = [by[p].collectives['late_step call #0'] for p in (0, 1)]
+    assert tables[0] == tables[1] and tables[0].processes == (0, 1, 2), tables[0]
+    line = _job_line('return jnp.sum(a) * a')
+    assert (
+        "processes 0-1 wait in late_step call #0's first cross-host collective that needs "
+        "process 2 (#0 of 1): all-reduce of f32[] over mesh axis 'i' (processes 0-2), from "
+        f'_dump_job.py:{line} in late_step; process 2 never launched call #0'
+    ) in lines, lines
+    assert by[2].collectives == {}  # it never launched: no pending launch, no table
+
+
+def _job_line(text: str) -> int:
+    """The line of ``_dump_job.py`` that is ``text`` (stripped): exactly one."""
+    with open(JOB) as f:
+        hits = [i for i, ln in enumerate(f, 1) if ln.strip() == text]
+    assert len(hits) == 1, hits
+    return hits[0]
 
 
 def test_a_script_staged_per_host_hangs_in_its_first_all_reduce_and_analyze_says_why(

@@ -133,8 +133,11 @@ def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, A
         'records': [list(dataclasses.astuple(r)) for r in records],
         'gone': {},
     }
-    from multihost._job import _audit
+    from multihost._job import _audit, _launchtable
 
+    tables = _launchtable.for_dump(front.pending)  # the pending launch's collectives
+    if tables:
+        doc['collectives'] = tables
     if _audit.enabled() or _audit.report().findings:
         doc['audit'] = _audit.report().to_json()
     return doc

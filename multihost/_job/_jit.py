@@ -38,6 +38,7 @@ import functools
 import importlib
 import os
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,7 +49,7 @@ import jaxlib
 from multihost import _cells, _jax_adapter, _recorder
 from multihost._debug import _stepgate, _watch
 from multihost._exchange import _sequence
-from multihost._job import _audit
+from multihost._job import _audit, _launchtable
 from multihost._job._options import InstallOptions
 
 #: Module name prefixes whose references are never replaced: JAX's own (which
@@ -101,6 +102,9 @@ class Jitted:
         '_sharding',
         '_watched',
         '_by_key',
+        '_entry',
+        '_programs',
+        '_abstract',
         '__dict__',
         '__weakref__',
     )
@@ -112,6 +116,10 @@ class Jitted:
         self._sharding: Any = None  # ... read from this output sharding
         self._watched: _watch.Watched | None = None  # check_jit only: signatures, the check
         self._by_key: dict[Any, bool] = {}  # check_jit only: signature -> spans processes
+        self._entry: Any = None  # the last recorded launch's entry
+        self._programs = 0  # programs JAX holds compiled for it, at the last launch
+        self._abstract: Any = None  # (args, kwargs) as shapes: the newest program's signature
+        _launchtable.JITTED.add(self)
         self.__dict__.update(getattr(fn, '__dict__', {}))  # __wrapped__, __name__, _jit_info...
 
     # JAX's stages, on the class: `jax.stages.Wrapped` (a runtime protocol) looks
@@ -153,11 +161,20 @@ class Jitted:
             _stepgate.launch_gate(self._name, site)
         entry = _recorder.note('launch', self._name, seq=None, digest='', site=site, checked=False)
         entry.spans = self._spans
+        ident = threading.get_ident()
+        _launchtable.IN_FLIGHT[ident] = (entry, self, args, kwargs)  # a dump lowers it again
         try:
             out = self._fn(*args, **kwargs)
         except BaseException:
             _recorder.finished(entry, failed=True)
             raise
+        finally:
+            _launchtable.IN_FLIGHT.pop(ident, None)
+        self._entry = entry
+        programs = _jax_adapter.cache_size(self._fn)
+        if programs != self._programs:  # this call compiled: keep its signature, as shapes
+            self._programs = programs
+            self._abstract = _launchtable.abstract(args, kwargs)
         # The record learns the launch's devices and keeps an output to ask later.
         try:
             first = _watch.first_array(out)

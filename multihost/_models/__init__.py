@@ -17,6 +17,7 @@ engines build these, the notebook's views draw them, tests build them by hand.
 * `_census`: `EnvDiff`, `EnvEntry`, `MemoryCensus`, `HostMemory`, `DeviceMemory`, `ArrayGroup`.
 * `_nonfinite`: `NonfiniteReport`, `NonfiniteLeaf`, `NonfiniteShard`.
 * `_audit`: `AuditReport`, `AuditFinding` (what the audit of a running job found).
+* `_colltable`: `CollectiveTable`, `CollectiveOp` (a compiled program's collectives, in order).
 
 What a job leaves on disk, and its reading, live here too, so that ``multihost analyze`` and
 the notebook's ``postmortem`` read it without jax: `_dumpfile` (the dump format: `Dump`,

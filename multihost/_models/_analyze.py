@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from multihost._models._colltable import stuck_words
 from multihost._models._dumpfile import Dump, DumpFormatError, read_dirs
 from multihost._models._native import NativeStacks
 from multihost._models._native import read_dirs as read_native_dirs
@@ -81,6 +82,9 @@ class Verdict:
         never_ends: why the launch every host is inside can never end, when the dumps say
             (`_source_paths`: one file at different paths on jax >= 0.12 with CPU
             devices); else empty. Also under a cause (Ctrl-C is how such a hang ends).
+        collective: when hosts are inside a launch that others never launched and a dump
+            holds the launch's collective table: the first of its cross-host collectives
+            that needs a host behind (`_colltable.stuck_words`); else empty.
     """
 
     num_processes: int
@@ -101,6 +105,7 @@ class Verdict:
     audit: tuple[str, ...] = ()
     went_on: str = ''
     never_ends: str = ''
+    collective: str = ''
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -617,6 +622,13 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         why = 'furthest behind' + (
             f' (its last {unit} #{lag[straggler]})' if lag[straggler] >= 0 else ''
         )
+    collective = ''
+    if launch is not None and waiting and behind:
+        tables = [d.collectives[launch.label] for d in dumps if launch.label in d.collectives]
+        late = [p for p, _, _ in behind]
+        collective = stuck_words(
+            tables[0] if tables else None, launch.label, waiting[0].processes, late
+        )
     return Verdict(
         num_processes=n,
         dumped=dumped,
@@ -636,6 +648,7 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         audit=audit_lines(dumps),
         went_on=went_on,
         never_ends=never_ends,
+        collective=collective,
     )
 
 
@@ -689,6 +702,20 @@ def _groups_lines(head: str, groups: Sequence[Group], room: int) -> list[str]:
     return out
 
 
+def _target_lines(v: Verdict) -> list[str]:
+    """Where the leading hosts are: inside a launch (and its collective), at a wait, ahead."""
+    if v.waiting is not None and v.in_launch:
+        are = 'is' if len(v.waiting.processes) == 1 else 'are'
+        inside = (
+            f'{fmt_hosts(v.waiting.processes)} {are} inside {v.target} (not done on device)'
+            f'{_since(v.waiting)}'
+        )
+        return [inside] + ([v.collective] if v.collective else [])
+    if v.waiting is not None:
+        return [f'{fmt_hosts(v.waiting.processes)} wait in {v.target}{_since(v.waiting)}']
+    return [f'the furthest hosts are in {v.target}'] if v.target else []
+
+
 def format_verdict(v: Verdict) -> list[str]:
     """`Verdict` -> at most `MAX_LINES` lines."""
     why = '; '.join(f'{k}: {fmt_hosts(ps)}' for k, ps in v.triggers.items())
@@ -709,16 +736,7 @@ def format_verdict(v: Verdict) -> list[str]:
         lines.append(f'gone, say the others: {fmt_hosts(ps)}: {reason}')
     if v.culprits:
         lines.append(f'{"slow" if v.went_on else "culprit"}: {fmt_hosts(v.culprits)}')
-    if v.waiting is not None and v.in_launch:
-        are = 'is' if len(v.waiting.processes) == 1 else 'are'
-        lines.append(
-            f'{fmt_hosts(v.waiting.processes)} {are} inside {v.target} (not done on device)'
-            f'{_since(v.waiting)}'
-        )
-    elif v.waiting is not None:
-        lines.append(f'{fmt_hosts(v.waiting.processes)} wait in {v.target}{_since(v.waiting)}')
-    elif v.target:
-        lines.append(f'the furthest hosts are in {v.target}')
+    lines += _target_lines(v)
     if v.behind:
         head = 'never launched it: ' if v.in_launch else 'never arrived there: '
         lines += _groups_lines(head, v.behind, MAX_GROUPS)

@@ -16,6 +16,8 @@ then `os.replace`), at most `MAX_BYTES`. Format ``multihost-dump`` version
      "gone": {"3": "no answer to the dump request"},
      "asked": {"trigger": {...}, "front": {...}, "stacks": {...}},  # optional
      "audit": {...},            # optional: `AuditReport.to_json` (--audit)
+     "collectives": {"step call #5": {...}},  # optional: the pending launch's
+                                # `CollectiveTable` (its collectives, groups, lines)
      "trimmed": {"records": 0, "frames": 0}}
 
 ``trigger.what`` is one of `TRIGGERS`. ``asked`` (optional) is what a host wrote
@@ -40,6 +42,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from multihost._models._audit import AuditReport
+from multihost._models._colltable import CollectiveTable
 from multihost._models._stacks import HostStacks
 from multihost._models._wavefront import HostFront
 from multihost._recorder import FlightRecord
@@ -98,6 +101,9 @@ class Dump:
     #: ``jax.default_backend()`` when the dump was written ('' before its backends started,
     #: and in dumps written before this field was).
     platform: str = ''
+    #: The collective table of the launch pending at the dump, by its label (``late_step call
+    #: #0``); empty when none was made (no installed jit launched it, dumps older than it).
+    collectives: Mapping[str, CollectiveTable] = dataclasses.field(default_factory=dict)
 
 
 def encode(doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> str:
@@ -205,6 +211,10 @@ def parse(doc: Any, path: str = '<dump>') -> Dump:
             trimmed=dict(doc.get('trimmed') or {}),
             audit=AuditReport.from_json(doc['audit']) if doc.get('audit') else None,
             platform=str(doc.get('platform', '')),
+            collectives={
+                str(k): CollectiveTable.from_dict(v)
+                for k, v in (doc.get('collectives') or {}).items()
+            },
         )
         asked = doc.get('asked')
         if isinstance(asked, dict) and asked:

@@ -1,0 +1,191 @@
+"""The collective table of programs compiled for real TPU pods, without TPUs: libtpu on this
+CPU machine (``JAX_PLATFORMS=cpu``) compiles for a v5e:4x4 pod and for two of them
+(``num_slices=2``), and the table names the mesh axes, the processes of each group, which
+collectives stay inside a slice and which cross slices (DCN), and this file's lines.
+
+Needs libtpu, as `test_layout_topology` does: skipped without it, saying so;
+``MH_REQUIRE_LIBTPU=1`` fails instead. The tests at the end read HLO text alone (no libtpu).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers import source_line
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from multihost._debug._colltable import collective_table, table_for
+from multihost._models._colltable import CollectiveTable
+
+HAVE_LIBTPU = importlib.util.find_spec('libtpu') is not None
+WHY = (
+    'libtpu is not installed: the test extra installs libtpu==0.0.42.* only with Python '
+    "3.11's jax 0.10.2 (jax 0.12 needs another libtpu); pip install 'libtpu==0.0.42.*'"
+)
+if not HAVE_LIBTPU and os.environ.get('MH_REQUIRE_LIBTPU') == '1':
+    raise RuntimeError(f'MH_REQUIRE_LIBTPU=1 but {WHY}')
+needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU, reason=WHY)
+
+
+def _partial_sums(x: jax.Array) -> jax.Array:
+    return jnp.sum(x, axis=0)  # colltable: rows summed
+
+
+def _step(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    rows = _partial_sums(x)
+    cols = jnp.sum(x, axis=1)  # colltable: columns summed
+    return rows, cols, x @ x.T
+
+
+def _compiled(slices: int) -> tuple[jax.stages.Compiled, Mesh]:
+    from jax.experimental import topologies
+
+    os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')  # no chip: no lock (as _preview)
+    extra = {'num_slices': slices} if slices > 1 else {}
+    topo = topologies.get_topology_desc(topology_name='v5e:4x4', platform='tpu', **extra)
+    devices = np.array(topo.devices)
+    if slices > 1:
+        mesh = Mesh(devices.reshape(slices, 4, 4), ('slice', 'data', 'model'))
+        s = NamedSharding(mesh, P(('slice', 'data'), 'model'))
+    else:
+        mesh = Mesh(devices.reshape(4, 4), ('data', 'model'))
+        s = NamedSharding(mesh, P('data', 'model'))
+    shape = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=s)
+    traced = jax.jit(_step, in_shardings=s).trace(shape)
+    return traced.lower(lowering_platforms=('tpu',)).compile(), mesh
+
+
+@needs_libtpu
+def test_v5e_4x4_pod_names_axes_processes_and_lines():
+    compiled, mesh = _compiled(1)
+    table = table_for(compiled)
+    assert table_for(compiled) is table  # once per executable
+    assert CollectiveTable.from_json(table.to_json()) == table
+    assert table.program == 'jit__step' and table.num_devices == 16
+    assert table.processes == (0, 1, 2, 3) and table.slices == 0
+    assert table.mesh_axes == (('data', 4), ('model', 4))
+    kinds = [(op.kind, op.axes) for op in table.ops]
+    assert kinds == [
+        ('all-reduce', ('data',)),
+        ('all-gather', ('data',)),
+        ('all-reduce', ('model',)),
+    ], table
+    rows, gather, cols = table.ops
+    # 'data' crosses the pod's 4 hosts (2x2 chips each); 'model' spans 2 hosts' chips in a row
+    ids = {d.id: d for d in mesh.devices.flat}
+    for g in rows.groups:
+        assert [ids[i] for i in g] in [list(c) for c in mesh.devices.T]
+    assert rows.process_groups == ((0, 1, 2, 3),) and rows.cross_process
+    assert cols.process_groups == ((0,), (1,), (2,), (3,)) and not cols.cross_process
+    assert all(op.crosses_slices is None and not op.dcn for op in table.ops)
+    here = os.path.basename(__file__)
+    line = source_line(_partial_sums, 'return jnp.sum(x, axis=0)')
+    assert rows.site == f'{__file__}:{line} in _partial_sums'
+    assert rows.frames[1] == f'{__file__}:{source_line(_step, "rows =")} in _step'
+    assert table.first_holding([3]) is rows
+    assert rows.words(3) == (
+        f"all-reduce of f32[16] over mesh axis 'data' (processes 0-3), from {here}:{line} in "
+        '_partial_sums'
+    )
+    assert cols.words() == (
+        "all-reduce of (f32[16], f32[16,64]) over mesh axis 'model' (inside each process), "
+        f'from {here}:{source_line(_step, "cols =")} in _step'
+    )
+    assert gather.shape == 'bf16[64,16]'
+
+
+@needs_libtpu
+def test_two_slices_say_which_collectives_cross_slices():
+    compiled, mesh = _compiled(2)
+    table = collective_table(compiled)
+    assert table.slices == 2 and table.num_devices == 32 and table.processes == tuple(range(8))
+    assert table.mesh_axes == (('slice', 2), ('data', 4), ('model', 4))
+    across = [op for op in table.ops if op.crosses_slices]
+    inside = [op for op in table.ops if op.crosses_slices is False]
+    assert across and inside and len(across) + len(inside) == len(table.ops)
+    # XLA splits the program per slice: across slices only the DCN transfers, over 'slice'
+    assert all(op.dcn and op.axes == ('slice',) for op in across), across
+    assert {op.kind for op in across} == {'all-reduce', 'all-gather'}
+    # each DCN group: the same chip of both slices, one process of each
+    for op in across:
+        assert len(op.groups) == 16 and all(len(g) == 2 for g in op.groups)
+        assert op.process_groups == ((0, 4), (1, 5), (2, 6), (3, 7))
+        assert 'across slices (DCN)' in op.words()
+    assert {op.axes for op in inside} == {('data',), ('model',)}
+    data = [op for op in inside if op.axes == ('data',)]
+    assert all(op.process_groups == ((0, 1, 2, 3), (4, 5, 6, 7)) for op in data)
+    slice_of = {d.id: d.slice_index for d in mesh.devices.flat}
+    for op in inside:
+        assert all(len({slice_of[i] for i in g}) == 1 for g in op.groups)
+        assert 'inside a slice' in op.words()
+    assert any(op.site.startswith(f'{__file__}:') for op in inside)
+
+
+HLO = """HloModule jit_f, is_scheduled=true, num_partitions=4
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  %ag-start = (f32[2]{0}, f32[8]{0}) all-gather-start(%p), channel_id=3, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true, metadata={op_name="jit(f)/ag" source_file="/work/x.py" source_line=7}
+  ROOT %ag-done = f32[8]{0} all-gather-done(%ag-start), metadata={op_name="jit(f)/ag" source_file="/work/x.py" source_line=7}
+}
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %ar = f32[8]{0} all-reduce(%x), channel_id=1, replica_groups={{0,2},{1,3}}, use_global_device_ids=true, to_apply=%add
+  %cp = f32[8]{0} collective-permute(%ar), channel_id=2, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  %call = f32[8]{0} call(%cp), to_apply=%body
+  ROOT %rs = f32[2]{0} reduce-scatter(%call), channel_id=4, replica_groups=[2,2]<=[2,2]T(1,0), dimensions={0}, to_apply=%add
+}
+"""  # noqa: E501
+
+
+def test_hlo_text_alone_reads_each_group_form_in_program_order():
+    """Without devices the groups stay logical ids; the order steps into called computations;
+    an async pair counts once, at its start."""
+    table = collective_table(HLO)
+    assert [(op.kind, op.name) for op in table.ops] == [
+        ('all-reduce', 'ar'),
+        ('collective-permute', 'cp'),
+        ('all-gather', 'ag-start'),
+        ('reduce-scatter', 'rs'),
+    ]
+    ar, cp, ag, rs = table.ops
+    assert ar.groups == () and ar.groups_text == '{{0,2},{1,3}}'
+    assert cp.groups_text == '{{0,1},{1,2},{2,3},{3,0}}'
+    assert ag.shape == 'f32[8]' and ag.computation == 'body'
+    assert ag.frames == ('/work/x.py:7',) and ag.site == '/work/x.py:7'
+    assert rs.groups_text == '[2,2]<=[2,2]T(1,0)'
+    assert table.notes == ('no device assignment: groups are logical ids, processes unknown',)
+    assert CollectiveTable.from_json(table.to_json()) == table
+
+
+def test_two_programs_part_where_their_collectives_differ_and_the_verdict_words():
+    """`first_difference` finds the first differing collective; `stuck_words` says where hosts
+    wait when a peer never launched, or plainly that it is not known."""
+    import dataclasses
+
+    from multihost._models._colltable import CollectiveTable, stuck_words
+
+    a = collective_table(HLO)
+    ops = list(a.ops)
+    ops[1] = dataclasses.replace(ops[1], shape='f32[16]')
+    b = dataclasses.replace(a, ops=tuple(ops))
+    assert a.first_difference(a) is None
+    assert a.first_difference(b) == (1, a.ops[1], b.ops[1])
+    assert a.first_difference(dataclasses.replace(a, ops=a.ops[:2])) == (2, a.ops[2], None)
+    unknown = CollectiveTable(program='step', notes=('2 programs compiled for step: ...',))
+    assert stuck_words(unknown, 'step call #5', [0, 1], [2]) == (
+        'processes 0-1 wait inside step call #5; which collective is not known: 2 programs '
+        'compiled for step: ...'
+    )
+    assert stuck_words(None, 'step call #5', [0, 1], [2]) == ''
