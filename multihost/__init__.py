@@ -105,10 +105,10 @@ if TYPE_CHECKING:  # what `_load` binds, for type checkers and readers
 __version__ = '0.1.0'
 
 
-#: Each public name (but `__version__`) -> (its module, its name there). `_load` imports
-#: every module at once: they wire themselves together as they are imported (the step
-#: gate's enter hook, the debug thread's commands, collectives off the main thread, the
-#: audit's control method), so a process that uses one name has the whole drop-in.
+#: Each public name (but `__version__`) -> (its module, its name there). `_load` wires the
+#: hooks (`multihost._job._wiring.wire`: the step gate's enter hook, the debug thread's commands,
+#: collectives off the main thread, the audit's control method), then binds every name, so
+#: a process that uses one name has the whole drop-in.
 _HOMES: dict[str, tuple[str, str]] = {
     'env_diff': ('multihost._checks._census', 'env_diff'),
     'memory_census': ('multihost._checks._census', 'memory_census'),
@@ -208,7 +208,7 @@ def _load() -> None:
     """Binds every public name here, importing the whole drop-in (jax first)."""
     import importlib
 
-    importlib.import_module('multihost._exchange._threads')  # collectives off the main thread
+    importlib.import_module('multihost._job._wiring').wire()  # the hooks, before any name is used
     for name, (module, attr) in _HOMES.items():
         globals()[name] = getattr(importlib.import_module(module), attr)
 

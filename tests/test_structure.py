@@ -439,10 +439,10 @@ def test_the_jax_block_is_real():
 
 
 def test_the_public_surface_loads_whole_on_its_first_name():
-    """``import multihost`` imports no jax; its first public name loads every room as the
-    eager import did, so the modules that wire themselves in are there: the step gate's
-    enter hook, collectives off the main thread, the debug thread's commands, the audit's
-    control method; ``from multihost import *`` and ``dir`` give every public name."""
+    """``import multihost`` imports no jax; its first public name loads every room and wires
+    the hooks (`multihost._job._wiring`): the step gate's enter hook, collectives off the main
+    thread, the debug thread's commands, the audit's control method; ``from multihost import
+    *`` and ``dir`` give every public name."""
     code = (
         'import sys\n'
         'import multihost\n'
@@ -455,6 +455,38 @@ def test_the_public_surface_loads_whole_on_its_first_name():
         'assert _sequence._enter_hook is not None and _sequence._off_main is _threads\n'
         "assert {'stacks', 'front', 'records', 'stepping'} <= set(_bus._HANDLERS)\n"
         "assert 'audit' in _control._METHODS\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, '-c', code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.stdout == 'ok\n', done.stderr
+
+
+def test_importing_a_module_wires_nothing_and_wire_connects_every_hook():
+    """Every module of `multihost` imported in a fresh process registers no command, hook
+    or method; `multihost._job._wiring.wire()` connects each one once (a second call changes
+    nothing)."""
+    code = (
+        'import importlib, pkgutil, multihost\n'
+        "names = [m.name for m in pkgutil.walk_packages(multihost.__path__, 'multihost.')\n"
+        "         if not m.name.endswith('__main__')]\n"
+        'for name in names:\n'
+        '    importlib.import_module(name)\n'
+        'from multihost._job import _wiring\n'
+        'from multihost._debug import _control\n'
+        'from multihost._exchange import _bus, _sequence, _threads\n'
+        'assert len(names) > 80 and not _wiring.wired()\n'
+        'assert not _bus._HANDLERS and not _bus._ON_START, (_bus._HANDLERS, _bus._ON_START)\n'
+        'assert _sequence._enter_hook is None and _sequence._off_main is None\n'
+        "assert 'audit' not in _control._METHODS\n"
+        '_wiring.wire()\n'
+        'got = (dict(_bus._HANDLERS), list(_bus._ON_START), _sequence._enter_hook)\n'
+        '_wiring.wire()\n'
+        'assert got == (dict(_bus._HANDLERS), list(_bus._ON_START), _sequence._enter_hook)\n'
+        "assert set(_bus._HANDLERS) == {'stacks', 'front', 'records', 'stepping', 'dump', 'fate'}\n"
+        'assert len(_bus._ON_START) == 2 and _sequence._off_main is _threads\n'
+        "assert _sequence._enter_hook is not None and 'audit' in _control._METHODS\n"
         "print('ok')\n"
     )
     done = subprocess.run(

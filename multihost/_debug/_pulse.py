@@ -189,4 +189,6 @@ def _on_debug_start(client: object) -> None:
     ensure_started()  # history from the start: the first question has its window
 
 
-_bus.on_start(_on_debug_start)
+def wire() -> None:
+    """The sampler starts with the debug thread (`multihost._job._wiring`)."""
+    _bus.on_start(_on_debug_start)

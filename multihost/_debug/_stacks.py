@@ -227,4 +227,6 @@ def where(timeout: float = 10.0, *, gone: Mapping[int, str] | None = None) -> di
     return out
 
 
-_bus.register('stacks', lambda client, order: capture(_kv.process_index()).to_json())
+def wire() -> None:
+    """The debug thread answers 'stacks' (`multihost._job._wiring`)."""
+    _bus.register('stacks', lambda client, order: capture(_kv.process_index()).to_json())

@@ -394,5 +394,8 @@ def _on_enter(client: Any, rec: _sequence.CollectiveRecord) -> Callable[[], None
     return wait_at_gate
 
 
-_bus.register('stepping', _on_stepping_command, on_start=_read_flag)
-_sequence.set_enter_hook(_on_enter)
+def wire() -> None:
+    """The debug thread answers 'stepping'; every collective passes the gate first
+    (`multihost._job._wiring`)."""
+    _bus.register('stepping', _on_stepping_command, on_start=_read_flag)
+    _sequence.set_enter_hook(_on_enter)

@@ -180,5 +180,7 @@ def _on_records(client: Any, order: dict[str, Any]) -> str:
     return json.dumps([dataclasses.astuple(r) for r in recs], separators=(',', ':'))
 
 
-_bus.register('front', lambda client, order: front().to_json())
-_bus.register('records', _on_records)
+def wire() -> None:
+    """The debug thread answers 'front' and 'records' (`multihost._job._wiring`)."""
+    _bus.register('front', lambda client, order: front().to_json())
+    _bus.register('records', _on_records)

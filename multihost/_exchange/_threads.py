@@ -241,4 +241,6 @@ def _timeout_error(data: Mapping[str, Any], rec: CollectiveRecord) -> BarrierTim
     )
 
 
-_sequence.set_off_main(sys.modules[__name__])
+def wire() -> None:
+    """Collectives called off the main thread go through this module (`multihost._job._wiring`)."""
+    _sequence.set_off_main(sys.modules[__name__])

@@ -717,5 +717,7 @@ def _serve_report(**_: Any) -> AuditReport:
     return report()
 
 
-# The control endpoint answers `ControlClient.audit` with this host's (process 0's) report.
-_control.register_method('audit', _serve_report)
+def wire() -> None:
+    """The control endpoint answers `ControlClient.audit` with this host's (process 0's)
+    report (`multihost._job._wiring`)."""
+    _control.register_method('audit', _serve_report)

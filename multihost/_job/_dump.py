@@ -330,7 +330,9 @@ def _on_request(client: Any, order: dict[str, Any]) -> str:
     return json.dumps({'path': dump('request', details)})
 
 
-_bus.register('dump', _on_request)
+def wire() -> None:
+    """The debug thread answers 'dump' (`multihost._job._wiring`)."""
+    _bus.register('dump', _on_request)
 
 
 def error_details(exc: BaseException) -> tuple[str, dict[str, Any]]:

@@ -861,4 +861,6 @@ def _on_fate(client: Any, order: dict[str, Any]) -> Any:
     )
 
 
-_bus.register('fate', _on_fate)
+def wire() -> None:
+    """The debug thread answers 'fate' (`multihost._job._wiring`)."""
+    _bus.register('fate', _on_fate)

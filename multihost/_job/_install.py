@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from multihost._checks import _treediff
 from multihost._core import _arrays, _collectives, _fault
 from multihost._exchange import _sequence
-from multihost._job import _options
+from multihost._job import _options, _wiring
 from multihost._job._options import InstallOptions
 
 
@@ -143,6 +143,7 @@ def apply(options: InstallOptions) -> None:
       ValueError: already installed with other options (`uninstall` first).
     """
     global _active
+    _wiring.wire()
     with _lock:
         if _active is not None:
             if _active.options == options:
