@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from multiprocessing import AuthenticationError
 from typing import TYPE_CHECKING, Any
 
-from mhnotebook._errors import HostsError, RemoteFailure, SessionError, processes_phrase
+from mhnotebook._errors import HostsError, RemoteFailure, SessionError
 from mhnotebook._jobview import DataViewBase, Frame
+from multihost._text import fmt_hosts
 
 if TYPE_CHECKING:
     from mhnotebook._transfer._gather import GatherState
@@ -209,7 +210,7 @@ class AttachedJob(DataViewBase):
         silent = [p for p in wanted if p not in answers]
         if silent:
             raise SessionError(
-                f'{processes_phrase(silent)} did not answer within {timeout:g} s (gone, or '
+                f'{fmt_hosts(silent)} did not answer within {timeout:g} s (gone, or '
                 'its debug thread is busy); job.where() shows what each host does'
             )
         return answers
@@ -242,7 +243,7 @@ class AttachedJob(DataViewBase):
                 f'process {p} at {s["at"] or "?"}' for p, s in sorted(running.items())[:4]
             )
             raise SessionError(
-                f'{processes_phrase(sorted(running))} running its own code, not stopped ({said}): '
+                f'{fmt_hosts(sorted(running))} running its own code, not stopped ({said}): '
                 'stop the job first (job.set_stepping(True) or %mh_step on: the hosts pause '
                 'before their next launch), then ask again'
             )
@@ -252,7 +253,7 @@ class AttachedJob(DataViewBase):
         if failures:
             first = next(iter(failures.values()))
             raise HostsError(
-                f'{tool.name} failed on {processes_phrase(sorted(failures))}: '
+                f'{tool.name} failed on {fmt_hosts(sorted(failures))}: '
                 f'{first.ename}: {first.evalue}',
                 failures,
             )

@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from multihost._text import fmt_hosts
+
 __all__ = [
     'HostDiedError',
     'HostGoneError',
@@ -185,17 +187,17 @@ class InterruptReport:
         """One line: who stopped, who did not and what to do about it."""
         worked = [p for p in self.stopped if p not in self.finished]
         if worked or not self.stopped:
-            text = f'interrupted: {processes_phrase(worked)} stopped'
+            text = f'interrupted: {fmt_hosts(worked)} stopped'
         else:
             text = 'interrupted: nothing was running'
         if not self.running:
             text += f' in {self.seconds:.1f} s' if worked else ''
-        done = f' ({processes_phrase(self.finished)} had already finished)' if worked else ''
+        done = f' ({fmt_hosts(self.finished)} had already finished)' if worked else ''
         text += done if self.finished else ''
         if not self.running:
             return text + '.'
         return (
-            text + f'; {processes_phrase(self.running)} did not stop within {self.waited:g} s '
+            text + f'; {fmt_hosts(self.running)} did not stop within {self.waited:g} s '
             '(blocked in native code such as a device collective, which SIGINT cannot '
             'interrupt): %mh_cluster restart (session.restart()).'
         )
@@ -211,25 +213,6 @@ class SessionInterruptedError(SessionError):
     def __init__(self, report: InterruptReport):
         super().__init__(report.message)
         self.report = report
-
-
-def processes_phrase(processes: Sequence[int]) -> str:
-    """``[3]`` -> ``'process 3'``; ``[0, 1, 2, 5]`` -> ``'processes 0-2, 5'`` (the words of
-    `multihost._text.fmt_hosts`, here so that ``import mhnotebook`` imports nothing of
-    `multihost`)."""
-    ps = sorted(set(processes))
-    if not ps:
-        return 'no process'
-    runs: list[str] = []
-    start = prev = ps[0]
-    for p in [*ps[1:], None]:
-        if p is not None and p == prev + 1:
-            prev = p
-            continue
-        runs.append(str(start) if start == prev else f'{start}-{prev}')
-        if p is not None:
-            start = prev = p
-    return ('process ' if len(ps) == 1 else 'processes ') + ', '.join(runs)
 
 
 def how_ended(code: int | None) -> str:
@@ -248,20 +231,20 @@ def fate_note(
     if 0 in died:
         return (
             " Process 0 ran JAX's coordination service: "
-            f'{processes_phrase(others)} can run no more collectives'
+            f'{fmt_hosts(others)} can run no more collectives'
             ' (and are terminated unless the session is recoverable): '
             '%mh_cluster restart.'
         )
     if recoverable:
         return (
-            f' {processes_phrase(others).capitalize()} {"keeps" if len(others) == 1 else "keep"} '
+            f' {fmt_hosts(others).capitalize()} {"keeps" if len(others) == 1 else "keep"} '
             'running (recoverable): %%mh runs there '
             'and multihost.live_devices(jax.devices()) reports the survivors; '
             '%mh_cluster restart for a whole cluster again.'
         )
     return (
         f" With JAX's default fate-sharing the coordination service will terminate "
-        f'{processes_phrase(others)} too (within about {heartbeat:g} s, its heartbeat timeout): '
+        f'{fmt_hosts(others)} too (within about {heartbeat:g} s, its heartbeat timeout): '
         '%mh_cluster restart; start with --recoverable '
         '(start_local(..., recoverable=True)) to keep survivors inspectable.'
     )

@@ -28,9 +28,9 @@ from mhnotebook._errors import (
     SessionError,
     fate_note,
     how_ended,
-    processes_phrase,
 )
 from mhnotebook._interrupt import realign, settle, wait_idle
+from multihost._text import fmt_hosts
 
 if TYPE_CHECKING:
     from mhnotebook._poll import Poll
@@ -179,7 +179,7 @@ class SessionLife:
             first = min(dead)
             how = '' if dead[first] == 'died' else f' ({dead[first]})'
             raise HostGoneError(
-                f'{processes_phrase(sorted(dead))} {"is" if len(dead) == 1 else "are"} gone{how}: '
+                f'{fmt_hosts(sorted(dead))} {"is" if len(dead) == 1 else "are"} gone{how}: '
                 '%mh_cluster restart (session.restart()).',
                 dead,
             )
@@ -230,9 +230,9 @@ class SessionLife:
         else:
             how = ' (' + '; '.join(f'{p}: {h}' for p, h in sorted(known.items())) + ')'
             how = how if known else ''
-        still = f' {processes_phrase(sorted(poll.left))} still running it.' if poll.left else ''
+        still = f' {fmt_hosts(sorted(poll.left))} still running it.' if poll.left else ''
         return HostDiedError(
-            f'{processes_phrase(sorted(died))} died{how} while running {what}.{still}'
+            f'{fmt_hosts(sorted(died))} died{how} while running {what}.{still}'
             + self._fate_note(list(died)),
             died=died,
             finished=sorted(poll.results),

@@ -29,7 +29,6 @@ from mhnotebook._errors import (
     SessionInterruptedError,
     SessionTimeoutError,
     how_ended,
-    processes_phrase,
 )
 from mhnotebook._jobview import DataViewBase, Frame, echo_outputs
 from mhnotebook._lifecycle import Engines, HostInfo, LocalEngines, SessionLife, _track
@@ -37,6 +36,7 @@ from mhnotebook._poll import Forget, Poll
 from mhnotebook._trampoline import call as _call
 from mhnotebook._trampoline import call_ns as _call_ns
 from mhnotebook._trampoline import tool as _tool
+from multihost._text import fmt_hosts
 
 __all__ = ['Engines', 'HostInfo', 'LocalEngines', 'Session']
 
@@ -278,7 +278,7 @@ class Session(SessionLife, DataViewBase):
                 pass
         self._unaligned = True  # the others' collective count moved on: realign once idle
         return (
-            f'{processes_phrase(left)} did not answer within {waited:g} s: '
+            f'{fmt_hosts(left)} did not answer within {waited:g} s: '
             f'{self.busy_note(left)}; the call was withdrawn there, so it never runs late '
             '(%mh_where shows where they are).'
         )
@@ -317,7 +317,7 @@ class Session(SessionLife, DataViewBase):
             raise self._died(poll, died, what)
         if poll.left:
             raise SessionTimeoutError(
-                f'{what}: {processes_phrase(sorted(poll.left))} did not answer within '
+                f'{what}: {fmt_hosts(sorted(poll.left))} did not answer within '
                 f'{timeout:g} s. They may be stuck in a collective: look with session.where() '
                 '(%mh_where), or restart with session.restart() (%mh_cluster restart).',
                 pending=sorted(poll.left),
@@ -326,7 +326,7 @@ class Session(SessionLife, DataViewBase):
         if poll.failures:
             first = min(poll.failures)
             raise HostsError(
-                f'{what} failed on {processes_phrase(sorted(poll.failures))}; process {first}:\n'
+                f'{what} failed on {fmt_hosts(sorted(poll.failures))}; process {first}:\n'
                 f'{poll.failures[first].text}',
                 poll.failures,
             )

@@ -19,12 +19,12 @@ from mhnotebook._errors import (
     SessionError,
     SessionInterruptedError,
     SessionTimeoutError,
-    processes_phrase,
 )
 from mhnotebook._jobview import echo_outputs
 from mhnotebook._magics._entry import delegate, print_errors, show_interrupt
 from mhnotebook._session import Session, _quiet
 from mhnotebook._views import where_view
+from multihost._text import fmt_hosts
 
 Pending = dict[int, Any]  # process -> its AsyncResult
 
@@ -83,10 +83,10 @@ def before_another(keeper: Keeper, session: Session, what: str) -> None:
     running = still_running(keeper, session)
     if running:
         done = sorted(set(keeper.background or ()) - set(running))
-        finished = f' (finished on {processes_phrase(done)})' if done else ''
+        finished = f' (finished on {fmt_hosts(done)})' if done else ''
         raise UsageError(
             f'{what}: a %%mh cell is still running in the background on '
-            f'{processes_phrase(running)}{finished}; %mh_wait collects its output, %mh_where shows '
+            f'{fmt_hosts(running)}{finished}; %mh_wait collects its output, %mh_where shows '
             f'where they are (nothing was run: run {what} again once it is done).'
         )
     if keeper.background is not None:
@@ -119,7 +119,7 @@ def _show_finished(session: Session, pending: Pending) -> None:
         echo_outputs(outputs)
         print_errors(errors)
     if interrupted:
-        print(f'%%mh: the background cell was interrupted on {processes_phrase(interrupted)}.')
+        print(f'%%mh: the background cell was interrupted on {fmt_hosts(interrupted)}.')
 
 
 def run_cell(
@@ -132,10 +132,7 @@ def run_cell(
     pending = delegate(lambda: session.execute_async(cell))
     dead = session.dead
     if dead:  # a recoverable session: the cell runs on the survivors
-        print(
-            f'%%mh: {processes_phrase(sorted(dead))} gone; '
-            f'running on {processes_phrase(sorted(pending))}.'
-        )
+        print(f'%%mh: {fmt_hosts(sorted(dead))} gone; running on {fmt_hosts(sorted(pending))}.')
     if background:
         keeper.background = pending
         print(background_note(stepping=session.stepping))
@@ -146,8 +143,8 @@ def run_cell(
     except SessionTimeoutError as exc:
         keeper.background = pending  # %mh_wait collects it later
         print(
-            f'%%mh: {processes_phrase(exc.pending)} still running after {timeout:g} s '
-            f'(finished: {processes_phrase(exc.finished)}); %mh_wait collects the output. '
+            f'%%mh: {fmt_hosts(exc.pending)} still running after {timeout:g} s '
+            f'(finished: {fmt_hosts(exc.finished)}); %mh_wait collects the output. '
             'Where they are:'
         )
         _show_where(session)
@@ -169,10 +166,7 @@ def wait(keeper: Keeper, session: Session, *, timeout: float | None) -> None:
     try:
         session.wait_outputs(keeper.background, timeout=timeout)
     except SessionTimeoutError as exc:
-        print(
-            f'%mh_wait: {processes_phrase(exc.pending)} still running; see %mh_where or the '
-            'stepper.'
-        )
+        print(f'%mh_wait: {fmt_hosts(exc.pending)} still running; see %mh_where or the stepper.')
         return
     except SessionInterruptedError as exc:
         show_interrupt(exc.report)

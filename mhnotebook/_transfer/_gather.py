@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from mhnotebook._errors import HostsError, SessionError, processes_phrase
+from mhnotebook._errors import HostsError, SessionError
 from mhnotebook._transfer._shm import SHM_DIR, HeapPool, ShmPool
+from multihost._text import fmt_hosts
 
 # A job view's `call_tool` (`_jobview.JobViewBase`): runs an engine tool of the registry
 # (`multihost.engine.tools`: 'gather_meta'...) on the hosts, results by process index.
@@ -157,7 +158,7 @@ def _held(leaf: list[dict[str, Any]]) -> str:
         impl = f' key<{lm["key_impl"]}>' if lm.get('key_impl') else ''
         what = f'{lm["kind"]} {lm["dtype"]}{impl} {tuple(lm["shape"])}'
         groups.setdefault(what, []).append(p)
-    return '; '.join(f'{processes_phrase(ps)}: {what}' for what, ps in groups.items())
+    return '; '.join(f'{fmt_hosts(ps)}: {what}' for what, ps in groups.items())
 
 
 def _plan(metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -360,7 +361,7 @@ def allgather(
             groups: dict[str, list[int]] = {}
             for p, f in sorted(failures.items()):
                 groups.setdefault(f.evalue, []).append(p)
-            said = '; '.join(f'on {processes_phrase(ps)}: {ev}' for ev, ps in groups.items())
+            said = '; '.join(f'on {fmt_hosts(ps)}: {ev}' for ev, ps in groups.items())
             raise SessionError(f'cannot gather {_fmt_target(name, index)!r} {said}') from None
         raise
 
