@@ -227,10 +227,25 @@ class DataView(JobView, Protocol):
     ) -> dict[int, str]: ...
 
 
-def _check_timeout(timeout: float) -> float:
-    if not (isinstance(timeout, int | float) and timeout > 0):
+def seconds(timeout: float | None, default: float | None = None) -> float | None:
+    """A ``timeout`` argument in seconds: ``default`` for None, else a number > 0; a
+    ValueError naming the bad value otherwise. The one check of every view, the session and
+    (through `_magics._options.check_timeout`) the magics."""
+    if timeout is None:
+        return default
+    if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout > 0):
         raise ValueError(f'timeout must be > 0 seconds, got {timeout!r}; e.g. timeout=30')
     return float(timeout)
+
+
+def _within(timeout: float | None, default: float) -> float:
+    """`seconds` where there is always a limit (``default`` for None)."""
+    got = seconds(timeout, default)
+    return default if got is None else got
+
+
+def _answer_within(timeout: float | None) -> float:
+    return _within(timeout, ANSWER_TIMEOUT)
 
 
 class JobViewBase:
@@ -313,7 +328,7 @@ class JobViewBase:
     def audit(self, *, timeout: float = ANSWER_TIMEOUT) -> AuditReport:
         """What the job's audit (``multihost run --audit``) found: `multihost.AuditReport`
         (``enabled`` False for a job run without it)."""
-        return self._audit(_check_timeout(timeout))
+        return self._audit(_answer_within(timeout))
 
     def where(self, *, timeout: float = ANSWER_TIMEOUT) -> dict[int, HostStacks]:
         """Per process index: its Python stacks and current collective (`multihost.HostStacks`).
@@ -325,13 +340,13 @@ class JobViewBase:
         for nothing there: the files are read at once).
         """
         self._require('where')
-        return self._stacks(_check_timeout(timeout))
+        return self._stacks(_answer_within(timeout))
 
     def wavefront(self, *, timeout: float = ANSWER_TIMEOUT) -> Wavefront:
         """How far every host got: last watched launch and collective, what is not done, and
         a verdict in one line (`multihost.Wavefront`); ``timeout`` as in `where`."""
         self._require('wavefront')
-        return self._wavefront(_check_timeout(timeout))
+        return self._wavefront(_answer_within(timeout))
 
     def flight_records(
         self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT
@@ -340,7 +355,7 @@ class JobViewBase:
         self._require('flight_records')
         if not (isinstance(last, int) and last >= 0):
             raise ValueError(f'last must be a count of records >= 0, got {last!r}; e.g. last=200')
-        return self._records(last, _check_timeout(timeout))
+        return self._records(last, _answer_within(timeout))
 
     def timeline(self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT) -> Timeline:
         """Every host's last ``last`` flight records aligned into a `multihost.Timeline`.
@@ -504,7 +519,7 @@ class DataViewBase(JobViewBase):
         """
         found = _tool(name)
         self._require('data')
-        limit = found.timeout if timeout is None else _check_timeout(timeout)
+        limit = _within(timeout, found.timeout)
         wanted = None if processes is None else [int(p) for p in processes]
         return self._call_tool(
             found,
@@ -620,7 +635,7 @@ class DataViewBase(JobViewBase):
         from mhnotebook._transfer._gather import GatherState, allgather
 
         self._require('data')
-        limit = _tool('gather_meta').timeout if timeout is None else _check_timeout(timeout)
+        limit = _within(timeout, _tool('gather_meta').timeout)
         transport, progress = self._transport(transport, progress)
         url, machines = self._gather_where()
         if self._gathers is None:  # kept between gathers, closed with the view
@@ -650,7 +665,7 @@ class DataViewBase(JobViewBase):
 
     def diff(self, name: str, *, timeout: float | None = None, frame: Frame = None) -> TreeDiff:
         """`multihost.TreeDiff` of value ``name`` across hosts (what differs, where)."""
-        limit = _tool('diff').timeout if timeout is None else _check_timeout(timeout)
+        limit = _within(timeout, _tool('diff').timeout)
         return self._one('diff', name, limit, timeout=limit, frame=frame)
 
     def nonfinite(
@@ -661,7 +676,7 @@ class DataViewBase(JobViewBase):
         Every host counts NaN and Inf in its own shards; only the offending
         shards' records travel (`multihost.nonfinite`).
         """
-        limit = _tool('nonfinite').timeout if timeout is None else _check_timeout(timeout)
+        limit = _within(timeout, _tool('nonfinite').timeout)
         return self._one('nonfinite', name, limit, timeout=limit, frame=frame)
 
     def replay(
@@ -674,19 +689,19 @@ class DataViewBase(JobViewBase):
     ) -> Replay:
         """`multihost.Replay` of engine function ``fn`` called on engine values ``args``:
         where the hosts' replicas of that launch part (inputs, runs again, op by op)."""
-        limit = _tool('replay').timeout if timeout is None else _check_timeout(timeout)
+        limit = _within(timeout, _tool('replay').timeout)
         return self._one('replay', fn, list(args), again, canonical, limit, timeout=limit,
                          frame=None)  # fmt: skip
 
     def env_diff(self, *, timeout: float | None = None) -> EnvDiff:
         """`multihost.EnvDiff`: versions, flags, config and code that differ between hosts."""
-        limit = _tool('env_diff').timeout if timeout is None else _check_timeout(timeout)
+        limit = _within(timeout, _tool('env_diff').timeout)
         return self.call_tool('env_diff', limit, timeout=limit)[0]
 
     def memory_census(self, *, timeout: float | None = None, frame: Frame = None) -> MemoryCensus:
         """`multihost.MemoryCensus`: device and live-array memory per host, and what only
         some hold; arrays are named by the names (namespace, stopped frame) that refer to them."""
-        limit = _tool('memory_census').timeout if timeout is None else _check_timeout(timeout)
+        limit = _within(timeout, _tool('memory_census').timeout)
         return self._one('memory_census', limit, timeout=limit, frame=frame)
 
     def execute(
@@ -729,7 +744,7 @@ class DataViewBase(JobViewBase):
         self._require('data')
         if not isinstance(code, str):
             raise ValueError(f'execute needs the code to run (a str), got {type(code).__name__}')
-        limit = None if timeout is None else _check_timeout(timeout)
+        limit = seconds(timeout)
         outputs: dict[int, str] = {}
         try:
             with self.in_frame(frame):

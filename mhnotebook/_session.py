@@ -30,7 +30,7 @@ from mhnotebook._errors import (
     SessionTimeoutError,
     how_ended,
 )
-from mhnotebook._jobview import DataViewBase, Frame, echo_outputs
+from mhnotebook._jobview import DataViewBase, Frame, echo_outputs, seconds
 from mhnotebook._lifecycle import Engines, HostInfo, LocalEngines, SessionLife, _track
 from mhnotebook._poll import Forget, Poll
 from mhnotebook._trampoline import call as _call
@@ -90,13 +90,6 @@ def _state(p: int, poll: Poll, died: dict[int, str]) -> str:
     if p in poll.failures:
         return 'error'
     return 'running' if p in poll.left else 'done'
-
-
-def _positive_timeout(timeout: float | None, what: str = 'timeout') -> None:
-    if timeout is not None and not timeout > 0:
-        raise ValueError(
-            f'{what} must be > 0 seconds (or None: no limit), got {timeout!r}; e.g. {what}=30'
-        )
 
 
 class Session(SessionLife, DataViewBase):
@@ -411,7 +404,7 @@ class Session(SessionLife, DataViewBase):
         on_status: Callable[[dict[int, str], float], None] | None = None,
     ) -> dict[int, str]:
         """Waits for `execute_async` results; like `execute` from there on."""
-        _positive_timeout(timeout)
+        seconds(timeout)  # None: no limit
         outputs: dict[int, str] = {}
         try:
             self._collect_outputs(pending, timeout, outputs, on_status)
@@ -457,7 +450,7 @@ class Session(SessionLife, DataViewBase):
         Each result has ``ok``, ``elapsed`` (seconds) and, on failure, ``error``
         and ``message`` (plus ``missing`` or ``names``).
         """
-        _positive_timeout(timeout)
+        seconds(timeout)  # None: no limit
         # Every host's barrier is bounded by ``timeout``: a host not answering a few seconds
         # after it never ran it (its engine is busy with another task).
         wait = _ANSWER_GRACE + (timeout if timeout is not None else DEFAULT_BARRIER_TIMEOUT)

@@ -36,8 +36,14 @@ def timeout_option(default: float | None, help: str) -> Callable[[F], F]:
 
 def check_timeout(timeout: float | None, example: str) -> None:
     """A `UsageError` unless ``timeout`` is None or > 0 seconds (``example``: a valid use)."""
-    if timeout is not None and not timeout > 0:
-        raise UsageError(f'--timeout must be > 0 seconds, got {timeout:g}; e.g. {example}')
+    from mhnotebook._jobview import seconds
+
+    try:
+        seconds(timeout)
+    except ValueError:
+        raise UsageError(
+            f'--timeout must be > 0 seconds, got {timeout:g}; e.g. {example}'
+        ) from None
 
 
 def no_arguments(line: str, message: str) -> None:
