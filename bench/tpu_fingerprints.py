@@ -353,6 +353,32 @@ def audit_row(
     return state, got
 
 
+def first_call(layers: int, width: int) -> int:
+    """The first fingerprints of the flax state in this process: XLA compiles and seconds
+    (the state's own init compiles before the count starts)."""
+    import jax
+
+    from multihost._checks import _fingerprint as F
+
+    state, _, _ = flax_job(layers, width)
+    leaves = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
+    jax.block_until_ready(leaves)
+    compiles = _Compiles()
+    t0 = time.perf_counter()
+    F.digests(leaves, 'device')
+    first = time.perf_counter() - t0
+    got = {
+        'row': f'first fingerprints of a flax state ({layers} blocks, width {width})',
+        'platform': jax.devices()[0].platform,
+        'leaves': len(leaves),
+        'mib': round(sum(x.nbytes for x in leaves) / 2**20, 1),
+        'first_s': round(first, 3),
+        'first_compiles': compiles.n,
+    }
+    print(json.dumps(got), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--reps', type=int, default=7)
@@ -365,8 +391,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         '--skip', default='', help='comma-separated: exact,uniform,flax,small,audit'
     )
+    parser.add_argument(
+        '--first',
+        action='store_true',
+        help='only the first fingerprints of the flax state: XLA compiles and seconds '
+        '(issue 55 on CPU: --layers 12 --width 512)',
+    )
     args = parser.parse_args(argv)
-    import jax
+    if args.first:
+        return first_call(args.layers, args.width)
 
     from multihost._checks import _fingerprint as F
 

@@ -811,9 +811,13 @@ def device_results(
     out: list[np.ndarray | None] = [None] * (len(blocks) + len(ready))
     small: list[int] = []
     groups: dict[Any, list[int]] = {}
+    blocks = list(blocks)
     for i, (x, o, shape) in enumerate(blocks):
         full = tuple(int(d) for d in shape) if shape else tuple(x.shape)
         whole = not any(o) and full == tuple(x.shape)
+        if whole and x.ndim != 1 and x.size > SMALL and _flat_on_cpu(x):
+            x = _flat_view(x)  # one program per size and dtype, not per shape
+            blocks[i] = (x, (0,), tuple(x.shape))
         if x.size == 0:
             empty = np.zeros(_width(x.dtype, flags), np.uint32)
             empty[-1] = 1 if flags else 0  # constant: nothing differs
@@ -859,6 +863,20 @@ def device_results(
         for j, i in enumerate(part):
             out[i] = np.asarray(res[j])
     return _every(out)
+
+
+def _flat_on_cpu(x: jax.Array) -> bool:
+    """Whether ``x`` (one device) is in a CPU device's memory, where a 1-D view of it is free."""
+    kind = getattr(x.sharding, 'memory_kind', None)
+    return _platform(x) == 'cpu' and kind in (None, 'device') and not _raw_lanes.INTERPRET
+
+
+def _flat_view(x: jax.Array) -> jax.Array:
+    """A whole leaf on a CPU device as a 1-D array of the same buffer (numpy's view, put back
+    on the device without a copy: jax reads aligned host memory in place). Whole leaves on a
+    CPU take the row formulation, which reads them flat anyway: a program per size and dtype
+    serves every shape of that size (fewer compiles)."""
+    return jax.device_put(np.asarray(x).reshape(-1), next(iter(x.devices())))
 
 
 def _unpack(
