@@ -62,7 +62,8 @@ def _run(reps: int, jax_reps: int) -> dict[str, Any]:
     from jax.experimental import multihost_utils as jax_mhu
 
     import multihost
-    from multihost._checks import _fingerprint, _treediff
+    from multihost._checks import _treediff
+    from multihost._checks import fingerprint as _fingerprint
     from multihost._exchange import _kv
 
     rng = np.random.default_rng(0)

@@ -108,7 +108,8 @@ def _tools(results: list[dict[str, Any]], out: Any, trees: list[dict[str, Any]])
     """Each tool on a tree of its own (made before the launch): a jax.Array keeps its host
     copy once made, so a tool after another would not pay for its copies."""
     from multihost import _recorder
-    from multihost._checks import _fingerprint, _nonfinite
+    from multihost._checks import _nonfinite
+    from multihost._checks import fingerprint as _fingerprint
     from multihost.engine import calls, gather
 
     ns = {'tree': trees.pop()}
@@ -148,7 +149,7 @@ def main() -> int:
     import jax
 
     import multihost
-    from multihost._checks import _fingerprint
+    from multihost._checks import fingerprint as _fingerprint
 
     device = jax.devices()[0]
     size = args.size or (4096 if device.platform == 'tpu' else 384)

@@ -115,27 +115,25 @@ def probes(dt: Any) -> dict[str, Any]:
 
 
 def kernel_words(dt: Any) -> dict[str, Any]:
-    """The shipped routing (`_fingerprint.device_results`: the Pallas kernel, a 2-D read of
+    """The shipped routing (`fingerprint.device_results`: the Pallas kernel, a 2-D read of
     a whole leaf, or host copies) on this device against numpy, per shape: 'o' or 'x' for
     the lanes and the two flags, and which way it went; random bits (NaN payloads) and the
     same with NaNs replaced (arithmetic alone)."""
-    from multihost._checks import _fingerprint as F
-    from multihost._checks import _raw_lanes as R
+    from multihost._checks import fingerprint as F
+    from multihost._checks.fingerprint import execute, layout
 
-    platform = jax.devices()[0].platform
-    if platform != 'tpu':
-        R.INTERPRET = True
+    F.CONFIG.platform = 'tpu'  # off a TPU: its plan, the kernels in interpret mode
     u = _uint(dt)
     out: dict[str, Any] = {}
     for shape in SHAPES:
         raw = np.random.default_rng(1).integers(0, np.iinfo(u).max + 1, shape, dtype=u)
         for label, a in (('bits', raw.view(dt)), ('finite', _finite(raw.view(dt)))):
             x = jax.device_put(a)
-            way = R.plan(dt, shape, True, R.stored_order(x))
+            way = layout.read_layout(dt, shape, True, layout.stored_order(x))
             how = 'host' if way is None else f'kernel {way.shape} stored {way.order}'
             how = 'host (small)' if int(np.prod(shape)) <= F.SMALL else how
             if F.bits_lost_on_chip(x):
-                got = F._copied_with_flags(x, True)
+                got = execute._copied_with_flags(x, True)
                 lanes = np.frombuffer(got[0], '<u4')
                 flags = got[1:]
             else:
@@ -152,8 +150,8 @@ def tile_sweep() -> dict[str, Any]:
     import statistics
     import time
 
-    from multihost._checks import _fingerprint as F
-    from multihost._checks import _raw_lanes as R
+    from multihost._checks import fingerprint as F
+    from multihost._checks.fingerprint import pallas
 
     xs = [jax.device_put(np.random.default_rng(i).standard_normal((1024, 4096), np.float32)
                          .astype(jnp.bfloat16)) for i in range(16)]  # fmt: skip
@@ -171,8 +169,8 @@ def tile_sweep() -> dict[str, Any]:
 
     out: dict[str, Any] = {'read_ms': med(lambda: read(xs))}
     for t in (1 << 14, 1 << 15, 1 << 16, 1 << 17, 1 << 18):
-        R.TILE = t
-        F._group.clear_cache() if hasattr(F._group, 'clear_cache') else None
+        pallas.TILE = t
+        F.CACHE.clear()  # compiled anew for this tile
         t0 = time.perf_counter()
         F.device_results(blocks, flags=True)
         first = time.perf_counter() - t0

@@ -6,8 +6,8 @@ Side by side in one run, medians of ``--reps``:
 
 * exactness first: for every dtype the kernel handles on a chip (f32, bf16, f16, int8,
   uint8, bool, int32, fp8 e4m3fn / e5m2, complex64), leaves small (host path, packed on
-  the device first where `_fingerprint.PACK_DTYPES` says, bfloat16's 1-D leaves of whole
-  tiles by DMA, `_raw_lanes.dma_pack`) and large
+  the device first where `fingerprint.settings.PACK_DTYPES` says, bfloat16's 1-D leaves of
+  whole tiles by DMA, `fingerprint.pallas.dma_pack`) and large
   (the fused program), several of one shape (one program), blocks at offsets, the NaN/Inf
   and constant flags: the same bytes as numpy's implementation of the definition;
 * the four rows of issue 47: 16 x 16 MiB float32, the same in bfloat16, a flax
@@ -81,7 +81,7 @@ def exactness() -> dict[str, Any]:
     import jax.numpy as jnp
     import ml_dtypes
 
-    from multihost._checks import _fingerprint as F
+    from multihost._checks import fingerprint as F
 
     rng = np.random.default_rng(0)
     dtypes = [np.float32, ml_dtypes.bfloat16, np.float16, np.int8, np.uint8, np.bool_, np.int32,
@@ -116,8 +116,8 @@ def exactness() -> dict[str, Any]:
             nan[7, 9] = np.nan
             arrays.append(nan.astype(dt))
         dev = [jax.device_put(a) for a in arrays]
-        packs = F._pack_calls(dev)[0]
-        out[np.dtype(dt).name + '_packed'] = sum(len(part) for part, _, _ in packs)
+        packs = F.plan(dev).packs
+        out[np.dtype(dt).name + '_packed'] = sum(len(c.blocks) for c in packs)
         on_device, on_host = F.fingerprints(dev), F.fingerprints(arrays)
         ok = on_device == on_host
         if not ok:  # which leaves: their shapes
@@ -158,7 +158,7 @@ def _one_bit_pairs() -> dict[str, Any]:
     import jax
     import ml_dtypes
 
-    from multihost._checks import _fingerprint as F
+    from multihost._checks import fingerprint as F
 
     rng = np.random.default_rng(3)
     out: dict[str, Any] = {}
@@ -207,7 +207,7 @@ def row(name: str, leaves: list[Any], reps: int, compiles: _Compiles) -> dict[st
     """One read vs the fingerprints (first call with its compiles, then the median)."""
     import jax
 
-    from multihost._checks import _fingerprint as F
+    from multihost._checks import fingerprint as F
 
     jax.block_until_ready(leaves)
     read = _read_fn()
@@ -322,7 +322,7 @@ def _audit_parts(item: Any) -> dict[str, Any]:
     and the others (group programs on a device, host memory read in place)."""
     import jax
 
-    from multihost._checks import _fingerprint as F
+    from multihost._checks import fingerprint as F
     from multihost._job import _audit
 
     t0 = time.perf_counter()
@@ -335,11 +335,15 @@ def _audit_parts(item: Any) -> dict[str, Any]:
     F.digests_with_flags(datas, constant=wanted)
     t3 = time.perf_counter()
     small = [d for d in datas if isinstance(d, jax.Array) and d.size <= F.SMALL]
-    packing, loose = F._pack_calls(small)
-    routes: dict[str, int] = {'small, copied alone': len(loose), 'others': len(datas) - len(small)}
-    for part, key, _ in packing:
-        name = getattr(key[0], '__name__', None) or type(key[0]).__name__
-        routes[f'packed by {name}'] = routes.get(f'packed by {name}', 0) + len(part)
+    planned = F.plan(small)
+    routes: dict[str, int] = {
+        'small, copied alone': len(planned.copies),
+        'others': len(datas) - len(small),
+    }
+    for call in planned.packs:
+        routes[f'packed by {call.kind}'] = routes.get(f'packed by {call.kind}', 0) + len(
+            call.blocks
+        )
     return {'leaves_ms': (t1 - t0) * 1e3, 'blocks_ms': (t2 - t1) * 1e3,
             'digests_ms': (t3 - t2) * 1e3, 'routes': routes}  # fmt: skip
 
@@ -410,6 +414,36 @@ def audit_row(
     return state, got
 
 
+def first_call(layers: int, width: int) -> int:
+    """The first fingerprints of the flax state in this process: XLA compiles and seconds
+    (the state's own init compiles before the count starts)."""
+    import jax
+
+    try:
+        from multihost._checks import fingerprint as F
+    except ImportError:  # a checkout before the package (the before of a before/after)
+        from multihost._checks import _fingerprint as F  # type: ignore[no-redef]
+
+    state, _, _ = flax_job(layers, width)
+    leaves = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
+    jax.block_until_ready(leaves)
+    compiles = _Compiles()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    F.digests(leaves, 'device')
+    first, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    got = {
+        'row': f'first fingerprints of a flax state ({layers} blocks, width {width})',
+        'platform': jax.devices()[0].platform,
+        'leaves': len(leaves),
+        'mib': round(sum(x.nbytes for x in leaves) / 2**20, 1),
+        'first_s': round(first, 3),
+        'first_cpu_s': round(cpu, 3),  # this process's CPU seconds (a busy machine's wall
+        'first_compiles': compiles.n,  # time is not the program's)
+    }
+    print(json.dumps(got), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--reps', type=int, default=7)
@@ -422,10 +456,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         '--skip', default='', help='comma-separated: exact,uniform,flax,small,audit'
     )
+    parser.add_argument(
+        '--first',
+        action='store_true',
+        help='only the first fingerprints of the flax state: XLA compiles and seconds '
+        '(issue 55 on CPU: --layers 12 --width 512)',
+    )
     args = parser.parse_args(argv)
+    if args.first:
+        return first_call(args.layers, args.width)
     import jax
 
-    from multihost._checks import _fingerprint as F
+    from multihost._checks import fingerprint as F
 
     skip = set(filter(None, args.skip.split(',')))
     compiles = _Compiles()
@@ -459,14 +501,11 @@ def main(argv: list[str] | None = None) -> int:
             result['rows'].append(
                 row("a flax transformer's train state", leaves, args.reps, compiles)
             )
-            saved = F.MAX_GROUP
+            saved = F.CONFIG.max_group
             for most in sorted({int(g) for g in args.groups.split(',') if g} - {saved}):
-                F.MAX_GROUP = most  # the alternatives: smaller programs, more of them
-                try:
+                with F.configured(max_group=most):  # smaller programs, more of them
                     name = f'the same, {most} blocks per program at most'
                     result['rows'].append(row(name, leaves, args.reps, compiles))
-                finally:
-                    F.MAX_GROUP = saved
             del leaves
         del state
     if 'small' not in skip:

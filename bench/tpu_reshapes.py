@@ -3,7 +3,7 @@
 A TPU rewrites bfloat16 NaN payloads and subnormals when a program moves the values
 through its vector units (measured on a v5e: `bench/tpu_bits.py`, docs/SCALE.md); a reshape
 that keeps the tiles in memory is a ``bitcast`` (nothing moves), one that does not is a
-``reshape`` kernel (a relayout). This compiles each reshape `_raw_lanes.plan` asks for, and a
+``reshape`` kernel (a relayout). This compiles each reshape `layout.read_layout` asks for, and a
 few probes measured on the chip, for a TPU v5e target with libtpu on this CPU machine
 (``JAX_PLATFORMS=cpu``; the test extra installs libtpu on Python 3.11) and says which op XLA
 emitted. Usage: ``JAX_PLATFORMS=cpu python bench/tpu_reshapes.py [--json PATH]``.
@@ -38,13 +38,13 @@ _OP = re.compile(r'\s*(?:ROOT\s+)?%\S+\s*=\s*\S+\s+([a-z][\w-]*)\(')
 def _plan_cases() -> list[tuple[tuple[int, ...], tuple[int, ...], str]]:
     import ml_dtypes
 
-    from multihost._checks import _raw_lanes as R
+    from multihost._checks.fingerprint import layout
 
     out = []
     for shape in [(768, 8, 96), (64, 32, 256), (8, 96, 768), (512, 8, 64), (768, 3), (4096, 64)]:
-        got = R.plan(ml_dtypes.bfloat16, shape, True)  # in C order (the stored order's
+        got = layout.read_layout(ml_dtypes.bfloat16, shape, True)  # in C order (the stored order's
         if got is not None and got.shape != shape:  # reads: tests/test_tpu_reshapes.py)
-            out.append((shape, got.shape, '_raw_lanes.plan in C order (a whole leaf)'))
+            out.append((shape, got.shape, 'layout.read_layout in C order (a whole leaf)'))
     return out
 
 

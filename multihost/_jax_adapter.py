@@ -206,7 +206,7 @@ def has_host_copy(x: Any) -> bool:
 
     INTERNAL: `jax._src.array.ArrayImpl._npy_value`, the numpy value `_value` caches when
     the copy was a real one (not a view of CPU memory). Public JAX does not say whether a
-    copy is cached; `_fingerprint` packs small leaves into one buffer only when it is not.
+    copy is cached; `fingerprint.planning` packs small leaves into one buffer only when it is not.
     """
     return getattr(x, '_npy_value', None) is not None
 

@@ -1,4 +1,4 @@
-"""Exactness of the leaf fingerprints (multihost/_checks/_fingerprint.py), single process.
+"""Exactness of the leaf fingerprints (multihost/_checks/fingerprint/), single process.
 
 Both definitions are per host: every host fingerprints what it holds, so one
 process tests them. The kernel (forced with ``MULTIHOST_FINGERPRINT=device``
@@ -22,8 +22,10 @@ import pytest
 from _helpers import env_var
 
 import multihost
-from multihost._checks import _fingerprint as F
-from multihost._checks import _raw_lanes, _treediff
+from multihost._checks import _treediff
+from multihost._checks import fingerprint as F
+from multihost._checks.fingerprint import batched, layout, pallas, planning, xla
+from multihost._checks.fingerprint import host as fp_host
 
 DTYPES = [
     np.float32, np.int32, np.uint32, np.float16, ml_dtypes.bfloat16, np.int8, np.uint8,
@@ -31,6 +33,20 @@ DTYPES = [
 ]  # fmt: skip
 # Sizes around the kernel's rows of 2^16 words (fast path + tail), and tiny ones.
 SIZES = [1, 2, 3, 5, 7, 64, 1000, (1 << 16) + 3, (1 << 17) + 5, 3 * (1 << 18) + 1]
+
+
+@pytest.fixture
+def tpu():
+    """The plan a TPU gets, on this machine's CPU devices (Pallas kernels in interpret mode)."""
+    with F.configured(platform='tpu') as config:
+        yield config
+
+
+@pytest.fixture
+def gpu():
+    """The plan a GPU gets (small leaves packed on the device), on CPU devices."""
+    with F.configured(platform='gpu') as config:
+        yield config
 
 
 def _fingerprint_mode(how: str | None) -> contextlib.AbstractContextManager[None]:
@@ -61,7 +77,7 @@ def test_numpy_and_device_give_the_same_bytes(dt):
 
 @pytest.mark.parametrize('dt', DTYPES + [np.float64, np.int64], ids=lambda d: np.dtype(d).name)
 def test_small_leaves_batched_equal_each_leaf_alone(dt):
-    """Small leaves are fingerprinted together (`_numpy_many`: concatenated, zero-padded to
+    """Small leaves are fingerprinted together (`batched.numpy_many`: concatenated, zero-padded to
     whole words, halves by table): each equals its own `numpy_lanes` and `numpy_flags`,
     sizes that leave 1-3 bytes of a word over, constant leaves and NaNs among them."""
     rng = np.random.default_rng(7)
@@ -70,7 +86,7 @@ def test_small_leaves_batched_equal_each_leaf_alone(dt):
     if jnp.issubdtype(dt, jnp.inexact):
         arrays.append(np.array([0, np.nan, 1], np.float32).astype(dt))
     arrays += [_random(rng, 1 << 16, dt) for _ in range(40)]  # a run gathered in slices
-    got = F._numpy_many(arrays, True)
+    got = batched.numpy_many(arrays, True)
     for a, res in zip(arrays, got):
         n = F.lane_sets(a.dtype) * F.LANES
         with np.errstate(over='ignore'):
@@ -307,7 +323,7 @@ def test_sharded_cpu_arrays_hash_their_c_order_bytes():
         y = jax.device_put(a, jax.sharding.NamedSharding(mesh, spec))
         assert F.host_digest(y) == F.host_digest(a), spec
     rows = jax.device_put(a, jax.sharding.NamedSharding(mesh, P('d')))
-    parts = F._host_parts(rows)  # read in place: one view per device
+    parts = fp_host._host_parts(rows)  # read in place: one view per device
     pointers = sorted(s.data.unsafe_buffer_pointer() for s in rows.addressable_shards)
     assert sorted(p.ctypes.data for p in parts) == pointers
 
@@ -464,7 +480,7 @@ def test_narrow_floats_on_a_tpu_take_the_pallas_kernel_or_host_copies(dt):
     copies, 2-D blocks of the others the kernel, small whole leaves one host copy; wider
     floats, integers, and every CPU leaf stay with the XLA program."""
     pallas = np.dtype(dt) != np.float16
-    reshaped = np.dtype(dt).name in _raw_lanes.ROWS_DTYPES  # a whole vector, read as rows
+    reshaped = np.dtype(dt).name in layout.ROWS_DTYPES  # a whole vector, read as rows
     assert F.bits_lost_on_chip(_OnChip(dt, 'tpu')) is not pallas  # type: ignore[arg-type]
     one_d = _OnChip(dt, 'tpu', (1 << 20,))
     assert F.bits_lost_on_chip(one_d) is not reshaped  # type: ignore[arg-type]
@@ -492,8 +508,8 @@ def _random_bits(dt: object, shape: tuple[int, ...], seed: int = 0) -> np.ndarra
 @pytest.mark.parametrize(
     'shape', [(3, 5), (100, 3000), (20, 20000), (40, 1001), (3, 32, 300), (512, 8, 64)]
 )
-def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, monkeypatch):
-    """The kernel that reads narrow floats on a TPU (`_raw_lanes`, here in Pallas' interpret
+def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, tpu):
+    """The kernel that reads narrow floats on a TPU (`pallas`, here in Pallas' interpret
     mode): the same lanes and flags as numpy's definition (and the lanes alone, without the
     flags), for whole leaves in one tile and in tiles with ragged edges, rows of an odd
     length, rows passing a multiple of 2^17 elements, and blocks at odd offsets of a leaf
@@ -501,9 +517,8 @@ def test_the_pallas_kernel_gives_the_numpy_definition_on_raw_bits(dt, shape, mon
     64) in C order is not the kernel's: stored transposed on a TPU, the next test), on
     random raw bits with NaN payloads and
     subnormals, and constant blocks; 32-bit words (float32, int32) alike."""
-    monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
     a = _random_bits(dt, shape)
-    if len(shape) > 2 or _raw_lanes._tiles(shape, a.dtype.itemsize) != shape[-2:]:
+    if len(shape) > 2 or pallas._tiles(shape, a.dtype.itemsize) != shape[-2:]:
         # Interpret mode's own slicing of a tile past the first rewrites NaN payloads on
         # XLA:CPU (seen here): their bits are checked on one tile, and on the TPU itself
         # (bench/tpu_fingerprints.py's exactness section, every tile).
@@ -545,28 +560,27 @@ STORED = [
     'dt,shape,order,block,read', STORED, ids=lambda v: getattr(v, '__name__', None)
 )
 def test_the_pallas_kernel_reads_blocks_in_their_stored_order(
-    dt, shape, order, block, read, monkeypatch
+    dt, shape, order, block, read
 ):  # fmt: skip
     """A TPU stores an array whose last axis is small with another axis minor; read in its
     logical shape, XLA relays it out for the kernel (which rewrote bfloat16 NaN payloads on
-    the chip), so the kernel reads it in its stored order (`_raw_lanes.stored_order`: a
+    the chip), so the kernel reads it in its stored order (`layout.stored_order`: a
     bitcast there; here a CPU array in C order, given that order, is transposed): each
     element at its index in the leaf's C order, so numpy's lanes and flags; whole leaves
     (leading axes merged where that keeps the index linear) and blocks at an offset."""
-    monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
-    monkeypatch.setattr(_raw_lanes, 'stored_order', lambda x: order)
     a = _random_bits(dt, shape)
     if np.dtype(dt).itemsize < 4:
         a[np.isnan(a)] = 0.5  # interpret mode's slicing of tiles on XLA:CPU (see above)
     cut = tuple(slice(*b) for b in block) if block else ()
     host = a[cut] if block else a
     start = tuple(b[0] for b in block) if block else (0,) * len(shape)
-    got = _raw_lanes.plan(dt, host.shape, block is None, order)
+    got = layout.read_layout(dt, host.shape, block is None, order)
     assert (got and got.shape) == read, got
     blocks = [(jnp.asarray(host), start, shape)]
     const = np.full(host.shape, host.reshape(-1)[3], dtype=dt)
     blocks.append((jnp.asarray(const), start, shape))
-    results = F.device_results(blocks, flags=True)
+    with F.configured(platform='tpu', stored_order=lambda x: order):
+        results = F.device_results(blocks, flags=True)
     for (x, offs, full), res in zip(blocks, results):
         want = F.numpy_lanes(np.asarray(x), offs, full).reshape(-1)
         assert res[:4].tolist() == want.tolist()
@@ -592,12 +606,11 @@ def test_offloaded_leaves_are_read_in_host_memory(kind):
 
 
 @pytest.mark.parametrize('dt', DTYPES, ids=lambda d: np.dtype(d).name)
-def test_small_device_leaves_packed_into_one_buffer_give_numpy_bytes(dt, monkeypatch):
+def test_small_device_leaves_packed_into_one_buffer_give_numpy_bytes(dt):
     """Off a CPU, small leaves of one dtype are packed into one buffer on their device, one
-    copy to the host (`_pack`; forced here): numpy's bytes and flags, leaves of many shapes
-    (and a 0-d one, a constant one, NaNs), more of them than one program packs."""
-    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
-    monkeypatch.setattr(F, 'MAX_PACK', 8)
+    copy to the host (`xla.pack_concat`; a GPU's plan forced here): numpy's bytes and flags,
+    leaves of many shapes (and a 0-d one, a constant one, NaNs), more of them than one
+    program packs."""
     rng = np.random.default_rng(11)
     arrays = [_random(rng, n, dt).reshape(s) for n, s in
               [(1, ()), (3, (3,)), (5, (5,)), (60, (3, 4, 5)), (1000, (10, 100)),
@@ -606,73 +619,64 @@ def test_small_device_leaves_packed_into_one_buffer_give_numpy_bytes(dt, monkeyp
     if jnp.issubdtype(dt, jnp.inexact):
         arrays.append(np.array([1, np.nan, np.inf], np.float32).astype(dt))
     dev = [jax.device_put(a) for a in arrays]
-    packed = F._pack_calls(dev)[0]
-    if np.dtype(dt).name in F.PACK_DTYPES:
-        assert sum(len(part) for part, _, _ in packed) == len(dev)  # every leaf packed
-    assert F.fingerprints(dev) == [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
-    got = F.digests_with_flags(dev, 'device')
+    with F.configured(platform='gpu', max_pack=8):
+        packed = F.plan(dev).packs
+        if np.dtype(dt).name in F.CONFIG.pack_dtypes:
+            assert sum(len(c.blocks) for c in packed) == len(dev)  # every leaf packed
+        assert F.fingerprints(dev) == [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+        got = F.digests_with_flags(dev, 'device')
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
 
 
 @pytest.mark.parametrize('dt', [np.float32, np.int32, np.uint32], ids=lambda d: np.dtype(d).name)
-def test_small_32_bit_leaves_are_summed_in_rows_on_the_device(dt, monkeypatch):
+def test_small_32_bit_leaves_are_summed_in_rows_on_the_device(dt, gpu):
     """Small 32-bit leaves are packed in rows of `ROW` words and summed on their device
-    (`_pack_rows`): only the rows' sums come to the host. Leaves of one row, one word past
+    (`xla.pack_rows`): only the rows' sums come to the host. Leaves of one row, one word past
     it, the largest small leaf (``k`` up to 2^16 - 1), one element, constant, with NaN and
     Inf: numpy's bytes and flags."""
-    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
     rng = np.random.default_rng(5)
-    sizes = [F.ROW, F.ROW + 1, F.SMALL, 1, 3 * F.ROW - 1, 77]
+    sizes = [xla.ROW, xla.ROW + 1, F.SMALL, 1, 3 * xla.ROW - 1, 77]
     arrays = [_random(rng, n, dt) for n in sizes]
     arrays[3] = arrays[3].reshape(())
     arrays[4][:] = arrays[4][0]
     if dt == np.float32:
         arrays[5][[3, 70]] = [np.nan, -np.inf]
     dev = [jax.device_put(a) for a in arrays]
-    packed = F._pack_calls(dev)[0]
-    assert [key[0] for _, key, _ in packed] == [F._pack_rows]
-    assert F.fingerprints(dev) == [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+    assert [c.kind for c in F.plan(dev).packs] == ['rows']
+    assert F.fingerprints(dev) == [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
     got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
     if dt == np.float32:
         assert got[5][1:] == (True, False) and got[4][1:] == (False, True)
 
 
-def test_small_bfloat16_vectors_are_packed_by_dma_keeping_every_bit(monkeypatch):
+def test_small_bfloat16_vectors_are_packed_by_dma_keeping_every_bit(tpu):
     """bfloat16's small 1-D leaves whose sizes are whole tiles are packed by a DMA kernel
-    (`_raw_lanes.dma_pack`, here in Pallas' interpret mode) into one buffer, one copy to the
+    (`pallas.dma_pack`, here in Pallas' interpret mode) into one buffer, one copy to the
     host: numpy's bytes and flags on raw bits (NaN payloads, subnormals); leaves of other
     sizes or of two axes, and a lone one, are copied one by one."""
-    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
-    monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
-    tile = _raw_lanes.DMA_TILE[2]
+    tile = pallas.DMA_TILE[2]
     shapes = [(tile,), (3 * tile,), (tile + 5,), (8, 2 * tile), (2 * tile,), (tile,)]
     arrays = [_random_bits(ml_dtypes.bfloat16, s, seed=i) for i, s in enumerate(shapes)]
     arrays[-1][:] = arrays[-1][0]  # constant
     assert np.isnan(arrays[0].astype(np.float32)).any()
     dev = [jax.device_put(a) for a in arrays]
-    packed, loose = F._pack_calls(dev)
-    assert [part for part, _, _ in packed] == [[0, 1, 4, 5]] and loose == [2, 3]
-    assert packed[0][1][0] is _raw_lanes.dma_pack_interpret
-    assert F._pack_calls(dev[:1])[1] == [0]  # alone: nothing to pack it with
-    assert F.fingerprints(dev) == [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+    planned = F.plan(dev)
+    assert [c.blocks for c in planned.packs] == [[0, 1, 4, 5]] and planned.copies == [2, 3]
+    assert planned.packs[0].kind == 'dma' and planned.packs[0].interpret
+    assert F.plan(dev[:1]).copies == [0]  # alone: nothing to pack it with
+    assert F.fingerprints(dev) == [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
     got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
 
 
-def test_small_bfloat16_leaves_of_two_axes_or_more_are_copied_one_by_one_exactly(
-    monkeypatch,
-):  # fmt: skip
+def test_small_bfloat16_leaves_of_two_axes_or_more_are_copied_one_by_one_exactly():
     """bfloat16's small leaves of two axes or more are never packed (a DMA stack of them in
     their stored order rewrote subnormals and NaN payloads on a v5e and on XLA:CPU at -O0):
     each is copied to the host alone, with numpy's bytes and flags on raw bits (NaN
     payloads, subnormals, a constant leaf), also beside 1-D leaves that are packed; two
     leaves that differ in one subnormal or one NaN payload get different digests."""
     v5e = {(96, 8): (1, 0), (3, 5, 7): (1, 0, 2), (8, 96): (0, 1), (768, 3): (1, 0), (512,): (0,)}
-    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
-    monkeypatch.setattr(F, '_PACKERS', F._Memo())  # chosen anew, with these orders
-    monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
-    monkeypatch.setattr(_raw_lanes, 'stored_order', lambda x: v5e[tuple(x.shape)])
     shapes = [(96, 8), (8, 96), (96, 8), (3, 5, 7), (768, 3), (768, 3), (512,), (512,)]
     arrays = [_random_bits(ml_dtypes.bfloat16, s, seed=i) for i, s in enumerate(shapes)]
     arrays[2][:] = arrays[2][0, 0]  # constant
@@ -682,17 +686,19 @@ def test_small_bfloat16_leaves_of_two_axes_or_more_are_copied_one_by_one_exactly
     raw[1, 1], arrays[4].view(np.uint16)[1, 1] = 0x7FC3, 0x7FC1  # NaN payloads
     assert np.isnan(arrays[0].astype(np.float32)).any()
     dev = [jax.device_put(a) for a in arrays]
-    packed, loose = F._pack_calls(dev)
-    assert [part for part, _, _ in packed] == [[6, 7]] and sorted(loose) == list(range(6))
-    want = [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
-    assert want[4] != want[5]
-    assert F.fingerprints(dev) == want
-    got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
+    with F.configured(platform='tpu', stored_order=lambda x: v5e[tuple(x.shape)]):
+        planned = F.plan(dev)
+        assert [c.blocks for c in planned.packs] == [[6, 7]]
+        assert sorted(planned.copies) == list(range(6))
+        want = [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+        assert want[4] != want[5]
+        assert F.fingerprints(dev) == want
+        got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
     assert got[2][1:] == (False, True) and got[4][0] != got[5][0]
 
 
-def test_a_packing_program_that_does_not_compile_leaves_its_leaves_to_copies(monkeypatch):
+def test_a_packing_program_that_does_not_compile_leaves_its_leaves_to_copies(monkeypatch, tpu):
     """A DMA packing program that fails to compile (a TPU whose Mosaic tiles 1-D buffers
     otherwise): its leaves are copied one by one, the same bytes; nothing raises."""
 
@@ -700,20 +706,16 @@ def test_a_packing_program_that_does_not_compile_leaves_its_leaves_to_copies(mon
     def broken(xs: tuple[jax.Array, ...]) -> jax.Array:
         raise RuntimeError('Mosaic failed to compile TPU kernel (on purpose)')
 
-    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
-    monkeypatch.setattr(_raw_lanes, 'INTERPRET', True)
-    monkeypatch.setattr(_raw_lanes, 'dma_pack_interpret', broken)
-    monkeypatch.setattr(F, '_MAY_FAIL', (broken,))
-    monkeypatch.setattr(F, '_PACKERS', F._Memo())  # chosen anew: the broken one
+    monkeypatch.setattr(pallas, 'dma_pack_interpret', broken)
     arrays = [_random_bits(ml_dtypes.bfloat16, (512,), seed=i) for i in range(3)]
     dev = [jax.device_put(a) for a in arrays]
-    assert [part for part, _, _ in F._pack_calls(dev)[0]] == [[0, 1, 2]]
-    want = [F._to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+    assert [c.blocks for c in F.plan(dev).packs] == [[0, 1, 2]]
+    want = [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
     assert F.fingerprints(dev) == want
     assert F.fingerprints(dev) == want  # again: the failure is remembered, not retried
 
 
-def test_a_host_copy_jax_keeps_is_seen_and_such_leaves_are_not_packed(monkeypatch):
+def test_a_host_copy_jax_keeps_is_seen_and_such_leaves_are_not_packed():
     """`has_host_copy` (the adapter) sees the host copy jax keeps on an array after a real
     copy (int4 on a CPU device is copied; float32 is a view); a packable leaf with such a
     copy is read from it, not packed again."""
@@ -726,8 +728,8 @@ def test_a_host_copy_jax_keeps_is_seen_and_such_leaves_are_not_packed(monkeypatc
     y = jnp.ones((3, 5), jnp.float32)
     np.asarray(y)
     assert not has_host_copy(y)  # a view of CPU memory: nothing kept
-    monkeypatch.setattr(F, 'PACK_ON_CPU', True)
-    monkeypatch.setattr(F, 'PACK_DTYPES', F.PACK_DTYPES | {'int4'})
     leaves = [jnp.ones((4,), jnp.int4), jnp.zeros((6,), jnp.int4), x]
-    packed, loose = F._pack_calls(leaves)
-    assert [part for part, _, _ in packed] == [[0, 1]] and loose == [2]
+    blocks = [planning.Block(v, (0,) * v.ndim, tuple(v.shape), i) for i, v in enumerate(leaves)]
+    with F.configured(platform='gpu', pack_dtypes=F.CONFIG.pack_dtypes | {'int4'}):
+        planned = planning.plan_blocks(blocks, False)
+    assert [c.blocks for c in planned.packs] == [[0, 1]] and planned.copies == [2]

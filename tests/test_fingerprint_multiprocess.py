@@ -22,8 +22,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import multihost
-from multihost._checks import _fingerprint as F
 from multihost._checks import _treediff
+from multihost._checks import fingerprint as F
 
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess

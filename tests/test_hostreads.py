@@ -20,7 +20,8 @@ from jax.sharding import PartitionSpec as P
 
 import multihost
 from multihost import _recorder
-from multihost._checks import _fingerprint, _hostreads, _nonfinite
+from multihost._checks import _hostreads, _nonfinite
+from multihost._checks import fingerprint as _fingerprint
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The kernel's reads (`_raw_lanes.plan`), compiled for a TPU v5e here (libtpu, no chip):
+"""The kernel's reads (`layout.read_layout`), compiled for a TPU v5e here (libtpu, no chip):
 every block the Pallas kernel reads reaches it through ``bitcast``s only (the tiles stay in
 memory: nothing moves through the vector units, which rewrote bfloat16 NaN payloads and
 subnormals on the chip), in the layout XLA gives such an array on the chip. A leaf stored
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import pytest
 
-from multihost._checks import _raw_lanes
+from multihost._checks.fingerprint import layout, xla
 
 HAVE_LIBTPU = importlib.util.find_spec('libtpu') is not None
 pytestmark = pytest.mark.skipif(
@@ -43,7 +43,7 @@ def _ops(shape: tuple[int, ...], target: tuple[int, ...]) -> list[str]:
 
 @pytest.mark.parametrize('shape', [(64, 32, 256), (8, 96, 768), (4, 16, 128)])
 def test_merging_leading_axes_is_a_bitcast_on_a_tpu(shape):
-    target = _raw_lanes.plan(ml_dtypes.bfloat16, shape, True).shape
+    target = layout.read_layout(ml_dtypes.bfloat16, shape, True).shape
     assert target == (shape[0] * shape[1], shape[2])
     ops = _ops(shape, target)
     assert 'bitcast' in ops and 'reshape' not in ops, ops
@@ -66,13 +66,11 @@ _HLO = {'bfloat16': 'bf16', 'float8_e5m2': 'f8e5m2', 'float8_e4m3fn': 'f8e4m3fn'
 @pytest.mark.parametrize('dt', [jnp.bfloat16, jnp.float8_e5m2, jnp.float8_e4m3fn, jnp.float32],
                          ids=lambda d: jnp.dtype(d).name)  # fmt: skip
 def test_every_block_the_kernel_reads_reaches_it_by_bitcasts_only(dt):
-    """The program that reads a whole leaf (`_fingerprint._raw_out`), compiled for a v5e
+    """The program that reads a whole leaf (`xla.pallas_out`), compiled for a v5e
     with the leaf in XLA's layout there: no instruction makes a value of the leaf's dtype
     but the parameter and bitcasts (a copy, transpose or reshape kernel would be a
     relayout). Before the stored order, (768, 8, 96) and (4096, 64) went through one."""
     from jax.experimental import topologies
-
-    from multihost._checks import _fingerprint
 
     topo = topologies.get_topology_desc(topology_name='v5e:2x2', platform='tpu')
     sharding = jax.sharding.SingleDeviceSharding(topo.devices[0])
@@ -81,12 +79,13 @@ def test_every_block_the_kernel_reads_reaches_it_by_bitcasts_only(dt):
         spec = jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
         probe = jax.jit(lambda v: v).trace(spec).lower(lowering_platforms=('tpu',)).compile()
         order = tuple(probe.input_formats[0][0].layout.major_to_minor)
-        if _raw_lanes.plan(dt, shape, True, order) is None:
+        how = layout.read_layout(dt, shape, True, order)
+        if how is None:
             continue  # read from host copies
         read += 1
-        strides = _fingerprint._c_strides(shape)
+        strides = xla.c_strides(shape)
         compiled = (
-            _fingerprint._raw_out.trace(spec, None, strides, True, 'tpu', order)
+            xla.pallas_out.trace(spec, None, strides, True, False, how)
             .lower(lowering_platforms=('tpu',))
             .compile()
         )

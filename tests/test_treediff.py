@@ -454,7 +454,7 @@ def test_digest_changes_with_any_bit():
     assert _treediff._digest(a) == _treediff._digest(b)
     b.view(np.uint8)[12345] ^= 1
     assert _treediff._digest(a) != _treediff._digest(b)
-    assert len(_treediff._digest(a)) == 33  # 'x' + 16 bytes of XXH3-128 (see _fingerprint)
+    assert len(_treediff._digest(a)) == 33  # 'x' + 16 bytes of XXH3-128 (see fingerprint.host)
     assert len(_treediff._digest(a, 'device')) == 32  # the kernel: one lane set
 
 

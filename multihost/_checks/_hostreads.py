@@ -15,7 +15,7 @@ tools while a recorded launch is in flight on the host, `engine.calls`):
   one not ready is named, with the launch it waits on (`NotReadyError`), never
   waited for;
 * fingerprints are computed on the host from the copies, by the definition the
-  mode picks (`_fingerprint.digests`): the kernel's numpy implementation, the
+  mode picks (`fingerprint.digests`): the kernel's numpy implementation, the
   same bytes the device would give, or XXH3; NaN/Inf counts by numpy;
 * a leaf is read one block (a shard's buffer) at a time and the copy dropped
   before the next is made: memory bounded by the largest shard, not the tree;

@@ -36,7 +36,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from multihost import _jax_adapter
-from multihost._checks import _fingerprint
+from multihost._checks import fingerprint
 from multihost._checks._treediff import tree_diff
 from multihost._errors import MultihostError
 from multihost._models._replay import Equation, Replay
@@ -211,7 +211,7 @@ def _local_digests(tree: Any) -> dict[str, str]:
         elif isinstance(x, (np.ndarray, np.generic, int, float, bool, complex)):
             keys.append(p)
             datas.append(np.asarray(x))
-    digests = _fingerprint.digests(datas) if datas else []
+    digests = fingerprint.digests(datas) if datas else []
     return dict(zip(keys, digests))
 
 

@@ -51,7 +51,7 @@ def _local_digests(arr: Any, layout: Layout) -> dict[int, str]:
     index_of = {s.device_id: s.index for s in layout.shards}
     import jax
 
-    from multihost._checks import _fingerprint as _kernel
+    from multihost._checks import fingerprint as _kernel
 
     out = {}
     on_device: list[tuple[int, Any]] = []
@@ -81,7 +81,7 @@ def _settle_kinds(
     on the mixed blocks; the hosts that used XXH3 there recompute with the
     kernel and share (one round, only when some block is mixed).
     """
-    from multihost._checks import _fingerprint as _kernel
+    from multihost._checks import fingerprint as _kernel
 
     redo: set[int] = set()
     for block in layout.blocks():
@@ -141,7 +141,7 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
     Collective for a global (non-fully-addressable) array: every host must
     call it, with the same array. Each host digests the replicas it holds
     (XXH3-128 of a replica in host memory, read in place; the exact kernel of
-    `multihost._checks._fingerprint` on an accelerator; blocks held by a
+    `multihost._checks.fingerprint` on an accelerator; blocks held by a
     single device are skipped)
     and publishes the digests through the coordination service; every host
     then builds the same report. A host-local (fully addressable) array is
@@ -174,8 +174,8 @@ def check_replicas(arr: Any, *, timeout: float | None = None) -> ReplicaReport:
             f'{type(arr).__module__}.{type(arr).__qualname__}; to compare host-local '
             'values across hosts use multihost.assert_equal'
         )
-    from multihost._checks import _fingerprint as _kernel
     from multihost._checks import _hostreads
+    from multihost._checks import fingerprint as _kernel
 
     layout = describe_layout(arr)
     if jax.process_count() == 1 or arr.is_fully_addressable:

@@ -4,7 +4,7 @@
 compare a digest of their fingerprint lists (then the lists, through
 `_rowdiff`), and only the differing, comparable leaves are broadcast and
 compared; every host builds the same `TreeDiff` (`_models._treediff`). One function
-per phase: `_fingerprint`, `_rowdiff.compare`, `_classify` (then
+per phase: `_fingerprint` (`fingerprint`), `_rowdiff.compare`, `_classify` (then
 `_settle_kinds` for leaves hashed by two definitions), `_compare_with_reference`,
 `_assemble`. See docs/ARCHITECTURE.md, "Tree diff".
 """
@@ -24,8 +24,8 @@ import jax
 import numpy as np
 
 from multihost import _recorder
-from multihost._checks import _fingerprint as _kernel
 from multihost._checks import _hostreads, _rowdiff
+from multihost._checks import fingerprint as _kernel
 from multihost._checks._paths import leaf_paths
 from multihost._core._collectives import broadcast_one_to_all
 from multihost._errors import HostMismatchError
@@ -202,7 +202,7 @@ def _comparable(a: np.ndarray) -> bool:
 
 
 def _digest(a: np.ndarray, how: str = 'auto') -> str:
-    """The leaf's fingerprint in hex: `_fingerprint.digests` for numeric dtypes.
+    """The leaf's fingerprint in hex: `fingerprint.digests` for numeric dtypes.
 
     (XXH3-128 under ``auto``, the kernel under ``device``: the same as a
     device leaf of the same values takes.) Other dtypes (strings, structured,

@@ -7,7 +7,7 @@ processes. The first `FIRST` launches of each jitted function, then every N-th, 
 
 1. the launch's array arguments and results are handed to the audit thread
    (``multihost-audit``); it waits until the results are ready and reads every block this host
-   holds: its fingerprint (`_checks._fingerprint.digests`: XXH3 at memory speed for data in
+   holds: its fingerprint (`_checks.fingerprint.digests`: XXH3 at memory speed for data in
    host memory, the exact kernel on an accelerator), whether it holds NaN or Inf (floating
    dtypes), and, for a fresh input, whether it is constant;
 2. the hosts share those tables in one exchange of the audit thread's own lane
@@ -485,7 +485,7 @@ def _read(item: _Item) -> tuple[list[str], list[Any], float]:
     """This host's table of the launch: per leaf ``[fresh, [[block, [digests], nonfinite,
     skip], ...]]`` (skip: never duplicate data: constant, small, a key); and the seconds it
     waited for the results to be ready (not audit work: the launch's own)."""
-    from multihost._checks import _fingerprint
+    from multihost._checks import fingerprint
 
     leaves = _leaves(item)
     paths = [p for p, _, _ in leaves]
@@ -502,10 +502,10 @@ def _read(item: _Item) -> tuple[list[str], list[Any], float]:
     ready = time.perf_counter() - t0
     held = _held(leaves)
     # One pass per block: its digest, NaN/Inf and constant flags (on an accelerator one
-    # program per group of blocks, one copy of the results to the host: `_fingerprint`).
+    # program per group of blocks, one copy of the results to the host: `fingerprint`).
     datas = [data for _, _, data, _ in held]
     wanted = [f and d.nbytes >= MIN_DUP_BYTES for _, _, d, f in held]
-    prints = _fingerprint.digests_with_flags(datas, constant=wanted) if held else []
+    prints = fingerprint.digests_with_flags(datas, constant=wanted) if held else []
     blocks: list[dict[str, list[Any]]] = [{} for _ in leaves]
     for (i, key, data, fresh), (digest, bad, same) in zip(held, prints):
         skip = not fresh or data.nbytes < MIN_DUP_BYTES or not data.size or same
@@ -543,7 +543,7 @@ def _is_key(dtype: Any) -> bool:
 
 def _blocks(leaf: Any) -> list[tuple[str, Any]]:
     """(block index text, this host's data of it) for each block this host holds."""
-    from multihost._checks import _fingerprint
+    from multihost._checks import fingerprint
 
     if isinstance(leaf, np.ndarray):
         if leaf.dtype == object:
@@ -552,13 +552,13 @@ def _blocks(leaf: Any) -> list[tuple[str, Any]]:
     if leaf.is_deleted():
         return []  # donated to a launch since
     key = _is_key(leaf.dtype)
-    if not key and _fingerprint.one_device(leaf.sharding):
+    if not key and fingerprint.one_device(leaf.sharding):
         # one block, the whole leaf: no Shard objects built (most leaves of a one-chip job)
-        if _fingerprint.in_host_memory(leaf):
+        if fingerprint.in_host_memory(leaf):
             view = np.asarray(leaf)
             return [(_whole(leaf.shape), view if view.flags.c_contiguous else leaf)]
         return [(_whole(leaf.shape), leaf)]
-    host = _fingerprint.in_host_memory(leaf)
+    host = fingerprint.in_host_memory(leaf)
     shards = []
     for s in leaf.addressable_shards:
         data = jax.random.key_data(s.data) if key else s.data

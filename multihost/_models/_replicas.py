@@ -23,7 +23,7 @@ class ReplicaDigest:
         device_id: the device holding the replica.
         process_index: the process owning the device.
         replica_id: the replica's id (see `ShardInfo.replica_id`).
-        digest: hex fingerprint of the replica's bytes (`_fingerprint`:
+        digest: hex fingerprint of the replica's bytes (`_checks.fingerprint`:
             ``'x'`` + XXH3-128 for a replica in host memory, the exact kernel
             computed on an accelerator; BLAKE2b-64 for dtypes it does not cover). ``''``
             in a report whose replicas all agree among more than

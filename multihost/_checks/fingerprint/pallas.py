@@ -1,171 +1,53 @@
 """The kernel's lanes of blocks on a TPU, from their raw bits: a Pallas kernel.
 
-On a TPU, XLA does not keep a narrow float's bits: measured on a TPU v5e (jax 0.10.2,
-`bench/tpu_bits.py`), a bitcast of bfloat16 to uint16 flushes subnormals and rewrites NaN
+On a TPU, XLA does not keep a narrow float's bits (`bench/tpu_bits.py` shows it on the
+chip at hand): a bitcast of bfloat16 to uint16 flushes subnormals and rewrites NaN
 payloads, and even an identity program rewrites float8_e4m3fn's negative NaN and every
 float16 NaN. A Pallas (Mosaic) kernel that reinterprets the block in VMEM keeps every bit
 of bfloat16, float8_e4m3fn and float8_e5m2. This module reads such a block once, tile by
 tile in its own shape (the last two axes tiled, the leading ones walked by the grid),
-and yields per tile the four lane sums of docs/API.md 4.2 (`_fingerprint`'s definition:
+and yields per tile the four lane sums of docs/API.md 4.2 (`definition`:
 ``g16``/``g8`` of the raw halves times ``c(k)``, ``c'(k >> 16)``), whether it holds
 NaN/Inf (from the exponent bits) and the largest and smallest raw value (constant
 blocks). Arithmetic is int32 (wrapping: the definition's uint32 sums mod 2^32, logical
 shifts). float16 is not here: Mosaic takes no float16 argument, and XLA rewrites its NaNs,
-so it is read from host copies (`_fingerprint.bits_lost_on_chip`).
+so it is read from host copies (`planning.bits_lost_on_chip`).
 
 The same kernel reads 32-bit words (float32, int32, uint32) in the shapes it reads at memory
-speed: XLA keeps their bits, but its fused reductions took 1-2 s to compile per program on
-the chip, the kernel's programs a few tenths (`bench/tpu_fingerprints.py`). The sums come
+speed: XLA keeps their bits, and the kernel's programs compile faster there than XLA's fused
+reductions (`bench/tpu_fingerprints.py` counts and times the first call's compiles). The sums come
 from row and column sums of ``g16`` of the halves (no product per element): the element
 index is ``first-of-row + column``, so ``sum g * c(e)`` splits into row sums times the
 rows' first indices and column sums times the column numbers.
 
 Off a TPU the kernel runs in Pallas' interpret mode (the tests check it against numpy).
+Which blocks it reads, and in which layout, the plan decides (`planning`, `layout`).
 
 Also here: small 1-D bfloat16 leaves packed by DMA into one buffer (`dma_pack`), so a call
 copies one buffer to the host, not one per leaf, and no XLA operation touches their bits.
-Small leaves of two axes or more are copied to the host one by one: a DMA stack of them
-(transposed to their stored order, then copied into one buffer) rewrote subnormals and NaN
-payloads on a v5e and on XLA:CPU at ``-O0``.
+Small leaves of two axes or more are copied to the host one by one: a DMA between their
+tiled layouts does not keep their bits on a TPU (`bench/tpu_fingerprints.py`'s exactness
+section checks the routes taken).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-#: Raw-bit NaN/Inf test per dtype: (mask, least): non-finite iff ``bits & mask >= least``
-#: (the sign dropped, the exponent field all ones).
-NONFINITE = {
-    'bfloat16': (0x7FFF, 0x7F80),
-    'float8_e4m3fn': (0x7F, 0x7F),
-    'float8_e5m2': (0x7F, 0x7C),
-    'float32': (0x7FFFFFFF, 0x7F800000),
-}
-#: 32-bit dtypes the kernel reads (in `_direct` shapes only: others stay with XLA, which
-#: keeps their bits).
-WORD_DTYPES = frozenset({'float32', 'int32', 'uint32'})
+from multihost._checks.fingerprint.definition import G8_MULTIPLIERS, G16_MULTIPLIERS, NONFINITE_BITS
+from multihost._checks.fingerprint.layout import PACKED_ROWS
+
 #: Elements of one tile, at most (int32 temporaries of a tile stay well inside VMEM).
 TILE = 1 << 17
 #: Result words per tile: four lanes, non-finite, largest raw value, smallest raw value.
 WORDS = 7
-
-_I = jnp.int32
-
-
-#: Dtypes whose whole leaves are read with their leading axes merged (a `bitcast` in XLA:
-#: the same tiles in memory, nothing moved; `tests/test_tpu_reshapes.py`). Not float8_e4m3fn,
-#: whose negative NaN even an identity program rewrote on the chip: not tried there.
-RESHAPE_KEEPS_BITS = frozenset({'bfloat16', 'float8_e5m2'})
-
-
-#: Dtypes whose whole 1-D leaves of whole rows are read as rows of 128: the same tiles in
-#: memory (a `bitcast`: a TPU stores a 1-D bfloat16 leaf in tiles of 1,024, as 8 rows of
-#: 128 words of two elements). Not float8: its 1-D tiles are not the 2-D kernel's.
-ROWS_DTYPES = frozenset({'bfloat16'})
-
-
-#: Rows of a (rows, 128) VMEM tile per element size: 32-bit words hold 4, 2 or 1 elements.
-_PACK = {1: 32, 2: 16, 4: 8}
-
-
-def _direct(shape: tuple[int, ...], itemsize: int) -> bool:
-    """Stored shapes whose bits the kernel reads in place: a last axis of 128 or more, and
-    for 3-D and up a second-to-last axis in whole packed rows (16 of 2 bytes, 32 of 1).
-    (Blocks read in their logical shape where XLA stores them transposed, like (1000, 5) or
-    (512, 8, 64), came back with canonicalized NaNs on the chip: XLA relaid them out for the
-    kernel. They are read in their stored order now: `stored_order`.)"""
-    return shape[-1] >= 128 and (len(shape) == 2 or shape[-2] % _PACK[itemsize] == 0)
-
-
-def stored_order(x: Any) -> tuple[int, ...]:
-    """``x``'s axes in the order its device stores them, major to minor (``x.format``'s
-    layout; the C order where it has none). A TPU stores an array whose last axis is
-    small with another axis minor: XLA's default layout for (768, 8, 96) there is
-    (1, 2, 0), (1000, 5)'s (1, 0). A program that reads such an array in its logical shape
-    gets a relayout first (a copy through the vector units, which rewrote bfloat16 NaN
-    payloads and subnormals on a v5e); read in the stored order, it is a `bitcast`."""
-    try:
-        got = tuple(int(a) for a in x.format.layout.major_to_minor)
-    except Exception:  # no layout to ask (a numpy array, an older jax): C order
-        return tuple(range(len(x.shape)))
-    return got if sorted(got) == list(range(len(x.shape))) else tuple(range(len(x.shape)))
-
-
-class Read(NamedTuple):
-    """How the kernel reads a block: transposed to ``order`` (its stored order: no data
-    moves), then in ``shape`` (that order's shape, its leading axes merged for some
-    whole leaves)."""
-
-    order: tuple[int, ...]
-    shape: tuple[int, ...]
-
-
-def _mergeable(shape: tuple[int, ...], order: tuple[int, ...]) -> bool:
-    """Whether the leading axes of ``shape`` in ``order`` merge into one axis whose element
-    index is linear (each one's C stride is the next one's times its length)."""
-    stride = [int(np.prod(shape[a + 1 :])) for a in range(len(shape))]
-    lead = order[:-1]
-    return all(stride[a] == shape[b] * stride[b] for a, b in zip(lead, lead[1:]))
-
-
-def plan(
-    dtype: Any, shape: tuple[int, ...], whole: bool, order: tuple[int, ...] | None = None
-) -> Read | None:
-    """How the kernel reads a block of ``dtype`` and ``shape`` stored in ``order``
-    (`stored_order`; C order if None), or None (host copies for narrow floats, XLA's program
-    for 32-bit words). In the stored order (a transpose there is a `bitcast`):
-
-    * a whole leaf of 3-D and up whose second-to-last axis is in whole packed rows, and
-      whose dtype is in `RESHAPE_KEEPS_BITS` or 32-bit: 2-D, its leading axes merged (the
-      same tiles in memory: no copy, and a few large tiles instead of many small ones);
-    * its own shape where that reads exactly (`_direct`); 32-bit words also with a last
-      axis under 128 whose lanes are at least half used;
-    * a whole 1-D leaf of `ROWS_DTYPES` whose size is whole rows of 128: as those rows.
-
-    Every element keeps its index in the leaf's C order: the kernel is given each read
-    axis's C stride (`block_words`)."""
-    dt = np.dtype(dtype)
-    if dt.name not in NONFINITE and dt.name not in WORD_DTYPES or len(shape) < 1 or not all(shape):
-        return None
-    order = tuple(range(len(shape))) if order is None else tuple(order)
-    t = tuple(int(shape[a]) for a in order)
-    merge = dt.name in RESHAPE_KEEPS_BITS or dt.itemsize == 4
-    lanes = t[-1] >= 128 or (dt.itemsize == 4 and -(-t[-1] // 128) * 128 <= 2 * t[-1])
-    if (whole and merge and len(t) >= 3 and t[-2] % _PACK[dt.itemsize] == 0 and lanes
-            and _mergeable(shape, order)):  # fmt: skip
-        return Read(order, (int(np.prod(t[:-1])), t[-1]))
-    if len(t) >= 2 and _direct(t, dt.itemsize):
-        return Read(order, t)
-    if len(t) == 2 and dt.itemsize == 4 and lanes:
-        return Read(order, t)
-    if whole and len(t) == 1 and dt.name in ROWS_DTYPES and t[0] % 128 == 0:
-        return Read(order, (t[0] // 128, 128))
-    return None
-
-
-def handles(
-    dtype: Any, shape: tuple[int, ...], whole: bool = False, order: tuple[int, ...] | None = None
-) -> bool:
-    """Whether this kernel reads a block of ``dtype`` and ``shape`` stored in ``order`` (`plan`)."""
-    return plan(dtype, shape, whole, order) is not None
-
-
-#: Run the kernel in Pallas' interpret mode off a TPU (the tests: CPU has no Mosaic).
-INTERPRET = False
-
-
-def wanted(
-    platform: str, dtype: Any, shape: tuple[int, ...], whole: bool = False,
-    order: tuple[int, ...] | None = None,
-) -> bool:  # fmt: skip
-    """Whether a block of ``dtype`` and ``shape`` on a ``platform`` device is read here: on
-    a TPU (or anywhere with `INTERPRET`), a narrow float this kernel handles."""
-    return (platform == 'tpu' or INTERPRET) and handles(dtype, shape, whole, order)
+#: The kernel's arithmetic type (wrapping: the definition's uint32 sums mod 2^32).
+I32 = jnp.int32
 
 
 def _tiles(shape: tuple[int, ...], itemsize: int) -> tuple[int, int]:
@@ -173,7 +55,7 @@ def _tiles(shape: tuple[int, ...], itemsize: int) -> tuple[int, int]:
     multiples of the dtype's packing (8 rows of 4 bytes, 16 of 2, 32 of 1), cols of 128. Sizes
     count as VMEM holds them: cols padded to 128 lanes, rows to the packing."""
     a, b = shape[-2], shape[-1]
-    pack = _PACK[itemsize]
+    pack = PACKED_ROWS[itemsize]
     wide = -(-b // 128) * 128
     if -(-a // pack) * pack * wide <= TILE:
         return a, b
@@ -183,30 +65,25 @@ def _tiles(shape: tuple[int, ...], itemsize: int) -> tuple[int, int]:
 
 
 def _srl(x: Any, n: int) -> Any:
-    return jax.lax.shift_right_logical(x, _I(n))
+    return jax.lax.shift_right_logical(x, I32(n))
 
 
 def _g16(x: Any) -> Any:
-    x = (x * _I(0x9E37)) & _I(0xFFFF)
+    x = (x * I32(G16_MULTIPLIERS[0])) & I32(0xFFFF)
     x = x ^ _srl(x, 7)
-    x = (x * _I(0x5BD1)) & _I(0xFFFF)
+    x = (x * I32(G16_MULTIPLIERS[1])) & I32(0xFFFF)
     return x ^ _srl(x, 8)
 
 
 def _g8(x: Any) -> Any:
-    x = (x * _I(0x9D)) & _I(0xFF)
+    x = (x * I32(G8_MULTIPLIERS[0])) & I32(0xFF)
     x = x ^ _srl(x, 4)
-    x = (x * _I(0x6B)) & _I(0xFF)
+    x = (x * I32(G8_MULTIPLIERS[1])) & I32(0xFF)
     return x ^ _srl(x, 3)
 
 
 def _total(x: Any) -> Any:
     return jnp.sum(jnp.sum(x, axis=0, keepdims=True), axis=1, keepdims=True)
-
-
-#: Bits of an element index below the second lanes' word group (``k >> 16``): 17 for 2-byte
-#: elements (two to a word), 18 for 1-byte ones.
-_FAR = {1: 18, 2: 17}
 
 
 def _lanes16(v: Any, first: Any, cols: Any, stride: int) -> list[Any]:
@@ -221,27 +98,27 @@ def _lanes16(v: Any, first: Any, cols: Any, stride: int) -> list[Any]:
     multiple of 2^17; inside a row only when 2^17 is not a multiple of the stride: those
     rows add the change times what lies past it."""
     if stride % 2 == 0:  # every row's first element has the same parity: a column mask
-        hi = ((cols ^ first[0:1, :]) & _I(1)) == _I(1)
+        hi = ((cols ^ first[0:1, :]) & I32(1)) == I32(1)
     else:
-        hi = ((cols ^ first) & _I(1)) == _I(1)
-    hv = jnp.where(hi, v, _I(0))
+        hi = ((cols ^ first) & I32(1)) == I32(1)
+    hv = jnp.where(hi, v, I32(0))
     a, a_hi = jnp.sum(v, axis=1, keepdims=True), jnp.sum(hv, axis=1, keepdims=True)
     c = jnp.sum(v, axis=0, keepdims=True)
-    c_hi = jnp.where(hi, c, _I(0)) if stride % 2 == 0 else jnp.sum(hv, axis=0, keepdims=True)
+    c_hi = jnp.where(hi, c, I32(0)) if stride % 2 == 0 else jnp.sum(hv, axis=0, keepdims=True)
     a_lo, c_lo = a - a_hi, c - c_hi
-    near = _srl(first, 16) | _I(1)
+    near = _srl(first, 16) | I32(1)
     words = [
         _total(first * a_hi) + _total(cols * c_hi),
-        _total((first + _I(1)) * a_lo) + _total(cols * c_lo),
+        _total((first + I32(1)) * a_lo) + _total(cols * c_lo),
         _total(near * a_hi),
         _total(near * a_lo),
     ]
     if (1 << 17) % stride:  # a row may pass a multiple of 2^17 (at most once: cols <= 2^17)
-        nxt = (first | _I(0x1FFFF)) + _I(1)
+        nxt = (first | I32(0x1FFFF)) + I32(1)
         past = cols >= nxt - first
-        x = jnp.sum(jnp.where(past, v, _I(0)), axis=1, keepdims=True)
-        x_hi = jnp.sum(jnp.where(past, hv, _I(0)), axis=1, keepdims=True)
-        step = (_srl(nxt, 16) | _I(1)) - near
+        x = jnp.sum(jnp.where(past, v, I32(0)), axis=1, keepdims=True)
+        x_hi = jnp.sum(jnp.where(past, hv, I32(0)), axis=1, keepdims=True)
+        step = (_srl(nxt, 16) | I32(1)) - near
         words[2] = words[2] + _total(step * x_hi)
         words[3] = words[3] + _total(step * (x - x_hi))
     return words
@@ -251,20 +128,20 @@ def _lanes32(hi: Any, lo: Any, first: Any, cols: Any, stride: int) -> list[Any]:
     """The four lanes of a tile of 32-bit words (`_lanes16`'s sums): ``hi``, ``lo`` the
     ``g16`` of each word's halves, word ``e = first + col``, ``c(e) = 2e + 1`` and
     ``c'(e >> 16) = (e >> 15) | 1``, which changes where ``e`` passes a multiple of 2^16."""
-    odd = cols * _I(2) + _I(1)
-    near = _srl(first, 15) | _I(1)
+    odd = cols * I32(2) + I32(1)
+    near = _srl(first, 15) | I32(1)
     words = []
     for h in (hi, lo):
         a, c = jnp.sum(h, axis=1, keepdims=True), jnp.sum(h, axis=0, keepdims=True)
-        words.append(_total((first * _I(2)) * a) + _total(odd * c))
+        words.append(_total((first * I32(2)) * a) + _total(odd * c))
     for h in (hi, lo):
         words.append(_total(near * jnp.sum(h, axis=1, keepdims=True)))
     if (1 << 16) % stride:  # a row may pass a multiple of 2^16 (at most once: cols <= 2^16)
-        nxt = (first | _I(0xFFFF)) + _I(1)
+        nxt = (first | I32(0xFFFF)) + I32(1)
         past = cols >= nxt - first
-        step = (_srl(nxt, 15) | _I(1)) - near
+        step = (_srl(nxt, 15) | I32(1)) - near
         for i, h in ((2, hi), (3, lo)):
-            x = jnp.sum(jnp.where(past, h, _I(0)), axis=1, keepdims=True)
+            x = jnp.sum(jnp.where(past, h, I32(0)), axis=1, keepdims=True)
             words[i] = words[i] + _total(step * x)
     return words
 
@@ -273,12 +150,12 @@ def _lanes8(v: Any, e: Any) -> list[Any]:
     """The four lanes of a tile of 1-byte elements at leaf indices ``e``: word ``e >> 2``,
     its high half when bit 1 of ``e`` is set, the byte's place in the half bit 0; so
     ``c(k) = (e >> 1) | 1`` and ``c'(k >> 16) = (e >> 17) | 1``."""
-    v = jnp.where((e & _I(1)) == _I(1), v << _I(8), v)
-    is_hi = (e & _I(2)) == _I(2)
-    t1 = v * (_srl(e, 1) | _I(1))
-    t2 = v * (_srl(e, 17) | _I(1))
+    v = jnp.where((e & I32(1)) == I32(1), v << I32(8), v)
+    is_hi = (e & I32(2)) == I32(2)
+    t1 = v * (_srl(e, 1) | I32(1))
+    t2 = v * (_srl(e, 17) | I32(1))
     s1, s2 = _total(t1), _total(t2)
-    h1, h2 = _total(jnp.where(is_hi, t1, _I(0))), _total(jnp.where(is_hi, t2, _I(0)))
+    h1, h2 = _total(jnp.where(is_hi, t1, I32(0))), _total(jnp.where(is_hi, t2, I32(0)))
     return [h1, s1 - h1, h2, s2 - h2]
 
 
@@ -291,12 +168,12 @@ def _lanes_at(size: int, e: Any, v: Any, lo: Any = None) -> list[Any]:
     if size == 1:
         return _lanes8(v, e)
     if size == 4:
-        c, c2 = e * _I(2) + _I(1), _srl(e, 15) | _I(1)
+        c, c2 = e * I32(2) + I32(1), _srl(e, 15) | I32(1)
         return [_total(v * c), _total(lo * c), _total(v * c2), _total(lo * c2)]
-    is_hi = (e & _I(1)) == _I(1)
-    t1, t2 = v * (e | _I(1)), v * (_srl(e, 16) | _I(1))
+    is_hi = (e & I32(1)) == I32(1)
+    t1, t2 = v * (e | I32(1)), v * (_srl(e, 16) | I32(1))
     s1, s2 = _total(t1), _total(t2)
-    h1, h2 = _total(jnp.where(is_hi, t1, _I(0))), _total(jnp.where(is_hi, t2, _I(0)))
+    h1, h2 = _total(jnp.where(is_hi, t1, I32(0))), _total(jnp.where(is_hi, t2, I32(0)))
     return [h1, s1 - h1, h2, s2 - h2]
 
 
@@ -318,43 +195,43 @@ def _kernel(
     ta, tb = tile
     size = np.dtype(name).itemsize
     if size == 4:
-        r = jax.lax.bitcast_convert_type(x_ref[...], _I)
+        r = jax.lax.bitcast_convert_type(x_ref[...], I32)
     else:
         raw = jax.lax.bitcast_convert_type(x_ref[...], jnp.int8 if size == 1 else jnp.int16)
-        r = raw.astype(_I) & _I((1 << (8 * size)) - 1)
+        r = raw.astype(I32) & I32((1 << (8 * size)) - 1)
     g = [pl_program_id(d) for d in range(nd)]
     base = off_ref[0]
     for d in range(nd - 2):
-        base = base + g[d] * _I(strides[d] & 0xFFFFFFFF)
-    rows = jax.lax.broadcasted_iota(_I, (ta, 1), 0) + g[nd - 2] * _I(ta)
-    cols = jax.lax.broadcasted_iota(_I, (1, tb), 1)
-    col0 = g[nd - 1] * _I(tb)
+        base = base + g[d] * I32(strides[d] & 0xFFFFFFFF)
+    rows = jax.lax.broadcasted_iota(I32, (ta, 1), 0) + g[nd - 2] * I32(ta)
+    cols = jax.lax.broadcasted_iota(I32, (1, tb), 1)
+    col0 = g[nd - 1] * I32(tb)
     step = strides[-1] & 0xFFFFFFFF  # the last axis's stride: 1 in C order
     # each tile row's first element's index in the leaf
-    first = base + rows * _I(strides[-2] & 0xFFFFFFFF) + col0 * _I(step)
+    first = base + rows * I32(strides[-2] & 0xFFFFFFFF) + col0 * I32(step)
     ragged = bool(shape[-2] % ta or shape[-1] % tb)
-    valid: Any = (rows < _I(shape[-2])) & (cols + col0 < _I(shape[-1])) if ragged else None
+    valid: Any = (rows < I32(shape[-2])) & (cols + col0 < I32(shape[-1])) if ragged else None
     if size == 4:
-        hi, lo = _g16(_srl(r, 16)), _g16(r & _I(0xFFFF))
+        hi, lo = _g16(_srl(r, 16)), _g16(r & I32(0xFFFF))
         if ragged:
-            hi, lo = jnp.where(valid, hi, _I(0)), jnp.where(valid, lo, _I(0))
+            hi, lo = jnp.where(valid, hi, I32(0)), jnp.where(valid, lo, I32(0))
         if step == 1:
             words = _lanes32(hi, lo, first, cols, strides[-2])
         else:
-            words = _lanes_at(4, first + cols * _I(step), hi, lo)
+            words = _lanes_at(4, first + cols * I32(step), hi, lo)
     else:
         v = _g16(r) if size == 2 else _g8(r)
-        v = jnp.where(valid, v, _I(0)) if ragged else v
+        v = jnp.where(valid, v, I32(0)) if ragged else v
         if size == 2 and step == 1:
             words = _lanes16(v, first, cols, strides[-2])
         else:
-            words = _lanes_at(size, first + cols * _I(step), v)
+            words = _lanes_at(size, first + cols * I32(step), v)
     if flags:  # past the block: the tile's first value again (neutral for all three)
         rr = jnp.where(valid, r, r[0:1, 0:1]) if ragged else r
-        mask = NONFINITE.get(name, (0, 1))[0]  # integers: never non-finite
-        words += [_max(rr & _I(mask)), _max(rr), _min(rr)]
-    lane = jax.lax.broadcasted_iota(_I, (8, 128), 1)
-    out = jnp.zeros((8, 128), _I)
+        mask = NONFINITE_BITS.get(name, (0, 1))[0]  # integers: never non-finite
+        words += [_max(rr & I32(mask)), _max(rr), _min(rr)]
+    lane = jax.lax.broadcasted_iota(I32, (8, 128), 1)
+    out = jnp.zeros((8, 128), I32)
     for j, w in enumerate(words):
         out = jnp.where(lane == j, jnp.broadcast_to(w, (8, 128)), out)
     o_ref[...] = out.reshape(o_ref.shape)
@@ -397,7 +274,7 @@ def block_words(
     out = pl.pallas_call(
         kernel,
         grid_spec=spec,
-        out_shape=jax.ShapeDtypeStruct((*grid, 8, 128), _I),
+        out_shape=jax.ShapeDtypeStruct((*grid, 8, 128), I32),
         interpret=interpret,
         compiler_params=pltpu.CompilerParams(vmem_limit_bytes=64 << 20),
     )(offset, x)
@@ -405,21 +282,19 @@ def block_words(
     sums = jnp.sum(per[:, :4].astype(jnp.uint32), axis=0, dtype=jnp.uint32)
     if not flags:
         return sums
-    bad = jnp.max(per[:, 4]) >= _I(NONFINITE.get(dt.name, (0, 1))[1])
-    more = jnp.stack([bad.astype(_I), jnp.max(per[:, 5]), jnp.min(per[:, 6])])
+    bad = jnp.max(per[:, 4]) >= I32(NONFINITE_BITS.get(dt.name, (0, 1))[1])
+    more = jnp.stack([bad.astype(I32), jnp.max(per[:, 5]), jnp.min(per[:, 6])])
     return jnp.concatenate([sums, more.astype(jnp.uint32)])
 
 
-# -- small leaves packed by DMA (raw bytes) -------------------------------------------------
-
 #: 1-D tile of a TPU's HBM layout by element size: a DMA into a packed 1-D buffer moves
-#: whole tiles (Mosaic refuses other slice sizes: it named 256 for 2-byte and 512 for 1-byte
-#: elements on a TPU v5e).
+#: whole tiles (Mosaic refuses other slice sizes on a TPU v5e: 256 for 2-byte and 512 for
+#: 1-byte elements).
 DMA_TILE = {2: 256, 1: 512}
-#: Dtypes whose small 1-D leaves are packed by DMA on a TPU. XLA rewrote bfloat16's bits
-#: there when it concatenated (or relaid out) them; a DMA of a 1-D leaf into a 1-D buffer
-#: moves its bytes unchanged (`bench/tpu_fingerprints.py`, exactness). Not leaves of two or
-#: more axes: a DMA between their tiled layouts rewrote bits there too (seen for (96, 8)).
+#: Dtypes whose small 1-D leaves are packed by DMA on a TPU. XLA's concatenation (or
+#: relayout) of bfloat16 does not keep its bits there; a DMA of a 1-D leaf into a 1-D buffer
+#: moves its bytes unchanged (`bench/tpu_fingerprints.py`'s exactness section checks). Not
+#: leaves of two or more axes: a DMA between their tiled layouts does not keep bits there.
 DMA_DTYPES = frozenset({'bfloat16'})
 
 
