@@ -189,7 +189,7 @@ def _finite(a: np.ndarray) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--json', help='write the results here')
+    p.add_argument('--json', help='write the results here (default: bench/results/<kind>/)')
     dev = jax.devices()[0]
     res = {'device': dev.device_kind, 'jax': jax.__version__, 'platform': dev.platform}
     p.add_argument('--kernel', action='store_true', help='only the Pallas kernel, word by word')
@@ -204,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             res[np.dtype(dt).name] = probes(dt)
     print(json.dumps(res, indent=1))
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(res, f, indent=1)
+    import _results
+
+    kind = res.pop('device')
+    name = 'tpu_bits' + ('_kernel' if args.kernel else '_tiles' if args.tiles else '')
+    print('written to', _results.save(name, res, kind, args.json or ''))
     return 0
 
 

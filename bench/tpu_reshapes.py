@@ -12,7 +12,6 @@ emitted. Usage: ``JAX_PLATFORMS=cpu python bench/tpu_reshapes.py [--json PATH]``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -76,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         kind = 'relayout' if 'reshape' in ops else 'bitcast' if 'bitcast' in ops else ' '.join(ops)
         rows.append({'shape': shape, 'to': target, 'xla': kind, 'ops': ops, 'what': what})
         print(f'{str(shape):>16} -> {str(target):<14} {kind:<9} ({what})', flush=True)
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump({'device_kind': topo.devices[0].device_kind, 'jax': jax.__version__,
-                       'rows': rows}, f, indent=1)  # fmt: skip
+    import _results
+
+    got = {'compiled_on': jax.devices()[0].platform, 'rows': rows}
+    kind = topo.devices[0].device_kind  # what it compiles for (libtpu, no chip)
+    print('written to', _results.save('tpu_reshapes', got, kind, args.json))
     return 0
 
 
