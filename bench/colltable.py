@@ -249,9 +249,9 @@ def main() -> None:
     print(json.dumps(result, indent=2), flush=True)
     result['launch_overhead_per_call'] = part1(a.before, a.pairs, a.reps, a.calls)
     print(json.dumps(result, indent=2))
-    if a.json:
-        with open(a.json, 'w') as f:
-            json.dump(result, f, indent=2)
+    import _results
+
+    print('written to', _results.save('colltable', result, 'cpu', a.json))
 
 
 if __name__ == '__main__':
