@@ -231,7 +231,9 @@ def _again(
         if r == 0:
             first_out, first = out, got
         else:
-            changed |= {k.split('@')[0] for k, d in got.items() if first.get(k) != d}
+            changed |= {
+                k.split('@')[0] or '(the result)' for k, d in got.items() if first.get(k) != d
+            }
     n = jax.process_count()
     if n == 1:
         return ({0: tuple(sorted(changed))} if changed else {}), None
