@@ -49,7 +49,9 @@ Two inputs a real job also reads from its environment:
   ``atexit`` handlers run), not with ``os._exit``. ``LEAVE=shutdown``: as JAX's docs show,
   right after its last step (no report, no final barrier): ``jax.distributed.shutdown()``,
   then it returns. ``SAVE=0``: no orbax checkpoints (a flax + optax job alone: nothing
-  between its last step and its end).
+  between its last step and its end). ``LOG_EVERY=k``: the loss is read (and ``STEP`` /
+  ``LOSS`` printed) at every k-th step only, as a job that logs now and then: its last
+  step may still be running on the devices when the program goes on.
 * ``HEARTBEAT_S=s``: ``heartbeat_timeout_seconds`` of `jax.distributed.initialize`
   (default 100, JAX's): how long the coordination service waits for a silent host.
 * ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
@@ -105,6 +107,7 @@ DRIFT_HOST = int(os.environ.get('DRIFT_HOST', '-1'))
 DRIFT_STEP = int(os.environ.get('DRIFT_STEP', '-1'))
 NAN_HOST = int(os.environ.get('NAN_HOST', '-1'))
 NAN_STEP = int(os.environ.get('NAN_STEP', '-1'))
+LOG_EVERY = int(os.environ.get('LOG_EVERY', '1'))
 
 
 class BadBatch(ValueError):
@@ -229,10 +232,11 @@ def train():
         stall(step, before_step=True)
         t0 = time.perf_counter()
         state, loss = train_step(state, batch)
-        loss = float(loss)
+        if step % LOG_EVERY == 0:
+            loss = float(loss)
+            print(f'STEP {step} {time.perf_counter() - t0!r}', flush=True)
+            print(f'LOSS {step} {loss.hex()}', flush=True)
         state = drift(state, step)
-        print(f'STEP {step} {time.perf_counter() - t0!r}', flush=True)
-        print(f'LOSS {step} {loss.hex()}', flush=True)
         stall(step)
         if manager is not None:
             manager.save(step, args=ocp.args.StandardSave(state))
