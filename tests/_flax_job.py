@@ -46,7 +46,12 @@ Two inputs a real job also reads from its environment:
 * ``EVAL_X=1``: ``train`` also holds ``eval_x``, a replicated float32 eval batch (8, 4)
   made before the loop (ready on every device; one NaN at [1, 2], for the data tools).
 * ``LEAVE=return``: a job that succeeds ends as most do, returning from its main (its
-  ``atexit`` handlers run), not with ``os._exit``.
+  ``atexit`` handlers run), not with ``os._exit``. ``LEAVE=shutdown``: as JAX's docs show,
+  right after its last step (no report, no final barrier): ``jax.distributed.shutdown()``,
+  then it returns. ``SAVE=0``: no orbax checkpoints (a flax + optax job alone: nothing
+  between its last step and its end). ``LOG_EVERY=k``: the loss is read (and ``STEP`` /
+  ``LOSS`` printed) at every k-th step only, as a job that logs now and then: its last
+  step may still be running on the devices when the program goes on.
 * ``HEARTBEAT_S=s``: ``heartbeat_timeout_seconds`` of `jax.distributed.initialize`
   (default 100, JAX's): how long the coordination service waits for a silent host.
 * ``JOB_RECORDS=DIR``: the report the tests read. When set, and only if
@@ -102,6 +107,7 @@ DRIFT_HOST = int(os.environ.get('DRIFT_HOST', '-1'))
 DRIFT_STEP = int(os.environ.get('DRIFT_STEP', '-1'))
 NAN_HOST = int(os.environ.get('NAN_HOST', '-1'))
 NAN_STEP = int(os.environ.get('NAN_STEP', '-1'))
+LOG_EVERY = int(os.environ.get('LOG_EVERY', '1'))
 
 
 class BadBatch(ValueError):
@@ -213,7 +219,8 @@ def train():
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=2, max_to_keep=2, enable_async_checkpointing=True
     )
-    manager = ocp.CheckpointManager(os.environ['CKPT_DIR'], options=options)
+    save = os.environ.get('SAVE', '1') != '0'
+    manager = ocp.CheckpointManager(os.environ['CKPT_DIR'], options=options) if save else None
     if os.environ.get('EVAL_X'):
         eval_x = jax.device_put(eval_batch(), NamedSharding(mesh, P()))  # noqa: F841 (for tools)
     for step in range(STEPS):
@@ -225,14 +232,17 @@ def train():
         stall(step, before_step=True)
         t0 = time.perf_counter()
         state, loss = train_step(state, batch)
-        loss = float(loss)
+        if step % LOG_EVERY == 0:
+            loss = float(loss)
+            print(f'STEP {step} {time.perf_counter() - t0!r}', flush=True)
+            print(f'LOSS {step} {loss.hex()}', flush=True)
         state = drift(state, step)
-        print(f'STEP {step} {time.perf_counter() - t0!r}', flush=True)
-        print(f'LOSS {step} {loss.hex()}', flush=True)
         stall(step)
-        manager.save(step, args=ocp.args.StandardSave(state))
-    manager.wait_until_finished()
-    manager.close()
+        if manager is not None:
+            manager.save(step, args=ocp.args.StandardSave(state))
+    if manager is not None:
+        manager.wait_until_finished()
+        manager.close()
 
 
 def report():
@@ -280,6 +290,10 @@ def main():
     except Exception as exc:
         print(f'FAILED {type(exc).__name__}: {str(exc).splitlines()[0]}', flush=True)
         leave(1)
+    if os.environ.get('LEAVE') == 'shutdown':
+        print('DONE', flush=True)
+        jax.distributed.shutdown()
+        return
     report()
     multihost_utils.sync_global_devices('flax_job_end')
     print('DONE', flush=True)

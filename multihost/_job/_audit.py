@@ -27,6 +27,12 @@ padding, a mask of ones), blocks under `MIN_DUP_BYTES`, PRNG keys and inputs a l
 The one wait on the main thread: before the next launch of an audited function, until the
 audit thread has read the previous launch's results (that launch may donate them). It is
 counted in the report (``waited``). Findings are reported, not fatal.
+
+The job's end (`finish`): in ``jax.distributed.shutdown()`` (wrapped while the audit is on)
+and at the interpreter's exit, whichever comes first, every host first waits (at most
+`CLOSE_WAIT`) until the launches it read are shared and compared, so all hosts finish the
+same rounds before process 0's coordination service goes away; what could not be compared
+in time is named (``not audited``); then the summary line, always.
 """
 
 from __future__ import annotations
@@ -142,6 +148,10 @@ class _State:
         self.closing = False  # the program ends: the threads finish and return
         self.sharing = False  # the sharing thread is in an exchange
         self.log: Any = None  # the `_auditlog.Writer`, made at the first audited launch
+        self.current: _Item | None = None  # the launch the sharing thread shares now
+        self.finished = ''  # where the job ended (`finish`): nothing more is audited
+        self.unaudited: list[str] = []  # launches read, not compared when the job ended
+        self.jax_shutdown: Any = None  # JAX's jax.distributed.shutdown, while wrapped
 
 
 _state = _State()
@@ -156,6 +166,37 @@ def enable(every: int, log_dir: str | None = None, raise_: bool = False) -> None
     _state.log_dir = log_dir if every else None
     if every and not _state.threads:
         _state.stopped = ''
+    _wrap_shutdown(every > 0)
+
+
+def _wrap_shutdown(on: bool) -> None:
+    """Puts `_shutdown` in place of ``jax.distributed.shutdown`` (on), or JAX's back (off)."""
+    import jax.distributed
+
+    if on and _state.jax_shutdown is None:
+        _state.jax_shutdown = jax.distributed.shutdown
+        jax.distributed.shutdown = _shutdown
+    elif not on and _state.jax_shutdown is not None:
+        if jax.distributed.shutdown is _shutdown:
+            jax.distributed.shutdown = _state.jax_shutdown
+        _state.jax_shutdown = None
+
+
+def _shutdown(*args: Any, **kwargs: Any) -> Any:
+    """``jax.distributed.shutdown()`` while the audit is on: the audit finishes first (every
+    host does so before it enters JAX's shutdown barrier, so the coordination service stays
+    until all of them compared the same launches), then JAX's."""
+    finish('jax.distributed.shutdown()')
+    original = _state.jax_shutdown
+    if original is None:  # unwrapped meanwhile: JAX's, as the module holds it now
+        import jax.distributed
+
+        original = jax.distributed.shutdown
+    try:
+        return original(*args, **kwargs)
+    finally:
+        for t in _state.threads:  # one left in an exchange leaves it now (the service ended)
+            t.join(2.0)
 
 
 def enabled() -> bool:
@@ -190,7 +231,7 @@ def after(name: str, site: str, fn: Any, spans: bool | None, args: tuple, kwargs
         for k in [k for k, r in produced.items() if r() is None]:
             del produced[k]
         _state.produced_mark = max(8192, 2 * len(produced))
-    if not spans or _state.stopped:
+    if not spans or _state.stopped or _state.finished:
         return
     n = _state.counts.get(name, 0)
     _state.counts[name] = n + 1
@@ -289,6 +330,7 @@ def _share_all() -> None:
                 return
             *got, item = _state.tables.popleft()
             _state.sharing = True
+            _state.current = item
         try:
             _share(*got)
         except Exception as exc:
@@ -297,28 +339,53 @@ def _share_all() -> None:
             item.done.set()
             with _state.cond:
                 _state.sharing = False
+                _state.current = None
                 _state.cond.notify_all()
 
 
-#: Seconds the program's end waits for the audit to share what it read (every host has the
+#: Seconds the job's end waits for the audit to share what it read (every host has the
 #: same launches to share: they finish together).
 CLOSE_WAIT = 30.0
 
 
 def _close() -> None:
-    """At exit (before JAX's own shutdown, registered after it): the audit shares what it
-    read, then its threads end. A thread left inside a call into JAX's C++ code while the
-    interpreter finalizes would abort the process."""
-    threads = _state.threads
-    if not threads:
-        return
+    """At exit (before JAX's own shutdown, registered after it): `finish`. A thread left
+    inside a call into JAX's C++ code while the interpreter finalizes would abort the
+    process."""
+    finish("the program's exit")
+
+
+def finish(at: str) -> None:
+    """The job ends (``at``: where, in words): the audit shares and compares every launch
+    it read (bounded: `CLOSE_WAIT`; every host has the same launches to share, so the hosts
+    finish the same rounds together), says plainly which it could not, prints its summary
+    line, and its threads end. Once: later launches are not audited, later calls return."""
+    with _state.cond:
+        if _state.finished or not _state.threads:
+            _state.finished = _state.finished or at
+            return
+        _state.finished = at
     deadline = time.monotonic() + CLOSE_WAIT
     with _state.cond:
-        _drain(deadline)
+        if _drain(deadline):
+            left: list[str] = []
+        else:
+            items = [item for *_, item in _state.tables]
+            items = [*([_state.current] if _state.current else []), *items, *_state.queue]
+            left = [f'{item.name} call #{item.call}' for item in items]
         _state.closing = True
         _state.cond.notify_all()
+    if left:
+        _state.unaudited = left
+        _stop(
+            f'the job ended ({at}) before the hosts compared its last {len(left)} audited '
+            f'launch{"es" * (len(left) > 1)}, waited {CLOSE_WAIT:g} s: not audited: '
+            f'{", ".join(left)} (not every host shared its tables in time: a host ended '
+            f'without this, or is stuck)',
+            ending=True,
+        )
     _summary()
-    for t in threads:
+    for t in _state.threads:
         t.join(max(0.0, deadline - time.monotonic()) + 1.0)
 
 
@@ -334,12 +401,15 @@ def _drain(deadline: float) -> bool:
 
 
 def _summary() -> None:
-    """The audit's last line at the program's end: what it audited, and that it found
-    nothing (a clean run says so) or how many findings its lines above named."""
-    if _state.stopped:
-        return  # its line said why it stopped
+    """The audit's last line at the job's end, always: what it audited, and that it found
+    nothing (a clean run says so) or how many findings its lines above named; when it
+    stopped early or left launches unaudited, that too (its line above said why)."""
     found = len(_state.findings)
     said = f'{found} finding{"s" * (found != 1)} (said above)' if found else 'no findings'
+    if _state.unaudited:
+        said += f'; {len(_state.unaudited)} not audited (said above)'
+    elif _state.stopped:
+        said += '; then it stopped (said above): later launches not audited'
     print(
         f'multihost audit: {_state.audited} launches audited on process {_process()} '
         f'({_state.leaves} array leaves compared across hosts): {said}',
@@ -353,9 +423,12 @@ def _why(exc: BaseException) -> str:
     return f'{type(exc).__name__}: {text[0]}' if text else type(exc).__name__
 
 
-def _stop(why: str) -> None:
+def _stop(why: str, ending: bool = False) -> None:
+    """The audit stops on this host (``why``, said once). Once the job's end has begun
+    (`finish`) only ``ending`` (its own verdict) stops it: an exchange that fails then,
+    because JAX's shutdown ended it, is not news."""
     with _state.cond:
-        if _state.stopped:
+        if _state.stopped or (_state.closing and not ending):
             return
         _state.stopped = why
         for item in _state.queue:
