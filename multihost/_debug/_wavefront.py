@@ -65,10 +65,17 @@ def _main_stack() -> tuple[Any, ...] | None:
     return frames
 
 
-def front(process: int | None = None, main_frames: Sequence[Any] | None = None) -> HostFront:
+def front(
+    process: int | None = None,
+    main_frames: Sequence[Any] | None = None,
+    *,
+    collectives: bool = False,
+) -> HostFront:
     """This host's `HostFront`, from its flight recorder (never blocks). ``main_frames``
     (file, line, function, source; outermost first): where the main thread is instead of
-    its stack now (an uncaught error's traceback, when the main thread is in the hook)."""
+    its stack now (an uncaught error's traceback, when the main thread is in the hook).
+    ``collectives``: with the pending launch's `CollectiveTable` (lowered again on the first
+    ask, then cached by its executable; a dump stores it apart)."""
     pid = _kv.process_index() if process is None else process
     for _ in range(3):  # the records and the stack of one moment: again if the host moved on
         advanced = _recorder.last_advanced()
@@ -100,7 +107,9 @@ def front(process: int | None = None, main_frames: Sequence[Any] | None = None) 
         where, kind = error['site'], 'held'
         # Not naming the process: the verdict groups the hosts held on the same error.
         activity = f'held on its error: raised {error["error"]} at {error["site"]}'
+    table = _pending_table(pending) if collectives else None
     return HostFront(
+        collectives=table,
         process=pid,
         answered=True,
         hostname=socket.gethostname(),
@@ -123,6 +132,19 @@ def front(process: int | None = None, main_frames: Sequence[Any] | None = None) 
     )
 
 
+def _pending_table(pending: Any) -> Any:
+    """The `CollectiveTable` of launch record ``pending``; None when there is none or it
+    cannot be made (an answer never fails for it)."""
+    if pending is None:
+        return None
+    from multihost._job import _launchtable
+
+    try:
+        return _launchtable.table_of(pending)
+    except Exception:
+        return None
+
+
 def wavefront(timeout: float = 10.0, *, gone: Mapping[int, str] | None = None) -> Wavefront:
     """How far every host got: its last launch and collective, what is not done, the verdict.
 
@@ -135,7 +157,7 @@ def wavefront(timeout: float = 10.0, *, gone: Mapping[int, str] | None = None) -
     """
     client = _bus.distributed()
     if client is None:
-        return Wavefront(hosts=(front(),), time=time.time())
+        return Wavefront(hosts=(front(collectives=True),), time=time.time())
     gone = dict(gone or {})
     replies, daemons = _bus.command(client, 'front', timeout, skip=gone)
     hosts = []
@@ -180,5 +202,5 @@ def _on_records(client: Any, order: dict[str, Any]) -> str:
     return json.dumps([dataclasses.astuple(r) for r in recs], separators=(',', ':'))
 
 
-_bus.register('front', lambda client, order: front().to_json())
+_bus.register('front', lambda client, order: front(collectives=True).to_json())
 _bus.register('records', _on_records)
