@@ -18,7 +18,12 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from multihost._models._colltable import by_program, parting_lines, stuck_words
+from multihost._models._colltable import (
+    all_inside_words,
+    by_program,
+    parting_lines,
+    stuck_words,
+)
 from multihost._models._dumpfile import Dump, DumpFormatError, read_dirs
 from multihost._models._native import NativeStacks
 from multihost._models._native import read_dirs as read_native_dirs
@@ -575,10 +580,12 @@ def _collective_words(
         d.process: d.collectives[launch.label] for d in dumps if launch.label in d.collectives
     }
     parting = parting_lines(tables, launch.label)
-    if not (waiting and behind):
+    if not waiting:
         return '', parting
     known = by_program(tables)  # the most hosts' program, else a table without rows
     table = known[0][1] if known else next(iter(tables.values()), None)
+    if not behind:  # every host inside: which collective each is in is not in the dumps
+        return (all_inside_words(table, launch.label) if table is not None else ''), parting
     late = [p for p, _, _ in behind]
     return stuck_words(table, launch.label, waiting[0].processes, late), parting
 

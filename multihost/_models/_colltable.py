@@ -287,6 +287,30 @@ def waiting_in(table: CollectiveTable | None, missing: Sequence[int]) -> str:
     )
 
 
+#: Collectives `all_inside_words` names (the rest counted).
+MAX_NAMED = 3
+
+
+def all_inside_words(table: CollectiveTable, label: str) -> str:
+    """When every host is inside launch ``label``: its cross-host collectives (every one when
+    the table knows no processes), each in words with its line (at most `MAX_NAMED`, the rest
+    counted), and that which one each host is in is not seen from the host (the device's
+    position is in neither the program nor the dump)."""
+    if not table.ops:
+        why = table.notes[0] if table.notes else 'the program has no collectives recorded'
+        return f'{label}: which collectives the hosts are in is not known: {why}'
+    ops = table._compared()
+    if not ops:
+        return (
+            f'{label} has no cross-host collective: the hosts wait on something else (a host '
+            'callback, the device)'
+        )
+    what = 'cross-host collectives' if table.processes else 'collectives'
+    named = '; '.join(f'#{op.index} {op.words()}' for op in ops[:MAX_NAMED])
+    more = f'; ... {len(ops) - MAX_NAMED} more' if len(ops) > MAX_NAMED else ''
+    return f"{label}'s {what} (which one each host is in is not seen from the host): {named}{more}"
+
+
 def stuck_words(
     table: CollectiveTable | None, label: str, waiting: Sequence[int], missing: Sequence[int]
 ) -> str:
