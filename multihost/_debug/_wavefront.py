@@ -34,6 +34,7 @@ from multihost import _recorder
 from multihost._debug import _hold, _pulse, _stacks
 from multihost._exchange import _bus, _kv
 from multihost._models._stacks import (
+    phase_of,
     stack_activity,
 )
 from multihost._models._wavefront import (  # noqa: F401  (the models live there; re-exported)
@@ -107,7 +108,8 @@ def front(
         where, kind = error['site'], 'held'
         # Not naming the process: the verdict groups the hosts held on the same error.
         activity = f'held on its error: raised {error["error"]} at {error["site"]}'
-    table = _pending_table(pending) if collectives else None
+    # Not while its own call traces or compiles it: lowering it again would compile twice.
+    table = _pending_table(pending) if collectives and not phase_of(kind, activity) else None
     return HostFront(
         collectives=table,
         process=pid,
