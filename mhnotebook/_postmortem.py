@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from multihost._models._analyze import Verdict
     from multihost._models._dumpfile import Dump
     from multihost._models._native import NativeStacks
+    from multihost._models._wavefront import HostFront
 
 __all__ = ['PostMortem', 'PostMortemError', 'postmortem']
 
@@ -102,7 +103,7 @@ class PostMortem(JobViewBase):
         from multihost._models._analyze import at_dump
         from multihost._models._wavefront import HostFront
 
-        by = {d.process: at_dump(d)[0] for d in self.dumps}
+        by = {d.process: _with_table(at_dump(d)[0], d) for d in self.dumps}
         hosts = tuple(
             by.get(p) or HostFront(process=p, answered=False, error=self._why_missing(p))
             for p in range(self.num_processes)
@@ -196,3 +197,10 @@ def postmortem(*directories: str | os.PathLike[str]) -> PostMortem:
         )
     n = max(max(d.num_processes for d in dumps), max(d.process for d in dumps) + 1)
     return PostMortem(directories=dirs, dumps=tuple(dumps), num_processes=n, native_stacks=native)
+
+
+def _with_table(front: HostFront, dump: Dump) -> HostFront:
+    """``front`` with the collective table its dump stored for its pending launch, if any."""
+    pending = front.pending
+    table = dump.collectives.get(pending.label) if pending is not None else None
+    return front if table is None else dataclasses.replace(front, collectives=table)

@@ -189,3 +189,22 @@ def test_two_programs_part_where_their_collectives_differ_and_the_verdict_words(
         'compiled for step: ...'
     )
     assert stuck_words(None, 'step call #5', [0, 1], [2]) == ''
+
+
+def test_every_host_inside_one_launch_names_its_collectives_not_which_one_each_is_in():
+    """No host behind (a host callback or the device is slow on one): the launch's
+    collectives, the first three in words, and plainly that where each host is is not seen."""
+    from multihost._models._colltable import CollectiveTable, all_inside_words
+
+    table = collective_table(HLO)
+    said = all_inside_words(table, 'step call #5')
+    head = "step call #5's collectives (which one each host is in is not seen from the host): "
+    assert said.startswith(head + f'#0 {table.ops[0].words()}; #1 '), said
+    assert said.count('; #') == min(len(table.ops), 3) - 1, said
+    more = len(table.ops) - 3
+    assert said.endswith(f'; ... {more} more') == (more > 0), said
+    unknown = CollectiveTable(program='step', notes=('2 programs compiled for step: ...',))
+    assert all_inside_words(unknown, 'step call #5') == (
+        'step call #5: which collectives the hosts are in is not known: 2 programs compiled '
+        'for step: ...'
+    )

@@ -8,6 +8,7 @@ nothing hung), and the collective sequence stays aligned afterwards.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from functools import partial
@@ -103,6 +104,14 @@ def test_host_dependent_code_names_the_first_differing_collective():
     text = str(info.value)
     assert 'compiles to different programs on process 3' in text, text
     assert 'first differing collective' in text and 'all-gather' in text, text
+    line = source_line(
+        test_host_dependent_code_names_the_first_differing_collective,
+        'return jax.lax.with_sharding_constraint(',
+    )
+    words = text.split('in words, with its line:\n')[1].splitlines()
+    assert words[0] == '  process 0: no further collective', text
+    assert words[1].startswith('  process 3: #0 all-gather of f32[16]'), text
+    assert re.search(f'test_watch_multiprocess\\.py:{line} in \\S*gather_or_not', words[1]), text
     multihost.barrier('aligned after program')
 
 

@@ -475,7 +475,8 @@ class Watched:
         # same program: the same lists), so no host reads N copies.
         first = {p: groups[fp][0] for p, fp in prints.items()}
         me = _kv.process_index()
-        mine = json.dumps({'colls': colls[:_MAX_COLLECTIVES], 'blocks': blocks})
+        table = _table_json(sig.compiled)  # the collectives in words, with their lines
+        mine = json.dumps({'colls': colls[:_MAX_COLLECTIVES], 'blocks': blocks, 'table': table})
         got_lists = _sequence.share(rec, 'coll', mine if first[me] == me else '')
         by_program = {q: json.loads(got_lists[q]) for q in set(first.values())}
         shared = {p: by_program[q] for p, q in first.items()}
@@ -496,7 +497,7 @@ class Watched:
                 f'first differing collective (#{i} in program order):\n'
                 f'  process {ref}: {_fmt_coll(a[i] if i < len(a) else None)}\n'
                 f'  process {p}: {_fmt_coll(b[i] if i < len(b) else None)}'
-            )
+            ) + _parting_words(shared[ref].get('table', ''), shared[p].get('table', ''), ref, p)
         else:
             # Same collectives, different program: find the first HLO line that
             # differs modulo instruction names.
@@ -897,6 +898,36 @@ def _collectives(lines: list[str]) -> list[list[str]]:
         groups = next((x for x in (g.groups() if g else ()) if x), '')
         out.append([m.group(2), m.group(1), groups])
     return out
+
+
+def _table_json(compiled: Any) -> str:
+    """``compiled``'s `CollectiveTable` as JSON ('' when it cannot be read: the message
+    then goes without its words)."""
+    try:
+        from multihost._debug._colltable import table_for
+
+        return table_for(compiled).to_json()
+    except Exception:
+        return ''
+
+
+def _parting_words(a: str, b: str, ref: int, p: int) -> str:
+    """Where two hosts' tables (JSON) part, each side in words with its line (the cross-host
+    collectives first, then every one); '' when either is missing or they agree."""
+    if not a or not b:
+        return ''
+    from multihost._models._colltable import CollectiveTable
+
+    ta, tb = CollectiveTable.from_json(a), CollectiveTable.from_json(b)
+    part = ta.first_difference(tb) or ta.first_difference(tb, every=True)
+    if part is None:
+        return ''
+    _, x, y = part
+    sides = [
+        f'  process {q}: ' + (f'#{op.index} {op.words()}' if op else 'no further collective')
+        for q, op in ((ref, x), (p, y))
+    ]
+    return '\nin words, with its line:\n' + '\n'.join(sides)
 
 
 def _fmt_coll(c: list[str] | None) -> str:

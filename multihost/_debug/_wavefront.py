@@ -34,6 +34,7 @@ from multihost import _recorder
 from multihost._debug import _hold, _pulse, _stacks
 from multihost._exchange import _bus, _kv
 from multihost._models._stacks import (
+    phase_of,
     stack_activity,
 )
 from multihost._models._wavefront import (  # noqa: F401  (the models live there; re-exported)
@@ -65,10 +66,17 @@ def _main_stack() -> tuple[Any, ...] | None:
     return frames
 
 
-def front(process: int | None = None, main_frames: Sequence[Any] | None = None) -> HostFront:
+def front(
+    process: int | None = None,
+    main_frames: Sequence[Any] | None = None,
+    *,
+    collectives: bool = False,
+) -> HostFront:
     """This host's `HostFront`, from its flight recorder (never blocks). ``main_frames``
     (file, line, function, source; outermost first): where the main thread is instead of
-    its stack now (an uncaught error's traceback, when the main thread is in the hook)."""
+    its stack now (an uncaught error's traceback, when the main thread is in the hook).
+    ``collectives``: with the pending launch's `CollectiveTable` (lowered again on the first
+    ask, then cached by its executable; a dump stores it apart)."""
     pid = _kv.process_index() if process is None else process
     for _ in range(3):  # the records and the stack of one moment: again if the host moved on
         advanced = _recorder.last_advanced()
@@ -100,7 +108,10 @@ def front(process: int | None = None, main_frames: Sequence[Any] | None = None) 
         where, kind = error['site'], 'held'
         # Not naming the process: the verdict groups the hosts held on the same error.
         activity = f'held on its error: raised {error["error"]} at {error["site"]}'
+    # Not while its own call traces or compiles it: lowering it again would compile twice.
+    table = _pending_table(pending) if collectives and not phase_of(kind, activity) else None
     return HostFront(
+        collectives=table,
         process=pid,
         answered=True,
         hostname=socket.gethostname(),
@@ -123,6 +134,19 @@ def front(process: int | None = None, main_frames: Sequence[Any] | None = None) 
     )
 
 
+def _pending_table(pending: Any) -> Any:
+    """The `CollectiveTable` of launch record ``pending``; None when there is none or it
+    cannot be made (an answer never fails for it)."""
+    if pending is None:
+        return None
+    from multihost._job import _launchtable
+
+    try:
+        return _launchtable.table_of(pending)
+    except Exception:
+        return None
+
+
 def wavefront(timeout: float = 10.0, *, gone: Mapping[int, str] | None = None) -> Wavefront:
     """How far every host got: its last launch and collective, what is not done, the verdict.
 
@@ -135,7 +159,7 @@ def wavefront(timeout: float = 10.0, *, gone: Mapping[int, str] | None = None) -
     """
     client = _bus.distributed()
     if client is None:
-        return Wavefront(hosts=(front(),), time=time.time())
+        return Wavefront(hosts=(front(collectives=True),), time=time.time())
     gone = dict(gone or {})
     replies, daemons = _bus.command(client, 'front', timeout, skip=gone)
     hosts = []
@@ -182,5 +206,5 @@ def _on_records(client: Any, order: dict[str, Any]) -> str:
 
 def wire() -> None:
     """The debug thread answers 'front' and 'records' (`multihost._job._wiring`)."""
-    _bus.register('front', lambda client, order: front().to_json())
+    _bus.register('front', lambda client, order: front(collectives=True).to_json())
     _bus.register('records', _on_records)

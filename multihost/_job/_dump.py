@@ -135,7 +135,8 @@ def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, A
     }
     from multihost._job import _audit, _launchtable
 
-    tables = _launchtable.for_dump(front.pending)  # the pending launch's collectives
+    # the pending launch's collectives; not while its call compiles it (it would compile twice)
+    tables = {} if front.jit_phase else _launchtable.for_dump(front.pending)
     if tables:
         doc['collectives'] = tables
     if _audit.enabled() or _audit.report().findings:

@@ -118,7 +118,7 @@ class Jitted:
         self._by_key: dict[Any, bool] = {}  # check_jit only: signature -> spans processes
         self._entry: Any = None  # the last recorded launch's entry
         self._programs = 0  # programs JAX holds compiled for it, at the last launch
-        self._abstract: Any = None  # (args, kwargs) as shapes: the newest program's signature
+        self._abstract: tuple = ()  # (args, kwargs) as shapes of each program compiled, newest last
         _launchtable.JITTED.add(self)
         self.__dict__.update(getattr(fn, '__dict__', {}))  # __wrapped__, __name__, _jit_info...
 
@@ -173,8 +173,12 @@ class Jitted:
         self._entry = entry
         programs = _jax_adapter.cache_size(self._fn)
         if programs != self._programs:  # this call compiled: keep its signature, as shapes
+            kept = self._abstract if programs > self._programs else ()  # () after clear_cache
             self._programs = programs
-            self._abstract = _launchtable.abstract(args, kwargs)
+            self._abstract = (
+                *kept[1 - _launchtable.MAX_PROGRAMS :],
+                _launchtable.abstract(args, kwargs),
+            )
         # The record learns the launch's devices and keeps an output to ask later.
         try:
             first = _watch.first_array(out)

@@ -6,12 +6,14 @@ call returns) and, when a call compiled a new program (JAX's cache grew), that c
 signature as shapes and shardings. A dump's pending launch is found in one of them and
 lowered again: JAX's caches hand back the program it ran (about a millisecond), whose
 `CollectiveTable` is made once and cached by the executable. When a function holds several
-programs and its pending call has returned, which one ran is not known from the host: the
-table then says so in its notes and has no rows.
+programs and its pending call has returned, which one ran is not known from the host: when
+the programs' cross-host collectives agree (a second program for other input shardings) the
+table is theirs, with a note; else it says so in its notes and has no rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import weakref
@@ -24,6 +26,8 @@ IN_FLIGHT: dict[int, tuple[Any, Any, tuple, dict]] = {}
 #: Every Jitted alive (to find the one whose last launch a dump shows pending).
 JITTED: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = threading.Lock()
+#: Signatures kept per function (one per program it compiled, the newest ones).
+MAX_PROGRAMS = 8
 
 
 def abstract(args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -54,16 +58,32 @@ def table_of(pending: Any) -> CollectiveTable | None:
         if rec is None or not _same(rec, pending):
             continue
         if jitted._programs > 1:
-            return CollectiveTable(
-                program=jitted._name,
-                notes=(
-                    f'{jitted._programs} programs compiled for {jitted._name}: which one this '
-                    'call ran is not known on the host (multihost run --check-jit keys each '
-                    'call by its signature)',
-                ),
-            )
-        return _table(jitted, jitted._abstract)
+            return _one_of(jitted)
+        return _table(jitted, jitted._abstract[-1] if jitted._abstract else None)
     return None
+
+
+def _one_of(jitted: Any) -> CollectiveTable:
+    """The table of a returned call of a function holding several programs: which one it ran
+    is not known on the host, but when every program kept has the same cross-host
+    collectives (a second program for other input shardings, say) that does not matter."""
+    n, name = jitted._programs, jitted._name
+    tables = [_table(jitted, sig) for sig in jitted._abstract]
+    known = [t for t in tables if t is not None]
+    if len(known) == n and all(t.first_difference(known[-1]) is None for t in known):
+        note = (
+            f'{n} programs compiled for {name}, with the same cross-host collectives: '
+            'which one this call ran does not change them'
+        )
+        return dataclasses.replace(known[-1], notes=(*known[-1].notes, note))
+    why = 'their cross-host collectives differ' if len(known) == n else 'not every one was kept'
+    return CollectiveTable(
+        program=name,
+        notes=(
+            f'{n} programs compiled for {name} ({why}): which one this call ran is not known '
+            'on the host (multihost run --check-jit keys each call by its signature)',
+        ),
+    )
 
 
 def _same(rec: Any, pending: Any) -> bool:

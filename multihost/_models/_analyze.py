@@ -18,7 +18,12 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from multihost._models._colltable import stuck_words
+from multihost._models._colltable import (
+    all_inside_words,
+    by_program,
+    parting_lines,
+    stuck_words,
+)
 from multihost._models._dumpfile import Dump, DumpFormatError, read_dirs
 from multihost._models._native import NativeStacks
 from multihost._models._native import read_dirs as read_native_dirs
@@ -85,6 +90,9 @@ class Verdict:
         collective: when hosts are inside a launch that others never launched and a dump
             holds the launch's collective table: the first of its cross-host collectives
             that needs a host behind (`_colltable.stuck_words`); else empty.
+        parting: when the dumps hold tables of the launch that differ between hosts (hosts
+            that compiled different programs): where their cross-host collectives part,
+            each side with its line (`_colltable.parting_lines`); else empty.
     """
 
     num_processes: int
@@ -106,6 +114,7 @@ class Verdict:
     went_on: str = ''
     never_ends: str = ''
     collective: str = ''
+    parting: tuple[str, ...] = ()
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -561,6 +570,26 @@ def _placed(
     return waiting_at, behind, elsewhere, lag
 
 
+def _collective_words(
+    dumps: Sequence[Dump], launch: Any, waiting: Sequence[Group], behind: Sequence[Any]
+) -> tuple[str, tuple[str, ...]]:
+    """(`Verdict.collective`, `Verdict.parting`) from the dumps' tables of ``launch``."""
+    if launch is None:
+        return '', ()
+    tables = {
+        d.process: d.collectives[launch.label] for d in dumps if launch.label in d.collectives
+    }
+    parting = parting_lines(tables, launch.label)
+    if not waiting:
+        return '', parting
+    known = by_program(tables)  # the most hosts' program, else a table without rows
+    table = known[0][1] if known else next(iter(tables.values()), None)
+    if not behind:  # every host inside: which collective each is in is not in the dumps
+        return (all_inside_words(table, launch.label) if table is not None else ''), parting
+    late = [p for p, _, _ in behind]
+    return stuck_words(table, launch.label, waiting[0].processes, late), parting
+
+
 def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdict:
     """The verdict of ``dumps`` (one per process; `_dumpfile.read_dirs`) and of the
     faulthandler stacks (`_native.read_dirs`) when there are any."""
@@ -622,13 +651,7 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         why = 'furthest behind' + (
             f' (its last {unit} #{lag[straggler]})' if lag[straggler] >= 0 else ''
         )
-    collective = ''
-    if launch is not None and waiting and behind:
-        tables = [d.collectives[launch.label] for d in dumps if launch.label in d.collectives]
-        late = [p for p, _, _ in behind]
-        collective = stuck_words(
-            tables[0] if tables else None, launch.label, waiting[0].processes, late
-        )
+    collective, parting = _collective_words(dumps, launch, waiting, behind)
     return Verdict(
         num_processes=n,
         dumped=dumped,
@@ -649,6 +672,7 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         went_on=went_on,
         never_ends=never_ends,
         collective=collective,
+        parting=parting,
     )
 
 
@@ -737,6 +761,7 @@ def format_verdict(v: Verdict) -> list[str]:
     if v.culprits:
         lines.append(f'{"slow" if v.went_on else "culprit"}: {fmt_hosts(v.culprits)}')
     lines += _target_lines(v)
+    lines += v.parting
     if v.behind:
         head = 'never launched it: ' if v.in_launch else 'never arrived there: '
         lines += _groups_lines(head, v.behind, MAX_GROUPS)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from multihost._models._stacks import display_site
@@ -117,7 +118,7 @@ class CollectiveOp:
         site, lib = display_site(self.site), display_site(self.library_site)
         line = f'{site} <- {lib}' if site and lib else site or lib
         frm = f', from {line}' if line else ', from no recorded line'
-        return f'{self.kind} of {self.shape}{over}{where}{who}{frm}'
+        return f'{self.kind} of {short_shape(self.shape)}{over}{where}{who}{frm}'
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -170,11 +171,14 @@ class CollectiveTable:
                 return op
         return None
 
-    def first_difference(self, other: CollectiveTable) -> tuple[int, _Row, _Row] | None:
+    def first_difference(
+        self, other: CollectiveTable, *, every: bool = False
+    ) -> tuple[int, _Row, _Row] | None:
         """(position, this side's row, the other's) where the two sequences of cross-process
         collectives part (kind, shape, groups), or None when they agree; every collective
-        when a table knows no processes (read from HLO text alone)."""
-        a, b = self._compared(), other._compared()
+        when a table knows no processes (read from HLO text alone) or with ``every`` (those
+        inside each process too)."""
+        a, b = (self.ops, other.ops) if every else (self._compared(), other._compared())
         for i in range(max(len(a), len(b))):
             x = a[i] if i < len(a) else None
             y = b[i] if i < len(b) else None
@@ -221,6 +225,26 @@ class CollectiveTable:
 
 
 _Row = CollectiveOp | None
+#: A tuple's element shapes shown in words (the rest counted).
+MAX_SHAPES = 3
+_INDEX_COMMENT = re.compile(r'/\*index=\d+\*/')
+
+
+def short_shape(shape: str) -> str:
+    """``f32[64]`` as it is; a tuple (XLA combined several collectives into one) as ``21
+    arrays (f32[32], f32[32], f32[64], ...)``."""
+    if not shape.startswith('('):
+        return shape
+    parts = [p.strip() for p in _INDEX_COMMENT.sub('', shape[1:-1]).split(',') if p.strip()]
+    merged: list[str] = []  # 'f32[4', '8]' -> 'f32[4,8]'
+    for p in parts:
+        if merged and merged[-1].count('[') > merged[-1].count(']'):
+            merged[-1] += ',' + p
+        else:
+            merged.append(p)
+    if len(merged) <= MAX_SHAPES:
+        return '(' + ', '.join(merged) + ')'
+    return f'{len(merged)} arrays (' + ', '.join(merged[:MAX_SHAPES]) + ', ...)'
 
 
 def _key(op: CollectiveOp) -> tuple[Any, ...]:
@@ -240,30 +264,119 @@ def user_and_library(
     return text[:MAX_FRAMES], site, lib
 
 
+def waiting_in(table: CollectiveTable | None, missing: Sequence[int]) -> str:
+    """Where hosts inside a launch wait when ``missing`` never launched it, after "wait":
+    ``in its first cross-host collective that needs process 3 (#0 of 12): all-reduce of
+    f32[64] over mesh axis 'data' (processes 0-3), from train.py:88 in train_step``; '' without
+    a table. The device's own position is not seen from the host: the collectives before it
+    need only hosts that launched, so this is where they wait at the latest."""
+    if table is None or not missing:
+        return ''
+    if not table.ops:
+        why = table.notes[0] if table.notes else 'the program has no collectives recorded'
+        return f'inside it; which collective is not known: {why}'
+    op = table.first_holding(missing)
+    if op is None:
+        return (
+            f'inside it, whose program has no cross-host collective that needs '
+            f'{fmt_hosts(missing)}: on something else (a host callback, the device)'
+        )
+    return (
+        f'in its first cross-host collective that needs {fmt_hosts(missing)} '
+        f'(#{op.index} of {len(table.ops) + table.dropped}): {op.words(min(missing))}'
+    )
+
+
+#: Collectives `all_inside_words` names (the rest counted).
+MAX_NAMED = 3
+
+
+def all_inside_words(table: CollectiveTable, label: str) -> str:
+    """When every host is inside launch ``label``: its cross-host collectives (every one when
+    the table knows no processes), each in words with its line (at most `MAX_NAMED`, the rest
+    counted), and that which one each host is in is not seen from the host (the device's
+    position is in neither the program nor the dump)."""
+    if not table.ops:
+        why = table.notes[0] if table.notes else 'the program has no collectives recorded'
+        return f'{label}: which collectives the hosts are in is not known: {why}'
+    ops = table._compared()
+    if not ops:
+        return (
+            f'{label} has no cross-host collective: the hosts wait on something else (a host '
+            'callback, the device)'
+        )
+    what = 'cross-host collectives' if table.processes else 'collectives'
+    named = '; '.join(f'#{op.index} {op.words()}' for op in ops[:MAX_NAMED])
+    more = f'; ... {len(ops) - MAX_NAMED} more' if len(ops) > MAX_NAMED else ''
+    return f"{label}'s {what} (which one each host is in is not seen from the host): {named}{more}"
+
+
 def stuck_words(
     table: CollectiveTable | None, label: str, waiting: Sequence[int], missing: Sequence[int]
 ) -> str:
     """Where hosts inside launch ``label`` wait when ``missing`` never launched it: ``processes
-    0-2 wait in train_step call #5's first cross-host collective that needs process 3:
-    all-reduce of f32[64] over mesh axis 'data' (processes 0-3), from train.py:88 in
-    train_step; process 3 never launched call #5``. '' without a table. The device's own
-    position is not seen from the host: the collectives before it need only hosts that
-    launched, so this is where they wait at the latest."""
-    if table is None or not missing:
+    0-2 wait in train_step call #5's first cross-host collective that needs process 3 (#0 of
+    1): all-reduce of f32[64] over mesh axis 'data' (processes 0-3), from train.py:88 in
+    train_step; process 3 never launched call #5`` (`waiting_in`). '' without a table."""
+    words = waiting_in(table, missing)
+    if not words or table is None:
         return ''
     who, gone = fmt_hosts(waiting), fmt_hosts(missing)
     call = label.rpartition(' ')[2] if ' call #' in label else label
     if not table.ops:
-        why = table.notes[0] if table.notes else 'the program has no collectives recorded'
-        return f'{who} wait inside {label}; which collective is not known: {why}'
-    op = table.first_holding(missing)
-    if op is None:
-        return (
-            f'{who} wait inside {label}, whose program has no cross-host collective that needs '
-            f'{gone}: they wait on something else (a host callback, the device)'
+        return f'{who} wait inside {label}; ' + words.partition('; ')[2]
+    if table.first_holding(missing) is None:
+        return f'{who} wait inside {label}, ' + words.partition(', ')[2].replace(
+            ': on ', ': they wait on ', 1
         )
     return (
-        f"{who} wait in {label}'s first cross-host collective that needs {gone} "
-        f'(#{op.index} of {len(table.ops) + table.dropped}): {op.words(min(missing))}; '
-        f'{gone} never launched call {call}'
+        f"{who} wait in {label}'s "
+        + words.removeprefix('in its ')
+        + f'; {gone} never launched call {call}'
     )
+
+
+def by_program(
+    tables: Mapping[int, CollectiveTable],
+) -> list[tuple[tuple[int, ...], CollectiveTable]]:
+    """The hosts' tables of one launch grouped by their sequence of cross-host collectives
+    (kind, shape, groups), the most hosts first; tables without rows (not known) left out."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for p, t in sorted(tables.items()):
+        if t.ops:
+            groups.setdefault(tuple(_key(op) for op in t.ops), []).append(p)
+    ordered = sorted(groups.values(), key=lambda ps: (-len(ps), ps[0]))
+    return [(tuple(ps), tables[ps[0]]) for ps in ordered]
+
+
+def parting_lines(tables: Mapping[int, CollectiveTable], label: str) -> tuple[str, ...]:
+    """Where the hosts' programs of launch ``label`` part, when their tables differ: ``train_step
+    call #1 is not one program on every host: the cross-host collectives of processes 0-2 and
+    process 3 part at #3:`` and one line per side, each collective in words
+    (`CollectiveOp.words`) with its line. When the cross-host ones agree and only those inside
+    each process differ, those are named (the hosts then meet in every collective: the
+    difference is in what each computes). () when every known table agrees (programs may
+    still differ in what is not a collective). The most hosts' program is compared with each
+    other one (at most 3)."""
+    groups = by_program(tables)
+    if len(groups) < 2:
+        return ()
+    (ref_ps, ref), out = groups[0], []
+    for ps, other in groups[1:4]:
+        part, what = ref.first_difference(other), 'cross-host collectives'
+        if part is None:
+            part = ref.first_difference(other, every=True)
+            what = 'collectives (the cross-host ones agree; these are inside each process)'
+        if part is None:  # grouped apart by key: cannot happen
+            continue
+        i, x, y = part
+        out.append(
+            f'{label} is not one program on every host: the {what} of {fmt_hosts(ref_ps)} '
+            f'and {fmt_hosts(ps)} part at #{i}:'
+        )
+        for who, op in ((ref_ps, x), (ps, y)):
+            said = f'#{op.index} {op.words()}' if op else 'no further collective'
+            out.append(f'  {fmt_hosts(who)}: {said}')
+    if len(groups) > 4:
+        out.append(f'  ... {len(groups) - 4} more programs')
+    return tuple(out)

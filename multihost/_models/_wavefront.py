@@ -8,6 +8,7 @@ import dataclasses
 import json
 from typing import Any
 
+from multihost._models._colltable import CollectiveTable, waiting_in
 from multihost._models._pulse import WAITING_KINDS, Pulse
 from multihost._models._stacks import background_words, display_path, phase_of, waiting_words
 from multihost._recorder import FlightRecord
@@ -50,6 +51,9 @@ class HostFront:
         time: when the host answered (its clock).
         pulse: its CPU share and whether its main thread's stack moved over the last
             few seconds (`Pulse`: busy told from wedged), or None (not sampled).
+        collectives: the collective table of ``pending``'s program (`CollectiveTable`), when
+            the installed jit launched it and the host was asked for it (`wavefront`, a
+            dump's own ``collectives``); else None.
     """
 
     process: int
@@ -72,6 +76,7 @@ class HostFront:
     time: float = 0.0
     pulse: Pulse | None = None
     pending_from: FlightRecord | None = None
+    collectives: CollectiveTable | None = None
 
     @property
     def jit_phase(self) -> str:
@@ -121,19 +126,23 @@ class HostFront:
         d = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if not isinstance(getattr(self, f.name), FlightRecord)
+            if not isinstance(getattr(self, f.name), (FlightRecord, CollectiveTable))
         }
         for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting', 'pending_from'):
             rec = getattr(self, f)
             d[f] = None if rec is None else dataclasses.astuple(rec)
         d['background'] = [dataclasses.astuple(r) for r in self.background]
         d['pulse'] = None if self.pulse is None else self.pulse.to_dict()
+        table = self.collectives
+        d['collectives'] = None if table is None else dataclasses.asdict(table)
         return json.dumps(d, separators=(',', ':'))
 
     @classmethod
     def from_json(cls, text: str) -> HostFront:
         d = json.loads(text)
         d['pulse'] = Pulse.from_dict(d.get('pulse'))
+        if d.get('collectives') is not None:
+            d['collectives'] = CollectiveTable.from_dict(d['collectives'])
         for f in ('last', 'last_launch', 'last_collective', 'pending', 'waiting', 'pending_from'):
             if d.get(f) is not None:
                 d[f] = FlightRecord(*d[f])
@@ -191,28 +200,7 @@ class Wavefront:
         target = self.target
         answered = [h for h in self.hosts if h.answered]
         if target is not None:
-            g = self.groups()
-            inside = [self.hosts[p] for p in g['inside']]
-            what = target.label
-            launching = [h for h in inside if not h.jit_phase]
-            if launching:
-                age = max(h.pending_age for h in launching)
-                launched = f'launched {fmt_duration(age)} ago'
-                ps = [h.process for h in launching]
-                parts.append(f'{_are(ps)} inside {what} ({launched}, not done)')
-            for phase in ('tracing', 'compiling'):  # its call has not launched it yet
-                hs = [h for h in inside if h.jit_phase == phase]
-                if hs:
-                    called = fmt_duration(max(h.pending_age for h in hs))
-                    parts.append(
-                        f'{_are([h.process for h in hs])} {phase} {what} (called {called} ago)'
-                    )
-            if g['past']:
-                parts.append(f'{_are(g["past"])} past it')
-            never = _grouped([self.hosts[p] for p in g['never']], _position)
-            for ps, position in never[:MAX_GROUPS]:
-                parts.append(f'{fmt_hosts(ps)} never launched call #{target.call}: {position}')
-            parts.extend(_more(never))
+            parts += self._target_parts(target)
         else:
             waiting: dict[str, list[HostFront]] = {}
             running: list[HostFront] = []
@@ -239,6 +227,40 @@ class Wavefront:
         if self.silent:
             parts.append(f'{_are(self.silent)} silent (dead, frozen, or no debug thread)')
         return '; '.join(parts) or 'no process answered'
+
+    def _target_parts(self, target: FlightRecord) -> list[str]:
+        """The verdict's parts about the oldest launch not done: who is inside it (and the
+        collective they wait in, when the table is known), tracing or compiling it, past it,
+        and who never launched it."""
+        parts: list[str] = []
+        g = self.groups()
+        inside = [self.hosts[p] for p in g['inside']]
+        what = target.label
+        launching = [h for h in inside if not h.jit_phase]
+        if launching:
+            age = max(h.pending_age for h in launching)
+            launched = f'launched {fmt_duration(age)} ago'
+            ps = [h.process for h in launching]
+            parts.append(f'{_are(ps)} inside {what} ({launched}, not done)')
+            tables = [h.collectives for h in launching if h.pending and h.pending.label == what]
+            table = next((t for t in tables if t is not None), None)
+            wait = waiting_in(table, g['never'])
+            if wait:  # the collective under the launch: where they wait at the latest
+                parts[-1] += f', waiting {wait}'
+        for phase in ('tracing', 'compiling'):  # its call has not launched it yet
+            hs = [h for h in inside if h.jit_phase == phase]
+            if hs:
+                called = fmt_duration(max(h.pending_age for h in hs))
+                parts.append(
+                    f'{_are([h.process for h in hs])} {phase} {what} (called {called} ago)'
+                )
+        if g['past']:
+            parts.append(f'{_are(g["past"])} past it')
+        never = _grouped([self.hosts[p] for p in g['never']], _position)
+        for ps, position in never[:MAX_GROUPS]:
+            parts.append(f'{fmt_hosts(ps)} never launched call #{target.call}: {position}')
+        parts.extend(_more(never))
+        return parts
 
     def format(self) -> str:
         """The verdict, then one line per host saying what it is doing."""
