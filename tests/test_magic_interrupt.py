@@ -41,6 +41,7 @@ LINES = [
     '%mh_layout x',
     '%mh_diff params',
     '%mh_nonfinite grads',
+    '%mh_replay step(params, batch)',
     '%mh_step on',
     '%mh_step',
     '%mh_env',

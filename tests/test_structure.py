@@ -480,6 +480,8 @@ def test_importing_a_module_wires_nothing_and_wire_connects_every_hook():
         'assert not _bus._HANDLERS and not _bus._ON_START, (_bus._HANDLERS, _bus._ON_START)\n'
         'assert _sequence._enter_hook is None and _sequence._off_main is None\n'
         "assert 'audit' not in _control._METHODS\n"
+        'from multihost._debug import _wavefront\n'
+        'assert _wavefront._table_source is None\n'
         '_wiring.wire()\n'
         'got = (dict(_bus._HANDLERS), list(_bus._ON_START), _sequence._enter_hook)\n'
         '_wiring.wire()\n'
@@ -487,6 +489,7 @@ def test_importing_a_module_wires_nothing_and_wire_connects_every_hook():
         "assert set(_bus._HANDLERS) == {'stacks', 'front', 'records', 'stepping', 'dump', 'fate'}\n"
         'assert len(_bus._ON_START) == 2 and _sequence._off_main is _threads\n'
         "assert _sequence._enter_hook is not None and 'audit' in _control._METHODS\n"
+        'assert _wavefront._table_source is not None\n'
         "print('ok')\n"
     )
     done = subprocess.run(

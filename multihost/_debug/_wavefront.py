@@ -27,7 +27,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from multihost import _recorder
@@ -134,15 +134,25 @@ def front(
     )
 
 
+#: Makes the `CollectiveTable` of a pending launch record: the installed jit that knows the
+#: launch's program lives above this room (`_job._launchtable.table_of`, connected by
+#: `_job._wiring`); None: no table.
+_table_source: Callable[[Any], Any] | None = None
+
+
+def set_table_source(fn: Callable[[Any], Any] | None) -> None:
+    """Where `front` gets a pending launch's collective table (`_job._wiring`)."""
+    global _table_source
+    _table_source = fn
+
+
 def _pending_table(pending: Any) -> Any:
     """The `CollectiveTable` of launch record ``pending``; None when there is none or it
     cannot be made (an answer never fails for it)."""
-    if pending is None:
+    if pending is None or _table_source is None:
         return None
-    from multihost._job import _launchtable
-
     try:
-        return _launchtable.table_of(pending)
+        return _table_source(pending)
     except Exception:
         return None
 

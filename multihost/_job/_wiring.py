@@ -9,7 +9,8 @@ Importing a module of `multihost` registers nothing; `wire` connects, once per p
   and ``records`` (`_debug._wavefront`), ``stepping`` (`_debug._stepgate`), ``dump``
   (`_job._dump`), ``fate`` (`_job._fate`), and the sampler started with the thread
   (`_debug._pulse`);
-* the control endpoint's ``audit`` method (`_job._audit`).
+* the control endpoint's ``audit`` method (`_job._audit`);
+* where the wavefront gets a pending launch's collective table (`_job._launchtable`).
 
 It is called where the toolkit starts: the first public name (`multihost._load`; the control
 endpoint and the debug thread are started through public names), `install` and `multihost
@@ -36,10 +37,11 @@ def wire() -> None:
             return
         from multihost._debug import _pulse, _stacks, _stepgate, _wavefront
         from multihost._exchange import _threads
-        from multihost._job import _audit, _dump, _fate
+        from multihost._job import _audit, _dump, _fate, _launchtable
 
         for module in (_threads, _stepgate, _stacks, _wavefront, _pulse, _dump, _fate, _audit):
             module.wire()
+        _wavefront.set_table_source(_launchtable.table_of)
         _wired = True
 
 
