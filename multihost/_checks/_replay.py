@@ -77,7 +77,7 @@ def replay(
     Args:
         fn: the launch's function (jitted or not: it is traced, compiled and evaluated op
             by op, never with donation).
-        *args, **kwargs: this host's arguments, as the job passes them (global arrays,
+        args, kwargs: this host's arguments, as the job passes them (global arrays,
             host-local arrays, scalars). Never changed.
         again: how many times the compiled launch runs on copies of the arguments (>= 1).
         canonical: when the inputs differ between hosts, go on with every host given
