@@ -111,7 +111,12 @@ def test_host_dependent_code_names_the_first_differing_collective():
     words = text.split('in words, with its line:\n')[1].splitlines()
     assert words[0] == '  process 0: no further collective', text
     assert words[1].startswith('  process 3: #0 all-gather of f32[16]'), text
-    assert re.search(f'test_watch_multiprocess\\.py:{line} in \\S*gather_or_not', words[1]), text
+    if tuple(int(v) for v in jax.__version__.split('.')[:2]) < (0, 12):
+        assert re.search(f'test_watch_multiprocess\\.py:{line} in \\S*gather_or_not', words[1]), (
+            text
+        )
+    else:  # jax 0.12's HLO of this all-gather carries no source line (a known gap): said so
+        assert words[1].endswith('from no recorded line'), text
     multihost.barrier('aligned after program')
 
 
