@@ -392,7 +392,9 @@ def test_a_script_staged_per_host_hangs_in_its_first_all_reduce_and_analyze_says
         f'On jax {jax.__version__} with CPU devices the source paths make'
     ), lines
     assert "jax_hlo_source_file_canonicalization_regex', r'^.*/')" in lines[0], lines
-    assert lines[1] == '3 dumps of 3 processes (written for hang: processes 0-2)', lines
+    # every host hangs at once: whose watchdog fires first, and who dumps on its request,
+    # is a race (each is 'hang' or 'request'); the cause above is the same either way
+    assert lines[1].startswith('3 dumps of 3 processes (written for hang: process'), lines
     assert lines[2].startswith(f'processes 0-2 are inside staged_step call #0 at {stage}0/'), lines
     shown = _analyze_cli(j.dir)
     assert shown.returncode == 0 and shown.stdout.splitlines()[0] == lines[0], shown
