@@ -135,8 +135,11 @@ def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, A
     }
     from multihost._job import _audit, _launchtable
 
-    # the pending launch's collectives; not while its call compiles it (it would compile twice)
-    tables = {} if front.jit_phase else _launchtable.for_dump(front.pending)
+    # the pending launch's collectives; not while its call compiles it (it would compile
+    # twice), nor in a dump written on the way out (a peer failed, an exception): lowering
+    # the launch again there delayed the exit past JAX's own fate-sharing under load
+    busy = front.jit_phase or what in ('peer', 'exception')
+    tables = {} if busy else _launchtable.for_dump(front.pending)
     if tables:
         doc['collectives'] = tables
     if _audit.enabled() or _audit.report().findings:
