@@ -8,6 +8,7 @@ puts this folder on their ``PYTHONPATH``).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import inspect
 import os
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import Mesh
 
 _COMPILES = [0]
@@ -260,3 +262,20 @@ def magic_shell(session: Any) -> tuple[Any, Any]:
     magics = ip.magics_manager.registry['MultihostMagics']
     magics.session, magics.background = session, None
     return ip, magics
+
+
+#: libtpu (TPU topologies compiled on CPU): the tests that need it skip without it, saying
+#: why, unless ``MH_REQUIRE_LIBTPU=1`` (`.ci/run`) makes a missing libtpu an error.
+HAVE_LIBTPU = importlib.util.find_spec('libtpu') is not None
+_NO_LIBTPU = (
+    'libtpu is not installed: the test extra installs libtpu==0.0.42.* only with Python '
+    "3.11's jax 0.10.2 (jax 0.12 needs another libtpu); pip install 'libtpu==0.0.42.*'"
+)
+
+
+def libtpu_mark() -> Any:
+    """The skip mark of a test module that needs libtpu (called where such a module is
+    collected: other modules import this file on Pythons without libtpu)."""
+    if not HAVE_LIBTPU and os.environ.get('MH_REQUIRE_LIBTPU') == '1':
+        raise RuntimeError(f'MH_REQUIRE_LIBTPU=1 but {_NO_LIBTPU}')
+    return pytest.mark.skipif(not HAVE_LIBTPU, reason=_NO_LIBTPU)

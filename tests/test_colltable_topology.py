@@ -9,28 +9,19 @@ Needs libtpu, as `test_layout_topology` does: skipped without it, saying so;
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
-from _helpers import source_line
+from _helpers import libtpu_mark, source_line
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from multihost._debug._colltable import collective_table, table_for
 from multihost._models._colltable import CollectiveTable
 
-HAVE_LIBTPU = importlib.util.find_spec('libtpu') is not None
-WHY = (
-    'libtpu is not installed: the test extra installs libtpu==0.0.42.* only with Python '
-    "3.11's jax 0.10.2 (jax 0.12 needs another libtpu); pip install 'libtpu==0.0.42.*'"
-)
-if not HAVE_LIBTPU and os.environ.get('MH_REQUIRE_LIBTPU') == '1':
-    raise RuntimeError(f'MH_REQUIRE_LIBTPU=1 but {WHY}')
-needs_libtpu = pytest.mark.skipif(not HAVE_LIBTPU, reason=WHY)
+needs_libtpu = libtpu_mark()
 
 
 def _partial_sums(x: jax.Array) -> jax.Array:

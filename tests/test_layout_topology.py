@@ -11,23 +11,16 @@ test here is skipped, saying so. ``MH_REQUIRE_LIBTPU=1`` (CI's Python 3.11 run) 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
 
 import pytest
+from _helpers import libtpu_mark
 
 import multihost
 from multihost._checks._preview import preview_from_text
 
-HAVE_LIBTPU = importlib.util.find_spec('libtpu') is not None
-WHY = (
-    'libtpu is not installed: the test extra installs libtpu==0.0.42.* only with Python '
-    "3.11's jax 0.10.2 (jax 0.12 needs another libtpu); pip install 'libtpu==0.0.42.*'"
-)
-if not HAVE_LIBTPU and os.environ.get('MH_REQUIRE_LIBTPU') == '1':
-    raise RuntimeError(f'MH_REQUIRE_LIBTPU=1 but {WHY}')
-pytestmark = pytest.mark.skipif(not HAVE_LIBTPU, reason=WHY)
+pytestmark = libtpu_mark()
 
 SHOTS = pathlib.Path(os.environ.get('MH_SHOTS', '/tmp'))
 

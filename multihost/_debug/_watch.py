@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from multihost import _jax_adapter, _recorder, _structure
+from multihost._debug._colltable import KINDS
 from multihost._errors import CollectiveMismatchError, HostFailedError
 from multihost._exchange import _kv, _sequence
 from multihost._models._records import CollectiveRecord
@@ -47,16 +48,7 @@ _MAX_RANGES = 4
 _MAX_DIFFS = 3
 #: Signatures listed when hosts launch different functions (the rest counted).
 _MAX_GROUPS = 8
-_COLLECTIVE_OPS = (
-    'all-reduce',
-    'all-gather',
-    'reduce-scatter',
-    'all-to-all',
-    'ragged-all-to-all',
-    'collective-permute',
-    'collective-broadcast',
-)
-_OP = re.compile(r'=\s*(\S.*?)\s+(' + '|'.join(_COLLECTIVE_OPS) + r')(?:-start)?\(')
+_OP = re.compile(r'=\s*(\S.*?)\s+(' + '|'.join(KINDS) + r')(?:-start)?\(')
 _GROUPS = re.compile(r'replica_groups=(\S+?)(?:,\s|$)|replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\})')
 _PAIRS = re.compile(r'source_target_pairs=(\{[^ ]*\})')
 _METADATA = re.compile(r',?\s*metadata=\{[^}]*\}')
