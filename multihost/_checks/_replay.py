@@ -354,7 +354,7 @@ class _Walk:
         self.pending, self.pending_bytes = [], 0
         try:
             self._run(closed.jaxpr, list(closed.consts), list(flat), (), [None] * len(flat))
-            return self._flush(final=True)
+            return self._flush()
         except _Found as found:
             return found.result
 
@@ -413,7 +413,7 @@ class _Walk:
                 raise _Found(found)
         return index
 
-    def _flush(self, final: bool = False) -> Any:
+    def _flush(self) -> Any:
         pending, self.pending, self.pending_bytes = self.pending, [], 0
         for d in pending:  # keep the equations' descriptions, not their values
             self.made[d.index] = _Done(d.index, d.eqn, d.scope, d.ins, [], d.fed)
@@ -427,17 +427,17 @@ class _Walk:
             leaf = diff.leaves[0]
             m = re.match(r'\[(\d+)\]', leaf.path)
             at = pending[int(m.group(1))] if m else pending[0]
-            return self._answer(at, pending, leaf)
+            return self._answer(at, leaf)
         digests = [tuple(_local_digests(v).values()) for v in values]
         if not self.second:
             self.digests += digests
             return None
         for d, got in zip(pending, digests):
             if self.digests[d.index] != got:
-                return self._answer(d, pending, None)
+                return self._answer(d, None)
         return None
 
-    def _answer(self, at: _Done, pending: list[_Done], leaf: Any) -> Any:
+    def _answer(self, at: _Done, leaf: Any) -> Any:
         fed = tuple(self._equation(self.made[i]) for i in at.fed if i in self.made)
         return self._equation(at), leaf, fed
 
