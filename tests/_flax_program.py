@@ -13,6 +13,7 @@ on their path). Nothing here knows about `multihost`: it is the user's code.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import flax.linen as nn
@@ -122,6 +123,33 @@ def global_batch(mesh: Mesh, step: int) -> dict[str, jax.Array]:
     }
 
 
+#: A faulty chip, simulated (``FAULTY_HOST=p`` in the environment; the tests' input): the
+#: devices of process p add 1e-3 to one replicated bias's gradient after it was summed over
+#: the hosts, in a host callback run on each device, so p's replicas of that bias drift from
+#: the others' at every step (as a chip that computes wrong does). -1: every chip is sound.
+FAULTY_HOST = int(os.environ.get('FAULTY_HOST', '-1'))
+
+
+def faulty_chip(grads: Any) -> Any:
+    """``grads`` as the chips of `FAULTY_HOST` compute them (unchanged when it is -1)."""
+    if FAULTY_HOST < 0:
+        return grads
+    wrong = np.float32(1e-3 if jax.process_index() == FAULTY_HOST else 0.0)
+
+    def on_device(x: jax.Array) -> jax.Array:
+        shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return jax.pure_callback(lambda v: v + wrong, shape, x)  # the chip's wrong sum
+
+    mesh = make_mesh()
+    per_device = jax.shard_map(on_device, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, g: (
+            per_device(g) if jax.tree_util.keystr(path) == "['block_0']['Dense_0']['bias']" else g
+        ),
+        grads,
+    )
+
+
 @functools.partial(jax.jit, donate_argnums=0)
 def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, jax.Array]:
     """One adamw step on the cross-entropy; the dropout key is folded with the step."""
@@ -137,7 +165,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainSta
         return losses.mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    return state.apply_gradients(grads=grads), loss
+    return state.apply_gradients(grads=faulty_chip(grads)), loss
 
 
 def checkpoint_manager(directory: str, save_every: int = 3) -> Any:

@@ -22,6 +22,7 @@ with each other, never with the compiled launch.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -81,8 +82,8 @@ def replay(
             host-local arrays, scalars). Never changed.
         again: how many times the compiled launch runs on copies of the arguments (>= 1).
         canonical: when the inputs differ between hosts, go on with every host given
-            process 0's host-local arguments (global arrays are kept: their differing
-            replicas cannot be set from here, and raise).
+            process 0's host-local arguments, and every global array whose replicas
+            differ given the first replica of each block in its mesh (`_first_replica`).
         op_by_op: evaluate the jaxpr one equation at a time (the third stage).
         timeout: seconds each comparison between hosts may wait (the default of
             `tree_diff`).
@@ -91,7 +92,8 @@ def replay(
         A `Replay`, equal on every host.
 
     Raises:
-        ValueError: ``again`` < 1, or ``canonical`` with a global array that differs.
+        ValueError: ``again`` < 1, or ``canonical`` with a differing global array that
+            has no mesh (not a `NamedSharding`).
     """
     if not isinstance(again, int) or again < 1:
         raise ValueError(f'replay: again must be an int >= 1, got {again!r}')
@@ -116,7 +118,10 @@ def replay(
         # the same HostFailedError at their next comparison instead of waiting for it.
         from multihost._exchange import _sequence
 
-        _sequence.fail_turn('replay', name, f'{type(exc).__name__}: {exc}'[:300], timeout=timeout)
+        said = f'{type(exc).__name__}: {exc}'.strip()
+        if len(said) > 600:  # its first line and its end (a traceback's last lines say why)
+            said = f'{said.splitlines()[0][:200]} ... {said[-400:]}'
+        _sequence.fail_turn('replay', name, said, timeout=timeout)
 
 
 def _replay(
@@ -165,28 +170,60 @@ def _replay(
 
 
 def _canonical(inputs: Any, tree: Any) -> Any:
-    """``tree`` with every host-local leaf replaced by process 0's."""
+    """``tree`` with every host-local leaf replaced by process 0's, and every global array
+    whose replicas differ rebuilt from the first replica of each block in its mesh's order
+    (`_first_replica`)."""
     from multihost._core._collectives import broadcast_one_to_all
 
-    leaves, treedef = jax.tree.flatten(tree)
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    treedef = jax.tree.structure(tree)
+    leaves = [x for _, x in flat]
     is_global = [isinstance(x, jax.Array) and not x.is_fully_addressable for x in leaves]
-    global_paths = {
-        jax.tree_util.keystr(p)
-        for (p, x), g in zip(jax.tree_util.tree_flatten_with_path(tree)[0], is_global)
-        if g
-    }
-    bad = [path for path in inputs.differing_paths if path in global_paths]
-    if bad:
-        raise ValueError(
-            f'replay(canonical=True): global arrays differ between hosts ({", ".join(bad[:3])}); '
-            "only host-local arguments can be set to process 0's. Replay from a step whose "
-            'global arrays agree, or make them agree (e.g. rebuild them from process 0 with '
-            'multihost.broadcast_one_to_all).'
-        )
+    differing = set(inputs.differing_paths)
+    out = list(leaves)
+    for i, ((path, x), g) in enumerate(zip(flat, is_global)):
+        if g and jax.tree_util.keystr(path) in differing:
+            out[i] = _first_replica(x, jax.tree_util.keystr(path))
     local = [x for x, g in zip(leaves, is_global) if not g]
     shared = iter(broadcast_one_to_all(local) if local else [])
-    return jax.tree.unflatten(
-        treedef, [x if g else next(shared) for x, g in zip(leaves, is_global)]
+    return jax.tree.unflatten(treedef, [x if g else next(shared) for x, g in zip(out, is_global)])
+
+
+def _first_replica(x: jax.Array, path: str) -> jax.Array:
+    """A global array whose every replica of a block holds the first replica's bits: the
+    block of the first device along the mesh axes the array is not sharded over (in a mesh
+    laid out by process, as `jax.make_mesh` lays it, the lowest process's). Exact for every
+    dtype (the blocks are gathered, not summed); the gather holds the replicas of one block
+    at once on each device, for the time of the call.
+
+    Raises:
+        ValueError: ``x`` is not laid out by a mesh (a `NamedSharding`): its replicas cannot
+            be told apart from here.
+    """
+    sharding = x.sharding
+    if not isinstance(sharding, NamedSharding):
+        raise ValueError(
+            f'replay(canonical=True): {path} differs between hosts and is laid out by '
+            f'{type(sharding).__name__}, not a NamedSharding, so its replicas cannot be '
+            'told apart; give it a NamedSharding (jax.device_put(x, NamedSharding(mesh, '
+            'spec))), or replay from a step whose global arrays agree.'
+        )
+    mesh, spec = sharding.mesh, sharding.spec
+    used: set[str] = set()
+    for entry in spec:
+        if entry is not None:
+            used.update((entry,) if isinstance(entry, str) else entry)
+    replicas = tuple(a for a in mesh.axis_names if a not in used)
+    if not replicas:  # no axis holds replicas: nothing can differ between them
+        return x
+
+    def first(block: Any) -> Any:
+        return jax.lax.all_gather(block, replicas, axis=0, tiled=False)[0]
+
+    # check_vma off: the blocks are the devices' own bits (replicas that differ), which the
+    # type system would take as equal; the gather makes them so.
+    return jax.jit(jax.shard_map(first, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))(
+        x
     )
 
 
@@ -424,10 +461,16 @@ class _Walk:
             diff = tree_diff(values, timeout=self.timeout)
             if diff.ok:
                 return None
-            leaf = diff.leaves[0]
-            m = re.match(r'\[(\d+)\]', leaf.path)
-            at = pending[int(m.group(1))] if m else pending[0]
-            return self._answer(at, leaf)
+
+            # The first equation in order (paths sort as text: '[176]' before '[20]').
+            def position(leaf: Any) -> tuple[int, int]:
+                m = re.match(r'\[(\d+)\](?:\[(\d+)\])?', leaf.path)
+                return (int(m.group(1)), int(m.group(2) or 0)) if m else (0, 0)
+
+            leaf = min(diff.leaves, key=position)
+            i, k = position(leaf)
+            named = dataclasses.replace(leaf, path=f'output {k}')  # the path is the walk's
+            return self._answer(pending[i], named)
         digests = [tuple(_local_digests(v).values()) for v in values]
         if not self.second:
             self.digests += digests
@@ -460,6 +503,10 @@ class _Walk:
 #: would stay there (a sharding the next operation cannot take), so they are evaluated in a
 #: program whose result is replicated, as inside the launch.
 _ON_ONE_DEVICE = frozenset({'pure_callback', 'io_callback'})
+#: Primitives evaluated as one compiled program, as inside the launch: eagerly, JAX runs a
+#: shard_map's body operation by operation on each device's block, and a host callback in it
+#: then gets that block as a jax.Array instead of numpy's (code written for the launch fails).
+_COMPILED = frozenset({'shard_map'})
 
 
 def _bind(eqn: Any, ins: list[Any]) -> Any:
@@ -475,6 +522,11 @@ def _bind(eqn: Any, ins: list[Any]) -> Any:
             return jax.jit(
                 lambda *a: _bind_now(eqn, list(a)), out_shardings=NamedSharding(mesh, P())
             )(*ins)
+    if eqn.primitive.name in _COMPILED:
+        many = eqn.primitive.multiple_results
+        return jax.jit(
+            lambda *a: list(_bind_now(eqn, list(a))) if many else _bind_now(eqn, list(a))
+        )(*ins)
     return _bind_now(eqn, ins)
 
 

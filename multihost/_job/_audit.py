@@ -28,6 +28,16 @@ The one wait on the main thread: before the next launch of an audited function, 
 audit thread has read the previous launch's results (that launch may donate them). It is
 counted in the report (``waited``). Findings are reported, not fatal.
 
+With ``--audit-replay`` (`enable`'s ``replay``) each audited launch waits for its verdict (as
+with ``--audit-raise``), so every host learns a finding at the same launch; the first drift or
+NaN finding holds the next launch of that function on every host, before it runs, and
+replays it there (`multihost.replay` with ``canonical=True``: the drift has already moved the
+inputs, so every replica is given one replica's values and the launch is run again, then op
+by op, to the first operation where the hosts part). Every host prints the verdict, keeps it
+in the report (``replays``) and, given a dump directory, writes it there as
+``replay-<process>.json`` (`multihost analyze` reads it); then the launch runs as it would
+have (``--audit-raise`` raises after the replay).
+
 The job's end (`finish`): in ``jax.distributed.shutdown()`` (wrapped while the audit is on)
 and at the interpreter's exit, whichever comes first, every host first waits (at most
 `CLOSE_WAIT`) until the launches it read are shared and compared, so all hosts finish the
@@ -152,17 +162,31 @@ class _State:
         self.finished = ''  # where the job ended (`finish`): nothing more is audited
         self.unaudited: list[str] = []  # launches read, not compared when the job ended
         self.jax_shutdown: Any = None  # JAX's jax.distributed.shutdown, while wrapped
+        self.replay = False  # --audit-replay
+        self.replay_dir: str | None = None  # where replay-<process>.json is written
+        self.replay_asked = False  # a finding asked for the one replay of the job
+        self.replay_due: dict[str, AuditFinding] = {}  # function -> the finding to replay
+        self.replays: list[str] = []  # each replay's verdict, as printed
 
 
 _state = _State()
 
 
-def enable(every: int, log_dir: str | None = None, raise_: bool = False) -> None:
+def enable(
+    every: int,
+    log_dir: str | None = None,
+    raise_: bool = False,
+    replay: bool = False,
+    replay_dir: str | None = None,
+) -> None:
     """Turns the audit on (N = ``every``) or off (0), with its log of fresh inputs in
-    ``log_dir`` (`_auditlog`); ``raise_``: a finding raises at the next launch. Called by
-    `_jit.patch`."""
+    ``log_dir`` (`_auditlog`); ``raise_``: a finding raises at the next launch; ``replay``:
+    the first drift or NaN finding replays the next launch of its function, the verdict
+    written to ``replay_dir`` too (when given). Called by `_jit.patch`."""
     _state.every = int(every)
     _state.raise_ = bool(raise_) and every > 0
+    _state.replay = bool(replay) and every > 0
+    _state.replay_dir = replay_dir if _state.replay else None
     _state.log_dir = log_dir if every else None
     if every and not _state.threads:
         _state.stopped = ''
@@ -206,9 +230,13 @@ def enabled() -> bool:
 # -- the main thread's part: a few dictionary operations per launch ------------------------
 
 
-def before(name: str) -> None:
-    """Before a launch of ``name``: with ``--audit-raise``, a finding raises `AuditError`;
-    its previous audited launch's results have been read (it may donate them)."""
+def before(name: str, fn: Any = None, args: tuple = (), kwargs: dict | None = None) -> None:
+    """Before a launch of ``name`` (JAX's jitted ``fn`` on ``args`` and ``kwargs``): with
+    ``--audit-replay``, a finding that asked for it replays it first (`_replay_held`); with
+    ``--audit-raise``, a finding raises `AuditError`; its previous audited launch's results
+    have been read (it may donate them)."""
+    if _state.replay_due and name in _state.replay_due and fn is not None:
+        _replay_held(name, fn, args, kwargs or {})
     _raise_pending()
     item = _state.last.get(name)
     if item is None or item.read.is_set():
@@ -256,9 +284,11 @@ def after(name: str, site: str, fn: Any, spans: bool | None, args: tuple, kwargs
                 atexit.register(_close)  # after jax.distributed's: runs before it
     if behind:  # skipping one would put this host out of step with the others: stop
         _stop(f'it fell behind ({MAX_QUEUED} launches unread or {MAX_TABLES} unshared)')
-    elif _state.raise_:
+    elif _state.raise_ or _state.replay:
         # --audit-raise: the audited launch waits for its verdict, so a finding raises at the
         # launch it was found at, its inputs (the batch that held the NaN) still in the frame.
+        # --audit-replay: so every host learns a finding at the same launch, and replays the
+        # same next one.
         item.done.wait(READ_WAIT + EXCHANGE_TIMEOUT)
         _raise_pending()
 
@@ -266,7 +296,7 @@ def after(name: str, site: str, fn: Any, spans: bool | None, args: tuple, kwargs
 def _raise_pending() -> None:
     """With ``--audit-raise``: the first finding raises `AuditError`, once, on this host; its
     message is the finding's headline (its line in full was printed once, before)."""
-    if _state.pending is None:
+    if _state.pending is None or _state.replay_due:  # a replay first, then the raise
         return
     finding, _state.pending = _state.pending, None
     from multihost._errors import AuditError
@@ -384,6 +414,13 @@ def finish(at: str) -> None:
             f'without this, or is stuck)',
             ending=True,
         )
+    for name, finding in _state.replay_due.items():
+        print(
+            f'multihost audit: not replayed: {name} was not launched again after '
+            f'{finding.headline()}',
+            file=sys.stderr,
+            flush=True,
+        )
     _summary()
     for t in _state.threads:
         t.join(max(0.0, deadline - time.monotonic()) + 1.0)
@@ -487,11 +524,72 @@ def _report(finding: AuditFinding) -> None:
         _state.findings.append(finding)
         if _state.raise_ and _state.pending is None and len(_state.findings) == 1:
             _state.pending = finding  # the first finding ends the job (--audit-raise)
+        if _state.replay and not _state.replay_asked and finding.check != 'duplicate':
+            _state.replay_asked = True  # one replay a job: its cost is bounded
+            _state.replay_due[finding.launch] = finding
     print(f'multihost audit: {finding.format()}', file=sys.stderr, flush=True)
     entry = _recorder.note(
         'audit', finding.check, seq=None, digest='', site=finding.site, checked=False
     )
     entry.thread = AUDIT_THREAD
+
+
+def _replay_held(name: str, fn: Any, args: tuple, kwargs: dict) -> None:
+    """``--audit-replay``: the launch of ``name`` about to run, held on every host (every host
+    reaches it: the finding came at the same launch everywhere) and replayed before it runs.
+    The verdict is printed, kept and written; a replay that fails says why, and the job goes
+    on either way."""
+    from multihost._checks._replay import replay
+
+    finding = _state.replay_due.pop(name)
+    call = _state.counts.get(name, 0)
+    head = f'replay of {name} call #{call}, the launch after {finding.headline()}'
+    print(
+        f'multihost audit: replaying {name} call #{call} on every host before it runs ...',
+        file=sys.stderr,
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    verdict = ''
+    try:
+        result = replay(fn, *args, canonical=True, **kwargs)
+        text, verdict = result.describe(), result.verdict
+    except Exception as exc:  # the job goes on: the replay is a diagnosis, never the cause
+        text = f'the replay failed on process {_process()}: {type(exc).__name__}: {exc}'.strip()
+    seconds = time.perf_counter() - t0
+    said = f'{head} ({seconds:.1f} s):\n  ' + text.replace('\n', '\n  ')
+    _state.replays.append(said)
+    print(f'multihost audit: {said}', file=sys.stderr, flush=True)
+    if _state.replay_dir:
+        _write_replay(name, call, finding, verdict, text, seconds)
+
+
+def _write_replay(
+    name: str, call: int, finding: AuditFinding, verdict: str, text: str, seconds: float
+) -> None:
+    """``<dump dir>/replay-<process>.json``, atomically; a failure to write is said, not
+    raised."""
+    import os
+
+    doc = {
+        'kind': 'multihost-replay',
+        'process': _process(),
+        'launch': name,
+        'call': call,
+        'finding': finding.to_json(),
+        'verdict': verdict,
+        'text': text,
+        'seconds': round(seconds, 3),
+    }
+    path = os.path.join(_state.replay_dir or '.', f'replay-{_process()}.json')
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + '.tmp', 'w') as f:
+            json.dump(doc, f, indent=1)
+        os.replace(path + '.tmp', path)
+    except OSError as exc:
+        print(f'multihost audit: the replay could not be written to {path}: {exc}',
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _arg_names(fn: Any, n_args: int) -> list[str]:
@@ -783,6 +881,7 @@ def report(wait: float = 0.0) -> AuditReport:
         stopped=_state.stopped,
         seconds=round(_state.seconds, 6),
         waited=round(_state.waited, 6),
+        replays=tuple(_state.replays),
     )
 
 

@@ -108,6 +108,7 @@ def install(
     audit: int | bool | str | None = None,
     audit_log: str | None = None,
     audit_raise: bool = False,
+    audit_replay: bool = False,
 ) -> None:
     """Makes the program's own and its libraries' multi-host calls the checked ones.
 

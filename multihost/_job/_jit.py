@@ -156,7 +156,7 @@ class Jitted:
     def _recorded(self, site: str, args: tuple, kwargs: dict) -> Any:
         """The launch, recorded (not checked); with stepping on, held at the launch gate first."""
         if _AUDIT:
-            _audit.before(self._name)
+            _audit.before(self._name, self._fn, args, kwargs)
         if _stepgate.stepping_enabled():
             _stepgate.launch_gate(self._name, site)
         entry = _recorder.note('launch', self._name, seq=None, digest='', site=site, checked=False)
@@ -215,7 +215,7 @@ class Jitted:
                 spans = self._by_key[key] = _compiled_spans(sig.compiled)
         if spans:  # checked as installed calls wait: as long as JAX's would, unless asked
             if _AUDIT:
-                _audit.before(self._name)
+                _audit.before(self._name, self._fn, args, kwargs)
             with _sequence.waiting(_state.wait):
                 out = watched.launch(key, args, kwargs, sig=sig, site=site, spans=True)
             if _AUDIT:
@@ -431,7 +431,13 @@ def patch(options: InstallOptions) -> None:
     """
     global _ACTIVE, _CHECK, _AUDIT
     _CHECK = _state.check = options.check_jit
-    _audit.enable(options.audit, options.audit_log, options.audit_raise)
+    _audit.enable(
+        options.audit,
+        options.audit_log,
+        options.audit_raise,
+        replay=options.audit_replay,
+        replay_dir=options.dump_dir,
+    )
     _AUDIT = options.audit > 0
     _state.wait = options.wait
     if _state.active:

@@ -317,6 +317,14 @@ OPTIONS: tuple[Option, ...] = (
         "The audit's first finding raises AuditError on every host at its next jitted launch, "
         'so the job ends there, or is held there with {hold_on_error}; turns the audit on',
     ),
+    Option(
+        'audit_replay',
+        "At the audit's first drift or NaN finding, the next launch of that function is held "
+        'on every host and replayed first (multihost.replay, every replica given process '
+        "0's host-local values): every host prints where the hosts part, written to "
+        '{dump_dir} too (multihost analyze reads it); the audited launches wait for their '
+        'verdict; turns the audit on',
+    ),
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
@@ -399,7 +407,8 @@ class InstallOptions:
     Attributes:
         timeout: given, else ``MULTIHOST_TIMEOUT``, else None (`wait`).
         hold: ``hold_on_error``, ``hold_for`` and the control file, for `_debug._hold`.
-        audit: N (0: off; turned on by ``audit_log`` and ``audit_raise`` too).
+        audit: N (0: off; turned on by ``audit_log``, ``audit_raise`` and ``audit_replay``
+            too).
     """
 
     check_jit: bool = False
@@ -412,6 +421,7 @@ class InstallOptions:
     audit: int = 0
     audit_log: str | None = None
     audit_raise: bool = False
+    audit_replay: bool = False
 
     @property
     def wait(self) -> float:
@@ -438,7 +448,7 @@ class InstallOptions:
                 'no notebook can attach to the held job; add it, or drop --hold-on-error'
             )
         audit = v['audit']
-        if v['audit_log'] is not None or v['audit_raise']:
+        if v['audit_log'] is not None or v['audit_raise'] or v['audit_replay']:
             audit = audit or _audit.DEFAULT_EVERY
         return cls(
             check_jit=v['check_jit'],
@@ -451,4 +461,5 @@ class InstallOptions:
             audit=audit,
             audit_log=v['audit_log'],
             audit_raise=v['audit_raise'],
+            audit_replay=v['audit_replay'],
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import glob
+import json
 import os
 import sys
 import time
@@ -783,11 +785,43 @@ PROG = 'python -m multihost analyze'
 
 
 def report(dirs: Sequence[str], prog: str = PROG) -> int:
-    """Prints the verdict of the dumps in ``dirs``; a bad or missing file: one line, 2."""
+    """Prints the verdict of the dumps in ``dirs``, then the replays the audit wrote there
+    (``--audit-replay``); a bad or missing file: one line, 2."""
     try:
-        verdict = analyze(read_dirs(dirs), read_native_dirs(dirs))
+        replays = replay_lines(dirs)
+        dumps, stacks = read_dirs(dirs), read_native_dirs(dirs)
+        verdict = analyze(dumps, stacks) if dumps or stacks or not replays else None
     except DumpFormatError as exc:
         print(f'{prog}: {exc}', file=sys.stderr)
         return 2
-    print(verdict)
+    if verdict is not None:
+        print(verdict)
+    for line in replays:
+        print(line)
     return 0
+
+
+def replay_lines(dirs: Sequence[str]) -> list[str]:
+    """The replays of ``replay-<process>.json`` in ``dirs`` (`_audit`'s ``--audit-replay``):
+    each verdict once, with the processes that wrote it (every host gets the same one)."""
+    by_text: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, 'replay-*.json'))):
+            try:
+                with open(path) as f:
+                    doc = json.load(f)
+                process, launch, call = int(doc['process']), doc['launch'], int(doc['call'])
+                finding, text = doc['finding'], str(doc['text'])
+                head = (
+                    f"replay of {launch} call #{call} (after the audit's "
+                    f'{finding["check"]} at call #{finding["call"]})'
+                )
+                seconds = float(doc['seconds'])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise DumpFormatError(f'{path}: not a replay file ({exc})') from None
+            by_text.setdefault((head, text), []).append((process, seconds))
+    return [
+        f'{head}, said by {fmt_hosts([p for p, _ in said])} '
+        f'(it took {max(t for _, t in said):.1f} s):\n  ' + text.replace('\n', '\n  ')
+        for (head, text), said in by_text.items()
+    ]

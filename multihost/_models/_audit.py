@@ -90,6 +90,8 @@ class AuditReport:
         waited: seconds the main thread waited before a launch until the audit had read
             the previous one's results (which that launch may donate): the rest of the
             audited launch itself, then the reading.
+        replays: with ``--audit-replay``, each replay's verdict (`Replay.describe`), headed
+            by the launch replayed and the finding that asked for it.
     """
 
     process: int
@@ -102,6 +104,7 @@ class AuditReport:
     stopped: str = ''
     seconds: float = 0.0
     waited: float = 0.0
+    replays: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -124,6 +127,7 @@ class AuditReport:
         if self.stopped:
             head += f'; stopped: {self.stopped}'
         lines = [head] + [f'  {f.format()}' for f in self.findings]
+        lines += ['  ' + text.replace('\n', '\n  ') for text in self.replays]
         return '\n'.join(lines)
 
     def __str__(self) -> str:
@@ -137,7 +141,7 @@ class AuditReport:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AuditReport:
         findings = tuple(AuditFinding.from_json(f) for f in data.get('findings', ()))
-        return cls(**{**data, 'findings': findings})
+        return cls(**{**data, 'findings': findings, 'replays': tuple(data.get('replays', ()))})
 
 
 def odd_ones(holders: dict[str, list[int]]) -> tuple[tuple[int, ...], tuple[int, ...]]:

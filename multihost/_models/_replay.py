@@ -74,8 +74,9 @@ class Replay:
             ``'outputs'`` (the compiled launch's outputs differ between hosts while every
             equation evaluated op by op agreed), or ``'agree'``.
         inputs: the arguments compared between hosts (None on one process).
-        canonical: every host's host-local arguments were replaced by process 0's before
-            the launch was run (`replay(..., canonical=True)`).
+        canonical: every host's host-local arguments were replaced by process 0's, and
+            the differing replicas of global arrays by the first replica in their mesh,
+            before the launch was run (`replay(..., canonical=True)`).
         runs: how many times the compiled launch ran on each host.
         varying: host -> the output leaves whose value changed between its own runs.
         outputs: the compiled launch's first run's outputs compared between hosts (None on
@@ -114,7 +115,7 @@ class Replay:
         hosts = f'{self.num_processes} processes' if self.num_processes > 1 else 'one process'
         head = f'replay of {self.name} on {hosts}'
         if self.canonical:
-            head += " (host-local arguments set to process 0's)"
+            head += " (host-local arguments set to process 0's, replicas to the first's)"
         lines = [head + ':']
         if self.verdict == 'inputs' and self.inputs is not None:
             paths = ', '.join(self.inputs.differing_paths[:5])
