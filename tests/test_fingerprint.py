@@ -476,7 +476,7 @@ class _OnChip:
 def test_narrow_floats_on_a_tpu_take_the_pallas_kernel_or_host_copies(dt):
     """A TPU v5e changed the bits of random bfloat16, float16 and float8 values in XLA
     programs, and a Pallas kernel kept those of bfloat16 and float8 (measured,
-    `bench/tpu_bits.py`, docs/API.md 4.2): on a TPU, float16 leaves and 1-D blocks take host
+    `bench/tpu_bits.py`, docs/API.md §4.2): on a TPU, float16 leaves and 1-D blocks take host
     copies, 2-D blocks of the others the kernel, small whole leaves one host copy; wider
     floats, integers, and every CPU leaf stay with the XLA program."""
     pallas = np.dtype(dt) != np.float16

@@ -6,7 +6,7 @@ payloads, and even an identity program rewrites float8_e4m3fn's negative NaN and
 float16 NaN. A Pallas (Mosaic) kernel that reinterprets the block in VMEM keeps every bit
 of bfloat16, float8_e4m3fn and float8_e5m2. This module reads such a block once, tile by
 tile in its own shape (the last two axes tiled, the leading ones walked by the grid),
-and yields per tile the four lane sums of docs/API.md 4.2 (`definition`:
+and yields per tile the four lane sums of docs/API.md §4.2 (`definition`:
 ``g16``/``g8`` of the raw halves times ``c(k)``, ``c'(k >> 16)``), whether it holds
 NaN/Inf (from the exponent bits) and the largest and smallest raw value (constant
 blocks). Arithmetic is int32 (wrapping: the definition's uint32 sums mod 2^32, logical

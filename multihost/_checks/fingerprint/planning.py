@@ -150,7 +150,7 @@ def bits_lost_on_chip(x: Any) -> bool:
     kernel does not read in their stored order (`layout.read_layout`: a small last axis
     there, or a block of a vector). `bench/tpu_bits.py` shows which operations rewrite which
     bits on the chip; ``np.asarray`` keeps every byte. Such leaves are read from host copies
-    there (exact, slower: docs/API.md 4.2). Small whole leaves are copied anyway: False."""
+    there (exact, slower: docs/API.md §4.2). Small whole leaves are copied anyway: False."""
     dt = np.dtype(x.dtype)
     if dt.itemsize >= 4 or dt.kind not in 'fV' or not jax.numpy.issubdtype(dt, jax.numpy.floating):
         return False
