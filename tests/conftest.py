@@ -34,6 +34,7 @@ cover the single-process fast paths.
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -275,7 +276,73 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f'  restarted: {line}'[:300])
 
 
-def pytest_collection_modifyitems(items):
+def pytest_addoption(parser):
+    parser.addoption(
+        '--release',
+        default='all',
+        metavar='all|none|K/N',
+        help='which tests marked release run: all (the default), none, or share K of N '
+        '(0 <= K < N): the release tests of share K of the files dealt into N shares of '
+        'about equal time (tests/release_seconds.json). '
+        '.ci/run runs share (commits on main mod 4) of 4: every file in 4 landings',
+    )
+
+
+def release_share(value: str) -> tuple[int, int] | None:
+    """``--release``'s value -> (K, N), or None for all; 'none' is (0, 0).
+
+    Raises:
+        pytest.UsageError: anything else, saying what it takes.
+    """
+    if value == 'all':
+        return None
+    if value == 'none':
+        return (0, 0)
+    k, _, n = value.partition('/')
+    if k.isdigit() and n.isdigit() and 0 <= int(k) < int(n):
+        return (int(k), int(n))
+    raise pytest.UsageError(
+        f'--release={value!r}: give all, none, or K/N with 0 <= K < N (e.g. --release=1/4)'
+    )
+
+
+#: Seconds the release tests of each file took (`tests/release_seconds.json`, from
+#: ``pytest --durations=0`` on this 2-core machine): the shares are dealt by them.
+_RELEASE_SECONDS = pathlib.Path(__file__).with_name('release_seconds.json')
+#: A release file not in that table counts as this many seconds.
+_RELEASE_DEFAULT_S = 60
+
+
+def release_files(files: list[str], n: int) -> list[set[str]]:
+    """``files`` dealt into ``n`` shares of about equal time: the longest first, each to the
+    share with the least so far (ties: by name; a deterministic deal on every worker)."""
+    import json
+
+    seconds = json.loads(_RELEASE_SECONDS.read_text())
+    shares: list[set[str]] = [set() for _ in range(n)]
+    load = [0] * n
+    for f in sorted(files, key=lambda f: (-seconds.get(f, _RELEASE_DEFAULT_S), f)):
+        k = min(range(n), key=lambda i: (load[i], i))
+        shares[k].add(f)
+        load[k] += seconds.get(f, _RELEASE_DEFAULT_S)
+    return shares
+
+
+def _file(item) -> str:
+    return pathlib.Path(item.nodeid.split('::')[0]).name
+
+
+def pytest_collection_modifyitems(config, items):
+    share = release_share(config.getoption('release'))
+    if share is not None:
+        k, n = share
+        marked = sorted({_file(i) for i in items if i.get_closest_marker('release')})
+        chosen = release_files(marked, n)[k] if n else set()
+        kept = [i for i in items if not i.get_closest_marker('release') or _file(i) in chosen]
+        dropped = [i for i in items if i not in set(kept)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
     for item in items:
         if item.get_closest_marker('multiprocess') and 'mp_cluster' not in item.fixturenames:
             item.fixturenames.append('mp_cluster')

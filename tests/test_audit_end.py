@@ -23,7 +23,7 @@ import _jobs
 import pytest
 from test_real_program_run import JOB, N
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.release]
 
 STEPS = 6
 #: A bound for failures only: a run takes ~45 s here when the machine is idle, 3.5 min when

@@ -374,6 +374,7 @@ KERNEL_CONNECT = """
 """
 
 
+@pytest.mark.release
 def test_connect_binds_the_cluster_address_only_and_never_kills_engines_it_did_not_start():
     """A kernel connects to a cluster someone else started, initializes JAX there, and is
     killed with kill -9: the engines live on, and nothing listened on every interface."""

@@ -33,7 +33,7 @@ JOB = os.path.join(HERE, '_flax_job.py')
 N = 4
 STALLED, BAD = 2, 3
 
-pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
+pytestmark = [pytest.mark.slow, pytest.mark.release]  # plain processes of its own
 
 
 @pytest.fixture(scope='module')

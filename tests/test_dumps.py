@@ -185,6 +185,7 @@ def test_a_barrier_timeout_dumps_and_analyze_names_process_2(job: Any) -> None:
     assert cli.returncode == 0 and 'culprit: process 2' in cli.stdout, cli
 
 
+@pytest.mark.release
 def test_busy_told_from_wedged_in_the_dumps_and_analyze(job: Any) -> None:
     """Process 1 spins the CPU, process 2 sleeps, process 0 waits in ``ckpt`` (issue 30, 2).
 
@@ -226,6 +227,7 @@ def _line_of(text: str, mode: str) -> int:
     return next(i for i, ln in lines if i > start and text in ln)
 
 
+@pytest.mark.release
 def test_a_slow_host_is_not_a_hang_and_the_next_hang_is_dumped_again(job: Any) -> None:
     """Hang truth, a slow host: process 2 is 7 s late at ``first`` (the others' hang dumps
     fire at 3 s), then stuck before ``ckpt``. The slow wait's dumps say it went on and was
@@ -508,6 +510,7 @@ def test_a_preemption_notice_dumps_and_the_sync_point_still_works(job: Any) -> N
     assert {d.details['sync_point'] for d in dumps} == {int(points_at)}
 
 
+@pytest.mark.release
 def test_kill_9_of_process_3_the_others_say_it_is_gone(job: Any) -> None:
     j = job(N, MODE='late', LATE='3', SLEEP='60', RECOVERABLE='1', MULTIHOST_HANG_DUMP_S='4')
     j.wait_started()

@@ -82,6 +82,7 @@ def test_a_host_raising_before_its_launch_ends_every_host_saying_why(tmp_path: A
     assert 'not done on device' not in out.stdout.split('process 2:')[-1].split('\n')[0]
 
 
+@pytest.mark.release
 def test_a_host_calling_sys_exit_3_ends_every_host_with_its_code(tmp_path: Any) -> None:
     results, ended, dumps = _run(str(tmp_path), EXIT_HOST='2', RAISE_STEP='1')
     codes = [rc for rc, _, _ in results]
@@ -95,6 +96,7 @@ def test_a_host_calling_sys_exit_3_ends_every_host_with_its_code(tmp_path: Any) 
     assert sorted(os.listdir(dumps)) == [f'process-{p}.json' for p in range(N)]
 
 
+@pytest.mark.release
 def test_a_host_raising_inside_a_checkpoint_save_ends_every_host(tmp_path: Any) -> None:
     """Item 5: process 2's disk fails inside orbax's ``manager.save`` at step 0 (``OSError``,
     uncaught), after the others passed the save's first barrier with it: they go on to
@@ -117,6 +119,7 @@ def test_a_host_raising_inside_a_checkpoint_save_ends_every_host(tmp_path: Any) 
     assert out.stdout.startswith("process 2 raised OSError('[Errno 28] No space left on device')")
 
 
+@pytest.mark.release
 def test_a_host_ending_early_with_code_0_ends_the_hosts_waiting_for_it(tmp_path: Any) -> None:
     """Item 4: process 3 calls ``sys.exit(0)`` before its step-1 ``train_step`` while the
     others are inside that launch. Not a failure (it exits 0, saying so), but the others
@@ -149,6 +152,7 @@ def test_a_host_ending_early_with_code_0_ends_the_hosts_waiting_for_it(tmp_path:
     assert 'its own dump is missing' not in first_line
 
 
+@pytest.mark.release
 def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path: Any) -> None:
     """Item 2: process 2 stalls (sleeping) just before its step-2 ``train_step``, process 3
     there too but busy computing; the others are inside that launch (not done on device) and

@@ -92,6 +92,7 @@ def run(tmp_path: Any) -> Iterator[Callable[..., Run]]:
 CLOCK = r'\d\d:\d\d:\d\d'
 
 
+@pytest.mark.release
 def test_a_late_host_is_placed_where_it_was_when_the_others_timed_out(run: Any) -> None:
     """Process 2 sleeps before its first save; the others' checked barrier times out after
     10 s (their error names what process 2 was doing then); their uncaught timeout ends the
@@ -211,6 +212,7 @@ def test_a_host_holding_the_gil_writes_its_stacks_from_c(run: Any) -> None:
     assert lines[0] in repr(mhnotebook.postmortem(r.dumps))
 
 
+@pytest.mark.release
 def test_when_process_0_dies_the_others_stacks_are_written_from_c(run: Any) -> None:
     """Process 2 is late for the first save; process 0 is killed (SIGKILL) while it and
     process 1 wait for it: JAX aborts processes 1-2 at once, before any Python can run."""

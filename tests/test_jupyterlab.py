@@ -41,7 +41,7 @@ try:
 except ImportError:  # the tests skip without it (need_chromium)
     PlaywrightTimeout = TimeoutError  # type: ignore[assignment,misc]
 
-pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.release]
 
 #: Console messages that are JupyterLab's own, not ours (its news feed and extension
 #: manager, both switched off here, and missing icons); any other message at level

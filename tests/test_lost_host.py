@@ -107,6 +107,7 @@ def _check(run: dict[str, Any], own_exit: tuple[int, ...] = ()) -> list[str]:
     return lines
 
 
+@pytest.mark.release
 def test_a_host_killed_while_the_others_wait_in_a_checkpoint_barrier(tmp_path: Any) -> None:
     """Process 1 stalls before its first save (user code); 0 and 3 wait for it in orbax's
     checkpoint barrier; process 2 is killed."""

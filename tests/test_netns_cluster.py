@@ -31,7 +31,7 @@ from _helpers import magic_shell, notebook_text, wait_until
 import mhnotebook
 from multihost.engine import split_url
 
-pytestmark = [pytest.mark.netns, pytest.mark.cluster]
+pytestmark = [pytest.mark.netns, pytest.mark.cluster, pytest.mark.release]
 
 N = 4
 ROOT = pathlib.Path(__file__).parent.parent

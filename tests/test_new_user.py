@@ -25,7 +25,7 @@ from test_real_program_run import JOB, launch
 
 from multihost._job import _cli, _run
 
-pytestmark = pytest.mark.slow  # plain processes of their own
+pytestmark = [pytest.mark.slow, pytest.mark.release]  # plain processes of their own
 
 #: A value of each metavar ``run --help`` prints, and what the parse makes of it.
 _SAMPLES = {

@@ -477,6 +477,7 @@ def test_second_start_reuses_a_cluster_of_the_same_shape(session):
 # -- 5. dead hosts (clusters of their own) ------------------------------------------------
 
 
+@pytest.mark.release
 def test_dead_host_is_reported_and_restart_recovers():
     """os._exit(1) on host 2: the cell says so; status shows it; other magics say restart."""
     s = mhnotebook.start_local(3, 1, progress=False)
@@ -529,6 +530,7 @@ def test_dead_host_is_reported_and_restart_recovers():
         s.stop()
 
 
+@pytest.mark.release
 def test_recoverable_cluster_keeps_survivors_inspectable():
     """--recoverable: SIGKILL on host 2 leaves 0 and 1 running; live_devices names them.
 

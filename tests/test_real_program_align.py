@@ -19,6 +19,8 @@ import pytest
 import multihost
 from multihost._exchange import _kv, _sequence
 
+pytestmark = pytest.mark.release  # checked on the release rotation (CONTRIBUTING.md)
+
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
 TIMEOUT = 3.0

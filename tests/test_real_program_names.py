@@ -269,6 +269,7 @@ def _notebook(path: pathlib.Path) -> None:
     nbformat.write(nb, str(path))
 
 
+@pytest.mark.release
 @pytest.mark.browser
 def test_a_click_on_a_leaf_shows_its_picture_in_chromium(tmp_path):
     """Voila renders %mh_layout state.params (a real kernel, 2 hosts); in Chromium, one row per

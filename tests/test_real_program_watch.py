@@ -36,6 +36,8 @@ from jax.sharding import PartitionSpec as P
 import multihost
 from multihost import _recorder
 
+pytestmark = pytest.mark.release  # checked on the release rotation (CONTRIBUTING.md)
+
 MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
 

@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.release  # checked on the release rotation (CONTRIBUTING.md)
+
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bench')
 #: O(1) per host: the sequence check's digest round (above 4 hosts), a small
 #: broadcast's source payload read beside it, assert_equal's fingerprint digests agreed

@@ -18,6 +18,8 @@ import pytest
 import multihost
 from multihost import _recorder
 
+pytestmark = pytest.mark.release  # checked on the release rotation (CONTRIBUTING.md)
+
 MP_CLUSTER = dict(n=4, devices_per_process=1)
 CALLS = 3000
 #: Process 0's growth allowed for CALLS checked barriers (a new service barrier id per

@@ -590,3 +590,20 @@ def test_no_function_is_over_100_lines():
                 if lines > 100:
                     long.append(f'{name}.{node.name}: {lines} lines')
     assert not long, long
+
+
+def test_the_release_tests_are_dealt_into_shares_of_about_equal_time():
+    """`conftest.release_files`: every file in exactly one share, the shares' times within
+    the longest file's of each other, the same deal every time (each xdist worker deals)."""
+    import json
+
+    from conftest import _RELEASE_SECONDS, release_files
+
+    seconds = json.loads(_RELEASE_SECONDS.read_text())
+    files = sorted([*seconds, 'test_not_in_the_table.py'])
+    shares = release_files(files, 4)
+    assert sorted(f for share in shares for f in share) == files
+    assert release_files(list(reversed(files)), 4) == shares
+    loads = [sum(seconds.get(f, 60) for f in share) for share in shares]
+    assert max(loads) - min(loads) <= max(seconds.values()), loads
+    assert release_files(files, 1) == [set(files)]

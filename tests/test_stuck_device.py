@@ -34,7 +34,7 @@ STEP = 2
 #: What "within seconds" means on this loaded 2-core machine (the tools' timeout is 30 s).
 PROMPT_S = 20.0
 
-pytestmark = pytest.mark.slow  # plain processes of its own (not the mp_cluster harness)
+pytestmark = [pytest.mark.slow, pytest.mark.release]  # plain processes of its own
 
 
 def _timed(what: str, call: Callable[[], Any], took: dict[str, float]) -> Any:

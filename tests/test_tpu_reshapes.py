@@ -18,9 +18,12 @@ import pytest
 from multihost._checks.fingerprint import layout, xla
 
 HAVE_LIBTPU = importlib.util.find_spec('libtpu') is not None
-pytestmark = pytest.mark.skipif(
-    not HAVE_LIBTPU, reason="libtpu is not installed (the test extra's, Python 3.11)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not HAVE_LIBTPU, reason="libtpu is not installed (the test extra's, Python 3.11)"
+    ),
+    pytest.mark.release,
+]
 #: An HLO instruction line: ``[ROOT] %name = type op(``: its type and op.
 _LINE = re.compile(r'\s*(?:ROOT\s+)?%\S+\s*=\s*(\S+)\s+([a-z][\w-]*)\(')
 
