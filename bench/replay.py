@@ -6,8 +6,11 @@ and two runs of the compiled step. The first replay compiles each operation; the
 them compiled. Also: the step's own time, and that the job's losses after a replay are bitwise
 those of the same job without one.
 
-Usage: ``python bench/replay.py [--layers 12] [--width 512]``. The result goes to
-``bench/results/<device kind>/replay.json`` (`_results`), or to ``--json PATH``.
+Usage: ``python bench/replay.py [--layers 12] [--width 512] [--profile PATH]``. The result
+goes to ``bench/results/<device kind>/replay.json`` (`_results`), or to ``--json PATH``;
+``--profile``: the second replay under cProfile, its top functions written to PATH.
+On a device that reports its memory (`Device.memory_stats`), also: a replay whose argument
+takes 60% of the free memory is refused before any copy (MemoryError, its message kept).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--layers', type=int, default=12)
     parser.add_argument('--width', type=int, default=512)
     parser.add_argument('--json', default='')
+    parser.add_argument('--profile', default='')
     args = parser.parse_args(argv)
     import _results
     import jax
@@ -57,9 +61,24 @@ def main(argv: list[str] | None = None) -> int:
     jax.block_until_ready(step(jax.tree.map(_copy, state), batch))
     got['step_s'] = time.perf_counter() - t0
     for name in ('replay_first_s', 'replay_again_s'):
+        profile = None
+        if args.profile and name == 'replay_again_s':
+            import cProfile
+
+            profile = cProfile.Profile()
+            profile.enable()
         t0 = time.perf_counter()
         report = multihost.replay(step, state, batch)
         got[name] = time.perf_counter() - t0
+        if profile is not None:
+            import io
+            import pstats
+
+            profile.disable()
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats('tottime').print_stats(40)
+            with open(args.profile, 'w') as f:
+                f.write(text.getvalue())
         got[name.replace('_s', '_stages_s')] = dict(report.seconds)
         got['verdict'] = report.verdict
         got['evaluated'] = report.equations
@@ -74,9 +93,36 @@ def main(argv: list[str] | None = None) -> int:
     got['losses_bitwise_after_replay'] = losses[:2] == losses[2:]
     del plain_state
     dev = jax.devices()[0]
+    got['room'] = _room(dev)
     print(json.dumps(got, indent=1))
     print('written to', _results.save('replay', got, dev.device_kind, args.json))
-    return 0 if got['verdict'] == 'agree' and got['losses_bitwise_after_replay'] else 1
+    room_ok = got['room'] is None or got['room']['refused']
+    return 0 if got['verdict'] == 'agree' and got['losses_bitwise_after_replay'] and room_ok else 1
+
+
+def _room(dev: Any) -> dict[str, Any] | None:
+    """A replay whose argument takes 60% of the device's free memory: refused before any
+    copy, saying what to do (None where the device reports no memory)."""
+    import jax
+    import jax.numpy as jnp
+
+    import multihost
+
+    stats = dev.memory_stats()
+    if not stats or 'bytes_limit' not in stats:
+        return None
+    free = int(stats['bytes_limit']) - int(stats.get('bytes_in_use', 0))
+    big = jnp.zeros((int(free * 0.6) // 4,), jnp.float32)
+    t0 = time.perf_counter()
+    try:
+        multihost.replay(jax.jit(lambda v: v.sum()), big)
+        said = ''
+    except MemoryError as exc:
+        said = str(exc)
+    seconds = time.perf_counter() - t0
+    del big
+    return {'argument_mib': int(free * 0.6) >> 20, 'refused': bool(said), 'message': said,
+            'seconds': seconds}  # fmt: skip
 
 
 if __name__ == '__main__':

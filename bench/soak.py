@@ -16,10 +16,13 @@ nothing accumulates). Side by side in one run:
 * JAX's own ``multihost_utils.sync_global_devices`` (a device allgather plus
   a service barrier with a new id each call);
 * a mixed round of ours: barrier + broadcast + assert_equal + allgather
-  (``--calls`` / 4 rounds, so about as many checked collectives).
+  (``--calls`` / 4 rounds, so about as many checked collectives);
+* the same round and a watched jitted step over a global array (``multihost.watch``: its
+  check across hosts, its launch recorded; ``--calls`` / 5 rounds).
 
-Run: ``python bench/soak.py [--calls N]`` (default 4,000; issue 33's bound is
-2 MB of process 0's memory for 15,000 checked collectives: ``--calls 15000``).
+Run: ``python bench/soak.py [--calls N] [--cases I,J]`` (default 4,000 calls, every case;
+the bound is 2 MB of process 0's memory for 15,000 checked collectives: ``--calls 15000``).
+``--json PATH``: where the result goes (default ``bench/results/cpu/soak.json``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ import _common
 import numpy as np
 
 CASES = ('ours sync_global_devices', 'service barrier, new id', 'service barrier, one id',
-         'jax sync_global_devices', 'ours mixed round (4 collectives)')  # fmt: skip
+         'jax sync_global_devices', 'ours mixed round (4 collectives)',
+         'ours mixed round + watched step (5)')  # fmt: skip
 
 
 def _rss_kb() -> int:
@@ -55,6 +59,17 @@ def _soak(case: str, calls: int) -> dict[str, Any]:
     client = _jax_adapter.client()
     tree = {'w': np.arange(256, dtype=np.float32), 'b': np.ones(16, np.float32)}
     counter = iter(range(10**9))
+    if case.endswith('watched step (5)'):
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        mesh = jax.make_mesh((jax.device_count(),), ('d',))
+        x = jax.device_put(
+            jnp.ones((jax.device_count(), 64), jnp.float32), NamedSharding(mesh, P('d'))
+        )
+        step = multihost.watch(jax.jit(lambda v: (v * 1.0001).sum()), name='soak_step')
 
     def one() -> None:
         if case == 'ours sync_global_devices':
@@ -70,14 +85,17 @@ def _soak(case: str, calls: int) -> dict[str, Any]:
             multihost.broadcast_one_to_all(tree)
             multihost.assert_equal(tree, 'soak')
             multihost.process_allgather(tree['b'])
+            if case.endswith('watched step (5)'):
+                step(x).block_until_ready()
 
     from multihost import _recorder
 
     mixed = case.startswith('ours mixed')
-    n = calls // 4 if mixed else calls
+    per_round = 5 if case.endswith('(5)') else 4 if mixed else 1
+    n = calls // per_round
     # Warm-up: compiles, caches, the first epochs, and the flight recorder's ring filled
     # (it keeps the last CAPACITY entries by design: growing until then is not a leak).
-    for _ in range(_recorder.CAPACITY // (4 if mixed else 1) + 100):
+    for _ in range(_recorder.CAPACITY // per_round + 100):
         one()
     _common.start_together()
     time.sleep(0.3)
@@ -101,14 +119,25 @@ def _soak(case: str, calls: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--calls', type=int, default=4000, help='calls per case (default 4000)')
+    parser.add_argument(
+        '--cases',
+        default='',
+        help='the cases to run, by number (0-based), '
+        'comma-separated: ' + '; '.join(f'{i} {c}' for i, c in enumerate(CASES)),
+    )
+    parser.add_argument('--json', default='', help='where the result goes')
     args = parser.parse_args(argv)
     if args.calls < 100:
         parser.error('--calls must be >= 100')
+    try:
+        picked = [CASES[int(i)] for i in args.cases.split(',')] if args.cases else list(CASES)
+    except (ValueError, IndexError):
+        parser.error(f'--cases: numbers 0-{len(CASES) - 1}, comma-separated, got {args.cases!r}')
     env = _common.environment(4, 1)
     print('environment: ' + ', '.join(f'{k}={v}' for k, v in env.items()))
     rows = []
     with _common.local_cluster(4, 1) as cluster:
-        for case in CASES:
+        for case in picked:
             per = cluster.run(_soak, case, args.calls, timeout=3600)
             rows.append((case, per))
             p0, rest = per[0], per[1:]
@@ -119,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                 f'{max(r["last_ms"] for r in per):6.2f} ms last tenth',
                 flush=True,
             )
+    import _results
+
+    result = {'calls': args.calls, 'environment': env,
+              'cases': {case: per for case, per in rows}}  # fmt: skip
+    print('written to', _results.save('soak', result, 'cpu', args.json))
     return 0
 
 

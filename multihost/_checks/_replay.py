@@ -227,6 +227,36 @@ def _first_replica(x: jax.Array, path: str) -> jax.Array:
     )
 
 
+def _check_room(tree: Any) -> None:
+    """Raises MemoryError before the first copy when a copy of the arguments' blocks
+    would not fit a device's free memory (what the device reports: `Device.memory_stats`;
+    CPU devices report none and are not checked). The launch's own temporaries need room
+    too: fitting here is necessary, not sufficient."""
+    need: dict[Any, int] = {}
+    for x in jax.tree.leaves(tree):
+        if isinstance(x, jax.Array) and not x.is_deleted():
+            for s in x.addressable_shards:
+                need[s.device] = need.get(s.device, 0) + s.data.nbytes
+    for device, nbytes in need.items():
+        try:
+            stats = device.memory_stats()
+        except Exception:  # a backend that does not say
+            stats = None
+        if not stats or 'bytes_limit' not in stats:
+            continue
+        limit = int(stats['bytes_limit'])
+        free = limit - int(stats.get('bytes_in_use', 0))
+        if nbytes > free:
+            raise MemoryError(
+                f'replay: a copy of the arguments needs {nbytes / 2**20:,.0f} MiB on {device}, '
+                f'which has {free / 2**20:,.0f} MiB free (of {limit / 2**20:,.0f}): '
+                'the launch is run on copies so that your arrays are never donated. Free memory '
+                'first (del the references to arrays you no longer need, jax.clear_caches()), '
+                'or replay a smaller step (a smaller batch or model), or pass op_by_op=False '
+                'with again=1 after freeing what you can.'
+            )
+
+
 def _copy(x: Any) -> Any:
     if isinstance(x, jax.Array):
         return jnp.copy(x)
@@ -258,6 +288,7 @@ def _again(
     """Runs the compiled launch ``again`` times on copies; which leaves varied on which host,
     and the first run's outputs compared between hosts (None on one process)."""
     program = fn if hasattr(fn, 'lower') else jax.jit(fn)
+    _check_room((args, kwargs))
     first_out = None
     first: dict[str, str] = {}
     changed: set[str] = set()
@@ -471,7 +502,12 @@ class _Walk:
             i, k = position(leaf)
             named = dataclasses.replace(leaf, path=f'output {k}')  # the path is the walk's
             return self._answer(pending[i], named)
-        digests = [tuple(_local_digests(v).values()) for v in values]
+        # One fingerprint call for the chunk (its cost is per call more than per byte), the
+        # digests then grouped by equation: keys are '[i][k]@device' or '[i][k]'.
+        grouped: list[list[str]] = [[] for _ in values]
+        for key, digest in _local_digests(values).items():
+            grouped[int(key[1 : key.index(']')])].append(digest)
+        digests = [tuple(g) for g in grouped]
         if not self.second:
             self.digests += digests
             return None
