@@ -686,12 +686,17 @@ class DataViewBase(JobViewBase):
         again: int = 2,
         canonical: bool = False,
         timeout: float | None = None,
+        frame: Frame = None,
     ) -> Replay:
         """`multihost.Replay` of engine function ``fn`` called on engine values ``args``:
-        where the hosts' replicas of that launch part (inputs, runs again, op by op)."""
+        where the hosts' replicas of that launch part (inputs, runs again, op by op).
+
+        On an attached job, names are read in each host's stopped frame (``frame``): a job
+        held before the launch (``--check-jit --hold-on-error``, the step gate) still holds
+        its arguments; one held inside a launch, or after it donated them, cannot replay it."""
         limit = _within(timeout, _tool('replay').timeout)
         return self._one('replay', fn, list(args), again, canonical, limit, timeout=limit,
-                         frame=None)  # fmt: skip
+                         frame=frame)  # fmt: skip
 
     def env_diff(self, *, timeout: float | None = None) -> EnvDiff:
         """`multihost.EnvDiff`: versions, flags, config and code that differ between hosts."""

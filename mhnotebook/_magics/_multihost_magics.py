@@ -107,7 +107,8 @@ class MultihostMagics(Magics):
                 f'attached to a job started outside the notebook ({self.attached.path}): '
                 'this magic runs code on the hosts, which only a %mh_cluster session can; '
                 '%mh_where, %mh_timeline, %mh_step and the data magics (%mh_allgather, '
-                '%mh_layout, %mh_diff, %mh_nonfinite, %mh_env, %mh_memory_census: they read '
+                '%mh_layout, %mh_diff, %mh_nonfinite, %mh_env, %mh_memory_census, %mh_replay: '
+                'they read '
                 "the stopped hosts' frames) work here, and %%mh when the job was started with "
                 '--allow-exec; %mh_detach ends the attachment'
             )
@@ -489,6 +490,7 @@ class MultihostMagics(Magics):
         action='store_true',
         help="when the inputs differ, go on with process 0's host-local arguments everywhere",
     )
+    @_frame_option
     @line_magic
     def mh_replay(self, line: str) -> Any:
         """Why do the hosts part? Replays one launch on every host and names the cause.
@@ -508,9 +510,11 @@ class MultihostMagics(Magics):
         fn, names = parse_call(' '.join(args.call))
         if args.again < 1:
             raise UsageError('%mh_replay --again N: N >= 1 (the times the launch runs again)')
-        session = self._session('%mh_replay')
+        session = self._data('%mh_replay', args.frame)
         report = delegate(
-            lambda: session.replay(fn, *names, again=args.again, canonical=args.canonical)
+            lambda: session.replay(
+                fn, *names, again=args.again, canonical=args.canonical, frame=args.frame
+            )
         )
         print(report.describe())
         return None

@@ -97,6 +97,9 @@ def replay(
     """
     if not isinstance(again, int) or again < 1:
         raise ValueError(f'replay: again must be an int >= 1, got {again!r}')
+    # A jitted function under `multihost.install` or `watch`: JAX's own inside (a replay is
+    # no launch of the job's: never recorded, checked or audited).
+    fn = getattr(fn, '_multihost_unrecorded', fn)
     name = getattr(fn, '__name__', None) or type(fn).__name__
     n = jax.process_count()
     seconds: dict[str, float] = {}

@@ -51,8 +51,9 @@ def _tools() -> dict[str, Tool]:
         Tool('layout', calls.layout, True, 120.0),
         Tool('diff', calls.diff, True, 120.0),
         Tool('nonfinite', calls.nonfinite, True, 120.0),
-        # Compiles and runs the launch on the devices: a session's engines only.
-        Tool('replay', calls.replay, True, 600.0, on_stopped=False),
+        # Compiles and runs the launch on copies: on an attached job, its hosts held before
+        # the launch (their main threads wait in the hold, not inside a launch).
+        Tool('replay', calls.replay, True, 600.0),
         Tool('memory_census', calls.memory_census, True, 120.0),
         Tool('env_diff', calls.env_diff, False, 120.0),
         # A %%mh cell on an attached job (only with --allow-exec; a session's engines run
