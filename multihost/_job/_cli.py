@@ -153,13 +153,6 @@ def run_parser(prog: str) -> Parser:
     return parser
 
 
-def analyze_parser(prog: str) -> Parser:
-    """The parser of ``analyze`` alone (`_analyze.main`)."""
-    parser = Parser(prog=prog, description=ANALYZE_DESCRIPTION)
-    add_analyze_arguments(parser)
-    return parser
-
-
 RUN_DESCRIPTION = (
     'Run an unmodified JAX program with multihost.install() applied first: every '
     'jax.experimental.multihost_utils call becomes a checked one. Start it on every host the way '
@@ -167,7 +160,8 @@ RUN_DESCRIPTION = (
 )
 ANALYZE_DESCRIPTION = (
     'Read the dumps a job left in its --dump-dir and say, in at most 20 lines, where every host '
-    'stood, which hosts are behind or elsewhere (the culprits) and which is the straggler.'
+    'stood, which hosts are behind or elsewhere (the culprits) and which is the straggler; '
+    'then the replays --audit-replay wrote there.'
 )
 AUDIT_DIFF_DESCRIPTION = (
     'Compare the data of two runs of a job from their --audit-log directories, launch by '
