@@ -43,6 +43,7 @@ RUN_OPTIONS = (
     '--audit [N]',
     '--audit-log DIR',
     '--audit-raise',
+    '--audit-replay',
     '-m MODULE ...',
     'SCRIPT',
     'ARGS',
@@ -207,6 +208,7 @@ def test_mhnotebook_help_and_errors(capsys):
         assert len(captured.err.splitlines()) == 1 and says in captured.err, captured.err
 
 
+@pytest.mark.release
 def test_the_installed_scripts_and_python_m_are_one_program(tmp_path):
     """The console scripts print what ``python -m`` prints, under their own name."""
     for name in ('multihost', 'mhnotebook'):

@@ -167,8 +167,20 @@ def _check_pod_layout(text):
     assert 'libtpu is not installed' not in text
 
 
+def _check_why_replicas_part(text):
+    """Tutorial 10's key outputs: the drift, the inputs that differ, then the operation."""
+    assert 'processes 0 and 1 differ' in text, text
+    assert 'inputs differ between hosts' in text, text
+    assert 'first operation whose outputs differ between hosts:' in text, text
+    assert 'in faulty_chip' in text and "inputs differ between hosts: ['w']" in text, text
+    assert re.search(r'max abs diff 0\.00(0999|1)', text), text  # the chip's 1e-3, in float32
+
+
 #: Tutorial -> the check of its key outputs, for those checked in a function of their own.
-CHECKS = {'09_pod_layout.ipynb': _check_pod_layout}
+CHECKS = {
+    '09_pod_layout.ipynb': _check_pod_layout,
+    '10_why_replicas_part.ipynb': _check_why_replicas_part,
+}
 
 
 def _save_executed(nb, name):

@@ -23,7 +23,7 @@ import pytest
 from test_audit_replay import _faulty_chip_lines
 from test_new_user import _held_job, _held_on_errors
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.release]
 
 BIAS = "['block_0']['Dense_0']['bias']"
 

@@ -109,9 +109,10 @@ def test_a_host_fed_another_batch_is_named_at_the_inputs():
         batch = batch + np.float32(0.5)  # this host reads another batch
     report = multihost.replay(jax.jit(clean_step), params, batch, timeout=120)
     assert report.verdict == 'inputs', report.describe()
-    assert report.inputs is not None and report.inputs.differing_paths == ('[0][1]',)
+    # named as the step names its arguments
+    assert report.inputs is not None and report.inputs.differing_paths == ("['batch']",)
     assert report.inputs.leaves[0].odd_processes == (1,)
-    assert 'inputs differ between hosts: [0][1]' in str(report)
+    assert "inputs differ between hosts: ['batch']" in str(report)
     assert report.first is None and report.runs == 0  # it stopped there
 
     # canonical=True: process 0's host-local batch everywhere, then the hosts agree

@@ -104,12 +104,18 @@ def replay(
     n = jax.process_count()
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    inputs = tree_diff((args, kwargs), timeout=timeout) if n > 1 else None
+    # Compared by the names the function gives its arguments (``['state'].params``), then
+    # keyword arguments by theirs.
+    names = _arg_names(fn, len(args))
+    named = {**dict(zip(names, args)), **kwargs}
+    inputs = tree_diff(named, timeout=timeout) if n > 1 else None
     seconds['inputs'] = time.perf_counter() - t0
     if inputs is not None and not inputs.ok:
         if not canonical:
             return Replay(name, n, 'inputs', inputs=inputs, seconds=seconds)
-        args, kwargs = _canonical(inputs, (args, kwargs))
+        named = _canonical(inputs, named)
+        args = tuple(named[k] for k in names)
+        kwargs = {k: named[k] for k in kwargs}
     base = dict(name=name, num_processes=n, inputs=inputs, canonical=bool(canonical))
 
     try:
@@ -154,6 +160,7 @@ def _replay(
     walk = _Walk(n, timeout)
     walk.total = _count(closed.jaxpr)
     flat = _flat_arguments(fn, args, kwargs)
+    walk.mesh = _explicit_mesh((args, kwargs))
     found = walk.evaluate(closed, flat)
     if found is None and n == 1:  # one host: a second run, compared with the first
         walk.second = True
@@ -331,6 +338,32 @@ def _statics(fn: Callable[..., Any]) -> tuple[tuple[int, ...], tuple[str, ...]]:
     return _jax_adapter.jit_statics(fn) or ((), ())
 
 
+def _arg_names(fn: Callable[..., Any], n: int) -> list[str]:
+    """The names of ``fn``'s first ``n`` positional parameters (``args[i]`` where it has no
+    such name: ``*args``, a signature that cannot be read)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:n]
+    return names + [f'args[{i}]' for i in range(len(names), n)]
+
+
+def _explicit_mesh(tree: Any) -> Any:
+    """The mesh the arguments are laid out on when it has explicit axes (`jax.make_mesh`'s
+    default), else None: an equation evaluated alone on such arrays needs it as its context
+    (`_bind`), as the job's jit took it from its arguments."""
+    for x in jax.tree.leaves(tree):
+        sharding = getattr(x, 'sharding', None)
+        if isinstance(x, jax.Array) and isinstance(sharding, NamedSharding):
+            types = getattr(sharding.mesh, 'axis_types', ())
+            if any('Explicit' in str(t) for t in types):
+                return sharding.mesh
+    return None
+
+
 def _jaxpr(fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     nums, names = _statics(fn)
     if names:
@@ -419,6 +452,7 @@ class _Walk:
         self.pending: list[_Done] = []
         self.pending_bytes = 0
         self.made: dict[int, _Done] = {}  # equations (by index) kept for `fed_by`
+        self.mesh: Any = None  # `_explicit_mesh`: the context of an equation run alone
 
     def evaluate(self, closed: Any, flat: Sequence[Any]) -> Any:
         self.index = 0
@@ -452,7 +486,7 @@ class _Walk:
                 label = str(eqn.params.get('name') or eqn.primitive.name)
                 outs, out_made = self._run(inner[0], inner[1], ins, scope + (label,), fed)
             else:
-                got = _bind(eqn, ins)
+                got = _bind(eqn, ins, self.mesh)
                 outs = list(got) if eqn.primitive.multiple_results else [got]
                 out_made = [self._record(eqn, scope, ins, outs, fed)] * len(outs)
             for v, x, m in zip(eqn.outvars, outs, out_made):
@@ -548,9 +582,11 @@ _ON_ONE_DEVICE = frozenset({'pure_callback', 'io_callback'})
 _COMPILED = frozenset({'shard_map'})
 
 
-def _bind(eqn: Any, ins: list[Any]) -> Any:
+def _bind(eqn: Any, ins: list[Any], mesh: Any = None) -> Any:
     """The equation's primitive applied to ``ins`` now, as `jax.core.eval_jaxpr` does it
-    (``get_bind_params`` returns the parameters, or ``(subfuns, parameters)`` in older jax)."""
+    (``get_bind_params`` returns the parameters, or ``(subfuns, parameters)`` in older jax),
+    in ``mesh``'s context when given (an explicit mesh; never around a compiled program: a
+    host callback in it would run its own operations in that context)."""
     if eqn.primitive.name in _ON_ONE_DEVICE:
         spread = [x.sharding for x in ins if isinstance(x, jax.Array) and len(x.devices()) > 1]
         if spread:
@@ -566,6 +602,9 @@ def _bind(eqn: Any, ins: list[Any]) -> Any:
         return jax.jit(
             lambda *a: list(_bind_now(eqn, list(a))) if many else _bind_now(eqn, list(a))
         )(*ins)
+    if mesh is not None:
+        with jax.set_mesh(mesh):
+            return _bind_now(eqn, ins)
     return _bind_now(eqn, ins)
 
 
