@@ -106,7 +106,7 @@ def replay(
     t0 = time.perf_counter()
     # Compared by the names the function gives its arguments (``['state'].params``), then
     # keyword arguments by theirs.
-    names = _arg_names(fn, len(args))
+    names = arg_names(positional_names(fn), len(args))
     named = {**dict(zip(names, args)), **kwargs}
     inputs = tree_diff(named, timeout=timeout) if n > 1 else None
     seconds['inputs'] = time.perf_counter() - t0
@@ -338,17 +338,21 @@ def _statics(fn: Callable[..., Any]) -> tuple[tuple[int, ...], tuple[str, ...]]:
     return _jax_adapter.jit_statics(fn) or ((), ())
 
 
-def _arg_names(fn: Callable[..., Any], n: int) -> list[str]:
-    """The names of ``fn``'s first ``n`` positional parameters (``args[i]`` where it has no
-    such name: ``*args``, a signature that cannot be read)."""
+def positional_names(fn: Callable[..., Any]) -> list[str] | None:
+    """The names of ``fn``'s positional parameters; None when its signature cannot be read."""
     import inspect
 
     try:
-        params = list(inspect.signature(fn).parameters.values())
+        params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        params = []
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:n]
-    return names + [f'args[{i}]' for i in range(len(names), n)]
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def arg_names(names: list[str] | None, n: int) -> list[str]:
+    """``n`` arguments named by ``names`` (`positional_names`), ``args[i]`` past them."""
+    names = names or []
+    return [names[i] if i < len(names) else f'args[{i}]' for i in range(n)]
 
 
 def _explicit_mesh(tree: Any) -> Any:

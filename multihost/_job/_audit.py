@@ -51,7 +51,6 @@ import atexit
 import collections
 import functools
 import hashlib
-import inspect
 import json
 import sys
 import threading
@@ -594,20 +593,13 @@ def _write_replay(
 
 def _arg_names(fn: Any, n_args: int) -> list[str]:
     """Names of a function's first ``n_args`` positional parameters (``args[i]`` past them)."""
+    from multihost._checks._replay import arg_names, positional_names
+
     key = id(fn)
     hit = _state.names.get(key)
     if hit is None or hit[0] is not fn:
-        names: list[str] | None
-        try:
-            params = list(inspect.signature(fn).parameters.values())
-            names = [
-                p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-            ]
-        except (TypeError, ValueError):
-            names = None
-        hit = _state.names[key] = (fn, names)
-    names = hit[1] or []
-    return [names[i] if i < len(names) else f'args[{i}]' for i in range(n_args)]
+        hit = _state.names[key] = (fn, positional_names(fn))
+    return arg_names(hit[1], n_args)
 
 
 def _leaves(item: _Item) -> list[tuple[str, Any, bool]]:
