@@ -139,10 +139,21 @@ def _stuck_here():
     _await_signal('test/stuck/unstick', timeout=60)
 
 
+def _stuck_in_user_code(stacks):
+    return stacks if '_await_signal' in stacks[2].where else None
+
+
 def _collect_while_main_blocked():
     try:
         wait_until(lambda: _arrived_at('stuck-b', (0, 1, 3)), 30, 'hosts 0, 1, 3 at stuck-b')
-        return multihost.where(timeout=20)
+        # host 2 has left stuck-warm for the others, but on a busy machine its own call may
+        # not have returned yet: ask until it stands in `_stuck_here` (a bound, not a sleep)
+        return wait_until(
+            lambda: _stuck_in_user_code(multihost.where(timeout=20)),
+            30,
+            'host 2 in _stuck_here',
+            period=0.3,
+        )
     finally:
         _signal('test/stuck/unstick')
 

@@ -239,7 +239,6 @@ def test_sys_exit_3_under_a_plain_install_ends_every_host(tmp_path: Any) -> None
     env = _jobs.scheduler_env(N, CKPT_DIR=ckpt, STEPS='4', LOCAL_DEVICES=LOCAL, EXIT_HOST='2',
                               RAISE_STEP='1',
                               MULTIHOST_INSTALL='1')  # fmt: skip
-    t0 = time.monotonic()
     with _jobs.start(N, [JOB], env, cwd=str(tmp_path)) as job:
         results = job.finish(150.0)
     codes = [rc for rc, _, _ in results]
@@ -249,4 +248,9 @@ def test_sys_exit_3_under_a_plain_install_ends_every_host(tmp_path: Any) -> None
     for p in (0, 1, 3):
         (line,) = lines[p]
         assert 'process 2 exited with code 3 at _flax_job.py:' in line, line
-    assert time.monotonic() - t0 < 120
+    # the others end soon after process 2 does (without the toolkit they would wait in
+    # the launch's collective for ever); measured from process 2's end, not the job's
+    # start, so a slow start on a busy machine does not count
+    ended = job.ended
+    assert all(t is not None for t in ended), ended
+    assert max(ended) - ended[2] < 60.0, ended

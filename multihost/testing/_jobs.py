@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,20 +51,41 @@ class Job:
 
     def __init__(self, procs: list[subprocess.Popen[Any]]) -> None:
         self.procs = procs
+        #: After `finish`: per process, the `time.monotonic` at which it was seen to end
+        #: (its output closed and its code collected); None for one killed at the deadline.
+        self.ended: list[float | None] = []
 
     def finish(self, timeout: float) -> list[Result]:
         """Every process's exit code and output, all within ``timeout`` seconds; a process
-        still running then is killed (its code is negative) and what it wrote is kept."""
+        still running then is killed (its code is negative) and what it wrote is kept.
+
+        Each process is read by a thread of its own, so `ended` says when each one ended."""
         deadline = time.monotonic() + timeout
-        out = []
-        for p in self.procs:
+        out: list[Result | None] = [None] * len(self.procs)
+        ended: list[float | None] = [None] * len(self.procs)
+
+        def collect(i: int, p: subprocess.Popen[Any]) -> None:
             try:
                 stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                ended[i] = time.monotonic()
             except subprocess.TimeoutExpired:
                 p.kill()
                 stdout, stderr = p.communicate(timeout=10)
-            out.append((p.returncode, stdout, stderr))
-        return out
+            out[i] = (p.returncode, stdout, stderr)
+
+        threads = [
+            threading.Thread(target=collect, args=(i, p), name=f'job-process-{i}', daemon=True)
+            for i, p in enumerate(self.procs)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()) + 15.0)
+        self.ended = ended
+        missing = [i for i, r in enumerate(out) if r is None]
+        if missing:
+            raise RuntimeError(f'processes {missing} of the job could not be reaped')
+        return [r for r in out if r is not None]
 
     def kill(self) -> None:
         """Kills every process still running and reaps it (idempotent)."""
