@@ -20,6 +20,9 @@
 - ``late_launch``: process ``LATE`` sleeps ``SLEEP`` s before a jitted step whose sum is an
   all-reduce across the processes; the others are inside that launch meanwhile (with one
   CPU device per process, inside its call: XLA:CPU runs it there).
+- ``stuck_launch``: every process launches a jitted step whose device callback (in a
+  shard_map, on every device) sleeps ``SLEEP`` s before the step's all-reduce: every host
+  is inside that launch, none behind.
 - ``staged``: one training script staged in a directory per host (``STAGE<p>/train.py``,
   its code compiled under that name as a scheduler's per-host copy is) jits and runs a
   step whose sum is an all-reduce across the processes.
@@ -117,7 +120,7 @@ elif mode == 'busy':
     elif pid == int(os.environ['LATE']):
         time.sleep(float(os.environ['SLEEP']))
     multihost_utils.sync_global_devices('ckpt')
-elif mode in ('late_launch', 'staged'):
+elif mode in ('late_launch', 'staged', 'stuck_launch'):
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, PartitionSpec
@@ -133,6 +136,25 @@ elif mode in ('late_launch', 'staged'):
         if pid == int(os.environ['LATE']):
             time.sleep(float(os.environ['SLEEP']))
         jax.jit(late_step)(x).block_until_ready()
+    elif mode == 'stuck_launch':
+        seconds = float(os.environ['SLEEP'])
+
+        def on_device(a):
+            shape = jax.ShapeDtypeStruct(a.shape, a.dtype)
+            return jax.pure_callback(lambda v: (time.sleep(seconds), v)[1], shape, a)
+
+        slow = jax.shard_map(
+            on_device,
+            mesh=mesh,
+            in_specs=PartitionSpec('i'),
+            out_specs=PartitionSpec('i'),
+            check_vma=False,
+        )
+
+        def stuck_step(a):
+            return jnp.sum(slow(a)) * a
+
+        jax.jit(stuck_step)(x).block_until_ready()
     else:
         staged = (
             'import jax\n'

@@ -263,3 +263,37 @@ def test_fatal_blocks_name_the_lost_coordination_service_only_when_process_0_lef
         '0 dumps of 4 processes',
         'no dump from processes 0-3',
     ]
+
+
+def test_device_memory_words_group_hosts_with_the_same_figures() -> None:
+    """`memory_words` on dumps of hosts whose allocators report (a TPU's figures): hosts with
+    the same figures together, a host without figures said, the CPU's none said plainly."""
+    gib = 2**30
+    docs = _dump_cases.job_dumps(4)
+    rows = {
+        0: [[0, 12 * gib, 13 * gib, 16 * gib], [1, int(12.04 * gib), 13 * gib, 16 * gib]],
+        1: [[2, 12 * gib, 13 * gib, 16 * gib], [3, 12 * gib, 13 * gib, 16 * gib]],
+        2: [[4, 15 * gib, int(15.5 * gib), 16 * gib], [5, 3 * gib, 4 * gib, 16 * gib]],
+        3: [],
+    }
+    for d in docs:
+        d['memory'] = rows[d['process']]
+        d['platform'] = 'tpu'
+    dumps = [_dumpfile.parse(d) for d in docs]
+    assert dumps[2].memory == (
+        (4, 15 * gib, int(15.5 * gib), 16 * gib),
+        (5, 3 * gib, 4 * gib, 16 * gib),
+    )
+    assert _analyze.memory_words(dumps) == (
+        "device memory per chip, from each host's allocator: "
+        'processes 0-1: 12.0 of 16.0 GiB in use (peak 13.0 GiB; 2 chips each); '
+        'process 2: 3.0-15.0 of 16.0 GiB in use (peak 15.5 GiB; 2 chips each); '
+        'process 3: not reported'
+    )
+    for d in docs:
+        d['memory'], d['platform'] = [], 'cpu'
+    cpu = [_dumpfile.parse(d) for d in docs]
+    assert _analyze.memory_words(cpu) == 'device memory: not reported by the cpu backend'
+    old = dict(docs[0])
+    del old['memory']  # a dump written before the field: read as none
+    assert _dumpfile.parse(old).memory == ()

@@ -357,6 +357,37 @@ def test_hosts_blocked_inside_a_launch_call_dump_for_a_hang(job: Any) -> None:
     assert by[2].collectives == {}  # it never launched: no pending launch, no table
 
 
+def test_every_host_inside_one_launch_is_said_with_its_collectives_and_memory(job: Any) -> None:
+    """Every process is inside the same launch (a device callback sleeps before its
+    all-reduce): no host is behind, so analyze names the launch's cross-host collectives, says
+    which one each host is in is not seen from the host, and gives each host's device memory
+    as its allocator reports it (CPU reports none: said so)."""
+    j = job(3, MODE='stuck_launch', SLEEP='60', MULTIHOST_HANG_DUMP_S='3')
+    j.wait_started()
+    dumps = j.until(lambda ds: len(ds) == 3 and len(_hung(ds)) >= 1, 45)
+    j.kill_all()
+    j.finish()
+    verdict = _analyze.analyze(dumps)
+    lines = str(verdict).splitlines()
+    assert verdict.in_launch and not verdict.behind, lines
+    assert any(
+        re.fullmatch(
+            r'processes 0-2 are inside stuck_step call #0 at \S+/_dump_job\.py:\d+ '
+            r'\(not done on device\) \(for \d+ s\)',
+            ln,
+        )
+        for ln in lines
+    ), lines
+    line = _job_line('return jnp.sum(slow(a)) * a')
+    assert (
+        "stuck_step call #0's cross-host collectives (which one each host is in is not seen "
+        "from the host): #0 all-reduce of f32[] over mesh axis 'i' (processes 0-2), from "
+        f'_dump_job.py:{line} in stuck_step'
+    ) in lines, lines
+    assert 'device memory: not reported by the cpu backend' in lines, lines
+    assert all(d.platform == 'cpu' and d.memory == () for d in dumps)
+
+
 def _job_line(text: str) -> int:
     """The line of ``_dump_job.py`` that is ``text`` (stripped): exactly one."""
     with open(JOB) as f:

@@ -109,6 +109,33 @@ def _platform() -> str:
         return ''
 
 
+def _memory() -> list[list[Any]]:
+    """``[[device id, bytes in use, peak, limit], ...]`` of this host's devices, read from
+    the allocator on the host (`Device.memory_stats`: it waits on no device, so a device stuck
+    in a collective still answers); [] before the backends started (a dump never starts them)
+    and where the backend reports none (CPU)."""
+    if not _platform():
+        return []
+    try:
+        import jax
+
+        out = []
+        for d in jax.local_devices():
+            stats = d.memory_stats()
+            if stats:
+                out.append(
+                    [
+                        int(d.id),
+                        stats.get('bytes_in_use'),
+                        stats.get('peak_bytes_in_use'),
+                        stats.get('bytes_limit'),
+                    ]
+                )
+        return out
+    except Exception:
+        return []
+
+
 def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """This host's dump document (`_dumpfile` format, without ``format`` / ``version``)."""
     pid, n = _process()
@@ -124,6 +151,7 @@ def document(what: str, details: Mapping[str, Any] | None = None) -> dict[str, A
         'hostname': socket.gethostname(),
         'jax_version': _jax_version(),
         'platform': _platform(),
+        'memory': _memory(),
         'python': sys.version.split()[0],
         'written': now,
         'trigger': {'what': what, 'time': now, 'details': dict(details or {})},

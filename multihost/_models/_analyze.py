@@ -92,6 +92,9 @@ class Verdict:
         collective: when hosts are inside a launch that others never launched and a dump
             holds the launch's collective table: the first of its cross-host collectives
             that needs a host behind (`_colltable.stuck_words`); else empty.
+        memory: when every dumped host is inside one launch: each host's device memory as
+            its allocator reported it when it dumped (`memory_words`), or that the backend
+            reports none; else empty.
         parting: when the dumps hold tables of the launch that differ between hosts (hosts
             that compiled different programs): where their cross-host collectives part,
             each side with its line (`_colltable.parting_lines`); else empty.
@@ -117,6 +120,7 @@ class Verdict:
     never_ends: str = ''
     collective: str = ''
     parting: tuple[str, ...] = ()
+    memory: str = ''
 
     @property
     def culprits(self) -> tuple[int, ...]:
@@ -654,6 +658,7 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
             f' (its last {unit} #{lag[straggler]})' if lag[straggler] >= 0 else ''
         )
     collective, parting = _collective_words(dumps, launch, waiting, behind)
+    memory = memory_words(dumps) if launch is not None and waiting and not behind else ''
     return Verdict(
         num_processes=n,
         dumped=dumped,
@@ -675,7 +680,47 @@ def analyze(dumps: Sequence[Dump], stacks: Sequence[NativeStacks] = ()) -> Verdi
         never_ends=never_ends,
         collective=collective,
         parting=parting,
+        memory=memory,
     )
+
+
+def _gib(n: float) -> str:
+    return f'{n / 2**30:.1f}'
+
+
+def memory_words(dumps: Sequence[Dump]) -> str:
+    """Each dumped host's device memory when it dumped, from its allocator (the host's view:
+    no device was asked): ``device memory per chip, from each host's allocator: processes 0-3:
+    12.1 of 15.7 GiB in use (peak 13.0 GiB; 4 chips each)``, hosts with the same figures
+    together; that the backend reports none (CPU); '' without dumps."""
+    if not dumps:
+        return ''
+    said: dict[str, list[int]] = {}
+    quiet: list[int] = []
+    for d in sorted(dumps, key=lambda d: d.process):
+        rows = [r for r in d.memory if r[1] is not None]
+        if not rows:
+            quiet.append(d.process)
+            continue
+        used = [int(r[1] or 0) for r in rows]
+        limits = [int(r[3]) for r in rows if r[3]]
+        peaks = [int(r[2]) for r in rows if r[2] is not None]
+        lo, hi = _gib(min(used)), _gib(max(used))
+        text = lo if lo == hi else f'{lo}-{hi}'
+        text += f' of {_gib(max(limits))} GiB' if limits else ' GiB'
+        text += ' in use'
+        extra = [f'peak {_gib(max(peaks))} GiB'] if peaks else []
+        extra.append(f'{len(rows)} chip{"s" if len(rows) > 1 else ""} each')
+        said.setdefault(f'{text} ({"; ".join(extra)})', []).append(d.process)
+    if not said:
+        kinds = sorted({d.platform for d in dumps if d.platform})
+        backend = f'the {"/".join(kinds)} backend' if kinds else 'the backend (not started)'
+        return f'device memory: not reported by {backend}'
+    parts = [f'{fmt_hosts(ps)}: {text}' for text, ps in sorted(said.items(), key=lambda x: x[1])]
+    parts = parts[:3] + ([f'{len(parts) - 3} more groups'] if len(parts) > 3 else [])
+    if quiet:
+        parts.append(f'{fmt_hosts(quiet)}: not reported')
+    return "device memory per chip, from each host's allocator: " + '; '.join(parts)
 
 
 def _went_on(dumps: Sequence[Dump]) -> str:
@@ -736,7 +781,7 @@ def _target_lines(v: Verdict) -> list[str]:
             f'{fmt_hosts(v.waiting.processes)} {are} inside {v.target} (not done on device)'
             f'{_since(v.waiting)}'
         )
-        return [inside] + ([v.collective] if v.collective else [])
+        return [inside] + [line for line in (v.collective, v.memory) if line]
     if v.waiting is not None:
         return [f'{fmt_hosts(v.waiting.processes)} wait in {v.target}{_since(v.waiting)}']
     return [f'the furthest hosts are in {v.target}'] if v.target else []

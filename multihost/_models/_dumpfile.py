@@ -104,6 +104,9 @@ class Dump:
     #: The collective table of the launch pending at the dump, by its label (``late_step call
     #: #0``); empty when none was made (no installed jit launched it, dumps older than it).
     collectives: Mapping[str, CollectiveTable] = dataclasses.field(default_factory=dict)
+    #: Its devices' memory from the host's allocator: ``(device id, bytes in use, peak,
+    #: limit)`` each (None where not reported); empty where the backend reports none (CPU).
+    memory: tuple[tuple[int, int | None, int | None, int | None], ...] = ()
 
 
 def encode(doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> str:
@@ -215,6 +218,10 @@ def parse(doc: Any, path: str = '<dump>') -> Dump:
                 str(k): CollectiveTable.from_dict(v)
                 for k, v in (doc.get('collectives') or {}).items()
             },
+            memory=tuple(
+                (int(r[0]), *(None if v is None else int(v) for v in r[1:4]))  # type: ignore[misc]
+                for r in doc.get('memory') or ()
+            ),
         )
         asked = doc.get('asked')
         if isinstance(asked, dict) and asked:
