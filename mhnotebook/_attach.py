@@ -21,7 +21,7 @@ from multiprocessing import AuthenticationError
 from typing import TYPE_CHECKING, Any
 
 from mhnotebook._errors import HostsError, RemoteFailure, SessionError
-from mhnotebook._jobview import DataViewBase, Frame
+from mhnotebook._jobview import DataView, Frame
 from multihost._text import fmt_hosts
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def attach(path: str | os.PathLike[str], *, timeout: float = 15.0) -> AttachedJo
     return AttachedJob(path, info, client)
 
 
-class AttachedJob(DataViewBase):
+class AttachedJob(DataView):
     """A job the notebook did not start, reached through its control endpoint.
 
     A `JobView` (`_jobview`): the questions a `Session` answers without
@@ -112,7 +112,7 @@ class AttachedJob(DataViewBase):
     `set_stepping`, `release`, `release_all`, `moved_on`, `stop_stepping`:
     Stop lets the hosts go, never interrupts them). Hosts that died or do not
     answer are named by the answers themselves (``silent`` in the wavefront
-    and the where view). The data tools and `execute` (`DataViewBase`, over
+    and the where view). The data tools and `execute` (`DataView`, over
     this class's transport hook) run in each host's stopped frame (``frame=``,
     `in_frame`, `frame`). `detach` closes the connection; the job goes on.
 
@@ -175,7 +175,7 @@ class AttachedJob(DataViewBase):
                 '`python -m multihost analyze DIR`'
             ) from None
 
-    # -- the job view's hooks (`_jobview.JobViewBase`) --------------------------------------
+    # -- the job view's hooks (`_jobview.JobView`) --------------------------------------
     def _endpoint(self) -> ControlClient:
         return self._client()
 
@@ -226,7 +226,7 @@ class AttachedJob(DataViewBase):
         processes: list[int] | None,
         on_done: Callable[[int], None] | None,
     ) -> list[Any]:
-        # The transport hook (`DataViewBase`): engine tool ``tool`` on every host's debug
+        # The transport hook (`DataView`): engine tool ``tool`` on every host's debug
         # thread, in its stopped frame; the control connection adds its margin to the wait.
         del on_done  # the answers come together
         answers = self._ask(
@@ -286,7 +286,7 @@ class AttachedJob(DataViewBase):
         outputs: dict[int, str],
         on_status: Callable[[dict[int, str], float], None] | None,
     ) -> None:
-        # The cell hook (`DataViewBase.execute`): the ``run_cell`` tool in the stopped frames,
+        # The cell hook (`DataView.execute`): the ``run_cell`` tool in the stopped frames,
         # only on a job started with --allow-exec (the hosts decide).
         del on_status
         if not code.strip():

@@ -4,8 +4,9 @@ The three answer the same questions about a multi-host job: where every host
 is (`JobView.where`), how far each got (`wavefront`), its flight records and
 their `timeline`, and the step gate (`step_table`, `set_stepping`,
 `release`, `release_all`, `moved_on`, `stop_stepping`). `JobView` is the
-type the views (`_views`) and magics take; `JobViewBase` implements it once
-over a few hooks, so the three classes differ only where they really do:
+class the three inherit and the type the views (`_views`) and magics take; it
+answers every question once over a few hooks, so the three classes differ only
+where they really do:
 
 * where the answers come from: `_endpoint` (a live job's control endpoint;
   a `PostMortem` overrides the read hooks `_stacks`, `_wavefront`,
@@ -21,7 +22,7 @@ post-mortem) has no ``'step'``, and every stepping call raises one line,
 `UnsupportedError`, saying why and what to use instead.
 
 The data tools (feature ``'data'``: `allgather`, `layout`, `diff`, `nonfinite`,
-`env_diff`, `memory_census`) and `execute` are `DataViewBase`'s, written once over
+`env_diff`, `memory_census`) and `execute` are `DataView`'s, written once over
 one transport hook, `_call_tool`: run an engine tool of the one registry
 (`multihost.engine.tools`) on the hosts, with its timeout and the frame to read
 names in. A `Session` runs it on its engines, an `AttachedJob` in its stopped hosts'
@@ -39,7 +40,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mhnotebook._errors import SessionError
 
@@ -65,11 +66,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     'DataView',
-    'DataViewBase',
+    'DataView',
     'FEATURES',
     'Frame',
     'JobView',
-    'JobViewBase',
+    'JobView',
     'UnsupportedError',
     'moved_on',
 ]
@@ -108,125 +109,6 @@ class UnsupportedError(SessionError):
         self.kind = kind
 
 
-@runtime_checkable
-class JobView(Protocol):
-    """What every job view answers (`Session`, `AttachedJob`, `PostMortem`).
-
-    Attributes:
-        kind: ``'session'``, ``'attached job'`` or ``'post-mortem'`` (for messages).
-        features: what it can do (see `FEATURES`); `supports` asks.
-        live: the answers come from running hosts (False: from files).
-    """
-
-    kind: ClassVar[str]
-    features: ClassVar[frozenset[str]]
-    live: ClassVar[bool]
-
-    @property
-    def num_processes(self) -> int:
-        """The job's process count."""
-        ...
-
-    @property
-    def running(self) -> bool:
-        """Whether it still reaches the hosts (a post-mortem never does)."""
-        ...
-
-    def supports(self, feature: str) -> bool: ...
-
-    def where(self, *, timeout: float = ANSWER_TIMEOUT) -> dict[int, HostStacks]: ...
-
-    def wavefront(self, *, timeout: float = ANSWER_TIMEOUT) -> Wavefront: ...
-
-    def flight_records(
-        self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT
-    ) -> dict[int, list[FlightRecord]]: ...
-
-    def timeline(self, *, last: int = 200, timeout: float = ANSWER_TIMEOUT) -> Timeline: ...
-
-    def audit(self, *, timeout: float = ANSWER_TIMEOUT) -> AuditReport: ...
-
-    def step_table(self) -> StepTable: ...
-
-    @property
-    def stepping(self) -> bool: ...
-
-    def set_stepping(self, on: bool) -> None: ...
-
-    def release(self, steps: int = 1) -> tuple[int, ...]: ...
-
-    def release_all(self) -> tuple[int, ...]: ...
-
-    def moved_on(self, before: StepTable, timeout: float = 3.0) -> StepTable: ...
-
-    def stop_stepping(self) -> StepTable: ...
-
-
-@runtime_checkable
-class DataView(JobView, Protocol):
-    """A job view whose hosts answer the data tools (feature ``'data'``): a `Session`
-    (its engines) and an `AttachedJob` (each host's stopped frame); the data views
-    (`mhnotebook._views`: layout, diff, non-finite, env, memory) take one. A post-mortem
-    has none: its hosts are gone.
-
-    Every data tool is an engine tool of the one registry (`multihost.engine.tools`);
-    ``timeout=None`` is the tool's default there (120 s; a gather 600 s); ``frame`` is
-    the stopped frame an attached job reads names in (a session has one namespace: it
-    refuses ``frame``).
-    """
-
-    def call_tool(
-        self,
-        name: str,
-        *args: Any,
-        timeout: float | None = None,
-        processes: Sequence[int] | None = None,
-        on_done: Callable[[int], None] | None = None,
-        **kwargs: Any,
-    ) -> list[Any]:
-        """Runs engine tool ``name`` (``'gather_local'``...) on the hosts; results by process."""
-        ...
-
-    def in_frame(self, frame: Frame) -> AbstractContextManager[Any]: ...
-
-    def allgather(
-        self,
-        name: str,
-        *,
-        timeout: float | None = None,
-        transport: str = 'auto',
-        progress: bool | None = None,
-        max_bytes: int | None = None,
-        frame: Frame = None,
-    ) -> Any: ...
-
-    def layout(
-        self, name: str, *, check: bool = True, timeout: float | None = None, frame: Frame = None
-    ) -> tuple[Layout | TreeLayout, ReplicaReport | None]: ...
-
-    def diff(self, name: str, *, timeout: float | None = None, frame: Frame = None) -> TreeDiff: ...
-
-    def nonfinite(
-        self, name: str, *, timeout: float | None = None, frame: Frame = None
-    ) -> NonfiniteReport: ...
-
-    def env_diff(self, *, timeout: float | None = None) -> EnvDiff: ...
-
-    def memory_census(
-        self, *, timeout: float | None = None, frame: Frame = None
-    ) -> MemoryCensus: ...
-
-    def execute(
-        self,
-        code: str,
-        *,
-        timeout: float | None = None,
-        echo: bool = True,
-        on_status: Callable[[dict[int, str], float], None] | None = None,
-        frame: Frame = None,
-    ) -> dict[int, str]: ...
-
-
 def seconds(timeout: float | None, default: float | None = None) -> float | None:
     """A ``timeout`` argument in seconds: ``default`` for None, else a number > 0; a
     ValueError naming the bad value otherwise. The one check of every view, the session and
@@ -248,8 +130,14 @@ def _answer_within(timeout: float | None) -> float:
     return _within(timeout, ANSWER_TIMEOUT)
 
 
-class JobViewBase:
-    """`JobView` implemented once; the classes give the hooks (see the module docstring).
+class JobView:
+    """What every job view answers (`Session`, `AttachedJob`, `PostMortem`), written once;
+    the classes give the hooks (see the module docstring). The views and magics take it.
+
+    Attributes:
+        kind: ``'session'``, ``'attached job'`` or ``'post-mortem'`` (for messages).
+        features: what it can do (see `FEATURES`); `supports` asks.
+        live: the answers come from running hosts (False: from files).
 
     A subclass sets `kind`, `features`, `live` and `num_processes`, gives `running` unless it
     never reaches a host, and gives `_endpoint` (or, read-only, overrides `_stacks`,
@@ -439,8 +327,13 @@ class JobViewBase:
         return self.step_table()
 
 
-class DataViewBase(JobViewBase):
-    """`DataView` implemented once: every data tool and `execute`, over one transport hook.
+class DataView(JobView):
+    """A job view whose hosts answer the data tools (feature ``'data'``): a `Session` (its
+    engines) and an `AttachedJob` (each host's stopped frame); the data views
+    (`mhnotebook._views`: layout, diff, non-finite, env, memory) take one. A post-mortem
+    has none: its hosts are gone. Every data tool and `execute` are written here once, over
+    one transport hook; ``frame`` is the stopped frame an attached job reads names in (a
+    session has one namespace: it refuses ``frame``).
 
     A live view whose hosts run engine tools (`Session`, `AttachedJob`) gives
     `_call_tool` (run a tool of the one registry, `multihost.engine.tools`, on the

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, ClassVar
 
 from mhnotebook._errors import SessionError
-from mhnotebook._jobview import FEATURES, JobViewBase
+from mhnotebook._jobview import FEATURES, JobView
 
 if TYPE_CHECKING:
     from multihost import AuditReport, FlightRecord, HostStacks, Wavefront
@@ -35,7 +35,7 @@ class PostMortemError(SessionError):
 
 
 @dataclasses.dataclass(frozen=True)
-class PostMortem(JobViewBase):
+class PostMortem(JobView):
     """What a job's dumps say, by process: a read-only `JobView` (no ``'step'`` feature).
 
     Attributes:
@@ -74,7 +74,7 @@ class PostMortem(JobViewBase):
         why = self.gone.get(p)
         return f'no dump from process {p}' + (f' (gone: {why})' if why else '')
 
-    # -- the job view's hooks (`_jobview.JobViewBase`: read-only, from the files) ----------
+    # -- the job view's hooks (`_jobview.JobView`: read-only, from the files) ----------
     def _unsupported(self, feature: str) -> str:
         dirs = ', '.join(self.directories)
         if feature == 'data':

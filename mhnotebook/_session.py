@@ -7,7 +7,7 @@ typed by the user is evaluated except the code of a ``%%mh`` cell.
 
 It calls engines and waits for them (naming dead hosts, turning Ctrl-C into an
 interrupt of every host); its data tools (`multihost.Layout`, `multihost.TreeDiff`,
-...) are `_jobview.DataViewBase`'s, over this class's transport hook (`_call_tool`:
+...) are `_jobview.DataView`'s, over this class's transport hook (`_call_tool`:
 the registry's engine tools through the trampoline); its life (the engines it is
 made of, dead hosts, interrupts, stop and restart) is `_lifecycle.SessionLife`. It
 builds no widgets (`_views` does) and starts no clusters (`_cluster` does, and hands
@@ -30,7 +30,7 @@ from mhnotebook._errors import (
     SessionTimeoutError,
     how_ended,
 )
-from mhnotebook._jobview import DataViewBase, Frame, echo_outputs, seconds
+from mhnotebook._jobview import DataView, Frame, echo_outputs, seconds
 from mhnotebook._lifecycle import Engines, HostInfo, LocalEngines, SessionLife, _track
 from mhnotebook._poll import Forget, Poll
 from mhnotebook._trampoline import call as _call
@@ -92,7 +92,7 @@ def _state(p: int, poll: Poll, died: dict[int, str]) -> str:
     return 'running' if p in poll.left else 'done'
 
 
-class Session(SessionLife, DataViewBase):
+class Session(SessionLife, DataView):
     """A set of hosts (ipyparallel engines) that each run one JAX process.
 
     A `JobView` (`_jobview`) with every feature: where, wavefront, flight_records,
@@ -208,7 +208,7 @@ class Session(SessionLife, DataViewBase):
         processes: list[int] | None,
         on_done: Callable[[int], None] | None,
     ) -> list[Any]:
-        # The transport hook (`DataViewBase`): the trampoline runs the registry's tool on each
+        # The transport hook (`DataView`): the trampoline runs the registry's tool on each
         # engine, the namespace the engine's (``frame`` is None: `in_frame` refused others).
         del frame
         wait = timeout + _TOOL_MARGIN
@@ -368,7 +368,7 @@ class Session(SessionLife, DataViewBase):
         outputs: dict[int, str],
         on_status: Callable[[dict[int, str], float], None] | None,
     ) -> None:
-        # The cell hook (`DataViewBase.execute`): ipyparallel's execute on every engine,
+        # The cell hook (`DataView.execute`): ipyparallel's execute on every engine,
         # waited for until it ends when ``timeout`` is None.
         self._collect_outputs(self.execute_async(code), timeout, outputs, on_status)
 
@@ -439,7 +439,7 @@ class Session(SessionLife, DataViewBase):
                     outputs[p] = _quiet(''.join(getattr(ar, 'stdout', '') or ''))
             self._forget.retire(pending.values())
 
-    # -- the data tools' hooks (`DataViewBase`: allgather, layout, diff, nonfinite...) ---------
+    # -- the data tools' hooks (`DataView`: allgather, layout, diff, nonfinite...) ---------
     def _gather_where(self) -> tuple[str | None, list[str]]:
         self._check()
         return controller_url(self.client), [h.machine for h in self.processes]
@@ -485,7 +485,7 @@ class Session(SessionLife, DataViewBase):
             self._control = ControlClient(self._control_address, self._control_key, timeout=15.0)
         return self._control
 
-    # -- the job view's hooks (`_jobview.JobViewBase`: where, wavefront, flight_records, timeline,
+    # -- the job view's hooks (`_jobview.JobView`: where, wavefront, flight_records, timeline,
     # the step gate) ---------------------------------------------------------------------------
     def _endpoint(self) -> ControlClient:
         # A recoverable session answers without its dead hosts (named in the answers).

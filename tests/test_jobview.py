@@ -11,9 +11,9 @@ import pytest
 
 import mhnotebook
 from mhnotebook import AttachedJob, AttachError, JobView, PostMortem, Session, UnsupportedError
-from mhnotebook._jobview import FEATURES, DataView, DataViewBase, JobViewBase
+from mhnotebook._jobview import FEATURES, DataView
 
-#: The protocol's questions; each is written once, in `JobViewBase`.
+#: The protocol's questions; each is written once, in `JobView`.
 QUESTIONS = (
     'where',
     'wavefront',
@@ -31,11 +31,11 @@ QUESTIONS = (
 
 
 def test_the_three_views_share_one_implementation():
-    """No view repeats a question's method: each comes from `JobViewBase` (the hooks differ)."""
+    """No view repeats a question's method: each comes from `JobView` (the hooks differ)."""
     for cls in (Session, AttachedJob, PostMortem):
-        assert issubclass(cls, JobViewBase), cls
+        assert issubclass(cls, JobView), cls
         for name in QUESTIONS:
-            assert name not in vars(cls), f'{cls.__name__}.{name} repeats JobViewBase.{name}'
+            assert name not in vars(cls), f'{cls.__name__}.{name} repeats JobView.{name}'
     assert [c.kind for c in (Session, AttachedJob, PostMortem)] == [
         'session',
         'attached job',
@@ -55,7 +55,7 @@ def test_features_say_what_each_view_can_do():
         job.supports('steps')
 
 
-#: The data tools, each written once, in `DataViewBase`, over the views' transport hook.
+#: The data tools, each written once, in `DataView`, over the views' transport hook.
 DATA_TOOLS = (
     'allgather',
     'layout',
@@ -71,13 +71,13 @@ DATA_TOOLS = (
 
 def test_the_data_tools_are_written_once_over_one_transport_hook():
     """A session and an attached job repeat no data tool (issue 45, item 1): each gives the
-    hook (`_call_tool`) and `DataViewBase` does the rest; a post-mortem has none."""
+    hook (`_call_tool`) and `DataView` does the rest; a post-mortem has none."""
     for cls in (Session, AttachedJob):
-        assert issubclass(cls, DataViewBase), cls
+        assert issubclass(cls, DataView), cls
         assert '_call_tool' in vars(cls), f'{cls.__name__} gives no transport hook'
         for name in DATA_TOOLS:
-            assert name not in vars(cls), f'{cls.__name__}.{name} repeats DataViewBase.{name}'
-    assert not issubclass(PostMortem, DataViewBase)
+            assert name not in vars(cls), f'{cls.__name__}.{name} repeats DataView.{name}'
+    assert not issubclass(PostMortem, DataView)
 
 
 def test_one_registry_and_one_timeout_policy_for_the_data_tools():

@@ -13,7 +13,7 @@ import pytest
 
 import mhnotebook
 import multihost
-from mhnotebook._jobview import JobViewBase
+from mhnotebook._jobview import JobView
 from multihost import ControlClient
 
 #: Names a feature had before it got its one name: (where, old name, the one name).
@@ -22,7 +22,7 @@ GONE = (
     (multihost, 'find_nonfinite', 'nonfinite'),
     (ControlClient, 'stacks', 'where'),
     (ControlClient, 'records', 'flight_records'),
-    (JobViewBase, 'records', 'flight_records'),
+    (JobView, 'records', 'flight_records'),
     (mhnotebook.Session, 'records', 'flight_records'),
     (mhnotebook.AttachedJob, 'records', 'flight_records'),
     (mhnotebook.PostMortem, 'records', 'flight_records'),

@@ -31,7 +31,7 @@ from mhnotebook._errors import HostsError, SessionError
 from mhnotebook._transfer._shm import SHM_DIR, HeapPool, ShmPool
 from multihost._text import fmt_hosts
 
-# A job view's `call_tool` (`_jobview.JobViewBase`): runs an engine tool of the registry
+# A job view's `call_tool` (`_jobview.JobView`): runs an engine tool of the registry
 # (`multihost.engine.tools`: 'gather_meta'...) on the hosts, results by process index.
 Call = Callable[..., list[Any]]
 
