@@ -119,7 +119,7 @@ def exactness() -> dict[str, Any]:
         packs = F.plan(dev).packs
         out[np.dtype(dt).name + '_packed'] = sum(len(c.blocks) for c in packs)
         on_device, on_host = F.fingerprints(dev), F.fingerprints(arrays)
-        # again: from the second call the plan's programs run as one (`execute._dispatch`)
+        # again: the programs and host copies kept from the first call
         again = [F.fingerprints(dev) for _ in range(2)]
         ok = on_device == on_host and all(a == on_host for a in again)
         out[np.dtype(dt).name + '_again'] = all(a == on_host for a in again)
@@ -128,7 +128,7 @@ def exactness() -> dict[str, Any]:
                 str(a.shape) for a, d, h in zip(arrays, on_device, on_host) if d != h
             ]
         want = [F.numpy_flags(a) for a in arrays]
-        for _ in range(3):  # the first call, then the fused program's
+        for _ in range(2):  # the first call, then with what it kept
             got = F.digests_with_flags(dev, 'device')
             ok = ok and [g[1:] for g in got] == want
         # blocks at offsets: four quarters of a (600, 1400) leaf add up to it
@@ -223,7 +223,7 @@ def row(name: str, leaves: list[Any], reps: int, compiles: _Compiles) -> dict[st
     F.digests(leaves, 'device')
     first = time.perf_counter() - t0
     n_first = compiles.n - n0
-    n0 = compiles.n  # the second call compiles the plan's programs as one (per device)
+    n0 = compiles.n
     t0 = time.perf_counter()
     F.digests(leaves, 'device')
     second = time.perf_counter() - t0
@@ -241,13 +241,6 @@ def row(name: str, leaves: list[Any], reps: int, compiles: _Compiles) -> dict[st
         'read_ms': _median_ms(lambda: read(leaves), reps),
         'fingerprints_ms': _median_ms(lambda: F.digests(leaves, 'device'), reps),
     }
-    # the same calls with each program launched alone (what a tree's first call does)
-    F.CONFIG.fuse = False
-    try:
-        got['unfused_ms'] = _median_ms(lambda: F.digests(leaves, 'device'), reps)
-    finally:
-        F.CONFIG.fuse = True
-    got['unfused_ratio'] = got['unfused_ms'] / got['read_ms']
     F.digests_with_flags(leaves, 'device')
     got['with_flags_ms'] = _median_ms(lambda: F.digests_with_flags(leaves, 'device'), reps)
     got['ratio'] = got['fingerprints_ms'] / got['read_ms']

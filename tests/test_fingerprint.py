@@ -447,7 +447,7 @@ def test_first_fingerprints_compile_a_few_programs():
         F.digests(big)
         first = len(counted) - n0
         F.digests(big)
-        assert len(counted) - n0 == first  # (a TPU's second call fuses: the next test)
+        assert len(counted) - n0 == first
     assert 1 <= first <= 8
 
 
@@ -733,42 +733,3 @@ def test_a_host_copy_jax_keeps_is_seen_and_such_leaves_are_not_packed():
     with F.configured(platform='gpu', pack_dtypes=F.CONFIG.pack_dtypes | {'int4'}):
         planned = planning.plan_blocks(blocks, False)
     assert [c.blocks for c in planned.packs] == [[0, 1]] and planned.copies == [2]
-
-
-@pytest.mark.parametrize('platform', ['', 'tpu', 'gpu'], ids=['cpu', 'tpu', 'gpu'])
-def test_a_tree_fingerprinted_again_runs_as_one_program_with_the_same_answers(platform):
-    """From a tree's second call, the calls of its plan on one device run as one program
-    (`execute._dispatch`; not on a CPU, where each runs alone): every route in it (groups
-    of blocks at offsets, the Pallas kernel, small leaves packed by rows, by concatenation,
-    by DMA) keeps numpy's bytes and flags on raw bits (NaN payloads, subnormals), on the
-    second call (compiled) and the third (kept)."""
-    tile = pallas.DMA_TILE[2]
-    shapes = {
-        ml_dtypes.bfloat16: [(300, 257), (300, 257), (tile,), (2 * tile,), (40, 1001)],
-        np.float32: [(70001,), (70001,), (5, 7), (11,)],
-        np.int8: [(3, 40000), (9,), (4, 4)],
-        np.int32: [(3,), (2, 2)],
-    }
-    arrays = [
-        _random_bits(dt, s, seed=i)
-        for i, (dt, s) in enumerate((dt, s) for dt, ss in shapes.items() for s in ss)
-    ]
-    arrays.append(np.full((200, 300), 7, np.int32))  # constant
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ('i',))
-    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('i'))
-    sharded = jax.device_put(_random_bits(np.float32, (64, 2000), seed=99), spec)
-    want = [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
-    want_flags = [F.numpy_flags(a) for a in arrays]
-    host_sharded = np.asarray(sharded)
-    with F.configured(platform=platform):
-        dev = [jax.device_put(a) for a in arrays] + [sharded]
-        planned = F.plan(dev)
-        assert len(planned.programs) + len(planned.packs) >= 3, planned
-        for call in range(3):
-            got = F.digests_with_flags(dev, 'device')
-            assert [F.fingerprints([x])[0] for x in dev[:1]] == want[:1]
-            assert [g[1:] for g in got[:-1]] == want_flags, call
-            assert F.fingerprints(dev)[:-1] == want, call
-            assert F.fingerprints(dev)[-1] == F.to_bytes(F.numpy_lanes(host_sharded).reshape(-1))
-        fused = len(F.CACHE._sections.get('fused', {}))
-        assert fused >= 1 if platform else fused == 0  # not on a CPU

@@ -22,7 +22,7 @@ from multihost._checks.fingerprint.definition import (
     numpy_lanes,
     to_bytes,
 )
-from multihost._checks.fingerprint.settings import CACHE, CONFIG
+from multihost._checks.fingerprint.settings import CACHE
 
 #: A leaf's answer: (fingerprint, holds NaN/Inf, constant).
 Answer = tuple[bytes, bool, bool]
@@ -117,16 +117,15 @@ def run(p: planning.Plan, flags: bool) -> list[np.ndarray]:
     calls = [(c, _arguments(p, c)) for c in p.packs + p.programs]
     _compile(calls)
     copies = list(p.copies)
-    packed: list[tuple[planning.Call, Any]] = []
-    pending: list[tuple[planning.Call, Any]] = []
-    kept = []
+    packed, pending = [], []
     for call, args in calls:
-        if CACHE.peek('programs', call.key) is False:  # a packing program that did not
-            copies += call.blocks  # compile: copies
-        else:
-            kept.append((call, args))
-    for call, result in _dispatch(kept):
-        (packed if call in p.packs else pending).append((call, result))
+        program = CACHE.peek('programs', call.key)
+        if program is False:  # a packing program that did not compile: copies
+            copies += call.blocks
+        elif call in p.packs:
+            packed.append((call, program(*args)))
+        else:  # a compiled program takes the blocks and offsets (the rest is static)
+            pending.append((call, program(*args[:2])))
     for _, result in packed + pending:
         result.copy_to_host_async()
     # The copied leaves are ready (their launches ran): copied while the programs run (a
@@ -153,68 +152,6 @@ def run(p: planning.Plan, flags: bool) -> list[np.ndarray]:
         for j, i in enumerate(call.blocks):
             out[i] = np.asarray(res[j])
     return every(out, 'blocks')
-
-
-#: Device programs a plan's calls make, at most, to be run as one (`_dispatch`).
-MAX_FUSED = 256
-
-
-def _dispatch(
-    calls: list[tuple[planning.Call, tuple[Any, ...]]],
-) -> list[tuple[planning.Call, Any]]:
-    """Each call's result, dispatched. The first time a set of calls (by their programs'
-    keys) is seen, each program is launched on its own (compiled already, shared with other
-    trees); from the second time, the calls of each device run as one program compiled for
-    that set (`_fused`): one launch and one result to copy instead of one per program, what a
-    tree fingerprinted again and again (the audit's, a train state's) pays per call. Not on
-    a CPU, where a launch costs little beside the reads and XLA:CPU compiles a large program
-    slowly (a flax state's: over 30 s)."""
-    if not calls:
-        return []
-    signature = tuple(c.key for c, _ in calls)
-    fusable = CONFIG.fuse and 1 < len(calls) <= MAX_FUSED
-    if not (fusable and CACHE.peek('plans', signature)):
-        if fusable:
-            CACHE.put('plans', signature, True)
-        return [(c, _launch(c, a)) for c, a in calls]
-    by_device: dict[Any, list[tuple[planning.Call, tuple[Any, ...]]]] = {}
-    for call, args in calls:
-        by_device.setdefault(_device(call, args), []).append((call, args))
-    out = []
-    for device, group in by_device.items():
-        if len(group) == 1 or (CONFIG.platform or device.platform) == 'cpu':
-            out += [(c, _launch(c, a)) for c, a in group]
-            continue
-        dynamic = tuple(_dynamic(c, a) for c, a in group)
-        key = tuple(c.key for c, _ in group)
-        program = CACHE.get('fused', key, _fused, group, dynamic)
-        out += zip((c for c, _ in group), program(dynamic))
-    return out
-
-
-def _launch(call: planning.Call, args: tuple[Any, ...]) -> Any:
-    program = CACHE.peek('programs', call.key)
-    # a group's compiled program takes the blocks and offsets (the rest is static)
-    return program(*args) if call.kind not in ('xla', 'pallas') else program(*args[:2])
-
-
-def _dynamic(call: planning.Call, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return args if call.kind not in ('xla', 'pallas') else args[:2]
-
-
-def _device(call: planning.Call, args: tuple[Any, ...]) -> Any:
-    return next(iter(args[0][0].devices()))
-
-
-def _fused(group: list[tuple[planning.Call, tuple[Any, ...]]], dynamic: tuple[Any, ...]) -> Any:
-    """One program running every call of ``group`` (one device's): each call's jitted
-    function traced inside it with its static arguments, its result one output."""
-    parts = [(_program(c), a[2:] if c.kind in ('xla', 'pallas') else ()) for c, a in group]
-
-    def every_call(dyn: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(f(*d, *static) for (f, static), d in zip(parts, dyn))
-
-    return jax.jit(every_call).lower(dynamic).compile()
 
 
 def _program(call: planning.Call) -> Any:

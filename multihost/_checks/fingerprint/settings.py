@@ -39,9 +39,6 @@ class Config:
     max_pack: int = 64
     #: See `PACK_DTYPES`.
     pack_dtypes: frozenset[str] = PACK_DTYPES
-    #: A tree fingerprinted again runs its plan's programs of one device as one
-    #: (`execute._dispatch`); False: each program alone every time (the benches compare).
-    fuse: bool = True
 
 
 #: The configuration in force.
@@ -58,7 +55,7 @@ class Cache:
     oldest entry goes (a process that keeps making new shardings or shapes stays bounded)."""
 
     #: Entries per section, at most (`DEFAULT_LIMIT` for sections not named).
-    LIMITS = {'programs': 512, 'word_terms': 8, 'row_layout': 64, 'plans': 256, 'fused': 32}
+    LIMITS = {'programs': 512, 'word_terms': 8, 'row_layout': 64}
     DEFAULT_LIMIT = 4096
 
     def __init__(self) -> None:
