@@ -183,11 +183,12 @@ def where_view(session: JobView, *, timeout: float = 10.0) -> WhereView:
     left a dump)."""
     from mhnotebook.widgets import WhereView
 
-    def verdict() -> str | None:
-        # The wavefront's one line leads: who is inside which launch, who never
-        # launched it. Without it (an old engine, no answer) the stacks still show.
+    def verdict() -> Any:
+        # The wavefront leads: its line (who is inside which launch, who never launched it)
+        # and, on chips with coordinates, the pod under the collective it names. Without it
+        # (an old engine, no answer) the stacks still show.
         try:
-            return session.wavefront(timeout=timeout).verdict
+            return session.wavefront(timeout=timeout)
         except Exception as exc:
             return f'(no wavefront verdict: {type(exc).__name__}: {exc})'[:300]
 

@@ -199,3 +199,68 @@ def test_every_host_inside_one_launch_names_its_collectives_not_which_one_each_i
         'step call #5: which collectives the hosts are in is not known: 2 programs compiled '
         'for step: ...'
     )
+
+
+@needs_libtpu
+def test_the_pod_under_a_stuck_collective_marks_its_groups_and_the_hosts_it_waits_for():
+    """A table of a v5e:4x4 program keeps its chips; hosts 0-2 inside its launch while host
+    3 never launched it: the wavefront names the all-reduce over 'data' and its pod picture
+    labels each chip with its group (the mesh's columns), marks host 3's chips, and the where
+    view shows it (HTML, text, PNG)."""
+    from mhnotebook.widgets import WhereView
+    from mhnotebook.widgets.layout.chips import chip_grid_html, render_chip_grid_png
+    from multihost import FlightRecord, HostFront, HostStacks, Wavefront
+    from multihost._models._chipgrid import collective_grid
+
+    compiled, mesh = _compiled(1)
+    table = table_for(compiled)
+    assert len(table.devices) == 16 and all(len(d.coords) >= 2 for d in table.devices)
+    assert CollectiveTable.from_json(table.to_json()).devices == table.devices
+    rows = table.ops[0]
+    grid = collective_grid(table, rows, waiting_for=(3,))
+    assert grid is not None and grid.marked == (3,) and grid.hosts == 4
+    label = {d: c.label for c in grid.chips for d in c.device_ids}
+    for column in mesh.devices.T:  # the groups over 'data' are the mesh's columns
+        assert len({label[d.id] for d in column}) == 1, label
+    assert sorted(set(label.values())) == ['g0', 'g1', 'g2', 'g3']
+    text = grid.text()
+    assert text.splitlines()[0] == f'#0 {rows.words()}', text
+    assert (
+        'gK = in group K of #0 (4 groups)' in text
+        and 'dashed: process 3, never launched it' in text
+    )
+
+    def launch(p: int) -> FlightRecord:
+        return FlightRecord(
+            n=3, kind='launch', name='_step', call=0, seq=-1, digest='ab' * 8,
+            fingerprint='', site=f'{__file__}:50', time=1000.0, wait=None,
+            state='launched', process=p,
+        )  # fmt: skip
+
+    inside = [
+        HostFront(
+            process=p,
+            answered=True,
+            last=launch(p),
+            last_launch=launch(p),
+            pending=launch(p),
+            pending_age=40.0,
+            calls=(('_step', 1),),
+            collectives=table,
+        )  # fmt: skip
+        for p in (0, 1, 2)
+    ]
+    never = HostFront(process=3, answered=True, where='train.py:9 in load')
+    wf = Wavefront(hosts=(*inside, never), time=1040.0)
+    stuck = wf.stuck_collective()
+    assert stuck is not None and stuck[1] == rows and stuck[2] == (3,)
+    assert "all-reduce of f32[16] over mesh axis 'data'" in wf.verdict, wf.verdict
+    assert wf.stuck_grid() == grid
+    html = chip_grid_html(grid)
+    assert html.count('mh-chip-marked') == 4 and 'mh-chip-title' in html  # host 3's 4 chips
+    assert render_chip_grid_png(grid).startswith(b'\x89PNG')
+    stacks = {p: HostStacks(process=p, answered=True) for p in range(4)}
+    view = WhereView(stacks, verdict=lambda: wf)
+    assert view.verdict == wf.verdict and view.grid == grid
+    assert 'mh-chip-marked' in view._chips.value and f'#0 {rows.words()}' in view.text()
+    assert WhereView(stacks, verdict=wf.verdict).grid is None  # a string: no picture

@@ -31,8 +31,10 @@ from mhnotebook.widgets._common import (
     pre,
     run_action,
 )
+from mhnotebook.widgets.layout.chips import chip_grid_html
 from multihost._cells import is_cell
 from multihost._models import HostStacks, ThreadStack
+from multihost._models._chipgrid import ChipGrid
 from multihost._models._stacks import Frame, framework_summary
 from multihost._text import fmt_duration, fmt_hosts
 
@@ -409,8 +411,10 @@ class WhereView(View):
             button, which can be pressed whenever the kernel is idle (e.g.
             after ``%%mh --timeout`` gave control back while hosts hang).
         verdict: a one-line verdict shown first (e.g. ``Wavefront.verdict``),
-            or a callable returning it, called again at every refresh. A
-            string describes these stacks only: a refresh drops it.
+            or a callable returning it (or a `multihost.Wavefront`: its verdict, and the
+            pod under the collective it names, `Wavefront.stuck_grid`, on chips with
+            coordinates), called again at every refresh. A string describes these
+            stacks only: a refresh drops it.
         dumps: the job's size when the stacks come from the hosts' dump files
             (`mhnotebook.postmortem`): the status says how many of its hosts
             left a dump and which did not, not how many answered.
@@ -424,7 +428,8 @@ class WhereView(View):
     ``mh-where-at``), ``mh-where-stacks`` (groups ``mh-stack-group``, collapsed;
     ``mh-main-thread`` with frames ``mh-where-frame``, the innermost
     ``mh-where-innermost``, and the folded line ``mh-where-fold``;
-    ``mh-where-threads`` holding ``mh-thread`` sections), ``mh-refresh-button``.
+    ``mh-where-threads`` holding ``mh-thread`` sections), ``mh-refresh-button``,
+    ``mh-where-chips`` (the pod under the stuck collective: `chip_grid_html`).
     """
 
     def __init__(
@@ -439,6 +444,7 @@ class WhereView(View):
         self._dumps = dumps
         self._verdict_source = verdict
         self._verdict: str | None = None
+        self._grid: ChipGrid | None = None
         self._refresh_button = add_classes(
             widgets.Button(
                 description='Refresh',
@@ -454,11 +460,14 @@ class WhereView(View):
         self._message = add_classes(widgets.HTML(), 'mh-where-message')
         self._table = add_classes(widgets.HTML(), 'mh-where-table')
         self._stacks_html = add_classes(widgets.HTML(), 'mh-where-stacks')
+        self._chips = add_classes(widgets.HTML(), 'mh-where-chips')
         top = widgets.HBox([self._refresh_button, widgets.VBox([self._verdict_box, self._status])])
         self.widget = add_classes(
-            widgets.VBox([top, self._message, self._table, self._stacks_html]), 'mh-where'
+            widgets.VBox([top, self._message, self._table, self._stacks_html, self._chips]),
+            'mh-where',
         )
-        self.update(stacks, verdict=self._call_verdict())
+        verdict_now = self._call_verdict()
+        self.update(stacks, verdict=verdict_now, grid=self._grid)
 
     @property
     def stacks(self) -> dict[int, HostStacks]:
@@ -470,20 +479,38 @@ class WhereView(View):
         """The verdict line shown, if any."""
         return self._verdict
 
+    @property
+    def grid(self) -> ChipGrid | None:
+        """The pod under the collective the verdict names (chips with coordinates), if any."""
+        return self._grid
+
     def text(self) -> str:
-        """The verdict, status, and per state group its words and user frames."""
-        return where_text(self._stacks, self._verdict, dumps=self._dumps)
+        """The verdict, status, and per state group its words and user frames (and the pod
+        under the stuck collective, when there is one)."""
+        text = where_text(self._stacks, self._verdict, dumps=self._dumps)
+        return text + ('\n' + self._grid.text() if self._grid is not None else '')
 
     def _call_verdict(self) -> str | None:
         source = self._verdict_source
+        self._grid = None
         if source is None or isinstance(source, str):
             return source
-        ok, text = run_action(source, 'Verdict', self._error)
-        return str(text) if ok and text else None
+        ok, got = run_action(source, 'Verdict', self._error)
+        if not ok or not got:
+            return None
+        if hasattr(got, 'verdict'):  # a Wavefront: its line, and the pod under its collective
+            grid = getattr(got, 'stuck_grid', None)
+            self._grid = grid() if grid is not None else None
+            return str(got.verdict) or None
+        return str(got)
 
-    def update(self, stacks: StacksLike, *, verdict: str | None = None) -> None:
-        """Shows other stacks (and ``verdict``, or none)."""
+    def update(
+        self, stacks: StacksLike, *, verdict: str | None = None, grid: ChipGrid | None = None
+    ) -> None:
+        """Shows other stacks (and ``verdict``, or none; ``grid``: the pod under the
+        collective it names, or none)."""
         self._stacks = _normalize(stacks)
+        self._grid = grid
         self._verdict = verdict or None
         groups = state_groups(self._stacks)
         self._verdict_box.value = verdict_html(self._verdict)
@@ -491,6 +518,8 @@ class WhereView(View):
         self._status.value = status_html(self._stacks, groups, self._dumps)
         self._table.value = table_html(self._stacks, groups=groups)
         self._stacks_html.value = stacks_html(self._stacks, groups=groups)
+        self._chips.value = chip_grid_html(self._grid)
+        self._chips.layout.display = None if self._grid is not None else 'none'
 
     def refresh(self) -> None:
         """Calls ``on_refresh`` (and a verdict callable) and shows what they return."""
@@ -504,7 +533,7 @@ class WhereView(View):
         if isinstance(self._verdict_source, str):
             self._verdict_source = None  # it described the stacks before this refresh
         try:
-            self.update(stacks, verdict=verdict)
+            self.update(stacks, verdict=verdict, grid=self._grid)
         except (TypeError, AttributeError, ValueError) as exc:
             self._error(f'Refresh: on_refresh returned something else than HostStacks: {exc}')
 

@@ -28,6 +28,7 @@ from multihost._models._colltable import (
     CollectiveTable,
     user_and_library,
 )
+from multihost._models._hardware import device_infos_from
 from multihost._models._stacks import frame_package
 
 KINDS = (
@@ -91,6 +92,8 @@ def collective_table(
         if mesh is None:
             mesh = next((s.mesh for s in shardings if hasattr(s, 'spec')), None)
     hlo = _Hlo(text)
+    infos = device_infos_from(list(devices or ()))
+    chips = infos if infos and all(i.coords for i in infos) and len(infos) <= MAX_IDS else ()
     devices = [_Dev(int(d.id), int(d.process_index), getattr(d, 'slice_index', None))
                for d in devices or ()]  # fmt: skip
     if not devices:
@@ -110,6 +113,7 @@ def collective_table(
         slices=len(slices),
         dropped=max(len(rows) - MAX_OPS, 0),
         notes=tuple(dict.fromkeys(notes)),
+        devices=tuple(chips),
     )
 
 

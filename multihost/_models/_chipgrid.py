@@ -10,9 +10,12 @@ out; ``'*'`` is the whole array). Chips that hold the same label hold copies of 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from multihost._models._hardware import COORD_NAMES
+from multihost._models._colltable import CollectiveOp, CollectiveTable
+from multihost._models._hardware import COORD_NAMES, DeviceInfo
+from multihost._text import fmt_hosts
 
 #: ``(start, stop)`` per dimension (as `multihost._models._layout.Index`).
 Index = tuple[tuple[int, int], ...]
@@ -97,6 +100,12 @@ class ChipGrid:
     hosts: int
     block_dims: tuple[int, ...]
     cores: int = 1
+    #: What a cell says, when not a layout's blocks (`collective_grid`'s groups).
+    legend_text: str = ''
+    #: Processes whose chips are marked (a collective's hosts that never launched it).
+    marked: tuple[int, ...] = ()
+    #: A line above the grid (the collective a picture is of).
+    caption: str = ''
 
     @property
     def slices(self) -> int:
@@ -109,6 +118,8 @@ class ChipGrid:
     def legend(self) -> str:
         """What a cell says: ``'cell: pN = process N, then block number along dims 0,
         1; . = holds none'``."""
+        if self.legend_text:
+            return self.legend_text
         if not self.block_dims:
             what = '* = the whole array'
         else:
@@ -126,6 +137,8 @@ class ChipGrid:
             + (f' in {self.slices} slices' if self.slices > 1 else ''),
             f'  {self.legend()}',
         ]
+        if self.caption:
+            lines.insert(0, self.caption)
         for plane in self.planes[:MAX_TEXT_PLANES]:
             cells = [
                 [_cell_text(plane.at(x, y)) for x in range(plane.width)]
@@ -176,9 +189,26 @@ def chip_grid(layout: Layout) -> ChipGrid | None:
         if s.device_id is not None:
             held[s.device_id] = labels[s.index]
             size[s.device_id] = size.get(s.device_id, 0) + s.nbytes
+    return grid_of(layout.devices, held, size, kind=layout.device_kind, block_dims=dims)
+
+
+def grid_of(
+    devices: Sequence[DeviceInfo],
+    held: Mapping[int, str],
+    size: Mapping[int, int],
+    *,
+    kind: str,
+    block_dims: tuple[int, ...] = (),
+    **more: Any,
+) -> ChipGrid | None:
+    """``devices`` (with chip coordinates) at their coordinates, each core labelled
+    ``held[id]`` ('' for none) and holding ``size[id]`` bytes; ``more``: `ChipGrid`'s
+    optional fields. None without devices."""
     by_chip: dict[tuple[int, tuple[int, ...]], list] = {}
-    for d in layout.devices:
+    for d in devices:
         by_chip.setdefault(d.chip, []).append(d)
+    if not by_chip:
+        return None
     chips = {}
     for key, devs in by_chip.items():
         devs.sort(key=lambda d: d.core_on_chip)
@@ -204,11 +234,38 @@ def chip_grid(layout: Layout) -> ChipGrid | None:
             )
             planes.append(ChipPlane(sl, z if len(zs) > 1 else None, width, height, cells))
     return ChipGrid(
-        kind=layout.device_kind,
+        kind=kind,
         planes=tuple(planes),
         hosts=len({c.process for c in chips.values()}),
-        block_dims=dims,
+        block_dims=block_dims,
         cores=max(len(v) for v in by_chip.values()),
+        **more,
+    )
+
+
+def collective_grid(
+    table: CollectiveTable, op: CollectiveOp, waiting_for: Sequence[int] = ()
+) -> ChipGrid | None:
+    """The pod under collective ``op`` of ``table``: each chip labelled with the group of
+    ``op`` its cores are in (``g0``, ``g1``, ...; '' for none), the chips of
+    ``waiting_for`` (the processes that never launched it) marked. None where the table
+    has no chip coordinates (CPU devices)."""
+    if not table.devices:
+        return None
+    group_of = {d: k for k, g in enumerate(op.groups) for d in g}
+    held = {d.id: f'g{group_of[d.id]}' if d.id in group_of else '' for d in table.devices}
+    ids = {d.id for d in table.devices}
+    n = len({k for d, k in group_of.items() if d in ids})
+    waits = f'; dashed: {fmt_hosts(waiting_for)}, never launched it' if waiting_for else ''
+    legend = f'cell: pN = process N, then gK = in group K of #{op.index} ({n} groups); . = in none'
+    return grid_of(
+        table.devices,
+        held,
+        {},
+        kind=next((d.kind for d in table.devices if d.kind), ''),
+        legend_text=legend + waits,
+        marked=tuple(sorted(waiting_for)),
+        caption=f'#{op.index} {op.words()}',
     )
 
 
@@ -216,4 +273,7 @@ def _coords(x: int, y: int, z: int, n: int) -> tuple[int, ...]:
     return (x, y, z)[:n] if n <= 3 else (x, y, z) + (0,) * (n - 3)
 
 
-__all__ = ['COORD_NAMES', 'Chip', 'ChipGrid', 'ChipPlane', 'block_labels', 'chip_grid']
+__all__ = [
+    'COORD_NAMES', 'Chip', 'ChipGrid', 'ChipPlane', 'block_labels', 'chip_grid', 'collective_grid',
+    'grid_of',
+]  # fmt: skip

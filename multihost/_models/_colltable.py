@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from multihost._models._hardware import DeviceInfo
 from multihost._models._stacks import display_site
 from multihost._text import fmt_hosts
 
@@ -147,6 +148,9 @@ class CollectiveTable:
         slices: how many slices the devices span (0 when the devices say none).
         dropped: collectives past `MAX_OPS`, counted only.
         notes: what could not be read (an unparsed group form, no device assignment).
+        devices: the program's devices where they have chip coordinates (TPU: the pod
+            picture of a collective's groups, `multihost._models._chipgrid.collective_grid`),
+            at most `MAX_IDS`; empty elsewhere (CPU).
     """
 
     program: str
@@ -157,6 +161,7 @@ class CollectiveTable:
     slices: int = 0
     dropped: int = 0
     notes: tuple[str, ...] = ()
+    devices: tuple[DeviceInfo, ...] = ()
 
     def cross_process(self) -> tuple[CollectiveOp, ...]:
         """The collectives some group of which spans two processes."""
@@ -207,6 +212,10 @@ class CollectiveTable:
             slices=int(d.get('slices', 0)),
             dropped=int(d.get('dropped', 0)),
             notes=tuple(str(n) for n in d.get('notes', ())),
+            devices=tuple(
+                DeviceInfo(**{**x, 'coords': tuple(x.get('coords', ()))})
+                for x in d.get('devices', ())
+            ),  # fmt: skip
         )
 
     def lines(self) -> list[str]:

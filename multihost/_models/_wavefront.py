@@ -8,7 +8,8 @@ import dataclasses
 import json
 from typing import Any
 
-from multihost._models._colltable import CollectiveTable, waiting_in
+from multihost._models._chipgrid import ChipGrid, collective_grid
+from multihost._models._colltable import CollectiveOp, CollectiveTable, waiting_in
 from multihost._models._pulse import WAITING_KINDS, Pulse
 from multihost._models._stacks import background_words, display_path, phase_of, waiting_words
 from multihost._recorder import FlightRecord
@@ -227,6 +228,27 @@ class Wavefront:
         if self.silent:
             parts.append(f'{_are(self.silent)} silent (dead, frozen, or no debug thread)')
         return '; '.join(parts) or 'no process answered'
+
+    def stuck_collective(self) -> tuple[CollectiveTable, CollectiveOp, tuple[int, ...]] | None:
+        """(the table of the launch the leading hosts are inside, the first cross-host
+        collective in it that needs a host that never launched it, those hosts) when the
+        verdict names one; else None."""
+        target = self.target
+        if target is None:
+            return None
+        g = self.groups()
+        inside = [self.hosts[p] for p in g['inside'] if not self.hosts[p].jit_phase]
+        tables = [h.collectives for h in inside if h.pending and h.pending.label == target.label]
+        table = next((t for t in tables if t is not None), None)
+        op = table.first_holding(g['never']) if table is not None and g['never'] else None
+        return (table, op, g['never']) if table is not None and op is not None else None
+
+    def stuck_grid(self) -> ChipGrid | None:
+        """The pod under `stuck_collective` (`_chipgrid.collective_grid`: each chip labelled
+        with its group, the hosts it waits for marked); None without one or without chip
+        coordinates (CPU)."""
+        stuck = self.stuck_collective()
+        return None if stuck is None else collective_grid(*stuck)
 
     def _target_parts(self, target: FlightRecord) -> list[str]:
         """The verdict's parts about the oldest launch not done: who is inside it (and the

@@ -15,6 +15,7 @@ from typing import Any
 from mhnotebook.widgets._common import CSS, esc, host_color, text_color
 from multihost._models._chipgrid import Chip, ChipGrid, ChipPlane
 from multihost._models._layout import format_bytes
+from multihost._text import fmt_hosts
 
 _CELL_PX = 46  # a chip's square in the HTML grid, up to 8 chips across
 _MIN_CELL_PX = 22
@@ -60,8 +61,10 @@ def chip_grid_html(grid: ChipGrid | None) -> str:
     """The chip grid as HTML tables, one per plane (slice, z layer).
 
     Classes: ``mh-chip-grid`` (the whole), ``mh-chip-plane`` (one plane, with
-    ``mh-chip-plane-title``), ``mh-chip`` (a chip's cell, also ``mh-host-<p>`` and
-    ``mh-chip-empty`` where it holds none of the array). ``''`` without chips.
+    ``mh-chip-plane-title``), ``mh-chip`` (a chip's cell, also ``mh-host-<p>``,
+    ``mh-chip-empty`` where it holds none of the array, ``mh-chip-marked`` on a marked host:
+    `ChipGrid.marked`), ``mh-chip-title`` (the grid's caption, when it has one). ``''``
+    without chips.
     """
     if grid is None:
         return ''
@@ -84,11 +87,15 @@ def chip_grid_html(grid: ChipGrid | None) -> str:
                 fill = colors[chip.process]
                 label = chip.label if show_labels else ''
                 cls = f'mh-chip mh-host-{chip.process}' + ('' if chip.label else ' mh-chip-empty')
+                mark = ''
+                if chip.process in grid.marked:  # a host the collective waits for
+                    cls += ' mh-chip-marked'
+                    mark = f'outline:3px dashed {text_color(fill)};outline-offset:-7px;'
                 tds.append(
                     f'<td class="{cls}" title="{esc(_chip_title(chip))}" style="width:{cell}px;'
                     f'height:{cell}px;background:{fill};color:{text_color(fill)};'
-                    f'font-size:{font}px;text-align:center;padding:0;{_edges(plane, x, y)}">'
-                    f'{esc(label)}</td>'
+                    f'font-size:{font}px;text-align:center;padding:0;{_edges(plane, x, y)};'
+                    f'{mark}">{esc(label)}</td>'
                 )
             rows.append(f'<tr>{"".join(tds)}</tr>')
         title = plane.title(grid.slices)
@@ -102,6 +109,8 @@ def chip_grid_html(grid: ChipGrid | None) -> str:
         f'on {grid.hosts} processes (colour: process; x across, y down); '
         f'{esc(grid.legend().split("then ", 1)[-1])}</div>'
     )
+    if grid.caption:
+        head = f'<div class="mh-chip-title"><b>{esc(grid.caption)}</b></div>' + head
     return f'{CSS}<div class="mh-chip-grid">{head}{_host_legend(colors)}{"".join(planes)}</div>'
 
 
@@ -138,8 +147,12 @@ def render_chip_grid_png(grid: ChipGrid, title: str = '', width: int = 720) -> b
     cell_in = panel / pw
     fig_h = 0.9 + rows * (cell_in * ph + 0.45)
     fig = Figure(figsize=(width / 100, fig_h), dpi=100)
-    head = title or f'{grid.kind}: {len(grid.chips)} chips on {grid.hosts} processes'
+    head = (
+        title or grid.caption or f'{grid.kind}: {len(grid.chips)} chips on {grid.hosts} processes'
+    )
     what = grid.legend().split('then ', 1)[-1].split(';')[0]
+    if grid.marked:
+        what += f'; dashed outline: {fmt_hosts(grid.marked)}, never launched it'
     legend = (
         'x across, y down; colour: process (pN in its corner), thick lines between processes\n'
         f'label: {what}'
@@ -173,6 +186,10 @@ def render_chip_grid_png(grid: ChipGrid, title: str = '', width: int = 720) -> b
                 if chip.label:
                     ax.text(x + 0.5, y + 0.5, chip.label, ha='center', va='center',
                             fontsize=font, color=text_color(fill))  # fmt: skip
+                if chip.process in grid.marked:
+                    ax.add_patch(Rectangle((x + 0.1, y + 0.1), 0.8, 0.8, fill=False,
+                                           edgecolor=text_color(fill), lw=2,
+                                           linestyle='--'))  # fmt: skip
         _host_lines(ax, plane)
         _host_names(ax, plane, colors, max(3.5, font * 0.75))
     buf = io.BytesIO()
