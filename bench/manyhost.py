@@ -22,7 +22,7 @@ Bytes and RPCs *served* are the sums over hosts (every reply comes from the
 one service). The service's own CPU is estimated as process 0's CPU time
 minus the median of the other hosts' (process 0 runs the service and a host).
 
-Used by ``bench/scale.py --many`` and ``tests/test_scale_harness.py``.
+Used by ``bench/scale.py --many`` and ``tests/jobs/test_scale_harness.py``.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def _plan_cases() -> list[tuple[tuple[int, ...], tuple[int, ...], str]]:
     out = []
     for shape in [(768, 8, 96), (64, 32, 256), (8, 96, 768), (512, 8, 64), (768, 3), (4096, 64)]:
         got = layout.read_layout(ml_dtypes.bfloat16, shape, True)  # in C order (the stored order's
-        if got is not None and got.shape != shape:  # reads: tests/test_tpu_reshapes.py)
+        if got is not None and got.shape != shape:  # reads: tests/engine/test_tpu_reshapes.py)
             out.append((shape, got.shape, 'layout.read_layout in C order (a whole leaf)'))
     return out
 

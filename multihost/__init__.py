@@ -200,7 +200,7 @@ _HOMES: dict[str, tuple[str, str]] = {
 }
 
 #: The public names: `_HOMES`' keys, written nowhere else (the `TYPE_CHECKING` imports above
-#: are checked against `_HOMES` by tests/test_core_single.py).
+#: are checked against `_HOMES` by tests/engine/test_core_single.py).
 __all__ = sorted(_HOMES)
 
 

@@ -1,6 +1,6 @@
 """A job nobody edited, launched like a scheduler does (env vars, initialize in the script).
 
-Run by tests/test_install.py in every process: ``MH_PID``, ``MH_N``, ``MH_COORD``.
+Run by tests/engine/test_install.py in every process: ``MH_PID``, ``MH_N``, ``MH_COORD``.
 A library-style module takes JAX's functions by name *before* `multihost.install`,
 which is called before `jax.distributed.initialize`. Prints one JSON line of
 findings per scenario (``RESULT {...}``) to stdout.

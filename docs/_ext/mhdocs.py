@@ -3,7 +3,7 @@
 At ``builder-inited`` it writes, into the source tree (git-ignored, rewritten
 only where they changed):
 
-* ``tutorials/``: every ``notebooks/*.ipynb`` as ``tests/test_notebooks.py``
+* ``tutorials/``: every ``notebooks/*.ipynb`` as ``tests/notebook/test_notebooks.py``
   executed it (``build/executed/<name>``): the site renders those copies and
   never executes a notebook. A missing or stale copy stops the build and says
   to run the tests first. Live widget outputs are left out: without a kernel
@@ -36,13 +36,13 @@ from sphinx.errors import ExtensionError
 DOCS = pathlib.Path(__file__).resolve().parent.parent
 ROOT = DOCS.parent
 NOTEBOOKS = ROOT / 'notebooks'
-EXECUTED = ROOT / 'build' / 'executed'  # written by tests/test_notebooks.py
+EXECUTED = ROOT / 'build' / 'executed'  # written by tests/notebook/test_notebooks.py
 MODULES = ('multihost', 'multihost.testing', 'mhnotebook', 'mhnotebook.widgets')
 WIDGET = 'application/vnd.jupyter.widget-view+json'
 STATIC = 'class="mh-static '
 RUN_TESTS = (
     'The site renders the tutorials as the tests executed them: run '
-    '`pytest tests/test_notebooks.py` (or the whole suite) first, then build again.'
+    '`pytest tests/notebook/test_notebooks.py` (or the whole suite) first, then build again.'
 )
 
 

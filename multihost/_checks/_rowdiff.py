@@ -5,7 +5,7 @@
 first, then the rows of one representative per group of alike hosts, or above
 `REFERENCE_ABOVE` hosts their deltas against a reference host's. `plan`,
 `delta` and `merge` are pure, so the exchange at 1,000 hosts can be replayed in
-one process (`tests/test_scale.py`). See docs/ARCHITECTURE.md, "Tree diff".
+one process (`tests/engine/test_scale.py`). See docs/ARCHITECTURE.md, "Tree diff".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ help and its check. From that table come:
   `_cli.run_target`);
 * `install`'s keyword handling, the environment's reading and every check
   (`InstallOptions.resolve`), and the ``Args:`` of its docstring (`install_args`);
-* the option reference of docs/API.md §4.8 (`reference_markdown`; tests/test_options.py
+* the option reference of docs/API.md §4.8 (`reference_markdown`; tests/engine/test_options.py
   keeps it true, and says how to rewrite it: `write_reference`).
 
 A keyword or flag given wins; else its environment variable; else its default. A bad value

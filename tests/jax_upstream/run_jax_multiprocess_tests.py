@@ -13,7 +13,7 @@ verdicts are compared per test. A difference not in `EXPECTED_DIFFERENCES`
 The files are JAX's code and are never committed: point `--jax-tests` (or
 `MH_JAX_TESTS`) at a checkout's `tests/multiprocess`. Without them the
 script says how to fetch them and exits 0 ("skipped"), so a machine without
-network skips it. Not a pytest test (it runs minutes; tests/test_jax_upstream.py
+network skips it. Not a pytest test (it runs minutes; tests/project/test_jax_upstream.py
 runs it on one file when the files are there).
 
     python tests/jax_upstream/run_jax_multiprocess_tests.py --jax-tests DIR [--files a,b]

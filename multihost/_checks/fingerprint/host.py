@@ -95,7 +95,7 @@ def host_view(x: jax.Array) -> np.ndarray | None:
     """A zero-copy numpy view of a single-device array in host memory; else None.
 
     On a CPU device ``np.asarray`` shares the device buffer (no copy; checked
-    in tests/test_fingerprint.py by the buffer address).
+    in tests/engine/test_fingerprint.py by the buffer address).
     """
     if len(x.addressable_shards) != 1 or not in_host_memory(x):
         return None

@@ -5,7 +5,7 @@ A TPU stores an array whose last axis is small with another axis minor; a progra
 it in its logical shape gets a relayout first (a copy through the vector units, which
 rewrites bfloat16 NaN payloads and subnormals: `bench/tpu_bits.py` re-checks it). The kernel
 reads a block in its stored order and in shapes that are `bitcast`s of it (no data moves:
-`tests/test_tpu_reshapes.py` compiles them for a v5e).
+`tests/engine/test_tpu_reshapes.py` compiles them for a v5e).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ KERNEL_FLOATS = frozenset(n for n in NONFINITE_BITS if n not in ('float16', 'flo
 WORD_DTYPES = frozenset({'float32', 'int32', 'uint32'})
 
 #: Dtypes whose whole leaves are read with their leading axes merged (a `bitcast` in XLA:
-#: the same tiles in memory, nothing moved; `tests/test_tpu_reshapes.py`). Not float8_e4m3fn,
-#: whose negative NaN even an identity program rewrote on the chip: not tried there.
+#: the same tiles in memory, nothing moved; `tests/engine/test_tpu_reshapes.py`). Not
+#: float8_e4m3fn, whose negative NaN even an identity program rewrote on the chip: not tried
+#: there.
 RESHAPE_KEEPS_BITS = frozenset({'bfloat16', 'float8_e5m2'})
 
 #: Dtypes whose whole 1-D leaves of whole rows are read as rows of 128: the same tiles in
