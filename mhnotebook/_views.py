@@ -11,7 +11,7 @@ Step, Continue, Stop) to the session. The magics return what it builds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mhnotebook._jobview import DataView, JobView
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         LayoutView,
         MemoryView,
         NonfiniteView,
+        ReplayView,
         StepperView,
         TimelineView,
         TreeDiffView,
@@ -42,6 +43,7 @@ __all__ = [
     'layout_view',
     'memory_view',
     'nonfinite_view',
+    'replay_view',
     'stacks_view',
     'stepper_view',
     'timeline_view',
@@ -168,6 +170,16 @@ def diff_view(session: DataView, name: str) -> TreeDiffView:
     from mhnotebook.widgets import TreeDiffView
 
     return TreeDiffView(session.diff(name))
+
+
+def replay_view(
+    session: DataView, fn: str, names: Sequence[str], *, again: int = 2,
+    canonical: bool = False, frame: Any = None,
+) -> ReplayView:  # fmt: skip
+    """A `ReplayView` of launch ``fn(*names)`` replayed on every host (`DataView.replay`)."""
+    from mhnotebook.widgets import ReplayView
+
+    return ReplayView(session.replay(fn, *names, again=again, canonical=canonical, frame=frame))
 
 
 def nonfinite_view(session: DataView, name: str) -> NonfiniteView:

@@ -52,6 +52,7 @@ from mhnotebook._views import (
     layout_view,
     memory_view,
     nonfinite_view,
+    replay_view,
     stepper_view,
     timeline_view,
     where_view,
@@ -511,13 +512,12 @@ class MultihostMagics(Magics):
         if args.again < 1:
             raise UsageError('%mh_replay --again N: N >= 1 (the times the launch runs again)')
         session = self._data('%mh_replay', args.frame)
-        report = delegate(
-            lambda: session.replay(
-                fn, *names, again=args.again, canonical=args.canonical, frame=args.frame
+        view = delegate(
+            lambda: replay_view(
+                session, fn, names, again=args.again, canonical=args.canonical, frame=args.frame
             )
         )
-        print(report.describe())
-        return None
+        return self.shown.replace(f'%mh_replay {fn}', view)
 
     @magic_arguments.magic_arguments()
     @magic_arguments.argument('name', help=_TREE_NAME)

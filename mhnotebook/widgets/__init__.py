@@ -29,6 +29,7 @@ from mhnotebook.widgets._audit import AuditView
 from mhnotebook.widgets._census import EnvView, MemoryView, render_memory_png
 from mhnotebook.widgets._common import host_color
 from mhnotebook.widgets._nonfinite import NonfiniteView
+from mhnotebook.widgets._replay import ReplayView
 from mhnotebook.widgets._stepper import StepperView
 from mhnotebook.widgets._timeline import TimelineView, render_timeline_png
 from mhnotebook.widgets._treediff import TreeDiffView
@@ -46,6 +47,7 @@ __all__ = [
     'LayoutView',
     'MemoryView',
     'NonfiniteView',
+    'ReplayView',
     'StepperView',
     'TimelineView',
     'TreeDiffView',

@@ -40,7 +40,7 @@ from multihost import _jax_adapter
 from multihost._checks import fingerprint
 from multihost._checks._treediff import tree_diff
 from multihost._errors import MultihostError
-from multihost._models._replay import Equation, Replay
+from multihost._models._replay import BEFORE, Equation, Replay
 from multihost._models._stacks import display_path, frame_package
 
 #: Equations evaluated between two comparisons (one `tree_diff` each).
@@ -168,9 +168,14 @@ def _replay(
     seconds['op_by_op'] = time.perf_counter() - t0
     base.update(equations=walk.done, total_equations=walk.total)
     if found is not None:
-        first, difference, fed_by = found
+        first, difference, fed_by, before = found
         return Replay(
-            verdict='operation', first=first, difference=difference, fed_by=fed_by, **base
+            verdict='operation',
+            first=first,
+            difference=difference,
+            fed_by=fed_by,
+            before=before,
+            **base,
         )
     verdict = 'outputs' if outputs is not None and not outputs.ok else 'agree'
     return Replay(verdict=verdict, **base)
@@ -559,7 +564,12 @@ class _Walk:
 
     def _answer(self, at: _Done, leaf: Any) -> Any:
         fed = tuple(self._equation(self.made[i]) for i in at.fed if i in self.made)
-        return self._equation(at), leaf, fed
+        before = tuple(
+            self._equation(self.made[i])
+            for i in range(max(0, at.index - BEFORE), at.index)
+            if i in self.made
+        )
+        return self._equation(at), leaf, fed, before
 
     @staticmethod
     def _equation(d: _Done) -> Equation:

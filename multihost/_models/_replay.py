@@ -22,6 +22,8 @@ from multihost._models._treediff import LeafDiff, TreeDiff
 
 #: `Replay.verdict` values, in the order the stages run.
 VERDICTS = ('inputs', 'again', 'operation', 'outputs', 'agree')
+#: Equations kept in `Replay.before`.
+BEFORE = 12
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ class Replay:
         difference: that equation's differing output, between hosts (None on one process,
             where the two runs' digests differ).
         fed_by: the equations whose outputs it read (all agreed), in order.
+        before: the equations evaluated just before it (at most `BEFORE`; all agreed), in
+            order: what the op-by-op view lists above it.
         seconds: the time of each stage.
     """
 
@@ -104,6 +108,7 @@ class Replay:
     difference: LeafDiff | None = None
     fed_by: tuple[Equation, ...] = ()
     seconds: dict[str, float] = field(default_factory=dict)
+    before: tuple[Equation, ...] = ()
 
     @property
     def ok(self) -> bool:

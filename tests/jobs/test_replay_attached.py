@@ -28,9 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.release]
 BIAS = "['block_0']['Dense_0']['bias']"
 
 
-def test_an_attached_notebook_replays_the_held_launch_to_the_faulty_operation(
-    tmp_path: Any, capsys: Any
-):
+def test_an_attached_notebook_replays_the_held_launch_to_the_faulty_operation(tmp_path: Any):
     from _helpers import magic_shell
 
     import mhnotebook
@@ -54,9 +52,10 @@ def test_an_attached_notebook_replays_the_held_launch_to_the_faulty_operation(
         ip, _ = magic_shell(None)
         ip.run_line_magic('mh_attach', control)
         try:
-            capsys.readouterr()
-            ip.run_line_magic('mh_replay', 'train_step(state, batch) --canonical --frame train')
-            said = capsys.readouterr().out
+            view = ip.run_line_magic(
+                'mh_replay', 'train_step(state, batch) --canonical --frame train'
+            )
+            said = view.text()
         finally:
             ip.run_line_magic('mh_detach', '')
         assert "replicas to the first's" in said, said

@@ -799,14 +799,25 @@ def test_replay_magic_names_the_first_operation_where_hosts_part(session):
         '    return jnp.tanh(x @ w / 100.0)\n',
         echo=False,
     )
+    from mhnotebook.widgets import ReplayView
+
     with capture_output() as cap:
-        ip.run_line_magic('mh_replay', 'drift_step(rw, rx)')
-    assert 'replay of drift_step on 4 processes:' in cap.stdout, cap.stdout
-    assert 'first operation whose outputs differ between hosts:' in cap.stdout
-    assert ' mul -> f32[8,3] at ' in cap.stdout and 'on process 3' in cap.stdout, cap.stdout
-    with capture_output() as cap:
-        ip.run_line_magic('mh_replay', 'same_step(rw, rx) --again 3')
-    assert 'the hosts agree: inputs, 3 runs of the compiled launch' in cap.stdout, cap.stdout
+        view = ip.run_line_magic('mh_replay', 'drift_step(rw, rx)')
+    assert isinstance(view, ReplayView) and not cap.stdout, cap.stdout
+    said = view.text()
+    assert 'replay of drift_step on 4 processes:' in said, said
+    assert 'first operation whose outputs differ between hosts:' in said
+    assert ' mul -> f32[8,3] at ' in said and 'on process 3' in said, said
+    # the view: the equations before it (agreed), the multiply marked, with its line
+    html = view.widget.children[2].value
+    assert html.count('mh-replay-parted') == 1 and 'mh-replay-agreed' in html, html
+    assert view.replay.first is not None and view.replay.first.primitive == 'mul'
+    assert [e.index for e in view.replay.before] == list(
+        range(max(0, view.replay.first.index - 12), view.replay.first.index)
+    )
+    again = ip.run_line_magic('mh_replay', 'same_step(rw, rx) --again 3')
+    assert 'the hosts agree: inputs, 3 runs of the compiled launch' in again.text(), again.text()
+    assert again.widget.children[2].value == ''  # no operation parted: no table
     for bad in ['drift_step', 'drift_step(rw, x=rx)', 'drift_step(rw, 1 + 2)', 'f(rw) --again 0']:
         with pytest.raises(UsageError):
             ip.run_line_magic('mh_replay', bad)

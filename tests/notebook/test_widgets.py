@@ -3,7 +3,7 @@ on arrival, and synced widget state that is JSON and small (a recording comm).
 
 Each view's own tests are in its file: test_layout_view.py, test_treediff_view.py,
 test_stepper_view.py, test_where_view.py, test_timeline.py, test_census_views.py,
-test_nonfinite_views.py.
+test_nonfinite_views.py, test_replay_view.py.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def test_public_surface():
             'LayoutView',
             'MemoryView',
             'NonfiniteView',
+            'ReplayView',
             'StepperView',
             'TimelineView',
             'TreeDiffView',
@@ -61,6 +62,8 @@ def test_views_reject_wrong_models():
         mw.StepperView([])
     with pytest.raises(TypeError, match='multihost.AuditReport.*got builtins.dict'):
         mw.AuditView({})
+    with pytest.raises(TypeError, match='multihost.Replay.*got builtins.str'):
+        mw.ReplayView('x')
     with pytest.raises(TypeError, match='multihost.HostStacks.*got builtins.int'):
         mw.WhereView({0: 1})
 
