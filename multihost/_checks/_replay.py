@@ -390,10 +390,25 @@ def _flat_arguments(fn: Callable[..., Any], args: Any, kwargs: Any) -> list[Any]
     return jax.tree.leaves((dynamic, kwargs))
 
 
+def _scan_body(eqn: Any) -> Any:
+    """A scan's body (a ClosedJaxpr) when its iterations are replayed one by one: a scan of
+    at least one step. Its length is static, so every host runs the same equations (a cond's
+    branch or a while loop's count depends on the values, which may differ between hosts:
+    those stay one equation each)."""
+    if eqn.primitive.name != 'scan' or int(eqn.params.get('length', 0)) < 1:
+        return None
+    body = eqn.params.get('jaxpr')
+    return body if hasattr(body, 'jaxpr') and hasattr(body, 'consts') else None
+
+
 def _count(jaxpr: Any) -> int:
     total = 0
     for eqn in jaxpr.eqns:
         inner = _inner(eqn)
+        body = _scan_body(eqn)
+        if body is not None:
+            total += _count(body.jaxpr) * int(eqn.params['length'])
+            continue
         total += _count(inner[0]) if inner is not None else 1
     return total
 
@@ -491,7 +506,9 @@ class _Walk:
             ins = [read(v) for v in eqn.invars]
             fed = [None if _is_literal(v) else made.get(v) for v in eqn.invars]
             inner = _inner(eqn)
-            if inner is not None:
+            if _scan_body(eqn) is not None:
+                outs, out_made = self._scan(eqn, ins, scope, fed)
+            elif inner is not None:
                 label = str(eqn.params.get('name') or eqn.primitive.name)
                 outs, out_made = self._run(inner[0], inner[1], ins, scope + (label,), fed)
             else:
@@ -506,6 +523,33 @@ class _Walk:
         return [read(v) for v in jaxpr.outvars], [
             None if _is_literal(v) else made.get(v) for v in jaxpr.outvars
         ]
+
+    def _scan(
+        self, eqn: Any, ins: list[Any], scope: tuple[str, ...], fed: list[int | None]
+    ) -> tuple[list[Any], list[int | None]]:
+        """A scan replayed one iteration at a time, its body op by op (scope ``scan[i]``):
+        iteration ``i`` takes the carry and the ``i``-th slice of each scanned input, its
+        outputs past the carry are stacked back as the scan stacks them."""
+        p = eqn.params
+        body = p['jaxpr']
+        nc, ncarry, length = int(p['num_consts']), int(p['num_carry']), int(p['length'])
+        consts, carry, xs = ins[:nc], ins[nc : nc + ncarry], ins[nc + ncarry :]
+        made_c, made_carry, made_xs = fed[:nc], fed[nc : nc + ncarry], fed[nc + ncarry :]
+        ys: list[list[Any]] = []
+        made_ys: list[int | None] = []
+        steps = range(length - 1, -1, -1) if p.get('reverse') else range(length)
+        for i in steps:
+            outs, made = self._run(
+                body.jaxpr, list(body.consts), [*consts, *carry, *(x[i] for x in xs)],
+                scope + (f'scan[{i}]',), [*made_c, *made_carry, *made_xs],
+            )  # fmt: skip
+            carry, made_carry = outs[:ncarry], made[:ncarry]
+            ys.append(outs[ncarry:])
+            made_ys = made[ncarry:]
+        if p.get('reverse'):
+            ys.reverse()
+        stacked = [jnp.stack([y[k] for y in ys]) for k in range(len(eqn.outvars) - ncarry)]
+        return [*carry, *stacked], [*made_carry, *made_ys]
 
     def _record(
         self, eqn: Any, scope: tuple[str, ...], ins: list[Any], outs: list[Any],

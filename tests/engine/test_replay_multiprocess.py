@@ -162,3 +162,42 @@ def test_a_host_that_cannot_replay_fails_every_host_at_once():
         multihost.replay(broken_step, params, batch, timeout=60)
     assert set(e.value.reasons) == {1}
     assert time.monotonic() - t0 < 45  # at its next comparison, not at a timeout
+
+
+def _wobble_at(h: np.ndarray, i: np.ndarray) -> np.ndarray:
+    """Process 2's 'chip' is wrong at layer 2 only."""
+    wrong = jax.process_index() == 2 and int(i) == 2
+    return np.asarray(h) + np.float32(1e-3 if wrong else 0.0)
+
+
+def scanned_step(params, batch):
+    """Four 'layers' in a scan; the chip's fault is inside its body, at iteration 2."""
+
+    def layer(c, i):
+        c = jnp.tanh(c * 1.5 + 0.1)
+        shape = jax.ShapeDtypeStruct(c.shape, c.dtype)
+        on_device = lambda v, k: jax.pure_callback(_wobble_at, shape, v, k)  # noqa: E731
+        c = shard_map(on_device, mesh=_mesh(), in_specs=(P(), P()), out_specs=P())(c, i)
+        return c, jnp.sum(c)
+
+    out, sums = jax.lax.scan(layer, params['w'], jnp.arange(4))
+    return out, sums + jnp.sum(batch)
+
+
+@multiprocess
+def test_a_fault_inside_a_scan_is_named_at_its_iteration():
+    mesh = _mesh()
+    params, batch = _state_and_batch(mesh)
+    report = multihost.replay(jax.jit(scanned_step), params, batch, timeout=120)
+    assert report.verdict == 'operation', report.describe()
+    first = report.first
+    assert first is not None and first.primitive == 'shard_map', report.describe()
+    assert first.scope.endswith('scan[2]'), first.scope  # the layer, not the whole scan
+    line = source_line(scanned_step, 'c = shard_map(')
+    assert first.where == f'test_replay_multiprocess.py:{line} in scanned_step.<locals>.layer'
+    assert report.difference is not None and report.difference.odd_processes == (2,)
+    # iterations 0-1 agreed before it, every scanned equation counted
+    assert any('scan[1]' in e.scope for e in report.before), report.before
+    assert report.total_equations > 4 * 3
+    clean = multihost.replay(jax.jit(clean_step), params, batch, timeout=120)
+    assert clean.ok
