@@ -425,6 +425,55 @@ def add_classes(widget: Any, *classes: str) -> Any:
     return widget
 
 
+class RefreshableView(View):
+    """A view with a Refresh button: ``on_refresh`` returns a fresh model, which `_refreshed`
+    shows (``update``). An error, raised by ``on_refresh`` or by a model the view cannot show,
+    becomes a message in the view (`_error`), never a traceback lost in the browser's log.
+
+    A subclass sets ``self._on_refresh`` and ``self._message`` (an HTML widget) and makes its
+    button with `_refresh_button`; it overrides `_refreshed` when a refresh shows more than
+    ``update(model)``.
+    """
+
+    _on_refresh: Callable[[], Any] | None = None
+    _message: Any
+
+    def _refresh_button(self, tooltip: str) -> Any:
+        """The Refresh button (``mh-refresh-button``), disabled without ``on_refresh``."""
+        import ipywidgets as widgets
+
+        button = add_classes(
+            widgets.Button(
+                description='Refresh', tooltip=tooltip, disabled=self._on_refresh is None
+            ),
+            'mh-refresh-button',
+            'mh-button',
+        )
+        button.on_click(lambda _b: self.refresh())
+        return button
+
+    def refresh(self) -> None:
+        """Calls ``on_refresh`` and shows what it returns."""
+        if self._on_refresh is None:
+            return
+        ok, got = run_action(self._on_refresh, 'Refresh', self._error)
+        if not ok:
+            return
+        self._message.value = ''
+        try:
+            self._refreshed(got)
+        except (TypeError, AttributeError, ValueError) as exc:
+            self._error(f'Refresh: on_refresh returned something this view cannot show: {exc}')
+
+    def _refreshed(self, got: Any) -> None:
+        self.update(got)  # type: ignore[attr-defined]
+
+    def _error(self, text: str) -> None:
+        import textwrap
+
+        self._message.value = CSS + banner(esc(textwrap.shorten(text, 2000)), 'mh-error')
+
+
 def run_action(fn: Callable[[], Any], what: str, report: Callable[[str], None]) -> tuple[bool, Any]:
     """Calls an injected callback; an exception becomes a message instead of vanishing.
 

@@ -26,7 +26,7 @@ import ipywidgets as widgets
 
 from mhnotebook.widgets._common import (
     CSS,
-    View,
+    RefreshableView,
     add_classes,
     banner,
     esc,
@@ -198,7 +198,7 @@ def grid_html(table: StepTable) -> str:
 Action = Callable[[], Any]
 
 
-class StepperView(View):
+class StepperView(RefreshableView):
     """The barrier stepper: a host x step grid and Step / Continue / Stop / Refresh buttons.
 
     The buttons call the injected callables; none of them is required (a
@@ -255,12 +255,12 @@ class StepperView(View):
             'stop the program on every process',
             style='danger',
         )
-        self._refresh_button = self._button(
+        self._refresh = self._button(
             'Refresh', 'mh-refresh-button', on_refresh, self.refresh, 'read the table again'
         )
         buttons = add_classes(
             widgets.HBox(
-                [self._step_button, self._continue_button, self._stop_button, self._refresh_button]
+                [self._step_button, self._continue_button, self._stop_button, self._refresh]
             ),
             'mh-stepper-buttons',
         )
@@ -288,20 +288,9 @@ class StepperView(View):
         self._grid.value = grid_html(table)
         self._step_button.tooltip = f'release step #{table.next_release}'
 
-    def refresh(self) -> None:
-        """Calls ``on_refresh`` and shows the table it returns."""
-        if self._on_refresh is None:
-            return
-        ok, table = run_action(self._on_refresh, 'Refresh', self._error)
-        if not ok:
-            return
+    def _refreshed(self, table: Any) -> None:
         if not isinstance(table, StepTable):
-            self._error(
-                f'Refresh: on_refresh returned {type(table).__name__}, expected a '
-                'multihost.StepTable'
-            )
-            return
-        self._message.value = ''
+            raise TypeError(f'{type(table).__name__}, expected a multihost.StepTable')
         self.update(table)
 
     def _act(self, fn: Action | None, what: str) -> None:
@@ -315,9 +304,6 @@ class StepperView(View):
             self.update(result)
         elif self._on_refresh is not None:
             self.refresh()
-
-    def _error(self, text: str) -> None:
-        self._message.value = CSS + banner(esc(text), 'mh-error')
 
     @staticmethod
     def _button(

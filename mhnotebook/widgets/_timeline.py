@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import textwrap
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,14 +19,13 @@ import ipywidgets as widgets
 
 from mhnotebook.widgets._common import (
     CSS,
-    View,
+    RefreshableView,
     _png_b64,
     add_classes,
     banner,
     esc,
     expect_model,
     host_color,
-    run_action,
     swatch,
     widget_html,
 )
@@ -399,7 +397,7 @@ def status_html(timeline: Timeline) -> str:
     return CSS + f'<span class="mh-timeline-state">{esc(text)}</span>'
 
 
-class TimelineView(View):
+class TimelineView(RefreshableView):
     """A `multihost.Timeline` as a host x time chart, the straggler summary and a step table.
 
     Args:
@@ -424,22 +422,13 @@ class TimelineView(View):
     ):
         self._on_refresh = on_refresh
         self.max_rows = int(max_rows)
-        self._refresh_button = add_classes(
-            widgets.Button(
-                description='Refresh',
-                tooltip="read every process's flight records again",
-                disabled=on_refresh is None,
-            ),
-            'mh-refresh-button',
-            'mh-button',
-        )
-        self._refresh_button.on_click(lambda _b: self.refresh())
+        self._refresh = self._refresh_button("read every process's flight records again")
         self._status = add_classes(widgets.HTML(), 'mh-timeline-status')
         self._message = add_classes(widgets.HTML(), 'mh-timeline-message')
         self._summary = add_classes(widgets.HTML(), 'mh-timeline-summary')
         self._chart = add_classes(widgets.Image(format='png'), 'mh-timeline-chart')
         self._table = add_classes(widgets.HTML(), 'mh-timeline-table')
-        top = widgets.HBox([self._refresh_button, self._status])
+        top = widgets.HBox([self._refresh, self._status])
         self.widget = add_classes(
             widgets.VBox([top, self._message, self._summary, self._chart, self._table]),
             'mh-timeline',
@@ -477,20 +466,3 @@ class TimelineView(View):
         self._summary.value = summary_html(timeline)
         self._chart.value = render_timeline_png(timeline, max_rows=self.max_rows)
         self._table.value = steps_table_html(timeline)
-
-    def refresh(self) -> None:
-        """Calls ``on_refresh`` and shows what it returns."""
-        if self._on_refresh is None:
-            return
-        ok, timeline = run_action(self._on_refresh, 'Refresh', self._error)
-        if not ok:
-            return
-        try:
-            self.update(timeline)
-        except TypeError as exc:
-            self._error(f'Refresh: {exc}')
-            return
-        self._message.value = ''
-
-    def _error(self, text: str) -> None:
-        self._message.value = CSS + banner(esc(textwrap.shorten(text, 2000)), 'mh-error')

@@ -24,7 +24,7 @@ import ipywidgets as widgets
 
 from mhnotebook.widgets._common import (
     CSS,
-    View,
+    RefreshableView,
     add_classes,
     banner,
     esc,
@@ -401,7 +401,7 @@ def where_text(
     return '\n'.join(lines)
 
 
-class WhereView(View):
+class WhereView(RefreshableView):
     """What every host is doing now, grouped by state, with its stack a click away.
 
     Args:
@@ -445,23 +445,14 @@ class WhereView(View):
         self._verdict_source = verdict
         self._verdict: str | None = None
         self._grid: ChipGrid | None = None
-        self._refresh_button = add_classes(
-            widgets.Button(
-                description='Refresh',
-                tooltip="take every process's stacks again",
-                disabled=on_refresh is None,
-            ),
-            'mh-refresh-button',
-            'mh-button',
-        )
-        self._refresh_button.on_click(lambda _b: self.refresh())
+        self._refresh = self._refresh_button("take every process's stacks again")
         self._verdict_box = add_classes(widgets.HTML(), 'mh-where-verdict-box')
         self._status = add_classes(widgets.HTML(), 'mh-where-status')
         self._message = add_classes(widgets.HTML(), 'mh-where-message')
         self._table = add_classes(widgets.HTML(), 'mh-where-table')
         self._stacks_html = add_classes(widgets.HTML(), 'mh-where-stacks')
         self._chips = add_classes(widgets.HTML(), 'mh-where-chips')
-        top = widgets.HBox([self._refresh_button, widgets.VBox([self._verdict_box, self._status])])
+        top = widgets.HBox([self._refresh, widgets.VBox([self._verdict_box, self._status])])
         self.widget = add_classes(
             widgets.VBox([top, self._message, self._table, self._stacks_html, self._chips]),
             'mh-where',
@@ -521,21 +512,10 @@ class WhereView(View):
         self._chips.value = chip_grid_html(self._grid)
         self._chips.layout.display = None if self._grid is not None else 'none'
 
-    def refresh(self) -> None:
-        """Calls ``on_refresh`` (and a verdict callable) and shows what they return."""
-        if self._on_refresh is None:
-            return
-        ok, stacks = run_action(self._on_refresh, 'Refresh', self._error)
-        if not ok:
-            return
-        self._message.value = ''
+    def _refreshed(self, stacks: Any) -> None:
+        # the stacks, and a verdict callable's answer (a string verdict described the
+        # stacks before this refresh: dropped)
         verdict = None if isinstance(self._verdict_source, str) else self._call_verdict()
         if isinstance(self._verdict_source, str):
-            self._verdict_source = None  # it described the stacks before this refresh
-        try:
-            self.update(stacks, verdict=verdict, grid=self._grid)
-        except (TypeError, AttributeError, ValueError) as exc:
-            self._error(f'Refresh: on_refresh returned something else than HostStacks: {exc}')
-
-    def _error(self, text: str) -> None:
-        self._message.value = CSS + banner(esc(text), 'mh-error')
+            self._verdict_source = None
+        self.update(stacks, verdict=verdict, grid=self._grid)

@@ -116,3 +116,32 @@ def test_widget_state_serializes_and_stays_small(comm_log):
     for v in views:
         state, _, _ = _remove_buffers(v.widget.get_state())
         json.dumps(state)
+
+
+def test_refresh_errors_become_messages_in_every_refreshable_view():
+    """The where, timeline and stepper views share one Refresh (`RefreshableView`): an error
+    raised by ``on_refresh``, or a model the view cannot show, is a message in the view."""
+    from _view_models import step_table
+
+    import multihost
+    from mhnotebook.widgets._common import RefreshableView
+
+    def boom():
+        raise IndexError('no host answered')
+
+    views = [
+        (mw.WhereView(host_stacks(), on_refresh=boom), 'mh-where-message'),
+        (
+            mw.TimelineView(multihost.Timeline.build([], num_processes=2), on_refresh=boom),
+            'mh-timeline-message',
+        ),  # fmt: skip
+        (mw.StepperView(step_table(), on_refresh=boom), 'mh-stepper-message'),
+    ]
+    for view, cls in views:
+        assert isinstance(view, RefreshableView)
+        view.refresh()
+        assert 'Refresh failed: IndexError: no host answered' in one(view.widget, cls).value
+        view._on_refresh = lambda: 5  # a model no view shows
+        view.refresh()
+        said = one(view.widget, cls).value
+        assert 'Refresh: on_refresh returned something this view cannot show' in said, said
