@@ -32,6 +32,7 @@ from mhnotebook.widgets._common import (
 )
 from multihost._models import LeafDiff, TreeDiff
 from multihost._models._layout import format_index
+from multihost._models._treediff import ULPS_SAID
 from multihost._text import fmt_hosts
 
 #: Differing leaves listed in the table and the expandable sections.
@@ -103,9 +104,12 @@ def leaf_summary(leaf: LeafDiff) -> str:
     worst = math.nan if any(math.isnan(d) for d in diffs) else max(diffs)
     first = stats[0]
     size = math.prod(leaf.shapes[first] or ())
+    ulps = [leaf.max_ulps[h] for h in stats if h in leaf.max_ulps]
+    near = ulps and len(ulps) == len(stats) and max(ulps) < ULPS_SAID
+    apart = f' ({max(ulps)} ulps)' if near else ''
     return (
         f'{tie}{total} element(s) differ ({leaf.num_different[first]} of {size} on process '
-        f'{first}), max |diff| {_num(worst)}, first at {leaf.first_index[first]}'
+        f'{first}), max |diff| {_num(worst)}{apart}, first at {leaf.first_index[first]}'
     )
 
 

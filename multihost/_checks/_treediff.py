@@ -249,8 +249,26 @@ def _decode_array(enc: list[Any]) -> np.ndarray:
 # -- comparing against the majority value -------------------------------------
 
 
-def _compare(own: np.ndarray, ref: np.ndarray) -> tuple[int, tuple[int, ...], float]:
-    """(number of differing elements, first differing index, max abs diff), bitwise.
+def _ulp_keys(bits: np.ndarray) -> np.ndarray:
+    """A float's raw bits (unsigned) mapped to integers in the floats' order: adjacent
+    representable values are adjacent integers (negative values mirrored below the
+    positive ones), so two keys' distance is the values' distance in ulps."""
+    s = np.uint64(1 << (8 * bits.dtype.itemsize - 1))
+    wide = bits.astype(np.uint64)
+    with np.errstate(over='ignore'):  # the branch np.where drops may wrap around
+        return np.where(wide & s, s - np.uint64(1) - (wide - s), s + wide)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    """IEEE-like floats (numpy's and ml_dtypes', bfloat16 and float8 included)."""
+    return dtype.kind == 'f' or (
+        dtype.kind == 'V' and dtype.fields is None and 'float' in dtype.name
+    )
+
+
+def _compare(own: np.ndarray, ref: np.ndarray) -> tuple[int, tuple[int, ...], float, int | None]:
+    """(number of differing elements, first differing index, max abs diff, max ulps),
+    bitwise; the ulps only for floats without a NaN among the differing elements.
 
     Works in chunks so temporaries stay small for large leaves.
     """
@@ -269,6 +287,8 @@ def _compare(own: np.ndarray, ref: np.ndarray) -> tuple[int, tuple[int, ...], fl
     # kind 'V' without fields, do).
     kind = own.dtype.kind
     numeric = kind in 'biufc' or (kind == 'V' and own.dtype.fields is None)
+    floats = _is_float(own.dtype) and itemsize in (1, 2, 4, 8)
+    ulps = 0
     for start in range(0, n, _COMPARE_CHUNK):
         stop = min(n, start + _COMPARE_CHUNK)
         neq = bits_own[start:stop] != bits_ref[start:stop]
@@ -293,9 +313,13 @@ def _compare(own: np.ndarray, ref: np.ndarray) -> tuple[int, tuple[int, ...], fl
                 saw_nan = True
             else:
                 worst = max(worst, float(d.max()))
+            if floats and not saw_nan:
+                ka = _ulp_keys(bits_own[start:stop][idx])
+                kb = _ulp_keys(bits_ref[start:stop][idx])
+                ulps = max(ulps, int(np.max(np.where(ka > kb, ka - kb, kb - ka))))
     where = tuple(int(i) for i in np.unravel_index(first, own.shape)) if first >= 0 else ()
     worst = math.nan if (saw_nan or not numeric) else worst
-    return count, where, worst
+    return count, where, worst, (ulps if floats and not saw_nan and count else None)
 
 
 def _broadcast_bytes(buf: np.ndarray | None, nbytes: int, source: bool) -> np.ndarray:
@@ -826,11 +850,11 @@ def _narrow(
         ref_block = _broadcast_bytes(buf, (b - a) * item, pid == source)
         if ranges.get(pid) == (a, b) and x is not None:
             own = _host(_flat_block(x, a, b))
-            count, where, worst = _compare(own, ref_block.view(own.dtype))
+            count, where, worst, ulps = _compare(own, ref_block.view(own.dtype))
             first = (
                 tuple(int(i) for i in np.unravel_index(a + where[0], ref.shape)) if where else ()
             )
-            out = [count, list(first), worst]
+            out = [count, list(first), worst, ulps]
     return out
 
 
@@ -879,6 +903,9 @@ def _assemble(
                 num_different={h: int(s[0]) for h, s in stats.items()},
                 first_index={h: tuple(s[1]) for h, s in stats.items()},
                 max_abs_diff={h: float(s[2]) for h, s in stats.items()},
+                max_ulps={
+                    h: int(s[3]) for h, s in stats.items() if len(s) > 3 and s[3] is not None
+                },
                 values=values,
                 block=p.block,
                 tie=p.tie,

@@ -77,6 +77,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+#: `LeafDiff.describe` says the distance in ulps below this (values near each other: a
+#: rounding, a flipped low bit); farther apart, the absolute difference says enough.
+ULPS_SAID = 1 << 20
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class LeafDiff:
     """One leaf path whose fingerprint is not the same on every host.
@@ -125,6 +130,10 @@ class LeafDiff:
             (`odd_processes` is empty) and `describe` says ``no majority``; the
             other hosts are still compared with the reference group
             (`compared_processes`: ``num_different`` and the rest are theirs).
+        max_ulps: odd host -> the largest distance in units in the last place between its
+            differing elements and the majority's (floats only: how many representable
+            values apart; +0 and -0 are 1 apart); absent when a NaN is involved or the
+            dtype is not a float. Same hosts as ``num_different`` otherwise.
     """
 
     path: str
@@ -140,6 +149,7 @@ class LeafDiff:
     values: Mapping[int, np.ndarray] = dataclasses.field(default_factory=dict)
     block: Index | None = None
     tie: bool = False
+    max_ulps: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def compared_processes(self) -> tuple[int, ...]:
@@ -224,8 +234,13 @@ class LeafDiff:
             if h in self.num_different:
                 shown.append(
                     f'{who}{self.num_different[h]} of {math.prod(self.shapes[h] or ())} '
-                    f'elements differ, max abs diff {self.max_abs_diff[h]:.6g}, first at '
-                    f'index {self.first_index[h]}'
+                    f'elements differ, max abs diff {self.max_abs_diff[h]:.6g}'
+                    + (
+                        f' ({self.max_ulps[h]} ulps)'
+                        if self.max_ulps.get(h, ULPS_SAID) < ULPS_SAID
+                        else ''
+                    )
+                    + f', first at index {self.first_index[h]}'
                 )
             else:
                 shown.append(f'{who}bytes differ')

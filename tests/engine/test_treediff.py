@@ -440,11 +440,20 @@ def test_compare_is_bitwise_with_first_index_and_max():
     """_compare counts bitwise-different elements, the first index and the max abs diff."""
     own = np.array([[0.0, -0.0], [np.nan, 4.0]], np.float32)
     ref = np.array([[0.0, 0.0], [np.nan, 1.0]], np.float32)
-    assert _treediff._compare(own, ref) == (2, (0, 1), 3.0)
+    # +0 and -0 are 1 ulp apart; 1 and 4 are 2^23 * 2 ulps apart in float32
+    assert _treediff._compare(own, ref) == (2, (0, 1), 3.0, 2 * 2**23)
     bf16 = jnp.bfloat16
-    assert _treediff._compare(np.array([1, 2], bf16), np.array([1, 3], bf16)) == (1, (1,), 1.0)
+    got = _treediff._compare(np.array([1, 2], bf16), np.array([1, 3], bf16))
+    assert got == (1, (1,), 1.0, 64)  # 0x4000 against 0x4040
     assert _treediff._compare(np.array(['a', 'b']), np.array(['a', 'c']))[:2] == (1, (1,))
     assert math.isnan(_treediff._compare(np.array(['a', 'b']), np.array(['a', 'c']))[2])
+    # ulps: floats only, none through a NaN
+    assert _treediff._compare(np.array([1, 2], np.int32), np.array([1, 3], np.int32))[3] is None
+    nan = _treediff._compare(np.array([np.nan], np.float32), np.array([1.0], np.float32))
+    assert nan[3] is None
+    one = np.float32(1.0)
+    assert _treediff._compare(np.array([np.nextafter(one, 2 * one)]), np.array([one]))[3] == 1
+    assert _treediff._compare(np.array([-1.0]), np.array([1.0]))[3] == 2 * 0x3FF0000000000000 + 1
 
 
 def test_digest_changes_with_any_bit():
@@ -519,3 +528,19 @@ def test_a_leaf_offloaded_to_host_memory_that_differs_on_one_host():
         leaf = diff["['mu']"]
         assert leaf.odd_processes == (1,) and leaf.num_different == {1: 1}, how
         assert leaf.first_index == {1: (123_456,)}, how
+
+
+def test_describe_says_ulps_for_near_values_only():
+    """A leaf whose values are a few ulps apart says so; far apart, the abs diff alone."""
+    from multihost._models._treediff import ULPS_SAID, LeafDiff
+
+    def leaf(ulps: int) -> LeafDiff:
+        return LeafDiff(
+            path="['w']", kind='value', odd_processes=(1,), majority_processes=(0, 2),
+            shapes={0: (4,), 1: (4,), 2: (4,)}, dtypes=dict.fromkeys(range(3), 'float32'),
+            digests={0: 'a', 1: 'b', 2: 'a'}, num_different={1: 1}, max_abs_diff={1: 1e-3},
+            first_index={1: (2,)}, max_ulps={1: ulps},
+        )  # fmt: skip
+
+    assert 'max abs diff 0.001 (8389 ulps), first at index (2,)' in leaf(8389).describe()
+    assert 'max abs diff 0.001, first at index (2,)' in leaf(ULPS_SAID).describe()
