@@ -5,14 +5,19 @@ returns at once). What the recorder and the wavefront say while both run and aft
 """
 
 import json
+import os
+import sys
 import time
 
 import jax
-from test_launch_tracking import _state, _wait, _work, slow_iters
 
-import multihost
-from multihost import _recorder
-from multihost._debug import _wavefront
+# the test module that runs this script, in tests/engine/ (this script is in tests/)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'engine'))
+from test_launch_tracking import _state, _wait, _work, slow_iters  # noqa: E402
+
+import multihost  # noqa: E402
+from multihost import _recorder  # noqa: E402
+from multihost._debug import _wavefront  # noqa: E402
 
 
 def broken(v):
