@@ -425,7 +425,7 @@ def test_tree_layout_view_click_shows_the_leaf_layout():
 
 def test_tree_layout_view_of_many_leaves_is_capped():
     """A tree of 1,000 leaves: MAX_TREE_ROWS rows, the rest counted with a subtree to name;
-    the view builds in well under a few seconds."""
+    the view is built without a row per leaf (bounded, not timed: a benchmark's job)."""
     import html
     import time
 
@@ -441,7 +441,9 @@ def test_tree_layout_view_of_many_leaves_is_capped():
     assert more.value.startswith(f'... {1000 - MAX_TREE_ROWS} more leaves (of 1000)')
     assert "%mh_layout big['l200']" in html.unescape(more.value)
     assert len(elements(view.static_html(), 'mh-tree-row', 'tr')) == MAX_TREE_ROWS
-    assert built < 5.0, built
+    # a bound against building every row (minutes), not a speed check: a loaded 2-core CI
+    # machine took 7.1 s for what takes well under one alone
+    assert built < 30.0, built
 
 
 # -- layout grid (pure) -------------------------------------------------------------------
