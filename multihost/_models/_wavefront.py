@@ -238,8 +238,7 @@ class Wavefront:
             return None
         g = self.groups()
         inside = [self.hosts[p] for p in g['inside'] if not self.hosts[p].jit_phase]
-        tables = [h.collectives for h in inside if h.pending and h.pending.label == target.label]
-        table = next((t for t in tables if t is not None), None)
+        table = _launch_table(inside, target.label)
         op = table.first_holding(g['never']) if table is not None and g['never'] else None
         return (table, op, g['never']) if table is not None and op is not None else None
 
@@ -264,9 +263,7 @@ class Wavefront:
             launched = f'launched {fmt_duration(age)} ago'
             ps = [h.process for h in launching]
             parts.append(f'{_are(ps)} inside {what} ({launched}, not done)')
-            tables = [h.collectives for h in launching if h.pending and h.pending.label == what]
-            table = next((t for t in tables if t is not None), None)
-            wait = waiting_in(table, g['never'])
+            wait = waiting_in(_launch_table(launching, what), g['never'])
             if wait:  # the collective under the launch: where they wait at the latest
                 parts[-1] += f', waiting {wait}'
         for phase in ('tracing', 'compiling'):  # its call has not launched it yet
@@ -293,6 +290,13 @@ class Wavefront:
 
     def __str__(self) -> str:
         return self.format()
+
+
+def _launch_table(hosts: list[HostFront], label: str) -> CollectiveTable | None:
+    """The collective table of launch ``label`` from the first of ``hosts`` (inside it, not
+    tracing or compiling) that holds one; None when none does."""
+    tables = [h.collectives for h in hosts if h.pending and h.pending.label == label]
+    return next((t for t in tables if t is not None), None)
 
 
 def _are(processes: Any) -> str:
