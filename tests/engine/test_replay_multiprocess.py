@@ -201,3 +201,51 @@ def test_a_fault_inside_a_scan_is_named_at_its_iteration():
     assert report.total_equations > 4 * 3
     clean = multihost.replay(jax.jit(clean_step), params, batch, timeout=120)
     assert clean.ok
+
+
+def local_step(w, x):
+    """A host-local step (each process its own device 0): a small output on process 2 is off."""
+    h = jnp.tanh(x @ w)
+    h = jax.pure_callback(_wobble, jax.ShapeDtypeStruct(h.shape, h.dtype), h)
+    return jnp.sum(h * h)
+
+
+@multiprocess
+def test_small_outputs_compared_from_host_copies_name_the_operation():
+    """Under the device fingerprint (as on an accelerator), outputs of at most
+    `SMALL_BYTES` are compared from host copies (no packing program per chunk); hosts still
+    agree on a clean step and name the first small output that parts."""
+    import os
+
+    from multihost._checks import _replay
+
+    os.environ['MULTIHOST_FINGERPRINT'] = 'device'  # this process's only (the cluster's own)
+    try:
+        dev = jax.local_devices()[0]
+        w = jax.device_put(jnp.linspace(-1.0, 1.0, 24, dtype=jnp.float32).reshape(8, 3), dev)
+        x = jax.device_put(np.arange(32, dtype=np.float32).reshape(4, 8) / 50.0, dev)
+        assert _replay.SMALL_BYTES >= x.nbytes
+        report = multihost.replay(jax.jit(local_step), w, x, timeout=120)
+        clean_fn = jax.jit(lambda w, x: jnp.sum(jnp.tanh(x @ w)))
+        clean = multihost.replay(clean_fn, w, x, timeout=120)
+    finally:
+        del os.environ['MULTIHOST_FINGERPRINT']
+    assert report.verdict == 'operation', report.describe()
+    assert report.first is not None and report.first.primitive == 'pure_callback'
+    line = source_line(local_step, 'h = jax.pure_callback(')
+    assert report.first.where == f'test_replay_multiprocess.py:{line} in local_step'
+    assert report.difference is not None and report.difference.odd_processes == (2,)
+    assert clean.ok, clean.describe()
+
+
+def test_only_small_outputs_the_device_would_fingerprint_are_copied(monkeypatch):
+    from multihost._checks import _replay
+
+    small = jnp.ones((4, 3), jnp.float32)
+    big = jnp.ones((_replay.SMALL_BYTES // 4 + 1,), jnp.float32)
+    monkeypatch.setenv('MULTIHOST_FINGERPRINT', 'device')
+    got = _replay._on_host([[small, 7], [big]])
+    assert type(got[0][0]) is np.ndarray and (got[0][0] == 1).all() and got[0][1] == 7
+    assert got[1][0] is big  # fingerprinted where it lives
+    monkeypatch.setenv('MULTIHOST_FINGERPRINT', 'auto')  # a CPU's arrays: read in place anyway
+    assert _replay._on_host([[small]])[0][0] is small
