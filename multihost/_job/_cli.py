@@ -16,12 +16,19 @@ first); ``--help`` is argparse's, exit 0. ``run``'s options are `_options.OPTION
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from multihost._cmdline import Parser, UsageError, count
-from multihost._job import _options
+
+if TYPE_CHECKING:
+    from multihost._job import _options
 
 COMMANDS = ('demo', 'run', 'analyze', 'audit-diff')
+#: Commands that read files only: their parser is built alone, without ``run``'s options,
+#: whose module imports JAX (seconds), so a post-mortem starts at once, also where JAX is not
+#: set up.
+READERS = ('analyze', 'audit-diff')
 __all__ = ['COMMANDS', 'Parser', 'UsageError', 'count']
 
 
@@ -30,6 +37,7 @@ def bare_options(argv: list[str]) -> list[str]:
     its value (``--audit=N``) when the next word is a whole number, else to its bare word
     (``--audit=on``): the next word is the program then (argparse alone would take a script's
     name for N)."""
+    _options = _run_options()
     bare = {o.flag: o.bare for o in _options.OPTIONS if o.bare is not None}
     valued = {o.flag for o in _options.OPTIONS if not o.is_flag and o.bare is None}
     out = list(argv)
@@ -48,6 +56,11 @@ def bare_options(argv: list[str]) -> list[str]:
             break
         i += 1
     return out
+
+
+def _run_options() -> Any:
+    """`multihost._job._options` (``run``'s options), imported when ``run`` needs it."""
+    return importlib.import_module('multihost._job._options')
 
 
 def _value(option: _options.Option) -> Any:
@@ -83,6 +96,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """``run``'s options (`_options.OPTIONS`); everything after SCRIPT (or after -m MODULE) is
     the program's."""
+    _options = _run_options()
     for option in _options.OPTIONS:
         if option.is_flag:
             parser.add_argument(option.flag, action='store_true', help=_options.cli_help(option))
@@ -179,8 +193,8 @@ def parser(prog: str, version: str) -> Parser:
     return _parsers(prog, version)[0]
 
 
-def _parsers(prog: str, version: str) -> tuple[Parser, dict[str, Parser]]:
-    """The command's parser and each subcommand's."""
+def _parsers(prog: str, version: str, only: str | None = None) -> tuple[Parser, dict[str, Parser]]:
+    """The command's parser and each subcommand's (``only``: that one alone)."""
     top = Parser(
         prog=prog,
         description='Checked multi-host JAX collectives: a demo on simulated hosts, your own '
@@ -195,30 +209,35 @@ def _parsers(prog: str, version: str) -> tuple[Parser, dict[str, Parser]]:
         help='Show the version of multihost and exit.',
     )
     sub = top.add_subparsers(dest='command', metavar='COMMAND', parser_class=Parser)
-    demo = sub.add_parser(
-        'demo', help='The drop-in API on simulated local hosts.', description=DEMO_DESCRIPTION
-    )
-    add_demo_arguments(demo)
-    run = sub.add_parser(
-        'run',
-        help='Run your program with the checks installed.',
-        description=RUN_DESCRIPTION,
-        usage=RUN_USAGE,
-    )
-    add_run_arguments(run)
-    analyze = sub.add_parser(
-        'analyze',
-        help='The verdict from the dumps a job left.',
-        description=ANALYZE_DESCRIPTION,
-    )
-    add_analyze_arguments(analyze)
-    audit_diff = sub.add_parser(
-        'audit-diff',
-        help="Where two runs' data first differ.",
-        description=AUDIT_DIFF_DESCRIPTION,
-    )
-    add_audit_diff_arguments(audit_diff)
-    return top, {'demo': demo, 'run': run, 'analyze': analyze, 'audit-diff': audit_diff}
+    made: dict[str, Parser] = {}
+    if only in (None, 'demo'):
+        made['demo'] = sub.add_parser(
+            'demo', help='The drop-in API on simulated local hosts.', description=DEMO_DESCRIPTION
+        )
+        add_demo_arguments(made['demo'])
+    if only in (None, 'run'):
+        made['run'] = sub.add_parser(
+            'run',
+            help='Run your program with the checks installed.',
+            description=RUN_DESCRIPTION,
+            usage=RUN_USAGE,
+        )
+        add_run_arguments(made['run'])
+    if only in (None, 'analyze'):
+        made['analyze'] = sub.add_parser(
+            'analyze',
+            help='The verdict from the dumps a job left.',
+            description=ANALYZE_DESCRIPTION,
+        )
+        add_analyze_arguments(made['analyze'])
+    if only in (None, 'audit-diff'):
+        made['audit-diff'] = sub.add_parser(
+            'audit-diff',
+            help="Where two runs' data first differ.",
+            description=AUDIT_DIFF_DESCRIPTION,
+        )
+        add_audit_diff_arguments(made['audit-diff'])
+    return top, made
 
 
 def parse(argv: list[str], prog: str, version: str) -> argparse.Namespace:
@@ -228,7 +247,7 @@ def parse(argv: list[str], prog: str, version: str) -> argparse.Namespace:
     Raises:
         UsageError: the mistake, in one line.
     """
-    top, commands = _parsers(prog, version)
+    top, commands = _parsers(prog, version, argv[0] if argv and argv[0] in READERS else None)
     if argv and not argv[0].startswith('-') and argv[0] not in COMMANDS:
         # A word where the command goes: a misspelt command, or a script without ``run``.
         hint = f' (to run it: {prog} run {argv[0]})' if argv[0].endswith('.py') else ''
@@ -253,6 +272,7 @@ def run_target(
     Raises:
         UsageError: no program was named, or ``-m`` without a module.
     """
+    _options = _run_options()
     options: dict[str, object] = {}  # the options given (`_options.InstallOptions.resolve`)
     for option in _options.OPTIONS:
         value = getattr(args, option.name)

@@ -51,6 +51,26 @@ def test_cli_reads_several_dirs_and_refuses_bad_files(tmp_path: Any) -> None:
     assert none.returncode == 2 and 'no such directory' in none.stderr
 
 
+def test_the_readers_import_no_jax(tmp_path: Any) -> None:
+    """analyze and audit-diff read files: a post-mortem starts at once (no JAX import, seconds
+    on a busy machine), also where JAX is not set up."""
+    for d in _dump_cases.job_dumps(4):
+        _dumpfile.write(str(tmp_path / 'dumps'), d)
+    (tmp_path / 'a').mkdir()
+    (tmp_path / 'b').mkdir()
+    code = (
+        'import sys; from multihost.__main__ import main; '
+        'rcs = [main(["analyze", sys.argv[1]]), main(["audit-diff", sys.argv[2], sys.argv[3]])]; '
+        'print("RCS", rcs, "jax" in sys.modules)'
+    )
+    dirs = [str(tmp_path / n) for n in ('dumps', 'a', 'b')]
+    env = {**os.environ, 'PYTHONPATH': ROOT}
+    out = subprocess.run(
+        [sys.executable, '-c', code, *dirs], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert 'RCS [0, 2] False' in out.stdout, out  # audit-diff: no audit logs there (exit 2)
+
+
 @pytest.mark.parametrize('size', [60_000])
 def test_a_dump_too_big_is_trimmed_oldest_records_first(size: int) -> None:
     doc = _dump_cases.doc(3, 8)
