@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing import AuthenticationError
 from typing import TYPE_CHECKING, Any
 
-from mhnotebook._errors import HostsError, RemoteFailure, SessionError
+from mhnotebook._errors import HostsError, RemoteFailure, SessionError, SessionTimeoutError
 from mhnotebook._jobview import DataView, Frame
 from multihost._text import fmt_hosts
 
@@ -209,9 +209,11 @@ class AttachedJob(DataView):
         wanted = list(range(self.num_processes)) if processes is None else list(processes)
         silent = [p for p in wanted if p not in answers]
         if silent:
-            raise SessionError(
+            raise SessionTimeoutError(
                 f'{fmt_hosts(silent)} did not answer within {timeout:g} s (gone, or '
-                'its debug thread is busy); job.where() shows what each host does'
+                'its debug thread is busy); job.where() shows what each host does',
+                pending=silent,
+                finished=sorted(answers),
             )
         return answers
 

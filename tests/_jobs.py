@@ -24,8 +24,9 @@ __all__ = ['ROOT', 'Job', 'Result', 'job_env', 'scheduler_env', 'start', 'until'
 def until(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
     """Calls ``check()`` every 0.3 s until it returns something truthy, and returns that.
 
-    An `mhnotebook.AttachError` (the job not answering yet, or between two states) counts as
-    "not yet".
+    An `mhnotebook.AttachError` (the job not answering yet, or between two states) and a
+    `mhnotebook.SessionTimeoutError` (a host's debug thread slow to answer on a busy machine)
+    count as "not yet".
 
     Raises:
         AssertionError: ``<what>: not within <timeout> s (last: <the last value>)``.
@@ -36,10 +37,14 @@ def until(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
     last: Any = None
     while time.monotonic() < deadline:
         try:
-            last = check()
+            got = check()
         except mhnotebook.AttachError:
-            last = None
-        if last:
-            return last
+            got = last = None
+        except mhnotebook.SessionTimeoutError as exc:
+            got, last = None, f'not yet: {exc}'
+        else:
+            last = got
+        if got:
+            return got
         time.sleep(0.3)
     raise AssertionError(f'{what}: not within {timeout:g} s (last: {last!r})')
