@@ -374,6 +374,67 @@ def _group(item) -> object:
 _SHAPES: dict = {}
 
 
+#: The suite's lock (`_Alone`) and its gate, shared by the workers of one checkout.
+_LOCK_DIR = pathlib.Path(__file__).resolve().parent.parent / 'build'
+
+
+class _Alone:
+    """Tests marked ``alone`` run while no other test does; every other test may run beside
+    another. Each test holds the lock shared (an ``alone`` one exclusively) from its setup to
+    its teardown; a test waiting to run alone first takes the gate, which every test passes
+    before it takes the lock, so a worker's next tests wait behind it instead of starving it."""
+
+    def __init__(self) -> None:
+        import fcntl
+
+        self._fcntl = fcntl
+        _LOCK_DIR.mkdir(exist_ok=True)
+        self._gate = open(_LOCK_DIR / '.tests-gate.lock', 'a+')  # noqa: SIM115 (held open)
+        self._lock = open(_LOCK_DIR / '.tests.lock', 'a+')  # noqa: SIM115
+        self._held = False
+
+    def take(self, alone: bool) -> None:
+        f = self._fcntl
+        if alone:
+            f.flock(self._gate, f.LOCK_EX)
+            f.flock(self._lock, f.LOCK_EX)
+            f.flock(self._gate, f.LOCK_UN)
+        else:
+            f.flock(self._gate, f.LOCK_SH)
+            f.flock(self._lock, f.LOCK_SH)
+            f.flock(self._gate, f.LOCK_UN)
+        self._held = True
+
+    def give(self) -> None:
+        if self._held:
+            self._fcntl.flock(self._lock, self._fcntl.LOCK_UN)
+            self._held = False
+
+
+_ALONE: _Alone | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test under `_Alone`'s lock (with two or more workers only), its module fixtures'
+    setup included."""
+    global _ALONE
+    if not os.environ.get('PYTEST_XDIST_WORKER'):
+        return None
+    if _ALONE is None:
+        _ALONE = _Alone()
+    _ALONE.take(item.get_closest_marker('alone') is not None)
+    try:
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        from _pytest.runner import runtestprotocol
+
+        runtestprotocol(item, nextitem=nextitem)
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    finally:
+        _ALONE.give()
+    return True
+
+
 def pytest_runtest_setup(item):
     """A module of another shape (or none) comes next: the shared cluster is not needed again."""
     if _POOL is not None:

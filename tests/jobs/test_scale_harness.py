@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.release  # checked on the release rotation (CONTRIBUTING.md)
+pytestmark = [pytest.mark.release, pytest.mark.alone]  # release: CONTRIBUTING.md
 
 BENCH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'bench'
