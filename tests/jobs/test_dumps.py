@@ -287,7 +287,7 @@ def test_a_host_compiling_holds_the_hang_dump_and_a_later_hang_is_dumped(job: An
     the others wait at ``first`` past their hang limit (3 s). They write no hang dump while
     it compiles (it said so in the coordination service), each says why in one line, and the
     hang that follows (process 2 stuck before ``ckpt``) is dumped as usual."""
-    j = job(3, MODE='compile_then_stuck', LATE='2', COMPILE_N='1500', COMPILE_S='6',
+    j = job(3, MODE='compile_then_stuck', LATE='2', COMPILE_N='300', COMPILE_S='6',
             SLEEP2='60', MULTIHOST_HANG_DUMP_S='3')  # fmt: skip
     j.wait_started()
     late = j.procs[2].stdout
