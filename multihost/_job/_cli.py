@@ -209,34 +209,21 @@ def _parsers(prog: str, version: str, only: str | None = None) -> tuple[Parser, 
         help='Show the version of multihost and exit.',
     )
     sub = top.add_subparsers(dest='command', metavar='COMMAND', parser_class=Parser)
+    commands = (  # name, help, description, usage, the function that adds its arguments
+        ('demo', 'The drop-in API on simulated local hosts.', DEMO_DESCRIPTION, None,
+         add_demo_arguments),
+        ('run', 'Run your program with the checks installed.', RUN_DESCRIPTION, RUN_USAGE,
+         add_run_arguments),
+        ('analyze', 'The verdict from the dumps a job left.', ANALYZE_DESCRIPTION, None,
+         add_analyze_arguments),
+        ('audit-diff', "Where two runs' data first differ.", AUDIT_DIFF_DESCRIPTION, None,
+         add_audit_diff_arguments),
+    )  # fmt: skip
     made: dict[str, Parser] = {}
-    if only in (None, 'demo'):
-        made['demo'] = sub.add_parser(
-            'demo', help='The drop-in API on simulated local hosts.', description=DEMO_DESCRIPTION
-        )
-        add_demo_arguments(made['demo'])
-    if only in (None, 'run'):
-        made['run'] = sub.add_parser(
-            'run',
-            help='Run your program with the checks installed.',
-            description=RUN_DESCRIPTION,
-            usage=RUN_USAGE,
-        )
-        add_run_arguments(made['run'])
-    if only in (None, 'analyze'):
-        made['analyze'] = sub.add_parser(
-            'analyze',
-            help='The verdict from the dumps a job left.',
-            description=ANALYZE_DESCRIPTION,
-        )
-        add_analyze_arguments(made['analyze'])
-    if only in (None, 'audit-diff'):
-        made['audit-diff'] = sub.add_parser(
-            'audit-diff',
-            help="Where two runs' data first differ.",
-            description=AUDIT_DIFF_DESCRIPTION,
-        )
-        add_audit_diff_arguments(made['audit-diff'])
+    for name, help_, description, usage, add_arguments in commands:
+        if only in (None, name):
+            made[name] = sub.add_parser(name, help=help_, description=description, usage=usage)
+            add_arguments(made[name])
     return top, made
 
 
