@@ -33,7 +33,8 @@ counted in every process) is reported beside it. Deviations from a real
 Binder build are listed in CONTRIBUTING.md.
 
 Usage: ``python3 .ci/binder_check.py`` (Python 3.11+; it installs what it needs).
-CI splits it in two (``--build-only`` while the tests run, ``--run-built`` after them).
+CI splits it in two (``--build-only`` while the tests run, ``--run-built`` after them)
+and runs a quarter of the tutorials on each landing (``--share K/4``).
 """
 
 from __future__ import annotations
@@ -420,6 +421,11 @@ def check(args: argparse.Namespace) -> None:
     exempt = sorted(
         {p.name for p in (repo / 'notebooks').glob('*.ipynb')} - {p.name for p in notebooks}
     )
+    if args.share is not None:  # CI: a share of the tutorials on each landing (by name)
+        k, n = args.share
+        left_for_others = [p.name for i, p in enumerate(notebooks) if i % n != k]
+        notebooks = notebooks[k::n]
+        log(f'share {k}/{n}: the other shares run {", ".join(left_for_others) or "none"}')
     token = uuid.uuid4().hex
     run_env = {**variables, MARKER: token, 'VIRTUAL_ENV': str(env_dir)}
     for var in (
@@ -482,6 +488,14 @@ def check(args: argparse.Namespace) -> None:
     log('OK')
 
 
+def share_arg(value: str) -> tuple[int, int]:
+    """``--share``'s K/N (0 <= K < N), or a usage error saying what it takes."""
+    k, _, n = value.partition('/')
+    if k.isdigit() and n.isdigit() and 0 <= int(k) < int(n):
+        return int(k), int(n)
+    raise argparse.ArgumentTypeError(f'{value!r}: give K/N with 0 <= K < N, e.g. 1/4')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
     parser.add_argument('--execute', nargs='+', help=argparse.SUPPRESS)  # inside the env
@@ -494,6 +508,12 @@ def main() -> None:
         '--run-built',
         action='store_true',
         help='run the tutorials (steps 4-5) in the environment a --build-only run left',
+    )
+    parser.add_argument(
+        '--share',
+        type=share_arg,
+        metavar='K/N',
+        help='run only tutorial K, K+N, K+2N, ... (sorted by name): N runs cover them all',
     )
     args = parser.parse_args()
     if args.plan:

@@ -286,9 +286,16 @@ def pytest_addoption(parser):
         'about equal time (tests/release_seconds.json). '
         '.ci/run runs share (commits on main mod 4) of 4: every file in 4 landings',
     )
+    parser.addoption(
+        '--deal',
+        default=None,
+        metavar='K/N',
+        help='run only tests K, K+N, K+2N, ... of those collected (after --release): N runs '
+        "with K = 0..N-1 run each once. .ci/run deals the second Python's rotating tests so",
+    )
 
 
-def release_share(value: str) -> tuple[int, int] | None:
+def release_share(value: str, option: str = '--release') -> tuple[int, int] | None:
     """``--release``'s value -> (K, N), or None for all; 'none' is (0, 0).
 
     Raises:
@@ -302,7 +309,7 @@ def release_share(value: str) -> tuple[int, int] | None:
     if k.isdigit() and n.isdigit() and 0 <= int(k) < int(n):
         return (int(k), int(n))
     raise pytest.UsageError(
-        f'--release={value!r}: give all, none, or K/N with 0 <= K < N (e.g. --release=1/4)'
+        f'{option}={value!r}: give all, none, or K/N with 0 <= K < N (e.g. {option}=1/4)'
     )
 
 
@@ -343,6 +350,13 @@ def pytest_collection_modifyitems(config, items):
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
+    deal = config.getoption('deal')
+    if deal is not None:
+        k, n = release_share(deal, option='--deal') or (0, 1)
+        if n == 0:
+            raise pytest.UsageError(f'--deal={deal!r}: give K/N with 0 <= K < N')
+        config.hook.pytest_deselected(items=[i for j, i in enumerate(items) if j % n != k])
+        items[:] = items[k::n]
     for item in items:
         if item.get_closest_marker('multiprocess') and 'mp_cluster' not in item.fixturenames:
             item.fixturenames.append('mp_cluster')

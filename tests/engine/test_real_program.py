@@ -23,6 +23,7 @@ MP_CLUSTER = dict(n=4, devices_per_process=2)
 multiprocess = pytest.mark.multiprocess
 
 
+@pytest.mark.release
 @pytest.mark.multiprocess(timeout=180.0)  # a whole flax job: minutes on a loaded 2-core machine
 def test_a_healthy_training_job_raises_nothing_and_reports_nothing_different():
     import _flax_program as fp

@@ -111,6 +111,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.release
 def test_an_attached_notebook_sees_the_findings_while_the_job_runs(runs):
     report, text = runs['attached']['report'], runs['attached']['text']
     assert report.enabled and report.process == 0, report
@@ -118,6 +119,7 @@ def test_an_attached_notebook_sees_the_findings_while_the_job_runs(runs):
     assert 'replica drift at train_step call #2' in text and 'duplicate data' in text, text
 
 
+@pytest.mark.release
 def test_a_healthy_job_is_audited_finds_nothing_and_computes_the_same_losses(runs):
     plain, audited = runs['plain']['outs'], runs['healthy']['outs']
     assert [_losses(o['out']) for o in audited] == [_losses(o['out']) for o in plain]
@@ -139,6 +141,7 @@ def test_a_healthy_job_is_audited_finds_nothing_and_computes_the_same_losses(run
     assert timeline.stragglers().steps == len([s for s in complete if not s.audit])
 
 
+@pytest.mark.release
 def test_duplicate_data_and_a_drifted_replica_are_named_on_every_host(runs):
     lines = [_audit_lines(out['err']) for out in runs['buggy']['outs']]
     assert all(got == lines[0] for got in lines), lines  # the same on every host
@@ -164,6 +167,7 @@ def _audit_diff(a: str, b: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
+@pytest.mark.release
 def test_audit_diff_names_the_first_launch_and_host_where_two_runs_data_differ(runs):
     healthy, buggy = runs['healthy']['log'], runs['buggy']['log']
     assert sorted(os.listdir(buggy)) == ['audit-0.jsonl', 'audit-1.jsonl']

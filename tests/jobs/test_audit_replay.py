@@ -50,6 +50,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.release
 def test_the_replay_names_the_callback_line_and_the_process_on_every_host(runs):
     lines = _faulty_chip_lines()
     for p, o in enumerate(runs['replayed']['outs']):
@@ -71,6 +72,7 @@ def test_the_replay_names_the_callback_line_and_the_process_on_every_host(runs):
         assert 'replay of train_step' not in o['err'], o['err'][-3000:]
 
 
+@pytest.mark.release
 def test_the_replay_leaves_the_losses_bitwise_unchanged(runs):
     audited = [_losses(o['out']) for o in runs['audited']['outs']]
     replayed = [_losses(o['out']) for o in runs['replayed']['outs']]
@@ -78,6 +80,7 @@ def test_the_replay_leaves_the_losses_bitwise_unchanged(runs):
     assert replayed == audited  # float.hex: every bit of every step's loss, on every host
 
 
+@pytest.mark.release
 def test_analyze_reads_the_replay_from_the_dump_directory(runs):
     dumps = runs['replayed']['dumps']
     files = sorted(os.listdir(dumps))  # the replays, and no dump: the job never hung

@@ -63,6 +63,7 @@ def _ended_within(dumps: str, results_at: float) -> float:
     return results_at - failed.trigger_time
 
 
+@pytest.mark.release
 def test_a_host_raising_before_its_launch_ends_every_host_saying_why(tmp_path: Any) -> None:
     results, ended, dumps = _run(str(tmp_path), RAISE_HOST='2', RAISE_STEP='2')
     codes = [rc for rc, _, _ in results]

@@ -138,6 +138,7 @@ def test_a_late_host_is_placed_where_it_was_when_the_others_timed_out(run: Any) 
     assert len(lines) == 6, lines
 
 
+@pytest.mark.release
 def test_a_host_holding_the_gil_writes_its_stacks_from_c(run: Any) -> None:
     """Process 1 sleeps in a C call that keeps the GIL before its first save; its GIL
     watchdog writes every stack from C after the hang limit; process 0's hang watchdog

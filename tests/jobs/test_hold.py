@@ -48,6 +48,7 @@ def _global_tokens(step: int) -> np.ndarray:
     return np.concatenate(rows)
 
 
+@pytest.mark.release
 def test_a_failing_host_holds_the_job_for_the_data_tools_and_release_ends_it(tmp_path):
     tmp = str(tmp_path)
     control = os.path.join(tmp, 'control.json')

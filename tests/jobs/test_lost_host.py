@@ -116,6 +116,7 @@ def test_a_host_killed_while_the_others_wait_in_a_checkpoint_barrier(tmp_path: A
     assert 'it was last at ' in lines[0], lines
 
 
+@pytest.mark.release
 def test_a_host_killed_inside_a_launch(tmp_path: Any) -> None:
     """Process 2 stalls just before step 2's ``train_step`` and is killed there; the others
     are inside that launch, waiting in its device collective. On CPU, gloo sees the closed

@@ -75,6 +75,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, A
     return {'plain': plain, 'installed': installed}
 
 
+@pytest.mark.release
 def test_the_losses_are_bitwise_those_of_the_uninstalled_run(runs):
     plain = [_losses(o['out']) for o in runs['plain']]
     installed = [_losses(o['out']) for o in runs['installed']]
@@ -85,6 +86,7 @@ def test_the_losses_are_bitwise_those_of_the_uninstalled_run(runs):
     assert all(o['records'] is None for o in runs['plain'])
 
 
+@pytest.mark.release
 def test_every_host_records_its_train_steps_and_orbaxs_barriers_by_name_and_site(runs):
     line = _step_line()
     main_barriers = []
