@@ -268,6 +268,7 @@ def row(name: str, leaves: list[Any], reps: int, compiles: _Compiles) -> dict[st
             got[f'{name}_leaves'] = len(part)
             got[f'{name}_read_ms'] = _median_ms(lambda p=part: read(p), reps)
             got[f'{name}_fingerprints_ms'] = _median_ms(lambda p=part: F.digests(p, 'device'), reps)
+    got['breakdown_ms'] = breakdown(leaves, reps)
     print(json.dumps(got), flush=True)
     return got
 
@@ -423,6 +424,66 @@ def audit_row(
     got['default_rate_share'] = got['audit_ms'] / (every * got['step_ms'])
     print(json.dumps(got), flush=True)
     return state, got
+
+
+def breakdown(leaves: list[Any], reps: int) -> dict[str, Any]:
+    """Where one fingerprint call of ``leaves`` spends its time (medians of ``reps`` calls,
+    ms): the plan, the programs' arguments, the launches, the host copies, numpy's share, the
+    wait for the programs' results; and how many of each the plan holds."""
+    import jax
+
+    from multihost._checks import fingerprint as F
+    from multihost._checks.fingerprint import execute, planning
+
+    F.digests(leaves, 'device')  # compiled
+    p = planning.plan(leaves)
+    spent: dict[str, float] = {}
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+
+        return wrapper
+
+    patches = {
+        'plan': (planning, 'plan'),
+        'arguments': (execute, '_arguments'),
+        'host copies': (execute, '_host_copies'),
+        'numpy': (execute, 'numpy_many'),
+    }
+    saved = {name: getattr(mod, attr) for name, (mod, attr) in patches.items()}
+    saved_get = jax.device_get
+    calls: list[dict[str, float]] = []
+    try:
+        for name, (mod, attr) in patches.items():
+            setattr(mod, attr, timed(name, saved[name]))
+        jax.device_get = timed('wait and copy results', saved_get)
+        for _ in range(reps):
+            spent.clear()
+            t0 = time.perf_counter()
+            F.digests(leaves, 'device')
+            spent['whole call'] = time.perf_counter() - t0
+            calls.append(dict(spent))
+    finally:
+        for name, (mod, attr) in patches.items():
+            setattr(mod, attr, saved[name])
+        jax.device_get = saved_get
+    got: dict[str, Any] = {
+        k: round(statistics.median(c.get(k, 0.0) for c in calls) * 1e3, 3) for k in calls[0]
+    }
+    got['rest (launches, packs, sums)'] = round(
+        got['whole call'] - sum(v for k, v in got.items() if k != 'whole call'), 3
+    )
+    got['programs'] = len(p.programs)
+    got['packs'] = {k: sum(c.kind == k for c in p.packs) for k in ('rows', 'concat', 'dma')}
+    got['packed leaves'] = sum(len(c.blocks) for c in p.packs)
+    got['copied alone'] = len(p.copies)
+    got['routes'] = {r: p.routes.count(r) for r in sorted(set(p.routes))}
+    return got
 
 
 def first_call(layers: int, width: int) -> int:
