@@ -228,6 +228,49 @@ def test_a_1000_leaf_tree_gives_numpy_digests_every_call():
     assert first == F.fingerprints(leaves) == F.fingerprints([np.asarray(x) for x in leaves])
 
 
+@pytest.mark.parametrize('platform', ['', 'tpu'])
+def test_a_tree_planned_again_is_bound_to_its_new_arrays(platform):
+    """A tree of the same dtypes, shapes and shardings as one planned before gets that plan
+    again (`planning._Template`), bound to its own arrays (the shards of a sharded leaf
+    included): new values give new fingerprints, numpy's; the kept plan holds no array."""
+    import gc
+    import weakref
+
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ('d',))
+
+    def tree(seed):
+        rng = np.random.default_rng(seed)
+        narrow = _random(rng, 8 * 16384, ml_dtypes.bfloat16).reshape(8, 16384)
+        narrow[np.isnan(narrow)] = 0.5  # interpret mode past a tile: the test above says why
+        return [
+            jax.device_put(
+                _random(rng, 4 * 70000, np.float32).reshape(4, 70000),
+                NamedSharding(mesh, PartitionSpec('d')),
+            ),
+            jax.device_put(narrow),
+            jax.device_put(_random(rng, 300, np.int32)),
+            7,
+        ]
+
+    with F.configured(platform=platform):
+        a, b = tree(1), tree(2)
+        first = F.fingerprints(a)
+        pa, pb = planning.plan(a), planning.plan(b)
+        assert pa.programs is pb.programs and pa.routes is pb.routes  # one plan, kept
+        held = {id(s.data) for x in b[:3] for s in x.addressable_shards} | {id(x) for x in b}
+        assert all(id(blk.array) in held for blk in pb.blocks if isinstance(blk.array, jax.Array))
+        again = F.fingerprints(b)
+        assert again == F.fingerprints([np.asarray(x) for x in b])
+        assert first == F.fingerprints([np.asarray(x) for x in a])
+        assert all(x != y for x, y in zip(first[:3], again[:3]))
+        gone = weakref.ref(a[1])
+        del a, pa
+        gc.collect()
+        assert gone() is None
+
+
 def test_sub_byte_dtypes_are_fingerprinted_on_the_host_alike():
     """int4 / uint4 / float4 device leaves: the numpy definition, the same bytes."""
     for dt in (jnp.int4, jnp.uint4, ml_dtypes.float4_e2m1fn):

@@ -115,6 +115,7 @@ def run(p: planning.Plan, flags: bool) -> list[np.ndarray]:
         empty[-1] = 1 if flags else 0  # constant: nothing differs
         out[i] = empty
     calls = [(c, _arguments(p, c)) for c in p.packs + p.programs]
+    packs = {id(c) for c in p.packs}  # (a Call's == compares every field)
     _compile(calls)
     copies = list(p.copies)
     packed, pending = [], []
@@ -122,7 +123,7 @@ def run(p: planning.Plan, flags: bool) -> list[np.ndarray]:
         program = CACHE.peek('programs', call.key)
         if program is False:  # a packing program that did not compile: copies
             copies += call.blocks
-        elif call in p.packs:
+        elif id(call) in packs:
             packed.append((call, program(*args)))
         else:  # a compiled program takes the blocks and offsets (the rest is static)
             pending.append((call, program(*args[:2])))

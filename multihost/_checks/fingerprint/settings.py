@@ -55,7 +55,7 @@ class Cache:
     oldest entry goes (a process that keeps making new shardings or shapes stays bounded)."""
 
     #: Entries per section, at most (`DEFAULT_LIMIT` for sections not named).
-    LIMITS = {'programs': 512, 'word_terms': 8, 'row_layout': 64}
+    LIMITS = {'programs': 512, 'plans': 16, 'word_terms': 8, 'row_layout': 64}
     DEFAULT_LIMIT = 4096
 
     def __init__(self) -> None:
