@@ -163,11 +163,12 @@ def _numpy_stats(a: np.ndarray) -> tuple[int, int, int | None]:
     first = None
     for lo in range(0, flat.size, _NUMPY_CHUNK):
         chunk = flat[lo : lo + _NUMPY_CHUNK]
-        bad = ~np.isfinite(chunk)
-        if not bad.any():
-            continue
-        nan += int(np.count_nonzero(np.isnan(chunk)))
-        inf += int(np.count_nonzero(np.isinf(chunk)))
+        with np.errstate(invalid='ignore'):  # ml_dtypes before 0.7 warns on a NaN's payload
+            bad = ~np.isfinite(chunk)
+            if not bad.any():
+                continue
+            nan += int(np.count_nonzero(np.isnan(chunk)))
+            inf += int(np.count_nonzero(np.isinf(chunk)))
         if first is None:
             first = lo + int(np.argmax(bad))
     return nan, inf, first

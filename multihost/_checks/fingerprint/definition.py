@@ -287,7 +287,8 @@ def numpy_flags(a: np.ndarray, constant: bool = True) -> tuple[bool, bool]:
     flat = a.reshape(-1)
     if not flat.size:
         return False, constant
-    bad = bool(inexact(flat.dtype) and not np.isfinite(flat).all())
+    with np.errstate(invalid='ignore'):  # ml_dtypes before 0.7 warns on a NaN's payload
+        bad = bool(inexact(flat.dtype) and not np.isfinite(flat).all())
     if not constant:
         return bad, False
     size = flat.dtype.itemsize
