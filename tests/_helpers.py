@@ -279,3 +279,13 @@ def libtpu_mark() -> Any:
     if not HAVE_LIBTPU and os.environ.get('MH_REQUIRE_LIBTPU') == '1':
         raise RuntimeError(f'MH_REQUIRE_LIBTPU=1 but {_NO_LIBTPU}')
     return pytest.mark.skipif(not HAVE_LIBTPU, reason=_NO_LIBTPU)
+
+
+def rotating(values: list[Any], every_landing: list[Any]) -> list[Any]:
+    """``values`` for ``pytest.mark.parametrize``, those not in ``every_landing`` marked
+    ``release``: CI runs the cases that stand for the sweep on every landing and the rest on
+    the release rotation (``--release K/N``: the whole sweep once in N landings)."""
+    missing = [v for v in every_landing if v not in values]
+    if missing:
+        raise ValueError(f'rotating: {missing!r} are not among the values {values!r}')
+    return [v if v in every_landing else pytest.param(v, marks=pytest.mark.release) for v in values]

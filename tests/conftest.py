@@ -293,6 +293,14 @@ def pytest_addoption(parser):
         help='run only tests K, K+N, K+2N, ... of those collected (after --release): N runs '
         "with K = 0..N-1 run each once. .ci/run deals the second Python's rotating tests so",
     )
+    parser.addoption(
+        '--every',
+        action='append',
+        default=[],
+        metavar='PATH',
+        help='with --deal: the tests under PATH (a file or folder, as given on the command '
+        'line) run on every share and are not dealt (repeatable)',
+    )
 
 
 def release_share(value: str, option: str = '--release') -> tuple[int, int] | None:
@@ -355,8 +363,18 @@ def pytest_collection_modifyitems(config, items):
         k, n = release_share(deal, option='--deal') or (0, 1)
         if n == 0:
             raise pytest.UsageError(f'--deal={deal!r}: give K/N with 0 <= K < N')
-        config.hook.pytest_deselected(items=[i for j, i in enumerate(items) if j % n != k])
-        items[:] = items[k::n]
+        every = tuple(p.rstrip('/') for p in config.getoption('every'))
+
+        def _everywhere(item) -> bool:
+            path = item.nodeid.split('::')[0]
+            return any(path == p or path.startswith(p + '/') for p in every)
+
+        dealt = [i for i in items if not _everywhere(i)]
+        dropped = {id(i) for j, i in enumerate(dealt) if j % n != k}
+        config.hook.pytest_deselected(items=[i for i in items if id(i) in dropped])
+        items[:] = [i for i in items if id(i) not in dropped]
+    elif config.getoption('every'):
+        raise pytest.UsageError('--every=PATH is for --deal=K/N: give both (e.g. --deal=1/4)')
     for item in items:
         if item.get_closest_marker('multiprocess') and 'mp_cluster' not in item.fixturenames:
             item.fixturenames.append('mp_cluster')

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from _helpers import env_var
+from _helpers import env_var, rotating
 
 import multihost
 from multihost._checks import _treediff
@@ -428,7 +428,13 @@ ISSUE_47_DTYPES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize('dt', ISSUE_47_DTYPES, ids=lambda d: np.dtype(d).name)
+# float32, bfloat16 and int8 on every landing (a 4-, a 2- and a 1-byte lane); the rest on
+# the release rotation (tests/_helpers.py `rotating`).
+@pytest.mark.parametrize(
+    'dt',
+    rotating(ISSUE_47_DTYPES, [np.float32, ml_dtypes.bfloat16, np.int8]),
+    ids=lambda d: np.dtype(d).name,
+)
 def test_every_path_of_the_device_kernel_equals_numpy_with_its_flags(dt):
     """Small leaves (host copy), large ones (one program), several of one shape (one
     program, padded to a power of two), blocks at offsets: numpy's bytes; the NaN/Inf and
@@ -546,8 +552,11 @@ def _random_bits(dt: object, shape: tuple[int, ...], seed: int = 0) -> np.ndarra
     return raw.view(dt)
 
 
-@pytest.mark.parametrize('dt', [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
-                                ml_dtypes.float8_e5m2, np.float32, np.int32])  # fmt: skip
+# bfloat16 on every landing (the narrow float a chip's kernel reads most); the others on the
+# release rotation.
+@pytest.mark.parametrize('dt', rotating([ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+                                ml_dtypes.float8_e5m2, np.float32, np.int32],
+                               [ml_dtypes.bfloat16]))  # fmt: skip
 @pytest.mark.parametrize(
     'shape', [(3, 5), (100, 3000), (20, 20000), (40, 1001), (3, 32, 300), (512, 8, 64)]
 )

@@ -11,6 +11,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from _helpers import rotating
 
 from multihost._checks import fingerprint as F
 from multihost._checks.fingerprint import layout, planning
@@ -47,7 +48,13 @@ def _want(arrays: list[np.ndarray]) -> list[tuple[str, bool, bool]]:
 
 
 @pytest.mark.parametrize('platform', ['cpu', 'gpu', 'tpu'])
-@pytest.mark.parametrize('dt', DTYPES, ids=lambda d: np.dtype(d).name)
+# float32, bfloat16 and bool on every landing (a word, a narrow float, a bit per byte); the
+# others on the release rotation (tests/_helpers.py `rotating`).
+@pytest.mark.parametrize(
+    'dt',
+    rotating(DTYPES, [np.float32, ml_dtypes.bfloat16, np.bool_]),
+    ids=lambda d: np.dtype(d).name,
+)
 def test_every_route_gives_the_definition_on_raw_bits(dt, platform):
     """Small leaves alone and together (0-d, ragged, 1-D of whole DMA tiles, stored
     transposed, a constant one), large whole leaves (1-D, ragged 2-D, 3-D, stored transposed)

@@ -337,6 +337,9 @@ rep = jax.make_array_from_callback((8, 8), NamedSharding(mesh, P(None, 'model'))
 """
 
 
+# Release rotation; covered on every landing by a healthy state reports nothing: the test above;
+# sharded leaves: test_fingerprint
+@pytest.mark.release
 @pytest.mark.cluster
 def test_mh_diff_of_a_sharded_leaf_says_nothing_differs():
     """%mh_diff sharded: nothing differs, nothing to compare across processes; the widget

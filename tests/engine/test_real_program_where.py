@@ -80,6 +80,9 @@ def _magics(ip, rounds: int) -> None:
             ip.run_line_magic('mh_allgather', 'small')
 
 
+# Release rotation; covered on every landing by the where view on the real program: the orbax test;
+# stragglers: test_timeline_multiprocess
+@pytest.mark.release
 @pytest.mark.cluster
 def test_only_the_magics_own_collectives_name_no_straggler(notebook):
     """Host 1 is last at every %mh_diff / %mh_env: no straggler verdict; the steps are marked."""

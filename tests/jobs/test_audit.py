@@ -187,6 +187,9 @@ def test_audit_diff_names_the_first_launch_and_host_where_two_runs_data_differ(r
     assert missing.returncode == 2 and 'no audit log' in missing.stderr, missing.stderr
 
 
+# Release rotation; covered on every landing by the NaN check:
+# tests/engine/test_nonfinite_multiprocess.py; the audit: the raise test below
+@pytest.mark.release
 def test_the_first_nan_names_its_launch_and_the_host_whose_batch_held_it(tmp_path: Any):
     """... and when the job later fails (process 0 raises before step 4), every host's dump
     carries the audit and ``multihost analyze`` says the finding after the cause."""

@@ -282,6 +282,8 @@ def test_a_slow_host_is_not_a_hang_and_the_next_hang_is_dumped_again(job: Any) -
     assert 'not a hang' not in text and 'culprit: process 2' in text, text
 
 
+# Release rotation; covered on every landing by a hang's dump: the tests above and below
+@pytest.mark.release
 def test_a_host_compiling_holds_the_hang_dump_and_a_later_hang_is_dumped(job: Any) -> None:
     """Hang truth, a slow compile: process 2 compiles a big jitted function (seconds) while
     the others wait at ``first`` past their hang limit (3 s). They write no hang dump while
@@ -396,6 +398,9 @@ def _job_line(text: str) -> int:
     return hits[0]
 
 
+# Release rotation; covered on every landing by analyze's verdicts: the tests above and
+# tests/engine/test_analyze.py
+@pytest.mark.release
 def test_a_script_staged_per_host_hangs_in_its_first_all_reduce_and_analyze_says_why(
     job: Any, tmp_path: Any
 ) -> None:
@@ -433,6 +438,9 @@ def test_a_script_staged_per_host_hangs_in_its_first_all_reduce_and_analyze_says
     assert shown.returncode == 0 and shown.stdout.splitlines()[0] == lines[0], shown
 
 
+# Release rotation; covered on every landing by Ctrl-C on a hung job: the test below (and
+# this one by a quarter of the landings' Python 3.12 runs)
+@pytest.mark.release
 def test_ctrl_c_twice_ends_hosts_blocked_inside_a_launch_call(job: Any) -> None:
     """Processes 0-1 are inside a jitted all-reduce whose call never returns (XLA:CPU runs it
     there with one device per process; process 2 sleeps before it), where Python cannot
@@ -526,6 +534,9 @@ def test_ctrl_c_on_a_hung_job_dumps_where_each_host_was_and_ends_it_at_once(job:
     assert f'_dump_job.py:{sleep}' in (late.front.where or ''), late.front
 
 
+# Release rotation; covered on every landing by the sync point:
+# tests/engine/test_core_multiprocess.py; a dump per process: the dump signal test
+@pytest.mark.release
 def test_a_preemption_notice_dumps_and_the_sync_point_still_works(job: Any) -> None:
     j = job(2, MODE='preempt')
     j.wait_started()

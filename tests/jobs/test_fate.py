@@ -232,6 +232,9 @@ def test_hosts_stuck_inside_a_launch_dump_for_a_hang_and_ask_the_others(tmp_path
     assert 'progressing (busy CPU)' in busy, text
 
 
+# Release rotation; covered on every landing by ending every host on one's exit: the other fate
+# tests; 3.12's dealt run
+@pytest.mark.release
 def test_sys_exit_3_under_a_plain_install_ends_every_host(tmp_path: Any) -> None:
     """``MULTIHOST_INSTALL=1 python train.py`` (no ``multihost run`` to catch ``SystemExit``):
     the installed ``sys.exit`` notes the code; once the script has unwound, before the
