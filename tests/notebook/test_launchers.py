@@ -48,6 +48,20 @@ def test_start_local_hands_the_engines_to_ipyparallels_launcher(engines, launche
     assert not local._is_local_launcher(engines) and local._is_local_launcher(None)
 
 
+def test_the_controller_pings_every_second_unless_told_otherwise():
+    """The controller's ping period is 1 s (an engine registers at the first ping after it
+    connects: a start waits less) with 30 misses allowed (ipyparallel's 30 s before an engine
+    is taken for dead); a caller's own HeartMonitor settings and other arguments stay."""
+    assert _cluster().controller_args == [
+        '--HeartMonitor.period=1000',
+        '--HeartMonitor.max_heartmonitor_misses=30',
+    ]
+    own = ['--HeartMonitor.period=5000', '--log-level=DEBUG']
+    assert _cluster(controller_args=own).controller_args == own
+    other = _cluster(controller_args=['--log-level=DEBUG']).controller_args
+    assert other == ['--log-level=DEBUG', *_cluster().controller_args]
+
+
 def test_ssh_hosts_become_the_launchers_engines_and_place_the_controller():
     """hosts=[...] is SSHEngineSetLauncher.engines (one engine per entry); the controller
     listens on the address this machine reaches the first host from."""
