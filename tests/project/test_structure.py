@@ -607,3 +607,31 @@ def test_the_release_tests_are_dealt_into_shares_of_about_equal_time():
     loads = [sum(seconds.get(f, 60) for f in share) for share in shares]
     assert max(loads) - min(loads) <= max(seconds.values()), loads
     assert release_files(files, 1) == [set(files)]
+
+
+def _collected(*args: str) -> tuple[list[str], int]:
+    """The test ids ``pytest --co`` keeps with ``args`` (a fresh pytest, one process), and how
+    many it collected before any was deselected."""
+    out = subprocess.run(
+        [sys.executable, '-m', 'pytest', '--co', '-q', '-n', '0', '-p', 'no:cacheprovider', *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    (summary,) = [line for line in out.stdout.splitlines() if 'collected' in line]
+    return [line for line in out.stdout.splitlines() if '::' in line], int(
+        summary.split()[0].split('/')[-1]
+    )
+
+
+def test_deal_keeps_the_every_paths_on_every_share_and_deals_the_rest_once():
+    """`--deal=K/N --every=PATH` (what CI's second Python runs): the tests under PATH on both
+    shares; the others dealt, each on exactly one share."""
+    every, dealt = 'tests/engine/test_core_single.py', 'tests/engine/test_options.py'
+    (kept0, whole), (kept1, _) = (
+        _collected(f'--deal={k}/2', f'--every={every}', every, dealt) for k in (0, 1)
+    )
+    mine = [t for t in kept0 if t.startswith(every)]
+    assert mine and mine == [t for t in kept1 if t.startswith(every)]
+    rest = [[t for t in kept if t.startswith(dealt)] for kept in (kept0, kept1)]
+    assert rest[0] and rest[1] and not set(rest[0]) & set(rest[1])
+    assert len(mine) + len(rest[0]) + len(rest[1]) == whole
