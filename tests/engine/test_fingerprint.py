@@ -706,7 +706,7 @@ def test_small_bfloat16_vectors_are_packed_by_dma_keeping_every_bit(tpu):
     """bfloat16's small 1-D leaves whose sizes are whole tiles are packed by a DMA kernel
     (`pallas.dma_pack`, here in Pallas' interpret mode) into one buffer, one copy to the
     host: numpy's bytes and flags on raw bits (NaN payloads, subnormals); leaves of other
-    sizes or of two axes are packed as 16-bit words (`xla.pack_bits`), a lone one copied."""
+    sizes or of two axes, and a lone one, are copied one by one."""
     tile = pallas.DMA_TILE[2]
     shapes = [(tile,), (3 * tile,), (tile + 5,), (8, 2 * tile), (2 * tile,), (tile,)]
     arrays = [_random_bits(ml_dtypes.bfloat16, s, seed=i) for i, s in enumerate(shapes)]
@@ -714,21 +714,20 @@ def test_small_bfloat16_vectors_are_packed_by_dma_keeping_every_bit(tpu):
     assert np.isnan(arrays[0].astype(np.float32)).any()
     dev = [jax.device_put(a) for a in arrays]
     planned = F.plan(dev)
-    assert [(c.kind, c.blocks) for c in planned.packs] == [('dma', [0, 1, 4, 5]), ('bits', [2, 3])]
-    assert planned.copies == [] and planned.packs[0].interpret
+    assert [c.blocks for c in planned.packs] == [[0, 1, 4, 5]] and planned.copies == [2, 3]
+    assert planned.packs[0].kind == 'dma' and planned.packs[0].interpret
     assert F.plan(dev[:1]).copies == [0]  # alone: nothing to pack it with
     assert F.fingerprints(dev) == [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
     got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
 
 
-def test_small_bfloat16_leaves_of_two_axes_or_more_are_packed_as_words_exactly():
-    """bfloat16's small leaves of two axes or more are packed as unsigned 16-bit words
-    (`xla.pack_bits`; a DMA stack of them in their stored order rewrote subnormals and NaN
-    payloads on a v5e and on XLA:CPU at -O0, integers keep their bits): numpy's bytes and
-    flags on raw bits (NaN payloads, subnormals, a constant leaf), beside 1-D leaves packed
-    by DMA; two leaves that differ in one subnormal or one NaN payload get different
-    digests."""
+def test_small_bfloat16_leaves_of_two_axes_or_more_are_copied_one_by_one_exactly():
+    """bfloat16's small leaves of two axes or more are never packed (a DMA stack of them in
+    their stored order rewrote subnormals and NaN payloads on a v5e and on XLA:CPU at -O0):
+    each is copied to the host alone, with numpy's bytes and flags on raw bits (NaN
+    payloads, subnormals, a constant leaf), also beside 1-D leaves that are packed; two
+    leaves that differ in one subnormal or one NaN payload get different digests."""
     v5e = {(96, 8): (1, 0), (3, 5, 7): (1, 0, 2), (8, 96): (0, 1), (768, 3): (1, 0), (512,): (0,)}
     shapes = [(96, 8), (8, 96), (96, 8), (3, 5, 7), (768, 3), (768, 3), (512,), (512,)]
     arrays = [_random_bits(ml_dtypes.bfloat16, s, seed=i) for i, s in enumerate(shapes)]
@@ -741,11 +740,8 @@ def test_small_bfloat16_leaves_of_two_axes_or_more_are_packed_as_words_exactly()
     dev = [jax.device_put(a) for a in arrays]
     with F.configured(platform='tpu', stored_order=lambda x: v5e[tuple(x.shape)]):
         planned = F.plan(dev)
-        assert [(c.kind, c.blocks) for c in planned.packs] == [
-            ('bits', [0, 1, 2, 3, 4, 5]),
-            ('dma', [6, 7]),
-        ]
-        assert planned.copies == [] and F.plan(dev[:1]).copies == [0]  # alone: copied
+        assert [c.blocks for c in planned.packs] == [[6, 7]]
+        assert sorted(planned.copies) == list(range(6))
         want = [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
         assert want[4] != want[5]
         assert F.fingerprints(dev) == want

@@ -143,7 +143,7 @@ def run(p: planning.Plan, flags: bool) -> list[np.ndarray]:
         else:  # one buffer, the leaves one after another
             for i in call.blocks:
                 x = p.blocks[i].array
-                host[i] = flat[pos : pos + x.size].view(x.dtype).reshape(x.shape)
+                host[i] = flat[pos : pos + x.size].reshape(x.shape)
                 pos += x.size
     order = list(host)
     for i, res in zip(order, numpy_many([host[i] for i in order], flags)):
@@ -161,8 +161,6 @@ def _program(call: planning.Call) -> Any:
         return xla.pack_concat
     if call.kind == 'rows':
         return xla.pack_rows
-    if call.kind == 'bits':
-        return xla.pack_bits
     if call.kind == 'dma':
         return pallas.dma_pack_interpret if call.interpret else pallas.dma_pack
     return xla.group

@@ -59,7 +59,7 @@ class Block:
 @dataclasses.dataclass
 class Call:
     """One device program: ``kind`` (``'xla'`` or ``'pallas'``: a `xla.group` of blocks;
-    ``'concat'``, ``'rows'``, ``'dma'``, ``'bits'``: a packing program of small leaves), its key in
+    ``'concat'``, ``'rows'``, ``'dma'``: a packing program of small leaves), its key in
     `CACHE` (what it is compiled for), the blocks it reads (positions in `Plan.blocks`), and
     for groups what the program is given besides them."""
 
@@ -346,9 +346,8 @@ def _group_calls(
 def packer(x: Any) -> str:
     """The packing program that takes small leaf ``x`` with others of its dtype and device:
     ``'rows'`` (`xla.pack_rows`), ``'concat'`` (`xla.pack_concat`), ``'dma'``
-    (`pallas.dma_pack`: bfloat16's 1-D leaves of whole tiles on a TPU), ``'bits'``
-    (`xla.pack_bits`: the other narrow floats' small leaves on a TPU, as unsigned words), or
-    '' (copied to the host alone: numpy, on a CPU, a host copy jax already holds)."""
+    (`pallas.dma_pack`: bfloat16's 1-D leaves of whole tiles on a TPU), or '' (copied to the
+    host alone: numpy, on a CPU, a host copy jax already holds)."""
     if not isinstance(x, jax.Array) or has_host_copy(x):
         return ''
     return str(CACHE.get('packer', (x.dtype, x.shape, x.sharding), _choose_packer, x))
@@ -365,9 +364,6 @@ def _choose_packer(x: jax.Array) -> str:
         return 'rows' if name in xla.ROW_DTYPES else 'concat'
     if platform == 'tpu' and pallas.dma_packable(x.dtype, tuple(x.shape)):
         return 'dma'
-    narrow = x.dtype.itemsize < 4 and jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
-    if platform == 'tpu' and narrow:
-        return 'bits'  # a narrow float of any other shape: as unsigned words (`xla.pack_bits`)
     return ''
 
 

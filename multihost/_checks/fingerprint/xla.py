@@ -177,15 +177,6 @@ def pack_concat(xs: tuple[jax.Array, ...]) -> jax.Array:
     return jnp.concatenate([x.reshape(-1) for x in xs])
 
 
-@jax.jit
-def pack_bits(xs: tuple[jax.Array, ...]) -> jax.Array:
-    """Small leaves of one narrow float dtype as unsigned words of their width, flattened and
-    concatenated (C order): the program moves integers, whose bits every backend keeps (a
-    float's NaN payloads and subnormals included); the host views the buffer as the dtype."""
-    width = jnp.dtype(f'uint{8 * jnp.dtype(xs[0].dtype).itemsize}')
-    return jnp.concatenate([jax.lax.bitcast_convert_type(x, width).reshape(-1) for x in xs])
-
-
 #: 32-bit dtypes whose packed small leaves the device also sums (`pack_rows`): only the
 #: rows' sums come to the host, not the leaves (XLA keeps 32-bit words' bits).
 ROW_DTYPES = frozenset({'float32', 'int32', 'uint32'})
