@@ -40,9 +40,9 @@ _RECOVERABLE_HEARTBEAT = 10  # seconds; JAX's default of 100 is long to wait in 
 # start_local's own arguments; the rest of its options go to ipyparallel.Cluster.
 _OWN_OPTIONS = ('n', 'devices_per_process', 'progress', 'recoverable', 'heartbeat_timeout')
 #: The controller's ping period (ms; ipyparallel's default is 3,000): an engine counts as
-#: registered at the first ping after it connects, so a 4-engine start waited 1-4 s longer
-#: (7.2-10.4 s until the engines were up, 6.2-6.3 s at 1,000 ms, on 2 cores). 30 misses keep
-#: ipyparallel's 30 s before the controller takes a silent engine for dead.
+#: registered at the first ping after it connects, so a shorter period starts a cluster sooner
+#: (`bench/cluster_start.py`, docs/SCALE.md). 30 misses keep ipyparallel's 30 s before the
+#: controller takes a silent engine for dead.
 _PING_MS, _PING_MISSES = 1000, 30
 
 
