@@ -321,25 +321,32 @@ def release_share(value: str, option: str = '--release') -> tuple[int, int] | No
     )
 
 
-#: Seconds the release tests of each file took (`tests/release_seconds.json`, from
-#: ``pytest --durations=0`` on this 2-core machine): the shares are dealt by them.
+#: Seconds the release tests of each unit took (`tests/release_seconds.json`, from
+#: ``pytest --durations=0`` on this 2-core machine): the shares are dealt by them. A unit is
+#: a file (its release tests run together: a shared cluster starts once), or one test for
+#: those marked ``release(dealt='test')`` (the tutorials: each its own kernel and cluster).
 _RELEASE_SECONDS = pathlib.Path(__file__).with_name('release_seconds.json')
-#: A release file not in that table counts as this many seconds.
-_RELEASE_DEFAULT_S = 60
+def release_units(units: list[str], n: int) -> list[set[str]]:
+    """``units`` dealt into ``n`` shares of about equal time.
 
-
-def release_files(files: list[str], n: int) -> list[set[str]]:
-    """``files`` dealt into ``n`` shares of about equal time: the longest first, each to the
-    share with the least so far (ties: by name; a deterministic deal on every worker)."""
+    The table's units are dealt all together, whatever was collected (so a run of one file
+    deals as the whole suite does: CI asks which tutorials its share executes): the longest
+    first, each to the share with the least so far (ties: by name). A unit not in the table
+    goes to share ``crc32(unit) % n``. The same deal on every worker, every time.
+    """
     import json
+    import zlib
 
     seconds = json.loads(_RELEASE_SECONDS.read_text())
-    shares: list[set[str]] = [set() for _ in range(n)]
+    share_of: dict[str, int] = {}
     load = [0] * n
-    for f in sorted(files, key=lambda f: (-seconds.get(f, _RELEASE_DEFAULT_S), f)):
+    for u in sorted(seconds, key=lambda u: (-seconds[u], u)):
         k = min(range(n), key=lambda i: (load[i], i))
-        shares[k].add(f)
-        load[k] += seconds.get(f, _RELEASE_DEFAULT_S)
+        share_of[u] = k
+        load[k] += seconds[u]
+    shares: list[set[str]] = [set() for _ in range(n)]
+    for u in units:
+        shares[share_of.get(u, zlib.crc32(u.encode()) % n)].add(u)
     return shares
 
 
@@ -347,13 +354,26 @@ def _file(item) -> str:
     return pathlib.Path(item.nodeid.split('::')[0]).name
 
 
+def release_unit(item) -> str | None:
+    """The unit a release test is dealt with (``'file.py'`` or ``'file.py::test[id]'``), or
+    None for a test not marked release."""
+    mark = item.get_closest_marker('release')
+    if mark is None:
+        return None
+    dealt = mark.kwargs.get('dealt', 'file')
+    if dealt not in ('file', 'test'):
+        raise pytest.UsageError(f"{item.nodeid}: release(dealt={dealt!r}): give 'file' or 'test'")
+    return f'{_file(item)}::{item.name}' if dealt == 'test' else _file(item)
+
+
 def pytest_collection_modifyitems(config, items):
     share = release_share(config.getoption('release'))
     if share is not None:
         k, n = share
-        marked = sorted({_file(i) for i in items if i.get_closest_marker('release')})
-        chosen = release_files(marked, n)[k] if n else set()
-        kept = [i for i in items if not i.get_closest_marker('release') or _file(i) in chosen]
+        units = {id(i): release_unit(i) for i in items}
+        marked = sorted({u for u in units.values() if u is not None})
+        chosen = release_units(marked, n)[k] if n else set()
+        kept = [i for i in items if units[id(i)] is None or units[id(i)] in chosen]
         dropped = [i for i in items if i not in set(kept)]
         if dropped:
             config.hook.pytest_deselected(items=dropped)

@@ -6,8 +6,10 @@ only where they changed):
 * ``tutorials/``: every ``notebooks/*.ipynb`` as ``tests/notebook/test_notebooks.py``
   executed it (``build/executed/<name>``): the site renders those copies and
   never executes a notebook. A missing or stale copy stops the build and says
-  to run the tests first. Live widget outputs are left out: without a kernel
-  they cannot render, and each is followed by its static picture (the
+  to run the tests first; with ``-D mhdocs_unexecuted=source`` (what CI passes
+  when its suite executed a share of the tutorials) a missing copy gives way to
+  the committed notebook, inputs only. Live widget outputs are left out: without
+  a kernel they cannot render, and each is followed by its static picture (the
   ``mh-static`` output every view leaves), which the page shows.
 * ``magics/``: one page per registered ``%mh_*`` magic, from its docstring and
   its argument parser, so a new magic gets its page.
@@ -32,11 +34,13 @@ from typing import Any
 
 from sphinx.application import Sphinx
 from sphinx.errors import ExtensionError
+from sphinx.util import logging
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent
 ROOT = DOCS.parent
 NOTEBOOKS = ROOT / 'notebooks'
 EXECUTED = ROOT / 'build' / 'executed'  # written by tests/notebook/test_notebooks.py
+logger = logging.getLogger(__name__)
 MODULES = ('multihost', 'multihost.testing', 'mhnotebook', 'mhnotebook.widgets')
 WIDGET = 'application/vnd.jupyter.widget-view+json'
 STATIC = 'class="mh-static '
@@ -88,12 +92,22 @@ def _without_live_widgets(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]
     return kept
 
 
-def write_tutorials() -> list[str]:
-    """Copies each tutorial's executed notebook to ``tutorials/``; returns their names."""
+def write_tutorials(unexecuted: str = 'fail') -> list[str]:
+    """Copies each tutorial's executed notebook to ``tutorials/``; returns their names.
+
+    ``unexecuted``: ``'fail'`` (a tutorial without an executed copy stops the build) or
+    ``'source'`` (its committed notebook, without outputs, takes the copy's place).
+    """
+    if unexecuted not in ('fail', 'source'):
+        raise ExtensionError(f"mhdocs_unexecuted={unexecuted!r}: give 'fail' or 'source'")
     names = []
     problems = []
+    from_source = []
     for path in sorted(NOTEBOOKS.glob('*.ipynb')):
         executed = EXECUTED / path.name
+        if not executed.exists() and unexecuted == 'source':
+            executed = path
+            from_source.append(path.name)
         if not executed.exists():
             problems.append(f'notebooks/{path.name} has no executed copy in build/executed/')
             continue
@@ -108,6 +122,11 @@ def write_tutorials() -> list[str]:
             if cell['cell_type'] == 'code':
                 cell['outputs'] = _without_live_widgets(cell.get('outputs', []))
         nb['metadata'].pop('widgets', None)  # no widget state: the page loads no widget JS
+        # What a kernel would have said (a source notebook has none): IPython's lexer, for
+        # the `!command` lines.
+        nb['metadata'].setdefault(
+            'language_info', {'name': 'python', 'pygments_lexer': 'ipython3'}
+        )
         _write(DOCS / 'tutorials' / path.name, json.dumps(nb, indent=1) + '\n')
         names.append(path.name)
     if problems:
@@ -115,6 +134,11 @@ def write_tutorials() -> list[str]:
     if not names:
         raise ExtensionError('no tutorials in notebooks/')
     _prune(DOCS / 'tutorials', set(names))
+    if from_source:
+        logger.info(
+            'mhdocs: rendered without outputs (no executed copy in build/executed/): '
+            + ', '.join(from_source)
+        )
     return names
 
 
@@ -322,7 +346,7 @@ _made: dict[str, list[str]] = {}  # what builder-inited wrote, for the checks at
 
 
 def generate(app: Sphinx) -> None:
-    _made['tutorials'] = write_tutorials()
+    _made['tutorials'] = write_tutorials(app.config.mhdocs_unexecuted)
     _made['magics'] = write_magics()
     write_reference()
 
@@ -363,6 +387,7 @@ def check_site(app: Sphinx, exception: BaseException | None) -> None:
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_config_value('mhdocs_unexecuted', 'fail', 'env', str)
     app.connect('builder-inited', generate)
     app.connect('source-read', add_other_pages)
     app.connect('env-get-outdated', index_outdated)

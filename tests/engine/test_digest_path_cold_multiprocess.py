@@ -9,6 +9,7 @@ the read-all path (`_digest_path`). Not copies: the tests themselves, from
 
 from __future__ import annotations
 
+import pytest
 from _digest_path import (
     check_on_the_digest_path,
     digest_path_everywhere,
@@ -28,6 +29,9 @@ from test_never_hangs import (
 )
 
 MP_CLUSTER = dict(n=4, devices_per_process=2, init_backend=False)
+# Release rotation; covered on every landing by the digest path: test_digest_path_multiprocess.py;
+# cold backends: test_cold_multiprocess.py and test_never_hangs.py (the tests imported here)
+pytestmark = pytest.mark.release
 MP_CLUSTER_ENTER = use_the_digest_path
 MP_CLUSTER_LEAVE = use_the_default_path
 

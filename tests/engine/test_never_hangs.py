@@ -126,6 +126,9 @@ def _records_written(out):
     return lambda: all(f.exists() for f in want)
 
 
+# Release rotation; covered on every landing by the same verdict on every host:
+# test_every_host_reports_the_same_missing_hosts_every_time
+@pytest.mark.release
 def test_hosts_that_leave_after_the_error_all_saw_the_same_verdict(mp_cluster, tmp_path):
     """Process 0 exits right after its error: hosts 1 and 3 have still read the whole verdict."""
     for attempt in range(3):

@@ -109,6 +109,9 @@ def _no_debug_thread_yet() -> dict:
     return _ask(5.0)
 
 
+# Release rotation; covered on every landing by a host that cannot answer, named within the
+# timeout: test_a_host_that_cannot_answer_is_named_silent_within_the_timeout (below)
+@pytest.mark.release
 def test_hosts_without_a_debug_thread_are_named_at_once(mp_cluster):
     """No debug thread yet on hosts 1-3: named at once (not waited for), with the reason."""
     r = mp_cluster.run(_no_debug_thread_yet, timeout=60, bracket=False)[0]
@@ -362,6 +365,9 @@ def _dead_host(timeout: float) -> dict:
     return out
 
 
+# Release rotation; covered on every landing by a killed host named by the survivors:
+# tests/engine/test_faults.py; a silent host: test_a_host_that_cannot_answer_is_named_silent_...
+@pytest.mark.release
 def test_a_dead_host_is_named_by_the_wavefront_records_and_watched_launches(tmp_path):
     """SIGKILL on host 2 (recoverable): silent within the timeout; watched launches time out."""
     here = os.path.dirname(

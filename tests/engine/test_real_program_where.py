@@ -289,6 +289,9 @@ def _save_while_one_host_sleeps(directory: str) -> dict:
     return out
 
 
+# Release rotation; covered on every landing by hosts inside orbax's barrier:
+# test_hosts_in_orbax_barrier_and_a_sleeping_host
+@pytest.mark.release
 def test_hosts_inside_a_real_orbax_checkpoint_save(mp_cluster, tmp_path):
     """orbax CheckpointManager.save on hosts 0, 1, 3 while host 2 sleeps: they are named
     inside orbax's barrier, with orbax's file and the user's save line."""

@@ -27,7 +27,9 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/: th
 JOB = os.path.join(HERE, '_held_job.py')
 N = 4
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# Release rotation; covered on every landing by an attached job's tools: tests/jobs/test_attach.py;
+# the session's: tests/notebook/test_notebook_session.py
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.release]
 
 
 def _plain(model: Any) -> Any:

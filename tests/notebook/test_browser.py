@@ -18,7 +18,10 @@ from _browser import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.browser, pytest.mark.cluster]
+# Release rotation; covered on every landing by widgets in Chromium:
+# tests/notebook/test_layout_browser.py; the quickstart's widgets:
+# tests/notebook/test_saved_notebook.py
+pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.release]
 
 
 @pytest.fixture(scope='module')

@@ -28,6 +28,10 @@ from multihost.engine import calls
 MP_CLUSTER = dict(n=2, devices_per_process=2)
 MP_CLUSTER_ENV = {'MULTIHOST_FINGERPRINT': 'device'}
 multiprocess = pytest.mark.multiprocess
+# Release rotation; covered on every landing by the tools reading host copies on one process:
+# tests/engine/test_hostreads.py; a recorded launch's output named:
+# tests/engine/test_launch_tracking.py
+pytestmark = pytest.mark.release
 
 LONG = 6000  # iterations of the long launch's loop: many seconds here
 

@@ -604,6 +604,9 @@ def test_recoverable_cluster_keeps_survivors_inspectable():
         s.stop()
 
 
+# Release rotation; covered on every landing by an interrupt naming the host that does not stop:
+# test_interrupt_names_the_host_that_does_not_stop (above)
+@pytest.mark.release
 def test_interrupt_names_a_host_blocked_in_a_real_device_collective():
     """Host 0 blocked in a gloo all-gather (host 1 never joins): named; restart recovers."""
     s = mhnotebook.start_local(2, 1, progress=False)

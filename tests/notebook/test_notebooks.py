@@ -1,8 +1,7 @@
 """Every tutorial notebook runs top to bottom in a real kernel (nbclient), as on Binder.
 
 A notebook whose checks pass is saved, executed, to ``build/executed/<name>``:
-the documentation site (``docs/conf.py``) renders those copies, so each
-tutorial runs once per CI run.
+the documentation site (``docs/conf.py``) renders those copies.
 """
 
 from __future__ import annotations
@@ -12,10 +11,8 @@ import os
 import pathlib
 import re
 
-import nbformat
 import pytest
 from _helpers import notebook_text
-from nbclient import NotebookClient
 
 pytestmark = pytest.mark.cluster
 
@@ -29,9 +26,16 @@ def test_there_are_tutorials():
     assert NOTEBOOKS
 
 
+# Release rotation, each tutorial dealt on its own (its kernel and cluster are its own): CI
+# executes a share of them on each landing in this suite and another share on Binder
+# (.ci/run), and renders the rest of the docs site's tutorials from their sources.
+@pytest.mark.release(dealt='test')
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_top_to_bottom(path):
     """No cell raises; committed without outputs; key outputs are there; saved for the docs."""
+    import nbformat  # here, not at the top: collecting the suite does not pay its import
+    from nbclient import NotebookClient
+
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get('outputs') for c in nb.cells if c.cell_type == 'code'), (
         f'{path.name} is committed with outputs; clear them'
@@ -185,6 +189,8 @@ CHECKS = {
 
 def _save_executed(nb, name):
     """Writes the executed notebook for the docs build (atomically: parallel runs share it)."""
+    import nbformat
+
     EXECUTED.mkdir(parents=True, exist_ok=True)
     tmp = EXECUTED / f'.{name}.{os.getpid()}.tmp'
     nbformat.write(nb, tmp)

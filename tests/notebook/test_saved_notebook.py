@@ -8,10 +8,7 @@ from __future__ import annotations
 import base64
 import re
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
-from nbconvert import HTMLExporter
 
 WIDGET = 'application/vnd.jupyter.widget-view+json'
 
@@ -46,6 +43,9 @@ EXPECT = {
 
 @pytest.fixture(scope='module')
 def saved(tmp_path_factory):
+    import nbformat  # here, not at the top: collecting the suite does not pay its import
+    from nbclient import NotebookClient
+
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(SETUP)] + [
         nbformat.v4.new_code_cell(code) for code in CELLS.values()
@@ -102,6 +102,9 @@ def test_live_widget_hides_exactly_its_own_picture(saved):
 
 def test_nbconvert_without_widget_state_shows_the_pictures(saved):
     """nbviewer's path: no widget state saved (JupyterLab's default) -> the pictures render."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
     nb = nbformat.from_dict(saved)
     nb.metadata.pop('widgets', None)
     body, _ = HTMLExporter().from_notebook_node(nb)

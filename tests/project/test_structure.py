@@ -593,20 +593,39 @@ def test_no_function_is_over_100_lines():
 
 
 def test_the_release_tests_are_dealt_into_shares_of_about_equal_time():
-    """`conftest.release_files`: every file in exactly one share, the shares' times within
-    the longest file's of each other, the same deal every time (each xdist worker deals)."""
+    """`conftest.release_units`: every unit in exactly one share, the shares' times within
+    the longest unit's of each other, the same deal every time (each xdist worker deals) and
+    whatever else was collected (a run of one file deals as the whole suite)."""
     import json
 
-    from conftest import _RELEASE_SECONDS, release_files
+    from conftest import _RELEASE_SECONDS, release_units
 
     seconds = json.loads(_RELEASE_SECONDS.read_text())
-    files = sorted([*seconds, 'test_not_in_the_table.py'])
-    shares = release_files(files, 4)
-    assert sorted(f for share in shares for f in share) == files
-    assert release_files(list(reversed(files)), 4) == shares
-    loads = [sum(seconds.get(f, 60) for f in share) for share in shares]
-    assert max(loads) - min(loads) <= max(seconds.values()), loads
-    assert release_files(files, 1) == [set(files)]
+    units = sorted([*seconds, 'test_not_in_the_table.py'])
+    for n in (4, 8):
+        shares = release_units(units, n)
+        assert sorted(u for share in shares for u in share) == units
+        assert release_units(list(reversed(units)), n) == shares
+        loads = [sum(seconds.get(u, 0) for u in share) for share in shares]
+        assert max(loads) - min(loads) <= max(seconds.values()), loads
+        some = units[::3]
+        assert release_units(some, n) == [share & set(some) for share in shares]
+    assert release_units(units, 1) == [set(units)]
+
+
+def test_tutorials_are_dealt_one_by_one_and_every_share_keeps_the_rest():
+    """`pytest --release=K/N` on the tutorials (marked ``release(dealt='test')``): each
+    tutorial in exactly one share, the unmarked test in every share."""
+    path = 'tests/notebook/test_notebooks.py'
+    whole, _ = _collected('--release=all', path)
+    shares = [_collected(f'--release={k}/2', path)[0] for k in range(2)]
+    tutorials = [t for t in whole if '.ipynb]' in t]
+    assert len(tutorials) >= 4
+    dealt = [t for share in shares for t in share if '.ipynb]' in t]
+    assert sorted(dealt) == sorted(tutorials)
+    assert all(len([t for t in share if '.ipynb]' in t]) < len(tutorials) for share in shares)
+    rest = set(whole) - set(tutorials)
+    assert rest and all(rest <= set(share) for share in shares)
 
 
 def _collected(*args: str) -> tuple[list[str], int]:
