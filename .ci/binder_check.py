@@ -34,7 +34,7 @@ Binder build are listed in CONTRIBUTING.md.
 
 Usage: ``python3 .ci/binder_check.py`` (Python 3.11+; it installs what it needs).
 CI splits it in two (``--build-only`` while the tests run, ``--run-built`` after them)
-and runs a quarter of the tutorials on each landing (``--share K/4``).
+and runs an eighth of the tutorials on each landing (``--share K/8``).
 """
 
 from __future__ import annotations

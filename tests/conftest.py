@@ -282,9 +282,10 @@ def pytest_addoption(parser):
         default='all',
         metavar='all|none|K/N',
         help='which tests marked release run: all (the default), none, or share K of N '
-        '(0 <= K < N): the release tests of share K of the files dealt into N shares of '
-        'about equal time (tests/release_seconds.json). '
-        '.ci/run runs share (commits on main mod 4) of 4: every file in 4 landings',
+        '(0 <= K < N): the release tests of share K of the units (files; one test for '
+        "those marked release(dealt='test')) dealt into N shares of about equal time "
+        '(tests/release_seconds.json). .ci/run runs share (commits on main mod 8) of 8: '
+        'every unit in 8 landings',
     )
     parser.addoption(
         '--deal',
@@ -326,6 +327,8 @@ def release_share(value: str, option: str = '--release') -> tuple[int, int] | No
 #: a file (its release tests run together: a shared cluster starts once), or one test for
 #: those marked ``release(dealt='test')`` (the tutorials: each its own kernel and cluster).
 _RELEASE_SECONDS = pathlib.Path(__file__).with_name('release_seconds.json')
+
+
 def release_units(units: list[str], n: int) -> list[set[str]]:
     """``units`` dealt into ``n`` shares of about equal time.
 

@@ -124,9 +124,7 @@ def write_tutorials(unexecuted: str = 'fail') -> list[str]:
         nb['metadata'].pop('widgets', None)  # no widget state: the page loads no widget JS
         # What a kernel would have said (a source notebook has none): IPython's lexer, for
         # the `!command` lines.
-        nb['metadata'].setdefault(
-            'language_info', {'name': 'python', 'pygments_lexer': 'ipython3'}
-        )
+        nb['metadata'].setdefault('language_info', {'name': 'python', 'pygments_lexer': 'ipython3'})
         _write(DOCS / 'tutorials' / path.name, json.dumps(nb, indent=1) + '\n')
         names.append(path.name)
     if problems:

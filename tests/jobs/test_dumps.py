@@ -439,7 +439,7 @@ def test_a_script_staged_per_host_hangs_in_its_first_all_reduce_and_analyze_says
 
 
 # Release rotation; covered on every landing by Ctrl-C on a hung job: the test below (and
-# this one by a quarter of the landings' Python 3.12 runs)
+# this one by an eighth of the landings' Python 3.12 runs)
 @pytest.mark.release
 def test_ctrl_c_twice_ends_hosts_blocked_inside_a_launch_call(job: Any) -> None:
     """Processes 0-1 are inside a jitted all-reduce whose call never returns (XLA:CPU runs it
