@@ -104,8 +104,8 @@ def test_the_connection_file_is_private_and_says_how_to_connect(job):
     assert os.listdir(os.path.dirname(path)) == ['control.json']  # no temporary left
 
 
-# Release rotation; covered on every landing by the stalled host named: test_dumps, tutorial 03;
-# orbax barriers: test_real_program_where
+# Release rotation; covered on every landing by the stalled host named: test_dumps; orbax
+# barriers: test_real_program_where
 @pytest.mark.release
 def test_attach_names_the_stalled_host_and_the_orbax_barrier_the_others_wait_in(job):
     front, where = _wait_for_the_stall(job)

@@ -128,8 +128,8 @@ def test_every_host_records_its_train_steps_and_orbaxs_barriers_by_name_and_site
     assert all(names == main_barriers[0] for names in main_barriers)  # same order on every host
 
 
-# Release rotation; covered on every landing by another batch shape caught before launch: tutorial
-# 03, test_install_jit
+# Release rotation; covered on every landing by another batch shape caught before launch:
+# test_install_jit
 @pytest.mark.release
 def test_check_jit_a_host_with_another_batch_shape_fails_every_host_before_launch(tmp_path):
     outs = launch(str(tmp_path), '-m', 'multihost', 'run', '--check-jit', BAD_BATCH_HOST=str(N - 1))

@@ -27,7 +27,9 @@ from IPython.utils.capture import capture_output
 
 from mhnotebook.widgets import LayoutView, NonfiniteView, TreeDiffView, TreeLayoutView
 
-pytestmark = pytest.mark.cluster
+# Release rotation; covered on every landing by names of real flax, optax and nnx values:
+# tests/engine/test_names.py; the magics on a real cluster: tests/notebook/test_notebook_session.py
+pytestmark = [pytest.mark.cluster, pytest.mark.release]
 
 TESTS_DIR = str(pathlib.Path(__file__).parent.parent)
 SHOTS = pathlib.Path(os.environ.get('MH_SHOTS', '/tmp'))
