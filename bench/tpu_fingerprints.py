@@ -101,10 +101,12 @@ def exactness() -> dict[str, Any]:
                 else (raw[: int(np.prod(s))] & 1).astype(bool).reshape(s)
             )
             arrays.append(a)
-        # small, fingerprinted together: packed on a TPU (1-D bfloat16 by DMA), or copied one by
-        # one ((96, 8), (768, 3) and (3, 5, 7) are stored transposed there)
+        # small, fingerprinted together: packed on a TPU (1-D bfloat16 by DMA; narrow floats of
+        # two axes or more stored in C order, several of a shape, through VMEM), or copied one
+        # by one ((96, 8), (768, 3) and (3, 5, 7) are stored transposed there)
         for s in [(5,), (768,), (8, 96), (3, 7), (1,), (), (4096,), (8, 96), (96, 8), (96, 8),
-                  (768, 3), (768, 3), (3, 5, 7), (3, 5, 7)]:  # fmt: skip
+                  (768, 3), (768, 3), (3, 5, 7), (3, 5, 7), (8, 64), (8, 64), (8, 64),
+                  (2, 16, 64), (2, 16, 64)]:  # fmt: skip
             n = int(np.prod(s))
             raw = rng.integers(0, 256, n * np.dtype(dt).itemsize, dtype=np.uint8)
             arrays.append(
@@ -118,7 +120,12 @@ def exactness() -> dict[str, Any]:
         dev = [jax.device_put(a) for a in arrays]
         packs = F.plan(dev).packs
         out[np.dtype(dt).name + '_packed'] = sum(len(c.blocks) for c in packs)
+        out[np.dtype(dt).name + '_vmem'] = sum(len(c.blocks) for c in packs if c.kind == 'vmem')
         on_device, on_host = F.fingerprints(dev), F.fingerprints(arrays)
+        # packing programs that did not compile (their leaves copied one by one instead)
+        out[np.dtype(dt).name + '_packs_not_compiled'] = sum(
+            F.CACHE.peek('programs', c.key) is False for c in packs
+        )
         # again: the programs and host copies kept from the first call
         again = [F.fingerprints(dev) for _ in range(2)]
         ok = on_device == on_host and all(a == on_host for a in again)
@@ -170,7 +177,8 @@ def _one_bit_pairs() -> dict[str, Any]:
         dt = np.dtype(getattr(ml_dtypes, name, None) or name)
         unsigned = np.dtype(f'u{dt.itemsize}')
         arrays = []
-        for shape in [(768, 3), (768, 3), (96, 8), (1024,), (512,), (37, 1001), (768, 8, 96)]:
+        for shape in [(768, 3), (768, 3), (96, 8), (1024,), (512,), (37, 1001), (768, 8, 96),
+                      (8, 64)]:  # fmt: skip
             n = int(np.prod(shape))
             base = rng.integers(0, 256, n * dt.itemsize, dtype=np.uint8).view(unsigned)
             for bits in (a_bits, b_bits):
@@ -479,7 +487,7 @@ def breakdown(leaves: list[Any], reps: int) -> dict[str, Any]:
         got['whole call'] - sum(v for k, v in got.items() if k != 'whole call'), 3
     )
     got['programs'] = len(p.programs)
-    got['packs'] = {k: sum(c.kind == k for c in p.packs) for k in ('rows', 'concat', 'dma')}
+    got['packs'] = {k: sum(c.kind == k for c in p.packs) for k in ('rows', 'concat', 'dma', 'vmem')}
     got['packed leaves'] = sum(len(c.blocks) for c in p.packs)
     got['copied alone'] = len(p.copies)
     got['routes'] = {r: p.routes.count(r) for r in sorted(set(p.routes))}

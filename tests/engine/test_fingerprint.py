@@ -750,6 +750,38 @@ def test_small_bfloat16_leaves_of_two_axes_or_more_are_copied_one_by_one_exactly
     assert got[2][1:] == (False, True) and got[4][0] != got[5][0]
 
 
+def test_small_narrow_floats_of_one_shape_in_c_order_are_read_whole_in_vmem_exactly():
+    """On a TPU, small leaves of bfloat16 and float8 of two axes or more stored in C order,
+    two or more of one shape: one Pallas program per shape and dtype reads them into VMEM and
+    widens their raw bits to int32 (`pallas.vmem_bits`); numpy's bytes and flags on raw bits
+    (NaN payloads, subnormals, a constant leaf); two leaves one subnormal or one NaN payload
+    apart get different digests. A leaf alone of its shape, or stored transposed, is copied."""
+    v5e = {(8, 64): (0, 1), (2, 16, 64): (0, 1, 2), (96, 8): (1, 0), (8, 96): (0, 1)}
+    dts = [ml_dtypes.bfloat16] * 4 + [ml_dtypes.float8_e4m3fn] * 2 + [ml_dtypes.bfloat16] * 4
+    shapes = [(8, 64)] * 4 + [(8, 64)] * 2 + [(2, 16, 64)] * 2 + [(96, 8)] * 1 + [(8, 96)]
+    arrays = [_random_bits(dt, s, seed=i) for i, (dt, s) in enumerate(zip(dts, shapes))]
+    arrays[1][:] = arrays[1][0, 0]  # constant
+    raw = arrays[3].view(np.uint16)
+    raw[:] = arrays[2].view(np.uint16)
+    raw[0, 0], arrays[2].view(np.uint16)[0, 0] = 0x0002, 0x0001  # subnormals
+    raw[1, 1], arrays[2].view(np.uint16)[1, 1] = 0x7FC3, 0x7FC1  # NaN payloads
+    dev = [jax.device_put(a) for a in arrays]
+    with F.configured(platform='tpu', stored_order=lambda x: v5e[tuple(x.shape)]):
+        planned = F.plan(dev)
+        assert sorted((c.kind, c.blocks) for c in planned.packs) == [
+            ('vmem', [0, 1, 2, 3]),
+            ('vmem', [4, 5]),
+            ('vmem', [6, 7]),
+        ]
+        assert sorted(planned.copies) == [8, 9]
+        want = [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+        assert want[2] != want[3]
+        assert F.fingerprints(dev) == want
+        got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
+    assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
+    assert got[1][1:] == (False, True) and got[2][0] != got[3][0]
+
+
 def test_a_packing_program_that_does_not_compile_leaves_its_leaves_to_copies(monkeypatch, tpu):
     """A DMA packing program that fails to compile (a TPU whose Mosaic tiles 1-D buffers
     otherwise): its leaves are copied one by one, the same bytes; nothing raises."""

@@ -140,6 +140,11 @@ def run(p: planning.Plan, flags: bool) -> list[np.ndarray]:
             sizes = tuple(int(p.blocks[i].array.size) for i in call.blocks)
             for i, res in zip(call.blocks, xla.row_results(flat, sizes, flags)):
                 out[i] = res
+        elif call.kind == 'vmem':  # each leaf's raw bits, widened to int32
+            for j, i in enumerate(call.blocks):
+                x = p.blocks[i].array
+                raw = np.uint8 if x.dtype.itemsize == 1 else np.uint16
+                host[i] = flat[j].astype(raw).view(x.dtype)
         else:  # one buffer, the leaves one after another
             for i in call.blocks:
                 x = p.blocks[i].array
@@ -163,6 +168,8 @@ def _program(call: planning.Call) -> Any:
         return xla.pack_rows
     if call.kind == 'dma':
         return pallas.dma_pack_interpret if call.interpret else pallas.dma_pack
+    if call.kind == 'vmem':
+        return pallas.vmem_bits_interpret if call.interpret else pallas.vmem_bits
     return xla.group
 
 
@@ -195,7 +202,7 @@ def _compile(calls: list[tuple[planning.Call, tuple[Any, ...]]]) -> None:
     at once (XLA compiles outside the GIL; `bench/tpu_fingerprints.py --first` counts the
     compiles of a model state's first fingerprints and times them). A DMA packing program
     that does not compile (a TPU whose Mosaic lays 1-D buffers out in other tiles) is kept
-    as False: its leaves are copied one by one."""
+    as False (also a VMEM one): its leaves are copied one by one."""
     missing: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     for call, args in calls:
         if CACHE.peek('programs', call.key) is None and call.key not in missing:
@@ -206,7 +213,7 @@ def _compile(calls: list[tuple[planning.Call, tuple[Any, ...]]]) -> None:
         try:
             return _program(call).lower(*args).compile()
         except Exception:
-            if call.kind == 'dma':
+            if call.kind in ('dma', 'vmem'):
                 return False
             raise
 

@@ -25,9 +25,11 @@ Which blocks it reads, and in which layout, the plan decides (`planning`, `layou
 
 Also here: small 1-D bfloat16 leaves packed by DMA into one buffer (`dma_pack`), so a call
 copies one buffer to the host, not one per leaf, and no XLA operation touches their bits.
-Small leaves of two axes or more are copied to the host one by one: a DMA between their
-tiled layouts does not keep their bits on a TPU (`bench/tpu_fingerprints.py`'s exactness
-section checks the routes taken).
+Small leaves of two axes or more stored in C order, several of one shape: read whole into
+VMEM by one kernel, their bits widened to int32 there (`vmem_bits`), one buffer copied to the
+host. Others are copied to the host one by one: a DMA between their tiled layouts does not
+keep their bits on a TPU (`bench/tpu_fingerprints.py`'s exactness section checks the routes
+taken).
 """
 
 from __future__ import annotations
@@ -349,3 +351,49 @@ def _dma_pack(xs: tuple[jax.Array, ...], interpret: bool) -> jax.Array:
 #: `_dma_pack` on a TPU, and in Pallas' interpret mode (off a TPU: the tests).
 dma_pack = jax.jit(functools.partial(_dma_pack, interpret=False))
 dma_pack_interpret = jax.jit(functools.partial(_dma_pack, interpret=True))
+
+
+#: VMEM bytes of one `vmem_bits` program's leaves and output, at most (their tiles padded).
+VMEM_BITS_BYTES = 8 << 20
+
+
+def vmem_bytes(dtype: Any, shape: tuple[int, ...]) -> int:
+    """VMEM bytes of one leaf of ``dtype`` and ``shape`` in `vmem_bits`, with its int32 output
+    (the last axis padded to 128 lanes, the one before to the tile's packed rows)."""
+    size = np.dtype(dtype).itemsize
+    lead = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
+    rows = shape[-2] if len(shape) >= 2 else 1
+    wide = -(-shape[-1] // 128) * 128
+    return (
+        lead
+        * wide
+        * (-(-rows // PACKED_ROWS[size]) * PACKED_ROWS[size] * size + -(-rows // 8) * 8 * 4)
+    )
+
+
+def _vmem_bits(xs: tuple[jax.Array, ...], interpret: bool) -> jax.Array:
+    """Small whole leaves of one narrow float dtype and one shape, each read whole into VMEM,
+    its raw bits reinterpreted there and widened to int32 (unsigned values): one int32
+    buffer of shape (K, *shape), whose bits no XLA operation rewrites (XLA keeps integers'
+    bits; only narrow floats' are at risk on a TPU). The host takes each leaf's bits from it."""
+    from jax.experimental import pallas as pl
+
+    size = np.dtype(xs[0].dtype).itemsize
+    raw_type = jnp.int8 if size == 1 else jnp.int16
+    mask = (1 << (8 * size)) - 1
+
+    def kernel(*refs: Any) -> None:  # (a Mosaic kernel captures no array: the mask made here)
+        out = refs[-1]
+        for j, ref in enumerate(refs[:-1]):
+            out[j] = jax.lax.bitcast_convert_type(ref[...], raw_type).astype(I32) & I32(mask)
+
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((len(xs), *xs[0].shape), I32),
+        interpret=interpret,
+    )(*xs)
+
+
+#: `_vmem_bits` on a TPU, and in Pallas' interpret mode (off a TPU: the tests).
+vmem_bits = jax.jit(functools.partial(_vmem_bits, interpret=False))
+vmem_bits_interpret = jax.jit(functools.partial(_vmem_bits, interpret=True))

@@ -11,7 +11,8 @@ items copied to the host. `execute.run` carries it out. The routes:
   TPU that the Pallas kernel does not read), or in host memory beside its device: its blocks
   copied to the host one at a time, then the definition;
 * `SMALL`: a small whole leaf (up to `SMALL` elements): to the host (packed on its device
-  first where a packing program takes its dtype), then with the others (`batched`);
+  first where a packing program takes its dtype and shape: `packer`), then with the others
+  (`batched`);
 * `DEVICE`: its blocks read where they live by XLA programs (`xla.group`), on a TPU a
   narrow float's (and 32-bit words' in the shapes it reads fast) by the Pallas kernel inside
   them (`pallas`), in the layout `layout.read_layout` gives.
@@ -59,7 +60,7 @@ class Block:
 @dataclasses.dataclass
 class Call:
     """One device program: ``kind`` (``'xla'`` or ``'pallas'``: a `xla.group` of blocks;
-    ``'concat'``, ``'rows'``, ``'dma'``: a packing program of small leaves), its key in
+    ``'concat'``, ``'rows'``, ``'dma'``, ``'vmem'``: a packing program of small leaves), its key in
     `CACHE` (what it is compiled for), the blocks it reads (positions in `Plan.blocks`), and
     for groups what the program is given besides them."""
 
@@ -346,8 +347,10 @@ def _group_calls(
 def packer(x: Any) -> str:
     """The packing program that takes small leaf ``x`` with others of its dtype and device:
     ``'rows'`` (`xla.pack_rows`), ``'concat'`` (`xla.pack_concat`), ``'dma'``
-    (`pallas.dma_pack`: bfloat16's 1-D leaves of whole tiles on a TPU), or '' (copied to the
-    host alone: numpy, on a CPU, a host copy jax already holds)."""
+    (`pallas.dma_pack`: bfloat16's 1-D leaves of whole tiles on a TPU), ``'vmem'``
+    (`pallas.vmem_bits`: on a TPU, narrow floats the kernel reads, of two axes or more,
+    stored in C order; one program per shape), or '' (copied to the host alone: numpy, on a
+    CPU, a host copy jax already holds)."""
     if not isinstance(x, jax.Array) or has_host_copy(x):
         return ''
     return str(CACHE.get('packer', (x.dtype, x.shape, x.sharding), _choose_packer, x))
@@ -364,6 +367,13 @@ def _choose_packer(x: jax.Array) -> str:
         return 'rows' if name in xla.ROW_DTYPES else 'concat'
     if platform == 'tpu' and pallas.dma_packable(x.dtype, tuple(x.shape)):
         return 'dma'
+    if (
+        platform == 'tpu'
+        and name in layout.KERNEL_FLOATS
+        and x.ndim >= 2
+        and stored_order(x) == tuple(range(x.ndim))  # else XLA relays it out for the kernel
+    ):
+        return 'vmem'
     return ''
 
 
@@ -375,12 +385,16 @@ def _plan_packs(p: Plan, small: list[int]) -> None:
         x = p.blocks[i].array
         how = packer(x)
         if how:
-            packs.setdefault((how, x.sharding, x.dtype), []).append(i)
+            shape = tuple(x.shape) if how == 'vmem' else ()  # its output: one shape
+            packs.setdefault((how, x.sharding, x.dtype, shape), []).append(i)
         else:
             p.copies.append(i)
-    for (how, sharding, dtype), idx in packs.items():
-        for lo in range(0, len(idx), CONFIG.max_pack):
-            part = idx[lo : lo + CONFIG.max_pack]
+    for (how, sharding, dtype, shape), idx in packs.items():
+        most = CONFIG.max_pack
+        if how == 'vmem':  # the leaves and their output in VMEM at once
+            most = max(1, min(most, pallas.VMEM_BITS_BYTES // pallas.vmem_bytes(dtype, shape)))
+        for lo in range(0, len(idx), most):
+            part = idx[lo : lo + most]
             if len(part) < 2:
                 p.copies += part
                 continue
