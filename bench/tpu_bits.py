@@ -4,8 +4,9 @@ For random bits of bfloat16, float16, float8_e4m3fn and float8_e5m2 (NaN payload
 subnormals included), each probe reads the bits back through a different program and
 counts the elements whose bits changed: an identity program, a reshape, XLA's
 bitcast to unsigned integers (default options and with ``xla_allow_excess_precision``
-off), and Pallas kernels that reinterpret the block in VMEM. On CPU the Pallas probes run
-in interpret mode. Usage: ``python bench/tpu_bits.py [--json PATH]``.
+off), and Pallas kernels that reinterpret the block in VMEM (``--kernel``; small leaves read
+whole into VMEM by one kernel: ``--vmem``). On CPU the Pallas probes run in interpret mode.
+Usage: ``python bench/tpu_bits.py [--kernel | --vmem | --tiles] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -144,6 +145,30 @@ def kernel_words(dt: Any) -> dict[str, Any]:
     return out
 
 
+#: Small leaves' shapes for `vmem_pack`: stored in C order on a v5e, then stored transposed.
+VMEM_SHAPES = [(8, 64), (16, 64), (8, 96), (8, 128), (1, 64), (4, 8, 64), (2, 16, 128),
+               (96, 8), (768, 3), (3, 5, 7)]  # fmt: skip
+
+
+def vmem_pack(dt: Any) -> dict[str, Any]:
+    """`fingerprint.pallas.vmem_bits` (5 leaves of random bits per shape, read whole into VMEM
+    by one kernel, their bits widened to int32 there) against the leaves' bits, called directly
+    (whatever the plan would route): per shape, the stored order and the elements changed."""
+    from multihost._checks.fingerprint import layout, pallas
+
+    u = _uint(dt)
+    program = pallas.vmem_bits if jax.devices()[0].platform == 'tpu' else pallas.vmem_bits_interpret
+    out: dict[str, Any] = {}
+    for shape in VMEM_SHAPES:
+        raws = [np.random.default_rng(k).integers(0, np.iinfo(u).max + 1, shape, dtype=u)
+                for k in range(5)]  # fmt: skip
+        xs = tuple(jax.device_put(r.view(dt)) for r in raws)
+        got = np.asarray(program(xs)).astype(np.int64)
+        changed = sum(int((got[k] != raws[k].astype(np.int64)).sum()) for k in range(5))
+        out[str(shape)] = {'stored': list(layout.stored_order(xs[0])), 'changed': changed}
+    return out
+
+
 def tile_sweep() -> dict[str, Any]:
     """Median ms of the kernel's results for 16 x (1024, 4096) bfloat16 per tile size,
     beside one jitted read of the same leaves."""
@@ -194,11 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     res = {'device': dev.device_kind, 'jax': jax.__version__, 'platform': dev.platform}
     p.add_argument('--kernel', action='store_true', help='only the Pallas kernel, word by word')
     p.add_argument('--tiles', action='store_true', help='only the tile-size sweep')
+    p.add_argument('--vmem', action='store_true', help="only the small leaves' VMEM pack")
     args = p.parse_args(argv)
     if args.tiles:
         res['tiles'] = tile_sweep()
     for dt in DTYPES if not args.tiles else []:
-        if args.kernel:
+        if args.vmem:
+            if np.dtype(dt) != np.float16:
+                res[np.dtype(dt).name] = vmem_pack(dt)
+        elif args.kernel:
             if np.dtype(dt) != np.float16:
                 res[np.dtype(dt).name] = kernel_words(dt)
         else:
@@ -207,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     import _results
 
     kind = res.pop('device')
-    name = 'tpu_bits' + ('_kernel' if args.kernel else '_tiles' if args.tiles else '')
+    name = 'tpu_bits' + (
+        '_vmem' if args.vmem else '_kernel' if args.kernel else '_tiles' if args.tiles else ''
+    )
     print('written to', _results.save(name, res, kind, args.json or ''))
     return 0
 
