@@ -723,11 +723,12 @@ def test_small_bfloat16_vectors_are_packed_by_dma_keeping_every_bit(tpu):
 
 
 def test_small_bfloat16_leaves_of_two_axes_or_more_are_copied_one_by_one_exactly():
-    """bfloat16's small leaves of two axes or more are never packed (a DMA stack of them in
-    their stored order rewrote subnormals and NaN payloads on a v5e and on XLA:CPU at -O0):
-    each is copied to the host alone, with numpy's bytes and flags on raw bits (NaN
-    payloads, subnormals, a constant leaf), also beside 1-D leaves that are packed; two
-    leaves that differ in one subnormal or one NaN payload get different digests."""
+    """bfloat16's small leaves of two axes or more stored transposed, or alone of their shape,
+    are not packed (a DMA stack of them in their stored order rewrote subnormals and NaN
+    payloads on a v5e and on XLA:CPU at -O0; XLA relays them out before a kernel): each is
+    copied to the host alone, with numpy's bytes and flags on raw bits (NaN payloads,
+    subnormals, a constant leaf), also beside 1-D leaves that are packed; two leaves that
+    differ in one subnormal or one NaN payload get different digests."""
     v5e = {(96, 8): (1, 0), (3, 5, 7): (1, 0, 2), (8, 96): (0, 1), (768, 3): (1, 0), (512,): (0,)}
     shapes = [(96, 8), (8, 96), (96, 8), (3, 5, 7), (768, 3), (768, 3), (512,), (512,)]
     arrays = [_random_bits(ml_dtypes.bfloat16, s, seed=i) for i, s in enumerate(shapes)]
