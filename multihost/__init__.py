@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # what `_load` binds, for type checkers and readers
     from multihost._debug._timeline import timeline
     from multihost._debug._watch import Watched, watch
     from multihost._debug._wavefront import flight_records, wavefront
+    from multihost._defaults import DEFAULT_TIMEOUT
     from multihost._errors import (
         AuditError,
         BarrierMismatchError,
@@ -60,7 +61,6 @@ if TYPE_CHECKING:  # what `_load` binds, for type checkers and readers
         StepTimeoutError,
     )
     from multihost._exchange._bus import start_debug_daemon
-    from multihost._exchange._sequence import DEFAULT_TIMEOUT
     from multihost._job._audit import report as audit_report
     from multihost._job._install import install, uninstall
     from multihost._job._numbering import HostNumberingError
@@ -159,7 +159,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     'ProcessFailureError': ('multihost._errors', 'ProcessFailureError'),
     'StepTimeoutError': ('multihost._errors', 'StepTimeoutError'),
     'start_debug_daemon': ('multihost._exchange._bus', 'start_debug_daemon'),
-    'DEFAULT_TIMEOUT': ('multihost._exchange._sequence', 'DEFAULT_TIMEOUT'),
+    'DEFAULT_TIMEOUT': ('multihost._defaults', 'DEFAULT_TIMEOUT'),
     'audit_report': ('multihost._job._audit', 'report'),
     'install': ('multihost._job._install', 'install'),
     'uninstall': ('multihost._job._install', 'uninstall'),

@@ -20,7 +20,6 @@ declared dead by the coordination service.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
@@ -29,29 +28,13 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from multihost._debug import _stepgate
+from multihost._defaults import DEFAULT_HOLD_S, HoldConfig  # noqa: F401  (re-exported)
 from multihost._exchange import _bus, _kv
 
 log = logging.getLogger('multihost')
 
 #: Seconds between looks at the stepping flag while held (also how soon a release lands).
 _SLICE_S = 0.5
-#: The longest hold unless told (seconds): 30 minutes (``--hold-for``'s default).
-DEFAULT_HOLD_S = 1800.0
-
-
-@dataclasses.dataclass(frozen=True)
-class HoldConfig:
-    """What `configure` is told (`multihost._job._options.InstallOptions.hold`).
-
-    Attributes:
-        enabled: an uncaught exception holds every host (``--hold-on-error``).
-        hold_for: the longest hold, in seconds (``--hold-for``).
-        control_file: where a notebook attaches (named in the hold's line).
-    """
-
-    enabled: bool = False
-    hold_for: float = DEFAULT_HOLD_S
-    control_file: str | None = None
 
 
 class _State:

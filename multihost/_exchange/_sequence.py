@@ -31,6 +31,7 @@ import jax
 import jaxlib
 
 from multihost import _cells, _recorder
+from multihost._defaults import DEFAULT_TIMEOUT, timeout_from_env
 from multihost._errors import (
     CoordinatorUnreachableError,
     HostFailedError,
@@ -40,12 +41,6 @@ from multihost._models._records import (  # noqa: F401  (the models live there; 
     CollectiveRecord,
 )
 from multihost._text import fmt_hosts
-
-#: Default timeout (seconds) of every barrier and collective check, unless
-#: ``MULTIHOST_TIMEOUT`` says otherwise. Generous on purpose: a real job may
-#: legitimately keep one host busy (say, writing a checkpoint) for minutes
-#: while the others wait. Debugging sessions set it lower.
-DEFAULT_TIMEOUT = 600.0
 
 _RING_SIZE = 256
 _SLOTS = 8  # key-value slots for records, a ring overwritten (a host at k + 8: all read k)
@@ -57,29 +52,6 @@ def default_timeout() -> float:
     """The timeout used when none is given: ``MULTIHOST_TIMEOUT`` or `DEFAULT_TIMEOUT`."""
     timeout = timeout_from_env()
     return DEFAULT_TIMEOUT if timeout is None else timeout
-
-
-def timeout_from_env() -> float | None:
-    """``MULTIHOST_TIMEOUT`` in seconds, None when unset: the one place that reads it (the
-    explicit calls' default here, ``install``'s timeout in `multihost._job._options`).
-
-    Raises:
-        ValueError: not a positive number (naming the variable and the fix).
-    """
-    raw = os.environ.get('MULTIHOST_TIMEOUT')
-    if raw is None or raw == '':
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(
-            f'MULTIHOST_TIMEOUT must be a number of seconds, got {raw!r}. '
-            'Unset it to use the default of '
-            f'{DEFAULT_TIMEOUT:g} s.'
-        ) from None
-    if value <= 0:
-        raise ValueError(f'MULTIHOST_TIMEOUT must be positive, got {raw!r}.')
-    return value
 
 
 _wait_for: contextvars.ContextVar[float | None] = contextvars.ContextVar(

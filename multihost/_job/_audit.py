@@ -63,6 +63,7 @@ import numpy as np
 
 from multihost import _recorder
 from multihost._debug import _control
+from multihost._defaults import AUDIT_EVERY, AUDIT_FIRST, audit_every
 from multihost._models._audit import (
     AUDIT_THREAD,
     AuditFinding,
@@ -73,10 +74,9 @@ from multihost._models._audit import (
 from multihost._models._layout import format_index
 from multihost._text import fmt_hosts
 
-#: Launches of each function audited from its first call.
-FIRST = 10
-#: Then every N-th launch of it, unless told (``--audit=N``): see docs/benchmarks.md.
-DEFAULT_EVERY = 50
+#: Launches of each function audited from its first call; then every N-th (`_defaults`).
+FIRST, DEFAULT_EVERY = AUDIT_FIRST, AUDIT_EVERY
+every_from = audit_every
 #: Blocks of a fresh input smaller than this are never called duplicate data.
 MIN_DUP_BYTES = 64
 #: How long the audit thread waits for the other hosts' tables of one launch.
@@ -87,34 +87,6 @@ READ_WAIT = 60.0
 MAX_QUEUED = 16
 #: Blocks named in one finding's line.
 _MAX_BLOCKS = 2
-
-
-def every_from(value: Any) -> int:
-    """N from ``install(audit=...)`` / ``MULTIHOST_AUDIT``: 0 (off), True / 'on' (the default
-    N), or a whole number N >= 0 as given (1: every launch).
-
-    Raises:
-        ValueError: anything else (naming it and what is accepted).
-    """
-    if value is None or value is False:
-        return 0
-    if value is True:
-        return DEFAULT_EVERY
-    text = str(value).strip().lower()
-    if text in ('on', 'yes', 'true'):
-        return DEFAULT_EVERY
-    if text in ('off', 'no', 'false'):
-        return 0
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(
-            f'audit={value!r}: give N, a whole number (after the first {FIRST} launches of '
-            f'each function, every N-th is audited; on = {DEFAULT_EVERY}; 0 = off)'
-        )
-    return n
 
 
 class _Item:

@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from multihost._job import _options
 
 COMMANDS = ('demo', 'run', 'analyze', 'audit-diff')
-#: Commands that read files only: their parser is built alone, without ``run``'s options,
-#: whose module imports JAX (seconds), so a post-mortem starts at once, also where JAX is not
-#: set up.
+#: Commands that read files only: their parser is built alone, without ``run``'s options
+#: (stdlib and `multihost._defaults` only: no command's parse imports JAX), so a post-mortem
+#: starts at once, also where JAX is not set up.
 READERS = ('analyze', 'audit-diff')
 __all__ = ['COMMANDS', 'Parser', 'UsageError', 'count']
 

@@ -27,9 +27,15 @@ import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from multihost._debug._hold import DEFAULT_HOLD_S, HoldConfig
-from multihost._exchange import _sequence
-from multihost._job import _audit
+from multihost._defaults import (
+    AUDIT_EVERY,
+    AUDIT_FIRST,
+    DEFAULT_HOLD_S,
+    DEFAULT_TIMEOUT,
+    HoldConfig,
+    audit_every,
+    timeout_from_env,
+)
 
 #: An environment variable that turns a flag on says one of these (any other value: off).
 _ON = ('1', 'true', 'on', 'yes')
@@ -60,11 +66,11 @@ def _text(value: Any) -> str:
 
 def _every(value: Any) -> int:
     try:
-        return _audit.every_from(value)
+        return audit_every(value)
     except ValueError:
         raise ValueError(
-            f'needs N, a whole number (after the first {_audit.FIRST} launches of each '
-            f'function, every N-th is audited; on = {_audit.DEFAULT_EVERY}; 0 = off)'
+            f'needs N, a whole number (after the first {AUDIT_FIRST} launches of each '
+            f'function, every N-th is audited; on = {AUDIT_EVERY}; 0 = off)'
         ) from None
 
 
@@ -235,9 +241,8 @@ OPTIONS: tuple[Option, ...] = (
         'BarrierTimeoutError naming the missing hosts',
         metavar='S',
         parse=_seconds,
-        shown="wait as long as JAX's would, logging who is missing every "
-        f'{_sequence.DEFAULT_TIMEOUT:g} s',
-        from_env=_sequence.timeout_from_env,
+        shown=f"wait as long as JAX's would, logging who is missing every {DEFAULT_TIMEOUT:g} s",
+        from_env=timeout_from_env,
     ),
     Option(
         'control_file',
@@ -293,8 +298,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         'audit',
         'Audit the launches that span processes while the job runs: the first '
-        f'{_audit.FIRST} of each jitted function, then every N-th (N left out or on: '
-        f'{_audit.DEFAULT_EVERY}), compared across hosts off the main thread: replica drift, '
+        f'{AUDIT_FIRST} of each jitted function, then every N-th (N left out or on: '
+        f'{AUDIT_EVERY}), compared across hosts off the main thread: replica drift, '
         'duplicate data, the first NaN or Inf, each reported once on every host',
         metavar='N',
         parse=_every,
@@ -449,7 +454,7 @@ class InstallOptions:
             )
         audit = v['audit']
         if v['audit_log'] is not None or v['audit_raise'] or v['audit_replay']:
-            audit = audit or _audit.DEFAULT_EVERY
+            audit = audit or AUDIT_EVERY
         return cls(
             check_jit=v['check_jit'],
             timeout=v['timeout'],

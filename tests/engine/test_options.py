@@ -180,7 +180,7 @@ def test_a_flag_variable_takes_on_and_off_words_and_refuses_others(
 
 
 def test_a_bad_timeout_variable_says_its_own_message(clean, monkeypatch):
-    """``MULTIHOST_TIMEOUT`` is read in one place (`_sequence.timeout_from_env`), for the
+    """``MULTIHOST_TIMEOUT`` is read in one place (`_defaults.timeout_from_env`), for the
     explicit calls' default and for install's timeout alike."""
     monkeypatch.setenv('MULTIHOST_TIMEOUT', 'soon')
     with pytest.raises(
@@ -231,10 +231,10 @@ def test_hold_on_error_reaches_the_hold_as_its_own_part(clean, tmp_path):
 
 
 def test_each_default_and_each_variable_is_written_once():
-    """The hold's 1800 s in `_hold.DEFAULT_HOLD_S` only; no module reads an option's variable
-    but the table (``MULTIHOST_TIMEOUT``: `_sequence.timeout_from_env`)."""
+    """The hold's 1800 s in `_defaults.DEFAULT_HOLD_S` only; no module reads an option's
+    variable but the table (``MULTIHOST_TIMEOUT``: `_defaults.timeout_from_env`)."""
     sources = {p: p.read_text() for p in (ROOT / 'multihost').rglob('*.py')}
-    assert [p.name for p, text in sources.items() if '1800' in text] == ['_hold.py']
+    assert [p.name for p, text in sources.items() if '1800' in text] == ['_defaults.py']
     reads = re.compile(r"environ(?:\.get\(|\[)\s*'(MULTIHOST_\w+)'")
     envs = {o.env for o in OPTIONS}
     found = sorted(
@@ -243,7 +243,7 @@ def test_each_default_and_each_variable_is_written_once():
         for name in reads.findall(text)
         if name in envs
     )
-    assert found == [('_sequence.py', 'MULTIHOST_TIMEOUT')], found
+    assert found == [('_defaults.py', 'MULTIHOST_TIMEOUT')], found
 
 
 def test_a_bad_variable_under_multihost_run_is_one_line_and_exit_2(clean, tmp_path):

@@ -164,6 +164,7 @@ FLOORS = {
         '_names': 0,
         '_net': 0,  # addresses, routes, free ports (stdlib): engine, testing and the notebook
         '_cmdline': 0,  # argparse that raises UsageError, counts: both commands' parsers
+        '_defaults': 0,  # a job's option defaults (stdlib): `multihost run` parses without jax
         '_cells': 0,  # notebook cells as IPython names them (Cell In[4]), looked up lazily
         # the frozen models that cross the wire, the dump files and their analysis: numpy +
         # stdlib, importable without jax (test_the_jax_free_rooms_import_without_jax)
