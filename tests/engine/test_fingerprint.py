@@ -722,6 +722,28 @@ def test_small_bfloat16_vectors_are_packed_by_dma_keeping_every_bit(tpu):
     assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
 
 
+def _one_subnormal_and_one_nan_payload_apart(a: np.ndarray, b: np.ndarray) -> None:
+    """``b`` (bfloat16, two axes or more) made ``a`` again, then the two one subnormal and one
+    NaN payload apart."""
+    raw = b.view(np.uint16)
+    raw[:] = a.view(np.uint16)
+    raw[0, 0], a.view(np.uint16)[0, 0] = 0x0002, 0x0001  # subnormals
+    raw[1, 1], a.view(np.uint16)[1, 1] = 0x7FC3, 0x7FC1  # NaN payloads
+
+
+def _the_device_gives_numpys_bytes_and_flags(
+    arrays: list[np.ndarray], dev: list
+) -> tuple[list[bytes], list]:
+    """Inside a planned platform: the device's fingerprints of ``dev`` (``arrays`` on the
+    device) and its digests with flags of fresh copies equal numpy's definitions; returns the
+    wanted fingerprints and the digests with flags."""
+    want = [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
+    assert F.fingerprints(dev) == want
+    got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
+    assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
+    return want, got
+
+
 def test_small_bfloat16_leaves_of_two_axes_or_more_are_copied_one_by_one_exactly():
     """bfloat16's small leaves of two axes or more stored transposed, or alone of their shape,
     are not packed (a DMA stack of them in their stored order rewrote subnormals and NaN
@@ -733,21 +755,15 @@ def test_small_bfloat16_leaves_of_two_axes_or_more_are_copied_one_by_one_exactly
     shapes = [(96, 8), (8, 96), (96, 8), (3, 5, 7), (768, 3), (768, 3), (512,), (512,)]
     arrays = [_random_bits(ml_dtypes.bfloat16, s, seed=i) for i, s in enumerate(shapes)]
     arrays[2][:] = arrays[2][0, 0]  # constant
-    raw = arrays[5].view(np.uint16)
-    raw[:] = arrays[4].view(np.uint16)
-    raw[0, 0], arrays[4].view(np.uint16)[0, 0] = 0x0002, 0x0001  # subnormals
-    raw[1, 1], arrays[4].view(np.uint16)[1, 1] = 0x7FC3, 0x7FC1  # NaN payloads
+    _one_subnormal_and_one_nan_payload_apart(arrays[4], arrays[5])
     assert np.isnan(arrays[0].astype(np.float32)).any()
     dev = [jax.device_put(a) for a in arrays]
     with F.configured(platform='tpu', stored_order=lambda x: v5e[tuple(x.shape)]):
         planned = F.plan(dev)
         assert [c.blocks for c in planned.packs] == [[6, 7]]
         assert sorted(planned.copies) == list(range(6))
-        want = [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
-        assert want[4] != want[5]
-        assert F.fingerprints(dev) == want
-        got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
-    assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
+        want, got = _the_device_gives_numpys_bytes_and_flags(arrays, dev)
+    assert want[4] != want[5]
     assert got[2][1:] == (False, True) and got[4][0] != got[5][0]
 
 
@@ -762,10 +778,7 @@ def test_small_narrow_floats_of_one_shape_in_c_order_are_read_whole_in_vmem_exac
     shapes = [(8, 64)] * 4 + [(8, 64)] * 2 + [(2, 16, 64)] * 2 + [(96, 8)] * 1 + [(8, 96)]
     arrays = [_random_bits(dt, s, seed=i) for i, (dt, s) in enumerate(zip(dts, shapes))]
     arrays[1][:] = arrays[1][0, 0]  # constant
-    raw = arrays[3].view(np.uint16)
-    raw[:] = arrays[2].view(np.uint16)
-    raw[0, 0], arrays[2].view(np.uint16)[0, 0] = 0x0002, 0x0001  # subnormals
-    raw[1, 1], arrays[2].view(np.uint16)[1, 1] = 0x7FC3, 0x7FC1  # NaN payloads
+    _one_subnormal_and_one_nan_payload_apart(arrays[2], arrays[3])
     dev = [jax.device_put(a) for a in arrays]
     with F.configured(platform='tpu', stored_order=lambda x: v5e[tuple(x.shape)]):
         planned = F.plan(dev)
@@ -775,11 +788,8 @@ def test_small_narrow_floats_of_one_shape_in_c_order_are_read_whole_in_vmem_exac
             ('vmem', [6, 7]),
         ]
         assert sorted(planned.copies) == [8, 9]
-        want = [F.to_bytes(F.numpy_lanes(a).reshape(-1)) for a in arrays]
-        assert want[2] != want[3]
-        assert F.fingerprints(dev) == want
-        got = F.digests_with_flags([jax.device_put(a) for a in arrays], 'device')
-    assert [g[1:] for g in got] == [F.numpy_flags(a) for a in arrays]
+        want, got = _the_device_gives_numpys_bytes_and_flags(arrays, dev)
+    assert want[2] != want[3]
     assert got[1][1:] == (False, True) and got[2][0] != got[3][0]
 
 
