@@ -131,6 +131,62 @@ def test_the_plan_for_a_tpu_chooses_each_route_without_running_anything():
     assert sorted(p.blocks[i].leaf for i in p.copies) == [10, 11]
     with F.configured(platform='cpu'):  # a CPU: nothing packed, whole leaves read flat
         p = F.plan(leaves)
-    assert not p.packs and all(c.kind == 'xla' and c.rows for c in p.programs)
-    assert {c.key[2] for c in p.programs} == {(96 * 1024,), (90000,), (400 * 256,), (70001,),
-                                              (70144,)}  # fmt: skip
+    assert not p.packs
+    chunked = [sorted(p.blocks[i].leaf for i in c.blocks) for c in p.programs if c.kind == 'words']
+    assert chunked == [[0, 1, 2, 3]]  # 2- and 4-byte dtypes: one program for every size
+    rest = [c for c in p.programs if c.kind != 'words']
+    assert all(c.kind == 'xla' and c.rows for c in rest)  # 1-byte ones: a program per size
+    assert {c.key[2] for c in rest} == {(90000,), (70144,)}
+
+
+@pytest.mark.parametrize(
+    'dt', [np.float32, ml_dtypes.bfloat16, np.float16, np.int32, np.uint16],
+    ids=lambda d: np.dtype(d).name,
+)  # fmt: skip
+def test_whole_leaves_on_a_cpu_are_read_in_chunks_of_words_exactly(dt):
+    """Whole leaves of a 2- or 4-byte dtype on a CPU device go through one program for every
+    size (`fingerprint.words`: chunks of 32-bit words, the words after the last whole chunk by
+    numpy): raw bits of leaves of two chunks and a tail (an odd count of 2-byte elements),
+    one chunk exactly, less than one; a NaN only in the tail, none at all; a constant leaf, one
+    constant but for its last element, one but for an element of its second chunk; a 2-byte
+    leaf whose words are all alike but not its elements: digests and flags equal the
+    definition's, and one program is compiled for them all."""
+    n = 2 * 65536  # words per chunk: two rows
+    per = 4 // np.dtype(dt).itemsize  # elements per word
+    two = 2 * n * per + 1001 * per + (per - 1)
+    arrays = [_raw(dt, (two,), 1), _raw(dt, (n * per // 256, 256), 2), _raw(dt, (70001,), 3)]
+    finite = _raw(dt, (two,), 4)
+    floating = np.dtype(dt).kind == 'f' or np.dtype(dt) == ml_dtypes.bfloat16
+    if floating:
+        with np.errstate(invalid='ignore'):  # ml_dtypes' isfinite of a NaN's payload
+            finite[~np.isfinite(finite)] = 0.5
+        finite[-1] = np.nan
+    constant = np.full((two,), 3, dt)
+    last, second = constant.copy(), constant.copy()
+    last[-1], second[n * per + 5] = 2, 2
+    clean = finite.copy()
+    clean[-1] = 1  # finite throughout (its words' low halves still hold every bit pattern)
+    arrays += [finite, clean, constant, last, second]
+    if per == 2:  # every word 0x00020003: the elements differ
+        arrays.append(np.tile(np.array([3, 2], dt), two // 2))
+    dev = [jax.device_put(a) for a in arrays]
+    compiles = []
+
+    def seen(event: str, *_: object, **__: object) -> None:
+        if event == '/jax/core/compile/backend_compile_duration':
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(seen)
+    with F.configured(platform='cpu', cpu_chunk_words=n):
+        planned = F.plan(dev, flags=True)
+        jax.clear_caches()  # jax keeps executables by program: another test's would serve
+        n0 = len(compiles)
+        got = F.digests_with_flags(dev, 'device')
+        assert len(compiles) - n0 == 1  # the chunk program, for every size
+        plain = F.digests(dev, 'device')
+    assert [c.kind for c in planned.programs] == ['words']
+    want = _want(arrays)
+    assert got == want
+    assert plain == [d for d, _, _ in want]
+    assert [bad for _, bad, _ in got][3:5] == [floating, False]  # the tail's NaN alone
+    assert [same for _, _, same in got][5:] == [True, False, False] + [False] * (per == 2)

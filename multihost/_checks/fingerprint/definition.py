@@ -158,6 +158,25 @@ def _rows(xp: Any, hi: Any, lo: Any) -> list[Any]:
     return out
 
 
+def rows_lanes(xp: Any, hi: Any, lo: Any, base: Any = None) -> list[Any]:
+    """The four lanes (without K1, K2) of bijected halves laid out (R, 2^16) by word index,
+    the first row being row ``base`` of the leaf (None: row 0; a traced value in a program
+    that serves every row, `words`): `_rows`, then each row's index shifted by ``base``
+    (``k = (r + base) * 2^16 + c``)."""
+    if xp is jnp:  # XLA:CPU: materialise the halves once, its plain reductions are fast
+        hi, lo = jax.lax.optimization_barrier((hi, lo))
+    got = _rows(xp, hi, lo)
+    if base is None:
+        return got
+    shift = [
+        _sum(xp, hi) * (base * xp.uint32(2 * ROW_WORDS)),
+        _sum(xp, lo) * (base * xp.uint32(2 * ROW_WORDS)),
+        _sum(xp, hi) * (base * xp.uint32(2)),
+        _sum(xp, lo) * (base * xp.uint32(2)),
+    ]
+    return [g + s for g, s in zip(got, shift)]
+
+
 def _halves_of_elements(xp: Any, raw: Any, size: int, e: Any) -> tuple[Any, Any, Any]:
     """1- or 2-byte elements (raw values as uint32) at element indices e: hi, lo, word index."""
     zero = xp.uint32(0)
@@ -197,18 +216,7 @@ def flat_lanes(xp: Any, words: list[Any], size: int, start: int) -> Any:
                     g16(xp, m[..., 0] >> xp.uint32(16)),
                     g16(xp, m[..., 0] & xp.uint32(0xFFFF)),
                 )
-            if xp is jnp:  # XLA:CPU: materialise the halves once, its plain reductions are fast
-                hi, lo = jax.lax.optimization_barrier((hi, lo))
-            got = _rows(xp, hi, lo)
-            if start:  # rows shifted by base: k = (r + base) * 2^16 + c
-                shift = [
-                    _sum(xp, hi) * (base * xp.uint32(2 * ROW_WORDS)),
-                    _sum(xp, lo) * (base * xp.uint32(2 * ROW_WORDS)),
-                    _sum(xp, hi) * (base * xp.uint32(2)),
-                    _sum(xp, lo) * (base * xp.uint32(2)),
-                ]
-                got = [g + s for g, s in zip(got, shift)]
-            lanes = got
+            lanes = rows_lanes(xp, hi, lo, base if start else None)
         if n > fast:
             t = w[fast:]
             e = xp.arange(t.shape[0], dtype=xp.uint32) + xp.uint32((start + fast) & 0xFFFFFFFF)

@@ -13,7 +13,7 @@ import numpy as np
 
 from multihost import _recorder
 from multihost._checks import _hostreads
-from multihost._checks.fingerprint import pallas, planning, xla
+from multihost._checks.fingerprint import pallas, planning, words, xla
 from multihost._checks.fingerprint.batched import every, numpy_many
 from multihost._checks.fingerprint.definition import (
     LANES,
@@ -118,13 +118,16 @@ def run(p: planning.Plan, flags: bool) -> list[np.ndarray]:
     packs = {id(c) for c in p.packs}  # (a Call's == compares every field)
     _compile(calls)
     copies = list(p.copies)
-    packed, pending = [], []
+    packed, pending, chunked = [], [], []
     for call, args in calls:
         program = CACHE.peek('programs', call.key)
         if program is False:  # a packing program that did not compile: copies
             copies += call.blocks
         elif id(call) in packs:
             packed.append((call, program(*args)))
+        elif call.kind == 'words':
+            arrays = [p.blocks[i].array for i in call.blocks]
+            chunked.append((call, words.dispatch(program, arrays, flags)))
         else:  # a compiled program takes the blocks and offsets (the rest is static)
             pending.append((call, program(*args[:2])))
     for _, result in packed + pending:
@@ -135,29 +138,41 @@ def run(p: planning.Plan, flags: bool) -> list[np.ndarray]:
         zip(copies, _host_copies([p.blocks[i].array for i in copies]))
     )
     for call, result in packed:
-        flat, pos = np.asarray(result), 0
-        if call.kind == 'rows':  # the rows' sums: each leaf's results, no copy of it
-            sizes = tuple(int(p.blocks[i].array.size) for i in call.blocks)
-            for i, res in zip(call.blocks, xla.row_results(flat, sizes, flags)):
-                out[i] = res
-        elif call.kind == 'vmem':  # each leaf's raw bits, widened to int32
-            for j, i in enumerate(call.blocks):
-                x = p.blocks[i].array
-                raw = np.uint8 if x.dtype.itemsize == 1 else np.uint16
-                host[i] = flat[j].astype(raw).view(x.dtype)
-        else:  # one buffer, the leaves one after another
-            for i in call.blocks:
-                x = p.blocks[i].array
-                host[i] = flat[pos : pos + x.size].reshape(x.shape)
-                pos += x.size
+        _unpack(p, call, np.asarray(result), flags, out, host)
     order = list(host)
     for i, res in zip(order, numpy_many([host[i] for i in order], flags)):
         out[i] = res
+    for call, chunks in chunked:
+        for i, res in zip(call.blocks, words.collect(chunks)):
+            out[i] = res
     got = jax.device_get([result for _, result in pending]) if pending else []
     for (call, _), res in zip(pending, got):
         for j, i in enumerate(call.blocks):
             out[i] = np.asarray(res[j])
     return every(out, 'blocks')
+
+
+def _unpack(
+    p: planning.Plan, call: planning.Call, flat: np.ndarray, flags: bool,
+    out: list[np.ndarray | None], host: dict[int, np.ndarray],
+) -> None:  # fmt: skip
+    """A packing program's result: its leaves' results into ``out`` (rows' sums), or their
+    host copies into ``host`` (for `numpy_many`)."""
+    if call.kind == 'rows':  # the rows' sums: each leaf's results, no copy of it
+        sizes = tuple(int(p.blocks[i].array.size) for i in call.blocks)
+        for i, res in zip(call.blocks, xla.row_results(flat, sizes, flags)):
+            out[i] = res
+    elif call.kind == 'vmem':  # each leaf's raw bits, widened to int32
+        for j, i in enumerate(call.blocks):
+            x = p.blocks[i].array
+            raw = np.uint8 if x.dtype.itemsize == 1 else np.uint16
+            host[i] = flat[j].astype(raw).view(x.dtype)
+    else:  # one buffer, the leaves one after another
+        pos = 0
+        for i in call.blocks:
+            x = p.blocks[i].array
+            host[i] = flat[pos : pos + x.size].reshape(x.shape)
+            pos += x.size
 
 
 def _program(call: planning.Call) -> Any:
@@ -170,12 +185,16 @@ def _program(call: planning.Call) -> Any:
         return pallas.dma_pack_interpret if call.interpret else pallas.dma_pack
     if call.kind == 'vmem':
         return pallas.vmem_bits_interpret if call.interpret else pallas.vmem_bits
+    if call.kind == 'words':
+        return words.chunk_out
     return xla.group
 
 
 def _arguments(p: planning.Plan, call: planning.Call) -> tuple[Any, ...]:
     """What a call's program is given: its blocks (for a group padded to its count by the
     first again: no copy; whole leaves on a CPU as 1-D views), their offsets."""
+    if call.kind == 'words':  # compiled for a chunk's shape, given the chunks one by one
+        return words.shapes(call.key[1], call.flags)
     xs = tuple(p.blocks[i].array for i in call.blocks)
     if call.kind not in ('xla', 'pallas'):
         return (xs,)

@@ -15,7 +15,8 @@ items copied to the host. `execute.run` carries it out. The routes:
   (`batched`);
 * `DEVICE`: its blocks read where they live by XLA programs (`xla.group`), on a TPU a
   narrow float's (and 32-bit words' in the shapes it reads fast) by the Pallas kernel inside
-  them (`pallas`), in the layout `layout.read_layout` gives.
+  them (`pallas`), in the layout `layout.read_layout` gives; a whole leaf of a 2- or 4-byte
+  dtype on a CPU device by one program for every size (`words`).
 
 `CONFIG.platform` plans for another platform than the devices' (the tests: a TPU's routes on
 CPU devices, the Pallas kernels then run in interpret mode).
@@ -31,7 +32,7 @@ import jax
 import numpy as np
 
 from multihost._checks import _hostreads
-from multihost._checks.fingerprint import layout, pallas, xla
+from multihost._checks.fingerprint import layout, pallas, words, xla
 from multihost._checks.fingerprint.definition import supported
 from multihost._checks.fingerprint.settings import CACHE, CONFIG
 from multihost._jax_adapter import has_host_copy
@@ -60,6 +61,7 @@ class Block:
 @dataclasses.dataclass
 class Call:
     """One device program: ``kind`` (``'xla'`` or ``'pallas'``: a `xla.group` of blocks;
+    ``'words'``: `words.chunk_out` over whole leaves on a CPU, chunk by chunk;
     ``'concat'``, ``'rows'``, ``'dma'``, ``'vmem'``: a packing program of small leaves), its key in
     `CACHE` (what it is compiled for), the blocks it reads (positions in `Plan.blocks`), and
     for groups what the program is given besides them."""
@@ -285,6 +287,7 @@ def plan_blocks(blocks: Sequence[Block], flags: bool, routes: list[str] | None =
     p = Plan(routes if routes is not None else [DEVICE] * len(blocks), list(blocks))
     small: list[int] = []
     groups: dict[tuple[Any, ...], list[int]] = {}
+    chunked: dict[Any, list[int]] = {}
     for i, b in enumerate(p.blocks):
         x = b.array
         whole = not any(b.offsets) and b.shape == tuple(x.shape)
@@ -292,6 +295,8 @@ def plan_blocks(blocks: Sequence[Block], flags: bool, routes: list[str] | None =
             p.empty.append(i)
         elif not isinstance(x, jax.Array) or (whole and x.size <= SMALL):
             small.append(i)
+        elif whole and words.takes(x.dtype) and _flat_on_cpu(x):
+            chunked.setdefault(next(iter(x.devices())), []).append(i)
         else:
             device = next(iter(x.devices()))
             kind = getattr(x.sharding, 'memory_kind', None)  # a program is compiled for it
@@ -301,6 +306,8 @@ def plan_blocks(blocks: Sequence[Block], flags: bool, routes: list[str] | None =
             groups.setdefault((device, shape, np.dtype(x.dtype), full, kind, flat), []).append(i)
     for (device, shape, dtype, full, kind, flat), idx in groups.items():
         p.programs += _group_calls(p.blocks, idx, device, shape, dtype, full, kind, flat, flags)
+    for device, idx in chunked.items():
+        p.programs.append(Call('words', ('words', device, flags), idx, flags=flags))
     _plan_packs(p, small)
     return p
 

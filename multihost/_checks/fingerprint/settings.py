@@ -37,6 +37,9 @@ class Config:
     #: Small leaves per packing program, at most (its compile grows faster than its leaves:
     #: `bench/tpu_fingerprints.py`'s 1,000-leaf row measures the first call).
     max_pack: int = 64
+    #: 32-bit words per chunk of `words.chunk_out` (whole leaves of 2- and 4-byte dtypes on a
+    #: CPU device; a multiple of `definition.ROW_WORDS`): one program for every leaf size.
+    cpu_chunk_words: int = 1 << 17
     #: See `PACK_DTYPES`.
     pack_dtypes: frozenset[str] = PACK_DTYPES
 
