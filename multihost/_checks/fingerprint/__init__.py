@@ -12,7 +12,8 @@ The package, in the order a reader meets it:
 * the computations of the definition the plan chooses among, each tested against
   `definition` on raw bits: `batched` (numpy, many small leaves at once), `xla` (XLA
   programs on a device, and the packing of small leaves), `pallas` (the Pallas kernel that
-  keeps a narrow float's bits on a TPU, and the DMA packing of small bfloat16 vectors);
+  keeps a narrow float's bits on a TPU, and the DMA packing of small bfloat16 vectors),
+  `words` (whole leaves on a CPU device: their 32-bit words in chunks, one program);
 * `settings`: what the tests switch (`configured`) and the one cache (`CACHE`).
 """
 
