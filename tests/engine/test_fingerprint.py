@@ -811,18 +811,23 @@ def test_a_packing_program_that_does_not_compile_leaves_its_leaves_to_copies(mon
 
 
 def test_a_host_copy_jax_keeps_is_seen_and_such_leaves_are_not_packed():
-    """`has_host_copy` (the adapter) sees the host copy jax keeps on an array after a real
-    copy (int4 on a CPU device is copied; float32 is a view); a packable leaf with such a
-    copy is read from it, not packed again."""
-    from multihost._jax_adapter import has_host_copy
+    """`has_host_copy` and `host_copy` (the adapter) see the host copy jax keeps on an array
+    after a real copy (int4 on a CPU device is copied; float32 is a view), not a deleted
+    array's; a packable leaf with such a copy is read from it, not packed again."""
+    from multihost._jax_adapter import has_host_copy, host_copy
 
     x = jnp.ones((3, 5), jnp.int4)
-    assert not has_host_copy(x)
+    assert not has_host_copy(x) and host_copy(x) is None
     np.asarray(x)
     assert has_host_copy(x)
+    assert host_copy(x) is np.asarray(x)  # the kept copy itself, read without a copy
     y = jnp.ones((3, 5), jnp.float32)
     np.asarray(y)
-    assert not has_host_copy(y)  # a view of CPU memory: nothing kept
+    assert not has_host_copy(y) and host_copy(y) is None  # a view of CPU memory: nothing kept
+    gone = jnp.zeros((2,), jnp.int4)
+    np.asarray(gone)
+    gone.delete()
+    assert host_copy(gone) is None  # a deleted array's copy is not read
     leaves = [jnp.ones((4,), jnp.int4), jnp.zeros((6,), jnp.int4), x]
     blocks = [planning.Block(v, (0,) * v.ndim, tuple(v.shape), i) for i, v in enumerate(leaves)]
     with F.configured(platform='gpu', pack_dtypes=F.CONFIG.pack_dtypes | {'int4'}):

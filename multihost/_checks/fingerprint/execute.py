@@ -23,6 +23,7 @@ from multihost._checks.fingerprint.definition import (
     to_bytes,
 )
 from multihost._checks.fingerprint.settings import CACHE
+from multihost._jax_adapter import host_copy
 
 #: A leaf's answer: (fingerprint, holds NaN/Inf, constant).
 Answer = tuple[bytes, bool, bool]
@@ -50,16 +51,19 @@ def with_flags(leaves: Sequence[Any], flags: bool) -> list[Answer]:
             a = np.asarray(leaf)
             out[i] = (to_bytes(numpy_lanes(a)), *(numpy_flags(a) if flags else (False, False)))
     sums: dict[int, list[Any]] = {}
+    widths: dict[Any, int] = {}  # results' lanes per dtype
     with np.errstate(over='ignore'):
         for b, res in zip(p.blocks, results):
-            n = lane_sets(b.array.dtype) * LANES
+            dt = b.array.dtype
+            n = widths.get(dt) or widths.setdefault(dt, lane_sets(dt) * LANES)
+            bad, same = (bool(res[n]), bool(res[n + 1])) if flags else (False, False)
             prev = sums.get(b.leaf)
             if prev is None:
-                sums[b.leaf] = [res[:n], bool(flags and res[n]), bool(flags and res[n + 1])]
+                sums[b.leaf] = [res[:n], bad, same]
             else:  # a leaf's blocks: lanes add up; any block bad; all constant
                 prev[0] = prev[0] + res[:n]
-                prev[1] = prev[1] or bool(flags and res[n])
-                prev[2] = prev[2] and bool(flags and res[n + 1])
+                prev[1] = prev[1] or bad
+                prev[2] = prev[2] and same
     for i, (lanes, bad, same) in sums.items():
         out[i] = (to_bytes(lanes), bad, same)
     return every(out)
@@ -249,10 +253,11 @@ def _compile(calls: list[tuple[planning.Call, tuple[Any, ...]]]) -> None:
 
 
 def _host_copies(arrays: Sequence[Any]) -> list[np.ndarray]:
-    """numpy copies of ready single-device arrays: every copy started, then each taken (jax
-    keeps a copy on its array: the next call reads it again); on a CPU device, views; numpy
-    arrays as they are."""
-    for x in arrays:
-        if isinstance(x, jax.Array) and planning.device_platform(x.sharding) != 'cpu':
+    """numpy copies of ready single-device arrays: the copies jax holds taken as they are,
+    every other copy started, then each taken (jax keeps a copy on its array: the next call
+    reads it again); on a CPU device, views; numpy arrays as they are."""
+    kept = [host_copy(x) if isinstance(x, jax.Array) else x for x in arrays]
+    for x, h in zip(arrays, kept):
+        if h is None and planning.device_platform(x.sharding) != 'cpu':
             x.copy_to_host_async()
-    return [np.asarray(x) for x in arrays]
+    return [np.asarray(x) if h is None else h for x, h in zip(arrays, kept)]
