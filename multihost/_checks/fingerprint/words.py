@@ -81,9 +81,17 @@ def chunk_out(w: jax.Array, where: jax.Array, flags: bool) -> jax.Array:
     return jnp.stack(out)
 
 
+#: A sharding of one device: jax 0.12 makes it by a function and deprecates naming the class;
+#: jax 0.10 has only the class (named only where the function is missing).
+one_device_sharding = (
+    getattr(jax.sharding, 'make_single_device_sharding', None)
+    or jax.sharding.SingleDeviceSharding
+)
+
+
 def shapes(device: Any, flags: bool) -> tuple[Any, ...]:
     """What `chunk_out` is compiled for on ``device`` (`execute._compile`)."""
-    sharding = jax.sharding.SingleDeviceSharding(device)
+    sharding = one_device_sharding(device)
     n = CONFIG.cpu_chunk_words
     return (
         jax.ShapeDtypeStruct((n,), U32, sharding=sharding),
