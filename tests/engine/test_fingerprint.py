@@ -833,3 +833,39 @@ def test_a_host_copy_jax_keeps_is_seen_and_such_leaves_are_not_packed():
     with F.configured(platform='gpu', pack_dtypes=F.CONFIG.pack_dtypes | {'int4'}):
         planned = planning.plan_blocks(blocks, False)
     assert [c.blocks for c in planned.packs] == [[0, 1]] and planned.copies == [2]
+
+
+@pytest.mark.parametrize(
+    'dt',
+    [np.float32, ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2,
+     np.float64, np.int16, np.complex64, np.dtype('>f4'), np.dtype('>f2')],
+    ids=str,
+)  # fmt: skip
+def test_the_flags_read_from_raw_bits_equal_isfinite_and_byte_equality(dt):
+    """`numpy_flags` reads NaN/Inf from raw bits in steps (`definition.nonfinite_bits`) and
+    constancy from the largest and smallest raw value: on random bits, a finite copy, one
+    non-finite element at the last place of a step, a constant leaf and one constant but for its
+    last element (a NaN of another payload), both byte orders, it says what ``np.isfinite``
+    of the values and equality of the elements' bytes say."""
+    from multihost._checks.fingerprint.definition import FLAG_CHUNK
+
+    n = 2 * FLAG_CHUNK + 3
+    raw = _random_bits(np.dtype(dt).newbyteorder('='), (n,), 7).view(dt)
+    narrow = (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
+    floating = np.dtype(dt).kind in 'fc' or np.dtype(dt) in [np.dtype(d) for d in narrow]
+    finite = raw.copy()
+    with np.errstate(invalid='ignore'):
+        if floating:
+            finite[~np.isfinite(finite)] = 0
+    late = finite.copy()
+    if floating:
+        late[FLAG_CHUNK - 1] = np.inf if np.dtype(dt).name != 'float8_e4m3fn' else np.nan
+    constant = np.repeat(raw[:1], n)
+    last = constant.copy()
+    last.view(np.uint8)[-1] ^= 1  # its last element's bytes differ
+    for a in (raw, finite, late, constant, last):
+        with np.errstate(invalid='ignore'):
+            bad = floating and not bool(np.isfinite(a.astype(np.complex128 if a.dtype.kind == 'c'
+                                                              else np.float64)).all())  # fmt: skip
+        rows = a.view(np.uint8).reshape(n, -1)
+        assert F.numpy_flags(a) == (bad, bool((rows == rows[0]).all())), a[:4]

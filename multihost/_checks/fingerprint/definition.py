@@ -289,21 +289,44 @@ def inexact(dt: np.dtype) -> bool:
     return bool(jnp.issubdtype(dt, jnp.inexact))
 
 
+#: Elements per step of `nonfinite_bits` (its buffer stays in the CPU's cache).
+FLAG_CHUNK = 1 << 18
+
+
+def nonfinite_bits(raw: np.ndarray, mask: int, least: int) -> bool:
+    """Whether any of ``raw`` (a float's bits as unsigned integers, native order) has
+    ``bits & mask >= least`` (`NONFINITE_BITS`): in steps of `FLAG_CHUNK` into one buffer,
+    no temporary of the array's size (ml_dtypes' ``isfinite`` of bfloat16 took 6x as long)."""
+    buf = np.empty(min(raw.size, FLAG_CHUNK), raw.dtype)
+    m = raw.dtype.type(mask)
+    for s in range(0, raw.size, FLAG_CHUNK):
+        part = raw[s : s + FLAG_CHUNK]
+        got = np.bitwise_and(part, m, out=buf[: part.size])
+        if int(got.max()) >= least:
+            return True
+    return False
+
+
 def numpy_flags(a: np.ndarray, constant: bool = True) -> tuple[bool, bool]:
     """(holds NaN/Inf, every element's bytes the same) of a numpy array, as the kernel
     computes them, read in place (``constant=False``: not looked at, False)."""
     flat = a.reshape(-1)
     if not flat.size:
         return False, constant
-    with np.errstate(invalid='ignore'):  # ml_dtypes before 0.7 warns on a NaN's payload
-        bad = bool(inexact(flat.dtype) and not np.isfinite(flat).all())
+    size = flat.dtype.itemsize
+    raw = flat.view(f'u{size}') if size in (1, 2, 4, 8) else None  # (either byte order)
+    bits = NONFINITE_BITS.get(flat.dtype.name)
+    if bits is not None and raw is not None and flat.dtype.byteorder != '>':
+        bad = nonfinite_bits(raw, *bits)
+    else:
+        with np.errstate(invalid='ignore'):  # ml_dtypes before 0.7 warns on a NaN's payload
+            bad = bool(inexact(flat.dtype) and not np.isfinite(flat).all())
     if not constant:
         return bad, False
-    size = flat.dtype.itemsize
-    raw: np.ndarray = flat.view(f'u{size}') if size in (1, 2, 4, 8) else flat
-    if size == 16:  # as rows of bytes
-        raw = np.ascontiguousarray(flat).view(np.uint8).reshape(flat.size, size)
-    return bad, bool((raw == raw[0]).all())
+    if raw is not None:  # the largest and smallest raw value: two passes, no temporary
+        return bad, bool(raw.max() == raw.min())
+    rows = np.ascontiguousarray(flat).view(np.uint8).reshape(flat.size, size)  # 16 bytes
+    return bad, bool((rows == rows[0]).all())
 
 
 def to_bytes(lanes: np.ndarray) -> bytes:

@@ -37,7 +37,7 @@ from multihost._checks.fingerprint.definition import (
     K2,
     ROW_WORDS,
     g16,
-    inexact,
+    numpy_flags,
     numpy_lanes,
     rows_lanes,
     supported,
@@ -53,8 +53,8 @@ NAN_MASKS = {
     'float16': (0x7C00, 0x7C00),
 }
 #: Results of a chunk without flags (its lanes, K1/K2 applied), and with them (then: holds
-#: NaN/Inf, largest and smallest word, largest and smallest half).
-LANES_ONLY, WITH_FLAGS = 4, 9
+#: NaN/Inf, every word the same, its first word).
+LANES_ONLY, WITH_FLAGS = 4, 7
 
 
 def takes(dtype: Any) -> bool:
@@ -72,20 +72,17 @@ def chunk_out(w: jax.Array, where: jax.Array, flags: bool) -> jax.Array:
     hi, lo = m >> U32(16), m & U32(0xFFFF)
     lanes = rows_lanes(jnp, g16(jnp, hi), g16(jnp, lo), where[0])
     out = [lanes[0] * U32(K1), lanes[1] * U32(K1), lanes[2] * U32(K2), lanes[3] * U32(K2)]
-    if flags:
-        bad = jnp.zeros((), bool)
-        for half, mask in ((hi, where[1]), (lo, where[2])):
-            bad = bad | ((mask != U32(0)) & jnp.any((half & mask) == mask))
-        halves = (jnp.maximum(jnp.max(hi), jnp.max(lo)), jnp.minimum(jnp.min(hi), jnp.min(lo)))
-        out += [bad.astype(U32), jnp.max(w), jnp.min(w), *halves]
+    if flags:  # two reductions: any half non-finite; every word the first
+        mh, ml = where[1], where[2]
+        odd = (((hi & mh) == mh) & (mh != U32(0))) | (((lo & ml) == ml) & (ml != U32(0)))
+        out += [jnp.any(odd).astype(U32), jnp.all(w == w[0]).astype(U32), w[0]]
     return jnp.stack(out)
 
 
 #: A sharding of one device: jax 0.12 makes it by a function and deprecates naming the class;
 #: jax 0.10 has only the class (named only where the function is missing).
 one_device_sharding = (
-    getattr(jax.sharding, 'make_single_device_sharding', None)
-    or jax.sharding.SingleDeviceSharding
+    getattr(jax.sharding, 'make_single_device_sharding', None) or jax.sharding.SingleDeviceSharding
 )
 
 
@@ -150,31 +147,32 @@ def collect(pending: Pending) -> list[np.ndarray]:
 
 
 def _tail(a: np.ndarray, start: int, flags: bool) -> np.ndarray:
-    """The results of ``a[start:]`` in chunk form (lanes; with flags holds-NaN/Inf and its
-    largest and smallest raw value, as word and as half alike)."""
+    """The results of ``a[start:]`` in chunk form (lanes; with flags holds-NaN/Inf, every
+    element the same, its first element's raw value)."""
     t = a[start:]
     lanes = numpy_lanes(t, (start,), a.shape).reshape(-1)
     if not flags:
         return lanes
-    with np.errstate(invalid='ignore'):
-        bad = bool(inexact(t.dtype) and not np.isfinite(t).all())
-    raw = t.view(f'u{t.itemsize}')
-    big, small = int(raw.max()), int(raw.min())
-    return np.concatenate([lanes, np.array([bad, big, small, big, small], np.uint32)])
+    bad, same = numpy_flags(t)
+    first = int(t[:1].view(f'u{t.itemsize}')[0])
+    return np.concatenate([lanes, np.array([bad, same, first], np.uint32)])
 
 
 def combine(
     a: np.ndarray, chunks: list[np.ndarray], tail: np.ndarray | None, flags: bool
 ) -> np.ndarray:
     """A leaf's results from its chunks' and its tail's: lanes added (mod 2^32); any part
-    non-finite; constant where its largest raw value is its smallest (words for a 4-byte
-    dtype, halves for a 2-byte one; the tail's values are elements, both at once)."""
+    non-finite; constant where every part is and their first elements agree (a chunk's
+    first word holds a 2-byte dtype's first two elements: both alike, else not constant)."""
     parts = chunks + ([tail] if tail is not None else [])
     with np.errstate(over='ignore'):
         lanes = np.asarray(np.sum([p[:LANES_ONLY] for p in parts], axis=0, dtype=np.uint32))
     if not flags:
         return lanes
-    high, low = (5, 6) if a.itemsize == 4 else (7, 8)
     bad = any(bool(p[4]) for p in parts)
-    same = max(int(p[high]) for p in parts) == min(int(p[low]) for p in parts)
+    firsts = {int(tail[6])} if tail is not None else set()
+    for c in chunks:
+        w = int(c[6])
+        firsts |= {w & 0xFFFF, w >> 16} if a.itemsize == 2 else {w}
+    same = all(bool(p[5]) for p in parts) and len(firsts) == 1
     return np.concatenate([lanes, np.array([bad, same], np.uint32)])
