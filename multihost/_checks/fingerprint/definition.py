@@ -297,14 +297,33 @@ def nonfinite_bits(raw: np.ndarray, mask: int, least: int) -> bool:
     """Whether any of ``raw`` (a float's bits as unsigned integers, native order) has
     ``bits & mask >= least`` (`NONFINITE_BITS`): in steps of `FLAG_CHUNK` into one buffer,
     no temporary of the array's size (ml_dtypes' ``isfinite`` of bfloat16 took 6x as long)."""
-    buf = np.empty(min(raw.size, FLAG_CHUNK), raw.dtype)
     m = raw.dtype.type(mask)
+    if raw.size <= FLAG_CHUNK:  # one step: no buffer to keep
+        return int(np.bitwise_and(raw, m).max()) >= least
+    buf = np.empty(FLAG_CHUNK, raw.dtype)
     for s in range(0, raw.size, FLAG_CHUNK):
         part = raw[s : s + FLAG_CHUNK]
         got = np.bitwise_and(part, m, out=buf[: part.size])
         if int(got.max()) >= least:
             return True
     return False
+
+
+#: The unsigned integer dtype of each width a raw view takes.
+_UNSIGNED: dict[int, np.dtype[Any]] = {n: np.dtype(f'u{n}') for n in (1, 2, 4, 8)}
+_BITS_OF: dict[np.dtype, tuple[int, int] | None] = {}
+
+
+def _nonfinite_bits_of(dt: np.dtype) -> tuple[int, int] | None:
+    """`NONFINITE_BITS` of ``dt``, remembered by dtype (numpy builds ``dt.name`` anew at
+    each use: slow for every small leaf)."""
+    try:
+        return _BITS_OF[dt]
+    except KeyError:
+        if len(_BITS_OF) > 256:
+            _BITS_OF.clear()
+        got = _BITS_OF[dt] = NONFINITE_BITS.get(dt.name)
+        return got
 
 
 def numpy_flags(a: np.ndarray, constant: bool = True) -> tuple[bool, bool]:
@@ -314,8 +333,8 @@ def numpy_flags(a: np.ndarray, constant: bool = True) -> tuple[bool, bool]:
     if not flat.size:
         return False, constant
     size = flat.dtype.itemsize
-    raw = flat.view(f'u{size}') if size in (1, 2, 4, 8) else None  # (either byte order)
-    bits = NONFINITE_BITS.get(flat.dtype.name)
+    raw = flat.view(_UNSIGNED[size]) if size in _UNSIGNED else None  # (either byte order)
+    bits = _nonfinite_bits_of(flat.dtype)
     if bits is not None and raw is not None and flat.dtype.byteorder != '>':
         bad = nonfinite_bits(raw, *bits)
     else:
