@@ -328,13 +328,18 @@ def _nonfinite_bits_of(dt: np.dtype) -> tuple[int, int] | None:
 
 def numpy_flags(a: np.ndarray, constant: bool = True) -> tuple[bool, bool]:
     """(holds NaN/Inf, every element's bytes the same) of a numpy array, as the kernel
-    computes them, read in place (``constant=False``: not looked at, False)."""
+    computes them, read in place (``constant=False``: not looked at, False).
+
+    Floats narrower than 4 bytes are read as raw bits (`nonfinite_bits`; ``isfinite`` of
+    bfloat16 and float16 took 6-8x as long), the others by ``isfinite``; constancy of
+    1- and 2-byte elements from their largest and smallest raw value, of wider ones by
+    equality with the first (`bench/flags.py` times each against the other)."""
     flat = a.reshape(-1)
     if not flat.size:
         return False, constant
     size = flat.dtype.itemsize
     raw = flat.view(_UNSIGNED[size]) if size in _UNSIGNED else None  # (either byte order)
-    bits = _nonfinite_bits_of(flat.dtype)
+    bits = _nonfinite_bits_of(flat.dtype) if size <= 2 else None
     if bits is not None and raw is not None and flat.dtype.byteorder != '>':
         bad = nonfinite_bits(raw, *bits)
     else:
@@ -342,8 +347,10 @@ def numpy_flags(a: np.ndarray, constant: bool = True) -> tuple[bool, bool]:
             bad = bool(inexact(flat.dtype) and not np.isfinite(flat).all())
     if not constant:
         return bad, False
-    if raw is not None:  # the largest and smallest raw value: two passes, no temporary
+    if raw is not None and size <= 2:  # two passes, no temporary
         return bad, bool(raw.max() == raw.min())
+    if raw is not None:
+        return bad, bool((raw == raw[0]).all())
     rows = np.ascontiguousarray(flat).view(np.uint8).reshape(flat.size, size)  # 16 bytes
     return bad, bool((rows == rows[0]).all())
 
