@@ -15,8 +15,8 @@ Why it is the definition. For a 2- or 4-byte dtype the lanes are a function of t
 row (given at run time, `where[0]`), and a leaf's lanes are its chunks' plus its tail's
 (`definition.numpy_lanes` at the tail's offset). The flags depend on the dtype: the program
 reads both 16-bit halves of every word, the dtype's NaN/Inf exponent mask for each half given
-at run time (`NAN_MASKS`), and returns the largest and smallest word and half; the host
-combines them (`combine`).
+at run time (`NAN_MASKS`), and returns whether every word is the first, and the first word;
+the host combines them with the tail's (`combine`).
 
 A CPU device's memory is the host's: a chunk is a numpy view of the leaf put back on its
 device (aligned: no copy).
@@ -42,7 +42,7 @@ from multihost._checks.fingerprint.definition import (
     rows_lanes,
     supported,
 )
-from multihost._checks.fingerprint.settings import CONFIG
+from multihost._checks.fingerprint.settings import CACHE, CONFIG
 
 U32 = jnp.uint32
 #: Each half's NaN/Inf exponent mask (high half, low half): a half ``h`` is non-finite where
@@ -123,12 +123,17 @@ def dispatch(program: Any, arrays: list[Any], flags: bool) -> Pending:
         w = a[: whole * n * 4 // a.itemsize].view(np.uint32)
         device = next(iter(x.devices()))
         views = jax.device_put([w[j * n : (j + 1) * n] for j in range(whole)], device)
-        hi, lo = NAN_MASKS.get(np.dtype(x.dtype).name, (0, 0))
+        hi, lo = _masks(x.dtype)
         rows = n // ROW_WORDS
         results.append(
             [program(v, np.array([j * rows, hi, lo], np.uint32)) for j, v in enumerate(views)]
         )
     return Pending(flats, results, flags)
+
+
+def _masks(dtype: Any) -> tuple[int, int]:
+    """`NAN_MASKS` of ``dtype`` (kept: numpy builds a dtype's name anew at each use)."""
+    return tuple(CACHE.get('nan_masks', dtype, lambda: NAN_MASKS.get(np.dtype(dtype).name, (0, 0))))
 
 
 def collect(pending: Pending) -> list[np.ndarray]:
