@@ -63,6 +63,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from multihost._checks.fingerprint.settings import CACHE
+
 K1 = 0x9E3779B1
 K2 = 0x85EBCA77
 #: Odd multipliers of ``g16`` (bijective mod 2^16) and of ``g8`` (mod 2^8).
@@ -311,19 +313,12 @@ def nonfinite_bits(raw: np.ndarray, mask: int, least: int) -> bool:
 
 #: The unsigned integer dtype of each width a raw view takes.
 _UNSIGNED: dict[int, np.dtype[Any]] = {n: np.dtype(f'u{n}') for n in (1, 2, 4, 8)}
-_BITS_OF: dict[np.dtype, tuple[int, int] | None] = {}
 
 
-def _nonfinite_bits_of(dt: np.dtype) -> tuple[int, int] | None:
-    """`NONFINITE_BITS` of ``dt``, remembered by dtype (numpy builds ``dt.name`` anew at
-    each use: slow for every small leaf)."""
-    try:
-        return _BITS_OF[dt]
-    except KeyError:
-        if len(_BITS_OF) > 256:
-            _BITS_OF.clear()
-        got = _BITS_OF[dt] = NONFINITE_BITS.get(dt.name)
-        return got
+def nonfinite_bits_of(dt: Any) -> tuple[int, int] | None:
+    """`NONFINITE_BITS` of ``dt`` (None: no such float), kept in `CACHE` by dtype (numpy
+    builds ``dt.name`` anew at each use: slow for every small leaf)."""
+    return CACHE.get('nonfinite_bits', dt, lambda: NONFINITE_BITS.get(np.dtype(dt).name))
 
 
 def numpy_flags(a: np.ndarray, constant: bool = True) -> tuple[bool, bool]:
@@ -339,7 +334,7 @@ def numpy_flags(a: np.ndarray, constant: bool = True) -> tuple[bool, bool]:
         return False, constant
     size = flat.dtype.itemsize
     raw = flat.view(_UNSIGNED[size]) if size in _UNSIGNED else None  # (either byte order)
-    bits = _nonfinite_bits_of(flat.dtype) if size <= 2 else None
+    bits = nonfinite_bits_of(flat.dtype) if size <= 2 else None
     if bits is not None and raw is not None and flat.dtype.byteorder != '>':
         bad = nonfinite_bits(raw, *bits)
     else:
