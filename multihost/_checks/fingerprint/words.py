@@ -15,7 +15,7 @@ Why it is the definition. For a 2- or 4-byte dtype the lanes are a function of t
 row (given at run time, `where[0]`), and a leaf's lanes are its chunks' plus its tail's
 (`definition.numpy_lanes` at the tail's offset). The flags depend on the dtype: the program
 reads both 16-bit halves of every word, the dtype's NaN/Inf exponent mask for each half given
-at run time (`NAN_MASKS`), and returns whether every word is the first, and the first word;
+at run time (`_masks`), and returns whether every word is the first, and the first word;
 the host combines them with the tail's (`combine`).
 
 A CPU device's memory is the host's: a chunk is a numpy view of the leaf put back on its
@@ -37,21 +37,15 @@ from multihost._checks.fingerprint.definition import (
     K2,
     ROW_WORDS,
     g16,
+    nonfinite_bits_of,
     numpy_flags,
     numpy_lanes,
     rows_lanes,
     supported,
 )
-from multihost._checks.fingerprint.settings import CACHE, CONFIG
+from multihost._checks.fingerprint.settings import CONFIG
 
 U32 = jnp.uint32
-#: Each half's NaN/Inf exponent mask (high half, low half): a half ``h`` is non-finite where
-#: ``h & mask == mask`` (0: never). float32's exponent lies in its high half.
-NAN_MASKS = {
-    'float32': (0x7F80, 0),
-    'bfloat16': (0x7F80, 0x7F80),
-    'float16': (0x7C00, 0x7C00),
-}
 #: Results of a chunk without flags (its lanes, K1/K2 applied), and with them (then: holds
 #: NaN/Inf, every word the same, its first word).
 LANES_ONLY, WITH_FLAGS = 4, 7
@@ -132,8 +126,15 @@ def dispatch(program: Any, arrays: list[Any], flags: bool) -> Pending:
 
 
 def _masks(dtype: Any) -> tuple[int, int]:
-    """`NAN_MASKS` of ``dtype`` (kept: numpy builds a dtype's name anew at each use)."""
-    return tuple(CACHE.get('nan_masks', dtype, lambda: NAN_MASKS.get(np.dtype(dtype).name, (0, 0))))
+    """Each half's NaN/Inf exponent mask (high half, low half) for ``dtype``: a half ``h`` is
+    non-finite where ``h & mask == mask`` (0: never), from `definition.NONFINITE_BITS`
+    (``bits & 0x7F..F >= least`` is the exponent field all ones: ``least``'s bits); float32's
+    exponent lies in its high half."""
+    bits = nonfinite_bits_of(dtype)
+    if bits is None:
+        return 0, 0
+    least = bits[1]
+    return (least >> 16, 0) if np.dtype(dtype).itemsize == 4 else (least, least)
 
 
 def collect(pending: Pending) -> list[np.ndarray]:
